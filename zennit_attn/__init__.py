@@ -1,0 +1,6 @@
+"""zennit-attn: AttnLRP (Achtibat et al., ICML 2024) for transformers, as a plugin for zennit."""
+from .diagnostics import ConservationReport, conservation
+from .explain import Explanation, explain
+
+__version__ = '0.1.0'
+__all__ = ['explain', 'Explanation', 'conservation', 'ConservationReport', '__version__']
