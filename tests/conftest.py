@@ -1,6 +1,6 @@
 """Shared builders and fixtures: tiny, seeded, randomly initialised Hugging Face models of every supported family.
 
-Use the plain functions (``from conftest import tiny_model``) or the fixtures of the same name.
+Use the plain functions (``from tests.conftest import tiny_model``; pytest imports this file as ``tests.conftest``) or the fixtures of the same name.
 
 - :py:func:`tiny_model` ``(family, head, dtype, attn_implementation, zero_bias, seed)``: hidden 32, 2 layers,
   4 heads (2 key/value heads where the family has GQA), intermediate 64, vocabulary 100, in eval mode.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
+import functools
 import sys
 import time
 from pathlib import Path
@@ -42,24 +42,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
-    """Hide the progress bars of GGUF dequantisation and weight loading, and restore the settings afterwards.
+    """Hide the progress bars of GGUF dequantisation and weight loading while the block runs.
 
-    The GGUF converter uses plain ``tqdm`` (which honours ``TQDM_DISABLE``); the weight loader uses the
-    progress bar switch of ``transformers.utils.logging``.
+    The weight loader uses the progress bar switch of ``transformers.utils.logging``; the GGUF converter uses a
+    plain ``tqdm`` imported into its module, which is swapped for a disabled one. Both are restored on exit.
     """
     from transformers.utils import logging as hf_logging
 
-    previous_env = os.environ.get('TQDM_DISABLE')
     was_enabled = hf_logging.is_progress_bar_enabled()
-    os.environ['TQDM_DISABLE'] = '1'
     hf_logging.disable_progress_bar()
+    gguf_module, gguf_tqdm = None, None
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_module
+        gguf_tqdm = getattr(gguf_module, 'tqdm', None)
+    except ImportError:  # other transformers versions: the bars just stay
+        gguf_module = None
+    if gguf_tqdm is not None:
+        gguf_module.tqdm = functools.partial(gguf_tqdm, disable=True)
     try:
         yield
     finally:
-        if previous_env is None:
-            os.environ.pop('TQDM_DISABLE', None)
-        else:
-            os.environ['TQDM_DISABLE'] = previous_env
+        if gguf_tqdm is not None:
+            gguf_module.tqdm = gguf_tqdm
         if was_enabled:
             hf_logging.enable_progress_bar()
 
@@ -117,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(f'Conservation: {fraction:.1%} of the logit ({float(report.sums[-2:, 0].sum()):.3f} of {logit:.3f}) '
           'reaches the input tokens;')
-    print('  the rest is absorbed by the softmax rule\'s bias term, norm weights and biases '
-          '(run with --report for the per-layer table).')
+    print('  the rest is absorbed (or added) by biases and by the bias term of the softmax rule (Prop. 3.1);')
+    print('  run with --report for the per-layer table.')
     if args.report:
         print()
         print(report)

@@ -148,6 +148,92 @@ def _targets(target: TargetLike, selected: torch.Tensor) -> torch.Tensor:
     return targets
 
 
+class Task:
+    """One explanation request: the checked inputs, the model's keyword arguments and, once resolved, which
+    output (position, target) of each row is explained.
+
+    Attribution methods use it to run the model on (perturbed, batched) input embeddings and read the
+    explained logit of every batch element, so that all methods explain exactly the same quantity.
+
+    Parameters
+    ----------
+    model, input_ids, attention_mask, model_kwargs
+        As for :py:func:`explain`.
+    """
+    def __init__(self, model: torch.nn.Module, input_ids, attention_mask=None, model_kwargs: dict | None = None):
+        if model.training:
+            raise ValueError(
+                f'{type(model).__name__} is in training mode (dropout active): call model.eval() before explaining'
+            )
+        self.model = model
+        self.input_ids, self.attention_mask = _check_inputs(input_ids, attention_mask)
+        embedding_module = model.get_input_embeddings()
+        if embedding_module is None:
+            raise TypeError(f'{type(model).__name__} has no input embeddings (get_input_embeddings() is None)')
+        with torch.no_grad():
+            #: ``[batch, seq, hidden]`` word embeddings of the input (detached)
+            self.embeddings = embedding_module(self.input_ids).detach()
+        self.model_kwargs = _model_kwargs(model, self.attention_mask, model_kwargs or {})
+        self.positions: torch.Tensor | None = None
+        self.targets: torch.Tensor | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.input_ids.shape[0]
+
+    def forward(self, inputs_embeds: torch.Tensor, rows: torch.Tensor | None = None,
+                model: torch.nn.Module | None = None, **extra) -> torch.Tensor:
+        """Run ``model`` (default the task's model) on ``inputs_embeds`` and return its logits (or last hidden
+        state). ``rows[i]`` names the input row that batch element ``i`` is a variant of (default: identity);
+        the model's per-row keyword arguments (attention mask, position ids) are repeated accordingly."""
+        kwargs = dict(self.model_kwargs)
+        if rows is not None:
+            kwargs = {key: value[rows] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == self.batch
+                      else value for key, value in kwargs.items()}
+        kwargs.update(extra)
+        return _scores((self.model if model is None else model)(inputs_embeds=inputs_embeds, **kwargs))
+
+    def resolve(self, scores: torch.Tensor, position=-1, target: TargetLike = None) -> torch.Tensor:
+        """Fix the explained position and target of every row from the model's ``scores`` on the unperturbed
+        input, and return the explained logits ``[batch]``."""
+        self.positions = _positions(scores, position, self.attention_mask)
+        self.targets = _targets(target, self._rows_of(scores, None))
+        return self.select(scores)
+
+    def select(self, scores: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The explained logit of every batch element of ``scores`` (variants of input ``rows``)."""
+        if self.targets is None:
+            raise RuntimeError('Task.resolve() must be called before select()')
+        targets = self.targets if rows is None else self.targets[rows]
+        return self._rows_of(scores, rows).gather(1, targets[:, None].to(scores.device))[:, 0]
+
+    def _rows_of(self, scores, rows):
+        if self.positions is None:
+            return scores
+        positions = self.positions if rows is None else self.positions[rows]
+        return scores[torch.arange(scores.shape[0], device=scores.device), positions.to(scores.device)]
+
+    def resolve_plain(self, position=-1, target: TargetLike = None) -> torch.Tensor:
+        """:py:meth:`resolve` from a plain forward pass without gradients."""
+        with torch.no_grad():
+            return self.resolve(self.forward(self.embeddings), position, target)
+
+    def explanation(self, embedding_relevance: torch.Tensor, logit: torch.Tensor) -> Explanation:
+        """Package ``[batch, seq, hidden]`` (or ``[batch, seq]``) relevance as an :py:class:`Explanation`."""
+        if torch.finfo(embedding_relevance.dtype).bits < 32:
+            embedding_relevance = embedding_relevance.float()
+        relevance = embedding_relevance.sum(-1) if embedding_relevance.dim() == 3 else embedding_relevance
+        return Explanation(
+            relevance=relevance,
+            embedding_relevance=embedding_relevance if embedding_relevance.dim() == 3 else None,
+            target=self.targets,
+            logit=logit.detach(),
+            position=self.positions,
+            input_ids=self.input_ids,
+            attention_mask=self.attention_mask,
+        )
+
+
 def attribute(
     model: torch.nn.Module,
     input_ids,
@@ -156,55 +242,34 @@ def attribute(
     attention_mask=None,
     composite: Composite | None = None,
     observe: Callable[[torch.nn.Module, list], list] | None = None,
-    **model_kwargs,
+    model_kwargs: dict | None = None,
 ) -> Explanation:
-    """:py:func:`explain` with a hook for diagnostics.
+    """LRP with ``composite`` (default :py:class:`~zennit_attn.composites.AttnLRPEpsilon`) in one forward and
+    one backward pass; :py:func:`explain` with ``method='attnlrp'`` or ``'cplrp'``.
 
-    ``observe(model, watched)`` is called inside the composite's context before the forward pass and returns
-    handles (with ``remove()``) that are removed after the backward pass; tensors it appends to ``watched``
-    during the forward pass are added to the backward pass's inputs, so that their gradient hooks run even
-    where they do not lead to the input embeddings.
+    ``observe(model, watched)`` is a hook for diagnostics: it is called inside the composite's context before
+    the forward pass and returns handles (with ``remove()``) that are removed after the backward pass; tensors
+    it appends to ``watched`` during the forward pass are added to the backward pass's inputs, so that their
+    gradient hooks run even where they do not lead to the input embeddings.
     """
     from .composites import AttnLRPEpsilon
 
-    if model.training:
-        raise ValueError(
-            f'{type(model).__name__} is in training mode (dropout active): call model.eval() before explaining'
-        )
-    input_ids, attention_mask = _check_inputs(input_ids, attention_mask)
+    task = Task(model, input_ids, attention_mask, model_kwargs)
     composite = AttnLRPEpsilon() if composite is None else composite
-    embedding_module = model.get_input_embeddings()
-    if embedding_module is None:
-        raise TypeError(f'{type(model).__name__} has no input embeddings (get_input_embeddings() is None)')
-    kwargs = _model_kwargs(model, attention_mask, model_kwargs)
     with torch.enable_grad():
-        embeddings = embedding_module(input_ids).detach().requires_grad_(True)
+        embeddings = task.embeddings.clone().requires_grad_(True)
         with composite.context(model) as modified:
             watched = []
             handles = observe(modified, watched) if observe is not None else []
             try:
-                scores = _scores(modified(inputs_embeds=embeddings, **kwargs))
-                positions = _positions(scores, position, attention_mask)
-                selected = scores if positions is None else scores[torch.arange(len(positions)), positions]
-                targets = _targets(target, selected)
-                logit = selected.gather(1, targets[:, None])[:, 0]
+                logit = task.resolve(task.forward(embeddings, model=modified), position, target)
                 relevance = torch.autograd.grad(
                     logit, [embeddings, *watched], grad_outputs=logit.detach(), allow_unused=True
                 )[0]
             finally:
                 for handle in handles:
                     handle.remove()
-    if torch.finfo(relevance.dtype).bits < 32:
-        relevance = relevance.float()
-    return Explanation(
-        relevance=relevance.sum(-1),
-        embedding_relevance=relevance,
-        target=targets,
-        logit=logit.detach(),
-        position=positions,
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-    )
+    return task.explanation(relevance, logit)
 
 
 def explain(
@@ -214,11 +279,13 @@ def explain(
     position: int | Sequence[int] | torch.Tensor | None = -1,
     attention_mask=None,
     composite: Composite | None = None,
-    **model_kwargs,
+    method: str = 'attnlrp',
+    model_kwargs: dict | None = None,
+    **params,
 ) -> Explanation:
-    """Explain a Hugging Face model's output with AttnLRP: relevance per input token.
+    """Explain a Hugging Face model's output: relevance per input token, by AttnLRP or a baseline method.
 
-    The explained quantity is the logit (no softmax); its value is the initial relevance, so the token
+    The explained quantity is the logit (no softmax). For LRP its value is the initial relevance, so the token
     relevances sum to the logit minus what biases and the softmax rule absorb (see :py:func:`conservation`).
 
     Parameters
@@ -238,13 +305,32 @@ def explain(
         ``[batch, seq]`` 1 for tokens, 0 for padding (left or right; left padding of a causal model gets
         matching ``position_ids``).
     composite: zennit.core.Composite, optional
-        Default :py:class:`~zennit_attn.composites.AttnLRPEpsilon`; :py:class:`~zennit_attn.composites.CPLRPEpsilon`
-        for the CP-LRP baseline.
-    **model_kwargs
+        For the LRP methods: default :py:class:`~zennit_attn.composites.AttnLRPEpsilon` for ``'attnlrp'`` and
+        :py:class:`~zennit_attn.composites.CPLRPEpsilon` for ``'cplrp'``.
+    method: str
+        ``'attnlrp'`` (default), ``'cplrp'``, or a baseline of :py:data:`zennit_attn.methods.METHODS`.
+    model_kwargs: dict, optional
         Passed on to the model's forward (e.g. ``token_type_ids``).
+    **params
+        Hyperparameters of the method (see its documentation).
 
     Returns
     -------
     Explanation
     """
-    return attribute(model, input_ids, target, position, attention_mask, composite, **model_kwargs)
+    from .composites import CPLRPEpsilon
+
+    if method in ('attnlrp', 'cplrp'):
+        if params:
+            raise TypeError(f'LRP takes no parameters {sorted(params)}; configure it through composite=')
+        if composite is None and method == 'cplrp':
+            composite = CPLRPEpsilon()
+        return attribute(model, input_ids, target, position, attention_mask, composite, model_kwargs=model_kwargs)
+    from .methods import METHODS
+
+    if method not in METHODS:
+        raise ValueError(f'Unknown method {method!r}; known: attnlrp, cplrp, {", ".join(sorted(METHODS))}')
+    if composite is not None:
+        raise ValueError(f'composite= applies to the LRP methods, not to {method!r}')
+    task = Task(model, input_ids, attention_mask, model_kwargs)
+    return METHODS[method](task, position=position, target=target, **params)

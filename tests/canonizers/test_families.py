@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers
 
-from conftest import DECODERS, FAMILY_HEADS, LAYERS, tiny_config, tiny_model, token_ids
+from tests.conftest import DECODERS, FAMILY_HEADS, LAYERS, tiny_config, tiny_model, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.canonizers import UnsupportedModelError, canonizers_for
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon

@@ -30,9 +30,10 @@ def supported_families() -> list[str]:
     return [family.name for family in FAMILIES]
 
 
-def _understood(module: torch.nn.Module, known: frozenset[str]) -> bool:
+def _understood(module: torch.nn.Module, known: dict[str, str]) -> bool:
     cls = type(module)
-    if cls.__name__ in known and cls.__module__.startswith('transformers.'):
+    package = known.get(cls.__name__)
+    if package is not None and cls.__module__.startswith(package + '.'):
         return True
     return isinstance(module, _LEAVES) or is_activation(module) or norm_kind(module) is not None
 
@@ -57,7 +58,7 @@ def canonizers_for(model: torch.nn.Module) -> list:
     """
     modules = list(model.named_modules())
     families = [family for family in FAMILIES if any(type(module).__name__ in family.classes for _, module in modules)]
-    known = frozenset().union(*(family.classes for family in families))
+    known = {name: family.package for family in families for name in family.classes}
 
     unsupported: dict[str, str] = {}
     for name, module in modules:

@@ -6,7 +6,8 @@ A family entry lists
 - ``operands``: classes that compute products inline, with the children producing the operands
   (attention: query, key, value; gated MLPs: gate, up);
 - ``inline``: classes that call element-wise non-linearities as functions;
-- ``config``: configuration attributes that must have the given value (features not yet covered).
+- ``config``: configuration attributes that must have the given value (features not yet covered);
+- ``package``: the package defining these classes.
 
 Leaf modules (linear layers, embeddings, dropout, activations, norms) are recognised by type and need no
 entry (see :py:mod:`zennit_attn.types`).
@@ -29,6 +30,8 @@ class Family:
     operands: Mapping[str, OperandSpec] = field(default_factory=dict)
     inline: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     config: Mapping[str, object] = field(default_factory=dict)
+    #: the package that defines the listed classes (a class of the same name from elsewhere is not trusted)
+    package: str = 'transformers'
 
     @property
     def classes(self) -> frozenset[str]:
