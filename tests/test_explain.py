@@ -2,14 +2,14 @@
 import pytest
 import torch
 from transformers import (
-    BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM, LlamaModel, MixtralConfig,
-    MixtralForCausalLM,
+    BertConfig, BertForSequenceClassification, BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM,
+    LlamaModel,
 )
 from zennit.attribution import Gradient
 
 from zennit_attn import explain
 from zennit_attn.canonizers import UnsupportedModelError, canonizers_for
-from zennit_attn.composites import AttnLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 
 LLAMA = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -153,9 +153,39 @@ def test_bad_input_raises_clear_errors(llama):
 
 
 def test_unsupported_architecture_names_its_modules():
-    model = build(MixtralForCausalLM, MixtralConfig, vocab_size=50, hidden_size=32, intermediate_size=48,
-                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, num_local_experts=2)
-    with pytest.raises(UnsupportedModelError, match='MixtralSparseMoeBlock') as error:
+    model = build(BloomForCausalLM, BloomConfig, vocab_size=50, hidden_size=32, n_layer=1, n_head=4)
+    with pytest.raises(UnsupportedModelError, match='BloomAttention') as error:
         explain(model, ids(1, 4))
-    assert 'model.layers.0' in str(error.value)
+    assert 'transformer.h.0.self_attention' in str(error.value) and 'BloomGelu' in str(error.value)
     assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+
+
+def test_methods_dispatch():
+    model = build(LlamaForCausalLM, LlamaConfig, **LLAMA)
+    tokens = ids(2, 5)
+    assert_close(explain(model, tokens, method='cplrp').relevance,
+                 explain(model, tokens, composite=CPLRPEpsilon()).relevance)
+    leaf = model.get_input_embeddings()(tokens).detach().requires_grad_()
+    logits = model(inputs_embeds=leaf).logits[:, -1]
+    target = logits.argmax(-1)
+    (grad,) = torch.autograd.grad(logits.gather(1, target[:, None]).sum(), leaf)
+    assert_close(explain(model, tokens, method='input_x_gradient').relevance, (leaf * grad).sum(-1).detach())
+    with pytest.raises(ValueError, match='Unknown method'):
+        explain(model, tokens, method='lime-ish')
+    with pytest.raises(TypeError, match='composite='):
+        explain(model, tokens, steps=3)
+
+
+def test_several_position_token_pairs_in_one_backward_pass(llama):
+    """The heatmap of several (position, token) pairs is the sum of their single heatmaps (LRP is linear in
+    the initial relevance), and each logit is its own initial relevance."""
+    tokens = ids(1, 7)
+    pairs = [(4, 11), (5, 12), (6, 13)]
+    together = explain(llama, tokens, target=pairs)
+    assert together.target.shape == (1, 3) and torch.equal(together.position[0], torch.tensor([4, 5, 6]))
+    single = sum(explain(llama, tokens, target=token, position=position).relevance for position, token in pairs)
+    assert_close(together.relevance, single)
+    logits = llama(tokens).logits[0]
+    assert_close(together.logit[0], torch.stack([logits[p, t] for p, t in pairs]).detach())
+    with pytest.raises(ValueError, match='out of range'):
+        explain(llama, tokens, target=[(7, 1)])

@@ -89,6 +89,7 @@ def conservation(
     attention_mask=None,
     composite=None,
     model_kwargs: dict | None = None,
+    decoder_input_ids=None,
 ) -> ConservationReport:
     """Explain like :py:func:`~zennit_attn.explain` and report the relevance sum at every layer boundary.
 
@@ -113,7 +114,8 @@ def conservation(
                 handles.append(module.register_forward_hook(lambda module, input, output: others.watch(output)))
         return handles
 
-    explanation = attribute(model, input_ids, target, position, attention_mask, composite, observe, model_kwargs)
+    explanation = attribute(model, input_ids, target, position, attention_mask, composite, observe, model_kwargs,
+                            decoder_input_ids)
     batch = explanation.logit.shape[0]
     zeros = torch.zeros(batch, dtype=torch.float64)
     names = [f'output of {stack_name}.{index}' for index in reversed(range(len(stack)))]

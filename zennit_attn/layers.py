@@ -16,6 +16,8 @@ ROLES = {
     'value': 'attention output A V (Prop. 3.3)',
     'gate': 'element-wise product act(gate) * up of a gated MLP (Prop. 3.2)',
     'up': 'element-wise product act(gate) * up of a gated MLP (Prop. 3.2)',
+    'routing': 'routing weights of a mixture of experts, factors of weight * expert output (Prop. 3.2)',
+    'routed': 'sum over experts of routing weight * expert output (Prop. 3.2 on each product)',
 }
 
 

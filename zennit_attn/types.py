@@ -32,6 +32,10 @@ NEUTRAL: tuple[type, ...] = (
 )
 
 
+#: Class names (suffixes) of Hugging Face's RMSNorm-style modules; T5's "LayerNorm" is an RMSNorm.
+RMS_NORM_NAMES = ('RMSNorm', 'T5LayerNorm')
+
+
 def is_activation(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a known element-wise non-linearity."""
     return isinstance(module, ACTIVATIONS)
@@ -41,10 +45,11 @@ def norm_kind(module: torch.nn.Module) -> str | None:
     """``'layer'`` for mean-subtracting LayerNorm, ``'rms'`` for RMSNorm-style modules, None otherwise.
 
     RMSNorm-style means ``y_i = x_i * c(x) * w_i`` (no mean subtraction, no bias), which holds for
-    :py:class:`torch.nn.RMSNorm` and the ``*RMSNorm`` classes of transformers (Llama, Mistral, Qwen, Gemma).
+    :py:class:`torch.nn.RMSNorm`, the ``*RMSNorm`` classes of transformers (Llama, Mistral, Qwen, Gemma, ...) and
+    ``T5LayerNorm``.
     """
     if isinstance(module, torch.nn.LayerNorm):
         return 'layer'
-    if isinstance(module, torch.nn.RMSNorm) or type(module).__name__.endswith('RMSNorm'):
+    if isinstance(module, torch.nn.RMSNorm) or type(module).__name__.endswith(RMS_NORM_NAMES):
         return 'rms'
     return None

@@ -9,12 +9,16 @@ import torch
 
 from ..layers import Operand, Product, MatMul
 from ..types import LINEARS, NEUTRAL, is_activation, norm_kind
-from .base import InlineActivationCanonizer, OperandCanonizer, INLINE_FUNCTIONS
+from .base import (
+    INLINE_FUNCTIONS, InlineActivationCanonizer, InlineOperandCanonizer, OperandCanonizer, SettingCanonizer, Tap,
+)
 from .families import FAMILIES, Family
+from .vision import VISION_FAMILIES
 
 __all__ = [
     'canonizers_for', 'supported_families', 'UnsupportedModelError', 'OperandCanonizer',
-    'InlineActivationCanonizer', 'Family', 'FAMILIES', 'INLINE_FUNCTIONS',
+    'InlineActivationCanonizer', 'InlineOperandCanonizer', 'SettingCanonizer', 'Tap', 'Family', 'FAMILIES',
+    'INLINE_FUNCTIONS',
 ]
 
 #: Leaf modules that a composite has a rule for or that need none.
@@ -27,13 +31,11 @@ class UnsupportedModelError(TypeError):
 
 def supported_families() -> list[str]:
     """Names of the model families with a table entry."""
-    return [family.name for family in FAMILIES]
+    return [family.name for family in FAMILIES + VISION_FAMILIES]
 
 
-def _understood(module: torch.nn.Module, known: dict[str, str]) -> bool:
-    cls = type(module)
-    package = known.get(cls.__name__)
-    if package is not None and cls.__module__.startswith(package + '.'):
+def _understood(module: torch.nn.Module, families: list[Family]) -> bool:
+    if any(family.owns(module) for family in families):
         return True
     return isinstance(module, _LEAVES) or is_activation(module) or norm_kind(module) is not None
 
@@ -57,21 +59,21 @@ def canonizers_for(model: torch.nn.Module) -> list:
         Canonizers to pass to a composite (the composites of zennit-attn call this themselves).
     """
     modules = list(model.named_modules())
-    families = [family for family in FAMILIES if any(type(module).__name__ in family.classes for _, module in modules)]
-    known = {name: family.package for family in families for name in family.classes}
+    families = [family for family in FAMILIES + VISION_FAMILIES if any(family.owns(module) for _, module in modules)]
 
     unsupported: dict[str, str] = {}
     for name, module in modules:
-        if not _understood(module, known):
+        if not _understood(module, families):
             unsupported.setdefault(f'{type(module).__module__}.{type(module).__qualname__}', name or '<root>')
 
     config = getattr(model, 'config', None)
     problems = []
     for family in families:
-        for key, expected in family.config.items():
+        for key, allowed in family.config.items():
+            allowed = allowed if isinstance(allowed, tuple) else (allowed,)
             for conf in (config, getattr(config, 'text_config', None)):
-                if conf is not None and getattr(conf, key, expected) != expected:
-                    problems.append(f'config.{key}={getattr(conf, key)!r} (supported: {expected!r})')
+                if conf is not None and hasattr(conf, key) and getattr(conf, key) not in allowed:
+                    problems.append(f'config.{key}={getattr(conf, key)!r} (supported: {", ".join(map(repr, allowed))})')
     if unsupported or problems:
         lines = [f'  - {cls} (at {name})' for cls, name in sorted(unsupported.items())]
         lines += [f'  - {problem}' for problem in problems]
@@ -82,13 +84,13 @@ def canonizers_for(model: torch.nn.Module) -> list:
             '(zennit_attn.canonizers.families) or pass canonizers=[...] to the composite yourself.'
         )
 
-    operands, inline = {}, {}
-    for family in families:
-        operands.update(family.operands)
-        inline.update(family.inline)
     canonizers = []
-    if operands:
-        canonizers.append(OperandCanonizer(operands))
-    if inline:
-        canonizers.append(InlineActivationCanonizer(inline))
+    for kind, field in ((OperandCanonizer, 'operands'), (InlineActivationCanonizer, 'inline'),
+                        (InlineOperandCanonizer, 'inline_operands')):
+        specs = {key: value for family in families for key, value in getattr(family, field).items()}
+        if specs:
+            canonizers.append(kind(specs))
+    settings = {key: value for family in families for key, value in family.settings.items()}
+    if settings:
+        canonizers.append(SettingCanonizer(settings))
     return canonizers

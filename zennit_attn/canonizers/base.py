@@ -1,10 +1,11 @@
 """The general mechanism: canonizers that give the inline operations of a model a module to hook.
 
-Both canonizers change model *instances* only (child modules added, hooks registered) and put back exactly
-what was there on :py:meth:`remove`.
+All canonizers here change model *instances* only (child modules added, hooks registered, a configuration
+value set) and put back exactly what was there on :py:meth:`remove`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -13,13 +14,41 @@ from zennit.canonizers import Canonizer
 
 from ..layers import Operand
 
-#: ``module -> {child attribute: role or (roles, sections)}``: where the operands of a module's products come from.
+
+@dataclass(frozen=True)
+class Tap:
+    """Where an operand comes from and what it is.
+
+    Parameters
+    ----------
+    roles: str or tuple of str
+        Role of the operand (see :py:data:`zennit_attn.layers.ROLES`), or one role per section of the last
+        dimension of a fused projection.
+    sections: tuple of int, optional
+        Section sizes (default: equal sections).
+    index: int, optional
+        For producers returning a tuple: the element that is the operand.
+    """
+    roles: str | tuple[str, ...]
+    sections: tuple[int, ...] | None = None
+    index: int | None = None
+
+    @classmethod
+    def ensure(cls, spec) -> 'Tap':
+        return spec if isinstance(spec, cls) else cls(spec)
+
+    def operand(self) -> Operand:
+        return Operand(self.roles, self.sections)
+
+
+#: ``module -> {child attribute: role, roles or Tap}``: where the operands of a module's products come from.
 OperandSpec = Callable[[torch.nn.Module], Mapping[str, object]]
 
 #: Inline functions (by name) that :py:class:`InlineActivationCanonizer` can route through a module.
 INLINE_FUNCTIONS: dict[str, tuple[tuple[Callable, ...], Callable[[], torch.nn.Module]]] = {
     'tanh': ((torch.tanh, torch.Tensor.tanh, torch.nn.functional.tanh), torch.nn.Tanh),
     'gelu': ((torch.nn.functional.gelu,), torch.nn.GELU),
+    'sigmoid': ((torch.sigmoid, torch.Tensor.sigmoid, torch.nn.functional.sigmoid), torch.nn.Sigmoid),
 }
 
 _PREFIX = 'attnlrp_'
@@ -36,140 +65,37 @@ def _add_child(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> st
     return attribute
 
 
-def _apply_all(canonizer: Canonizer, root_module: torch.nn.Module, targets) -> list[Canonizer]:
-    """Register a copy of ``canonizer`` for each ``(module, *args)`` in ``targets``; all or nothing."""
-    instances = []
-    try:
-        for target in targets:
-            instance = canonizer.copy()
-            instance.register(*target)
-            instances.append(instance)
-    except BaseException:
-        for instance in instances:
-            instance.remove()
-        raise
-    return instances
+class _InstanceCanonizer(Canonizer):
+    """A canonizer applied to every module whose class name is a key of ``specs``; one instance per module.
 
-
-class OperandCanonizer(Canonizer):
-    """Attach :py:class:`~zennit_attn.layers.Operand` modules to the outputs of the projections that produce
-    the operands of inline products (``Q K^T``, ``A V`` in attention, ``act(gate) * up`` in gated MLPs).
-
-    For each module whose class name is a key of ``specs``, the spec names the child modules whose outputs are
-    operands and their roles. The Operand is added as a child ``attnlrp_<child>`` of the module and called on
-    the child's output by a forward hook, so a composite can register a rule to it.
-
-    Parameters
-    ----------
-    specs: mapping of str to callable
-        Class name -> ``module -> {child attribute: role}``, where a role is a string, a tuple of roles for a
-        fused projection (equal sections of the last dimension), or ``(roles, sections)``.
+    Subclasses implement :py:meth:`register` (using :py:meth:`_add` and :py:attr:`handles`); removal deletes
+    the added children and hooks. Applying is all or nothing.
     """
-    def __init__(self, specs: Mapping[str, OperandSpec]):
+    def __init__(self, specs: Mapping[str, object]):
         super().__init__()
         self.specs = dict(specs)
         self.parent = None
-        self.attribute = None
-        self.handle = None
+        self.attributes: list[str] = []
+        self.handles: list = []
 
     def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
-        targets = []
-        for module in root_module.modules():
-            spec = self.specs.get(type(module).__name__)
-            if spec is not None:
-                targets.extend((module, child, role) for child, role in spec(module).items())
-        return _apply_all(self, root_module, targets)
+        targets = [module for module in root_module.modules() if type(module).__name__ in self.specs]
+        instances = []
+        try:
+            for module in targets:
+                instance = self.copy()
+                instances.append(instance)
+                instance.register(module, self.specs[type(module).__name__])
+        except BaseException:
+            for instance in instances:
+                instance.remove()
+            raise
+        return instances
 
-    def register(self, parent: torch.nn.Module, child_name: str, role) -> None:
-        child = getattr(parent, child_name)
-        if isinstance(role, tuple) and len(role) == 2 and isinstance(role[0], tuple):
-            operand = Operand(*role)
-        else:
-            operand = Operand(role)
-        self.attribute = _add_child(parent, child_name, operand)
+    def _add(self, parent: torch.nn.Module, name: str, child: torch.nn.Module) -> torch.nn.Module:
         self.parent = parent
-        self.handle = child.register_forward_hook(lambda module, input, output: operand(output))
-
-    def remove(self) -> None:
-        if self.handle is not None:
-            self.handle.remove()
-            del self.parent._modules[self.attribute]
-        self.parent = self.attribute = self.handle = None
-
-    def copy(self) -> 'OperandCanonizer':
-        return type(self)(self.specs)
-
-
-class _RouteFunctions(TorchFunctionMode):
-    """Route calls of element-wise torch functions through modules, while a module's forward runs."""
-    def __init__(self, routes: Mapping[Callable, torch.nn.Module]):
-        super().__init__()
-        self.routes = routes
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        module = self.routes.get(func)
-        if module is None:
-            return func(*args, **kwargs)
-        if len(args) != 1 or any(value != 'none' for key, value in kwargs.items() if key == 'approximate') or (
-                set(kwargs) - {'approximate'}):
-            raise NotImplementedError(
-                f'zennit-attn routes {getattr(func, "__name__", func)} through {type(module).__name__} only for a '
-                f'single tensor with default options; got args={len(args)}, kwargs={kwargs}'
-            )
-        return module(args[0])
-
-
-class InlineActivationCanonizer(Canonizer):
-    """Route element-wise non-linearities that a module calls as functions (``torch.tanh(x)``) through
-    activation modules added as its children, so the identity rule (Eq. 9) can attach to them.
-
-    The routing is a :py:class:`torch.overrides.TorchFunctionMode` entered by a forward pre-hook of that module
-    and left by a forward hook that also runs when the forward raises: nothing outside that module's forward
-    is affected.
-
-    Parameters
-    ----------
-    specs: mapping of str to tuple of str
-        Class name -> names of the inline functions it calls (keys of :py:data:`INLINE_FUNCTIONS`).
-    """
-    def __init__(self, specs: Mapping[str, tuple[str, ...]]):
-        super().__init__()
-        self.specs = dict(specs)
-        self.parent = None
-        self.attributes = []
-        self.handles = []
-
-    def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
-        targets = [
-            (module, self.specs[type(module).__name__]) for module in root_module.modules()
-            if type(module).__name__ in self.specs
-        ]
-        return _apply_all(self, root_module, targets)
-
-    def register(self, parent: torch.nn.Module, names: tuple[str, ...]) -> None:
-        self.parent = parent
-        routes = {}
-        for name in names:
-            functions, factory = INLINE_FUNCTIONS[name]
-            module = factory()
-            self.attributes.append(_add_child(parent, name, module))
-            routes.update({function: module for function in functions})
-        modes = []
-
-        def enter(module, args):
-            mode = _RouteFunctions(routes)
-            mode.__enter__()
-            modes.append(mode)
-
-        def leave(module, args, output):
-            if modes:
-                modes.pop().__exit__(None, None, None)
-
-        self.handles = [
-            parent.register_forward_pre_hook(enter),
-            parent.register_forward_hook(leave, always_call=True),
-        ]
+        self.attributes.append(_add_child(parent, name, child))
+        return child
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -178,5 +104,176 @@ class InlineActivationCanonizer(Canonizer):
             del self.parent._modules[attribute]
         self.parent, self.attributes, self.handles = None, [], []
 
-    def copy(self) -> 'InlineActivationCanonizer':
+    def copy(self):
         return type(self)(self.specs)
+
+
+class OperandCanonizer(_InstanceCanonizer):
+    """Attach :py:class:`~zennit_attn.layers.Operand` modules to the outputs of the child modules that produce
+    the operands of inline products (``Q K^T``, ``A V`` in attention, ``act(gate) * up`` in gated MLPs,
+    routing weight times expert output in mixtures of experts).
+
+    The Operand is added as a child ``attnlrp_<child>`` of the module and called on the child's output by a
+    forward hook, so a composite can register a rule to it.
+
+    Parameters
+    ----------
+    specs: mapping of str to callable
+        Class name -> ``module -> {child attribute: role, roles or Tap}``.
+    """
+    def register(self, parent: torch.nn.Module, spec: OperandSpec) -> None:
+        for child_name, tap in spec(parent).items():
+            tap = Tap.ensure(tap)
+            operand = self._add(parent, child_name, tap.operand())
+            self.handles.append(getattr(parent, child_name).register_forward_hook(self._hook(operand, tap.index)))
+
+    @staticmethod
+    def _hook(operand: Operand, index: int | None):
+        def hook(module, input, output):
+            if index is None:
+                return operand(output)
+            output = list(output)
+            output[index] = operand(output[index])
+            return tuple(output)
+        return hook
+
+
+class _RouteFunctions(TorchFunctionMode):
+    """While a module's forward runs, hand calls of some torch functions to ``handler``.
+
+    ``handler(func, args, kwargs)`` returns the result, or :py:data:`NotImplemented` to run ``func`` as is.
+    """
+    def __init__(self, handler):
+        super().__init__()
+        self.handler = handler
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = self.handler(func, args, kwargs)
+        return func(*args, **kwargs) if result is NotImplemented else result
+
+
+class _FunctionRoutingCanonizer(_InstanceCanonizer):
+    """Base of the canonizers that route torch function calls inside a module's forward.
+
+    The routing is a :py:class:`torch.overrides.TorchFunctionMode` entered by a forward pre-hook of the module
+    (or, with ``after``, by a forward hook of one of its children, so that only what follows that child is
+    routed) and left by a forward hook of the module that runs also when the forward raises: nothing outside
+    that forward is affected.
+    """
+    def _route(self, parent: torch.nn.Module, handler, after: str | None = None) -> None:
+        modes = []
+
+        def enter(*args):
+            mode = _RouteFunctions(handler)
+            mode.__enter__()
+            modes.append(mode)
+
+        def leave(module, args, output):
+            while modes:
+                modes.pop().__exit__(None, None, None)
+
+        if after is None:
+            self.handles.append(parent.register_forward_pre_hook(enter))
+        else:
+            self.handles.append(getattr(parent, after).register_forward_hook(enter))
+        self.handles.append(parent.register_forward_hook(leave, always_call=True))
+
+
+class InlineActivationCanonizer(_FunctionRoutingCanonizer):
+    """Route element-wise non-linearities that a module calls as functions (``torch.tanh(x)``) through
+    activation modules added as its children, so the identity rule (Eq. 9) can attach to them.
+
+    Parameters
+    ----------
+    specs: mapping of str to tuple
+        Class name -> names of the inline functions it calls (keys of :py:data:`INLINE_FUNCTIONS`), optionally
+        followed by ``after=<child>`` as a pair ``(names, child)`` to route only after that child's forward
+        (e.g. the final logit soft-capping after ``lm_head``).
+    """
+    def register(self, parent: torch.nn.Module, spec) -> None:
+        names, after = (spec if len(spec) == 2 and isinstance(spec[0], tuple) else (spec, None))
+        routes = {}
+        for name in names:
+            functions, factory = INLINE_FUNCTIONS[name]
+            module = self._add(parent, name, factory())
+            routes.update({function: module for function in functions})
+
+        def handler(func, args, kwargs):
+            module = routes.get(func)
+            if module is None:
+                return NotImplemented
+            if len(args) != 1 or set(kwargs) - {'approximate'} or kwargs.get('approximate', 'none') != 'none':
+                raise NotImplementedError(
+                    f'zennit-attn routes {getattr(func, "__name__", func)} through {type(module).__name__} only for '
+                    f'a single tensor with default options; got {len(args)} arguments and {kwargs}'
+                )
+            return module(args[0])
+
+        self._route(parent, handler, after)
+
+
+class InlineOperandCanonizer(_FunctionRoutingCanonizer):
+    """Tap the outputs of ``torch.nn.functional.linear`` calls whose weight is (a slice of) a parameter of the
+    module, e.g. the fused gate/up projection of the experts of a mixture of experts, stored as 3-D tensors.
+
+    Parameters
+    ----------
+    specs: mapping of str to mapping
+        Class name -> ``{parameter name: role, roles or Tap}``.
+    """
+    def register(self, parent: torch.nn.Module, spec: Mapping[str, object]) -> None:
+        taps = {}
+        for name, tap in spec.items():
+            tap = Tap.ensure(tap)
+            taps[name] = self._add(parent, name, tap.operand())
+        parameters = {name: getattr(parent, name) for name in taps}
+
+        def handler(func, args, kwargs):
+            if func is not torch.nn.functional.linear:
+                return NotImplemented
+            weight = args[1] if len(args) > 1 else kwargs.get('weight')
+            for name, parameter in parameters.items():
+                if weight is parameter or getattr(weight, '_base', None) is parameter:
+                    return taps[name](func(*args, **kwargs))
+            return NotImplemented
+
+        self._route(parent, handler)
+
+
+class SettingCanonizer(Canonizer):
+    """Set attributes of the model's configuration for the time of the context (e.g. the experts
+    implementation of mixtures of experts to the plain loop that the other canonizers understand).
+
+    Parameters
+    ----------
+    settings: mapping of str to object
+        Attribute name -> value, set on ``model.config``.
+    """
+    def __init__(self, settings: Mapping[str, object]):
+        super().__init__()
+        self.settings = dict(settings)
+        self.config = None
+        self.previous = {}
+
+    def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
+        config = getattr(root_module, 'config', None)
+        if config is None:
+            return []
+        instance = self.copy()
+        instance.register(config)
+        return [instance]
+
+    def register(self, config) -> None:
+        self.config = config
+        for key, value in self.settings.items():
+            self.previous[key] = getattr(config, key)
+            setattr(config, key, value)
+
+    def remove(self) -> None:
+        for key, value in self.previous.items():
+            setattr(self.config, key, value)
+        self.config, self.previous = None, {}
+
+    def copy(self) -> 'SettingCanonizer':
+        return type(self)(self.settings)

@@ -6,8 +6,11 @@ A family entry lists
 - ``operands``: classes that compute products inline, with the children producing the operands
   (attention: query, key, value; gated MLPs: gate, up);
 - ``inline``: classes that call element-wise non-linearities as functions;
-- ``config``: configuration attributes that must have the given value (features not yet covered);
-- ``package``: the package defining these classes.
+- ``inline_operands``: classes that compute operands with ``F.linear`` on their own parameters (experts);
+- ``settings``: configuration values set for the time of the context (the experts implementation);
+- ``config``: configuration attributes that must have the given value, or one of a tuple of values
+  (features not yet covered);
+- ``package``: the module defining these classes (default ``transformers.models.<name>``).
 
 Leaf modules (linear layers, embeddings, dropout, activations, norms) are recognised by type and need no
 entry (see :py:mod:`zennit_attn.types`).
@@ -19,7 +22,7 @@ from typing import Mapping
 
 import torch
 
-from .base import OperandSpec
+from .base import OperandSpec, Tap
 
 
 @dataclass(frozen=True)
@@ -28,14 +31,27 @@ class Family:
     name: str
     structural: tuple[str, ...]
     operands: Mapping[str, OperandSpec] = field(default_factory=dict)
-    inline: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    inline: Mapping[str, tuple] = field(default_factory=dict)
+    inline_operands: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    settings: Mapping[str, object] = field(default_factory=dict)
     config: Mapping[str, object] = field(default_factory=dict)
-    #: the package that defines the listed classes (a class of the same name from elsewhere is not trusted)
-    package: str = 'transformers'
+    #: the module (package) that defines the listed classes, by default ``transformers.models.<name>``; a class
+    #: of the same name defined elsewhere is not trusted
+    package: str | None = None
+
+    @property
+    def module_prefix(self) -> str:
+        return (self.package or f'transformers.models.{self.name}') + '.'
+
+    def owns(self, module: torch.nn.Module) -> bool:
+        """Whether ``module``'s class is one this family lists."""
+        cls = type(module)
+        return cls.__name__ in self.classes and cls.__module__.startswith(self.module_prefix)
 
     @property
     def classes(self) -> frozenset[str]:
-        return frozenset(self.structural) | frozenset(self.operands) | frozenset(self.inline)
+        return (frozenset(self.structural) | frozenset(self.operands) | frozenset(self.inline)
+                | frozenset(self.inline_operands))
 
 
 def separate_qkv(query: str, key: str, value: str) -> OperandSpec:
@@ -55,7 +71,7 @@ def gpt2_attention(module: torch.nn.Module) -> Mapping[str, object]:
     return {'c_attn': ('query', 'key', 'value')}
 
 
-def llama_like(prefix: str, name: str, extra: tuple[str, ...] = (), config: Mapping[str, object] | None = None):
+def llama_like(prefix: str, name: str, extra: tuple[str, ...] = (), **fields) -> Family:
     """Decoder families built like Llama: RMSNorm, rotary attention with q/k/v projections, gated MLP."""
     suffixes = ('ForCausalLM', 'Model', 'DecoderLayer', 'RotaryEmbedding', 'ForSequenceClassification',
                 'ForTokenClassification')
@@ -65,12 +81,37 @@ def llama_like(prefix: str, name: str, extra: tuple[str, ...] = (), config: Mapp
         operands={
             f'{prefix}Attention': separate_qkv('q_proj', 'k_proj', 'v_proj'),
             f'{prefix}MLP': gated('gate_proj', 'up_proj'),
+            **fields.pop('operands', {}),
         },
-        config=config or {},
+        **fields,
     )
 
 
-def bert_like(prefix: str, name: str, extra: tuple[str, ...] = (), inline: Mapping[str, tuple[str, ...]] = None):
+def moe(prefix: str, name: str, shared_expert: bool = False) -> Family:
+    """Mixture-of-experts decoders (Mixtral, Qwen-MoE, OLMoE): the routing weights (softmax over the top-k
+    router logits, whose plain gradient is Prop. 3.1) multiply the experts' outputs (Prop. 3.2).
+
+    The experts run as the plain loop (``config._experts_implementation = 'eager'`` during the context) so
+    that their fused gate/up projections are ``F.linear`` calls that can be tapped; every implementation a
+    user loads is thereby explained the same way. Qwen2-MoE's shared expert is gated by
+    ``sigmoid(shared_expert_gate(x))``: a gate (identity rule on the sigmoid, uniform rule on the product).
+    """
+    block = {'gate': Tap('routing', index=1), 'experts': 'routed'}
+    inline = {}
+    if shared_expert:
+        block.update({'shared_expert_gate': 'gate', 'shared_expert': 'up'})
+        inline[f'{prefix}SparseMoeBlock'] = ('sigmoid',)
+    return llama_like(
+        prefix, name,
+        extra=(f'{prefix}TopKRouter',),
+        operands={f'{prefix}SparseMoeBlock': lambda module: block},
+        inline=inline,
+        inline_operands={f'{prefix}Experts': {'gate_up_proj': ('gate', 'up')}},
+        settings={'_experts_implementation': 'eager'},
+    )
+
+
+def bert_like(prefix: str, name: str, extra: tuple[str, ...] = (), inline: Mapping[str, tuple] = None):
     """Encoder families built like BERT: post-LayerNorm, separate q/k/v projections, GELU MLP."""
     suffixes = ('Model', 'Embeddings', 'Encoder', 'Layer', 'Attention', 'SelfOutput', 'Intermediate', 'Output',
                 'Pooler', 'ForSequenceClassification', 'ForMaskedLM', 'ForTokenClassification')
@@ -85,19 +126,54 @@ def bert_like(prefix: str, name: str, extra: tuple[str, ...] = (), inline: Mappi
     )
 
 
-#: Gemma 2 style soft-capping puts a tanh on the attention scores and the logits; not covered yet.
+def phi3_attention(module: torch.nn.Module) -> Mapping[str, object]:
+    """Phi-3's fused ``qkv_proj``: query heads, then key and value heads (grouped-query sizes)."""
+    query = module.config.num_attention_heads * module.head_dim
+    key_value = module.num_key_value_heads * module.head_dim
+    return {'qkv_proj': Tap(('query', 'key', 'value'), (query, key_value, key_value))}
+
+
+def neox_attention(module: torch.nn.Module) -> Mapping[str, object]:
+    """GPT-NeoX's ``query_key_value``: per head, query, key and value of ``head_size`` each, interleaved."""
+    heads = module.config.num_attention_heads
+    return {'query_key_value': Tap(('query', 'key', 'value') * heads, (module.head_size,) * 3 * heads)}
+
+
+#: Soft-capping puts a tanh on the attention scores and the logits (Gemma 2); where a family has no entry for
+#: it, it must be off.
 _NO_SOFTCAP = {'attn_logit_softcapping': None, 'final_logit_softcapping': None}
+#: Attention implementations in which the soft-capping tanh is a torch call the canonizer can route.
+_SOFTCAP_ATTENTION = {'_attn_implementation': ('eager', 'sdpa')}
 
 FAMILIES: tuple[Family, ...] = (
     llama_like('Llama', 'llama'),
     llama_like('Mistral', 'mistral'),
     llama_like('Qwen2', 'qwen2'),
     llama_like('Qwen3', 'qwen3'),
-    llama_like(
-        'Gemma3', 'gemma3',
-        extra=('Gemma3TextModel', 'Gemma3TextScaledWordEmbedding', 'Gemma3TextForSequenceClassification'),
-        config=_NO_SOFTCAP,
+    llama_like('Olmo2', 'olmo2'),
+    llama_like('Granite', 'granite'),
+    llama_like('Gemma3', 'gemma3', config=_NO_SOFTCAP,
+               extra=('Gemma3TextModel', 'Gemma3TextScaledWordEmbedding', 'Gemma3TextForSequenceClassification')),
+    llama_like('Gemma2', 'gemma2', config=_SOFTCAP_ATTENTION,
+               inline={'Gemma2Attention': ('tanh',), 'Gemma2ForCausalLM': (('tanh',), 'lm_head')}),
+    llama_like('Phi3', 'phi3', operands={'Phi3Attention': phi3_attention,
+                                         'Phi3MLP': lambda module: {'gate_up_proj': ('gate', 'up')}}),
+    Family(
+        name='phi',
+        structural=('PhiForCausalLM', 'PhiModel', 'PhiDecoderLayer', 'PhiRotaryEmbedding', 'PhiMLP',
+                    'PhiForSequenceClassification', 'PhiForTokenClassification'),
+        operands={'PhiAttention': separate_qkv('q_proj', 'k_proj', 'v_proj')},
     ),
+    Family(
+        name='gpt_neox',
+        structural=('GPTNeoXForCausalLM', 'GPTNeoXModel', 'GPTNeoXLayer', 'GPTNeoXMLP', 'GPTNeoXRotaryEmbedding',
+                    'GPTNeoXForSequenceClassification', 'GPTNeoXForTokenClassification'),
+        operands={'GPTNeoXAttention': neox_attention},
+    ),
+    moe('Mixtral', 'mixtral'),
+    moe('Qwen2Moe', 'qwen2_moe', shared_expert=True),
+    moe('Qwen3Moe', 'qwen3_moe'),
+    moe('Olmoe', 'olmoe'),
     Family(
         name='gpt2',
         structural=('GPT2LMHeadModel', 'GPT2Model', 'GPT2Block', 'GPT2MLP', 'GPT2ForSequenceClassification',
@@ -107,4 +183,16 @@ FAMILIES: tuple[Family, ...] = (
     bert_like('Bert', 'bert', extra=('BertOnlyMLMHead', 'BertLMPredictionHead', 'BertPredictionHeadTransform')),
     bert_like('Roberta', 'roberta', extra=('RobertaClassificationHead', 'RobertaLMHead'),
               inline={'RobertaClassificationHead': ('tanh',), 'RobertaLMHead': ('gelu',)}),
+    Family(
+        name='distilbert',
+        structural=('DistilBertModel', 'Embeddings', 'Transformer', 'TransformerBlock', 'FFN',
+                    'DistilBertForSequenceClassification', 'DistilBertForMaskedLM', 'DistilBertForTokenClassification'),
+        operands={'DistilBertSelfAttention': separate_qkv('q_lin', 'k_lin', 'v_lin')},
+    ),
+    Family(
+        name='t5',
+        structural=('T5ForConditionalGeneration', 'T5Model', 'T5EncoderModel', 'T5Stack', 'T5Block',
+                    'T5LayerSelfAttention', 'T5LayerCrossAttention', 'T5LayerFF', 'T5DenseActDense'),
+        operands={'T5Attention': separate_qkv('q', 'k', 'v'), 'T5DenseGatedActDense': gated('wi_0', 'wi_1')},
+    ),
 )

@@ -1,0 +1,174 @@
+"""The AttnLRP composites for vision transformers: gamma rule on linear and convolution layers (appendix A.2.3, B).
+
+The paper's proposed composite for ViTs (appendix B, table "Proposed composite for the AttnLRP and CP-LRP methods
+used for the Vision Transformer"):
+
+======================================  ======================
+layer type                              rule
+======================================  ======================
+Convolution (patch embedding)           Gamma(gamma=0.25)
+Linear (MLP, head: outside attention)   Gamma(gamma=0.05)
+LinearInputProjection (q, k, v)         Epsilon
+LinearOutputProjection (attention out)  Epsilon
+======================================  ======================
+
+and everything else as :py:class:`~zennit_attn.composites.AttnLRPEpsilon` (identity rule on GELU and LayerNorm's
+normalisation, AttnLRP's rules in attention) or :py:class:`~zennit_attn.composites.CPLRPEpsilon` (attention
+probabilities constant). Every choice can be replaced per layer type.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+from zennit.core import Hook
+
+from ..canonizers import FAMILIES
+from ..canonizers.vision import ATTENTION_OUTPUTS, VISION_FAMILIES
+from ..layers import Operand
+from ..rules import ConstantOperand, Epsilon, Gamma, UniformOperand
+from ..types import LINEARS
+from .attnlrp import AttnLRPComposite, CPLRPEpsilon
+
+#: Convolution modules (the patch embedding of ViTs).
+CONVOLUTIONS: tuple[type, ...] = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+_ATTENTION_ROLES = frozenset({'query', 'key', 'value'})
+
+
+def _roles(role) -> tuple[str, ...]:
+    if isinstance(role, str):
+        return (role,)
+    if isinstance(role, tuple) and len(role) == 2 and isinstance(role[0], tuple):
+        return role[0]
+    return tuple(role)
+
+
+def attention_projections(
+    model: torch.nn.Module, outputs: Mapping[str, str] | None = None,
+) -> tuple[set[int], set[int]]:
+    """``(ids of attention input projections, ids of attention output projections)`` in ``model``.
+
+    Input projections are the children whose outputs the family table taps as query, key or value (timm's fused
+    ``qkv``, Hugging Face's ``q_proj``/``k_proj``/``v_proj``, GPT-2's ``c_attn``); output projections are named per
+    attention class by ``outputs`` (default :py:data:`~zennit_attn.canonizers.vision.ATTENTION_OUTPUTS`).
+    """
+    outputs = ATTENTION_OUTPUTS if outputs is None else outputs
+    families = FAMILIES + VISION_FAMILIES
+    inputs, outs = set(), set()
+    for module in model.modules():
+        for family in families:
+            spec = family.operands.get(type(module).__name__)
+            if spec is None or not family.owns(module):
+                continue
+            try:
+                children = spec(module)
+            except Exception:  # the canonizer reports unsupported variants when it is applied
+                continue
+            for child, role in children.items():
+                if set(_roles(role)) <= _ATTENTION_ROLES and isinstance(getattr(module, child, None), torch.nn.Module):
+                    inputs.add(id(getattr(module, child)))
+        child = outputs.get(type(module).__name__)
+        if child is not None and isinstance(getattr(module, child, None), LINEARS):
+            outs.add(id(getattr(module, child)))
+    return inputs, outs
+
+
+class AttnLRPGamma(AttnLRPComposite):
+    """AttnLRP for vision transformers with the paper's proposed composite (appendix B) as default.
+
+    Drop-in for zennit users::
+
+        with Gradient(model=vit, composite=AttnLRPGamma()) as attributor:
+            output, relevance = attributor(pixels, one_hot)   # relevance: [batch, channels, height, width]
+
+    Each layer type's rule is a constructor argument; pass a rule instance (it is copied for every module) or
+    None for no rule (the plain gradient, i.e. the epsilon rule with epsilon -> 0).
+
+    Parameters
+    ----------
+    conv: Hook or None
+        Convolutions (the patch embedding); default ``Gamma(0.25)``.
+    linear: Hook or None
+        Linear layers outside attention (MLP, classification head); default ``Gamma(0.05)``.
+    attention_in: Hook or None
+        The query, key and value projections (timm's fused ``qkv``); default ``Epsilon(1e-6)``.
+    attention_out: Hook or None
+        The attention output projection (timm's ``proj``, Hugging Face's ``o_proj``); default ``Epsilon(1e-6)``.
+    softmax: Hook or None
+        Rule of the query/key/value operand taps, which decides how relevance passes the softmax: default
+        :py:class:`~zennit_attn.rules.UniformOperand` (AttnLRP, Prop. 3.1-3.3);
+        :py:class:`~zennit_attn.rules.ConstantOperand` is CP-LRP (no relevance through the softmax).
+    attention_outputs: mapping, optional
+        ``attention class name -> output projection child``, replacing
+        :py:data:`~zennit_attn.canonizers.vision.ATTENTION_OUTPUTS`.
+    epsilon: float
+        Stabiliser of the matmul rule on explicit :py:class:`~zennit_attn.layers.MatMul` modules.
+    canonizers: sequence, optional
+        As for :py:class:`~zennit_attn.composites.AttnLRPComposite`.
+    """
+    operand_rule = UniformOperand
+
+    def __init__(
+        self,
+        conv: Hook | None = Gamma(0.25),
+        linear: Hook | None = Gamma(0.05),
+        attention_in: Hook | None = Epsilon(1e-6),
+        attention_out: Hook | None = Epsilon(1e-6),
+        softmax: Hook | None = None,
+        attention_outputs: Mapping[str, str] | None = None,
+        epsilon: float = 0.0,
+        canonizers: Sequence | None = None,
+    ):
+        self.rules = {
+            'conv': conv, 'linear': linear, 'attention_in': attention_in, 'attention_out': attention_out,
+            'softmax': self.operand_rule() if softmax is None else softmax,
+        }
+        for kind, rule in self.rules.items():
+            if rule is not None and not isinstance(rule, Hook):
+                raise TypeError(f'{kind}= needs a zennit Hook (rule) instance or None, got {type(rule).__name__}')
+        self.attention_outputs = attention_outputs
+        self._attention_in: set[int] = set()
+        self._attention_out: set[int] = set()
+        super().__init__(epsilon=epsilon, canonizers=canonizers)
+
+    def register(self, module: torch.nn.Module) -> None:
+        self._attention_in, self._attention_out = attention_projections(module, self.attention_outputs)
+        super().register(module)
+
+    def layer_type(self, module: torch.nn.Module) -> str | None:
+        """``'conv'``, ``'linear'``, ``'attention_in'``, ``'attention_out'``, ``'softmax'`` or None (other)."""
+        if isinstance(module, Operand):
+            return 'softmax'
+        if isinstance(module, CONVOLUTIONS):
+            return 'conv'
+        if id(module) in self._attention_in:
+            return 'attention_in'
+        if id(module) in self._attention_out:
+            return 'attention_out'
+        if isinstance(module, LINEARS):
+            return 'linear'
+        return None
+
+    def mapping(self, ctx: dict, name: str, module: torch.nn.Module) -> Hook | None:
+        kind = None if name == '' else self.layer_type(module)
+        if kind is None:
+            return super().mapping(ctx, name, module)
+        rule = self.rules[kind]
+        return None if rule is None else rule.copy()
+
+    def __repr__(self) -> str:
+        arguments = ', '.join(f'{kind}={rule!r}' for kind, rule in self.rules.items())
+        return f'{type(self).__name__}({arguments})'
+
+
+class CPLRPGamma(AttnLRPGamma):
+    """gamma-CP-LRP (appendix A.2.3, B): :py:class:`AttnLRPGamma` with the attention probabilities (and gates of
+    gated MLPs) constant, as in CP-LRP (Ali et al. 2022). Same defaults and arguments; ``softmax`` defaults to
+    :py:class:`~zennit_attn.rules.ConstantOperand`."""
+    operand_rule = ConstantOperand
+
+    def product_rule(self) -> Hook:
+        return CPLRPEpsilon.product_rule(self)
+
+    def matmul_rule(self) -> Hook:
+        return CPLRPEpsilon.matmul_rule(self)
