@@ -404,6 +404,9 @@ def explain(
     -------
     Explanation
     """
+    if isinstance(input_ids, torch.Tensor) and input_ids.is_floating_point() and input_ids.dim() == 4:
+        from .images import explain_image  # pixels [batch, channels, height, width]: an ImageExplanation
+        return explain_image(model, input_ids, target=target, composite=composite, method=method, **params)
     from .composites import CPLRPEpsilon
 
     if method in ('attnlrp', 'cplrp'):

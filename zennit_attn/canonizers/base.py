@@ -161,7 +161,8 @@ class _FunctionRoutingCanonizer(_InstanceCanonizer):
     routed) and left by a forward hook of the module that runs also when the forward raises: nothing outside
     that forward is affected.
     """
-    def _route(self, parent: torch.nn.Module, handler, after: str | None = None) -> None:
+    def _route(self, parent: torch.nn.Module, handler, after: str | None = None, check=None) -> None:
+        """Route ``handler`` during ``parent``'s forward; ``check()`` runs after a forward that returned."""
         modes = []
 
         def enter(*args):
@@ -172,6 +173,8 @@ class _FunctionRoutingCanonizer(_InstanceCanonizer):
         def leave(module, args, output):
             while modes:
                 modes.pop().__exit__(None, None, None)
+            if check is not None and output is not None:
+                check()
 
         if after is None:
             self.handles.append(parent.register_forward_pre_hook(enter))
@@ -228,6 +231,7 @@ class InlineOperandCanonizer(_FunctionRoutingCanonizer):
             tap = Tap.ensure(tap)
             taps[name] = self._add(parent, name, tap.operand())
         parameters = {name: getattr(parent, name) for name in taps}
+        tapped = []
 
         def handler(func, args, kwargs):
             if func is not torch.nn.functional.linear:
@@ -235,20 +239,34 @@ class InlineOperandCanonizer(_FunctionRoutingCanonizer):
             weight = args[1] if len(args) > 1 else kwargs.get('weight')
             for name, parameter in parameters.items():
                 if weight is parameter or getattr(weight, '_base', None) is parameter:
+                    tapped.append(name)
                     return taps[name](func(*args, **kwargs))
             return NotImplemented
 
-        self._route(parent, handler)
+        def check():
+            missing = set(taps) - set(tapped)
+            tapped.clear()
+            if missing:
+                raise RuntimeError(
+                    f'{type(parent).__name__} computed {sorted(missing)} without torch.nn.functional.linear, so its '
+                    'products could not be attributed: run it with config._experts_implementation = "eager" (the '
+                    'composites set this on the model they are registered to)'
+                )
+
+        self._route(parent, handler, check=check)
 
 
 class SettingCanonizer(Canonizer):
     """Set attributes of the model's configuration for the time of the context (e.g. the experts
     implementation of mixtures of experts to the plain loop that the other canonizers understand).
 
+    The values are set on every configuration object held by the module or its submodules that has these
+    attributes, so that registering on a block (whose experts hold the model's configuration) works too.
+
     Parameters
     ----------
     settings: mapping of str to object
-        Attribute name -> value, set on ``model.config``.
+        Attribute name -> value.
     """
     def __init__(self, settings: Mapping[str, object]):
         super().__init__()
@@ -257,12 +275,22 @@ class SettingCanonizer(Canonizer):
         self.previous = {}
 
     def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
-        config = getattr(root_module, 'config', None)
-        if config is None:
-            return []
-        instance = self.copy()
-        instance.register(config)
-        return [instance]
+        configs = {}
+        for module in root_module.modules():
+            config = getattr(module, 'config', None)
+            if config is not None and all(hasattr(config, key) for key in self.settings):
+                configs.setdefault(id(config), config)
+        instances = []
+        try:
+            for config in configs.values():
+                instance = self.copy()
+                instance.register(config)
+                instances.append(instance)
+        except BaseException:
+            for instance in instances:
+                instance.remove()
+            raise
+        return instances
 
     def register(self, config) -> None:
         self.config = config
