@@ -10,6 +10,7 @@ Use the plain functions (``from tests.conftest import tiny_model``; pytest impor
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -108,22 +109,46 @@ def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
 def tiny_model(family: str, head: str = None, dtype: torch.dtype = torch.float64,
                attn_implementation: str = 'eager', zero_bias: bool = False, seed: int = 0,
                **config_overrides) -> torch.nn.Module:
-    """A tiny random model of ``family`` with ``head`` (default: causal_lm for decoders, seq_cls for encoders),
-    cast to ``dtype``, in eval mode. The random weights depend only on ``family``, ``head`` and ``seed``."""
+    """A new tiny random model of ``family`` with ``head`` (default: causal_lm for decoders, seq_cls for encoders),
+    cast to ``dtype``, in eval mode. The random weights depend only on ``family``, ``head``, ``seed`` and the
+    configuration overrides (models with the same ones are copies of one float32 model, built once). Leaves the
+    global torch generator seeded with ``seed``."""
     if head is None:
         head = 'causal_lm' if family in DECODERS else 'seq_cls'
-    name = _CLASSES.get((family, head))
-    if name is None:
+    if (family, head) not in _CLASSES:
         raise ValueError(f'no tiny {head!r} model for family {family!r}')
-    config = tiny_config(family, **config_overrides)
-    config._attn_implementation = attn_implementation
-    with _quiet():
-        torch.manual_seed(seed)
-        model = getattr(transformers, name)(config)
+    try:
+        key = (family, head, seed, tuple(sorted(config_overrides.items())))
+        hash(key)
+    except TypeError:
+        key = None
+    model = _BUILT.get(key) if key is not None else None
+    if model is None:
+        model = _build(family, head, seed, config_overrides)
+        if key is not None:
+            _BUILT[key] = model
+    model = copy.deepcopy(model)
+    model.config._attn_implementation = attn_implementation
     model = model.to(dtype).eval()
     if zero_bias:
         zero_biases(model)
+    torch.manual_seed(seed)  # the global generator's state afterwards does not depend on the cache
     return model
+
+
+_BUILT: dict = {}
+
+
+def _build(family, head, seed, config_overrides):
+    config = tiny_config(family, **config_overrides)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)  # the weights must not depend on what a test left as default
+    try:
+        with _quiet():
+            torch.manual_seed(seed)
+            return getattr(transformers, _CLASSES[(family, head)])(config).eval()
+    finally:
+        torch.set_default_dtype(default)
 
 
 def token_ids(family: str, length: int = 10, batch: int = 1, seed: int = 0) -> torch.Tensor:

@@ -189,3 +189,13 @@ def test_several_position_token_pairs_in_one_backward_pass(llama):
     assert_close(together.logit[0], torch.stack([logits[p, t] for p, t in pairs]).detach())
     with pytest.raises(ValueError, match='out of range'):
         explain(llama, tokens, target=[(7, 1)])
+
+
+def test_non_finite_results_raise(llama):
+    """A model that returns NaN logits must not yield a plausible-looking heatmap."""
+    handle = llama.lm_head.register_forward_hook(lambda module, input, output: output * float('nan'))
+    try:
+        with pytest.raises(FloatingPointError, match='non-finite'):
+            explain(llama, ids(1, 4), target=3)
+    finally:
+        handle.remove()

@@ -348,6 +348,11 @@ def attribute(
             finally:
                 for handle in handles:
                     handle.remove()
+    if not all(bool(torch.isfinite(tensor).all()) for tensor in (logit, *relevance)):
+        raise FloatingPointError(
+            f'{type(model).__name__} produced a non-finite explained logit or relevance (logit {logit.tolist()}); '
+            'with padding in float64 eager attention transformers itself returns NaN logits: use float32 or SDPA'
+        )
     return task.explanation(*relevance[:1], logit, *relevance[1:])
 
 
