@@ -1,11 +1,20 @@
 """Shared builders and fixtures: tiny, seeded, randomly initialised Hugging Face models of every supported family.
 
-Use the plain functions (``from tests.conftest import tiny_model``; pytest imports this file as ``tests.conftest``) or the fixtures of the same name.
+Use the plain functions (``from tests.conftest import tiny_model``; pytest imports this file as
+``tests.conftest``) or the fixtures of the same name.
 
-- :py:func:`tiny_model` ``(family, head, dtype, attn_implementation, zero_bias, seed)``: hidden 32, 2 layers,
-  4 heads (2 key/value heads where the family has GQA), intermediate 64, vocabulary 100, in eval mode.
+- :py:func:`tiny_model` ``(family, head, dtype, attn_implementation, zero_bias, seed, experts_implementation)``:
+  hidden 32, 2 layers, 4 heads (2 key/value heads where the family has GQA), intermediate 64, vocabulary 100, in
+  eval mode; mixtures of experts: 4 experts, 2 per token, expert intermediate 32.
 - :py:data:`FAMILY_HEADS`: every supported ``(family, head)`` pair.
-- :py:func:`token_ids` ``(family, length, batch, seed)``: ids that avoid the family's special tokens.
+- :py:func:`token_ids` ``(family, length, batch, seed)``: ids that avoid the family's special tokens;
+  :py:func:`decoder_ids` ``(family, length, batch, seed)``: decoder input ids of encoder-decoder models (the
+  decoder start token, then random ids).
+
+Family names are those of :py:data:`zennit_attn.canonizers.families.FAMILIES`, except ``t5_relu``: T5 as
+originally published (``feed_forward_proj='relu'``, decoder output scaled by ``d_model ** -0.5`` before the LM
+head), where ``t5`` is the Flan-T5 / T5 v1.1 layout (``'gated-gelu'``, ``tie_word_embeddings=False``, which in
+transformers 5 only turns that scaling off: the LM head shares the embedding weight in both).
 """
 from __future__ import annotations
 
@@ -23,24 +32,43 @@ HEADS = 4
 KV_HEADS = 2
 INTERMEDIATE = 64
 POSITIONS = 64
+#: Gemma 2 soft-capping in the tiny models (the scores and logits of the random models are of this order)
+GEMMA2_ATTN_SOFTCAP = 0.05
+GEMMA2_FINAL_SOFTCAP = 0.3
 
+EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+EXPERT_INTERMEDIATE = 32
+
+#: Mixture-of-experts decoders.
+MOE = ('mixtral', 'qwen2_moe', 'qwen3_moe', 'olmoe')
 #: Decoder families (causal language models).
-DECODERS = ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3', 'gpt2')
+DECODERS = ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3', 'gpt2', 'olmo2', 'granite', 'gemma2', 'phi3', 'phi',
+            'gpt_neox') + MOE
 #: Encoder families.
-ENCODERS = ('bert', 'roberta')
-FAMILIES = DECODERS + ENCODERS
+ENCODERS = ('bert', 'roberta', 'distilbert')
+#: Encoder-decoder families (``t5``: gated GELU as in Flan-T5; ``t5_relu``: the original T5, see above).
+ENCODER_DECODERS = ('t5', 't5_relu')
+FAMILIES = DECODERS + ENCODERS + ENCODER_DECODERS
+#: Families whose attention has no SDPA implementation in transformers (Gemma 2: soft-capping).
+EAGER_ONLY = ('gemma2',)
 
 #: Heads per family: ``causal_lm`` (``...ForCausalLM`` / ``GPT2LMHeadModel``), ``seq_cls``
-#: (``...ForSequenceClassification``), ``masked_lm`` (``...ForMaskedLM``), ``base`` (the bare model).
-HEAD_NAMES = ('causal_lm', 'seq_cls', 'masked_lm', 'base')
+#: (``...ForSequenceClassification``), ``masked_lm`` (``...ForMaskedLM``), ``seq2seq``
+#: (``...ForConditionalGeneration``), ``base`` (the bare model).
+HEAD_NAMES = ('causal_lm', 'seq_cls', 'masked_lm', 'seq2seq', 'base')
 FAMILY_HEADS = tuple((family, 'causal_lm') for family in DECODERS) + tuple(
-    (family, head) for family in ENCODERS for head in ('seq_cls', 'masked_lm'))
+    (family, head) for family in ENCODERS for head in ('seq_cls', 'masked_lm')) + tuple(
+    (family, 'seq2seq') for family in ENCODER_DECODERS)
 
 _LLAMA_LIKE = dict(
     vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
     num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=POSITIONS,
     bos_token_id=1, eos_token_id=2, pad_token_id=None, tie_word_embeddings=False,
 )
+_MOE = dict(num_experts_per_tok=EXPERTS_PER_TOKEN, output_router_logits=False)
+_QWEN_MOE = dict(**_MOE, num_experts=EXPERTS, moe_intermediate_size=EXPERT_INTERMEDIATE, decoder_sparse_step=1,
+                 mlp_only_layers=[])
 _BERT_LIKE = dict(
     vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
     intermediate_size=INTERMEDIATE, max_position_embeddings=POSITIONS, num_labels=3,
@@ -70,10 +98,62 @@ def tiny_config(family: str, **overrides) -> transformers.PreTrainedConfig:
             n_positions=POSITIONS, bos_token_id=1, eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0, num_labels=3,
         )
+    elif family == 'olmo2':
+        config = transformers.Olmo2Config(**_LLAMA_LIKE)
+    elif family == 'granite':
+        # every multiplier away from 1, so that each scaling is on the relevance path
+        config = transformers.GraniteConfig(**_LLAMA_LIKE, embedding_multiplier=2.0, residual_multiplier=0.5,
+                                            attention_multiplier=0.5, logits_scaling=4.0)
+    elif family == 'gemma2':
+        # soft-capping of the scores and of the logits at about their magnitude in these tiny models, so that the
+        # tanh is not close to the identity; a sliding-window layer as in Gemma 3
+        config = transformers.Gemma2Config(
+            **{**_LLAMA_LIKE, 'pad_token_id': 0}, head_dim=HIDDEN // HEADS, query_pre_attn_scalar=HIDDEN // HEADS,
+            sliding_window=4, layer_types=['sliding_attention', 'full_attention'],
+            attn_logit_softcapping=GEMMA2_ATTN_SOFTCAP, final_logit_softcapping=GEMMA2_FINAL_SOFTCAP,
+        )
+    elif family == 'phi3':
+        config = transformers.Phi3Config(**_LLAMA_LIKE, original_max_position_embeddings=POSITIONS)
+    elif family == 'phi':
+        config = transformers.PhiConfig(**{**_LLAMA_LIKE, 'num_key_value_heads': HEADS})
+    elif family == 'gpt_neox':
+        config = transformers.GPTNeoXConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE, max_position_embeddings=POSITIONS, bos_token_id=1, eos_token_id=2,
+            pad_token_id=None, tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0,
+            classifier_dropout=0.0,
+        )
+    elif family == 'mixtral':
+        config = transformers.MixtralConfig(**{**_LLAMA_LIKE, 'intermediate_size': EXPERT_INTERMEDIATE}, **_MOE,
+                                            num_local_experts=EXPERTS)
+    elif family == 'qwen2_moe':
+        # not renormalised routing weights, a shared expert with its sigmoid gate, query/key/value biases
+        config = transformers.Qwen2MoeConfig(**_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=False,
+                                             shared_expert_intermediate_size=INTERMEDIATE)
+    elif family == 'qwen3_moe':
+        config = transformers.Qwen3MoeConfig(**_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=True,
+                                             head_dim=HIDDEN // HEADS)
+    elif family == 'olmoe':
+        config = transformers.OlmoeConfig(**{**_LLAMA_LIKE, 'intermediate_size': EXPERT_INTERMEDIATE}, **_MOE,
+                                          num_experts=EXPERTS, norm_topk_prob=False)
     elif family == 'bert':
         config = transformers.BertConfig(**_BERT_LIKE, pad_token_id=0)
     elif family == 'roberta':
         config = transformers.RobertaConfig(**_BERT_LIKE, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    elif family == 'distilbert':
+        config = transformers.DistilBertConfig(
+            vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=INTERMEDIATE,
+            max_position_embeddings=POSITIONS, num_labels=3, pad_token_id=0, dropout=0.0, attention_dropout=0.0,
+            seq_classif_dropout=0.0,
+        )
+    elif family in ENCODER_DECODERS:
+        gated = family == 't5'
+        config = transformers.T5Config(
+            vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, num_heads=HEADS, d_ff=INTERMEDIATE,
+            num_layers=LAYERS, num_decoder_layers=LAYERS, feed_forward_proj='gated-gelu' if gated else 'relu',
+            tie_word_embeddings=not gated, dropout_rate=0.0, relative_attention_num_buckets=8,
+            relative_attention_max_distance=16, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        )
     else:
         raise ValueError(f'unknown family {family!r}; known: {FAMILIES}')
     for key, value in overrides.items():
@@ -82,6 +162,15 @@ def tiny_config(family: str, **overrides) -> transformers.PreTrainedConfig:
 
 
 _CLASSES = {
+    ('olmo2', 'causal_lm'): 'Olmo2ForCausalLM', ('granite', 'causal_lm'): 'GraniteForCausalLM',
+    ('gemma2', 'causal_lm'): 'Gemma2ForCausalLM', ('phi3', 'causal_lm'): 'Phi3ForCausalLM',
+    ('phi', 'causal_lm'): 'PhiForCausalLM', ('gpt_neox', 'causal_lm'): 'GPTNeoXForCausalLM',
+    ('mixtral', 'causal_lm'): 'MixtralForCausalLM', ('qwen2_moe', 'causal_lm'): 'Qwen2MoeForCausalLM',
+    ('qwen3_moe', 'causal_lm'): 'Qwen3MoeForCausalLM', ('olmoe', 'causal_lm'): 'OlmoeForCausalLM',
+    ('distilbert', 'seq_cls'): 'DistilBertForSequenceClassification',
+    ('distilbert', 'masked_lm'): 'DistilBertForMaskedLM', ('distilbert', 'base'): 'DistilBertModel',
+    ('t5', 'seq2seq'): 'T5ForConditionalGeneration', ('t5', 'base'): 'T5Model',
+    ('t5_relu', 'seq2seq'): 'T5ForConditionalGeneration', ('t5_relu', 'base'): 'T5Model',
     ('llama', 'causal_lm'): 'LlamaForCausalLM', ('llama', 'seq_cls'): 'LlamaForSequenceClassification',
     ('llama', 'base'): 'LlamaModel',
     ('mistral', 'causal_lm'): 'MistralForCausalLM', ('mistral', 'base'): 'MistralModel',
@@ -108,13 +197,16 @@ def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
 
 def tiny_model(family: str, head: str = None, dtype: torch.dtype = torch.float64,
                attn_implementation: str = 'eager', zero_bias: bool = False, seed: int = 0,
-               **config_overrides) -> torch.nn.Module:
-    """A new tiny random model of ``family`` with ``head`` (default: causal_lm for decoders, seq_cls for encoders),
-    cast to ``dtype``, in eval mode. The random weights depend only on ``family``, ``head``, ``seed`` and the
-    configuration overrides (models with the same ones are copies of one float32 model, built once). Leaves the
-    global torch generator seeded with ``seed``."""
+               experts_implementation: str | None = None, **config_overrides) -> torch.nn.Module:
+    """A new tiny random model of ``family`` with ``head`` (default: causal_lm for decoders, seq_cls for encoders,
+    seq2seq for encoder-decoders), cast to ``dtype``, in eval mode. The random weights depend only on ``family``,
+    ``head``, ``seed`` and the configuration overrides (models with the same ones are copies of one float32 model,
+    built once). Leaves the global torch generator seeded with ``seed``.
+
+    ``experts_implementation`` (mixtures of experts): ``config._experts_implementation``; by default ``'eager'``
+    for float64 (transformers' default ``'grouped_mm'`` refuses float64) and transformers' default otherwise."""
     if head is None:
-        head = 'causal_lm' if family in DECODERS else 'seq_cls'
+        head = 'causal_lm' if family in DECODERS else 'seq2seq' if family in ENCODER_DECODERS else 'seq_cls'
     if (family, head) not in _CLASSES:
         raise ValueError(f'no tiny {head!r} model for family {family!r}')
     try:
@@ -128,7 +220,9 @@ def tiny_model(family: str, head: str = None, dtype: torch.dtype = torch.float64
         if key is not None:
             _BUILT[key] = model
     model = copy.deepcopy(model)
-    model.config._attn_implementation = attn_implementation
+    _configure(model, '_attn_implementation', attn_implementation)
+    if family in MOE and (experts_implementation is not None or dtype == torch.float64):
+        _configure(model, '_experts_implementation', experts_implementation or 'eager')
     model = model.to(dtype).eval()
     if zero_bias:
         zero_biases(model)
@@ -137,6 +231,14 @@ def tiny_model(family: str, head: str = None, dtype: torch.dtype = torch.float64
 
 
 _BUILT: dict = {}
+
+
+def _configure(model: torch.nn.Module, key: str, value) -> None:
+    """Set ``key`` on every configuration object of ``model`` (T5's encoder and decoder hold copies of it)."""
+    configs = {id(config): config for config in (getattr(module, 'config', None) for module in model.modules())
+               if config is not None}
+    for config in configs.values():
+        setattr(config, key, value)
 
 
 def _build(family, head, seed, config_overrides):
@@ -157,6 +259,15 @@ def token_ids(family: str, length: int = 10, batch: int = 1, seed: int = 0) -> t
     return torch.randint(3, VOCAB, (batch, length), generator=generator)
 
 
+def decoder_ids(family: str, length: int = 4, batch: int = 1, seed: int = 1) -> torch.Tensor:
+    """``[batch, length]`` decoder input ids of an encoder-decoder ``family``: the decoder start token, then ids
+    in ``[3, VOCAB)``."""
+    if family not in ENCODER_DECODERS:
+        raise ValueError(f'{family!r} is not an encoder-decoder family')
+    start = torch.full((batch, 1), tiny_config(family).decoder_start_token_id)
+    return torch.cat([start, token_ids(family, length - 1, batch, seed)], 1)
+
+
 @contextlib.contextmanager
 def _quiet():
     level = transformers.logging.get_verbosity()
@@ -171,6 +282,12 @@ def _quiet():
 def tiny_model_fixture():
     """The :py:func:`tiny_model` builder."""
     return tiny_model
+
+
+@pytest.fixture(name='decoder_ids')
+def decoder_ids_fixture():
+    """The :py:func:`decoder_ids` builder."""
+    return decoder_ids
 
 
 @pytest.fixture(name='token_ids')

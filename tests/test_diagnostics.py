@@ -4,7 +4,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from zennit_attn import conservation, explain
 from zennit_attn.composites import CPLRPEpsilon
-from zennit_attn.diagnostics import layer_stack
+from zennit_attn.diagnostics import layer_stacks
 
 
 def tiny_llama():
@@ -47,4 +47,16 @@ def test_position_embeddings_are_reported_separately():
     # word + position embeddings add up to the input of the first block (dropout is identity in eval mode)
     assert torch.allclose(report.sums[-2:].sum(0), report.sums[-3], rtol=1e-10, atol=0)
     assert torch.allclose(report.input_fraction, report.sums[-3] / report.logit, rtol=1e-10, atol=0)
-    assert layer_stack(model)[0] == 'transformer.h'
+    assert [name for name, _ in layer_stacks(model)] == ['transformer.h']
+
+
+def test_batch_rows_are_reported_separately():
+    """Position embeddings are shared by all rows; each row still gets its own sums."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16,
+                                       bos_token_id=1, eos_token_id=2)).double().eval()
+    tokens = torch.randint(3, 50, (2, 5))
+    both = conservation(model, tokens, composite=CPLRPEpsilon())
+    for row in range(2):
+        alone = conservation(model, tokens[row:row + 1], composite=CPLRPEpsilon())
+        assert torch.allclose(both.sums[:, row], alone.sums[:, 0], rtol=1e-12, atol=0)

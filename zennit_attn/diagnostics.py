@@ -15,12 +15,17 @@ class ConservationReport:
     Attributes
     ----------
     logit: torch.Tensor
-        ``[batch]`` the explained logit (the initial relevance).
+        ``[batch]`` the explained logit (the initial relevance; the sum for several pairs).
     names: list of str
-        Boundary names, output first: ``output of <layer path>``, ``input of <first layer>``, ``word embeddings``,
-        ``other embeddings`` (position / segment embeddings, where the model has them).
+        Boundary names, output first: ``output of <block path>`` for every block of each stack (for
+        encoder-decoder models the decoder's, then the encoder's), ``input of <first block>``, then
+        ``word embeddings`` (all input tokens, encoder and decoder) and ``other embeddings`` (position /
+        segment embeddings, where the model has them).
     sums: torch.Tensor
         ``[len(names), batch]`` relevance summed over positions and hidden units at each boundary.
+
+    For encoder-decoder models a decoder boundary carries only the relevance that has not yet been handed to
+    the encoder through cross-attention, so decoder rows are not comparable with the logit on their own.
     """
     logit: torch.Tensor
     names: list[str]
@@ -49,21 +54,29 @@ class ConservationReport:
         return '\n'.join(lines)
 
 
-def layer_stack(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
-    """The model's sequence of transformer blocks: its longest ``ModuleList`` of modules of one class."""
+def layer_stacks(model: torch.nn.Module) -> list[tuple[str, torch.nn.ModuleList]]:
+    """The model's sequences of transformer blocks, from the output side: ``ModuleList``s of modules of one class
+    that hold the most modules (one for decoder-only and encoder-only models; the decoder's and the encoder's
+    for encoder-decoder models)."""
     candidates = [
         (name, module) for name, module in model.named_modules()
         if isinstance(module, torch.nn.ModuleList) and len(module) and len({type(child) for child in module}) == 1
+        and any(True for _ in module[0].children())
     ]
     if not candidates:
         raise TypeError(f'{type(model).__name__} has no ModuleList of transformer blocks')
-    return max(candidates, key=lambda item: len(item[1]))
+    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        decoder = [item for item in candidates if 'decoder' in item[0]]
+        encoder = [item for item in candidates if 'encoder' in item[0]]
+        if decoder and encoder:
+            return [max(decoder, key=lambda item: len(item[1])), max(encoder, key=lambda item: len(item[1]))]
+    return [max(candidates, key=lambda item: len(item[1]))]
 
 
 class _Probe:
-    """Collect ``sum(x * g)`` per batch row of a tensor during the backward pass."""
+    """Collect ``sum(x * g)`` of the tensors it watches during the backward pass (one explained row)."""
     def __init__(self, watched: list):
-        self.value = None
+        self.value = torch.zeros((), dtype=torch.float64)
         self.watched = watched
 
     def watch(self, tensor):
@@ -74,8 +87,7 @@ class _Probe:
         detached = tensor.detach()
 
         def hook(grad):
-            value = (detached.double() * grad.double()).flatten(1).sum(1)
-            self.value = value if self.value is None else self.value + value
+            self.value = self.value + (detached.double() * grad.double()).sum().cpu()
 
         tensor.register_hook(hook)
         self.watched.append(tensor)
@@ -95,33 +107,72 @@ def conservation(
 
     With the AttnLRP rules, relevance leaks only through biases (linear layers, LayerNorm), the hidden bias of
     the softmax rule (Prop. 3.1) and the epsilon stabilisers; the report shows how much leaks at each block.
-    Arguments are those of :py:func:`~zennit_attn.explain`.
+    Arguments are those of :py:func:`~zennit_attn.explain`. Rows are explained one at a time, so that
+    embeddings shared by all rows (position embeddings) are reported per row.
     """
-    stack_name, stack = layer_stack(model)
-    word_embeddings = model.get_input_embeddings()
+    input_ids = torch.as_tensor(input_ids)
+    input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids
+    rows = [_conservation_row(model, input_ids, row, target, position, attention_mask, composite, model_kwargs,
+                              decoder_input_ids) for row in range(input_ids.shape[0])]
+    names = rows[0][1]
+    return ConservationReport(logit=torch.stack([row[0] for row in rows]), names=names,
+                              sums=torch.stack([row[2] for row in rows], 1))
+
+
+def _select_row(value, row: int, batch: int):
+    """Row ``row`` of a per-row argument (tensor or sequence with one entry per row), else the value itself."""
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch and batch > 1:
+        return value[row:row + 1]
+    if isinstance(value, (list, tuple)) and len(value) == batch and batch > 1 and not (
+            value and isinstance(value[0], (tuple, list))):
+        return value[row]
+    return value
+
+
+def _conservation_row(model, input_ids, row, target, position, attention_mask, composite, model_kwargs,
+                      decoder_input_ids):
+    batch = input_ids.shape[0]
+    pick = lambda value: _select_row(value, row, batch)  # noqa: E731
+    stacks = layer_stacks(model)
+    word_embeddings = {model.get_input_embeddings()}
+    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        word_embeddings.add(model.get_decoder().get_input_embeddings())
+    hidden = model.get_input_embeddings().embedding_dim
     probes: dict[str, _Probe] = {}
+    names = []
+    for stack_name, stack in stacks:
+        names += [f'output of {stack_name}.{index}' for index in reversed(range(len(stack)))]
+        names.append(f'input of {stack_name}.0')
 
     def observe(modified, watched):
         handles = []
-        for index, block in enumerate(stack):
-            probe = probes.setdefault(f'output of {stack_name}.{index}', _Probe(watched))
-            handles.append(block.register_forward_hook(lambda module, input, output, probe=probe: probe.watch(output)))
-        first = probes.setdefault(f'input of {stack_name}.0', _Probe(watched))
-        handles.append(stack[0].register_forward_pre_hook(lambda module, args, probe=first: probe.watch(args[0] if args else None)))
+        for stack_name, stack in stacks:
+            for index, block in enumerate(stack):
+                probe = probes.setdefault(f'output of {stack_name}.{index}', _Probe(watched))
+                handles.append(block.register_forward_hook(
+                    lambda module, input, output, probe=probe: probe.watch(output)))
+            first = probes.setdefault(f'input of {stack_name}.0', _Probe(watched))
+            handles.append(stack[0].register_forward_pre_hook(
+                lambda module, args, probe=first: probe.watch(args[0] if args else None)))
         others = probes.setdefault('other embeddings', _Probe(watched))
+
+        def watch_embedding(module, input, output):
+            # position / segment embeddings: one vector per token; not e.g. T5's relative attention bias
+            if output.dim() == 3 and output.shape[-1] == hidden:
+                others.watch(output)
+
         for module in modified.modules():
-            if isinstance(module, torch.nn.Embedding) and module is not word_embeddings:
-                handles.append(module.register_forward_hook(lambda module, input, output: others.watch(output)))
+            if isinstance(module, torch.nn.Embedding) and module not in word_embeddings:
+                handles.append(module.register_forward_hook(watch_embedding))
         return handles
 
-    explanation = attribute(model, input_ids, target, position, attention_mask, composite, observe, model_kwargs,
-                            decoder_input_ids)
-    batch = explanation.logit.shape[0]
-    zeros = torch.zeros(batch, dtype=torch.float64)
-    names = [f'output of {stack_name}.{index}' for index in reversed(range(len(stack)))]
-    names += [f'input of {stack_name}.0']
-    sums = [probes[name].value if probes[name].value is not None else zeros for name in names]
-    names += ['word embeddings', 'other embeddings']
-    sums += [explanation.relevance.double().sum(1), probes['other embeddings'].value
-             if probes['other embeddings'].value is not None else zeros]
-    return ConservationReport(logit=explanation.logit.double(), names=names, sums=torch.stack([s.cpu() for s in sums]))
+    explanation = attribute(
+        model, input_ids[row:row + 1], pick(target), pick(position), pick(attention_mask), composite, observe,
+        {key: pick(value) for key, value in (model_kwargs or {}).items()}, pick(decoder_input_ids),
+    )
+    words = explanation.relevance.double().sum()
+    if explanation.decoder_relevance is not None:
+        words = words + explanation.decoder_relevance.double().sum()
+    sums = [probes[name].value for name in names] + [words.cpu(), probes['other embeddings'].value]
+    logit = explanation.logit.double().sum().cpu()
+    return logit, names + ['word embeddings', 'other embeddings'], torch.stack(sums)

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ['ImageExplanation', 'explain_image', 'image_logits', 'attention_capture', 'IMAGE_METHODS']
+__all__ = ['ImageExplanation', 'explain_image', 'image_logits', 'attention_capture', 'IMAGE_METHODS', 'Logits']
 
 
 @dataclass
@@ -55,6 +55,21 @@ def image_logits(output) -> torch.Tensor:
     if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     raise TypeError(f'Cannot find logits in the model output {type(output).__name__}')
+
+
+class Logits(torch.nn.Module):
+    """Wrap a classifier whose output is not a tensor (Hugging Face ``ImageClassifierOutput``) so that it returns
+    its logits, as zennit's attributors need::
+
+        with Gradient(model=Logits(hf_vit), composite=AttnLRPGamma()) as attributor:
+            output, relevance = attributor(pixels, one_hot)
+    """
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return image_logits(self.model(pixels))
 
 
 def _check(model: torch.nn.Module, pixels) -> torch.Tensor:

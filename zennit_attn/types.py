@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover
 #: Modules that pass relevance unchanged in evaluation mode or lie off the relevance path.
 NEUTRAL: tuple[type, ...] = (
     torch.nn.Dropout, torch.nn.Identity, torch.nn.Embedding, torch.nn.ModuleList, torch.nn.ModuleDict,
-    torch.nn.Sequential,
+    torch.nn.Sequential, torch.nn.modules.loss._Loss,  # losses run only when labels are passed
 )
 
 

@@ -73,4 +73,6 @@ VISION_FAMILIES: tuple[Family, ...] = (
     ),
     # patch embeddings: a convolution is linear; without a rule it gets the epsilon rule's limit (the gradient)
     Family(name='conv', structural=('Conv1d', 'Conv2d', 'Conv3d'), package='torch'),
+    # zennit_attn.images.Logits: returns the wrapped classifier's logits (for zennit's attributors)
+    Family(name='logits-wrapper', structural=('Logits',), package='zennit_attn'),
 )

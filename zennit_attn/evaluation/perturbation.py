@@ -176,15 +176,22 @@ def token_forward(model: torch.nn.Module, explanation, row: int = 0, model_kwarg
             return scores.gather(1, task.targets[rows][:, None].to(scores.device))[:, 0]
         return task.select(task.forward(embeddings, rows), rows)
 
+    from ..explain import _is_causal
+
     forward.embeddings = task.embeddings[0]
-    forward.valid = None if mask is None else mask[0] != 0
+    valid = None if mask is None else (mask[0] != 0).to(task.embeddings.device)
+    if task.positions is not None and _is_causal(model):  # later tokens cannot change the explained logit
+        before = torch.arange(seq, device=task.embeddings.device) <= task.positions[0]
+        valid = before if valid is None else valid & before
+    forward.valid = valid
     return forward
 
 
 def token_curves(model: torch.nn.Module, explanation, steps: int = 16, mode: str = 'flipping',
                  row: int = 0, batch_size: int | None = None, model_kwargs: dict | None = None) -> Curves:
     """Perturbation curves of row ``row`` of an :py:class:`~zennit_attn.explain.Explanation` of a language model:
-    whole word-embedding vectors set to 0 (padding never), the explained logit after each step."""
+    whole word-embedding vectors set to 0 (padding never, nor tokens after the explained position of a causal
+    model), the explained logit after each step."""
     forward = token_forward(model, explanation, row, model_kwargs)
     return perturbation_curves(forward, forward.embeddings, explanation.relevance[row], steps, mode, 0.0,
                                forward.valid, batch_size)
