@@ -157,8 +157,17 @@ class AttnLRPGamma(AttnLRPComposite):
         return None if rule is None else rule.copy()
 
     def __repr__(self) -> str:
-        arguments = ', '.join(f'{kind}={rule!r}' for kind, rule in self.rules.items())
+        arguments = ', '.join(f'{kind}={_rule_repr(rule)}' for kind, rule in self.rules.items())
         return f'{type(self).__name__}({arguments})'
+
+
+def _rule_repr(rule) -> str:
+    """A rule as the Python that builds it, where its class has no repr of its own."""
+    if rule is None or type(rule).__repr__ is not object.__repr__:
+        return repr(rule)
+    if isinstance(rule, Epsilon):
+        return f'Epsilon({rule.epsilon!r})'
+    return f'{type(rule).__name__}()'
 
 
 class CPLRPGamma(AttnLRPGamma):

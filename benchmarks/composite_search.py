@@ -1,0 +1,184 @@
+"""Composite grid search for the Fashion-MNIST ViT, and the test-split faithfulness of the result and the baselines.
+
+1. Search (validation split): every combination of the rule options below per layer type
+   (:py:func:`zennit_attn.search.composite_search`) is scored by the pixel faithfulness (flipping single pixels to
+   0, :data:`STEPS` steps, ``A_LeRF - A_MoRF`` of the predicted class's logit, mean over :data:`VAL_IMAGES` images of
+   the held-out validation split of ``train_vit.py``). Output: ``docs/results/vit/search.csv`` and ``search.md``
+   (ranked), and the best composite printed as Python.
+2. Test (first :data:`TEST_IMAGES` images of the official test split, never used in the search): the same metric
+   for the best composite, the paper's default composite (``AttnLRPGamma()``), epsilon everywhere, CP-LRP with the
+   gamma composite (``CPLRPGamma()``), CP-LRP with epsilon, and the image baselines (input x gradient, Integrated
+   Gradients, SmoothGrad, attention rollout, gradient x attention rollout, Grad-CAM, random). Output:
+   ``docs/results/vit/test_faithfulness.csv`` / ``.md`` and overlays of a few test images in
+   ``docs/results/vit/heatmaps/``.
+
+Usage::
+
+    nice -n 10 python benchmarks/composite_search.py            # about 20-25 minutes on a shared 2-core CPU
+    python benchmarks/composite_search.py --quick               # tiny grid and few images: a smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_vit  # noqa: E402
+
+from zennit_attn.composites import AttnLRPGamma, CPLRPGamma  # noqa: E402
+from zennit_attn.evaluation.images import Faithfulness, image_curves  # noqa: E402
+from zennit_attn.images import explain_image, image_logits  # noqa: E402
+from zennit_attn.rules import Epsilon, UniformOperand, ConstantOperand  # noqa: E402
+from zennit_attn.search import composite_search  # noqa: E402
+
+STEPS = 16
+VAL_IMAGES = 200
+TEST_IMAGES = 500
+#: 5 * 6 * 2 * 2 * 2 = 240 composites (about 5 s each for 200 images on one shared CPU core)
+GRID = {
+    'conv': ['Epsilon(1e-06)', 'Gamma(0.1)', 'Gamma(0.25)', 'Gamma(0.5)', 'ZPlus()'],
+    'linear': ['Epsilon(1e-06)', 'Gamma(0.01)', 'Gamma(0.05)', 'Gamma(0.25)', 'ZPlus()', 'AlphaBeta(2.0, 1.0)'],
+    'attention_in': ['Epsilon(1e-06)', 'Gamma(0.05)'],
+    'attention_out': ['Epsilon(1e-06)', 'Gamma(0.05)'],
+    'softmax': ['UniformOperand()', 'ConstantOperand()'],
+}
+QUICK_GRID = {'conv': ['Epsilon(1e-06)', 'Gamma(0.25)'], 'linear': ['Epsilon(1e-06)', 'Gamma(0.05)'],
+              'softmax': ['UniformOperand()', 'ConstantOperand()']}
+RESULTS = train_vit.RESULTS
+
+
+def epsilon_everywhere(operand=UniformOperand):
+    eps = Epsilon(1e-6)
+    return AttnLRPGamma(conv=eps, linear=eps, attention_in=eps, attention_out=eps, softmax=operand())
+
+
+def test_methods(best_composite):
+    """``name -> (method, composite or None, params)`` of the test comparison."""
+    return {
+        'AttnLRP, best composite of the search': ('attnlrp', best_composite, {}),
+        'AttnLRP, paper default AttnLRPGamma()': ('attnlrp', AttnLRPGamma(), {}),
+        'AttnLRP, epsilon everywhere': ('attnlrp', epsilon_everywhere(), {}),
+        'gamma-CP-LRP, CPLRPGamma()': ('cplrp', CPLRPGamma(), {}),
+        'CP-LRP, epsilon everywhere': ('cplrp', epsilon_everywhere(ConstantOperand), {}),
+        'Input x Gradient': ('input_x_gradient', None, {}),
+        'Integrated Gradients (20 steps)': ('integrated_gradients', None, {}),
+        'SmoothGrad (sigma 0.1, 20 samples)': ('smoothgrad', None, {}),
+        'Attention rollout': ('attention_rollout', None, {}),
+        'Grad x attention rollout': ('grad_attention_rollout', None, {}),
+        'Grad-CAM (last layer)': ('gradcam', None, {}),
+        'Random': ('random', None, {}),
+    }
+
+
+def evaluate(model, pixels, targets, name, method, composite, params, chunk=100):
+    start = time.time()
+    relevance = []
+    for i in range(0, len(pixels), chunk):
+        relevance.append(explain_image(model, pixels[i:i + chunk], target=targets[i:i + chunk], composite=composite,
+                                       method=method, **params).relevance)
+    seconds = time.time() - start
+    curves = image_curves(model, pixels, torch.cat(relevance), targets, STEPS, 'flipping', batch_size=512,
+                          progress=False)
+    summary = Faithfulness.of(curves)
+    return {'method': name, 'score': summary.score, 'sem': summary.sem, 'area_morf': summary.area_morf,
+            'area_lerf': summary.area_lerf, 'explain_seconds': round(seconds, 2)}, torch.cat(relevance)
+
+
+def markdown(rows, columns):
+    lines = ['| ' + ' | '.join(columns) + ' |', '|' + '|'.join('---' for _ in columns) + '|']
+    for row in rows:
+        lines.append('| ' + ' | '.join(f'{row[c]:.4f}' if isinstance(row[c], float) else str(row[c])
+                                       for c in columns) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def main():
+    global STEPS
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--quick', action='store_true', help='tiny grid, 20 validation and 40 test images')
+    parser.add_argument('--val-images', type=int, default=VAL_IMAGES)
+    parser.add_argument('--test-images', type=int, default=TEST_IMAGES)
+    parser.add_argument('--steps', type=int, default=STEPS)
+    parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--out', type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    STEPS = args.steps
+    val_count, test_count = (20, 40) if args.quick else (args.val_images, args.test_images)
+    grid = QUICK_GRID if args.quick else GRID
+    out = args.out / 'quick' if args.quick else args.out
+    out.mkdir(parents=True, exist_ok=True)
+
+    model = train_vit.load_model()
+    val_pixels = train_vit.load_fashion_mnist('val')[0][:val_count]
+    test_pixels, test_labels = train_vit.load_fashion_mnist('test')
+    test_pixels, test_labels = test_pixels[:test_count], test_labels[:test_count]
+    with torch.no_grad():
+        val_targets = image_logits(model(val_pixels)).argmax(-1)
+        test_targets = image_logits(model(test_pixels)).argmax(-1)
+
+    from zennit_attn.search import faithfulness_objective
+
+    start = time.time()
+    result = composite_search(model, val_pixels, val_targets, grid=grid,
+                              objective=faithfulness_objective(steps=STEPS, batch_size=512))
+    search_seconds = time.time() - start
+    result.write(out / 'search')
+    print(result.to_markdown(limit=15))
+    print(f'search: {len(result.rows)} composites on {val_count} validation images in {search_seconds:.0f} s')
+    print('Best composite:\n' + result.best_code())
+
+    rows, relevances = [], {}
+    for name, (method, composite, params) in test_methods(result.best_composite()).items():
+        row, relevance = evaluate(model, test_pixels, test_targets, name, method, composite, params)
+        rows.append(row)
+        relevances[name] = relevance
+        print(f'{name:<42} {row["score"]:.4f} +- {row["sem"]:.4f}', flush=True)
+    columns = ['method', 'score', 'sem', 'area_morf', 'area_lerf', 'explain_seconds']
+    import csv
+    with (out / 'test_faithfulness.csv').open('w', newline='') as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    accuracy = float((test_targets == test_labels).float().mean())
+    (out / 'test_faithfulness.md').write_text(
+        f'Pixel flipping on the first {test_count} Fashion-MNIST test images (model accuracy on them: '
+        f'{accuracy:.4f}), {STEPS} steps, single pixels set to 0, logit of the predicted class; score = A_LeRF - '
+        f'A_MoRF (mean +- standard error over images; larger is better).\n\n' + markdown(rows, columns)
+        + '\nBest composite of the search (validation split):\n\n```python\n' + result.best_code() + '\n```\n')
+    (out / 'search_meta.json').write_text(json.dumps({
+        'validation_images': val_count, 'test_images': test_count, 'steps': STEPS, 'composites': len(result.rows),
+        'search_seconds': round(search_seconds, 1), 'grid': grid, 'best': result.best.labels(),
+        'threads': args.threads,
+    }, indent=2) + '\n')
+
+    from zennit_attn.viz import heatmap, overlay
+    from PIL import Image
+
+    shown = ['AttnLRP, best composite of the search', 'AttnLRP, paper default AttnLRPGamma()',
+             'AttnLRP, epsilon everywhere', 'gamma-CP-LRP, CPLRPGamma()', 'Integrated Gradients (20 steps)',
+             'Grad x attention rollout']
+    scale, count = 4, 6
+    size = 28 * scale
+    sheet = Image.new('RGB', (size * (len(shown) + 1), size * count), 'white')
+    for row in range(count):
+        sheet.paste(overlay(test_pixels[row], torch.zeros(28, 28), scale=scale), (0, row * size))
+        for column, name in enumerate(shown, 1):
+            sheet.paste(heatmap(relevances[name][row], scale=scale), (column * size, row * size))
+    (out / 'heatmaps').mkdir(exist_ok=True)
+    sheet.save(out / 'heatmaps' / 'test_heatmaps.png')
+    for row in range(3):
+        overlay(test_pixels[row], relevances[shown[1]][row], scale=scale).save(
+            out / 'heatmaps' / f'test{row}_attnlrp_gamma_overlay.png')
+    (out / 'heatmaps' / 'README.md').write_text(
+        'test_heatmaps.png: rows = the first 6 test images; columns = input, then ' + ', '.join(shown)
+        + ' (red positive, blue negative, each heatmap scaled to its largest absolute value).\n')
+
+
+if __name__ == '__main__':
+    main()

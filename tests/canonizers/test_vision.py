@@ -1,0 +1,261 @@
+"""Vision transformer families (timm VisionTransformer / DeiT, Hugging Face ViT) on tiny random models.
+
+1. The model check accepts them and refuses variants that are not covered.
+2. Each canonizer (and the whole composite) restores the model exactly: modules, parameters, buffers, hooks,
+   timm's ``fused_attn`` flags, outputs; also when the block raises.
+3. Conservation with all biases, class/distillation tokens and position embeddings zeroed (float64): CP-LRP with
+   the gamma composite gives the logit exactly at the pixels.
+4. timm's fused SDPA path equals its explicit softmax path, and HF's SDPA equals eager.
+
+The builders :py:func:`tiny_timm_vit`, :py:func:`tiny_deit` and :py:func:`tiny_hf_vit` are used by the other
+vision tests.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers
+from timm.models.deit import VisionTransformerDistilled
+from timm.models.vision_transformer import VisionTransformer
+from zennit.attribution import Gradient
+
+from zennit_attn.canonizers import UnsupportedModelError, canonizers_for
+from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPGamma
+from zennit_attn.images import explain_image, image_logits
+from zennit_attn.rules import Gamma
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+IMAGE, PATCH, CHANNELS, CLASSES = 8, 4, 3, 3
+HOOK_ATTRIBUTES = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks',
+                   '_forward_hooks_with_kwargs', '_forward_pre_hooks_with_kwargs', '_forward_hooks_always_called')
+
+
+def _zero(model, names=('bias', 'cls_token', 'dist_token', 'pos_embed', 'position_embeddings')):
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.rsplit('.', 1)[-1] in names:
+                parameter.zero_()
+    return model
+
+
+def tiny_timm_vit(dtype=torch.float64, zero_bias=False, seed=0, **overrides) -> VisionTransformer:
+    """timm ViT: 8 x 8 x 3 input, patch 4 (4 patches + class token), width 16, 2 blocks, 2 heads, 3 classes."""
+    torch.manual_seed(seed)
+    kwargs = dict(img_size=IMAGE, patch_size=PATCH, in_chans=CHANNELS, num_classes=CLASSES, embed_dim=16, depth=2,
+                  num_heads=2, mlp_ratio=2.0, qkv_bias=True)
+    kwargs.update(overrides)
+    model = VisionTransformer(**kwargs).to(dtype).eval()
+    with torch.no_grad():  # timm initialises tokens and position embeddings tiny; make them matter
+        for name, parameter in model.named_parameters():
+            if name in ('cls_token', 'pos_embed', 'reg_token'):
+                parameter.normal_(0, 0.5)
+    return _zero(model) if zero_bias else model
+
+
+def tiny_deit(dtype=torch.float64, zero_bias=False, seed=0) -> VisionTransformerDistilled:
+    """timm DeiT (distillation token, LayerScale), otherwise as :py:func:`tiny_timm_vit`."""
+    torch.manual_seed(seed)
+    model = VisionTransformerDistilled(img_size=IMAGE, patch_size=PATCH, in_chans=CHANNELS, num_classes=CLASSES,
+                                       embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0, qkv_bias=True,
+                                       init_values=0.5).to(dtype).eval()
+    with torch.no_grad():
+        for name in ('cls_token', 'dist_token', 'pos_embed'):
+            getattr(model, name).normal_(0, 0.5)
+    return _zero(model) if zero_bias else model
+
+
+def tiny_hf_vit(dtype=torch.float64, zero_bias=False, seed=0, attn_implementation='eager'
+                ) -> transformers.ViTForImageClassification:
+    """Hugging Face ViTForImageClassification with the same sizes."""
+    config = transformers.ViTConfig(
+        image_size=IMAGE, patch_size=PATCH, num_channels=CHANNELS, hidden_size=16, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=32, num_labels=CLASSES, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        model = transformers.ViTForImageClassification(config).to(dtype).eval()
+    finally:
+        transformers.logging.set_verbosity(level)
+    return _zero(model) if zero_bias else model
+
+
+def pixels(batch=2, dtype=torch.float64, seed=0) -> torch.Tensor:
+    return torch.rand(batch, CHANNELS, IMAGE, IMAGE, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+BUILDERS = {'timm': tiny_timm_vit, 'deit': tiny_deit, 'hf': tiny_hf_vit}
+
+
+def _snapshot(model):
+    return {
+        'modules': [(name, type(module)) for name, module in model.named_modules()],
+        'state': {key: value.clone() for key, value in model.state_dict().items()},
+        'parameters': [(name, id(parameter)) for name, parameter in model.named_parameters()],
+        'hooks': [(name, attribute, len(getattr(module, attribute, {}))) for name, module in model.named_modules()
+                  for attribute in HOOK_ATTRIBUTES],
+        'fused': [(name, module.fused_attn) for name, module in model.named_modules() if hasattr(module, 'fused_attn')],
+        'attn': getattr(getattr(model, 'config', None), '_attn_implementation', None),
+    }
+
+
+def _assert_same(before, after):
+    assert before['modules'] == after['modules']
+    assert before['parameters'] == after['parameters']
+    assert before['hooks'] == after['hooks']
+    assert before['fused'] == after['fused']
+    assert before['attn'] == after['attn']
+    assert before['state'].keys() == after['state'].keys()
+    for key in before['state']:
+        assert torch.equal(before['state'][key], after['state'][key]), key
+
+
+@pytest.mark.parametrize('kind', BUILDERS)
+def test_model_check_accepts(kind):
+    canonizers = canonizers_for(BUILDERS[kind]())
+    assert len(canonizers) == 1  # the operand taps on q/k/v
+
+
+def test_model_check_refuses_uncovered_variants():
+    with pytest.raises(UnsupportedModelError, match='AttentionPoolLatent'):
+        canonizers_for(tiny_timm_vit(global_pool='map'))
+    model = tiny_timm_vit()
+    model.blocks[0].attn.gate = torch.nn.Linear(16, 16, dtype=torch.float64)  # gated attention (sigmoid gate)
+    before = _snapshot(model)
+    with pytest.raises(TypeError, match='gated'):
+        with AttnLRPGamma().context(model):
+            pass
+    _assert_same(before, _snapshot(model))
+
+
+@pytest.mark.parametrize('kind', BUILDERS)
+def test_canonizers_restore_exactly(kind):
+    model = BUILDERS[kind]()
+    x = pixels()
+    with torch.no_grad():
+        reference = image_logits(model(x)).clone()
+    before = _snapshot(model)
+    for canonizer in canonizers_for(model):
+        handles = canonizer.apply(model)
+        assert _snapshot(model)['modules'] != before['modules']  # operand taps were added
+        for handle in handles:
+            handle.remove()
+        _assert_same(before, _snapshot(model))
+    for composite in (AttnLRPGamma(), CPLRPGamma(attention_in=Gamma(0.1)), AttnLRPEpsilon()):
+        with composite.context(model) as modified:
+            image_logits(modified(x.clone().requires_grad_()))
+        _assert_same(before, _snapshot(model))
+        with pytest.raises(RuntimeError, match='inside'):
+            with composite.context(model):
+                raise RuntimeError('inside')
+        _assert_same(before, _snapshot(model))
+    explain_image(model, x, method='gradcam')  # switches timm's fused_attn / HF's implementation and back
+    _assert_same(before, _snapshot(model))
+    with torch.no_grad():
+        assert torch.equal(image_logits(model(x)), reference)
+    # plain gradients are untouched after the composite
+    x1 = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(image_logits(model(x1))[:, 0].sum(), x1)
+    fresh = copy.deepcopy(model)
+    x2 = x.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(image_logits(fresh(x2))[:, 0].sum(), x2)
+    assert torch.equal(grad, expected)
+
+
+@pytest.mark.parametrize('kind', BUILDERS)
+def test_cp_gamma_conserves_the_logit(kind):
+    """Biases, tokens and position embeddings zeroed: gamma (conv, linear), epsilon (attention projections),
+    identity (GELU, LayerNorm), constant attention: the pixel relevance sums to the logit."""
+    model = BUILDERS[kind](zero_bias=True)
+    x = pixels()
+    exact = CPLRPGamma(conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15),
+                       attention_in=None, attention_out=None)
+    explanation = explain_image(model, x, composite=exact)
+    assert explanation.logit.abs().min() > 1e-3
+    torch.testing.assert_close(explanation.relevance.sum((1, 2)), explanation.logit, rtol=1e-8, atol=0)
+    # the default composite's stabilisers (1e-6) absorb a little
+    default = explain_image(model, x, target=explanation.target, composite=CPLRPGamma())
+    torch.testing.assert_close(default.relevance.sum((1, 2)), explanation.logit, rtol=1e-2, atol=0)
+
+
+def test_timm_fused_equals_explicit_attention():
+    model = tiny_timm_vit()
+    x = pixels()
+    for composite in (AttnLRPGamma, CPLRPGamma):
+        for module in model.modules():
+            if hasattr(module, 'fused_attn'):
+                module.fused_attn = True
+        fused = explain_image(model, x, composite=composite())
+        for module in model.modules():
+            if hasattr(module, 'fused_attn'):
+                module.fused_attn = False
+        explicit = explain_image(model, x, target=fused.target, composite=composite())
+        torch.testing.assert_close(fused.pixel_relevance, explicit.pixel_relevance, rtol=1e-9, atol=1e-12)
+
+
+def test_hf_sdpa_equals_eager():
+    x = pixels()
+    eager = explain_image(tiny_hf_vit(attn_implementation='eager'), x)
+    sdpa = explain_image(tiny_hf_vit(attn_implementation='sdpa'), x, target=eager.target)
+    torch.testing.assert_close(eager.pixel_relevance, sdpa.pixel_relevance, rtol=1e-6, atol=1e-10)
+
+
+def test_timm_and_hf_with_the_same_weights_agree():
+    """A timm ViT and a Hugging Face ViT holding the same weights give the same relevance."""
+    timm_model = tiny_timm_vit(qkv_bias=True)
+    hf = tiny_hf_vit()
+    t, h = timm_model, hf.vit
+    with torch.no_grad():
+        h.embeddings.patch_embeddings.projection.load_state_dict(t.patch_embed.proj.state_dict())
+        h.embeddings.cls_token.copy_(t.cls_token)
+        h.embeddings.position_embeddings.copy_(t.pos_embed)
+        for block, layer in zip(t.blocks, h.layers):
+            q, k, v = block.attn.qkv.weight.chunk(3)
+            qb, kb, vb = block.attn.qkv.bias.chunk(3)
+            for linear, weight, bias in ((layer.attention.q_proj, q, qb), (layer.attention.k_proj, k, kb),
+                                         (layer.attention.v_proj, v, vb)):
+                linear.weight.copy_(weight)
+                linear.bias.copy_(bias)
+            layer.attention.o_proj.load_state_dict(block.attn.proj.state_dict())
+            layer.layernorm_before.load_state_dict(block.norm1.state_dict())
+            layer.layernorm_after.load_state_dict(block.norm2.state_dict())
+            layer.mlp.fc1.load_state_dict(block.mlp.fc1.state_dict())
+            layer.mlp.fc2.load_state_dict(block.mlp.fc2.state_dict())
+            layer.layernorm_before.eps = layer.layernorm_after.eps = block.norm1.eps
+        h.layernorm.load_state_dict(t.norm.state_dict())
+        h.layernorm.eps = t.norm.eps
+        hf.classifier.load_state_dict(t.head.state_dict())
+    hf.config.hidden_act = 'gelu'
+    x = pixels()
+    with torch.no_grad():
+        torch.testing.assert_close(image_logits(hf(x)), timm_model(x), rtol=1e-9, atol=1e-12)
+    for composite in (AttnLRPGamma, CPLRPGamma):
+        a = explain_image(timm_model, x, composite=composite())
+        b = explain_image(hf, x, target=a.target, composite=composite())
+        torch.testing.assert_close(a.pixel_relevance, b.pixel_relevance, rtol=1e-7, atol=1e-10)
+
+
+def test_zennit_gradient_attributor_on_deit():
+    model = tiny_deit()
+    x = pixels()
+    one_hot = torch.eye(CLASSES, dtype=x.dtype)[[0, 2]]
+    with Gradient(model=model, composite=AttnLRPGamma()) as attributor:
+        output, relevance = attributor(x, one_hot)
+    assert relevance.shape == x.shape and torch.isfinite(relevance).all()
+    explanation = explain_image(model, x, target=[0, 2])
+    torch.testing.assert_close(relevance * explanation.logit.view(-1, 1, 1, 1), explanation.pixel_relevance,
+                               rtol=1e-9, atol=1e-12)

@@ -1,0 +1,260 @@
+"""The gamma composite and the relevance rules it uses (float64).
+
+1. Gamma, z+ and alpha-beta (zennit's rules through the gradient-convention adapter) against naive formulas
+   (appendix A.2.3, Eq. appendix-gamma-rule-general and appendix-zplus-rule), on Linear and on a patch-embedding
+   Conv2d, exact to 1e-10.
+2. The composite assigns each layer type its rule, every choice can be overridden, and a gamma rule on the fused
+   ``qkv`` projection still sees the AttnLRP operand rule (hook order).
+3. Conservation on a bias-free ViT: CP-LRP exact, AttnLRP exactly up to what the softmax rule absorbs, computed
+   independently from the attention probabilities and the q/k relevance.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.canonizers.test_vision import CLASSES, pixels, tiny_hf_vit, tiny_timm_vit
+from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
+from zennit_attn.images import explain_image
+from zennit_attn.rules import (
+    AlphaBeta, ConstantOperand, Epsilon, Gamma, RelevanceRule, UniformOperand, ZPlus,
+)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TOL = 1e-10
+STAB = 1e-6
+
+
+def close(actual, expected):
+    scale = expected.detach().abs().max().clamp(min=1e-30)
+    assert float((actual.detach() - expected.detach()).abs().max() / scale) <= TOL, (actual, expected)
+
+
+def stabilize(tensor):
+    """zennit's stabiliser: + eps * sign with sign(0) = 1."""
+    return tensor + STAB * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
+
+
+def lrp(module, rule, x, relevance_out):
+    """Input relevance of ``module`` with ``rule`` for output relevance ``relevance_out`` (gradient convention)."""
+    handles = rule.register(module)
+    try:
+        x = x.detach().requires_grad_()
+        output = module(x)
+        (grad,) = torch.autograd.grad(output, x, grad_outputs=torch.where(output == 0, 0.0, relevance_out / output))
+    finally:
+        handles.remove()
+    return x.detach() * grad
+
+
+def contributions(weight, bias, x):
+    """``z[b, i, j] = W_ji x_bi`` with the bias as an extra input ``i = n`` (x = 1)."""
+    z = torch.einsum('ji,bi->bij', weight, x)
+    return torch.cat([z, bias.expand(x.shape[0], 1, -1)], 1)
+
+
+def naive_gamma(weight, bias, x, relevance, gamma):
+    z = contributions(weight, bias, x)
+    zj = z.sum(1, keepdim=True)
+    positive = z + gamma * z.clamp(min=0)
+    negative = z + gamma * z.clamp(max=0)
+    numerator = torch.where(zj > 0, positive, negative)
+    share = numerator / stabilize(numerator.sum(1, keepdim=True)) * (zj != 0)
+    return (share * relevance[:, None, :]).sum(2)[:, :-1]
+
+
+def naive_zplus(weight, bias, x, relevance):
+    z = contributions(weight, bias, x).clamp(min=0)
+    return (z / stabilize(z.sum(1, keepdim=True)) * relevance[:, None, :]).sum(2)[:, :-1]
+
+
+def naive_alpha_beta(weight, bias, x, relevance, alpha, beta):
+    z = contributions(weight, bias, x)
+    positive, negative = z.clamp(min=0), z.clamp(max=0)
+    share = alpha * positive / stabilize(positive.sum(1, keepdim=True)) - beta * negative / stabilize(
+        negative.sum(1, keepdim=True))
+    return (share * relevance[:, None, :]).sum(2)[:, :-1]
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def linear_case():
+    linear = torch.nn.Linear(6, 5).double()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    x[0, 0] = 0.0
+    return linear, x, torch.randn(4, 5, dtype=torch.float64)
+
+
+@pytest.mark.parametrize('gamma', [0.0, 0.05, 0.25, 3.0])
+def test_gamma_linear(linear_case, gamma):
+    """R_i = sum_j (z_ij + gamma z_ij^+-) / (z_j + gamma sum_k z_kj^+-) R_j, the sign by z_j's."""
+    linear, x, relevance = linear_case
+    actual = lrp(linear, Gamma(gamma), x, relevance)
+    close(actual, naive_gamma(linear.weight, linear.bias, x, relevance, gamma))
+    assert actual[0, 0] == 0
+
+
+def test_gamma_zero_is_epsilon(linear_case):
+    linear, x, relevance = linear_case
+    close(lrp(linear, Gamma(0.0), x, relevance), lrp(linear, Epsilon(STAB), x, relevance))
+
+
+def test_gamma_conserves_without_bias(linear_case):
+    linear, x, relevance = linear_case
+    torch.nn.init.zeros_(linear.bias)
+    actual = lrp(linear, Gamma(0.25, stabilizer=1e-15), x, relevance)
+    torch.testing.assert_close(actual.sum(1), relevance.sum(1), rtol=1e-10, atol=0)
+
+
+def test_zplus_and_alpha_beta_linear(linear_case):
+    linear, x, relevance = linear_case
+    close(lrp(linear, ZPlus(), x, relevance), naive_zplus(linear.weight, linear.bias, x, relevance))
+    close(lrp(linear, AlphaBeta(2.0, 1.0), x, relevance),
+          naive_alpha_beta(linear.weight, linear.bias, x, relevance, 2.0, 1.0))
+
+
+@pytest.mark.parametrize('rule, naive', [
+    (Gamma(0.25), lambda w, b, x, r: naive_gamma(w, b, x, r, 0.25)),
+    (ZPlus(), naive_zplus),
+    (AlphaBeta(2.0, 1.0), lambda w, b, x, r: naive_alpha_beta(w, b, x, r, 2.0, 1.0)),
+])
+def test_rules_on_patch_embedding_conv(rule, naive):
+    """A Conv2d with kernel = stride is a linear layer on the flattened patches."""
+    conv = torch.nn.Conv2d(3, 5, kernel_size=2, stride=2).double()
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64)
+    relevance = torch.randn(2, 5, 2, 2, dtype=torch.float64)
+    actual = lrp(conv, rule, x, relevance)
+    patches = torch.nn.functional.unfold(x, 2, stride=2).transpose(1, 2).reshape(-1, 12)  # [b * 4, 12]
+    flat_relevance = relevance.flatten(2).transpose(1, 2).reshape(-1, 5)
+    expected = naive(conv.weight.reshape(5, 12), conv.bias, patches, flat_relevance)
+    expected = torch.nn.functional.fold(expected.reshape(2, 4, 12).transpose(1, 2), (4, 4), 2, stride=2)
+    close(actual, expected)
+
+
+def test_rule_adapter_needs_a_zennit_rule():
+    with pytest.raises(TypeError, match='BasicHook'):
+        RelevanceRule(Epsilon(0.1))
+    with pytest.raises(ValueError):
+        Gamma(-1.0)
+    assert repr(Gamma(0.25)) == 'Gamma(0.25)' and repr(AlphaBeta()) == 'AlphaBeta(2.0, 1.0)'
+
+
+# ------------------------------------------------------------------------------------------------- composite
+@pytest.mark.parametrize('builder', [tiny_timm_vit, tiny_hf_vit], ids=['timm', 'hf'])
+def test_layer_types(builder):
+    model = builder()
+    composite = AttnLRPGamma()
+    composite.register(model)
+    try:
+        kinds = {name: composite.layer_type(module) for name, module in model.named_modules()
+                 if composite.layer_type(module) is not None}
+    finally:
+        composite.remove()
+    if builder is tiny_timm_vit:
+        assert kinds['patch_embed.proj'] == 'conv'
+        assert kinds['blocks.0.attn.qkv'] == 'attention_in'
+        assert kinds['blocks.1.attn.proj'] == 'attention_out'
+        assert kinds['blocks.0.mlp.fc1'] == kinds['blocks.0.mlp.fc2'] == kinds['head'] == 'linear'
+        assert kinds['blocks.0.attn.attnlrp_qkv'] == 'softmax'
+    else:
+        assert kinds['vit.embeddings.patch_embeddings.projection'] == 'conv'
+        assert {kinds[f'vit.layers.0.attention.{p}'] for p in ('q_proj', 'k_proj', 'v_proj')} == {'attention_in'}
+        assert kinds['vit.layers.0.attention.o_proj'] == 'attention_out'
+        assert kinds['vit.layers.0.mlp.fc1'] == kinds['classifier'] == 'linear'
+    assert sorted(set(kinds.values())) == ['attention_in', 'attention_out', 'conv', 'linear', 'softmax']
+
+
+def test_rules_are_assigned_and_overridable():
+    model = tiny_timm_vit()
+    composite = AttnLRPGamma(conv=ZPlus(), linear=None, attention_out=Gamma(0.5), softmax=ConstantOperand())
+    with composite.context(model):
+        hooks = {type(hook).__name__ for hook in composite.hook_refs}
+    assert {'ZPlus', 'Gamma', 'ConstantOperand', 'Epsilon', 'RelevanceBoundary'} <= hooks
+    assert composite.rules['linear'] is None
+    assert isinstance(composite.rules['softmax'], ConstantOperand)
+    assert isinstance(AttnLRPGamma().rules['softmax'], UniformOperand)
+    assert isinstance(CPLRPGamma().rules['softmax'], ConstantOperand)
+    assert repr(AttnLRPGamma()).startswith('AttnLRPGamma(conv=Gamma(0.25), linear=Gamma(0.05)')
+    x = pixels()
+    base = explain_image(model, x, composite=AttnLRPGamma())
+    for override in ({'conv': ZPlus()}, {'linear': Gamma(0.5)}, {'attention_in': Gamma(0.25)},
+                     {'attention_out': Gamma(0.25)}, {'softmax': ConstantOperand()}):
+        other = explain_image(model, x, target=base.target, composite=AttnLRPGamma(**override))
+        assert (other.pixel_relevance - base.pixel_relevance).abs().max() > 1e-4 * base.pixel_relevance.abs().max(), \
+            override
+    with pytest.raises(TypeError):
+        AttnLRPGamma(conv='Gamma(0.25)')
+
+
+def test_gamma_on_fused_qkv_keeps_the_operand_rule():
+    """Gamma(0) on the fused qkv equals epsilon (same stabiliser) only if the 1/4, 1/4, 1/2 operand scaling still
+    applies behind it: the gamma rule's hook must run before the Operand tap's."""
+    model = tiny_timm_vit()
+    x = pixels()
+    for softmax in (UniformOperand(), ConstantOperand()):
+        reference = explain_image(model, x, composite=AttnLRPGamma(attention_in=Epsilon(STAB), softmax=softmax))
+        gamma = explain_image(model, x, target=reference.target,
+                              composite=AttnLRPGamma(attention_in=Gamma(0.0), softmax=softmax))
+        torch.testing.assert_close(gamma.pixel_relevance, reference.pixel_relevance, rtol=1e-9, atol=1e-12)
+
+
+def _softmax_absorbed(model, x, composite):
+    """Run by hand with timm's explicit attention: ``(pixel relevance sum, logit, relevance absorbed by the
+    softmax rule)``; the absorbed part is ``sum R(A) - sum R(q) - sum R(k)``, with ``R(A)`` half of the relevance
+    of ``A V`` (uniform rule) read as ``A * dA`` and ``R(q), R(k)`` read at the raw ``qkv`` output."""
+    for module in model.modules():
+        if hasattr(module, 'fused_attn'):
+            module.fused_attn = False
+    attentions, query_key = [], []
+    handles = []
+    for block in model.blocks:
+        handles.append(block.attn.attn_drop.register_forward_hook(lambda m, i, o: attentions.append(o)))
+
+        def watch(module, input, output):
+            detached = output.detach()
+            width = detached.shape[-1] // 3 * 2
+            output.register_hook(lambda grad: query_key.append(float((detached[..., :width] * grad[..., :width]).sum())))
+        handles.append(block.attn.qkv.register_forward_hook(watch))
+    try:
+        x = x.clone().requires_grad_()
+        with composite.context(model) as modified:
+            logits = modified(x)
+            for attention in attentions:
+                attention.retain_grad()
+            logit = logits[:, 0]
+            logit.backward(logit.detach())
+    finally:
+        for handle in handles:
+            handle.remove()
+    attention_relevance = sum(0.5 * float((a.detach() * a.grad).sum()) for a in attentions)
+    return float(x.grad.sum()), float(logit.detach().sum()), attention_relevance - sum(query_key)
+
+
+def test_conservation_bias_free_vit():
+    """CP-LRP: the logit exactly; AttnLRP: the logit minus what the softmax rule absorbs, exactly."""
+    model = tiny_timm_vit(zero_bias=True, pos_embed='none')  # class token zeroed: no relevance absorbed there
+    x = pixels()
+    exact = dict(conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None,
+                 attention_out=None)
+    cp = explain_image(model, x, target=0, composite=CPLRPGamma(**exact))
+    torch.testing.assert_close(cp.relevance.sum((1, 2)), cp.logit, rtol=1e-8, atol=0)
+
+    total, logit, absorbed = _softmax_absorbed(model, x, AttnLRPGamma(**exact))
+    assert abs(absorbed) > 1e-4 * abs(logit)
+    assert total == pytest.approx(logit - absorbed, rel=1e-8, abs=1e-10)
+    attn = explain_image(model, x, target=0, composite=AttnLRPGamma(**exact))
+    assert float(attn.relevance.sum()) == pytest.approx(total, rel=1e-10)
+    assert CLASSES == 3

@@ -1,0 +1,120 @@
+"""Explaining pixel inputs: ``explain()`` dispatch, the zennit ``Gradient`` attributor path, and the image baselines
+on tiny timm, DeiT and Hugging Face ViTs (float64)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from zennit.attribution import Gradient
+
+from tests.canonizers.test_vision import BUILDERS, CHANNELS, CLASSES, IMAGE, pixels, tiny_hf_vit, tiny_timm_vit
+from zennit_attn import explain
+from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
+from zennit_attn.images import (
+    IMAGE_METHODS, ImageExplanation, Logits, attention_capture, explain_image, image_logits,
+)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize('kind', BUILDERS)
+@pytest.mark.parametrize('composite', [AttnLRPGamma, CPLRPGamma])
+def test_gradient_attributor_equals_explain(kind, composite):
+    """``with Gradient(model=vit, composite=...) as attributor: out, relevance = attributor(x, one_hot)`` gives
+    pixel relevance; with the logit as output relevance it equals explain()."""
+    model = BUILDERS[kind]()
+    x = pixels()
+    explanation = explain(model, x, composite=composite())
+    assert isinstance(explanation, ImageExplanation)
+    if kind == 'hf':  # zennit's Gradient needs a tensor output: read the logits
+        model = Logits(model)
+    with Gradient(model=model, composite=composite()) as attributor:
+        output, relevance = attributor(x, lambda out: torch.eye(CLASSES, dtype=x.dtype)[explanation.target] * out)
+    torch.testing.assert_close(output.gather(1, explanation.target[:, None])[:, 0], explanation.logit)
+    torch.testing.assert_close(relevance, explanation.pixel_relevance, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(explanation.relevance, explanation.pixel_relevance.sum(1))
+
+
+def test_other_wrappers_are_refused():
+    from zennit_attn.canonizers import UnsupportedModelError
+
+    class Wrapper(Logits):
+        pass
+
+    with pytest.raises(UnsupportedModelError, match='Wrapper'):
+        with AttnLRPGamma().context(Wrapper(tiny_hf_vit())):
+            pass
+
+
+def test_explain_dispatch_and_arguments():
+    model = tiny_timm_vit()
+    x = pixels(3)
+    explanation = explain(model, x, target=1)
+    assert explanation.pixel_relevance.shape == (3, CHANNELS, IMAGE, IMAGE)
+    assert explanation.relevance.shape == (3, IMAGE, IMAGE)
+    assert explanation.target.tolist() == [1, 1, 1] and explanation.method == 'attnlrp'
+    torch.testing.assert_close(explanation.logit, model(x)[:, 1].detach())
+    single = explain_image(model, x[0])  # [C, H, W] is a batch of one
+    assert single.relevance.shape == (1, IMAGE, IMAGE)
+    assert explain(model, x, method='cplrp').method == 'cplrp'
+    torch.testing.assert_close(explain(model, x, method='cplrp').pixel_relevance,
+                               explain(model, x, composite=CPLRPGamma()).pixel_relevance)
+    with pytest.raises(ValueError, match='Unknown image method'):
+        explain(model, x, method='nope')
+    with pytest.raises(ValueError, match='target'):
+        explain(model, x, target=CLASSES)
+    with pytest.raises(TypeError, match='composite'):
+        explain(model, x, steps=3)
+    model.train()
+    with pytest.raises(ValueError, match='training mode'):
+        explain(model, x)
+
+
+@pytest.mark.parametrize('kind', BUILDERS)
+@pytest.mark.parametrize('method', list(IMAGE_METHODS))
+def test_baselines(kind, method):
+    model = BUILDERS[kind]()
+    x = pixels()
+    params = {'steps': 4} if method == 'integrated_gradients' else {'samples': 3} if method == 'smoothgrad' else {}
+    explanation = explain(model, x, target=[0, 2], method=method, **params)
+    assert explanation.pixel_relevance.shape == x.shape and torch.isfinite(explanation.pixel_relevance).all()
+    assert explanation.target.tolist() == [0, 2] and explanation.method == method
+    torch.testing.assert_close(explanation.logit, image_logits(model(x))[:, [0, 2]].diagonal().detach(),
+                               rtol=1e-9, atol=1e-12)
+    if method in ('attention_rollout', 'grad_attention_rollout', 'gradcam'):  # constant within each patch
+        patch = explanation.relevance[:, :4, :4]
+        assert torch.allclose(patch, patch[:, :1, :1].expand_as(patch))
+    if method == 'attention_rollout':  # rows of the rollout sum to 1: patches get at most that
+        assert float(explanation.relevance.sum((1, 2)).max()) <= 1 + 1e-9
+
+
+def test_input_x_gradient_and_integrated_gradients_formulas():
+    model = tiny_timm_vit()
+    x = pixels()
+    x1 = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(model(x1)[:, 0].sum(), x1)
+    torch.testing.assert_close(explain(model, x, target=0, method='input_x_gradient').pixel_relevance, x * grad)
+    ig = explain(model, x, target=0, method='integrated_gradients', steps=64)
+    completeness = ig.relevance.sum((1, 2))
+    baseline = model(torch.zeros_like(x))[:, 0].detach()
+    torch.testing.assert_close(completeness, ig.logit - baseline, rtol=2e-2, atol=1e-4)
+
+
+def test_attention_capture_restores_and_sees_every_layer():
+    model = tiny_timm_vit()
+    assert all(block.attn.fused_attn for block in model.blocks)
+    with attention_capture(model) as maps:
+        model(pixels())
+    assert len(maps) == len(model.blocks) and maps[0].shape == (2, 2, 5, 5)
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 2, 5, dtype=maps[0].dtype))
+    assert all(block.attn.fused_attn for block in model.blocks)
+    hf = tiny_hf_vit(attn_implementation='sdpa')
+    with attention_capture(hf) as maps:
+        hf(pixels())
+    assert len(maps) == 2 and hf.config._attn_implementation == 'sdpa'
