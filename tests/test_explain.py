@@ -209,3 +209,13 @@ def test_top_skips_padding():
         attention_mask=torch.tensor([[0, 0, 1, 1]]),
     )
     assert [item[:2] for item in explanation.top(3)] == [(2, -1.0), (3, -2.0)]
+
+
+def test_composite_without_boundary_is_refused(llama):
+    """A composite without the root RelevanceBoundary would return gradients, not relevance."""
+    from zennit.composites import LayerMapComposite
+    from zennit_attn.rules import Identity
+
+    with pytest.raises(TypeError, match='RelevanceBoundary'):
+        explain(llama, ids(1, 4), composite=LayerMapComposite([(torch.nn.SiLU, Identity())]))
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in llama.modules())

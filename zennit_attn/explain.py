@@ -8,6 +8,8 @@ from typing import Callable, Sequence
 import torch
 from zennit.core import Composite
 
+from .rules import RelevanceBoundary
+
 #: An output index, one per row, or several ``(position, token)`` pairs explained together.
 TargetLike = int | Sequence[int] | Sequence[tuple[int, int]] | torch.Tensor | None
 
@@ -342,6 +344,12 @@ def attribute(
             leaves.append(task.decoder_embeddings.clone().requires_grad_(True))
             extra['decoder_inputs_embeds'] = leaves[1]
         with composite.context(model) as modified:
+            if not any(isinstance(hook, RelevanceBoundary) for hook in getattr(composite, 'hook_refs', ())):
+                raise TypeError(
+                    f'{type(composite).__name__} registered no RelevanceBoundary on the model: explain() reads '
+                    'relevance at the input embeddings, which needs the boundary of the zennit-attn composites '
+                    '(or a composite that maps the root module to zennit_attn.rules.RelevanceBoundary)'
+                )
             watched = []
             handles = observe(modified, watched) if observe is not None else []
             try:

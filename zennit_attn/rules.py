@@ -22,6 +22,9 @@ matrix multiplication          epsilon + uniform rule, Prop. 3.3      :py:class:
 operands of inline products    Prop. 3.2 / 3.3 at the operand         :py:class:`UniformOperand`
 CP-LRP (Ali et al. 2022)       softmax output and gate constant       :py:class:`ConstantOperand`,
                                                                       :py:class:`ConstantFactors`
+linear / convolution in ViTs   gamma, z+, alpha-beta (app. A.2.3)     :py:class:`Gamma`, :py:class:`ZPlus`,
+                                                                      :py:class:`AlphaBeta`
+any zennit relevance rule      converted at the module boundary       :py:class:`RelevanceRule`
 =============================  =====================================  ==============================
 
 :py:class:`RelevanceBoundary`, registered on the root module by the composites, converts at the model's
@@ -407,7 +410,8 @@ def _to_gradient(tensor):
     if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
         return tensor
     detached = tensor.detach()
-    return _view_with_hook(tensor, lambda relevance: _safe_divide(relevance, detached))
+    # one output-sized allocation (a division by 0 gives inf or nan, set to 0): logits can be large
+    return _view_with_hook(tensor, lambda relevance: torch.div(relevance, detached).nan_to_num_(0.0, 0.0, 0.0))
 
 
 #: Fields of Hugging Face model outputs that the boundary treats as outputs to be explained.

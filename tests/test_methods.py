@@ -1,0 +1,227 @@
+"""The baseline methods of ``explain(method=...)``: shapes, finiteness, determinism, one behaviour each, and
+reference computations (rollouts by hand, AtMan by a plain loop, KernelSHAP against exact Shapley values)."""
+import itertools
+import math
+
+import pytest
+import torch
+from transformers import AttentionInterface
+
+from tests.conftest import tiny_model, token_ids
+from zennit_attn import explain
+from zennit_attn.explain import Task
+from zennit_attn.methods import ALL_METHODS, METHODS, attention_maps
+
+FAST = {'kernelshap': dict(samples=32), 'integrated_gradients': dict(steps=2), 'smoothgrad': dict(samples=2)}
+
+
+@pytest.fixture(scope='module')
+def llama():
+    return tiny_model('llama')
+
+
+@pytest.fixture(scope='module')
+def ids():
+    return token_ids('llama', 6, 1, seed=3)
+
+
+def test_registry_lists_every_method():
+    assert set(METHODS) | {'attnlrp', 'cplrp'} == set(ALL_METHODS)
+    with pytest.raises(ValueError, match='Unknown method'):
+        explain(tiny_model('llama'), token_ids('llama', 4), method='lime')
+
+
+@pytest.mark.parametrize('method', ALL_METHODS)
+def test_shape_finite_deterministic(llama, ids, method):
+    params = FAST.get(method, {})
+    first = explain(llama, ids, method=method, **params)
+    second = explain(llama, ids, method=method, **params)
+    assert first.relevance.shape == ids.shape
+    assert bool(torch.isfinite(first.relevance).all())
+    assert torch.equal(first.relevance, second.relevance)
+    logits = llama(ids).logits[:, -1]
+    assert torch.equal(first.target, logits.argmax(-1))
+    assert torch.allclose(first.logit, logits.max(-1).values.detach())
+
+
+@pytest.fixture(scope='module')
+def llama32():
+    # float32: transformers' eager attention turns left-padded float64 rows into NaN (fully masked query rows)
+    return tiny_model('llama', dtype=torch.float32)
+
+
+@pytest.mark.parametrize('method', sorted(METHODS))
+def test_padding_gets_nothing(llama32, method):
+    llama = llama32
+    tokens = token_ids('llama', 6, 2, seed=5)
+    mask = torch.ones_like(tokens)
+    mask[1, :2] = 0
+    explanation = explain(llama, tokens, attention_mask=mask, method=method, **FAST.get(method, {}))
+    assert bool((explanation.relevance[1, :2] == 0).all())
+    assert bool(torch.isfinite(explanation.relevance).all())
+
+
+def test_input_x_gradient_is_exact_for_a_linear_readout(llama, ids):
+    explanation = explain(llama, ids, method='input_x_gradient')
+    task = Task(llama, ids)
+    embeddings = task.embeddings.clone().requires_grad_(True)
+    logit = task.resolve(task.forward(embeddings))
+    (grad,) = torch.autograd.grad(logit.sum(), embeddings)
+    assert torch.allclose(explanation.relevance, (grad * task.embeddings).sum(-1))
+
+
+def test_integrated_gradients_is_the_right_riemann_sum_of_the_paper(llama, ids):
+    steps = 3
+    explanation = explain(llama, ids, method='integrated_gradients', steps=steps)
+    task = Task(llama, ids)
+    task.resolve_plain()
+    total = torch.zeros_like(task.embeddings)
+    for k in range(1, steps + 1):  # IG = x * 1/m sum_k grad f(k/m x), zero baseline
+        point = (k / steps * task.embeddings).requires_grad_(True)
+        (grad,) = torch.autograd.grad(task.select(task.forward(point)).sum(), point)
+        total += grad / steps
+    assert torch.allclose(explanation.relevance, (total * task.embeddings).sum(-1))
+
+
+def test_smoothgrad_one_sample_is_input_x_gradient_and_seed_matters(llama, ids):
+    one = explain(llama, ids, method='smoothgrad', samples=1)
+    assert torch.allclose(one.relevance, explain(llama, ids, method='input_x_gradient').relevance)
+    a = explain(llama, ids, method='smoothgrad', samples=2, seed=1).relevance
+    b = explain(llama, ids, method='smoothgrad', samples=2, seed=2).relevance
+    assert not torch.equal(a, b)
+
+
+def _maps(model, tokens):
+    task = Task(model, tokens)
+    embeddings = task.embeddings.clone().requires_grad_(True)
+    scores, attentions = attention_maps(task, embeddings)
+    logit = scores[:, -1].max(-1).values
+    grads = torch.autograd.grad(logit.sum(), attentions)
+    return [a.detach()[0] for a in attentions], [g[0] for g in grads]
+
+
+def test_attention_rollout_by_hand(llama, ids):
+    attentions, _ = _maps(llama, ids)
+    eye = torch.eye(ids.shape[1], dtype=torch.float64)
+    product = eye
+    for attention in attentions:  # first layer first: R_k = 0.5 (I + mean_h A_k) R_{k-1}
+        product = (0.5 * (eye + attention.mean(0))) @ product
+    explanation = explain(llama, ids, method='attention_rollout')
+    assert torch.allclose(explanation.relevance[0], product[-1])
+    assert float(explanation.relevance.sum()) == pytest.approx(1.0)  # rows of the normalised rollout sum to 1
+    # it does not depend on the target
+    assert torch.equal(explain(llama, ids, method='attention_rollout', target=7).relevance, explanation.relevance)
+    assert llama.config._attn_implementation == 'eager'
+
+
+def test_grad_attention_rollout_by_hand(llama, ids):
+    attentions, grads = _maps(llama, ids)
+    eye = torch.eye(ids.shape[1], dtype=torch.float64)
+    product = eye
+    for attention, grad in zip(attentions, grads):  # Chefer et al.: R += mean_h (grad * A)^+ @ R
+        product = product + (grad * attention).clamp(min=0).mean(0) @ product
+    explanation = explain(llama, ids, method='grad_attention_rollout')
+    assert torch.allclose(explanation.relevance[0], product[-1])
+    assert bool((explanation.relevance >= 0).all()) and float(explanation.relevance[0, -1]) >= 1.0
+
+
+def test_rollout_discard_threshold_and_sdpa_restored():
+    model = tiny_model('llama', attn_implementation='sdpa')
+    tokens = token_ids('llama', 6, 1, seed=3)
+    full = explain(model, tokens, method='attention_rollout', dt=1.0).relevance
+    cut = explain(model, tokens, method='attention_rollout', dt=0.5).relevance
+    assert not torch.allclose(full, cut)
+    assert model.config._attn_implementation == 'sdpa'
+    assert torch.allclose(full, explain(tiny_model('llama'), tokens, method='attention_rollout').relevance)
+
+
+def test_gradcam_by_hand(llama, ids):
+    attentions, grads = _maps(llama, ids)
+    row, grad_row = attentions[-1][:, -1], grads[-1][:, -1]  # [heads, seq], all keys allowed at the last position
+    expected = (grad_row.mean(-1, keepdim=True) * row).mean(0).clamp(min=0)
+    explanation = explain(llama, ids, method='gradcam')
+    assert torch.allclose(explanation.relevance[0], expected)
+    early = explain(llama, ids, method='gradcam', position=2)
+    assert bool((early.relevance[0, 3:] == 0).all()) and bool((early.relevance >= 0).all())
+
+
+def _reference_attention(factor_of):
+    """Eager attention that multiplies the pre-softmax scores of the suppressed key column by (1 - p)."""
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        groups = query.shape[1] // key.shape[1]
+        key = key.repeat_interleave(groups, 1)
+        value = value.repeat_interleave(groups, 1)
+        scores = (query @ key.transpose(2, 3)) * scaling
+        scores = scores * factor_of()[:, None, None, :]
+        seq = query.shape[2]
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, -math.inf)
+        weights = scores.softmax(-1, dtype=torch.float32).to(query.dtype)  # as transformers' eager
+        return (weights @ value).transpose(1, 2).contiguous(), weights
+    return attention
+
+
+@pytest.mark.parametrize('family', ['llama', 'qwen3', 'gpt2'])
+def test_atman_against_a_plain_loop(family):
+    model = tiny_model(family)
+    tokens = token_ids(family, 5, 1, seed=4)
+    p = 0.7
+    explanation = explain(model, tokens, method='atman', p=p, score='log_softmax', batch_size=2)
+    target = int(explanation.target[0])
+    current = [torch.ones(1, 5, dtype=torch.float64)]
+    AttentionInterface.register('atman_reference_test', _reference_attention(lambda: current[0]))
+    model.config._attn_implementation = 'atman_reference_test'
+    try:
+        with torch.no_grad():
+            reference = model(tokens).logits[0, -1].log_softmax(-1)[target]
+            expected = []
+            for token in range(5):
+                current[0] = torch.ones(1, 5, dtype=torch.float64)
+                current[0][0, token] = 1 - p
+                expected.append(reference - model(tokens).logits[0, -1].log_softmax(-1)[target])
+    finally:
+        model.config._attn_implementation = 'eager'
+    assert torch.allclose(explanation.relevance[0], torch.stack(expected), rtol=1e-5, atol=1e-9)
+
+
+def test_atman_behaviour(llama, ids):
+    assert bool((explain(llama, ids, method='atman', p=0.0).relevance == 0).all())
+    early = explain(llama, ids, method='atman', position=2)
+    assert bool((early.relevance[0, 3:] == 0).all()) and bool((early.relevance[0, :3] != 0).any())
+    logit = explain(llama, ids, method='atman', score='logit')
+    assert not torch.allclose(logit.relevance, explain(llama, ids, method='atman').relevance)
+
+
+def test_kernelshap_close_to_exact_shapley_values():
+    model = tiny_model('llama')
+    tokens = token_ids('llama', 4, 1, seed=7)
+    task = Task(model, tokens)
+    task.resolve_plain()
+    n = 4
+    coalitions = list(itertools.product([0, 1], repeat=n))
+    with torch.no_grad():
+        batch = torch.stack([task.embeddings[0] * torch.tensor(c, dtype=torch.float64)[:, None] for c in coalitions])
+        rows = torch.zeros(len(coalitions), dtype=torch.long)
+        values = dict(zip(coalitions, task.select(task.forward(batch, rows), rows).tolist()))
+    exact = torch.zeros(n, dtype=torch.float64)
+    for i in range(n):
+        for coalition in coalitions:
+            if coalition[i]:
+                continue
+            size = sum(coalition)
+            weight = math.factorial(size) * math.factorial(n - size - 1) / math.factorial(n)
+            with_i = tuple(1 if j == i else c for j, c in enumerate(coalition))
+            exact[i] += weight * (values[with_i] - values[coalition])
+    explanation = explain(model, tokens, method='kernelshap', samples=400, batch_size=100)
+    assert torch.allclose(explanation.relevance[0], exact, atol=0.05 * float(exact.abs().max()))
+
+
+def test_random_is_seeded(llama, ids):
+    a = explain(llama, ids, method='random', seed=1).relevance
+    assert torch.equal(a, explain(llama, ids, method='random', seed=1).relevance)
+    assert not torch.equal(a, explain(llama, ids, method='random', seed=2).relevance)
+
+
+def test_lrp_refuses_parameters(llama, ids):
+    with pytest.raises(TypeError):
+        explain(llama, ids, method='attnlrp', p=0.5)
