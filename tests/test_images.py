@@ -14,15 +14,6 @@ from zennit_attn.images import (
 )
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize('kind', BUILDERS)
 @pytest.mark.parametrize('composite', [AttnLRPGamma, CPLRPGamma])
 def test_gradient_attributor_equals_explain(kind, composite):

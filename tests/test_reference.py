@@ -429,15 +429,6 @@ def make_model(layers, kv_heads, seed=0):
     return model
 
 
-@pytest.fixture(scope='module', autouse=True)
-def single_thread():
-    """Tiny matrices: one intra-op thread is much faster than several (and immune to a loaded machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope='module', params=list(MODELS))
 def setup(request):
     """``(model, input_ids [2, SEQ])`` for each model of :py:data:`MODELS`."""

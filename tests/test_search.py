@@ -13,15 +13,6 @@ from zennit_attn.rules import Gamma, GradientRule
 from zennit_attn.search import DEFAULT_GRID, LAYER_TYPES, composite_search, faithfulness_objective
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class Negate(GradientRule):
     """Flips the sign of the gradient: on the patch embedding (which every path passes once) the pixel relevance
     becomes exactly the negative of that without a rule (``None``), so MoRF and LeRF swap and the faithfulness

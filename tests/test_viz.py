@@ -10,15 +10,6 @@ from zennit_attn.images import ImageExplanation
 from zennit_attn.viz import heatmap, overlay, save_explanation, save_heatmap, save_overlay
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_heatmap_colours_are_symmetric_bwr():
     relevance = torch.zeros(4, 4)
     relevance[0, 0], relevance[1, 1], relevance[2, 2] = 2.0, -2.0, 1.0

@@ -55,13 +55,8 @@ BF16_CORRELATIONS: dict[str, tuple[float, ...]] = {}
 
 
 @pytest.fixture(scope='module', autouse=True)
-def _single_thread_and_report():
-    # tiny models: one intra-op thread is several times faster than more (which spin against each other on a
-    # loaded machine)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _report():
     yield
-    torch.set_num_threads(threads)
     if INPUT_FRACTIONS:
         print('\nAttnLRP input fraction (biases zeroed, float64, eager):')
         for key, value in INPUT_FRACTIONS.items():

@@ -296,15 +296,6 @@ def relative_error(actual, expected):
     return float((actual - expected).abs().max() / expected.abs().max())
 
 
-@pytest.fixture(scope='module', autouse=True)
-def single_thread():
-    """Tiny matrices: one intra-op thread is faster than several and immune to a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope='module', params=list(MODELS))
 def setup(request):
     """``(name, model, block, x [1, T, H], relevance [1, T, H])``."""

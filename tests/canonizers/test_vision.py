@@ -27,15 +27,6 @@ from zennit_attn.images import explain_image, image_logits
 from zennit_attn.rules import Gamma
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 IMAGE, PATCH, CHANNELS, CLASSES = 8, 4, 3, 3
 HOOK_ATTRIBUTES = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks',
                    '_forward_hooks_with_kwargs', '_forward_pre_hooks_with_kwargs', '_forward_hooks_always_called')

@@ -21,15 +21,6 @@ from zennit_attn.rules import (
 )
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 TOL = 1e-10
 STAB = 1e-6
 

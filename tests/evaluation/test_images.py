@@ -11,15 +11,6 @@ from zennit_attn.evaluation.perturbation import perturbation_curves
 from zennit_attn.images import ImageExplanation
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy machine they cost 10-40x (thread hand-offs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class LinearClassifier(torch.nn.Module):
     """logit_c = sum_i W_ci x_i: gradient x input is the exact decomposition."""
     def __init__(self, channels=2, size=4, classes=3):
