@@ -67,9 +67,13 @@ What is measured
 
 Run
 ---
-``python benchmarks/speed.py`` (both models, seq 512, 5 repeats, torch's default thread count) or ``make bench``. Options: ``--models random-llama smollm2``, ``--seq 512``, ``--repeats 5``,
-``--threads N`` (``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``.
-The default run takes about 4 minutes on 2 CPU cores (SmolLM2 takes ~17 s to load, in each of its subprocesses).
+``python benchmarks/speed.py`` (all models, seq 512, 5 repeats, torch's default thread count) or ``make bench``.
+Options: ``--models random-llama smollm2 ...``, ``--seq 512``, ``--repeats 5``, ``--threads N``
+(``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``.
+The default run takes about 5 minutes on 2 idle CPU cores (SmolLM2 takes ~17 s to load, in each of its
+subprocesses). On a machine shared with other jobs the times inflate badly with 2 threads (an OpenMP barrier waits
+for a descheduled thread: 28 s instead of 2.7 s per SmolLM2 call was seen at a load average of 4) and the run takes
+15-20 minutes; ``--threads 1`` then gives steadier ratios.
 """
 from __future__ import annotations
 

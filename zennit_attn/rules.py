@@ -70,12 +70,12 @@ class _ElementwiseIdentity(torch.autograd.Function):
     """
     @staticmethod
     def forward(ctx, input, output):
-        ctx.input, ctx.output = input.detach(), output.detach()
+        ctx.save_for_backward(input.detach(), output.detach())
         return output.detach()
 
     @staticmethod
     def backward(ctx, grad_output):
-        input, output = ctx.input, ctx.output
+        input, output = ctx.saved_tensors
         dtype = _compute_dtype(input, output, grad_output)
         ratio = torch.div(output.to(dtype), input.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
         return ratio.mul_(grad_output.to(dtype)).to(input.dtype), None
@@ -85,12 +85,13 @@ class _SoftmaxTaylor(torch.autograd.Function):
     """Backward of Prop. 3.1: ``R_in = x (R - s sum(R))`` with ``R = s g``, written as ``g_in = R_in / x``."""
     @staticmethod
     def forward(ctx, input, output, dim):
-        ctx.output, ctx.dim = output.detach(), dim
+        ctx.save_for_backward(output.detach())
+        ctx.dim = dim
         return output.detach()
 
     @staticmethod
     def backward(ctx, grad_output):
-        output = ctx.output
+        (output,) = ctx.saved_tensors
         dtype = _compute_dtype(output, grad_output)
         output, grad = output.to(dtype), grad_output.to(dtype)
         relevance = output * grad
@@ -466,12 +467,13 @@ class _RelevanceRuleFunction(torch.autograd.Function):
     """Forward: return the module's precomputed output. Backward: ``g_in = rule(module, x, z * g_out) / x``."""
     @staticmethod
     def forward(ctx, input, output, module, rule):
-        ctx.input, ctx.output, ctx.module, ctx.rule = input.detach(), output.detach(), module, rule
+        ctx.save_for_backward(input.detach(), output.detach())
+        ctx.module, ctx.rule = module, rule
         return output.detach()
 
     @staticmethod
     def backward(ctx, grad_output):
-        input, output = ctx.input, ctx.output
+        input, output = ctx.saved_tensors
         relevance_out = output.to(input.dtype) * grad_output.to(input.dtype)
         relevance_in = ctx.rule.relevance(ctx.module, input, relevance_out)
         return _safe_divide(relevance_in, input).to(input.dtype), None, None, None

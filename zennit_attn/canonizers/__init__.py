@@ -59,10 +59,15 @@ def canonizers_for(model: torch.nn.Module) -> list:
         Canonizers to pass to a composite (the composites of zennit-attn call this themselves).
     """
     modules = list(model.named_modules())
-    families = [family for family in FAMILIES + VISION_FAMILIES if any(family.owns(module) for _, module in modules)]
+    # what is checked depends only on a module's class: one representative (and its first path) per class
+    first: dict[type, tuple[str, torch.nn.Module]] = {}
+    for name, module in modules:
+        first.setdefault(type(module), (name, module))
+    families = [family for family in FAMILIES + VISION_FAMILIES
+                if any(family.owns(module) for _, module in first.values())]
 
     unsupported: dict[str, str] = {}
-    for name, module in modules:
+    for name, module in first.values():
         if not _understood(module, families):
             unsupported.setdefault(f'{type(module).__module__}.{type(module).__qualname__}', name or '<root>')
 

@@ -17,6 +17,7 @@ entry (see :py:mod:`zennit_attn.types`).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -48,7 +49,7 @@ class Family:
         cls = type(module)
         return cls.__name__ in self.classes and cls.__module__.startswith(self.module_prefix)
 
-    @property
+    @functools.cached_property
     def classes(self) -> frozenset[str]:
         return (frozenset(self.structural) | frozenset(self.operands) | frozenset(self.inline)
                 | frozenset(self.inline_operands))
