@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_vit  # noqa: E402
 
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma  # noqa: E402
-from zennit_attn.evaluation.images import Faithfulness, image_curves  # noqa: E402
-from zennit_attn.images import explain_image, image_logits  # noqa: E402
+from zennit_attn.evaluation import Faithfulness, image_curves  # noqa: E402
+from zennit_attn import explain  # noqa: E402
+from zennit_attn.layers import output_scores  # noqa: E402
 from zennit_attn.rules import Epsilon, UniformOperand, ConstantOperand  # noqa: E402
-from zennit_attn.search import composite_search  # noqa: E402
+from zennit_attn.composites.search import composite_search  # noqa: E402
 
 STEPS = 16
 VAL_IMAGES = 200
@@ -79,7 +80,7 @@ def evaluate(model, pixels, targets, name, method, composite, params, chunk=100)
     start = time.time()
     relevance = []
     for i in range(0, len(pixels), chunk):
-        relevance.append(explain_image(model, pixels[i:i + chunk], target=targets[i:i + chunk], composite=composite,
+        relevance.append(explain(model, pixels[i:i + chunk], target=targets[i:i + chunk], composite=composite,
                                        method=method, **params).relevance)
     seconds = time.time() - start
     curves = image_curves(model, pixels, torch.cat(relevance), targets, STEPS, 'flipping', batch_size=512,
@@ -119,10 +120,10 @@ def main():
     test_pixels, test_labels = train_vit.load_fashion_mnist('test')
     test_pixels, test_labels = test_pixels[:test_count], test_labels[:test_count]
     with torch.no_grad():
-        val_targets = image_logits(model(val_pixels)).argmax(-1)
-        test_targets = image_logits(model(test_pixels)).argmax(-1)
+        val_targets = output_scores(model(val_pixels)).argmax(-1)
+        test_targets = output_scores(model(test_pixels)).argmax(-1)
 
-    from zennit_attn.search import faithfulness_objective
+    from zennit_attn.composites.search import faithfulness_objective
 
     start = time.time()
     result = composite_search(model, val_pixels, val_targets, grid=grid,
@@ -157,7 +158,7 @@ def main():
         'threads': args.threads,
     }, indent=2) + '\n')
 
-    from zennit_attn.viz import heatmap, overlay
+    from zennit_attn.render.image import heatmap, overlay
     from PIL import Image
 
     shown = ['AttnLRP, best composite of the search', 'AttnLRP, paper default AttnLRPGamma()',

@@ -62,7 +62,7 @@ def wiki_path() -> Path:
 def load_model(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from zennit_attn.models import SMOLLM2_FILE, smollm2_path
+    from zennit_attn.pretrained import SMOLLM2_FILE, smollm2_path
 
     folder = Path(args.model_dir) if args.model_dir else smollm2_path()
     gguf = args.gguf_file or SMOLLM2_FILE

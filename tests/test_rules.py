@@ -4,45 +4,19 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from zennit.composites import LayerMapComposite
 
+from tests.naive_rules import (
+    close, epsilon_rule, identity_rule, lrp, norm_rule, scale_rule, softmax_rule, stabilize, uniform_rule,
+)
 from zennit_attn.layers import MatMul, Operand, Product
 from zennit_attn.rules import (
     BilinearEpsilon, ConstantFactors, ConstantOperand, Epsilon, Identity, NormIdentity, RelevanceBoundary, Softmax,
     UniformOperand, UniformProduct,
 )
 
-TOL = 1e-10
-
 
 @pytest.fixture(autouse=True)
 def seed():
     torch.manual_seed(0)
-
-
-def close(actual, expected):
-    scale = expected.detach().abs().max().clamp(min=1e-30)
-    assert float((actual.detach() - expected.detach()).abs().max() / scale) <= TOL, (actual, expected)
-
-
-def sign(tensor):
-    """sign with sign(0) = 1, in the tensor's dtype."""
-    return torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
-
-
-def lrp(module, rule, inputs, relevance_out):
-    """Relevance at ``inputs`` of ``module`` with ``rule`` registered, from ``relevance_out`` at its output.
-
-    The rules pass the modified gradient g = R / x, so the output relevance enters as ``R / y`` and the input
-    relevance is ``x * g``.
-    """
-    handles = rule.register(module)
-    try:
-        inputs = [tensor.detach().requires_grad_() for tensor in inputs]
-        output = module(*inputs)
-        grad_output = torch.where(output == 0, 0.0, relevance_out / output)
-        grads = torch.autograd.grad(output, inputs, grad_outputs=grad_output, allow_unused=True)
-    finally:
-        handles.remove()
-    return [tensor.detach() * (0 if grad is None else grad) for tensor, grad in zip(inputs, grads)]
 
 
 @pytest.mark.parametrize('epsilon', [0.0, 1e-6, 0.5])
@@ -54,7 +28,7 @@ def test_epsilon_linear(epsilon):
     (actual,) = lrp(linear, Epsilon(epsilon), [x], relevance)
 
     z = x @ linear.weight.T + linear.bias
-    denominator = z + epsilon * sign(z)
+    denominator = stabilize(z, epsilon)
     expected = torch.einsum('ji,bi,bj->bi', linear.weight, x, relevance / denominator)
     close(actual, expected)
     if epsilon == 0:
@@ -87,9 +61,9 @@ def test_norm_identity_layer_norm():
     centered = x @ centering.T
     normalised = centered / torch.sqrt(centered.pow(2).mean(1, keepdim=True) + norm.eps)
     y = norm.weight * normalised + norm.bias
-    relevance_normalised = norm.weight * normalised * relevance / y
-    relevance_centered = relevance_normalised
-    expected = x * ((relevance_centered / centered) @ centering)
+    relevance_normalised = scale_rule(normalised, norm.weight, y, relevance)
+    relevance_centered = norm_rule(relevance_normalised)
+    expected = epsilon_rule(x, centering, centered, relevance_centered)
     close(actual, expected)
 
 
@@ -110,9 +84,7 @@ def test_softmax_rule():
     x = torch.randn(3, 5, dtype=torch.float64)
     relevance = torch.randn(3, 5, dtype=torch.float64)
     (actual,) = lrp(softmax, Softmax(), [x], relevance)
-    s = x.softmax(-1)
-    expected = x * (relevance - s * relevance.sum(-1, keepdim=True))
-    close(actual, expected)
+    close(actual, softmax_rule(x, x.softmax(-1), relevance))
 
 
 def test_uniform_product_three_factors():
@@ -121,7 +93,7 @@ def test_uniform_product_three_factors():
     relevance = torch.randn(4, 5, dtype=torch.float64)
     actual = lrp(Product(), UniformProduct(), factors, relevance)
     for value in actual:
-        close(value, relevance / 3)
+        close(value, uniform_rule(relevance, 3))
 
 
 @pytest.mark.parametrize('epsilon', [0.0, 0.1])
@@ -133,7 +105,7 @@ def test_bilinear_matmul(epsilon):
     actual_a, actual_b = lrp(MatMul(), BilinearEpsilon(epsilon), [a, b], relevance)
 
     output = a @ b
-    denominator = 2 * output + epsilon * sign(output)
+    denominator = stabilize(2 * output, epsilon)
     contributions = torch.einsum('nji,nip,njp->njip', a, b, relevance / denominator)
     close(actual_a, contributions.sum(3))
     close(actual_b, contributions.sum(1))
@@ -192,7 +164,7 @@ def test_attention_operands_conserve_through_bilinear_products():
     # Prop. 3.1 then Prop. 3.3 for Q K^T: q and k split the relevance of the softmax input
     r_scores = scores.detach() * scores.grad / 2
     close(r_q.sum() + r_k.sum(), r_scores.sum())
-    expected_scores = scores.detach() * (r_attention - attention.detach() * r_attention.sum(-1, keepdim=True))
+    expected_scores = softmax_rule(scores.detach(), attention.detach(), r_attention)
     close(r_scores, expected_scores)
 
 
@@ -206,7 +178,7 @@ def test_relevance_boundary_linear_root():
         (actual,) = torch.autograd.grad(linear(x), x, grad_outputs=relevance)
     finally:
         handles.remove()
-    expected = x.detach() * ((relevance / (x.detach() @ linear.weight.T)) @ linear.weight)
+    expected = epsilon_rule(x.detach(), linear.weight, x.detach() @ linear.weight.T, relevance)
     close(actual, expected)
     close(actual.sum(1), relevance.sum(1))
 
@@ -227,10 +199,9 @@ def test_rules_in_a_plain_zennit_layer_map_composite():
     hidden = first(x.detach())
     activated = torch.nn.functional.gelu(hidden)
     z_last = last(activated)
-    stab = lambda z: z + 0.25 * sign(z)
-    r_activated = activated * ((relevance / stab(z_last)) @ last.weight)
-    r_hidden = r_activated
-    expected = x.detach() * ((r_hidden / stab(hidden)) @ first.weight)
+    r_activated = epsilon_rule(activated, last.weight, stabilize(z_last, 0.25), relevance)
+    r_hidden = identity_rule(r_activated)
+    expected = epsilon_rule(x.detach(), first.weight, stabilize(hidden, 0.25), r_hidden)
     close(hooked, expected)
     assert all(not module._forward_hooks and not module._forward_pre_hooks for module in model.modules())
 

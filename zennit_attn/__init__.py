@@ -1,6 +1,7 @@
 """zennit-attn: AttnLRP (Achtibat et al., ICML 2024) for transformers, as a plugin for zennit."""
 from .diagnostics import ConservationReport, conservation
-from .explain import Explanation, explain
+from .explain import explain
+from .task import Explanation, ImageExplanation
 
 __version__ = '0.1.0'
-__all__ = ['explain', 'Explanation', 'conservation', 'ConservationReport', '__version__']
+__all__ = ['explain', 'Explanation', 'ImageExplanation', 'conservation', 'ConservationReport', '__version__']

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,7 +38,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error('--prompt must not be empty')
     if args.top < 1:
         parser.error('--top must be at least 1')
+    problem = output_problem(args.output)
+    if problem is not None:
+        parser.error(problem)
     return args
+
+
+def output_problem(path: Path) -> str | None:
+    """Why the HTML heatmap could not be written to ``path`` (one line), or None if it can.
+
+    Checked before the model is loaded: ``path`` must not be a directory, an existing file must be writable, and
+    otherwise its nearest existing ancestor must be a folder that one may write in (missing folders below it
+    are created by the demo). Permissions are those :py:func:`os.access` reports.
+    """
+    try:
+        if path.is_dir():
+            return f'--output {str(path)!r} is a directory; give a file name, e.g. {str(path / "heatmap.html")!r}'
+        if path.exists():
+            if not os.access(path, os.W_OK):
+                return f'cannot write --output {str(path)!r}: no permission to overwrite that file'
+            return None
+        for ancestor in path.parents:
+            if not ancestor.exists():
+                continue
+            if not ancestor.is_dir():
+                return f'cannot write --output {str(path)!r}: {str(ancestor)!r} is a file, not a folder'
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                return f'cannot write --output {str(path)!r}: no permission to write in the folder {str(ancestor)!r}'
+            return None
+    except OSError as error:  # e.g. a folder on the way that may not be searched
+        return f'cannot write --output {str(path)!r}: {error.strerror or error}'
+    return None
 
 
 @contextlib.contextmanager
@@ -75,8 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from . import conservation, explain
     from .composites import AttnLRPEpsilon, CPLRPEpsilon
-    from .heatmap import from_explanation, render_terminal, use_color, write_html
-    from .models import load_smollm2
+    from .render.text import from_explanation, render_terminal, use_color, write_html
+    from .pretrained import load_smollm2
 
     color = {'auto': None, 'always': True, 'never': False}[args.color]
     color = use_color(color, sys.stdout)

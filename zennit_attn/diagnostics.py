@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .explain import TargetLike, attribute
+from .lrp import attribute
+from .task import TargetLike, TokenTask
 
 
 @dataclass
@@ -166,10 +167,9 @@ def _conservation_row(model, input_ids, row, target, position, attention_mask, c
                 handles.append(module.register_forward_hook(watch_embedding))
         return handles
 
-    explanation = attribute(
-        model, input_ids[row:row + 1], pick(target), pick(position), pick(attention_mask), composite, observe,
-        {key: pick(value) for key, value in (model_kwargs or {}).items()}, pick(decoder_input_ids),
-    )
+    task = TokenTask(model, input_ids[row:row + 1], pick(attention_mask),
+                     {key: pick(value) for key, value in (model_kwargs or {}).items()}, pick(decoder_input_ids))
+    explanation = attribute(task, pick(position), pick(target), composite, observe=observe)
     words = explanation.relevance.double().sum()
     if explanation.decoder_relevance is not None:
         words = words + explanation.decoder_relevance.double().sum()

@@ -1,4 +1,4 @@
-"""Modules that canonizers insert so that AttnLRP rules have something to attach to.
+"""Modules that canonizers insert so that AttnLRP rules have something to attach to, and the scores wrapper.
 
 Hugging Face and timm compute the products inside attention and gated MLPs inline, where no module exists
 that a zennit rule could be registered to. The modules here are the hook points: :py:class:`Operand` is an
@@ -75,3 +75,32 @@ class MatMul(torch.nn.Module):
     """Matrix product ``a @ b`` of two tensors, the bilinear operation of Prop. 3.3."""
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(a, b)
+
+
+def output_scores(output) -> torch.Tensor:
+    """The scores a model output explains: the tensor itself, the ``logits`` (else ``last_hidden_state``) of a Hugging
+    Face model output, or the first element of a tuple."""
+    if isinstance(output, torch.Tensor):
+        return output
+    for field in ('logits', 'last_hidden_state'):
+        value = output.get(field) if hasattr(output, 'get') else None
+        if value is not None:
+            return value
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(f'Cannot find logits or last_hidden_state in the model output {type(output).__name__}')
+
+
+class Logits(torch.nn.Module):
+    """Wrap a model whose output is not a tensor (a Hugging Face ``ImageClassifierOutput``) so that it returns its
+    scores (:py:func:`output_scores`), as zennit's attributors need::
+
+        with Gradient(model=Logits(hf_vit), composite=AttnLRPGamma()) as attributor:
+            output, relevance = attributor(pixels, one_hot)
+    """
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        return output_scores(self.model(*args, **kwargs))

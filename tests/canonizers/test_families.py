@@ -659,7 +659,7 @@ def test_second_context_on_the_same_model_is_refused_and_harmless():
     reference = explain(model, ids)
     outer = AttnLRPEpsilon()
     with torch.enable_grad(), outer.context(model) as modified:
-        with pytest.raises(RuntimeError, match='already has an attribute'):
+        with pytest.raises(RuntimeError, match='already has AttnLRPEpsilon registered'):
             with CPLRPEpsilon().context(model):
                 pass  # pragma: no cover
         embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()

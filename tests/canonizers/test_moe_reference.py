@@ -2,8 +2,8 @@
 library at block level (``model.model.layers[0].mlp``).
 
 The reference reads the block's weights and propagates relevance with every rule of Achtibat et al. (ICML 2024,
-Sec. 3, appendix B.5 Eq. ap:routing) written out in *relevance form*: plain torch, no autograd, nothing from
-``zennit_attn``. All epsilons are 0.
+Sec. 3, appendix B.5 Eq. ap:routing) written out in *relevance form* (:py:mod:`tests.naive_rules` and the routing
+rule below): plain torch, no autograd, nothing from ``zennit_attn``. All epsilons are 0.
 
 The block computes, for every token ``x`` (shared expert only in Qwen2-MoE)::
 
@@ -62,6 +62,9 @@ import pytest
 import torch
 import transformers
 
+from tests.naive_rules import (
+    ATTNLRP, CPLRP, epsilon_rule, gated_mlp_rule, identity_rule, relative_error, softmax_rule, sum_rule, uniform_rule,
+)
 from zennit_attn.canonizers import canonizers_for
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 
@@ -69,7 +72,6 @@ DTYPE = torch.float64
 HIDDEN, INTERMEDIATE, SHARED_INTERMEDIATE, EXPERTS, TOP_K, TOKENS = 16, 24, 20, 4, 2, 5
 TOLERANCE = 1e-8
 FLOAT32_ROUTER_TOLERANCE = 1e-6
-ATTNLRP, CPLRP = 'attnlrp', 'cplrp'
 COMPOSITES = {ATTNLRP: AttnLRPEpsilon, CPLRP: CPLRPEpsilon}
 
 _COMMON = dict(vocab_size=32, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
@@ -97,50 +99,8 @@ MODELS = {
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Relevance rules (relevance form, epsilon = 0)
+# The routing rule (relevance form, epsilon = 0; the other rules are those of tests.naive_rules)
 # ----------------------------------------------------------------------------------------------------------------
-
-def epsilon_rule(x, weight, z, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) of ``z = x W^T``: ``R_i = x_i sum_j W_ji R_j / z_j``."""
-    return x * ((relevance / z) @ weight)
-
-
-def sum_rule(term, total, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) on a sum ``total = sum of terms``: the share ``term R / total`` of one term."""
-    return term * relevance / total
-
-
-def softmax_rule(x, s, relevance):
-    """Prop. 3.1 over the last dimension: ``R_i = x_i (R_i - s_i sum_j R_j)`` (the hidden bias absorbs the rest)."""
-    return x * (relevance - s * relevance.sum(-1, keepdim=True))
-
-
-def uniform_rule(relevance, factors=2):
-    """Prop. 3.2: each of ``factors`` factors of a product receives ``R / factors``."""
-    return relevance / factors
-
-
-def identity_rule(relevance):
-    """Eq. 9 for element-wise non-linearities (SiLU, sigmoid): ``R_in = R_out``."""
-    return relevance
-
-
-def gated_mlp_rule(x, w_gate, w_up, w_down, relevance, variant):
-    """Relevance at ``x`` of ``down(silu(gate x) * up x)`` (an expert, or Qwen2-MoE's shared expert).
-
-    Returns ``(output, relevance at x)``.
-    """
-    a, b = x @ w_gate.T, x @ w_up.T
-    h = torch.nn.functional.silu(a) * b
-    e = h @ w_down.T
-    r_h = epsilon_rule(h, w_down, e, relevance)
-    if variant == ATTNLRP:
-        r_silu, r_b = uniform_rule(r_h), uniform_rule(r_h)
-        r_x = epsilon_rule(x, w_gate, a, identity_rule(r_silu)) + epsilon_rule(x, w_up, b, r_b)
-    else:  # CP-LRP: silu(a) is a constant factor, the product is linear in b
-        r_x = epsilon_rule(x, w_up, b, r_h)
-    return e, r_x
-
 
 def routing_weights(logits, top_k, renormalise, softmax_dtype):
     """The routing weights as Hugging Face computes them (softmax over all experts in ``softmax_dtype``, top-k,
@@ -289,11 +249,6 @@ def library_relevance(model, block, x, relevance, variant):
         output = modified(leaf)
         (result,) = torch.autograd.grad(output, leaf, grad_outputs=relevance)
     return output.detach(), result
-
-
-def relative_error(actual, expected):
-    """``max|a - b| / max|b|``."""
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 @pytest.fixture(scope='module', params=list(MODELS))

@@ -2,7 +2,8 @@
 compared in float64 to the library at block level, and CP-LRP conservation of ``explain()`` on a whole tiny T5.
 
 The references read the layers' weights and propagate relevance with the rules of Achtibat et al. (ICML 2024,
-Sec. 3) written out in *relevance form*: plain torch, no autograd, nothing from ``zennit_attn``. All epsilons are 0.
+Sec. 3) written out in *relevance form* (:py:mod:`tests.naive_rules`): plain torch, no autograd, nothing from
+``zennit_attn``. All epsilons are 0.
 
 ``T5LayerCrossAttention`` (``model.decoder.block[i].layer[1]``), decoder hidden ``h``, encoder states ``e``::
 
@@ -38,6 +39,10 @@ import pytest
 import torch
 import transformers
 
+from tests.naive_rules import (
+    ATTNLRP, CPLRP, constant_matmul_rule, epsilon_rule, gated_mlp_rule, matmul_rule, relative_error, rms_norm_rule,
+    softmax_rule, sum_rule,
+)
 from zennit_attn import explain
 from zennit_attn.canonizers import canonizers_for
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
@@ -46,59 +51,12 @@ DTYPE = torch.float64
 D_MODEL, D_KV, HEADS, D_FF, VOCAB = 16, 4, 4, 24, 32
 DECODER_TOKENS, ENCODER_TOKENS = 3, 5
 TOLERANCE = 1e-8
-ATTNLRP, CPLRP = 'attnlrp', 'cplrp'
 COMPOSITES = {ATTNLRP: AttnLRPEpsilon, CPLRP: CPLRPEpsilon}
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Relevance rules (relevance form, epsilon = 0)
+# T5's activation and norm (the rules are those of tests.naive_rules)
 # ----------------------------------------------------------------------------------------------------------------
-
-def epsilon_rule(x, weight, z, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) of ``z = x W^T``: ``R_i = x_i sum_j W_ji R_j / z_j``."""
-    return x * ((relevance / z) @ weight)
-
-
-def scale_rule(x, scale, z, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) of the diagonal linear map ``z = scale * x``: ``R_x = x scale R / z``."""
-    return x * scale * relevance / z
-
-
-def sum_rule(term, total, relevance):
-    """Epsilon rule (Eq. 8, eps = 0) on a sum: the share ``term R / total`` of one term (a constant term is a bias
-    that absorbs its share)."""
-    return term * relevance / total
-
-
-def identity_rule(relevance):
-    """Eq. 9 (element-wise non-linearities) and Prop. 3.4 (the normalisation ``x / g(x)``): ``R_in = R_out``."""
-    return relevance
-
-
-def uniform_rule(relevance, factors=2):
-    """Prop. 3.2: each factor of a product of ``factors`` factors receives ``R / factors``."""
-    return relevance / factors
-
-
-def softmax_rule(x, s, relevance):
-    """Prop. 3.1 over the last dimension: ``R_i = x_i (R_i - s_i sum_j R_j)``."""
-    return x * (relevance - s * relevance.sum(-1, keepdim=True))
-
-
-def matmul_rule(a, b, o, relevance):
-    """Prop. 3.3 for ``o = a @ b`` (batched over leading dimensions), eps = 0.
-
-    ``R_a[j, i] = sum_p a_ji b_ip R_jp / (2 o_jp)`` and ``R_b[i, p] = sum_j a_ji b_ip R_jp / (2 o_jp)``.
-    """
-    ratio = relevance / (2 * o)
-    return a * (ratio @ b.transpose(-1, -2)), b * (a.transpose(-1, -2) @ ratio)
-
-
-def constant_matmul_rule(a, b, o, relevance):
-    """CP-LRP for ``o = a @ b`` with ``a`` constant: linear in ``b``, epsilon rule ``R_b[i, p] = sum_j a_ji b_ip R_jp
-    / o_jp``."""
-    return b * (a.transpose(-1, -2) @ (relevance / o))
-
 
 def gelu_new(x):
     """transformers' ``NewGELUActivation`` (tanh approximation)."""
@@ -110,11 +68,6 @@ def t5_norm(norm, h):
     variance = h.to(torch.float32).pow(2).mean(-1, keepdim=True)
     u = h * torch.rsqrt(variance + norm.variance_epsilon)
     return u, norm.weight.detach() * u
-
-
-def t5_norm_rule(norm, u, xn, relevance):
-    """Relevance at the norm's input: epsilon rule through ``w * u``, identity rule through ``u = h / rms(h)``."""
-    return identity_rule(scale_rule(u, norm.weight.detach(), xn, relevance))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -159,31 +112,24 @@ def cross_attention_reference(layer, h, e, constant, relevance, variant=ATTNLRP)
         r_qh, r_kh = zero, torch.zeros_like(kh)
     r_xn = epsilon_rule(xn, w_q, q, merge(r_qh))
     r_e = epsilon_rule(e, w_k, k, merge(r_kh)) + epsilon_rule(e, w_v, v, merge(r_vh))
-    r_h = r_h + t5_norm_rule(layer.layer_norm, u, xn, r_xn)
+    r_h = r_h + rms_norm_rule(u, layer.layer_norm.weight.detach(), r_xn)
     return y, r_h, r_e
 
 
 def feed_forward_reference(layer, h, relevance, variant=ATTNLRP):
     """``T5LayerFF`` with ``T5DenseGatedActDense`` by hand: returns ``(y, R_h)`` for ``h`` ``[T, D]``."""
     dense = layer.DenseReluDense
-    w_gate, w_up, w_out = (getattr(dense, name).weight.detach() for name in ('wi_0', 'wi_1', 'wo'))
+    weights = [getattr(dense, name).weight.detach() for name in ('wi_0', 'wi_1', 'wo')]  # gate, up, out
 
     # forward
     u, xn = t5_norm(layer.layer_norm, h)
-    gate, up = xn @ w_gate.T, xn @ w_up.T
-    product = gelu_new(gate) * up
-    f = product @ w_out.T
+    f, _ = gated_mlp_rule(xn, *weights, torch.ones_like(h), variant, activation=gelu_new)
     y = h + f
 
     # backward
     r_h = sum_rule(h, y, relevance)
-    r_product = epsilon_rule(product, w_out, f, sum_rule(f, y, relevance))
-    if variant == ATTNLRP:
-        r_gate, r_up = identity_rule(uniform_rule(r_product)), uniform_rule(r_product)
-        r_xn = epsilon_rule(xn, w_gate, gate, r_gate) + epsilon_rule(xn, w_up, up, r_up)
-    else:  # CP-LRP: gelu_new(gate) is a constant factor
-        r_xn = epsilon_rule(xn, w_up, up, r_product)
-    return y, r_h + t5_norm_rule(layer.layer_norm, u, xn, r_xn)
+    _, r_xn = gated_mlp_rule(xn, *weights, sum_rule(f, y, relevance), variant, activation=gelu_new)
+    return y, r_h + rms_norm_rule(u, layer.layer_norm.weight.detach(), r_xn)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -222,11 +168,6 @@ def library_relevance(model, layer, variant, inputs, relevance, **kwargs):
         output = output[0] if isinstance(output, tuple) else output
         result = torch.autograd.grad(output, list(leaves.values()), grad_outputs=relevance)
     return output.detach(), dict(zip(leaves, result))
-
-
-def relative_error(actual, expected):
-    """``max|a - b| / max|b|``."""
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 @pytest.fixture(scope='module', params=['eager', 'sdpa'])

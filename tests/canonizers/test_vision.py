@@ -23,7 +23,8 @@ from zennit.attribution import Gradient
 
 from zennit_attn.canonizers import UnsupportedModelError, canonizers_for
 from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPGamma
-from zennit_attn.images import explain_image, image_logits
+from zennit_attn import explain
+from zennit_attn.layers import output_scores
 from zennit_attn.rules import Gamma
 
 
@@ -138,7 +139,7 @@ def test_canonizers_restore_exactly(kind):
     model = BUILDERS[kind]()
     x = pixels()
     with torch.no_grad():
-        reference = image_logits(model(x)).clone()
+        reference = output_scores(model(x)).clone()
     before = _snapshot(model)
     for canonizer in canonizers_for(model):
         handles = canonizer.apply(model)
@@ -148,22 +149,22 @@ def test_canonizers_restore_exactly(kind):
         _assert_same(before, _snapshot(model))
     for composite in (AttnLRPGamma(), CPLRPGamma(attention_in=Gamma(0.1)), AttnLRPEpsilon()):
         with composite.context(model) as modified:
-            image_logits(modified(x.clone().requires_grad_()))
+            output_scores(modified(x.clone().requires_grad_()))
         _assert_same(before, _snapshot(model))
         with pytest.raises(RuntimeError, match='inside'):
             with composite.context(model):
                 raise RuntimeError('inside')
         _assert_same(before, _snapshot(model))
-    explain_image(model, x, method='gradcam')  # switches timm's fused_attn / HF's implementation and back
+    explain(model, x, method='gradcam')  # switches timm's fused_attn / HF's implementation and back
     _assert_same(before, _snapshot(model))
     with torch.no_grad():
-        assert torch.equal(image_logits(model(x)), reference)
+        assert torch.equal(output_scores(model(x)), reference)
     # plain gradients are untouched after the composite
     x1 = x.clone().requires_grad_()
-    (grad,) = torch.autograd.grad(image_logits(model(x1))[:, 0].sum(), x1)
+    (grad,) = torch.autograd.grad(output_scores(model(x1))[:, 0].sum(), x1)
     fresh = copy.deepcopy(model)
     x2 = x.clone().requires_grad_()
-    (expected,) = torch.autograd.grad(image_logits(fresh(x2))[:, 0].sum(), x2)
+    (expected,) = torch.autograd.grad(output_scores(fresh(x2))[:, 0].sum(), x2)
     assert torch.equal(grad, expected)
 
 
@@ -175,11 +176,11 @@ def test_cp_gamma_conserves_the_logit(kind):
     x = pixels()
     exact = CPLRPGamma(conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15),
                        attention_in=None, attention_out=None)
-    explanation = explain_image(model, x, composite=exact)
+    explanation = explain(model, x, composite=exact)
     assert explanation.logit.abs().min() > 1e-3
     torch.testing.assert_close(explanation.relevance.sum((1, 2)), explanation.logit, rtol=1e-8, atol=0)
     # the default composite's stabilisers (1e-6) absorb a little
-    default = explain_image(model, x, target=explanation.target, composite=CPLRPGamma())
+    default = explain(model, x, target=explanation.target, composite=CPLRPGamma())
     torch.testing.assert_close(default.relevance.sum((1, 2)), explanation.logit, rtol=1e-2, atol=0)
 
 
@@ -190,18 +191,18 @@ def test_timm_fused_equals_explicit_attention():
         for module in model.modules():
             if hasattr(module, 'fused_attn'):
                 module.fused_attn = True
-        fused = explain_image(model, x, composite=composite())
+        fused = explain(model, x, composite=composite())
         for module in model.modules():
             if hasattr(module, 'fused_attn'):
                 module.fused_attn = False
-        explicit = explain_image(model, x, target=fused.target, composite=composite())
+        explicit = explain(model, x, target=fused.target, composite=composite())
         torch.testing.assert_close(fused.pixel_relevance, explicit.pixel_relevance, rtol=1e-9, atol=1e-12)
 
 
 def test_hf_sdpa_equals_eager():
     x = pixels()
-    eager = explain_image(tiny_hf_vit(attn_implementation='eager'), x)
-    sdpa = explain_image(tiny_hf_vit(attn_implementation='sdpa'), x, target=eager.target)
+    eager = explain(tiny_hf_vit(attn_implementation='eager'), x)
+    sdpa = explain(tiny_hf_vit(attn_implementation='sdpa'), x, target=eager.target)
     torch.testing.assert_close(eager.pixel_relevance, sdpa.pixel_relevance, rtol=1e-6, atol=1e-10)
 
 
@@ -233,10 +234,10 @@ def test_timm_and_hf_with_the_same_weights_agree():
     hf.config.hidden_act = 'gelu'
     x = pixels()
     with torch.no_grad():
-        torch.testing.assert_close(image_logits(hf(x)), timm_model(x), rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(output_scores(hf(x)), timm_model(x), rtol=1e-9, atol=1e-12)
     for composite in (AttnLRPGamma, CPLRPGamma):
-        a = explain_image(timm_model, x, composite=composite())
-        b = explain_image(hf, x, target=a.target, composite=composite())
+        a = explain(timm_model, x, composite=composite())
+        b = explain(hf, x, target=a.target, composite=composite())
         torch.testing.assert_close(a.pixel_relevance, b.pixel_relevance, rtol=1e-7, atol=1e-10)
 
 
@@ -247,6 +248,6 @@ def test_zennit_gradient_attributor_on_deit():
     with Gradient(model=model, composite=AttnLRPGamma()) as attributor:
         output, relevance = attributor(x, one_hot)
     assert relevance.shape == x.shape and torch.isfinite(relevance).all()
-    explanation = explain_image(model, x, target=[0, 2])
+    explanation = explain(model, x, target=[0, 2])
     torch.testing.assert_close(relevance * explanation.logit.view(-1, 1, 1, 1), explanation.pixel_relevance,
                                rtol=1e-9, atol=1e-12)

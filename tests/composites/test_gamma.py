@@ -14,37 +14,15 @@ import pytest
 import torch
 
 from tests.canonizers.test_vision import CLASSES, pixels, tiny_hf_vit, tiny_timm_vit
+from tests.naive_rules import close, lrp, stabilize
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
-from zennit_attn.images import explain_image
+from zennit_attn import explain
 from zennit_attn.rules import (
     AlphaBeta, ConstantOperand, Epsilon, Gamma, RelevanceRule, UniformOperand, ZPlus,
 )
 
 
-TOL = 1e-10
 STAB = 1e-6
-
-
-def close(actual, expected):
-    scale = expected.detach().abs().max().clamp(min=1e-30)
-    assert float((actual.detach() - expected.detach()).abs().max() / scale) <= TOL, (actual, expected)
-
-
-def stabilize(tensor):
-    """zennit's stabiliser: + eps * sign with sign(0) = 1."""
-    return tensor + STAB * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
-
-
-def lrp(module, rule, x, relevance_out):
-    """Input relevance of ``module`` with ``rule`` for output relevance ``relevance_out`` (gradient convention)."""
-    handles = rule.register(module)
-    try:
-        x = x.detach().requires_grad_()
-        output = module(x)
-        (grad,) = torch.autograd.grad(output, x, grad_outputs=torch.where(output == 0, 0.0, relevance_out / output))
-    finally:
-        handles.remove()
-    return x.detach() * grad
 
 
 def contributions(weight, bias, x):
@@ -59,20 +37,20 @@ def naive_gamma(weight, bias, x, relevance, gamma):
     positive = z + gamma * z.clamp(min=0)
     negative = z + gamma * z.clamp(max=0)
     numerator = torch.where(zj > 0, positive, negative)
-    share = numerator / stabilize(numerator.sum(1, keepdim=True)) * (zj != 0)
+    share = numerator / stabilize(numerator.sum(1, keepdim=True), STAB) * (zj != 0)
     return (share * relevance[:, None, :]).sum(2)[:, :-1]
 
 
 def naive_zplus(weight, bias, x, relevance):
     z = contributions(weight, bias, x).clamp(min=0)
-    return (z / stabilize(z.sum(1, keepdim=True)) * relevance[:, None, :]).sum(2)[:, :-1]
+    return (z / stabilize(z.sum(1, keepdim=True), STAB) * relevance[:, None, :]).sum(2)[:, :-1]
 
 
 def naive_alpha_beta(weight, bias, x, relevance, alpha, beta):
     z = contributions(weight, bias, x)
     positive, negative = z.clamp(min=0), z.clamp(max=0)
-    share = alpha * positive / stabilize(positive.sum(1, keepdim=True)) - beta * negative / stabilize(
-        negative.sum(1, keepdim=True))
+    share = alpha * positive / stabilize(positive.sum(1, keepdim=True), STAB) - beta * negative / stabilize(
+        negative.sum(1, keepdim=True), STAB)
     return (share * relevance[:, None, :]).sum(2)[:, :-1]
 
 
@@ -180,10 +158,10 @@ def test_rules_are_assigned_and_overridable():
     assert isinstance(CPLRPGamma().rules['softmax'], ConstantOperand)
     assert repr(AttnLRPGamma()).startswith('AttnLRPGamma(conv=Gamma(0.25), linear=Gamma(0.05)')
     x = pixels()
-    base = explain_image(model, x, composite=AttnLRPGamma())
+    base = explain(model, x, composite=AttnLRPGamma())
     for override in ({'conv': ZPlus()}, {'linear': Gamma(0.5)}, {'attention_in': Gamma(0.25)},
                      {'attention_out': Gamma(0.25)}, {'softmax': ConstantOperand()}):
-        other = explain_image(model, x, target=base.target, composite=AttnLRPGamma(**override))
+        other = explain(model, x, target=base.target, composite=AttnLRPGamma(**override))
         assert (other.pixel_relevance - base.pixel_relevance).abs().max() > 1e-4 * base.pixel_relevance.abs().max(), \
             override
     with pytest.raises(TypeError):
@@ -196,8 +174,8 @@ def test_gamma_on_fused_qkv_keeps_the_operand_rule():
     model = tiny_timm_vit()
     x = pixels()
     for softmax in (UniformOperand(), ConstantOperand()):
-        reference = explain_image(model, x, composite=AttnLRPGamma(attention_in=Epsilon(STAB), softmax=softmax))
-        gamma = explain_image(model, x, target=reference.target,
+        reference = explain(model, x, composite=AttnLRPGamma(attention_in=Epsilon(STAB), softmax=softmax))
+        gamma = explain(model, x, target=reference.target,
                               composite=AttnLRPGamma(attention_in=Gamma(0.0), softmax=softmax))
         torch.testing.assert_close(gamma.pixel_relevance, reference.pixel_relevance, rtol=1e-9, atol=1e-12)
 
@@ -240,12 +218,12 @@ def test_conservation_bias_free_vit():
     x = pixels()
     exact = dict(conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None,
                  attention_out=None)
-    cp = explain_image(model, x, target=0, composite=CPLRPGamma(**exact))
+    cp = explain(model, x, target=0, composite=CPLRPGamma(**exact))
     torch.testing.assert_close(cp.relevance.sum((1, 2)), cp.logit, rtol=1e-8, atol=0)
 
     total, logit, absorbed = _softmax_absorbed(model, x, AttnLRPGamma(**exact))
     assert abs(absorbed) > 1e-4 * abs(logit)
     assert total == pytest.approx(logit - absorbed, rel=1e-8, abs=1e-10)
-    attn = explain_image(model, x, target=0, composite=AttnLRPGamma(**exact))
+    attn = explain(model, x, target=0, composite=AttnLRPGamma(**exact))
     assert float(attn.relevance.sum()) == pytest.approx(total, rel=1e-10)
     assert CLASSES == 3

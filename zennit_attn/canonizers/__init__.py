@@ -7,22 +7,22 @@ from __future__ import annotations
 
 import torch
 
-from ..layers import Operand, Product, MatMul
-from ..types import LINEARS, NEUTRAL, is_activation, norm_kind
+from ..layers import Logits, MatMul, Operand, Product
+from ..module_kinds import CONVOLUTIONS, LINEARS, NEUTRAL, is_activation, norm_kind
 from .base import (
     INLINE_FUNCTIONS, InlineActivationCanonizer, InlineOperandCanonizer, OperandCanonizer, SettingCanonizer, Tap,
+    parse_taps,
 )
-from .families import FAMILIES, Family
-from .vision import VISION_FAMILIES
+from .families import ATTENTION_OUTPUTS, FAMILIES, Family, family_of, operand_taps
 
 __all__ = [
     'canonizers_for', 'supported_families', 'UnsupportedModelError', 'OperandCanonizer',
     'InlineActivationCanonizer', 'InlineOperandCanonizer', 'SettingCanonizer', 'Tap', 'Family', 'FAMILIES',
-    'INLINE_FUNCTIONS',
+    'INLINE_FUNCTIONS', 'ATTENTION_OUTPUTS', 'family_of', 'operand_taps', 'parse_taps',
 ]
 
 #: Leaf modules that a composite has a rule for or that need none.
-_LEAVES = LINEARS + NEUTRAL + (Operand, Product, MatMul, torch.nn.Softmax)
+_KNOWN = LINEARS + CONVOLUTIONS + NEUTRAL + (Operand, Product, MatMul, torch.nn.Softmax)
 
 
 class UnsupportedModelError(TypeError):
@@ -31,13 +31,13 @@ class UnsupportedModelError(TypeError):
 
 def supported_families() -> list[str]:
     """Names of the model families with a table entry."""
-    return [family.name for family in FAMILIES + VISION_FAMILIES]
+    return [family.name for family in FAMILIES]
 
 
 def _understood(module: torch.nn.Module, families: list[Family]) -> bool:
     if any(family.owns(module) for family in families):
         return True
-    return isinstance(module, _LEAVES) or is_activation(module) or norm_kind(module) is not None
+    return type(module) is Logits or isinstance(module, _KNOWN) or is_activation(module) or norm_kind(module) is not None
 
 
 def canonizers_for(model: torch.nn.Module) -> list:
@@ -63,7 +63,7 @@ def canonizers_for(model: torch.nn.Module) -> list:
     first: dict[type, tuple[str, torch.nn.Module]] = {}
     for name, module in modules:
         first.setdefault(type(module), (name, module))
-    families = [family for family in FAMILIES + VISION_FAMILIES
+    families = [family for family in FAMILIES
                 if any(family.owns(module) for _, module in first.values())]
 
     unsupported: dict[str, str] = {}
@@ -72,13 +72,7 @@ def canonizers_for(model: torch.nn.Module) -> list:
             unsupported.setdefault(f'{type(module).__module__}.{type(module).__qualname__}', name or '<root>')
 
     config = getattr(model, 'config', None)
-    problems = []
-    for family in families:
-        for key, allowed in family.config.items():
-            allowed = allowed if isinstance(allowed, tuple) else (allowed,)
-            for conf in (config, getattr(config, 'text_config', None)):
-                if conf is not None and hasattr(conf, key) and getattr(conf, key) not in allowed:
-                    problems.append(f'config.{key}={getattr(conf, key)!r} (supported: {", ".join(map(repr, allowed))})')
+    problems = [problem for family in families for problem in family.config_problems(config)]
     if unsupported or problems:
         lines = [f'  - {cls} (at {name})' for cls, name in sorted(unsupported.items())]
         lines += [f'  - {problem}' for problem in problems]

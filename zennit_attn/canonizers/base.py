@@ -23,26 +23,49 @@ class Tap:
     ----------
     roles: str or tuple of str
         Role of the operand (see :py:data:`zennit_attn.layers.ROLES`), or one role per section of the last
-        dimension of a fused projection.
+        dimension of a fused projection; stored as a tuple.
     sections: tuple of int, optional
         Section sizes (default: equal sections).
     index: int, optional
         For producers returning a tuple: the element that is the operand.
     """
-    roles: str | tuple[str, ...]
+    roles: tuple[str, ...]
     sections: tuple[int, ...] | None = None
     index: int | None = None
 
+    def __post_init__(self):
+        object.__setattr__(self, 'roles', (self.roles,) if isinstance(self.roles, str) else tuple(self.roles))
+        if self.sections is not None:
+            object.__setattr__(self, 'sections', tuple(int(size) for size in self.sections))
+        self.operand()  # validates the roles and sections
+
     @classmethod
     def ensure(cls, spec) -> 'Tap':
+        """``spec`` itself if it is a Tap, else ``Tap(spec)`` (a role or a tuple of roles)."""
         return spec if isinstance(spec, cls) else cls(spec)
 
     def operand(self) -> Operand:
+        """A new :py:class:`~zennit_attn.layers.Operand` module for this tap."""
         return Operand(self.roles, self.sections)
+
+    def mask(self, role: str, size: int) -> torch.Tensor:
+        """``[size]`` boolean mask of the entries of a last dimension of ``size`` that belong to ``role``."""
+        parts = [torch.full((length,), name == role) for name, length in
+                 zip(self.roles, self.operand().section_sizes(size))]
+        return torch.cat(parts)
 
 
 #: ``module -> {child attribute: role, roles or Tap}``: where the operands of a module's products come from.
 OperandSpec = Callable[[torch.nn.Module], Mapping[str, object]]
+
+
+def parse_taps(spec: OperandSpec | Mapping[str, object], module: torch.nn.Module) -> dict[str, Tap]:
+    """The taps of ``module``: ``{child attribute or parameter name: Tap}`` from an operand specification, which
+    is a mapping or a function of the module returning one, with a role, a tuple of roles or a :py:class:`Tap` per
+    name. The one reader of the family table's operand entries (canonizers, composites and methods use it)."""
+    items = spec(module) if callable(spec) else spec
+    return {name: Tap.ensure(tap) for name, tap in items.items()}
+
 
 #: Inline functions (by name) that :py:class:`InlineActivationCanonizer` can route through a module.
 INLINE_FUNCTIONS: dict[str, tuple[tuple[Callable, ...], Callable[[], torch.nn.Module]]] = {
@@ -61,7 +84,7 @@ def _add_child(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> st
             f'{type(parent).__name__} already has an attribute {attribute!r}: is another zennit-attn composite '
             'registered to this model? Leave its context first.'
         )
-    parent.add_module(attribute, child)
+    parent.add_module(attribute, child.train(parent.training))
     return attribute
 
 
@@ -122,8 +145,7 @@ class OperandCanonizer(_InstanceCanonizer):
         Class name -> ``module -> {child attribute: role, roles or Tap}``.
     """
     def register(self, parent: torch.nn.Module, spec: OperandSpec) -> None:
-        for child_name, tap in spec(parent).items():
-            tap = Tap.ensure(tap)
+        for child_name, tap in parse_taps(spec, parent).items():
             operand = self._add(parent, child_name, tap.operand())
             self.handles.append(getattr(parent, child_name).register_forward_hook(self._hook(operand, tap.index)))
 
@@ -227,8 +249,7 @@ class InlineOperandCanonizer(_FunctionRoutingCanonizer):
     """
     def register(self, parent: torch.nn.Module, spec: Mapping[str, object]) -> None:
         taps = {}
-        for name, tap in spec.items():
-            tap = Tap.ensure(tap)
+        for name, tap in parse_taps(spec, parent).items():
             taps[name] = self._add(parent, name, tap.operand())
         parameters = {name: getattr(parent, name) for name in taps}
         tapped = []

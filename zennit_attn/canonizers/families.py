@@ -10,10 +10,19 @@ A family entry lists
 - ``settings``: configuration values set for the time of the context (the experts implementation);
 - ``config``: configuration attributes that must have the given value, or one of a tuple of values
   (features not yet covered);
+- ``cross_attention``: classes whose attention reads the encoder's tokens in an encoder-decoder model (their keys
+  and values come from the encoder output);
+- ``attention_output``: the output projection of each attention class (the Linear after ``A V``, the paper's
+  "LinearOutputProjection" of appendix B), ``class name -> child attribute``;
 - ``package``: the module defining these classes (default ``transformers.models.<name>``).
 
-Leaf modules (linear layers, embeddings, dropout, activations, norms) are recognised by type and need no
-entry (see :py:mod:`zennit_attn.types`).
+Leaf modules (linear and convolution layers, embeddings, dropout, activations, norms) are recognised by type and
+need no entry (see :py:mod:`zennit_attn.module_kinds`).
+
+Vision transformers (timm ``VisionTransformer`` incl. DeiT, Hugging Face ViT) need no rule for the patch embedding
+(a convolution: linear), the class, distillation and register tokens and the position embedding (parameters
+concatenated or added to the tokens: they absorb their share like a bias), ``LayerScale`` and the pooling (linear);
+their attention gets the same operand taps as the language models' (timm's fused ``qkv`` in three equal sections).
 """
 from __future__ import annotations
 
@@ -23,7 +32,7 @@ from typing import Mapping
 
 import torch
 
-from .base import OperandSpec, Tap
+from .base import OperandSpec, Tap, parse_taps
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,8 @@ class Family:
     inline_operands: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     settings: Mapping[str, object] = field(default_factory=dict)
     config: Mapping[str, object] = field(default_factory=dict)
+    attention_output: Mapping[str, str] = field(default_factory=dict)
+    cross_attention: tuple[str, ...] = ()
     #: the module (package) that defines the listed classes, by default ``transformers.models.<name>``; a class
     #: of the same name defined elsewhere is not trusted
     package: str | None = None
@@ -52,7 +63,22 @@ class Family:
     @functools.cached_property
     def classes(self) -> frozenset[str]:
         return (frozenset(self.structural) | frozenset(self.operands) | frozenset(self.inline)
-                | frozenset(self.inline_operands))
+                | frozenset(self.inline_operands) | frozenset(self.attention_output) | frozenset(self.cross_attention))
+
+    def taps(self, module: torch.nn.Module) -> dict[str, Tap]:
+        """``{child attribute: Tap}`` of the products ``module`` computes inline; empty for other classes."""
+        spec = self.operands.get(type(module).__name__)
+        return {} if spec is None or not self.owns(module) else parse_taps(spec, module)
+
+    def config_problems(self, config) -> list[str]:
+        """The configuration values of ``config`` (and its ``text_config``) that this family does not support."""
+        problems = []
+        for key, allowed in self.config.items():
+            allowed = allowed if isinstance(allowed, tuple) else (allowed,)
+            for conf in (config, getattr(config, 'text_config', None)):
+                if conf is not None and hasattr(conf, key) and getattr(conf, key) not in allowed:
+                    problems.append(f'config.{key}={getattr(conf, key)!r} (supported: {", ".join(map(repr, allowed))})')
+        return problems
 
 
 def separate_qkv(query: str, key: str, value: str) -> OperandSpec:
@@ -84,6 +110,7 @@ def llama_like(prefix: str, name: str, extra: tuple[str, ...] = (), **fields) ->
             f'{prefix}MLP': gated('gate_proj', 'up_proj'),
             **fields.pop('operands', {}),
         },
+        attention_output={f'{prefix}Attention': 'o_proj'},
         **fields,
     )
 
@@ -123,6 +150,7 @@ def bert_like(prefix: str, name: str, extra: tuple[str, ...] = (), inline: Mappi
             f'{prefix}SelfAttention': separate_qkv('query', 'key', 'value'),
             f'{prefix}CrossAttention': separate_qkv('query', 'key', 'value'),
         },
+        attention_output={f'{prefix}SelfOutput': 'dense'},
         inline=inline or {},
     )
 
@@ -138,6 +166,24 @@ def neox_attention(module: torch.nn.Module) -> Mapping[str, object]:
     """GPT-NeoX's ``query_key_value``: per head, query, key and value of ``head_size`` each, interleaved."""
     heads = module.config.num_attention_heads
     return {'query_key_value': Tap(('query', 'key', 'value') * heads, (module.head_size,) * 3 * heads)}
+
+
+def timm_attention(module: torch.nn.Module) -> Mapping[str, object]:
+    """timm's ``Attention``: the fused ``qkv`` Linear gives query, key and value in three equal sections."""
+    if getattr(module, 'gate', None) is not None:
+        raise TypeError(
+            'timm Attention with gated=True multiplies the attention output by an inline sigmoid gate, which '
+            'zennit-attn does not cover yet'
+        )
+    return {'qkv': ('query', 'key', 'value')}
+
+
+def hf_vit_attention(module: torch.nn.Module) -> Mapping[str, object]:
+    """Hugging Face ViT attention: ``q_proj``/``k_proj``/``v_proj`` (transformers 5), or ``query``/``key``/``value``
+    (``ViTSelfAttention`` of earlier versions)."""
+    if hasattr(module, 'q_proj'):
+        return separate_qkv('q_proj', 'k_proj', 'v_proj')(module)
+    return separate_qkv('query', 'key', 'value')(module)
 
 
 #: Soft-capping puts a tanh on the attention scores and the logits (Gemma 2); where a family has no entry for
@@ -164,12 +210,14 @@ FAMILIES: tuple[Family, ...] = (
         structural=('PhiForCausalLM', 'PhiModel', 'PhiDecoderLayer', 'PhiRotaryEmbedding', 'PhiMLP',
                     'PhiForSequenceClassification', 'PhiForTokenClassification'),
         operands={'PhiAttention': separate_qkv('q_proj', 'k_proj', 'v_proj')},
+        attention_output={'PhiAttention': 'dense'},
     ),
     Family(
         name='gpt_neox',
         structural=('GPTNeoXForCausalLM', 'GPTNeoXModel', 'GPTNeoXLayer', 'GPTNeoXMLP', 'GPTNeoXRotaryEmbedding',
                     'GPTNeoXForSequenceClassification', 'GPTNeoXForTokenClassification'),
         operands={'GPTNeoXAttention': neox_attention},
+        attention_output={'GPTNeoXAttention': 'dense'},
     ),
     moe('Mixtral', 'mixtral'),
     moe('Qwen2Moe', 'qwen2_moe', shared_expert=True),
@@ -180,6 +228,7 @@ FAMILIES: tuple[Family, ...] = (
         structural=('GPT2LMHeadModel', 'GPT2Model', 'GPT2Block', 'GPT2MLP', 'GPT2ForSequenceClassification',
                     'GPT2ForTokenClassification'),
         operands={'GPT2Attention': gpt2_attention},
+        attention_output={'GPT2Attention': 'c_proj'},
     ),
     bert_like('Bert', 'bert', extra=('BertOnlyMLMHead', 'BertLMPredictionHead', 'BertPredictionHeadTransform')),
     bert_like('Roberta', 'roberta', extra=('RobertaClassificationHead', 'RobertaLMHead'),
@@ -189,11 +238,50 @@ FAMILIES: tuple[Family, ...] = (
         structural=('DistilBertModel', 'Embeddings', 'Transformer', 'TransformerBlock', 'FFN',
                     'DistilBertForSequenceClassification', 'DistilBertForMaskedLM', 'DistilBertForTokenClassification'),
         operands={'DistilBertSelfAttention': separate_qkv('q_lin', 'k_lin', 'v_lin')},
+        attention_output={'DistilBertSelfAttention': 'out_lin'},
     ),
     Family(
         name='t5',
         structural=('T5ForConditionalGeneration', 'T5Model', 'T5EncoderModel', 'T5Stack', 'T5Block',
                     'T5LayerSelfAttention', 'T5LayerCrossAttention', 'T5LayerFF', 'T5DenseActDense'),
         operands={'T5Attention': separate_qkv('q', 'k', 'v'), 'T5DenseGatedActDense': gated('wi_0', 'wi_1')},
+        attention_output={'T5Attention': 'o'},
+        cross_attention=('T5LayerCrossAttention',),
+    ),
+    Family(
+        name='timm-vit',
+        structural=('VisionTransformer', 'VisionTransformerDistilled', 'Block', 'PatchEmbed', 'Mlp', 'LayerScale',
+                    'DropPath'),
+        operands={'Attention': timm_attention},
+        attention_output={'Attention': 'proj'},
+        package='timm',
+    ),
+    Family(
+        name='vit',
+        structural=('ViTForImageClassification', 'ViTModel', 'ViTEmbeddings', 'ViTPatchEmbeddings', 'ViTEncoder',
+                    'ViTLayer', 'ViTMLP', 'ViTPooler', 'ViTIntermediate', 'ViTOutput'),
+        operands={'ViTAttention': hf_vit_attention, 'ViTSelfAttention': hf_vit_attention},
+        # transformers 5: ViTAttention.o_proj; earlier versions: ViTSelfOutput.dense beside ViTSelfAttention
+        attention_output={'ViTAttention': 'o_proj', 'ViTSelfOutput': 'dense'},
     ),
 )
+
+#: Output projection of each attention class of the table: ``class name -> child attribute``.
+ATTENTION_OUTPUTS: dict[str, str] = {name: child for family in FAMILIES
+                                     for name, child in family.attention_output.items()}
+
+
+def family_of(module: torch.nn.Module) -> Family | None:
+    """The family of the table that lists ``module``'s class, or None."""
+    return next((family for family in FAMILIES if family.owns(module)), None)
+
+
+def operand_taps(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, Tap]]:
+    """Every tap of the family table in ``model``: ``(module, child attribute, Tap)`` for each child whose output
+    is an operand of a product the module computes inline."""
+    found = []
+    for module in model.modules():
+        family = family_of(module)
+        if family is not None:
+            found.extend((module, child, tap) for child, tap in family.taps(module).items())
+    return found

@@ -1,6 +1,7 @@
 """The AttnLRP composites for language models (epsilon rule on linear layers)."""
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import torch
@@ -12,7 +13,81 @@ from ..rules import (
     BilinearEpsilon, ConstantFactors, ConstantOperand, Epsilon, Identity, NormIdentity, RelevanceBoundary,
     Softmax, UniformOperand, UniformProduct,
 )
-from ..types import LINEARS, is_activation, norm_kind
+from ..module_kinds import LINEARS, is_activation, norm_kind
+
+
+#: Attribute that marks every module of a model while a zennit-attn composite is registered to it (a weak reference
+#: to the composite); see :py:meth:`AttnLRPComposite.register`.
+REGISTERED_ATTRIBUTE = '_zennit_attn_composite'
+
+
+class CompiledModelError(TypeError):
+    """A model, or one of its submodules, is compiled with ``torch.compile``, which bypasses the hooks of the LRP
+    rules; raised by :py:func:`refuse_compiled`."""
+
+
+def _is_compile_wrapper(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is the wrapper ``torch.compile(module)`` returns (``torch._dynamo``'s
+    ``OptimizedModule``), recognised by class name so that ``torch._dynamo`` need not be imported."""
+    return '_orig_mod' in module._modules and any(cls.__name__ == 'OptimizedModule' for cls in type(module).__mro__)
+
+
+def refuse_compiled(model: torch.nn.Module) -> None:
+    """Raise if ``model`` or any of its submodules is compiled with ``torch.compile``.
+
+    The LRP rules act through forward hooks and canonizers that change the model's modules. A compiled module
+    runs code traced by TorchDynamo instead, which bypasses hooks registered afterwards: the relevance would be
+    silently wrong (e.g. zero at every block in :py:func:`~zennit_attn.conservation`). Both ways of compiling are
+    recognised, on the root and on every submodule:
+
+    - ``compiled = torch.compile(model)`` returns a wrapper (``torch._dynamo.eval_frame.OptimizedModule``)
+      that holds the uncompiled model as ``compiled._orig_mod``: explain that one instead;
+    - ``model.compile()`` compiles in place (it sets ``module._compiled_call_impl``): explain a fresh,
+      uncompiled instance (load the model again, or ``copy.deepcopy(model)``, which leaves the in-place
+      compilation behind).
+
+    The check only reads module attributes; it does not import ``torch._dynamo``.
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+        The model to check, before registering hooks to it.
+
+    Raises
+    ------
+    CompiledModelError
+        A :py:class:`TypeError`, if ``model`` or one of its submodules is compiled. The message names the model's
+        class, the compiled submodule (if not the root) and what to explain instead.
+
+    Examples
+    --------
+    >>> refuse_compiled(model)                  # returns None for an uncompiled model
+    >>> refuse_compiled(torch.compile(model))   # raises CompiledModelError: pass compiled._orig_mod
+    """
+    for name, module in model.named_modules():
+        if _is_compile_wrapper(module):
+            inner = type(module._orig_mod).__name__
+            if name == '':
+                raise CompiledModelError(
+                    f'{inner} was compiled with torch.compile(model): the wrapper it returns '
+                    f'({type(module).__name__}) runs code traced by TorchDynamo, which bypasses the forward hooks of '
+                    'the LRP rules, so the relevance would be silently wrong. Explain the uncompiled model '
+                    f'instead: pass compiled._orig_mod (the {inner} that torch.compile wrapped).'
+                )
+            raise CompiledModelError(
+                f"{type(model).__name__} has a torch.compile wrapper ({type(module).__name__} of {inner}) as its "
+                f"submodule '{name}': compiled code bypasses the forward hooks of the LRP rules, so the relevance "
+                'would be silently wrong. Put back the uncompiled module that the wrapper holds as _orig_mod, and '
+                'explain the model again.'
+            )
+        if module.__dict__.get('_compiled_call_impl') is not None:
+            subject = '' if name == '' else f"'s submodule '{name}' ({type(module).__name__})"
+            raise CompiledModelError(
+                f'{type(model).__name__}{subject} was compiled in place (.compile()): compiling bypasses the '
+                'forward hooks of the LRP rules, so the relevance would be silently wrong. Explain a fresh, '
+                'uncompiled instance of the model (load it again, or copy.deepcopy(model), which leaves the '
+                'in-place compilation behind).'
+            )
 
 
 class AttnLRPComposite(Composite):
@@ -22,6 +97,11 @@ class AttnLRPComposite(Composite):
     composite, relevance given at the output (``grad_outputs``) comes out as relevance at the floating-point
     inputs. Use as ``with composite.context(model) as modified: ...``; everything is undone on exit, also when
     the block raises.
+
+    A composite holds one model at a time, and a model takes one zennit-attn composite at a time:
+    :py:meth:`register` refuses a second registration (``RuntimeError``) instead of silently moving the rules
+    from the first model, or stacking two sets of rules on one model. It also refuses compiled models (see
+    :py:func:`refuse_compiled`). While registered, :py:attr:`registered_module` is the model (None otherwise).
 
     Parameters
     ----------
@@ -35,6 +115,8 @@ class AttnLRPComposite(Composite):
     """
     #: rule for the operands of inline products
     operand_rule: type = UniformOperand
+    #: the root module this composite is registered to; None while it is not registered
+    registered_module: torch.nn.Module | None = None
 
     def __init__(self, epsilon: float = 0.0, canonizers: Sequence | None = None):
         if epsilon < 0:
@@ -44,13 +126,81 @@ class AttnLRPComposite(Composite):
         super().__init__(module_map=self.mapping, canonizers=self.fixed_canonizers)
 
     def register(self, module: torch.nn.Module) -> None:
+        """Apply the canonizers and register the rules to ``module`` and its submodules.
+
+        Raises :py:class:`CompiledModelError` (a ``TypeError``) for a compiled model, and ``RuntimeError`` while
+        this composite is registered (to any model), or while another zennit-attn composite is registered to
+        ``module``, one of its submodules or a module containing it; a refused registration changes nothing.
+        """
+        refuse_compiled(module)
+        self.refuse_registered(module)
         self.remove()
         self.canonizers = canonizers_for(module) if self.fixed_canonizers is None else self.fixed_canonizers
         try:
-            super().register(module)
+            super().register(module)  # starts with self.remove(): mark afterwards
+            self._mark(module)
         except BaseException:
             self.remove()
             raise
+
+    def remove(self) -> None:
+        """Remove the hooks, revert the canonizers and the registration marks (a no-op while not registered)."""
+        try:
+            super().remove()
+        finally:
+            self._unmark()
+
+    def refuse_registered(self, module: torch.nn.Module) -> None:
+        """Raise ``RuntimeError`` if this composite is registered, or a zennit-attn composite is registered to
+        ``module`` or to a module it shares a submodule with (checked by :py:meth:`register`)."""
+        current = self.registered_module
+        name = type(self).__name__
+        if current is module:
+            raise RuntimeError(
+                f'{name} is already registered to {type(current).__name__} (this model): a composite holds one '
+                'model at a time, and registering it again would remove the rules from the model when the inner '
+                'context exits. Use the model inside the first context as it is, or leave that context first.'
+            )
+        if current is not None:
+            raise RuntimeError(
+                f'{name} is already registered to {type(current).__name__}: a composite holds one model at a time, '
+                'and registering it again would silently remove the rules from the first one. Leave the first '
+                f'context (or call remove()) first, or use a second instance, e.g. {name}().'
+            )
+        for path, child in module.named_modules():
+            other = _registered_composite(child)
+            if other is not None:
+                where = '' if path == '' else f" at '{path}'"
+                if other.registered_module is not child:
+                    where += f' (as part of {type(other.registered_module).__name__})'
+                raise RuntimeError(
+                    f'{type(module).__name__} already has {type(other).__name__} registered{where}: '
+                    'a model takes one zennit-attn composite at a time, and another zennit-attn composite would add '
+                    'a second set of rules, which changes the relevance. Leave the context of that '
+                    f'{type(other).__name__} (or call its remove()) first.'
+                )
+
+    def _mark(self, module: torch.nn.Module) -> None:
+        """Record ``module`` as the registered root and mark it and its submodules with a weak reference to this
+        composite (restored by :py:meth:`_unmark`)."""
+        self.registered_module = module
+        reference = weakref.ref(self)
+        self._marked = {}
+        for child in module.modules():
+            self._marked[id(child)] = (child, child.__dict__.get(REGISTERED_ATTRIBUTE))
+            child.__dict__[REGISTERED_ATTRIBUTE] = reference
+
+    def _unmark(self) -> None:
+        marked = self.__dict__.pop('_marked', {})
+        self.__dict__.pop('registered_module', None)
+        for child, previous in marked.values():
+            reference = child.__dict__.get(REGISTERED_ATTRIBUTE)
+            if reference is None or reference() is not self:
+                continue
+            if previous is None:
+                del child.__dict__[REGISTERED_ATTRIBUTE]
+            else:
+                child.__dict__[REGISTERED_ATTRIBUTE] = previous
 
     def mapping(self, ctx: dict, name: str, module: torch.nn.Module) -> Hook | None:
         """Return the rule for ``module`` (``name`` is its path; '' is the root)."""
@@ -77,6 +227,17 @@ class AttnLRPComposite(Composite):
 
     def matmul_rule(self) -> Hook:
         return BilinearEpsilon(self.epsilon)
+
+
+def _registered_composite(module: torch.nn.Module) -> AttnLRPComposite | None:
+    """The zennit-attn composite registered to ``module`` (as the root or a submodule of the root), or None. A
+    mark that a copy of the module carries over (``copy.deepcopy`` inside a context) does not count."""
+    reference = module.__dict__.get(REGISTERED_ATTRIBUTE)
+    composite = reference() if reference is not None else None
+    if composite is None:
+        return None
+    entry = composite.__dict__.get('_marked', {}).get(id(module))
+    return composite if entry is not None and entry[0] is module else None
 
 
 class AttnLRPEpsilon(AttnLRPComposite):

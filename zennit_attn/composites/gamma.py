@@ -23,24 +23,13 @@ from typing import Mapping, Sequence
 import torch
 from zennit.core import Hook
 
-from ..canonizers import FAMILIES
-from ..canonizers.vision import ATTENTION_OUTPUTS, VISION_FAMILIES
+from ..canonizers import ATTENTION_OUTPUTS, operand_taps
 from ..layers import Operand
+from ..module_kinds import CONVOLUTIONS, LINEARS
 from ..rules import ConstantOperand, Epsilon, Gamma, UniformOperand
-from ..types import LINEARS
 from .attnlrp import AttnLRPComposite, CPLRPEpsilon
 
-#: Convolution modules (the patch embedding of ViTs).
-CONVOLUTIONS: tuple[type, ...] = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 _ATTENTION_ROLES = frozenset({'query', 'key', 'value'})
-
-
-def _roles(role) -> tuple[str, ...]:
-    if isinstance(role, str):
-        return (role,)
-    if isinstance(role, tuple) and len(role) == 2 and isinstance(role[0], tuple):
-        return role[0]
-    return tuple(role)
 
 
 def attention_projections(
@@ -50,23 +39,13 @@ def attention_projections(
 
     Input projections are the children whose outputs the family table taps as query, key or value (timm's fused
     ``qkv``, Hugging Face's ``q_proj``/``k_proj``/``v_proj``, GPT-2's ``c_attn``); output projections are named per
-    attention class by ``outputs`` (default :py:data:`~zennit_attn.canonizers.vision.ATTENTION_OUTPUTS`).
+    attention class by ``outputs`` (default :py:data:`~zennit_attn.canonizers.families.ATTENTION_OUTPUTS`).
     """
     outputs = ATTENTION_OUTPUTS if outputs is None else outputs
-    families = FAMILIES + VISION_FAMILIES
-    inputs, outs = set(), set()
+    inputs = {id(getattr(module, child)) for module, child, tap in operand_taps(model)
+              if set(tap.roles) <= _ATTENTION_ROLES and isinstance(getattr(module, child, None), torch.nn.Module)}
+    outs = set()
     for module in model.modules():
-        for family in families:
-            spec = family.operands.get(type(module).__name__)
-            if spec is None or not family.owns(module):
-                continue
-            try:
-                children = spec(module)
-            except Exception:  # the canonizer reports unsupported variants when it is applied
-                continue
-            for child, role in children.items():
-                if set(_roles(role)) <= _ATTENTION_ROLES and isinstance(getattr(module, child, None), torch.nn.Module):
-                    inputs.add(id(getattr(module, child)))
         child = outputs.get(type(module).__name__)
         if child is not None and isinstance(getattr(module, child, None), LINEARS):
             outs.add(id(getattr(module, child)))
@@ -100,7 +79,7 @@ class AttnLRPGamma(AttnLRPComposite):
         :py:class:`~zennit_attn.rules.ConstantOperand` is CP-LRP (no relevance through the softmax).
     attention_outputs: mapping, optional
         ``attention class name -> output projection child``, replacing
-        :py:data:`~zennit_attn.canonizers.vision.ATTENTION_OUTPUTS`.
+        :py:data:`~zennit_attn.canonizers.families.ATTENTION_OUTPUTS`.
     epsilon: float
         Stabiliser of the matmul rule on explicit :py:class:`~zennit_attn.layers.MatMul` modules.
     canonizers: sequence, optional
@@ -132,6 +111,7 @@ class AttnLRPGamma(AttnLRPComposite):
         super().__init__(epsilon=epsilon, canonizers=canonizers)
 
     def register(self, module: torch.nn.Module) -> None:
+        self.refuse_registered(module)
         self._attention_in, self._attention_out = attention_projections(module, self.attention_outputs)
         super().register(module)
 

@@ -3,8 +3,10 @@
 The core is modality-agnostic: a sample is an input tensor whose first dimension indexes the *features* that
 are perturbed together (tokens: ``[seq, hidden]`` word embeddings; image patches or pixels: ``[features, ...]``),
 one relevance value per feature, and a ``forward`` function mapping a batch ``[batch, *input.shape]`` of
-perturbed inputs to the explained score ``[batch]`` (a logit, no softmax). :py:func:`token_curves` wraps it for
-language models and an :py:class:`~zennit_attn.explain.Explanation`.
+perturbed inputs to the explained score ``[batch]`` (a logit, no softmax). :py:func:`batched_curves` is the one
+engine: it batches the perturbed inputs of consecutive samples into shared forward passes.
+:py:mod:`zennit_attn.evaluation.faithfulness` applies it to explanations of language models (tokens) and image
+classifiers (pixels or patches, :py:mod:`zennit_attn.evaluation.pixels`).
 
 Perturbation: ``steps`` equal chunks of the feature order (most-relevant-first, MoRF, or least-relevant-first,
 LeRF) are set to the ``baseline`` (default 0) one chunk per step (``'flipping'``), or restored from an all-baseline
@@ -15,8 +17,10 @@ insertion (larger is better). Ties in relevance keep feature order (stable sort)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
+
+from tqdm.auto import tqdm
 
 import torch
 
@@ -97,11 +101,79 @@ def perturbed_inputs(inputs: torch.Tensor, relevance: torch.Tensor, steps: int, 
     return torch.stack(batch), fractions
 
 
+@dataclass
+class Sample:
+    """One sample of :py:func:`batched_curves`: ``inputs`` ``[features, ...]``, ``relevance`` ``[features]`` and an
+    optional ``[features]`` mask ``valid`` of the features that take part (others are never changed)."""
+    inputs: torch.Tensor
+    relevance: torch.Tensor
+    valid: torch.Tensor | None = None
+
+
+def batched_curves(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], samples: Iterable[Sample],
+                   steps: int = 16, mode: str = 'flipping', baseline: float | torch.Tensor = 0.0,
+                   batch_size: int | None = None, progress: bool = True, total: int | None = None,
+                   desc: str = 'perturbation') -> list[Curves]:
+    """MoRF and LeRF curves of every sample, the perturbed inputs of consecutive samples of equal shape batched
+    into shared forward passes.
+
+    Parameters
+    ----------
+    forward: callable
+        ``(perturbed [n, *inputs.shape], owners [n]) -> [n]`` explained scores, called without gradients;
+        ``owners[i]`` is the index of the sample that perturbed input ``i`` belongs to.
+    samples: iterable of Sample
+        The samples, in order.
+    steps, mode, baseline
+        Number of steps, ``'flipping'`` or ``'insertion'``, and the baseline value (broadcast to the inputs).
+    batch_size: int, optional
+        Perturbed inputs per forward pass (default: those of one sample, ``2 (steps + 1)``).
+    progress: bool
+        A tqdm progress bar over the samples.
+    total, desc
+        The bar's length (for iterators) and label.
+    """
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f'batch_size must be a positive integer, got {batch_size!r}')
+    results: list[Curves] = []
+    pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+
+    def flush():
+        if not pending:
+            return
+        batch = torch.cat([variants for _, variants, _ in pending])
+        owners = torch.cat([torch.full((len(variants),), index, dtype=torch.long)
+                            for index, variants, _ in pending]).to(batch.device)
+        size = batch.shape[0] if batch_size is None else batch_size
+        with torch.no_grad():
+            scores = torch.cat([forward(batch[start:start + size], owners[start:start + size]).detach().flatten()
+                                for start in range(0, batch.shape[0], size)]).double().cpu()
+        offset = 0
+        for _, variants, fractions in pending:
+            points = len(fractions)
+            results.append(Curves(morf=scores[offset:offset + points], lerf=scores[offset + points:offset + 2 * points],
+                                  fractions=fractions, mode=mode))
+            offset += 2 * points
+        pending.clear()
+
+    with tqdm(total=total, disable=not progress, desc=f'{desc} ({mode})') as bar:
+        for index, sample in enumerate(samples):
+            variants, fractions = perturbed_inputs(sample.inputs, sample.relevance, steps, mode, baseline,
+                                                   sample.valid)
+            if pending and (pending[0][1].shape[1:] != variants.shape[1:]
+                            or batch_size is None or sum(len(item[1]) for item in pending) >= batch_size):
+                flush()
+            pending.append((index, variants, fractions))
+            bar.update(1)
+        flush()
+    return results
+
+
 def perturbation_curves(forward: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
                         relevance: torch.Tensor, steps: int = 16, mode: str = 'flipping',
                         baseline: float | torch.Tensor = 0.0, valid: torch.Tensor | None = None,
                         batch_size: int | None = None) -> Curves:
-    """MoRF and LeRF curves of one sample.
+    """MoRF and LeRF curves of one sample (:py:func:`batched_curves` of one :py:class:`Sample`).
 
     Parameters
     ----------
@@ -116,13 +188,8 @@ def perturbation_curves(forward: Callable[[torch.Tensor], torch.Tensor], inputs:
         Number of steps, ``'flipping'`` or ``'insertion'``, baseline value (broadcast to ``inputs``) and an
         optional ``[features]`` mask of the features that take part.
     """
-    batch, fractions = perturbed_inputs(inputs, relevance, steps, mode, baseline, valid)
-    size = batch.shape[0] if batch_size is None else batch_size
-    with torch.no_grad():
-        scores = torch.cat([forward(batch[start:start + size]).detach().flatten()
-                            for start in range(0, batch.shape[0], size)]).double().cpu()
-    points = len(fractions)
-    return Curves(morf=scores[:points], lerf=scores[points:], fractions=fractions, mode=mode)
+    return batched_curves(lambda batch, owners: forward(batch), [Sample(inputs, relevance, valid)], steps, mode,
+                          baseline, batch_size, progress=False)[0]
 
 
 def mean_sem(values: Sequence[float]) -> tuple[float, float]:
@@ -139,59 +206,26 @@ def evaluate(samples: Iterable[tuple[Callable, torch.Tensor, torch.Tensor]], ste
              mode: str = 'flipping', baseline: float | torch.Tensor = 0.0, batch_size: int | None = None,
              progress: bool = True, total: int | None = None) -> list[Curves]:
     """:py:func:`perturbation_curves` for each ``(forward, inputs, relevance)`` (or
-    ``(forward, inputs, relevance, valid)``) of ``samples``, with a tqdm progress bar over the samples."""
-    from tqdm.auto import tqdm
-
-    results = []
-    for sample in tqdm(samples, total=total, disable=not progress, desc=f'perturbation ({mode})'):
-        forward, inputs, relevance, *rest = sample
-        results.append(perturbation_curves(forward, inputs, relevance, steps, mode, baseline,
-                                           rest[0] if rest else None, batch_size))
-    return results
+    ``(forward, inputs, relevance, valid)``) of ``samples``, each with its own forward function, with a tqdm
+    progress bar over the samples."""
+    return [perturbation_curves(forward, inputs, relevance, steps, mode, baseline, rest[0] if rest else None,
+                                batch_size)
+            for forward, inputs, relevance, *rest in tqdm(samples, total=total, disable=not progress,
+                                                          desc=f'perturbation ({mode})')]
 
 
-# ------------------------------------------------------------------------------------------------- language models
-def token_forward(model: torch.nn.Module, explanation, row: int = 0, model_kwargs: dict | None = None
-                  ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``[batch, seq, hidden]`` perturbed word embeddings of ``explanation``'s row ``row`` -> its explained logit
-    (same position and target). Where the explained position is the last one and the model takes
-    ``logits_to_keep``, only the last position's logits are computed."""
-    import inspect
+@dataclass
+class Faithfulness:
+    """Summary of the curves of many samples: mean (and standard error) of the score and of the two areas."""
+    score: float
+    sem: float
+    area_morf: float
+    area_lerf: float
+    count: int
+    curves: list[Curves] = field(repr=False)
 
-    from ..explain import Task
-
-    mask = None if explanation.attention_mask is None else explanation.attention_mask[row:row + 1]
-    task = Task(model, explanation.input_ids[row:row + 1], mask, model_kwargs)
-    task.targets = explanation.target[row:row + 1].to(task.embeddings.device)
-    task.positions = None if explanation.position is None else explanation.position[row:row + 1].to(
-        task.embeddings.device)
-    seq = task.input_ids.shape[1]
-    last_only = (task.positions is not None and int(task.positions[0]) == seq - 1
-                 and 'logits_to_keep' in inspect.signature(model.forward).parameters)
-
-    def forward(embeddings: torch.Tensor) -> torch.Tensor:
-        rows = torch.zeros(embeddings.shape[0], dtype=torch.long, device=embeddings.device)
-        if last_only:
-            scores = task.forward(embeddings, rows, logits_to_keep=1)[:, -1]
-            return scores.gather(1, task.targets[rows][:, None].to(scores.device))[:, 0]
-        return task.select(task.forward(embeddings, rows), rows)
-
-    from ..explain import _is_causal
-
-    forward.embeddings = task.embeddings[0]
-    valid = None if mask is None else (mask[0] != 0).to(task.embeddings.device)
-    if task.positions is not None and _is_causal(model):  # later tokens cannot change the explained logit
-        before = torch.arange(seq, device=task.embeddings.device) <= task.positions[0]
-        valid = before if valid is None else valid & before
-    forward.valid = valid
-    return forward
-
-
-def token_curves(model: torch.nn.Module, explanation, steps: int = 16, mode: str = 'flipping',
-                 row: int = 0, batch_size: int | None = None, model_kwargs: dict | None = None) -> Curves:
-    """Perturbation curves of row ``row`` of an :py:class:`~zennit_attn.explain.Explanation` of a language model:
-    whole word-embedding vectors set to 0 (padding never, nor tokens after the explained position of a causal
-    model), the explained logit after each step."""
-    forward = token_forward(model, explanation, row, model_kwargs)
-    return perturbation_curves(forward, forward.embeddings, explanation.relevance[row], steps, mode, 0.0,
-                               forward.valid, batch_size)
+    @classmethod
+    def of(cls, curves: Sequence[Curves]) -> 'Faithfulness':
+        score, sem = mean_sem([curve.score for curve in curves])
+        return cls(score=score, sem=sem, area_morf=mean_sem([c.area_morf for c in curves])[0],
+                   area_lerf=mean_sem([c.area_lerf for c in curves])[0], count=len(curves), curves=list(curves))

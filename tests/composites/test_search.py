@@ -10,7 +10,7 @@ import torch
 from tests.canonizers.test_vision import pixels, tiny_timm_vit
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
 from zennit_attn.rules import Gamma, GradientRule
-from zennit_attn.search import DEFAULT_GRID, LAYER_TYPES, composite_search, faithfulness_objective
+from zennit_attn.composites.search import DEFAULT_GRID, LAYER_TYPES, composite_search, faithfulness_objective
 
 
 class Negate(GradientRule):

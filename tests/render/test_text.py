@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zennit_attn.heatmap import (
+from zennit_attn.render.text import (
     NEGATIVE, NEUTRAL, POSITIVE, display_token, format_relevance, from_explanation, relevance_to_rgb, render_html,
     render_terminal, text_color, use_color, write_html,
 )

@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from zennit_attn.images import ImageExplanation
-from zennit_attn.viz import heatmap, overlay, save_explanation, save_heatmap, save_overlay
+from zennit_attn import ImageExplanation
+from zennit_attn.render.image import heatmap, overlay, save_explanation, save_heatmap, save_overlay
 
 
 def test_heatmap_colours_are_symmetric_bwr():

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zennit_attn.evaluation.images import (
+from zennit_attn.evaluation import (
     Faithfulness, features_to_images, image_curves, image_faithfulness, image_features,
 )
 from zennit_attn.evaluation.perturbation import perturbation_curves
-from zennit_attn.images import ImageExplanation
+from zennit_attn import ImageExplanation
 
 
 class LinearClassifier(torch.nn.Module):
@@ -39,7 +39,7 @@ def test_features_round_trip(patch):
 @pytest.mark.parametrize('patch', [1, 2])
 def test_batched_curves_equal_the_core(mode, patch):
     torch.manual_seed(0)
-    model = LinearClassifier()
+    model = LinearClassifier().eval()
     pixels = torch.rand(5, 2, 4, 4, dtype=torch.float64)
     relevance = torch.randn(5, 4, 4, dtype=torch.float64)
     targets = torch.tensor([0, 1, 2, 0, 1])
@@ -57,7 +57,7 @@ def test_batched_curves_equal_the_core(mode, patch):
 
 def test_exact_relevance_beats_random_and_its_negation():
     torch.manual_seed(0)
-    model = LinearClassifier()
+    model = LinearClassifier().eval()
     pixels = torch.rand(6, 2, 4, 4, dtype=torch.float64)
     targets = torch.zeros(6, dtype=torch.long)
     exact = (model.linear.weight[0].view(2, 4, 4) * pixels).sum(1)

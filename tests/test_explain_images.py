@@ -9,9 +9,14 @@ from zennit.attribution import Gradient
 from tests.canonizers.test_vision import BUILDERS, CHANNELS, CLASSES, IMAGE, pixels, tiny_hf_vit, tiny_timm_vit
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
-from zennit_attn.images import (
-    IMAGE_METHODS, ImageExplanation, Logits, attention_capture, explain_image, image_logits,
-)
+from zennit_attn import ImageExplanation
+from zennit_attn.attention import attention_maps
+from zennit_attn.layers import Logits, output_scores
+from zennit_attn.methods import METHODS
+from zennit_attn.task import ImageTask
+
+BASELINES = [method for method in METHODS if method not in ('attnlrp', 'cplrp')]
+FAST = {'integrated_gradients': {'steps': 4}, 'smoothgrad': {'samples': 3}, 'kernelshap': {'samples': 64}}
 
 
 @pytest.mark.parametrize('kind', BUILDERS)
@@ -51,12 +56,12 @@ def test_explain_dispatch_and_arguments():
     assert explanation.relevance.shape == (3, IMAGE, IMAGE)
     assert explanation.target.tolist() == [1, 1, 1] and explanation.method == 'attnlrp'
     torch.testing.assert_close(explanation.logit, model(x)[:, 1].detach())
-    single = explain_image(model, x[0])  # [C, H, W] is a batch of one
+    single = explain(model, x[0])  # [C, H, W] is a batch of one
     assert single.relevance.shape == (1, IMAGE, IMAGE)
     assert explain(model, x, method='cplrp').method == 'cplrp'
     torch.testing.assert_close(explain(model, x, method='cplrp').pixel_relevance,
                                explain(model, x, composite=CPLRPGamma()).pixel_relevance)
-    with pytest.raises(ValueError, match='Unknown image method'):
+    with pytest.raises(ValueError, match='Unknown method'):
         explain(model, x, method='nope')
     with pytest.raises(ValueError, match='target'):
         explain(model, x, target=CLASSES)
@@ -68,17 +73,17 @@ def test_explain_dispatch_and_arguments():
 
 
 @pytest.mark.parametrize('kind', BUILDERS)
-@pytest.mark.parametrize('method', list(IMAGE_METHODS))
+@pytest.mark.parametrize('method', BASELINES)
 def test_baselines(kind, method):
     model = BUILDERS[kind]()
     x = pixels()
-    params = {'steps': 4} if method == 'integrated_gradients' else {'samples': 3} if method == 'smoothgrad' else {}
+    params = FAST.get(method, {})
     explanation = explain(model, x, target=[0, 2], method=method, **params)
     assert explanation.pixel_relevance.shape == x.shape and torch.isfinite(explanation.pixel_relevance).all()
     assert explanation.target.tolist() == [0, 2] and explanation.method == method
-    torch.testing.assert_close(explanation.logit, image_logits(model(x))[:, [0, 2]].diagonal().detach(),
+    torch.testing.assert_close(explanation.logit, output_scores(model(x))[:, [0, 2]].diagonal().detach(),
                                rtol=1e-9, atol=1e-12)
-    if method in ('attention_rollout', 'grad_attention_rollout', 'gradcam'):  # constant within each patch
+    if method in ('attention_rollout', 'grad_attention_rollout', 'gradcam', 'atman', 'kernelshap'):  # per patch
         patch = explanation.relevance[:, :4, :4]
         assert torch.allclose(patch, patch[:, :1, :1].expand_as(patch))
     if method == 'attention_rollout':  # rows of the rollout sum to 1: patches get at most that
@@ -97,15 +102,16 @@ def test_input_x_gradient_and_integrated_gradients_formulas():
     torch.testing.assert_close(completeness, ig.logit - baseline, rtol=2e-2, atol=1e-4)
 
 
-def test_attention_capture_restores_and_sees_every_layer():
+def test_attention_maps_restore_and_see_every_layer():
     model = tiny_timm_vit()
     assert all(block.attn.fused_attn for block in model.blocks)
-    with attention_capture(model) as maps:
-        model(pixels())
+    task = ImageTask(model, pixels())
+    _, maps = attention_maps(task, task.inputs)
     assert len(maps) == len(model.blocks) and maps[0].shape == (2, 2, 5, 5)
     torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 2, 5, dtype=maps[0].dtype))
     assert all(block.attn.fused_attn for block in model.blocks)
     hf = tiny_hf_vit(attn_implementation='sdpa')
-    with attention_capture(hf) as maps:
-        hf(pixels())
+    task = ImageTask(hf, pixels())
+    _, maps = attention_maps(task, task.inputs)
     assert len(maps) == 2 and hf.config._attn_implementation == 'sdpa'
+    torch.testing.assert_close(maps[1].sum(-1), torch.ones(2, 2, 5, dtype=maps[1].dtype))

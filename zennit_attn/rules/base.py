@@ -1,0 +1,80 @@
+"""What the gradient rules share: the hook base class, the identity rule's autograd function and numerics."""
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+from zennit.core import Hook, RemovableHandle, RemovableHandleList
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """Float32 for half-precision tensors, the tensors' own dtype otherwise."""
+    dtype = functools.reduce(torch.promote_types, (tensor.dtype for tensor in tensors))
+    return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
+
+
+
+
+class _ElementwiseIdentity(torch.autograd.Function):
+    """Forward: return the precomputed ``output = f(input)``. Backward: ``g_in = g_out * f(x) / x``.
+
+    This is the identity rule ``R_in = R_out`` (Eq. 9) written for the modified gradient: with
+    ``R_out = f(x) g_out`` and ``R_in = x g_in``. Where ``x == 0`` the gradient is 0 (``f(0) = 0`` for all
+    activations this is registered to, so no relevance is lost there; a non-finite ratio ``f(x) / x`` is set to
+    0 as well).
+    """
+    @staticmethod
+    def forward(ctx, input, output):
+        ctx.save_for_backward(input.detach(), output.detach())
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, output = ctx.saved_tensors
+        dtype = compute_dtype(input, output, grad_output)
+        ratio = torch.div(output.to(dtype), input.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
+        return ratio.mul_(grad_output.to(dtype)).to(input.dtype), None
+
+
+
+def elementwise_identity(input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """Return ``output`` (computed element-wise from ``input``) such that the identity rule (Eq. 9) applies."""
+    return _ElementwiseIdentity.apply(input, output.detach())
+
+
+class GradientRule(Hook):
+    """Base class of the rules that act by a forward hook on the module's output.
+
+    Subclasses implement :py:meth:`forward` and return a replacement output (or None to keep the output).
+    Registering needs no input wrapping, so these rules add no memory to the backward pass beyond what they
+    state.
+    """
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        return RemovableHandleList([
+            RemovableHandle(self),
+            module.register_forward_hook(self._forward_hook),
+        ])
+
+    def _forward_hook(self, module, input, output):
+        if not self.active:
+            return None
+        return self.forward(module, input, output)
+
+    def forward(self, module, input, output):
+        """Return a replacement output with the rule's backward, or None."""
+        return None
+
+    def copy(self):
+        duplicate = copy.copy(self)
+        Hook.__init__(duplicate)
+        return duplicate
+
+
+def tensor_output(module: torch.nn.Module, output) -> torch.Tensor:
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(
+            f'{type(module).__name__} returned {type(output).__name__}; this rule needs a module with a single '
+            'tensor output'
+        )
+    return output

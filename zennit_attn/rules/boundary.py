@@ -1,0 +1,78 @@
+"""The relevance boundary at the root module: relevance in at the output, relevance out at the inputs."""
+from __future__ import annotations
+
+import torch
+from zennit.core import Hook, RemovableHandle, RemovableHandleList
+
+
+def _view_with_hook(tensor: torch.Tensor, hook) -> torch.Tensor:
+    """A view of ``tensor`` whose gradient passes ``hook`` on its way to ``tensor``.
+
+    The hook sits on an inner view, so hooks that others register on the returned tensor see the gradient
+    before the conversion.
+    """
+    inner = tensor.view_as(tensor)
+    inner.register_hook(hook)
+    return inner.view_as(inner)
+
+
+def _to_relevance(tensor):
+    """Input side of the boundary: the gradient reaching ``x`` becomes the relevance ``x * g``."""
+    if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
+        return tensor
+    detached = tensor.detach()
+    return _view_with_hook(tensor, lambda grad: grad * detached)
+
+
+def _to_gradient(tensor):
+    """Output side of the boundary: the relevance ``R`` given at output ``y`` becomes the gradient ``R / y``."""
+    if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
+        return tensor
+    detached = tensor.detach()
+    # one output-sized allocation (a division by 0 gives inf or nan, set to 0): logits can be large
+    return _view_with_hook(tensor, lambda relevance: torch.div(relevance, detached).nan_to_num_(0.0, 0.0, 0.0))
+
+
+#: Fields of Hugging Face model outputs that the boundary treats as outputs to be explained.
+OUTPUT_FIELDS = ('logits', 'last_hidden_state', 'pooler_output', 'start_logits', 'end_logits')
+
+
+class RelevanceBoundary(Hook):
+    """Keep zennit's outward contract at the root module: relevance in, relevance out.
+
+    zennit's :py:class:`~zennit.attribution.Gradient` passes the output relevance as ``grad_outputs`` and
+    reads relevance at the input. Inside, the AttnLRP rules pass the modified gradient ``g = R / x``. This hook
+    converts the relevance given at the model output ``y`` to ``R / y`` (0 where ``y == 0``: relevance at a
+    zero activation cannot be propagated), and the gradient reaching every floating-point input ``x`` (as
+    positional or keyword argument, e.g. ``pixel_values`` or ``inputs_embeds``) to ``x * g``. Outputs are
+    tensors, tuples (their first element) or Hugging Face model outputs (the fields in
+    :py:data:`OUTPUT_FIELDS`).
+    """
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        return RemovableHandleList([
+            RemovableHandle(self),
+            module.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
+            module.register_forward_hook(self._post_forward),
+        ])
+
+    def _pre_forward(self, module, args, kwargs):
+        if not self.active:
+            return None
+        return tuple(_to_relevance(arg) for arg in args), {key: _to_relevance(val) for key, val in kwargs.items()}
+
+    def _post_forward(self, module, input, output):
+        if not self.active:
+            return None
+        if isinstance(output, torch.Tensor):
+            return _to_gradient(output)
+        if isinstance(output, tuple) and not hasattr(output, 'keys'):
+            return (_to_gradient(output[0]),) + tuple(output[1:]) if output else output
+        if hasattr(output, 'keys'):
+            for field in OUTPUT_FIELDS:
+                if output.get(field) is not None:
+                    output[field] = _to_gradient(output[field])
+            return output
+        raise TypeError(f'{type(module).__name__} returned {type(output).__name__}, which has no tensor to explain')
+
+    def copy(self):
+        return type(self)()

@@ -1,0 +1,283 @@
+"""The AttnLRP rules in the gradient convention (see :py:mod:`zennit_attn.rules`): epsilon (Eq. 8), identity
+(Eq. 9), normalisation (Prop. 3.4), softmax (Prop. 3.1), uniform (Prop. 3.2) and bilinear (Prop. 3.3) rules, and
+the CP-LRP baseline's constant factors."""
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+import torch
+from zennit.core import Hook, RemovableHandle, RemovableHandleList
+
+from ..layers import Operand
+from ..module_kinds import norm_kind
+from .base import GradientRule, compute_dtype, elementwise_identity, tensor_output
+
+
+def _stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``tensor + epsilon * sign(tensor)`` with sign(0) = 1 (the stabiliser of Eq. 5 and Eq. 8)."""
+    return tensor + epsilon * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
+
+
+class _SoftmaxTaylor(torch.autograd.Function):
+    """Backward of Prop. 3.1: ``R_in = x (R - s sum(R))`` with ``R = s g``, written as ``g_in = R_in / x``."""
+    @staticmethod
+    def forward(ctx, input, output, dim):
+        ctx.save_for_backward(output.detach())
+        ctx.dim = dim
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (output,) = ctx.saved_tensors
+        dtype = compute_dtype(output, grad_output)
+        output, grad = output.to(dtype), grad_output.to(dtype)
+        relevance = output * grad
+        grad_input = relevance - output * relevance.sum(ctx.dim, keepdim=True)
+        return grad_input.to(grad_output.dtype), None, None
+
+
+class Epsilon(GradientRule):
+    """Epsilon rule (Eq. 8) for linear layers: ``R_i = sum_j W_ji x_i R_j / (z_j + eps sign(z_j))``.
+
+    In the gradient convention this multiplies the output gradient by ``z / (z + eps sign(z))``; the bias
+    and epsilon absorb their share of the relevance. With ``epsilon = 0`` (the default of the LLM composites)
+    the rule is the plain gradient: no division happens in this formulation, so no stabiliser is needed, and
+    nothing is registered.
+
+    Parameters
+    ----------
+    epsilon: float
+        The stabiliser; 0 gives the exact Eq. 8 limit.
+    """
+    def __init__(self, epsilon: float = 1e-6):
+        super().__init__()
+        if epsilon < 0:
+            raise ValueError(f'epsilon must be >= 0, got {epsilon}')
+        self.epsilon = epsilon
+
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        if self.epsilon == 0:
+            return RemovableHandleList([RemovableHandle(self)])
+        return super().register(module)
+
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad:
+            return None
+        detached = output.detach()
+        epsilon = self.epsilon
+
+        def hook(grad):
+            dtype = compute_dtype(detached, grad)
+            factor = detached.to(dtype) / _stabilize(detached.to(dtype), epsilon)
+            return (grad.to(dtype) * factor).to(grad.dtype)
+
+        result = output.view_as(output)
+        result.register_hook(hook)
+        return result
+
+
+class Identity(GradientRule):
+    """Identity rule (Eq. 9) for element-wise non-linearities (GELU, SiLU, tanh, ...): ``R_in = R_out``."""
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad or not input or not isinstance(input[0], torch.Tensor):
+            return None
+        if input[0].shape != output.shape:
+            raise ValueError(
+                f'The identity rule needs an element-wise module, but {type(module).__name__} maps '
+                f'{tuple(input[0].shape)} to {tuple(output.shape)}'
+            )
+        return elementwise_identity(input[0], output)
+
+
+class NormIdentity(GradientRule):
+    """Identity rule on the normalisation ``x / g(x)`` of LayerNorm and RMSNorm (Prop. 3.4).
+
+    ``g(x)`` is treated as a constant; the affine parts (mean subtraction, weight, bias) are linear and keep
+    their epsilon-rule gradient. For RMSNorm the output is ``x_i c w_i`` with a per-row constant ``c``, so the
+    rule is the element-wise ratio ``g_in = g_out y / x``, valid for every RMSNorm variant (Gemma's
+    ``1 + w``, float32 up-casting, ...). For LayerNorm the output is recomputed with the standard deviation
+    detached.
+    """
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad or not input[0].requires_grad:
+            return None
+        kind = norm_kind(module)
+        if kind == 'rms':
+            return elementwise_identity(input[0], output)
+        if kind == 'layer':
+            return self._layer_norm(module, input[0], output)
+        raise TypeError(
+            f'NormIdentity does not know how {type(module).__name__} normalises; supported are torch.nn.LayerNorm, '
+            'torch.nn.RMSNorm and Hugging Face *RMSNorm modules'
+        )
+
+    @staticmethod
+    def _layer_norm(module, input, output):
+        dims = tuple(range(-len(module.normalized_shape), 0))
+        dtype = compute_dtype(input)
+        x = input.to(dtype)
+        centered = x - x.mean(dims, keepdim=True)
+        variance = centered.detach().pow(2).mean(dims, keepdim=True)
+        result = centered * torch.rsqrt(variance + module.eps)
+        if module.weight is not None:
+            result = result * module.weight.to(dtype)
+        if module.bias is not None:
+            result = result + module.bias.to(dtype)
+        return result.to(output.dtype)
+
+
+class Softmax(GradientRule):
+    """Softmax rule (Prop. 3.1): Taylor decomposition at ``x`` with bias, ``R_in = x (R - s sum_j R_j)``.
+
+    For a :py:class:`torch.nn.Softmax` module. The hidden bias absorbs part of the relevance. Inside
+    attention no module exists for the softmax; there the plain softmax gradient between the operand rules
+    is exactly this rule (see :py:class:`UniformOperand`).
+    """
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad:
+            return None
+        dim = getattr(module, 'dim', None)
+        if dim is None:
+            raise ValueError(f'{type(module).__name__} has no softmax dimension (attribute "dim")')
+        return _SoftmaxTaylor.apply(input[0], output.detach(), dim)
+
+
+class OperandRule(GradientRule):
+    """Scale the gradient of an :py:class:`~zennit_attn.layers.Operand` by a factor per role.
+
+    A factor of 0 detaches the operand (it is treated as a constant). Subclasses set :py:attr:`scales`.
+    """
+    scales: dict[str, float] = {}
+
+    def forward(self, module, input, output):
+        if not isinstance(module, Operand):
+            raise TypeError(f'{type(self).__name__} applies to zennit_attn.layers.Operand, not {type(module).__name__}')
+        if not output.requires_grad:
+            return None
+        factors = [self.scales[role] for role in module.roles]
+        if len(factors) == 1:
+            (factor,) = factors
+            if factor == 0:
+                return output.detach()
+            if factor == 1:
+                return None
+            scale = factor
+        else:
+            sizes = module.section_sizes(output.shape[-1])
+            scale = torch.cat([
+                torch.full((size,), factor, dtype=output.dtype, device=output.device)
+                for size, factor in zip(sizes, factors)
+            ])
+        result = output.view_as(output)
+        result.register_hook(lambda grad: grad * scale)
+        return result
+
+
+class UniformOperand(OperandRule):
+    """AttnLRP at the operands of inline products (Prop. 3.2 and 3.3 with epsilon -> 0).
+
+    - ``value``: enters ``A V``; the uniform rule gives each factor half, so the gradient is halved.
+    - ``query``/``key``: enter ``Q K^T`` (half each) whose softmax (Prop. 3.1, the plain gradient) is the
+      factor ``A`` of ``A V`` (half again): the gradient is multiplied by 1/4.
+    - ``gate``/``up``: the two factors of ``act(gate) * up``: halved. Scaling the gate projection's output
+      equals scaling the activation's output, because the identity rule is linear in the gradient.
+    - ``routed``/``routing``: the output ``sum_k w_k E_k(x)`` of a mixture of experts is halved, which halves
+      the gradient of both factors of every product ``w_k E_k``; the routing weights ``w`` themselves (a
+      softmax over the top-k router logits, Prop. 3.1) keep their gradient.
+    """
+    scales = {'query': 0.25, 'key': 0.25, 'value': 0.5, 'gate': 0.5, 'up': 0.5, 'routing': 1.0, 'routed': 0.5}
+
+
+class ConstantOperand(OperandRule):
+    """CP-LRP (Ali et al. 2022) at the operands of inline products.
+
+    The softmax output, the non-linear gate and the routing weights are constants: query, key, gate and
+    routing receive no relevance, and the products become linear in value, up and the experts' outputs,
+    which receive all of it.
+    """
+    scales = {'query': 0.0, 'key': 0.0, 'value': 1.0, 'gate': 0.0, 'up': 1.0, 'routing': 0.0, 'routed': 1.0}
+
+
+class _InputGradientRule(Hook):
+    """Base for rules that replace the gradients of a multi-input module through zennit's Hook mechanism."""
+    def forward(self, module, input, output):
+        self.stored_tensors['input'] = tuple(tensor.detach() for tensor in input)
+        self.stored_tensors['output'] = output.detach()
+
+    def copy(self):
+        duplicate = copy.copy(self)
+        Hook.__init__(duplicate)
+        return duplicate
+
+
+class UniformProduct(_InputGradientRule):
+    """Uniform rule (Prop. 3.2) for :py:class:`~zennit_attn.layers.Product`: each of N factors gets ``R / N``.
+
+    Each factor's share of ``R = f(x) g`` is ``x_i * (g prod_{k != i} x_k) / N``: the plain gradient over N.
+    """
+    def backward(self, module, grad_input, grad_output):
+        count = len(self.stored_tensors['input'])
+        return tuple(None if grad is None else grad / count for grad in grad_input)
+
+
+class BilinearEpsilon(_InputGradientRule):
+    """Epsilon + uniform rule for :py:class:`~zennit_attn.layers.MatMul` ``O = A B`` (Prop. 3.3).
+
+    ``R_A[j, i] = sum_p A_ji B_ip R_jp / (2 O_jp + eps)``, and ``R_B`` by summing over ``j``. In the gradient
+    convention ``g_A = (R / (2 O + eps)) B^T`` and ``g_B = A^T (R / (2 O + eps))`` with ``R = O g``.
+
+    Parameters
+    ----------
+    epsilon: float
+        Stabiliser of the division by ``2 O``; with 0 the rule halves the gradient.
+    """
+    def __init__(self, epsilon: float = 1e-6):
+        super().__init__()
+        self.epsilon = epsilon
+
+    def backward(self, module, grad_input, grad_output):
+        a, b = self.stored_tensors['input']
+        output = self.stored_tensors['output']
+        dtype = compute_dtype(a, b, grad_output[0])
+        grad = grad_output[0].to(dtype)
+        if self.epsilon == 0:
+            normed = grad / 2
+        else:
+            output = output.to(dtype)
+            normed = output * grad / _stabilize(2 * output, self.epsilon)
+        grad_a = torch.matmul(normed, b.to(dtype).transpose(-1, -2))
+        grad_b = torch.matmul(a.to(dtype).transpose(-1, -2), normed)
+        grads = (_sum_to(grad_a, a.shape).to(a.dtype), _sum_to(grad_b, b.shape).to(b.dtype))
+        return tuple(None if old is None else new for old, new in zip(grad_input, grads))
+
+
+def _sum_to(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Sum a broadcast gradient back to ``shape``."""
+    while tensor.dim() > len(shape):
+        tensor = tensor.sum(0)
+    dims = tuple(index for index, size in enumerate(shape) if size == 1 and tensor.shape[index] != 1)
+    return tensor.sum(dims, keepdim=True) if dims else tensor
+
+
+class ConstantFactors(_InputGradientRule):
+    """CP-LRP for :py:class:`~zennit_attn.layers.Product` and :py:class:`~zennit_attn.layers.MatMul`.
+
+    The factors at ``indices`` are constants and receive nothing; the operation is then linear in the others,
+    which keep their plain gradient (epsilon rule with epsilon -> 0).
+
+    Parameters
+    ----------
+    indices: iterable of int
+        Positions of the constant inputs (e.g. ``(0,)`` for the attention matrix of ``A @ V``).
+    """
+    def __init__(self, indices: Iterable[int] = (0,)):
+        super().__init__()
+        self.indices = tuple(indices)
+
+    def backward(self, module, grad_input, grad_output):
+        return tuple(None if index in self.indices else grad for index, grad in enumerate(grad_input))
