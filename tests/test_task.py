@@ -220,3 +220,5 @@ def test_tasks_are_the_two_modalities(llama, ids):
 def test_conservation_still_reports_the_same(llama, ids):
     report = conservation(llama, ids[:1])
     torch.testing.assert_close(report.logit, explain(llama, ids[:1]).logit)
+    encoded = conservation(llama, BatchEncoding({'input_ids': ids[:1], 'attention_mask': torch.ones_like(ids[:1])}))
+    torch.testing.assert_close(encoded.sums, report.sums)

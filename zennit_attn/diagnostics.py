@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from .lrp import attribute
-from .task import TargetLike, TokenTask
+from .task import TargetLike, TokenTask, split_encoding
 
 
 @dataclass
@@ -111,6 +111,7 @@ def conservation(
     Arguments are those of :py:func:`~zennit_attn.explain`. Rows are explained one at a time, so that
     embeddings shared by all rows (position embeddings) are reported per row.
     """
+    input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
     input_ids = torch.as_tensor(input_ids)
     input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids
     rows = [_conservation_row(model, input_ids, row, target, position, attention_mask, composite, model_kwargs,

@@ -21,7 +21,7 @@ from .layers import output_scores
 
 __all__ = [
     'TargetLike', 'Explanation', 'ImageExplanation', 'Task', 'TokenTask', 'ImageTask', 'make_task', 'is_causal',
-    'is_image_model', 'output_scores',
+    'is_image_model', 'output_scores', 'check_model', 'split_encoding',
 ]
 
 #: An output index, one per row, or several ``(position, token)`` pairs explained together.
@@ -439,6 +439,26 @@ def _check_length(model: torch.nn.Module, length: int, name: str) -> None:
                          f'{limit} tokens')
 
 
+def split_encoding(input_ids, attention_mask=None, model_kwargs: dict | None = None) -> tuple[object, object, dict]:
+    """``(input_ids, attention_mask, model_kwargs)`` from what a tokenizer returns (a ``BatchEncoding`` or a dict with
+    ``input_ids``): its ``attention_mask`` unless one is given (a different one is refused) and its other fields
+    (``token_type_ids``, ...) as model arguments. Other inputs are returned as they are."""
+    model_kwargs = dict(model_kwargs or {})
+    if not isinstance(input_ids, Mapping):
+        return input_ids, attention_mask, model_kwargs
+    encoding = dict(input_ids)
+    if 'input_ids' not in encoding:
+        raise ValueError(f'the input mapping has no input_ids (keys: {sorted(encoding)})')
+    input_ids = encoding.pop('input_ids')
+    mask = encoding.pop('attention_mask', None)
+    if attention_mask is not None and mask is not None and not torch.equal(
+            torch.as_tensor(attention_mask), torch.as_tensor(mask)):
+        raise ValueError('attention_mask was given twice (argument and input mapping) with different values')
+    for key, value in encoding.items():
+        model_kwargs.setdefault(key, value)
+    return input_ids, mask if attention_mask is None else attention_mask, model_kwargs
+
+
 class TokenTask(Task):
     """A language model explained at its word embeddings (relevance per token).
 
@@ -455,19 +475,7 @@ class TokenTask(Task):
 
     def __init__(self, model: torch.nn.Module, input_ids, attention_mask=None, model_kwargs: dict | None = None,
                  decoder_input_ids=None):
-        model_kwargs = dict(model_kwargs or {})
-        if isinstance(input_ids, Mapping):
-            encoding = dict(input_ids)
-            if 'input_ids' not in encoding:
-                raise ValueError(f'the input mapping has no input_ids (keys: {sorted(encoding)})')
-            input_ids = encoding.pop('input_ids')
-            mask = encoding.pop('attention_mask', None)
-            if attention_mask is not None and mask is not None and not torch.equal(
-                    torch.as_tensor(attention_mask), torch.as_tensor(mask)):
-                raise ValueError('attention_mask was given twice (argument and input mapping) with different values')
-            attention_mask = mask if attention_mask is None else attention_mask
-            for key, value in encoding.items():
-                model_kwargs.setdefault(key, value)
+        input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
         super().__init__(model, model_kwargs)
         self.input_ids, self.attention_mask = _check_ids(input_ids, attention_mask)
         embedding_module = model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
