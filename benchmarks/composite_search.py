@@ -1,10 +1,10 @@
 """Composite grid search for the Fashion-MNIST ViT, and the test-split faithfulness of the result and the baselines.
 
 1. Search (validation split): every combination of the rule options below per layer type
-   (:py:func:`zennit_attn.search.composite_search`) is scored by the pixel faithfulness (flipping single pixels to
-   0, :data:`STEPS` steps, ``A_LeRF - A_MoRF`` of the predicted class's logit, mean over :data:`VAL_IMAGES` images of
-   the held-out validation split of ``train_vit.py``). Output: ``docs/results/vit/search.csv`` and ``search.md``
-   (ranked), and the best composite printed as Python.
+   (:py:func:`zennit_attn.composites.search.composite_search`) is scored by the pixel faithfulness (flipping single
+   pixels to 0, :data:`STEPS` steps, ``A_LeRF - A_MoRF`` of the predicted class's logit, mean over
+   :data:`VAL_IMAGES` images of the held-out validation split of ``train_vit.py``). Output:
+   ``docs/results/vit/search.csv`` and ``search.md`` (ranked), and the best composite printed as Python.
 2. Test (first :data:`TEST_IMAGES` images of the official test split, never used in the search): the same metric
    for the best composite, the paper's default composite (``AttnLRPGamma()``), epsilon everywhere, CP-LRP with the
    gamma composite (``CPLRPGamma()``), CP-LRP with epsilon, and the image baselines (input x gradient, Integrated
@@ -81,7 +81,7 @@ def evaluate(model, pixels, targets, name, method, composite, params, chunk=100)
     relevance = []
     for i in range(0, len(pixels), chunk):
         relevance.append(explain(model, pixels[i:i + chunk], target=targets[i:i + chunk], composite=composite,
-                                       method=method, **params).relevance)
+                                 method=method, **params).relevance)
     seconds = time.time() - start
     curves = image_curves(model, pixels, torch.cat(relevance), targets, STEPS, 'flipping', batch_size=512,
                           progress=False)
