@@ -76,6 +76,14 @@ def test_output_not_writable_by_access(tmp_path, capsys, monkeypatch):
     assert demo.parse_args(['--output', str(tmp_path / 'new.html')]).output == tmp_path / 'new.html'
 
 
+@pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='needs Linux /proc, a folder that refuses new files')
+def test_output_where_the_file_system_refuses(capsys):
+    """/proc passes every permission check (os.access says yes to root) but refuses new files: trying to create the
+    file finds it, before anything is loaded."""
+    line = _refused(capsys, ['--output', '/proc/zennit-attn-heatmap.html'])
+    assert 'cannot write' in line and '/proc/zennit-attn-heatmap.html' in line
+
+
 def test_good_outputs(tmp_path, capsys):
     existing = tmp_path / 'old.html'
     existing.write_text('old')
@@ -86,3 +94,38 @@ def test_good_outputs(tmp_path, capsys):
     # nothing is created or changed by the check
     assert sorted(p.name for p in tmp_path.iterdir()) == ['old.html'] and existing.read_text() == 'old'
     assert capsys.readouterr().err == ''
+
+
+def test_todays_options_and_defaults(capsys):
+    args = demo.parse_args([])
+    assert (args.prompt, args.output.name, args.composite, args.top, args.color, args.report) == (
+        'The Eiffel Tower is located in the city of', 'heatmap.html', 'attnlrp', 3, 'auto', False)
+    args = demo.parse_args(['--prompt', 'Hello', '--composite', 'cplrp', '--top', '2', '--color', 'never', '--report'])
+    assert (args.prompt, args.composite, args.top, args.color, args.report) == ('Hello', 'cplrp', 2, 'never', True)
+    with pytest.raises(SystemExit) as info:
+        demo.parse_args(['--help'])
+    assert info.value.code == 0
+    manual = capsys.readouterr().out
+    assert manual.startswith('usage: python -m zennit_attn.demo')
+    for option in ('--prompt', '--output', '--composite', '--top', '--color', '--report'):
+        assert option in manual
+    assert 'must be at least 1' in _refused(capsys, ['--top', '0'])
+    assert 'must not be empty' in _refused(capsys, ['--prompt', '  '])
+
+
+def test_options_on_another_parser(tmp_path):
+    """``zennit-attn demo`` reuses the options and their checks on its own parser."""
+    import argparse
+
+    class Refused(Exception):
+        pass
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise Refused(message)
+
+    parser = demo.add_arguments(Parser(prog='other'))
+    args = demo.check_args(parser, parser.parse_args(['--output', str(tmp_path / 'x.html')]))
+    assert args.output == tmp_path / 'x.html' and args.prompt == demo.DEFAULT_PROMPT
+    with pytest.raises(Refused, match='is a directory'):
+        demo.check_args(parser, parser.parse_args(['--output', str(tmp_path)]))

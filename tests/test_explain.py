@@ -219,3 +219,91 @@ def test_composite_without_boundary_is_refused(llama):
     with pytest.raises(TypeError, match='RelevanceBoundary'):
         explain(llama, ids(1, 4), composite=LayerMapComposite([(torch.nn.SiLU, Identity())]))
     assert not any(module._forward_hooks or module._forward_pre_hooks for module in llama.modules())
+
+
+# ------------------------------------------------------------------------------------------------------- text in
+@pytest.fixture(scope='module')
+def text_model():
+    """A tiny Llama over the 100 ids of the test tokenizer (SDPA: padded float64 batches stay finite)."""
+    from tests.conftest import tiny_model
+    return tiny_model('llama', attn_implementation='sdpa')
+
+
+@pytest.fixture(scope='module')
+def tokenizer():
+    from tests.text_tokenizer import byte_level_tokenizer
+    return byte_level_tokenizer()
+
+
+TEXTS = ['The ice bear lives in the', 'Question: where does the polar bear live? Answer: in the Arctic.']
+
+
+def test_text_in_equals_ids_in(text_model, tokenizer):
+    by_text = explain(text_model, TEXTS[0], tokenizer=tokenizer)
+    ids = tokenizer(TEXTS[0], return_tensors='pt').input_ids
+    by_ids = explain(text_model, ids)
+    assert torch.equal(by_text.input_ids, ids)
+    assert torch.equal(by_text.relevance, by_ids.relevance) and torch.equal(by_text.target, by_ids.target)
+    assert by_text.tokenizer is tokenizer and by_ids.tokenizer is None
+    # what the tokenizer returns is accepted as it is, and the tokenizer may come along
+    encoding = explain(text_model, tokenizer(TEXTS[0], return_tensors='pt'), tokenizer=tokenizer)
+    assert torch.equal(encoding.relevance, by_ids.relevance) and encoding.tokenizer is tokenizer
+    assert explain(text_model, ids, tokenizer=tokenizer).tokens() == [
+        'The', ' ice', ' bear', ' lives', ' in', ' the']
+
+
+def test_list_of_texts_equals_padded_ids(text_model, tokenizer):
+    batch = explain(text_model, TEXTS, tokenizer=tokenizer)
+    encoding = tokenizer(TEXTS, return_tensors='pt', padding=True)
+    assert bool((encoding.attention_mask == 0).any())  # the first text is padded
+    padded = explain(text_model, encoding.input_ids, attention_mask=encoding.attention_mask)
+    assert torch.equal(batch.input_ids, encoding.input_ids) and torch.equal(batch.attention_mask, encoding.attention_mask)
+    assert torch.equal(batch.relevance, padded.relevance)
+    for row, text in enumerate(TEXTS):
+        alone = explain(text_model, text, tokenizer=tokenizer)
+        length = alone.input_ids.shape[1]
+        assert_close(batch.relevance[row, :length], alone.relevance[0], tol=1e-9)
+        assert int(batch.target[row]) == int(alone.target[0])
+
+
+def test_tokenizer_without_pad_token_pads_with_eos(text_model):
+    """As Hugging Face users do (pad_token = eos_token), without changing the tokenizer; padding is masked, so the
+    relevance is that of any other pad id; left padding follows the tokenizer's padding_side."""
+    from tests.text_tokenizer import byte_level_tokenizer
+    tokenizer = byte_level_tokenizer(pad=False)
+    assert tokenizer.pad_token is None
+    batch = explain(text_model, TEXTS, tokenizer=tokenizer)
+    assert tokenizer.pad_token is None  # unchanged
+    mask = batch.attention_mask
+    assert bool((batch.input_ids[mask == 0] == tokenizer.eos_token_id).all())
+    reference = explain(text_model, TEXTS, tokenizer=byte_level_tokenizer())
+    assert_close(batch.relevance, reference.relevance, tol=1e-12)
+    tokenizer.padding_side = 'left'
+    left = explain(text_model, TEXTS, tokenizer=tokenizer)
+    assert int(left.attention_mask[0, 0]) == 0 and int(left.attention_mask[0, -1]) == 1
+    length = int(left.attention_mask[0].sum())
+    assert_close(left.relevance[0, -length:], reference.relevance[0, :length], tol=1e-9)
+
+
+def test_text_refusals(text_model, tokenizer):
+    with pytest.raises(TypeError, match='tokenizer='):
+        explain(text_model, TEXTS[0])
+    with pytest.raises(TypeError, match='tokenizer='):
+        explain(text_model, TEXTS)
+    with pytest.raises(ValueError, match='gives no tokens'):
+        explain(text_model, '', tokenizer=tokenizer)
+    with pytest.raises(ValueError, match='empty'):
+        explain(text_model, [], tokenizer=tokenizer)
+    with pytest.raises(ValueError, match=r"text 1 \(''\) gives no tokens"):
+        explain(text_model, ['The ice', ''], tokenizer=tokenizer)
+    with pytest.raises(TypeError, match='item 1 is int'):
+        explain(text_model, ['The ice', 5], tokenizer=tokenizer)
+
+    class NoPad:  # neither a pad nor an end-of-sequence token
+        pad_token_id = eos_token_id = None
+
+        def __call__(self, texts, **kwargs):
+            return {'input_ids': [[5, 6]] * len(texts)}
+
+    with pytest.raises(ValueError, match='no pad token and no end-of-sequence token'):
+        explain(text_model, TEXTS, tokenizer=NoPad())

@@ -1,6 +1,6 @@
-"""``python -m zennit_attn``: run the demo (same options as ``python -m zennit_attn.demo``)."""
+"""``python -m zennit_attn``: the ``zennit-attn`` command line (``python -m zennit_attn demo`` runs the demo)."""
 import sys
 
-from .demo import main
+from .cli import main
 
 sys.exit(main())

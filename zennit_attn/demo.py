@@ -12,28 +12,31 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 DEFAULT_PROMPT = 'The Eiffel Tower is located in the city of'
 COMPOSITES = ('attnlrp', 'cplrp')
+DESCRIPTION = ('Explain the next-token prediction of SmolLM2-135M-Instruct with AttnLRP (Achtibat et al., ICML 2024) '
+               'and show which input tokens it relied on.')
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog='python -m zennit_attn.demo',
-        description='Explain the next-token prediction of SmolLM2-135M-Instruct with AttnLRP '
-                    '(Achtibat et al., ICML 2024) and show which input tokens it relied on.',
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the demo's options to ``parser`` (this module's own parser, or the ``zennit-attn demo`` subcommand)."""
     parser.add_argument('--prompt', default=DEFAULT_PROMPT, help='text whose next token is explained (default: %(default)r)')
     parser.add_argument('--output', default='heatmap.html', type=Path, help='where to write the HTML heatmap (default: %(default)s)')
     parser.add_argument('--composite', choices=COMPOSITES, default='attnlrp',
                         help='attnlrp: AttnLRP rules (default); cplrp: the CP-LRP baseline (Ali et al., 2022)')
     parser.add_argument('--top', type=int, default=3, metavar='K', help='number of most relevant tokens to list (default: %(default)s)')
     parser.add_argument('--color', choices=('auto', 'always', 'never'), default='auto',
-                        help='colour the terminal heatmap: auto (if stdout is a terminal and NO_COLOR is unset), always or never')
+                        help='colour the terminal heatmap: auto (if stdout is a terminal and NO_COLOR is unset), always or never '
+                             '(default: %(default)s)')
     parser.add_argument('--report', action='store_true', help='print the full per-layer conservation report')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Refuse, through ``parser.error``, what the demo could not run with: checked before anything is loaded."""
     if not args.prompt.strip():
         parser.error('--prompt must not be empty')
     if args.top < 1:
@@ -44,12 +47,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog='python -m zennit_attn.demo',
+        description=DESCRIPTION,
+    )
+    add_arguments(parser)
+    return check_args(parser, parser.parse_args(argv))
+
+
 def output_problem(path: Path) -> str | None:
     """Why the HTML heatmap could not be written to ``path`` (one line), or None if it can.
 
     Checked before the model is loaded: ``path`` must not be a directory, an existing file must be writable, and
     otherwise its nearest existing ancestor must be a folder that one may write in (missing folders below it
-    are created by the demo). Permissions are those :py:func:`os.access` reports.
+    are created by the demo). Permissions are those :py:func:`os.access` reports; where the folder exists, creating
+    (and removing) the file is tried, since a file system may refuse what the permissions allow.
     """
     try:
         if path.is_dir():
@@ -65,6 +78,9 @@ def output_problem(path: Path) -> str | None:
                 return f'cannot write --output {str(path)!r}: {str(ancestor)!r} is a file, not a folder'
             if not os.access(ancestor, os.W_OK | os.X_OK):
                 return f'cannot write --output {str(path)!r}: no permission to write in the folder {str(ancestor)!r}'
+            if ancestor == path.parent:  # a file system may still refuse (read-only, /proc): try it
+                path.open('x').close()
+                path.unlink()
             return None
     except OSError as error:  # e.g. a folder on the way that may not be searched
         return f'cannot write --output {str(path)!r}: {error.strerror or error}'
@@ -100,14 +116,19 @@ def quiet_loading() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    """Run the demo with the options in ``argv`` (default: the command line); returns the exit status."""
+    return run(parse_args(argv))
 
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo with checked options (:py:func:`parse_args`, or :py:func:`add_arguments` and
+    :py:func:`check_args` on another parser); returns the exit status."""
     import torch
 
     from . import conservation, explain
     from .composites import AttnLRPEpsilon, CPLRPEpsilon
-    from .render.text import from_explanation, render_terminal, use_color, write_html
     from .pretrained import load_smollm2
+    from .render.text import from_explanation, render_terminal, use_color, write_html
 
     color = {'auto': None, 'always': True, 'never': False}[args.color]
     color = use_color(color, sys.stdout)

@@ -56,7 +56,7 @@ class ConservationReport:
 
 
 def layer_stacks(model: torch.nn.Module) -> list[tuple[str, torch.nn.ModuleList]]:
-    """The model's sequences of transformer blocks, from the output side: ``ModuleList``s of modules of one class
+    """The model's sequences of transformer blocks, from the output side: ``ModuleList`` objects of modules of one class
     that hold the most modules (one for decoder-only and encoder-only models; the decoder's and the encoder's
     for encoder-decoder models)."""
     candidates = [

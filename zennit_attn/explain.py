@@ -1,16 +1,87 @@
 """``explain()``: relevance per input token (or pixel) of a model's prediction in one call."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Sequence
 
 import torch
+from transformers import BatchEncoding
 from zennit.core import Composite
 
 from .methods import METHODS
 from .task import Explanation, ImageExplanation, TargetLike, make_task
 
-__all__ = ['explain', 'Explanation', 'ImageExplanation', 'TargetLike']
+__all__ = ['explain', 'encode_texts', 'Explanation', 'ImageExplanation', 'TargetLike']
+
+
+def _is_texts(value) -> bool:
+    """A text, a list of texts, or an empty list (which :py:func:`encode_texts` refuses with a clear message)."""
+    return isinstance(value, str) or (isinstance(value, (list, tuple)) and (
+        not value or any(isinstance(item, str) for item in value)))
+
+
+def encode_texts(tokenizer, texts) -> BatchEncoding:
+    """Tokenise a text, or a list of texts padded to one length, as :py:func:`explain` does.
+
+    A list is padded on the tokenizer's ``padding_side`` with its pad token, or, for tokenizers without one (GPT-2,
+    Llama), with its end-of-sequence token, as Hugging Face users do with ``tokenizer.pad_token =
+    tokenizer.eos_token`` (the tokenizer itself is not changed). Padding is masked by the ``attention_mask`` and gets
+    no relevance, so the pad id does not matter.
+
+    Parameters
+    ----------
+    tokenizer
+        A Hugging Face tokenizer.
+    texts: str or sequence of str
+
+    Returns
+    -------
+    BatchEncoding
+        ``input_ids`` and ``attention_mask`` as ``[batch, seq]`` tensors (and whatever else the tokenizer returns).
+
+    Raises
+    ------
+    ValueError
+        For no texts, a text that gives no tokens, or a list to pad with a tokenizer that has neither a pad nor an
+        end-of-sequence token.
+    """
+    if not callable(tokenizer):
+        raise TypeError(f'tokenizer must be a Hugging Face tokenizer, got {type(tokenizer).__name__}')
+    if isinstance(texts, str):
+        encoding = tokenizer(texts, return_tensors='pt')
+        if encoding['input_ids'].shape[-1] == 0:
+            raise ValueError(f'the text {texts!r} gives no tokens: nothing to explain')
+        return encoding
+    texts = list(texts)
+    if not texts:
+        raise ValueError('the list of texts is empty: nothing to explain')
+    bad = [index for index, text in enumerate(texts) if not isinstance(text, str)]
+    if bad:
+        raise TypeError(f'texts must all be str; item {bad[0]} is {type(texts[bad[0]]).__name__}')
+    if getattr(tokenizer, 'pad_token_id', None) is not None:
+        encoding = tokenizer(texts, return_tensors='pt', padding=True)
+        lengths = encoding['attention_mask'].sum(-1).tolist()
+    else:
+        pad = getattr(tokenizer, 'eos_token_id', None)
+        if pad is None:
+            raise ValueError('the tokenizer has no pad token and no end-of-sequence token to pad the texts with: set '
+                             'one (tokenizer.pad_token = ...) or explain the texts one at a time')
+        encoded = tokenizer(texts)['input_ids']
+        lengths = [len(ids) for ids in encoded]
+        width = max(lengths)
+        left = getattr(tokenizer, 'padding_side', 'right') == 'left'
+        ids = torch.full((len(texts), width), int(pad), dtype=torch.long)
+        mask = torch.zeros(len(texts), width, dtype=torch.long)
+        for row, row_ids in enumerate(encoded):
+            span = slice(width - len(row_ids), width) if left else slice(0, len(row_ids))
+            ids[row, span] = torch.tensor(row_ids, dtype=torch.long)
+            mask[row, span] = 1
+        encoding = BatchEncoding({'input_ids': ids, 'attention_mask': mask})
+    empty = [index for index, length in enumerate(lengths) if length == 0]
+    if empty:
+        raise ValueError(f'text {empty[0]} ({texts[empty[0]]!r}) gives no tokens: nothing to explain in it')
+    return encoding
 
 
 def explain(
@@ -23,6 +94,7 @@ def explain(
     method: str = 'attnlrp',
     model_kwargs: dict | None = None,
     decoder_input_ids=None,
+    tokenizer=None,
     **params,
 ) -> Explanation | ImageExplanation:
     """Explain a model's output: relevance per input token (language models) or pixel (vision transformers), by
@@ -39,10 +111,12 @@ def explain(
         ``...ForConditionalGeneration`` or a base model (whose ``last_hidden_state`` is explained, ``target`` naming
         a hidden unit); or an image classifier (timm ``VisionTransformer``/DeiT, Hugging Face
         ``ViTForImageClassification``).
-    input_ids: tensor, sequence of int or BatchEncoding
+    input_ids: tensor, sequence of int, BatchEncoding, str or list of str
         ``[batch, seq]`` (or ``[seq]``) token ids, or what the tokenizer returns (its ``attention_mask`` and other
-        fields are used). For an image classifier: ``[batch, channels, height, width]`` (or ``[channels, height,
-        width]``) floating-point pixels as the model takes them.
+        fields are used), or, with ``tokenizer``, a text or a list of texts (tokenised by :py:func:`encode_texts`:
+        a list is padded, with the end-of-sequence token where the tokenizer has no pad token). For an image
+        classifier: ``[batch, channels, height, width]`` (or ``[channels, height, width]``) floating-point pixels as
+        the model takes them.
     target: int, sequence of int, sequence of (int, int), tensor or None
         Output index to explain, one for all rows or one per row; None explains the argmax. A sequence of
         ``(position, token)`` pairs explains the sum of those logits (e.g. a whole generated answer) in one
@@ -67,6 +141,10 @@ def explain(
     decoder_input_ids: tensor, optional
         For encoder-decoder models (T5): the decoder input, default the decoder start token. Relevance is
         returned for encoder and decoder tokens.
+    tokenizer: optional
+        The model's Hugging Face tokenizer: needed for text input, and stored on the explanation
+        (``explanation.tokenizer``) for :py:meth:`~zennit_attn.Explanation.show`, ``to_html``, ``save`` and
+        ``tokens``.
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods`).
 
@@ -86,5 +164,10 @@ def explain(
     if unknown:
         hint = ('; configure LRP through composite=' if 'composite' in accepted else '')
         raise TypeError(f'{method} takes no parameter(s) {unknown}; it takes {accepted or "none"}{hint}')
+    if tokenizer is not None and _is_texts(input_ids):
+        input_ids = encode_texts(tokenizer, input_ids)
     task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
-    return function(task, position=position, target=target, **params)
+    explanation = function(task, position=position, target=target, **params)
+    if tokenizer is not None and isinstance(explanation, Explanation):
+        explanation = dataclasses.replace(explanation, tokenizer=tokenizer)
+    return explanation

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Sequence
 
 import torch
 
 from .composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma, refuse_compiled
 from .layers import output_scores
+from .render import views
+from .render.image import save_image_explanation
+from .render.layout import ScaleLike
 
 __all__ = [
     'TargetLike', 'Explanation', 'ImageExplanation', 'Task', 'TokenTask', 'ImageTask', 'make_task', 'is_causal',
@@ -55,9 +60,22 @@ class Explanation:
         explained position is a decoder position.
     method: str
         The attribution method's name.
+    tokenizer: object or None
+        The tokenizer given to :py:func:`~zennit_attn.explain` (None if none was), used by :py:meth:`tokens`,
+        :py:meth:`show`, :py:meth:`to_html` and :py:meth:`save` when they are not given one; not compared and not
+        shown in ``repr``.
 
+    Notes
+    -----
     When several ``(position, token)`` pairs are explained at once, ``target``, ``position`` and ``logit`` are
     ``[batch, pairs]`` and the relevance is that of their sum.
+
+    The heatmap methods show tokens as the tokenizer writes them (:py:func:`zennit_attn.render.tokens.token_texts`),
+    optionally merged into words (``words=True``, relevance summed), padding left out, encoder and decoder tokens
+    for encoder-decoder models; colours come from one diverging map centred at 0
+    (:py:func:`zennit_attn.render.colors.relevance_to_rgb`). ``scale`` is None (each heatmap its own largest absolute
+    relevance), ``'shared'`` (one scale for all rows drawn together) or a number, e.g.
+    :py:func:`zennit_attn.render.shared_scale` of several explanations.
     """
     relevance: torch.Tensor
     embedding_relevance: torch.Tensor | None
@@ -70,13 +88,31 @@ class Explanation:
     decoder_embedding_relevance: torch.Tensor | None = None
     decoder_input_ids: torch.Tensor | None = None
     method: str = 'attnlrp'
+    tokenizer: object = field(default=None, repr=False, compare=False)
 
-    def tokens(self, tokenizer, row: int = 0) -> list[str]:
-        """The input tokens of ``row`` as strings, one per position."""
-        return [tokenizer.decode([int(token)]) for token in self.input_ids[row]]
+    def tokens(self, tokenizer=None, row: int = 0, words: bool = False) -> list[str]:
+        """The tokens of ``row`` as the tokenizer writes them (``'Ġ'``, ``'▁'`` and byte fallbacks decoded), padding
+        removed; for encoder-decoder models the encoder tokens, then the decoder tokens.
+
+        Parameters
+        ----------
+        tokenizer: optional
+            Default: the one given to :py:func:`~zennit_attn.explain`.
+        row: int
+            The batch row (negative counts from the end).
+        words: bool
+            Merge tokens into words.
+
+        Returns
+        -------
+        list of str
+        """
+        return views.explanation_tokens(self, tokenizer, row, words)
 
     def top(self, k: int, tokenizer=None, row: int = 0) -> list[tuple[int, float, str | None]]:
-        """The ``k`` most relevant positions of ``row`` as ``(position, relevance, token)``; padding excluded."""
+        """The ``k`` most relevant positions of ``row`` as ``(position, relevance, token)``; padding excluded. The
+        token is decoded with ``tokenizer`` (default: the stored one), None without either."""
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         relevance = self.relevance[row].float()
         if self.attention_mask is not None:
             relevance = relevance.masked_fill(self.attention_mask[row] == 0, float('-inf'))
@@ -86,6 +122,89 @@ class Explanation:
             (int(index), float(value), None if tokenizer is None else tokenizer.decode([int(self.input_ids[row, index])]))
             for value, index in zip(values, indices)
         ]
+
+    def heatmaps(self, rows=None, words: bool = False, tokenizer=None) -> list:
+        """The :py:class:`~zennit_attn.render.layout.Heatmap` of each of ``rows`` (default all), what every format
+        draws (scales not yet resolved)."""
+        return views.explanation_heatmaps(self, rows, words, tokenizer)
+
+    def show(self, row: int = 0, words: bool = False, scale: ScaleLike = None, color: bool | None = None,
+             tokenizer=None, stream: IO | None = None) -> None:
+        """Print the heatmap of ``row``: coloured token boxes on a terminal (24-bit colour unless ``NO_COLOR`` is
+        set), ``token[relevance]`` otherwise.
+
+        Parameters
+        ----------
+        row: int
+        words: bool
+            Merge tokens into words (relevance summed).
+        scale: None, 'shared' or float
+            Relevance of full colour; default the row's largest absolute relevance.
+        color: bool, optional
+            Force colour on (True) or off (False).
+        tokenizer: optional
+            Default: the stored one.
+        stream: file-like, optional
+            Default ``sys.stdout``.
+        """
+        views.show_heatmaps(self.heatmaps([row], words, tokenizer), scale, color, stream)
+
+    def to_html(self, rows=None, words: bool = False, scale: ScaleLike = None, tokenizer=None) -> str:
+        """A standalone HTML page (inline style, no scripts) with one heatmap per row (default all rows).
+
+        Parameters
+        ----------
+        rows: int, sequence of int or None
+        words: bool
+        scale: None, 'shared' or float
+            ``'shared'`` gives all rows one colour scale.
+        tokenizer: optional
+
+        Returns
+        -------
+        str
+        """
+        return views.heatmaps_html(self.heatmaps(rows, words, tokenizer), scale,
+                                   title=f'Token relevance ({self.method})')
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter's rich display: the heatmaps of all rows as an HTML fragment (needs the stored tokenizer)."""
+        if self.tokenizer is None:
+            return None  # Jupyter falls back to the repr
+        return views.heatmaps_html(self.heatmaps(), standalone=False)
+
+    def save(self, path: str | os.PathLike, row: int | None = 0, words: bool = False, scale: ScaleLike = None,
+             tokenizer=None, **options) -> Path:
+        """Write the heatmap of ``row`` (None: all rows) in the format of the suffix of ``path``.
+
+        ``.html`` (standalone page), ``.png``, ``.svg``, ``.pdf`` (matplotlib figures; options ``width`` in inches,
+        ``font_size``, ``dpi``, ``colorbar``), ``.tex`` (a LaTeX snippet of colour boxes for ``\\input``, needing
+        ``\\usepackage{xcolor}``; ``document=True`` writes a complete document instead). Missing folders are made.
+
+        Parameters
+        ----------
+        path: str or os.PathLike
+        row: int or None
+        words: bool
+        scale: None, 'shared' or float
+        tokenizer: optional
+        **options
+            Options of the format (above).
+
+        Returns
+        -------
+        pathlib.Path
+
+        Raises
+        ------
+        ValueError
+            For a suffix other than the five.
+        OSError
+            Where ``path`` cannot be written.
+        """
+        views.check_output(path)
+        return views.save_heatmaps(self.heatmaps(None if row is None else [row], words, tokenizer), path, scale,
+                                   title=f'Token relevance ({self.method})', **options)
 
 
 @dataclass
@@ -113,6 +232,26 @@ class ImageExplanation:
     logit: torch.Tensor
     pixels: torch.Tensor
     method: str = 'attnlrp'
+
+    def save(self, path: str | os.PathLike, row: int = 0, **options) -> tuple[Path, Path]:
+        """Write the heatmap of ``row`` to ``path`` (a ``.png``) and its overlay on the image to
+        ``<stem>_overlay.png`` beside it (:py:func:`zennit_attn.render.image.save_image_explanation`).
+
+        Parameters
+        ----------
+        path: str or os.PathLike
+            A ``.png`` file name.
+        row: int
+        **options
+            ``cmap``, ``level``, ``scale`` (integer upscaling), ``vmax`` (relevance of full colour), and for the
+            overlay ``alpha``, ``mean``, ``std``.
+
+        Returns
+        -------
+        tuple of pathlib.Path
+            ``(heatmap, overlay)``.
+        """
+        return save_image_explanation(self, path, views.check_row(row, self.relevance.shape[0]), **options)
 
 
 # --------------------------------------------------------------------------------------------------- model checks
@@ -399,8 +538,9 @@ class Task:
 def _check_ids(input_ids, attention_mask, name: str = 'input_ids'):
     if isinstance(input_ids, str) or (isinstance(input_ids, (list, tuple)) and input_ids
                                       and isinstance(input_ids[0], str)):
-        raise TypeError(f'{name} must be token ids, got text: tokenize it first, '
-                        "e.g. explain(model, tokenizer(text, return_tensors='pt'))")
+        raise TypeError(f'{name} must be token ids, got text: pass the tokenizer, explain(model, text, '
+                        "tokenizer=tokenizer), or tokenize it first, explain(model, tokenizer(text, "
+                        "return_tensors='pt'))")
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]

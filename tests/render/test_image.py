@@ -7,13 +7,28 @@ import torch
 from PIL import Image
 
 from zennit_attn import ImageExplanation
+from zennit_attn.render.colors import NEGATIVE, NEUTRAL, POSITIVE, relevance_to_rgb
 from zennit_attn.render.image import heatmap, overlay, save_explanation, save_heatmap, save_overlay
+
+
+def test_heatmap_default_colours_are_those_of_the_token_heatmaps():
+    relevance = torch.zeros(4, 4)
+    relevance[0, 0], relevance[1, 1], relevance[2, 2], relevance[3, 2] = 2.0, -2.0, 1.0, -0.3
+    image = heatmap(relevance)
+    assert image.mode == 'RGB' and image.size == (4, 4)
+    assert image.getpixel((0, 0)) == POSITIVE
+    assert image.getpixel((1, 1)) == NEGATIVE
+    assert image.getpixel((3, 3)) == NEUTRAL
+    for x, y in [(2, 2), (2, 3)]:
+        assert image.getpixel((x, y)) == relevance_to_rgb(float(relevance[y, x]), 2.0)
+    assert heatmap(relevance, vmax=1.0).getpixel((2, 2)) == POSITIVE
+    assert (np.asarray(heatmap(torch.zeros(3, 3))) == NEUTRAL[0]).all()
 
 
 def test_heatmap_colours_are_symmetric_bwr():
     relevance = torch.zeros(4, 4)
     relevance[0, 0], relevance[1, 1], relevance[2, 2] = 2.0, -2.0, 1.0
-    image = heatmap(relevance)
+    image = heatmap(relevance, cmap='bwr')
     assert image.mode == 'RGB' and image.size == (4, 4)
     assert image.getpixel((0, 0)) == (255, 0, 0)  # +max: red
     assert image.getpixel((1, 1)) == (0, 0, 255)  # -max: blue
@@ -21,8 +36,8 @@ def test_heatmap_colours_are_symmetric_bwr():
     r, g, b = image.getpixel((2, 2))
     assert r == 255 and 100 < g < 160 and g == b  # half: light red
     # channels are summed; a row of zeros is all white; upscaling
-    assert heatmap(torch.stack([relevance, relevance])).getpixel((0, 0)) == (255, 0, 0)
-    assert (np.asarray(heatmap(torch.zeros(3, 3))) == 255).all()
+    assert heatmap(torch.stack([relevance, relevance]), cmap='bwr').getpixel((0, 0)) == (255, 0, 0)
+    assert (np.asarray(heatmap(torch.zeros(3, 3), cmap='bwr')) == 255).all()
     assert heatmap(relevance, scale=3).size == (12, 12)
     assert heatmap(relevance, cmap='coldnhot').getpixel((3, 3)) == (0, 0, 0)
 
@@ -46,7 +61,8 @@ def test_overlay_shows_the_image_where_nothing_is_relevant():
     relevance = torch.zeros(6, 6)
     relevance[0, 0] = 1.0
     coloured = np.asarray(overlay(pixels, relevance, alpha=1.0))
-    assert tuple(coloured[0, 0]) == (255, 0, 0)
+    assert tuple(coloured[0, 0]) == POSITIVE
+    assert tuple(np.asarray(overlay(pixels, relevance, alpha=1.0, cmap='bwr'))[0, 0]) == (255, 0, 0)
     # normalised inputs outside [0, 1] are rescaled; mean/std un-normalise
     assert overlay(pixels * 4 - 2, relevance).size == (6, 6)
     assert overlay(pixels, relevance, mean=[0.5] * 3, std=[0.2] * 3).size == (6, 6)
@@ -62,3 +78,29 @@ def test_save_explanation(tmp_path):
     for path in paths:
         with Image.open(path) as image:
             assert image.size == (32, 32)
+
+
+def test_image_explanation_save(tmp_path):
+    """ImageExplanation.save(path.png): the heatmap at path and <stem>_overlay.png beside it."""
+    relevance = torch.zeros(2, 8, 8)
+    relevance[1, 2, 3] = 5.0
+    relevance[1, 6, 1] = -5.0
+    explanation = ImageExplanation(relevance=relevance, pixel_relevance=relevance[:, None], target=torch.tensor([0, 1]),
+                                   logit=torch.ones(2), pixels=torch.rand(2, 1, 8, 8))
+    heat, over = explanation.save(tmp_path / 'sub' / 'cat.png', row=1, scale=2)
+    assert (heat.name, over.name) == ('cat.png', 'cat_overlay.png') and heat.parent == over.parent
+    with Image.open(heat) as image:
+        assert image.size == (16, 16)
+        assert image.getpixel((6, 4)) == POSITIVE and image.getpixel((2, 12)) == NEGATIVE
+        assert image.getpixel((0, 0)) == NEUTRAL
+    with Image.open(over) as image:
+        assert image.size == (16, 16)
+    assert explanation.save(tmp_path / 'row0.png')[0].exists()
+    with pytest.raises(ValueError, match='.png'):
+        explanation.save(tmp_path / 'cat.pdf')
+    with pytest.raises(IndexError, match='out of range'):
+        explanation.save(tmp_path / 'cat.png', row=2)
+    with pytest.raises(TypeError, match='unknown option'):
+        explanation.save(tmp_path / 'cat.png', colour='red')
+    with pytest.raises(IsADirectoryError):
+        explanation.save(tmp_path / 'sub')

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from zennit_attn.render.colors import LEVELS, color_table, luminance, oklab, relevance_level
 from zennit_attn.render.text import (
     NEGATIVE, NEUTRAL, POSITIVE, display_token, format_relevance, from_explanation, relevance_to_rgb, render_html,
     render_terminal, text_color, use_color, write_html,
@@ -30,36 +32,66 @@ class FakeStream(io.StringIO):
 
 # colour scale ---------------------------------------------------------------------------------------------------
 
+def _chroma(rgb):
+    _, a, b = oklab(rgb)
+    return math.hypot(a, b)
+
+
 @pytest.mark.parametrize('scale', [1.0, 3.0, 0.02, 250.0])
 def test_colour_scale_fixed_points(scale):
-    assert relevance_to_rgb(0.0, scale) == (255, 255, 255)
-    assert relevance_to_rgb(scale, scale) == (255, 0, 0)
-    assert relevance_to_rgb(-scale, scale) == (0, 0, 255)
-    assert relevance_to_rgb(scale / 2, scale) == (255, 128, 128)
-    assert relevance_to_rgb(-scale / 2, scale) == (128, 128, 255)
-    assert (POSITIVE, NEGATIVE, NEUTRAL) == ((255, 0, 0), (0, 0, 255), (255, 255, 255))
+    assert relevance_to_rgb(0.0, scale) == NEUTRAL
+    assert relevance_to_rgb(scale, scale) == POSITIVE
+    assert relevance_to_rgb(-scale, scale) == NEGATIVE
+    assert relevance_to_rgb(scale / 2, scale) == color_table()[LEVELS + 128]  # 127.5 rounds away from 0
+    assert relevance_to_rgb(-scale / 2, scale) == color_table()[LEVELS - 128]
+    # red side and blue side, grey in the middle
+    r, g, b = POSITIVE
+    assert r > 150 and r > 3 * g and r > 3 * b
+    r, g, b = NEGATIVE
+    assert b > 150 and b > 2 * r and b > g
+    assert NEUTRAL[0] == NEUTRAL[1] == NEUTRAL[2]
 
 
-def test_colour_scale_symmetric_and_monotone():
+def test_colour_scale_symmetric_and_perceptually_even():
+    """v and -v have the same OKLab lightness and chroma; lightness falls and chroma rises evenly with |v|."""
     previous = None
     for step in range(0, 101):
         value = step / 100
-        r, g, b = relevance_to_rgb(value, 1.0)
-        assert relevance_to_rgb(-value, 1.0) == (b, g, r)
-        assert r == 255 and g == b
+        plus, minus = relevance_to_rgb(value, 1.0), relevance_to_rgb(-value, 1.0)
+        assert abs(oklab(plus)[0] - oklab(minus)[0]) < 0.006
+        assert abs(_chroma(plus) - _chroma(minus)) < 0.015
+        lightness = oklab(plus)[0]
+        expected = 0.95 + (0.52 - 0.95) * value  # a straight line in OKLab
+        assert abs(lightness - expected) < 0.01
         if previous is not None:
-            assert g <= previous
-        previous = g
+            assert lightness <= previous + 1e-3
+        previous = lightness
+    assert len(color_table()) == 2 * LEVELS + 1
+
+
+def test_colour_scale_is_legible_on_light_and_dark_pages():
+    """Both ends take white text with WCAG contrast above 4.5, the neutral grey takes black text above 7, and the
+    grey stands out from a white and from a dark page."""
+    def contrast(first, second):
+        high, low = sorted([luminance(first), luminance(second)], reverse=True)
+        return (high + 0.05) / (low + 0.05)
+
+    for end in (POSITIVE, NEGATIVE):
+        assert text_color(end) == (255, 255, 255) and contrast(end, (255, 255, 255)) > 4.5
+        assert contrast(end, (22, 24, 28)) > 2.5  # visible as a box on a dark page
+    assert text_color(NEUTRAL) == (0, 0, 0) and contrast(NEUTRAL, (0, 0, 0)) > 7
+    assert NEUTRAL != (255, 255, 255) and contrast(NEUTRAL, (22, 24, 28)) > 10
 
 
 def test_colour_scale_clips_and_degenerate_scales():
-    assert relevance_to_rgb(7.0, 2.0) == (255, 0, 0)
-    assert relevance_to_rgb(-7.0, 2.0) == (0, 0, 255)
-    assert relevance_to_rgb(float('inf'), 2.0) == (255, 0, 0)
-    assert relevance_to_rgb(float('nan'), 2.0) == (255, 255, 255)
-    assert relevance_to_rgb(0.0, 0.0) == (255, 255, 255)
-    assert relevance_to_rgb(1.0, 0.0) == (255, 255, 255)
-    assert relevance_to_rgb(1.0, float('nan')) == (255, 255, 255)
+    assert relevance_to_rgb(7.0, 2.0) == POSITIVE
+    assert relevance_to_rgb(-7.0, 2.0) == NEGATIVE
+    assert relevance_to_rgb(float('inf'), 2.0) == POSITIVE
+    assert relevance_to_rgb(float('nan'), 2.0) == NEUTRAL
+    assert relevance_to_rgb(0.0, 0.0) == NEUTRAL
+    assert relevance_to_rgb(1.0, 0.0) == NEUTRAL
+    assert relevance_to_rgb(1.0, float('nan')) == NEUTRAL
+    assert relevance_level(0.5, 1.0) == 128 and relevance_level(-0.5, 1.0) == -128
 
 
 def test_text_colour_contrast():
@@ -75,9 +107,14 @@ def test_display_token():
     assert display_token('a\tb\r') == 'a\u21e5b\u240d'
     assert display_token(ESC + '[31m') == '\u241b[31m'
     assert display_token('') == '\u2205'
+    assert display_token('  ') == '\u2423\u2423'
 
 
 # terminal -------------------------------------------------------------------------------------------------------
+
+def _ansi(background, foreground, text):
+    return '{}[48;2;{};{};{}m{}[38;2;{};{};{}m{}{}[0m'.format(ESC, *background, ESC, *foreground, text, ESC)
+
 
 def test_terminal_colour_mode_has_escape_codes():
     text = render_terminal(TOKENS, torch.tensor(VALUES), color=True)
@@ -85,19 +122,22 @@ def test_terminal_colour_mode_has_escape_codes():
     assert text.count(f'{ESC}[48;2;') == len(TOKENS)
     assert text.count(f'{ESC}[38;2;') == len(TOKENS)
     assert text.count(f'{ESC}[0m') == len(TOKENS)
-    # the row is normalised by max |R| = 3: 'iffel' saturated red, ' of' saturated blue, ' Tower' white
-    assert f'{ESC}[48;2;255;0;0m{ESC}[38;2;0;0;0miffel{ESC}[0m' in text
-    assert f'{ESC}[48;2;0;0;255m{ESC}[38;2;255;255;255m of{ESC}[0m' in text
-    assert f'{ESC}[48;2;255;255;255m{ESC}[38;2;0;0;0m Tower{ESC}[0m' in text
+    # the row is normalised by max |R| = 3: 'iffel' saturated red, ' of' saturated blue (white text on both),
+    # ' Tower' neutral grey with black text; leading spaces stay outside the coloured box
+    assert _ansi(POSITIVE, (255, 255, 255), 'iffel') in text
+    assert ' ' + _ansi(NEGATIVE, (255, 255, 255), 'of') in text
+    assert ' ' + _ansi(NEUTRAL, (0, 0, 0), 'Tower') in text
     # -1.5 is half of the scale
-    assert f'{ESC}[48;2;128;128;255m' in text
+    assert '{}[48;2;{};{};{}m'.format(ESC, *relevance_to_rgb(-1.5, 3.0)) in text
     # a newline token is shown and also breaks the line
     assert '\u23ce' + f'{ESC}[0m\n' in text
 
 
 def test_terminal_scale_override():
     text = render_terminal(['a'], [1.0], color=True, scale=2.0)
-    assert f'{ESC}[48;2;255;128;128m' in text
+    assert '{}[48;2;{};{};{}m'.format(ESC, *relevance_to_rgb(0.5, 1.0)) in text
+    with pytest.raises(ValueError, match='positive finite'):
+        render_terminal(['a'], [1.0], color=True, scale=-1.0)
 
 
 def test_terminal_plain_mode_has_no_escape_codes():
@@ -141,16 +181,18 @@ def test_length_mismatch_raises():
 
 # HTML -----------------------------------------------------------------------------------------------------------
 
-def _spans(page: str) -> list[tuple[str, str, str]]:
-    return re.findall(r'<span class="tok" style="background: (rgb\([^)]*\))[^"]*" title="([^"]*)">([^<]*)</span>', page)
+def _spans(page: str) -> list[tuple[str, str, str, str]]:
+    """(leading spaces, background, tooltip, shown text) of every token box."""
+    return re.findall(r'( *)<span class="za-t[^"]*" data-i="\d+"[^>]*? style="background: (rgb\([^)]*\));[^"]*" '
+                      r'title="([^"]*)">([^<]*)</span>', page)
 
 
 def test_html_escapes_tokens_and_text():
     page = render_html(['<script>alert(1)</script>', ' & "x"'], [1.0, -1.0], title='<b>t</b>',
                        subtitle='<i>s</i>', target='<script>', logit=1.5)
-    assert '<script>' not in page
+    assert '<script' not in page
     assert '&lt;script&gt;alert(1)&lt;/script&gt;' in page
-    assert ' &amp; &quot;x&quot;' in page
+    assert '&amp; &quot;x&quot;' in page
     assert '<b>' not in page and '<i>' not in page
     assert '&lt;b&gt;t&lt;/b&gt;' in page
 
@@ -162,10 +204,11 @@ def test_html_tooltips_carry_each_relevance():
     spans = _spans(page)
     assert len(spans) == len(tokens)
     expected = ['+0.1235', '-2.5', '+0', '+1e-05', '+42']
-    for position, ((background, title, text), value, token, shown) in enumerate(zip(spans, values, tokens, expected)):
-        assert title == f'position {position}: relevance {shown}'
+    for position, ((lead, background, title, text), value, token, shown) in enumerate(
+            zip(spans, values, tokens, expected)):
+        assert html.unescape(title) == f'position {position} {display_token(token)!r}: relevance {shown}'
         assert format_relevance(value) == shown
-        assert html.unescape(text) == display_token(token)
+        assert lead + html.unescape(text) == display_token(token)  # the space sits before the box
         assert background == 'rgb({}, {}, {})'.format(*relevance_to_rgb(value, 42.0))
     assert '\u23ce</span><br>' in page
 
@@ -173,13 +216,15 @@ def test_html_tooltips_carry_each_relevance():
 def test_html_header_legend_and_standalone():
     page = render_html(TOKENS, VALUES, title='Why Paris', subtitle='SmolLM2', target=' Paris', logit=12.84185)
     assert page.startswith('<!DOCTYPE html>')
-    assert '<style>' in page
+    assert '<style>' in page and 'prefers-color-scheme: dark' in page
     assert '<h1>Why Paris</h1>' in page
     assert 'SmolLM2' in page
     assert '&#x27; Paris&#x27;' in page
     assert '12.8419' in page
-    assert 'linear-gradient(to right, rgb(0, 0, 255), rgb(255, 255, 255), rgb(255, 0, 0))' in page
-    assert '<span>-3</span>' in page and '<span>+3</span>' in page
+    stops = re.search(r'linear-gradient\(to right, ([^)]*\)(?:, rgb\([^)]*\))*)\)', page).group(1)
+    assert stops.startswith('rgb({}, {}, {})'.format(*NEGATIVE)) and stops.endswith('rgb({}, {}, {})'.format(*POSITIVE))
+    assert 'rgb({}, {}, {})'.format(*NEUTRAL) in stops
+    assert '>-3</span>' in page and '>+3</span>' in page
     assert 'white-space: pre-wrap' in page  # leading spaces of tokens stay visible
     assert not re.search(r'(src|href)=', page)
     assert '<script' not in page
@@ -192,9 +237,9 @@ def test_write_html(tmp_path):
 
 
 def test_from_explanation_drops_padding():
-    class Tokenizer:
+    class Tokenizer:  # a tokenizer that writes each id as <id>
         def decode(self, ids):
-            return f'<{ids[0]}>'
+            return ''.join(f'<{token}>' for token in ids)
 
     explanation = SimpleNamespace(
         input_ids=torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]]),

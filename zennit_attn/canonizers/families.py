@@ -1,6 +1,7 @@
 """The per-family table: which classes of a model family are what, for the general mechanism in ``base``.
 
 A family entry lists
+
 - ``structural``: classes whose forward only calls children, adds residuals, reshapes, applies rotary or
   position embeddings, masks or selects: operations that are linear in the relevance path and need no rule;
 - ``operands``: classes that compute products inline, with the children producing the operands

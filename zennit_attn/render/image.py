@@ -1,9 +1,12 @@
-"""Image heatmaps: a relevance heatmap PNG and an overlay on the input image, with zennit's colour maps.
+"""Image heatmaps: a relevance heatmap PNG and an overlay on the input image.
 
-The heatmap uses :py:func:`zennit.image.imgify` (symmetric around 0: white for 0 with ``'bwr'``, red positive,
-blue negative) and :py:mod:`zennit.cmap` palettes. zennit 0.5.1 hands the palette to Pillow as a numpy array,
-which Pillow 13 refuses (``imgify(...)`` and ``zennit.image.imsave`` fail for 1-channel heatmaps); here the image
-is made without a palette and the palette is set as bytes, ``img.putpalette(palette(cmap).astype('uint8').tobytes())``.
+By default the heatmap has the colours of every other heatmap of :py:mod:`zennit_attn.render`
+(:py:func:`~zennit_attn.render.colors.relevance_to_rgb`: light grey for 0, red positive, blue negative, symmetric
+around 0). zennit's colour maps are there by name (``cmap='bwr'``, ``'coldnhot'``, ...), through
+:py:func:`zennit.image.imgify` and :py:mod:`zennit.cmap` palettes. zennit 0.5.1 hands the palette to Pillow as a
+numpy array, which Pillow 13 refuses (``imgify(...)`` and ``zennit.image.imsave`` fail for 1-channel heatmaps);
+here the image is made without a palette and the palette is set as bytes,
+``img.putpalette(palette(cmap).astype('uint8').tobytes())``.
 """
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ import torch
 from PIL import Image
 from zennit.image import imgify, palette
 
-__all__ = ['heatmap', 'overlay', 'save_heatmap', 'save_overlay', 'save_explanation']
+from .colors import LEVELS, color_table
+
+__all__ = ['heatmap', 'overlay', 'save_heatmap', 'save_overlay', 'save_explanation', 'save_image_explanation']
 
 
 def _array(tensor) -> np.ndarray:
@@ -33,7 +38,7 @@ def _relevance_map(relevance) -> np.ndarray:
     return array
 
 
-def heatmap(relevance, cmap: str = 'bwr', level: float = 1.0, scale: int = 1, vmax: float | None = None
+def heatmap(relevance, cmap: str | None = None, level: float = 1.0, scale: int = 1, vmax: float | None = None
             ) -> Image.Image:
     """The relevance as an RGB heatmap, symmetric around 0.
 
@@ -41,10 +46,12 @@ def heatmap(relevance, cmap: str = 'bwr', level: float = 1.0, scale: int = 1, vm
     ----------
     relevance: tensor or array
         ``[H, W]`` or ``[C, H, W]`` (summed over channels).
-    cmap: str or zennit.cmap.ColorMap
-        A zennit colour map name (``'bwr'``, ``'coldnhot'``, ``'seismic'``, ...) or colour map source code.
+    cmap: str or zennit.cmap.ColorMap, optional
+        None (default): the map of :py:func:`~zennit_attn.render.colors.relevance_to_rgb`, as in the token
+        heatmaps; else a zennit colour map name (``'bwr'``, ``'coldnhot'``, ``'seismic'``, ...) or colour map
+        source code.
     level: float
-        zennit's palette level (above 1 saturates earlier).
+        zennit's palette level (above 1 saturates earlier; zennit colour maps only).
     scale: int
         Integer upscaling (nearest neighbour), for small images such as 28 x 28.
     vmax: float, optional
@@ -53,6 +60,13 @@ def heatmap(relevance, cmap: str = 'bwr', level: float = 1.0, scale: int = 1, vm
     array = _relevance_map(relevance)
     bound = float(np.abs(array).max()) if vmax is None else float(vmax)
     bound = bound if bound > 0 and np.isfinite(bound) else 1.0
+    if cmap is None:  # the token heatmaps' colour levels (relevance_level), looked up in their table
+        fraction = np.clip(np.nan_to_num(array / bound), -1.0, 1.0)
+        levels = (np.sign(fraction) * np.floor(np.abs(fraction) * LEVELS + 0.5)).astype(np.int64) + LEVELS
+        image = Image.fromarray(np.asarray(color_table(), dtype=np.uint8)[levels], mode='RGB')
+        if scale != 1:
+            image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+        return image
     # uint8 indices into the palette (imgify keeps uint8 input as it is); no cmap passed -> no numpy palette
     indices = np.clip(np.round((array / bound + 1.0) * 127.5), 0, 255).astype(np.uint8)
     image = imgify(indices)
@@ -85,7 +99,7 @@ def _input_image(pixels, mean=None, std=None) -> np.ndarray:
     return array
 
 
-def overlay(pixels, relevance, cmap: str = 'bwr', level: float = 1.0, alpha: float = 0.7, scale: int = 1,
+def overlay(pixels, relevance, cmap: str | None = None, level: float = 1.0, alpha: float = 0.7, scale: int = 1,
             mean=None, std=None, vmax: float | None = None) -> Image.Image:
     """The heatmap blended over the greyscale input image; each pixel's heatmap weight is ``alpha`` times its
     absolute relevance relative to ``vmax``, so irrelevant pixels show the image.
@@ -140,3 +154,37 @@ def save_explanation(explanation, prefix, row: int = 0, **kwargs) -> tuple[Path,
     return (save_heatmap(explanation.relevance[row], prefix + '_heatmap.png', **heatmap_kwargs),
             save_overlay(explanation.pixels[row], explanation.relevance[row], prefix + '_overlay.png',
                          **overlay_kwargs))
+
+
+def save_image_explanation(explanation, path, row: int = 0, **kwargs) -> tuple[Path, Path]:
+    """Write the heatmap of ``row`` of an :py:class:`~zennit_attn.ImageExplanation` to ``path`` (``.png``) and its
+    overlay to ``<stem>_overlay.png`` in the same folder (made if missing).
+
+    Parameters
+    ----------
+    explanation: zennit_attn.ImageExplanation
+    path: str or os.PathLike
+        A file name ending in ``.png``.
+    row: int
+    **kwargs
+        ``cmap``, ``level``, ``scale``, ``vmax`` for both images; ``alpha``, ``mean``, ``std`` for the overlay.
+
+    Returns
+    -------
+    tuple of pathlib.Path
+        ``(heatmap, overlay)``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f'cannot write {str(path)!r}: it is a directory; give a file name such as '
+                                f'{str(path / "heatmap.png")!r}')
+    if path.suffix.lower() != '.png':
+        raise ValueError(f'image explanations are saved as PNG (a heatmap and an overlay): give a file name ending in '
+                         f'.png, got {str(path)!r}')
+    unknown = sorted(set(kwargs) - {'cmap', 'level', 'scale', 'vmax', 'alpha', 'mean', 'std'})
+    if unknown:
+        raise TypeError(f'unknown option(s) {unknown}; image heatmaps take cmap, level, scale, vmax, alpha, mean, std')
+    heatmap_kwargs = {key: value for key, value in kwargs.items() if key in ('cmap', 'level', 'scale', 'vmax')}
+    overlay_path = path.with_name(f'{path.stem}_overlay.png')
+    return (save_heatmap(explanation.relevance[row], path, **heatmap_kwargs),
+            save_overlay(explanation.pixels[row], explanation.relevance[row], overlay_path, **kwargs))

@@ -1,16 +1,11 @@
-"""Token relevance heatmaps: coloured text for the terminal and standalone HTML pages.
+"""Token relevance heatmaps for the terminal (and the single-heatmap HTML page of the demo).
 
-Both renderers use the same diverging colour scale, :py:func:`relevance_to_rgb`: white for 0, saturated red for
-positive relevance (evidence *for* the explained output) and saturated blue for negative relevance (evidence
-*against* it), linear in between and symmetric. By default a row is normalised by its largest absolute
-relevance, so the most relevant token is fully saturated.
-
-Only the standard library and torch are used.
+Colours are the diverging map of :py:func:`~zennit_attn.render.colors.relevance_to_rgb` (light grey for 0, red for
+positive relevance, blue for negative, symmetric), the same in every format of :py:mod:`zennit_attn.render`. By
+default a row is normalised by its largest absolute relevance, so the most relevant token is fully saturated.
 """
 from __future__ import annotations
 
-import html
-import math
 import os
 import sys
 from pathlib import Path
@@ -18,116 +13,17 @@ from typing import IO, Sequence
 
 import torch
 
+from .colors import NEGATIVE, NEUTRAL, POSITIVE, RGB, relevance_to_rgb, symmetric_scale, text_color
+from .html import format_relevance, heatmap_fragment, page
+from .layout import Heatmap, Segment, split_space
+from .tokens import display_token, token_texts
+
 __all__ = [
     'RGB', 'POSITIVE', 'NEGATIVE', 'NEUTRAL', 'relevance_to_rgb', 'text_color', 'display_token', 'format_relevance',
-    'use_color', 'render_terminal', 'render_html', 'write_html', 'from_explanation',
+    'use_color', 'render_terminal', 'terminal_heatmap', 'render_html', 'write_html', 'from_explanation',
 ]
 
-RGB = tuple[int, int, int]
-
-#: colour of ``+scale``: saturated red
-POSITIVE: RGB = (255, 0, 0)
-#: colour of ``-scale``: saturated blue
-NEGATIVE: RGB = (0, 0, 255)
-#: colour of 0: white
-NEUTRAL: RGB = (255, 255, 255)
-
-_BLACK: RGB = (0, 0, 0)
-_WHITE: RGB = (255, 255, 255)
-
-#: visible stand-ins for whitespace characters that would break the layout
-_VISIBLE = {'\n': '\u23ce', '\r': '\u240d', '\t': '\u21e5', '\x7f': '\u2421'}
-
 RelevanceLike = torch.Tensor | Sequence[float]
-
-
-def relevance_to_rgb(value: float, scale: float) -> RGB:
-    """Map a relevance value to a colour on the diverging red/white/blue scale.
-
-    Parameters
-    ----------
-    value: float
-        The relevance.
-    scale: float
-        The relevance that gets the fully saturated colour (usually the largest absolute relevance of the row).
-        Values beyond ``[-scale, scale]`` are clipped.
-
-    Returns
-    -------
-    tuple of int
-        ``(r, g, b)`` in 0..255: ``0 -> (255, 255, 255)``, ``+scale -> (255, 0, 0)``, ``-scale -> (0, 0, 255)``,
-        ``+scale / 2 -> (255, 128, 128)``, ``-scale / 2 -> (128, 128, 255)``. White where ``value`` is NaN or
-        ``scale`` is not a positive finite number (e.g. a row of zeros).
-    """
-    value, scale = float(value), float(scale)
-    if math.isnan(value) or not (math.isfinite(scale) and scale > 0):
-        return NEUTRAL
-    fraction = max(-1.0, min(1.0, value / scale))
-    target = POSITIVE if fraction >= 0 else NEGATIVE
-    weight = abs(fraction)
-    return tuple(int(round(white + (end - white) * weight)) for white, end in zip(NEUTRAL, target))  # type: ignore[return-value]
-
-
-def _luminance(rgb: RGB) -> float:
-    """Relative luminance of an sRGB colour (WCAG 2)."""
-    def linear(channel: int) -> float:
-        c = channel / 255
-        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
-    r, g, b = (linear(channel) for channel in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def text_color(background: RGB) -> RGB:
-    """Black or white, whichever has the higher WCAG contrast ratio on ``background``.
-
-    Parameters
-    ----------
-    background: tuple of int
-        ``(r, g, b)`` in 0..255.
-
-    Returns
-    -------
-    tuple of int
-        ``(0, 0, 0)`` or ``(255, 255, 255)``.
-    """
-    luminance = _luminance(background)
-    on_black = (luminance + 0.05) / 0.05
-    on_white = 1.05 / (luminance + 0.05)
-    return _BLACK if on_black >= on_white else _WHITE
-
-
-def display_token(token: str) -> str:
-    """Make a token printable: leading/trailing spaces are kept, line breaks and control characters are shown.
-
-    ``'\\n'`` becomes ``'⏎'``, ``'\\r'`` ``'␍'``, ``'\\t'`` ``'⇥'``, other C0 control characters (including ESC,
-    which could otherwise inject terminal escape sequences) their Unicode control picture (``'\\x1b'`` ->
-    ``'␛'``). An empty token becomes ``'∅'`` so that it stays visible.
-
-    Parameters
-    ----------
-    token: str
-        The decoded token.
-
-    Returns
-    -------
-    str
-    """
-    if token == '':
-        return '\u2205'
-    out = []
-    for char in token:
-        if char in _VISIBLE:
-            out.append(_VISIBLE[char])
-        elif ord(char) < 0x20:
-            out.append(chr(0x2400 + ord(char)))
-        else:
-            out.append(char)
-    return ''.join(out)
-
-
-def format_relevance(value: float, digits: int = 4) -> str:
-    """Format a relevance with sign and ``digits`` significant digits (``3.670405 -> '+3.67'``)."""
-    return f'{float(value):+.{digits}g}'
 
 
 def use_color(color: bool | None = None, stream: IO | None = None) -> bool:
@@ -175,11 +71,25 @@ def _values(tokens: Sequence[str], relevance: RelevanceLike) -> list[float]:
     return values
 
 
-def _scale(values: Sequence[float], scale: float | None) -> float:
-    if scale is not None:
-        return float(scale)
-    finite = [abs(value) for value in values if math.isfinite(value)]
-    return max(finite, default=0.0)
+def _ansi(rgb: RGB, background: bool) -> str:
+    return '\x1b[{};2;{};{};{}m'.format(48 if background else 38, *rgb)
+
+
+def _colored(segment: Segment, scale: float) -> str:
+    parts = []
+    for token, value in zip(segment.tokens, segment.values):
+        lead, shown, trail = split_space(token)
+        background = relevance_to_rgb(value, scale)
+        parts.append(lead + _ansi(background, True) + _ansi(text_color(background), False) + shown + '\x1b[0m'
+                     + trail)
+        if '\n' in token:
+            parts.append('\n')
+    return ''.join(parts)
+
+
+def _plain(segment: Segment, digits: int) -> str:
+    return ''.join(f'{display_token(token)}[{format_relevance(value, digits)}]'
+                   for token, value in zip(segment.tokens, segment.values))
 
 
 def render_terminal(
@@ -192,11 +102,11 @@ def render_terminal(
 ) -> str:
     """Render tokens with their relevance as text for a terminal.
 
-    In colour mode every token gets a 24-bit ANSI background colour from :py:func:`relevance_to_rgb` and
-    black or white text (:py:func:`text_color`); a token that contains a line break is followed by a real line
-    break, so multi-line inputs keep their shape. Without colour the output is the concatenation of
-    ``token[relevance]`` pairs, e.g. ``The[-1.51] E[+0.329]iffel[+3.67]``. Tokens are shown with
-    :py:func:`display_token` in both modes (leading spaces kept, ``'\\n'`` as ``'⏎'``).
+    In colour mode every token gets a 24-bit ANSI background colour from :py:func:`relevance_to_rgb` and black or
+    white text (:py:func:`text_color`); its leading and trailing spaces stay uncoloured between the boxes, and a
+    token that contains a line break is followed by a real line break, so multi-line inputs keep their shape.
+    Without colour the output is the concatenation of ``token[relevance]`` pairs, e.g. ``The[-1.51]
+    E[+0.329]iffel[+3.67]``. Tokens are shown with :py:func:`display_token` in both modes (``'\\n'`` as ``'⏎'``).
 
     Parameters
     ----------
@@ -218,42 +128,37 @@ def render_terminal(
     str
         The rendered text, without a trailing newline.
     """
-    values = _values(tokens, relevance)
+    segment = Segment(list(tokens), _values(tokens, relevance))
     if not use_color(color, stream):
-        return ''.join(f'{display_token(token)}[{format_relevance(value, digits)}]' for token, value in zip(tokens, values))
-    row_scale = _scale(values, scale)
-    parts = []
-    for token, value in zip(tokens, values):
-        background = relevance_to_rgb(value, row_scale)
-        foreground = text_color(background)
-        parts.append(
-            '\x1b[48;2;{};{};{}m\x1b[38;2;{};{};{}m'.format(*background, *foreground)
-            + display_token(token) + '\x1b[0m'
-        )
-        if '\n' in token:
-            parts.append('\n')
-    return ''.join(parts)
+        return _plain(segment, digits)
+    return _colored(segment, symmetric_scale(segment.values, scale))
 
 
-def _css_rgb(rgb: RGB) -> str:
-    return 'rgb({}, {}, {})'.format(*rgb)
+def terminal_heatmap(heatmap: Heatmap, color: bool | None = None, stream: IO | None = None, digits: int = 3) -> str:
+    """A :py:class:`~zennit_attn.render.layout.Heatmap` for the terminal: its caption, then each segment (with its
+    label) as :py:func:`render_terminal` draws it, then the colour scale.
 
+    Parameters
+    ----------
+    heatmap: Heatmap
+        With its scale resolved.
+    color, stream, digits
+        As for :py:func:`render_terminal`.
 
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 60em;
-       padding: 0 1em; color: #111; background: #fff; }
-h1 { font-size: 1.4em; margin-bottom: 0.2em; }
-.subtitle { color: #444; margin-top: 0; }
-.target { font-size: 1.05em; }
-code, .tokens { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; }
-.tokens { font-size: 1.15em; line-height: 2.1; white-space: pre-wrap; word-break: break-word;
-          border: 1px solid #ddd; padding: 0.8em; border-radius: 4px; }
-.tok { padding: 0.15em 0; border-radius: 2px; -webkit-print-color-adjust: exact; print-color-adjust: exact; }
-.legend { display: flex; align-items: center; gap: 0.6em; margin: 1.2em 0; font-size: 0.9em; }
-.bar { width: 18em; height: 1em; border: 1px solid #999; -webkit-print-color-adjust: exact;
-       print-color-adjust: exact; }
-.note { color: #555; font-size: 0.85em; }
-"""
+    Returns
+    -------
+    str
+        Lines without a trailing newline.
+    """
+    colored = use_color(color, stream)
+    lines = [heatmap.title] if heatmap.title else []
+    for segment in heatmap.segments:
+        text = _colored(segment, heatmap.scale) if colored else _plain(segment, digits)
+        lines.append(f'{segment.label}: {text}' if segment.label else text)
+    if colored:
+        lines.append(f'colour scale: blue {format_relevance(-heatmap.scale)} .. grey 0 .. red '
+                     f'{format_relevance(heatmap.scale)}')
+    return '\n'.join(lines)
 
 
 def render_html(
@@ -267,10 +172,10 @@ def render_html(
 ) -> str:
     """Render tokens with their relevance as a standalone HTML page (inline CSS, no scripts, no external files).
 
-    Each token is a ``<span>`` whose background comes from :py:func:`relevance_to_rgb` (text black or white
-    for contrast) and whose ``title`` tooltip gives its position and relevance. The page has a header (title,
-    subtitle, the explained target token and its logit) and a colour legend from ``-scale`` to ``+scale``.
-    All text is HTML-escaped.
+    Each token is a ``<span>`` whose background comes from :py:func:`relevance_to_rgb` (text black or white for
+    contrast) and whose ``title`` tooltip gives its position and relevance. The page has a header (title, subtitle,
+    the explained target token and its logit) and a colour legend from ``-scale`` to ``+scale``. All text is
+    HTML-escaped.
 
     Parameters
     ----------
@@ -294,63 +199,14 @@ def render_html(
     str
         The HTML document.
     """
-    values = _values(tokens, relevance)
-    row_scale = _scale(values, scale)
-    escape = html.escape
-
-    spans = []
-    for position, (token, value) in enumerate(zip(tokens, values)):
-        background = relevance_to_rgb(value, row_scale)
-        tooltip = f'position {position}: relevance {format_relevance(value)}'
-        spans.append(
-            f'<span class="tok" style="background: {_css_rgb(background)}; color: {_css_rgb(text_color(background))}"'
-            f' title="{escape(tooltip)}">{escape(display_token(token))}</span>'
-        )
-        if '\n' in token:
-            spans.append('<br>')
-
-    header = [f'<h1>{escape(title)}</h1>']
-    if subtitle:
-        header.append(f'<p class="subtitle">{escape(subtitle)}</p>')
-    if target is not None or logit is not None:
-        parts = []
-        if target is not None:
-            parts.append(f'Explained token: <code>{escape(repr(target))}</code>')
-        if logit is not None:
-            parts.append(f'logit <code>{float(logit):.4f}</code>')
-        header.append(f'<p class="target">{", ".join(parts)}</p>')
-
-    gradient = f'linear-gradient(to right, {_css_rgb(NEGATIVE)}, {_css_rgb(NEUTRAL)}, {_css_rgb(POSITIVE)})'
-    legend = (
-        '<div class="legend">'
-        f'<span>{escape(format_relevance(-row_scale))}</span>'
-        f'<span class="bar" style="background: {gradient}"></span>'
-        f'<span>{escape(format_relevance(row_scale))}</span>'
-        '<span class="note">blue: against, white: 0, red: for the explained token'
-        ' (hover a token for its relevance)</span>'
-        '</div>'
-    )
-    total = sum(value for value in values if math.isfinite(value))
-    footer = f'<p class="note">{len(values)} tokens, relevance sum {escape(format_relevance(total))}</p>'
-
-    return '\n'.join([
-        '<!DOCTYPE html>',
-        '<html lang="en">',
-        '<head>',
-        '<meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f'<title>{escape(title)}</title>',
-        f'<style>{_CSS}</style>',
-        '</head>',
-        '<body>',
-        *header,
-        legend,
-        f'<div class="tokens">{"".join(spans)}</div>',
-        footer,
-        '</body>',
-        '</html>',
-        '',
-    ])
+    segment = Segment(list(tokens), _values(tokens, relevance))
+    caption = []
+    if target is not None:
+        caption.append(f'explained token {target!r}')
+    if logit is not None:
+        caption.append(f'logit {float(logit):.4f}')
+    heatmap = Heatmap([segment], symmetric_scale(segment.values, scale), ', '.join(caption) or None)
+    return page(heatmap_fragment(heatmap), title, subtitle)
 
 
 def write_html(
@@ -389,7 +245,7 @@ def from_explanation(explanation, tokenizer, row: int = 0) -> tuple[list[str], t
     explanation: zennit_attn.Explanation
         What :py:func:`~zennit_attn.explain` returned.
     tokenizer
-        The model's tokenizer (its ``decode`` is used per token).
+        The model's tokenizer (see :py:func:`~zennit_attn.render.tokens.token_texts`).
     row: int
         The batch row.
 
@@ -403,4 +259,4 @@ def from_explanation(explanation, tokenizer, row: int = 0) -> tuple[list[str], t
     if explanation.attention_mask is not None:
         keep = explanation.attention_mask[row] != 0
         ids, relevance = ids[keep], relevance[keep]
-    return [tokenizer.decode([int(token)]) for token in ids], relevance.detach().cpu()
+    return token_texts(tokenizer, ids.tolist()), relevance.detach().cpu()

@@ -10,22 +10,22 @@ the relevance of any tensor ``x`` is ``R = x * g``. Linear operations without bi
 reshapes and rotary embeddings then need no rule at all (the epsilon rule, Eq. 8, with epsilon -> 0 is the
 plain gradient times input), and only the non-linear operations change their backward pass:
 
-=============================  =====================================  ==============================
-operation                      rule                                   class
-=============================  =====================================  ==============================
-linear layer                   epsilon rule, Eq. 8                    :py:class:`Epsilon`
-element-wise non-linearity     identity rule, Eq. 9                   :py:class:`Identity`
-LayerNorm / RMSNorm            identity rule on ``x / g(x)``, Prop. 3.4  :py:class:`NormIdentity`
-softmax                        Taylor decomposition with bias, Prop. 3.1  :py:class:`Softmax`
-product of N factors           uniform rule, Prop. 3.2                :py:class:`UniformProduct`
-matrix multiplication          epsilon + uniform rule, Prop. 3.3      :py:class:`BilinearEpsilon`
-operands of inline products    Prop. 3.2 / 3.3 at the operand         :py:class:`UniformOperand`
-CP-LRP (Ali et al. 2022)       softmax output and gate constant       :py:class:`ConstantOperand`,
-                                                                      :py:class:`ConstantFactors`
-linear / convolution in ViTs   gamma, z+, alpha-beta (app. A.2.3)     :py:class:`Gamma`, :py:class:`ZPlus`,
-                                                                      :py:class:`AlphaBeta`
-any zennit relevance rule      converted at the module boundary       :py:class:`RelevanceRule`
-=============================  =====================================  ==============================
+============================  =========================================  =====================================
+operation                     rule                                       class
+============================  =========================================  =====================================
+linear layer                  epsilon rule, Eq. 8                        :py:class:`Epsilon`
+element-wise non-linearity    identity rule, Eq. 9                       :py:class:`Identity`
+LayerNorm / RMSNorm           identity rule on ``x / g(x)``, Prop. 3.4   :py:class:`NormIdentity`
+softmax                       Taylor decomposition with bias, Prop. 3.1  :py:class:`Softmax`
+product of N factors          uniform rule, Prop. 3.2                    :py:class:`UniformProduct`
+matrix multiplication         epsilon + uniform rule, Prop. 3.3          :py:class:`BilinearEpsilon`
+operands of inline products   Prop. 3.2 / 3.3 at the operand             :py:class:`UniformOperand`
+CP-LRP (Ali et al. 2022)      softmax output and gate constant           :py:class:`ConstantOperand`,
+                                                                         :py:class:`ConstantFactors`
+linear / convolution in ViTs  gamma, z+, alpha-beta (app. A.2.3)         :py:class:`Gamma`, :py:class:`ZPlus`,
+                                                                         :py:class:`AlphaBeta`
+any zennit relevance rule     converted at the module boundary           :py:class:`RelevanceRule`
+============================  =========================================  =====================================
 
 :py:class:`RelevanceBoundary`, registered on the root module by the composites, converts at the model's
 boundary so that the outward contract stays zennit's: relevance goes in at the output (``grad_outputs``

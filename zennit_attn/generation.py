@@ -1,0 +1,372 @@
+"""Why did the model answer this: explain every token of a generated answer, and the answer as a whole.
+
+:py:func:`explain_generation` lets the model generate (greedy by default), then explains each generated token by
+:py:func:`~zennit_attn.explain` on exactly the prefix it was generated from, and the whole answer by one backward
+pass from the sum of all generated tokens' logits (as the paper does for Mixtral). The result, a
+:py:class:`GenerationExplanation`, shows itself in the terminal, as an interactive HTML page (click or hover a
+generated token to see its heatmap) and as figures.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import torch
+from zennit.core import Composite
+
+from .explain import explain
+from .render import views
+from .render.html import page
+from .render.layout import ScaleLike
+from .task import check_model
+
+__all__ = ['explain_generation', 'GenerationExplanation']
+
+
+@dataclass
+class GenerationExplanation:
+    """What :py:func:`explain_generation` returns: relevance of every generated token, and of the whole answer.
+
+    Layout: the columns are the tokens of ``input_ids``. For a decoder-only model (causal LM) they are the prompt
+    (``prompt_length`` tokens) followed by the generated tokens. For an encoder-decoder model (T5) they are the
+    encoder input (the prompt, ``prompt_length`` tokens), the decoder start token, then the generated tokens; the
+    generated tokens start at column ``answer_start`` (``prompt_length`` for decoder-only models,
+    ``prompt_length + 1`` for encoder-decoders).
+
+    Attributes
+    ----------
+    relevance: torch.Tensor
+        ``[generated, columns]``: row ``i`` explains generated token ``i`` (its logit when it was generated) over
+        everything it was generated from, i.e. the columns before ``answer_start + i``; it is 0 from that column on.
+        Row ``i`` equals ``explain()`` on that prefix (see :py:func:`explain_generation`).
+    answer_relevance: torch.Tensor
+        ``[columns]``: the relevance of the sum of all generated tokens' logits, from one backward pass (0 at the last
+        generated token, which no token was generated from). LRP is linear in its initial relevance, so it equals
+        ``relevance.sum(0)`` up to rounding.
+    input_ids: torch.Tensor
+        ``[columns]`` the token id of each column.
+    prompt_length: int
+        Number of prompt tokens (encoder tokens for encoder-decoders).
+    answer_start: int
+        Column of the first generated token.
+    target: torch.Tensor
+        ``[generated]`` the generated token ids (the explained outputs).
+    logit: torch.Tensor
+        ``[generated]`` each generated token's logit when it was generated (its initial relevance).
+    position: torch.Tensor
+        ``[generated]`` the column whose output predicted each token (``answer_start + i - 1``).
+    method: str
+        The attribution method.
+    encoder_decoder: bool
+        Whether the model is an encoder-decoder (T5).
+    tokenizer
+        The tokenizer (not compared, not shown in ``repr``).
+    """
+    relevance: torch.Tensor
+    answer_relevance: torch.Tensor
+    input_ids: torch.Tensor
+    prompt_length: int
+    answer_start: int
+    target: torch.Tensor
+    logit: torch.Tensor
+    position: torch.Tensor
+    method: str = 'attnlrp'
+    encoder_decoder: bool = False
+    tokenizer: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def generated_ids(self) -> torch.Tensor:
+        """``[generated]`` the generated token ids."""
+        return self.input_ids[self.answer_start:]
+
+    def answer(self, tokenizer=None) -> str:
+        """The generated text."""
+        tokenizer = views.resolve_tokenizer(tokenizer, self)
+        return tokenizer.decode(self.generated_ids.tolist(), skip_special_tokens=False)
+
+    def tokens(self, tokenizer=None, words: bool = False) -> list[str]:
+        """The texts of the columns (prompt, for T5 the decoder start, answer), as the tokenizer writes them;
+        ``words=True`` merges them into words (never across the prompt/answer boundary)."""
+        parts, _ = views.generation_columns(self, tokenizer, words)
+        return [text for _, texts, _ in parts for text in texts]
+
+    def heatmap(self, token: int | None = None, words: bool = False, tokenizer=None):
+        """The :py:class:`~zennit_attn.render.layout.Heatmap` of the whole answer (``token=None``) or of generated
+        token ``token`` (prompt and answer as its two segments)."""
+        return views.generation_heatmap(self, token, words, tokenizer)
+
+    def show(self, token: int | str | None = None, words: bool = False, scale: ScaleLike = None,
+             color: bool | None = None, tokenizer=None, stream: IO | None = None) -> None:
+        """Print the heatmap of the whole answer (``token=None``), of generated token ``token`` (an index, negative
+        from the end) or of every generated token (``token='all'``), in colour on a terminal.
+
+        Parameters
+        ----------
+        token: int, 'all' or None
+        words: bool
+            Merge tokens into words (relevance summed).
+        scale: None, 'shared' or float
+            Colour scale: each heatmap its own largest absolute relevance (None), one for all heatmaps printed
+            (``'shared'``), or a number.
+        color: bool, optional
+            Force colour on or off (default: on for a terminal unless ``NO_COLOR`` is set).
+        tokenizer: optional
+            Default: the stored one.
+        stream: file-like, optional
+            Default ``sys.stdout``.
+        """
+        if isinstance(token, str):
+            if token != 'all':
+                raise ValueError(f"token must be an index, 'all' or None, got {token!r}")
+            heatmaps = [self.heatmap(index, words, tokenizer) for index in range(self.relevance.shape[0])]
+        else:
+            heatmaps = [self.heatmap(token, words, tokenizer)]
+        views.show_heatmaps(heatmaps, scale, color, stream)
+
+    def to_html(self, words: bool = False, scale: ScaleLike = None, tokenizer=None) -> str:
+        """The interactive page: prompt and answer as one text; click or hover a generated token to see what it was
+        generated from, or "whole answer" for the heatmap of all generated logits together. Standalone (inline
+        script and style).
+
+        Parameters
+        ----------
+        words: bool
+            Merge tokens into words; a generated word then shows the sum of its tokens' rows.
+        scale: None, 'shared' or float
+            Colour scale of each view: its own largest absolute relevance (None), one for all views (``'shared'``),
+            or a number.
+        tokenizer: optional
+
+        Returns
+        -------
+        str
+        """
+        body = views.generation_views(self, words, scale, tokenizer)
+        return page(body, title='Why did the model answer this?',
+                    subtitle=f'{self.relevance.shape[0]} generated tokens explained by {self.method}')
+
+    def _repr_html_(self) -> str:
+        return views.generation_views(self)
+
+    def save(self, path: str | os.PathLike, words: bool = False, scale: ScaleLike = None, token: int | None = None,
+             tokenizer=None, **options) -> Path:
+        """Write the explanation in the format of the suffix of ``path``.
+
+        ``.html``: the interactive page (:py:meth:`to_html`); ``.png``, ``.svg``, ``.pdf``, ``.tex``: the heatmap of
+        the whole answer (or of generated token ``token``) as a figure or LaTeX snippet (options as for
+        :py:func:`zennit_attn.render.views.save_heatmaps`).
+
+        Returns
+        -------
+        pathlib.Path
+        """
+        heatmaps = [self.heatmap(token, words, tokenizer)]
+        document = None
+        if str(path).lower().endswith('.html'):
+            document = self.to_html(words, scale, tokenizer)
+        return views.save_heatmaps(heatmaps, path, scale, html=document, **options)
+
+
+def _prompt_ids(tokenizer, prompt) -> torch.Tensor:
+    """``[1, seq]`` ids of one prompt (text, ids or the tokenizer's output)."""
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(item, str) for item in prompt):
+        raise ValueError(f'explain_generation explains one prompt at a time, got a list of {len(prompt)} texts: call '
+                         'it once per prompt')
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        raise ValueError('the prompt has no tokens: give the text the model should answer')
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError('the prompt is empty: give the text the model should answer')
+        prompt = tokenizer(prompt, return_tensors='pt')
+    mask = None
+    if isinstance(prompt, Mapping):
+        if 'input_ids' not in prompt:
+            raise ValueError(f'the prompt mapping has no input_ids (keys: {sorted(prompt)})')
+        mask = prompt.get('attention_mask')
+        prompt = prompt['input_ids']
+    ids = torch.as_tensor(prompt)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f'the prompt must be a text or the ids of one sequence ([seq] or [1, seq] integers), got '
+                         f'{ids.dtype} of shape {tuple(ids.shape)}')
+    if ids.shape[1] == 0:
+        raise ValueError('the prompt has no tokens: give the text the model should answer')
+    if mask is not None and not bool((torch.as_tensor(mask) != 0).all()):
+        raise ValueError('the prompt has padding (attention_mask has zeros): pass the one prompt unpadded')
+    return ids.long()
+
+
+def _batched(value) -> int | None:
+    if value is False or value is None:
+        return None
+    if value is True:
+        return 0
+    if isinstance(value, numbers.Integral) and value >= 1:
+        return int(value)
+    raise ValueError(f'batched must be False, True or a positive number of rows per call, got {value!r}')
+
+
+def explain_generation(
+    model: torch.nn.Module,
+    tokenizer,
+    prompt,
+    max_new_tokens: int = 20,
+    method: str = 'attnlrp',
+    composite: Composite | None = None,
+    generate_kwargs: dict | None = None,
+    batched: bool | int = False,
+    **params,
+) -> GenerationExplanation:
+    """Generate an answer to ``prompt`` and explain every generated token and the whole answer.
+
+    The model generates with ``model.generate`` (greedy unless ``generate_kwargs`` say otherwise). Then generated
+    token ``i`` is explained over the prefix it was generated from: for a decoder-only model ``explain(model,
+    ids[:, :P + i], target=ids[0, P + i])`` (``P`` prompt tokens, ``ids`` prompt and answer), for an encoder-decoder
+    ``explain(model, prompt_ids, decoder_input_ids=decoder_ids[:, :i + 1], target=decoder_ids[0, i + 1])``
+    (``decoder_ids`` the decoder start token and the answer); each row of ``relevance`` is that call's relevance (for
+    encoder-decoders encoder then decoder relevance), padded with zeros. The whole answer is explained by one more
+    call with ``target=[(position, token), ...]`` over all generated tokens on the full sequence.
+
+    Cost: by default (``batched=False``) one ``explain`` call per generated token on its own prefix, plus one for the
+    answer: ``generated + 1`` forward and backward passes over sequences of ``P`` to ``P + generated`` tokens (for
+    LRP). The rows are then bit for bit what ``explain`` gives on each prefix. ``batched=True`` explains all rows in
+    one call on ``generated`` copies of the full sequence (the explained position and token set per row), and
+    ``batched=k`` in calls of ``k`` rows: fewer, larger passes (faster on a GPU, ``k`` times the memory of one
+    call), equal to the per-prefix rows only up to rounding, because the model computes on a longer sequence: in
+    float64 about 1e-16 relative from the changed order of sums inside attention, and up to about 1e-8 for models
+    whose rotary position embeddings transformers computes in float32 (Llama and its kin, where the model's own
+    logits at a position differ by that much between a prefix and the full sequence).
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+        A generative Hugging Face model in eval mode (``...ForCausalLM``, ``...ForConditionalGeneration``).
+    tokenizer
+        Its tokenizer (used to tokenise a text prompt, for the pad token and to show the tokens).
+    prompt: str, sequence of int, tensor or BatchEncoding
+        One prompt: text, or its ids (``[seq]`` or ``[1, seq]``), or what the tokenizer returns (unpadded).
+    max_new_tokens: int
+        Most tokens to generate (fewer if the model ends the answer).
+    method: str
+        Attribution method (a key of :py:data:`zennit_attn.methods.METHODS`).
+    composite: zennit.core.Composite, optional
+        For the LRP methods (see :py:func:`~zennit_attn.explain`).
+    generate_kwargs: dict, optional
+        Passed to ``model.generate`` (e.g. ``{'do_sample': True, 'top_p': 0.9}``, ``suppress_tokens``); one sequence
+        only.
+    batched: bool or int
+        See *Cost* above.
+    **params
+        Hyperparameters of the method.
+
+    Returns
+    -------
+    GenerationExplanation
+    """
+    check_model(model)
+    if tokenizer is None or not callable(getattr(tokenizer, 'decode', None)):
+        raise TypeError('explain_generation(model, tokenizer, prompt): the second argument must be the model\'s '
+                        f'tokenizer, got {type(tokenizer).__name__}')
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise ValueError(f'max_new_tokens must be a positive integer, got {max_new_tokens!r}')
+    rows_per_call = _batched(batched)
+    can_generate = getattr(model, 'can_generate', None)
+    if not callable(getattr(model, 'generate', None)) or (callable(can_generate) and not can_generate()):
+        raise TypeError(f'{type(model).__name__} cannot generate text: use a ...ForCausalLM or '
+                        '...ForConditionalGeneration model (or explain() for a single output)')
+    prompt_ids = _prompt_ids(tokenizer, prompt)
+    device = next(model.parameters()).device
+    prompt_ids = prompt_ids.to(device)
+    generate_kwargs = dict(generate_kwargs or {})
+    for key in ('max_new_tokens', 'input_ids', 'inputs'):
+        if key in generate_kwargs:
+            raise ValueError(f'generate_kwargs must not hold {key!r}: it is an argument of explain_generation')
+    if generate_kwargs.get('num_return_sequences', 1) != 1:
+        raise ValueError('explain_generation explains one generated sequence: num_return_sequences must be 1')
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    settings = {'do_sample': False, 'max_new_tokens': int(max_new_tokens)}
+    if pad is not None:
+        settings['pad_token_id'] = pad
+    settings.update(generate_kwargs)
+    with torch.no_grad():
+        sequences = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), **settings)
+    if not isinstance(sequences, torch.Tensor):  # return_dict_in_generate=True
+        sequences = sequences.sequences
+    encoder_decoder = bool(getattr(getattr(model, 'config', None), 'is_encoder_decoder', False))
+    prompt_length = prompt_ids.shape[1]
+    if encoder_decoder:
+        decoder_ids = sequences[:1]
+        generated = decoder_ids[0, 1:]
+        columns = torch.cat([prompt_ids[0], decoder_ids[0]])
+        answer_start = prompt_length + 1
+    else:
+        if not torch.equal(sequences[0, :prompt_length], prompt_ids[0]):
+            raise RuntimeError('model.generate returned a sequence that does not start with the prompt')
+        columns = sequences[0]
+        generated = sequences[0, prompt_length:]
+        answer_start = prompt_length
+    count = generated.shape[0]
+    if count == 0:
+        raise RuntimeError('the model generated no token: nothing to explain (check max_new_tokens and '
+                           'generate_kwargs)')
+    options = dict(method=method, composite=composite, **params)
+    relevance = torch.zeros(count, columns.shape[0], dtype=torch.float64)
+    logits = torch.zeros(count, dtype=torch.float64)
+    full = columns[None, :answer_start + count - 1]
+
+    def place(index: int, explanation, row: int) -> None:
+        parts = [explanation.relevance[row]]
+        if explanation.decoder_relevance is not None:
+            parts.append(explanation.decoder_relevance[row])
+        values = torch.cat(parts).detach()
+        relevance[index, :values.shape[0]] = values.to('cpu', torch.float64)
+        logits[index] = float(explanation.logit[row])
+
+    if rows_per_call is None:
+        for index in range(count):
+            if encoder_decoder:
+                explanation = explain(model, prompt_ids, decoder_input_ids=decoder_ids[:, :index + 1],
+                                      target=int(generated[index]), **options)
+            else:
+                explanation = explain(model, columns[None, :prompt_length + index], target=int(generated[index]),
+                                      **options)
+            place(index, explanation, 0)
+    else:
+        size = rows_per_call or count
+        for start in range(0, count, size):
+            indices = list(range(start, min(count, start + size)))
+            targets = [int(generated[index]) for index in indices]
+            if encoder_decoder:
+                explanation = explain(model, prompt_ids.expand(len(indices), -1),
+                                      decoder_input_ids=decoder_ids[:, :count].expand(len(indices), -1),
+                                      target=targets, position=indices, **options)
+            else:
+                explanation = explain(model, full.expand(len(indices), -1), target=targets,
+                                      position=[answer_start + index - 1 for index in indices], **options)
+            for row, index in enumerate(indices):
+                place(index, explanation, row)
+        relevance[torch.arange(columns.shape[0])[None, :] >= answer_start + torch.arange(count)[:, None]] = 0.0
+
+    if encoder_decoder:
+        pairs = [(index, int(generated[index])) for index in range(count)]
+        whole = explain(model, prompt_ids, decoder_input_ids=decoder_ids[:, :count], target=pairs, **options)
+        answer = torch.cat([whole.relevance[0], whole.decoder_relevance[0]])
+        positions = torch.arange(count) + prompt_length
+    else:
+        pairs = [(answer_start + index - 1, int(generated[index])) for index in range(count)]
+        whole = explain(model, full, target=pairs, **options)
+        answer = whole.relevance[0]
+        positions = torch.arange(count) + answer_start - 1
+    answer_relevance = torch.zeros(columns.shape[0], dtype=torch.float64)
+    answer_relevance[:answer.shape[0]] = answer.detach().to('cpu', torch.float64)
+    dtype = whole.relevance.dtype if whole.relevance.is_floating_point() else torch.float32
+    return GenerationExplanation(
+        relevance=relevance.to(dtype), answer_relevance=answer_relevance.to(dtype), input_ids=columns.cpu(),
+        prompt_length=prompt_length, answer_start=answer_start, target=generated.cpu(), logit=logits.to(dtype),
+        position=positions, method=method, encoder_decoder=encoder_decoder, tokenizer=tokenizer,
+    )

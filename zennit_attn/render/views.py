@@ -1,0 +1,374 @@
+"""From explanations to pictures: the heatmaps of an :py:class:`~zennit_attn.Explanation` or a
+:py:class:`~zennit_attn.GenerationExplanation` and the one function that writes any of them by file suffix.
+
+The explanation classes call these functions for their ``tokens``, ``show``, ``to_html``, ``_repr_html_`` and
+``save`` methods; they read the explanations' fields only (no import of the classes), so that rendering stays below
+the attribution code.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import IO, Sequence
+
+import torch
+
+from . import figure, latex
+from .html import fragment, generation_fragment, heatmap_fragment, page
+from .layout import Heatmap, ScaleLike, Segment, resolve_scales
+from .text import terminal_heatmap
+from .tokens import merge_words, token_texts
+
+__all__ = ['SUFFIXES', 'resolve_tokenizer', 'check_row', 'explanation_heatmaps', 'explanation_tokens',
+           'generation_columns', 'generation_heatmap', 'generation_views', 'show_heatmaps', 'heatmaps_html',
+           'save_heatmaps', 'check_output', 'shared_scale']
+
+#: file suffixes that :py:func:`save_heatmaps` writes
+SUFFIXES = ('.html', '.png', '.svg', '.pdf', '.tex')
+
+
+def resolve_tokenizer(tokenizer, explanation):
+    """``tokenizer``, else the one stored on the explanation, else a ValueError that names the fix."""
+    tokenizer = tokenizer if tokenizer is not None else getattr(explanation, 'tokenizer', None)
+    if tokenizer is None:
+        raise ValueError('showing tokens needs the tokenizer: pass tokenizer=..., or call explain(model, text, '
+                         'tokenizer=tokenizer), which stores it on the explanation')
+    if not callable(getattr(tokenizer, 'decode', None)):
+        raise TypeError(f'tokenizer must be a Hugging Face tokenizer (with decode), got {type(tokenizer).__name__}')
+    return tokenizer
+
+
+def check_row(row, batch: int, what: str = 'row') -> int:
+    """``row`` as a non-negative index into ``batch`` rows (negative rows count from the end); ``what`` names the
+    rows in the error (``'row'``, ``'generated token'``)."""
+    if isinstance(row, bool) or not isinstance(row, numbers.Integral):
+        raise TypeError(f'{what} must be an integer index, got {row!r}')
+    if not -batch <= row < batch:
+        raise IndexError(f'{what} {row} is out of range: there are {batch} ({what} 0 to {batch - 1}, or negative '
+                         'from the end)')
+    return int(row) % batch
+
+
+def _special(tokenizer, ids: Sequence[int]) -> list[bool]:
+    special = set(getattr(tokenizer, 'all_special_ids', None) or ())
+    return [int(token) in special for token in ids]
+
+
+def _segment(tokenizer, ids: Sequence[int], values: Sequence[float], positions: Sequence[int], words: bool,
+             label: str | None = None) -> Segment:
+    ids = [int(token) for token in ids]
+    texts = token_texts(tokenizer, ids)
+    if not words:
+        return Segment(texts, list(values), label, [[position] for position in positions])
+    merged, sums, groups = merge_words(texts, list(values), _special(tokenizer, ids))
+    return Segment(merged, sums, label, [[positions[index] for index in group] for group in groups])
+
+
+def _row_values(tensor: torch.Tensor, row: int, keep: torch.Tensor | None = None) -> tuple[list[float], list[int]]:
+    values = tensor[row].detach().to('cpu', torch.float64)
+    positions = torch.arange(values.shape[0])
+    if keep is not None:
+        values, positions = values[keep], positions[keep]
+    return values.tolist(), positions.tolist()
+
+
+def _warn_non_finite(values: Sequence[float], where: str) -> None:
+    bad = sum(not math.isfinite(value) for value in values)
+    if bad:
+        warnings.warn(f'{where} has {bad} non-finite relevance value(s) (NaN or infinite): they are shown as 0 '
+                      '(neutral) and left out of the colour scale', RuntimeWarning, stacklevel=4)
+
+
+def _describe(tokenizer, explanation, row: int) -> str:
+    target = explanation.target[row]
+    logit = explanation.logit[row]
+    position = None if explanation.position is None else explanation.position[row]
+    method = getattr(explanation, 'method', '')
+    where = 'decoder position' if getattr(explanation, 'decoder_input_ids', None) is not None else 'position'
+    if position is None:
+        text = f'target {int(target)}'
+    elif target.dim() == 0:
+        text = f'target token {token_texts(tokenizer, [int(target)])[0]!r} (id {int(target)}) at {where} {int(position)}'
+    else:
+        pairs = [f'{token_texts(tokenizer, [int(t)])[0]!r} at {int(p)}' for t, p in zip(target, position)]
+        shown = ', '.join(pairs[:6]) + (f', ... ({len(pairs)} in all)' if len(pairs) > 6 else '')
+        text = f'sum of {len(pairs)} logits: {shown}'
+    return f'row {row}: {text}, logit {float(logit.sum()):.4g} ({method})'
+
+
+def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=None) -> list[Heatmap]:
+    """The heatmaps of rows of an :py:class:`~zennit_attn.Explanation` (scales not yet resolved).
+
+    Padding (``attention_mask == 0``) is left out. Encoder-decoder explanations have two segments per row,
+    ``'encoder'`` and ``'decoder'`` tokens.
+
+    Parameters
+    ----------
+    explanation: zennit_attn.Explanation
+    rows: int, sequence of int or None
+        Rows to show; None: all.
+    words: bool
+        Merge tokens into words (relevance summed), see :py:func:`~zennit_attn.render.tokens.merge_words`.
+    tokenizer: optional
+        Default: the explanation's own (``explanation.tokenizer``).
+
+    Returns
+    -------
+    list of Heatmap
+    """
+    tokenizer = resolve_tokenizer(tokenizer, explanation)
+    batch = explanation.relevance.shape[0]
+    if rows is None:
+        rows = range(batch)
+    elif isinstance(rows, numbers.Integral) and not isinstance(rows, bool):
+        rows = [rows]
+    rows = [check_row(row, batch) for row in rows]
+    if not rows:
+        raise ValueError('rows is empty: nothing to show')
+    heatmaps = []
+    for row in rows:
+        mask = explanation.attention_mask
+        keep = None if mask is None else (mask[row] != 0).cpu()
+        values, positions = _row_values(explanation.relevance, row, keep)
+        ids = explanation.input_ids[row].cpu()
+        ids = ids if keep is None else ids[keep]
+        segments = []
+        decoder = getattr(explanation, 'decoder_relevance', None)
+        segments.append(_segment(tokenizer, ids.tolist(), values, positions, words,
+                                 'encoder' if decoder is not None else None))
+        if decoder is not None:
+            values, positions = _row_values(decoder, row)
+            segments.append(_segment(tokenizer, explanation.decoder_input_ids[row].tolist(), values, positions, words,
+                                     'decoder'))
+        heatmap = Heatmap(segments, title=_describe(tokenizer, explanation, row))
+        _warn_non_finite(heatmap.values, f'row {row}')
+        heatmaps.append(heatmap)
+    return heatmaps
+
+
+def explanation_tokens(explanation, tokenizer=None, row: int = 0, words: bool = False) -> list[str]:
+    """The token (or word) texts of one row, padding removed; encoder then decoder tokens for encoder-decoder
+    models."""
+    heatmap, = explanation_heatmaps(explanation, [row], words, tokenizer)
+    return [token for segment in heatmap.segments for token in segment.tokens]
+
+
+def shared_scale(*explanations, rows=None) -> float:
+    """One colour scale for several explanations: the largest absolute finite relevance over all of them (their
+    ``relevance``, plus ``decoder_relevance`` and ``answer_relevance`` where present), to pass as ``scale=`` to
+    each one's ``show``, ``to_html`` or ``save`` so that equal colours mean equal relevance across them.
+
+    Parameters
+    ----------
+    *explanations
+        :py:class:`~zennit_attn.Explanation` or :py:class:`~zennit_attn.GenerationExplanation` objects.
+    rows: sequence of int, optional
+        Only these rows of each (for batch explanations).
+
+    Returns
+    -------
+    float
+    """
+    if not explanations:
+        raise ValueError('shared_scale() needs at least one explanation')
+    largest = 0.0
+    for explanation in explanations:
+        for name in ('relevance', 'decoder_relevance', 'answer_relevance'):
+            tensor = getattr(explanation, name, None)
+            if tensor is None:
+                continue
+            tensor = tensor.detach().double()
+            if rows is not None and name != 'answer_relevance':
+                tensor = tensor[list(rows)]
+            finite = tensor[torch.isfinite(tensor)]
+            if finite.numel():
+                largest = max(largest, float(finite.abs().max()))
+    return largest
+
+
+def show_heatmaps(heatmaps: Sequence[Heatmap], scale: ScaleLike = None, color: bool | None = None,
+                  stream: IO | None = None) -> None:
+    """Print heatmaps to ``stream`` (default ``sys.stdout``) in colour if it is a terminal (see
+    :py:func:`~zennit_attn.render.text.use_color`)."""
+    resolve_scales(heatmaps, scale)
+    stream = sys.stdout if stream is None else stream
+    text = '\n\n'.join(terminal_heatmap(heatmap, color, stream) for heatmap in heatmaps)
+    print(text, file=stream)
+
+
+def heatmaps_html(heatmaps: Sequence[Heatmap], scale: ScaleLike = None, title: str | None = None,
+                  subtitle: str | None = None, standalone: bool = True) -> str:
+    """Heatmaps as HTML: a standalone page, or a fragment for Jupyter (``standalone=False``)."""
+    resolve_scales(heatmaps, scale)
+    body = ''.join(heatmap_fragment(heatmap) for heatmap in heatmaps)
+    if standalone:
+        return page(body, title or 'Token relevance', subtitle)
+    return fragment(body, title, subtitle)
+
+
+def check_output(path: str | os.PathLike) -> tuple[Path, str]:
+    """``(path, suffix)`` for :py:func:`save_heatmaps`: a known suffix (ValueError otherwise), not a directory, and
+    a parent that is (or can be made) a folder (OSError otherwise)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f'path must be a file name (str or os.PathLike), got {type(path).__name__}')
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        raise IsADirectoryError(f'cannot write {str(path)!r}: it is a directory; give a file name such as '
+                                f'{str(path / "heatmap.html")!r}')
+    if suffix not in SUFFIXES:
+        raise ValueError(f'cannot tell the format of {str(path)!r} from its suffix {path.suffix or "(none)"!r}: use '
+                         f'one of {", ".join(SUFFIXES)}')
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OSError(error.errno, f'cannot write {str(path)!r}: the folder {str(path.parent)!r} cannot be made '
+                                   f'({error.strerror or error})') from error
+    return path, suffix
+
+
+def save_heatmaps(heatmaps: Sequence[Heatmap], path: str | os.PathLike, scale: ScaleLike = None,
+                  title: str | None = None, html: str | None = None, **options) -> Path:
+    """Write heatmaps to ``path`` in the format of its suffix.
+
+    ``.html``: a standalone page (``html`` replaces its content, e.g. the interactive page of a generated answer);
+    ``.png``, ``.svg``, ``.pdf``: a matplotlib figure (:py:func:`~zennit_attn.render.figure.save_figure`; options
+    ``width``, ``font_size``, ``dpi``, ``colorbar``); ``.tex``: a LaTeX snippet
+    (:py:func:`~zennit_attn.render.latex.save_latex`; options ``document``, ``captions``). Missing folders are made.
+
+    Parameters
+    ----------
+    heatmaps: sequence of Heatmap
+    path: str or os.PathLike
+    scale: None, 'shared' or float
+        See :py:func:`~zennit_attn.render.layout.resolve_scales`.
+    title: str, optional
+        Heading of the HTML page.
+    html: str, optional
+        The whole HTML document to write for ``.html``.
+    **options
+        Format options (see above); an option the format does not take is a TypeError.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    path, suffix = check_output(path)
+    resolve_scales(heatmaps, scale)
+    allowed = {'.html': (), '.tex': ('document', 'captions'),
+               '.png': ('width', 'font_size', 'dpi', 'colorbar'), '.svg': ('width', 'font_size', 'dpi', 'colorbar'),
+               '.pdf': ('width', 'font_size', 'dpi', 'colorbar')}[suffix]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(f'saving {suffix} takes no option(s) {unknown}; it takes {list(allowed) or "none"}')
+    try:
+        if suffix == '.html':
+            document = html if html is not None else heatmaps_html(heatmaps, None, title)
+            path.write_text(document, encoding='utf-8')
+        elif suffix == '.tex':
+            latex.save_latex(heatmaps, path, **options)
+        else:
+            figure.save_figure(heatmaps, path, suffix[1:], **options)
+    except OSError as error:
+        raise OSError(error.errno, f'cannot write {str(path)!r}: {error.strerror or error}') from error
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ generated answers
+def generation_columns(generation, tokenizer=None, words: bool = False):
+    """The shown columns of a :py:class:`~zennit_attn.GenerationExplanation`: its parts (prompt, for T5 the decoder
+    start, answer) with token texts, and how tokens were merged.
+
+    Returns
+    -------
+    tuple
+        ``(parts, groups)``: ``parts`` is a list of ``(label, texts, column groups)`` per part; ``groups`` the
+        column indices of every shown item, in order.
+    """
+    tokenizer = resolve_tokenizer(tokenizer, generation)
+    ids = generation.input_ids[0].tolist() if generation.input_ids.dim() == 2 else generation.input_ids.tolist()
+    texts = token_texts(tokenizer, ids)
+    special = _special(tokenizer, ids)
+    bounds = [0, generation.prompt_length, generation.answer_start, len(ids)]
+    labels = ['prompt' if not generation.encoder_decoder else 'encoder (prompt)', 'decoder start',
+              'answer' if not generation.encoder_decoder else 'decoder (answer)']
+    parts, groups = [], []
+    for label, start, end in zip(labels, bounds[:-1], bounds[1:]):
+        if end <= start:
+            continue
+        part_texts = texts[start:end]
+        if words:
+            merged, _, part_groups = merge_words(part_texts, [0.0] * len(part_texts), special[start:end])
+            part_groups = [[start + index for index in group] for group in part_groups]
+        else:
+            merged, part_groups = part_texts, [[index] for index in range(start, end)]
+        parts.append((label, merged, part_groups))
+        groups += part_groups
+    return parts, groups
+
+
+def _sum_columns(values: Sequence[float], groups: Sequence[Sequence[int]]) -> list[float]:
+    return [sum(values[column] for column in group) for group in groups]
+
+
+def generation_heatmap(generation, token: int | None = None, words: bool = False, tokenizer=None) -> Heatmap:
+    """The heatmap of the whole answer (``token=None``: ``answer_relevance``) or of generated token ``token`` (its
+    row of ``relevance``), with prompt and answer as segments (scale not resolved)."""
+    tokenizer = resolve_tokenizer(tokenizer, generation)
+    count = generation.relevance.shape[0]
+    if token is None:
+        values = generation.answer_relevance.detach().double().tolist()
+        text = ''.join(token_texts(tokenizer, generation.generated_ids.tolist()))
+        title = f'whole answer {text!r}: sum of the logits of its {count} tokens, {float(generation.logit.sum()):.4g}'
+    else:
+        token = check_row(token, count, 'generated token')
+        values = generation.relevance[token].detach().double().tolist()
+        text = token_texts(tokenizer, [int(generation.target[token])])[0]
+        title = (f'generated token {token + 1} of {count}: {text!r} (id {int(generation.target[token])}), logit '
+                 f'{float(generation.logit[token]):.4g}')
+    parts, _ = generation_columns(generation, tokenizer, words)
+    segments = [Segment(texts, _sum_columns(values, groups), label, groups) for label, texts, groups in parts]
+    heatmap = Heatmap(segments, title=f'{title} ({generation.method})')
+    _warn_non_finite(heatmap.values, 'the answer' if token is None else f'generated token {token}')
+    return heatmap
+
+
+def generation_views(generation, words: bool = False, scale: ScaleLike = None, tokenizer=None) -> str:
+    """The interactive HTML fragment of a generated answer (see
+    :py:func:`~zennit_attn.render.html.generation_fragment`)."""
+    tokenizer = resolve_tokenizer(tokenizer, generation)
+    parts, groups = generation_columns(generation, tokenizer, words)
+    texts = [text for _, part_texts, _ in parts for text in part_texts]
+    start = generation.answer_start
+    rows = generation.relevance.detach().double()
+    views, clickable = [], []
+    for index, group in enumerate(groups):
+        generated = [column - start for column in group if column >= start]
+        if not generated:
+            clickable.append(None)
+            continue
+        values = _sum_columns(rows[generated].sum(0).tolist(), groups)
+        shown = ''.join(token_texts(tokenizer, [int(generation.target[k]) for k in generated]))
+        logit = float(generation.logit[generated].sum())
+        which = (f'generated token {generated[0] + 1}' if len(generated) == 1
+                 else f'generated tokens {generated[0] + 1}-{generated[-1] + 1}')
+        views.append({'values': values, 'upto': index, 'label': f'{which} of {rows.shape[0]}: {shown!r}, logit '
+                                                                   f'{logit:.4g}'})
+        clickable.append(len(views) - 1)
+    answer = _sum_columns(generation.answer_relevance.detach().double().tolist(), groups)
+    text = ''.join(token_texts(tokenizer, generation.generated_ids.tolist()))
+    views.append({'values': answer, 'upto': len(groups),
+                  'label': f'whole answer {text!r}: sum of the logits of its {rows.shape[0]} tokens, '
+                           f'{float(generation.logit.sum()):.4g}'})
+    heatmaps = [Heatmap([Segment(texts, view['values'])]) for view in views]
+    _warn_non_finite(heatmaps[-1].values, 'the answer')
+    resolve_scales(heatmaps, scale)
+    for view, heatmap in zip(views, heatmaps):
+        view['scale'] = heatmap.scale
+    positions = [list(group) for group in groups]
+    caption = f'Why the model answered this ({generation.method}): prompt and answer'
+    return generation_fragment(texts, positions, views, clickable, caption)
