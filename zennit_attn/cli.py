@@ -712,10 +712,12 @@ def run_generate(args: argparse.Namespace) -> int:
 
     model, tokenizer = _load(args, need_tokenizer_first=False)
     start = time.perf_counter()
-    with status(f'generating up to {args.max_new_tokens} tokens and explaining each with {args.method}',
-                not args.quiet):
-        generation = explain_generation(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens,
-                                        method=args.method, composite=_composite(args.composite), **args.params)
+    if not args.quiet:  # then a progress bar over the explanations
+        print(f'{PROG}: generating up to {args.max_new_tokens} tokens and explaining each with {args.method}',
+              file=sys.stderr, flush=True)
+    generation = explain_generation(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens,
+                                    method=args.method, composite=_composite(args.composite),
+                                    progress=not args.quiet, **args.params)
     seconds = time.perf_counter() - start
     generated = int(generation.target.shape[0])
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 import torch
+from tqdm.auto import tqdm
 from zennit.core import Composite
 
 from .explain import explain
@@ -220,6 +221,7 @@ def explain_generation(
     composite: Composite | None = None,
     generate_kwargs: dict | None = None,
     batched: bool | int = False,
+    progress: bool = False,
     **params,
 ) -> GenerationExplanation:
     """Generate an answer to ``prompt`` and explain every generated token and the whole answer.
@@ -261,6 +263,8 @@ def explain_generation(
         only.
     batched: bool or int
         See *Cost* above.
+    progress: bool
+        Show a progress bar (tqdm, on stderr) over the explanation calls.
     **params
         Hyperparameters of the method.
 
@@ -327,6 +331,9 @@ def explain_generation(
         relevance[index, :values.shape[0]] = values.to('cpu', torch.float64)
         logits[index] = float(explanation.logit[row])
 
+    size = rows_per_call or count
+    calls = count if rows_per_call is None else -(-count // size)
+    bar = tqdm(total=calls + 1, desc='explaining the answer', unit='call', disable=not progress, leave=False)
     if rows_per_call is None:
         for index in range(count):
             if encoder_decoder:
@@ -336,8 +343,8 @@ def explain_generation(
                 explanation = explain(model, columns[None, :prompt_length + index], target=int(generated[index]),
                                       **options)
             place(index, explanation, 0)
+            bar.update()
     else:
-        size = rows_per_call or count
         for start in range(0, count, size):
             indices = list(range(start, min(count, start + size)))
             targets = [int(generated[index]) for index in indices]
@@ -350,6 +357,7 @@ def explain_generation(
                                       position=[answer_start + index - 1 for index in indices], **options)
             for row, index in enumerate(indices):
                 place(index, explanation, row)
+            bar.update()
         relevance[torch.arange(columns.shape[0])[None, :] >= answer_start + torch.arange(count)[:, None]] = 0.0
 
     if encoder_decoder:
@@ -362,6 +370,8 @@ def explain_generation(
         whole = explain(model, full, target=pairs, **options)
         answer = whole.relevance[0]
         positions = torch.arange(count) + answer_start - 1
+    bar.update()
+    bar.close()
     answer_relevance = torch.zeros(columns.shape[0], dtype=torch.float64)
     answer_relevance[:answer.shape[0]] = answer.detach().to('cpu', torch.float64)
     dtype = whole.relevance.dtype if whole.relevance.is_floating_point() else torch.float32
