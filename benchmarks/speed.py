@@ -69,7 +69,11 @@ Run
 ---
 ``python benchmarks/speed.py`` (all models, seq 512, 5 repeats, torch's default thread count) or ``make bench``.
 Options: ``--models random-llama smollm2 ...``, ``--seq 512``, ``--repeats 5``, ``--threads N``
-(``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``.
+(``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``. Several lengths
+(``--seq 512 1024 2048 4096 8192``) run one after the other. ``--checkpointing`` replaces the tables by a
+comparison of the fair plain pass (``run_fair``: only the explained position's logits, ``logits_to_keep``),
+``explain()`` and ``explain(checkpointing=True)`` at each length: median time of ``--repeats`` runs, saved bytes
+and peak live tensor bytes, each with its ratio to the fair plain pass (no RSS).
 The default run takes about 5 minutes on 2 idle CPU cores (SmolLM2 takes ~17 s to load, in each of its
 subprocesses). On a machine shared with other jobs the times inflate badly with 2 threads (an OpenMP barrier waits
 for a descheduled thread: 28 s instead of 2.7 s per SmolLM2 call was seen at a load average of 4) and the run takes
@@ -80,6 +84,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import inspect
 import json
 import os
 import platform
@@ -229,7 +234,33 @@ def run_explain(model, inputs, target):
     return torch.cat([explanation.relevance, explanation.decoder_relevance], 1)
 
 
-RUNNERS = {'plain': run_plain, 'explain': run_explain}
+def run_fair(model, inputs, target):
+    """The fair plain pass: input x gradient with the logits of the explained (last) position only
+    (``logits_to_keep=1`` for models whose forward takes it, as ``explain()`` does), so that neither the LM head's
+    forward and backward at other positions nor the ``[batch, seq, vocab]`` logits count against the plain pass."""
+    input_ids, decoder_ids = _split(inputs)
+    keep = {'logits_to_keep': 1} if 'logits_to_keep' in inspect.signature(model.forward).parameters else {}
+    with torch.enable_grad():
+        leaves = [model.get_input_embeddings()(input_ids).detach().requires_grad_(True)]
+        extra = dict(keep)
+        if decoder_ids is not None:
+            leaves.append(model.get_decoder().get_input_embeddings()(decoder_ids).detach().requires_grad_(True))
+            extra['decoder_inputs_embeds'] = leaves[1]
+        logits = model(inputs_embeds=leaves[0], use_cache=False, **extra).logits
+        logit = logits[:, -1][torch.arange(len(target)), target]
+        grads = torch.autograd.grad(logit, leaves, grad_outputs=torch.ones_like(logit))
+        return torch.cat([(leaf * grad).sum(-1) for leaf, grad in zip(leaves, grads)], 1)
+
+
+def run_explain_checkpointing(model, inputs, target):
+    input_ids, decoder_ids = _split(inputs)
+    explanation = explain(model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=True)
+    if decoder_ids is None:
+        return explanation.relevance
+    return torch.cat([explanation.relevance, explanation.decoder_relevance], 1)
+
+
+RUNNERS = {'plain': run_plain, 'explain': run_explain, 'fair': run_fair, 'checkpointing': run_explain_checkpointing}
 
 
 # ----------------------------------------------------------------------------------------------- measurements
@@ -554,11 +585,68 @@ def _git_state() -> str | None:
     return commit + ('-dirty' if dirty else '')
 
 
+#: what the ``--checkpointing`` comparison runs
+SCALING_METHODS = ('fair', 'explain', 'checkpointing')
+
+
+def scaling(name: str, seq: int, repeats: int) -> dict:
+    """Time (median of ``repeats`` interleaved runs), saved bytes and peak live bytes of the fair plain pass,
+    ``explain()`` and ``explain(checkpointing=True)`` at one length. The saved bytes of the checkpointed call miss
+    the block inputs the checkpoints hold (they never pass the pack hook): compare live bytes for it."""
+    model, input_ids, description = build(name, seq)
+    target = pick_target(model, input_ids)
+    for method in SCALING_METHODS:  # warm-up
+        RUNNERS[method](model, input_ids, target)
+    times = {method: [] for method in SCALING_METHODS}
+    for _ in range(repeats):
+        for method in SCALING_METHODS:
+            gc.collect()
+            start = time.perf_counter()
+            RUNNERS[method](model, input_ids, target)
+            times[method].append(time.perf_counter() - start)
+    result = {'model': name, 'seq': seq, 'input': description,
+              'time_s': {method: statistics.median(times[method]) for method in SCALING_METHODS},
+              'saved_bytes': {method: saved_bytes(model, input_ids, target, method)['activations']
+                              for method in SCALING_METHODS},
+              'live_peak_bytes': {method: live_bytes(model, input_ids, target, method)['peak']
+                                  for method in SCALING_METHODS},
+              'load_average_1min': os.getloadavg()[0]}
+    result['ratio'] = {key: {method: ratio(result[key][method], result[key]['fair']) for method in SCALING_METHODS[1:]}
+                       for key in ('time_s', 'saved_bytes', 'live_peak_bytes')}
+    print(f'[{name}] seq {seq} done', file=sys.stderr, flush=True)
+    return result
+
+
+def scaling_main(args) -> None:
+    results = [scaling(name, seq, args.repeats) for name in args.models for seq in args.seq]
+    columns = [('model', lambda r: r['model'], '<'), ('seq', lambda r: r['seq'], '>')]
+    for key, title, scale, digits in (('time_s', 'time s', 1.0, 3), ('saved_bytes', 'saved MB', MB, 1),
+                                      ('live_peak_bytes', 'live peak MB', MB, 1)):
+        columns.append((f'{title} fair / explain / checkpointing',
+                        lambda r, key=key, scale=scale, digits=digits: ' / '.join(
+                            f'{r[key][method] / scale:.{digits}f}' for method in SCALING_METHODS), '>'))
+        columns.append(('ratios', lambda r, key=key: ' / '.join(
+            f"{r['ratio'][key][method]:.2f}x" for method in SCALING_METHODS[1:]), '>'))
+    print(f'fair plain pass (logits_to_keep) vs explain() vs explain(checkpointing=True); median of {args.repeats} '
+          f'runs; torch {torch.__version__}, {torch.get_num_threads()} threads. Saved MB of the checkpointed call '
+          'miss the block inputs its checkpoints hold; live peak MB (TorchDispatchMode) sees them.')
+    print('\n'.join(_table(results, columns)))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({'settings': {'seq': args.seq, 'repeats': args.repeats,
+                                                      'threads': torch.get_num_threads(), 'torch': torch.__version__},
+                                         'results': results}, indent=2))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', choices=MODELS, default=list(MODELS))
-    parser.add_argument('--seq', type=int, default=512, help='sequence length (default 512)')
+    parser.add_argument('--seq', type=int, nargs='+', default=[512],
+                        help='sequence length(s) (default 512); several lengths run one after the other')
+    parser.add_argument('--checkpointing', action='store_true',
+                        help='instead of the table above: the fair plain pass, explain() and explain(checkpointing='
+                             'True) at each --seq (time of --repeats runs, saved and live bytes; no RSS)')
     parser.add_argument('--repeats', type=int, default=5, help='timed repeats per method, median reported (default 5)')
     parser.add_argument('--threads', type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     parser.add_argument('--rss-repeats', type=int, default=3, help='RSS measurements per method (default 3)')
@@ -569,10 +657,18 @@ def main(argv=None):
 
     if args.rss_child:
         name, method = args.rss_child
-        print(json.dumps(rss_child(name, method, args.seq, args.rss_repeats, args.threads)))
+        print(json.dumps(rss_child(name, method, args.seq[0], args.rss_repeats, args.threads)))
         return
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.checkpointing:
+        scaling_main(args)
+        return
+    if len(args.seq) > 1:
+        for seq in args.seq:
+            main([*(argv if argv is not None else sys.argv[1:]), '--seq', str(seq)])
+        return
+    args.seq = args.seq[0]
 
     start = time.perf_counter()
     git = _git_state()

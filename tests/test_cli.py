@@ -77,7 +77,7 @@ def test_help(capsys):
     assert 'examples:' in out
 
 
-@pytest.mark.parametrize('command', ['explain', 'generate', 'demo'])
+@pytest.mark.parametrize('command', ['explain', 'generate', 'demo', 'explain-dataset'])
 def test_command_help_is_a_manual(capsys, command):
     code, out, err = run(capsys, [command, '--help'])
     assert code == 0 and err == ''
@@ -619,3 +619,55 @@ def test_console_script():
     assert result.returncode == 0 and 'explain' in result.stdout and result.stderr == ''
     result = subprocess.run([str(script), 'explain', '--prompt', ' '], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2 and result.stderr.count('\n') == 1 and 'Traceback' not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------- explain-dataset
+def test_explain_dataset_manual_and_refusals(capsys, tmp_path):
+    code, out, err = run(capsys, ['explain-dataset', '--help'])
+    assert code == 0 and err == '' and 'examples:' in out and 'zennit-attn explain-dataset' in out
+    for option in ('--input', '--output', '--batch-size', '--shard-size', '--method', '--target', '--model',
+                   '--checkpointing'):
+        assert option in out
+    texts = tmp_path / 'texts.jsonl'
+    texts.write_text('{"text": "The bear"}\n')
+    assert 'required: --input, --output' in refused(capsys, ['explain-dataset'])
+    line = refused(capsys, ['explain-dataset', '--input', str(tmp_path / 'missing.jsonl'), '--output', 'x'])
+    assert 'does not exist' in line
+    (tmp_path / 'texts.txt').write_text('The bear')
+    assert 'must be a .jsonl file' in refused(capsys, ['explain-dataset', '--input', str(tmp_path / 'texts.txt'),
+                                                       '--output', 'x'])
+    bad = tmp_path / 'bad.jsonl'
+    bad.write_text('{"text": "a"}\n[1, 2]\n')
+    assert 'bad.jsonl:2 must be a JSON object' in refused(capsys, ['explain-dataset', '--input', str(bad),
+                                                                   '--output', 'x'])
+    base = ['explain-dataset', '--input', str(texts), '--output', str(tmp_path / 'out')]
+    assert '--batch-size must be at least 1' in refused(capsys, base + ['--batch-size', '0'])
+    assert '--param' in refused(capsys, base + ['--param', 'steps=3'])
+    assert 'id: must be followed' in refused(capsys, base + ['--target', 'id:x'])
+    assert 'is not a folder' in refused(capsys, base[:-1] + [str(texts)])
+
+
+def test_explain_dataset_with_a_model_folder(capsys, tiny_folder, tmp_path):
+    import torch
+
+    from tests.text_tokenizer import CORPUS
+    from zennit_attn import explain, load_explanations
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    texts = tmp_path / 'texts.jsonl'
+    texts.write_text(''.join(json.dumps({'text': text}) + '\n' for text in CORPUS[:5]))
+    output = tmp_path / 'out'
+    argv = ['explain-dataset', '--input', str(texts), '--output', str(output), '--model', str(tiny_folder['llama']),
+            '--batch-size', '2', '--target', 'id:5', '-q']
+    code, out, err = run(capsys, argv)
+    assert code == 0 and err == '', err
+    assert 'Explained 5 texts with attnlrp' in out and str(output.resolve()) in out
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder['llama']).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder['llama'])
+    for text, loaded in zip(CORPUS[:5], load_explanations(output)):
+        single = explain(model, text, tokenizer=tokenizer, target=5)
+        assert int(loaded.target) == 5
+        assert float((loaded.relevance - single.relevance).abs().max()) <= 1e-4 * float(single.relevance.abs().max())
+    assert run(capsys, argv)[0] == 0  # resumes: everything done
+    line = refused(capsys, argv[:-3] + ['--method', 'cplrp', '-q'], code=1)
+    assert 'other settings' in line and torch.is_tensor(loaded.relevance)

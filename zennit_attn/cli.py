@@ -272,6 +272,51 @@ def _demo_parser(subparsers) -> None:
     parser.set_defaults(run=run_demo, check=check_demo, command_parser=parser)
 
 
+EXPLAIN_DATASET_DESCRIPTION = '''\
+Explain every text of a dataset and write the explanations to a folder.
+
+Reads FILE.jsonl (one JSON object per line with a "text" field), explains each text's prediction at its last token
+with METHOD (default AttnLRP) for TARGET (default: the predicted next token), BATCH texts at a time, sorted by length
+(little padding), and writes the results as safetensors shards with a JSON index as they are done. Running it again
+on the same folder resumes: finished shards are skipped; a folder made with other settings is refused. Under
+torchrun / accelerate launch the processes share the shards (gloo on CPU, nccl on GPUs). Read the results in Python
+with zennit_attn.load_explanations(DIR).'''
+
+EXPLAIN_DATASET_EPILOG = '''\
+examples:
+  zennit-attn explain-dataset --input articles.jsonl --output explanations/
+  zennit-attn explain-dataset --input articles.jsonl --output cplrp/ --method cplrp --batch-size 4
+  torchrun --nproc-per-node 2 -m zennit_attn explain-dataset --input articles.jsonl --output explanations/
+
+exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded).'''
+
+
+def _explain_dataset_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        'explain-dataset', help='explain every text of a .jsonl file (safetensors shards, resumable, multi-process)',
+        description=EXPLAIN_DATASET_DESCRIPTION, epilog=EXPLAIN_DATASET_EPILOG, formatter_class=_Formatter)
+    group = parser.add_argument_group('input and output')
+    group.add_argument('--input', metavar='FILE.jsonl', type=Path, required=True,
+                       help='the texts: one JSON object per line with a "text" field')
+    group.add_argument('--output', '-o', metavar='DIR', type=Path, required=True,
+                       help='folder for the shards and the index (created; a re-run on it resumes)')
+    group.add_argument('--batch-size', type=int, default=8, metavar='N',
+                       help='texts per explain() call (default: %(default)s)')
+    group.add_argument('--shard-size', type=int, default=256, metavar='N',
+                       help='texts per shard file (default: %(default)s)')
+    group.add_argument('--checkpointing', action='store_true',
+                       help='recompute each transformer block in the backward pass (less memory for long texts)')
+    group.add_argument('--quiet', '-q', action='store_true', help='no progress messages or bar on stderr')
+    group = parser.add_argument_group('target')
+    group.add_argument('--target', metavar='TOKEN',
+                       help='the next token to explain in every text: a token string that is exactly one token, or '
+                            'id:N (default: the predicted token of each text)')
+    _add_method_options(parser)
+    _add_model_options(parser)
+    _add_debug(parser)
+    parser.set_defaults(run=run_explain_dataset, check=check_explain_dataset, command_parser=parser)
+
+
 #: subcommand name -> function adding its parser to the subparsers action (in the order of ``--help``); a command's
 #: parser sets ``check`` (argument checks before anything is loaded, ``(parser, args)``) and ``run`` (``(args) ->
 #: exit status``) as defaults.
@@ -279,6 +324,7 @@ COMMANDS: dict[str, Callable] = {
     'explain': _explain_parser,
     'generate': _generate_parser,
     'demo': _demo_parser,
+    'explain-dataset': _explain_dataset_parser,
 }
 
 
@@ -410,6 +456,28 @@ def check_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.max_new_tokens < 1:
         raise UsageError(f'--max-new-tokens must be at least 1, got {args.max_new_tokens}')
     _check_common(args)
+
+
+def check_explain_dataset(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from .dataset import read_texts
+
+    for name in ('batch_size', 'shard_size'):
+        if getattr(args, name) < 1:
+            raise UsageError(f'--{name.replace("_", "-")} must be at least 1, got {getattr(args, name)}')
+    if args.input.suffix != '.jsonl':
+        raise UsageError(f'--input {str(args.input)!r} must be a .jsonl file (one JSON object with a "text" field '
+                         'per line)')
+    try:
+        args.texts = read_texts(args.input)
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise UsageError(f'--input: {_one_line(error)}') from None
+    if args.output.exists() and not args.output.is_dir():
+        raise UsageError(f'--output {str(args.output)!r} exists and is not a folder')
+    args.target = parse_target(args.target)
+    args.method, args.composite = _method_and_composite(args)
+    args.params = parse_params(args.param, args.method)
+    args.model_spec = resolve_model(args.model)
+    args.torch_device = _check_device(args.device)
 
 
 def check_demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -704,6 +772,21 @@ def run_explain(args: argparse.Namespace) -> int:
         path = Path(explanation.save(args.output, words=args.words)).resolve()
         print()
         print(f'Wrote the heatmap to {path}')
+    return 0
+
+
+def run_explain_dataset(args: argparse.Namespace) -> int:
+    from .dataset import explain_dataset
+
+    model, tokenizer = _load(args, need_tokenizer_first=args.target is not None)
+    composite = {} if args.composite is None else {'composite': _composite(args.composite)}
+    start = time.perf_counter()
+    folder = explain_dataset(model, tokenizer, args.texts, args.output, batch_size=args.batch_size,
+                             method=args.method, target=args.target, shard_size=args.shard_size,
+                             checkpointing=args.checkpointing, progress=not args.quiet, **composite, **args.params)
+    if int(os.environ.get('RANK', '0')) == 0:  # one line for the run, also under torchrun
+        print(f'Explained {len(args.texts)} texts with {_method_label(args)} in {time.perf_counter() - start:.1f} s; '
+              f'wrote {folder.resolve()}')
     return 0
 
 

@@ -1,6 +1,7 @@
 """``explain()``: relevance per input token (or pixel) of a model's prediction in one call."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from typing import Sequence
@@ -9,7 +10,10 @@ import torch
 from transformers import BatchEncoding
 from zennit.core import Composite
 
-from .methods import METHODS
+from .checkpointing import checkpointed
+from .latent.sites import Neuron
+from .latent.targets import explain_latent
+from .methods import BACKWARD_METHODS, METHODS
 from .task import Explanation, ImageExplanation, TargetLike, make_task
 
 __all__ = ['explain', 'encode_texts', 'Explanation', 'ImageExplanation', 'TargetLike']
@@ -95,6 +99,10 @@ def explain(
     model_kwargs: dict | None = None,
     decoder_input_ids=None,
     tokenizer=None,
+    checkpointing: bool = False,
+    latent=None,
+    latent_reduce: str | None = None,
+    condition=None,
     **params,
 ) -> Explanation | ImageExplanation:
     """Explain a model's output: relevance per input token (language models) or pixel (vision transformers), by
@@ -145,8 +153,31 @@ def explain(
         The model's Hugging Face tokenizer: needed for text input, and stored on the explanation
         (``explanation.tokenizer``) for :py:meth:`~zennit_attn.Explanation.show`, ``to_html``, ``save`` and
         ``tokens``.
+    checkpointing: bool
+        Recompute each transformer block in the backward pass instead of keeping its activations (non-reentrant
+        :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.checkpointing`): the same
+        relevance, with saved activations growing with layers x sequence x hidden instead of with all activations,
+        for about one more forward pass. For the methods with a backward pass (:py:data:`~zennit_attn.methods.
+        BACKWARD_METHODS`); refused for the others.
+    latent: str or sequence of str, optional
+        Also record latent relevance in the same backward pass (paper section 3.5), at sites of
+        :py:data:`zennit_attn.latent.SITES` (``'mlp'``, ``'attention'``, ``'residual'``, ``'query'``, ``'key'``,
+        ``'value'``), into ``explanation.latent`` (:py:class:`zennit_attn.latent.Latent`); ``exp.relevance`` is
+        unchanged. For ``'attnlrp'``, ``'cplrp'`` and ``'input_x_gradient'``.
+    latent_reduce: None or 'sum'
+        ``'sum'`` keeps only the sum over positions of the latent relevance (long inputs).
+    condition: Neuron or list, optional
+        Conditional relevance (CRP): the input relevance that flows through the given neurons only; a list of
+        conditions (each a :py:class:`~zennit_attn.latent.Neuron` or a list of Neurons of one site and layer) gives
+        one row per input row and condition (row ``r * conditions + c``), ``logit`` holding the relevance each
+        condition receives; ``latent`` is then that of the input rows (the unconditional pass). Costs one more
+        forward and backward pass (all conditions of one site and layer batched). See
+        :py:mod:`zennit_attn.latent.targets`.
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods`).
+
+    ``target`` may also be a :py:class:`~zennit_attn.latent.Neuron`: the neuron's activation at ``position`` is
+    explained instead of a logit (for LRP the activation is the initial relevance; ``explanation.logit`` holds it).
 
     Returns
     -------
@@ -160,6 +191,11 @@ def explain(
         if 'composite' not in accepted:
             raise ValueError(f'composite= applies to the LRP methods (attnlrp, cplrp), not to {method!r}')
         params['composite'] = composite
+    if not isinstance(checkpointing, bool):
+        raise TypeError(f'checkpointing must be True or False, got {checkpointing!r}')
+    if checkpointing and method not in BACKWARD_METHODS:
+        raise ValueError(f'checkpointing=True saves memory of a backward pass, which {method!r} does not do; it '
+                         f'applies to {", ".join(BACKWARD_METHODS)}')
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         hint = ('; configure LRP through composite=' if 'composite' in accepted else '')
@@ -167,7 +203,15 @@ def explain(
     if tokenizer is not None and _is_texts(input_ids):
         input_ids = encode_texts(tokenizer, input_ids)
     task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
-    explanation = function(task, position=position, target=target, **params)
+    latent_request = latent is not None or condition is not None or latent_reduce is not None
+    if checkpointing and latent_request:
+        raise ValueError('latent= and condition= record one forward pass; checkpointing=True recomputes it: use one')
+    with checkpointed(task.model) if checkpointing else contextlib.nullcontext():
+        if latent_request or isinstance(target, Neuron):
+            explanation = explain_latent(function, method, task, position, target, params, latent, latent_reduce,
+                                         condition)
+        else:
+            explanation = function(task, position=position, target=target, **params)
     if tokenizer is not None and isinstance(explanation, Explanation):
         explanation = dataclasses.replace(explanation, tokenizer=tokenizer)
     return explanation

@@ -28,7 +28,7 @@ from .attention import attention_maps, discard, rollout, suppress_keys
 from .lrp import attribute
 from .task import Task
 
-__all__ = ['METHODS', 'ALL_METHODS', 'Selected']
+__all__ = ['METHODS', 'ALL_METHODS', 'BACKWARD_METHODS', 'Selected']
 
 
 # ----------------------------------------------------------------------------------------------------------- helpers
@@ -299,3 +299,7 @@ METHODS: dict[str, Callable] = {
 
 #: The names of :py:data:`METHODS`.
 ALL_METHODS: tuple[str, ...] = tuple(METHODS)
+
+#: The methods that run a backward pass (``explain(..., checkpointing=True)`` applies to them).
+BACKWARD_METHODS: tuple[str, ...] = ('attnlrp', 'cplrp', 'input_x_gradient', 'integrated_gradients', 'smoothgrad',
+                                     'grad_attention_rollout', 'gradcam')

@@ -64,6 +64,9 @@ class Explanation:
         The tokenizer given to :py:func:`~zennit_attn.explain` (None if none was), used by :py:meth:`tokens`,
         :py:meth:`show`, :py:meth:`to_html` and :py:meth:`save` when they are not given one; not compared and not
         shown in ``repr``.
+    latent: zennit_attn.latent.Latent or None
+        Latent relevance recorded with ``explain(..., latent=...)`` (``explanation.latent['mlp']`` etc., see
+        :py:mod:`zennit_attn.latent`); None otherwise. Not compared and not shown in ``repr``.
 
     Notes
     -----
@@ -89,6 +92,7 @@ class Explanation:
     decoder_input_ids: torch.Tensor | None = None
     method: str = 'attnlrp'
     tokenizer: object = field(default=None, repr=False, compare=False)
+    latent: object = field(default=None, repr=False, compare=False)
 
     def tokens(self, tokenizer=None, row: int = 0, words: bool = False) -> list[str]:
         """The tokens of ``row`` as the tokenizer writes them (``'Ġ'``, ``'▁'`` and byte fallbacks decoded), padding
@@ -225,6 +229,8 @@ class ImageExplanation:
         ``[batch, channels, height, width]`` the explained input.
     method: str
         The attribution method's name.
+    latent: zennit_attn.latent.Latent or None
+        Latent relevance recorded with ``explain(..., latent=...)``; None otherwise.
     """
     relevance: torch.Tensor
     pixel_relevance: torch.Tensor
@@ -232,6 +238,7 @@ class ImageExplanation:
     logit: torch.Tensor
     pixels: torch.Tensor
     method: str = 'attnlrp'
+    latent: object = field(default=None, repr=False, compare=False)
 
     def save(self, path: str | os.PathLike, row: int = 0, **options) -> tuple[Path, Path]:
         """Write the heatmap of ``row`` to ``path`` (a ``.png``) and its overlay on the image to
@@ -285,11 +292,28 @@ def check_model(model: torch.nn.Module) -> None:
         where = 'the model' if training == '' else f'submodule {training!r}'
         raise ValueError(f'{where} of {type(model).__name__} is in training mode (dropout would make every call '
                          'differ): call model.eval() before explaining')
-    meta = next((name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta),
-                None)
+    offloaded = _offloaded_modules(model)
+    meta = next((name for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+                 if tensor.is_meta and name.rpartition('.')[0] not in offloaded), None)
     if meta is not None:
         raise ValueError(f'{type(model).__name__} has tensors on the meta device (e.g. {meta!r}): load its weights '
                          '(from_pretrained without device="meta", or model.to_empty() plus loading a state dict)')
+
+
+def _offloaded_modules(model: torch.nn.Module) -> set[str]:
+    """Names of the modules whose weights ``accelerate`` offloads (CPU or disk offload of a ``device_map``): an
+    offloading hook (``_hf_hook`` with ``offload=True``, also inside a ``SequentialHook``) on the module or an
+    ancestor loads them for each forward, so they are on the meta device in between."""
+    def offloads(hook) -> bool:
+        return bool(getattr(hook, 'offload', False)) or any(offloads(inner) for inner in getattr(hook, 'hooks', ()))
+
+    names, covered = set(), []
+    for name, module in model.named_modules():
+        if offloads(getattr(module, '_hf_hook', None)):
+            covered.append(name)
+        if any(name == prefix or name.startswith(prefix + '.') or prefix == '' for prefix in covered):
+            names.add(name)
+    return names
 
 
 def _integer(value, name: str) -> int:

@@ -251,14 +251,15 @@ class InlineOperandCanonizer(_FunctionRoutingCanonizer):
         taps = {}
         for name, tap in parse_taps(spec, parent).items():
             taps[name] = self._add(parent, name, tap.operand())
-        parameters = {name: getattr(parent, name) for name in taps}
         tapped = []
 
         def handler(func, args, kwargs):
             if func is not torch.nn.functional.linear:
                 return NotImplemented
             weight = args[1] if len(args) > 1 else kwargs.get('weight')
-            for name, parameter in parameters.items():
+            for name in taps:
+                # looked up at each call: accelerate's offloading puts a new parameter object in place per forward
+                parameter = getattr(parent, name)
                 if weight is parameter or getattr(weight, '_base', None) is parameter:
                     tapped.append(name)
                     return taps[name](func(*args, **kwargs))

@@ -15,6 +15,10 @@ A family entry lists
   and values come from the encoder output);
 - ``attention_output``: the output projection of each attention class (the Linear after ``A V``, the paper's
   "LinearOutputProjection" of appendix B), ``class name -> child attribute``;
+- ``mlp_output``: the down (output) projection of each feed-forward class, the Linear after the last
+  non-linearity, whose inputs are the FFN "knowledge neurons" of the paper's section 3.5 (``act(gate) * up`` in
+  gated MLPs, ``act(fc1)`` otherwise), ``class name -> child attribute``; empty for routed mixtures of experts,
+  whose experts have no per-token neurons of fixed meaning (see :py:mod:`zennit_attn.latent`);
 - ``package``: the module defining these classes (default ``transformers.models.<name>``).
 
 Leaf modules (linear and convolution layers, embeddings, dropout, activations, norms) are recognised by type and
@@ -47,6 +51,7 @@ class Family:
     settings: Mapping[str, object] = field(default_factory=dict)
     config: Mapping[str, object] = field(default_factory=dict)
     attention_output: Mapping[str, str] = field(default_factory=dict)
+    mlp_output: Mapping[str, str] = field(default_factory=dict)
     cross_attention: tuple[str, ...] = ()
     #: the module (package) that defines the listed classes, by default ``transformers.models.<name>``; a class
     #: of the same name defined elsewhere is not trusted
@@ -112,7 +117,7 @@ def llama_like(prefix: str, name: str, extra: tuple[str, ...] = (), **fields) ->
             **fields.pop('operands', {}),
         },
         attention_output={f'{prefix}Attention': 'o_proj'},
-        **fields,
+        **{'mlp_output': {f'{prefix}MLP': 'down_proj'}, **fields},
     )
 
 
@@ -137,6 +142,7 @@ def moe(prefix: str, name: str, shared_expert: bool = False) -> Family:
         inline=inline,
         inline_operands={f'{prefix}Experts': {'gate_up_proj': ('gate', 'up')}},
         settings={'_experts_implementation': 'eager'},
+        mlp_output={},
     )
 
 
@@ -152,6 +158,7 @@ def bert_like(prefix: str, name: str, extra: tuple[str, ...] = (), inline: Mappi
             f'{prefix}CrossAttention': separate_qkv('query', 'key', 'value'),
         },
         attention_output={f'{prefix}SelfOutput': 'dense'},
+        mlp_output={f'{prefix}Output': 'dense'},
         inline=inline or {},
     )
 
@@ -212,6 +219,7 @@ FAMILIES: tuple[Family, ...] = (
                     'PhiForSequenceClassification', 'PhiForTokenClassification'),
         operands={'PhiAttention': separate_qkv('q_proj', 'k_proj', 'v_proj')},
         attention_output={'PhiAttention': 'dense'},
+        mlp_output={'PhiMLP': 'fc2'},
     ),
     Family(
         name='gpt_neox',
@@ -219,6 +227,7 @@ FAMILIES: tuple[Family, ...] = (
                     'GPTNeoXForSequenceClassification', 'GPTNeoXForTokenClassification'),
         operands={'GPTNeoXAttention': neox_attention},
         attention_output={'GPTNeoXAttention': 'dense'},
+        mlp_output={'GPTNeoXMLP': 'dense_4h_to_h'},
     ),
     moe('Mixtral', 'mixtral'),
     moe('Qwen2Moe', 'qwen2_moe', shared_expert=True),
@@ -230,6 +239,7 @@ FAMILIES: tuple[Family, ...] = (
                     'GPT2ForTokenClassification'),
         operands={'GPT2Attention': gpt2_attention},
         attention_output={'GPT2Attention': 'c_proj'},
+        mlp_output={'GPT2MLP': 'c_proj'},
     ),
     bert_like('Bert', 'bert', extra=('BertOnlyMLMHead', 'BertLMPredictionHead', 'BertPredictionHeadTransform')),
     bert_like('Roberta', 'roberta', extra=('RobertaClassificationHead', 'RobertaLMHead'),
@@ -240,6 +250,7 @@ FAMILIES: tuple[Family, ...] = (
                     'DistilBertForSequenceClassification', 'DistilBertForMaskedLM', 'DistilBertForTokenClassification'),
         operands={'DistilBertSelfAttention': separate_qkv('q_lin', 'k_lin', 'v_lin')},
         attention_output={'DistilBertSelfAttention': 'out_lin'},
+        mlp_output={'FFN': 'lin2'},
     ),
     Family(
         name='t5',
@@ -247,6 +258,7 @@ FAMILIES: tuple[Family, ...] = (
                     'T5LayerSelfAttention', 'T5LayerCrossAttention', 'T5LayerFF', 'T5DenseActDense'),
         operands={'T5Attention': separate_qkv('q', 'k', 'v'), 'T5DenseGatedActDense': gated('wi_0', 'wi_1')},
         attention_output={'T5Attention': 'o'},
+        mlp_output={'T5DenseActDense': 'wo', 'T5DenseGatedActDense': 'wo'},
         cross_attention=('T5LayerCrossAttention',),
     ),
     Family(
@@ -255,6 +267,7 @@ FAMILIES: tuple[Family, ...] = (
                     'DropPath'),
         operands={'Attention': timm_attention},
         attention_output={'Attention': 'proj'},
+        mlp_output={'Mlp': 'fc2'},
         package='timm',
     ),
     Family(
@@ -264,6 +277,7 @@ FAMILIES: tuple[Family, ...] = (
         operands={'ViTAttention': hf_vit_attention, 'ViTSelfAttention': hf_vit_attention},
         # transformers 5: ViTAttention.o_proj; earlier versions: ViTSelfOutput.dense beside ViTSelfAttention
         attention_output={'ViTAttention': 'o_proj', 'ViTSelfOutput': 'dense'},
+        mlp_output={'ViTMLP': 'fc2', 'ViTOutput': 'dense'},
     ),
 )
 

@@ -1,6 +1,7 @@
 """What the gradient rules share: the hook base class, the identity rule's autograd function and numerics."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 
@@ -43,6 +44,25 @@ def elementwise_identity(input: torch.Tensor, output: torch.Tensor) -> torch.Ten
     return _ElementwiseIdentity.apply(input, output.detach())
 
 
+@contextlib.contextmanager
+def loaded_weights(module: torch.nn.Module):
+    """Load ``module``'s own weights for the time of the context where ``accelerate`` offloads them (CPU or disk
+    offload: on the meta device except during the module's forward, which our forward hooks run after).
+
+    Uses the offloading hook's own ``pre_forward`` (load) and ``post_forward`` (offload again); nothing happens for
+    modules without an ``accelerate`` hook or without meta weights.
+    """
+    hook = getattr(module, '_hf_hook', None)
+    if hook is None or not any(tensor.is_meta for tensor in module.parameters(recurse=False)):
+        yield
+        return
+    hook.pre_forward(module)
+    try:
+        yield
+    finally:
+        hook.post_forward(module, None)
+
+
 class GradientRule(Hook):
     """Base class of the rules that act by a forward hook on the module's output.
 
@@ -59,7 +79,8 @@ class GradientRule(Hook):
     def _forward_hook(self, module, input, output):
         if not self.active:
             return None
-        return self.forward(module, input, output)
+        with loaded_weights(module):
+            return self.forward(module, input, output)
 
     def forward(self, module, input, output):
         """Return a replacement output with the rule's backward, or None."""

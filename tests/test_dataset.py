@@ -1,0 +1,147 @@
+"""explain_dataset() / load_explanations(): results equal single explain() calls, shards resume, settings are
+checked, .jsonl input, and two processes (gloo on CPU, torchrun) give the one-process result."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zennit_attn.dataset as dataset
+from tests.conftest import tiny_model
+from tests.text_tokenizer import CORPUS, byte_level_tokenizer
+from zennit_attn import explain, explain_dataset, load_explanations
+from zennit_attn.dataset import INDEX_FILE, SettingsMismatchError, read_texts
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = CORPUS[:6] + ['The bear.', 'Question: where does the penguin live?']
+
+
+def relative_error(actual, expected):
+    return float((actual - expected).abs().max()) / max(float(expected.abs().max()), 1e-300)
+
+
+@pytest.fixture(scope='module')
+def setup():
+    return tiny_model('llama'), byte_level_tokenizer(pad=False)
+
+
+def assert_same(loaded, reference, tol=0.0):
+    assert len(loaded) == len(reference)
+    for got, want in zip(loaded, reference):
+        assert torch.equal(got.input_ids, want.input_ids)
+        assert torch.equal(got.target, want.target) and torch.equal(got.position, want.position)
+        assert relative_error(got.relevance, want.relevance) <= tol
+        assert relative_error(got.logit, want.logit) <= tol
+
+
+def test_results_equal_single_explain_calls(setup, tmp_path):
+    model, tokenizer = setup
+    explain_dataset(model, tokenizer, TEXTS, tmp_path, batch_size=3, shard_size=3, progress=False)
+    loaded = load_explanations(tmp_path, tokenizer=tokenizer)
+    single = [explain(model, text, tokenizer=tokenizer) for text in TEXTS]
+    # batched with padding vs alone: round-off only (transformers' RMSNorm computes in float32 also in float64 models)
+    assert_same(loaded, single, tol=1e-6)
+    assert all(item.method == 'attnlrp' and item.tokenizer is tokenizer for item in loaded)
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    assert len(index['shards']) == 3  # 8 texts, 3 per batch and shard
+    lengths = [len(tokenizer(text)['input_ids']) for text in TEXTS]
+    order = [item for shard in index['shards'] for item in shard['items']]
+    assert sorted(order) == list(range(len(TEXTS)))
+    assert [lengths[item] for item in order] == sorted(lengths, reverse=True)  # longest first: least padding
+
+
+def test_resume_skips_finished_shards(setup, tmp_path, monkeypatch):
+    model, tokenizer = setup
+    explain_dataset(model, tokenizer, TEXTS, tmp_path, batch_size=2, shard_size=4, progress=False)
+    first = load_explanations(tmp_path)
+    (tmp_path / 'shard-00001.safetensors').unlink()  # an interrupted run: one shard and the index missing
+    (tmp_path / INDEX_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match='resume'):
+        load_explanations(tmp_path)
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return explain(*args, **kwargs)
+    monkeypatch.setattr(dataset, 'explain', counting)
+    explain_dataset(model, tokenizer, TEXTS, tmp_path, batch_size=2, shard_size=4, progress=False)
+    assert len(calls) == 2  # the two batches of the missing shard
+    assert_same(load_explanations(tmp_path), first)
+    explain_dataset(model, tokenizer, TEXTS, tmp_path, batch_size=2, shard_size=4, progress=False)
+    assert len(calls) == 2  # all done: nothing explained again
+
+
+def test_other_settings_are_refused(setup, tmp_path):
+    model, tokenizer = setup
+    explain_dataset(model, tokenizer, TEXTS[:3], tmp_path, batch_size=2, progress=False)
+    for change in (dict(method='cplrp'), dict(batch_size=1), dict(target=5), dict(texts=TEXTS[1:4])):
+        arguments = dict(texts=TEXTS[:3], batch_size=2, progress=False)
+        arguments.update(change)
+        with pytest.raises(SettingsMismatchError, match='other settings'):
+            explain_dataset(model, tokenizer, output_dir=tmp_path, **arguments)
+    with pytest.raises(SettingsMismatchError, match='other settings'):
+        explain_dataset(tiny_model('llama', seed=1), tokenizer, TEXTS[:3], tmp_path, batch_size=2, progress=False)
+
+
+def test_jsonl_targets_positions_and_bad_input(setup, tmp_path):
+    model, tokenizer = setup
+    path = tmp_path / 'texts.jsonl'
+    path.write_text('\n'.join(json.dumps({'text': text, 'id': number}) for number, text in enumerate(TEXTS[:4]))
+                    + '\n\n')
+    assert read_texts(path) == TEXTS[:4] == read_texts(str(path))
+    targets = [5, 7, 9, 11]
+    explain_dataset(model, tokenizer, path, tmp_path / 'out', batch_size=4, target=targets, position=2,
+                    progress=False)
+    loaded = load_explanations(tmp_path / 'out')
+    single = [explain(model, text, tokenizer=tokenizer, target=target, position=2)
+              for text, target in zip(TEXTS[:4], targets)]
+    assert_same(loaded, single, tol=1e-6)
+    assert [int(item.target) for item in loaded] == targets
+    bad = tmp_path / 'bad.jsonl'
+    bad.write_text('{"text": "a"}\n{"txt": "b"}\n')
+    with pytest.raises(ValueError, match='bad.jsonl:2 must be a JSON object with a string "text"'):
+        explain_dataset(model, tokenizer, bad, tmp_path / 'x', progress=False)
+    with pytest.raises(ValueError, match='list of texts or the path'):
+        explain_dataset(model, tokenizer, 'The bear.', tmp_path / 'x', progress=False)
+    with pytest.raises(ValueError, match='one integer per text'):
+        explain_dataset(model, tokenizer, TEXTS[:2], tmp_path / 'x', target=[1], progress=False)
+    with pytest.raises(ValueError, match='batch_size'):
+        explain_dataset(model, tokenizer, TEXTS[:2], tmp_path / 'x', batch_size=0, progress=False)
+    with pytest.raises(ValueError, match='out of range for text'):
+        explain_dataset(model, tokenizer, TEXTS[:2], tmp_path / 'x', position=500, progress=False)
+    assert not (tmp_path / 'x').exists()  # refused before anything was written
+
+
+WORKER = '''
+import sys
+import torch
+sys.path.insert(0, {root!r})
+torch.set_num_threads(1)
+from tests.conftest import tiny_model
+from tests.text_tokenizer import byte_level_tokenizer
+from zennit_attn import explain_dataset
+texts = {texts!r}
+explain_dataset(tiny_model('llama'), byte_level_tokenizer(pad=False), texts, sys.argv[1], batch_size=2,
+                shard_size=2, progress=False)
+assert torch.distributed.is_available() and not torch.distributed.is_initialized()  # created and destroyed
+'''
+
+
+def test_two_processes_equal_one(setup, tmp_path):
+    model, tokenizer = setup
+    script = tmp_path / 'worker.py'
+    script.write_text(WORKER.format(root=str(ROOT), texts=TEXTS))
+    environment = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
+    completed = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(script),
+         str(tmp_path / 'two')], capture_output=True, text=True, env=environment, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    shards = sorted(path.name for path in (tmp_path / 'two').glob('shard-*.safetensors'))
+    assert len(shards) == 4
+    explain_dataset(model, tokenizer, TEXTS, tmp_path / 'one', batch_size=2, shard_size=2, progress=False)
+    assert_same(load_explanations(tmp_path / 'two'), load_explanations(tmp_path / 'one'))
+    assert json.loads((tmp_path / 'two' / INDEX_FILE).read_text()) == json.loads(
+        (tmp_path / 'one' / INDEX_FILE).read_text())

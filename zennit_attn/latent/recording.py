@@ -1,0 +1,212 @@
+"""Recording latent relevance during the one backward pass of an explanation, and ranking neurons by it.
+
+Under the gradient x input formulation the engine uses (DESIGN section 2; paper section 3.5: "we obtain relevance
+values for each latent neuron as a by-product"), the relevance of any tensor ``x`` on the relevance path is
+``x * g``, ``g`` the modified gradient reaching it. Recording a site is a forward hook that keeps the tensor and a
+tensor hook that reads its gradient; neither changes the forward or the backward pass, so the token relevance is
+bit-identical with and without recording. The relevance of the neurons of a bias-free FFN down projection sums
+to the relevance of the MLP output (the epsilon rule of Eq. 8 with zero bias conserves), the heads' to the
+attention output's, and the residual entries are the block-boundary sums of
+:py:func:`~zennit_attn.conservation`.
+"""
+from __future__ import annotations
+
+import contextlib
+import numbers
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, NamedTuple
+
+import torch
+
+from .sites import SitePoint
+
+__all__ = ['Latent', 'Recorder', 'RankedNeuron', 'top_neurons', 'REDUCTIONS']
+
+#: Values of ``latent_reduce``: None keeps every position, ``'sum'`` only the sum over positions.
+REDUCTIONS = (None, 'sum')
+
+
+@dataclass
+class Latent(Mapping):
+    """Latent relevance of an explanation, ``explanation.latent``: a mapping ``site -> relevance``.
+
+    Attributes
+    ----------
+    relevance: dict of str to torch.Tensor
+        ``'mlp'``: ``[batch, layers, seq, ffn]``; ``'attention'``: ``[batch, layers, seq, heads]``;
+        ``'residual'``: ``[batch, layers + 1, seq]`` (summed over hidden; 0 = input of the first block, ``l + 1`` =
+        output of block ``l``); ``'query'``/``'key'``/``'value'``: ``[batch, layers, seq, features]``. With
+        ``reduce='sum'`` the ``seq`` dimension is summed away. 0 at padding positions.
+    activation: dict of str to torch.Tensor
+        The site tensors themselves, reduced the same way (heads: summed over the head dimension; residual: over
+        hidden).
+    reduce: str or None
+        ``'sum'`` if only the sum over positions was kept.
+    """
+    relevance: dict[str, torch.Tensor]
+    activation: dict[str, torch.Tensor] = field(default_factory=dict)
+    reduce: str | None = None
+
+    def __getitem__(self, site: str) -> torch.Tensor:
+        if site not in self.relevance:
+            raise KeyError(f'site {site!r} was not recorded; recorded: {", ".join(self.relevance) or "none"} (pass '
+                           f'latent=({site!r}, ...) to explain())')
+        return self.relevance[site]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.relevance)
+
+    def __len__(self) -> int:
+        return len(self.relevance)
+
+    def __repr__(self) -> str:
+        shapes = ', '.join(f'{site}: {list(value.shape)}' for site, value in self.relevance.items())
+        return f'Latent({shapes}{", reduce=" + repr(self.reduce) if self.reduce else ""})'
+
+
+class Recorder:
+    """Record the activation and relevance (``x * g``) of site points during one forward and backward pass.
+
+    Parameters
+    ----------
+    points: dict of str to list of SitePoint
+        From :py:func:`~zennit_attn.latent.sites.find_sites`.
+    reduce: None or 'sum'
+        Keep only the sum over positions.
+    mask: torch.Tensor, optional
+        ``[batch, seq]`` attention mask: padding positions are set to 0.
+    keep: set of (str, int), optional
+        ``(site, layer)`` whose raw gradient ``[batch, seq, features]`` is kept as well (:py:attr:`gradients`, for
+        conditional relevance).
+    """
+    def __init__(self, points: Mapping[str, list[SitePoint]], reduce: str | None = None,
+                 mask: torch.Tensor | None = None, keep=()):
+        self.points = dict(points)
+        self.reduce = reduce
+        self.mask = mask
+        self.keep = set(keep)
+        self.activations: dict[tuple[str, int], torch.Tensor] = {}
+        self.relevances: dict[tuple[str, int], torch.Tensor] = {}
+        self.gradients: dict[tuple[str, int], torch.Tensor] = {}
+        self.tensors: dict[tuple[str, int], torch.Tensor] = {}
+
+    def _finish(self, values: torch.Tensor) -> torch.Tensor:
+        """Zero padding, sum over positions if asked; values ``[batch, seq, ...]``."""
+        if torch.finfo(values.dtype).bits < 32:
+            values = values.float()
+        if self.mask is not None and values.dim() >= 2 and values.shape[:2] == self.mask.shape:
+            mask = (self.mask != 0).to(values.device, values.dtype)
+            values = values * mask.view(*mask.shape, *([1] * (values.dim() - 2)))
+        return values.sum(1) if self.reduce == 'sum' else values
+
+    @contextlib.contextmanager
+    def recording(self, model: torch.nn.Module):
+        """Hooks on the instance for the time of the context (removed also after an exception). A second forward
+        pass in the context is refused: latent relevance is defined for one forward and one backward pass."""
+        handles = []
+
+        def capture(point: SitePoint):
+            key = (point.site, point.layer)
+
+            def function(tensor):
+                if not isinstance(tensor, torch.Tensor):
+                    return None
+                if key in self.activations:
+                    raise RuntimeError(f'latent recording saw a second forward pass through {point.site} layer '
+                                       f'{point.layer}: record with a method of one forward and one backward pass')
+                detached = tensor.detach()
+                self.activations[key] = self._finish(point.reduce(point.select(detached)))
+                if key in self.keep:
+                    self.tensors[key] = detached
+                if tensor.requires_grad:
+                    def read(grad):
+                        self.relevances[key] = self._finish(point.reduce(point.select(detached * grad)))
+                        if key in self.keep:
+                            self.gradients[key] = point.select(grad)
+                    tensor.register_hook(read)
+                return None
+            return function
+
+        try:
+            for points in self.points.values():
+                for point in points:
+                    handles.append(point.hook(capture(point)))
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def latent(self) -> Latent:
+        """The recorded values as :py:class:`Latent` (relevance 0 where no gradient arrived, e.g. query and key
+        under CP-LRP)."""
+        relevance, activation = {}, {}
+        for site, points in self.points.items():
+            keys = [(point.site, point.layer) for point in points]
+            missing = [key for key in keys if key not in self.activations]
+            if missing:
+                raise RuntimeError(f'the forward pass did not reach {missing[0][0]} layer {missing[0][1]}')
+            activation[site] = torch.stack([self.activations[key] for key in keys], 1)
+            relevance[site] = torch.stack([self.relevances[key] if key in self.relevances
+                                           else torch.zeros_like(self.activations[key]) for key in keys], 1)
+        return Latent(relevance=relevance, activation=activation, reduce=self.reduce)
+
+
+class RankedNeuron(NamedTuple):
+    """One entry of :py:func:`top_neurons`."""
+    layer: int
+    index: int
+    relevance: float
+    activation: float
+
+
+def top_neurons(explanation, k: int = 10, site: str = 'mlp', row: int = 0, absolute: bool = False,
+                layers=None) -> list[RankedNeuron]:
+    """The ``k`` units of ``site`` with the largest relevance (summed over positions) in ``row`` of an explanation
+    made with ``explain(..., latent=(site, ...))`` (paper section 3.5: "Ranking this latent relevance enables us to
+    identify neurons and layers that are most influential").
+
+    Parameters
+    ----------
+    explanation: Explanation
+        With :py:attr:`latent` recorded.
+    k: int
+    site: str
+        A recorded site other than ``'residual'`` (whose hidden dimensions are recorded summed).
+    row: int
+    absolute: bool
+        Rank by absolute relevance (negative evidence too) instead of signed relevance.
+    layers: sequence of int, optional
+        Only these layers.
+
+    Returns
+    -------
+    list of RankedNeuron
+        ``(layer, index, relevance, activation)``, most relevant first; activation summed over positions.
+    """
+    latent = getattr(explanation, 'latent', None)
+    if latent is None:
+        raise ValueError('the explanation has no latent relevance: explain(..., latent=("mlp", ...)) records it')
+    if site == 'residual':
+        raise ValueError('the residual site is recorded summed over hidden dimensions: it has no neurons to rank; '
+                         'read explanation.latent["residual"] for the relevance per layer')
+    relevance = latent[site]
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f'k must be a positive integer, got {k!r}')
+    rows = relevance.shape[0]
+    if isinstance(row, bool) or not isinstance(row, numbers.Integral) or not -rows <= row < rows:
+        raise ValueError(f'row {row!r} is out of range for {relevance.shape[0]} explained rows')
+    activation = latent.activation[site][row]
+    relevance = relevance[row]
+    if latent.reduce is None:
+        relevance, activation = relevance.sum(1), activation.sum(1)  # [layers, units]
+    selected = torch.arange(relevance.shape[0])
+    if layers is not None:
+        selected = torch.as_tensor(list(layers), dtype=torch.long) % relevance.shape[0]
+    scores = relevance[selected]
+    keys = scores.abs() if absolute else scores
+    count = min(int(k), keys.numel())
+    order = keys.flatten().topk(count).indices
+    units = scores.shape[1]
+    return [RankedNeuron(int(selected[int(flat) // units]), int(flat) % units,
+                         float(scores.flatten()[flat]), float(activation[selected].flatten()[flat]))
+            for flat in order]

@@ -1,0 +1,229 @@
+"""Reference samples of latent neurons: ActMax (the paper's section 3.5 and knowledge-neuron appendix: the texts
+that activate a neuron most, each explained with AttnLRP) and RelMax (Concept Relevance Propagation, Achtibat et
+al. 2023: the texts in which the neuron is most relevant for the model's own prediction), over a stream of texts
+in bounded memory (``k`` entries per neuron)."""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import numbers
+import sys
+from dataclasses import dataclass
+from typing import IO, Iterable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ..methods import METHODS
+from ..render import views
+from ..task import TokenTask
+from .recording import Recorder
+from .sites import Neuron, find_sites
+from .targets import LatentTarget, latent_task, resolve_point
+
+__all__ = ['Reference', 'References', 'reference_samples', 'BY']
+
+#: Rankings: ``'activation'`` (ActMax) or ``'relevance'`` (RelMax).
+BY = ('activation', 'relevance')
+
+
+@dataclass
+class Reference:
+    """One reference sample: ``text`` (as given), its token ids (truncated to ``max_length``), the ``position`` of
+    the neuron's largest score in it, the ``score`` (activation, or relevance for RelMax), the ``activation`` at that
+    position, and, unless ``explain=False``, the AttnLRP :py:attr:`explanation` of that activation."""
+    text: str
+    input_ids: torch.Tensor
+    position: int
+    score: float
+    activation: float
+    explanation: object = None
+
+
+@dataclass
+class References:
+    """The reference samples of one neuron, highest score first."""
+    neuron: Neuron
+    by: str
+    entries: list[Reference]
+    tokenizer: object = dataclasses.field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int) -> Reference:
+        return self.entries[index]
+
+    def heatmaps(self) -> list:
+        """One token heatmap per explained reference, captioned with its rank, score and position."""
+        heatmaps = []
+        for rank, entry in enumerate(self.entries):
+            if entry.explanation is None:
+                continue
+            token = self.tokenizer.decode([int(entry.input_ids[entry.position])]) if self.tokenizer else ''
+            for heatmap in entry.explanation.heatmaps(tokenizer=self.tokenizer):
+                heatmaps.append(dataclasses.replace(heatmap, title=(
+                    f'#{rank + 1}: {self.by} {entry.score:.4g} at token {entry.position} {token!r} (activation '
+                    f'{entry.activation:.4g})')))
+        return heatmaps
+
+    def to_html(self, scale=None, standalone: bool = True) -> str:
+        """The explained references as token heatmaps (HTML, a standalone page unless ``standalone=False``)."""
+        if not any(entry.explanation is not None for entry in self.entries):
+            raise ValueError('these references were collected with explain=False: there are no heatmaps to draw')
+        title = f'{"ActMax" if self.by == "activation" else "RelMax"} references of {self.neuron}'
+        return views.heatmaps_html(self.heatmaps(), scale, title=title, standalone=standalone)
+
+    def _repr_html_(self) -> str | None:
+        if self.tokenizer is None or not any(entry.explanation is not None for entry in self.entries):
+            return None
+        return self.to_html(standalone=False)
+
+    def show(self, scale=None, color: bool | None = None, stream: IO | None = None) -> None:
+        """Print the references: heatmaps where explained, else the texts with their scores."""
+        stream = sys.stdout if stream is None else stream
+        if any(entry.explanation is not None for entry in self.entries):
+            views.show_heatmaps(self.heatmaps(), scale, color, stream)
+            return
+        for rank, entry in enumerate(self.entries):
+            print(f'#{rank + 1} {self.by} {entry.score:.4g} at {entry.position}: {entry.text[:200]!r}', file=stream)
+
+
+def _batches(texts: Iterable[str], size: int):
+    iterator = iter(texts)
+    while True:
+        batch = list(itertools.islice(iterator, size))
+        if not batch:
+            return
+        yield batch
+
+
+def _encode(tokenizer, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and mask (the end-of-sequence token pads where the tokenizer has no pad token)."""
+    encoded = [tokenizer(text, truncation=True, max_length=max_length)['input_ids'] for text in texts]
+    pad = tokenizer.pad_token_id if getattr(tokenizer, 'pad_token_id', None) is not None else tokenizer.eos_token_id
+    width = max(1, max(len(ids) for ids in encoded))
+    ids = torch.full((len(texts), width), int(pad or 0), dtype=torch.long)
+    mask = torch.zeros(len(texts), width, dtype=torch.long)
+    for row, row_ids in enumerate(encoded):
+        ids[row, :len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+        mask[row, :len(row_ids)] = 1
+    return ids, mask
+
+
+def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], neurons: Sequence[Neuron],
+                      k: int = 10, by: str = 'activation', batch_size: int = 8, max_length: int = 64,
+                      explain: bool = True, progress: bool = True) -> dict[Neuron, References]:
+    """The ``k`` reference samples of each neuron over a stream of texts.
+
+    ``by='activation'`` (ActMax, the paper): a text's score is the neuron's largest activation over its tokens.
+    ``by='relevance'`` (RelMax, CRP): the neuron's relevance (AttnLRP, summed over positions) for the model's own
+    prediction at the text's last token; the reported position is that of its largest relevance. The texts are read
+    ``batch_size`` at a time (tqdm progress bar), so an iterable of any length works; only ``k`` entries per neuron
+    are kept. With ``explain`` each reference's activation at its position is explained with AttnLRP
+    (``explain(model, ids, target=neuron, position=position)``).
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+        A decoder-only or encoder-only language model of a supported family, in eval mode.
+    tokenizer
+        Its Hugging Face tokenizer.
+    texts: iterable of str
+        E.g. a generator over a corpus (the paper: Wikipedia summaries).
+    neurons: sequence of Neuron
+    k: int
+    by: str
+        ``'activation'`` or ``'relevance'``.
+    batch_size, max_length: int
+        Texts per forward pass; tokens per text (longer texts are truncated).
+    explain: bool
+    progress: bool
+        Show a tqdm progress bar.
+
+    Returns
+    -------
+    dict of Neuron to References
+    """
+    for name, value in (('k', k), ('batch_size', batch_size), ('max_length', max_length)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f'{name} must be a positive integer, got {value!r}')
+    if by not in BY:
+        raise ValueError(f'by must be "activation" (ActMax) or "relevance" (RelMax), got {by!r}')
+    if isinstance(neurons, Neuron):
+        neurons = [neurons]
+    neurons = list(dict.fromkeys(neurons))
+    if not neurons or not all(isinstance(neuron, Neuron) for neuron in neurons):
+        raise TypeError('neurons must be a non-empty sequence of zennit_attn.latent.Neuron')
+    if isinstance(texts, str):
+        raise TypeError('texts must be an iterable of texts, not one str')
+    points = {}
+    for neuron in neurons:
+        if neuron.site not in points:
+            points.update(find_sites(model, (neuron.site,)))
+    if any(neuron.site == 'residual' for neuron in neurons):
+        raise ValueError('reference samples are ranked per unit; the residual site is recorded summed over hidden '
+                         'dimensions: choose "mlp", "attention", "query", "key" or "value" neurons')
+    resolved = {neuron: resolve_point(model, neuron, points) for neuron in neurons}
+    used = {}
+    for point in resolved.values():
+        used.setdefault(point.site, []).append(point)
+    heaps: dict[Neuron, list] = {neuron: [] for neuron in neurons}
+    counter = itertools.count()
+    device = next(model.parameters()).device
+    for batch in tqdm(_batches(texts, batch_size), desc=f'reference samples ({by})', unit='batch',
+                      disable=not progress):
+        bad = [text for text in batch if not isinstance(text, str)]
+        if bad:
+            raise TypeError(f'texts must be str, got {type(bad[0]).__name__}')
+        kept = [text for text in batch if tokenizer(text, truncation=True, max_length=max_length)['input_ids']]
+        if not kept:
+            continue
+        ids, mask = _encode(tokenizer, kept, max_length)
+        ids, mask = ids.to(device), mask.to(device)
+        recorder = Recorder(used, None, mask)
+        if by == 'activation':
+            with torch.no_grad(), recorder.recording(model):
+                model(input_ids=ids, attention_mask=mask, use_cache=False)
+            values = recorder.activations
+        else:
+            task = TokenTask(model, ids, mask)
+            with recorder.recording(model):
+                METHODS['attnlrp'](task, position=-1, target=None)
+            values = {key: recorder.relevances.get(key, torch.zeros_like(value))
+                      for key, value in recorder.activations.items()}
+        valid = mask != 0
+        for neuron, point in resolved.items():
+            key = (point.site, point.layer)
+            if neuron.index >= values[key].shape[-1]:
+                raise ValueError(f'{neuron}: index out of range, {point.site} of layer {point.layer} has '
+                                 f'{values[key].shape[-1]} units')
+            unit = slice(neuron.index, neuron.index + 1)  # recorded per unit (heads summed over the head dimension)
+            score = values[key][..., unit].sum(-1).masked_fill(~valid, float('-inf'))  # [batch, seq]
+            activation = recorder.activations[key][..., unit].sum(-1)
+            best, position = score.max(1)
+            for row, text in enumerate(kept):
+                item = (float(best[row]), -next(counter), text, ids[row, :int(valid[row].sum())].cpu(),
+                        int(position[row]), float(activation[row, position[row]]))
+                heap = heaps[neuron]
+                if len(heap) < k:
+                    heapq.heappush(heap, item)
+                elif item[:2] > heap[0][:2]:
+                    heapq.heapreplace(heap, item)
+    results = {}
+    for neuron in neurons:
+        entries = []
+        for score, _, text, row_ids, position, activation in sorted(heaps[neuron], key=lambda item: item[:2],
+                                                                    reverse=True):
+            explanation = None
+            if explain:
+                task = latent_task(TokenTask(model, row_ids[None].to(device)),
+                                   LatentTarget(resolved[neuron], index=neuron.index))
+                with task.capturing():
+                    explanation = METHODS['attnlrp'](task, position=position, target=0)
+                explanation = dataclasses.replace(explanation, tokenizer=tokenizer,
+                                                  target=torch.full_like(explanation.target, neuron.index))
+            entries.append(Reference(text, row_ids, position, score, activation, explanation))
+        results[neuron] = References(neuron, by, entries, tokenizer)
+    return results

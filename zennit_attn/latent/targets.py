@@ -1,0 +1,283 @@
+"""Latent targets and conditions for :py:func:`~zennit_attn.explain`: explaining a neuron's activation instead of a
+logit (``target=Neuron(...)``), recording latent relevance (``latent=``) and conditional relevance (``condition=``).
+
+Explaining a neuron (paper section 3.5, the reference-sample heatmaps of the knowledge-neuron appendix): the task's
+scores become the activation of the neuron, so every method that reads scores through the
+:py:class:`~zennit_attn.task.Task` explains it; for LRP the activation is the initial relevance (the model's output
+boundary, which turns the initial relevance into a gradient, is bypassed, so the target does that conversion
+itself).
+
+Conditional relevance (Concept Relevance Propagation, Achtibat et al. 2023, as ``zennit-crp``'s ``CondAttribution``
+with conditions such as ``{'layer': [3948]}``): the input relevance of the prediction that flows through the given
+neurons only. Because every AttnLRP backward rule is linear in the incoming (modified) gradient, this is the input
+relevance of the linear target ``f = sum_j x_j * stopgrad(g_j * m_j)`` at the site tensor ``x``, with ``g`` the
+modified gradient the prediction sends to ``x`` (first pass) and ``m`` the condition's mask (second pass, all
+conditions as one batch). Consequently the conditional heatmaps of all units of a site and layer sum to the heatmap
+of the whole site, and at the residual stream (a cut through the network) to the unconditional heatmap.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, Sequence
+
+import torch
+
+from ..task import ImageTask, Task, TokenTask
+from .recording import REDUCTIONS, Recorder
+from .sites import SITES, Neuron, SitePoint, find_sites
+
+__all__ = ['LatentTarget', 'latent_task', 'explain_latent', 'RECORDING_METHODS', 'NEURON_METHODS', 'repeat_task',
+           'resolve_point']
+
+#: Methods with one forward and one backward pass: ``latent=`` and ``condition=`` work with them.
+RECORDING_METHODS = ('attnlrp', 'cplrp', 'input_x_gradient')
+#: Methods that explain a :py:class:`Neuron` target (they read the explained value through the task).
+NEURON_METHODS = ('attnlrp', 'cplrp', 'input_x_gradient', 'integrated_gradients', 'smoothgrad', 'kernelshap',
+                  'random')
+
+
+class _SeedToGradient(torch.autograd.Function):
+    """Identity whose backward turns the initial relevance ``R`` given at value ``y`` into the gradient ``R / y``
+    (0 where ``y == 0``; ``1`` where ``whole`` and ``y == 0``, for linear targets whose value may vanish)."""
+    @staticmethod
+    def forward(ctx, value, whole: bool):
+        ctx.save_for_backward(value)
+        ctx.whole = whole
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, relevance):
+        (value,) = ctx.saved_tensors
+        ratio = torch.div(relevance, value)
+        fallback = torch.ones_like(ratio) if ctx.whole else torch.zeros_like(ratio)
+        return torch.where(value != 0, ratio, fallback), None
+
+
+@dataclasses.dataclass
+class LatentTarget:
+    """What a latent task explains: unit ``index`` of ``point`` (a neuron; scores ``[batch, seq, 1]``, one per
+    position), or the linear target ``sum(x * weights)`` over positions and features (scores ``[batch, 1]``)."""
+    point: SitePoint
+    index: int | None = None
+    weights: torch.Tensor | None = None
+
+
+def resolve_point(model: torch.nn.Module, neuron: Neuron, points: dict | None = None) -> SitePoint:
+    """The :py:class:`SitePoint` of ``neuron`` in ``model``; its layer and index checked where the module tells its
+    size."""
+    if not isinstance(neuron, Neuron):
+        raise TypeError(f'expected a zennit_attn.latent.Neuron, got {type(neuron).__name__}')
+    points = find_sites(model, (neuron.site,)) if points is None or neuron.site not in points else points
+    layers = points[neuron.site]
+    if not -len(layers) <= neuron.layer < len(layers):
+        count = len(layers) - 1 if neuron.site == 'residual' else len(layers)
+        raise ValueError(f'layer {neuron.layer} is out of range: {type(model).__name__} has {count} layers'
+                         + (' (residual: 0 to layers)' if neuron.site == 'residual' else ''))
+    point = layers[neuron.layer]
+    width = point.width()
+    if neuron.site == 'residual' and hasattr(model, 'get_input_embeddings'):
+        embedding = model.get_input_embeddings()
+        width = getattr(embedding, 'embedding_dim', None)
+    if width is not None:
+        point.unit_features(neuron.index, width)  # raises for an index out of range
+    return point
+
+
+class _LatentMixin:
+    """Overrides of :py:class:`~zennit_attn.task.Task` for a latent target (see :py:func:`latent_task`)."""
+    latent_target: LatentTarget
+    seeded: bool = False
+
+    def keep_logits(self, position=-1, target=None) -> dict:
+        return {}
+
+    def lrp_leaves(self):
+        self.seeded = True  # attribute() seeds the backward pass with the explained value (the initial relevance)
+        return super().lrp_leaves()
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """Hook the target's site for the time of the context, registered before a method enters a composite's
+        context (so the target sees the site tensor before the composite's hooks and after any steering)."""
+        handle = self.latent_target.point.hook(lambda tensor: self.captured.append(tensor))
+        try:
+            self.hooked = True
+            yield self
+        finally:
+            self.hooked = False
+            handle.remove()
+
+    def forward(self, inputs, rows=None, model=None, **extra):
+        target = self.latent_target
+        self.captured = captured = []
+        handle = None if self.hooked else target.point.hook(lambda tensor: captured.append(tensor), prepend=True)
+        try:
+            self.run(inputs, rows, model, **extra)
+        finally:
+            if handle is not None:
+                handle.remove()
+        if not captured:
+            raise RuntimeError(f'the forward pass did not reach {target.point.site} layer {target.point.layer}')
+        site = target.point.select(captured[0])
+        if target.weights is None:
+            unit = target.point.unit_features(target.index, site.shape[-1])
+            scores = site[..., unit].sum(-1, keepdim=True)  # [batch, seq, 1]
+        else:
+            weights = target.weights if rows is None else target.weights[rows]
+            scores = (site * weights.to(site.dtype)).flatten(1).sum(1, keepdim=True)  # [batch, 1]
+        if self.seeded:
+            scores = _SeedToGradient.apply(scores, target.weights is not None)
+        return scores
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def latent_task(task: Task, target: LatentTarget) -> Task:
+    """A copy of ``task`` that explains ``target`` instead of the model's output."""
+    base = type(task)
+    if base not in _CLASSES:
+        _CLASSES[base] = type(f'Latent{base.__name__}', (_LatentMixin, base), {})
+    latent = _CLASSES[base].__new__(_CLASSES[base])
+    latent.__dict__.update(task.__dict__)
+    latent.latent_target = target
+    latent.seeded = False
+    latent.hooked = False
+    latent.captured = []
+    return latent
+
+
+def repeat_task(task: Task, repeats: int) -> Task:
+    """A task whose rows are those of ``task``, each repeated ``repeats`` times (row ``r * repeats + c``)."""
+    def repeat(value):
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == task.batch:
+            return value.repeat_interleave(repeats, 0)
+        return value
+    if isinstance(task, TokenTask):
+        kwargs = {key: repeat(value) for key, value in task.model_kwargs.items()
+                  if key not in ('attention_mask', 'position_ids')}
+        return TokenTask(task.model, repeat(task.input_ids), repeat(task.attention_mask), kwargs,
+                         repeat(task.decoder_input_ids))
+    if isinstance(task, ImageTask):
+        kwargs = {key: repeat(value) for key, value in task.model_kwargs.items()}
+        return ImageTask(task.model, repeat(task.inputs), kwargs)
+    raise TypeError(f'cannot repeat a {type(task).__name__}')
+
+
+def _conditions(condition, model) -> list[tuple[SitePoint, list[Neuron]]]:
+    """``condition`` (a Neuron, or a sequence of conditions each a Neuron or a sequence of Neurons of one site and
+    layer) -> ``[(point, neurons)]``, one per condition."""
+    if isinstance(condition, Neuron):
+        condition = [condition]
+    if isinstance(condition, (str, bytes)) or not isinstance(condition, Sequence) or not condition:
+        raise TypeError('condition must be a Neuron or a non-empty list of conditions, each a Neuron or a list of '
+                        f'Neurons of one site and layer; got {condition!r}')
+    points = {}
+    result = []
+    for item in condition:
+        neurons = [item] if isinstance(item, Neuron) else list(item) if isinstance(item, (list, tuple)) else None
+        if not neurons or not all(isinstance(neuron, Neuron) for neuron in neurons):
+            raise TypeError(f'each condition must be a Neuron or a non-empty list of Neurons, got {item!r}')
+        for neuron in neurons:
+            if neuron.site not in points:
+                points.update(find_sites(model, (neuron.site,)))
+        resolved = [resolve_point(model, neuron, points) for neuron in neurons]
+        if any(point is not resolved[0] for point in resolved):
+            raise ValueError(f'the neurons of one condition must share site and layer, got {neurons}')
+        result.append((resolved[0], neurons))
+    return result
+
+
+def explain_latent(function: Callable, method: str, task: Task, position, target, params: dict,
+                   latent=None, latent_reduce: str | None = None, condition=None) -> object:
+    """Run ``function`` (a method of :py:data:`~zennit_attn.methods.METHODS` named ``method``) on ``task`` with a
+    :py:class:`Neuron` target, latent recording and/or conditions (see :py:func:`~zennit_attn.explain`)."""
+    model = task.model
+    if latent_reduce not in REDUCTIONS:
+        raise ValueError(f'latent_reduce must be None (every position) or "sum" (sum over positions), got '
+                         f'{latent_reduce!r}')
+    if isinstance(latent, str):
+        latent = (latent,)
+    if latent is not None:
+        latent = tuple(latent)
+        unknown = [site for site in latent if site not in SITES]
+        if unknown or not latent:
+            raise ValueError(f'unknown latent site(s) {unknown or latent}; known sites: {", ".join(SITES)}')
+    if (latent is not None or condition is not None) and method not in RECORDING_METHODS:
+        raise ValueError(f'latent= and condition= read the relevance of one backward pass, which {method!r} does not '
+                         f'have; use one of {", ".join(RECORDING_METHODS)}')
+    neuron = target if isinstance(target, Neuron) else None
+    if neuron is not None and method not in NEURON_METHODS:
+        raise ValueError(f'{method!r} cannot explain a Neuron target (it reads attention maps or output '
+                         f'probabilities); use one of {", ".join(NEURON_METHODS)}')
+    if neuron is not None:
+        task = latent_task(task, LatentTarget(resolve_point(model, neuron), index=neuron.index))
+        target = 0
+    conditions = _conditions(condition, model) if condition is not None else []
+    points = find_sites(model, latent) if latent is not None else {}
+    keep = {(point.site, point.layer) for point, _ in conditions}
+    for point, _ in conditions:
+        points.setdefault(point.site, find_sites(model, (point.site,))[point.site])
+    mask = getattr(task, 'attention_mask', None)
+    recorder = Recorder(points, latent_reduce, mask, keep)
+    capturing = task.capturing() if neuron is not None else contextlib.nullcontext()
+    with recorder.recording(model), capturing:
+        explanation = function(task, position=position, target=target, **params)
+    recorded = None
+    if latent is not None:
+        recorded = recorder.latent()
+        recorded.relevance = {site: value for site, value in recorded.relevance.items() if site in latent}
+        recorded.activation = {site: value for site, value in recorded.activation.items() if site in latent}
+    if neuron is not None:
+        explanation = dataclasses.replace(explanation, target=torch.full_like(explanation.target, neuron.index))
+    if conditions:
+        explanation = _conditional(function, method, task, explanation, recorder, conditions, params)
+    return dataclasses.replace(explanation, latent=recorded)
+
+
+def _conditional(function, method, task, explanation, recorder, conditions, params):
+    """The second pass of conditional relevance: all conditions of one site point as one batch."""
+    count = len(conditions)
+    rows = []
+    for point, neurons in conditions:
+        key = (point.site, point.layer)
+        if key not in recorder.gradients:
+            gradient = torch.zeros_like(recorder.tensors[key])
+            gradient = point.select(gradient)
+        else:
+            gradient = recorder.gradients[key]
+        mask = torch.zeros(gradient.shape[-1], dtype=gradient.dtype, device=gradient.device)
+        for neuron in neurons:
+            mask[point.unit_features(neuron.index, gradient.shape[-1])] = 1
+        rows.append((point, gradient * mask))
+    results = [None] * count
+    by_point: dict[int, list[int]] = {}
+    for number, (point, _) in enumerate(rows):
+        by_point.setdefault(id(point), []).append(number)
+    for numbers in by_point.values():
+        point = rows[numbers[0]][0]
+        repeated = repeat_task(task, len(numbers))
+        weights = torch.stack([rows[number][1] for number in numbers], 1).flatten(0, 1)  # [batch * conditions, ...]
+        conditional = latent_task(repeated, LatentTarget(point, weights=weights.detach()))
+        with conditional.capturing():
+            result = function(conditional, position=None, target=0, **params)
+        for offset, number in enumerate(numbers):
+            results[number] = (result, offset, len(numbers))
+    batch = task.batch
+    pieces = {}
+    for name in ('relevance', 'embedding_relevance', 'pixel_relevance', 'logit'):
+        if not hasattr(explanation, name):
+            continue
+        values = []
+        for row in range(batch):
+            for number in range(count):
+                result, offset, width = results[number]
+                value = getattr(result, name)
+                values.append(None if value is None else value[row * width + offset])
+        pieces[name] = None if values[0] is None else torch.stack(values)
+    repeat = lambda value: None if value is None else value.repeat_interleave(count, 0)  # noqa: E731
+    for name in ('target', 'position', 'input_ids', 'attention_mask', 'pixels'):
+        if hasattr(explanation, name):
+            pieces[name] = repeat(getattr(explanation, name))
+    return dataclasses.replace(explanation, method=method, **pieces)
