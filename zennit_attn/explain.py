@@ -128,7 +128,9 @@ def explain(
     target: int, sequence of int, sequence of (int, int), tensor or None
         Output index to explain, one for all rows or one per row; None explains the argmax. A sequence of
         ``(position, token)`` pairs explains the sum of those logits (e.g. a whole generated answer) in one
-        backward pass; ``position`` is then ignored.
+        backward pass; ``position`` is then ignored. A :py:class:`~zennit_attn.latent.Neuron` explains the neuron's
+        activation at ``position`` instead of a logit (for LRP the activation is the initial relevance;
+        ``explanation.logit`` holds it).
     position: int, sequence of int, tensor or None
         For 3-D outputs, the sequence position to explain (a decoder position for encoder-decoder models).
         -1 (default) or None: the last non-padding token of each row. Ignored for 2-D outputs (classification
@@ -175,9 +177,6 @@ def explain(
         :py:mod:`zennit_attn.latent.targets`.
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods`).
-
-    ``target`` may also be a :py:class:`~zennit_attn.latent.Neuron`: the neuron's activation at ``position`` is
-    explained instead of a logit (for LRP the activation is the initial relevance; ``explanation.logit`` holds it).
 
     Returns
     -------

@@ -44,7 +44,7 @@ def steer(model: torch.nn.Module, edits: Mapping[Neuron, float], mode: str = 'se
         ``'attention'`` unit a whole head (all its features), a ``'residual'`` unit one hidden dimension of the
         residual stream at a block boundary, ``'query'``/``'key'``/``'value'`` units projection features.
     mode: str
-        ``'set'`` (activation := value; 0 switches a neuron off), ``'scale'`` (activation *= value) or ``'add'``
+        ``'set'`` (activation := value; 0 switches a neuron off), ``'scale'`` (activation ``*=`` value) or ``'add'``
         (activation += value).
     positions: int, sequence of int or None
         Sequence positions of each forward call to steer (negative counts from the end); None: all. With a key/value
