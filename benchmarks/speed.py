@@ -71,7 +71,7 @@ Run
 Options: ``--models random-llama smollm2 ...``, ``--seq 512``, ``--repeats 5``, ``--threads N``
 (``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``. Several lengths
 (``--seq 512 1024 2048 4096 8192``) run one after the other. ``--checkpointing`` replaces the tables by a
-comparison of the fair plain pass (``run_fair``: only the explained position's logits, ``logits_to_keep``),
+comparison of the fair plain pass (``run_plain(keep_last=True)``: only the explained position's logits, ``logits_to_keep``),
 ``explain()`` and ``explain(checkpointing=True)`` at each length: median time of ``--repeats`` runs, saved bytes
 and peak live tensor bytes, each with its ratio to the fair plain pass (no RSS).
 The default run takes about 5 minutes on 2 idle CPU cores (SmolLM2 takes ~17 s to load, in each of its
@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import inspect
 import json
@@ -209,13 +210,17 @@ def pick_target(model, inputs) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- methods
 
-def run_plain(model, inputs, target):
+def run_plain(model, inputs, target, keep_last: bool = False):
     """Input x gradient: the plain forward + backward that ``explain()`` is compared with (for encoder-decoder
-    models at the encoder and the decoder embeddings)."""
+    models at the encoder and the decoder embeddings). ``keep_last`` makes it the fair plain pass: the logits of the
+    explained (last) position only (``logits_to_keep=1`` for models whose forward takes it, as ``explain()`` does),
+    so that neither the LM head's forward and backward at other positions nor the ``[batch, seq, vocab]`` logits
+    count against the plain pass."""
     input_ids, decoder_ids = _split(inputs)
+    keep = keep_last and 'logits_to_keep' in inspect.signature(model.forward).parameters
     with torch.enable_grad():
         leaves = [model.get_input_embeddings()(input_ids).detach().requires_grad_(True)]
-        extra = {}
+        extra = {'logits_to_keep': 1} if keep else {}
         if decoder_ids is not None:
             leaves.append(model.get_decoder().get_input_embeddings()(decoder_ids).detach().requires_grad_(True))
             extra['decoder_inputs_embeds'] = leaves[1]
@@ -226,41 +231,16 @@ def run_plain(model, inputs, target):
         return torch.cat([(leaf * grad).sum(-1) for leaf, grad in zip(leaves, grads)], 1)
 
 
-def run_explain(model, inputs, target):
+def run_explain(model, inputs, target, checkpointing: bool = False):
     input_ids, decoder_ids = _split(inputs)
-    explanation = explain(model, input_ids, target=target, decoder_input_ids=decoder_ids)
+    explanation = explain(model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=checkpointing)
     if decoder_ids is None:
         return explanation.relevance
     return torch.cat([explanation.relevance, explanation.decoder_relevance], 1)
 
 
-def run_fair(model, inputs, target):
-    """The fair plain pass: input x gradient with the logits of the explained (last) position only
-    (``logits_to_keep=1`` for models whose forward takes it, as ``explain()`` does), so that neither the LM head's
-    forward and backward at other positions nor the ``[batch, seq, vocab]`` logits count against the plain pass."""
-    input_ids, decoder_ids = _split(inputs)
-    keep = {'logits_to_keep': 1} if 'logits_to_keep' in inspect.signature(model.forward).parameters else {}
-    with torch.enable_grad():
-        leaves = [model.get_input_embeddings()(input_ids).detach().requires_grad_(True)]
-        extra = dict(keep)
-        if decoder_ids is not None:
-            leaves.append(model.get_decoder().get_input_embeddings()(decoder_ids).detach().requires_grad_(True))
-            extra['decoder_inputs_embeds'] = leaves[1]
-        logits = model(inputs_embeds=leaves[0], use_cache=False, **extra).logits
-        logit = logits[:, -1][torch.arange(len(target)), target]
-        grads = torch.autograd.grad(logit, leaves, grad_outputs=torch.ones_like(logit))
-        return torch.cat([(leaf * grad).sum(-1) for leaf, grad in zip(leaves, grads)], 1)
-
-
-def run_explain_checkpointing(model, inputs, target):
-    input_ids, decoder_ids = _split(inputs)
-    explanation = explain(model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=True)
-    if decoder_ids is None:
-        return explanation.relevance
-    return torch.cat([explanation.relevance, explanation.decoder_relevance], 1)
-
-
-RUNNERS = {'plain': run_plain, 'explain': run_explain, 'fair': run_fair, 'checkpointing': run_explain_checkpointing}
+RUNNERS = {'plain': run_plain, 'explain': run_explain, 'fair': functools.partial(run_plain, keep_last=True),
+           'checkpointing': functools.partial(run_explain, checkpointing=True)}
 
 
 # ----------------------------------------------------------------------------------------------- measurements
