@@ -415,6 +415,11 @@ def test_bad_input_gets_clear_errors():
     with pytest.raises(ValueError, match='out of range'):
         with steer(model, {Neuron('mlp', 1, 99): 0.0}):
             pass
+    for value in (float('nan'), float('inf')):
+        with pytest.raises(ValueError, match='must be finite'):
+            with steer(model, {Neuron('mlp', 1, 1): value}):
+                pass
+    assert not any(module._forward_hooks for module in model.modules())  # nothing left behind by the refusals
     with pytest.raises(KeyError, match='was not recorded'):
         explain(model, ids, latent='mlp').latent['attention']
     with pytest.raises(ValueError, match='no latent relevance'):

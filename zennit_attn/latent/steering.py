@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 from typing import Iterator, Mapping, Sequence
 
@@ -70,6 +71,8 @@ def steer(model: torch.nn.Module, edits: Mapping[Neuron, float], mode: str = 'se
     for neuron, value in edits.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f'the value for {neuron} must be a number, got {value!r}')
+        if not math.isfinite(value):
+            raise ValueError(f'the value for {neuron} must be finite, got {value!r}: it would make every output NaN')
         if isinstance(neuron, Neuron) and neuron.site not in points:
             points.update(find_sites(model, (neuron.site,)))
         point = resolve_point(model, neuron, points)
