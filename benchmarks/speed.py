@@ -593,7 +593,10 @@ def scaling(name: str, seq: int, repeats: int) -> dict:
               'load_average_1min': os.getloadavg()[0]}
     result['ratio'] = {key: {method: ratio(result[key][method], result[key]['fair']) for method in SCALING_METHODS[1:]}
                        for key in ('time_s', 'saved_bytes', 'live_peak_bytes')}
-    print(f'[{name}] seq {seq} done', file=sys.stderr, flush=True)
+    # the row at once (a longer length may not fit in memory: a run cut short keeps what it measured)
+    print(f'[{name}] seq {seq} done: ' + json.dumps({key: result[key] for key in ('time_s', 'saved_bytes',
+                                                                              'live_peak_bytes', 'ratio')}),
+          file=sys.stderr, flush=True)
     return result
 
 
