@@ -163,6 +163,12 @@ def _add_display_options(parser: argparse.ArgumentParser, output_default: str | 
     group.add_argument('--quiet', '-q', action='store_true', help='no progress messages on stderr')
 
 
+def _add_target_option(group, in_what: str = '', default: str = 'the predicted token') -> None:
+    group.add_argument('--target', metavar='TOKEN',
+                       help=f'the next token to explain{in_what}: a token string that is exactly one token (mind the '
+                            f'leading space, e.g. " Paris"), or id:N for token id N (default: {default})')
+
+
 def _add_debug(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) -> None:
     parser.add_argument('--debug', action='store_true', default=default,
                         help='on a failure, show the full traceback instead of one line')
@@ -238,9 +244,7 @@ def _explain_parser(subparsers) -> None:
         formatter_class=_Formatter)
     _add_prompt_options(parser, 'whose next token is explained')
     group = parser.add_argument_group('target')
-    group.add_argument('--target', metavar='TOKEN',
-                       help='the next token to explain: a token string that is exactly one token (mind the leading '
-                            'space, e.g. " Paris"), or id:N for token id N (default: the predicted token)')
+    _add_target_option(group)
     group.add_argument('--top', type=int, default=5, metavar='K',
                        help='list the K most relevant input tokens; 0: none (default: %(default)s)')
     _add_method_options(parser)
@@ -310,10 +314,7 @@ def _explain_dataset_parser(subparsers) -> None:
     group.add_argument('--checkpointing', action='store_true',
                        help='recompute each transformer block in the backward pass (less memory for long texts)')
     group.add_argument('--quiet', '-q', action='store_true', help='no progress messages or bar on stderr')
-    group = parser.add_argument_group('target')
-    group.add_argument('--target', metavar='TOKEN',
-                       help='the next token to explain in every text: a token string that is exactly one token, or '
-                            'id:N (default: the predicted token of each text)')
+    _add_target_option(parser.add_argument_group('target'), ' in every text', 'the predicted token of each text')
     _add_method_options(parser)
     _add_model_options(parser)
     _add_debug(parser)
@@ -346,9 +347,7 @@ def _neurons_parser(subparsers) -> None:
         description=NEURONS_DESCRIPTION, epilog=NEURONS_EPILOG, formatter_class=_Formatter)
     _add_prompt_options(parser, 'whose next token is explained')
     group = parser.add_argument_group('neurons')
-    group.add_argument('--target', metavar='TOKEN',
-                       help='the next token to explain: a token string that is exactly one token, or id:N '
-                            '(default: the predicted token)')
+    _add_target_option(group)
     group.add_argument('--site', choices=NEURON_SITES, default='mlp',
                        help='where the units are: mlp (FFN neurons), attention (heads), query, key or value '
                             '(projection features) (default: %(default)s)')
