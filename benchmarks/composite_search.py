@@ -1,4 +1,17 @@
-"""Composite grid search for the Fashion-MNIST ViT, and the test-split faithfulness of the result and the baselines.
+"""Composite grid search for the Fashion-MNIST ViT (``--modality vit``, the default) or SmolLM2-135M-Instruct
+(``--modality text``), and the held-out faithfulness of the result next to the paper's default and the baselines.
+
+Text (``--modality text``): the search space :data:`zennit_attn.composites.search.TEXT_GRID` (epsilon values and
+gamma on the MLP / LM-head linears and on the attention projections; 24 composites, one of them the paper's default
+for language models, ``AttnLRPEpsilon()``) is scored by the token faithfulness of ``benchmarks/faithfulness.py``
+(whole word embeddings set to 0, 16 flipping steps, ``A_LeRF - A_MoRF`` of the predicted next token's logit, mean
+over ``--val-articles`` validation articles: the articles of the seeded Wikipedia sample that follow the first
+``--test-articles``). The best composite, ``AttnLRPEpsilon()`` and ``CPLRPEpsilon()`` are then compared on the first
+``--test-articles`` articles (never used in the search; the first ones of the faithfulness study), flipping and
+insertion. Outputs in ``docs/results/text_search/``: ``search.csv`` / ``search.md`` (ranked),
+``test_faithfulness.csv`` / ``.md``, ``search_meta.json``.
+
+Vision (the default):
 
 1. Search (validation split): every combination of the rule options below per layer type
    (:py:func:`zennit_attn.composites.search.composite_search`) is scored by the pixel faithfulness (flipping single
@@ -16,11 +29,13 @@ Usage::
 
     nice -n 10 python benchmarks/composite_search.py            # about 20-25 minutes on a shared 2-core CPU
     python benchmarks/composite_search.py --quick               # tiny grid and few images: a smoke test
+    python benchmarks/composite_search.py --modality text       # about 20 minutes on 2 free CPU cores
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,12 +45,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_vit  # noqa: E402
 
-from zennit_attn.composites import AttnLRPGamma, CPLRPGamma  # noqa: E402
-from zennit_attn.evaluation import Faithfulness, image_curves  # noqa: E402
+import faithfulness as study  # noqa: E402  (the language model and the article sample of the faithfulness study)
+
+from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
+from zennit_attn.evaluation import Faithfulness, explanation_curves, image_curves  # noqa: E402
 from zennit_attn import explain  # noqa: E402
 from zennit_attn.layers import output_scores  # noqa: E402
 from zennit_attn.rules import Epsilon, UniformOperand, ConstantOperand  # noqa: E402
-from zennit_attn.composites.search import composite_search  # noqa: E402
+from zennit_attn.composites.search import TEXT_GRID, composite_search, faithfulness_objective  # noqa: E402
 
 STEPS = 16
 VAL_IMAGES = 200
@@ -51,6 +68,7 @@ GRID = {
 QUICK_GRID = {'conv': ['Epsilon(1e-06)', 'Gamma(0.25)'], 'linear': ['Epsilon(1e-06)', 'Gamma(0.05)'],
               'softmax': ['UniformOperand()', 'ConstantOperand()']}
 RESULTS = train_vit.RESULTS
+TEXT_RESULTS = Path(__file__).resolve().parents[1] / 'docs' / 'results' / 'text_search'
 
 
 def epsilon_everywhere(operand=UniformOperand):
@@ -98,18 +116,95 @@ def markdown(rows, columns):
     return '\n'.join(lines) + '\n'
 
 
+def evaluate_text(model, ids, composite, method, chunk=10):
+    """Flipping and insertion summaries of ``explain(model, ids, composite=...)`` (``chunk`` articles per call)."""
+    start = time.time()
+    explanations = [explain(model, ids[i:i + chunk], composite=composite, method=method)
+                    for i in range(0, len(ids), chunk)]
+    seconds = time.time() - start
+    curves = [row for explanation in explanations
+              for row in explanation_curves(model, explanation, STEPS, ('flipping', 'insertion'), batch_size=512,
+                                            progress=False)]
+    return {mode: Faithfulness.of([row[mode] for row in curves]) for mode in ('flipping', 'insertion')}, seconds
+
+
+def text_main(args):
+    """The language-model search (see the module documentation)."""
+    out = args.out if args.out != RESULTS else TEXT_RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()
+    model, tokenizer = study.load_model(argparse.Namespace(model_dir=None, gguf_file=None, device='cpu'))
+    test = study.sample_articles(None, tokenizer, args.test_articles, args.context, seed=0)
+    val = study.sample_articles(None, tokenizer, args.val_articles, args.context, seed=0, skip=args.test_articles)
+    test_ids = torch.tensor([ids for _, ids in test])
+    val_ids = torch.tensor([ids for _, ids in val])
+
+    start = time.time()
+    result = composite_search(model, val_ids, grid=TEXT_GRID,
+                              objective=faithfulness_objective(steps=STEPS, batch_size=512))
+    search_seconds = time.time() - start
+    result.write(out / 'search')
+    print(result.to_markdown())
+    print(f'search: {len(result.rows)} composites on {len(val)} validation articles in {search_seconds:.0f} s')
+    print('Best composite:\n' + result.best_code())
+
+    compared = {'AttnLRP, best composite of the search': ('attnlrp', result.best_composite()),
+                'AttnLRP, paper default AttnLRPEpsilon()': ('attnlrp', AttnLRPEpsilon()),
+                'CP-LRP, CPLRPEpsilon()': ('cplrp', CPLRPEpsilon())}
+    rows = []
+    for name, (method, composite) in compared.items():
+        summaries, seconds = evaluate_text(model, test_ids, composite, method)
+        row = {'method': name, 'explain_seconds': round(seconds, 2)}
+        for mode, summary in summaries.items():
+            row.update({f'{mode}_score': summary.score, f'{mode}_sem': summary.sem})
+        rows.append(row)
+        print(f"{name:<42} flipping {row['flipping_score']:.3f} +- {row['flipping_sem']:.3f}, insertion "
+              f"{row['insertion_score']:.3f} +- {row['insertion_sem']:.3f}", flush=True)
+    columns = ['method', 'flipping_score', 'flipping_sem', 'insertion_score', 'insertion_sem', 'explain_seconds']
+    import csv
+    with (out / 'test_faithfulness.csv').open('w', newline='') as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    load_end = os.getloadavg()
+    (out / 'test_faithfulness.md').write_text(
+        f'Token faithfulness of SmolLM2-135M-Instruct on the first {len(test)} articles of the seeded Wikipedia '
+        f'sample (never used in the search; the first articles of `benchmarks/faithfulness.py`), their first '
+        f'{args.context} tokens, the predicted next token\'s logit, {STEPS} steps, word embeddings set to 0 '
+        '(flipping, score A_LeRF - A_MoRF) or restored from 0 (insertion, A_MoRF - A_LeRF); mean +- standard error '
+        'over articles, larger is better. The search ranked the '
+        f'{len(result.rows)} composites of `TEXT_GRID` by flipping on {len(val)} validation articles (the '
+        f'following articles of the sample) in {search_seconds:.0f} s. Load average (1, 5, 15 min): '
+        f'{", ".join(f"{v:.2f}" for v in load_start)} at the start, {", ".join(f"{v:.2f}" for v in load_end)} at '
+        'the end.\n\n' + markdown(rows, columns)
+        + '\nBest composite of the search (validation articles):\n\n```python\n' + result.best_code() + '\n```\n')
+    (out / 'search_meta.json').write_text(json.dumps({
+        'validation_articles': len(val), 'test_articles': len(test), 'context': args.context, 'steps': STEPS,
+        'composites': len(result.rows), 'search_seconds': round(search_seconds, 1), 'grid': TEXT_GRID,
+        'best': result.best.labels(), 'threads': torch.get_num_threads(),
+    }, indent=2) + '\n')
+
+
 def main():
     global STEPS
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--quick', action='store_true', help='tiny grid, 20 validation and 40 test images')
+    parser.add_argument('--modality', choices=('vit', 'text'), default='vit')
+    parser.add_argument('--quick', action='store_true', help='vit: tiny grid, 20 validation and 40 test images')
     parser.add_argument('--val-images', type=int, default=VAL_IMAGES)
     parser.add_argument('--test-images', type=int, default=TEST_IMAGES)
+    parser.add_argument('--val-articles', type=int, default=12, help='text: validation articles of the search')
+    parser.add_argument('--test-articles', type=int, default=50, help='text: held-out articles of the comparison')
+    parser.add_argument('--context', type=int, default=64, help='text: tokens per article')
     parser.add_argument('--steps', type=int, default=STEPS)
-    parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--threads', type=int, default=None, help='torch threads (default: 1 for vit, all for text)')
     parser.add_argument('--out', type=Path, default=RESULTS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     STEPS = args.steps
+    if args.threads or args.modality == 'vit':
+        torch.set_num_threads(args.threads or 1)
+    if args.modality == 'text':
+        text_main(args)
+        return
     val_count, test_count = (20, 40) if args.quick else (args.val_images, args.test_images)
     grid = QUICK_GRID if args.quick else GRID
     out = args.out / 'quick' if args.quick else args.out
@@ -122,8 +217,6 @@ def main():
     with torch.no_grad():
         val_targets = output_scores(model(val_pixels)).argmax(-1)
         test_targets = output_scores(model(test_pixels)).argmax(-1)
-
-    from zennit_attn.composites.search import faithfulness_objective
 
     start = time.time()
     result = composite_search(model, val_pixels, val_targets, grid=grid,

@@ -26,6 +26,9 @@ Models
 - ``random-mixtral``: ``MixtralForCausalLM`` with 4 layers, hidden 512, 8 heads, 8 experts of intermediate 1376,
   top-2 routing, vocabulary 32000, SDPA, seeded; the plain baseline runs the experts with the implementation
   transformers loads by default, ``explain()`` with the plain loop it switches to (part of its cost).
+- ``random-llama-1b``: the same with the shape of TinyLlama-1.1B (22 layers, hidden 2048, 32 heads, 4 key/value
+  heads, intermediate 5632; 1.10e9 parameters); for the scaling table (``--checkpointing``, also ``--dtype
+  bfloat16``).
 - ``random-t5``: ``T5ForConditionalGeneration`` shaped like Flan-T5-small (8 + 8 layers, d_model 512, 6 heads of
   64, gated-GELU FFN 1024, vocabulary 32128), SDPA, seeded; ``--seq`` random encoder tokens and
   :py:data:`DECODER_LENGTH` decoder tokens; both methods attribute encoder and decoder embeddings.
@@ -105,7 +108,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zennit_attn import explain  # noqa: E402
 
-MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5')
+MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b')
 METHODS = ('plain', 'explain')
 MB = 1024 ** 2
 
@@ -143,22 +146,26 @@ TEXT = (
 
 # ----------------------------------------------------------------------------------------------------- models
 
-def build(name: str, seq: int):
-    """Return ``(model, input_ids, description)`` for a benchmark model."""
-    if name == 'random-llama':
+def build(name: str, seq: int, dtype: torch.dtype = torch.float32):
+    """Return ``(model, input_ids, description)`` for a benchmark model (``dtype``: the scaling table only)."""
+    if name in ('random-llama', 'random-llama-1b'):
         from transformers import LlamaConfig, LlamaForCausalLM
-        config = LlamaConfig(
-            vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
-            num_key_value_heads=8, max_position_embeddings=max(2048, seq), attn_implementation='sdpa',
-        )
+        if name == 'random-llama':
+            shape = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
+                         num_key_value_heads=8)
+        else:  # the shape of TinyLlama-1.1B: 1.10e9 parameters, grouped-query attention
+            shape = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                         num_key_value_heads=4)
+        config = LlamaConfig(vocab_size=32000, max_position_embeddings=max(2048, seq), attn_implementation='sdpa',
+                             **shape)
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).eval()
+        model = LlamaForCausalLM(config).to(dtype).eval()
         generator = torch.Generator().manual_seed(0)
         input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
         return model, input_ids, 'random ids (seeded)'
     if name == 'smollm2':
         from zennit_attn.pretrained import load_smollm2
-        model, tokenizer = load_smollm2(torch.float32, attn_implementation='sdpa')
+        model, tokenizer = load_smollm2(dtype, attn_implementation='sdpa')
         ids = tokenizer(TEXT, return_tensors='pt').input_ids[0]
         available = len(ids)
         if available < seq:
@@ -569,54 +576,61 @@ def _git_state() -> str | None:
 SCALING_METHODS = ('fair', 'explain', 'checkpointing')
 
 
-def scaling(name: str, seq: int, repeats: int) -> dict:
+def scaling(name: str, seq: int, repeats: int, dtype: torch.dtype = torch.float32,
+            methods: tuple[str, ...] = SCALING_METHODS, warmup: int = 1) -> dict:
     """Time (median of ``repeats`` interleaved runs), saved bytes and peak live bytes of the fair plain pass,
-    ``explain()`` and ``explain(checkpointing=True)`` at one length. The saved bytes of the checkpointed call miss
-    the block inputs the checkpoints hold (they never pass the pack hook): compare live bytes for it."""
-    model, input_ids, description = build(name, seq)
+    ``explain()`` and ``explain(checkpointing=True)`` (``methods``; the fair pass always) at one length. The saved
+    bytes of the checkpointed call miss the block inputs the checkpoints hold (they never pass the pack hook):
+    compare live bytes for it."""
+    methods = ('fair', *(method for method in methods if method != 'fair'))
+    model, input_ids, description = build(name, seq, dtype)
     target = pick_target(model, input_ids)
-    for method in SCALING_METHODS:  # warm-up
-        RUNNERS[method](model, input_ids, target)
-    times = {method: [] for method in SCALING_METHODS}
+    for _ in range(warmup):
+        for method in methods:
+            RUNNERS[method](model, input_ids, target)
+    times = {method: [] for method in methods}
     for _ in range(repeats):
-        for method in SCALING_METHODS:
+        for method in methods:
             gc.collect()
             start = time.perf_counter()
             RUNNERS[method](model, input_ids, target)
             times[method].append(time.perf_counter() - start)
-    result = {'model': name, 'seq': seq, 'input': description,
-              'time_s': {method: statistics.median(times[method]) for method in SCALING_METHODS},
+    result = {'model': name, 'seq': seq, 'dtype': str(dtype).removeprefix('torch.'), 'input': description,
+              'time_s': {method: statistics.median(times[method]) for method in methods},
               'saved_bytes': {method: saved_bytes(model, input_ids, target, method)['activations']
-                              for method in SCALING_METHODS},
-              'live_peak_bytes': {method: live_bytes(model, input_ids, target, method)['peak']
-                                  for method in SCALING_METHODS},
+                              for method in methods},
+              'live_peak_bytes': {method: live_bytes(model, input_ids, target, method)['peak'] for method in methods},
               'load_average_1min': os.getloadavg()[0]}
-    result['ratio'] = {key: {method: ratio(result[key][method], result[key]['fair']) for method in SCALING_METHODS[1:]}
+    result['ratio'] = {key: {method: ratio(result[key][method], result[key]['fair']) for method in methods[1:]}
                        for key in ('time_s', 'saved_bytes', 'live_peak_bytes')}
     # the row at once (a longer length may not fit in memory: a run cut short keeps what it measured)
-    print(f'[{name}] seq {seq} done: ' + json.dumps({key: result[key] for key in ('time_s', 'saved_bytes',
-                                                                              'live_peak_bytes', 'ratio')}),
-          file=sys.stderr, flush=True)
+    row = {key: result[key] for key in ('time_s', 'saved_bytes', 'live_peak_bytes', 'ratio', 'load_average_1min')}
+    print(f'[{name}, {result["dtype"]}] seq {seq} done: ' + json.dumps(row), file=sys.stderr, flush=True)
     return result
 
 
 def scaling_main(args) -> None:
-    results = [scaling(name, seq, args.repeats) for name in args.models for seq in args.seq]
-    columns = [('model', lambda r: r['model'], '<'), ('seq', lambda r: r['seq'], '>')]
+    dtype = getattr(torch, args.dtype)
+    results = [scaling(name, seq, args.repeats, dtype, tuple(args.compare), args.warmup)
+               for name in args.models for seq in args.seq]
+    columns = [('model', lambda r: r['model'], '<'), ('dtype', lambda r: r['dtype'], '<'),
+               ('seq', lambda r: r['seq'], '>')]
     for key, title, scale, digits in (('time_s', 'time s', 1.0, 3), ('saved_bytes', 'saved MB', MB, 1),
                                       ('live_peak_bytes', 'live peak MB', MB, 1)):
         columns.append((f'{title} fair / explain / checkpointing',
                         lambda r, key=key, scale=scale, digits=digits: ' / '.join(
-                            f'{r[key][method] / scale:.{digits}f}' for method in SCALING_METHODS), '>'))
+                            f'{r[key][method] / scale:.{digits}f}' if method in r[key] else '-'
+                            for method in SCALING_METHODS), '>'))
         columns.append(('ratios', lambda r, key=key: ' / '.join(
-            f"{r['ratio'][key][method]:.2f}x" for method in SCALING_METHODS[1:]), '>'))
+            f"{r['ratio'][key][method]:.2f}x" if method in r['ratio'][key] else '-'
+            for method in SCALING_METHODS[1:]), '>'))
     print(f'fair plain pass (logits_to_keep) vs explain() vs explain(checkpointing=True); median of {args.repeats} '
           f'runs; torch {torch.__version__}, {torch.get_num_threads()} threads. Saved MB of the checkpointed call '
           'miss the block inputs its checkpoints hold; live peak MB (TorchDispatchMode) sees them.')
     print('\n'.join(_table(results, columns)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({'settings': {'seq': args.seq, 'repeats': args.repeats,
+        args.json.write_text(json.dumps({'settings': {'seq': args.seq, 'repeats': args.repeats, 'dtype': args.dtype,
                                                       'threads': torch.get_num_threads(), 'torch': torch.__version__},
                                          'results': results}, indent=2))
 
@@ -630,6 +644,12 @@ def main(argv=None):
     parser.add_argument('--checkpointing', action='store_true',
                         help='instead of the table above: the fair plain pass, explain() and explain(checkpointing='
                              'True) at each --seq (time of --repeats runs, saved and live bytes; no RSS)')
+    parser.add_argument('--compare', nargs='+', choices=SCALING_METHODS, default=list(SCALING_METHODS),
+                        help='with --checkpointing: the calls compared (the fair pass always; e.g. leave out '
+                             '"explain" at lengths where only the checkpointed call fits in memory)')
+    parser.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32',
+                        help='with --checkpointing: model dtype (default float32)')
+    parser.add_argument('--warmup', type=int, default=1, help='with --checkpointing: warm-up rounds (default 1)')
     parser.add_argument('--repeats', type=int, default=5, help='timed repeats per method, median reported (default 5)')
     parser.add_argument('--threads', type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     parser.add_argument('--rss-repeats', type=int, default=3, help='RSS measurements per method (default 3)')

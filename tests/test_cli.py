@@ -732,3 +732,65 @@ def test_neurons_with_a_model_folder(capsys, tiny_folder):
     code, out, err = run(capsys, ['neurons', '--prompt', prompt, '--model', str(tiny_folder['llama']), '--site',
                                   'attention', '--method', 'cplrp', '-q'])
     assert code == 0 and 'Top-' in out and ' head ' in out and 'promotes' not in out
+
+
+# -------------------------------------------------------------------------------------------------- faithfulness
+def test_faithfulness_refusals(capsys, tmp_path):
+    code, out, err = run(capsys, ['faithfulness', '--help'])
+    assert code == 0 and 'examples:' in out and '--explanations' in out and '--mode' in out
+    assert 'not a finished explain-dataset output' in refused(capsys, ['faithfulness', '--explanations',
+                                                                       str(tmp_path)])
+    (tmp_path / 'index.json').write_text('{}')
+    base = ['faithfulness', '--explanations', str(tmp_path)]
+    assert '--steps must be at least 1' in refused(capsys, base + ['--steps', '0'])
+    assert '--batch-size must be at least 1' in refused(capsys, base + ['--batch-size', '0'])
+    assert 'names a mode twice' in refused(capsys, base + ['--mode', 'flipping', 'flipping'])
+    assert 'must be a file in an existing folder' in refused(capsys, base + ['--csv', str(tmp_path / 'no' / 'x.csv')])
+
+
+def test_faithfulness_with_a_model_folder(capsys, tiny_folder, tmp_path):
+    """The flipping MoRF area of the first text equals one computed by hand (word embeddings of the most relevant
+    tokens set to 0, one token per step, the explained logit read from the model); another model is refused."""
+    import csv
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import tiny_model
+    from tests.text_tokenizer import CORPUS, byte_level_tokenizer
+    from zennit_attn import load_explanations
+
+    texts = tmp_path / 'texts.jsonl'
+    texts.write_text(''.join(json.dumps({'text': text}) + '\n' for text in CORPUS[:3]))
+    output = tmp_path / 'out'
+    assert run(capsys, ['explain-dataset', '--input', str(texts), '--output', str(output), '--model',
+                        str(tiny_folder['llama']), '-q'])[0] == 0
+    table = tmp_path / 'scores.csv'
+    code, out, err = run(capsys, ['faithfulness', '--explanations', str(output), '--model', str(tiny_folder['llama']),
+                                  '--steps', '1000', '--csv', str(table), '-q'])  # capped: one token per step
+    assert code == 0 and err == '', err
+    assert '3 texts explained by attnlrp' in out and 'flipping' in out and 'insertion' in out
+    rows = list(csv.DictReader(table.open()))
+    assert [(row['text'], row['mode']) for row in rows] == [(str(i), mode) for i in range(3)
+                                                            for mode in ('flipping', 'insertion')]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder['llama']).eval()
+    explanation = load_explanations(output)[0]
+    ids, relevance, target = explanation.input_ids[0], explanation.relevance[0], int(explanation.target[0])
+    assert len(ids) >= 4
+    order = torch.argsort(-relevance.double(), stable=True)
+    points = []
+    with torch.no_grad():
+        for count in range(len(ids) + 1):
+            embeddings = model.get_input_embeddings()(ids[None]).clone()
+            embeddings[0, order[:count]] = 0
+            points.append(float(model(inputs_embeds=embeddings).logits[0, -1, target]))
+    assert float(rows[0]['area_morf']) == pytest.approx(sum(points) / len(points), rel=1e-5, abs=1e-6)
+    assert float(rows[0]['score']) == pytest.approx(float(rows[0]['area_lerf']) - float(rows[0]['area_morf']))
+
+    other = tmp_path / 'other'
+    tiny_model('llama', dtype=torch.float32, seed=1).save_pretrained(other)
+    byte_level_tokenizer().save_pretrained(other)
+    capsys.readouterr()  # what loading the model above printed
+    line = refused(capsys, ['faithfulness', '--explanations', str(output), '--model', str(other), '-q'], code=1)
+    assert 'another model' in line and 'weights_sha256' in line

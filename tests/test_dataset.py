@@ -145,3 +145,63 @@ def test_two_processes_equal_one(setup, tmp_path):
     assert_same(load_explanations(tmp_path / 'two'), load_explanations(tmp_path / 'one'))
     assert json.loads((tmp_path / 'two' / INDEX_FILE).read_text()) == json.loads(
         (tmp_path / 'one' / INDEX_FILE).read_text())
+
+
+def test_method_params_do_not_collide_with_batch_size(setup, tmp_path):
+    """A method's own ``batch_size`` (AtMan's forward batch) goes in ``params`` next to the texts per call; results
+    equal explain() with the same hyperparameters, and the settings record them (another value is refused)."""
+    model, tokenizer = setup
+    params = {'batch_size': 3, 'p': 0.5}
+    explain_dataset(model, tokenizer, TEXTS[:3], tmp_path, batch_size=2, method='atman', params=params,
+                    progress=False)
+    single = [explain(model, text, tokenizer=tokenizer, method='atman', **params) for text in TEXTS[:3]]
+    assert_same(load_explanations(tmp_path), single, tol=1e-6)
+    with pytest.raises(SettingsMismatchError, match='params'):
+        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path, batch_size=2, method='atman',
+                        params={'batch_size': 3, 'p': 0.9}, progress=False)
+    with pytest.raises(TypeError, match=r"params must not hold \['method'\]"):
+        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path / 'x', params={'method': 'cplrp'}, progress=False)
+
+
+def test_check_model(setup, tmp_path):
+    model, tokenizer = setup
+    explain_dataset(model, tokenizer, TEXTS[:2], tmp_path, progress=False)
+    dataset.check_model(tmp_path, model)  # the same model: accepted
+    with pytest.raises(SettingsMismatchError, match='weights_sha256'):
+        dataset.check_model(tmp_path, tiny_model('llama', seed=1))
+    with pytest.raises(FileNotFoundError, match='not an explain_dataset'):
+        dataset.check_model(tmp_path / 'missing', model)
+
+
+REFUSED_WORKER = '''
+import os
+import sys
+import torch
+sys.path.insert(0, {root!r})
+torch.set_num_threads(1)
+from tests.conftest import tiny_model
+from tests.text_tokenizer import byte_level_tokenizer
+from zennit_attn import explain_dataset
+from zennit_attn.dataset import SettingsMismatchError
+try:
+    explain_dataset(tiny_model('llama'), byte_level_tokenizer(pad=False), {texts!r}, sys.argv[1], method='cplrp',
+                    progress=False)
+except SettingsMismatchError as error:
+    print(f'rank {{os.environ["RANK"]}}: {{error}}')
+    sys.exit(3)
+'''
+
+
+def test_a_refused_directory_stops_every_rank(setup, tmp_path):
+    """Rank 0 refuses a directory made with other settings; the other rank gets the refusal instead of waiting for
+    rank 0 at a barrier (the run would hang until torchrun's timeout)."""
+    model, tokenizer = setup
+    explain_dataset(model, tokenizer, TEXTS[:4], tmp_path / 'out', progress=False)  # attnlrp
+    script = tmp_path / 'worker.py'
+    script.write_text(REFUSED_WORKER.format(root=str(ROOT), texts=TEXTS[:4]))
+    environment = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
+    completed = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(script),
+         str(tmp_path / 'out')], capture_output=True, text=True, env=environment, timeout=120)
+    assert completed.returncode != 0
+    assert 'rank 1: rank 0 refused the output directory' in completed.stdout, completed.stdout + completed.stderr

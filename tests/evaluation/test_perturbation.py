@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from zennit_attn.evaluation import evaluate, mean_sem, perturbation_curves, perturbed_inputs, step_counts
+from zennit_attn.evaluation import (
+    Sample, batched_curves, evaluate, mean_sem, perturbation_curves, perturbed_inputs, step_counts,
+)
 
 
 def test_step_counts_cover_all_features():
@@ -42,6 +44,48 @@ def test_batches_give_the_same_curves():
     chunked = perturbation_curves(forward, inputs, relevance, steps=3, batch_size=3)
     assert torch.allclose(whole.morf, chunked.morf) and torch.allclose(whole.lerf, chunked.lerf)
     assert whole.morf[0] == whole.lerf[0] == pytest.approx(float(forward(inputs[None])[0]))
+
+
+def test_both_modes_share_forward_passes_and_equal_single_modes():
+    """Flipping's LeRF inputs are insertion's MoRF inputs (the same most relevant features kept) and vice versa:
+    with distinct relevance and counts that split evenly, both modes need 2 * steps forward rows (one per distinct
+    input) instead of 4 * (steps + 1), and give the curves of the single-mode calls exactly."""
+    forward, inputs, relevance = bag_of_embeddings(3, features=8)
+    rows = []
+
+    def counting(batch, owners):
+        rows.append(len(batch))
+        return forward(batch)
+
+    samples = [Sample(inputs, relevance), Sample(inputs * 2, -relevance)]
+    both = batched_curves(counting, samples, steps=4, mode=('flipping', 'insertion'), progress=False)
+    assert sum(rows) == 2 * (2 * 4)
+    for mode in ('flipping', 'insertion'):
+        rows.clear()
+        single = batched_curves(counting, samples, steps=4, mode=mode, progress=False)
+        assert sum(rows) == 2 * (2 * 4)  # the unperturbed and the fully perturbed input are shared by both orders
+        for alone, shared in zip(single, both):
+            assert torch.equal(alone.morf, shared[mode].morf) and torch.equal(alone.lerf, shared[mode].lerf)
+            assert shared[mode].mode == mode
+    flipping, insertion = both[0]['flipping'], both[0]['insertion']
+    assert torch.equal(flipping.lerf, insertion.morf.flip(0)) and torch.equal(flipping.morf, insertion.lerf.flip(0))
+    with pytest.raises(ValueError, match='mode'):
+        batched_curves(counting, samples, mode=('flipping', 'flipping'), progress=False)
+    with pytest.raises(ValueError, match='mode'):
+        batched_curves(counting, samples, mode=(), progress=False)
+
+
+def test_ties_across_modes_are_evaluated_not_assumed():
+    """Equal relevance breaks ties by feature order in both orders, so flipping's LeRF inputs are not insertion's
+    MoRF inputs: the shared call must evaluate them and still equal the single-mode calls."""
+    forward, inputs, _ = bag_of_embeddings(4, features=6)
+    relevance = torch.zeros(6, dtype=torch.float64)
+    both = batched_curves(lambda batch, owners: forward(batch), [Sample(inputs, relevance)], steps=3,
+                          mode=('flipping', 'insertion'), progress=False)[0]
+    for mode in ('flipping', 'insertion'):
+        alone = perturbation_curves(forward, inputs, relevance, steps=3, mode=mode)
+        assert torch.equal(alone.morf, both[mode].morf) and torch.equal(alone.lerf, both[mode].lerf)
+    assert not torch.equal(both['flipping'].lerf, both['insertion'].morf.flip(0))
 
 
 def bag_of_embeddings(seed, features=12, hidden=4):

@@ -1,6 +1,7 @@
 """Composite grid search (appendix B: "LRP Composites for ViT", after Pahde et al. 2023): try every combination
-of a rule per layer type and rank the composites by an objective, by default the pixel faithfulness on held-out
-images.
+of a rule per layer type and rank the composites by an objective, by default the faithfulness on held-out samples
+(pixels of images, tokens of texts: language models take the same layer types, without ``conv``; see
+:py:data:`TEXT_GRID`).
 
 Layer types are those of :py:class:`~zennit_attn.composites.AttnLRPGamma`: ``conv`` (patch embedding), ``linear``
 (MLP and head), ``attention_in`` (q/k/v projections), ``attention_out`` (attention output projection) and
@@ -30,10 +31,9 @@ from tqdm.auto import tqdm
 from .. import rules as _rules
 from ..evaluation import faithfulness
 from ..explain import explain
-from ..layers import output_scores
 from .gamma import AttnLRPGamma
 
-__all__ = ['LAYER_TYPES', 'DEFAULT_GRID', 'Candidate', 'SearchResult', 'composite_search', 'faithfulness_objective']
+__all__ = ['LAYER_TYPES', 'DEFAULT_GRID', 'TEXT_GRID', 'Candidate', 'SearchResult', 'composite_search', 'faithfulness_objective']
 
 #: Layer types of the search, in table order.
 LAYER_TYPES = ('conv', 'linear', 'attention_in', 'attention_out', 'softmax')
@@ -48,6 +48,16 @@ DEFAULT_GRID: dict[str, list[str]] = {
     'attention_in': ['Epsilon(1e-06)', 'Gamma(0.05)', 'Gamma(0.25)'],
     'attention_out': ['Epsilon(1e-06)', 'Gamma(0.05)', 'Gamma(0.25)'],
     'softmax': ['UniformOperand()', 'ConstantOperand()'],
+}
+
+#: A search space for language models (``benchmarks/composite_search.py --modality text``): epsilon values and gamma
+#: on the linear layers outside attention (the MLP and the LM head) and on the attention projections; ``None`` is
+#: the paper's default for language models (the epsilon rule with epsilon -> 0: all ``None`` is
+#: :py:class:`~zennit_attn.composites.AttnLRPEpsilon`). 6 * 2 * 2 = 24 composites.
+TEXT_GRID: dict[str, list[str]] = {
+    'linear': ['None', 'Epsilon(0.01)', 'Epsilon(0.1)', 'Gamma(0.01)', 'Gamma(0.05)', 'Gamma(0.25)'],
+    'attention_in': ['None', 'Gamma(0.05)'],
+    'attention_out': ['None', 'Gamma(0.05)'],
 }
 
 #: Names available to the option expressions.
@@ -93,11 +103,12 @@ class Candidate:
 
 def faithfulness_objective(steps: int = 16, mode: str = 'flipping', patch_size: int = 1, baseline: float = 0.0,
                            batch_size: int = 512) -> Callable:
-    """The default objective: mean pixel faithfulness score (:py:func:`~zennit_attn.evaluation.faithfulness`)
-    of the composite's explanations. Returns ``objective(model, composite, pixels, targets) -> dict`` with
-    ``score``, ``sem``, ``area_morf``, ``area_lerf``."""
-    def objective(model, composite, pixels, targets):
-        explanation = explain(model, pixels, target=targets, composite=composite)
+    """The default objective: mean faithfulness score (:py:func:`~zennit_attn.evaluation.faithfulness`; pixels or
+    ``patch_size`` patches of images, word embeddings of tokens) of the composite's explanations. Returns
+    ``objective(model, composite, inputs, targets) -> dict`` with ``score``, ``sem``, ``area_morf``,
+    ``area_lerf``."""
+    def objective(model, composite, inputs, targets):
+        explanation = explain(model, inputs, target=targets, composite=composite)
         summary = faithfulness(model, explanation, steps, mode, patch_size=patch_size, baseline=baseline,
                                batch_size=batch_size, progress=False)
         return {'score': summary.score, 'sem': summary.sem, 'area_morf': summary.area_morf,
@@ -163,7 +174,7 @@ def _format(value) -> str:
     return str(value)
 
 
-def composite_search(model: torch.nn.Module, pixels: torch.Tensor, targets=None,
+def composite_search(model: torch.nn.Module, inputs: torch.Tensor, targets=None,
                      grid: Mapping[str, Sequence] | None = None, objective: Callable | None = None,
                      base: type | None = None, progress: bool = True) -> SearchResult:
     """Evaluate every composite of ``grid`` and rank them by ``objective`` (larger is better).
@@ -171,17 +182,19 @@ def composite_search(model: torch.nn.Module, pixels: torch.Tensor, targets=None,
     Parameters
     ----------
     model: torch.nn.Module
-        The vision transformer in eval mode.
-    pixels: torch.Tensor
-        ``[batch, C, H, W]`` held-out images (a validation split: the search tunes on them).
+        A vision transformer or a language model, in eval mode.
+    inputs: torch.Tensor
+        Held-out samples (a validation split: the search tunes on them): ``[batch, C, H, W]`` images, or
+        ``[batch, seq]`` token ids of equal length (the last position is explained).
     targets: tensor, optional
-        ``[batch]`` classes to explain; default the model's predictions.
+        ``[batch]`` classes or tokens to explain; default (None): the model's predictions, chosen by
+        :py:func:`~zennit_attn.explain` (the same for every composite).
     grid: mapping, optional
         Layer type -> options (see the module documentation); missing layer types keep the composite's default.
-        Default :py:data:`DEFAULT_GRID`.
+        Default :py:data:`DEFAULT_GRID` (vision transformers).
     objective: callable, optional
-        ``(model, composite, pixels, targets) -> float or dict with 'score'``; default
-        :py:func:`faithfulness_objective` ``()`` (16 flipping steps on single pixels).
+        ``(model, composite, inputs, targets) -> float or dict with 'score'``; default
+        :py:func:`faithfulness_objective` ``()`` (16 flipping steps on single pixels or tokens).
     base: type, optional
         The composite class (default :py:class:`~zennit_attn.composites.AttnLRPGamma`); its constructor takes the
         layer types as keyword arguments.
@@ -197,15 +210,13 @@ def composite_search(model: torch.nn.Module, pixels: torch.Tensor, targets=None,
         raise ValueError('The grid needs at least one option per listed layer type')
     base = AttnLRPGamma if base is None else base
     objective = faithfulness_objective() if objective is None else objective
-    if targets is None:
-        with torch.no_grad():
-            targets = output_scores(model(pixels)).argmax(-1)
-    targets = torch.as_tensor(targets).long()
+    if targets is not None:
+        targets = torch.as_tensor(targets).long()
     candidates = [Candidate(dict(zip(layer_types, options)))
                   for options in itertools.product(*(grid[kind] for kind in layer_types))]
     rows = []
     for index, candidate in enumerate(tqdm(candidates, disable=not progress, desc='composite search')):
-        value = objective(model, candidate.composite(base), pixels, targets)
+        value = objective(model, candidate.composite(base), inputs, targets)
         value = dict(value) if isinstance(value, Mapping) else {'score': float(value)}
         score = float(value['score'])
         rows.append({**candidate.labels(), **value, 'score': score if math.isfinite(score) else -math.inf,
@@ -216,4 +227,4 @@ def composite_search(model: torch.nn.Module, pixels: torch.Tensor, targets=None,
         row = {key: value for key, value in rows[i].items() if key != '_index'}
         ranked.append({'rank': rank, **row})
     return SearchResult(rows=ranked, candidates=[candidates[i] for i in order], layer_types=layer_types,
-                        base=base.__name__, meta={'images': int(pixels.shape[0]), 'composites': len(candidates)})
+                        base=base.__name__, meta={'samples': int(inputs.shape[0]), 'composites': len(candidates)})

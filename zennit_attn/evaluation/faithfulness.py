@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..task import ImageExplanation, ImageTask, TokenTask
@@ -14,10 +16,10 @@ from .pixels import features_to_images, image_features
 __all__ = ['explanation_curves', 'faithfulness', 'token_curves', 'image_curves', 'image_faithfulness']
 
 
-def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16, mode: str = 'flipping',
-                       baseline: float = 0.0, patch_size: int = 1, batch_size: int | None = None,
-                       progress: bool = True, model_kwargs: dict | None = None,
-                       rows: list[int] | None = None) -> list[Curves]:
+def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16,
+                       mode: str | Sequence[str] = 'flipping', baseline: float = 0.0, patch_size: int = 1,
+                       batch_size: int | None = None, progress: bool = True, model_kwargs: dict | None = None,
+                       rows: list[int] | None = None) -> list[Curves] | list[dict[str, Curves]]:
     """MoRF and LeRF curves of the rows of ``explanation`` (default all), each scored by its explained logit.
 
     Parameters
@@ -27,7 +29,8 @@ def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16, mod
     explanation: Explanation or ImageExplanation
         What :py:func:`~zennit_attn.explain` returned.
     steps, mode, baseline
-        As for :py:func:`~zennit_attn.evaluation.perturbation.batched_curves`.
+        As for :py:func:`~zennit_attn.evaluation.perturbation.batched_curves` (several modes: one ``{mode: Curves}``
+        per row, from shared forward passes).
     patch_size: int
         Images: 1 perturbs single pixels, ``p`` perturbs ``p x p`` patches.
     batch_size: int, optional
@@ -80,6 +83,9 @@ def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16, mod
 def faithfulness(model: torch.nn.Module, explanation, steps: int = 16, mode: str = 'flipping', **options
                  ) -> Faithfulness:
     """:py:func:`explanation_curves` of all rows, summarised (mean score, its standard error, mean areas)."""
+    if not isinstance(mode, str):
+        raise ValueError(f'faithfulness() summarises one mode, got {mode!r}: call it once per mode, or use '
+                         'explanation_curves(mode=(...)) for the curves of several modes from shared forward passes')
     return Faithfulness.of(explanation_curves(model, explanation, steps, mode, **options))
 
 
@@ -87,9 +93,11 @@ def faithfulness(model: torch.nn.Module, explanation, steps: int = 16, mode: str
 image_faithfulness = faithfulness
 
 
-def token_curves(model: torch.nn.Module, explanation, steps: int = 16, mode: str = 'flipping', row: int = 0,
-                 batch_size: int | None = None, model_kwargs: dict | None = None) -> Curves:
-    """The curves of row ``row`` of a language model's :py:class:`~zennit_attn.task.Explanation`."""
+def token_curves(model: torch.nn.Module, explanation, steps: int = 16, mode: str | Sequence[str] = 'flipping',
+                 row: int = 0, batch_size: int | None = None, model_kwargs: dict | None = None
+                 ) -> Curves | dict[str, Curves]:
+    """The curves of row ``row`` of a language model's :py:class:`~zennit_attn.task.Explanation` (several modes:
+    ``{mode: Curves}``)."""
     return explanation_curves(model, explanation, steps, mode, batch_size=batch_size, progress=False,
                               model_kwargs=model_kwargs, rows=[row])[0]
 

@@ -12,7 +12,8 @@ Perturbation: ``steps`` equal chunks of the feature order (most-relevant-first, 
 LeRF) are set to the ``baseline`` (default 0) one chunk per step (``'flipping'``), or restored from an all-baseline
 input (``'insertion'``); each curve has ``steps + 1`` points, from no change to all features changed, and its area
 is the mean of its points. The faithfulness score is ``A_LeRF - A_MoRF`` for flipping and ``A_MoRF - A_LeRF`` for
-insertion (larger is better). Ties in relevance keep feature order (stable sort).
+insertion (larger is better). Ties in relevance keep feature order (stable sort). Equal perturbed inputs are
+evaluated once, also across modes: flipping and insertion together cost about one mode's forward passes.
 """
 from __future__ import annotations
 
@@ -67,38 +68,51 @@ def step_counts(features: int, steps: int) -> list[int]:
     return [round(k * features / steps) for k in range(steps + 1)]
 
 
+def perturbation_masks(relevance: torch.Tensor, steps: int, mode: str = 'flipping',
+                       valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which features are at the baseline in each perturbed input of one sample: ``[2 * (steps + 1), features]``
+    booleans, the MoRF curve's inputs first, and the fractions ``[steps + 1]``. Features where ``valid`` is False
+    (padding) are never changed."""
+    if mode not in MODES:
+        raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+    relevance = relevance.detach().flatten()
+    if not bool(torch.isfinite(relevance).all()):
+        raise ValueError('relevance has non-finite values')
+    features = relevance.numel()
+    indices = torch.arange(features, device=relevance.device)
+    if valid is not None:
+        valid = valid.flatten().to(relevance.device).bool()
+        if valid.numel() != features:
+            raise ValueError(f'{valid.numel()} valid flags for {features} features')
+        indices = indices[valid]
+    values = relevance[indices].double()
+    counts = step_counts(len(indices), steps)
+    masks = []
+    for order in (indices[torch.argsort(-values, stable=True)], indices[torch.argsort(values, stable=True)]):
+        for count in counts:
+            changed = torch.zeros(features, dtype=torch.bool, device=relevance.device)
+            changed[order[:count]] = True
+            if mode == 'insertion':  # start from the baseline, restore the first `count` features of the order
+                changed = ~changed if valid is None else ~changed & valid
+            masks.append(changed)
+    return torch.stack(masks), torch.tensor(counts, dtype=torch.float64) / max(1, len(indices))
+
+
+def _apply(inputs: torch.Tensor, masks: torch.Tensor, baseline: float | torch.Tensor) -> torch.Tensor:
+    """``[len(masks), *inputs.shape]``: ``inputs`` with the features of each mask set to ``baseline``."""
+    baseline = torch.as_tensor(baseline, dtype=inputs.dtype, device=inputs.device).expand_as(inputs)
+    shape = (masks.shape[0], -1) + (1,) * (inputs.dim() - 1)
+    return torch.where(masks.to(inputs.device).view(shape), baseline, inputs)
+
+
 def perturbed_inputs(inputs: torch.Tensor, relevance: torch.Tensor, steps: int, mode: str = 'flipping',
                      baseline: float | torch.Tensor = 0.0, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """All perturbed inputs of one sample: ``[2 * (steps + 1), *inputs.shape]``, the MoRF curve's inputs first,
-    and the fractions ``[steps + 1]``. Features where ``valid`` is False (padding) are never changed."""
-    if mode not in MODES:
-        raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
-    relevance = relevance.detach().flatten().to(inputs.device)
+    and the fractions ``[steps + 1]`` (:py:func:`perturbation_masks` applied to ``inputs``)."""
     if relevance.numel() != inputs.shape[0]:
         raise ValueError(f'{relevance.numel()} relevance values for {inputs.shape[0]} features')
-    if not bool(torch.isfinite(relevance).all()):
-        raise ValueError('relevance has non-finite values')
-    indices = torch.arange(inputs.shape[0], device=inputs.device)
-    if valid is not None:
-        indices = indices[valid.flatten().to(inputs.device).bool()]
-    values = relevance[indices].double()
-    morf_order = indices[torch.argsort(-values, stable=True)]
-    lerf_order = indices[torch.argsort(values, stable=True)]
-    counts = step_counts(len(indices), steps)
-    baseline = torch.as_tensor(baseline, dtype=inputs.dtype, device=inputs.device).expand_as(inputs)
-    batch = []
-    for order in (morf_order, lerf_order):
-        for count in counts:
-            changed = torch.zeros(inputs.shape[0], dtype=torch.bool, device=inputs.device)
-            changed[order[:count]] = True
-            if mode == 'insertion':  # start from the baseline, restore the first `count` features of the order
-                changed = ~changed
-                if valid is not None:
-                    changed &= valid.flatten().to(inputs.device).bool()
-            shape = (-1,) + (1,) * (inputs.dim() - 1)
-            batch.append(torch.where(changed.view(shape), baseline, inputs))
-    fractions = torch.tensor(counts, dtype=torch.float64) / max(1, len(indices))
-    return torch.stack(batch), fractions
+    masks, fractions = perturbation_masks(relevance.to(inputs.device), steps, mode, valid)
+    return _apply(inputs, masks, baseline), fractions
 
 
 @dataclass
@@ -110,12 +124,22 @@ class Sample:
     valid: torch.Tensor | None = None
 
 
+def _modes(mode: str | Sequence[str]) -> tuple[str, ...]:
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
+    bad = [item for item in modes if item not in MODES]
+    if bad or not modes or len(set(modes)) != len(modes):
+        raise ValueError(f'mode must be one of {MODES} or a sequence of distinct ones, got {mode!r}')
+    return modes
+
+
 def batched_curves(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], samples: Iterable[Sample],
-                   steps: int = 16, mode: str = 'flipping', baseline: float | torch.Tensor = 0.0,
+                   steps: int = 16, mode: str | Sequence[str] = 'flipping', baseline: float | torch.Tensor = 0.0,
                    batch_size: int | None = None, progress: bool = True, total: int | None = None,
-                   desc: str = 'perturbation') -> list[Curves]:
+                   desc: str = 'perturbation') -> list[Curves] | list[dict[str, Curves]]:
     """MoRF and LeRF curves of every sample, the perturbed inputs of consecutive samples of equal shape batched
-    into shared forward passes.
+    into shared forward passes. Perturbed inputs that are equal (the unperturbed and the fully perturbed input of
+    both orders; with several modes, e.g. flipping's LeRF inputs and insertion's MoRF inputs, which keep the same
+    most relevant features) are evaluated once: both modes cost about as much as one.
 
     Parameters
     ----------
@@ -124,10 +148,13 @@ def batched_curves(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
         ``owners[i]`` is the index of the sample that perturbed input ``i`` belongs to.
     samples: iterable of Sample
         The samples, in order.
-    steps, mode, baseline
-        Number of steps, ``'flipping'`` or ``'insertion'``, and the baseline value (broadcast to the inputs).
+    steps, baseline
+        Number of steps and the baseline value (broadcast to the inputs).
+    mode: str or sequence of str
+        ``'flipping'`` or ``'insertion'``: a list of :py:class:`Curves`; a sequence of modes, e.g.
+        ``('flipping', 'insertion')``: a list of ``{mode: Curves}``, from shared forward passes.
     batch_size: int, optional
-        Perturbed inputs per forward pass (default: those of one sample, ``2 (steps + 1)``).
+        Perturbed inputs per forward pass (default: those of one sample).
     progress: bool
         A tqdm progress bar over the samples.
     total, desc
@@ -135,38 +162,49 @@ def batched_curves(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     """
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f'batch_size must be a positive integer, got {batch_size!r}')
-    results: list[Curves] = []
-    pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    modes = _modes(mode)
+    results: list[dict[str, Curves]] = []
+    # per pending sample: (index, unique perturbed inputs, inverse [modes * 2 (steps + 1)], fractions per mode)
+    pending: list[tuple[int, torch.Tensor, torch.Tensor, list[torch.Tensor]]] = []
 
     def flush():
         if not pending:
             return
-        batch = torch.cat([variants for _, variants, _ in pending])
+        batch = torch.cat([variants for _, variants, _, _ in pending])
         owners = torch.cat([torch.full((len(variants),), index, dtype=torch.long)
-                            for index, variants, _ in pending]).to(batch.device)
+                            for index, variants, _, _ in pending]).to(batch.device)
         size = batch.shape[0] if batch_size is None else batch_size
         with torch.no_grad():
             scores = torch.cat([forward(batch[start:start + size], owners[start:start + size]).detach().flatten()
                                 for start in range(0, batch.shape[0], size)]).double().cpu()
         offset = 0
-        for _, variants, fractions in pending:
-            points = len(fractions)
-            results.append(Curves(morf=scores[offset:offset + points], lerf=scores[offset + points:offset + 2 * points],
-                                  fractions=fractions, mode=mode))
-            offset += 2 * points
+        for _, variants, inverse, fractions in pending:
+            full = scores[offset:offset + len(variants)][inverse]
+            curves, start = {}, 0
+            for name, points in zip(modes, fractions):
+                count = len(points)
+                curves[name] = Curves(morf=full[start:start + count], lerf=full[start + count:start + 2 * count],
+                                      fractions=points, mode=name)
+                start += 2 * count
+            results.append(curves)
+            offset += len(variants)
         pending.clear()
 
-    with tqdm(total=total, disable=not progress, desc=f'{desc} ({mode})') as bar:
+    with tqdm(total=total, disable=not progress, desc=f'{desc} ({", ".join(modes)})') as bar:
         for index, sample in enumerate(samples):
-            variants, fractions = perturbed_inputs(sample.inputs, sample.relevance, steps, mode, baseline,
-                                                   sample.valid)
+            if sample.relevance.numel() != sample.inputs.shape[0]:
+                raise ValueError(f'{sample.relevance.numel()} relevance values for {sample.inputs.shape[0]} features')
+            relevance = sample.relevance.to(sample.inputs.device)
+            masks, fractions = zip(*(perturbation_masks(relevance, steps, name, sample.valid) for name in modes))
+            unique, inverse = torch.unique(torch.cat(masks), dim=0, return_inverse=True)
+            variants = _apply(sample.inputs, unique, baseline)
             if pending and (pending[0][1].shape[1:] != variants.shape[1:]
                             or batch_size is None or sum(len(item[1]) for item in pending) >= batch_size):
                 flush()
-            pending.append((index, variants, fractions))
+            pending.append((index, variants, inverse.cpu(), list(fractions)))
             bar.update(1)
         flush()
-    return results
+    return [curves[modes[0]] for curves in results] if isinstance(mode, str) else results
 
 
 def perturbation_curves(forward: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
