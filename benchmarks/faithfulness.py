@@ -340,8 +340,16 @@ def main(argv=None):
     print(command, flush=True)
     curves = {mode: {method: [] for method in methods} for mode in args.modes}
     seconds: dict[str, float] = {}
+    qa_items, qualified, qa_rows = ([], 0, [])
+    qa_methods = [m.strip() for m in (args.qa_methods or args.methods).split(',') if m.strip()]
     if args.from_csv:
         args.no_qa = True
+        if (out / 'plausibility.csv').exists():  # the plausibility table is rebuilt from it as well
+            with open(out / 'plausibility.csv', newline='') as handle:
+                qa_rows = [dict(row, top1=float(row['top1']) if row['top1'] else '',
+                                iou=float(row['iou']) if row['iou'] else '') for row in csv.DictReader(handle)]
+            qa_items = [row for row in qa_rows if not row['method']]
+            qualified = sum(row['qualified'] == '1' for row in qa_items)
         for mode in args.modes:
             _, curves[mode], seconds = curves_from_csv(out / CSV_NAMES[mode], methods, mode)
         loaded = faithful_done = time.perf_counter()
@@ -354,8 +362,6 @@ def main(argv=None):
     if any(any(per_method.values()) for per_method in curves.values()):
         plot(out / 'faithfulness.png', curves, methods, args)
 
-    qa_items, qualified, qa_rows = ([], 0, [])
-    qa_methods = [m.strip() for m in (args.qa_methods or args.methods).split(',') if m.strip()]
     if not args.no_qa:
         qa_items, qualified, qa_rows = run_plausibility(args, model, tokenizer, qa_methods)
         write_csv(out / 'plausibility.csv', qa_rows)
@@ -382,7 +388,7 @@ def main(argv=None):
     ]
     for mode in args.modes:
         lines += faithfulness_table(curves[mode], seconds, methods, mode)
-    if not args.no_qa:
+    if qa_items:
         lines += [f'## Plausibility ({qualified} of {len(qa_items)} QA items answered correctly (greedy answer '
                   'contains the gold answer) qualify)', '',
                   '| method | top-1 accuracy | IoU (soft, positive relevance) |', '|---|---|---|']
@@ -394,7 +400,7 @@ def main(argv=None):
         lines.append('')
     lines += ['Files: ' + ', '.join(f'`{CSV_NAMES[mode]}`' for mode in args.modes)
               + ' (per article and method, with both curves), `faithfulness.png` (mean curves)'
-              + ('' if args.no_qa else ', `plausibility.csv`') + '.', '']
+              + (', `plausibility.csv`' if qa_items else '') + '.', '']
     (out / 'faithfulness.md').write_text('\n'.join(lines))
     print('\n'.join(lines))
 

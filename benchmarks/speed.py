@@ -595,16 +595,18 @@ def scaling(name: str, seq: int, repeats: int, dtype: torch.dtype = torch.float3
             start = time.perf_counter()
             RUNNERS[method](model, input_ids, target)
             times[method].append(time.perf_counter() - start)
+    saved = {method: saved_bytes(model, input_ids, target, method) for method in methods}
     result = {'model': name, 'seq': seq, 'dtype': str(dtype).removeprefix('torch.'), 'input': description,
               'time_s': {method: statistics.median(times[method]) for method in methods},
-              'saved_bytes': {method: saved_bytes(model, input_ids, target, method)['activations']
-                              for method in methods},
+              **{key: {method: saved[method][field] for method in methods}
+                 for key, field in (('saved_bytes', 'activations'), ('saved_alive_bytes', 'alive_at_backward'))},
               'live_peak_bytes': {method: live_bytes(model, input_ids, target, method)['peak'] for method in methods},
               'load_average_1min': os.getloadavg()[0]}
     result['ratio'] = {key: {method: ratio(result[key][method], result[key]['fair']) for method in methods[1:]}
-                       for key in ('time_s', 'saved_bytes', 'live_peak_bytes')}
+                       for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes')}
     # the row at once (a longer length may not fit in memory: a run cut short keeps what it measured)
-    row = {key: result[key] for key in ('time_s', 'saved_bytes', 'live_peak_bytes', 'ratio', 'load_average_1min')}
+    row = {key: result[key] for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes', 'ratio',
+                                        'load_average_1min')}
     print(f'[{name}, {result["dtype"]}] seq {seq} done: ' + json.dumps(row), file=sys.stderr, flush=True)
     return result
 
@@ -616,6 +618,7 @@ def scaling_main(args) -> None:
     columns = [('model', lambda r: r['model'], '<'), ('dtype', lambda r: r['dtype'], '<'),
                ('seq', lambda r: r['seq'], '>')]
     for key, title, scale, digits in (('time_s', 'time s', 1.0, 3), ('saved_bytes', 'saved MB', MB, 1),
+                                      ('saved_alive_bytes', 'saved MB alive at backward', MB, 1),
                                       ('live_peak_bytes', 'live peak MB', MB, 1)):
         columns.append((f'{title} fair / explain / checkpointing',
                         lambda r, key=key, scale=scale, digits=digits: ' / '.join(

@@ -136,3 +136,33 @@ def test_refusals():
             with checkpointed(model):
                 pass
     assert 'forward' not in model.model.layers[0].__dict__
+
+
+@pytest.mark.parametrize('family', ['llama', 'gpt2', 'bert', 'phi'])
+@pytest.mark.parametrize('reduce', [None, 'sum'])
+def test_latent_relevance_is_the_same(family, reduce):
+    """latent= with checkpointing: the recomputation of each block is not recorded a second time (no 'second
+    forward pass' refusal), and every site's relevance and activation equal those without checkpointing."""
+    from zennit_attn.latent import SITES
+
+    model = tiny_model(family)
+    ids, extra = text_inputs(family)
+    plain = explain(model, ids, latent=SITES, latent_reduce=reduce, **extra)
+    recomputed = explain(model, ids, latent=SITES, latent_reduce=reduce, checkpointing=True, **extra)
+    assert relative_error(recomputed.relevance, plain.relevance) <= 1e-12
+    assert set(recomputed.latent) == set(plain.latent) == set(SITES)
+    for site in SITES:
+        assert relative_error(recomputed.latent[site], plain.latent[site]) <= 1e-12, site
+        assert torch.equal(recomputed.latent.activation[site], plain.latent.activation[site]), site
+        assert float(plain.latent[site].abs().max()) > 0 or site in ('query', 'key'), site
+
+
+def test_conditions_and_neuron_targets_are_refused():
+    from zennit_attn.latent import Neuron
+
+    model = tiny_model('llama')
+    ids = token_ids('llama', 6)
+    with pytest.raises(ValueError, match='checkpointing'):
+        explain(model, ids, condition=[Neuron('mlp', 0, 1)], checkpointing=True)
+    with pytest.raises(ValueError, match='checkpointing'):
+        explain(model, ids, target=Neuron('mlp', 0, 1), checkpointing=True)

@@ -226,3 +226,22 @@ def test_random_is_seeded(llama, ids):
 def test_lrp_refuses_parameters(llama, ids):
     with pytest.raises(TypeError):
         explain(llama, ids, method='attnlrp', p=0.5)
+
+
+def test_random_is_independent_between_inputs():
+    """Each input gets its own draw (seeded by its content): over texts explained one at a time, as a dataset is,
+    the most relevant position is spread over all positions instead of being the same for every text of one
+    length; padding in a batch does not change a text's values."""
+    llama = tiny_model('llama', dtype=torch.float32, attn_implementation='sdpa')  # padding: no fully masked rows
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(3, llama.config.vocab_size, (60, 6), generator=generator)
+    tops = [int(explain(llama, row[None], method='random').relevance[0].argmax()) for row in rows]
+    counts = torch.bincount(torch.tensor(tops), minlength=6)
+    assert int(counts.max()) <= 25 and int((counts > 0).sum()) == 6, counts
+    alone = explain(llama, rows[:1, 2:], method='random').relevance[0]
+    padded = torch.cat([torch.zeros(1, 2, dtype=rows.dtype), rows[:1, 2:]], 1)
+    batch = torch.cat([padded, rows[1:2]])
+    mask = torch.ones_like(batch)
+    mask[0, :2] = 0
+    together = explain(llama, batch, attention_mask=mask, method='random').relevance
+    assert torch.equal(together[0, 2:], alone)

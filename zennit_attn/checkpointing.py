@@ -15,13 +15,14 @@ back on exit, also after an exception); classes are not changed. Unlike Hugging 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-__all__ = ['transformer_blocks', 'checkpointed', 'NoBlocksError']
+__all__ = ['transformer_blocks', 'checkpointed', 'recomputing', 'NoBlocksError']
 
 #: Class names of the repeated blocks of models that are not Hugging Face ``GradientCheckpointingLayer``\ s (timm's
 #: vision transformers).
@@ -71,11 +72,35 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
+#: True while a checkpointed block is run again in the backward pass (per thread and task)
+_RECOMPUTING: contextvars.ContextVar[bool] = contextvars.ContextVar('zennit_attn_recomputing', default=False)
+
+
+def recomputing() -> bool:
+    """Whether the current forward computation is the recomputation of a checkpointed block in the backward pass
+    (hooks that record the forward pass, e.g. :py:class:`zennit_attn.latent.recording.Recorder`, skip it: the first
+    forward pass already recorded the same values, and the backward pass runs through the first pass's graph)."""
+    return _RECOMPUTING.get()
+
+
+@contextlib.contextmanager
+def _recomputation() -> Iterator[None]:
+    token = _RECOMPUTING.set(True)
+    try:
+        yield
+    finally:
+        _RECOMPUTING.reset(token)
+
+
+def _contexts():
+    return contextlib.nullcontext(), _recomputation()
+
+
 def _checkpointed_forward(inner):
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, context_fn=_contexts, **kwargs)
     setattr(forward, WRAPPED_ATTRIBUTE, True)
     return forward
 

@@ -160,7 +160,8 @@ def explain(
         :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.checkpointing`): the same
         relevance, with saved activations growing with layers x sequence x hidden instead of with all activations,
         for about one more forward pass. For the methods with a backward pass (:py:data:`~zennit_attn.methods.
-        BACKWARD_METHODS`); refused for the others.
+        BACKWARD_METHODS`); refused for the others and for ``condition=`` and :py:class:`~zennit_attn.latent.Neuron`
+        targets. With ``latent=`` the recorded sites' activations are kept as well.
     latent: str or sequence of str, optional
         Also record latent relevance in the same backward pass (paper section 3.5), at sites of
         :py:data:`zennit_attn.latent.SITES` (``'mlp'``, ``'attention'``, ``'residual'``, ``'query'``, ``'key'``,
@@ -203,8 +204,9 @@ def explain(
         input_ids = encode_texts(tokenizer, input_ids)
     task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
     latent_request = latent is not None or condition is not None or latent_reduce is not None
-    if checkpointing and latent_request:
-        raise ValueError('latent= and condition= record one forward pass; checkpointing=True recomputes it: use one')
+    if checkpointing and (condition is not None or isinstance(target, Neuron)):
+        raise ValueError('condition= and Neuron targets start the backward pass inside the model, at tensors that '
+                         'checkpointing=True recomputes: use one or the other (latent= works with checkpointing)')
     with checkpointed(task.model) if checkpointing else contextlib.nullcontext():
         if latent_request or isinstance(target, Neuron):
             explanation = explain_latent(function, method, task, position, target, params, latent, latent_reduce,

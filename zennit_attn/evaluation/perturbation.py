@@ -14,6 +14,12 @@ input (``'insertion'``); each curve has ``steps + 1`` points, from no change to 
 is the mean of its points. The faithfulness score is ``A_LeRF - A_MoRF`` for flipping and ``A_MoRF - A_LeRF`` for
 insertion (larger is better). Ties in relevance keep feature order (stable sort). Equal perturbed inputs are
 evaluated once, also across modes: flipping and insertion together cost about one mode's forward passes.
+
+With one baseline, insertion's MoRF inputs (the ``k`` most relevant features restored) are flipping's LeRF inputs
+(all but the ``k`` most relevant removed) in reverse order, and insertion's LeRF inputs are flipping's MoRF inputs:
+where the step counts are symmetric (``features`` divisible by ``steps``) and the relevance has no ties, both modes
+give the same curves reversed, hence the same areas swapped and the same score. They differ only through ties and
+uneven steps.
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from typing import Iterator, Mapping, NamedTuple
 
 import torch
 
+from ..checkpointing import recomputing
 from .sites import SitePoint
 
 __all__ = ['Latent', 'Recorder', 'RankedNeuron', 'top_neurons', 'REDUCTIONS']
@@ -102,14 +103,16 @@ class Recorder:
     @contextlib.contextmanager
     def recording(self, model: torch.nn.Module):
         """Hooks on the instance for the time of the context (removed also after an exception). A second forward
-        pass in the context is refused: latent relevance is defined for one forward and one backward pass."""
+        pass in the context is refused: latent relevance is defined for one forward and one backward pass (the
+        recomputation of checkpointed blocks, :py:func:`zennit_attn.checkpointing.recomputing`, is not recorded:
+        the relevance arrives at the first pass's tensors)."""
         handles = []
 
         def capture(point: SitePoint):
             key = (point.site, point.layer)
 
             def function(tensor):
-                if not isinstance(tensor, torch.Tensor):
+                if not isinstance(tensor, torch.Tensor) or recomputing():  # checkpointing runs blocks twice
                     return None
                 if key in self.activations:
                     raise RuntimeError(f'latent recording saw a second forward pass through {point.site} layer '
