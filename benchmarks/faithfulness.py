@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zennit_attn import explain, explain_dataset, load_explanations  # noqa: E402
+from zennit_attn.dataset import INDEX_FILE  # noqa: E402
 from zennit_attn.evaluation import MODES, mean_sem, plausibility, token_curves  # noqa: E402
 from zennit_attn.methods import ALL_METHODS  # noqa: E402
 
@@ -88,8 +89,8 @@ def load_model(args):
 
 def method_params(args) -> dict[str, dict]:
     return {
-        'kernelshap': dict(samples=args.kernelshap_samples, batch_size=args.batch_size),
-        'atman': dict(batch_size=args.batch_size),
+        'kernelshap': dict(samples=args.kernelshap_samples, perturbation_batch=args.perturbation_batch),
+        'atman': dict(perturbation_batch=args.perturbation_batch),
         'integrated_gradients': dict(steps=args.ig_steps),
         'smoothgrad': dict(samples=args.smoothgrad_samples),
     }
@@ -120,11 +121,11 @@ def explain_articles(model, tokenizer, texts: list[str], method: str, directory:
     cut run), and the attribution seconds per text (over the texts explained by calls that did the work, from
     ``timing.json``)."""
     timing_path = directory / 'timing.json'
-    index_path = directory / 'index.json'
+    index_path = directory / INDEX_FILE
     before = {path.name for path in directory.glob('shard-*.safetensors')}
     start = time.perf_counter()
     explain_dataset(model, tokenizer, texts, directory, batch_size=args.explain_batch, method=method,
-                    shard_size=args.explain_batch * 4, progress=True, params=params)
+                    shard_size=args.explain_batch * 4, progress=True, **(params or {}))
     spent = time.perf_counter() - start
     new = sum(len(shard['items']) for shard in json.loads(index_path.read_text())['shards']
               if shard['file'] not in before)
@@ -310,7 +311,8 @@ def main(argv=None):
     parser.add_argument('--kernelshap-samples', type=int, default=500)
     parser.add_argument('--ig-steps', type=int, default=20)
     parser.add_argument('--smoothgrad-samples', type=int, default=20)
-    parser.add_argument('--batch-size', type=int, default=64, help='forward batch of AtMan and KernelSHAP')
+    parser.add_argument('--perturbation-batch', type=int, default=64,
+                        help='perturbed inputs per forward pass of AtMan and KernelSHAP')
     parser.add_argument('--explain-batch', type=int, default=1, help='articles per explain() call')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--qa', default=str(ROOT / 'benchmarks' / 'qa_items.json'))

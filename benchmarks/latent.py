@@ -155,7 +155,7 @@ def arctic(model, tokenizer, args) -> tuple[str, str]:
     for neuron in best:
         projection = vocabulary_projection(model, neuron, k=12, tokenizer=tokenizer)
         lines += [f'- `{neuron}` top: ' + ', '.join(repr(text) for _, text, _ in projection.top),
-                  f'  bottom: ' + ', '.join(repr(text) for _, text, _ in projection.bottom)]
+                  '  bottom: ' + ', '.join(repr(text) for _, text, _ in projection.bottom)]
     start = time.perf_counter()
     refs = reference_samples(model, tokenizer, wikipedia_leads(limit=args.reference_texts, sentences=True), best,
                              k=args.reference_k, batch_size=16, max_length=48)

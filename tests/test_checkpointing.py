@@ -3,11 +3,15 @@ bytes, the model restored exactly (also after an exception), and refusals."""
 import pytest
 import torch
 
-from tests.canonizers.test_vision import pixels, tiny_hf_vit, tiny_timm_vit
-from tests.conftest import ENCODER_DECODERS, FAMILY_HEADS, decoder_ids, tiny_model, token_ids
+from tests.models import pixels, tiny_hf_vit, tiny_timm_vit
+from tests.models import ENCODER_DECODERS, FAMILY_HEADS, decoder_ids, tiny_model, token_ids
 from zennit_attn import explain
-from zennit_attn.checkpointing import NoBlocksError, checkpointed, transformer_blocks
-from zennit_attn.methods import BACKWARD_METHODS, METHODS
+from zennit_attn.canonizers import NoBlocksError, transformer_blocks
+from zennit_attn.checkpointing import checkpointed
+from zennit_attn.methods import METHODS
+
+#: The methods with a backward pass: checkpointing=True applies to them.
+BACKWARD = [name for name, entry in METHODS.items() if entry.backward]
 
 
 def relative_error(actual, expected):
@@ -42,7 +46,7 @@ def test_same_relevance_on_vision_transformers(build):
         assert relative_error(recomputed.pixel_relevance, plain.pixel_relevance) <= 1e-12
 
 
-@pytest.mark.parametrize('method', [name for name in BACKWARD_METHODS if name not in ('attnlrp', 'cplrp')])
+@pytest.mark.parametrize('method', [name for name in BACKWARD if name not in ('attnlrp', 'cplrp')])
 def test_every_backward_method(method):
     model = tiny_model('llama')
     ids = token_ids('llama', 10, 2)
@@ -123,13 +127,17 @@ def test_model_is_restored_exactly_also_after_an_exception():
 def test_refusals():
     model = tiny_model('llama')
     ids = token_ids('llama', 6)
-    for method in set(METHODS) - set(BACKWARD_METHODS):
+    for method in sorted(set(METHODS) - set(BACKWARD)):
         with pytest.raises(ValueError, match='checkpointing'):
             explain(model, ids, method=method, checkpointing=True)
     with pytest.raises(TypeError, match='checkpointing'):
         explain(model, ids, checkpointing='yes')
-    with pytest.raises(NoBlocksError, match='no transformer blocks'):
+    with pytest.raises(NoBlocksError, match='^checkpointing=True: Linear has no transformer blocks: .*explain it '
+                                            'without checkpointing$'):
         with checkpointed(torch.nn.Linear(2, 2)):
+            pass
+    with pytest.raises(ValueError, match='empty list of blocks'):
+        with checkpointed(model, blocks=[]):
             pass
     with checkpointed(model):
         with pytest.raises(ValueError, match='already checkpointed'):

@@ -1,5 +1,6 @@
-"""explain_dataset() / load_explanations(): results equal single explain() calls, shards resume, settings are
-checked, .jsonl input, and two processes (gloo on CPU, torchrun) give the one-process result."""
+"""explain_dataset() / load_explanations(): results equal single explain() calls, shards resume, damaged shards are
+redone on resume and named on load, settings are checked, .jsonl input, and two processes (gloo on CPU, torchrun)
+give the one-process result."""
 import json
 import os
 import subprocess
@@ -10,10 +11,10 @@ import pytest
 import torch
 
 import zennit_attn.dataset as dataset
-from tests.conftest import tiny_model
+from tests.models import tiny_model
 from tests.text_tokenizer import CORPUS, byte_level_tokenizer
 from zennit_attn import explain, explain_dataset, load_explanations
-from zennit_attn.dataset import INDEX_FILE, SettingsMismatchError, read_texts
+from zennit_attn.dataset import INDEX_FILE, SETTINGS_FILE, SettingsMismatchError, check_fingerprint, read_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = CORPUS[:6] + ['The bear.', 'Question: where does the penguin live?']
@@ -61,12 +62,7 @@ def test_resume_skips_finished_shards(setup, tmp_path, monkeypatch):
     (tmp_path / INDEX_FILE).unlink()
     with pytest.raises(FileNotFoundError, match='resume'):
         load_explanations(tmp_path)
-    calls = []
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return explain(*args, **kwargs)
-    monkeypatch.setattr(dataset, 'explain', counting)
+    calls = counting_explain(monkeypatch)
     explain_dataset(model, tokenizer, TEXTS, tmp_path, batch_size=2, shard_size=4, progress=False)
     assert len(calls) == 2  # the two batches of the missing shard
     assert_same(load_explanations(tmp_path), first)
@@ -120,7 +116,7 @@ import sys
 import torch
 sys.path.insert(0, {root!r})
 torch.set_num_threads(1)
-from tests.conftest import tiny_model
+from tests.models import tiny_model
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain_dataset
 texts = {texts!r}
@@ -147,30 +143,131 @@ def test_two_processes_equal_one(setup, tmp_path):
         (tmp_path / 'one' / INDEX_FILE).read_text())
 
 
-def test_method_params_do_not_collide_with_batch_size(setup, tmp_path):
-    """A method's own ``batch_size`` (AtMan's forward batch) goes in ``params`` next to the texts per call; results
-    equal explain() with the same hyperparameters, and the settings record them (another value is refused)."""
+def test_method_params_are_keyword_arguments(setup, tmp_path):
+    """A method's hyperparameters are keyword arguments, as for explain() (AtMan's forward batch is
+    ``perturbation_batch``, next to the texts per call ``batch_size``); results equal explain() with the same
+    hyperparameters, the settings record them, and another value is refused."""
     model, tokenizer = setup
-    params = {'batch_size': 3, 'p': 0.5}
-    explain_dataset(model, tokenizer, TEXTS[:3], tmp_path, batch_size=2, method='atman', params=params,
-                    progress=False)
+    params = {'perturbation_batch': 3, 'p': 0.5}
+    explain_dataset(model, tokenizer, TEXTS[:3], tmp_path, batch_size=2, method='atman', progress=False, **params)
     single = [explain(model, text, tokenizer=tokenizer, method='atman', **params) for text in TEXTS[:3]]
     assert_same(load_explanations(tmp_path), single, tol=1e-6)
-    with pytest.raises(SettingsMismatchError, match='params'):
-        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path, batch_size=2, method='atman',
-                        params={'batch_size': 3, 'p': 0.9}, progress=False)
-    with pytest.raises(TypeError, match=r"params must not hold \['method'\]"):
-        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path / 'x', params={'method': 'cplrp'}, progress=False)
+    assert json.loads((tmp_path / SETTINGS_FILE).read_text())['params'] == {'p': '0.5', 'perturbation_batch': '3'}
+    with pytest.raises(SettingsMismatchError, match='differing: params'):
+        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path, batch_size=2, method='atman', perturbation_batch=3,
+                        p=0.9, progress=False)
+    # refused before anything is written: a name the method does not take, a value out of its range
+    with pytest.raises(TypeError, match=r"attnlrp takes no parameter\(s\) \['latent'\]"):
+        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path / 'x', latent='mlp', progress=False)
+    with pytest.raises(ValueError, match='steps must be a positive integer, got 0'):
+        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path / 'x', method='integrated_gradients', steps=0,
+                        progress=False)
+    assert not (tmp_path / 'x').exists()
 
 
-def test_check_model(setup, tmp_path):
+def test_check_fingerprint(setup, tmp_path):
     model, tokenizer = setup
     explain_dataset(model, tokenizer, TEXTS[:2], tmp_path, progress=False)
-    dataset.check_model(tmp_path, model)  # the same model: accepted
+    check_fingerprint(tmp_path, model)  # the same model: accepted
     with pytest.raises(SettingsMismatchError, match='weights_sha256'):
-        dataset.check_model(tmp_path, tiny_model('llama', seed=1))
+        check_fingerprint(tmp_path, tiny_model('llama', seed=1))
     with pytest.raises(FileNotFoundError, match='not an explain_dataset'):
-        dataset.check_model(tmp_path / 'missing', model)
+        check_fingerprint(tmp_path / 'missing', model)
+
+
+def counting_explain(monkeypatch) -> list:
+    """Count the explain() calls of explain_dataset (one per batch)."""
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return explain(*args, **kwargs)
+    monkeypatch.setattr(dataset, 'explain', counting)
+    return calls
+
+
+def test_damaged_shards_are_redone_on_resume(setup, tmp_path, monkeypatch):
+    """A truncated shard (a cut copy) and one with a changed byte (its safetensors header intact) are explained
+    again on resume, with a warning, whether or not the index was written; the result equals a clean run, bit for
+    bit. The old code skipped every shard that existed."""
+    model, tokenizer = setup
+    explain_dataset(model, tokenizer, TEXTS, tmp_path / 'clean', batch_size=2, shard_size=2, progress=False)
+    clean = load_explanations(tmp_path / 'clean')
+    for index_written in (True, False):
+        out = tmp_path / f'index-{index_written}'
+        explain_dataset(model, tokenizer, TEXTS, out, batch_size=2, shard_size=2, progress=False)
+        truncated, changed = out / 'shard-00001.safetensors', out / 'shard-00002.safetensors'
+        truncated.write_bytes(truncated.read_bytes()[:truncated.stat().st_size - 7])
+        data = bytearray(changed.read_bytes())
+        data[-3] ^= 0x40  # a byte of the last tensor: the header still parses, the sizes still fit
+        changed.write_bytes(bytes(data))
+        if not index_written:
+            (out / INDEX_FILE).unlink()
+        calls = counting_explain(monkeypatch)
+        with pytest.warns(UserWarning) as warned:
+            explain_dataset(model, tokenizer, TEXTS, out, batch_size=2, shard_size=2, progress=False)
+        messages = sorted(str(warning.message) for warning in warned)
+        assert len(messages) == 2 and len(calls) == 2  # one batch per damaged shard, nothing else
+        assert 'shard-00001.safetensors' in messages[0] and 'truncated' in messages[0]
+        assert 'shard-00002.safetensors' in messages[1] and 'SHA-256' in messages[1]
+        assert all(message.endswith('explaining its texts again') for message in messages)
+        assert_same(load_explanations(out), clean)
+        monkeypatch.undo()
+
+
+def test_load_names_a_damaged_shard(setup, tmp_path):
+    """load_explanations checks every shard against the size and SHA-256 in the index and names a damaged one
+    (the old code returned the changed values silently, and failed inside safetensors for a truncated file)."""
+    model, tokenizer = setup
+    explain_dataset(model, tokenizer, TEXTS[:4], tmp_path, batch_size=2, shard_size=2, progress=False)
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    path = tmp_path / 'shard-00001.safetensors'
+    assert [shard['bytes'] for shard in index['shards']] == [
+        (tmp_path / shard['file']).stat().st_size for shard in index['shards']]
+    assert (tmp_path / 'shard-00001.safetensors.sha256').read_text() == (
+        f'{index["shards"][1]["sha256"]}  shard-00001.safetensors\n')  # sha256sum -c reads it
+    original = path.read_bytes()
+    data = bytearray(original)
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"^'{path}' is damaged \\(its SHA-256 is .*\\(changed bytes\\)\\): run "
+                                         "explain_dataset\\(\\) again with the same arguments"):
+        load_explanations(tmp_path)
+    path.write_bytes(original[:100])
+    with pytest.raises(ValueError, match=f"^'{path}' is damaged \\(truncated: .*\\): run explain_dataset"):
+        load_explanations(tmp_path)
+    path.unlink()
+    with pytest.raises(ValueError, match=f"^'{path}' is damaged \\(missing\\)"):
+        load_explanations(tmp_path)
+
+
+def test_output_dir_that_is_a_file_is_refused(setup, tmp_path, monkeypatch):
+    """A file as the output directory (or as one of its parents) is refused with the reason before any text is
+    explained (the old code failed in mkdir with "File exists")."""
+    model, tokenizer = setup
+    calls = counting_explain(monkeypatch)
+    path = tmp_path / 'results.jsonl'
+    path.write_text('{"text": "a"}\n')
+    with pytest.raises(NotADirectoryError, match=f"^the output directory '{path}' is a file: pass the path of a "
+                                                 "new directory"):
+        explain_dataset(model, tokenizer, TEXTS[:2], path, progress=False)
+    with pytest.raises(NotADirectoryError, match=f"cannot be created: '{path}' is a file"):
+        explain_dataset(model, tokenizer, TEXTS[:2], path / 'out', progress=False)
+    assert calls == [] and path.read_text() == '{"text": "a"}\n'
+
+
+def test_a_one_token_text_with_kernelshap(setup, tmp_path):
+    """A one-token text in a dataset explained by KernelSHAP: the run completes (one such text aborted the whole
+    run inside captum) and gives what explain() gives for each text alone."""
+    model, tokenizer = setup
+    texts = ['The', TEXTS[0]]
+    assert len(tokenizer('The')['input_ids']) == 1
+    explain_dataset(model, tokenizer, texts, tmp_path, batch_size=1, method='kernelshap', samples=32,
+                    progress=False)
+    loaded = load_explanations(tmp_path)
+    single = [explain(model, text, tokenizer=tokenizer, method='kernelshap', samples=32) for text in texts]
+    assert_same(loaded, single, tol=1e-6)
+    assert loaded[0].relevance.shape == (1, 1) and torch.isfinite(loaded[0].relevance).all()
 
 
 REFUSED_WORKER = '''
@@ -179,7 +276,7 @@ import sys
 import torch
 sys.path.insert(0, {root!r})
 torch.set_num_threads(1)
-from tests.conftest import tiny_model
+from tests.models import tiny_model
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain_dataset
 from zennit_attn.dataset import SettingsMismatchError

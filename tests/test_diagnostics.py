@@ -2,9 +2,10 @@
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from tests.models import decoder_ids, tiny_model, token_ids
 from zennit_attn import conservation, explain
+from zennit_attn.canonizers import block_stacks
 from zennit_attn.composites import CPLRPEpsilon
-from zennit_attn.diagnostics import layer_stacks
 
 
 def tiny_llama():
@@ -47,7 +48,8 @@ def test_position_embeddings_are_reported_separately():
     # word + position embeddings add up to the input of the first block (dropout is identity in eval mode)
     assert torch.allclose(report.sums[-2:].sum(0), report.sums[-3], rtol=1e-10, atol=0)
     assert torch.allclose(report.input_fraction, report.sums[-3] / report.logit, rtol=1e-10, atol=0)
-    assert [name for name, _ in layer_stacks(model)] == ['transformer.h']
+    assert [name for name, _ in block_stacks(model)] == ['transformer.h']
+    assert report.names[:3] == ['output of transformer.h.1', 'output of transformer.h.0', 'input of transformer.h.0']
 
 
 def test_batch_rows_are_reported_separately():
@@ -60,3 +62,13 @@ def test_batch_rows_are_reported_separately():
     for row in range(2):
         alone = conservation(model, tokens[row:row + 1], composite=CPLRPEpsilon())
         assert torch.allclose(both.sums[:, row], alone.sums[:, 0], rtol=1e-12, atol=0)
+
+
+def test_encoder_decoder_boundaries_decoder_first():
+    """The decoder's blocks are nearer the output: reported first, then the encoder's."""
+    model = tiny_model('t5', 'seq2seq')
+    report = conservation(model, token_ids('t5', 5), decoder_input_ids=decoder_ids('t5', 3))
+    assert report.names == [
+        'output of decoder.block.1', 'output of decoder.block.0', 'input of decoder.block.0',
+        'output of encoder.block.1', 'output of encoder.block.0', 'input of encoder.block.0',
+        'word embeddings', 'other embeddings']

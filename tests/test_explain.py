@@ -225,14 +225,8 @@ def test_composite_without_boundary_is_refused(llama):
 @pytest.fixture(scope='module')
 def text_model():
     """A tiny Llama over the 100 ids of the test tokenizer (SDPA: padded float64 batches stay finite)."""
-    from tests.conftest import tiny_model
+    from tests.models import tiny_model
     return tiny_model('llama', attn_implementation='sdpa')
-
-
-@pytest.fixture(scope='module')
-def tokenizer():
-    from tests.text_tokenizer import byte_level_tokenizer
-    return byte_level_tokenizer()
 
 
 TEXTS = ['The ice bear lives in the', 'Question: where does the polar bear live? Answer: in the Arctic.']

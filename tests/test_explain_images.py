@@ -6,7 +6,7 @@ import pytest
 import torch
 from zennit.attribution import Gradient
 
-from tests.canonizers.test_vision import BUILDERS, CHANNELS, CLASSES, IMAGE, pixels, tiny_hf_vit, tiny_timm_vit
+from tests.models import VISION_BUILDERS, CHANNELS, CLASSES, IMAGE, pixels, tiny_hf_vit, tiny_timm_vit
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
 from zennit_attn import ImageExplanation
@@ -19,12 +19,12 @@ BASELINES = [method for method in METHODS if method not in ('attnlrp', 'cplrp')]
 FAST = {'integrated_gradients': {'steps': 4}, 'smoothgrad': {'samples': 3}, 'kernelshap': {'samples': 64}}
 
 
-@pytest.mark.parametrize('kind', BUILDERS)
+@pytest.mark.parametrize('kind', VISION_BUILDERS)
 @pytest.mark.parametrize('composite', [AttnLRPGamma, CPLRPGamma])
 def test_gradient_attributor_equals_explain(kind, composite):
     """``with Gradient(model=vit, composite=...) as attributor: out, relevance = attributor(x, one_hot)`` gives
     pixel relevance; with the logit as output relevance it equals explain()."""
-    model = BUILDERS[kind]()
+    model = VISION_BUILDERS[kind]()
     x = pixels()
     explanation = explain(model, x, composite=composite())
     assert isinstance(explanation, ImageExplanation)
@@ -72,10 +72,10 @@ def test_explain_dispatch_and_arguments():
         explain(model, x)
 
 
-@pytest.mark.parametrize('kind', BUILDERS)
+@pytest.mark.parametrize('kind', VISION_BUILDERS)
 @pytest.mark.parametrize('method', BASELINES)
 def test_baselines(kind, method):
-    model = BUILDERS[kind]()
+    model = VISION_BUILDERS[kind]()
     x = pixels()
     params = FAST.get(method, {})
     explanation = explain(model, x, target=[0, 2], method=method, **params)
@@ -106,12 +106,14 @@ def test_attention_maps_restore_and_see_every_layer():
     model = tiny_timm_vit()
     assert all(block.attn.fused_attn for block in model.blocks)
     task = ImageTask(model, pixels())
-    _, maps = attention_maps(task, task.inputs)
+    with attention_maps(task, task.inputs) as (_, maps):
+        assert not any(block.attn.fused_attn for block in model.blocks)  # kept for a backward pass inside
     assert len(maps) == len(model.blocks) and maps[0].shape == (2, 2, 5, 5)
     torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 2, 5, dtype=maps[0].dtype))
     assert all(block.attn.fused_attn for block in model.blocks)
     hf = tiny_hf_vit(attn_implementation='sdpa')
     task = ImageTask(hf, pixels())
-    _, maps = attention_maps(task, task.inputs)
+    with attention_maps(task, task.inputs) as (_, maps):
+        assert hf.config._attn_implementation == 'eager'
     assert len(maps) == 2 and hf.config._attn_implementation == 'sdpa'
     torch.testing.assert_close(maps[1].sum(-1), torch.ones(2, 2, 5, dtype=maps[1].dtype))

@@ -7,23 +7,12 @@ import re
 import pytest
 import torch
 
-from tests.conftest import tiny_model
-from tests.text_tokenizer import byte_level_tokenizer
+from tests.models import tiny_model
 from zennit_attn import GenerationExplanation, explain, explain_generation
 
 PROMPT = 'Question: where does the ice bear live? Answer:'
 #: the tiny random models would otherwise end (or pad) their answers at once
 NO_SPECIAL = {'suppress_tokens': [0, 1, 2, 3]}
-
-
-@pytest.fixture(scope='module')
-def tokenizer():
-    return byte_level_tokenizer()
-
-
-@pytest.fixture(scope='module')
-def llama():
-    return tiny_model('llama')
 
 
 @pytest.fixture(scope='module')
@@ -43,7 +32,8 @@ def test_rows_equal_explain_on_each_prefix_causal(llama, tokenizer, generation):
     assert isinstance(generation, GenerationExplanation)
     assert torch.equal(generation.input_ids, expected)
     assert generation.prompt_length == generation.answer_start == length
-    assert torch.equal(generation.target, expected[length:]) and torch.equal(generation.generated_ids, expected[length:])
+    assert torch.equal(generation.target, expected[length:])
+    assert torch.equal(generation.generated_ids, expected[length:])
     count = expected.shape[0] - length
     assert generation.relevance.shape == (count, expected.shape[0])
     assert generation.relevance.dtype == torch.float64
@@ -147,6 +137,9 @@ def test_refusals(llama, tokenizer):
         explain_generation(llama, tokenizer, PROMPT, generate_kwargs={'max_new_tokens': 3})
     with pytest.raises(ValueError, match='num_return_sequences'):
         explain_generation(llama, tokenizer, PROMPT, generate_kwargs={'num_return_sequences': 2})
+    mask = tokenizer(PROMPT, return_tensors='pt').attention_mask
+    with pytest.raises(ValueError, match="must not hold 'attention_mask'.*pass the tokenizer's output as the prompt"):
+        explain_generation(llama, tokenizer, PROMPT, generate_kwargs={'attention_mask': mask})
     with pytest.raises(ValueError, match='batched'):
         explain_generation(llama, tokenizer, PROMPT, batched=0)
     padded = tokenizer([PROMPT, 'The ice'], return_tensors='pt', padding=True)
@@ -209,3 +202,31 @@ def test_views(generation, tokenizer, tmp_path, capsys):
     assert 'generated token 1 of' in snippet
     with pytest.raises(ValueError, match='suffix'):
         generation.save(tmp_path / 'answer.txt')
+
+
+def test_contrast_runner_up_per_generated_token(llama, tokenizer):
+    """contrast='runner-up': each row explains the generated token's logit minus the best other token's, equal to
+    explain(..., contrast=...) on its prefix; the whole answer is the sum of the differences."""
+    generation = explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL,
+                                    contrast='runner-up')
+    length = generation.prompt_length
+    ids = generation.input_ids
+    for index in range(3):
+        prefix = ids[None, :length + index]
+        logits = llama(prefix).logits[0, -1].detach()
+        logits[int(generation.target[index])] = -float('inf')
+        assert int(generation.contrast[index]) == int(logits.argmax())
+        single = explain(llama, prefix, target=int(generation.target[index]), contrast=int(generation.contrast[index]))
+        assert torch.equal(generation.relevance[index, :length + index], single.relevance[0])
+        assert float(generation.logit[index]) == float(single.logit[0])
+    pairs = [(length + index - 1, int(generation.target[index])) for index in range(3)]
+    whole = explain(llama, ids[None, :-1], target=pairs, contrast=generation.contrast.tolist())
+    assert torch.equal(generation.answer_relevance[:-1], whole.relevance[0])
+    # explicit ids: one per generated token, checked
+    explicit = explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL,
+                                  contrast=generation.contrast.tolist())
+    assert torch.equal(explicit.relevance, generation.relevance)
+    with pytest.raises(ValueError, match='contrast has 2 tokens, but the model generated 3'):
+        explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL, contrast=[4, 5])
+    with pytest.raises(ValueError, match=r"contrast ' bears' is 2 tokens"):
+        explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, contrast=' bears')

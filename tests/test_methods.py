@@ -7,18 +7,15 @@ import pytest
 import torch
 from transformers import AttentionInterface
 
-from tests.conftest import tiny_model, token_ids
+from tests.models import tiny_model, token_ids
 from zennit_attn import explain
 from zennit_attn.attention import attention_maps
-from zennit_attn.methods import ALL_METHODS, METHODS
+from zennit_attn.composites import CPLRPEpsilon
+from zennit_attn.latent import Neuron
+from zennit_attn.methods import METHODS, check_params
 from zennit_attn.task import TokenTask as Task
 
 FAST = {'kernelshap': dict(samples=32), 'integrated_gradients': dict(steps=2), 'smoothgrad': dict(samples=2)}
-
-
-@pytest.fixture(scope='module')
-def llama():
-    return tiny_model('llama')
 
 
 @pytest.fixture(scope='module')
@@ -27,12 +24,105 @@ def ids():
 
 
 def test_registry_lists_every_method():
-    assert set(METHODS) | {'attnlrp', 'cplrp'} == set(ALL_METHODS)
+    assert list(METHODS) == ['attnlrp', 'cplrp', 'input_x_gradient', 'integrated_gradients', 'smoothgrad',
+                             'attention_rollout', 'grad_attention_rollout', 'gradcam', 'atman', 'kernelshap', 'random']
+    assert all(entry.name == name for name, entry in METHODS.items())
     with pytest.raises(ValueError, match='Unknown method'):
         explain(tiny_model('llama'), token_ids('llama', 4), method='lime')
+    with pytest.raises(ValueError, match='Unknown method'):
+        check_params('lime', {})
 
 
-@pytest.mark.parametrize('method', ALL_METHODS)
+def _backward_passes(model):
+    """Count the backward passes that reach the output of the last block (a tensor hook per forward pass)."""
+    count = [0]
+
+    def forward_hook(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        if hidden.requires_grad:
+            hidden.register_hook(lambda grad: count.__setitem__(0, count[0] + 1))
+    return count, model.model.layers[-1].register_forward_hook(forward_hook)
+
+
+@pytest.mark.parametrize('name', METHODS)
+def test_metadata_says_what_the_method_does(llama, ids, name):
+    """Each flag of the registry against the method's behaviour: a backward pass reaches the model exactly for the
+    ``backward`` methods; ``latent`` methods record latent relevance whose residual stream at the first block is the
+    input relevance (one backward pass of relevance), the others are refused; ``neuron`` methods explain a
+    neuron's activation (the logit is that activation), the others are refused; ``lrp`` methods take a composite
+    (CP-LRP's composite makes attnlrp give cplrp's relevance), the others refuse it; the defaults pass the checks."""
+    entry = METHODS[name]
+    params = FAST.get(name, {})
+    assert check_params(name, entry.params) == dict(entry.params)
+    count, handle = _backward_passes(llama)
+    try:
+        explanation = explain(llama, ids, method=name, **params)
+    finally:
+        handle.remove()
+    assert (count[0] > 0) == entry.backward, count
+    if entry.latent:
+        recorded = explain(llama, ids, method=name, latent='residual', **params)
+        torch.testing.assert_close(recorded.latent['residual'][:, 0], explanation.relevance)
+        assert torch.equal(recorded.relevance, explanation.relevance)
+    else:
+        with pytest.raises(ValueError, match='latent= and condition= read the relevance of one backward pass'):
+            explain(llama, ids, method=name, latent='residual', **params)
+    neuron = Neuron('mlp', 0, 1)
+    if entry.neuron:
+        activation = []
+        handle = llama.model.layers[0].mlp.down_proj.register_forward_hook(
+            lambda module, args, output: activation.append(args[0][:, -1, 1].detach()))
+        try:
+            result = explain(llama, ids, method=name, target=neuron, **params)
+        finally:
+            handle.remove()
+        torch.testing.assert_close(result.logit, activation[0])
+    else:
+        with pytest.raises(ValueError, match='cannot explain a Neuron target'):
+            explain(llama, ids, method=name, target=neuron, **params)
+    if entry.lrp:
+        torch.testing.assert_close(explain(llama, ids, method=name, composite=CPLRPEpsilon()).relevance,
+                                   explain(llama, ids, method='cplrp').relevance)
+    else:
+        with pytest.raises(ValueError, match='composite= applies to the LRP methods'):
+            explain(llama, ids, method=name, composite=CPLRPEpsilon(), **params)
+
+
+@pytest.mark.parametrize('name, params, error, match', [
+    ('integrated_gradients', dict(steps=0), ValueError, 'steps must be a positive integer'),
+    ('integrated_gradients', dict(steps='abc'), ValueError, "steps must be a positive integer, got 'abc'"),
+    ('integrated_gradients', dict(steps=2.0), ValueError, 'steps must be a positive integer'),
+    ('integrated_gradients', dict(baseline=float('nan')), ValueError, 'baseline must be a number'),
+    ('smoothgrad', dict(sigma=-1), ValueError, 'sigma must be a number in'),
+    ('smoothgrad', dict(samples=0), ValueError, 'samples must be a positive integer'),
+    ('smoothgrad', dict(multiply_input='no'), ValueError, 'multiply_input must be True or False'),
+    ('atman', dict(score='bogus'), ValueError, "score must be one of 'log_softmax', 'logit', got 'bogus'"),
+    ('atman', dict(p=1.5), ValueError, r'p must be a number in \[0.0, 1.0\]'),
+    ('atman', dict(p=-0.1), ValueError, 'p must be a number in'),
+    ('atman', dict(perturbation_batch=0), ValueError, 'perturbation_batch must be a positive integer'),
+    ('atman', dict(batch_size=4), TypeError, r"atman takes no parameter\(s\) \['batch_size'\]"),
+    ('kernelshap', dict(samples=0), ValueError, 'samples must be a positive integer'),
+    ('kernelshap', dict(seed=0.5), ValueError, 'seed must be an integer or None'),
+    ('gradcam', dict(layer='last'), ValueError, 'layer must be an integer'),
+    ('attention_rollout', dict(dt=2), ValueError, 'dt must be a number in'),
+    ('attnlrp', dict(steps=3), TypeError, 'configure LRP through composite='),
+    ('attnlrp', dict(composite='AttnLRPEpsilon'), TypeError, 'composite must be a zennit Composite'),
+    ('random', dict(composite=CPLRPEpsilon()), ValueError, 'composite= applies to the LRP methods'),
+])
+def test_check_params_without_a_model(name, params, error, match):
+    with pytest.raises(error, match=match):
+        check_params(name, params)
+
+
+def test_check_params_normalises_and_adds_no_defaults():
+    checked = check_params('atman', {'p': 1, 'perturbation_batch': torch.tensor(3).item()})
+    assert checked == {'p': 1.0, 'perturbation_batch': 3} and type(checked['p']) is float
+    assert check_params('kernelshap', {}) == {}
+    composite = CPLRPEpsilon()
+    assert check_params('attnlrp', {'composite': composite}) == {'composite': composite}
+
+
+@pytest.mark.parametrize('method', METHODS)
 def test_shape_finite_deterministic(llama, ids, method):
     params = FAST.get(method, {})
     first = explain(llama, ids, method=method, **params)
@@ -95,9 +185,9 @@ def test_smoothgrad_one_sample_is_input_x_gradient_and_seed_matters(llama, ids):
 def _maps(model, tokens):
     task = Task(model, tokens)
     embeddings = task.embeddings.clone().requires_grad_(True)
-    scores, attentions = attention_maps(task, embeddings)
-    logit = scores[:, -1].max(-1).values
-    grads = torch.autograd.grad(logit.sum(), attentions)
+    with attention_maps(task, embeddings) as (scores, attentions):
+        logit = scores[:, -1].max(-1).values
+        grads = torch.autograd.grad(logit.sum(), attentions)
     return [a.detach()[0] for a in attentions], [g[0] for g in grads]
 
 
@@ -167,7 +257,7 @@ def test_atman_against_a_plain_loop(family):
     model = tiny_model(family)
     tokens = token_ids(family, 5, 1, seed=4)
     p = 0.7
-    explanation = explain(model, tokens, method='atman', p=p, score='log_softmax', batch_size=2)
+    explanation = explain(model, tokens, method='atman', p=p, score='log_softmax', perturbation_batch=2)
     target = int(explanation.target[0])
     current = [torch.ones(1, 5, dtype=torch.float64)]
     AttentionInterface.register('atman_reference_test', _reference_attention(lambda: current[0]))
@@ -213,8 +303,35 @@ def test_kernelshap_close_to_exact_shapley_values():
             weight = math.factorial(size) * math.factorial(n - size - 1) / math.factorial(n)
             with_i = tuple(1 if j == i else c for j, c in enumerate(coalition))
             exact[i] += weight * (values[with_i] - values[coalition])
-    explanation = explain(model, tokens, method='kernelshap', samples=400, batch_size=100)
+    explanation = explain(model, tokens, method='kernelshap', samples=400, perturbation_batch=100)
     assert torch.allclose(explanation.relevance[0], exact, atol=0.05 * float(exact.abs().max()))
+
+
+def test_kernelshap_of_one_token_is_its_exact_shapley_value():
+    """With one feature the Shapley value is exactly f(x) - f(baseline) (captum's sampling has no coalition to
+    draw and failed with NaN probabilities)."""
+    model = tiny_model('llama')
+    tokens = token_ids('llama', 1, 2, seed=7)
+    explanation = explain(model, tokens, method='kernelshap')
+    task = Task(model, tokens)
+    logit = task.resolve_plain()
+    with torch.no_grad():
+        absent = task.select(task.forward(torch.zeros_like(task.embeddings)))
+    assert explanation.relevance.shape == (2, 1)
+    torch.testing.assert_close(explanation.relevance[:, 0], logit - absent, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(explanation.logit, logit)
+
+
+@pytest.mark.parametrize('method', ['gradcam', 'grad_attention_rollout'])
+def test_attention_methods_with_checkpointing_on_sdpa(method):
+    """The backward pass runs while eager attention is still on, so that the recomputed blocks compute what the
+    forward pass did (with SDPA restored before it, torch refused the recomputation's different tensors)."""
+    model = tiny_model('llama', attn_implementation='sdpa')
+    tokens = token_ids('llama', 6, 2, seed=3)
+    plain = explain(model, tokens, method=method)
+    checkpointed = explain(model, tokens, method=method, checkpointing=True)
+    assert torch.equal(checkpointed.relevance, plain.relevance)
+    assert model.config._attn_implementation == 'sdpa'
 
 
 def test_random_is_seeded(llama, ids):

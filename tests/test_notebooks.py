@@ -4,8 +4,9 @@ Each notebook starts with a code cell tagged ``parameters`` that holds its sizes
 convention). The test executes a temporary copy of the notebook with :py:mod:`nbclient` in a fresh kernel (the
 ``python3`` kernel of this interpreter, from ``ipykernel``), after inserting a cell right behind the parameters
 cell that sets the smaller values of :py:data:`SETTINGS`; the kernel's working directory is a temporary folder, so
-files a notebook writes do not land in the repository. All notebooks together take about 2-3 minutes on 2 cores,
-most of it loading SmolLM2-135M once per notebook that uses it.
+files a notebook writes do not land in the repository. All notebooks together took 302 s on 2 cores shared with
+other work (load average 3-5), most of it loading SmolLM2-135M from its GGUF file once per notebook that uses it
+(about 37 s of one core each there).
 
 Marked ``slow`` and ``notebooks`` (run by ``make test``; ``make notebooks`` runs only these; deselect with
 ``-m "not notebooks"``). A notebook whose requirements are not installed is skipped with the reason.
@@ -27,11 +28,10 @@ CELL_TIMEOUT = 300
 #: Small settings per notebook: the values replace those of its ``parameters`` cell.
 SETTINGS: dict[str, dict[str, object]] = {
     'quickstart': {},
-    'generation': {'MAX_NEW_TOKENS': 8},
+    'generation': {'MAX_NEW_TOKENS': 3},
     'vision': {'ROOT': ROOT, 'IMAGES': 3, 'STEPS': 8, 'SEARCH_IMAGES': 6},
-    'latent_neurons': {'REFERENCE_TEXTS': 48, 'K_REFERENCES': 2, 'TOP': 2, 'MAX_NEW_TOKENS': 3},
-    'faithfulness': {'ARTICLES': 3, 'CONTEXT': 24, 'STEPS': 4,
-                     'METHODS': {'attnlrp': {}, 'cplrp': {}, 'input_x_gradient': {}, 'random': {'seed': 0}}},
+    'latent_neurons': {'ROOT': ROOT, 'REFERENCE_TEXTS': 16, 'K_REFERENCES': 2, 'TOP': 2, 'MAX_NEW_TOKENS': 2},
+    'faithfulness': {'ROOT': ROOT, 'ARTICLES': 2, 'CONTEXT': 16, 'STEPS': 2, 'METHODS': {'attnlrp': {}, 'cplrp': {}}},
 }
 #: Modules each notebook needs beyond the dev extra's test tools.
 REQUIRES: dict[str, tuple[str, ...]] = {

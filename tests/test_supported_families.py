@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.canonizers.test_vision import pixels, tiny_hf_vit, tiny_timm_vit
-from tests.conftest import decoder_ids, tiny_model, token_ids
+from tests.models import TABLE_FAMILY, decoder_ids, pixels, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn import explain
 from zennit_attn.canonizers import supported_families
+from zennit_attn.canonizers.families import family_of
 from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
 from zennit_attn.layers import output_scores
 from zennit_attn.methods import METHODS
@@ -23,7 +23,7 @@ HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5
 VISION = {'timm-vit': tiny_timm_vit, 'vit': tiny_hf_vit}
 #: Small settings for the costly methods.
 FAST = {'kernelshap': dict(samples=24), 'integrated_gradients': dict(steps=3), 'smoothgrad': dict(samples=2),
-        'atman': dict(batch_size=64)}
+        'atman': dict(perturbation_batch=64)}
 #: Methods that read attention maps: not defined for encoder-decoder models (a clear NotImplementedError).
 ATTENTION_MAPS = ('attention_rollout', 'grad_attention_rollout', 'gradcam')
 COMPOSITES = (AttnLRPEpsilon, CPLRPEpsilon, AttnLRPGamma, CPLRPGamma)
@@ -44,9 +44,15 @@ def build(family):
 
 
 def test_every_family_has_a_builder():
-    assert set(supported_families()) == set(VISION) | {family for family in supported_families() if family not in VISION}
+    """The tiny models of the tests and the family table name the same families (a family added to the table
+    without a tiny model, or a tiny model of a family the table lacks, fails here), and the library recognises
+    each family's tiny model as that family: its top module and every module of the table in it."""
+    assert set(supported_families()) == set(VISION) | set(TABLE_FAMILY.values())
     for family in supported_families():
-        build(family)  # raises for a family without a tiny model
+        model = build(family)[0]
+        assert getattr(family_of(model), 'name', None) == family, (family, type(model).__name__)
+        recognised = {found.name for found in map(family_of, model.modules()) if found is not None}
+        assert recognised == {family}, (family, recognised)
 
 
 def check(model, explanation, plain):

@@ -7,15 +7,11 @@ import pytest
 import torch
 from transformers import BatchEncoding
 
-from tests.canonizers.test_vision import pixels, tiny_hf_vit, tiny_timm_vit
-from tests.conftest import POSITIONS, VOCAB, tiny_config, tiny_model, token_ids
+from tests.models import pixels, tiny_hf_vit, tiny_timm_vit
+from tests.models import POSITIONS, VOCAB, tiny_config, tiny_model, token_ids
 from zennit_attn import conservation, explain
-from zennit_attn.task import ImageTask, TokenTask, is_image_model
-
-
-@pytest.fixture(scope='module')
-def llama():
-    return tiny_model('llama')
+from zennit_attn.checks import is_image_model
+from zennit_attn.task import ImageTask, Readout, TokenTask
 
 
 @pytest.fixture(scope='module')
@@ -53,11 +49,12 @@ def test_a_nan_parameter_is_named_on_both_paths(kind):
 
 # ------------------------------------------------------------------------------------------------ method parameters
 @pytest.mark.parametrize('method, params, match', [
-    ('atman', dict(batch_size=-1), 'batch_size'), ('atman', dict(batch_size=0), 'batch_size'),
+    ('atman', dict(perturbation_batch=-1), 'perturbation_batch'),
+    ('atman', dict(perturbation_batch=0), 'perturbation_batch'),
     ('atman', dict(p=1.5), 'p must'), ('atman', dict(score='probability'), 'score'),
     ('integrated_gradients', dict(steps=0), 'steps'), ('integrated_gradients', dict(steps=2.5), 'steps'),
     ('smoothgrad', dict(samples=0), 'samples'), ('smoothgrad', dict(sigma=-1.0), 'sigma'),
-    ('kernelshap', dict(samples=0), 'samples'), ('kernelshap', dict(batch_size=0), 'batch_size'),
+    ('kernelshap', dict(samples=0), 'samples'), ('kernelshap', dict(perturbation_batch=0), 'perturbation_batch'),
     ('gradcam', dict(layer=2), 'out of range'), ('gradcam', dict(layer=-3), 'out of range'),
     ('gradcam', dict(layer=0.5), 'integer'),
     ('attention_rollout', dict(dt=-0.1), 'dt'), ('grad_attention_rollout', dict(dt=1.5), 'dt'),
@@ -125,7 +122,8 @@ def test_tokenizer_outputs_are_accepted(llama, ids):
     mask = torch.ones_like(ids)
     mask[1, -2:] = 0  # right padding (float64 eager attention gives NaN for fully masked rows)
     reference = explain(llama, ids, attention_mask=mask)
-    for encoding in (BatchEncoding({'input_ids': ids, 'attention_mask': mask}), {'input_ids': ids, 'attention_mask': mask}):
+    encodings = BatchEncoding({'input_ids': ids, 'attention_mask': mask}), {'input_ids': ids, 'attention_mask': mask}
+    for encoding in encodings:
         torch.testing.assert_close(explain(llama, encoding).relevance, reference.relevance)
     with pytest.raises(ValueError, match='different values'):
         explain(llama, {'input_ids': ids, 'attention_mask': mask}, attention_mask=torch.ones_like(ids))
@@ -210,11 +208,30 @@ def test_image_models_refuse_token_arguments_and_use_model_kwargs():
 def test_tasks_are_the_two_modalities(llama, ids):
     assert isinstance(TokenTask(llama, ids).inputs, torch.Tensor)
     task = ImageTask(tiny_timm_vit(), pixels())
-    assert task.tokens() == 5 and task.grid() == (2, 2)
+    assert task.token_count() == 5 and task.grid() == (2, 2)
     assert task.attributable_tokens().tolist() == [[False, True, True, True, True]] * 2
     # a patch token's value is spread evenly over its pixels and channels
     spread = task.token_relevance(torch.tensor([[9.0, 1.0, 2.0, 3.0, 4.0]] * 2, dtype=torch.float64))
     torch.testing.assert_close(spread.sum((1, 2, 3)), torch.full((2,), 10.0, dtype=torch.float64))
+
+
+class _Doubled(Readout):
+    """A readout of the same run: twice the model's scores."""
+    def read(self, task, inputs, rows=None, model=None, seeded=False, **extra):
+        return 2 * super().read(task, inputs, rows, model, seeded, **extra)
+
+
+def test_a_readout_is_an_object_the_task_receives(llama, ids):
+    """Another readout changes what the task's forward returns, not the task's class; the original task keeps
+    reading the model's logits."""
+    task = TokenTask(llama, ids)
+    doubled = task.with_readout(_Doubled())
+    assert type(doubled) is TokenTask and type(task.readout) is Readout and isinstance(doubled.readout, _Doubled)
+    with torch.no_grad():
+        torch.testing.assert_close(doubled.forward(task.inputs), 2 * task.forward(task.inputs))
+        torch.testing.assert_close(task.forward(task.inputs), llama(ids).logits)
+    with pytest.raises(TypeError, match='readout must be a zennit_attn.task.Readout'):
+        task.with_readout(lambda scores: scores)
 
 
 def test_conservation_still_reports_the_same(llama, ids):

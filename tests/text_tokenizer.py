@@ -1,4 +1,4 @@
-"""Tiny real tokenizers for the tiny test models (vocabulary of :py:data:`tests.conftest.VOCAB` = 100 ids).
+"""Tiny real tokenizers for the tiny test models (vocabulary of :py:data:`tests.models.VOCAB` = 100 ids).
 
 - :py:func:`byte_level_tokenizer`: a GPT-2 style byte-level BPE (``'Ġ'`` for spaces, ``'Ċ'`` for line breaks,
   multi-byte characters as byte tokens), trained deterministically on :py:data:`CORPUS`; ``<pad>`` 0, ``<s>`` 1,
@@ -15,7 +15,7 @@ import functools
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tests.conftest import VOCAB
+from tests.models import VOCAB
 
 SPECIAL = ['<pad>', '<s>', '</s>', '<unk>']
 CORPUS = [

@@ -12,7 +12,7 @@ product itself, and the key scaling of AtMan, for language models and vision tra
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -100,9 +100,14 @@ def _hooks_kept(model: torch.nn.Module):
 _UNSET = object()
 
 
-def attention_maps(task: Task, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Run the task's model on ``inputs`` (one per input row) and return its scores and the attention probabilities
+@contextlib.contextmanager
+def attention_maps(task: Task, inputs: torch.Tensor) -> Iterator[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+    """Run the task's model on ``inputs`` (one per input row) and yield its scores and the attention probabilities
     of every layer, ``[batch, heads, tokens, tokens]`` each, first layer first, in the autograd graph.
+
+    The model keeps eager attention (and timm its non-fused path) until the context exits: a backward pass through
+    the maps runs inside it, so that blocks recomputed in the backward pass (``explain(..., checkpointing=True)``)
+    compute what the forward pass computed.
 
     Raises
     ------
@@ -118,11 +123,11 @@ def attention_maps(task: Task, inputs: torch.Tensor) -> tuple[torch.Tensor, tupl
             f'{type(model).__name__}: use attnlrp, cplrp, atman, kernelshap or a gradient method')
     with eager_attention(model), _hooks_kept(model), _timm_capture(model) as captured:
         output = task.run(inputs) if captured is not None else task.run(inputs, output_attentions=True)
-    attentions = captured if captured is not None else getattr(output, 'attentions', None)
-    if not attentions or any(attention is None for attention in attentions):
-        raise TypeError(f'{type(model).__name__} returned no attention probabilities (with eager attention and '
-                        'output_attentions=True)')
-    return output_scores(output), tuple(attentions)
+        attentions = list(captured) if captured is not None else getattr(output, 'attentions', None)
+        if not attentions or any(attention is None for attention in attentions):
+            raise TypeError(f'{type(model).__name__} returned no attention probabilities (with eager attention and '
+                            'output_attentions=True)')
+        yield output_scores(output), tuple(attentions)
 
 
 def discard(mean_attention: torch.Tensor, dt: float) -> torch.Tensor:

@@ -1,11 +1,12 @@
 """Activation checkpointing of transformer blocks for long contexts: ``explain(..., checkpointing=True)``.
 
-Each transformer block's forward runs under non-reentrant :py:func:`torch.utils.checkpoint.checkpoint`: autograd
-keeps only the block's inputs, and the block is run again in the backward pass, when its saved tensors are first
-needed. The rules of the LRP composites are hooks on module instances (forward hooks, tensor hooks, custom autograd
-functions); they run again in the recomputation exactly as in the first forward pass, so the relevance is the same
-as without checkpointing. The saved activations then grow with layers x sequence x hidden (one residual stream per
-block) plus one block's activations at a time, instead of all blocks' activations.
+Each transformer block's forward (the blocks of :py:func:`zennit_attn.canonizers.blocks.transformer_blocks`) runs
+under non-reentrant :py:func:`torch.utils.checkpoint.checkpoint`: autograd keeps only the block's inputs, and the
+block is run again in the backward pass, when its saved tensors are first needed. The rules of the LRP composites
+are hooks on module instances (forward hooks, tensor hooks, custom autograd functions); they run again in the
+recomputation exactly as in the first forward pass, so the relevance is the same as without checkpointing. The
+saved activations then grow with layers x sequence x hidden (one residual stream per block) plus one block's
+activations at a time, instead of all blocks' activations.
 
 The checkpointing is set on the model instance for the time of the :py:func:`checkpointed` context (the blocks'
 ``forward`` is replaced by an instance attribute, whatever was there before, e.g. an ``accelerate`` hook, is put
@@ -20,56 +21,13 @@ from typing import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers.modeling_layers import GradientCheckpointingLayer
 
-__all__ = ['transformer_blocks', 'checkpointed', 'recomputing', 'NoBlocksError']
+from .canonizers.blocks import NoBlocksError, transformer_blocks
 
-#: Class names of the repeated blocks of models that are not Hugging Face ``GradientCheckpointingLayer``\ s (timm's
-#: vision transformers).
-BLOCK_CLASSES = ('Block', 'ResPostBlock', 'ParallelScalingBlock', 'ParallelThingsBlock')
+__all__ = ['checkpointed', 'recomputing']
 
 #: Marks the instance ``forward`` installed by :py:func:`checkpointed`.
 WRAPPED_ATTRIBUTE = 'zennit_attn_checkpointed'
-
-
-class NoBlocksError(TypeError):
-    """The model has no transformer blocks that :py:func:`checkpointed` recognises."""
-
-
-def _is_block(module: torch.nn.Module) -> bool:
-    if isinstance(module, GradientCheckpointingLayer):
-        return True
-    cls = type(module)
-    return cls.__name__ in BLOCK_CLASSES and cls.__module__.startswith('timm.')
-
-
-def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of ``model``, outermost first in module order.
-
-    A block is a Hugging Face ``GradientCheckpointingLayer`` (the decoder/encoder layers of every transformers
-    model that supports gradient checkpointing) or a timm vision transformer block; blocks nested in a block are
-    not listed.
-
-    Parameters
-    ----------
-    model: torch.nn.Module
-
-    Returns
-    -------
-    list of torch.nn.Module
-        Empty if none is recognised.
-    """
-    blocks: list[torch.nn.Module] = []
-
-    def visit(module: torch.nn.Module) -> None:
-        if _is_block(module):
-            blocks.append(module)
-            return
-        for child in module.children():
-            visit(child)
-
-    visit(model)
-    return blocks
 
 
 #: True while a checkpointed block is run again in the backward pass (per thread and task)
@@ -113,7 +71,8 @@ def checkpointed(model: torch.nn.Module, blocks: list[torch.nn.Module] | None = 
     ----------
     model: torch.nn.Module
     blocks: list of torch.nn.Module, optional
-        The modules to checkpoint; default :py:func:`transformer_blocks` of ``model``.
+        The modules to checkpoint; default every transformer block of ``model``
+        (:py:func:`~zennit_attn.canonizers.blocks.transformer_blocks`).
 
     Yields
     ------
@@ -122,17 +81,19 @@ def checkpointed(model: torch.nn.Module, blocks: list[torch.nn.Module] | None = 
 
     Raises
     ------
-    NoBlocksError
-        If ``model`` has no recognised blocks (and none are given).
+    zennit_attn.canonizers.NoBlocksError
+        If ``model`` has no transformer blocks (and none are given): a ``TypeError``.
     ValueError
         If a block is already checkpointed (nested contexts on one model).
     """
-    blocks = transformer_blocks(model) if blocks is None else list(blocks)
+    if blocks is None:
+        try:
+            blocks = transformer_blocks(model)
+        except NoBlocksError as error:
+            raise NoBlocksError(f'checkpointing=True: {error}; explain it without checkpointing') from None
+    blocks = list(blocks)
     if not blocks:
-        raise NoBlocksError(
-            f'checkpointing=True found no transformer blocks in {type(model).__name__} (Hugging Face '
-            'GradientCheckpointingLayer or timm Block): explain it without checkpointing'
-        )
+        raise ValueError('checkpointed() got an empty list of blocks')
     if any(getattr(block.__dict__.get('forward'), WRAPPED_ATTRIBUTE, False) for block in blocks):
         raise ValueError(f'{type(model).__name__} is already checkpointed (nested checkpointed() contexts)')
     previous = []

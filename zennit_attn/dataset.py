@@ -7,10 +7,14 @@ On disk an output directory holds
   class, dtype and configuration, a hash of the texts); a later run on the directory must use the same settings;
 - ``shard-NNNNN.safetensors``: the explanations of up to ``shard_size`` texts, each tensor named
   ``<input index>.<field>`` (fields ``input_ids``, ``relevance``, ``target``, ``logit``, and where they apply
-  ``position``, ``decoder_input_ids``, ``decoder_relevance``); a shard file appears only complete (written to a
-  temporary name, then renamed), so a re-run skips the shards that exist;
-- ``index.json``: written when every shard is done: the settings, the number of texts and each shard's file and
-  input indices.
+  ``position``, ``decoder_input_ids``, ``decoder_relevance``), written to a temporary name, then renamed; before it
+  ``shard-NNNNN.safetensors.sha256``, the SHA-256 of its bytes (``sha256sum`` format: ``sha256sum -c`` checks it);
+- ``index.json``: written when every shard is done: the settings, the number of texts and each shard's file, size,
+  SHA-256 and input indices.
+
+A re-run skips the shards that are intact (the safetensors header parses, the tensors fit the file, the SHA-256 is
+the recorded one) and explains a damaged one (truncated, a changed byte) again, with a warning;
+:py:func:`load_explanations` checks every shard against the index and names a damaged one.
 
 Texts are tokenised one by one (no special handling beyond the tokenizer's own), sorted by length (longest first,
 ties in input order) and cut into batches of ``batch_size``; consecutive batches form the shards. With several
@@ -21,29 +25,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import numbers
 import os
-from collections.abc import Iterable, Mapping
+import tempfile
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 from tqdm.auto import tqdm
 
 from .explain import encode_texts, explain
-from .task import Explanation
+from .explanation import Explanation
+from .methods import check_params
 
-__all__ = ['explain_dataset', 'load_explanations', 'check_model', 'read_texts', 'SettingsMismatchError', 'INDEX_FILE',
-           'SETTINGS_FILE']
+__all__ = ['explain_dataset', 'load_explanations', 'check_fingerprint', 'check_output_dir', 'read_texts',
+           'SettingsMismatchError', 'INDEX_FILE', 'SETTINGS_FILE']
 
 #: The index written when all shards are done.
 INDEX_FILE = 'index.json'
 #: The settings of the run that made a directory.
 SETTINGS_FILE = 'settings.json'
 FORMAT = 'zennit-attn explanations'
-VERSION = 1
+#: 2: shards with a SHA-256 (sidecar file and index entry)
+VERSION = 2
+#: bytes per element of the safetensors dtypes
+_DTYPE_BYTES = {'BOOL': 1, 'U8': 1, 'I8': 1, 'I16': 2, 'F16': 2, 'BF16': 2, 'I32': 4, 'F32': 4, 'I64': 8, 'F64': 8}
 
 
 class SettingsMismatchError(ValueError):
@@ -117,7 +128,7 @@ def _positive(value, name: str) -> int:
     return int(value)
 
 
-def _targets(target, count: int) -> list[int | None]:
+def _target_per_text(target, count: int) -> list[int | None]:
     """One target per text (None: the argmax)."""
     if target is None:
         return [None] * count
@@ -174,11 +185,15 @@ def _settings(model, texts, targets, method, position, batch_size, shard_size, p
     }
 
 
+def _differing(recorded: dict, current: dict) -> list[str]:
+    """The keys whose values differ between two settings dictionaries (missing keys count as None), sorted."""
+    return sorted(key for key in set(recorded) | set(current) if recorded.get(key) != current.get(key))
+
+
 def _check_settings(directory: Path, settings: dict, write: bool) -> None:
     path = directory / SETTINGS_FILE
     if path.exists():
-        old = json.loads(path.read_text())
-        differing = sorted(key for key in set(old) | set(settings) if old.get(key) != settings.get(key))
+        differing = _differing(json.loads(path.read_text()), settings)
         if differing:
             raise SettingsMismatchError(
                 f'{str(directory)!r} holds explanations made with other settings (differing: {", ".join(differing)}): '
@@ -189,13 +204,116 @@ def _check_settings(directory: Path, settings: dict, write: bool) -> None:
         if stray:
             raise SettingsMismatchError(f'{str(directory)!r} holds shards ({stray[0]}, ...) but no {SETTINGS_FILE}: '
                                         'use an empty output directory')
-        temporary = path.with_name(path.name + '.tmp')
-        temporary.write_text(json.dumps(settings, indent=1))
-        os.replace(temporary, path)
+        _write_atomically(path, json.dumps(settings, indent=1).encode(), '.tmp')
 
 
 def _shard_name(number: int) -> str:
     return f'shard-{number:05d}.safetensors'
+
+
+def _write_atomically(path: Path, data: bytes, suffix: str) -> None:
+    """Write ``data`` to a temporary name, then rename it to ``path``: the file appears only complete."""
+    temporary = path.with_name(path.name + suffix)
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def _write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str], suffix: str) -> None:
+    """The shard and, before it, its SHA-256 (``sha256sum`` format) next to it."""
+    data = save(tensors, metadata=metadata)
+    digest = hashlib.sha256(data).hexdigest()
+    _write_atomically(path.with_name(path.name + '.sha256'), f'{digest}  {path.name}\n'.encode(), suffix)
+    _write_atomically(path, data, suffix)
+
+
+def _recorded_sha256(path: Path) -> str | None:
+    """The SHA-256 recorded next to a shard when it was written (None: no or no readable record)."""
+    try:
+        digest = (path.with_name(path.name + '.sha256')).read_text().split()[0]
+    except (OSError, UnicodeDecodeError, IndexError):
+        return None
+    return digest if len(digest) == 64 and all(char in '0123456789abcdef' for char in digest) else None
+
+
+def _damage(path: Path, sha256: str | None) -> str | None:
+    """What is wrong with a shard file, or None if it is intact: it is missing, its safetensors header does not parse,
+    its tensors do not fit the file, or its SHA-256 is not ``sha256`` (None: nothing recorded)."""
+    if not path.is_file():
+        return 'missing'
+    size = path.stat().st_size
+    with path.open('rb') as handle:
+        length = int.from_bytes(handle.read(8), 'little')
+        if size < 8 or length > size - 8:
+            return f'truncated: {size} bytes, fewer than its safetensors header needs'
+        try:
+            header = json.loads(handle.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            header = None
+    if not isinstance(header, dict):
+        return 'its safetensors header is not a JSON object'
+    data, end = size - 8 - length, 0
+    for name, entry in header.items():
+        if name == '__metadata__':
+            continue
+        try:
+            begin, stop = entry['data_offsets']
+            fits = stop - begin == math.prod(entry['shape']) * _DTYPE_BYTES[entry['dtype']] and 0 <= begin <= stop
+        except (TypeError, KeyError, ValueError):
+            fits = False
+        if not fits:
+            return f'its safetensors header entry {name!r} is malformed'
+        end = max(end, stop)
+    if end != data:
+        return (f'truncated: its tensors need {end} bytes after the header, the file has {data}' if end > data else
+                f'{data - end} bytes after its tensors')
+    if sha256 is None:
+        return 'no SHA-256 was recorded for it'
+    digest = hashlib.sha256()
+    with path.open('rb') as handle:
+        for block in iter(lambda: handle.read(1 << 20), b''):
+            digest.update(block)
+    if digest.hexdigest() != sha256:
+        return f'its SHA-256 is {digest.hexdigest()[:16]}..., not the recorded {sha256[:16]}... (changed bytes)'
+    return None
+
+
+def check_output_dir(output_dir: str | os.PathLike) -> Path:
+    """Refuse a place where :py:func:`explain_dataset` cannot write its results, before any work is done.
+
+    Parameters
+    ----------
+    output_dir: str or os.PathLike
+        A directory (new, or that of an earlier run to resume it).
+
+    Returns
+    -------
+    pathlib.Path
+        ``output_dir``.
+
+    Raises
+    ------
+    NotADirectoryError
+        If ``output_dir`` or the first of its parents that exists is a file.
+    PermissionError
+        If that directory is not writable.
+    """
+    directory = Path(output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f'the output directory {str(directory)!r} is a file: pass the path of a new '
+                                 'directory, or of the directory of an earlier run to resume it')
+    existing = next(path for path in (directory, *directory.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f'the output directory {str(directory)!r} cannot be created: {str(existing)!r} is '
+                                 'a file')
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f'the output directory {str(directory)!r} cannot be written: {str(existing)!r} is not '
+                              'writable')
+    try:  # some file systems refuse while os.access says yes (/proc, read-only mounts for root): try it
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix='.zennit-attn-check-'))
+    except OSError as error:
+        raise PermissionError(f'the output directory {str(directory)!r} cannot be written: {str(existing)!r} '
+                              f'refuses new entries ({error.strerror})') from error
+    return directory
 
 
 # ------------------------------------------------------------------------------------------------------ distributed
@@ -250,14 +368,15 @@ def explain_dataset(
     shard_size: int = 256,
     checkpointing: bool = False,
     progress: bool = True,
-    params: Mapping[str, Any] | None = None,
+    **params,
 ) -> Path:
     """Explain every text of a dataset with :py:func:`~zennit_attn.explain` and write the results to
     ``output_dir`` (see :py:mod:`zennit_attn.dataset` for the format); read them with :py:func:`load_explanations`.
 
     Texts are sorted by length and explained ``batch_size`` at a time (little padding); every ``shard_size`` texts
     are written as one safetensors shard as soon as they are done. A second call on the same directory resumes:
-    shards already written are skipped; a directory made with other settings is refused. Under ``torchrun`` or
+    shards already written and intact are skipped (a damaged one is explained again, with a warning); a directory
+    made with other settings is refused. Under ``torchrun`` or
     ``accelerate launch`` (``torch.distributed`` initialised, or ``WORLD_SIZE`` > 1 in the environment, which
     initialises it with gloo on CPU and nccl on GPUs), each process does every ``world_size``-th shard and rank 0
     writes the index once all are done.
@@ -286,10 +405,9 @@ def explain_dataset(
         As for :py:func:`~zennit_attn.explain`.
     progress: bool
         Show a tqdm progress bar (on rank 0).
-    params: mapping, optional
-        Further keyword arguments of :py:func:`~zennit_attn.explain`: the method's hyperparameters (a dict, not
-        keyword arguments of this function, so that a method's own ``batch_size``, e.g. KernelSHAP's forward
-        batch, does not collide with the texts per call) and ``composite``.
+    **params
+        The method's hyperparameters and ``composite``, as for :py:func:`~zennit_attn.explain` (checked by
+        :py:func:`~zennit_attn.methods.check_params` before any work, and recorded in the settings).
 
     Returns
     -------
@@ -300,6 +418,8 @@ def explain_dataset(
     ------
     SettingsMismatchError
         If ``output_dir`` holds results made with other settings, texts or model.
+    NotADirectoryError, PermissionError
+        If ``output_dir`` is a file or cannot be written (see :py:func:`check_output_dir`).
     ValueError, TypeError
         For bad arguments (before any text is explained).
     """
@@ -308,12 +428,10 @@ def explain_dataset(
     if isinstance(position, bool) or not isinstance(position, numbers.Integral):
         raise ValueError(f'position must be an integer (counted in each text\'s tokens), got {position!r}')
     position = int(position)
-    params = dict(params or {})
-    clash = sorted(set(params) & {'method', 'target', 'position', 'checkpointing'})
-    if clash:
-        raise TypeError(f'params must not hold {clash}: they are arguments of explain_dataset() itself')
+    params = check_params(method, params)  # names and values, before any work
+    directory = check_output_dir(output_dir)
     texts = read_texts(texts)
-    targets = _targets(target, len(texts))
+    targets = _target_per_text(target, len(texts))
     encoded = [tokenizer(text)['input_ids'] for text in texts]
     empty = next((index for index, ids in enumerate(encoded) if len(ids) == 0), None)
     if empty is not None:
@@ -323,7 +441,6 @@ def explain_dataset(
     short = next((index for index, length in enumerate(lengths) if not -length <= position < length), None)
     if short is not None and not encoder_decoder:
         raise ValueError(f'position {position} is out of range for text {short}, which has {lengths[short]} tokens')
-    directory = Path(output_dir)
     plan = _plan(lengths, batch_size, shard_size)
     settings = _settings(model, texts, targets, method, position, batch_size, shard_size, params, checkpointing)
     rank, world, created = _world(model)
@@ -342,8 +459,14 @@ def explain_dataset(
             if refusal[0] is not None:
                 raise SettingsMismatchError(f'rank 0 refused the output directory: {refusal[0]}')
         _check_settings(directory, settings, write=False)
-        mine = [number for number in range(len(plan)) if number % world == rank]
-        todo = [number for number in mine if not (directory / _shard_name(number)).exists()]
+        todo = []
+        for number in range(rank, len(plan), world):
+            path = directory / _shard_name(number)
+            problem = _damage(path, _recorded_sha256(path))
+            if problem not in (None, 'missing'):
+                warnings.warn(f'{str(path)!r} is damaged ({problem}): explaining its texts again', stacklevel=2)
+            if problem is not None:
+                todo.append(number)
         bar = tqdm(total=sum(len(batch) for number in todo for batch in plan[number]), unit='text',
                    disable=not progress or rank != 0, desc=f'explaining ({method})')
         for number in todo:
@@ -361,24 +484,23 @@ def explain_dataset(
                 for row, index in enumerate(batch):
                     tensors.update(_row(explanation, row, index))
                 bar.update(len(batch))
-            path = directory / _shard_name(number)
-            temporary = path.with_name(path.name + f'.tmp{rank}')
-            save_file(tensors, str(temporary), metadata={
-                'method': method, 'items': json.dumps([index for batch in plan[number] for index in batch])})
-            os.replace(temporary, path)
+            items = [index for batch in plan[number] for index in batch]  # one metadata key: the same bytes every run
+            _write_shard(directory / _shard_name(number), tensors,
+                         {'zennit-attn': json.dumps({'method': method, 'items': items})}, f'.tmp{rank}')
         bar.close()
         if world > 1:
             torch.distributed.barrier()
         if rank == 0:
-            missing = [number for number in range(len(plan)) if not (directory / _shard_name(number)).exists()]
+            paths = [directory / _shard_name(number) for number in range(len(plan))]
+            digests = [_recorded_sha256(path) for path in paths]
+            missing = [path.name for path, digest in zip(paths, digests) if digest is None or not path.is_file()]
             if missing:
                 raise RuntimeError(f'shards {missing[:5]} of {str(directory)!r} were not written by their ranks')
-            index = {'format': FORMAT, 'version': VERSION, 'settings': settings, 'count': len(texts),
-                     'shards': [{'file': _shard_name(number), 'items': [item for batch in shard for item in batch]}
-                                for number, shard in enumerate(plan)]}
-            temporary = directory / (INDEX_FILE + '.tmp')
-            temporary.write_text(json.dumps(index))
-            os.replace(temporary, directory / INDEX_FILE)
+            index = {'format': FORMAT, 'version': VERSION, 'settings': settings, 'count': len(texts), 'shards': [
+                {'file': path.name, 'bytes': path.stat().st_size, 'sha256': digest,
+                 'items': [item for batch in shard for item in batch]}
+                for path, digest, shard in zip(paths, digests, plan)]}
+            _write_atomically(directory / INDEX_FILE, json.dumps(index).encode(), '.tmp')
         if world > 1:
             torch.distributed.barrier()
     finally:
@@ -387,9 +509,15 @@ def explain_dataset(
     return directory
 
 
-def check_model(directory: str | os.PathLike, model: torch.nn.Module) -> None:
+def check_fingerprint(directory: str | os.PathLike, model: torch.nn.Module) -> None:
     """Refuse a model other than the one that made the explanations in ``directory`` (class, dtype, configuration
     and a sample of every weight, as recorded in its settings), e.g. before evaluating them with the model.
+
+    Parameters
+    ----------
+    directory: str or os.PathLike
+        An :py:func:`explain_dataset` output.
+    model: torch.nn.Module
 
     Raises
     ------
@@ -401,9 +529,7 @@ def check_model(directory: str | os.PathLike, model: torch.nn.Module) -> None:
     path = Path(directory) / SETTINGS_FILE
     if not path.is_file():
         raise FileNotFoundError(f'{str(directory)!r} has no {SETTINGS_FILE}: not an explain_dataset() output')
-    recorded = json.loads(path.read_text()).get('model', {})
-    current = _fingerprint(model)
-    differing = sorted(key for key in set(recorded) | set(current) if recorded.get(key) != current.get(key))
+    differing = _differing(json.loads(path.read_text()).get('model', {}), _fingerprint(model))
     if differing:
         raise SettingsMismatchError(
             f'{str(directory)!r} was made with another model than this {type(model).__name__} (differing: '
@@ -429,7 +555,9 @@ def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Expl
     FileNotFoundError
         If ``directory`` has no index (missing, or the run is not finished: run it again to resume).
     ValueError
-        If the index is not one this version reads, or a shard lacks an entry.
+        If the index is not one this version reads, a shard is damaged (missing, truncated, or bytes changed since
+        it was written: the message names the file; running :py:func:`explain_dataset` again with the same
+        arguments explains its texts again), or a shard lacks an entry.
     """
     directory = Path(directory)
     path = directory / INDEX_FILE
@@ -442,6 +570,10 @@ def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Expl
     method = index['settings']['method']
     explanations: list[Explanation | None] = [None] * index['count']
     for shard in index['shards']:
+        problem = _damage(directory / shard['file'], shard['sha256'])
+        if problem is not None:
+            raise ValueError(f'{str(directory / shard["file"])!r} is damaged ({problem}): run explain_dataset() again '
+                             'with the same arguments on the directory to explain its texts again')
         with safe_open(str(directory / shard['file']), framework='pt') as handle:
             keys = set(handle.keys())
             for item in shard['items']:

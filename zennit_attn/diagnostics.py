@@ -4,9 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from zennit.core import Composite
 
+from .canonizers.blocks import block_stacks
+from .composites import AttnLRPEpsilon
+from .checks import split_encoding
+from .explanation import TargetLike
 from .lrp import attribute
-from .task import TargetLike, TokenTask, split_encoding
+from .task import TokenTask
 
 
 @dataclass
@@ -55,25 +60,6 @@ class ConservationReport:
         return '\n'.join(lines)
 
 
-def layer_stacks(model: torch.nn.Module) -> list[tuple[str, torch.nn.ModuleList]]:
-    """The model's sequences of transformer blocks, from the output side: ``ModuleList`` objects of modules of one class
-    that hold the most modules (one for decoder-only and encoder-only models; the decoder's and the encoder's
-    for encoder-decoder models)."""
-    candidates = [
-        (name, module) for name, module in model.named_modules()
-        if isinstance(module, torch.nn.ModuleList) and len(module) and len({type(child) for child in module}) == 1
-        and any(True for _ in module[0].children())
-    ]
-    if not candidates:
-        raise TypeError(f'{type(model).__name__} has no ModuleList of transformer blocks')
-    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
-        decoder = [item for item in candidates if 'decoder' in item[0]]
-        encoder = [item for item in candidates if 'encoder' in item[0]]
-        if decoder and encoder:
-            return [max(decoder, key=lambda item: len(item[1])), max(encoder, key=lambda item: len(item[1]))]
-    return [max(candidates, key=lambda item: len(item[1]))]
-
-
 class _Probe:
     """Collect ``sum(x * g)`` of the tensors it watches during the backward pass (one explained row)."""
     def __init__(self, watched: list):
@@ -100,7 +86,7 @@ def conservation(
     target: TargetLike = None,
     position=-1,
     attention_mask=None,
-    composite=None,
+    composite: Composite | None = None,
     model_kwargs: dict | None = None,
     decoder_input_ids=None,
 ) -> ConservationReport:
@@ -108,9 +94,11 @@ def conservation(
 
     With the AttnLRP rules, relevance leaks only through biases (linear layers, LayerNorm), the hidden bias of
     the softmax rule (Prop. 3.1) and the epsilon stabilisers; the report shows how much leaks at each block.
-    Arguments are those of :py:func:`~zennit_attn.explain`. Rows are explained one at a time, so that
-    embeddings shared by all rows (position embeddings) are reported per row.
+    Arguments are those of :py:func:`~zennit_attn.explain` with ``method='attnlrp'``: ``composite`` defaults to
+    :py:class:`~zennit_attn.composites.AttnLRPEpsilon`. Rows are explained one at a time, so that embeddings shared
+    by all rows (position embeddings) are reported per row.
     """
+    composite = AttnLRPEpsilon() if composite is None else composite
     input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
     input_ids = torch.as_tensor(input_ids)
     input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids
@@ -135,7 +123,7 @@ def _conservation_row(model, input_ids, row, target, position, attention_mask, c
                       decoder_input_ids):
     batch = input_ids.shape[0]
     pick = lambda value: _select_row(value, row, batch)  # noqa: E731
-    stacks = layer_stacks(model)
+    stacks = block_stacks(model)[::-1]  # output side first: the decoder's, then the encoder's
     word_embeddings = {model.get_input_embeddings()}
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         word_embeddings.add(model.get_decoder().get_input_embeddings())

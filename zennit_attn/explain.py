@@ -3,20 +3,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 from typing import Sequence
 
 import torch
 from transformers import BatchEncoding
 from zennit.core import Composite
 
+from .chat import encode_chat, is_conversation
 from .checkpointing import checkpointed
+from .checks import token_ids
+from .explanation import Explanation, ImageExplanation, TargetLike
 from .latent.sites import Neuron
 from .latent.targets import explain_latent
-from .methods import BACKWARD_METHODS, METHODS
-from .task import Explanation, ImageExplanation, TargetLike, make_task
+from .methods import METHODS, check_params
+from .objectives import RUNNER_UP, objective_for
+from .task import make_task
 
-__all__ = ['explain', 'encode_texts', 'Explanation', 'ImageExplanation', 'TargetLike']
+__all__ = ['explain', 'encode_texts']
 
 
 def _is_texts(value) -> bool:
@@ -103,6 +106,7 @@ def explain(
     latent=None,
     latent_reduce: str | None = None,
     condition=None,
+    contrast=None,
     **params,
 ) -> Explanation | ImageExplanation:
     """Explain a model's output: relevance per input token (language models) or pixel (vision transformers), by
@@ -119,18 +123,31 @@ def explain(
         ``...ForConditionalGeneration`` or a base model (whose ``last_hidden_state`` is explained, ``target`` naming
         a hidden unit); or an image classifier (timm ``VisionTransformer``/DeiT, Hugging Face
         ``ViTForImageClassification``).
-    input_ids: tensor, sequence of int, BatchEncoding, str or list of str
+    input_ids: tensor, sequence of int, BatchEncoding, str, list of str or list of dict
         ``[batch, seq]`` (or ``[seq]``) token ids, or what the tokenizer returns (its ``attention_mask`` and other
         fields are used), or, with ``tokenizer``, a text or a list of texts (tokenised by :py:func:`encode_texts`:
-        a list is padded, with the end-of-sequence token where the tokenizer has no pad token). For an image
+        a list is padded, with the end-of-sequence token where the tokenizer has no pad token), or a conversation
+        for a chat model: ``[{'role': 'user', 'content': ...}, {'role': 'assistant', 'content': ...}]``, rendered
+        by the tokenizer's chat template (:py:mod:`zennit_attn.chat`). Ending with the assistant's answer, the
+        answer is explained (the sum of its tokens' logits, as ``target=`` its ``(position, token)`` pairs); ending
+        with another turn, the next-token prediction after the template's generation prompt. The template's tokens
+        keep their relevance; ``explanation.template`` marks them and the heatmaps leave them out unless
+        ``template=True``. For an image
         classifier: ``[batch, channels, height, width]`` (or ``[channels, height, width]``) floating-point pixels as
         the model takes them.
-    target: int, sequence of int, sequence of (int, int), tensor or None
-        Output index to explain, one for all rows or one per row; None explains the argmax. A sequence of
+    target: int, str, sequence of int, sequence of (int, int), tensor, callable or None
+        Output index to explain, one for all rows or one per row; None explains the argmax. With ``tokenizer``, a
+        token's text (e.g. ``' Paris'``, which must encode to exactly one token). A sequence of
         ``(position, token)`` pairs explains the sum of those logits (e.g. a whole generated answer) in one
         backward pass; ``position`` is then ignored. A :py:class:`~zennit_attn.latent.Neuron` explains the neuron's
         activation at ``position`` instead of a logit (for LRP the activation is the initial relevance;
-        ``explanation.logit`` holds it).
+        ``explanation.logit`` holds it). A callable (like zennit's output functions) explains a function of the
+        scores: it receives the ``[batch, outputs]`` scores at the explained position (the logits; a
+        classification head's class scores) and returns ``[batch]`` values, e.g. ``lambda logits: (logits /
+        2.0).log_softmax(-1)[:, token]`` for a log-probability at temperature 2, or ``logits[:, ids].sum(-1)`` for a
+        class of tokens; for LRP its value is the initial relevance. See
+        :py:class:`~zennit_attn.objectives.OutputFunction` for the paper's notes on explaining softmax outputs and
+        temperature (appendix A.2.4): explaining the logit (the default) does not saturate, a probability does.
     position: int, sequence of int, tensor or None
         For 3-D outputs, the sequence position to explain (a decoder position for encoder-decoder models).
         -1 (default) or None: the last non-padding token of each row. Ignored for 2-D outputs (classification
@@ -159,14 +176,15 @@ def explain(
         Recompute each transformer block in the backward pass instead of keeping its activations (non-reentrant
         :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.checkpointing`): the same
         relevance, with saved activations growing with layers x sequence x hidden instead of with all activations,
-        for about one more forward pass. For the methods with a backward pass (:py:data:`~zennit_attn.methods.
-        BACKWARD_METHODS`); refused for the others and for ``condition=`` and :py:class:`~zennit_attn.latent.Neuron`
-        targets. With ``latent=`` the recorded sites' activations are kept as well.
+        for about one more forward pass. For the methods with a backward pass (``METHODS[name].backward``, see
+        :py:class:`~zennit_attn.methods.Method`); refused for the others and for ``condition=`` and
+        :py:class:`~zennit_attn.latent.Neuron` targets. With ``latent=`` the recorded sites' activations are kept as well.
     latent: str or sequence of str, optional
         Also record latent relevance in the same backward pass (paper section 3.5), at sites of
         :py:data:`zennit_attn.latent.SITES` (``'mlp'``, ``'attention'``, ``'residual'``, ``'query'``, ``'key'``,
         ``'value'``), into ``explanation.latent`` (:py:class:`zennit_attn.latent.Latent`); ``exp.relevance`` is
-        unchanged. For ``'attnlrp'``, ``'cplrp'`` and ``'input_x_gradient'``.
+        unchanged. For the methods of one forward and one backward pass (``METHODS[name].latent``: ``'attnlrp'``,
+        ``'cplrp'`` and ``'input_x_gradient'``).
     latent_reduce: None or 'sum'
         ``'sum'`` keeps only the sum over positions of the latent relevance (long inputs).
     condition: Neuron or list, optional
@@ -176,43 +194,70 @@ def explain(
         condition receives; ``latent`` is then that of the input rows (the unconditional pass). Costs one more
         forward and backward pass (all conditions of one site and layer batched). See
         :py:mod:`zennit_attn.latent.targets`.
+    contrast: int, str, sequence, tensor or 'runner-up', optional
+        Explain the target's logit minus the contrast token's ("why ' Paris' rather than ' London'?") in one
+        backward pass: a token id (or, with ``tokenizer``, a one-token text) for all rows, one per row, or one per
+        ``(position, token)`` pair; ``'runner-up'``: the most likely token other than the target at each explained
+        position. Relevance is linear in the initial relevance, so for LRP, Input x Gradient and the other linear
+        methods it is the target's relevance minus the contrast's. ``explanation.contrast`` holds the contrast
+        tokens, ``explanation.logit`` the difference. Not with a callable or Neuron target.
     **params
-        Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods`).
+        Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods`), checked by
+        :py:func:`~zennit_attn.methods.check_params` before the model is run.
 
     Returns
     -------
     Explanation or ImageExplanation
+
+    Raises
+    ------
+    ValueError
+        For an unknown method, a parameter value out of its range, ``composite=`` for a method that is not LRP,
+        ``checkpointing=True`` for a method without a backward pass, and bad input (see
+        :py:mod:`zennit_attn.checks`).
+    TypeError
+        For a parameter the method does not take.
     """
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f'Unknown method {method!r}; known: {", ".join(METHODS)}')
-    function = METHODS[method]
-    accepted = [name for name in inspect.signature(function).parameters if name not in ('task', 'position', 'target')]
     if composite is not None:
-        if 'composite' not in accepted:
-            raise ValueError(f'composite= applies to the LRP methods (attnlrp, cplrp), not to {method!r}')
         params['composite'] = composite
+    params = check_params(method, params)
+    entry = METHODS[method]
     if not isinstance(checkpointing, bool):
         raise TypeError(f'checkpointing must be True or False, got {checkpointing!r}')
-    if checkpointing and method not in BACKWARD_METHODS:
+    if checkpointing and not entry.backward:
         raise ValueError(f'checkpointing=True saves memory of a backward pass, which {method!r} does not do; it '
-                         f'applies to {", ".join(BACKWARD_METHODS)}')
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        hint = ('; configure LRP through composite=' if 'composite' in accepted else '')
-        raise TypeError(f'{method} takes no parameter(s) {unknown}; it takes {accepted or "none"}{hint}')
-    if tokenizer is not None and _is_texts(input_ids):
+                         f'applies to {", ".join(name for name, other in METHODS.items() if other.backward)}')
+    chat = None
+    if is_conversation(input_ids):
+        chat = encode_chat(tokenizer, input_ids)
+        input_ids = chat.input_ids
+        if chat.answer:
+            if target is not None:
+                raise ValueError('the conversation ends with the assistant\'s answer, which is explained: leave out '
+                                 'target=, or leave out the answer\'s turn to explain a next token of your choice')
+            target = chat.answer
+    elif tokenizer is not None and _is_texts(input_ids):
         input_ids = encode_texts(tokenizer, input_ids)
+    if isinstance(target, Neuron) and contrast is not None:
+        raise ValueError('contrast= compares two output tokens; a Neuron target explains an activation inside the '
+                         'model: leave out contrast=, or explain a token target')
+    target = token_ids(tokenizer, target, 'target')
+    if not (isinstance(contrast, str) and contrast == RUNNER_UP):
+        contrast = token_ids(tokenizer, contrast, 'contrast')
+    target, objective = objective_for(target, contrast)
     task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
+    task = task.with_objective(objective)
     latent_request = latent is not None or condition is not None or latent_reduce is not None
     if checkpointing and (condition is not None or isinstance(target, Neuron)):
         raise ValueError('condition= and Neuron targets start the backward pass inside the model, at tensors that '
                          'checkpointing=True recomputes: use one or the other (latent= works with checkpointing)')
     with checkpointed(task.model) if checkpointing else contextlib.nullcontext():
         if latent_request or isinstance(target, Neuron):
-            explanation = explain_latent(function, method, task, position, target, params, latent, latent_reduce,
-                                         condition)
+            explanation = explain_latent(entry, task, position, target, params, latent, latent_reduce, condition)
         else:
-            explanation = function(task, position=position, target=target, **params)
+            explanation = entry.function(task, position=position, target=target, **params)
     if tokenizer is not None and isinstance(explanation, Explanation):
         explanation = dataclasses.replace(explanation, tokenizer=tokenizer)
+    if chat is not None:
+        explanation = dataclasses.replace(explanation, template=chat.template.to(explanation.input_ids.device))
     return explanation

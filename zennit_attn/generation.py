@@ -19,11 +19,13 @@ import torch
 from tqdm.auto import tqdm
 from zennit.core import Composite
 
+from .checks import as_integer, check_model, token_ids
+from .devices import input_device
 from .explain import explain
+from .objectives import RUNNER_UP
 from .render import views
 from .render.html import page
 from .render.layout import ScaleLike
-from .task import check_model
 
 __all__ = ['explain_generation', 'GenerationExplanation']
 
@@ -66,6 +68,9 @@ class GenerationExplanation:
         Whether the model is an encoder-decoder (T5).
     tokenizer
         The tokenizer (not compared, not shown in ``repr``).
+    contrast: torch.Tensor or None
+        ``[generated]`` with ``explain_generation(..., contrast=...)``: each generated token's contrast token;
+        ``logit`` then holds the differences.
     """
     relevance: torch.Tensor
     answer_relevance: torch.Tensor
@@ -78,6 +83,7 @@ class GenerationExplanation:
     method: str = 'attnlrp'
     encoder_decoder: bool = False
     tokenizer: object = field(default=None, repr=False, compare=False)
+    contrast: torch.Tensor | None = None
 
     @property
     def generated_ids(self) -> torch.Tensor:
@@ -222,6 +228,7 @@ def explain_generation(
     generate_kwargs: dict | None = None,
     batched: bool | int = False,
     progress: bool = False,
+    contrast=None,
     **params,
 ) -> GenerationExplanation:
     """Generate an answer to ``prompt`` and explain every generated token and the whole answer.
@@ -260,11 +267,17 @@ def explain_generation(
         For the LRP methods (see :py:func:`~zennit_attn.explain`).
     generate_kwargs: dict, optional
         Passed to ``model.generate`` (e.g. ``{'do_sample': True, 'top_p': 0.9}``, ``suppress_tokens``); one sequence
-        only.
+        only, and not ``input_ids``, ``max_new_tokens`` or ``attention_mask``, which explain_generation sets.
     batched: bool or int
         See *Cost* above.
     progress: bool
         Show a progress bar (tqdm, on stderr) over the explanation calls.
+    contrast: 'runner-up', int, str or sequence, optional
+        Explain each generated token against a contrast token (its logit minus the contrast's, see
+        :py:func:`~zennit_attn.explain`): ``'runner-up'``, at each step the most likely token other than the
+        generated one (why this token rather than the next best?); a token id or one-token text for every step; or
+        one id per generated token (its length is checked once the answer is generated). The whole answer is then
+        the sum of these differences.
     **params
         Hyperparameters of the method.
 
@@ -279,17 +292,22 @@ def explain_generation(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f'max_new_tokens must be a positive integer, got {max_new_tokens!r}')
     rows_per_call = _batched(batched)
+    if not (isinstance(contrast, str) and contrast == RUNNER_UP):
+        contrast = token_ids(tokenizer, contrast, 'contrast')  # a text that is not one token: refused before generating
     can_generate = getattr(model, 'can_generate', None)
     if not callable(getattr(model, 'generate', None)) or (callable(can_generate) and not can_generate()):
         raise TypeError(f'{type(model).__name__} cannot generate text: use a ...ForCausalLM or '
                         '...ForConditionalGeneration model (or explain() for a single output)')
     prompt_ids = _prompt_ids(tokenizer, prompt)
-    device = next(model.parameters()).device
-    prompt_ids = prompt_ids.to(device)
+    prompt_ids = prompt_ids.to(input_device(model))
     generate_kwargs = dict(generate_kwargs or {})
     for key in ('max_new_tokens', 'input_ids', 'inputs'):
         if key in generate_kwargs:
             raise ValueError(f'generate_kwargs must not hold {key!r}: it is an argument of explain_generation')
+    if 'attention_mask' in generate_kwargs:
+        raise ValueError('generate_kwargs must not hold \'attention_mask\': explain_generation explains one unpadded '
+                         'prompt and passes its all-ones mask itself; to give the mask with the prompt, pass the '
+                         'tokenizer\'s output as the prompt (padding is refused there)')
     if generate_kwargs.get('num_return_sequences', 1) != 1:
         raise ValueError('explain_generation explains one generated sequence: num_return_sequences must be 1')
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -319,6 +337,8 @@ def explain_generation(
         raise RuntimeError('the model generated no token: nothing to explain (check max_new_tokens and '
                            'generate_kwargs)')
     options = dict(method=method, composite=composite, **params)
+    contrasts = _contrasts(contrast, tokenizer, count)
+    resolved = torch.zeros(count, dtype=torch.long)
     relevance = torch.zeros(count, columns.shape[0], dtype=torch.float64)
     logits = torch.zeros(count, dtype=torch.float64)
     full = columns[None, :answer_start + count - 1]
@@ -330,36 +350,44 @@ def explain_generation(
         values = torch.cat(parts).detach()
         relevance[index, :values.shape[0]] = values.to('cpu', torch.float64)
         logits[index] = float(explanation.logit[row])
+        if explanation.contrast is not None:
+            resolved[index] = int(explanation.contrast[row])
 
     size = rows_per_call or count
     calls = count if rows_per_call is None else -(-count // size)
     bar = tqdm(total=calls + 1, desc='explaining the answer', unit='call', disable=not progress, leave=False)
     if rows_per_call is None:
         for index in range(count):
+            step = {} if contrasts is None else {
+                'contrast': contrasts[index] if isinstance(contrasts, list) else contrasts}
             if encoder_decoder:
                 explanation = explain(model, prompt_ids, decoder_input_ids=decoder_ids[:, :index + 1],
-                                      target=int(generated[index]), **options)
+                                      target=int(generated[index]), **step, **options)
             else:
                 explanation = explain(model, columns[None, :prompt_length + index], target=int(generated[index]),
-                                      **options)
+                                      **step, **options)
             place(index, explanation, 0)
             bar.update()
     else:
         for start in range(0, count, size):
             indices = list(range(start, min(count, start + size)))
             targets = [int(generated[index]) for index in indices]
+            step = {} if contrasts is None else {'contrast': [contrasts[index] for index in indices]
+                                                  if isinstance(contrasts, list) else contrasts}
             if encoder_decoder:
                 explanation = explain(model, prompt_ids.expand(len(indices), -1),
                                       decoder_input_ids=decoder_ids[:, :count].expand(len(indices), -1),
-                                      target=targets, position=indices, **options)
+                                      target=targets, position=indices, **step, **options)
             else:
                 explanation = explain(model, full.expand(len(indices), -1), target=targets,
-                                      position=[answer_start + index - 1 for index in indices], **options)
+                                      position=[answer_start + index - 1 for index in indices], **step, **options)
             for row, index in enumerate(indices):
                 place(index, explanation, row)
             bar.update()
         relevance[torch.arange(columns.shape[0])[None, :] >= answer_start + torch.arange(count)[:, None]] = 0.0
 
+    if contrasts is not None:
+        options['contrast'] = resolved.tolist()
     if encoder_decoder:
         pairs = [(index, int(generated[index])) for index in range(count)]
         whole = explain(model, prompt_ids, decoder_input_ids=decoder_ids[:, :count], target=pairs, **options)
@@ -379,4 +407,23 @@ def explain_generation(
         relevance=relevance.to(dtype), answer_relevance=answer_relevance.to(dtype), input_ids=columns.cpu(),
         prompt_length=prompt_length, answer_start=answer_start, target=generated.cpu(), logit=logits.to(dtype),
         position=positions, method=method, encoder_decoder=encoder_decoder, tokenizer=tokenizer,
+        contrast=None if contrasts is None else resolved,
     )
+
+
+def _contrasts(contrast, tokenizer, count: int):
+    """``contrast`` of :py:func:`explain_generation` for ``count`` generated tokens: None, ``'runner-up'``, one id
+    for every step, or a list of one id per step."""
+    if contrast is None or (isinstance(contrast, str) and contrast == RUNNER_UP):
+        return contrast
+    contrast = token_ids(tokenizer, contrast, 'contrast')
+    if isinstance(contrast, torch.Tensor) and contrast.dim() == 0:
+        contrast = int(contrast)
+    if isinstance(contrast, numbers.Integral):
+        return int(contrast)
+    values = [as_integer(value, 'contrast') for value in (contrast.tolist() if isinstance(contrast, torch.Tensor)
+                                                          else contrast)]
+    if len(values) != count:
+        raise ValueError(f'contrast has {len(values)} tokens, but the model generated {count}: give one per '
+                         f'generated token, one for all, or {RUNNER_UP!r}')
+    return values

@@ -6,25 +6,29 @@ from typing import Callable
 import torch
 from zennit.core import Composite
 
+from .explanation import TargetLike
 from .rules import RelevanceBoundary
-from .task import Task, TargetLike
+from .task import Task
 
 __all__ = ['attribute']
 
 
-def attribute(task: Task, position=-1, target: TargetLike = None, composite: Composite | None = None,
-              method: str = 'attnlrp', observe: Callable[[torch.nn.Module, list], list] | None = None):
-    """LRP of the task's explained logit with ``composite`` (default: the task's composite for ``method``,
-    :py:class:`~zennit_attn.composites.AttnLRPEpsilon` / :py:class:`~zennit_attn.composites.CPLRPEpsilon` for
-    language models, :py:class:`~zennit_attn.composites.AttnLRPGamma` / :py:class:`~zennit_attn.composites.CPLRPGamma`
-    for vision transformers) in one forward and one backward pass; the logit is the initial relevance.
+def attribute(task: Task, position, target: TargetLike, composite: Composite, method: str = 'attnlrp',
+              observe: Callable[[torch.nn.Module, list], list] | None = None):
+    """LRP of the task's explained value with ``composite`` in one forward and one backward pass; the explained
+    value is the initial relevance. The LRP methods of :py:mod:`zennit_attn.methods` choose the default composite.
 
     ``observe(model, watched)`` is a hook for diagnostics: it is called inside the composite's context before
     the forward pass and returns handles (with ``remove()``) that are removed after the backward pass; tensors
     it appends to ``watched`` during the forward pass are added to the backward pass's inputs, so that their
     gradient hooks run even where they do not lead to the input.
+
+    Raises
+    ------
+    TypeError
+        If ``composite`` is not a zennit composite, or registers no
+        :py:class:`~zennit_attn.rules.RelevanceBoundary` on the model.
     """
-    composite = task.composites[method]() if composite is None else composite
     if not isinstance(composite, Composite):
         raise TypeError(f'composite must be a zennit Composite (e.g. zennit_attn.composites.AttnLRPEpsilon()), got '
                         f'{type(composite).__name__}')
@@ -41,7 +45,7 @@ def attribute(task: Task, position=-1, target: TargetLike = None, composite: Com
             watched = []
             handles = observe(modified, watched) if observe is not None else []
             try:
-                logit = task.resolve(task.forward(leaves[0], model=modified, **extra), position, target)
+                logit = task.resolve(task.lrp_forward(leaves[0], modified, **extra), position, target, seeded=True)
                 relevance = torch.autograd.grad(
                     logit, [*leaves, *watched], grad_outputs=logit.detach(), allow_unused=True
                 )[:len(leaves)]

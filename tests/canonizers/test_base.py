@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from zennit_attn.canonizers import InlineActivationCanonizer, OperandCanonizer
+from zennit_attn.canonizers import InlineActivationCanonizer, OperandCanonizer, SettingCanonizer
 from zennit_attn.canonizers.families import separate_qkv
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.layers import MatMul
@@ -75,7 +75,8 @@ def test_operand_taps_equal_explicit_matmul_and_softmax_rules(composite_cls):
     (AttnLRP), or the attention matrix as constant (CP-LRP)."""
     inline, module = pair(InlineAttention, ModuleAttention)
     x = torch.randn(2, 5, 6, dtype=torch.float64)
-    tapped = relevance(inline, composite_cls(canonizers=[OperandCanonizer({'InlineAttention': separate_qkv('q', 'k', 'v')})]), x)
+    taps = OperandCanonizer({'InlineAttention': separate_qkv('q', 'k', 'v')})
+    tapped = relevance(inline, composite_cls(canonizers=[taps]), x)
     explicit = relevance(module, composite_cls(canonizers=[]), x)
     assert_close(tapped, explicit)
     plain = relevance(inline, composite_cls(canonizers=[]), x)
@@ -124,3 +125,65 @@ def test_a_second_composite_on_the_same_model_is_refused_cleanly():
                 pass
         assert sum(name.startswith('attnlrp_') for name, _ in inline.named_children()) == 3
     assert clean(inline)
+
+
+# ----------------------------------------------------------------------------------- a failure on a later module
+def snapshot(model):
+    """Everything a canonizer may change on a module tree: children, hooks (by identity), config values."""
+    return [(name, type(module), dict(module._modules), dict(module._forward_hooks), dict(module._forward_pre_hooks),
+             dict(module._forward_hooks_always_called), dict(getattr(module, 'config', None).__dict__)
+             if hasattr(module, 'config') else None) for name, module in model.named_modules()]
+
+
+def two_attentions_the_second_refusing():
+    """Two attentions; the second already has a child ``attnlrp_k``, so a tap of its ``k`` fails after its ``q``
+    (and all of the first attention's taps) were applied."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(InlineAttention(6), InlineAttention(6)).double()
+    model[1].attnlrp_k = torch.nn.Identity()
+    return model
+
+
+def test_a_failure_on_the_second_module_undoes_the_first():
+    model = two_attentions_the_second_refusing()
+    before = snapshot(model)
+    canonizer = OperandCanonizer({'InlineAttention': separate_qkv('q', 'k', 'v')})
+    with pytest.raises(RuntimeError, match="InlineAttention already has an attribute 'attnlrp_k'"):
+        canonizer.apply(model)
+    assert snapshot(model) == before
+    assert not any(name.startswith('attnlrp_') for name, _ in model[0].named_children())
+    # through a composite, after a first canonizer that succeeded on both modules
+    first = InlineActivationCanonizer({'InlineAttention': ('tanh',)})
+    with pytest.raises(RuntimeError, match="already has an attribute 'attnlrp_k'"):
+        with AttnLRPEpsilon(canonizers=[first, canonizer]).context(model):
+            pass  # pragma: no cover
+    assert snapshot(model) == before
+    assert sum(len(module._forward_hooks) + len(module._forward_pre_hooks) for module in model.modules()) == 0
+
+
+class Settings:
+    """A configuration whose ``frozen`` attribute refuses to be set where ``refuse`` is true."""
+    def __init__(self, refuse):
+        self.__dict__.update(experts='grouped', value=0, refuse=refuse)
+
+    def __setattr__(self, key, value):
+        if key == 'frozen' and self.refuse:
+            raise AttributeError('frozen cannot be set')
+        super().__setattr__(key, value)
+
+
+class Configured(torch.nn.Module):
+    def __init__(self, refuse):
+        super().__init__()
+        self.config = Settings(refuse)
+        self.config.__dict__['frozen'] = 'no'
+
+
+def test_a_setting_that_fails_undoes_the_values_set_before():
+    """The second configuration refuses its second value: the first value of it and both values of the first
+    configuration are put back."""
+    model = torch.nn.Sequential(Configured(False), Configured(True))
+    with pytest.raises(AttributeError, match='frozen cannot be set'):
+        SettingCanonizer({'experts': 'eager', 'frozen': 'yes'}).apply(model)
+    for module in model:
+        assert (module.config.experts, module.config.frozen) == ('grouped', 'no')

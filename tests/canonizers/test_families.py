@@ -24,7 +24,7 @@ import pytest
 import torch
 import transformers
 
-from tests.conftest import (
+from tests.models import (
     DECODERS, EAGER_ONLY, ENCODER_DECODERS, FAMILY_HEADS, GEMMA2_ATTN_SOFTCAP, GEMMA2_FINAL_SOFTCAP, LAYERS, MOE,
     decoder_ids, tiny_config, tiny_model, token_ids,
 )

@@ -7,8 +7,7 @@
    the gamma composite gives the logit exactly at the pixels.
 4. timm's fused SDPA path equals its explicit softmax path, and HF's SDPA equals eager.
 
-The builders :py:func:`tiny_timm_vit`, :py:func:`tiny_deit` and :py:func:`tiny_hf_vit` are used by the other
-vision tests.
+The builders :py:func:`tiny_timm_vit`, :py:func:`tiny_deit` and :py:func:`tiny_hf_vit` are in ``tests/models.py``.
 """
 from __future__ import annotations
 
@@ -16,11 +15,12 @@ import copy
 
 import pytest
 import torch
-import transformers
-from timm.models.deit import VisionTransformerDistilled
-from timm.models.vision_transformer import VisionTransformer
 from zennit.attribution import Gradient
 
+# IMAGE, CHANNELS, pixels, tiny_*: still imported from here by other test files (import them from tests.models)
+from tests.models import (
+    CLASSES, VISION_BUILDERS, pixels, tiny_deit, tiny_hf_vit, tiny_timm_vit,
+)
 from zennit_attn.canonizers import UnsupportedModelError, canonizers_for
 from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPGamma
 from zennit_attn import explain
@@ -28,69 +28,8 @@ from zennit_attn.layers import output_scores
 from zennit_attn.rules import Gamma
 
 
-IMAGE, PATCH, CHANNELS, CLASSES = 8, 4, 3, 3
 HOOK_ATTRIBUTES = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks',
                    '_forward_hooks_with_kwargs', '_forward_pre_hooks_with_kwargs', '_forward_hooks_always_called')
-
-
-def _zero(model, names=('bias', 'cls_token', 'dist_token', 'pos_embed', 'position_embeddings')):
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.rsplit('.', 1)[-1] in names:
-                parameter.zero_()
-    return model
-
-
-def tiny_timm_vit(dtype=torch.float64, zero_bias=False, seed=0, **overrides) -> VisionTransformer:
-    """timm ViT: 8 x 8 x 3 input, patch 4 (4 patches + class token), width 16, 2 blocks, 2 heads, 3 classes."""
-    torch.manual_seed(seed)
-    kwargs = dict(img_size=IMAGE, patch_size=PATCH, in_chans=CHANNELS, num_classes=CLASSES, embed_dim=16, depth=2,
-                  num_heads=2, mlp_ratio=2.0, qkv_bias=True)
-    kwargs.update(overrides)
-    model = VisionTransformer(**kwargs).to(dtype).eval()
-    with torch.no_grad():  # timm initialises tokens and position embeddings tiny; make them matter
-        for name, parameter in model.named_parameters():
-            if name in ('cls_token', 'pos_embed', 'reg_token'):
-                parameter.normal_(0, 0.5)
-    return _zero(model) if zero_bias else model
-
-
-def tiny_deit(dtype=torch.float64, zero_bias=False, seed=0) -> VisionTransformerDistilled:
-    """timm DeiT (distillation token, LayerScale), otherwise as :py:func:`tiny_timm_vit`."""
-    torch.manual_seed(seed)
-    model = VisionTransformerDistilled(img_size=IMAGE, patch_size=PATCH, in_chans=CHANNELS, num_classes=CLASSES,
-                                       embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0, qkv_bias=True,
-                                       init_values=0.5).to(dtype).eval()
-    with torch.no_grad():
-        for name in ('cls_token', 'dist_token', 'pos_embed'):
-            getattr(model, name).normal_(0, 0.5)
-    return _zero(model) if zero_bias else model
-
-
-def tiny_hf_vit(dtype=torch.float64, zero_bias=False, seed=0, attn_implementation='eager'
-                ) -> transformers.ViTForImageClassification:
-    """Hugging Face ViTForImageClassification with the same sizes."""
-    config = transformers.ViTConfig(
-        image_size=IMAGE, patch_size=PATCH, num_channels=CHANNELS, hidden_size=16, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=32, num_labels=CLASSES, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    config._attn_implementation = attn_implementation
-    torch.manual_seed(seed)
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
-        model = transformers.ViTForImageClassification(config).to(dtype).eval()
-    finally:
-        transformers.logging.set_verbosity(level)
-    return _zero(model) if zero_bias else model
-
-
-def pixels(batch=2, dtype=torch.float64, seed=0) -> torch.Tensor:
-    return torch.rand(batch, CHANNELS, IMAGE, IMAGE, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-BUILDERS = {'timm': tiny_timm_vit, 'deit': tiny_deit, 'hf': tiny_hf_vit}
 
 
 def _snapshot(model):
@@ -116,9 +55,9 @@ def _assert_same(before, after):
         assert torch.equal(before['state'][key], after['state'][key]), key
 
 
-@pytest.mark.parametrize('kind', BUILDERS)
+@pytest.mark.parametrize('kind', VISION_BUILDERS)
 def test_model_check_accepts(kind):
-    canonizers = canonizers_for(BUILDERS[kind]())
+    canonizers = canonizers_for(VISION_BUILDERS[kind]())
     assert len(canonizers) == 1  # the operand taps on q/k/v
 
 
@@ -134,9 +73,9 @@ def test_model_check_refuses_uncovered_variants():
     _assert_same(before, _snapshot(model))
 
 
-@pytest.mark.parametrize('kind', BUILDERS)
+@pytest.mark.parametrize('kind', VISION_BUILDERS)
 def test_canonizers_restore_exactly(kind):
-    model = BUILDERS[kind]()
+    model = VISION_BUILDERS[kind]()
     x = pixels()
     with torch.no_grad():
         reference = output_scores(model(x)).clone()
@@ -168,11 +107,11 @@ def test_canonizers_restore_exactly(kind):
     assert torch.equal(grad, expected)
 
 
-@pytest.mark.parametrize('kind', BUILDERS)
+@pytest.mark.parametrize('kind', VISION_BUILDERS)
 def test_cp_gamma_conserves_the_logit(kind):
     """Biases, tokens and position embeddings zeroed: gamma (conv, linear), epsilon (attention projections),
     identity (GELU, LayerNorm), constant attention: the pixel relevance sums to the logit."""
-    model = BUILDERS[kind](zero_bias=True)
+    model = VISION_BUILDERS[kind](zero_bias=True)
     x = pixels()
     exact = CPLRPGamma(conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15),
                        attention_in=None, attention_out=None)

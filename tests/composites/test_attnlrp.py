@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from tests.conftest import tiny_model, token_ids
+from tests.models import tiny_model, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
 from zennit_attn.composites.attnlrp import refuse_compiled

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.canonizers.test_vision import CLASSES, pixels, tiny_hf_vit, tiny_timm_vit
+from tests.models import CLASSES, pixels, tiny_hf_vit, tiny_timm_vit
 from tests.naive_rules import close, lrp, stabilize
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
 from zennit_attn import explain

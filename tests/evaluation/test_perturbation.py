@@ -133,7 +133,7 @@ def test_bad_input_is_refused():
 
 
 def test_token_curves_of_a_language_model():
-    from tests.conftest import tiny_model, token_ids
+    from tests.models import tiny_model, token_ids
     from zennit_attn import explain
     from zennit_attn.evaluation import token_curves
 

@@ -1,10 +1,11 @@
-"""A real headless browser for the HTML tests: Debian's ``chromium``, installed with apt where it is missing and this
-runs as root (once per session, a few minutes at most), else the tests that need it are skipped with the reason."""
+"""System programs that render tests use: a headless browser for the HTML pages (Debian's ``chromium``),
+``pdftoppm`` to rasterise PDF figures, a TeX engine to compile LaTeX snippets. Tests never install system packages:
+`make system` (run by `make test` and `.ci/run`) installs them where it can; where one is missing, the tests that
+need it are skipped with that reason and the fix."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
+from typing import NoReturn
 
 import pytest
 
@@ -13,37 +14,25 @@ CHROMIUM_FLAGS = ['--no-sandbox', '--disable-gpu', '--disable-background-network
                   '--disable-sync', '--no-first-run', '--hide-scrollbars']
 
 
-def _find() -> str | None:
-    return next((path for path in map(shutil.which, ('chromium', 'chromium-browser')) if path), None)
-
-
-def _install() -> str:
-    """Install Debian's chromium with apt-get, or say why not."""
-    if not hasattr(os, 'geteuid') or os.geteuid() != 0:
-        return 'chromium is not installed and installing it needs root (apt-get install -y chromium)'
-    if not shutil.which('apt-get'):
-        return 'chromium is not installed and there is no apt-get to install it'
-    environment = dict(os.environ, DEBIAN_FRONTEND='noninteractive')
-    command = ['apt-get', 'install', '-y', '--no-install-recommends', 'chromium']
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=420, env=environment)
-        if result.returncode != 0:  # the package lists may be missing: update once and try again
-            subprocess.run(['apt-get', 'update'], capture_output=True, text=True, timeout=300, env=environment)
-            result = subprocess.run(command, capture_output=True, text=True, timeout=420, env=environment)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f'installing chromium failed: {error}'
-    if result.returncode != 0:
-        return f'apt-get install chromium failed: {result.stderr.strip()[-300:]}'
-    return ''
+def _skip_missing(program: str, package: str) -> NoReturn:
+    pytest.skip(f'{program} not found: run `make system` as root, or apt-get install {package}')
 
 
 @pytest.fixture(scope='session')
 def chromium() -> str:
-    """The path of a chromium binary (installed if needed and possible); skips the test otherwise."""
-    path = _find()
-    if path is None:
-        reason = _install()
-        path = _find()
-        if path is None:
-            pytest.skip(reason or 'chromium could not be installed')
-    return path
+    """The path of a chromium binary (``chromium`` or ``chromium-browser``)."""
+    return shutil.which('chromium') or shutil.which('chromium-browser') or _skip_missing('chromium', 'chromium')
+
+
+@pytest.fixture(scope='session')
+def pdftoppm() -> str:
+    """The path of poppler's ``pdftoppm``."""
+    return shutil.which('pdftoppm') or _skip_missing('pdftoppm', 'poppler-utils')
+
+
+@pytest.fixture(scope='session')
+def tex_engine() -> str:
+    """The path of a TeX engine (``pdflatex``, ``lualatex`` or ``xelatex``)."""
+    engines = ('pdflatex', 'lualatex', 'xelatex')
+    return (next(filter(None, map(shutil.which, engines)), None)
+            or _skip_missing('pdflatex', 'texlive-latex-recommended'))

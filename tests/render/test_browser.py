@@ -16,9 +16,8 @@ import pytest
 from PIL import Image
 from playwright.sync_api import sync_playwright
 
-from tests.conftest import tiny_model
+from tests.models import tiny_model
 from tests.render.conftest import CHROMIUM_FLAGS
-from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain, explain_generation
 from zennit_attn.render.colors import NEUTRAL, POSITIVE, css_rgb, relevance_to_rgb, text_color
 from zennit_attn.render.layout import split_space
@@ -32,11 +31,6 @@ def _keep(path: Path) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(folder) / path.name)
-
-
-@pytest.fixture(scope='module')
-def tokenizer():
-    return byte_level_tokenizer()
 
 
 @pytest.fixture(scope='module')

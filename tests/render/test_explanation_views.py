@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
-import shutil
 import subprocess
 import xml.etree.ElementTree as ElementTree
 
@@ -14,8 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import tiny_model
-from tests.text_tokenizer import byte_level_tokenizer
+from tests.models import tiny_model
 from zennit_attn import Explanation, explain
 from zennit_attn.render import shared_scale
 from zennit_attn.render.colors import NEUTRAL, POSITIVE, hex_rgb, relevance_to_rgb
@@ -25,16 +23,6 @@ from zennit_attn.render.tokens import token_texts
 
 TEXT = 'The ice bear lives in the Arctic, the polar bear lives in the north.\nCaf\u00e9 au lait'
 TEXTS = [TEXT, 'The ice bear lives in the']
-
-
-@pytest.fixture(scope='module')
-def tokenizer():
-    return byte_level_tokenizer()
-
-
-@pytest.fixture(scope='module')
-def llama():
-    return tiny_model('llama')
 
 
 @pytest.fixture(scope='module')
@@ -165,17 +153,17 @@ def test_svg_and_pdf_decode(single, tmp_path):
     content = reader.pages[0].extract_text()
     assert 'ice' in content and 'Arctic' in content and 'target token' in content
     assert float(reader.pages[0].mediabox.width) == pytest.approx(540)
-    if shutil.which('pdftoppm'):
-        subprocess.run(['pdftoppm', '-png', '-r', '72', '-singlefile', str(pdf), str(tmp_path / 'page')], check=True,
-                       timeout=60)
-        with Image.open(tmp_path / 'page.png') as image:
-            colours = {tuple(int(channel) for channel in pixel)
-                       for pixel in np.asarray(image.convert('RGB')).reshape(-1, 3)}
-        assert any(max(abs(a - b) for a, b in zip(colour, POSITIVE)) <= 2 for colour in colours)
 
 
-def _tex_engine():
-    return next((name for name in ('pdflatex', 'lualatex', 'xelatex') if shutil.which(name)), None)
+def test_pdf_shows_the_colours(single, tmp_path, pdftoppm):
+    pdf = single.save(tmp_path / 'fig.pdf')
+    subprocess.run([pdftoppm, '-png', '-r', '72', '-singlefile', str(pdf), str(tmp_path / 'page')], check=True,
+                   timeout=60)
+    with Image.open(tmp_path / 'page.png') as image:
+        colours = {tuple(int(channel) for channel in pixel)
+                   for pixel in np.asarray(image.convert('RGB')).reshape(-1, 3)}
+    assert any(max(abs(a - b) for a, b in zip(colour, POSITIVE)) <= 2 for colour in colours)
+    assert any(max(abs(a - b) for a, b in zip(colour, NEUTRAL)) <= 2 for colour in colours)
 
 
 def test_tex_snippet(single, tmp_path):
@@ -190,10 +178,7 @@ def test_tex_snippet(single, tmp_path):
     assert document.startswith('\\documentclass') and document.rstrip().endswith('\\end{document}')
 
 
-def test_tex_snippet_compiles(single, tmp_path):
-    engine = _tex_engine()
-    if engine is None:
-        pytest.skip('no TeX engine (pdflatex, lualatex, xelatex) on this machine')
+def test_tex_snippet_compiles(single, tmp_path, tex_engine):
     single.save(tmp_path / 'snippet.tex')
     hostile = Explanation(relevance=torch.tensor([[1.0, -2.0, 0.5, 0.0, 3.0, -1.0]]), embedding_relevance=None,
                           target=torch.tensor([3]), logit=torch.tensor([1.0]), position=torch.tensor([5]),
@@ -209,7 +194,7 @@ def test_tex_snippet_compiles(single, tmp_path):
     hostile.save(tmp_path / 'hostile.tex', tokenizer=Tokenizer())
     (tmp_path / 'main.tex').write_text('\\documentclass{article}\n\\usepackage{xcolor}\n\\begin{document}\n'
                                        '\\input{snippet.tex}\n\\input{hostile.tex}\n\\end{document}\n')
-    result = subprocess.run([engine, '-interaction=nonstopmode', '-halt-on-error', 'main.tex'], cwd=tmp_path,
+    result = subprocess.run([tex_engine, '-interaction=nonstopmode', '-halt-on-error', 'main.tex'], cwd=tmp_path,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
     reader = pypdf.PdfReader(tmp_path / 'main.pdf')
@@ -223,11 +208,11 @@ def test_bad_paths_and_options(single, tmp_path):
         single.save(tmp_path / 'fig.jpeg')
     with pytest.raises(ValueError, match='suffix'):
         single.save(tmp_path / 'fig')
-    with pytest.raises(OSError, match='directory'):
+    with pytest.raises(ValueError, match='is a directory; give a file name such as'):
         single.save(tmp_path)
     blocker = tmp_path / 'file'
     blocker.write_text('x')
-    with pytest.raises(OSError, match='cannot write'):
+    with pytest.raises(ValueError, match="is a file, not a folder"):
         single.save(blocker / 'fig.png')
     with pytest.raises(TypeError, match='takes no option'):
         single.save(tmp_path / 'fig.html', dpi=3)

@@ -1,4 +1,4 @@
-"""Image heatmaps: colours, PNG files (the Pillow 13 palette workaround), overlays."""
+"""Image heatmaps: colours (the Pillow 13 palette workaround), overlays, and writing images (save_image)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,8 @@ from PIL import Image
 
 from zennit_attn import ImageExplanation
 from zennit_attn.render.colors import NEGATIVE, NEUTRAL, POSITIVE, relevance_to_rgb
-from zennit_attn.render.image import heatmap, overlay, save_explanation, save_heatmap, save_overlay
+from zennit_attn.render.image import heatmap, overlay
+from zennit_attn.render.views import IMAGE_SUFFIXES, save_image, save_image_explanation
 
 
 def test_heatmap_default_colours_are_those_of_the_token_heatmaps():
@@ -44,13 +45,34 @@ def test_heatmap_colours_are_symmetric_bwr():
 
 def test_png_files(tmp_path):
     relevance = torch.randn(28, 28)
-    path = save_heatmap(relevance, tmp_path / 'a' / 'heat.png', scale=2)
+    path = save_image(heatmap(relevance, scale=2), tmp_path / 'a' / 'heat.png')
+    assert path == tmp_path / 'a' / 'heat.png'
     with Image.open(path) as image:
         assert image.format == 'PNG' and image.size == (56, 56)
-        assert np.asarray(image.convert('RGB')).shape == (56, 56, 3)
-    path = save_overlay(torch.rand(1, 28, 28), relevance, tmp_path / 'over.png')
+        assert np.array_equal(np.asarray(image.convert('RGB')), np.asarray(heatmap(relevance, scale=2)))
+    path = save_image(overlay(torch.rand(1, 28, 28), relevance), tmp_path / 'over.PNG')
     with Image.open(path) as image:
-        assert image.size == (28, 28)
+        assert image.format == 'PNG' and image.size == (28, 28)
+
+
+def test_save_image_takes_arrays_and_refuses_what_it_cannot_write(tmp_path):
+    grey = np.array([[0, 128], [255, 7]], dtype=np.uint8)
+    with Image.open(save_image(grey, tmp_path / 'grey.png')) as image:
+        assert image.mode == 'L' and np.array_equal(np.asarray(image), grey)
+    rgb = np.zeros((2, 3, 3))
+    rgb[0, 0] = (1.0, 0.5, 0.0)
+    with Image.open(save_image(rgb, tmp_path / 'rgb.png')) as image:
+        assert image.mode == 'RGB' and image.size == (3, 2) and image.getpixel((0, 0)) == (255, 128, 0)
+    with pytest.raises(ValueError, match=r'finite values in \[0, 1\]'):
+        save_image(rgb * 255, tmp_path / 'bad.png')
+    with pytest.raises(ValueError, match=r'\[H, W\], \[H, W, 3\] or \[H, W, 4\]'):
+        save_image(np.zeros((2, 2, 2)), tmp_path / 'bad.png')
+    with pytest.raises(TypeError, match='PIL.Image.Image or a numpy array'):
+        save_image(torch.zeros(2, 2), tmp_path / 'bad.png')
+    with pytest.raises(ValueError, match=r"'\.jpg': use one of \.png"):
+        save_image(grey, tmp_path / 'grey.jpg')
+    assert IMAGE_SUFFIXES == ('.png',)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['grey.png', 'rgb.png']
 
 
 def test_overlay_shows_the_image_where_nothing_is_relevant():
@@ -70,14 +92,16 @@ def test_overlay_shows_the_image_where_nothing_is_relevant():
         overlay(torch.rand(2, 6, 6), relevance)
 
 
-def test_save_explanation(tmp_path):
+def test_save_image_explanation_passes_options_to_both_images(tmp_path):
     explanation = ImageExplanation(relevance=torch.randn(2, 8, 8), pixel_relevance=torch.randn(2, 1, 8, 8),
                                    target=torch.tensor([0, 1]), logit=torch.ones(2), pixels=torch.rand(2, 1, 8, 8))
-    paths = save_explanation(explanation, tmp_path / 'sample', row=1, scale=4, cmap='seismic')
-    assert [path.name for path in paths] == ['sample_heatmap.png', 'sample_overlay.png']
-    for path in paths:
-        with Image.open(path) as image:
-            assert image.size == (32, 32)
+    paths = save_image_explanation(explanation, tmp_path / 'sample.png', row=-1, scale=4, cmap='seismic', alpha=1.0)
+    assert [path.name for path in paths] == ['sample.png', 'sample_overlay.png']
+    expected = [heatmap(explanation.relevance[1], cmap='seismic', scale=4),
+                overlay(explanation.pixels[1], explanation.relevance[1], cmap='seismic', scale=4, alpha=1.0)]
+    for path, image in zip(paths, expected):
+        with Image.open(path) as written:
+            assert written.size == (32, 32) and np.array_equal(np.asarray(written.convert('RGB')), np.asarray(image))
 
 
 def test_image_explanation_save(tmp_path):
@@ -102,5 +126,9 @@ def test_image_explanation_save(tmp_path):
         explanation.save(tmp_path / 'cat.png', row=2)
     with pytest.raises(TypeError, match='unknown option'):
         explanation.save(tmp_path / 'cat.png', colour='red')
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(ValueError, match='is a directory'):
         explanation.save(tmp_path / 'sub')
+    (tmp_path / 'taken_overlay.png').mkdir()  # the overlay's place is checked before anything is written
+    with pytest.raises(ValueError, match='taken_overlay.png.*is a directory'):
+        explanation.save(tmp_path / 'taken.png')
+    assert not (tmp_path / 'taken.png').exists()

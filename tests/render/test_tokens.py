@@ -86,3 +86,12 @@ def test_a_tokenizer_with_decode_only():
             return '|'.join(f't{token}' for token in ids)
 
     assert token_texts(Odd(), [5, 6, 7]) == ['t5', '|t6', '|t7']
+
+
+def test_display_token():
+    assert display_token(' Tower') == ' Tower'
+    assert display_token('\n') == '\u23ce'
+    assert display_token('a\tb\r') == 'a\u21e5b\u240d'
+    assert display_token('\x1b[31m') == '\u241b[31m'
+    assert display_token('') == '\u2205'
+    assert display_token('  ') == '\u2423\u2423'

@@ -1,7 +1,8 @@
 """Instance-level canonizers that make transformer models attributable with AttnLRP.
 
 :py:func:`canonizers_for` inspects a model, checks that every module class in it is understood, and returns
-the canonizers for it; the composites call it when no canonizers are given.
+the canonizers for it; the composites call it when no canonizers are given. :py:func:`block_stacks` finds the
+transformer blocks (:py:mod:`zennit_attn.canonizers.blocks`).
 """
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from .base import (
     INLINE_FUNCTIONS, InlineActivationCanonizer, InlineOperandCanonizer, OperandCanonizer, SettingCanonizer, Tap,
     parse_taps,
 )
+from .blocks import NoBlocksError, block_stacks, transformer_blocks
 from .families import ATTENTION_OUTPUTS, FAMILIES, Family, family_of, operand_taps
 
 __all__ = [
     'canonizers_for', 'supported_families', 'UnsupportedModelError', 'OperandCanonizer',
     'InlineActivationCanonizer', 'InlineOperandCanonizer', 'SettingCanonizer', 'Tap', 'Family', 'FAMILIES',
-    'INLINE_FUNCTIONS', 'ATTENTION_OUTPUTS', 'family_of', 'operand_taps', 'parse_taps',
+    'INLINE_FUNCTIONS', 'ATTENTION_OUTPUTS', 'family_of', 'operand_taps', 'parse_taps', 'block_stacks',
+    'transformer_blocks', 'NoBlocksError',
 ]
 
 #: Leaf modules that a composite has a rule for or that need none.
@@ -37,7 +40,8 @@ def supported_families() -> list[str]:
 def _understood(module: torch.nn.Module, families: list[Family]) -> bool:
     if any(family.owns(module) for family in families):
         return True
-    return type(module) is Logits or isinstance(module, _KNOWN) or is_activation(module) or norm_kind(module) is not None
+    return (type(module) is Logits or isinstance(module, _KNOWN) or is_activation(module)
+            or norm_kind(module) is not None)
 
 
 def canonizers_for(model: torch.nn.Module) -> list:

@@ -306,8 +306,8 @@ class SettingCanonizer(Canonizer):
         try:
             for config in configs.values():
                 instance = self.copy()
+                instances.append(instance)  # before register: a value that fails puts back those set before it
                 instance.register(config)
-                instances.append(instance)
         except BaseException:
             for instance in instances:
                 instance.remove()
@@ -317,11 +317,12 @@ class SettingCanonizer(Canonizer):
     def register(self, config) -> None:
         self.config = config
         for key, value in self.settings.items():
-            self.previous[key] = getattr(config, key)
+            previous = getattr(config, key)
             setattr(config, key, value)
+            self.previous[key] = previous  # only values that were set are put back
 
     def remove(self) -> None:
-        for key, value in self.previous.items():
+        for key, value in reversed(self.previous.items()):
             setattr(self.config, key, value)
         self.config, self.previous = None, {}
 

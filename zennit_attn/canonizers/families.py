@@ -19,6 +19,9 @@ A family entry lists
   non-linearity, whose inputs are the FFN "knowledge neurons" of the paper's section 3.5 (``act(gate) * up`` in
   gated MLPs, ``act(fc1)`` otherwise), ``class name -> child attribute``; empty for routed mixtures of experts,
   whose experts have no per-token neurons of fixed meaning (see :py:mod:`zennit_attn.latent`);
+- ``blocks``: the classes of the repeated transformer block, for packages that do not mark their blocks
+  (transformers marks them: every ``GradientCheckpointingLayer`` is a block); read by
+  :py:func:`~zennit_attn.canonizers.blocks.block_stacks`, not a class of the family by itself;
 - ``package``: the module defining these classes (default ``transformers.models.<name>``).
 
 Leaf modules (linear and convolution layers, embeddings, dropout, activations, norms) are recognised by type and
@@ -53,6 +56,7 @@ class Family:
     attention_output: Mapping[str, str] = field(default_factory=dict)
     mlp_output: Mapping[str, str] = field(default_factory=dict)
     cross_attention: tuple[str, ...] = ()
+    blocks: tuple[str, ...] = ()
     #: the module (package) that defines the listed classes, by default ``transformers.models.<name>``; a class
     #: of the same name defined elsewhere is not trusted
     package: str | None = None
@@ -65,6 +69,11 @@ class Family:
         """Whether ``module``'s class is one this family lists."""
         cls = type(module)
         return cls.__name__ in self.classes and cls.__module__.startswith(self.module_prefix)
+
+    def is_block(self, module: torch.nn.Module) -> bool:
+        """Whether ``module``'s class is one of this family's :py:attr:`blocks`."""
+        cls = type(module)
+        return cls.__name__ in self.blocks and cls.__module__.startswith(self.module_prefix)
 
     @functools.cached_property
     def classes(self) -> frozenset[str]:
@@ -268,6 +277,7 @@ FAMILIES: tuple[Family, ...] = (
         operands={'Attention': timm_attention},
         attention_output={'Attention': 'proj'},
         mlp_output={'Mlp': 'fc2'},
+        blocks=('Block',),
         package='timm',
     ),
     Family(

@@ -26,7 +26,8 @@ from zennit.core import Hook
 from ..canonizers import ATTENTION_OUTPUTS, operand_taps
 from ..layers import Operand
 from ..module_kinds import CONVOLUTIONS, LINEARS
-from ..rules import ConstantOperand, Epsilon, Gamma, UniformOperand
+from ..canonizers.quantization import UnsupportedQuantizationError, quantization_of
+from ..rules import ConstantOperand, Epsilon, Gamma, RelevanceRule, UniformOperand
 from .attnlrp import AttnLRPComposite, CPLRPEpsilon
 
 _ATTENTION_ROLES = frozenset({'query', 'key', 'value'})
@@ -134,15 +135,31 @@ class AttnLRPGamma(AttnLRPComposite):
         if kind is None:
             return super().mapping(ctx, name, module)
         rule = self.rules[kind]
+        if isinstance(rule, RelevanceRule) and quantization_of(module) is not None:
+            raise UnsupportedQuantizationError(
+                f'{type(rule).__name__} (the {kind!r} rule) recomputes {name!r} with modified weights, which the '
+                f'{quantization_of(module)} layer {type(module).__name__} does not hold in floating point: dequantize '
+                f'the model first, or pass {kind}=Epsilon() to {type(self).__name__}'
+            )
         return None if rule is None else rule.copy()
 
     def __repr__(self) -> str:
-        arguments = ', '.join(f'{kind}={_rule_repr(rule)}' for kind, rule in self.rules.items())
+        arguments = ', '.join(f'{kind}={rule_repr(rule)}' for kind, rule in self.rules.items())
         return f'{type(self).__name__}({arguments})'
 
 
-def _rule_repr(rule) -> str:
-    """A rule as the Python that builds it, where its class has no repr of its own."""
+def rule_repr(rule: Hook | None) -> str:
+    """A rule (or None) as the Python that builds it: its own ``repr`` where its class has one, else
+    ``Epsilon(<epsilon>)`` or ``<class name>()``.
+
+    Parameters
+    ----------
+    rule: zennit.core.Hook or None
+
+    Returns
+    -------
+    str
+    """
     if rule is None or type(rule).__repr__ is not object.__repr__:
         return repr(rule)
     if isinstance(rule, Epsilon):

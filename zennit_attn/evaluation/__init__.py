@@ -9,6 +9,6 @@ from .plausibility import Plausibility, plausibility
 
 __all__ = [
     'Curves', 'MODES', 'Sample', 'batched_curves', 'evaluate', 'mean_sem', 'perturbation_curves', 'perturbation_masks',
-    'perturbed_inputs', 'step_counts', 'Faithfulness', 'explanation_curves', 'faithfulness', 'token_curves', 'image_curves',
-    'image_faithfulness', 'image_features', 'features_to_images', 'Plausibility', 'plausibility',
+    'perturbed_inputs', 'step_counts', 'Faithfulness', 'explanation_curves', 'faithfulness', 'token_curves',
+    'image_curves', 'image_faithfulness', 'image_features', 'features_to_images', 'Plausibility', 'plausibility',
 ]

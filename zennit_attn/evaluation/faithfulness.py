@@ -1,6 +1,6 @@
 """Faithfulness of explanations (appendix B.2): the perturbation curves of every row of an
-:py:class:`~zennit_attn.task.Explanation` (tokens: whole word-embedding vectors set to the baseline) or
-:py:class:`~zennit_attn.task.ImageExplanation` (pixels or ``p x p`` patches), by the one engine
+:py:class:`~zennit_attn.explanation.Explanation` (tokens: whole word-embedding vectors set to the baseline) or
+:py:class:`~zennit_attn.explanation.ImageExplanation` (pixels or ``p x p`` patches), by the one engine
 :py:func:`~zennit_attn.evaluation.perturbation.batched_curves`, with the explained logit of each row as the score.
 """
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Sequence
 
 import torch
 
-from ..task import ImageExplanation, ImageTask, TokenTask
+from ..explanation import ImageExplanation
+from ..task import ImageTask, TokenTask
 from .perturbation import Curves, Faithfulness, Sample, batched_curves
 from .pixels import features_to_images, image_features
 
@@ -69,6 +70,8 @@ def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16,
         def inputs(batch):
             return batch
     task.targets = explanation.target.to(task.inputs.device)
+    if getattr(explanation, 'objective', None) is not None:  # a contrast or a function of the scores
+        task.objective = explanation.objective
     rows = list(range(task.batch)) if rows is None else list(rows)
     owner_rows = torch.tensor(rows, dtype=torch.long, device=task.inputs.device)
 
@@ -89,14 +92,14 @@ def faithfulness(model: torch.nn.Module, explanation, steps: int = 16, mode: str
     return Faithfulness.of(explanation_curves(model, explanation, steps, mode, **options))
 
 
-#: The faithfulness of an :py:class:`~zennit_attn.task.ImageExplanation` (the same function as for tokens).
+#: The faithfulness of an :py:class:`~zennit_attn.explanation.ImageExplanation` (the same function as for tokens).
 image_faithfulness = faithfulness
 
 
 def token_curves(model: torch.nn.Module, explanation, steps: int = 16, mode: str | Sequence[str] = 'flipping',
                  row: int = 0, batch_size: int | None = None, model_kwargs: dict | None = None
                  ) -> Curves | dict[str, Curves]:
-    """The curves of row ``row`` of a language model's :py:class:`~zennit_attn.task.Explanation` (several modes:
+    """The curves of row ``row`` of a language model's :py:class:`~zennit_attn.explanation.Explanation` (several modes:
     ``{mode: Curves}``)."""
     return explanation_curves(model, explanation, steps, mode, batch_size=batch_size, progress=False,
                               model_kwargs=model_kwargs, rows=[row])[0]

@@ -176,15 +176,24 @@ def top_neurons(explanation, k: int = 10, site: str = 'mlp', row: int = 0, absol
     site: str
         A recorded site other than ``'residual'`` (whose hidden dimensions are recorded summed).
     row: int
+        A row of the explanation (negative counts from the end). An explanation with ``condition=`` (``C``
+        conditions) has ``C`` rows per input row, row ``r * C + c`` for input row ``r`` and condition ``c``; its
+        latent relevance is recorded once per input row (the prediction's own backward pass), so the ``C`` rows of
+        input row ``r`` all rank that row's neurons.
     absolute: bool
         Rank by absolute relevance (negative evidence too) instead of signed relevance.
     layers: sequence of int, optional
-        Only these layers.
+        Only these layers (negative counts from the end; repeats are ignored).
 
     Returns
     -------
     list of RankedNeuron
         ``(layer, index, relevance, activation)``, most relevant first; activation summed over positions.
+
+    Raises
+    ------
+    ValueError
+        Without latent relevance of ``site``, for a row or layer out of range, or ``k`` not a positive integer.
     """
     latent = getattr(explanation, 'latent', None)
     if latent is None:
@@ -195,21 +204,35 @@ def top_neurons(explanation, k: int = 10, site: str = 'mlp', row: int = 0, absol
     relevance = latent[site]
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f'k must be a positive integer, got {k!r}')
-    rows = relevance.shape[0]
+    inputs = relevance.shape[0]
+    explained = getattr(explanation, 'relevance', None)
+    rows = explained.shape[0] if isinstance(explained, torch.Tensor) and explained.dim() else inputs
+    if rows % inputs:
+        raise ValueError(f'the explanation has {rows} rows but latent relevance of {inputs} input rows')
     if isinstance(row, bool) or not isinstance(row, numbers.Integral) or not -rows <= row < rows:
-        raise ValueError(f'row {row!r} is out of range for {relevance.shape[0]} explained rows')
-    activation = latent.activation[site][row]
-    relevance = relevance[row]
+        raise ValueError(f'row {row!r} is out of range for {rows} explained rows (0 to {rows - 1})')
+    source = (int(row) % rows) // (rows // inputs)  # the input row of a conditional explanation's row
+    activation = latent.activation[site][source]
+    relevance = relevance[source]
     if latent.reduce is None:
         relevance, activation = relevance.sum(1), activation.sum(1)  # [layers, units]
-    selected = torch.arange(relevance.shape[0])
+    count = relevance.shape[0]
+    selected = list(range(count))
     if layers is not None:
-        selected = torch.as_tensor(list(layers), dtype=torch.long) % relevance.shape[0]
+        if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+            layers = [layers]
+        layers = list(layers)
+        bad = [layer for layer in layers if isinstance(layer, bool) or not isinstance(layer, numbers.Integral)
+               or not -count <= layer < count]
+        if bad or not layers:
+            raise ValueError(f'layers must be a non-empty list of layers of the {site} site, 0 to {count - 1} '
+                             f'(or -{count} to -1 from the end); got {bad or layers}')
+        selected = list(dict.fromkeys(int(layer) % count for layer in layers))
+    selected = torch.tensor(selected, dtype=torch.long)
     scores = relevance[selected]
+    activation = activation[selected]
     keys = scores.abs() if absolute else scores
-    count = min(int(k), keys.numel())
-    order = keys.flatten().topk(count).indices
+    order = keys.flatten().topk(min(int(k), keys.numel())).indices
     units = scores.shape[1]
-    return [RankedNeuron(int(selected[int(flat) // units]), int(flat) % units,
-                         float(scores.flatten()[flat]), float(activation[selected].flatten()[flat]))
-            for flat in order]
+    return [RankedNeuron(int(selected[int(flat) // units]), int(flat) % units, float(scores.flatten()[flat]),
+                         float(activation.flatten()[flat])) for flat in order]

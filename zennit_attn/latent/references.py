@@ -15,12 +15,14 @@ from typing import IO, Iterable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ..checks import check_model
+from ..devices import input_device
 from ..methods import METHODS
 from ..render import views
 from ..task import TokenTask
 from .recording import Recorder
 from .sites import Neuron, find_sites
-from .targets import LatentTarget, latent_task, resolve_point
+from .targets import LatentTarget, resolve_point
 
 __all__ = ['Reference', 'References', 'reference_samples', 'BY']
 
@@ -118,11 +120,15 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
     """The ``k`` reference samples of each neuron over a stream of texts.
 
     ``by='activation'`` (ActMax, the paper): a text's score is the neuron's largest activation over its tokens.
-    ``by='relevance'`` (RelMax, CRP): the neuron's relevance (AttnLRP, summed over positions) for the model's own
-    prediction at the text's last token; the reported position is that of its largest relevance. The texts are read
-    ``batch_size`` at a time (tqdm progress bar), so an iterable of any length works; only ``k`` entries per neuron
-    are kept. With ``explain`` each reference's activation at its position is explained with AttnLRP
-    (``explain(model, ids, target=neuron, position=position)``).
+    ``by='relevance'`` (RelMax, CRP): a text's score is the neuron's largest relevance over its tokens (AttnLRP,
+    for the model's own prediction at the text's last token). Both rankings take the largest value at one position,
+    not the sum over positions: the texts of a stream differ in length, and a sum would favour long texts with many
+    weakly responding tokens over a short text with one strong response; with the largest value the score is the
+    value at the reported ``position``, the token whose activation is explained. Padding positions are never
+    reported. The texts are read ``batch_size`` at a time (tqdm progress bar), so an iterable of any length works;
+    only ``k`` entries per neuron are kept. With ``explain`` each reference's activation at its position is explained
+    with AttnLRP (``explain(model, ids, target=neuron, position=position)``). The model is checked (eval mode, not
+    compiled, weights loaded or offloaded by accelerate) before the first text is read.
 
     Parameters
     ----------
@@ -145,6 +151,12 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
     Returns
     -------
     dict of Neuron to References
+
+    Raises
+    ------
+    ValueError
+        For a model in training mode (dropout would make the ranking random), bad arguments, or a neuron out of
+        range.
     """
     for name, value in (('k', k), ('batch_size', batch_size), ('max_length', max_length)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -158,6 +170,7 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
         raise TypeError('neurons must be a non-empty sequence of zennit_attn.latent.Neuron')
     if isinstance(texts, str):
         raise TypeError('texts must be an iterable of texts, not one str')
+    check_model(model)
     points = {}
     for neuron in neurons:
         if neuron.site not in points:
@@ -167,11 +180,11 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
                          'dimensions: choose "mlp", "attention", "query", "key" or "value" neurons')
     resolved = {neuron: resolve_point(model, neuron, points) for neuron in neurons}
     used = {}
-    for point in resolved.values():
+    for point in dict.fromkeys(resolved.values()):  # each point hooked once, however many of its units are asked
         used.setdefault(point.site, []).append(point)
     heaps: dict[Neuron, list] = {neuron: [] for neuron in neurons}
     counter = itertools.count()
-    device = next(model.parameters()).device
+    device = input_device(model)
     for batch in tqdm(_batches(texts, batch_size), desc=f'reference samples ({by})', unit='batch',
                       disable=not progress):
         bad = [text for text in batch if not isinstance(text, str)]
@@ -218,8 +231,8 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
                                                                     reverse=True):
             explanation = None
             if explain:
-                task = latent_task(TokenTask(model, row_ids[None].to(device)),
-                                   LatentTarget(resolved[neuron], index=neuron.index))
+                task = TokenTask(model, row_ids[None].to(device)).with_readout(
+                    LatentTarget(resolved[neuron], index=neuron.index))
                 with task.capturing():
                     explanation = METHODS['attnlrp'](task, position=position, target=0)
                 explanation = dataclasses.replace(explanation, tokenizer=tokenizer,

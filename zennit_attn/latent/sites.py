@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..canonizers import family_of
+from ..canonizers import block_stacks, family_of
 
-__all__ = ['SITES', 'Neuron', 'SitePoint', 'find_sites', 'transformer_blocks']
+__all__ = ['SITES', 'Neuron', 'SitePoint', 'find_sites']
 
 #: The sites :py:func:`find_sites` knows.
 SITES: tuple[str, ...] = ('mlp', 'attention', 'residual', 'query', 'key', 'value')
@@ -112,14 +112,17 @@ class SitePoint:
         return slice(index, index + 1)
 
     def width(self) -> int | None:
-        """Number of features of the site tensor, where the module tells it without a forward pass."""
+        """Number of features of the site tensor, where the module tells it without a forward pass: the input
+        features of the module for an input site (``'mlp'``, ``'attention'``), its output features for an output
+        site (``'query'``, ``'key'``, ``'value'``: under grouped-query attention the key and value projections have
+        fewer outputs than inputs)."""
         if self.site == 'residual' or self.tap is not None:
             return None
         weight = getattr(self.module, 'weight', None)
         if isinstance(self.module, torch.nn.Linear):
-            return self.module.in_features
+            return self.module.in_features if self.kind == 'input' else self.module.out_features
         if weight is not None and weight.dim() == 2:  # transformers' Conv1D: weight [in, out]
-            return weight.shape[0]
+            return weight.shape[0 if self.kind == 'input' else 1]
         return None
 
     # --------------------------------------------------------------------------------------------- hooks
@@ -164,25 +167,17 @@ class SitePoint:
         return positions[self.unit_features(index, features)]
 
 
-def transformer_blocks(model: torch.nn.Module) -> torch.nn.Module:
-    """The model's stack of transformer blocks: the ``ModuleList`` (or ``Sequential``, timm) of modules of one
-    class holding the most modules among those whose blocks contain an attention output of the family table."""
+def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.canonizers.block_stacks`)."""
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         raise ValueError(f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
                          'decoder-only and encoder-only transformers (encoder and decoder blocks see different '
                          'sequences)')
-    candidates = []
-    for module in model.modules():
-        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) or not len(module):
-            continue
-        if len({type(child) for child in module}) != 1:
-            continue
-        if any(_attention_outputs(block) for block in module):
-            candidates.append(module)
-    if not candidates:
-        raise ValueError(f'{type(model).__name__} has no stack of transformer blocks with an attention output of the '
-                         'family table (zennit_attn.canonizers.families): no latent sites')
-    return max(candidates, key=len)
+    stacks = block_stacks(model)
+    if len(stacks) != 1:
+        raise ValueError(f'{type(model).__name__} has {len(stacks)} stacks of transformer blocks '
+                         f'({", ".join(repr(path) for path, _ in stacks)}): latent sites need exactly one')
+    return stacks[0][1]
 
 
 def _attention_outputs(block: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
@@ -240,7 +235,7 @@ def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]
     unknown = [site for site in sites if site not in SITES]
     if unknown:
         raise ValueError(f'unknown latent site(s) {unknown}; known sites: {", ".join(SITES)}')
-    blocks = transformer_blocks(model)
+    blocks = _block_stack(model)
     found: dict[str, list[SitePoint]] = {}
     for site in dict.fromkeys(sites):
         points = []

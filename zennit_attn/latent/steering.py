@@ -9,6 +9,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
+from ..composites import refuse_compiled
 from .sites import Neuron, find_sites
 from .targets import resolve_point
 
@@ -48,19 +49,31 @@ def steer(model: torch.nn.Module, edits: Mapping[Neuron, float], mode: str = 'se
         ``'set'`` (activation := value; 0 switches a neuron off), ``'scale'`` (activation ``*=`` value) or ``'add'``
         (activation += value).
     positions: int, sequence of int or None
-        Sequence positions of each forward call to steer (negative counts from the end); None: all. With a key/value
-        cache each generation step's forward sees only the new token, so -1 steers the generated tokens only.
+        Sequence positions of each forward call to steer (negative counts from the end); None: all. In
+        ``model.generate`` with a key/value cache (the default) ``-1`` steers the position that predicts each next
+        token: the prompt's last token in the first forward pass (so the first generated token already follows the
+        steering), then each generated token in its own pass; the earlier prompt tokens are not steered. Their keys
+        and values stay in the cache as computed, so this equals steering positions ``P - 1`` to the end (``P``
+        prompt tokens) in every pass without a cache, not ``-1`` without a cache (which recomputes the earlier
+        generated tokens unsteered).
 
     Yields
     ------
     torch.nn.Module
         ``model``, steered.
 
+    Raises
+    ------
+    CompiledModelError
+        For a compiled model (``torch.compile(model)`` or ``model.compile()``), whose traced code bypasses the
+        steering hooks: steer the uncompiled model.
+
     Examples
     --------
     >>> with steer(model, {Neuron('mlp', 17, 3948): 0.0, Neuron('mlp', 17, 4104): 8.0}):  # doctest: +SKIP
     ...     model.generate(**inputs, max_new_tokens=5)
     """
+    refuse_compiled(model)
     if mode not in MODES:
         raise ValueError(f'mode must be one of {", ".join(MODES)}, got {mode!r}')
     if not isinstance(edits, Mapping) or not edits:

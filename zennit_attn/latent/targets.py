@@ -1,11 +1,12 @@
 """Latent targets and conditions for :py:func:`~zennit_attn.explain`: explaining a neuron's activation instead of a
 logit (``target=Neuron(...)``), recording latent relevance (``latent=``) and conditional relevance (``condition=``).
 
-Explaining a neuron (paper section 3.5, the reference-sample heatmaps of the knowledge-neuron appendix): the task's
-scores become the activation of the neuron, so every method that reads scores through the
-:py:class:`~zennit_attn.task.Task` explains it; for LRP the activation is the initial relevance (the model's output
-boundary, which turns the initial relevance into a gradient, is bypassed, so the target does that conversion
-itself).
+Explaining a neuron (paper section 3.5, the reference-sample heatmaps of the knowledge-neuron appendix): the task
+receives a :py:class:`LatentTarget`, a :py:class:`~zennit_attn.task.Readout` of the neuron's activation
+(``task.with_readout(...)``; the task's class is unchanged), so every method that reads scores through the
+:py:class:`~zennit_attn.task.Task` explains it (``Method.neuron`` of :py:class:`~zennit_attn.methods.Method`); for
+LRP the activation is the initial relevance (the model's output boundary, which turns the initial relevance into a
+gradient, is bypassed, so the target does that conversion itself).
 
 Conditional relevance (Concept Relevance Propagation, Achtibat et al. 2023, as ``zennit-crp``'s ``CondAttribution``
 with conditions such as ``{'layer': [3948]}``): the input relevance of the prediction that flows through the given
@@ -19,22 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Sequence
+from typing import ContextManager, Sequence
 
 import torch
 
-from ..task import ImageTask, Task, TokenTask
+from ..methods import METHODS, Method
+from ..task import ImageTask, Readout, Task, TokenTask
 from .recording import REDUCTIONS, Recorder
 from .sites import SITES, Neuron, SitePoint, find_sites
 
-__all__ = ['LatentTarget', 'latent_task', 'explain_latent', 'RECORDING_METHODS', 'NEURON_METHODS', 'repeat_task',
-           'resolve_point']
-
-#: Methods with one forward and one backward pass: ``latent=`` and ``condition=`` work with them.
-RECORDING_METHODS = ('attnlrp', 'cplrp', 'input_x_gradient')
-#: Methods that explain a :py:class:`Neuron` target (they read the explained value through the task).
-NEURON_METHODS = ('attnlrp', 'cplrp', 'input_x_gradient', 'integrated_gradients', 'smoothgrad', 'kernelshap',
-                  'random')
+__all__ = ['LatentTarget', 'explain_latent', 'repeat_task', 'resolve_point']
 
 
 class _SeedToGradient(torch.autograd.Function):
@@ -54,13 +49,69 @@ class _SeedToGradient(torch.autograd.Function):
         return torch.where(value != 0, ratio, fallback), None
 
 
-@dataclasses.dataclass
-class LatentTarget:
-    """What a latent task explains: unit ``index`` of ``point`` (a neuron; scores ``[batch, seq, 1]``, one per
-    position), or the linear target ``sum(x * weights)`` over positions and features (scores ``[batch, 1]``)."""
+class LatentTarget(Readout):
+    """The :py:class:`~zennit_attn.task.Readout` of a latent target: unit ``index`` of ``point`` (a neuron; scores
+    ``[batch, seq, 1]``, one per position), or the linear target ``sum(x * weights)`` over positions and features
+    (scores ``[batch, 1]``), read at the site tensor ``x`` of the model's run. A task explains it with
+    ``task.with_readout(LatentTarget(...))``; a method then runs inside ``task.capturing()``.
+
+    Parameters
+    ----------
     point: SitePoint
-    index: int | None = None
-    weights: torch.Tensor | None = None
+        The site of one layer (:py:func:`resolve_point`).
+    index: int, optional
+        The unit (neuron) explained at each position.
+    weights: torch.Tensor, optional
+        ``[batch, seq, features]`` weights of the linear target (rows as the task's), instead of ``index``.
+    """
+    model_output = False
+
+    def __init__(self, point: SitePoint, index: int | None = None, weights: torch.Tensor | None = None):
+        if (index is None) == (weights is None):
+            raise ValueError('a latent target is a unit index or the weights of a linear target, one of the two')
+        self.point, self.index, self.weights = point, index, weights
+        self.hooked = False
+        self.captured: list[torch.Tensor] = []
+
+    def capturing(self, task: Task) -> ContextManager:
+        """Hook the target's site for the time of the context, registered before a method enters a composite's
+        context (so the target sees the site tensor before the composite's hooks and after any steering)."""
+        return self._capturing()
+
+    @contextlib.contextmanager
+    def _capturing(self):
+        handle = self.point.hook(lambda tensor: self.captured.append(tensor))
+        try:
+            self.hooked = True
+            yield self
+        finally:
+            self.hooked = False
+            handle.remove()
+
+    def read(self, task: Task, inputs: torch.Tensor, rows: torch.Tensor | None = None,
+             model: torch.nn.Module | None = None, seeded: bool = False, **extra) -> torch.Tensor:
+        """The target's value in the run of ``model`` on ``inputs``; ``seeded``: LRP's backward pass starts with
+        the value itself (the initial relevance), which the target turns into the gradient (the model's output
+        boundary, which does that for logits, is bypassed)."""
+        self.captured = captured = []
+        handle = None if self.hooked else self.point.hook(lambda tensor: captured.append(tensor), prepend=True)
+        try:
+            task.run(inputs, rows, model, **extra)
+        finally:
+            if handle is not None:
+                handle.remove()
+        if not captured:
+            raise RuntimeError(f'the forward pass did not reach {self.point.site} layer {self.point.layer}')
+        site = self.point.select(captured[0])
+        if self.weights is None:
+            unit = self.point.unit_features(self.index, site.shape[-1])
+            scores = site[..., unit].sum(-1, keepdim=True)  # [batch, seq, 1]
+        else:
+            weights = self.weights if rows is None else self.weights[rows]
+            scores = (site * weights.to(site.dtype)).flatten(1).sum(1, keepdim=True)  # [batch, 1]
+        if seeded:
+            scores = _SeedToGradient.apply(scores, self.weights is not None)
+        return scores
 
 
 def resolve_point(model: torch.nn.Module, neuron: Neuron, points: dict | None = None) -> SitePoint:
@@ -82,70 +133,6 @@ def resolve_point(model: torch.nn.Module, neuron: Neuron, points: dict | None = 
     if width is not None:
         point.unit_features(neuron.index, width)  # raises for an index out of range
     return point
-
-
-class _LatentMixin:
-    """Overrides of :py:class:`~zennit_attn.task.Task` for a latent target (see :py:func:`latent_task`)."""
-    latent_target: LatentTarget
-    seeded: bool = False
-
-    def keep_logits(self, position=-1, target=None) -> dict:
-        return {}
-
-    def lrp_leaves(self):
-        self.seeded = True  # attribute() seeds the backward pass with the explained value (the initial relevance)
-        return super().lrp_leaves()
-
-    @contextlib.contextmanager
-    def capturing(self):
-        """Hook the target's site for the time of the context, registered before a method enters a composite's
-        context (so the target sees the site tensor before the composite's hooks and after any steering)."""
-        handle = self.latent_target.point.hook(lambda tensor: self.captured.append(tensor))
-        try:
-            self.hooked = True
-            yield self
-        finally:
-            self.hooked = False
-            handle.remove()
-
-    def forward(self, inputs, rows=None, model=None, **extra):
-        target = self.latent_target
-        self.captured = captured = []
-        handle = None if self.hooked else target.point.hook(lambda tensor: captured.append(tensor), prepend=True)
-        try:
-            self.run(inputs, rows, model, **extra)
-        finally:
-            if handle is not None:
-                handle.remove()
-        if not captured:
-            raise RuntimeError(f'the forward pass did not reach {target.point.site} layer {target.point.layer}')
-        site = target.point.select(captured[0])
-        if target.weights is None:
-            unit = target.point.unit_features(target.index, site.shape[-1])
-            scores = site[..., unit].sum(-1, keepdim=True)  # [batch, seq, 1]
-        else:
-            weights = target.weights if rows is None else target.weights[rows]
-            scores = (site * weights.to(site.dtype)).flatten(1).sum(1, keepdim=True)  # [batch, 1]
-        if self.seeded:
-            scores = _SeedToGradient.apply(scores, target.weights is not None)
-        return scores
-
-
-_CLASSES: dict[type, type] = {}
-
-
-def latent_task(task: Task, target: LatentTarget) -> Task:
-    """A copy of ``task`` that explains ``target`` instead of the model's output."""
-    base = type(task)
-    if base not in _CLASSES:
-        _CLASSES[base] = type(f'Latent{base.__name__}', (_LatentMixin, base), {})
-    latent = _CLASSES[base].__new__(_CLASSES[base])
-    latent.__dict__.update(task.__dict__)
-    latent.latent_target = target
-    latent.seeded = False
-    latent.hooked = False
-    latent.captured = []
-    return latent
 
 
 def repeat_task(task: Task, repeats: int) -> Task:
@@ -189,10 +176,18 @@ def _conditions(condition, model) -> list[tuple[SitePoint, list[Neuron]]]:
     return result
 
 
-def explain_latent(function: Callable, method: str, task: Task, position, target, params: dict,
-                   latent=None, latent_reduce: str | None = None, condition=None) -> object:
-    """Run ``function`` (a method of :py:data:`~zennit_attn.methods.METHODS` named ``method``) on ``task`` with a
-    :py:class:`Neuron` target, latent recording and/or conditions (see :py:func:`~zennit_attn.explain`)."""
+def explain_latent(method: Method, task: Task, position, target, params: dict, latent=None,
+                   latent_reduce: str | None = None, condition=None) -> object:
+    """Run ``method`` (a :py:class:`~zennit_attn.methods.Method`, its ``params`` checked) on ``task`` with a
+    :py:class:`Neuron` target, latent recording and/or conditions (see :py:func:`~zennit_attn.explain`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown site or reduction, ``latent=``/``condition=`` with a method that is not one forward and one
+        backward pass (``Method.latent`` of :py:class:`~zennit_attn.methods.Method`), a Neuron target with a
+        method that cannot explain it (``Method.neuron`` of :py:class:`~zennit_attn.methods.Method`).
+    """
     model = task.model
     if latent_reduce not in REDUCTIONS:
         raise ValueError(f'latent_reduce must be None (every position) or "sum" (sum over positions), got '
@@ -204,15 +199,16 @@ def explain_latent(function: Callable, method: str, task: Task, position, target
         unknown = [site for site in latent if site not in SITES]
         if unknown or not latent:
             raise ValueError(f'unknown latent site(s) {unknown or latent}; known sites: {", ".join(SITES)}')
-    if (latent is not None or condition is not None) and method not in RECORDING_METHODS:
-        raise ValueError(f'latent= and condition= read the relevance of one backward pass, which {method!r} does not '
-                         f'have; use one of {", ".join(RECORDING_METHODS)}')
+    if (latent is not None or condition is not None) and not method.latent:
+        raise ValueError(f'latent= and condition= read the relevance of one backward pass, which {method.name!r} does '
+                         f'not have; use one of {", ".join(name for name, entry in METHODS.items() if entry.latent)}')
     neuron = target if isinstance(target, Neuron) else None
-    if neuron is not None and method not in NEURON_METHODS:
-        raise ValueError(f'{method!r} cannot explain a Neuron target (it reads attention maps or output '
-                         f'probabilities); use one of {", ".join(NEURON_METHODS)}')
+    if neuron is not None and not method.neuron:
+        raise ValueError(f'{method.name!r} cannot explain a Neuron target (it reads attention maps or output '
+                         'probabilities); use one of '
+                         f'{", ".join(name for name, entry in METHODS.items() if entry.neuron)}')
     if neuron is not None:
-        task = latent_task(task, LatentTarget(resolve_point(model, neuron), index=neuron.index))
+        task = task.with_readout(LatentTarget(resolve_point(model, neuron), index=neuron.index))
         target = 0
     conditions = _conditions(condition, model) if condition is not None else []
     points = find_sites(model, latent) if latent is not None else {}
@@ -221,9 +217,8 @@ def explain_latent(function: Callable, method: str, task: Task, position, target
         points.setdefault(point.site, find_sites(model, (point.site,))[point.site])
     mask = getattr(task, 'attention_mask', None)
     recorder = Recorder(points, latent_reduce, mask, keep)
-    capturing = task.capturing() if neuron is not None else contextlib.nullcontext()
-    with recorder.recording(model), capturing:
-        explanation = function(task, position=position, target=target, **params)
+    with recorder.recording(model), task.capturing():
+        explanation = method.function(task, position=position, target=target, **params)
     recorded = None
     if latent is not None:
         recorded = recorder.latent()
@@ -232,11 +227,11 @@ def explain_latent(function: Callable, method: str, task: Task, position, target
     if neuron is not None:
         explanation = dataclasses.replace(explanation, target=torch.full_like(explanation.target, neuron.index))
     if conditions:
-        explanation = _conditional(function, method, task, explanation, recorder, conditions, params)
+        explanation = _conditional(method, task, explanation, recorder, conditions, params)
     return dataclasses.replace(explanation, latent=recorded)
 
 
-def _conditional(function, method, task, explanation, recorder, conditions, params):
+def _conditional(method: Method, task: Task, explanation, recorder: Recorder, conditions, params: dict):
     """The second pass of conditional relevance: all conditions of one site point as one batch."""
     count = len(conditions)
     rows = []
@@ -259,9 +254,9 @@ def _conditional(function, method, task, explanation, recorder, conditions, para
         point = rows[numbers[0]][0]
         repeated = repeat_task(task, len(numbers))
         weights = torch.stack([rows[number][1] for number in numbers], 1).flatten(0, 1)  # [batch * conditions, ...]
-        conditional = latent_task(repeated, LatentTarget(point, weights=weights.detach()))
+        conditional = repeated.with_readout(LatentTarget(point, weights=weights.detach()))
         with conditional.capturing():
-            result = function(conditional, position=None, target=0, **params)
+            result = method.function(conditional, position=None, target=0, **params)
         for offset, number in enumerate(numbers):
             results[number] = (result, offset, len(numbers))
     batch = task.batch
@@ -280,4 +275,4 @@ def _conditional(function, method, task, explanation, recorder, conditions, para
     for name in ('target', 'position', 'input_ids', 'attention_mask', 'pixels'):
         if hasattr(explanation, name):
             pieces[name] = repeat(getattr(explanation, name))
-    return dataclasses.replace(explanation, method=method, **pieces)
+    return dataclasses.replace(explanation, method=method.name, **pieces)

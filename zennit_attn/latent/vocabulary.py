@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..rules.base import loaded_weights
 from .sites import Neuron
 from .targets import resolve_point
 
@@ -40,7 +41,8 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
     Parameters
     ----------
     model: torch.nn.Module
-        A language model with output embeddings (``get_output_embeddings()``).
+        A language model with output embeddings (``get_output_embeddings()``); weights offloaded by ``accelerate``
+        are loaded for the time of the projection.
     neuron: Neuron
         An ``'mlp'`` or ``'residual'`` unit.
     k: int
@@ -62,15 +64,21 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
     if head is None or getattr(head, 'weight', None) is None:
         raise ValueError(f'{type(model).__name__} has no output embeddings (language-model head) to project onto')
     point = resolve_point(model, neuron)
-    unembedding = head.weight.detach()  # [vocab, hidden]
     with torch.no_grad():
         if neuron.site == 'residual':
-            vector = torch.zeros(unembedding.shape[1], dtype=unembedding.dtype, device=unembedding.device)
-            vector[neuron.index] = 1
+            vector = None
         else:
-            weight = point.module.weight.detach()
-            vector = weight[:, neuron.index] if isinstance(point.module, torch.nn.Linear) else weight[neuron.index]
-        scores = (unembedding.float() @ vector.to(unembedding.device).float())
+            with loaded_weights(point.module):
+                weight = point.module.weight.detach()
+                # Linear: weight [out, in], the neuron's column; transformers' Conv1D: weight [in, out], its row
+                vector = weight[:, neuron.index] if isinstance(point.module, torch.nn.Linear) else weight[neuron.index]
+                vector = vector.float().clone()
+        with loaded_weights(head):
+            unembedding = head.weight.detach()  # [vocab, hidden]
+            if vector is None:
+                scores = unembedding[:, neuron.index].float().clone()
+            else:
+                scores = unembedding.float() @ vector.to(unembedding.device)
     count = min(int(k), scores.numel())
 
     def entries(indices):

@@ -16,11 +16,10 @@ import math
 from typing import Sequence
 
 from .colors import LEVELS, color_table, css_rgb, relevance_to_rgb, text_color
-from .layout import Heatmap, Segment, split_space
+from .layout import Heatmap, Segment, format_relevance, split_space
 from .tokens import display_token
 
-__all__ = ['CSS', 'token_spans', 'legend', 'heatmap_fragment', 'fragment', 'page', 'generation_fragment',
-           'format_relevance']
+__all__ = ['CSS', 'token_spans', 'legend', 'heatmap_fragment', 'fragment', 'page', 'generation_fragment']
 
 CSS = """
 .za { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; line-height: 1.45; }
@@ -40,6 +39,7 @@ CSS = """
 .za .za-bar { width: 14em; height: 0.85em; border-radius: 3px; border: 1px solid rgba(127, 127, 127, 0.5);
   -webkit-print-color-adjust: exact; print-color-adjust: exact; }
 .za .za-note { opacity: 0.72; font-size: 0.85em; }
+.za .za-unscaled { outline: 1px dashed rgba(127, 127, 127, 0.95); outline-offset: 1px; }
 .za .za-gen { cursor: pointer; box-shadow: inset 0 -2px 0 rgba(127, 127, 127, 0.9); }
 .za .za-gen:hover { outline: 1px dashed rgba(127, 127, 127, 0.9); }
 .za .za-gen:focus-visible { outline: 2px solid #e69f00; }
@@ -57,11 +57,6 @@ _PAGE_CSS = """
 body { margin: 2em auto; max-width: 62em; padding: 0 1.2em; color: #15171a; background: #ffffff; }
 @media (prefers-color-scheme: dark) { body { color: #e6e6e6; background: #16181c; } }
 """
-
-
-def format_relevance(value: float, digits: int = 4) -> str:
-    """Format a relevance with sign and ``digits`` significant digits (``3.670405 -> '+3.67'``)."""
-    return f'{float(value):+.{digits}g}'
 
 
 def _gradient() -> str:
@@ -125,6 +120,15 @@ def token_spans(segment: Segment, scale: float, extra=None) -> str:
     return ''.join(parts)
 
 
+def _marker(heatmap: Heatmap, part: int):
+    """``extra`` of :py:func:`token_spans` that marks the tokens left out of the colour scale (class ``za-unscaled``,
+    a dashed outline), or None."""
+    marked = {index for segment, index in heatmap.unscaled if segment == part}
+    if not marked:
+        return None
+    return lambda index: (' za-unscaled', ' data-unscaled="1"') if index in marked else ('', '')
+
+
 def heatmap_fragment(heatmap: Heatmap, legend_note: str | None = None) -> str:
     """One heatmap as a ``<div class="za-heatmap">``: caption, labelled segments, legend.
 
@@ -141,10 +145,10 @@ def heatmap_fragment(heatmap: Heatmap, legend_note: str | None = None) -> str:
     parts = ['<div class="za-heatmap">']
     if heatmap.title:
         parts.append(f'<div class="za-caption">{html.escape(heatmap.title)}</div>')
-    for segment in heatmap.segments:
+    for part, segment in enumerate(heatmap.segments):
         if segment.label:
             parts.append(f'<div class="za-label">{html.escape(segment.label)}</div>')
-        parts.append(f'<div class="za-tokens">{token_spans(segment, heatmap.scale)}</div>')
+        parts.append(f'<div class="za-tokens">{token_spans(segment, heatmap.scale, _marker(heatmap, part))}</div>')
     total = sum(value for value in heatmap.values if math.isfinite(value))
     parts.append(legend(heatmap.scale, legend_note))
     parts.append(f'<div class="za-note">{len(heatmap.values)} tokens, relevance sum '

@@ -1,4 +1,5 @@
-"""Image heatmaps: a relevance heatmap PNG and an overlay on the input image.
+"""Image heatmaps: a relevance heatmap and an overlay on the input image, as Pillow images (written to files by
+:py:func:`zennit_attn.render.views.save_image`).
 
 By default the heatmap has the colours of every other heatmap of :py:mod:`zennit_attn.render`
 (:py:func:`~zennit_attn.render.colors.relevance_to_rgb`: light grey for 0, red positive, blue negative, symmetric
@@ -10,8 +11,6 @@ here the image is made without a palette and the palette is set as bytes,
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from PIL import Image
@@ -19,7 +18,7 @@ from zennit.image import imgify, palette
 
 from .colors import LEVELS, color_table
 
-__all__ = ['heatmap', 'overlay', 'save_heatmap', 'save_overlay', 'save_explanation', 'save_image_explanation']
+__all__ = ['heatmap', 'overlay']
 
 
 def _array(tensor) -> np.ndarray:
@@ -56,6 +55,11 @@ def heatmap(relevance, cmap: str | None = None, level: float = 1.0, scale: int =
         Integer upscaling (nearest neighbour), for small images such as 28 x 28.
     vmax: float, optional
         Relevance that gets the saturated colour; default the largest absolute relevance (0 maps to the centre).
+
+    Returns
+    -------
+    PIL.Image.Image
+        An RGB image; :py:func:`zennit_attn.render.views.save_image` writes it.
     """
     array = _relevance_map(relevance)
     bound = float(np.abs(array).max()) if vmax is None else float(vmax)
@@ -115,6 +119,13 @@ def overlay(pixels, relevance, cmap: str | None = None, level: float = 1.0, alph
         As for :py:func:`heatmap`.
     alpha: float
         Largest weight of the heatmap.
+    mean, std: sequence of float, optional
+        Per-channel normalisation of ``pixels`` to undo.
+
+    Returns
+    -------
+    PIL.Image.Image
+        An RGB image; :py:func:`zennit_attn.render.views.save_image` writes it.
     """
     image = _input_image(pixels, mean, std)
     grey = image.mean(2, keepdims=True).repeat(3, axis=2)
@@ -127,64 +138,3 @@ def overlay(pixels, relevance, cmap: str | None = None, level: float = 1.0, alph
     if scale != 1:
         result = result.resize((result.width * scale, result.height * scale), Image.NEAREST)
     return result
-
-
-def save_heatmap(relevance, path, **kwargs) -> Path:
-    """Write :py:func:`heatmap` as a PNG; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    heatmap(relevance, **kwargs).save(path, format='PNG')
-    return path
-
-
-def save_overlay(pixels, relevance, path, **kwargs) -> Path:
-    """Write :py:func:`overlay` as a PNG; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    overlay(pixels, relevance, **kwargs).save(path, format='PNG')
-    return path
-
-
-def save_explanation(explanation, prefix, row: int = 0, **kwargs) -> tuple[Path, Path]:
-    """Write ``<prefix>_heatmap.png`` and ``<prefix>_overlay.png`` for ``row`` of an
-    :py:class:`~zennit_attn.images.ImageExplanation`; ``kwargs`` go to both renderers (``cmap``, ``scale``, ...)."""
-    prefix = str(prefix)
-    overlay_kwargs = dict(kwargs)
-    heatmap_kwargs = {key: value for key, value in kwargs.items() if key in ('cmap', 'level', 'scale', 'vmax')}
-    return (save_heatmap(explanation.relevance[row], prefix + '_heatmap.png', **heatmap_kwargs),
-            save_overlay(explanation.pixels[row], explanation.relevance[row], prefix + '_overlay.png',
-                         **overlay_kwargs))
-
-
-def save_image_explanation(explanation, path, row: int = 0, **kwargs) -> tuple[Path, Path]:
-    """Write the heatmap of ``row`` of an :py:class:`~zennit_attn.ImageExplanation` to ``path`` (``.png``) and its
-    overlay to ``<stem>_overlay.png`` in the same folder (made if missing).
-
-    Parameters
-    ----------
-    explanation: zennit_attn.ImageExplanation
-    path: str or os.PathLike
-        A file name ending in ``.png``.
-    row: int
-    **kwargs
-        ``cmap``, ``level``, ``scale``, ``vmax`` for both images; ``alpha``, ``mean``, ``std`` for the overlay.
-
-    Returns
-    -------
-    tuple of pathlib.Path
-        ``(heatmap, overlay)``.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f'cannot write {str(path)!r}: it is a directory; give a file name such as '
-                                f'{str(path / "heatmap.png")!r}')
-    if path.suffix.lower() != '.png':
-        raise ValueError(f'image explanations are saved as PNG (a heatmap and an overlay): give a file name ending in '
-                         f'.png, got {str(path)!r}')
-    unknown = sorted(set(kwargs) - {'cmap', 'level', 'scale', 'vmax', 'alpha', 'mean', 'std'})
-    if unknown:
-        raise TypeError(f'unknown option(s) {unknown}; image heatmaps take cmap, level, scale, vmax, alpha, mean, std')
-    heatmap_kwargs = {key: value for key, value in kwargs.items() if key in ('cmap', 'level', 'scale', 'vmax')}
-    overlay_path = path.with_name(f'{path.stem}_overlay.png')
-    return (save_heatmap(explanation.relevance[row], path, **heatmap_kwargs),
-            save_overlay(explanation.pixels[row], explanation.relevance[row], overlay_path, **kwargs))

@@ -1,5 +1,7 @@
-"""From explanations to pictures: the heatmaps of an :py:class:`~zennit_attn.Explanation` or a
-:py:class:`~zennit_attn.GenerationExplanation` and the one function that writes any of them by file suffix.
+"""From explanations to pictures and files: the heatmaps of an :py:class:`~zennit_attn.Explanation` or a
+:py:class:`~zennit_attn.GenerationExplanation`, the one check of an output path (:py:func:`check_output`), the one
+function that writes token heatmaps by file suffix (:py:func:`save_heatmaps`) and the one that writes images
+(:py:func:`save_image`, used for the heatmap and overlay of an :py:class:`~zennit_attn.ImageExplanation`).
 
 The explanation classes call these functions for their ``tokens``, ``show``, ``to_html``, ``_repr_html_`` and
 ``save`` methods; they read the explanations' fields only (no import of the classes), so that rendering stays below
@@ -13,22 +15,28 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
+import numpy as np
 import torch
+from PIL import Image
 
 from . import figure, latex
 from .html import fragment, generation_fragment, heatmap_fragment, page
-from .layout import Heatmap, ScaleLike, Segment, resolve_scales
-from .text import terminal_heatmap
+from .image import heatmap, overlay
+from .layout import Heatmap, ScaleLike, Segment, format_relevance, resolve_scales
+from .terminal import terminal_heatmap
 from .tokens import merge_words, token_texts
 
-__all__ = ['SUFFIXES', 'resolve_tokenizer', 'check_row', 'explanation_heatmaps', 'explanation_tokens',
-           'generation_columns', 'generation_heatmap', 'generation_views', 'show_heatmaps', 'heatmaps_html',
-           'save_heatmaps', 'check_output', 'shared_scale']
+__all__ = ['SUFFIXES', 'IMAGE_SUFFIXES', 'resolve_tokenizer', 'check_row', 'explanation_heatmaps',
+           'explanation_tokens', 'generation_columns', 'generation_heatmap', 'generation_views', 'show_heatmaps',
+           'heatmaps_html', 'check_output', 'save_heatmaps', 'save_image', 'save_image_explanation', 'shared_scale']
 
 #: file suffixes that :py:func:`save_heatmaps` writes
 SUFFIXES = ('.html', '.png', '.svg', '.pdf', '.tex')
+
+#: file suffixes that :py:func:`save_image` writes (lossless, so that the colours stay those of the map)
+IMAGE_SUFFIXES = ('.png',)
 
 
 def resolve_tokenizer(tokenizer, explanation):
@@ -97,10 +105,17 @@ def _describe(tokenizer, explanation, row: int) -> str:
         pairs = [f'{token_texts(tokenizer, [int(t)])[0]!r} at {int(p)}' for t, p in zip(target, position)]
         shown = ', '.join(pairs[:6]) + (f', ... ({len(pairs)} in all)' if len(pairs) > 6 else '')
         text = f'sum of {len(pairs)} logits: {shown}'
+    contrast = getattr(explanation, 'contrast', None)
+    if contrast is not None:  # explain(..., contrast=...): the logit is a difference
+        others = [int(token) for token in contrast[row].reshape(-1)]
+        named = [str(token) for token in others] if position is None else [
+            repr(text) for text in token_texts(tokenizer, others)]
+        text += f' minus the contrast {", ".join(named[:6])}{", ..." if len(named) > 6 else ""}'
     return f'row {row}: {text}, logit {float(logit.sum()):.4g} ({method})'
 
 
-def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=None) -> list[Heatmap]:
+def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=None,
+                         scale_without_first: bool = False, template: bool = False) -> list[Heatmap]:
     """The heatmaps of rows of an :py:class:`~zennit_attn.Explanation` (scales not yet resolved).
 
     Padding (``attention_mask == 0``) is left out. Encoder-decoder explanations have two segments per row,
@@ -115,11 +130,19 @@ def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=
         Merge tokens into words (relevance summed), see :py:func:`~zennit_attn.render.tokens.merge_words`.
     tokenizer: optional
         Default: the explanation's own (``explanation.tokenizer``).
+    scale_without_first: bool
+        Leave the first (non-padding) token, or with ``words`` its word, out of the colour scale (an attention
+        sink, see :py:func:`zennit_attn.segments.first_token_share`); the caption says so and gives its share.
+    template: bool
+        Show the tokens of a chat template (``explanation.template``, see :py:mod:`zennit_attn.chat`) too; by
+        default they are left out like padding (their relevance is unchanged).
 
     Returns
     -------
     list of Heatmap
     """
+    if not isinstance(scale_without_first, bool):
+        raise TypeError(f'scale_without_first must be True or False, got {scale_without_first!r}')
     tokenizer = resolve_tokenizer(tokenizer, explanation)
     batch = explanation.relevance.shape[0]
     if rows is None:
@@ -133,6 +156,10 @@ def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=
     for row in rows:
         mask = explanation.attention_mask
         keep = None if mask is None else (mask[row] != 0).cpu()
+        hidden = getattr(explanation, 'template', None)
+        if not template and hidden is not None:
+            shown = ~hidden[row].cpu().bool()
+            keep = shown if keep is None else keep & shown
         values, positions = _row_values(explanation.relevance, row, keep)
         ids = explanation.input_ids[row].cpu()
         ids = ids if keep is None else ids[keep]
@@ -145,6 +172,13 @@ def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=
             segments.append(_segment(tokenizer, explanation.decoder_input_ids[row].tolist(), values, positions, words,
                                      'decoder'))
         heatmap = Heatmap(segments, title=_describe(tokenizer, explanation, row))
+        if scale_without_first and segments[0].values:
+            magnitude = sum(abs(value) for value in segments[0].values if math.isfinite(value))
+            share = abs(segments[0].values[0]) / magnitude if magnitude else math.nan
+            heatmap.unscaled = {(0, 0)}
+            heatmap.title += (f'; first {"word" if words else "token"} {segments[0].tokens[0]!r} '
+                              f'({format_relevance(segments[0].values[0])}, {share:.1%} of |relevance|) left out of '
+                              'the colour scale')
         _warn_non_finite(heatmap.values, f'row {row}')
         heatmaps.append(heatmap)
     return heatmaps
@@ -193,7 +227,7 @@ def shared_scale(*explanations, rows=None) -> float:
 def show_heatmaps(heatmaps: Sequence[Heatmap], scale: ScaleLike = None, color: bool | None = None,
                   stream: IO | None = None) -> None:
     """Print heatmaps to ``stream`` (default ``sys.stdout``) in colour if it is a terminal (see
-    :py:func:`~zennit_attn.render.text.use_color`)."""
+    :py:func:`~zennit_attn.render.terminal.use_color`)."""
     resolve_scales(heatmaps, scale)
     stream = sys.stdout if stream is None else stream
     text = '\n\n'.join(terminal_heatmap(heatmap, color, stream) for heatmap in heatmaps)
@@ -210,30 +244,80 @@ def heatmaps_html(heatmaps: Sequence[Heatmap], scale: ScaleLike = None, title: s
     return fragment(body, title, subtitle)
 
 
-def check_output(path: str | os.PathLike) -> tuple[Path, str]:
-    """``(path, suffix)`` for :py:func:`save_heatmaps`: a known suffix (ValueError otherwise), not a directory, and
-    a parent that is (or can be made) a folder (OSError otherwise)."""
+def check_output(path: str | os.PathLike, suffixes: Sequence[str] = SUFFIXES) -> Path:
+    """``path`` as a :py:class:`~pathlib.Path` if a file in a format of ``suffixes`` can be written there, else a
+    ValueError that names the path and what to do; nothing is left behind.
+
+    Refused: a suffix not in ``suffixes`` (compared in lower case), a path that is a directory, a path below a file,
+    a folder one may not write in, and a file the file system refuses to open for writing although the permissions
+    allow it (a read-only mount, ``/proc``): where the folder exists, the file is opened for appending (an existing
+    file is not changed) and removed again if it did not exist. Missing folders are not made here; the functions
+    that write (:py:func:`save_heatmaps`, :py:func:`save_image`) make them.
+
+    Parameters
+    ----------
+    path: str or os.PathLike
+        The output file.
+    suffixes: sequence of str
+        The accepted suffixes with their dot; default :py:data:`SUFFIXES`, the formats of :py:func:`save_heatmaps`
+        (:py:data:`IMAGE_SUFFIXES` for :py:func:`save_image`).
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    ValueError
+        Where no file of a format of ``suffixes`` can be written at ``path`` (the message says why and what to do).
+    TypeError
+        Where ``path`` is not a str or os.PathLike.
+    """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f'path must be a file name (str or os.PathLike), got {type(path).__name__}')
     path = Path(path)
-    suffix = path.suffix.lower()
-    if path.is_dir():
-        raise IsADirectoryError(f'cannot write {str(path)!r}: it is a directory; give a file name such as '
-                                f'{str(path / "heatmap.html")!r}')
-    if suffix not in SUFFIXES:
-        raise ValueError(f'cannot tell the format of {str(path)!r} from its suffix {path.suffix or "(none)"!r}: use '
-                         f'one of {", ".join(SUFFIXES)}')
+    suffixes = [suffix.lower() for suffix in suffixes]
+    if not suffixes:
+        raise ValueError('suffixes is empty: give the accepted file suffixes, e.g. (".png",)')
+    try:
+        if path.is_dir():
+            raise ValueError(f'cannot write {str(path)!r}: it is a directory; give a file name such as '
+                             f'{str(path / ("heatmap" + suffixes[0]))!r}')
+        if path.suffix.lower() not in suffixes:
+            raise ValueError(f'cannot tell the format of {str(path)!r} from its suffix {path.suffix or "(none)"!r}: '
+                             f'use one of {", ".join(suffixes)}')
+        folder = next(ancestor for ancestor in path.absolute().parents if ancestor.exists())
+        if not folder.is_dir():
+            raise ValueError(f'cannot write {str(path)!r}: {str(folder)!r} is a file, not a folder; choose a path in '
+                             'a folder')
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f'cannot write {str(path)!r}: no permission to write in the folder {str(folder)!r}; '
+                             'choose a folder you may write in')
+        if folder == path.absolute().parent:  # a file system may refuse what the permissions allow: try it
+            existed = path.exists()
+            with path.open('a'):
+                pass
+            if not existed:
+                path.unlink()
+    except OSError as error:
+        raise ValueError(f'cannot write {str(path)!r}: {error.strerror or error}; choose another file or folder'
+                         ) from error
+    return path
+
+
+def _write(path: Path, write: Callable[[Path], object]) -> Path:
+    """Make the missing folders of ``path`` and call ``write(path)``; an OSError names the path."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
     except OSError as error:
-        raise OSError(error.errno, f'cannot write {str(path)!r}: the folder {str(path.parent)!r} cannot be made '
-                                   f'({error.strerror or error})') from error
-    return path, suffix
+        raise OSError(error.errno, f'cannot write {str(path)!r}: {error.strerror or error}') from error
+    return path
 
 
 def save_heatmaps(heatmaps: Sequence[Heatmap], path: str | os.PathLike, scale: ScaleLike = None,
                   title: str | None = None, html: str | None = None, **options) -> Path:
-    """Write heatmaps to ``path`` in the format of its suffix.
+    """Write heatmaps to ``path`` in the format of its suffix (checked by :py:func:`check_output`).
 
     ``.html``: a standalone page (``html`` replaces its content, e.g. the interactive page of a generated answer);
     ``.png``, ``.svg``, ``.pdf``: a matplotlib figure (:py:func:`~zennit_attn.render.figure.save_figure`; options
@@ -257,7 +341,8 @@ def save_heatmaps(heatmaps: Sequence[Heatmap], path: str | os.PathLike, scale: S
     -------
     pathlib.Path
     """
-    path, suffix = check_output(path)
+    path = check_output(path)
+    suffix = path.suffix.lower()
     resolve_scales(heatmaps, scale)
     allowed = {'.html': (), '.tex': ('document', 'captions'),
                '.png': ('width', 'font_size', 'dpi', 'colorbar'), '.svg': ('width', 'font_size', 'dpi', 'colorbar'),
@@ -265,17 +350,87 @@ def save_heatmaps(heatmaps: Sequence[Heatmap], path: str | os.PathLike, scale: S
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise TypeError(f'saving {suffix} takes no option(s) {unknown}; it takes {list(allowed) or "none"}')
-    try:
-        if suffix == '.html':
-            document = html if html is not None else heatmaps_html(heatmaps, None, title)
-            path.write_text(document, encoding='utf-8')
-        elif suffix == '.tex':
-            latex.save_latex(heatmaps, path, **options)
-        else:
-            figure.save_figure(heatmaps, path, suffix[1:], **options)
-    except OSError as error:
-        raise OSError(error.errno, f'cannot write {str(path)!r}: {error.strerror or error}') from error
-    return path
+    if suffix == '.html':
+        document = html if html is not None else heatmaps_html(heatmaps, None, title)
+        return _write(path, lambda target: target.write_text(document, encoding='utf-8'))
+    if suffix == '.tex':
+        return _write(path, lambda target: latex.save_latex(heatmaps, target, **options))
+    return _write(path, lambda target: figure.save_figure(heatmaps, target, suffix[1:], **options))
+
+
+def _pillow(image) -> Image.Image:
+    """A Pillow image, or an ``[H, W]``, ``[H, W, 3]`` or ``[H, W, 4]`` array of uint8 or of floats in [0, 1], as
+    a Pillow image."""
+    if isinstance(image, Image.Image):
+        return image
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f'image must be a PIL.Image.Image or a numpy array, got {type(image).__name__}')
+    if not (image.ndim == 2 or image.ndim == 3 and image.shape[2] in (3, 4)):
+        raise ValueError(f'an image array must be [H, W], [H, W, 3] or [H, W, 4], got shape {image.shape}')
+    if image.dtype != np.uint8:
+        if image.dtype.kind not in 'fiu':
+            raise TypeError(f'an image array must hold numbers (uint8 0-255 or floats in [0, 1]), got {image.dtype}')
+        values = image.astype(np.float64)
+        if not np.isfinite(values).all() or values.min(initial=0.0) < 0 or values.max(initial=0.0) > 1:
+            raise ValueError('an image array that is not uint8 must hold finite values in [0, 1] (convert 0-255 '
+                             'values with .astype(numpy.uint8))')
+        image = np.round(values * 255).astype(np.uint8)
+    return Image.fromarray(image)
+
+
+def save_image(image, path: str | os.PathLike) -> Path:
+    """Write an image in the format of the suffix of ``path`` (:py:data:`IMAGE_SUFFIXES`; checked by
+    :py:func:`check_output`); missing folders are made. This writes every image heatmap and overlay.
+
+    Parameters
+    ----------
+    image: PIL.Image.Image or numpy.ndarray
+        A Pillow image (e.g. :py:func:`~zennit_attn.render.image.heatmap` or
+        :py:func:`~zennit_attn.render.image.overlay`), or an ``[H, W]`` (grey), ``[H, W, 3]`` (RGB) or ``[H, W, 4]``
+        (RGBA) array of uint8 or of floats in [0, 1].
+    path: str or os.PathLike
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    path = check_output(path, IMAGE_SUFFIXES)
+    image = _pillow(image)
+    image_format = Image.registered_extensions()[path.suffix.lower()]
+    return _write(path, lambda target: image.save(target, format=image_format))
+
+
+def save_image_explanation(explanation, path: str | os.PathLike, row: int = 0, **options) -> tuple[Path, Path]:
+    """Write the heatmap of ``row`` of an :py:class:`~zennit_attn.ImageExplanation` to ``path`` and its overlay
+    on the input image to ``<stem>_overlay<suffix>`` in the same folder (made if missing), with
+    :py:func:`save_image`.
+
+    Parameters
+    ----------
+    explanation: zennit_attn.ImageExplanation
+    path: str or os.PathLike
+        A file name with a suffix of :py:data:`IMAGE_SUFFIXES` (``.png``).
+    row: int
+        The batch row (negative rows count from the end).
+    **options
+        ``cmap``, ``level``, ``scale``, ``vmax`` for both images (:py:func:`~zennit_attn.render.image.heatmap`);
+        ``alpha``, ``mean``, ``std`` for the overlay (:py:func:`~zennit_attn.render.image.overlay`).
+
+    Returns
+    -------
+    tuple of pathlib.Path
+        ``(heatmap, overlay)``.
+    """
+    path = check_output(path, IMAGE_SUFFIXES)
+    overlay_path = check_output(path.with_name(f'{path.stem}_overlay{path.suffix}'), IMAGE_SUFFIXES)
+    unknown = sorted(set(options) - {'cmap', 'level', 'scale', 'vmax', 'alpha', 'mean', 'std'})
+    if unknown:
+        raise TypeError(f'unknown option(s) {unknown}; image heatmaps take cmap, level, scale, vmax, alpha, mean, std')
+    row = check_row(row, explanation.relevance.shape[0])
+    both = {key: value for key, value in options.items() if key in ('cmap', 'level', 'scale', 'vmax')}
+    relevance = explanation.relevance[row]
+    return (save_image(heatmap(relevance, **both), path),
+            save_image(overlay(explanation.pixels[row], relevance, **options), overlay_path))
 
 
 # ------------------------------------------------------------------------------------------------ generated answers
@@ -367,8 +522,8 @@ def generation_views(generation, words: bool = False, scale: ScaleLike = None, t
     heatmaps = [Heatmap([Segment(texts, view['values'])]) for view in views]
     _warn_non_finite(heatmaps[-1].values, 'the answer')
     resolve_scales(heatmaps, scale)
-    for view, heatmap in zip(views, heatmaps):
-        view['scale'] = heatmap.scale
+    for view, drawn in zip(views, heatmaps):
+        view['scale'] = drawn.scale
     positions = [list(group) for group in groups]
     caption = f'Why the model answered this ({generation.method}): prompt and answer'
     return generation_fragment(texts, positions, views, clickable, caption)

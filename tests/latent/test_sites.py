@@ -1,0 +1,65 @@
+"""Sites of ``zennit_attn.latent.sites``: :py:class:`Neuron` checks and the sizes of the site tensors, which the
+index checks of neuron targets, conditions and steering use before any forward pass."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models import HEADS, HIDDEN, KV_HEADS, tiny_model, token_ids
+from tests.latent.helpers import llama, watch
+from zennit_attn import explain
+from zennit_attn.latent import Neuron, find_sites, steer
+
+
+def test_neuron_checks():
+    with pytest.raises(ValueError, match='unknown site'):
+        Neuron('ffn', 0, 1)
+    with pytest.raises(TypeError, match='integer'):
+        Neuron('mlp', 0.5, 1)
+    with pytest.raises(ValueError, match='index must be >= 0'):
+        Neuron('mlp', 0, -1)
+    assert str(Neuron('mlp', 1, 2)) == 'mlp[1, 2]'
+
+
+@pytest.mark.parametrize('family', ['llama', 'gpt2'])
+def test_widths_are_those_of_the_recorded_tensors(family):
+    """Each site's width (told by the module, without a forward pass) is the last dimension of the tensor the site
+    hooks; the tiny Llama has grouped-query attention (fewer key/value heads than query heads), so its key and value
+    projections have fewer output than input features."""
+    model = tiny_model(family)
+    points = find_sites(model, ('mlp', 'attention', 'query', 'key', 'value'))
+    store, handles = {}, []
+    for site, layer_points in points.items():
+        point = layer_points[0]
+        handles.append(watch(point.module, store, site, output=point.kind == 'output'))
+    with torch.no_grad():
+        model(token_ids(family, 4, 1))
+    for handle in handles:
+        handle.remove()
+    for site, layer_points in points.items():
+        width = layer_points[0].width()
+        if width is not None:  # None: fused projections (GPT-2's c_attn), measured at the forward pass
+            assert width == store[site]['x'].shape[-1], site
+    if family == 'llama':
+        assert KV_HEADS < HEADS
+        head_dim = HIDDEN // HEADS
+        assert [points[site][0].width() for site in ('query', 'key', 'value')] == [
+            HIDDEN, KV_HEADS * head_dim, KV_HEADS * head_dim]
+
+
+def test_key_and_value_indices_are_checked_against_the_projection_outputs():
+    """Grouped-query attention: 16 key/value features, 32 input features; index 16 to 31 is refused before the
+    forward pass (it counted the input features), index 15 works."""
+    model, ids = llama(), token_ids('llama', 5, 1)
+    features = KV_HEADS * (HIDDEN // HEADS)
+    for site in ('key', 'value'):
+        with pytest.raises(ValueError, match=f'{site} of layer 0 has {features} units; index {features} is out of '
+                                             'range'):
+            with steer(model, {Neuron(site, 0, features): 0.0}):
+                pass  # no forward pass: the index is checked on entering
+        with pytest.raises(ValueError, match=f'has {features} units; index {HIDDEN - 1} is out of range'):
+            with steer(model, {Neuron(site, 0, HIDDEN - 1): 0.0}):
+                pass
+        exp = explain(model, ids, target=Neuron(site, 0, features - 1), method='input_x_gradient')
+        assert exp.target.tolist() == [features - 1]
+    assert not any(module._forward_hooks for module in model.modules())

@@ -1,0 +1,120 @@
+"""Quantized models: which quantized layers explanations pass through, and the refusal of those they cannot (a
+model check like :py:func:`~zennit_attn.canonizers.canonizers_for`, run for every method by
+:py:func:`~zennit_attn.checks.check_model`).
+
+AttnLRP and the gradient methods need a backward pass through every linear layer. A quantized linear layer is
+explained when its forward is the linear map of its dequantized weights and its backward is that map's gradient:
+then the epsilon rule of :py:class:`torch.nn.Linear` (its subclass) applies unchanged, to the model the quantized
+weights define. Verified here (bitsandbytes 0.50.2 on the CPU, torchao 0.18, torch 2.15):
+
+- bitsandbytes ``Linear8bitLt`` (``load_in_8bit``) and ``Linear4bit`` (``load_in_4bit``, NF4/FP4, with its
+  ``LinearNF4``/``LinearFP4`` subclasses);
+- torchao weight-only quantization (``quantize_(model, Int8WeightOnlyConfig())`` or ``TorchAoConfig``): the layer
+  stays a :py:class:`torch.nn.Linear` whose weight is a torchao tensor subclass;
+- GGUF files loaded by transformers (``gguf_file=``) are dequantised on loading: a plain float model.
+
+Any other module that holds integer weights (``torch.ao`` dynamic/static quantization, GPTQ/AWQ/HQQ-style
+``QuantLinear`` layers with ``qweight`` buffers, ...) is refused by :py:func:`check_quantized` with the module's
+class and path: their kernels have no backward pass, or one nobody verified here, and a layer that passes no
+gradient would silently drop the relevance of its branch (the residual stream still carries the rest).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import UnsupportedModelError  # the package's __init__ does not import this module: no cycle
+
+__all__ = ['EXPLAINED_QUANTIZED', 'UnsupportedQuantizationError', 'quantization_of', 'unexplained_quantized',
+           'check_quantized']
+
+#: Qualified names of quantized linear classes (and their subclasses) whose forward is the linear map of their
+#: dequantized weights and whose backward is its gradient (bitsandbytes' 8-bit layer also rounds its input to 8
+#: bits per row: the explained model is the quantized one).
+EXPLAINED_QUANTIZED: dict[str, str] = {
+    'bitsandbytes.nn.modules.Linear8bitLt': 'bitsandbytes 8-bit',
+    'bitsandbytes.nn.modules.Linear4bit': 'bitsandbytes 4-bit',
+}
+
+#: Module paths of torch's own quantized modules (``torch.ao.quantization``): their kernels have no backward pass.
+_TORCH_QUANTIZED = ('torch.ao.nn.quantized', 'torch.nn.quantized', 'torch.ao.nn.intrinsic.quantized')
+
+
+class UnsupportedQuantizationError(UnsupportedModelError):
+    """A model contains quantized modules that no backward pass goes through."""
+
+
+def _qualified(cls: type) -> str:
+    return f'{cls.__module__}.{cls.__qualname__}'
+
+
+def quantization_of(module: torch.nn.Module) -> str | None:
+    """The kind of explained quantization of ``module`` (``'bitsandbytes 8-bit'``, ``'bitsandbytes 4-bit'``,
+    ``'torchao'``), or None for a module that is not a quantized linear layer of :py:data:`EXPLAINED_QUANTIZED`
+    or torchao."""
+    for cls in type(module).__mro__:
+        kind = EXPLAINED_QUANTIZED.get(_qualified(cls))
+        if kind is not None:
+            return kind
+    weight = getattr(module, 'weight', None)
+    if isinstance(module, torch.nn.Linear) and type(weight).__module__.startswith('torchao.'):
+        return 'torchao'
+    return None
+
+
+def _why_unexplained(module: torch.nn.Module) -> str | None:
+    """Why no backward pass goes through ``module`` (None if one does, or it holds no quantized weights)."""
+    cls = type(module)
+    if cls.__module__.startswith(_TORCH_QUANTIZED):
+        return 'torch.ao quantized kernels have no backward pass'
+    kind = quantization_of(module)
+    if kind == 'bitsandbytes 4-bit' and getattr(module.weight, 'quant_state', None) is None:
+        return ('its 4-bit weights are not quantized yet (bitsandbytes quantizes them when the layer moves to its '
+                "device): call model.to('cpu') or model.cuda() first")
+    if kind is not None or isinstance(module, torch.nn.Embedding):
+        return None  # relevance is read at the embeddings' output: their own quantization does not matter
+    tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+    for name, tensor in tensors:
+        if 'weight' in name and (tensor.is_quantized or not (tensor.is_floating_point() or tensor.is_complex())):
+            return f'its {name!r} holds {tensor.dtype} values, and no backward pass through it is known'
+    return None
+
+
+def unexplained_quantized(model: torch.nn.Module) -> dict[str, tuple[str, str]]:
+    """Quantized modules of ``model`` that explanations cannot pass through: ``{class name: (first path, why)}``,
+    one entry per class (its first path), in module order."""
+    found: dict[str, tuple[str, str]] = {}
+    reported: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix + '.') for prefix in reported):
+            continue  # the packed parameters of a reported module
+        why = _why_unexplained(module)
+        if why is not None:
+            reported.append(name)
+            found.setdefault(_qualified(type(module)), (name or '<root>', why))
+    return found
+
+
+def check_quantized(model: torch.nn.Module) -> None:
+    """Refuse a model with quantized modules that no backward pass goes through (see the module docstring).
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+
+    Raises
+    ------
+    UnsupportedQuantizationError
+        Naming each such module class, one path of it, why, and what to do: dequantize the model, or quantize it
+        with bitsandbytes or torchao weight-only int8.
+    """
+    found = unexplained_quantized(model)
+    if not found:
+        return
+    lines = '\n'.join(f'  - {cls} (at {path}): {why}' for cls, (path, why) in found.items())
+    raise UnsupportedQuantizationError(
+        f'zennit-attn cannot explain {type(model).__name__}: its quantized layers pass no (known) gradient, so '
+        f'their relevance would be lost:\n{lines}\nDequantize first (load the model in float32 or bfloat16 without '
+        'quantization, e.g. from_pretrained(..., dtype=torch.float32) instead of torch.ao.quantization.'
+        'quantize_dynamic), or quantize with bitsandbytes (BitsAndBytesConfig(load_in_8bit=True) / load_in_4bit) or '
+        'torchao weight-only int8 (TorchAoConfig(Int8WeightOnlyConfig())), whose layers are explained.'
+    )

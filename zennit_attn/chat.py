@@ -1,0 +1,127 @@
+"""Chat models: a conversation (``[{'role': ..., 'content': ...}, ...]``) as the input of
+:py:func:`~zennit_attn.explain`, through the tokenizer's chat template.
+
+:py:func:`encode_chat` renders the conversation with the tokenizer's chat template, tokenises it and marks which tokens
+are the template's (role markers, special tokens, separators) and which carry the messages' content (found by the
+tokenizer's character offsets), and where the assistant's final answer is. ``explain(model, messages,
+tokenizer=...)`` then explains
+
+- a conversation that ends with an assistant turn: the answer, i.e. the sum of its tokens' logits, each at the
+  position before it, in one backward pass (``target=`` the answer's ``(position, token)`` pairs, as
+  :py:func:`~zennit_attn.explain_generation` explains a whole answer);
+- a conversation that ends with another turn (a user's question): the model's next-token prediction after the
+  template's generation prompt (``add_generation_prompt=True``), i.e. the first token of the answer it would give
+  (``target=`` as for any text).
+
+The template's tokens keep their relevance; the explanation's heatmaps leave them out unless asked
+(``explanation.show(template=True)``).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ['ChatEncoding', 'is_conversation', 'encode_chat']
+
+
+@dataclass
+class ChatEncoding:
+    """A conversation rendered by the chat template and tokenised.
+
+    Attributes
+    ----------
+    input_ids: torch.Tensor
+        ``[1, seq]`` the templated conversation's token ids.
+    template: torch.Tensor
+        ``[1, seq]`` True for the template's own tokens (no character of any message's content).
+    answer: list of (int, int)
+        The final assistant answer's ``(position, token)`` pairs (``position`` the one before the token's, whose
+        output predicts it); empty for a conversation that does not end with an assistant turn.
+    text: str
+        The rendered conversation.
+    """
+    input_ids: torch.Tensor
+    template: torch.Tensor
+    answer: list[tuple[int, int]]
+    text: str
+
+
+def is_conversation(value) -> bool:
+    """Whether ``value`` is a conversation: a non-empty list of mappings with ``'role'`` and ``'content'``."""
+    return (isinstance(value, (list, tuple)) and bool(value)
+            and all(isinstance(message, Mapping) and 'role' in message and 'content' in message for message in value))
+
+
+def encode_chat(tokenizer, messages) -> ChatEncoding:
+    """Render ``messages`` with ``tokenizer``'s chat template and tokenise it (see the module's documentation).
+
+    Parameters
+    ----------
+    tokenizer
+        A fast Hugging Face tokenizer with a chat template (``tokenizer.chat_template``).
+    messages: list of dict
+        ``{'role': str, 'content': str}`` per turn. Ending with an ``'assistant'`` turn, its content is the explained
+        answer; otherwise the template's generation prompt is added.
+
+    Returns
+    -------
+    ChatEncoding
+
+    Raises
+    ------
+    ValueError
+        For a tokenizer without a chat template, a message whose content is not text, a final answer that is empty,
+        a template that does not contain a message's content as it is.
+    TypeError
+        For a tokenizer without character offsets (a slow tokenizer).
+    """
+    if tokenizer is None:
+        raise ValueError('a conversation (a list of {"role", "content"} messages) needs tokenizer= to apply its chat '
+                         'template')
+    if not getattr(tokenizer, 'chat_template', None):
+        raise ValueError(f'{type(tokenizer).__name__} has no chat template (tokenizer.chat_template is not set): '
+                         'explain the conversation as plain text, or set the model\'s chat template on the '
+                         'tokenizer')
+    if not is_conversation(messages):
+        raise TypeError('messages must be a non-empty list of {"role": ..., "content": ...} mappings')
+    for index, message in enumerate(messages):
+        if not isinstance(message['role'], str) or not isinstance(message['content'], str):
+            raise ValueError(f'message {index} must have a text role and content, got role '
+                             f'{type(message["role"]).__name__} and content {type(message["content"]).__name__}')
+    answered = messages[-1]['role'] == 'assistant'
+    if answered and not messages[-1]['content']:
+        raise ValueError('the final assistant message is empty: no answer to explain (leave the turn out to '
+                         'explain the next-token prediction after the generation prompt)')
+    text = tokenizer.apply_chat_template([dict(message) for message in messages], tokenize=False,
+                                         add_generation_prompt=not answered)
+    if not getattr(tokenizer, 'is_fast', False):
+        raise TypeError(f'{type(tokenizer).__name__} gives no character offsets: use the fast tokenizer '
+                        '(AutoTokenizer.from_pretrained(..., use_fast=True)) to tell template and content apart')
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = encoding['input_ids'], encoding['offset_mapping']
+    spans, cursor = [], 0
+    for index, message in enumerate(messages):
+        content = message['content']
+        if not content:
+            spans.append(None)
+            continue
+        start = text.find(content, cursor)
+        if start < 0:
+            raise ValueError(f'the chat template does not render message {index} ({message["role"]}) with its '
+                             'content as it is: cannot tell its tokens from the template\'s')
+        spans.append((start, start + len(content)))
+        cursor = start + len(content)
+
+    def overlaps(offset, span) -> bool:
+        return span is not None and offset[0] < span[1] and offset[1] > span[0]
+
+    template = torch.tensor([[not any(overlaps(offset, span) for span in spans) for offset in offsets]])
+    answer = []
+    if answered:
+        positions = [position for position, offset in enumerate(offsets) if overlaps(offset, spans[-1])]
+        answer = [(position - 1, int(ids[position])) for position in positions]
+        if not answer or answer[0][0] < 0:
+            raise ValueError('the final assistant message gives no token after the template to explain')
+    return ChatEncoding(input_ids=torch.tensor([ids], dtype=torch.long), template=template, answer=answer, text=text)

@@ -1,0 +1,164 @@
+"""The checks of the options several commands share, run before anything is loaded: each returns the checked
+value or raises :py:class:`~zennit_attn.cli.errors.UsageError` with one line naming the option and what to give."""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from ..methods import METHODS, check_params
+from ..objectives import RUNNER_UP
+from ..render.views import SUFFIXES, check_output
+from .errors import UsageError, one_line
+from .models import check_model_options
+from .options import COMPOSITES, DEFAULT_METHOD
+
+__all__ = ['read_prompt', 'check_output_option', 'parse_target', 'parse_contrast', 'parse_params',
+           'lrp_methods', 'method_and_composite', 'check_method', 'check_common', 'make_composite']
+
+
+def read_prompt(prompt: str | None, path: Path | None, stdin: TextIO | None = None) -> str:
+    """The text of ``--prompt`` or of the ``--input`` file (``-``: ``stdin``), without line breaks at its end.
+
+    Raises :py:class:`UsageError` for a missing, unreadable, non-UTF-8 or empty file and for an empty prompt."""
+    if path is None:
+        if prompt is None or not prompt.strip():
+            raise UsageError('--prompt is empty; give the text to explain, e.g. --prompt "The Eiffel Tower is in"')
+        return prompt
+    name = str(path)
+    if name == '-':
+        stream = stdin if stdin is not None else sys.stdin
+        try:
+            text = stream.read()
+        except UnicodeDecodeError:
+            raise UsageError('--input -: standard input is not UTF-8 text') from None
+        where = 'standard input'
+    else:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise UsageError(f'--input {name!r}: no such file') from None
+        except IsADirectoryError:
+            raise UsageError(f'--input {name!r} is a folder; give a text file') from None
+        except OSError as error:
+            raise UsageError(f'--input {name!r}: cannot read it: {error.strerror or error}') from None
+        try:
+            text = data.decode('utf-8-sig')
+        except UnicodeDecodeError as error:
+            raise UsageError(f'--input {name!r} is not UTF-8 text (byte {error.start} cannot be decoded)') from None
+        where = repr(name)
+    text = text.rstrip('\r\n')
+    if not text.strip():
+        raise UsageError(f'--input {where} is empty' if not text else f'--input {where} holds only white space')
+    return text
+
+
+def check_output_option(path: Path | None, option: str = '--output',
+                        suffixes: Sequence[str] = SUFFIXES) -> Path | None:
+    """``path`` if a file in a format of ``suffixes`` can be written there
+    (:py:func:`zennit_attn.render.views.check_output`), else :py:class:`UsageError` naming ``option``; None stays
+    None."""
+    if path is None:
+        return None
+    try:
+        return check_output(path, suffixes)
+    except (OSError, ValueError) as error:
+        raise UsageError(f'{option}: {one_line(error)}') from None
+
+
+def parse_target(value: str | None) -> int | str | None:
+    """``--target``: None, a token id (``id:N``) or a token string (checked against the tokenizer later, by
+    :py:func:`zennit_attn.cli.models.resolve_target`)."""
+    if value is None:
+        return None
+    if value.startswith('id:'):
+        number = value[3:].strip()
+        if not number.isdigit():
+            raise UsageError(f'--target {value!r}: id: must be followed by a token id (a whole number >= 0), '
+                             f'e.g. id:7042')
+        return int(number)
+    if value == '':
+        raise UsageError('--target is empty; give a token, e.g. --target " Paris", or id:N')
+    return value
+
+
+def parse_contrast(value: str | None) -> int | str | None:
+    """``--contrast``: None, ``runner-up``, a token id (``id:N``) or a token string (checked against the tokenizer
+    later, as ``--target``)."""
+    if value is not None and value.strip() == RUNNER_UP:
+        return RUNNER_UP
+    try:
+        return parse_target(value)
+    except UsageError as error:
+        raise UsageError(str(error).replace('--target', '--contrast')) from None
+
+
+def parse_params(items: Sequence[str], method: str) -> dict[str, object]:
+    """``--param NAME=VALUE`` items of ``method``: names it takes, values as Python literals (else strings), checked
+    by :py:func:`zennit_attn.methods.check_params` (a value the method would refuse is a :py:class:`UsageError`)."""
+    accepted = METHODS[method].params
+    params = {}
+    for item in items:
+        name, sep, text = item.partition('=')
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f'--param {item!r}: write NAME=VALUE, e.g. --param steps=50')
+        if name not in accepted:
+            takes = ', '.join(accepted) if accepted else 'no parameters'
+            raise UsageError(f'--param {name!r}: method {method} takes {takes}')
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text.strip()
+        params[name] = value
+    try:
+        check_params(method, params)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f'--param for method {method}: {one_line(error)}') from None
+    return params
+
+
+def lrp_methods() -> tuple[str, ...]:
+    """The methods that take a composite (``--composite`` applies to them)."""
+    return tuple(name for name, method in METHODS.items() if method.lrp)
+
+
+def method_and_composite(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The method (``--method``, else ``--composite``, else :py:data:`DEFAULT_METHOD`) and the composite, refusing a
+    composite for a method that takes none or one that contradicts the method's name."""
+    method = args.method or args.composite or DEFAULT_METHOD
+    if args.composite is not None:
+        if method not in lrp_methods():
+            raise UsageError(f'--composite applies to the LRP methods ({", ".join(lrp_methods())}), '
+                             f'not to --method {method}')
+        if method in COMPOSITES and method != args.composite:
+            raise UsageError(f'--composite {args.composite} contradicts --method {method}; '
+                             f'use --method {args.composite} (the composite follows the method)')
+    return method, args.composite
+
+
+def check_method(args: argparse.Namespace) -> None:
+    """Check ``--method``, ``--composite`` and ``--param``; sets ``args.method``, ``args.composite`` and
+    ``args.params``."""
+    args.method, args.composite = method_and_composite(args)
+    args.params = parse_params(args.param, args.method)
+
+
+def check_common(args: argparse.Namespace) -> None:
+    """The checks of a command on one text: the prompt (``args.text``), ``--output``, the method and the model."""
+    args.text = read_prompt(args.prompt, args.input)
+    args.output = check_output_option(getattr(args, 'output', None))
+    check_method(args)
+    check_model_options(args)
+
+
+def make_composite(name: str | None):
+    """The composite ``--composite`` names (a new one), or None for the method's own."""
+    if name is None:
+        return None
+    from ..composites import AttnLRPEpsilon, CPLRPEpsilon
+
+    return {'attnlrp': AttnLRPEpsilon, 'cplrp': CPLRPEpsilon}[name]()
