@@ -254,3 +254,20 @@ def test_bitsandbytes_4bit_layer_not_yet_quantized_refused():
         '0', "its 4-bit weights are not quantized yet (bitsandbytes quantizes them when the layer moves to its "
              "device): call model.to('cpu') or model.cuda() first")]
     assert unexplained_quantized(model.to('cpu')) == {}
+
+
+@needs_bnb
+def test_bitsandbytes_4bit_on_a_device_without_its_kernels_refused(monkeypatch, float32, ids):
+    """A 4-bit layer on a device for which the installed bitsandbytes has no 4-bit kernel is refused with the device
+    and the devices it has kernels for (simulated here: the CPU taken out of the kernels' devices), never run."""
+    import bitsandbytes as bnb
+    from zennit_attn.canonizers import quantization
+
+    assert quantization.bitsandbytes_supports('cpu') and 'cpu' in quantization.bitsandbytes_devices()
+    assert not quantization.bitsandbytes_supports('no-such-device')
+    model = torch.nn.Sequential(bnb.nn.Linear4bit(16, 8, compute_dtype=torch.float32)).to('cpu')
+    assert unexplained_quantized(model) == {}
+    supported = quantization.bitsandbytes_supports
+    monkeypatch.setattr(quantization, 'bitsandbytes_supports', lambda device: device != 'cpu' and supported(device))
+    path, why = unexplained_quantized(model)['bitsandbytes.nn.modules.Linear4bit']
+    assert path == '0' and "no 4-bit kernel for the 'cpu' device" in why and 'kernels here: none' in why

@@ -25,7 +25,7 @@ import torch
 from . import UnsupportedModelError  # the package's __init__ does not import this module: no cycle
 
 __all__ = ['EXPLAINED_QUANTIZED', 'UnsupportedQuantizationError', 'quantization_of', 'unexplained_quantized',
-           'check_quantized']
+           'check_quantized', 'bitsandbytes_supports', 'bitsandbytes_devices']
 
 #: Qualified names of quantized linear classes (and their subclasses) whose forward is the linear map of their
 #: dequantized weights and whose backward is its gradient (bitsandbytes' 8-bit layer also rounds its input to 8
@@ -61,6 +61,28 @@ def quantization_of(module: torch.nn.Module) -> str | None:
     return None
 
 
+#: torch dispatch keys of the device types bitsandbytes may register kernels for
+_DISPATCH_KEYS = {'cpu': 'CPU', 'cuda': 'CUDA', 'xpu': 'XPU', 'mps': 'MPS', 'hpu': 'HPU', 'npu': 'PrivateUse1'}
+
+
+def bitsandbytes_supports(device_type: str) -> bool:
+    """Whether the installed bitsandbytes registered a 4-bit dequantisation kernel (``bitsandbytes::dequantize_4bit``,
+    the op its 4-bit layers run) for ``device_type``; False where bitsandbytes registered no ops."""
+    key = _DISPATCH_KEYS.get(device_type)
+    if key is None or not hasattr(torch.ops, 'bitsandbytes'):
+        return False
+    try:
+        name = torch.ops.bitsandbytes.dequantize_4bit.default.name()
+    except (AttributeError, RuntimeError):
+        return False
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(name, key))
+
+
+def bitsandbytes_devices() -> list[str]:
+    """The device types :py:func:`bitsandbytes_supports`."""
+    return [device for device in _DISPATCH_KEYS if bitsandbytes_supports(device)]
+
+
 def _why_unexplained(module: torch.nn.Module) -> str | None:
     """Why no backward pass goes through ``module`` (None if one does, or it holds no quantized weights)."""
     cls = type(module)
@@ -70,6 +92,10 @@ def _why_unexplained(module: torch.nn.Module) -> str | None:
     if kind == 'bitsandbytes 4-bit' and getattr(module.weight, 'quant_state', None) is None:
         return ('its 4-bit weights are not quantized yet (bitsandbytes quantizes them when the layer moves to its '
                 "device): call model.to('cpu') or model.cuda() first")
+    if kind == 'bitsandbytes 4-bit' and not bitsandbytes_supports(module.weight.device.type):
+        return (f'the installed bitsandbytes has no 4-bit kernel for the {module.weight.device.type!r} device (its '
+                "kernels here: " + (', '.join(bitsandbytes_devices()) or 'none') + '): move the model to one of '
+                'them, or load it in 8 bits or without quantization')
     if kind is not None or isinstance(module, torch.nn.Embedding):
         return None  # relevance is read at the embeddings' output: their own quantization does not matter
     tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
