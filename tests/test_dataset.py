@@ -302,3 +302,25 @@ def test_a_refused_directory_stops_every_rank(setup, tmp_path):
          str(tmp_path / 'out')], capture_output=True, text=True, env=environment, timeout=120)
     assert completed.returncode != 0
     assert 'rank 1: rank 0 refused the output directory' in completed.stdout, completed.stdout + completed.stderr
+
+
+def test_damaged_json_files_are_named_and_loads_are_copies(setup, tmp_path):
+    """A damaged index.json or settings.json is named (not a bare JSONDecodeError); loaded explanations do not change
+    when a shard file is changed afterwards (they are copies, not mapped from the file)."""
+    model, tokenizer = setup
+    explain_dataset(model, tokenizer, TEXTS[:4], tmp_path, batch_size=2, shard_size=2, progress=False)
+    loaded = load_explanations(tmp_path)
+    before = [explanation.relevance.clone() for explanation in loaded]
+    path = tmp_path / 'shard-00000.safetensors'
+    data = bytearray(path.read_bytes())
+    with open(path, 'r+b') as handle:  # in place, as an editor or a second run would
+        handle.seek(len(data) - 8)
+        handle.write(bytes(byte ^ 0xFF for byte in data[-8:]))
+    assert all(torch.equal(a.relevance, b) for a, b in zip(loaded, before))
+    for name in (INDEX_FILE, 'settings.json'):
+        target = tmp_path / name
+        target.write_text(target.read_text()[:20])
+        call = (lambda: load_explanations(tmp_path)) if name == INDEX_FILE else (
+            lambda: explain_dataset(model, tokenizer, TEXTS[:4], tmp_path, batch_size=2, shard_size=2, progress=False))
+        with pytest.raises(ValueError, match=f"^'{target}' is damaged .*delete the output directory"):
+            call()

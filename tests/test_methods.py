@@ -92,19 +92,21 @@ def test_metadata_says_what_the_method_does(llama, ids, name):
     ('integrated_gradients', dict(steps=0), ValueError, 'steps must be a positive integer'),
     ('integrated_gradients', dict(steps='abc'), ValueError, "steps must be a positive integer, got 'abc'"),
     ('integrated_gradients', dict(steps=2.0), ValueError, 'steps must be a positive integer'),
-    ('integrated_gradients', dict(baseline=float('nan')), ValueError, 'baseline must be a number'),
-    ('smoothgrad', dict(sigma=-1), ValueError, 'sigma must be a number in'),
+    ('integrated_gradients', dict(baseline=float('nan')), ValueError, 'baseline must be a finite number'),
+    ('integrated_gradients', dict(baseline=float('inf')), ValueError, 'baseline must be a finite number, got inf'),
+    ('smoothgrad', dict(sigma=-1), ValueError, r'sigma must be a finite number >= 0.0, got -1'),
+    ('smoothgrad', dict(sigma=float('inf')), ValueError, 'sigma must be a finite number >= 0.0, got inf'),
     ('smoothgrad', dict(samples=0), ValueError, 'samples must be a positive integer'),
     ('smoothgrad', dict(multiply_input='no'), ValueError, 'multiply_input must be True or False'),
     ('atman', dict(score='bogus'), ValueError, "score must be one of 'log_softmax', 'logit', got 'bogus'"),
-    ('atman', dict(p=1.5), ValueError, r'p must be a number in \[0.0, 1.0\]'),
-    ('atman', dict(p=-0.1), ValueError, 'p must be a number in'),
+    ('atman', dict(p=1.5), ValueError, r'p must be a finite number in \[0.0, 1.0\]'),
+    ('atman', dict(p=-0.1), ValueError, 'p must be a finite number in'),
     ('atman', dict(perturbation_batch=0), ValueError, 'perturbation_batch must be a positive integer'),
     ('atman', dict(batch_size=4), TypeError, r"atman takes no parameter\(s\) \['batch_size'\]"),
     ('kernelshap', dict(samples=0), ValueError, 'samples must be a positive integer'),
     ('kernelshap', dict(seed=0.5), ValueError, 'seed must be an integer or None'),
     ('gradcam', dict(layer='last'), ValueError, 'layer must be an integer'),
-    ('attention_rollout', dict(dt=2), ValueError, 'dt must be a number in'),
+    ('attention_rollout', dict(dt=2), ValueError, 'dt must be a finite number in'),
     ('attnlrp', dict(steps=3), TypeError, 'configure LRP through composite='),
     ('attnlrp', dict(composite='AttnLRPEpsilon'), TypeError, 'composite must be a zennit Composite'),
     ('random', dict(composite=CPLRPEpsilon()), ValueError, 'composite= applies to the LRP methods'),
@@ -362,3 +364,13 @@ def test_random_is_independent_between_inputs():
     mask[0, :2] = 0
     together = explain(llama, batch, attention_mask=mask, method='random').relevance
     assert torch.equal(together[0, 2:], alone)
+
+
+@pytest.mark.parametrize('samples', [1, 2, 5])
+def test_kernelshap_refuses_too_few_samples_for_its_features(llama, samples):
+    """With no more coalitions than features the regression is underdetermined (samples=1 gave all zeros, 2 one
+    value on every token): refused, naming the minimum; one more than the features is accepted."""
+    ids = token_ids('llama', 5)
+    with pytest.raises(ValueError, match='samples > 5'):
+        explain(llama, ids, method='kernelshap', samples=samples)
+    assert torch.isfinite(explain(llama, ids, method='kernelshap', samples=6).relevance).all()

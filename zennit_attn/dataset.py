@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from .explain import encode_texts, explain
 from .explanation import Explanation
-from .methods import check_params
+from .methods import check_params, positive
 
 __all__ = ['explain_dataset', 'load_explanations', 'check_fingerprint', 'check_output_dir', 'read_texts',
            'SettingsMismatchError', 'INDEX_FILE', 'SETTINGS_FILE']
@@ -122,12 +122,6 @@ def _plan(lengths: Sequence[int], batch_size: int, shard_size: int) -> list[list
     return [batches[start:start + per_shard] for start in range(0, len(batches), per_shard)]
 
 
-def _positive(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f'{name} must be a positive integer, got {value!r}')
-    return int(value)
-
-
 def _target_per_text(target, count: int) -> list[int | None]:
     """One target per text (None: the argmax)."""
     if target is None:
@@ -190,10 +184,19 @@ def _differing(recorded: dict, current: dict) -> list[str]:
     return sorted(key for key in set(recorded) | set(current) if recorded.get(key) != current.get(key))
 
 
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; a damaged file is named (ValueError) with what to do."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f'{str(path)!r} is damaged ({error}): delete the output directory and run explain_dataset() '
+                         'again') from error
+
+
 def _check_settings(directory: Path, settings: dict, write: bool) -> None:
     path = directory / SETTINGS_FILE
     if path.exists():
-        differing = _differing(json.loads(path.read_text()), settings)
+        differing = _differing(read_json(path), settings)
         if differing:
             raise SettingsMismatchError(
                 f'{str(directory)!r} holds explanations made with other settings (differing: {", ".join(differing)}): '
@@ -308,7 +311,7 @@ def check_output_dir(output_dir: str | os.PathLike) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise PermissionError(f'the output directory {str(directory)!r} cannot be written: {str(existing)!r} is not '
                               'writable')
-    try:  # some file systems refuse while os.access says yes (/proc, read-only mounts for root): try it
+    try:  # also tried: some file systems refuse while os.access says yes (/proc, read-only mounts for root)
         os.rmdir(tempfile.mkdtemp(dir=existing, prefix='.zennit-attn-check-'))
     except OSError as error:
         raise PermissionError(f'the output directory {str(directory)!r} cannot be written: {str(existing)!r} '
@@ -423,8 +426,8 @@ def explain_dataset(
     ValueError, TypeError
         For bad arguments (before any text is explained).
     """
-    batch_size = _positive(batch_size, 'batch_size')
-    shard_size = _positive(shard_size, 'shard_size')
+    batch_size = positive(batch_size, 'batch_size')
+    shard_size = positive(shard_size, 'shard_size')
     if isinstance(position, bool) or not isinstance(position, numbers.Integral):
         raise ValueError(f'position must be an integer (counted in each text\'s tokens), got {position!r}')
     position = int(position)
@@ -529,7 +532,7 @@ def check_fingerprint(directory: str | os.PathLike, model: torch.nn.Module) -> N
     path = Path(directory) / SETTINGS_FILE
     if not path.is_file():
         raise FileNotFoundError(f'{str(directory)!r} has no {SETTINGS_FILE}: not an explain_dataset() output')
-    differing = _differing(json.loads(path.read_text()).get('model', {}), _fingerprint(model))
+    differing = _differing(read_json(path).get('model', {}), _fingerprint(model))
     if differing:
         raise SettingsMismatchError(
             f'{str(directory)!r} was made with another model than this {type(model).__name__} (differing: '
@@ -564,7 +567,7 @@ def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Expl
     if not path.is_file():
         raise FileNotFoundError(f'{str(directory)!r} has no {INDEX_FILE}: not an explain_dataset() output, or the run '
                                 'is not finished (run explain_dataset again on it to resume)')
-    index = json.loads(path.read_text())
+    index = read_json(path)
     if index.get('format') != FORMAT or index.get('version') != VERSION:
         raise ValueError(f'{str(path)!r} is not a {FORMAT} index of version {VERSION}')
     method = index['settings']['method']
@@ -579,7 +582,7 @@ def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Expl
             for item in shard['items']:
                 def get(field, item=item):
                     key = f'{item}.{field}'
-                    return handle.get_tensor(key)[None] if key in keys else None
+                    return handle.get_tensor(key)[None].clone() if key in keys else None  # not mapped
                 if f'{item}.relevance' not in keys:
                     raise ValueError(f'{shard["file"]} lacks the explanation of text {item}')
                 position = get('position')

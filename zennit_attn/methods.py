@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -187,11 +188,13 @@ def positive(value, name: str) -> int:
 
 
 def between(low: float, high: float) -> Check:
-    """The check of a real parameter in ``[low, high]``."""
+    """The check of a finite real parameter in ``[low, high]`` (a bound may be infinite; the value may not)."""
+    bounds = (f'in [{low}, {high}]' if math.isfinite(low) and math.isfinite(high) else f'>= {low}'
+              if math.isfinite(low) else f'<= {high}' if math.isfinite(high) else '')
     def check(value, name: str) -> float:
-        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
                 or not low <= value <= high):
-            raise ValueError(f'{name} must be a number in [{low}, {high}], got {value!r}')
+            raise ValueError(f'{name} must be a finite number {bounds}'.rstrip() + f', got {value!r}')
         return float(value)
     return check
 
@@ -444,6 +447,10 @@ def kernelshap(task: Task, position=-1, target=None, samples: int = 2000, pertur
     mask = task.feature_mask()
     flat = mask[0].flatten()
     features = int(flat.max()) + 1
+    if 1 < features and samples <= features:
+        raise ValueError(f'kernelshap: samples={samples} coalitions cannot determine the Shapley values of {features} '
+                         f'features (a linear model with {features + 1} coefficients): use samples > {features} '
+                         '(default 2000)')
     if features == 1:
         with torch.no_grad():
             absent = task.select(task.forward(torch.zeros_like(task.inputs)))

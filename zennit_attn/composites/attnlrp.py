@@ -32,7 +32,14 @@ def _is_compile_wrapper(module: torch.nn.Module) -> bool:
     return '_orig_mod' in module._modules and any(cls.__name__ == 'OptimizedModule' for cls in type(module).__mro__)
 
 
-def refuse_compiled(model: torch.nn.Module) -> None:
+#: what the hooks of each use of :py:func:`refuse_compiled` do, what compiling would do to them, the verb of the fix
+COMPILED_USES = {
+    'explain': ('the LRP rules', 'the relevance would be silently wrong', 'Explain', 'explain'),
+    'steer': ('steering', 'steering would silently change nothing', 'Steer', 'steer'),
+}
+
+
+def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
     """Raise if ``model`` or any of its submodules is compiled with ``torch.compile``.
 
     The LRP rules act through forward hooks and canonizers that change the model's modules. A compiled module
@@ -52,6 +59,8 @@ def refuse_compiled(model: torch.nn.Module) -> None:
     ----------
     model: torch.nn.Module
         The model to check, before registering hooks to it.
+    use: str
+        What the hooks are for, a key of :py:data:`COMPILED_USES` (``'explain'``, ``'steer'``): the message says so.
 
     Raises
     ------
@@ -64,6 +73,7 @@ def refuse_compiled(model: torch.nn.Module) -> None:
     >>> refuse_compiled(model)                  # returns None for an uncompiled model
     >>> refuse_compiled(torch.compile(model))   # raises CompiledModelError: pass compiled._orig_mod
     """
+    hooks, effect, verb, lower = COMPILED_USES[use]
     for name, module in model.named_modules():
         if _is_compile_wrapper(module):
             inner = type(module._orig_mod).__name__
@@ -71,22 +81,20 @@ def refuse_compiled(model: torch.nn.Module) -> None:
                 raise CompiledModelError(
                     f'{inner} was compiled with torch.compile(model): the wrapper it returns '
                     f'({type(module).__name__}) runs code traced by TorchDynamo, which bypasses the forward hooks of '
-                    'the LRP rules, so the relevance would be silently wrong. Explain the uncompiled model '
-                    f'instead: pass compiled._orig_mod (the {inner} that torch.compile wrapped).'
+                    f'{hooks}, so {effect}. {verb} the uncompiled model instead: pass compiled._orig_mod (the '
+                    f'{inner} that torch.compile wrapped).'
                 )
             raise CompiledModelError(
                 f"{type(model).__name__} has a torch.compile wrapper ({type(module).__name__} of {inner}) as its "
-                f"submodule '{name}': compiled code bypasses the forward hooks of the LRP rules, so the relevance "
-                'would be silently wrong. Put back the uncompiled module that the wrapper holds as _orig_mod, and '
-                'explain the model again.'
+                f"submodule '{name}': compiled code bypasses the forward hooks of {hooks}, so {effect}. Put back the "
+                f'uncompiled module that the wrapper holds as _orig_mod, and {lower} the model again.'
             )
         if module.__dict__.get('_compiled_call_impl') is not None:
             subject = '' if name == '' else f"'s submodule '{name}' ({type(module).__name__})"
             raise CompiledModelError(
                 f'{type(model).__name__}{subject} was compiled in place (.compile()): compiling bypasses the '
-                'forward hooks of the LRP rules, so the relevance would be silently wrong. Explain a fresh, '
-                'uncompiled instance of the model (load it again, or copy.deepcopy(model), which leaves the '
-                'in-place compilation behind).'
+                f'forward hooks of {hooks}, so {effect}. {verb} a fresh, uncompiled instance of the model (load it '
+                'again, or copy.deepcopy(model), which leaves the in-place compilation behind).'
             )
 
 

@@ -49,7 +49,9 @@ def steer(model: torch.nn.Module, edits: Mapping[Neuron, float], mode: str = 'se
         ``'set'`` (activation := value; 0 switches a neuron off), ``'scale'`` (activation ``*=`` value) or ``'add'``
         (activation += value).
     positions: int, sequence of int or None
-        Sequence positions of each forward call to steer (negative counts from the end); None: all. In
+        Sequence positions of each forward call to steer (negative counts from the end); None: all. A position
+        outside a forward call's sequence is not steered in that call (as in ``generate``'s cached passes, which see
+        one token each): check that the positions exist in the inputs you run. In
         ``model.generate`` with a key/value cache (the default) ``-1`` steers the position that predicts each next
         token: the prompt's last token in the first forward pass (so the first generated token already follows the
         steering), then each generated token in its own pass; the earlier prompt tokens are not steered. Their keys
@@ -73,7 +75,7 @@ def steer(model: torch.nn.Module, edits: Mapping[Neuron, float], mode: str = 'se
     >>> with steer(model, {Neuron('mlp', 17, 3948): 0.0, Neuron('mlp', 17, 4104): 8.0}):  # doctest: +SKIP
     ...     model.generate(**inputs, max_new_tokens=5)
     """
-    refuse_compiled(model)
+    refuse_compiled(model, use='steer')
     if mode not in MODES:
         raise ValueError(f'mode must be one of {", ".join(MODES)}, got {mode!r}')
     if not isinstance(edits, Mapping) or not edits:
