@@ -3,7 +3,7 @@
 # `make PYTHON=python3.11 VENV=/path/to/venv ...`; pass demo options with `make demo ARGS='--composite cplrp'`
 # and pytest options with `make test PYTEST_ARGS='-m "not slow"'`.
 # `make docs` builds the documentation site into docs/_build/html (warnings are errors); `make notebooks` executes
-# the notebooks of notebooks/ with small settings (tests/test_notebooks.py, also part of `make test`).
+# the notebooks of notebooks/ with small settings (tests/notebooks/, also part of `make test`).
 # `make system` installs the system programs some tests use (see SYSTEM_PACKAGES); `make test` runs it first.
 
 PYTHON ?= python3
@@ -62,7 +62,7 @@ test: install system
 
 # the notebooks run top to bottom in fresh kernels (nbclient, ipykernel: in the dev extra)
 notebooks: install
-	$(BIN)/python -m pytest -q tests/test_notebooks.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q tests/notebooks/ $(PYTEST_ARGS)
 
 # Sphinx (docs extra): Markdown pages, the API reference from the docstrings, the notebooks rendered as stored
 $(DOCS_STAMP): pyproject.toml $(STAMP)

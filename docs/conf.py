@@ -48,7 +48,7 @@ for notebook in sorted(NOTEBOOKS.glob('*.ipynb')):
 # ------------------------------------------------------------------------------------------------------ MyST / notebooks
 myst_enable_extensions = ['colon_fence', 'deflist', 'dollarmath']
 myst_heading_anchors = 3
-nb_execution_mode = 'off'       # stored without outputs; tests/test_notebooks.py executes them
+nb_execution_mode = 'off'       # stored without outputs; tests/notebooks/ executes them
 nb_merge_streams = True
 
 # ------------------------------------------------------------------------------------------------------ API reference

@@ -1,0 +1,10 @@
+"""notebooks/latent_neurons.ipynb runs top to bottom with small settings (tests/notebooks/runner.py)."""
+import pytest
+
+from tests.notebooks.runner import run
+
+
+@pytest.mark.slow
+@pytest.mark.notebooks
+def test_runs(tmp_path):
+    run('latent_neurons', tmp_path)
