@@ -21,24 +21,29 @@ import torch
 
 from .checks import as_integers
 
-__all__ = ['RUNNER_UP', 'Objective', 'Logit', 'Contrast', 'OutputFunction', 'objective_for']
+__all__ = ['RUNNER_UP', 'Objective', 'Logit', 'Contrast', 'OutputFunction', 'objective_for', 'SeedToGradient']
 
 #: ``contrast=RUNNER_UP``: at each explained position the most likely token other than the target.
 RUNNER_UP = 'runner-up'
 
 
-class _SeedToGradient(torch.autograd.Function):
-    """Identity whose backward turns the initial relevance ``R`` given at the value ``f`` into the factor ``R / f``
-    (1 where ``f == 0``: the limit of ``R / f`` for ``R = f``)."""
+class SeedToGradient(torch.autograd.Function):
+    """Identity whose backward turns the initial relevance ``R`` given at the value ``f`` into the factor ``R / f``,
+    and ``fallback`` where ``f == 0`` (1: the limit of ``R / f`` for ``R = f``, for targets whose value may vanish;
+    0: nothing flows from a zero value). ``SeedToGradient.apply(value, fallback)``; used by the objectives here and by
+    the latent targets (:py:mod:`zennit_attn.latent.targets`)."""
     @staticmethod
-    def forward(ctx, value):
+    def forward(ctx, value, fallback: float = 1.0):
         ctx.save_for_backward(value)
+        ctx.fallback = fallback
         return value.view_as(value)
 
     @staticmethod
     def backward(ctx, relevance):
         (value,) = ctx.saved_tensors
-        return torch.where(value != 0, relevance / torch.where(value != 0, value, 1), torch.ones_like(relevance))
+        nonzero = value != 0
+        return torch.where(nonzero, relevance / torch.where(nonzero, value, 1),
+                           torch.full_like(relevance, ctx.fallback)), None
 
 
 class _GradientToRelevance(torch.autograd.Function):
@@ -83,7 +88,7 @@ class Objective:
         ``f``), which reaches the scores ``y`` as the relevance ``y * df/dy`` (see the module's documentation)."""
         if not seeded:
             return self.compute(selected, targets, rows)
-        return _SeedToGradient.apply(self.compute(_GradientToRelevance.apply(selected), targets, rows))
+        return SeedToGradient.apply(self.compute(_GradientToRelevance.apply(selected), targets, rows), 1.0)
 
 
 class Logit(Objective):

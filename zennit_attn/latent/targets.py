@@ -25,28 +25,12 @@ from typing import ContextManager, Sequence
 import torch
 
 from ..methods import METHODS, Method
+from ..objectives import SeedToGradient
 from ..task import ImageTask, Readout, Task, TokenTask
 from .recording import REDUCTIONS, Recorder
 from .sites import SITES, Neuron, SitePoint, find_sites
 
 __all__ = ['LatentTarget', 'explain_latent', 'repeat_task', 'resolve_point']
-
-
-class _SeedToGradient(torch.autograd.Function):
-    """Identity whose backward turns the initial relevance ``R`` given at value ``y`` into the gradient ``R / y``
-    (0 where ``y == 0``; ``1`` where ``whole`` and ``y == 0``, for linear targets whose value may vanish)."""
-    @staticmethod
-    def forward(ctx, value, whole: bool):
-        ctx.save_for_backward(value)
-        ctx.whole = whole
-        return value.view_as(value)
-
-    @staticmethod
-    def backward(ctx, relevance):
-        (value,) = ctx.saved_tensors
-        ratio = torch.div(relevance, value)
-        fallback = torch.ones_like(ratio) if ctx.whole else torch.zeros_like(ratio)
-        return torch.where(value != 0, ratio, fallback), None
 
 
 class LatentTarget(Readout):
@@ -110,7 +94,7 @@ class LatentTarget(Readout):
             weights = self.weights if rows is None else self.weights[rows]
             scores = (site * weights.to(site.dtype)).flatten(1).sum(1, keepdim=True)  # [batch, 1]
         if seeded:
-            scores = _SeedToGradient.apply(scores, self.weights is not None)
+            scores = SeedToGradient.apply(scores, 1.0 if self.weights is not None else 0.0)  # linear targets: 1
         return scores
 
 
