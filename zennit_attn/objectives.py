@@ -34,12 +34,14 @@ class SeedToGradient(torch.autograd.Function):
     the latent targets (:py:mod:`zennit_attn.latent.targets`)."""
     @staticmethod
     def forward(ctx, value, fallback: float = 1.0):
+        """Return ``value`` unchanged and keep it (and ``fallback``) for the backward pass."""
         ctx.save_for_backward(value)
         ctx.fallback = fallback
         return value.view_as(value)
 
     @staticmethod
     def backward(ctx, relevance):
+        """Return ``relevance / value`` (``fallback`` where ``value == 0``); no gradient for ``fallback``."""
         (value,) = ctx.saved_tensors
         nonzero = value != 0
         return torch.where(nonzero, relevance / torch.where(nonzero, value, 1),
