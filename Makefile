@@ -73,6 +73,10 @@ docs: install $(DOCS_STAMP)
 	$(BIN)/python -m sphinx -W --keep-going -E -b html docs docs/_build/html
 	@echo "documentation: docs/_build/html/index.html"
 
+# the supported-models page of the documentation, from the zoo walk over the installed transformers
+supported-models: install
+	$(BIN)/python -m zennit_attn.zoo docs/supported-models.md
+
 bench: install
 	$(BIN)/python benchmarks/speed.py
 

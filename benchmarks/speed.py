@@ -107,6 +107,7 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zennit_attn import explain  # noqa: E402
+from zennit_attn.composites import AttnLRPEpsilon  # noqa: E402
 
 MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b')
 METHODS = ('plain', 'explain')
@@ -238,16 +239,19 @@ def run_plain(model, inputs, target, keep_last: bool = False):
         return torch.cat([(leaf * grad).sum(-1) for leaf, grad in zip(leaves, grads)], 1)
 
 
-def run_explain(model, inputs, target, checkpointing: bool = False):
+def run_explain(model, inputs, target, checkpointing: bool = False, general: bool | None = None):
     input_ids, decoder_ids = _split(inputs)
-    explanation = explain(model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=checkpointing)
+    extra = {} if general is None else {'composite': AttnLRPEpsilon(general=general)}
+    explanation = explain(model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=checkpointing,
+                          **extra)
     if decoder_ids is None:
         return explanation.relevance
     return torch.cat([explanation.relevance, explanation.decoder_relevance], 1)
 
 
 RUNNERS = {'plain': run_plain, 'explain': run_explain, 'fair': functools.partial(run_plain, keep_last=True),
-           'checkpointing': functools.partial(run_explain, checkpointing=True)}
+           'checkpointing': functools.partial(run_explain, checkpointing=True),
+           'general': functools.partial(run_explain, general=True)}
 
 
 # ----------------------------------------------------------------------------------------------- measurements
@@ -573,7 +577,7 @@ def _git_state() -> str | None:
 
 
 #: what the ``--checkpointing`` comparison runs
-SCALING_METHODS = ('fair', 'explain', 'checkpointing')
+SCALING_METHODS = ('fair', 'explain', 'checkpointing', 'general')
 
 
 def scaling(name: str, seq: int, repeats: int, dtype: torch.dtype = torch.float32,

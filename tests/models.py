@@ -342,3 +342,86 @@ def pixels(batch: int = 2, dtype: torch.dtype = torch.float64, seed: int = 0) ->
 
 #: kind -> builder of the tiny vision transformers
 VISION_BUILDERS = {'timm': tiny_timm_vit, 'deit': tiny_deit, 'hf': tiny_hf_vit}
+
+
+# ----------------------------------------------------------------------------------- vision-language and CLIP models
+#: Text vocabulary of the tiny vision-language models: the 100 ids of the test tokenizers and 4 special tokens
+#: (``<image>`` 100 for LLaVA; ``<|image_pad|>`` 100, ``<|video_pad|>`` 101, ``<|vision_start|>`` 102,
+#: ``<|vision_end|>`` 103 for Qwen2-VL).
+VLM_VOCAB = VOCAB + 4
+#: Image side and patch size of the tiny LLaVA and CLIP vision towers (4 patches per image).
+VLM_IMAGE, VLM_PATCH = 16, 8
+_VLM_TEXT = dict(vocab_size=VLM_VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
+                 num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=POSITIONS,
+                 pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_TOWER = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=VLM_IMAGE,
+              patch_size=VLM_PATCH)
+
+
+def zero_multimodal(model: torch.nn.Module) -> torch.nn.Module:
+    """:py:func:`zennit_attn.zoo.zero_biases` (biases, position embeddings) plus the class embeddings of vision
+    towers (a constant token that would absorb relevance): exact conservation for CP-LRP."""
+    from zennit_attn.zoo import zero_biases as zero_all
+
+    zero_all(model)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.rsplit('.', 1)[-1] in ('class_embedding', 'logit_bias'):
+                parameter.zero_()
+    return model
+
+
+def _vlm(name: str, config, dtype: torch.dtype, zero_bias: bool, seed: int, attn_implementation: str):
+    config._attn_implementation = attn_implementation
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with _quiet():
+            torch.manual_seed(seed)
+            model = getattr(transformers, name)(config).to(dtype).eval()
+    finally:
+        torch.set_default_dtype(default)
+    _configure(model, '_attn_implementation', attn_implementation)
+    return zero_multimodal(model) if zero_bias else model
+
+
+def tiny_llava(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0,
+               attn_implementation: str = 'eager') -> transformers.LlavaForConditionalGeneration:
+    """LLaVA: a CLIP vision tower (16 x 16 images, patch 8: 4 image tokens), a Llama text model of the tiny sizes
+    with vocabulary :py:data:`VLM_VOCAB`, image token 100."""
+    config = transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(**_TOWER), text_config=transformers.LlamaConfig(**_VLM_TEXT),
+        image_token_id=VOCAB, vision_feature_layer=-1, vision_feature_select_strategy='default',
+        projector_hidden_act='gelu', image_seq_length=(VLM_IMAGE // VLM_PATCH) ** 2, tie_word_embeddings=False)
+    return _vlm('LlavaForConditionalGeneration', config, dtype, zero_bias, seed, attn_implementation)
+
+
+#: Qwen2-VL's tiny vision tower: patch 4, 2 x 2 patches merged into one token, 2 frames per temporal patch.
+QWEN_PATCH, QWEN_MERGE, QWEN_TEMPORAL = 4, 2, 2
+
+
+def tiny_qwen2_vl(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0,
+                  attn_implementation: str = 'eager') -> transformers.Qwen2VLForConditionalGeneration:
+    """Qwen2-VL (flattened patches with ``image_grid_thw``, multimodal rotary positions): vision tower of width 16,
+    patch :py:data:`QWEN_PATCH`, text model of the tiny sizes with vocabulary :py:data:`VLM_VOCAB`."""
+    vision = dict(depth=2, embed_dim=16, hidden_size=HIDDEN, num_heads=2, patch_size=QWEN_PATCH,
+                  spatial_merge_size=QWEN_MERGE, temporal_patch_size=QWEN_TEMPORAL, mlp_ratio=2)
+    text = dict(_VLM_TEXT, rope_parameters={'rope_type': 'default', 'mrope_section': [1, 1, 2], 'rope_theta': 1e4})
+    config = transformers.Qwen2VLConfig(vision_config=vision, text_config=text, image_token_id=VOCAB,
+                                        video_token_id=VOCAB + 1, vision_start_token_id=VOCAB + 2,
+                                        vision_end_token_id=VOCAB + 3, tie_word_embeddings=False)
+    return _vlm('Qwen2VLForConditionalGeneration', config, dtype, zero_bias, seed, attn_implementation)
+
+
+def tiny_clip(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0,
+              attn_implementation: str = 'eager', family: str = 'clip') -> torch.nn.Module:
+    """``CLIPModel`` (``family='siglip'``: ``SiglipModel``): text and vision towers of width 16, 2 layers, 16 x 16
+    images with patch 8, vocabulary :py:data:`VOCAB` (the test tokenizers'; the end-of-text token is id 2)."""
+    text = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                max_position_embeddings=POSITIONS, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == 'clip':
+        config = transformers.CLIPConfig(text_config=dict(text, projection_dim=16), vision_config=_TOWER,
+                                         projection_dim=16)
+        return _vlm('CLIPModel', config, dtype, zero_bias, seed, attn_implementation)
+    config = transformers.SiglipConfig(text_config=dict(text, projection_size=16), vision_config=_TOWER)
+    return _vlm('SiglipModel', config, dtype, zero_bias, seed, attn_implementation)

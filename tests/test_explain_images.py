@@ -44,7 +44,7 @@ def test_other_wrappers_are_refused():
         pass
 
     with pytest.raises(UnsupportedModelError, match='Wrapper'):
-        with AttnLRPGamma().context(Wrapper(tiny_hf_vit())):
+        with AttnLRPGamma(general=False).context(Wrapper(tiny_hf_vit())):
             pass
 
 

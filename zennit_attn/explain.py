@@ -12,12 +12,13 @@ from zennit.core import Composite
 from .chat import encode_chat, is_conversation
 from .checkpointing import checkpointed
 from .checks import token_ids
-from .explanation import Explanation, ImageExplanation, TargetLike
+from .explanation import Explanation, ImageExplanation, MultimodalExplanation, TargetLike
 from .latent.sites import Neuron
 from .latent.targets import explain_latent
 from .methods import METHODS, check_params
 from .objectives import RUNNER_UP, objective_for
 from .task import make_task
+from .vision_language import encode_multimodal, is_similarity_model, make_multimodal_task
 
 __all__ = ['explain', 'encode_texts']
 
@@ -107,8 +108,10 @@ def explain(
     latent_reduce: str | None = None,
     condition=None,
     contrast=None,
+    images=None,
+    processor=None,
     **params,
-) -> Explanation | ImageExplanation:
+) -> Explanation | ImageExplanation | MultimodalExplanation:
     """Explain a model's output: relevance per input token (language models) or pixel (vision transformers), by
     AttnLRP or a baseline method.
 
@@ -201,6 +204,18 @@ def explain(
         position. Relevance is linear in the initial relevance, so for LRP, Input x Gradient and the other linear
         methods it is the target's relevance minus the contrast's. ``explanation.contrast`` holds the contrast
         tokens, ``explanation.logit`` the difference. Not with a callable or Neuron target.
+    images: image or list of images, optional
+        With ``processor``: explain a vision-language model (LLaVA, Qwen2-VL) or an image-text similarity model
+        (CLIP) on text and images at once (:py:mod:`zennit_attn.vision_language`). ``input_ids`` is then the text
+        (one text holding the processor's image token once per image; for CLIP one text or several, each paired
+        with the image or with its own image). The result is a
+        :py:class:`~zennit_attn.explanation.MultimodalExplanation`: relevance per text token and per pixel of each
+        image (and per patch); for LRP the text and image relevance of a row sum to its explained logit minus what
+        biases absorb. CLIP rows explain their own (text, image) similarity score (no ``target``). LRP methods only.
+    processor: optional
+        The model's Hugging Face processor (``AutoProcessor.from_pretrained(path)``): turns the text and images
+        into ``input_ids``, ``pixel_values`` and the model's further fields, all passed to the model; its tokenizer
+        is stored on the explanation.
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods`), checked by
         :py:func:`~zennit_attn.methods.check_params` before the model is run.
@@ -227,6 +242,12 @@ def explain(
     if checkpointing and not entry.backward:
         raise ValueError(f'checkpointing=True saves memory of a backward pass, which {method!r} does not do; it '
                          f'applies to {", ".join(name for name, other in METHODS.items() if other.backward)}')
+    if images is not None or processor is not None:
+        return _explain_multimodal(model, input_ids, images, processor, target, position, method, entry, params,
+                                   model_kwargs, locals_used=dict(
+                                       attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                                       tokenizer=tokenizer, checkpointing=checkpointing, latent=latent,
+                                       latent_reduce=latent_reduce, condition=condition, contrast=contrast))
     chat = None
     if is_conversation(input_ids):
         chat = encode_chat(tokenizer, input_ids)
@@ -261,3 +282,23 @@ def explain(
     if chat is not None:
         explanation = dataclasses.replace(explanation, template=chat.template.to(explanation.input_ids.device))
     return explanation
+
+
+def _explain_multimodal(model, text, images, processor, target, position, method, entry, params, model_kwargs,
+                        locals_used: dict) -> MultimodalExplanation:
+    """:py:func:`explain` on text and images (see its ``images`` and ``processor``)."""
+    unused = [name for name, value in locals_used.items() if value is not None and value is not False]
+    if unused:
+        raise ValueError(f'{", ".join(unused)} do(es) not apply to explain() with images: the processor makes the '
+                         'model inputs; leave them out')
+    if not entry.lrp:
+        raise ValueError(f'explain() with images runs the LRP methods (attnlrp, cplrp), which give text and pixel '
+                         f'relevance in one backward pass; {method!r} is not one')
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f'model must be a torch.nn.Module, got {type(model).__name__}')
+    similarity = is_similarity_model(model)
+    encoding = encode_multimodal(processor, text, images, similarity)
+    task = make_multimodal_task(model, encoding, model_kwargs, processor)
+    target = token_ids(processor.tokenizer, target, 'target')
+    explanation = entry.function(task, position=position, target=target, **params)
+    return dataclasses.replace(explanation, tokenizer=processor.tokenizer)

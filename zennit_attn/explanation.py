@@ -1,6 +1,8 @@
-"""What :py:func:`~zennit_attn.explain` returns: :py:class:`Explanation` (relevance per token of a language model) and
-:py:class:`ImageExplanation` (relevance per pixel of an image classifier), each able to show and save itself through
-:py:mod:`zennit_attn.render`; and :py:data:`TargetLike`, what may be explained.
+"""What :py:func:`~zennit_attn.explain` returns: :py:class:`Explanation` (relevance per token of a language model),
+:py:class:`ImageExplanation` (relevance per pixel of an image classifier) and :py:class:`MultimodalExplanation` (text
+tokens and images of a vision-language or image-text similarity model, each image an :py:class:`ImageRelevance`),
+each able to show and save itself through :py:mod:`zennit_attn.render`; and :py:data:`TargetLike`, what may be
+explained.
 """
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ from typing import IO, Callable, Sequence
 
 import torch
 
+from .render import multimodal as multimodal_views
 from .render import views
 from .render.views import save_image_explanation
 from .render.layout import ScaleLike
 from .segments import SegmentExplanation, SpansLike, first_token_share, segment_explanation
 
-__all__ = ['TargetLike', 'Explanation', 'ImageExplanation']
+__all__ = ['TargetLike', 'Explanation', 'ImageExplanation', 'ImageRelevance', 'MultimodalExplanation']
 
 
 #: An output index (or, with a tokenizer, a token's text), one per row, or several ``(position, token)`` pairs explained
@@ -333,3 +336,126 @@ class ImageExplanation:
             ``(heatmap, overlay)``.
         """
         return save_image_explanation(self, path, views.check_row(row, self.relevance.shape[0]), **options)
+
+
+@dataclass
+class ImageRelevance:
+    """The relevance of one input image of a :py:class:`MultimodalExplanation`, in the image's own layout.
+
+    Attributes
+    ----------
+    row: int
+        The batch row (text) the image belongs to.
+    pixels: torch.Tensor
+        ``[channels, height, width]`` the image as the model took it (the processor's normalised pixels).
+    relevance: torch.Tensor
+        ``[channels, height, width]`` relevance per pixel and channel; for flattened-patch models (Qwen2-VL) the sum
+        over the copies of the image in the temporal patch.
+    patch_relevance: torch.Tensor
+        ``[rows, columns]`` relevance per patch of the vision encoder (the sum of :py:attr:`relevance` over each
+        patch).
+    mean, std: tuple of float or None
+        The processor's per-channel normalisation, undone for the overlay.
+    """
+    row: int
+    pixels: torch.Tensor
+    relevance: torch.Tensor
+    patch_relevance: torch.Tensor
+    mean: tuple | None = None
+    std: tuple | None = None
+
+    @property
+    def total(self) -> float:
+        """The image's relevance, summed over all its pixels and channels."""
+        return float(self.relevance.sum())
+
+
+@dataclass
+class MultimodalExplanation(Explanation):
+    """What :py:func:`~zennit_attn.explain` returns for a vision-language model (LLaVA, Qwen2-VL) or an image-text
+    similarity model (CLIP): the fields of :py:class:`Explanation` for the text tokens, and the images.
+
+    Attributes
+    ----------
+    pixel_relevance: torch.Tensor
+        Relevance at ``pixel_values`` in the processor's layout (``[images, channels, height, width]``, or
+        ``[patches, channels * temporal * patch * patch]`` with ``image_grid_thw`` for Qwen2-VL).
+    images: list of ImageRelevance
+        Every image in its own layout, with its row, pixel and patch relevance.
+    image_tokens: torch.Tensor or None
+        ``[batch, seq]`` True at the image placeholder tokens of the text (their embeddings are replaced by the
+        image features, so their own relevance is 0); the heatmaps show each run of them as ``[image k]``.
+
+    Notes
+    -----
+    For LRP the text relevance plus the relevance of all images of a row is the explained logit minus what biases
+    and the softmax rule absorb (:py:meth:`total`); CP-LRP conserves it exactly in a model without biases.
+    """
+    pixel_relevance: torch.Tensor | None = None
+    images: list = field(default_factory=list)
+    image_tokens: torch.Tensor | None = None
+
+    def image_relevance(self, row: int = 0) -> float:
+        """The relevance of all images of ``row``, summed."""
+        row = views.check_row(row, self.relevance.shape[0])
+        return sum(image.total for image in self.images if image.row == row)
+
+    def total(self, row: int = 0) -> float:
+        """Text plus image relevance of ``row``: for LRP, the explained logit minus what biases absorb."""
+        row = views.check_row(row, self.relevance.shape[0])
+        return float(self.relevance[row].sum()) + self.image_relevance(row)
+
+    def show(self, row: int = 0, words: bool = False, scale: ScaleLike = None, color: bool | None = None,
+             tokenizer=None, stream: IO | None = None, scale_without_first: bool = False,
+             template: bool = False) -> None:
+        """Print the token heatmap of ``row`` and, below it, each of its images as a grid of patch relevance
+        (coloured cells on a terminal, numbers otherwise); arguments as :py:meth:`Explanation.show`."""
+        super().show(row, words, scale, color, tokenizer, stream, scale_without_first, template)
+        multimodal_views.show_images(self._images(row), color, stream)
+
+    def to_html(self, rows=None, words: bool = False, scale: ScaleLike = None, tokenizer=None,
+                scale_without_first: bool = False, template: bool = False, **options) -> str:
+        """A standalone HTML page: the overlay of each image (``options`` of
+        :py:func:`zennit_attn.render.image.overlay`) above the token heatmaps; arguments as
+        :py:meth:`Explanation.to_html`."""
+        heatmaps = self.heatmaps(rows, words, tokenizer, scale_without_first, template)
+        return multimodal_views.multimodal_html(heatmaps, self._images(rows), scale, title=self._title(), **options)
+
+    def _repr_html_(self) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return multimodal_views.multimodal_html(self.heatmaps(), self._images(None), standalone=False)
+
+    def save(self, path: str | os.PathLike, row: int | None = 0, words: bool = False, scale: ScaleLike = None,
+             tokenizer=None, scale_without_first: bool = False, template: bool = False, **options) -> Path:
+        """Write the token heatmap of ``row`` (None: all rows) with the overlay of each of its images, in the
+        format of the suffix of ``path``: ``.html`` (images inline), ``.png``, ``.svg``, ``.pdf`` (one figure, the
+        images above the tokens), ``.tex`` (a snippet that includes the overlays, written as PNG files beside it:
+        ``<stem>_image<k>.png``; needs ``\\usepackage{graphicx}``). Options: those of :py:meth:`Explanation.save`
+        and the overlay's ``alpha``, ``cmap``, ``level``, ``vmax``.
+
+        Returns
+        -------
+        pathlib.Path
+        """
+        views.check_output(path)
+        heatmaps = self.heatmaps(None if row is None else [row], words, tokenizer, scale_without_first, template)
+        return multimodal_views.save_multimodal(heatmaps, self._images(row), path, scale, title=self._title(), **options)
+
+    def _title(self) -> str:
+        return f'Token and pixel relevance ({self.method})'
+
+    def _images(self, rows) -> list:
+        """``[(caption, pixels, relevance, patch relevance, mean, std)]`` of the images of ``rows`` (None: all)."""
+        if rows is None:
+            rows = range(self.relevance.shape[0])
+        elif isinstance(rows, int):
+            rows = [rows]
+        rows = [views.check_row(row, self.relevance.shape[0]) for row in rows]
+        shown = []
+        for index, image in enumerate(self.images):
+            if image.row in rows:
+                number = sum(other.row == image.row for other in self.images[:index]) + 1
+                caption = f'row {image.row}, image {number}: relevance {image.total:.4g}'
+                shown.append((caption, image.pixels, image.relevance, image.patch_relevance, image.mean, image.std))
+        return shown

@@ -38,15 +38,35 @@ NEUTRAL: tuple[type, ...] = (
 
 #: Class names (suffixes) of Hugging Face's RMSNorm-style modules; T5's "LayerNorm" is an RMSNorm.
 RMS_NORM_NAMES = ('RMSNorm', 'T5LayerNorm')
+#: Class name suffixes of other normalisation modules: confirmed numerically at their first call
+#: (:py:class:`~zennit_attn.rules.NormIdentity`).
+NORM_NAMES = ('Norm', 'LayerNorm', 'RmsNorm', 'Normalization')
+
+
+class UnsupportedModelError(TypeError):
+    """A model contains modules or operations that zennit-attn has no rule or canonizer for."""
+
+
+#: Class name suffixes of other activation modules (leaves): confirmed element-wise at their first call
+#: (:py:class:`~zennit_attn.rules.Identity`).
+ACTIVATION_NAMES = ('Activation', 'GELU', 'Gelu', 'GeLU', 'SiLU', 'Silu', 'Swish', 'ReLU', 'Relu', 'Tanh', 'Sigmoid',
+                    'Mish', 'Softplus')
 
 
 def is_activation(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a known element-wise non-linearity."""
+    """Whether ``module`` is an element-wise non-linearity: a class of :py:data:`ACTIVATIONS`, or a leaf module whose
+    class name ends like one of :py:data:`ACTIVATION_NAMES` (see :py:func:`is_listed_activation`)."""
+    return is_listed_activation(module) or (type(module).__name__.endswith(ACTIVATION_NAMES) and not module._modules)
+
+
+def is_listed_activation(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s class is one of :py:data:`ACTIVATIONS` (known to be element-wise)."""
     return isinstance(module, ACTIVATIONS)
 
 
 def norm_kind(module: torch.nn.Module) -> str | None:
-    """``'layer'`` for mean-subtracting LayerNorm, ``'rms'`` for RMSNorm-style modules, None otherwise.
+    """``'layer'`` for mean-subtracting LayerNorm, ``'rms'`` for RMSNorm-style modules, ``'probe'`` for other leaf
+    modules named like a normalisation (confirmed when they first run), None otherwise.
 
     RMSNorm-style means ``y_i = x_i * c(x) * w_i`` (no mean subtraction, no bias), which holds for
     :py:class:`torch.nn.RMSNorm`, the ``*RMSNorm`` classes of transformers (Llama, Mistral, Qwen, Gemma, ...) and
@@ -56,4 +76,10 @@ def norm_kind(module: torch.nn.Module) -> str | None:
         return 'layer'
     if isinstance(module, torch.nn.RMSNorm) or type(module).__name__.endswith(RMS_NORM_NAMES):
         return 'rms'
+    if type(module).__name__.endswith(NORM_NAMES) and not module._modules and not isinstance(module, _OTHER_NORMS):
+        return 'probe'
     return None
+
+
+#: torch normalisations that do not normalise over the last dimension(s) of each token
+_OTHER_NORMS = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LocalResponseNorm)

@@ -271,7 +271,7 @@ class TokenTask(Task):
         input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
         super().__init__(model, model_kwargs)
         self.input_ids, self.attention_mask = check_ids(input_ids, attention_mask)
-        embedding_module = model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
+        embedding_module = self.word_embeddings(model)
         if not isinstance(embedding_module, torch.nn.Module):
             raise TypeError(f'{type(model).__name__} has no input embeddings (get_input_embeddings() is None)')
         check_vocabulary(self.input_ids, embedding_module, 'input_ids')
@@ -296,6 +296,11 @@ class TokenTask(Task):
             raise ValueError(f'{type(model).__name__} is not an encoder-decoder model: decoder_input_ids is not used')
         check_length(model, self.input_ids.shape[1], 'input_ids')
         self._set_model_kwargs()
+
+    @staticmethod
+    def word_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
+        """The module that embeds ``input_ids`` (``model.get_input_embeddings()``), None where there is none."""
+        return model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
 
     @property
     def embeddings(self) -> torch.Tensor:

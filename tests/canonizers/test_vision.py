@@ -63,7 +63,7 @@ def test_model_check_accepts(kind):
 
 def test_model_check_refuses_uncovered_variants():
     with pytest.raises(UnsupportedModelError, match='AttentionPoolLatent'):
-        canonizers_for(tiny_timm_vit(global_pool='map'))
+        canonizers_for(tiny_timm_vit(global_pool="map"), general=False)
     model = tiny_timm_vit()
     model.blocks[0].attn.gate = torch.nn.Linear(16, 16, dtype=torch.float64)  # gated attention (sigmoid gate)
     before = _snapshot(model)

@@ -9,27 +9,24 @@ from __future__ import annotations
 import torch
 
 from ..layers import Logits, MatMul, Operand, Product
-from ..module_kinds import CONVOLUTIONS, LINEARS, NEUTRAL, is_activation, norm_kind
+from ..module_kinds import CONVOLUTIONS, LINEARS, NEUTRAL, UnsupportedModelError, is_activation, norm_kind
 from .base import (
     INLINE_FUNCTIONS, InlineActivationCanonizer, InlineOperandCanonizer, OperandCanonizer, SettingCanonizer, Tap,
     parse_taps,
 )
 from .blocks import NoBlocksError, block_stacks, transformer_blocks
 from .families import ATTENTION_OUTPUTS, FAMILIES, Family, family_of, operand_taps
+from .general import GeneralCanonizer
 
 __all__ = [
     'canonizers_for', 'supported_families', 'UnsupportedModelError', 'OperandCanonizer',
     'InlineActivationCanonizer', 'InlineOperandCanonizer', 'SettingCanonizer', 'Tap', 'Family', 'FAMILIES',
     'INLINE_FUNCTIONS', 'ATTENTION_OUTPUTS', 'family_of', 'operand_taps', 'parse_taps', 'block_stacks',
-    'transformer_blocks', 'NoBlocksError',
+    'transformer_blocks', 'NoBlocksError', 'GeneralCanonizer', 'table_problems',
 ]
 
 #: Leaf modules that a composite has a rule for or that need none.
 _KNOWN = LINEARS + CONVOLUTIONS + NEUTRAL + (Operand, Product, MatMul, torch.nn.Softmax)
-
-
-class UnsupportedModelError(TypeError):
-    """A model contains modules that zennit-attn has no rule or canonizer for."""
 
 
 def supported_families() -> list[str]:
@@ -44,49 +41,61 @@ def _understood(module: torch.nn.Module, families: list[Family]) -> bool:
             or norm_kind(module) is not None)
 
 
-def canonizers_for(model: torch.nn.Module) -> list:
-    """Return the canonizers for ``model``, or raise :py:class:`UnsupportedModelError`.
+def table_problems(model: torch.nn.Module) -> list[str]:
+    """What the family table does not cover in ``model``: one line per module class that is neither a known leaf
+    nor listed (with one module path), and per configuration value a listed family does not support; empty when
+    the table covers the model."""
+    first: dict[type, tuple[str, torch.nn.Module]] = {}
+    for name, module in model.named_modules():
+        first.setdefault(type(module), (name, module))
+    families = [family for family in FAMILIES if any(family.owns(module) for _, module in first.values())]
+    unsupported: dict[str, str] = {}
+    for name, module in first.values():
+        if not _understood(module, families):
+            unsupported.setdefault(f'{type(module).__module__}.{type(module).__qualname__}', name or '<root>')
+    config = getattr(model, 'config', None)
+    lines = [f'{cls} (at {name})' for cls, name in sorted(unsupported.items())]
+    return lines + [problem for family in families for problem in family.config_problems(config)]
 
-    Every module class in the model must be either a leaf that a rule handles (linear layers, embeddings,
-    dropout, element-wise activations, LayerNorm/RMSNorm) or listed in a family entry of
-    :py:data:`~zennit_attn.canonizers.families.FAMILIES`; configuration options that a family does not support
-    yet are refused too. The error names every module class that cannot be handled, with one module path each.
+
+def canonizers_for(model: torch.nn.Module, constant_gates: bool = False, general: bool | None = None) -> list:
+    """Return the canonizers for ``model``.
+
+    A model whose every module class is either a leaf that a rule handles (linear layers, embeddings, dropout,
+    element-wise activations, normalisations) or listed in a family entry of
+    :py:data:`~zennit_attn.canonizers.families.FAMILIES` (with supported configuration values) gets the table's
+    canonizers; any other model gets the :py:class:`~zennit_attn.canonizers.general.GeneralCanonizer`, which
+    applies the rules at the operations the model performs and raises :py:class:`UnsupportedModelError` for an
+    operation without a rule (naming it and the module path).
 
     Parameters
     ----------
     model: torch.nn.Module
-        A Hugging Face model instance (any head or a base model).
+        A Hugging Face or timm model instance (any head or a base model).
+    constant_gates: bool
+        For the general mechanism: CP-LRP's constant softmax outputs and gates (the composites set it).
+    general: bool, optional
+        True: the general mechanism also for a model the table covers; False: the table only (raise
+        :py:class:`UnsupportedModelError` listing what it does not cover); None (default): the table where it
+        covers the model, else the general mechanism.
 
     Returns
     -------
     list of zennit.canonizers.Canonizer
         Canonizers to pass to a composite (the composites of zennit-attn call this themselves).
     """
-    modules = list(model.named_modules())
-    # what is checked depends only on a module's class: one representative (and its first path) per class
-    first: dict[type, tuple[str, torch.nn.Module]] = {}
-    for name, module in modules:
-        first.setdefault(type(module), (name, module))
-    families = [family for family in FAMILIES
-                if any(family.owns(module) for _, module in first.values())]
-
-    unsupported: dict[str, str] = {}
-    for name, module in first.values():
-        if not _understood(module, families):
-            unsupported.setdefault(f'{type(module).__module__}.{type(module).__qualname__}', name or '<root>')
-
-    config = getattr(model, 'config', None)
-    problems = [problem for family in families for problem in family.config_problems(config)]
-    if unsupported or problems:
-        lines = [f'  - {cls} (at {name})' for cls, name in sorted(unsupported.items())]
-        lines += [f'  - {problem}' for problem in problems]
+    problems = table_problems(model) if not general else ['general mechanism requested']
+    if problems and general is not False:
+        return [GeneralCanonizer(constant_gates)]
+    if problems:
         raise UnsupportedModelError(
-            f'zennit-attn cannot explain {type(model).__name__}: no AttnLRP rule or canonizer handles\n'
-            + '\n'.join(lines)
-            + f'\nSupported families: {", ".join(supported_families())}. Add a Family entry for this model '
-            '(zennit_attn.canonizers.families) or pass canonizers=[...] to the composite yourself.'
+            f'zennit-attn cannot explain {type(model).__name__} with the family table: no table entry handles\n'
+            + '\n'.join(f'  - {problem}' for problem in problems)
+            + f'\nFamilies of the table: {", ".join(supported_families())}. Add a Family entry for this model '
+            '(zennit_attn.canonizers.families), or let the general mechanism explain it (general=None).'
         )
-
+    modules = [module for _, module in model.named_modules()]
+    families = [family for family in FAMILIES if any(family.owns(module) for module in modules)]
     canonizers = []
     for kind, field in ((OperandCanonizer, 'operands'), (InlineActivationCanonizer, 'inline'),
                         (InlineOperandCanonizer, 'inline_operands')):

@@ -10,15 +10,15 @@ import torch
 
 from ..explain import encode_texts, explain
 from .checks import check_common, make_composite, parse_contrast, parse_target
-from .errors import UsageError
-from .models import load
+from .errors import CommandError, UsageError
+from .models import load, load_multimodal, resolve_target
 from .options import (Formatter, add_contrast_option, add_debug, add_method_options, add_model_options,
                       add_output_options, add_prompt_options, add_target_option, methods_manual)
 from .printing import color_choice, decode, legend, method_label, shorten
 from .progress import status
 
-__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'run', 'explain_and_show', 'write_heatmap',
-           'prediction']
+__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'run', 'explain_and_show', 'explain_images',
+           'write_heatmap', 'prediction']
 
 NAME = 'explain'
 
@@ -40,6 +40,8 @@ examples:
   zennit-attn explain --prompt "The Eiffel Tower is located in the city of" --target " Paris" --contrast " London"
   zennit-attn explain --prompt "2 + 2 =" --target id:220 --model ./my-llama --output why.pdf
   zennit-attn explain --prompt "Hello" --method integrated_gradients --param steps=50
+  zennit-attn explain --model ./llava --prompt "<image>A photo of" --image cat.png --output cat.html
+  zennit-attn explain --model ./clip --prompt "a photo of a cat" --image cat.png --method cplrp
 
 exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded).'''
 
@@ -55,6 +57,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_contrast_option(group)
     group.add_argument('--top', type=int, default=5, metavar='K',
                        help='list the K most relevant input tokens; 0: none (default: %(default)s)')
+    parser.add_argument('--image', action='append', dest='images', metavar='PATH',
+                        help='an image for a vision-language model (LLaVA, Qwen2-VL; the prompt holds the '
+                             "processor's image token once per image) or an image-text model (CLIP: the prompt's "
+                             'similarity to the image is explained); repeatable; needs --model FOLDER with its '
+                             'processor')
     add_method_options(parser)
     add_model_options(parser)
     add_output_options(parser, None)
@@ -70,6 +77,14 @@ def check(args: argparse.Namespace) -> None:
     args.target = parse_target(args.target)
     args.contrast = parse_contrast(args.contrast)
     check_common(args)
+    for path in args.images or ():
+        if not Path(path).is_file():
+            raise UsageError(f'--image {path!r} is not a file')
+    if args.images and args.model_spec.kind != 'folder':
+        raise UsageError(f'--image needs --model FOLDER (a vision-language or CLIP model with its processor); '
+                         f'{args.model_spec.label} takes text only')
+    if args.images and args.contrast is not None:
+        raise UsageError('--contrast does not apply with --image')
 
 
 def prediction(model, explanation) -> tuple[int, float] | None:
@@ -94,6 +109,8 @@ def prediction(model, explanation) -> tuple[int, float] | None:
 def explain_and_show(args: argparse.Namespace):
     """Load the model, explain ``args.text`` and print the prediction, the heatmap and the top tokens; returns
     ``(model, tokenizer, explanation)``. Shared by ``explain`` and ``demo``."""
+    if getattr(args, 'images', None):
+        return explain_images(args)
     contrast = getattr(args, 'contrast', None)  # demo has none
     model, tokenizer = load(args, need_tokenizer_first=args.target is not None or contrast is not None)
     contrast = getattr(args, 'contrast', None)  # resolved to an id by load
@@ -137,6 +154,42 @@ def explain_and_show(args: argparse.Namespace):
         for rank, (position, value, token) in enumerate(top, start=1):
             print(f'  {rank}. {token!r:<16} position {position:>4}   relevance {value:+.4f}')
     return model, tokenizer, explanation
+
+
+def explain_images(args: argparse.Namespace):
+    """:py:func:`explain_and_show` for ``--image``: text and images through the model's processor."""
+    from PIL import Image
+
+    with status('loading the model and its processor', not args.quiet):
+        model, processor = load_multimodal(args.model_spec, args.dtype, args.torch_device)
+    images = []
+    for path in args.images:
+        try:
+            with Image.open(path) as picture:
+                images.append(picture.convert('RGB'))
+        except OSError as error:
+            raise CommandError(f'cannot read the image {path!r}: {error}') from error
+    start = time.perf_counter()
+    with status(f'explaining with {args.method}', not args.quiet):
+        target = resolve_target(args.target, processor.tokenizer)
+        explanation = explain(model, args.text, images=images, processor=processor, target=target,
+                              method=args.method, composite=make_composite(args.composite), **args.params)
+    seconds = time.perf_counter() - start
+    print(f'Model:       {args.model_spec.label} ({type(model).__name__})')
+    print(f'Prompt:      {shorten(args.text)!r} with {len(images)} image(s)')
+    for row in range(explanation.relevance.shape[0]):
+        if explanation.position is None:
+            explained = f'similarity score {float(explanation.logit[row]):.3f}'
+        else:
+            token = int(explanation.target[row])
+            explained = f'{decode(processor.tokenizer, token)!r} (token id {token}, logit ' \
+                        f'{float(explanation.logit[row]):.3f})'
+        print(f'Explained:   {explained}; text {float(explanation.relevance[row].sum()):+.4f} + images '
+              f'{explanation.image_relevance(row):+.4f}')
+    print(f'Method:      {method_label(args)} ({seconds:.2f} s)')
+    print()
+    explanation.show(words=args.words, color=color_choice(args.color))
+    return model, processor.tokenizer, explanation
 
 
 def write_heatmap(args: argparse.Namespace, explanation) -> None:

@@ -211,3 +211,27 @@ def resolve_target(target: int | str | None, tokenizer, option: str = '--target'
         return token_id(tokenizer, target, option)
     except ValueError as error:
         raise UsageError(f'{one_line(error)} (write id:N)') from None
+
+
+def load_multimodal(spec: ModelSpec, dtype: str = 'float32', device='cpu'):
+    """``(model, processor)`` of a vision-language model (``AutoModelForImageTextToText``) or an image-text
+    similarity model (CLIP, ``AutoModel``) in the folder of ``spec``, with its ``AutoProcessor``; in eval mode, in
+    ``dtype``, on ``device``. :py:class:`CommandError` if either does not load."""
+    import torch
+    from transformers import AutoModel, AutoModelForImageTextToText, AutoProcessor
+
+    if spec.kind != 'folder':
+        raise CommandError(f'--image needs a Hugging Face model folder with its processor; {spec.label} is not one')
+    try:
+        processor = AutoProcessor.from_pretrained(spec.folder)
+    except (ImportError, OSError, ValueError, TypeError, KeyError) as error:
+        raise CommandError(f'cannot load the processor of {spec.label} (AutoProcessor): '
+                           f'{one_line(error) or type(error).__name__}') from error
+    errors = []
+    for auto in (AutoModelForImageTextToText, AutoModel):
+        try:
+            model = auto.from_pretrained(spec.folder, dtype=getattr(torch, dtype))
+            return model.to(device).eval(), processor
+        except (ImportError, OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+            errors.append(one_line(error) or type(error).__name__)
+    raise CommandError(f'cannot load {spec.label} as a vision-language or image-text model: {errors[-1]}')

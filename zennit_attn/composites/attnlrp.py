@@ -119,17 +119,24 @@ class AttnLRPComposite(Composite):
         stabiliser in the gradient formulation and registers nothing on linear layers.
     canonizers: sequence of zennit.canonizers.Canonizer, optional
         Canonizers to apply. By default :py:func:`~zennit_attn.canonizers.canonizers_for` chooses them for the
-        model at registration, and raises for models it does not know.
+        model at registration: the family table's where it covers the model, else the general mechanism
+        (:py:class:`~zennit_attn.canonizers.general.GeneralCanonizer`).
+    general: bool, optional
+        Passed to :py:func:`~zennit_attn.canonizers.canonizers_for`: True forces the general mechanism, False the
+        family table (refusing models it does not cover).
     """
+    #: see the parameter ``general``
+    general: bool | None = None
     #: rule for the operands of inline products
     operand_rule: type = UniformOperand
     #: the root module this composite is registered to; None while it is not registered
     registered_module: torch.nn.Module | None = None
 
-    def __init__(self, epsilon: float = 0.0, canonizers: Sequence | None = None):
+    def __init__(self, epsilon: float = 0.0, canonizers: Sequence | None = None, general: bool | None = None):
         if epsilon < 0:
             raise ValueError(f'epsilon must be >= 0, got {epsilon}')
         self.epsilon = epsilon
+        self.general = general
         self.fixed_canonizers = None if canonizers is None else list(canonizers)
         super().__init__(module_map=self.mapping, canonizers=self.fixed_canonizers)
 
@@ -143,7 +150,11 @@ class AttnLRPComposite(Composite):
         refuse_compiled(module)
         self.refuse_registered(module)
         self.remove()
-        self.canonizers = canonizers_for(module) if self.fixed_canonizers is None else self.fixed_canonizers
+        if self.fixed_canonizers is None:
+            self.canonizers = canonizers_for(module, constant_gates=self.operand_rule.scales['gate'] == 0,
+                                             general=self.general)
+        else:
+            self.canonizers = self.fixed_canonizers
         try:
             super().register(module)  # starts with self.remove(): mark afterwards
             self._mark(module)

@@ -98,6 +98,7 @@ class AttnLRPGamma(AttnLRPComposite):
         attention_outputs: Mapping[str, str] | None = None,
         epsilon: float = 0.0,
         canonizers: Sequence | None = None,
+        general: bool | None = None,
     ):
         self.rules = {
             'conv': conv, 'linear': linear, 'attention_in': attention_in, 'attention_out': attention_out,
@@ -109,7 +110,7 @@ class AttnLRPGamma(AttnLRPComposite):
         self.attention_outputs = attention_outputs
         self._attention_in: set[int] = set()
         self._attention_out: set[int] = set()
-        super().__init__(epsilon=epsilon, canonizers=canonizers)
+        super().__init__(epsilon=epsilon, canonizers=canonizers, general=general)
 
     def register(self, module: torch.nn.Module) -> None:
         self.refuse_registered(module)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from .colors import color_table, hex_rgb, relevance_to_rgb, text_color
 from .layout import Heatmap, split_space
 
@@ -26,7 +28,7 @@ try:  # optional dependency
 except ImportError:  # pragma: no cover - exercised where matplotlib is missing
     Figure = None
 
-__all__ = ['FORMATS', 'Box', 'render_figure', 'save_figure']
+__all__ = ['FORMATS', 'IMAGE_HEIGHT', 'Box', 'render_figure', 'save_figure']
 
 #: file formats written through matplotlib
 FORMATS = ('png', 'svg', 'pdf')
@@ -36,6 +38,8 @@ _PAD_X = 1.8
 _PAD_Y = 2.6
 _GAP = 1.4
 _FAMILY = 'DejaVu Sans'
+#: Height in points of the pictures :py:func:`render_figure` draws above the heatmaps.
+IMAGE_HEIGHT = 110.0
 
 
 @dataclass
@@ -92,8 +96,8 @@ class _Measure:
 
 
 def render_figure(heatmaps: Sequence[Heatmap], width: float = 7.5, font_size: float = 11.0,
-                  colorbar: bool = True):
-    """Draw heatmaps one below the other as a matplotlib figure.
+                  colorbar: bool = True, images: Sequence[tuple[str, np.ndarray]] = ()):
+    """Draw heatmaps one below the other as a matplotlib figure (with ``images`` in rows above them).
 
     Parameters
     ----------
@@ -106,6 +110,9 @@ def render_figure(heatmaps: Sequence[Heatmap], width: float = 7.5, font_size: fl
     colorbar: bool
         Whether to draw the colour bar (labelled with the scale if all heatmaps share one, else ``-max |R|`` to
         ``+max |R|``).
+    images: sequence of (str, array)
+        ``(caption, [height, width, 3] uint8 RGB)`` pictures (the overlays of a multimodal explanation), drawn
+        :py:data:`IMAGE_HEIGHT` points high in rows above the heatmaps, each with its caption below.
 
     Returns
     -------
@@ -119,6 +126,16 @@ def render_figure(heatmaps: Sequence[Heatmap], width: float = 7.5, font_size: fl
     commands = []  # (kind, x, y, payload)
     boxes: list[Box] = []
     y = _MARGIN
+    x = _MARGIN
+    for caption, picture in images:
+        box = IMAGE_HEIGHT * picture.shape[1] / picture.shape[0]
+        if x + box > right and x > _MARGIN + 1e-6:
+            x = _MARGIN
+            y += IMAGE_HEIGHT + font_size * 1.6
+        commands.append(('image', x, y, (picture, box, measure.printable(caption))))
+        x += box + 2 * _GAP + font_size
+    if images:
+        y += IMAGE_HEIGHT + font_size * 2.0
     for number, heatmap in enumerate(heatmaps):
         if number:
             y += line * 0.5
@@ -177,8 +194,15 @@ def render_figure(heatmaps: Sequence[Heatmap], width: float = 7.5, font_size: fl
                                           facecolor=hex_rgb(color), edgecolor='none', linewidth=0))
             axes.text(x + _PAD_X, y, shown, fontproperties=measure.prop, va='baseline', ha='left',
                       parse_math=False, color=hex_rgb(text_color(color)))
+        elif kind == 'image':
+            picture, box, caption = payload
+            axes.imshow(picture, extent=(x, x + box, y + IMAGE_HEIGHT, y), interpolation='nearest', aspect='auto')
+            axes.text(x, y + IMAGE_HEIGHT + font_size * 1.1, caption, fontproperties=measure.small, va='baseline',
+                      ha='left', parse_math=False, color='#555555')
         else:
             _colorbar(axes, measure, x, y, payload)
+    axes.set_xlim(0, width * 72)
+    axes.set_ylim(height, 0)
     return figure, boxes
 
 

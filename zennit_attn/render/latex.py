@@ -109,18 +109,21 @@ def latex_snippet(heatmaps: Sequence[Heatmap], captions: bool = True) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def latex_document(snippet: str) -> str:
+def latex_document(snippet: str, packages: Sequence[str] = ()) -> str:
     """A complete document around ``snippet`` (article class, xcolor), to compile as it is.
 
     Parameters
     ----------
     snippet: str
+    packages: sequence of str
+        Further packages the snippet needs (``'graphicx'`` for included images).
 
     Returns
     -------
     str
     """
-    return ('\\documentclass{article}\n\\usepackage{xcolor}\n\\usepackage[margin=2cm]{geometry}\n'
+    extra = ''.join(f'\\usepackage{{{package}}}\n' for package in packages)
+    return ('\\documentclass{article}\n\\usepackage{xcolor}\n\\usepackage[margin=2cm]{geometry}\n' + extra +
             '\\begin{document}\n' + snippet + '\\end{document}\n')
 
 

@@ -30,7 +30,8 @@ from .tokens import merge_words, token_texts
 
 __all__ = ['SUFFIXES', 'IMAGE_SUFFIXES', 'resolve_tokenizer', 'check_row', 'explanation_heatmaps',
            'explanation_tokens', 'generation_columns', 'generation_heatmap', 'generation_views', 'show_heatmaps',
-           'heatmaps_html', 'check_output', 'save_heatmaps', 'save_image', 'save_image_explanation', 'shared_scale']
+           'heatmaps_html', 'check_output', 'write_file', 'save_heatmaps', 'save_image', 'save_image_explanation',
+           'shared_scale']
 
 #: file suffixes that :py:func:`save_heatmaps` writes
 SUFFIXES = ('.html', '.png', '.svg', '.pdf', '.tex')
@@ -67,7 +68,25 @@ def _special(tokenizer, ids: Sequence[int]) -> list[bool]:
 
 
 def _segment(tokenizer, ids: Sequence[int], values: Sequence[float], positions: Sequence[int], words: bool,
-             label: str | None = None) -> Segment:
+             label: str | None = None, images: torch.Tensor | None = None) -> Segment:
+    """The segment of ``ids``; ``images`` (True at image placeholder tokens) shows each run of placeholders as one
+    box ``[image k]`` holding their summed relevance (0 where the model replaces them by image features)."""
+    if images is not None and bool(images.any()):
+        parts, start, number = [], 0, 0
+        flags = images.tolist() + [None]
+        for index in range(1, len(flags)):
+            if flags[index] != flags[index - 1]:
+                span = slice(start, index)
+                if flags[start]:
+                    number += 1
+                    parts.append(Segment([f'[image {number}]'], [math.fsum(values[span])], None,
+                                         [list(positions[span])]))
+                else:
+                    parts.append(_segment(tokenizer, ids[span], values[span], positions[span], words))
+                start = index
+        return Segment([token for part in parts for token in part.tokens],
+                       [value for part in parts for value in part.values], label,
+                       [group for part in parts for group in part.positions])
     ids = [int(token) for token in ids]
     texts = token_texts(tokenizer, ids)
     if not words:
@@ -97,7 +116,9 @@ def _describe(tokenizer, explanation, row: int) -> str:
     position = None if explanation.position is None else explanation.position[row]
     method = getattr(explanation, 'method', '')
     where = 'decoder position' if getattr(explanation, 'decoder_input_ids', None) is not None else 'position'
-    if position is None:
+    if position is None and getattr(explanation, 'images', None):
+        text = 'similarity score of the text and its image'
+    elif position is None:
         text = f'target {int(target)}'
     elif target.dim() == 0:
         text = f'target token {token_texts(tokenizer, [int(target)])[0]!r} (id {int(target)}) at {where} {int(position)}'
@@ -165,8 +186,11 @@ def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=
         ids = ids if keep is None else ids[keep]
         segments = []
         decoder = getattr(explanation, 'decoder_relevance', None)
+        placeholders = getattr(explanation, 'image_tokens', None)
+        if placeholders is not None:
+            placeholders = placeholders[row].cpu() if keep is None else placeholders[row].cpu()[keep]
         segments.append(_segment(tokenizer, ids.tolist(), values, positions, words,
-                                 'encoder' if decoder is not None else None))
+                                 'encoder' if decoder is not None else None, placeholders))
         if decoder is not None:
             values, positions = _row_values(decoder, row)
             segments.append(_segment(tokenizer, explanation.decoder_input_ids[row].tolist(), values, positions, words,
@@ -305,7 +329,7 @@ def check_output(path: str | os.PathLike, suffixes: Sequence[str] = SUFFIXES) ->
     return path
 
 
-def _write(path: Path, write: Callable[[Path], object]) -> Path:
+def write_file(path: Path, write: Callable[[Path], object]) -> Path:
     """Make the missing folders of ``path`` and call ``write(path)``; an OSError names the path."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -352,10 +376,10 @@ def save_heatmaps(heatmaps: Sequence[Heatmap], path: str | os.PathLike, scale: S
         raise TypeError(f'saving {suffix} takes no option(s) {unknown}; it takes {list(allowed) or "none"}')
     if suffix == '.html':
         document = html if html is not None else heatmaps_html(heatmaps, None, title)
-        return _write(path, lambda target: target.write_text(document, encoding='utf-8'))
+        return write_file(path, lambda target: target.write_text(document, encoding='utf-8'))
     if suffix == '.tex':
-        return _write(path, lambda target: latex.save_latex(heatmaps, target, **options))
-    return _write(path, lambda target: figure.save_figure(heatmaps, target, suffix[1:], **options))
+        return write_file(path, lambda target: latex.save_latex(heatmaps, target, **options))
+    return write_file(path, lambda target: figure.save_figure(heatmaps, target, suffix[1:], **options))
 
 
 def _pillow(image) -> Image.Image:
@@ -397,7 +421,7 @@ def save_image(image, path: str | os.PathLike) -> Path:
     path = check_output(path, IMAGE_SUFFIXES)
     image = _pillow(image)
     image_format = Image.registered_extensions()[path.suffix.lower()]
-    return _write(path, lambda target: image.save(target, format=image_format))
+    return write_file(path, lambda target: image.save(target, format=image_format))
 
 
 def save_image_explanation(explanation, path: str | os.PathLike, row: int = 0, **options) -> tuple[Path, Path]:

@@ -8,13 +8,13 @@ import functools
 import torch
 from zennit.core import Hook, RemovableHandle, RemovableHandleList
 
+from ..module_kinds import UnsupportedModelError
+
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """Float32 for half-precision tensors, the tensors' own dtype otherwise."""
     dtype = functools.reduce(torch.promote_types, (tensor.dtype for tensor in tensors))
     return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
-
-
 
 
 class _ElementwiseIdentity(torch.autograd.Function):
@@ -38,10 +38,32 @@ class _ElementwiseIdentity(torch.autograd.Function):
         return ratio.mul_(grad_output.to(dtype)).to(input.dtype), None
 
 
+class _GateIdentity(_ElementwiseIdentity):
+    """:py:class:`_ElementwiseIdentity` for the output of an activation: its autograd node marks the tensor as a gate,
+    a constant factor for CP-LRP (see :py:mod:`zennit_attn.canonizers.general`)."""
 
-def elementwise_identity(input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    """Return ``output`` (computed element-wise from ``input``) such that the identity rule (Eq. 9) applies."""
-    return _ElementwiseIdentity.apply(input, output.detach())
+
+def elementwise_identity(input: torch.Tensor, output: torch.Tensor, gate: bool = False) -> torch.Tensor:
+    """Return ``output`` (computed element-wise from ``input``) such that the identity rule (Eq. 9) applies;
+    ``gate`` marks the output of an activation (as opposed to a normalisation)."""
+    return (_GateIdentity if gate else _ElementwiseIdentity).apply(input, output.detach())
+
+
+def layer_norm_identity(input: torch.Tensor, dims: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                        eps: float) -> torch.Tensor:
+    """LayerNorm over the last ``dims`` dimensions with the standard deviation a constant: the identity rule on
+    ``x / g(x)`` (Prop. 3.4), the mean subtraction and the affine part linear. Computed in float32 at least."""
+    axes = tuple(range(-dims, 0))
+    dtype = compute_dtype(input)
+    x = input.to(dtype)
+    centered = x - x.mean(axes, keepdim=True)
+    variance = centered.detach().pow(2).mean(axes, keepdim=True)
+    result = centered * torch.rsqrt(variance + eps)
+    if weight is not None:
+        result = result * weight.to(dtype)
+    if bias is not None:
+        result = result + bias.to(dtype)
+    return result.to(input.dtype)
 
 
 @contextlib.contextmanager
@@ -94,7 +116,7 @@ class GradientRule(Hook):
 
 def tensor_output(module: torch.nn.Module, output) -> torch.Tensor:
     if not isinstance(output, torch.Tensor):
-        raise TypeError(
+        raise UnsupportedModelError(
             f'{type(module).__name__} returned {type(output).__name__}; this rule needs a module with a single '
             'tensor output'
         )

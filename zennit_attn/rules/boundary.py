@@ -16,12 +16,25 @@ def _view_with_hook(tensor: torch.Tensor, hook) -> torch.Tensor:
     return inner.view_as(inner)
 
 
+class _InputRelevance(torch.autograd.Function):
+    """A copy of the input ``x`` whose backward turns the gradient ``g`` into the relevance ``x * g``. A copy, not a
+    view, so that a model may change its input in place (CTRL scales ``inputs_embeds`` with ``*=``)."""
+    @staticmethod
+    def forward(ctx, input):
+        ctx.save_for_backward(input.detach())
+        return input.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (input,) = ctx.saved_tensors
+        return grad * input
+
+
 def _to_relevance(tensor):
     """Input side of the boundary: the gradient reaching ``x`` becomes the relevance ``x * g``."""
     if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
         return tensor
-    detached = tensor.detach()
-    return _view_with_hook(tensor, lambda grad: grad * detached)
+    return _InputRelevance.apply(tensor)
 
 
 def _to_gradient(tensor):
@@ -34,7 +47,8 @@ def _to_gradient(tensor):
 
 
 #: Fields of Hugging Face model outputs that the boundary treats as outputs to be explained.
-OUTPUT_FIELDS = ('logits', 'last_hidden_state', 'pooler_output', 'start_logits', 'end_logits')
+OUTPUT_FIELDS = ('logits', 'last_hidden_state', 'pooler_output', 'start_logits', 'end_logits', 'logits_per_image',
+                 'logits_per_text')
 
 
 class RelevanceBoundary(Hook):

@@ -10,8 +10,8 @@ import torch
 from zennit.core import Hook, RemovableHandle, RemovableHandleList
 
 from ..layers import Operand
-from ..module_kinds import norm_kind
-from .base import GradientRule, compute_dtype, elementwise_identity, tensor_output
+from ..module_kinds import UnsupportedModelError, is_listed_activation, norm_kind
+from .base import GradientRule, compute_dtype, elementwise_identity, layer_norm_identity, tensor_output
 
 
 def _stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -79,7 +79,12 @@ class Epsilon(GradientRule):
 
 
 class Identity(GradientRule):
-    """Identity rule (Eq. 9) for element-wise non-linearities (GELU, SiLU, tanh, ...): ``R_in = R_out``."""
+    """Identity rule (Eq. 9) for element-wise non-linearities (GELU, SiLU, tanh, ...): ``R_in = R_out``.
+
+    Modules recognised by their class name only (not in :py:data:`~zennit_attn.module_kinds.ACTIVATIONS`) are
+    confirmed element-wise at their first call: reordering the features of the input reorders the output.
+    """
+    confirmed = False
     def forward(self, module, input, output):
         output = tensor_output(module, output)
         if not output.requires_grad or not input or not isinstance(input[0], torch.Tensor):
@@ -89,7 +94,22 @@ class Identity(GradientRule):
                 f'The identity rule needs an element-wise module, but {type(module).__name__} maps '
                 f'{tuple(input[0].shape)} to {tuple(output.shape)}'
             )
-        return elementwise_identity(input[0], output)
+        if not self.confirmed and not is_listed_activation(module):
+            with torch.no_grad():
+                flipped = module.forward(input[0].detach().flip(-1))
+            if not torch.allclose(flipped, output.detach().flip(-1), equal_nan=True):
+                raise UnsupportedModelError(
+                    f'{type(module).__name__} is named like an activation but is not element-wise (its output '
+                    'changes when the features are reordered), so the identity rule (Eq. 9) does not apply to it; '
+                    'add a rule for it or report the model.'
+                )
+        self.confirmed = True
+        return elementwise_identity(input[0], output, gate=True)
+
+    def copy(self):
+        duplicate = super().copy()
+        duplicate.confirmed = False
+        return duplicate
 
 
 class NormIdentity(GradientRule):
@@ -100,34 +120,96 @@ class NormIdentity(GradientRule):
     rule is the element-wise ratio ``g_in = g_out y / x``, valid for every RMSNorm variant (Gemma's
     ``1 + w``, float32 up-casting, ...). For LayerNorm the output is recomputed with the standard deviation
     detached.
+
+    Other modules named like a normalisation (``norm_kind`` ``'probe'``) are confirmed at their first call, on
+    the input they receive: the output must not change when the input is scaled (a normalisation); if it does not
+    change when a constant is added either, the module subtracts the mean (LayerNorm-like: ``y = (x - mean) c w +
+    b``, with ``b`` the output for a zero input), otherwise it must be RMSNorm-like (``y / x`` the same profile in
+    every row). A module that fails is refused (:py:class:`~zennit_attn.module_kinds.UnsupportedModelError`).
     """
+    def __init__(self):
+        super().__init__()
+        self.confirmed = None
+
     def forward(self, module, input, output):
         output = tensor_output(module, output)
         if not output.requires_grad or not input[0].requires_grad:
             return None
         kind = norm_kind(module)
+        if kind == 'probe':
+            if self.confirmed is None:
+                self.confirmed = _confirm_norm(module, input[0].detach(), output.detach())
+            kind, bias = self.confirmed
+            if kind == 'centered':
+                return _CenteredRatio.apply(input[0], output.detach(), bias)
         if kind == 'rms':
             return elementwise_identity(input[0], output)
         if kind == 'layer':
-            return self._layer_norm(module, input[0], output)
+            dims = len(module.normalized_shape)
+            return layer_norm_identity(input[0], dims, module.weight, module.bias, module.eps).to(output.dtype)
         raise TypeError(
             f'NormIdentity does not know how {type(module).__name__} normalises; supported are torch.nn.LayerNorm, '
             'torch.nn.RMSNorm and Hugging Face *RMSNorm modules'
         )
 
+    def copy(self):
+        duplicate = super().copy()
+        duplicate.confirmed = None
+        return duplicate
+
+
+def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """``('rms', None)`` or ``('centered', bias)`` for a module that normalises the last dimension of ``x``."""
+    name = type(module).__name__
+    tolerance = 5e-2 if torch.finfo(y.dtype).bits < 32 else 1e-3
+
+    def close(a, b):
+        return bool(((a - b).abs().max() <= tolerance * b.abs().max().clamp_min(1e-12)).item())
+
+    def refuse(reason):
+        raise UnsupportedModelError(
+            f'{name} is named like a normalisation but {reason}, so the normalisation rule (Prop. 3.4) does not '
+            'apply to it; add a rule for it (a Family entry or a composite rule) or report the model.'
+        )
+
+    with torch.no_grad():
+        if y.shape != x.shape:
+            refuse(f'maps {tuple(x.shape)} to {tuple(y.shape)}')
+        # probes far above any epsilon of the normalisation: rows of the input scaled to an RMS of 1e3
+        probe = x / x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30) * 1e3
+        reference = module.forward(probe)
+        if not close(module.forward(2 * probe), reference):
+            refuse('its output changes when its input is scaled')
+        if close(module.forward(probe + probe.abs().amax(-1, keepdim=True)), reference):
+            return 'centered', module.forward(torch.zeros_like(x[..., :1, :] if x.dim() > 1 else x))
+        profile = module.forward(torch.full_like(x[..., :1, :] if x.dim() > 1 else x, 1e3)) / 1e3
+        scale = probe * profile
+        ratio = reference / scale
+        valid = scale.abs() > 1e-6 * scale.abs().amax()
+        low = torch.where(valid, ratio, float('inf')).amin(-1)
+        high = torch.where(valid, ratio, float('-inf')).amax(-1)
+        if not bool((high - low <= tolerance * high.abs().clamp_min(1e-12)).all()):
+            refuse('it neither subtracts the mean nor scales every feature of a row by one factor')
+    return 'rms', None
+
+
+class _CenteredRatio(torch.autograd.Function):
+    """Backward of a mean-subtracting normalisation ``y = (x - mean) c w + b`` with ``c`` constant (Prop. 3.4):
+    ``g_in = h - mean(h)`` with ``h = g_out (y - b) / (x - mean)``, so that ``sum x g_in = sum (y - b) g_out``."""
     @staticmethod
-    def _layer_norm(module, input, output):
-        dims = tuple(range(-len(module.normalized_shape), 0))
-        dtype = compute_dtype(input)
+    def forward(ctx, input, output, bias):
+        ctx.save_for_backward(input.detach(), output.detach(), bias)
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, output, bias = ctx.saved_tensors
+        dtype = compute_dtype(input, output, grad_output)
         x = input.to(dtype)
-        centered = x - x.mean(dims, keepdim=True)
-        variance = centered.detach().pow(2).mean(dims, keepdim=True)
-        result = centered * torch.rsqrt(variance + module.eps)
-        if module.weight is not None:
-            result = result * module.weight.to(dtype)
-        if module.bias is not None:
-            result = result + module.bias.to(dtype)
-        return result.to(output.dtype)
+        centered = x - x.mean(-1, keepdim=True)
+        ratio = ((output.to(dtype) - bias.to(dtype)) / centered).nan_to_num_(0.0, 0.0, 0.0)
+        scaled = ratio * grad_output.to(dtype)
+        return (scaled - scaled.mean(-1, keepdim=True)).to(input.dtype), None, None
 
 
 class Softmax(GradientRule):

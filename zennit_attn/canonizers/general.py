@@ -1,0 +1,416 @@
+"""The general mechanism: AttnLRP on any transformer, applied at the operations the model performs.
+
+A model that the family table (:py:mod:`~zennit_attn.canonizers.families`) does not list is explained by
+:py:class:`GeneralCanonizer`: while the model's forward runs (and autograd records it), a
+:py:class:`torch.overrides.TorchFunctionMode` sees every torch function called on a tensor that carries relevance
+(one that requires a gradient: the model's parameters are frozen for the time of the context, so these are exactly
+the tensors computed from the explained inputs) and classifies it:
+
+- linear, structural and selection operations (add, cat, reshape, index, sum, linear layers on frozen weights,
+  max, top-k, ...): the plain gradient (epsilon rule with epsilon -> 0, Eq. 8), nothing to change;
+- products of several relevance-carrying tensors (``a * b``, ``q @ k^T``, einsum): the uniform rule (Prop. 3.2;
+  Prop. 3.3 for matrix products), each of the N factors gets 1/N; CP-LRP: factors that are the output of a
+  non-linearity or a softmax are constants;
+- softmax: the plain gradient, which is the softmax rule (Prop. 3.1);
+- ``scaled_dot_product_attention``: query and key 1/4, value 1/2 (Props. 3.1, 3.3); CP-LRP: query and key constant;
+- element-wise non-linearities (tanh, SiLU, GELU, sigmoid, clamp, ``x ** 2``, ...): the identity rule (Eq. 9);
+- a division ``a / b`` by a relevance-carrying ``b``: ``b`` is a constant (the normaliser ``g(x)`` of Prop. 3.4);
+  a renormalised softmax (top-k routing weights) keeps its plain gradient: it is the softmax of the selected logits;
+- ``rsqrt``, ``sqrt``, norms, variances: constants (normalisers, Prop. 3.4);
+- ``layer_norm``, ``rms_norm``, ``normalize``: the identity rule on ``x / g(x)`` (Prop. 3.4);
+- anything else: refused, :py:class:`UnsupportedModelError` naming the operation, the module path and what to do.
+
+Activation and normalisation *modules* get their rules from the composite as before (the mode leaves their inside
+alone); outputs of autograd functions defined outside torch, zennit and zennit-attn (custom kernels) are refused
+where they are used. Attention implementations that the mode cannot see into (flash attention, flex attention,
+kernels) run as SDPA for the time of the context (as eager where a model has no SDPA path); the results agree to
+floating-point rounding. Everything is set on the model instance and put back on :py:meth:`remove`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Mapping
+
+import torch
+from torch.overrides import TorchFunctionMode
+from zennit.canonizers import Canonizer
+
+from ..module_kinds import UnsupportedModelError, is_activation, norm_kind
+from ..rules import elementwise_identity, layer_norm_identity
+
+#: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
+VISIBLE_ATTENTION = ('eager', 'sdpa')
+
+_names = str.split
+#: Linear, structural and selection operations, and operations whose outputs carry no gradient: plain gradient.
+FREE = frozenset(_names("""
+    add sub rsub neg positive cat concat concatenate stack hstack vstack dstack view view_as reshape reshape_as
+    flatten unflatten squeeze unsqueeze permute transpose swapaxes swapdims movedim moveaxis t contiguous clone
+    expand expand_as broadcast_to broadcast_tensors repeat repeat_interleave tile narrow narrow_copy select
+    index_select gather take_along_dim getitem setitem split split_with_sizes tensor_split hsplit vsplit chunk
+    unbind flip fliplr flipud roll rot90 tril triu diagonal diag_embed masked_fill where sum mean nansum cumsum
+    to type type_as float double half bfloat16 cpu cuda detach dropout dropout1d dropout2d dropout3d alpha_dropout
+    feature_alpha_dropout pad constant_pad_nd interpolate upsample avg_pool1d avg_pool2d avg_pool3d
+    adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d pixel_shuffle pixel_unshuffle unfold fold
+    as_strided index_put index_add index_copy index_fill scatter scatter_add scatter_reduce masked_scatter
+    masked_select copy zero fill max min amax amin topk sort kthvalue maximum minimum fmax fmin msort argsort
+    argmax argmin eq ne lt le gt ge equal isnan isinf isfinite isclose allclose all any sign signbit count_nonzero
+    nonzero contains iter reversed new_zeros new_ones new_empty new_full new_tensor zeros_like ones_like
+    empty_like full_like rand_like randn_like randint_like type_as numpy pin_memory share_memory record_stream
+    split_size unsqueeze_copy expand_copy view_copy permute_copy transpose_copy squeeze_copy slice_copy
+    select_copy flatten_copy chunk_copy real imag conj resolve_conj resolve_neg align_to rename refine_names
+    embedding embedding_bag one_hot diff bucketize searchsorted histc lerp_weight cummax cummin logical_and
+    logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_not floor_divide remainder fmod round floor
+    ceil trunc view_as_complex view_as_real complex polar_detached
+"""))
+#: Operations that read metadata, detach or register hooks: nothing to check (they run in the rules' hooks too).
+METADATA = frozenset(_names("""
+    get detach numel dim size stride storage_offset data_ptr element_size is_contiguous is_floating_point is_complex
+    item tolist bool len format repr hash requires_grad retain_grad register_hook untyped_storage
+"""))
+#: Multilinear operations: linear when one operand carries relevance, a product (uniform rule) when several do.
+PRODUCTS = frozenset(_names("""
+    mul multiply matmul mm bmm einsum linear bilinear conv1d conv2d conv3d conv_transpose1d conv_transpose2d
+    conv_transpose3d addmm addbmm baddbmm addmv addcmul outer inner dot vdot tensordot kron prod
+"""))
+#: Element-wise non-linearities: identity rule (Eq. 9).
+ACTIVATIONS = frozenset(_names("""
+    tanh sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardtanh hardsigmoid erf
+    clamp clamp_min clamp_max clip abs threshold square glu_half
+"""))
+#: Computations of a normaliser ``g(x)`` (Prop. 3.4): constants.
+NORMALISERS = frozenset(_names('rsqrt sqrt reciprocal norm vector_norm matrix_norm std var std_mean var_mean'))
+DIVISIONS = frozenset(_names('div divide true_divide'))
+SOFTMAX = frozenset(_names('softmax _softmax'))
+
+#: Autograd nodes through which a gate or softmax output passes unchanged in kind (one relevance-carrying input).
+_PASS_NODES = re.compile(
+    r'(View|UnsafeView|Reshape\w*|Transpose|Permute|Expand|Squeeze\w*|Unsqueeze\w*|Slice|Select|Index|Gather|'
+    r'ToCopy|Clone|Topk|Sort|Div|Mul|AsStrided|Split\w*|Unbind|IndexSelect|Repeat|MaskedFill|NativeDropout|'
+    r'Alias|TBackward|Narrow|Sum|Mean)Backward\d*$'
+)
+#: Autograd nodes of gate (activation) and softmax outputs: the constant factors of CP-LRP.
+_GATE_NODES = re.compile(r'(_GateIdentity|Softmax|_SoftmaxTaylor)Backward\d*$')
+#: Packages whose autograd functions are trusted (their outputs are the ones the rules produce or plain torch).
+_TRUSTED_FUNCTIONS = ('torch.', 'zennit.', 'zennit_attn.', 'bitsandbytes.')
+#: Class names of sequence mixers that are not softmax attention.
+_RECURRENT = re.compile(r'Mamba|SSM|Ssm|Delta|ForgetGate|LinearAttention|Linear_?Attn|Rwkv|RWKV|Retention|Hyena|Xlstm|xLSTM|'
+                        r'LSTM|GRU|Lightning|Recurrent|ShortConv|Mixer|Lfm2Short')
+
+
+def _op_name(func: Callable) -> str:
+    """``torch.mul``, ``Tensor.__rmul__`` and ``Tensor.mul_`` all give ``'mul'``."""
+    name = getattr(func, '__name__', '') or ''
+    if name.startswith('__') and name.endswith('__'):
+        name = name[2:-2]
+        if name.startswith(('r', 'i')) and name[1:] in {'add', 'sub', 'mul', 'matmul', 'truediv', 'floordiv', 'pow',
+                                                        'mod', 'and', 'or', 'xor'}:
+            name = name[1:] if not (name.startswith('r') and name[1:] in {'sub', 'truediv', 'pow'}) else name
+    return {'truediv': 'div', 'rtruediv': 'reciprocal_scaled', 'rsub': 'sub', 'floordiv': 'floor_divide',
+            'mod': 'remainder', 'and': 'logical_and', 'or': 'logical_or', 'xor': 'logical_xor',
+            'rpow': 'rpow'}.get(name.rstrip('_') or name, name.rstrip('_') or name)
+
+
+def _tensors(value, found: list) -> list:
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _tensors(item, found)
+    return found
+
+
+def _scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """``tensor`` with its gradient multiplied by ``factor`` (detached for 0)."""
+    if factor == 0:
+        return tensor.detach()
+    if factor == 1:
+        return tensor
+    result = tensor.view_as(tensor)
+    result.register_hook(lambda grad: grad * factor)
+    return result
+
+
+def _is_gate(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is (a view, selection or rescaling of) the output of an activation or a softmax."""
+    node = tensor.grad_fn
+    for _ in range(32):
+        if node is None:
+            return False
+        name = type(node).__name__
+        if _GATE_NODES.match(name):
+            return True
+        if not _PASS_NODES.match(name):
+            return False
+        node = next((next_node for next_node, _ in node.next_functions if next_node is not None), None)
+    return False
+
+
+class _Classifier(TorchFunctionMode):
+    """The torch function mode of :py:class:`GeneralCanonizer`; see the module's table."""
+    def __init__(self, canonizer: 'GeneralCanonizer'):
+        super().__init__()
+        self.canonizer = canonizer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        canonizer = self.canonizer
+        if canonizer.opaque or not torch.is_grad_enabled():
+            return func(*args, **kwargs)
+        name = _op_name(func)
+        if name in METADATA:
+            return func(*args, **kwargs)
+        carrying = [tensor for tensor in _tensors(args, _tensors(list(kwargs.values()), [])) if tensor.requires_grad]
+        if not carrying:
+            return func(*args, **kwargs)
+        for tensor in carrying:
+            canonizer.check_origin(tensor)
+        if name in {'add', 'sub'}:
+            canonizer.note_constant(args, kwargs)
+        if name in FREE or name in SOFTMAX:
+            return func(*args, **kwargs)
+        if name in PRODUCTS:
+            return self.product(func, args, kwargs)
+        if name in DIVISIONS:
+            return self.division(func, args, kwargs)
+        if name in ACTIVATIONS or (name == 'pow' and self.power(args, kwargs) >= 1):
+            if len(carrying) != 1 or not isinstance(args[0], torch.Tensor) or args[0] is not carrying[0]:
+                canonizer.refuse(name, 'an element-wise non-linearity of more than one relevance-carrying tensor')
+            return canonizer.activation(args[0], func(*args, **kwargs))
+        if name in NORMALISERS or name in {'pow', 'reciprocal_scaled'}:
+            with torch.no_grad():
+                return func(*args, **kwargs)
+        if name == 'scaled_dot_product_attention':
+            return self.attention(func, args, kwargs)
+        if name in {'layer_norm', 'rms_norm', 'normalize'}:
+            return self.norm(name, func, args, kwargs)
+        canonizer.refuse(name)
+
+    @staticmethod
+    def power(args, kwargs) -> float:
+        exponent = args[1] if len(args) > 1 else kwargs.get('exponent')
+        return float(exponent) if isinstance(exponent, (int, float)) else float('nan')
+
+    def product(self, func, args, kwargs):
+        carrying = [tensor for tensor in _tensors(args, _tensors(list(kwargs.values()), [])) if tensor.requires_grad]
+        if len(carrying) < 2:
+            return func(*args, **kwargs)
+        if getattr(func, '__name__', '').endswith('_') and not getattr(func, '__name__', '').startswith('__'):
+            self.canonizer.refuse(getattr(func, '__name__'), 'an in-place product of relevance-carrying tensors')
+        factors = {}
+        if self.canonizer.constant_gates:
+            constant = {id(tensor) for tensor in carrying if _is_gate(tensor)}
+            free = [tensor for tensor in carrying if id(tensor) not in constant]
+            for tensor in carrying:
+                factors[id(tensor)] = 0.0 if id(tensor) in constant else 1.0 / max(len(free), 1) if len(free) > 1 \
+                    else 1.0
+        else:
+            factors = {id(tensor): 1.0 / len(carrying) for tensor in carrying}
+        replaced = {}
+
+        def swap(value):
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                if id(value) not in replaced:
+                    replaced[id(value)] = _scaled(value, factors[id(value)])
+                return replaced[id(value)]
+            if isinstance(value, (list, tuple)):
+                return type(value)(swap(item) for item in value)
+            return value
+        # each distinct tensor once: ``x * x`` gives x the gradient 2 x g / 2, its relevance x^2 g
+        factors.update({id(tensor): factors[id(tensor)] for tensor in carrying})
+        return func(*swap(tuple(args)), **{key: swap(value) for key, value in kwargs.items()})
+
+    def division(self, func, args, kwargs):
+        numerator, denominator = (list(args) + [kwargs.get('other')])[:2]
+        if not (isinstance(denominator, torch.Tensor) and denominator.requires_grad):
+            return func(*args, **kwargs)
+        if _is_gate(denominator) and isinstance(numerator, torch.Tensor) and _is_gate(numerator):
+            return func(*args, **kwargs)  # renormalised softmax: the softmax of the selected logits (Prop. 3.1)
+        rest = {key: value for key, value in kwargs.items() if key != 'other'}
+        return func(numerator, denominator.detach(), *args[2:], **rest)
+
+    def attention(self, func, args, kwargs):
+        names = ('query', 'key', 'value')
+        scales = self.canonizer.attention_scales
+        args = list(args)
+        for index, name in enumerate(names):
+            if index < len(args):
+                if isinstance(args[index], torch.Tensor) and args[index].requires_grad:
+                    args[index] = _scaled(args[index], scales[name])
+            elif isinstance(kwargs.get(name), torch.Tensor) and kwargs[name].requires_grad:
+                kwargs[name] = _scaled(kwargs[name], scales[name])
+        mask = args[3] if len(args) > 3 else kwargs.get('attn_mask')
+        if isinstance(mask, torch.Tensor) and mask.requires_grad:
+            self.canonizer.refuse('scaled_dot_product_attention', 'an attention mask that carries relevance')
+        return func(*args, **kwargs)
+
+    def norm(self, name, func, args, kwargs):
+        input = args[0]
+        if name == 'layer_norm':
+            shape = args[1] if len(args) > 1 else kwargs['normalized_shape']
+            weight = args[2] if len(args) > 2 else kwargs.get('weight')
+            bias = args[3] if len(args) > 3 else kwargs.get('bias')
+            eps = args[4] if len(args) > 4 else kwargs.get('eps', 1e-5)
+            if any(isinstance(value, torch.Tensor) and value.requires_grad for value in (weight, bias)):
+                self.canonizer.refuse(name, 'a normalisation whose weight carries relevance')
+            return layer_norm_identity(input, len(shape), weight, bias, eps)
+        with torch.no_grad():
+            output = func(*args, **kwargs)
+        if any(tensor.requires_grad for tensor in _tensors(list(args[1:]) + list(kwargs.values()), [])):
+            self.canonizer.refuse(name, 'a normalisation whose weight carries relevance')
+        return elementwise_identity(input, output)
+
+
+def _configs(model: torch.nn.Module) -> list:
+    """Every configuration object of ``model``: of its modules, and their sub-configurations."""
+    found = {}
+
+    def add(config):
+        if config is None or id(config) in found or not hasattr(config, '_attn_implementation'):
+            return
+        found[id(config)] = config
+        for key in getattr(config, 'sub_configs', {}) or {}:
+            add(getattr(config, key, None))
+
+    for module in model.modules():
+        add(getattr(module, 'config', None))
+    return list(found.values())
+
+
+class GeneralCanonizer(Canonizer):
+    """Explain any transformer at the operations it performs (see the module's table).
+
+    Applying it to a model (the composites do, for a model the family table does not list) freezes the model's
+    parameters, sets attention implementations the mode cannot see into to SDPA (eager without SDPA), the experts
+    of mixtures of experts to their plain loop, and enters the classifying mode for the time of each forward of
+    the model; :py:meth:`remove` puts everything back.
+
+    Parameters
+    ----------
+    constant_gates: bool
+        CP-LRP (Ali et al. 2022): the outputs of non-linearities and softmaxes are constants where they enter a
+        product, and query and key receive nothing in SDPA. False (AttnLRP): the uniform rule.
+    """
+    def __init__(self, constant_gates: bool = False, constants: list | None = None):
+        super().__init__()
+        self.constant_gates = constant_gates
+        #: ``(module path, value)`` of every non-zero number the model adds to a tensor that carries relevance: a
+        #: bias written into the model's code, which absorbs relevance (no conservation check can be exact then);
+        #: shared with the copies :py:meth:`apply` registers
+        self.constants = [] if constants is None else constants
+        self.attention_scales = ({'query': 0.0, 'key': 0.0, 'value': 1.0} if constant_gates
+                                 else {'query': 0.25, 'key': 0.25, 'value': 0.5})
+        self.opaque = 0
+        self.path: list[tuple[str, torch.nn.Module]] = []
+        self.handles: list = []
+        self.frozen: list[torch.nn.Parameter] = []
+        self.settings: list[tuple[object, str, object]] = []
+        self.modes: list[_Classifier] = []
+
+    def copy(self) -> 'GeneralCanonizer':
+        return type(self)(self.constant_gates, self.constants)
+
+    def note_constant(self, args, kwargs) -> None:
+        """Record a non-zero number added to (or subtracted from) a tensor that carries relevance."""
+        numbers = [value for value in list(args[:2]) + [kwargs.get('other')]
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0]
+        if numbers:
+            self.constants.append((self.path[-1][0] if self.path else '', numbers[0]))
+
+    def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
+        instance = self.copy()
+        try:
+            instance.register(root_module)
+        except BaseException:
+            instance.remove()
+            raise
+        return [instance]
+
+    def register(self, model: torch.nn.Module) -> None:
+        for config in _configs(model):
+            implementation = getattr(config, '_attn_implementation_internal', None)
+            if implementation is not None and implementation not in VISIBLE_ATTENTION:
+                sdpa = getattr(model, '_supports_sdpa', True) is not False
+                self._set(config, '_attn_implementation_internal', 'sdpa' if sdpa else 'eager')
+            if getattr(config, '_experts_implementation_internal', None) not in (None, 'eager'):
+                self._set(config, '_experts_implementation_internal', 'eager')
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.requires_grad_(False)
+                self.frozen.append(parameter)
+        for name, module in model.named_modules():
+            opaque = name != '' and self.is_opaque(module)
+            self.handles.append(module.register_forward_pre_hook(self._enter(name, module, opaque)))
+            self.handles.append(module.register_forward_hook(self._leave(opaque), always_call=True))
+
+    @staticmethod
+    def is_opaque(module: torch.nn.Module) -> bool:
+        """Modules whose output the composite's rule replaces as a whole (activations, normalisations, softmax):
+        the operations inside them are not classified."""
+        return is_activation(module) or norm_kind(module) is not None or isinstance(module, torch.nn.Softmax)
+
+    def _set(self, target, attribute: str, value) -> None:
+        self.settings.append((target, attribute, getattr(target, attribute)))
+        setattr(target, attribute, value)
+
+    def _enter(self, name: str, module: torch.nn.Module, opaque: bool):
+        def hook(module, args):
+            if not self.path:
+                mode = _Classifier(self)
+                mode.__enter__()
+                self.modes.append(mode)
+            self.path.append((name, module))
+            self.opaque += opaque
+        return hook
+
+    def _leave(self, opaque: bool):
+        def hook(module, args, output):
+            if self.path:
+                self.path.pop()
+                self.opaque -= opaque
+            if not self.path:
+                while self.modes:
+                    self.modes.pop().__exit__(None, None, None)
+                values = list(output.values()) if isinstance(output, Mapping) else output
+                for tensor in _tensors(values, []):
+                    if tensor.requires_grad:
+                        self.check_origin(tensor)
+        return hook
+
+    def check_origin(self, tensor: torch.Tensor) -> None:
+        """Refuse a tensor computed by an autograd function of another package (a custom kernel)."""
+        forward = getattr(tensor.grad_fn, '_forward_cls', None)
+        if forward is not None and not forward.__module__.startswith(_TRUSTED_FUNCTIONS):
+            self.refuse(f'{forward.__module__}.{forward.__qualname__}', 'a custom autograd function (kernel)')
+
+    def activation(self, input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        return elementwise_identity(input, output, gate=True)
+
+    def refuse(self, op: str, what: str | None = None):
+        name, module = self.path[-1] if self.path else ('', None)
+        cls = type(module).__name__ if module is not None else '?'
+        where = f"'{name}' ({cls})" if name else f'the model ({cls})'
+        outer = next((type(item).__name__ for _, item in reversed(self.path) if _RECURRENT.search(type(item).__name__)),
+                     None)
+        description = what or 'an operation without an AttnLRP rule'
+        if outer is not None:
+            hint = (f'{outer} is not softmax attention: AttnLRP (Achtibat et al. 2024) defines rules for softmax '
+                    'attention, linear layers, element-wise non-linearities, products and normalisations; the '
+                    'recurrences of state-space, linear-attention and convolutional sequence mixers are outside '
+                    'them, so zennit-attn does not explain this model.')
+        else:
+            hint = ('Route it through a module that the composite has a rule for, add a Family entry '
+                    '(zennit_attn.canonizers.families), or report the model.')
+        raise UnsupportedModelError(f'zennit-attn cannot explain {op} in {where}: {description}, computed on tensors '
+                                    f'that carry relevance. {hint}')
+
+    def remove(self) -> None:
+        while self.modes:
+            self.modes.pop().__exit__(None, None, None)
+        for handle in self.handles:
+            handle.remove()
+        for parameter in self.frozen:
+            parameter.requires_grad_(True)
+        for target, attribute, value in reversed(self.settings):
+            setattr(target, attribute, value)
+        self.handles, self.frozen, self.settings, self.path, self.opaque = [], [], [], [], 0
