@@ -129,8 +129,7 @@ def tiny_config(config_class):
 
 
 def _model_class(mapping: str, architecture: str):
-    config_name = getattr(transformers, 'CONFIG_MAPPING_NAMES', None) or \
-        importlib.import_module('transformers.models.auto.configuration_auto').CONFIG_MAPPING_NAMES
+    config_name = importlib.import_module('transformers.models.auto.configuration_auto').CONFIG_MAPPING_NAMES
     names = getattr(importlib.import_module('transformers.models.auto.modeling_auto'), MAPPINGS[mapping])
     return getattr(transformers, names[architecture]), getattr(transformers, config_name[architecture])
 
@@ -237,7 +236,6 @@ def architectures(mapping: str) -> list[str]:
 def walk(mappings: Iterable[str] = tuple(MAPPINGS), progress: bool = True) -> list[Result]:
     """Check every architecture of ``mappings`` (see :py:func:`check`)."""
     jobs = [(mapping, name) for mapping in mappings for name in architectures(mapping)]
-    torch.set_default_dtype(torch.float32)
     return [check(mapping, name) for mapping, name in tqdm(jobs, disable=not progress, desc='zoo')]
 
 

@@ -59,9 +59,9 @@ FREE = frozenset(_names("""
     empty_like full_like rand_like randn_like randint_like type_as numpy pin_memory share_memory record_stream
     split_size unsqueeze_copy expand_copy view_copy permute_copy transpose_copy squeeze_copy slice_copy
     select_copy flatten_copy chunk_copy real imag conj resolve_conj resolve_neg align_to rename refine_names
-    embedding embedding_bag one_hot diff bucketize searchsorted histc lerp_weight cummax cummin logical_and
+    embedding embedding_bag one_hot diff bucketize searchsorted histc cummax cummin logical_and
     logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_not floor_divide remainder fmod round floor
-    ceil trunc view_as_complex view_as_real complex polar_detached
+    ceil trunc view_as_complex view_as_real complex
 """))
 #: Operations that read metadata, detach or register hooks: nothing to check (they run in the rules' hooks too).
 METADATA = frozenset(_names("""
@@ -76,7 +76,7 @@ PRODUCTS = frozenset(_names("""
 #: Element-wise non-linearities: identity rule (Eq. 9).
 ACTIVATIONS = frozenset(_names("""
     tanh sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardtanh hardsigmoid erf
-    clamp clamp_min clamp_max clip abs threshold square glu_half
+    clamp clamp_min clamp_max clip abs threshold square
 """))
 #: Computations of a normaliser ``g(x)`` (Prop. 3.4): constants.
 NORMALISERS = frozenset(_names('rsqrt sqrt reciprocal norm vector_norm matrix_norm std var std_mean var_mean'))
@@ -98,17 +98,25 @@ _RECURRENT = re.compile(r'Mamba|SSM|Ssm|Delta|ForgetGate|LinearAttention|Linear_
                         r'LSTM|GRU|Lightning|Recurrent|ShortConv|Mixer|Lfm2Short')
 
 
+#: Reflected operators whose operand order changes what they compute (``c - x``, ``c / x``, ``c ** x``).
+_REFLECTED = {'rsub': 'sub', 'rtruediv': 'reciprocal_scaled', 'rpow': 'rpow'}
+#: Operators whose reflected (``__rmul__``) and in-place (``__imul__``) forms compute the same as the plain one.
+_SWAPPABLE = frozenset(_names('add sub mul matmul truediv floordiv pow mod and or xor'))
+_ALIASES = {'truediv': 'div', 'floordiv': 'floor_divide', 'mod': 'remainder', 'and': 'logical_and',
+            'or': 'logical_or', 'xor': 'logical_xor'}
+
+
 def _op_name(func: Callable) -> str:
     """``torch.mul``, ``Tensor.__rmul__`` and ``Tensor.mul_`` all give ``'mul'``."""
     name = getattr(func, '__name__', '') or ''
     if name.startswith('__') and name.endswith('__'):
         name = name[2:-2]
-        if name.startswith(('r', 'i')) and name[1:] in {'add', 'sub', 'mul', 'matmul', 'truediv', 'floordiv', 'pow',
-                                                        'mod', 'and', 'or', 'xor'}:
-            name = name[1:] if not (name.startswith('r') and name[1:] in {'sub', 'truediv', 'pow'}) else name
-    return {'truediv': 'div', 'rtruediv': 'reciprocal_scaled', 'rsub': 'sub', 'floordiv': 'floor_divide',
-            'mod': 'remainder', 'and': 'logical_and', 'or': 'logical_or', 'xor': 'logical_xor',
-            'rpow': 'rpow'}.get(name.rstrip('_') or name, name.rstrip('_') or name)
+        if name in _REFLECTED:
+            return _REFLECTED[name]
+        if name[:1] in ('r', 'i') and name[1:] in _SWAPPABLE:
+            name = name[1:]
+    name = name.rstrip('_') or name
+    return _ALIASES.get(name, name)
 
 
 def _tensors(value, found: list) -> list:
@@ -170,7 +178,7 @@ class _Classifier(TorchFunctionMode):
         if name in FREE or name in SOFTMAX:
             return func(*args, **kwargs)
         if name in PRODUCTS:
-            return self.product(func, args, kwargs)
+            return self.product(func, args, kwargs, carrying)
         if name in DIVISIONS:
             return self.division(func, args, kwargs)
         if name in ACTIVATIONS or (name == 'pow' and self.power(args, kwargs) >= 1):
@@ -191,24 +199,21 @@ class _Classifier(TorchFunctionMode):
         exponent = args[1] if len(args) > 1 else kwargs.get('exponent')
         return float(exponent) if isinstance(exponent, (int, float)) else float('nan')
 
-    def product(self, func, args, kwargs):
-        carrying = [tensor for tensor in _tensors(args, _tensors(list(kwargs.values()), [])) if tensor.requires_grad]
+    def product(self, func, args, kwargs, carrying: list[torch.Tensor]):
         if len(carrying) < 2:
             return func(*args, **kwargs)
-        if getattr(func, '__name__', '').endswith('_') and not getattr(func, '__name__', '').startswith('__'):
-            self.canonizer.refuse(getattr(func, '__name__'), 'an in-place product of relevance-carrying tensors')
-        factors = {}
-        if self.canonizer.constant_gates:
-            constant = {id(tensor) for tensor in carrying if _is_gate(tensor)}
-            free = [tensor for tensor in carrying if id(tensor) not in constant]
-            for tensor in carrying:
-                factors[id(tensor)] = 0.0 if id(tensor) in constant else 1.0 / max(len(free), 1) if len(free) > 1 \
-                    else 1.0
-        else:
-            factors = {id(tensor): 1.0 / len(carrying) for tensor in carrying}
+        name = getattr(func, '__name__', '')
+        if name.endswith('_') and not name.startswith('__'):
+            self.canonizer.refuse(name, 'an in-place product of relevance-carrying tensors')
+        constant = ({id(tensor) for tensor in carrying if _is_gate(tensor)} if self.canonizer.constant_gates
+                    else set())
+        free = [tensor for tensor in carrying if id(tensor) not in constant]
+        share = 1.0 / len(free) if len(free) > 1 else 1.0
+        factors = {id(tensor): 0.0 if id(tensor) in constant else share for tensor in carrying}
         replaced = {}
 
         def swap(value):
+            # each distinct tensor scaled once: ``x * x`` gives x the gradient 2 x g / 2, its relevance x^2 g
             if isinstance(value, torch.Tensor) and value.requires_grad:
                 if id(value) not in replaced:
                     replaced[id(value)] = _scaled(value, factors[id(value)])
@@ -216,8 +221,6 @@ class _Classifier(TorchFunctionMode):
             if isinstance(value, (list, tuple)):
                 return type(value)(swap(item) for item in value)
             return value
-        # each distinct tensor once: ``x * x`` gives x the gradient 2 x g / 2, its relevance x^2 g
-        factors.update({id(tensor): factors[id(tensor)] for tensor in carrying})
         return func(*swap(tuple(args)), **{key: swap(value) for key, value in kwargs.items()})
 
     def division(self, func, args, kwargs):
