@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.models import tiny_clip, tiny_llava, tiny_qwen2_vl
+from tests.models import tiny_clip, tiny_llava, tiny_model, tiny_qwen2_vl
 from tests.processors import clip_processor, image, llava_processor, qwen2_vl_processor
 from zennit_attn import explain
-from zennit_attn.composites import CPLRPEpsilon
+from zennit_attn.composites import CPLRPEpsilon, CPLRPGamma
 from zennit_attn.explanation import MultimodalExplanation
-from zennit_attn.module_kinds import UnsupportedModelError
+from zennit_attn.rules import Gamma
 from zennit_attn.vision_language import image_layout
 
 LLAVA_TEXT = '<image>The ice bear lives'
@@ -131,11 +131,15 @@ def test_clip_attnlrp_is_finite(clip):
     assert bool(torch.isfinite(exp.pixel_relevance).all()) and exp.method == 'attnlrp'
 
 
-def test_siglip_is_refused_by_the_mechanism():
-    """SigLIP's attention-pooling head (torch.nn.MultiheadAttention) has no rule in the general mechanism yet."""
+def test_siglip_conserves():
+    """SigLIP's attention-pooling head (torch.nn.MultiheadAttention) runs as its decomposition: CP-LRP without
+    biases is exact on the similarity score (text + pixels), AttnLRP finite."""
     model = tiny_clip(zero_bias=True, family='siglip')
-    with pytest.raises(UnsupportedModelError, match='multi_head_attention_forward'):
-        explain(model, 'The ice bear', images=image(), processor=clip_processor())
+    exp = explain(model, 'The ice bear', images=image(), processor=clip_processor(), method='cplrp')
+    assert abs(exp.total(0) - float(exp.logit[0])) < 1e-6 * max(1.0, abs(float(exp.logit[0])))
+    assert float(exp.pixel_relevance.abs().sum()) > 0
+    exp = explain(model, 'The ice bear', images=image(), processor=clip_processor())
+    assert bool(torch.isfinite(exp.pixel_relevance).all())
 
 
 # ------------------------------------------------------------------------------------------------ hostile input
@@ -176,3 +180,42 @@ def test_refusals(llava, clip):
 def test_unsupported_layout_is_named(llava):
     with pytest.raises(ValueError, match='Idefics3'):
         image_layout(llava[0], torch.zeros(1, 2, 3, 16, 16), {})
+
+
+@pytest.mark.parametrize('family', ['llava', 'qwen'])
+def test_gamma_on_the_vision_tower(family, request):
+    """``CPLRPGamma(within='vision')``: the gamma rules act in the vision tower only. Gamma conserves without
+    biases (the stabilisers made negligible, the attention projections without epsilon), so text + pixel relevance
+    is still the logit; the pixels' relevance changes with gamma, and with ``gamma = 0`` it is CP-LRP's epsilon
+    composite's."""
+    (model, processor), text = {'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
+                                'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT)}[family]
+    base = explain(model, text, images=[image()], processor=processor, method='cplrp')
+    gamma = explain(model, text, images=[image()], processor=processor, target=base.target,
+                    composite=CPLRPGamma(within='vision', conv=Gamma(0.25, 1e-30), linear=Gamma(0.5, 1e-30),
+                                         attention_in=None, attention_out=None))
+    total = float(gamma.relevance.sum()) + float(gamma.pixel_relevance.sum())
+    assert abs(total - float(base.logit)) < 1e-6 * max(1.0, abs(float(base.logit)))
+    assert (gamma.pixel_relevance - base.pixel_relevance).abs().max() > 1e-3 * base.pixel_relevance.abs().max()
+    whole = explain(model, text, images=[image()], processor=processor, target=base.target,
+                    composite=CPLRPGamma(conv=Gamma(0.25, 1e-30), linear=Gamma(0.5, 1e-30), attention_in=None,
+                                         attention_out=None))
+    assert (whole.relevance - gamma.relevance).abs().max() > 1e-3 * gamma.relevance.abs().max()  # the LM is outside
+    zero = explain(model, text, images=[image()], processor=processor, target=base.target,
+                   composite=CPLRPGamma(within='vision', conv=Gamma(0.0, 1e-30), linear=Gamma(0.0, 1e-30),
+                                        attention_in=None, attention_out=None))
+    for found, expected in ((zero.pixel_relevance, base.pixel_relevance), (zero.relevance, base.relevance)):
+        torch.testing.assert_close(found, expected, rtol=0, atol=1e-9 * float(expected.abs().max()))
+
+
+def test_gamma_scope_is_checked(llava):
+    model, _ = llava
+    with pytest.raises(ValueError, match='no vision tower'):
+        with CPLRPGamma(within='vision').context(tiny_model('llama')):
+            pass
+    with pytest.raises(ValueError, match='does not have'):
+        with CPLRPGamma(within='model.no_such_tower').context(model):
+            pass
+    with pytest.raises(TypeError, match='within='):
+        CPLRPGamma(within=3)
+    assert all(parameter.requires_grad for parameter in model.parameters())

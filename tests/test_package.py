@@ -90,6 +90,7 @@ LAYERS = [
     ('zennit_attn.methods',),
     ('zennit_attn.latent',),
     ('zennit_attn.explain', 'zennit_attn.captum'),
+    ('zennit_attn.zoo_inputs',),
     ('zennit_attn.generation', 'zennit_attn.dataset', 'zennit_attn.evaluation', 'zennit_attn.diagnostics',
      'zennit_attn.inseq', 'zennit_attn.zoo'),
     ('zennit_attn',),  # the package's __init__: the public names

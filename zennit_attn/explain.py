@@ -18,7 +18,7 @@ from .latent.targets import explain_latent
 from .methods import METHODS, check_params
 from .objectives import RUNNER_UP, objective_for
 from .task import make_task
-from .vision_language import encode_multimodal, is_similarity_model, make_multimodal_task
+from .vision_language import encode_multimodal, has_pixels, is_similarity_model, make_multimodal_task
 
 __all__ = ['explain', 'encode_texts']
 
@@ -215,14 +215,19 @@ def explain(
     processor: optional
         The model's Hugging Face processor (``AutoProcessor.from_pretrained(path)``): turns the text and images
         into ``input_ids``, ``pixel_values`` and the model's further fields, all passed to the model; its tokenizer
-        is stored on the explanation.
+        is stored on the explanation. Instead of the text and ``images``, ``input_ids`` may be what the processor
+        returned (a mapping with ``pixel_values``, e.g. from ``processor.apply_chat_template(..., tokenize=True,
+        return_dict=True)``, or a prefix of a generated answer, as :py:func:`~zennit_attn.explain_generation` passes
+        it): it is used as it is (every field passed to the model) and explained as with images; ``processor`` is
+        then optional (it gives the tokenizer and the image normalisation of the overlays; without it,
+        ``tokenizer=`` may give the tokenizer).
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods`), checked by
         :py:func:`~zennit_attn.methods.check_params` before the model is run.
 
     Returns
     -------
-    Explanation or ImageExplanation
+    Explanation, ImageExplanation or MultimodalExplanation
 
     Raises
     ------
@@ -242,7 +247,7 @@ def explain(
     if checkpointing and not entry.backward:
         raise ValueError(f'checkpointing=True saves memory of a backward pass, which {method!r} does not do; it '
                          f'applies to {", ".join(name for name, other in METHODS.items() if other.backward)}')
-    if images is not None or processor is not None:
+    if images is not None or processor is not None or has_pixels(input_ids):
         return _explain_multimodal(model, input_ids, images, processor, target, position, method, entry, params,
                                    model_kwargs, locals_used=dict(
                                        attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
@@ -286,7 +291,12 @@ def explain(
 
 def _explain_multimodal(model, text, images, processor, target, position, method, entry, params, model_kwargs,
                         locals_used: dict) -> MultimodalExplanation:
-    """:py:func:`explain` on text and images (see its ``images`` and ``processor``)."""
+    """:py:func:`explain` on text and images (see its ``images`` and ``processor``), or on what the processor
+    returned for them (a mapping with ``pixel_values``)."""
+    encoded = has_pixels(text)
+    tokenizer = locals_used.pop('tokenizer')
+    if tokenizer is not None and (processor is not None or not encoded):
+        locals_used['tokenizer'] = tokenizer  # refused below: the processor's tokenizer is the one
     unused = [name for name, value in locals_used.items() if value is not None and value is not False]
     if unused:
         raise ValueError(f'{", ".join(unused)} do(es) not apply to explain() with images: the processor makes the '
@@ -297,8 +307,15 @@ def _explain_multimodal(model, text, images, processor, target, position, method
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f'model must be a torch.nn.Module, got {type(model).__name__}')
     similarity = is_similarity_model(model)
-    encoding = encode_multimodal(processor, text, images, similarity)
+    if encoded:
+        if images is not None:
+            raise ValueError('the input already holds pixel_values (the processor\'s output): leave out images=, or '
+                             'pass the text with images=')
+        encoding = text
+    else:
+        encoding = encode_multimodal(processor, text, images, similarity)
     task = make_multimodal_task(model, encoding, model_kwargs, processor)
-    target = token_ids(processor.tokenizer, target, 'target')
+    tokenizer = processor.tokenizer if processor is not None else tokenizer
+    target = token_ids(tokenizer, target, 'target')
     explanation = entry.function(task, position=position, target=target, **params)
-    return dataclasses.replace(explanation, tokenizer=processor.tokenizer)
+    return dataclasses.replace(explanation, tokenizer=tokenizer)

@@ -369,6 +369,11 @@ class ImageRelevance:
         """The image's relevance, summed over all its pixels and channels."""
         return float(self.relevance.sum())
 
+    def cpu(self) -> ImageRelevance:
+        """A copy with the tensors detached and on the CPU."""
+        return ImageRelevance(self.row, self.pixels.detach().cpu(), self.relevance.detach().cpu(),
+                              self.patch_relevance.detach().cpu(), self.mean, self.std)
+
 
 @dataclass
 class MultimodalExplanation(Explanation):

@@ -4,7 +4,8 @@
 :py:func:`~zennit_attn.explain` on exactly the prefix it was generated from, and the whole answer by one backward
 pass from the sum of all generated tokens' logits (as the paper does for Mixtral). The result, a
 :py:class:`GenerationExplanation`, shows itself in the terminal, as an interactive HTML page (click or hover a
-generated token to see its heatmap) and as figures.
+generated token to see its heatmap) and as figures. With ``images`` and the model's processor, a vision-language model
+(LLaVA, Qwen2-VL) answers a text about images, and every row is explained at the text tokens and the pixels.
 """
 from __future__ import annotations
 
@@ -22,10 +23,14 @@ from zennit.core import Composite
 from .checks import as_integer, check_model, token_ids
 from .devices import input_device
 from .explain import explain
+from .methods import METHODS
 from .objectives import RUNNER_UP
+from .render import multimodal as multimodal_views
 from .render import views
 from .render.html import page
 from .render.layout import ScaleLike
+from .vision_language import (encode_multimodal, extend_encoding, has_pixels, is_processor, is_similarity_model,
+                              placeholder_tokens)
 
 __all__ = ['explain_generation', 'GenerationExplanation']
 
@@ -71,6 +76,20 @@ class GenerationExplanation:
     contrast: torch.Tensor or None
         ``[generated]`` with ``explain_generation(..., contrast=...)``: each generated token's contrast token;
         ``logit`` then holds the differences.
+    pixel_relevance: torch.Tensor or None
+        With ``images``: ``[generated, *pixels]`` row ``i``'s relevance at the processor's ``pixel_values`` (its
+        layout, see :py:class:`~zennit_attn.explanation.MultimodalExplanation`); ``relevance[i]`` plus
+        ``pixel_relevance[i]`` is, for LRP, row ``i``'s logit minus what biases absorb.
+    answer_pixel_relevance: torch.Tensor or None
+        With ``images``: ``[*pixels]`` the whole answer's pixel relevance.
+    images: list of ImageRelevance
+        With ``images``: every image with the whole answer's relevance per pixel and per patch
+        (:py:class:`~zennit_attn.explanation.ImageRelevance`); empty for a text prompt.
+    token_images: list of list of ImageRelevance
+        With ``images``: ``token_images[i]`` the images with row ``i``'s relevance.
+    image_tokens: torch.Tensor or None
+        With ``images``: ``[columns]`` True at the image placeholder tokens (their embeddings are replaced by the
+        image features, so their own relevance is 0); the views show each run of them as ``[image k]``.
     """
     relevance: torch.Tensor
     answer_relevance: torch.Tensor
@@ -84,6 +103,27 @@ class GenerationExplanation:
     encoder_decoder: bool = False
     tokenizer: object = field(default=None, repr=False, compare=False)
     contrast: torch.Tensor | None = None
+    pixel_relevance: torch.Tensor | None = None
+    answer_pixel_relevance: torch.Tensor | None = None
+    images: list = field(default_factory=list, compare=False)
+    token_images: list = field(default_factory=list, repr=False, compare=False)
+    image_tokens: torch.Tensor | None = None
+
+    def image_relevance(self, token: int | None = None) -> float:
+        """The relevance of all pixels of all images for generated token ``token`` (None: the whole answer); 0.0
+        for an answer to a text prompt."""
+        if self.pixel_relevance is None:
+            return 0.0
+        if token is None:
+            return float(self.answer_pixel_relevance.sum())
+        return float(self.pixel_relevance[views.check_row(token, self.relevance.shape[0], 'generated token')].sum())
+
+    def total(self, token: int | None = None) -> float:
+        """Text plus image relevance of generated token ``token`` (None: the whole answer): for LRP its logit (the
+        sum of all generated logits) minus what biases absorb."""
+        row = self.answer_relevance if token is None else self.relevance[
+            views.check_row(token, self.relevance.shape[0], 'generated token')]
+        return float(row.sum()) + self.image_relevance(token)
 
     @property
     def generated_ids(self) -> torch.Tensor:
@@ -133,11 +173,19 @@ class GenerationExplanation:
         else:
             heatmaps = [self.heatmap(token, words, tokenizer)]
         views.show_heatmaps(heatmaps, scale, color, stream)
+        if self.images and isinstance(token, str):
+            for index in range(self.relevance.shape[0]):
+                totals = ', '.join(f'image {number + 1} {float(image.relevance.sum()):+.4g}'
+                                   for number, image in enumerate(self.token_images[index]))
+                print(f'generated token {index + 1}, pixel relevance: {totals}', file=stream)
+        elif self.images:
+            multimodal_views.show_images(self._image_views(None if token is None else [token]), color, stream)
 
-    def to_html(self, words: bool = False, scale: ScaleLike = None, tokenizer=None) -> str:
+    def to_html(self, words: bool = False, scale: ScaleLike = None, tokenizer=None, **options) -> str:
         """The interactive page: prompt and answer as one text; click or hover a generated token to see what it was
         generated from, or "whole answer" for the heatmap of all generated logits together. Standalone (inline
-        script and style).
+        script and style). An answer to images shows the overlay of each image beside the text, switched with the
+        selected token.
 
         Parameters
         ----------
@@ -147,17 +195,44 @@ class GenerationExplanation:
             Colour scale of each view: its own largest absolute relevance (None), one for all views (``'shared'``),
             or a number.
         tokenizer: optional
+        **options
+            For an answer to images, the overlay options ``alpha``, ``cmap``, ``level``, ``vmax``
+            (:py:data:`~zennit_attn.render.multimodal.IMAGE_OPTIONS`).
 
         Returns
         -------
         str
         """
-        body = views.generation_views(self, words, scale, tokenizer)
+        body = views.generation_views(self, words, scale, tokenizer, self._figures(options))
         return page(body, title='Why did the model answer this?',
                     subtitle=f'{self.relevance.shape[0]} generated tokens explained by {self.method}')
 
     def _repr_html_(self) -> str:
-        return views.generation_views(self)
+        return views.generation_views(self, images=self._figures({}))
+
+    def _figures(self, options: dict):
+        """The overlays of a view as :py:func:`~zennit_attn.render.html.generation_fragment` takes them (None
+        without images)."""
+        if not self.images:
+            if options:
+                raise TypeError(f'unknown option(s) {sorted(options)}: the image options apply to an answer to images')
+            return None
+        return lambda generated: multimodal_views.overlay_figures(self._image_views(generated), **options)
+
+    def _image_views(self, generated) -> list[tuple]:
+        """``[(caption, pixels, relevance, patch relevance, mean, std)]`` of each image for the generated tokens
+        ``generated`` (their rows summed; None: the whole answer)."""
+        shown = []
+        for number, image in enumerate(self.images):
+            relevance, patches, which = image.relevance, image.patch_relevance, 'the whole answer'
+            if generated is not None:
+                rows = [self.token_images[views.check_row(index, len(self.token_images), 'generated token')][number]
+                        for index in generated]
+                relevance, patches = sum(row.relevance for row in rows), sum(row.patch_relevance for row in rows)
+                which = 'generated token ' + '+'.join(str(index % len(self.token_images) + 1) for index in generated)
+            caption = f'image {number + 1}: relevance {float(relevance.sum()):.4g} for {which}'
+            shown.append((caption, image.pixels, relevance, patches, image.mean, image.std))
+        return shown
 
     def save(self, path: str | os.PathLike, words: bool = False, scale: ScaleLike = None, token: int | None = None,
              tokenizer=None, **options) -> Path:
@@ -165,7 +240,9 @@ class GenerationExplanation:
 
         ``.html``: the interactive page (:py:meth:`to_html`); ``.png``, ``.svg``, ``.pdf``, ``.tex``: the heatmap of
         the whole answer (or of generated token ``token``) as a figure or LaTeX snippet (options as for
-        :py:func:`zennit_attn.render.views.save_heatmaps`).
+        :py:func:`zennit_attn.render.views.save_heatmaps`). An answer to images is drawn with the overlay of each
+        image (of the whole answer, or of token ``token``), as :py:func:`zennit_attn.render.multimodal.save_multimodal`
+        does, which also takes the overlay options.
 
         Returns
         -------
@@ -173,8 +250,13 @@ class GenerationExplanation:
         """
         heatmaps = [self.heatmap(token, words, tokenizer)]
         document = None
-        if str(path).lower().endswith('.html'):
-            document = self.to_html(words, scale, tokenizer)
+        if str(views.check_output(path)).lower().endswith('.html'):
+            image_options = {key: options.pop(key) for key in multimodal_views.IMAGE_OPTIONS if key in options}
+            document = self.to_html(words, scale, tokenizer, **image_options)
+            options.update(image_options)
+        if self.images:
+            return multimodal_views.save_multimodal(heatmaps, self._image_views(None if token is None else [token]),
+                                                    path, scale, html=document, **options)
         return views.save_heatmaps(heatmaps, path, scale, html=document, **options)
 
 
@@ -229,6 +311,7 @@ def explain_generation(
     batched: bool | int = False,
     progress: bool = False,
     contrast=None,
+    images=None,
     **params,
 ) -> GenerationExplanation:
     """Generate an answer to ``prompt`` and explain every generated token and the whole answer.
@@ -251,14 +334,29 @@ def explain_generation(
     whose rotary position embeddings transformers computes in float32 (Llama and its kin, where the model's own
     logits at a position differ by that much between a prefix and the full sequence).
 
+    Images: ``explain_generation(vlm, processor, text, images=[...])``: a vision-language model (LLaVA, Qwen2-VL)
+    answers ``text`` (holding the processor's image token once per image, as for :py:func:`~zennit_attn.explain`)
+    about the images; the second argument is then the model's processor. ``model.generate`` gets the processor's
+    output (the image placeholder tokens suppressed: a generated one would stand for no image), and row ``i`` is
+    ``explain(vlm, prefix, processor=processor, target=...)`` on that output with ``input_ids`` the prompt and the first
+    ``i`` generated tokens (the per-token fields extended as ``model.generate`` does:
+    :py:func:`~zennit_attn.vision_language.extend_encoding`), with pixel relevance for every row and the whole answer;
+    for LRP, a row's text plus pixel relevance is its logit minus what biases absorb. LRP methods only; not with
+    ``batched`` or ``contrast``.
+
     Parameters
     ----------
     model: torch.nn.Module
-        A generative Hugging Face model in eval mode (``...ForCausalLM``, ``...ForConditionalGeneration``).
+        A generative Hugging Face model in eval mode (``...ForCausalLM``, ``...ForConditionalGeneration``, a
+        vision-language model with ``images``).
     tokenizer
-        Its tokenizer (used to tokenise a text prompt, for the pad token and to show the tokens).
+        Its tokenizer (used to tokenise a text prompt, for the pad token and to show the tokens); with ``images`` the
+        model's processor (whose tokenizer is then used).
     prompt: str, sequence of int, tensor or BatchEncoding
-        One prompt: text, or its ids (``[seq]`` or ``[1, seq]``), or what the tokenizer returns (unpadded).
+        One prompt: text, or its ids (``[seq]`` or ``[1, seq]``), or what the tokenizer returns (unpadded); for a
+        vision-language model the text holding the image tokens, or what the processor returned for text and images
+        (a mapping with ``pixel_values``, e.g. from ``processor.apply_chat_template(..., tokenize=True,
+        return_dict=True)``; ``images`` is then left out).
     max_new_tokens: int
         Most tokens to generate (fewer if the model ends the answer).
     method: str
@@ -278,14 +376,32 @@ def explain_generation(
         generated one (why this token rather than the next best?); a token id or one-token text for every step; or
         one id per generated token (its length is checked once the answer is generated). The whole answer is then
         the sum of these differences.
+    images: image or list of images, optional
+        For a vision-language model: the images of ``prompt`` (PIL images, arrays or tensors, as the processor takes
+        them), see *Images* above.
     **params
         Hyperparameters of the method.
 
     Returns
     -------
     GenerationExplanation
+
+    Raises
+    ------
+    TypeError
+        For images without the model's processor, or a model that cannot generate text (e.g. CLIP, which scores
+        image-text pairs: see :py:func:`~zennit_attn.explain`).
+    ValueError
+        For images with ``batched``, ``contrast``, a method that is not LRP or an encoder-decoder model, and for a
+        bad prompt or argument.
     """
     check_model(model)
+    processor = None
+    if images is not None or has_pixels(prompt):
+        processor = _check_images_request(model, tokenizer, method, batched, contrast)
+        tokenizer = processor.tokenizer
+    elif is_processor(tokenizer):  # a text prompt: the processor's tokenizer
+        tokenizer = tokenizer.tokenizer
     if tokenizer is None or not callable(getattr(tokenizer, 'decode', None)):
         raise TypeError('explain_generation(model, tokenizer, prompt): the second argument must be the model\'s '
                         f'tokenizer, got {type(tokenizer).__name__}')
@@ -298,10 +414,11 @@ def explain_generation(
     if not callable(getattr(model, 'generate', None)) or (callable(can_generate) and not can_generate()):
         raise TypeError(f'{type(model).__name__} cannot generate text: use a ...ForCausalLM or '
                         '...ForConditionalGeneration model (or explain() for a single output)')
-    prompt_ids = _prompt_ids(tokenizer, prompt)
+    encoding = None if processor is None else _encode(model, processor, prompt, images)
+    prompt_ids = _prompt_ids(tokenizer, prompt if encoding is None else encoding)
     prompt_ids = prompt_ids.to(input_device(model))
     generate_kwargs = dict(generate_kwargs or {})
-    for key in ('max_new_tokens', 'input_ids', 'inputs'):
+    for key in ('max_new_tokens', 'input_ids', 'inputs') + tuple(set(encoding or ()) - {'attention_mask'}):
         if key in generate_kwargs:
             raise ValueError(f'generate_kwargs must not hold {key!r}: it is an argument of explain_generation')
     if 'attention_mask' in generate_kwargs:
@@ -315,8 +432,16 @@ def explain_generation(
     if pad is not None:
         settings['pad_token_id'] = pad
     settings.update(generate_kwargs)
+    if encoding is not None:
+        suppressed = set(settings.get('suppress_tokens') or ()) | set(placeholder_tokens(model))
+        settings['suppress_tokens'] = sorted(suppressed)
+        dtype = getattr(model, 'dtype', None)  # the pixels in the model's type, as explain() passes them
+        given = {key: value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point()
+                 and isinstance(dtype, torch.dtype) else value for key, value in encoding.items()}
+    else:
+        given = {'input_ids': prompt_ids, 'attention_mask': torch.ones_like(prompt_ids)}
     with torch.no_grad():
-        sequences = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), **settings)
+        sequences = model.generate(**given, **settings)
     if not isinstance(sequences, torch.Tensor):  # return_dict_in_generate=True
         sequences = sequences.sequences
     encoder_decoder = bool(getattr(getattr(model, 'config', None), 'is_encoder_decoder', False))
@@ -341,7 +466,17 @@ def explain_generation(
     resolved = torch.zeros(count, dtype=torch.long)
     relevance = torch.zeros(count, columns.shape[0], dtype=torch.float64)
     logits = torch.zeros(count, dtype=torch.float64)
-    full = columns[None, :answer_start + count - 1]
+    first = 0 if encoder_decoder else answer_start - 1  # the position that predicted the first generated token
+    pixels, token_images = [None] * count, [None] * count
+
+    def inputs(index: int) -> dict:
+        """The arguments of explain() for the prefix that generated token ``index`` was generated from."""
+        if encoder_decoder:
+            return {'input_ids': prompt_ids, 'decoder_input_ids': decoder_ids[:, :index + 1]}
+        ids = columns[None, :prompt_length + index]
+        if encoding is None:
+            return {'input_ids': ids}
+        return {'input_ids': extend_encoding(encoding, ids), 'processor': processor}
 
     def place(index: int, explanation, row: int) -> None:
         parts = [explanation.relevance[row]]
@@ -352,6 +487,9 @@ def explain_generation(
         logits[index] = float(explanation.logit[row])
         if explanation.contrast is not None:
             resolved[index] = int(explanation.contrast[row])
+        if getattr(explanation, 'pixel_relevance', None) is not None:
+            pixels[index] = explanation.pixel_relevance.detach().cpu()
+            token_images[index] = [image.cpu() for image in explanation.images]
 
     size = rows_per_call or count
     calls = count if rows_per_call is None else -(-count // size)
@@ -360,13 +498,7 @@ def explain_generation(
         for index in range(count):
             step = {} if contrasts is None else {
                 'contrast': contrasts[index] if isinstance(contrasts, list) else contrasts}
-            if encoder_decoder:
-                explanation = explain(model, prompt_ids, decoder_input_ids=decoder_ids[:, :index + 1],
-                                      target=int(generated[index]), **step, **options)
-            else:
-                explanation = explain(model, columns[None, :prompt_length + index], target=int(generated[index]),
-                                      **step, **options)
-            place(index, explanation, 0)
+            place(index, explain(model, **inputs(index), target=int(generated[index]), **step, **options), 0)
             bar.update()
     else:
         for start in range(0, count, size):
@@ -374,13 +506,9 @@ def explain_generation(
             targets = [int(generated[index]) for index in indices]
             step = {} if contrasts is None else {'contrast': [contrasts[index] for index in indices]
                                                   if isinstance(contrasts, list) else contrasts}
-            if encoder_decoder:
-                explanation = explain(model, prompt_ids.expand(len(indices), -1),
-                                      decoder_input_ids=decoder_ids[:, :count].expand(len(indices), -1),
-                                      target=targets, position=indices, **step, **options)
-            else:
-                explanation = explain(model, full.expand(len(indices), -1), target=targets,
-                                      position=[answer_start + index - 1 for index in indices], **step, **options)
+            rows = {key: value.expand(len(indices), -1) for key, value in inputs(count - 1).items()}
+            explanation = explain(model, **rows, target=targets, position=[first + index for index in indices],
+                                  **step, **options)
             for row, index in enumerate(indices):
                 place(index, explanation, row)
             bar.update()
@@ -388,27 +516,67 @@ def explain_generation(
 
     if contrasts is not None:
         options['contrast'] = resolved.tolist()
-    if encoder_decoder:
-        pairs = [(index, int(generated[index])) for index in range(count)]
-        whole = explain(model, prompt_ids, decoder_input_ids=decoder_ids[:, :count], target=pairs, **options)
-        answer = torch.cat([whole.relevance[0], whole.decoder_relevance[0]])
-        positions = torch.arange(count) + prompt_length
-    else:
-        pairs = [(answer_start + index - 1, int(generated[index])) for index in range(count)]
-        whole = explain(model, full, target=pairs, **options)
-        answer = whole.relevance[0]
-        positions = torch.arange(count) + answer_start - 1
+    whole = explain(model, **inputs(count - 1), target=[(first + index, int(generated[index])) for index in
+                                                        range(count)], **options)
+    answer = whole.relevance[0] if not encoder_decoder else torch.cat([whole.relevance[0], whole.decoder_relevance[0]])
+    positions = torch.arange(count) + (prompt_length if encoder_decoder else first)
     bar.update()
     bar.close()
     answer_relevance = torch.zeros(columns.shape[0], dtype=torch.float64)
     answer_relevance[:answer.shape[0]] = answer.detach().to('cpu', torch.float64)
     dtype = whole.relevance.dtype if whole.relevance.is_floating_point() else torch.float32
+    extra = {}
+    if encoding is not None:
+        placeholders = torch.zeros(columns.shape[0], dtype=torch.bool)
+        if whole.image_tokens is not None:
+            placeholders[:whole.image_tokens.shape[1]] = whole.image_tokens[0].cpu()
+        extra = dict(pixel_relevance=torch.stack(pixels), answer_pixel_relevance=whole.pixel_relevance.detach().cpu(),
+                     images=[image.cpu() for image in whole.images], token_images=token_images,
+                     image_tokens=placeholders)
     return GenerationExplanation(
         relevance=relevance.to(dtype), answer_relevance=answer_relevance.to(dtype), input_ids=columns.cpu(),
         prompt_length=prompt_length, answer_start=answer_start, target=generated.cpu(), logit=logits.to(dtype),
         position=positions, method=method, encoder_decoder=encoder_decoder, tokenizer=tokenizer,
-        contrast=None if contrasts is None else resolved,
+        contrast=None if contrasts is None else resolved, **extra,
     )
+
+
+def _check_images_request(model, processor, method: str, batched, contrast):
+    """The processor of an :py:func:`explain_generation` call with images, after refusing what does not apply."""
+    if not is_processor(processor):
+        raise TypeError('explain_generation(model, processor, prompt, images=...): with images the second argument '
+                        'must be the model\'s processor (AutoProcessor.from_pretrained(path): an image processor and '
+                        f'a tokenizer), got {type(processor).__name__}')
+    if is_similarity_model(model):
+        raise TypeError(f'{type(model).__name__} scores (text, image) pairs and cannot generate text: explain its '
+                        'similarity scores with explain(model, texts, images=..., processor=...)')
+    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        raise ValueError('explain_generation with images explains decoder-only vision-language models (LLaVA, '
+                         f'Qwen2-VL); {type(model).__name__} is an encoder-decoder')
+    if _batched(batched) is not None:
+        raise ValueError('batched= does not apply with images: a vision-language model is explained one text (and '
+                         'its images) at a time, so each row is one explain() call on its prefix; leave out batched=')
+    if contrast is not None:
+        raise ValueError('contrast= does not apply with images (explain() with images explains logits): leave it out')
+    entry = METHODS.get(method)
+    if entry is not None and not entry.lrp:
+        raise ValueError(f'explain_generation with images runs the LRP methods (attnlrp, cplrp), which give text and '
+                         f'pixel relevance in one backward pass; {method!r} is not one')
+    return processor
+
+
+def _encode(model, processor, prompt, images) -> dict:
+    """The processor's output for ``prompt`` and ``images`` (or ``prompt`` itself if it is one), on the model's
+    input device."""
+    if has_pixels(prompt):
+        if images is not None:
+            raise ValueError('the prompt already holds pixel_values (the processor\'s output): leave out images=, or '
+                             'pass the text with images=')
+        encoding = dict(prompt)
+    else:
+        encoding = dict(encode_multimodal(processor, prompt, images))
+    device = input_device(model)
+    return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in encoding.items()}
 
 
 def _contrasts(contrast, tokenizer, count: int):

@@ -2,6 +2,8 @@
 a composite gives a module, and which modules the model check of the canonizers accepts without a family entry."""
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import activations as hf_activations
 
@@ -65,20 +67,34 @@ def is_listed_activation(module: torch.nn.Module) -> bool:
 
 
 def norm_kind(module: torch.nn.Module) -> str | None:
-    """``'layer'`` for mean-subtracting LayerNorm, ``'rms'`` for RMSNorm-style modules, ``'probe'`` for other leaf
-    modules named like a normalisation (confirmed when they first run), None otherwise.
+    """``'layer'`` for :py:class:`torch.nn.LayerNorm` (with its own forward), ``'rms'`` for RMSNorm-style modules,
+    ``'probe'`` for other leaf modules of one input named like a normalisation and for subclasses of LayerNorm with
+    a forward of their own (e.g. channels-first: confirmed, or refused, when they first run), None otherwise.
 
     RMSNorm-style means ``y_i = x_i * c(x) * w_i`` (no mean subtraction, no bias), which holds for
     :py:class:`torch.nn.RMSNorm`, the ``*RMSNorm`` classes of transformers (Llama, Mistral, Qwen, Gemma, ...) and
     ``T5LayerNorm``.
     """
-    if isinstance(module, torch.nn.LayerNorm):
+    if isinstance(module, torch.nn.LayerNorm) and type(module).forward is torch.nn.LayerNorm.forward:
         return 'layer'
     if isinstance(module, torch.nn.RMSNorm) or type(module).__name__.endswith(RMS_NORM_NAMES):
         return 'rms'
-    if type(module).__name__.endswith(NORM_NAMES) and not module._modules and not isinstance(module, _OTHER_NORMS):
+    if (type(module).__name__.endswith(NORM_NAMES) or isinstance(module, torch.nn.LayerNorm)) and \
+            not module._modules and not isinstance(module, _OTHER_NORMS) and _one_input(module):
         return 'probe'
     return None
+
+
+def _one_input(module: torch.nn.Module) -> bool:
+    """Whether ``module.forward`` takes one required argument (a normalisation of one tensor, not e.g. a module that
+    normalises queries and keys together, whose inside the general mechanism then sees)."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    required = [parameter for parameter in parameters if parameter.default is parameter.empty
+                and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
+    return len(required) == 1
 
 
 #: torch normalisations that do not normalise over the last dimension(s) of each token

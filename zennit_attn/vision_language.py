@@ -15,6 +15,10 @@ the text (``inputs_embeds``) and to ``pixel_values`` in one backward pass, and t
 - :py:class:`SimilarityTask`: CLIP-like models, one row per (text, image) pair explained at
   ``logits_per_text[row, row]``; a single image is paired with every text.
 
+For a generated answer (:py:func:`~zennit_attn.explain_generation` with images), :py:func:`extend_encoding` makes the
+prompt's encoding that of a prefix of prompt and answer, and :py:func:`placeholder_tokens` names the tokens that are
+not to be generated.
+
 Pixel layouts (:py:func:`image_layout`): ``'images'``, ``[images, channels, height, width]`` (LLaVA, CLIP, PaliGemma)
 and ``'patches'``, flattened patches ``[patches, channels * temporal * patch * patch]`` with ``image_grid_thw``
 (Qwen2-VL, Qwen2.5-VL); other layouts (Idefics3/SmolVLM ``[batch, images, channels, height, width]``, LLaVA-NeXT tiles)
@@ -32,8 +36,9 @@ from .explanation import ImageRelevance, MultimodalExplanation
 from .rules.boundary import OUTPUT_FIELDS
 from .task import TokenTask
 
-__all__ = ['LAYOUTS', 'image_layout', 'is_similarity_model', 'encode_multimodal', 'VisionLanguageTask',
-           'SimilarityTask', 'make_multimodal_task']
+__all__ = ['LAYOUTS', 'image_layout', 'is_similarity_model', 'is_processor', 'has_pixels', 'encode_multimodal',
+           'placeholder_tokens',
+           'extend_encoding', 'VisionLanguageTask', 'SimilarityTask', 'make_multimodal_task']
 
 #: The pixel layouts whose relevance is read per image.
 LAYOUTS = ('images', 'patches')
@@ -44,6 +49,16 @@ def is_similarity_model(model: torch.nn.Module) -> bool:
     than generating text."""
     return hasattr(model, 'get_text_features') and hasattr(model, 'get_image_features') and not hasattr(
         model, 'lm_head') and not hasattr(model, 'language_model')
+
+
+def is_processor(value) -> bool:
+    """Whether ``value`` is a Hugging Face processor with an image processor and a tokenizer."""
+    return getattr(value, 'image_processor', None) is not None and getattr(value, 'tokenizer', None) is not None
+
+
+def has_pixels(value) -> bool:
+    """Whether ``value`` is a processor's output with images: a mapping holding ``pixel_values``."""
+    return isinstance(value, Mapping) and 'pixel_values' in value
 
 
 def _vision_config(model: torch.nn.Module):
@@ -181,11 +196,74 @@ def encode_multimodal(processor, text, images, similarity: bool = False) -> Mapp
     return processor(text=text, images=images, return_tensors='pt')
 
 
+def placeholder_tokens(model: torch.nn.Module) -> list[int]:
+    """The ids of the image and video placeholder tokens of a vision-language model (its config's
+    ``image_token_id``/``image_token_index`` and ``video_token_id``/``video_token_index``): the tokens whose
+    embeddings the model replaces by image features."""
+    config = getattr(model, 'config', None)
+    found = (getattr(config, name, None) for name in ('image_token_id', 'image_token_index', 'video_token_id',
+                                                      'video_token_index'))
+    return sorted({int(token) for token in found if isinstance(token, int) and not isinstance(token, bool)})
+
+
+def extend_encoding(encoding: Mapping, input_ids: torch.Tensor) -> dict:
+    """The processor's output ``encoding`` of a prompt, made the encoding of ``input_ids``: the prompt followed by
+    generated text tokens (``[1, prompt + generated]``; its first tokens must be the prompt's).
+
+    The fields of one value per prompt token are extended for the generated tokens as ``model.generate`` extends
+    them: ``attention_mask`` (any field named ``...attention_mask``) with ones, ``token_type_ids`` with its last
+    value, every other ``...type_ids`` field (``mm_token_type_ids``, ...) with 0, the value of text. The other
+    fields (``pixel_values``, ``image_grid_thw``, ...) are kept as they are.
+
+    Parameters
+    ----------
+    encoding: mapping
+        ``input_ids`` ``[1, prompt]`` and the processor's further fields.
+    input_ids: torch.Tensor
+        ``[1, prompt + generated]``.
+
+    Returns
+    -------
+    dict
+    """
+    prompt = encoding['input_ids']
+    length = prompt.shape[-1]
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < length or not torch.equal(
+            input_ids[0, :length].to(prompt.device), prompt.reshape(-1)):
+        raise ValueError(f'input_ids of shape {tuple(input_ids.shape)} do not continue the encoded prompt '
+                         f'({length} tokens)')
+    extra = input_ids.shape[1] - length
+    extended = {}
+    for key, value in encoding.items():
+        if key == 'input_ids':
+            value = input_ids
+        elif isinstance(value, torch.Tensor) and value.dim() == 2 and tuple(value.shape) == (1, length) and (
+                key.endswith('attention_mask') or key.endswith('type_ids')):
+            if key.endswith('attention_mask'):
+                tail = value.new_ones(1, extra)
+            elif key == 'token_type_ids':
+                tail = value[:, -1:].expand(1, extra)
+            else:
+                tail = value.new_zeros(1, extra)
+            value = torch.cat([value, tail], 1)
+        extended[key] = value
+    return extended
+
+
 class _PixelLeaf:
     """The second LRP leaf of the multimodal tasks: the pixels, passed as ``pixel_values``."""
     pixels: torch.Tensor
 
-    def _check_pixels(self, model, pixels) -> torch.Tensor:
+    def __init__(self, model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None):
+        encoding = dict(encoding)
+        pixels = encoding.pop('pixel_values', None)
+        if pixels is None:
+            raise ValueError('the encoding has no pixel_values: pass images to the processor')
+        super().__init__(model, encoding, None, model_kwargs)
+        self.processor = processor
+        self.pixels = self._check_pixels(pixels)
+
+    def _check_pixels(self, pixels) -> torch.Tensor:
         if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
             raise ValueError(f'pixel_values must be a floating-point tensor, got '
                              f'{getattr(pixels, "dtype", type(pixels).__name__)}')
@@ -237,15 +315,9 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
         The processor (its image normalisation is undone for the overlays).
     """
     def __init__(self, model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None):
-        encoding = dict(encoding)
-        pixels = encoding.pop('pixel_values', None)
-        if pixels is None:
-            raise ValueError('the encoding has no pixel_values: pass images to the processor')
-        super().__init__(model, encoding, None, model_kwargs)
+        super().__init__(model, encoding, model_kwargs, processor)
         if self.batch != 1:
             raise ValueError(f'a vision-language model explains one text at a time, got {self.batch} rows')
-        self.processor = processor
-        self.pixels = self._check_pixels(model, pixels)
         self.layout = image_layout(model, self.pixels, self.model_kwargs)
         config = model.config
         token = getattr(config, 'image_token_id', None)
@@ -293,13 +365,8 @@ class SimilarityTask(_PixelLeaf, TokenTask):
     processor: optional
     """
     def __init__(self, model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None):
-        encoding = dict(encoding)
-        pixels = encoding.pop('pixel_values', None)
-        if pixels is None:
-            raise ValueError('the encoding has no pixel_values: pass images to the processor')
-        super().__init__(model, encoding, None, model_kwargs)
-        self.processor = processor
-        pixels = self._check_pixels(model, pixels)
+        super().__init__(model, encoding, model_kwargs, processor)
+        pixels = self.pixels
         if pixels.dim() != 4 or pixels.shape[0] not in (1, self.batch):
             raise ValueError(f'pixel_values of shape {tuple(pixels.shape)} for {self.batch} texts: give one image or '
                              'one per text')

@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib
 import io
+import itertools
 import math
 import re
 import sys
@@ -37,6 +39,7 @@ from tqdm.auto import tqdm
 from .canonizers import GeneralCanonizer, canonizers_for
 from .composites import AttnLRPEpsilon, CPLRPEpsilon
 from .module_kinds import UnsupportedModelError
+from .zoo_inputs import forward_parameters, pixel_inputs
 
 #: The auto mappings walked: name -> transformers attribute of ``MODEL_FOR_*_MAPPING_NAMES``.
 MAPPINGS = {
@@ -50,8 +53,8 @@ STATUSES = ('explained', 'refused', 'not built', 'failed')
 #: Integer configuration fields and their tiny values (only fields that exist are set).
 _SIZES = {
     'hidden_size': 32, 'd_model': 32, 'n_embd': 32, 'n_embed': 32, 'dim': 32, 'embed_dim': 32, 'model_dim': 32,
-    'intermediate_size': 48, 'ffn_dim': 48, 'd_ff': 48, 'n_inner': 48, 'hidden_dim': 48, 'encoder_ffn_dim': 48,
-    'decoder_ffn_dim': 48, 'moe_intermediate_size': 16, 'shared_expert_intermediate_size': 16,
+    'intermediate_size': 48, 'ffn_hidden_size': 48, 'ffn_dim': 48, 'd_ff': 48, 'n_inner': 48, 'hidden_dim': 48,
+    'encoder_ffn_dim': 48, 'decoder_ffn_dim': 48, 'moe_intermediate_size': 16, 'shared_expert_intermediate_size': 16,
     'expert_intermediate_size': 16,
     'num_hidden_layers': 2, 'n_layer': 2, 'n_layers': 2, 'num_layers': 2, 'encoder_layers': 2, 'decoder_layers': 2,
     'num_decoder_layers': 2, 'depth': 2,
@@ -63,11 +66,66 @@ _SIZES = {
     'q_lora_rank': 16, 'kv_lora_rank': 16, 'qk_rope_head_dim': 8, 'qk_nope_head_dim': 8, 'v_head_dim': 8,
     'qk_head_dim': 16, 'sliding_window': 16, 'max_window_layers': 2, 'first_k_dense_replace': 1, 'rotary_dim': 8,
     'num_global_heads': 4, 'n_group': 1, 'topk_group': 1,
+    'embedding_size': 32, 'embedding_dim': 32, 'num_blocks': 2, 'num_kv_shared_layers': 1,
+    'vocab_size_per_layer_input': 96, 'hidden_size_per_layer_input': 8,
+    'linear_key_head_dim': 8, 'linear_value_head_dim': 8, 'linear_head_dim': 8, 'linear_num_key_heads': 2,
+    'linear_num_value_heads': 4, 'linear_num_heads': 4, 'ssm_state_size': 16, 'mamba_num_heads': 4, 'mamba_dt_rank': 8,
+    'dff': 48, 'dim_ff': 48, 'd_inner': 48, 'intermediate_size_mlp': 48, 'dense_intermediate_size': 48,
+    'shared_intermediate_size': 16, 'shared_experts_intermediate_size': 16, 'moe_shared_expert_intermediate_size': 16,
+    'entity_vocab_size': 96, 'entity_emb_size': 32, 'num_latents': 8, 'd_latents': 32, 'num_self_attends_per_block': 2,
+    'o_lora_rank': 16, 'swa_head_dim': 8, 'index_head_dim': 16, 'projection_intermediate_size': 48,
+    'mamba_n_heads': 4, 'mamba_d_ssm': 64, 'mamba_d_state': 16, 'state_size': 16, 'n_groups': 1, 'time_step_rank': 8,
 }
 #: Token id fields kept inside the shrunk vocabulary.
 _IDS = ('pad_token_id', 'bos_token_id', 'eos_token_id', 'decoder_start_token_id', 'sep_token_id', 'cls_token_id',
         'mask_token_id', 'unk_token_id')
 _SIZE_NAMES = tuple(_SIZES)
+#: Size fields kept equal to a reference field after shrinking where they were equal before.
+_TIED = (('num_key_value_heads', 'num_attention_heads'), ('head_dim', 'qk_head_dim'),
+         ('cross_attention_hidden_size', 'hidden_size'), ('attention_hidden_size', 'hidden_size'),
+         ('lru_width', 'hidden_size'), ('linear_num_value_heads', 'linear_num_key_heads'))
+#: Constructor arguments per mapping and architecture (``functools.partial`` of the config class).
+_INIT = {('causal-lm', 'reformer'): {'is_decoder': True}}  # its language-model head asserts a decoder
+#: Fields that no general rule of :py:func:`_shrink` derives, per ``model_type`` (``'sub_config.field'``: set after
+#: the sub-configuration's own shrinking); each with the reason.
+_OVERRIDES = {
+    # defaults of None (or missing) that the model reads
+    'lfm2_moe': {'layer_types': ['conv', 'full_attention']},
+    'dots1': {'n_routed_experts': 4, 'num_experts_per_tok': 2, 'n_shared_experts': 1},
+    'deepseek_v2': {'num_experts_per_tok': 2},
+    'deepseek_ocr2_text': {'mlp_layer_types': ['dense', 'sparse'], 'num_experts_per_tok': 2},
+    'diffusion_gemma_text': {'num_experts': 4, 'top_k_experts': 2, 'moe_intermediate_size': 16},
+    'cohere_compass_text': {'rope_parameters': {'full_attention': {'rope_type': 'default', 'rope_theta': 1e4}}},
+    'dbrx': {'attn_config.rope_theta': 1e4, 'attn_config.clip_qkv': 8.0},  # clip_qkv: DBRX's value
+    'esm': {'vocab_size': 96, 'pad_token_id': 1, 'mask_token_id': 2},
+    'chameleon': {'vocabulary_map': {}}, 'emu3': {'vocabulary_map': {}},
+    'xmod': {'default_language': 'en_XX'},  # the language of its adapters
+    'step3p5': {'sliding_window': 16},  # Step3p7's forward always builds a sliding-window mask
+    # no default (vision layer, language layer) pairs nor downsampling; the spatial groups' layers within 2 layers
+    'granite4_vision': {'deepstack_layer_map': [(-2, 0)], 'spatial_target_layers': [0, 0, 1, 1],
+                        'downsample_rate': '1/2'},
+    # a timm tower whose embed_dim the projector reads (a tiny perception-encoder ViT, not resnet50 without one)
+    'perception_lm': {'vision_config.architecture': 'vit_pe_core_tiny_patch16_384', 'vision_config.model_args': {
+        'embed_dim': 32, 'depth': 2, 'num_heads': 4, 'img_size': 32, 'patch_size': 8}},
+    # sizes that depend on each other
+    'musicgen_decoder': {'num_codebooks': 1}, 'musicgen_melody_decoder': {'num_codebooks': 1},  # one id sequence
+    # axial position embeddings must sum to the hidden size and cover the sequence padded to the chunk length
+    'reformer': {'axial_pos_embds_dim': (16, 16), 'axial_pos_shape': (4, 4), 'attention_head_size': 8,
+                 'local_attn_chunk_length': 4, 'lsh_attn_chunk_length': 4},
+    # the global transformer takes the local encoder's states times cross_attn_k (2); a small hash vocabulary
+    'blt': {'encoder_hash_byte_group_vocab': 96}, 'blt_global_transformer': {'hidden_size': 64, 'head_dim': 16},
+    'blt_local_encoder': {'hidden_size_global': 64}, 'blt_local_decoder': {'hidden_size_global': 64},
+    # the model needs a full-attention layer, and 2D rotary pairs in the rotary quarter of a head
+    'neomme': {'layer_types': ['sliding_attention', 'full_attention'], 'head_dim': 16},
+    'paddleocr_vl_text': {'ignore_keys_at_rope_validation': {'mrope_section'}},  # mrope, undeclared by the config
+    # large image towers: a 300M-parameter timm tower (:py:func:`_tiny_mobilenet`; its output width stays 2048), a
+    # 125M one (its family's smallest, 11M), VQ-VAEs of 240M and 27M (32 channels: group norms of 32)
+    'gemma3n_vision': {'model_args': lambda: _tiny_mobilenet(), 'hidden_size': 2048},
+    'gemma3n': {'vision_soft_tokens_per_image': 4},
+    'fast_vlm': {'vision_config.architecture': 'fastvit_mci0'},
+    'emu3_vqgan': {'base_channels': 32, 'hidden_size': 128, 'num_res_blocks': 1, 'codebook_size': 32},
+    'chameleon_vqgan': {'base_channels': 32, 'num_res_blocks': 1, 'num_embeddings': 32},
+}
 
 
 #: Names of biases, and of learned or fixed position and token-type embeddings (added to the tokens: biases too).
@@ -87,9 +145,18 @@ class Result:
     reason: str = ''
     ratio: float = math.nan
     seconds: float = 0.0
+    #: What was fed, for a model with a vision tower: ``'text + image'`` or ``'text only: <why>'`` ('' without one).
+    inputs: str = ''
 
 
 def _shrink(config, depth: int = 0) -> None:
+    """Shrink ``config`` in place: the sizes of :py:data:`_SIZES`, token ids into the vocabulary, per-layer lists
+    (and a heterogeneous configuration's per-layer overrides) to the kept layers, :py:data:`_OVERRIDES`, the sizes
+    that depend on each other (:py:func:`_derive`); then its sub-configurations the same way."""
+    spec = config.__dict__.get('_heterogeneity_spec')  # per-layer overrides (transformers' heterogeneous configs)
+    if spec is not None:
+        config.per_layer_config = None
+    before = {key: getattr(config, key, None) for key in {'num_hidden_layers', *itertools.chain(*_TIED)}}
     for key, value in _SIZES.items():
         current = getattr(config, key, None)
         if isinstance(current, int) and not isinstance(current, bool) and current > value:
@@ -108,19 +175,91 @@ def _shrink(config, depth: int = 0) -> None:
         if isinstance(value, (list, tuple)) and isinstance(layers, int) and len(value) > layers:
             with contextlib.suppress(Exception):
                 setattr(config, key, list(value[:layers]))
-    heads = getattr(config, 'num_attention_heads', None)
-    if isinstance(heads, int) and isinstance(getattr(config, 'num_key_value_heads', None), int):
+    for key, value in list(vars(config).items()):  # other per-layer lists (sizes, sparsity, ...): the kept layers'
+        if isinstance(value, (list, tuple)) and isinstance(layers, int) and len(value) == before['num_hidden_layers'] \
+                > layers:
+            with contextlib.suppress(Exception):
+                setattr(config, key, [_tiny(key, item) for item in value[:layers]])
+    overrides = _OVERRIDES.get(getattr(config, 'model_type', None), {})
+    for key, value in overrides.items():
         with contextlib.suppress(Exception):
-            config.num_key_value_heads = min(config.num_key_value_heads, heads)
+            if '.' not in key:
+                setattr(config, key, value() if callable(value) else value)
+    _derive(config, before)
+    if spec is not None and isinstance(layers, int):
+        kept = {index: {key: _tiny(key, value) for key, value in layer.items()}
+                for index, layer in spec.per_layer_overrides.items() if index < layers}
+        with contextlib.suppress(Exception):
+            config.per_layer_config = kept or None
     if depth < 3:
         for key in getattr(config, 'sub_configs', {}) or {}:
             sub = getattr(config, key, None)
             if sub is not None and hasattr(sub, 'to_dict'):
                 _shrink(sub, depth + 1)
+    for key, value in overrides.items():  # 'sub_config.field': after the sub-configuration's own shrinking
+        owner, _, name = key.rpartition('.')
+        with contextlib.suppress(Exception):
+            if owner:
+                setattr(getattr(config, owner), name, value)
+
+
+def _tiny_mobilenet() -> dict:
+    """timm arguments for a 3-stage MobileNetV5 encoder (0.3M parameters, not 300M; float64's depthwise convolutions
+    are slow) with a 2 x 2 output grid (4 image tokens)."""
+    from timm.models._efficientnet_builder import decode_arch_def
+    stages = [['er_r1_k3_s2_e4_c16'], ['uir_r1_a3_k5_s2_e2_c32'], ['uir_r1_a3_k0_s2_e2_c32']]
+    return {'block_args': decode_arch_def(stages), 'stem_size': 8, 'msfa_output_resolution': 2}
+
+
+def _tiny(key: str, value):
+    return min(value, _SIZES[key]) if key in _SIZES and type(value) is int else value
+
+
+def _derive(config, before: dict) -> None:
+    """Make the sizes that depend on each other consistent after shrinking: the fields of :py:data:`_TIED` (equal
+    before, equal after: multi-head and multi-head latent attention stay so), the key-value heads (at most the heads),
+    a missing head size, state-space heads (spanning the expanded hidden size), the multimodal rotary sections
+    (``mrope_section``: three summing to half the rotary part of a head)."""
+    for key, reference in _TIED:
+        with contextlib.suppress(Exception):
+            if before[key] == before[reference] is not None and isinstance(getattr(config, reference), int):
+                setattr(config, key, getattr(config, reference))
+    heads, kv, hidden = (getattr(config, key, None) for key in ('num_attention_heads', 'num_key_value_heads',
+                                                                'hidden_size'))
+    with contextlib.suppress(Exception):
+        if isinstance(heads, int) and 'num_key_value_heads' in vars(config) and kv is None:
+            config.num_key_value_heads = heads
+        elif isinstance(heads, int) and isinstance(kv, int):
+            config.num_key_value_heads = min(kv, heads)
+    with contextlib.suppress(Exception):
+        if 'head_dim' in vars(config) and config.head_dim is None and isinstance(hidden, int) and heads:
+            config.head_dim = hidden // heads
+    for heads_key, size_key, expand_key in (('mamba_n_heads', 'mamba_d_head', 'mamba_expand'), ('num_heads', 'head_dim',
+                                            'expand'), ('n_mamba_heads', 'mamba_headdim', 'mamba_expand'),
+                                            ('mamba_num_heads', 'mamba_head_dim', 'expand')):
+        expand = getattr(config, expand_key, None)  # state-space heads span the expanded hidden size
+        with contextlib.suppress(Exception):
+            if isinstance(getattr(config, size_key, None), int) and isinstance(expand, (int, float)) and hidden:
+                inner = getattr(config, 'mamba_d_ssm', None) or int(expand * hidden)
+                setattr(config, size_key, inner // getattr(config, heads_key))
+    rope = getattr(config, 'rope_parameters', None)
+    if 'mrope_section' in (getattr(config, 'ignore_keys_at_rope_validation', None) or ()) and isinstance(rope, dict):
+        nested = {key: value for key, value in rope.items() if isinstance(value, dict)}  # per layer type
+        head = getattr(config, 'head_dim', None) or (hidden // heads if isinstance(hidden, int) and heads else 0)
+        partial = [*nested.values(), rope][0].get('partial_rotary_factor', getattr(config, 'partial_rotary_factor',
+                                                                                      None) or 1)
+        while 0 < int(head * partial) // 2 < 3 and isinstance(getattr(config, 'head_dim', None), int):
+            config.head_dim = head = 2 * head
+        half = int(head * partial) // 2
+        sections = [half // 3, half // 3, half - 2 * (half // 3)]  # the first two equal (Ernie's height, width)
+        config.rope_parameters = {**rope, **{key: {**value, 'mrope_section': sections} for key, value in
+                                             nested.items()}} if nested else {**rope, 'mrope_section': sections}
 
 
 def tiny_config(config_class):
-    """The config class's defaults with every size shrunk (also in nested text and vision configurations)."""
+    """The config class's defaults with every size shrunk (also in nested text and vision configurations), the sizes
+    that depend on each other kept consistent, and the few per-architecture fields of ``_OVERRIDES`` set (see
+    :py:func:`_shrink`)."""
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter('ignore')
         config = config_class()
@@ -129,9 +268,18 @@ def tiny_config(config_class):
 
 
 def _model_class(mapping: str, architecture: str):
+    """The model class of ``architecture`` in ``mapping`` and the configuration class to build it from (the part's
+    own class where the model is one part of a composite configuration; with ``_INIT``'s constructor arguments)."""
     config_name = importlib.import_module('transformers.models.auto.configuration_auto').CONFIG_MAPPING_NAMES
     names = getattr(importlib.import_module('transformers.models.auto.modeling_auto'), MAPPINGS[mapping])
-    return getattr(transformers, names[architecture]), getattr(transformers, config_name[architecture])
+    model_class, config_class = (getattr(transformers, names[architecture]),
+                                 getattr(transformers, config_name[architecture]))
+    own = getattr(model_class, 'config_class', None)
+    if own in (getattr(config_class, 'sub_configs', None) or {}).values():
+        config_class = own  # a model of one part (the text decoder): ``AutoModel.from_config`` gives it that part
+    if (mapping, architecture) in _INIT:
+        config_class = functools.partial(config_class, **_INIT[mapping, architecture])
+    return model_class, config_class
 
 
 def zero_biases(model: torch.nn.Module) -> None:
@@ -142,37 +290,75 @@ def zero_biases(model: torch.nn.Module) -> None:
                 tensor.zero_()
 
 
-def _inputs(model, config, mapping: str, generator: torch.Generator) -> dict:
-    """Token ids (and pixels for vision-language models) for a plain forward pass."""
+def _inputs(model, config, mapping: str, generator: torch.Generator, fed: dict | None = None) -> dict:
+    """Token ids (and pixels for vision-language models) for a plain forward pass.
+
+    A model with a vision tower (every image-text-to-text architecture, any model whose forward takes
+    ``pixel_values``) gets pixels (:py:func:`~zennit_attn.zoo_inputs.pixel_inputs`); ``fed['inputs']`` says what was
+    fed: ``'text + image'``, ``'text only: <why>'``, or nothing for a model without a vision tower.
+    """
     text = getattr(config, 'text_config', None) or config
     vocab = getattr(text, 'vocab_size', None) or getattr(config, 'vocab_size', 96)
     ids = torch.randint(4, min(int(vocab), 90), (1, 6), generator=generator)
     inputs = {'input_ids': ids, 'use_cache': False}
     if mapping == 'seq2seq-lm' or getattr(config, 'is_encoder_decoder', False):
         inputs['decoder_input_ids'] = torch.randint(4, min(int(vocab), 90), (1, 4), generator=generator)
+    params = forward_parameters(model)
+    if mapping == 'image-text-to-text' or 'pixel_values' in params:
+        note = pixel_inputs(model, config, inputs, params, generator, functools.partial(_fails, model))
+        if fed is not None:
+            fed['inputs'] = note
     return inputs
+
+
+def _fails(model, inputs: dict, embeddings: bool = True) -> Exception | None:
+    """The exception of the plain forward (on the embeddings, as :py:func:`_explain` runs it, or on the ids)."""
+    try:
+        with torch.no_grad():
+            _explain(model, inputs, None) if embeddings else model(**inputs)
+    except Exception as error:
+        return error
+    return None
 
 
 def _explain(model, inputs: dict, composite) -> float:
     """The sum of the input relevance under ``composite`` for the relevance 1 at the explained logit."""
+    return float(sum(_relevances(model, inputs, composite)[0].values()))
+
+
+def _relevances(model, inputs: dict, composite) -> tuple[dict[str, float], float]:
+    """The input relevance under ``composite`` summed per input (``inputs_embeds``, ``pixel_values``, ...) for the
+    relevance 1 at the explained logit (the largest at the last position), and that logit; nothing for no composite.
+    """
     embeddings = model.get_input_embeddings()
     leaves = {'inputs_embeds': embeddings(inputs['input_ids']).detach().requires_grad_(True)}
     kwargs = {key: value for key, value in inputs.items() if key != 'input_ids'}
+    for key, value in list(kwargs.items()):  # pixels (every floating-point input but masks): relevance leaves too
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and 'mask' not in key:
+            leaves[key] = kwargs.pop(key).detach().clone().requires_grad_(True)
     if 'decoder_input_ids' in kwargs:
         decoder = model.get_decoder().get_input_embeddings() if hasattr(model, 'get_decoder') else embeddings
         leaves['decoder_inputs_embeds'] = decoder(kwargs.pop('decoder_input_ids')).detach().requires_grad_(True)
     with (contextlib.nullcontext(model) if composite is None else composite.context(model)) as modified:
         output = modified(**leaves, **kwargs)
         if composite is None:
-            return 0.0
+            return {}, math.nan
         logits = output.logits if hasattr(output, 'logits') else output[0]
         last = logits[0, -1]
-        last[last.argmax()].backward()
-    return float(sum(leaf.grad.sum() for leaf in leaves.values() if leaf.grad is not None))
+        target = last[last.argmax()]
+        target.backward()
+    sums = {key: float(leaf.grad.sum()) for key, leaf in leaves.items() if leaf.grad is not None}
+    return sums, float(target.detach())
 
 
 def check(mapping: str, architecture: str, seed: int = 0) -> Result:
     """Build one architecture from a tiny configuration and check it (see the module's description)."""
+    fed: dict = {}
+    result = _check(mapping, architecture, seed, fed)
+    return dataclasses.replace(result, inputs=fed.get('inputs', ''))
+
+
+def _check(mapping: str, architecture: str, seed: int, fed: dict) -> Result:
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(seed)
     try:
@@ -185,7 +371,7 @@ def check(mapping: str, architecture: str, seed: int = 0) -> Result:
             warnings.simplefilter('ignore')
             model = model_class(config).to(torch.float64).eval()
             zero_biases(model)
-            inputs = _inputs(model, config, mapping, generator)
+            inputs = _inputs(model, config, mapping, generator, fed)
     except Exception as error:  # a limit of the walk's tiny configurations
         return Result(mapping, architecture, 'not built', _short(error), seconds=time.perf_counter() - start)
     try:  # the plain forward on embeddings, as explain() runs it
@@ -257,7 +443,9 @@ def page(results: list[Result]) -> str:
         'bias and learned position embedding set to zero (see {py:mod}`zennit_attn.zoo`). *explained*: CP-LRP\'s',
         'relevance at the inputs sums to the explained logit within 1e-6 and AttnLRP runs; *refused*: zennit-attn',
         'raises `UnsupportedModelError` with the reason shown; *not built*: the tiny configuration did not build or',
-        'run a plain forward pass (a limit of the walk, not of the library); *failed*: a defect, to be fixed.', '',
+        'run a plain forward pass (a limit of the walk, not of the library); *failed*: a defect, to be fixed. For a',
+        'model with a vision tower the note says what was fed: *text + image* (pixels in the layout the tiny',
+        'configuration implies, relevance summed over text and pixels) or *text only* and why.', '',
         '| mapping | explained | refused | not built | failed | explained of built |',
         '|---|---|---|---|---|---|',
     ]
@@ -270,7 +458,7 @@ def page(results: list[Result]) -> str:
         lines += ['', f'## {mapping}', '', '| architecture | status | note |', '|---|---|---|']
         for result in results:
             if result.mapping == mapping:
-                note = result.reason.replace('|', '\\|')
+                note = '; '.join(part for part in (result.inputs, result.reason) if part).replace('|', '\\|')
                 lines.append(f'| `{result.architecture}` | {result.status} | {note} |')
     return '\n'.join(lines) + '\n'
 

@@ -12,10 +12,13 @@ import torch
 import transformers
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from tests.models import tiny_hf_vit, tiny_timm_vit
+from tests.models import FAMILIES as MODEL_FAMILIES
+from tests.models import tiny_clip, tiny_hf_vit, tiny_llava, tiny_qwen2_vl, tiny_timm_vit
 from tests.models import FAMILY_HEADS, LAYERS, tiny_model
-from zennit_attn.canonizers import FAMILIES, supported_families
-from zennit_attn.canonizers.blocks import NoBlocksError, block_stacks, is_block, transformer_blocks
+from zennit_attn.canonizers import ATTENTION_OUTPUTS, FAMILIES, operand_taps, supported_families
+from zennit_attn.canonizers.blocks import (
+    NoBlocksError, attention_linears, block_stacks, is_block, transformer_blocks, vision_towers,
+)
 
 #: (family, head) -> paths of the stacks, in module order
 EXPECTED = {
@@ -102,3 +105,29 @@ def test_no_blocks_names_the_model_class():
         block_stacks(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError):  # NoBlocksError is a TypeError
         transformer_blocks(torch.nn.Sequential(torch.nn.ReLU()))
+
+
+HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5': 'seq2seq', 't5_relu': 'seq2seq'}
+
+
+@pytest.mark.parametrize('family', list(MODEL_FAMILIES) + ['timm-vit', 'vit'])
+def test_attention_linears_agree_with_the_table(family):
+    """The structural finder (for models outside the table) finds exactly the projections the table's taps and
+    ``attention_output`` entries name, input and output apart, on every family of the table."""
+    model = tiny_timm_vit() if family == 'timm-vit' else tiny_hf_vit() if family == 'vit' else \
+        tiny_model(family, HEADS.get(family))
+    names = {id(module): name for name, module in model.named_modules()}
+    table_in = sorted(names[id(getattr(module, child))] for module, child, tap in operand_taps(model)
+                      if set(tap.roles) <= {'query', 'key', 'value'})
+    table_out = sorted(names[id(getattr(module, child))] for module in model.modules()
+                       if (child := ATTENTION_OUTPUTS.get(type(module).__name__)) is not None)
+    found_in, found_out = attention_linears(model)
+    assert table_in and table_out
+    assert (sorted(found_in), sorted(found_out)) == (table_in, table_out)
+
+
+def test_vision_towers():
+    assert vision_towers(tiny_llava()) == ['model.vision_tower']
+    assert vision_towers(tiny_qwen2_vl()) == ['model.visual']
+    assert vision_towers(tiny_clip()) == ['vision_model']
+    assert vision_towers(tiny_model('llama')) == []

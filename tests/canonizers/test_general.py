@@ -8,6 +8,7 @@ import torch
 from tests.models import FAMILIES, decoder_ids, pixels, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn.canonizers import GeneralCanonizer, UnsupportedModelError, canonizers_for
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.module_kinds import norm_kind
 
 HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5': 'seq2seq', 't5_relu': 'seq2seq'}
 
@@ -203,3 +204,250 @@ def test_norms_by_name_are_confirmed():
             modified(leaf)[:, :3].sum().backward()
         grads.append(leaf.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+
+
+class QKNorm(torch.nn.Module):
+    """Named like a normalisation, but of two tensors at once (ZAYA's query/key norm): not a norm module; the
+    general mechanism sees its inside (the norms are normalisers, Prop. 3.4)."""
+    def forward(self, query, key):
+        return query * (2 / query.norm(dim=-1, keepdim=True)), key / key.norm(dim=-1, keepdim=True)
+
+
+class PairAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = QKNorm()
+
+    def forward(self, x):
+        query, key = self.norm(x, x.flip(-1))
+        return torch.softmax(query @ key.transpose(-1, -2), -1) @ x
+
+
+def test_norm_of_two_tensors_is_opened():
+    """CP-LRP through a query/key norm module: exact (the norms constant, the softmax constant), hand-computed: only
+    the value path carries relevance."""
+    assert norm_kind(QKNorm()) is None and norm_kind(CenteredNorm()) == 'probe'
+    x = torch.randn(4, 5, dtype=torch.float64)
+    found = attributed(PairAttention(), CPLRPEpsilon(general=True), x)
+    with torch.no_grad():
+        query, key = QKNorm()(x, x.flip(-1))
+        mixing = torch.softmax(query @ key.transpose(-1, -2), -1)
+    expected = (mixing.transpose(-1, -2) @ (1 / (mixing @ x))) * x  # relevance 1 at every output element
+    torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
+
+
+def by_hand(forward, x: torch.Tensor) -> torch.Tensor:
+    """Relevance at ``x`` for relevance 1 at every output element, by the plain gradient of ``forward`` (written with
+    the rules applied by hand: :py:func:`_half`, ``detach``)."""
+    xx = x.clone().requires_grad_(True)
+    out = forward(xx)
+    (out * torch.where(out == 0, 0.0, 1 / out).detach()).sum().backward()
+    return xx.grad * x
+
+
+def attributed(model, composite, x: torch.Tensor) -> torch.Tensor:
+    leaf = x.clone().requires_grad_(True)
+    with composite.context(model) as modified:
+        modified(leaf).sum().backward()
+    return leaf.grad
+
+
+class Routed(torch.nn.Module):
+    """A routing weight selected from a softmax by ``max`` (Switch Transformers) or by slicing and ``cat`` (PhiMoE's
+    two top-1 softmaxes), times an expert."""
+    def __init__(self, select: str):
+        super().__init__()
+        self.select = select
+        self.router, self.expert = torch.nn.Linear(4, 3, bias=False), torch.nn.Linear(4, 4, bias=False)
+
+    def weight(self, x):
+        probs = torch.softmax(self.router(x), -1)
+        if self.select == 'max':
+            return probs.max(-1, keepdim=True).values
+        return torch.cat([probs[..., :1], probs[..., 2:]], -1).sum(-1, keepdim=True)
+
+    def forward(self, x):
+        return self.weight(x) * self.expert(x)
+
+
+@pytest.mark.parametrize('select', ['max', 'cat'])
+def test_routing_weights_are_gates(select):
+    """Softmax outputs selected by max or joined by cat are gates: CP-LRP constants, so all relevance goes to the expert
+    (exact conservation: the relevances sum to the number of outputs)."""
+    torch.manual_seed(0)
+    model = Routed(select).double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    found = attributed(model, CPLRPEpsilon(general=True), x)
+    expected = by_hand(lambda xx: model.weight(xx).detach() * model.expert(xx), x)
+    torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(found.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+class MaskedRows(torch.nn.Module):
+    """Attention whose padded query rows have only ``-inf`` logits (an additive mask; softmax NaN, replaced by 0 as LED
+    does) and whose probabilities are padded (``F.pad``) before the product with the values."""
+    def forward(self, x):
+        scores = x @ x.transpose(-1, -2) + torch.tensor([0.0, 0.0, float('-inf')], dtype=x.dtype)[:, None]
+        probs = torch.softmax(scores, -1).masked_fill(torch.tensor([False, False, True])[:, None], 0.0)
+        padded = torch.nn.functional.pad(probs, (0, 1))
+        return padded @ torch.cat([x, torch.zeros_like(x[:1])])
+
+
+@pytest.mark.parametrize('composite, share', [(AttnLRPEpsilon, 0.5), (CPLRPEpsilon, 0.0)])
+def test_fully_masked_rows_get_no_relevance(composite, share):
+    """Rows of ``-inf`` logits pass no relevance (their softmax is NaN and replaced by a constant); padded
+    probabilities stay gates. AttnLRP: Props. 3.1 and 3.3 by hand on the well-defined rows; CP-LRP: exact."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    found = attributed(MaskedRows(), composite(general=True), x)
+
+    def forward(xx):
+        scores = _half(xx[:2], share) @ _half(xx, share).transpose(-1, -2)
+        probs = torch.cat([torch.softmax(scores, -1), torch.zeros(1, 3, dtype=xx.dtype)])
+        return _half(probs, share) @ _half(xx, 0.5 if share else 1.0)
+    assert torch.isfinite(found).all()
+    torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
+
+
+class Truncated(torch.nn.Module):
+    """A recurrence whose first step runs without gradients (truncated backpropagation, as HRM's early cycles)."""
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.Linear(4, 4, bias=False)
+
+    def forward(self, x):
+        with torch.no_grad():
+            state = self.cell(x)
+        return self.cell(state + x)
+
+
+class Thresholded(Truncated):
+    """Statistics computed without gradients that only select (a mask, as PhiMoE's sparse mixer) or normalise."""
+    def forward(self, x):
+        with torch.no_grad():
+            threshold = x.max(-1, keepdim=True).values
+            scale = x.norm()
+        return self.cell(x.masked_fill(x < threshold, 0.0)) / scale
+
+
+def test_relevance_cut_by_no_grad_is_refused():
+    """A tensor computed from the input under ``torch.no_grad()`` and then added to relevance-carrying tensors would
+    lose the relevance through it: refused (raised inside the operator ``+``, it still arrives as the refusal); masks
+    and normalisers computed without gradients are fine (exact conservation)."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(UnsupportedModelError, match=r"add in the model \(Truncated\).*torch.no_grad\(\)"):
+        attributed(Truncated().double(), CPLRPEpsilon(general=True), x)
+    model = Thresholded().double()
+    found = attributed(model, CPLRPEpsilon(general=True), x)
+    expected = by_hand(model, x)  # linear in x for the fixed mask and scale
+    torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+    assert not model.__dict__.get('forward') and not model._forward_hooks
+
+
+class Positioned(torch.nn.Module):
+    """Sinusoidal positions computed in the forward (PegasusX) and an additive attention mask (0 / -1e9)."""
+    def forward(self, x):
+        with torch.no_grad():
+            positions = torch.sin(torch.arange(x.shape[0], dtype=x.dtype)[:, None] + torch.arange(x.shape[1]))
+        hidden = x + positions
+        scores = hidden @ hidden.transpose(-1, -2) + torch.tensor([0.0, -1e9, 0.0], dtype=x.dtype)
+        return torch.softmax(scores, -1) @ hidden
+
+
+def test_constant_tensors_are_noted():
+    """A constant tensor added to relevance-carrying ones is a bias that cannot be zeroed: recorded (shape, largest
+    magnitude) for the zoo's "not exactly conservative by design"; additive masks are not."""
+    canonizer = GeneralCanonizer(constant_gates=True)
+    attributed(Positioned(), CPLRPEpsilon(canonizers=[canonizer]), torch.randn(3, 2, dtype=torch.float64))
+    assert len(canonizer.constants) == 1
+    path, value = canonizer.constants[0]
+    assert path == '' and value == pytest.approx(float(torch.sin(torch.tensor(2.0))))  # largest |sin(i + j)|, i<3, j<2
+    assert f'{value:g}' == 'tensor of shape [3, 2] (largest |value| 0.909297)'
+
+
+class Sink(torch.nn.Module):
+    """Attention with a sink applied as ``sigmoid(logsumexp(z) - s)`` (GraniteSWA's eager attention)."""
+    def __init__(self, misuse: bool = False):
+        super().__init__()
+        self.sink, self.misuse = torch.nn.Parameter(torch.tensor(0.7)), misuse
+
+    def forward(self, x):
+        scores = x @ x.transpose(-1, -2)
+        lse = torch.logsumexp(scores, -1)
+        if self.misuse:  # a log-softmax by hand: no rule
+            return (scores - lse[:, None]) @ x
+        mass = (lse - self.sink).sigmoid()
+        return (torch.softmax(scores, -1) @ x) * mass[:, None]
+
+
+@pytest.mark.parametrize('composite, share', [(AttnLRPEpsilon, 0.5), (CPLRPEpsilon, 0.0)])
+def test_attention_sink_is_the_extended_softmax(composite, share):
+    """``(softmax(z) @ V) sigmoid(logsumexp(z) - s)`` is ``softmax([z, s]) @ [V; 0]``: by hand, Props. 3.1 and 3.3
+    on the extended softmax (CP-LRP: exact conservation)."""
+    torch.manual_seed(0)
+    model = Sink().double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    found = attributed(model, composite(general=True), x)
+
+    def forward(xx):
+        scores = _half(xx, share) @ _half(xx, share).transpose(-1, -2)
+        extended = torch.cat([scores, model.sink.detach().expand(3, 1)], -1)
+        probs = torch.softmax(extended, -1)[:, :3]
+        return _half(probs, share) @ _half(xx, 0.5 if share else 1.0)
+    torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
+    if not share:
+        torch.testing.assert_close(found.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+    with pytest.raises(UnsupportedModelError, match=r'logsumexp \(used by sub\).*attention sink'):
+        attributed(Sink(misuse=True).double(), composite(general=True), x)
+
+
+class DynamicMask(torch.nn.Module):
+    """Doge's dynamic mask: a per-key bias ``exp(A softplus(W v))`` of the logits, causally masked, added in eager
+    attention or passed as the mask of ``scaled_dot_product_attention``."""
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        self.sdpa, self.dt, self.A = sdpa, torch.nn.Linear(4, 1, bias=False), torch.nn.Parameter(torch.tensor(-0.7))
+
+    def bias(self, x, identity=lambda input, output: output):
+        inner = identity(self.dt(x), torch.nn.functional.softplus(self.dt(x)))
+        bias = identity(self.A * inner, torch.exp(self.A * inner)).transpose(-1, -2).expand(-1, -1, 3, -1)
+        return bias.masked_fill(~torch.ones(3, 3, dtype=torch.bool).tril(), torch.finfo(x.dtype).min)
+
+    def forward(self, x):
+        if self.sdpa:
+            return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=self.bias(x))
+        return torch.softmax(x @ x.transpose(-1, -2) / 2 + self.bias(x), -1) @ x
+
+
+@pytest.mark.parametrize('sdpa', [False, True])
+@pytest.mark.parametrize('composite, share', [(AttnLRPEpsilon, 0.5), (CPLRPEpsilon, 0.0)])
+def test_logit_bias_gets_the_scores_share(composite, share, sdpa):
+    """An additive bias of the logits computed by element-wise functions (exp, softplus: identity rule, Eq. 9) gets
+    the relevance of the logits (Prop. 3.1) by the sum's plain gradient; in SDPA the mask's gradient has the scores'
+    share (1/2; CP-LRP: 0). By hand on the eager form; an exponential used otherwise stays refused."""
+    torch.manual_seed(0)
+    model = DynamicMask(sdpa).double()
+    x = torch.randn(1, 1, 3, 4, dtype=torch.float64)
+    found = attributed(model, composite(general=True), x)
+
+    def forward(xx):
+        bias = model.bias(xx if share else xx.detach(), _identity)
+        probs = torch.softmax(_half(xx, share) @ _half(xx, share).transpose(-1, -2) / 2 + bias, -1)
+        return _half(probs, share) @ _half(xx, 0.5 if share else 1.0)
+    torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
+    with pytest.raises(UnsupportedModelError, match=r"exp \(used by mul\) in the model \(ExpGate\)"):
+        attributed(ExpGate().double(), composite(general=True), x[0, 0, :, :3])
+    with pytest.raises(UnsupportedModelError, match=r"exp \(used by scaled_dot_product_attention\) in the model"):
+        attributed(ExpGate(sdpa=True).double(), composite(general=True), x[..., :3])
+
+
+class ExpGate(Exponential):
+    """An exponential used as a factor, or as the values of attention."""
+    def __init__(self, sdpa: bool = False):
+        super().__init__()
+        self.sdpa = sdpa
+
+    def forward(self, x):
+        if self.sdpa:
+            return torch.nn.functional.scaled_dot_product_attention(x, x, torch.exp(self.linear(x)))
+        return torch.exp(self.linear(x)) * x

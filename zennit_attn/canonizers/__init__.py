@@ -14,7 +14,7 @@ from .base import (
     INLINE_FUNCTIONS, InlineActivationCanonizer, InlineOperandCanonizer, OperandCanonizer, SettingCanonizer, Tap,
     parse_taps,
 )
-from .blocks import NoBlocksError, block_stacks, transformer_blocks
+from .blocks import NoBlocksError, attention_linears, block_stacks, transformer_blocks, vision_towers
 from .families import ATTENTION_OUTPUTS, FAMILIES, Family, family_of, operand_taps
 from .general import GeneralCanonizer
 
@@ -22,7 +22,7 @@ __all__ = [
     'canonizers_for', 'supported_families', 'UnsupportedModelError', 'OperandCanonizer',
     'InlineActivationCanonizer', 'InlineOperandCanonizer', 'SettingCanonizer', 'Tap', 'Family', 'FAMILIES',
     'INLINE_FUNCTIONS', 'ATTENTION_OUTPUTS', 'family_of', 'operand_taps', 'parse_taps', 'block_stacks',
-    'transformer_blocks', 'NoBlocksError', 'GeneralCanonizer', 'table_problems',
+    'transformer_blocks', 'NoBlocksError', 'GeneralCanonizer', 'table_problems', 'attention_linears', 'vision_towers',
 ]
 
 #: Leaf modules that a composite has a rule for or that need none.

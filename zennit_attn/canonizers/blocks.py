@@ -1,4 +1,6 @@
-"""The one finder of a model's transformer blocks, for checkpointing, the latent sites and the conservation report.
+"""The one finder of a model's transformer blocks, for checkpointing, the latent sites and the conservation report;
+the finders of the parts of a block or model that the ViT composites treat apart (attention projections, vision
+towers) for models the family table does not list.
 
 A *block* is a module that transformers marks as one (a ``GradientCheckpointingLayer``: the decoder/encoder layers
 of every transformers model that supports gradient checkpointing, also of families outside the table) or whose
@@ -9,12 +11,25 @@ encoder's and the decoder's in encoder-decoder models.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from ..module_kinds import LINEARS
 from .families import FAMILIES
 
-__all__ = ['NoBlocksError', 'is_block', 'block_stacks', 'transformer_blocks']
+__all__ = ['NoBlocksError', 'is_block', 'block_stacks', 'transformer_blocks', 'attention_linears', 'vision_towers']
+
+#: Class names of attention modules, and of the modules inside them that are not attention (an MLP of a pooling head).
+_ATTENTION = re.compile(r'Attention|Attn')
+_NOT_ATTENTION = re.compile(r'MLP|Mlp|FeedForward|FFN|Ffn|Intermediate|Expert|Router|Gate')
+#: Child names of attention output projections (the others inside an attention module are input projections).
+ATTENTION_OUTPUT_NAMES = frozenset({'o_proj', 'out_proj', 'dense', 'proj', 'c_proj', 'o', 'out_lin', 'wo', 'out',
+                                    'to_out', 'output', 'attn_out', 'linear_out'})
+#: Child names under which multimodal models hold their vision towers.
+VISION_TOWER_NAMES = frozenset({'vision_tower', 'visual', 'vision_model', 'vision_encoder', 'image_encoder',
+                                'vision', 'vision_backbone', 'image_tower'})
 
 
 class NoBlocksError(TypeError):
@@ -75,3 +90,50 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
         If ``model`` holds no block.
     """
     return [block for _, blocks in block_stacks(model) for block in blocks]
+
+
+def attention_linears(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """``(input projections, output projections)``: the names of the linear layers inside attention modules.
+
+    A linear layer is an attention projection if its nearest ancestor whose class name says attention
+    (``...Attention``, ``...Attn``) is not separated from it by an MLP-like module (a pooling head's MLP); it is the
+    output projection if its name is one of :py:data:`ATTENTION_OUTPUT_NAMES` or its parent's class name ends in
+    ``Output`` (BERT's ``SelfOutput``), an input projection (query, key, value, fused or low-rank) otherwise. On the
+    families of the table this agrees with the taps and ``attention_output`` entries (tested).
+    """
+    inputs, outputs = [], []
+
+    def visit(path: str, module: torch.nn.Module, inside: bool, parent: str) -> None:
+        for name, child in module.named_children():
+            child_path = f'{path}.{name}' if path else name
+            if isinstance(child, LINEARS):
+                if inside:
+                    is_output = name in ATTENTION_OUTPUT_NAMES or parent.endswith('Output')
+                    (outputs if is_output else inputs).append(child_path)
+                continue
+            kind = type(child).__name__
+            visit(child_path, child, (inside or bool(_ATTENTION.search(kind))) and not _NOT_ATTENTION.search(kind),
+                  kind)
+
+    visit('', model, bool(_ATTENTION.search(type(model).__name__)), type(model).__name__)
+    return inputs, outputs
+
+
+def vision_towers(model: torch.nn.Module) -> list[str]:
+    """Names of the vision towers of a multimodal model: the outermost submodules (not ``model`` itself) held under
+    one of :py:data:`VISION_TOWER_NAMES` or whose class name says ``Vision`` and ``Model``, ``Transformer``,
+    ``Encoder`` or ``Tower`` (LLaVA's and Gemma 3's ``vision_tower``, Qwen2-VL's ``visual``, CLIP's and Idefics3's
+    ``vision_model``); empty for a model without one."""
+    found = []
+
+    def visit(path: str, module: torch.nn.Module) -> None:
+        for name, child in module.named_children():
+            child_path = f'{path}.{name}' if path else name
+            kind = type(child).__name__
+            if name in VISION_TOWER_NAMES or ('Vision' in kind and re.search(r'Model|Transformer|Encoder|Tower', kind)):
+                found.append(child_path)
+            else:
+                visit(child_path, child)
+
+    visit('', model)
+    return found

@@ -10,10 +10,19 @@ the tensors computed from the explained inputs) and classifies it:
   max, top-k, ...): the plain gradient (epsilon rule with epsilon -> 0, Eq. 8), nothing to change;
 - products of several relevance-carrying tensors (``a * b``, ``q @ k^T``, einsum): the uniform rule (Prop. 3.2;
   Prop. 3.3 for matrix products), each of the N factors gets 1/N; CP-LRP: factors that are the output of a
-  non-linearity or a softmax are constants;
-- softmax: the plain gradient, which is the softmax rule (Prop. 3.1);
-- ``scaled_dot_product_attention``: query and key 1/4, value 1/2 (Props. 3.1, 3.3); CP-LRP: query and key constant;
-- element-wise non-linearities (tanh, SiLU, GELU, sigmoid, clamp, ``x ** 2``, ...): the identity rule (Eq. 9);
+  non-linearity or a softmax (also selected by ``max``/``topk``/indexing, padded or concatenated: routing weights)
+  are constants (:py:func:`~zennit_attn.canonizers.graph.is_gate`);
+- softmax: the plain gradient, which is the softmax rule (Prop. 3.1); rows whose logits are all ``-inf`` (a NaN
+  output that the model replaces by a constant) pass nothing;
+- an attention sink written as ``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)``: the softmax of ``[z, s]`` (Prop. 3.1
+  on the extended softmax, Prop. 3.3 for its product with ``[V; 0]``); any other ``logsumexp`` is refused;
+- ``scaled_dot_product_attention``: query and key 1/4, value 1/2 (Props. 3.1, 3.3), a relevance-carrying float mask
+  (an additive term of the logits) 1/2; CP-LRP: query, key and mask constant;
+- element-wise non-linearities (tanh, SiLU, GELU, sigmoid, clamp, ``x ** 2``, ...): the identity rule (Eq. 9); ``exp``
+  only where its output enters attention logits additively (a logit bias such as Doge's dynamic mask), else refused;
+- operations under ``torch.no_grad()`` inside the forward: tensors they compute from relevance-carrying ones must not
+  meet relevance again (truncated backpropagation would lose relevance silently): refused
+  (:py:mod:`~zennit_attn.canonizers.tracking`, which also records the constants a model adds);
 - a division ``a / b`` by a relevance-carrying ``b``: ``b`` is a constant (the normaliser ``g(x)`` of Prop. 3.4);
   a renormalised softmax (top-k routing weights) keeps its plain gradient: it is the softmax of the selected logits;
 - ``rsqrt``, ``sqrt``, norms, variances: constants (normalisers, Prop. 3.4);
@@ -28,6 +37,7 @@ floating-point rounding. Everything is set on the model instance and put back on
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Callable, Mapping
 
@@ -37,6 +47,9 @@ from zennit.canonizers import Canonizer
 
 from ..module_kinds import UnsupportedModelError, is_activation, norm_kind
 from ..rules import elementwise_identity, layer_norm_identity
+from .decompositions import DECOMPOSED
+from .graph import LogSumExpMark, SinkMass, SoftmaxInput, attention_scores, is_gate, lse_scores, scores_node, sink_scores
+from .tracking import Tracking, tensors_of
 
 #: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
 VISIBLE_ATTENTION = ('eager', 'sdpa')
@@ -82,15 +95,11 @@ ACTIVATIONS = frozenset(_names("""
 NORMALISERS = frozenset(_names('rsqrt sqrt reciprocal norm vector_norm matrix_norm std var std_mean var_mean'))
 DIVISIONS = frozenset(_names('div divide true_divide'))
 SOFTMAX = frozenset(_names('softmax _softmax'))
+#: Operations that keep ``logsumexp(z)`` a shifted log-normaliser: a constant added or subtracted, casts, views,
+#: selections.
+_LSE_SHIFTS = frozenset(_names('add sub to type type_as float double view reshape unsqueeze squeeze expand contiguous '
+                               'clone getitem select narrow'))
 
-#: Autograd nodes through which a gate or softmax output passes unchanged in kind (one relevance-carrying input).
-_PASS_NODES = re.compile(
-    r'(View|UnsafeView|Reshape\w*|Transpose|Permute|Expand|Squeeze\w*|Unsqueeze\w*|Slice|Select|Index|Gather|'
-    r'ToCopy|Clone|Topk|Sort|Div|Mul|AsStrided|Split\w*|Unbind|IndexSelect|Repeat|MaskedFill|NativeDropout|'
-    r'Alias|TBackward|Narrow|Sum|Mean)Backward\d*$'
-)
-#: Autograd nodes of gate (activation) and softmax outputs: the constant factors of CP-LRP.
-_GATE_NODES = re.compile(r'(_GateIdentity|Softmax|_SoftmaxTaylor)Backward\d*$')
 #: Packages whose autograd functions are trusted (their outputs are the ones the rules produce or plain torch).
 _TRUSTED_FUNCTIONS = ('torch.', 'zennit.', 'zennit_attn.', 'bitsandbytes.')
 #: Class names of sequence mixers that are not softmax attention.
@@ -119,15 +128,6 @@ def _op_name(func: Callable) -> str:
     return _ALIASES.get(name, name)
 
 
-def _tensors(value, found: list) -> list:
-    if isinstance(value, torch.Tensor):
-        found.append(value)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _tensors(item, found)
-    return found
-
-
 def _scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     """``tensor`` with its gradient multiplied by ``factor`` (detached for 0)."""
     if factor == 0:
@@ -139,21 +139,6 @@ def _scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return result
 
 
-def _is_gate(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is (a view, selection or rescaling of) the output of an activation or a softmax."""
-    node = tensor.grad_fn
-    for _ in range(32):
-        if node is None:
-            return False
-        name = type(node).__name__
-        if _GATE_NODES.match(name):
-            return True
-        if not _PASS_NODES.match(name):
-            return False
-        node = next((next_node for next_node, _ in node.next_functions if next_node is not None), None)
-    return False
-
-
 class _Classifier(TorchFunctionMode):
     """The torch function mode of :py:class:`GeneralCanonizer`; see the module's table."""
     def __init__(self, canonizer: 'GeneralCanonizer'):
@@ -163,28 +148,45 @@ class _Classifier(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         canonizer = self.canonizer
-        if canonizer.opaque or not torch.is_grad_enabled():
-            return func(*args, **kwargs)
         name = _op_name(func)
         if name in METADATA:
             return func(*args, **kwargs)
-        carrying = [tensor for tensor in _tensors(args, _tensors(list(kwargs.values()), [])) if tensor.requires_grad]
+        tensors = tensors_of(args, tensors_of(list(kwargs.values()), []))
+        if not torch.is_grad_enabled():
+            return canonizer.cut_off(name, args, func(*args, **kwargs), tensors)
+        if canonizer.opaque:
+            return func(*args, **kwargs)
+        carrying = [tensor for tensor in tensors if tensor.requires_grad]
+        if canonizer.cut and canonizer.meets_cut(name, args, kwargs, tensors, carrying, name in DIVISIONS):
+            return canonizer.cut_off(name, args, func(*args, **kwargs), tensors)
         if not carrying:
             return func(*args, **kwargs)
         for tensor in carrying:
             canonizer.check_origin(tensor)
-        if name in {'add', 'sub'}:
-            canonizer.note_constant(args, kwargs)
-        if name in FREE or name in SOFTMAX:
+        if canonizer.lse and any(lse_scores(tensor) is not None for tensor in carrying):
+            return self.sink_mass(name, func, args, kwargs, carrying)
+        if canonizer.biases and any(tensor in canonizer.biases for tensor in carrying):
+            output = canonizer.bias_use(name, func, args, kwargs, carrying)
+            if output is not None:
+                return output
+        if name in {'add', 'sub', 'cat', 'concat', 'concatenate', 'stack'}:
+            canonizer.note_constant(name, args, kwargs)
+        if name in FREE:
             return func(*args, **kwargs)
+        if name in SOFTMAX:
+            return self.softmax(func, args, kwargs)
+        if name == 'logsumexp':
+            canonizer.lse = True
+            return LogSumExpMark.apply(func(*args, **kwargs), scores_node(carrying[0]))
         if name in PRODUCTS:
             return self.product(func, args, kwargs, carrying)
         if name in DIVISIONS:
             return self.division(func, args, kwargs)
-        if name in ACTIVATIONS or (name == 'pow' and self.power(args, kwargs) >= 1):
+        if name in ACTIVATIONS or name == 'exp' or (name == 'pow' and self.power(args, kwargs) >= 1):
             if len(carrying) != 1 or not isinstance(args[0], torch.Tensor) or args[0] is not carrying[0]:
                 canonizer.refuse(name, 'an element-wise non-linearity of more than one relevance-carrying tensor')
-            return canonizer.activation(args[0], func(*args, **kwargs))
+            output = canonizer.activation(args[0], func(*args, **kwargs))
+            return canonizer.mark_bias(output) if name == 'exp' else output
         if name in NORMALISERS or name in {'pow', 'reciprocal_scaled'}:
             with torch.no_grad():
                 return func(*args, **kwargs)
@@ -192,7 +194,35 @@ class _Classifier(TorchFunctionMode):
             return self.attention(func, args, kwargs)
         if name in {'layer_norm', 'rms_norm', 'normalize'}:
             return self.norm(name, func, args, kwargs)
+        if name in DECOMPOSED:  # composite functions: their arithmetic, with this mode classifying each operation
+            try:
+                with self:
+                    return DECOMPOSED[name](*args, **kwargs)
+            except NotImplementedError as error:
+                canonizer.refuse(name, f'{error}, which is not softmax attention')
         canonizer.refuse(name)
+
+    @staticmethod
+    def softmax(func, args, kwargs):
+        """The plain gradient (Prop. 3.1), zero for rows that the softmax turns into NaN (every logit ``-inf``): the
+        model replaces their output by a constant (``masked_fill``), so no relevance flows through them."""
+        input = args[0] if args else kwargs.pop('input')
+        alias = SoftmaxInput.apply(input)
+        output = func(alias, *args[1:], **kwargs)
+        alias.grad_fn.output = output.detach()
+        return output
+
+    def sink_mass(self, name, func, args, kwargs, carrying):
+        """``sigmoid(logsumexp(z) - s)`` for a constant sink logit ``s``: the mass of the real columns of the softmax
+        of ``z`` extended by ``s``, its plain gradient (Prop. 3.1 on the extended softmax; see
+        :py:mod:`~zennit_attn.canonizers.graph`); any other use of a ``logsumexp`` is refused."""
+        reflected = getattr(func, '__name__', '') in {'__rsub__', 'rsub'}
+        if len(carrying) == 1 and name == 'sigmoid':
+            return SinkMass.apply(func(*args, **kwargs), lse_scores(carrying[0]))
+        if len(carrying) == 1 and not reflected and name in _LSE_SHIFTS and (name != 'sub' or args[0] is carrying[0]):
+            return func(*args, **kwargs)
+        self.canonizer.refuse(f'logsumexp (used by {name})', 'a logsumexp that is not the mass sigmoid(logsumexp(z) - '
+                              's) of a softmax extended by a constant sink logit s (an attention sink)')
 
     @staticmethod
     def power(args, kwargs) -> float:
@@ -205,11 +235,15 @@ class _Classifier(TorchFunctionMode):
         name = getattr(func, '__name__', '')
         if name.endswith('_') and not name.startswith('__'):
             self.canonizer.refuse(name, 'an in-place product of relevance-carrying tensors')
-        constant = ({id(tensor) for tensor in carrying if _is_gate(tensor)} if self.canonizer.constant_gates
-                    else set())
-        free = [tensor for tensor in carrying if id(tensor) not in constant]
-        share = 1.0 / len(free) if len(free) > 1 else 1.0
-        factors = {id(tensor): 0.0 if id(tensor) in constant else share for tensor in carrying}
+        sinks = [tensor for tensor in carrying if sink_scores(tensor) is not None]
+        if sinks:
+            factors = self.sink_factors(carrying, sinks)
+        else:
+            constant = ({id(tensor) for tensor in carrying if is_gate(tensor)} if self.canonizer.constant_gates
+                        else set())
+            free = [tensor for tensor in carrying if id(tensor) not in constant]
+            share = 1.0 / len(free) if len(free) > 1 else 1.0
+            factors = {id(tensor): 0.0 if id(tensor) in constant else share for tensor in carrying}
         replaced = {}
 
         def swap(value):
@@ -223,11 +257,24 @@ class _Classifier(TorchFunctionMode):
             return value
         return func(*swap(tuple(args)), **{key: swap(value) for key, value in kwargs.items()})
 
+    def sink_factors(self, carrying, sinks) -> dict[int, float]:
+        """``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)`` is ``softmax([z, s]) @ [V; 0]`` (an attention sink): the
+        bilinear rule (Prop. 3.3) gives the extended softmax its share (1/2; CP-LRP: 0) and the rest the whole, so the
+        sink mass gets the softmax's share and the attention output its full gradient (its matrix product already
+        split it)."""
+        others = [tensor for tensor in carrying if tensor is not sinks[0]]
+        share = 0.0 if self.canonizer.constant_gates else 0.5
+        if len(sinks) != 1 or len(others) != 1 or not (self.canonizer.constant_gates or any(
+                node is sink_scores(sinks[0]) for node in attention_scores(others[0]))):
+            self.canonizer.refuse('sigmoid(logsumexp)', 'an attention-sink mass that does not scale the attention '
+                                  'output softmax(z) @ V of its own scores z')
+        return {id(others[0]): 1.0, id(sinks[0]): share}
+
     def division(self, func, args, kwargs):
         numerator, denominator = (list(args) + [kwargs.get('other')])[:2]
         if not (isinstance(denominator, torch.Tensor) and denominator.requires_grad):
             return func(*args, **kwargs)
-        if _is_gate(denominator) and isinstance(numerator, torch.Tensor) and _is_gate(numerator):
+        if is_gate(denominator) and isinstance(numerator, torch.Tensor) and is_gate(numerator):
             return func(*args, **kwargs)  # renormalised softmax: the softmax of the selected logits (Prop. 3.1)
         rest = {key: value for key, value in kwargs.items() if key != 'other'}
         return func(numerator, denominator.detach(), *args[2:], **rest)
@@ -236,15 +283,22 @@ class _Classifier(TorchFunctionMode):
         names = ('query', 'key', 'value')
         scales = self.canonizer.attention_scales
         args = list(args)
+        biased = [tensor for tensor in args[:3] + [kwargs.get(key) for key in names]
+                  if isinstance(tensor, torch.Tensor) and tensor in self.canonizer.biases]
+        if biased:  # an exponential in query, key or value
+            self.canonizer.refuse_bias('exp (used by scaled_dot_product_attention)', self.canonizer.biases[biased[0]])
         for index, name in enumerate(names):
             if index < len(args):
                 if isinstance(args[index], torch.Tensor) and args[index].requires_grad:
                     args[index] = _scaled(args[index], scales[name])
             elif isinstance(kwargs.get(name), torch.Tensor) and kwargs[name].requires_grad:
                 kwargs[name] = _scaled(kwargs[name], scales[name])
-        mask = args[3] if len(args) > 3 else kwargs.get('attn_mask')
-        if isinstance(mask, torch.Tensor) and mask.requires_grad:
-            self.canonizer.refuse('scaled_dot_product_attention', 'an attention mask that carries relevance')
+        # a float mask that carries relevance is an additive term of the logits: the scores' share (Props. 3.1, 3.3)
+        share = 2 * scales['query']
+        if len(args) > 3 and isinstance(args[3], torch.Tensor) and args[3].requires_grad:
+            args[3] = _scaled(args[3], share)
+        elif isinstance(kwargs.get('attn_mask'), torch.Tensor) and kwargs['attn_mask'].requires_grad:
+            kwargs['attn_mask'] = _scaled(kwargs['attn_mask'], share)
         return func(*args, **kwargs)
 
     def norm(self, name, func, args, kwargs):
@@ -259,7 +313,7 @@ class _Classifier(TorchFunctionMode):
             return layer_norm_identity(input, len(shape), weight, bias, eps)
         with torch.no_grad():
             output = func(*args, **kwargs)
-        if any(tensor.requires_grad for tensor in _tensors(list(args[1:]) + list(kwargs.values()), [])):
+        if any(tensor.requires_grad for tensor in tensors_of(list(args[1:]) + list(kwargs.values()), [])):
             self.canonizer.refuse(name, 'a normalisation whose weight carries relevance')
         return elementwise_identity(input, output)
 
@@ -280,7 +334,7 @@ def _configs(model: torch.nn.Module) -> list:
     return list(found.values())
 
 
-class GeneralCanonizer(Canonizer):
+class GeneralCanonizer(Tracking, Canonizer):
     """Explain any transformer at the operations it performs (see the module's table).
 
     Applying it to a model (the composites do, for a model the family table does not list) freezes the model's
@@ -304,21 +358,18 @@ class GeneralCanonizer(Canonizer):
         self.attention_scales = ({'query': 0.0, 'key': 0.0, 'value': 1.0} if constant_gates
                                  else {'query': 0.25, 'key': 0.25, 'value': 0.5})
         self.opaque = 0
+        self.lse = False  # whether the model's forward computed a ``logsumexp`` (see :py:meth:`_Classifier.sink_mass`)
+        self.start_tracking()
         self.path: list[tuple[str, torch.nn.Module]] = []
         self.handles: list = []
         self.frozen: list[torch.nn.Parameter] = []
         self.settings: list[tuple[object, str, object]] = []
         self.modes: list[_Classifier] = []
+        self.forwards: list[tuple[torch.nn.Module, object]] = []
+        self.refusal: UnsupportedModelError | None = None
 
     def copy(self) -> 'GeneralCanonizer':
         return type(self)(self.constant_gates, self.constants)
-
-    def note_constant(self, args, kwargs) -> None:
-        """Record a non-zero number added to (or subtracted from) a tensor that carries relevance."""
-        numbers = [value for value in list(args[:2]) + [kwargs.get('other')]
-                   if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0]
-        if numbers:
-            self.constants.append((self.path[-1][0] if self.path else '', numbers[0]))
 
     def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
         instance = self.copy()
@@ -341,10 +392,29 @@ class GeneralCanonizer(Canonizer):
             if parameter.requires_grad:
                 parameter.requires_grad_(False)
                 self.frozen.append(parameter)
+        self.guard(model)
         for name, module in model.named_modules():
             opaque = name != '' and self.is_opaque(module)
             self.handles.append(module.register_forward_pre_hook(self._enter(name, module, opaque)))
             self.handles.append(module.register_forward_hook(self._leave(opaque), always_call=True))
+
+    def guard(self, model: torch.nn.Module) -> None:
+        """Wrap the forward of the model instance so that a refusal raised inside an operator reaches the caller as
+        the :py:class:`UnsupportedModelError` it is (put back by :py:meth:`remove`)."""
+        forward, previous = model.forward, model.__dict__.get('forward')
+
+        @functools.wraps(forward)  # keeps the signature, which transformers' generate inspects
+        def guarded(*args, **kwargs):
+            self.refusal = None
+            try:
+                return forward(*args, **kwargs)
+            except TypeError as error:
+                if self.refusal is None or isinstance(error, UnsupportedModelError):
+                    raise
+                raise self.refusal from error
+
+        model.forward = guarded
+        self.forwards.append((model, previous))
 
     @staticmethod
     def is_opaque(module: torch.nn.Module) -> bool:
@@ -359,6 +429,8 @@ class GeneralCanonizer(Canonizer):
     def _enter(self, name: str, module: torch.nn.Module, opaque: bool):
         def hook(module, args):
             if not self.path:
+                self.lse = False
+                self.start_tracking()
                 mode = _Classifier(self)
                 mode.__enter__()
                 self.modes.append(mode)
@@ -375,9 +447,10 @@ class GeneralCanonizer(Canonizer):
                 while self.modes:
                     self.modes.pop().__exit__(None, None, None)
                 values = list(output.values()) if isinstance(output, Mapping) else output
-                for tensor in _tensors(values, []):
-                    if tensor.requires_grad:
-                        self.check_origin(tensor)
+                outputs = [tensor for tensor in tensors_of(values, []) if tensor.requires_grad]
+                for tensor in outputs:
+                    self.check_origin(tensor)
+                self.check_biases(outputs)
         return hook
 
     def check_origin(self, tensor: torch.Tensor) -> None:
@@ -389,23 +462,26 @@ class GeneralCanonizer(Canonizer):
     def activation(self, input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         return elementwise_identity(input, output, gate=True)
 
-    def refuse(self, op: str, what: str | None = None):
-        name, module = self.path[-1] if self.path else ('', None)
+    def refuse(self, op: str, what: str | None = None, hint: str | None = None, path: list | None = None):
+        path = self.path if path is None else path
+        name, module = path[-1] if path else ('', None)
         cls = type(module).__name__ if module is not None else '?'
         where = f"'{name}' ({cls})" if name else f'the model ({cls})'
-        outer = next((type(item).__name__ for _, item in reversed(self.path) if _RECURRENT.search(type(item).__name__)),
-                     None)
+        outer = next((type(item).__name__ for _, item in reversed(path) if _RECURRENT.search(type(item).__name__)), None)
         description = what or 'an operation without an AttnLRP rule'
-        if outer is not None:
+        if hint is None and outer is not None:
             hint = (f'{outer} is not softmax attention: AttnLRP (Achtibat et al. 2024) defines rules for softmax '
                     'attention, linear layers, element-wise non-linearities, products and normalisations; the '
                     'recurrences of state-space, linear-attention and convolutional sequence mixers are outside '
                     'them, so zennit-attn does not explain this model.')
-        else:
+        elif hint is None:
             hint = ('Route it through a module that the composite has a rule for, add a Family entry '
                     '(zennit_attn.canonizers.families), or report the model.')
-        raise UnsupportedModelError(f'zennit-attn cannot explain {op} in {where}: {description}, computed on tensors '
-                                    f'that carry relevance. {hint}')
+        # kept for the guard of :py:meth:`register`: raised inside an operator (``a + b``), torch turns the error (a
+        # TypeError) into NotImplemented and Python raises a TypeError without it
+        self.refusal = UnsupportedModelError(f'zennit-attn cannot explain {op} in {where}: {description}, computed on '
+                                             f'tensors that carry relevance. {hint}')
+        raise self.refusal
 
     def remove(self) -> None:
         while self.modes:
@@ -416,4 +492,10 @@ class GeneralCanonizer(Canonizer):
             parameter.requires_grad_(True)
         for target, attribute, value in reversed(self.settings):
             setattr(target, attribute, value)
+        for model, previous in reversed(self.forwards):
+            if previous is None:
+                model.__dict__.pop('forward', None)
+            else:
+                model.forward = previous
+        self.forwards = []
         self.handles, self.frozen, self.settings, self.path, self.opaque = [], [], [], [], 0

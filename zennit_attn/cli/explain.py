@@ -12,13 +12,13 @@ from ..explain import encode_texts, explain
 from .checks import check_common, make_composite, parse_contrast, parse_target
 from .errors import CommandError, UsageError
 from .models import load, load_multimodal, resolve_target
-from .options import (Formatter, add_contrast_option, add_debug, add_method_options, add_model_options,
-                      add_output_options, add_prompt_options, add_target_option, methods_manual)
+from .options import (Formatter, add_contrast_option, add_debug, add_image_option, add_method_options,
+                      add_model_options, add_output_options, add_prompt_options, add_target_option, methods_manual)
 from .printing import color_choice, decode, legend, method_label, shorten
 from .progress import status
 
-__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'run', 'explain_and_show', 'explain_images',
-           'write_heatmap', 'prediction']
+__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'check_images', 'read_images', 'run',
+           'explain_and_show', 'explain_images', 'write_heatmap', 'prediction']
 
 NAME = 'explain'
 
@@ -57,11 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_contrast_option(group)
     group.add_argument('--top', type=int, default=5, metavar='K',
                        help='list the K most relevant input tokens; 0: none (default: %(default)s)')
-    parser.add_argument('--image', action='append', dest='images', metavar='PATH',
-                        help='an image for a vision-language model (LLaVA, Qwen2-VL; the prompt holds the '
-                             "processor's image token once per image) or an image-text model (CLIP: the prompt's "
-                             'similarity to the image is explained); repeatable; needs --model FOLDER with its '
-                             'processor')
+    add_image_option(parser, " or an image-text model (CLIP: the prompt's similarity to the image is explained)")
     add_method_options(parser)
     add_model_options(parser)
     add_output_options(parser, None)
@@ -77,6 +73,12 @@ def check(args: argparse.Namespace) -> None:
     args.target = parse_target(args.target)
     args.contrast = parse_contrast(args.contrast)
     check_common(args)
+    check_images(args)
+
+
+def check_images(args: argparse.Namespace) -> None:
+    """Check ``--image`` (:py:func:`~zennit_attn.cli.options.add_image_option`): files, a model folder, no
+    ``--contrast``."""
     for path in args.images or ():
         if not Path(path).is_file():
             raise UsageError(f'--image {path!r} is not a file')
@@ -85,6 +87,20 @@ def check(args: argparse.Namespace) -> None:
                          f'{args.model_spec.label} takes text only')
     if args.images and args.contrast is not None:
         raise UsageError('--contrast does not apply with --image')
+
+
+def read_images(paths) -> list:
+    """The images of ``--image`` as RGB PIL images (:py:class:`CommandError` for one that cannot be read)."""
+    from PIL import Image
+
+    images = []
+    for path in paths:
+        try:
+            with Image.open(path) as picture:
+                images.append(picture.convert('RGB'))
+        except OSError as error:
+            raise CommandError(f'cannot read the image {path!r}: {error}') from error
+    return images
 
 
 def prediction(model, explanation) -> tuple[int, float] | None:
@@ -158,17 +174,9 @@ def explain_and_show(args: argparse.Namespace):
 
 def explain_images(args: argparse.Namespace):
     """:py:func:`explain_and_show` for ``--image``: text and images through the model's processor."""
-    from PIL import Image
-
     with status('loading the model and its processor', not args.quiet):
         model, processor = load_multimodal(args.model_spec, args.dtype, args.torch_device)
-    images = []
-    for path in args.images:
-        try:
-            with Image.open(path) as picture:
-                images.append(picture.convert('RGB'))
-        except OSError as error:
-            raise CommandError(f'cannot read the image {path!r}: {error}') from error
+    images = read_images(args.images)
     start = time.perf_counter()
     with status(f'explaining with {args.method}', not args.quiet):
         target = resolve_target(args.target, processor.tokenizer)

@@ -9,9 +9,11 @@ from pathlib import Path
 from ..generation import explain_generation
 from .checks import check_common, make_composite, parse_contrast
 from .errors import PROG, UsageError
-from .models import load
-from .options import (Formatter, add_contrast_option, add_debug, add_method_options, add_model_options,
-                      add_output_options, add_prompt_options)
+from .explain import check_images, read_images
+from .models import load, load_multimodal
+from .options import (Formatter, add_contrast_option, add_debug, add_image_option, add_method_options,
+                      add_model_options, add_output_options, add_prompt_options)
+from .progress import status
 from .printing import color_choice, decode, legend, method_label, shorten
 
 __all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'run']
@@ -25,7 +27,8 @@ Loads the model, generates up to N tokens greedily after the prompt, explains ev
 it was generated from (one explanation each) and the whole answer, the sum of the generated tokens' logits, in one
 more backward pass. Prints the answer and the heatmap of the whole answer over prompt and answer. With --output
 it writes an interactive HTML page (click or hover a generated token to see its own heatmap), or the heatmap of
-the whole answer as .png, .svg, .pdf or .tex.'''
+the whole answer as .png, .svg, .pdf or .tex. With --image a vision-language model answers the prompt about the
+images, and the pixels are explained too (the overlay of each image is drawn beside the answer).'''
 
 EPILOG = '''\
 examples:
@@ -33,6 +36,7 @@ examples:
   zennit-attn generate --input question.txt --max-new-tokens 40 --composite cplrp --output answer.html
   zennit-attn generate --prompt "2 + 2 =" --max-new-tokens 3 --words --output answer.pdf
   zennit-attn generate --prompt "The capital of France is" --max-new-tokens 5 --contrast runner-up
+  zennit-attn generate --model ./llava --prompt "<image>What is this? It is" --image bear.png --output bear.html
 
 exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded).'''
 
@@ -48,6 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help='generate at most N tokens; generation stops earlier at the end-of-sequence token '
                             '(default: %(default)s)')
     add_contrast_option(group, 'each generated token')
+    add_image_option(parser)
     add_method_options(parser)
     add_model_options(parser)
     add_output_options(parser, None)
@@ -62,24 +67,36 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f'--max-new-tokens must be at least 1, got {args.max_new_tokens}')
     args.contrast = parse_contrast(args.contrast)
     check_common(args)
+    check_images(args)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``generate`` with checked arguments; returns the exit status."""
-    model, tokenizer = load(args, need_tokenizer_first=args.contrast is not None)
+    images = {}
+    if args.images:
+        with status('loading the model and its processor', not args.quiet):
+            model, processor = load_multimodal(args.model_spec, args.dtype, args.torch_device)
+        tokenizer, images = processor.tokenizer, {'images': read_images(args.images)}
+    else:
+        model, tokenizer = load(args, need_tokenizer_first=args.contrast is not None)
+        processor = tokenizer
     start = time.perf_counter()
     if not args.quiet:  # then a progress bar over the explanations
         print(f'{PROG}: generating up to {args.max_new_tokens} tokens and explaining each with {args.method}',
               file=sys.stderr, flush=True)
-    generation = explain_generation(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens,
+    generation = explain_generation(model, processor, args.text, max_new_tokens=args.max_new_tokens,
                                     method=args.method, composite=make_composite(args.composite),
-                                    progress=not args.quiet, contrast=args.contrast, **args.params)
+                                    progress=not args.quiet, contrast=args.contrast, **images, **args.params)
     seconds = time.perf_counter() - start
     generated = int(generation.target.shape[0])
 
     print(f'Model:       {args.model_spec.label}')
-    print(f'Prompt:      {shorten(args.text)!r} ({int(generation.prompt_length)} tokens)')
+    with_images = f' with {len(images["images"])} image(s)' if images else ''
+    print(f'Prompt:      {shorten(args.text)!r} ({int(generation.prompt_length)} tokens){with_images}')
     print(f'Answer:      {generation.answer()!r} ({generated} tokens)')
+    if images:
+        print(f'Relevance:   text {float(generation.answer_relevance.sum()):+.4f} + images '
+              f'{generation.image_relevance():+.4f} for the sum of the logits, {float(generation.logit.sum()):.4f}')
     print(f'Method:      {method_label(args)} ({seconds:.2f} s for generating and {generated + 1} explanations)')
     versus = ''
     if generation.contrast is not None:

@@ -15,7 +15,7 @@ from .models import BUILTIN, DTYPES
 
 __all__ = ['COMPOSITES', 'DEFAULT_METHOD', 'Formatter', 'Parser', 'methods_manual', 'add_model_options',
            'add_prompt_options', 'add_method_options', 'add_output_options', 'add_target_option', 'add_contrast_option',
-           'add_debug']
+           'add_image_option', 'add_debug']
 
 #: ``--composite`` values: the LRP composites for language models
 COMPOSITES = ('attnlrp', 'cplrp')
@@ -124,6 +124,15 @@ def add_contrast_option(group, per: str = 'the explained token') -> None:
                        help=f'explain the logit of {per} minus that of this token ("why this rather than that?"): a '
                             'token string that is exactly one token, id:N, or runner-up (the most likely other '
                             'token at each step) (default: none, the logit itself)')
+
+
+def add_image_option(parser: argparse.ArgumentParser, models: str = '') -> None:
+    """``--image`` (repeatable, into ``args.images``; checked by :py:func:`zennit_attn.cli.explain.check_images`);
+    ``models`` adds to the kinds of model named in its help."""
+    parser.add_argument('--image', action='append', dest='images', metavar='PATH',
+                        help='an image for a vision-language model (LLaVA, Qwen2-VL; the prompt holds the '
+                             f"processor's image token once per image){models}; repeatable; needs --model FOLDER "
+                             'with its processor')
 
 
 def add_debug(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) -> None:

@@ -23,7 +23,8 @@ from typing import Mapping, Sequence
 import torch
 from zennit.core import Hook
 
-from ..canonizers import ATTENTION_OUTPUTS, operand_taps
+from ..canonizers import ATTENTION_OUTPUTS, attention_linears, operand_taps, vision_towers
+from ..canonizers.blocks import VISION_TOWER_NAMES
 from ..layers import Operand
 from ..module_kinds import CONVOLUTIONS, LINEARS
 from ..canonizers.quantization import UnsupportedQuantizationError, quantization_of
@@ -40,7 +41,9 @@ def attention_projections(
 
     Input projections are the children whose outputs the family table taps as query, key or value (timm's fused
     ``qkv``, Hugging Face's ``q_proj``/``k_proj``/``v_proj``, GPT-2's ``c_attn``); output projections are named per
-    attention class by ``outputs`` (default :py:data:`~zennit_attn.canonizers.families.ATTENTION_OUTPUTS`).
+    attention class by ``outputs`` (default :py:data:`~zennit_attn.canonizers.families.ATTENTION_OUTPUTS`). In
+    attention modules the table does not list, the projections are found by structure
+    (:py:func:`~zennit_attn.canonizers.blocks.attention_linears`).
     """
     outputs = ATTENTION_OUTPUTS if outputs is None else outputs
     inputs = {id(getattr(module, child)) for module, child, tap in operand_taps(model)
@@ -50,7 +53,10 @@ def attention_projections(
         child = outputs.get(type(module).__name__)
         if child is not None and isinstance(getattr(module, child, None), LINEARS):
             outs.add(id(getattr(module, child)))
-    return inputs, outs
+    # models (and parts of models, such as a VLM's vision tower) that the table does not list: by structure
+    structural_in, structural_out = (
+        {id(model.get_submodule(name)) for name in names} for names in attention_linears(model))
+    return inputs | (structural_in - outs), outs | (structural_out - inputs)
 
 
 class AttnLRPGamma(AttnLRPComposite):
@@ -85,6 +91,18 @@ class AttnLRPGamma(AttnLRPComposite):
         Stabiliser of the matmul rule on explicit :py:class:`~zennit_attn.layers.MatMul` modules.
     canonizers: sequence, optional
         As for :py:class:`~zennit_attn.composites.AttnLRPComposite`.
+    general: bool, optional
+        As for :py:class:`~zennit_attn.composites.AttnLRPComposite`.
+    within: str or sequence of str, optional
+        Where the rules above apply: None (default) the whole model; ``'vision'`` the vision towers of a
+        vision-language or image-text model (:py:func:`~zennit_attn.canonizers.blocks.vision_towers`), so that the
+        language model keeps :py:class:`~zennit_attn.composites.AttnLRPEpsilon`'s rules; or module names (e.g.
+        ``'model.vision_tower'``). Modules outside get the epsilon composite's rules.
+
+    Raises
+    ------
+    ValueError
+        At registration, if ``within`` names a module the model does not have, or ``'vision'`` finds no vision tower.
     """
     operand_rule = UniformOperand
 
@@ -99,6 +117,7 @@ class AttnLRPGamma(AttnLRPComposite):
         epsilon: float = 0.0,
         canonizers: Sequence | None = None,
         general: bool | None = None,
+        within: str | Sequence[str] | None = None,
     ):
         self.rules = {
             'conv': conv, 'linear': linear, 'attention_in': attention_in, 'attention_out': attention_out,
@@ -108,17 +127,39 @@ class AttnLRPGamma(AttnLRPComposite):
             if rule is not None and not isinstance(rule, Hook):
                 raise TypeError(f'{kind}= needs a zennit Hook (rule) instance or None, got {type(rule).__name__}')
         self.attention_outputs = attention_outputs
+        names = [within] if isinstance(within, str) else within
+        if within is not None and not (isinstance(names, (list, tuple)) and names
+                                       and all(isinstance(name, str) for name in names)):
+            raise TypeError(f'within= takes a module name, a list of them or \'vision\', got {within!r}')
+        self.within = within
         self._attention_in: set[int] = set()
         self._attention_out: set[int] = set()
+        self._scope: set[int] | None = None
         super().__init__(epsilon=epsilon, canonizers=canonizers, general=general)
 
     def register(self, module: torch.nn.Module) -> None:
         self.refuse_registered(module)
         self._attention_in, self._attention_out = attention_projections(module, self.attention_outputs)
+        self._scope = None if self.within is None else self._modules_within(module)
         super().register(module)
+
+    def _modules_within(self, model: torch.nn.Module) -> set[int]:
+        """Ids of the modules in the scope ``within``."""
+        names = vision_towers(model) if self.within == 'vision' else \
+            [self.within] if isinstance(self.within, str) else list(self.within)
+        if not names:
+            raise ValueError(f'within=\'vision\': {type(model).__name__} has no vision tower (a child named one of '
+                             f'{sorted(VISION_TOWER_NAMES)} or a *Vision*Model class); name the modules instead')
+        modules = dict(model.named_modules())
+        missing = [name for name in names if name not in modules]
+        if missing:
+            raise ValueError(f'within= names modules that {type(model).__name__} does not have: {missing}')
+        return {id(inner) for name in names for inner in modules[name].modules()}
 
     def layer_type(self, module: torch.nn.Module) -> str | None:
         """``'conv'``, ``'linear'``, ``'attention_in'``, ``'attention_out'``, ``'softmax'`` or None (other)."""
+        if self._scope is not None and id(module) not in self._scope:
+            return None
         if isinstance(module, Operand):
             return 'softmax'
         if isinstance(module, CONVOLUTIONS):
@@ -146,6 +187,8 @@ class AttnLRPGamma(AttnLRPComposite):
 
     def __repr__(self) -> str:
         arguments = ', '.join(f'{kind}={rule_repr(rule)}' for kind, rule in self.rules.items())
+        if self.within is not None:
+            arguments += f', within={self.within!r}'
         return f'{type(self).__name__}({arguments})'
 
 

@@ -19,7 +19,8 @@ from .colors import LEVELS, color_table, css_rgb, relevance_to_rgb, text_color
 from .layout import Heatmap, Segment, format_relevance, split_space
 from .tokens import display_token
 
-__all__ = ['CSS', 'token_spans', 'legend', 'heatmap_fragment', 'fragment', 'page', 'generation_fragment']
+__all__ = ['CSS', 'token_spans', 'legend', 'heatmap_fragment', 'fragment', 'page', 'figures_html',
+           'generation_fragment']
 
 CSS = """
 .za { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; line-height: 1.45; }
@@ -221,8 +222,14 @@ _SCRIPT = """
     return Math.sign(f) * Math.floor(Math.abs(f) * %(levels)d + 0.5);
   }
   function esc(s) { var d = document.createElement('span'); d.textContent = s; return d.innerHTML; }
+  var pictures = root.querySelectorAll('img.za-overlay');
+  var captions = root.querySelectorAll('.za-overlay-caption');
   function show(k) {
     var view = data.views[k];
+    for (var j = 0; view.images && j < pictures.length && j < view.images.length; j++) {
+      pictures[j].src = view.images[j].src;
+      pictures[j].alt = captions[j].textContent = view.images[j].caption;
+    }
     for (var i = 0; i < spans.length; i++) {
       var v = view.values[i];
       var lv = level(v, view.scale) + %(levels)d;
@@ -267,6 +274,22 @@ _SCRIPT = """
 """
 
 
+def figures_html(figures: Sequence[dict]) -> str:
+    """A row of images with captions: ``figures`` holds dicts with ``src`` (a URL, e.g. ``data:image/png;base64,...``),
+    ``caption``, ``width`` and ``height``. The images (``img.za-overlay``) are drawn pixelated; a caption wraps
+    within its image's width (the layout does not move when a caption changes)."""
+    parts = ['<div class="za-images" style="display:flex;flex-wrap:wrap;gap:1em;margin:0 0 1em">']
+    for figure in figures:
+        caption = html.escape(str(figure['caption']))
+        parts.append(f'<figure style="margin:0;width:{int(figure["width"])}px"><img class="za-overlay" '
+                     f'src="{html.escape(str(figure["src"]))}" '
+                     f'alt="{caption}" width="{int(figure["width"])}" height="{int(figure["height"])}" '
+                     f'style="image-rendering:pixelated"><figcaption class="za-note za-overlay-caption">{caption}'
+                     '</figcaption></figure>')
+    parts.append('</div>')
+    return ''.join(parts)
+
+
 def generation_fragment(tokens: Sequence[str], positions: Sequence[Sequence[int]], views: Sequence[dict],
                         clickable: Sequence[int | None], caption: str | None = None) -> str:
     """The interactive heatmap of a generated answer (a ``<div class="za">`` with its script).
@@ -285,7 +308,9 @@ def generation_fragment(tokens: Sequence[str], positions: Sequence[Sequence[int]
     views: sequence of dict
         One per generated token (or word), then the whole answer last: ``values`` (one relevance per shown token),
         ``scale`` (colour scale), ``upto`` (index of the first shown token it was not generated from), ``label``
-        (text of the info line).
+        (text of the info line), and for an answer to images ``images``: the view's image overlays (dicts as for
+        :py:func:`figures_html`), shown beside the text (those of the whole answer first) and switched with the
+        view.
     clickable: sequence of int or None
         For each shown token, the index of its view, or None for prompt tokens.
     caption: str, optional
@@ -310,8 +335,10 @@ def generation_fragment(tokens: Sequence[str], positions: Sequence[Sequence[int]
              for t, p in zip(tokens, positions)]
     table = color_table()
     data = {
-        'views': [{'values': [float(v) if math.isfinite(float(v)) else 0.0 for v in view['values']],
-                   'scale': float(view['scale']), 'upto': int(view['upto']), 'label': str(view['label'])}
+        'views': [dict({'values': [float(v) if math.isfinite(float(v)) else 0.0 for v in view['values']],
+                        'scale': float(view['scale']), 'upto': int(view['upto']), 'label': str(view['label'])},
+                       **({'images': [{'src': str(image['src']), 'caption': str(image['caption'])}
+                                      for image in view['images']]} if view.get('images') else {}))
                   for view in views],
         'colors': [css_rgb(color) for color in table], 'texts': [css_rgb(text_color(color)) for color in table],
         'where': where, 'shown': [split_space(token)[1] for token in tokens],
@@ -326,5 +353,8 @@ def generation_fragment(tokens: Sequence[str], positions: Sequence[Sequence[int]
     body = (f'<div class="za-heatmap">{caption}{controls}'
             f'<div class="za-tokens">{spans}</div><div class="za-info">{html.escape(answer["label"])}</div>'
             f'{legend(answer["scale"])}</div>')
+    if answer.get('images'):  # the overlays beside the text
+        body = (f'<div style="display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start"><div>'
+                f'{figures_html(answer["images"])}</div><div style="flex:1 1 24em">{body}</div></div>')
     return (f'<div class="za" id="{uid}" data-view="{len(views) - 1}"><style>{CSS}</style>{body}'
             f'<script type="application/json" class="za-data">{payload}</script><script>{script}</script></div>')

@@ -9,7 +9,6 @@ draws it), ``mean``/``std`` the processor's normalisation (None: min-max scaled)
 from __future__ import annotations
 
 import base64
-import html
 import io
 import math
 import os
@@ -22,14 +21,13 @@ import numpy as np
 from . import latex
 from .colors import relevance_to_rgb
 from .figure import save_figure
-from .html import fragment, page
+from .html import figures_html, fragment, heatmap_fragment, page
 from .image import overlay
 from .layout import Heatmap, ScaleLike, format_relevance, resolve_scales
 from .terminal import use_color
-from .html import heatmap_fragment
 from .views import check_output, write_file
 
-__all__ = ['IMAGE_OPTIONS', 'overlays', 'show_images', 'multimodal_html', 'save_multimodal']
+__all__ = ['IMAGE_OPTIONS', 'overlays', 'overlay_figures', 'show_images', 'multimodal_html', 'save_multimodal']
 
 #: Options of the overlays (:py:func:`~zennit_attn.render.image.overlay`) that the multimodal views take.
 IMAGE_OPTIONS = ('alpha', 'cmap', 'level', 'vmax')
@@ -80,15 +78,16 @@ def _png(image) -> bytes:
     return buffer.getvalue()
 
 
-def _figures_html(shown: Sequence[tuple[str, object]]) -> str:
-    parts = ['<div class="za-images" style="display:flex;flex-wrap:wrap;gap:1em;margin:0 0 1em">']
-    for caption, image in shown:
-        data = base64.b64encode(_png(image)).decode('ascii')
-        parts.append(f'<figure style="margin:0"><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}" '
-                     f'width="{image.width}" height="{image.height}" style="image-rendering:pixelated">'
-                     f'<figcaption class="za-note">{html.escape(caption)}</figcaption></figure>')
-    parts.append('</div>')
-    return ''.join(parts)
+def _figures(shown: Sequence[tuple[str, object]]) -> list[dict]:
+    return [{'src': 'data:image/png;base64,' + base64.b64encode(_png(image)).decode('ascii'), 'caption': caption,
+             'width': image.width, 'height': image.height} for caption, image in shown]
+
+
+def overlay_figures(images: Sequence[tuple], **options) -> list[dict]:
+    """The :py:func:`overlays` as inline PNG images: dicts with ``src`` (a ``data:image/png;base64,...`` URL),
+    ``caption``, ``width`` and ``height``, as :py:func:`~zennit_attn.render.html.figures_html` and the views of
+    :py:func:`~zennit_attn.render.html.generation_fragment` take them."""
+    return _figures(overlays(images, **options))
 
 
 def multimodal_html(heatmaps: Sequence[Heatmap], images: Sequence[tuple], scale: ScaleLike = None,
@@ -96,7 +95,7 @@ def multimodal_html(heatmaps: Sequence[Heatmap], images: Sequence[tuple], scale:
     """The overlays (inline PNG images) above the token heatmaps: a standalone page, or a fragment for Jupyter
     (``standalone=False``); ``options`` are :py:data:`IMAGE_OPTIONS`."""
     resolve_scales(heatmaps, scale)
-    body = _figures_html(overlays(images, **options)) + ''.join(heatmap_fragment(heatmap) for heatmap in heatmaps)
+    body = figures_html(overlay_figures(images, **options)) + ''.join(heatmap_fragment(heatmap) for heatmap in heatmaps)
     if standalone:
         return page(body, title or 'Token and pixel relevance')
     return fragment(body, title)
@@ -118,10 +117,11 @@ def _latex(heatmaps, shown, path: Path, document: bool = False, captions: bool =
 
 
 def save_multimodal(heatmaps: Sequence[Heatmap], images: Sequence[tuple], path: str | os.PathLike,
-                    scale: ScaleLike = None, title: str | None = None, **options) -> Path:
+                    scale: ScaleLike = None, title: str | None = None, html: str | None = None, **options) -> Path:
     """Write the token heatmaps with the overlay of each image in the format of the suffix of ``path``.
 
-    ``.html``: a standalone page with the images inline; ``.png``, ``.svg``, ``.pdf``: one matplotlib figure, the
+    ``.html``: a standalone page with the images inline (``html``: the whole document to write instead, e.g. the
+    interactive page of a generated answer); ``.png``, ``.svg``, ``.pdf``: one matplotlib figure, the
     images in a row above the tokens (options ``width``, ``font_size``, ``dpi``, ``colorbar``); ``.tex``: a snippet
     (``document=True``: a document) that includes the overlays, written as ``<stem>_image<k>.png`` beside it
     (``\\usepackage{graphicx}``; option ``captions``). Every format takes the overlay options
@@ -141,7 +141,7 @@ def save_multimodal(heatmaps: Sequence[Heatmap], images: Sequence[tuple], path: 
                         f'{list(allowed) + list(IMAGE_OPTIONS)}')
     shown = overlays(images, **image_options)
     if suffix == '.html':
-        document = multimodal_html(heatmaps, images, scale, title, **image_options)
+        document = html if html is not None else multimodal_html(heatmaps, images, scale, title, **image_options)
         return write_file(path, lambda target: target.write_text(document, encoding='utf-8'))
     resolve_scales(heatmaps, scale)
     if suffix == '.tex':

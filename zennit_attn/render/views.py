@@ -475,19 +475,39 @@ def generation_columns(generation, tokenizer=None, words: bool = False):
     bounds = [0, generation.prompt_length, generation.answer_start, len(ids)]
     labels = ['prompt' if not generation.encoder_decoder else 'encoder (prompt)', 'decoder start',
               'answer' if not generation.encoder_decoder else 'decoder (answer)']
-    parts, groups = [], []
+    placeholders = getattr(generation, 'image_tokens', None)
+    placeholders = [False] * len(ids) if placeholders is None else [bool(flag) for flag in placeholders.tolist()]
+    parts, groups, number = [], [], 0
     for label, start, end in zip(labels, bounds[:-1], bounds[1:]):
         if end <= start:
             continue
-        part_texts = texts[start:end]
-        if words:
-            merged, _, part_groups = merge_words(part_texts, [0.0] * len(part_texts), special[start:end])
-            part_groups = [[start + index for index in group] for group in part_groups]
-        else:
-            merged, part_groups = part_texts, [[index] for index in range(start, end)]
+        merged, part_groups = [], []
+        for run_start, run_end in _runs(placeholders, start, end):
+            if placeholders[run_start]:  # a run of image placeholder tokens: one item, as in the explanations
+                number += 1
+                merged.append(f'[image {number}]')
+                part_groups.append(list(range(run_start, run_end)))
+            elif words:
+                run_texts, _, run_groups = merge_words(texts[run_start:run_end], [0.0] * (run_end - run_start),
+                                                       special[run_start:run_end])
+                merged += run_texts
+                part_groups += [[run_start + index for index in group] for group in run_groups]
+            else:
+                merged += texts[run_start:run_end]
+                part_groups += [[index] for index in range(run_start, run_end)]
         parts.append((label, merged, part_groups))
         groups += part_groups
     return parts, groups
+
+
+def _runs(flags: Sequence[bool], start: int, end: int) -> list[tuple[int, int]]:
+    """``[(start, end)]`` of the runs of equal ``flags`` between ``start`` and ``end``."""
+    runs, first = [], start
+    for index in range(start + 1, end + 1):
+        if index == end or flags[index] != flags[first]:
+            runs.append((first, index))
+            first = index
+    return runs
 
 
 def _sum_columns(values: Sequence[float], groups: Sequence[Sequence[int]]) -> list[float]:
@@ -516,9 +536,11 @@ def generation_heatmap(generation, token: int | None = None, words: bool = False
     return heatmap
 
 
-def generation_views(generation, words: bool = False, scale: ScaleLike = None, tokenizer=None) -> str:
+def generation_views(generation, words: bool = False, scale: ScaleLike = None, tokenizer=None,
+                     images: Callable[[Sequence[int] | None], list[dict]] | None = None) -> str:
     """The interactive HTML fragment of a generated answer (see
-    :py:func:`~zennit_attn.render.html.generation_fragment`)."""
+    :py:func:`~zennit_attn.render.html.generation_fragment`); ``images``, for an answer to images, gives the image
+    overlays of a view from the indices of its generated tokens (None: the whole answer)."""
     tokenizer = resolve_tokenizer(tokenizer, generation)
     parts, groups = generation_columns(generation, tokenizer, words)
     texts = [text for _, part_texts, _ in parts for text in part_texts]
@@ -537,12 +559,16 @@ def generation_views(generation, words: bool = False, scale: ScaleLike = None, t
                  else f'generated tokens {generated[0] + 1}-{generated[-1] + 1}')
         views.append({'values': values, 'upto': index, 'label': f'{which} of {rows.shape[0]}: {shown!r}, logit '
                                                                    f'{logit:.4g}'})
+        if images is not None:
+            views[-1]['images'] = images(generated)
         clickable.append(len(views) - 1)
     answer = _sum_columns(generation.answer_relevance.detach().double().tolist(), groups)
     text = ''.join(token_texts(tokenizer, generation.generated_ids.tolist()))
     views.append({'values': answer, 'upto': len(groups),
                   'label': f'whole answer {text!r}: sum of the logits of its {rows.shape[0]} tokens, '
                            f'{float(generation.logit.sum()):.4g}'})
+    if images is not None:
+        views[-1]['images'] = images(None)
     heatmaps = [Heatmap([Segment(texts, view['values'])]) for view in views]
     _warn_non_finite(heatmaps[-1].values, 'the answer')
     resolve_scales(heatmaps, scale)

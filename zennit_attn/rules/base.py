@@ -63,7 +63,7 @@ def layer_norm_identity(input: torch.Tensor, dims: int, weight: torch.Tensor | N
         result = result * weight.to(dtype)
     if bias is not None:
         result = result + bias.to(dtype)
-    return result.to(input.dtype)
+    return result.to(input.dtype).contiguous()  # as torch's layer_norm returns it (models view its output)
 
 
 @contextlib.contextmanager

@@ -172,17 +172,27 @@ def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
             'apply to it; add a rule for it (a Family entry or a composite rule) or report the model.'
         )
 
+    def run(probe):
+        try:
+            return module.forward(probe)
+        except Exception as error:  # e.g. a channels-first layout that a one-row probe does not have
+            refuse(f'it does not run on a probe of shape {tuple(probe.shape)} ({type(error).__name__}: {error})')
+
     with torch.no_grad():
         if y.shape != x.shape:
             refuse(f'maps {tuple(x.shape)} to {tuple(y.shape)}')
-        # probes far above any epsilon of the normalisation: rows of the input scaled to an RMS of 1e3
-        probe = x / x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30) * 1e3
-        reference = module.forward(probe)
-        if not close(module.forward(2 * probe), reference):
-            refuse('its output changes when its input is scaled')
-        if close(module.forward(probe + probe.abs().amax(-1, keepdim=True)), reference):
-            return 'centered', module.forward(torch.zeros_like(x[..., :1, :] if x.dim() > 1 else x))
-        profile = module.forward(torch.full_like(x[..., :1, :] if x.dim() > 1 else x, 1e3)) / 1e3
+        # random probes (the input received can be degenerate: equal rows), far above any epsilon of the
+        # normalisation: rows scaled to an RMS of 1e3 each (a normalisation over another dimension is not invariant)
+        generator = torch.Generator(device=x.device).manual_seed(0)
+        probe = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        probe = probe / probe.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30) * 1e3
+        reference = run(probe)
+        if not close(run(2 * probe * torch.rand(probe.shape[:-1] + (1,), generator=generator, dtype=x.dtype,
+                                                device=x.device).add(0.5)), reference):
+            refuse('its output changes when a row of its input (along the last dimension) is scaled')
+        if close(run(probe + probe.abs().amax(-1, keepdim=True)), reference):
+            return 'centered', run(torch.zeros_like(x[..., :1, :] if x.dim() > 1 else x))
+        profile = run(torch.full_like(x[..., :1, :] if x.dim() > 1 else x, 1e3)) / 1e3
         scale = probe * profile
         ratio = reference / scale
         valid = scale.abs() > 1e-6 * scale.abs().amax()
