@@ -108,6 +108,8 @@ _OVERRIDES = {
     'perception_lm': {'vision_config.architecture': 'vit_pe_core_tiny_patch16_384', 'vision_config.model_args': {
         'embed_dim': 32, 'depth': 2, 'num_heads': 4, 'img_size': 32, 'patch_size': 8}},
     # sizes that depend on each other
+    # a 686M-parameter audio tokenizer (2048 channels at its last stage): one block per stage, 4 base filters
+    'vibevoice_acoustic_tokenizer_encoder': {'depths': [1] * 7, 'num_filters': 4},
     'musicgen_decoder': {'num_codebooks': 1}, 'musicgen_melody_decoder': {'num_codebooks': 1},  # one id sequence
     # axial position embeddings must sum to the hidden size and cover the sequence padded to the chunk length
     'reformer': {'axial_pos_embds_dim': (16, 16), 'axial_pos_shape': (4, 4), 'attention_head_size': 8,
