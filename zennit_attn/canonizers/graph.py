@@ -67,7 +67,7 @@ class LogSumExpMark(torch.autograd.Function):
     of ``z`` (``scores``, see :py:func:`lse_scores`)."""
     @staticmethod
     def forward(ctx, input, scores):
-        """``input`` unchanged (a view); ``scores``: the autograd node of the logits it was computed from."""
+        """A copy of ``input``; ``scores``: the autograd node of the logits it was computed from."""
         ctx.scores = scores
         return input.clone()
 
