@@ -32,6 +32,7 @@ import copy
 
 import torch
 import transformers
+from transformers.modeling_outputs import CausalLMOutput
 
 VOCAB = 100
 HIDDEN = 32
@@ -425,3 +426,29 @@ def tiny_clip(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed:
         return _vlm('CLIPModel', config, dtype, zero_bias, seed, attn_implementation)
     config = transformers.SiglipConfig(text_config=dict(text, projection_size=16), vision_config=_TOWER)
     return _vlm('SiglipModel', config, dtype, zero_bias, seed, attn_implementation)
+
+
+class TwoTables(torch.nn.Module):
+    """``logit = w . relu-free sum over tokens of (E[id] + P[id]) * s``: linear in the rows of two token tables, so
+    every token's CP-LRP relevance is its rows' share ``w . (E[id] + P[id]) * s`` of the logit. The second table
+    needs the ids (the forward refuses ``inputs_embeds`` without them, like Gemma 4's per-layer embeddings)."""
+    def __init__(self, vocab=20, hidden=6, classes=3):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.per_token = torch.nn.Embedding(vocab, hidden)
+        self.head = torch.nn.Linear(hidden, classes, bias=False)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, hidden))
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids=None, inputs_embeds=None, attention_mask=None):
+        if input_ids is None:
+            raise ValueError('input_ids are needed for the per-token table')
+        hidden = (self.embed(input_ids) + self.per_token(input_ids)) * self.scale
+        return CausalLMOutput(logits=self.head(hidden.cumsum(1)))
+
+
+def two_tables():
+    torch.manual_seed(0)
+    return TwoTables().double().eval()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from captum.attr import LayerGradientXActivation, LLMAttributionResult, LLMGradientAttribution, TextTokenInput
 
-from tests.models import tiny_hf_vit, tiny_model
+from tests.models import tiny_hf_vit, tiny_model, two_tables
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
 from zennit_attn.captum import AttnLRP, CPLRP
@@ -185,3 +185,10 @@ def test_refuses_models_and_inputs_it_cannot_explain(model):
     training = tiny_model('llama').train()
     with pytest.raises(Exception, match='training'):
         AttnLRP(training).attribute(torch.tensor([[5, 6]]), target=4)
+
+
+def test_models_run_on_their_ids():
+    """A second token table (Gemma 4's per-layer embeddings) has no place in an attribution of the embeddings."""
+    model = two_tables()
+    with pytest.raises(ValueError, match="looks its token ids up in 'per_token'"):
+        AttnLRP(model).attribute(torch.tensor([[3, 7, 1]]), target=0)

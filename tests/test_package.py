@@ -82,7 +82,7 @@ LAYERS = [
     ('zennit_attn.canonizers',),
     ('zennit_attn.composites', 'zennit_attn.checkpointing', 'zennit_attn.segments'),
     ('zennit_attn.explanation',),
-    ('zennit_attn.checks', 'zennit_attn.chat'),
+    ('zennit_attn.checks', 'zennit_attn.chat', 'zennit_attn.lookups'),
     ('zennit_attn.objectives',),
     ('zennit_attn.task',),
     ('zennit_attn.vision_language',),
@@ -113,7 +113,7 @@ def test_every_module_has_a_layer():
 
 def test_layers_run_one_way():
     """layers, module_kinds, devices, render, pretrained -> rules -> canonizers -> composites, checkpointing ->
-    explanation -> checks -> task -> attention, lrp -> methods -> latent (sites, recording, latent targets as readouts
+    explanation -> checks, chat, lookups -> task -> attention, lrp -> methods -> latent (sites, recording, latent targets as readouts
     of a task, and the neuron workflow built on methods) -> explain, captum -> generation, dataset, evaluation (with the
     composite search), diagnostics, inseq -> the package's names -> cli -> demo: no module imports from its own
     layer's other modules or from a later layer (``composites`` thus imports neither ``methods``, ``explain`` nor

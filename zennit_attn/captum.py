@@ -218,7 +218,14 @@ class LRPAttribution(LayerGradientXActivation):
             # the task's ids only give the shape: relevance is read at the given embeddings
             inputs = torch.zeros(inputs.shape[:2], dtype=torch.long, device=inputs.device)
         task = TokenTask(self.model, inputs, attention_mask, model_kwargs, decoder_input_ids)
+        if task.lookups is not None and task.lookups.tables:
+            raise ValueError(f'{type(self.model).__name__} looks its token ids up in {task.lookups.tables[0][0]!r} '
+                             'besides the word embeddings: that relevance has no place in an attribution of the '
+                             'embeddings; use zennit_attn.explain (its relevance per token includes it)')
         if embeddings is not None:
+            if task.lookups is not None:
+                raise ValueError(f'{type(self.model).__name__} is explained on its token ids ({task.ids_reason}): '
+                                 'pass token ids (captum TextTokenInput), not embeddings')
             task.inputs = embeddings
         explanation = METHODS[self.method](task, position=position, target=target, **self.params)
         return explanation.embedding_relevance

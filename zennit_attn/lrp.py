@@ -46,11 +46,15 @@ def attribute(task: Task, position, target: TargetLike, composite: Composite, me
             handles = observe(modified, watched) if observe is not None else []
             try:
                 logit = task.resolve(task.lrp_forward(leaves[0], modified, **extra), position, target, seeded=True)
+                inner = task.lookup_leaves()  # made during the forward (token tables of a model run on its ids)
                 relevance = torch.autograd.grad(
-                    logit, [*leaves, *watched], grad_outputs=logit.detach(), allow_unused=True
-                )[:len(leaves)]
+                    logit, [*leaves, *inner, *watched], grad_outputs=logit.detach(), allow_unused=True
+                )[:len(leaves) + len(inner)]
             finally:
                 for handle in handles:
                     handle.remove()
-    relevance = [torch.zeros_like(leaf) if value is None else value for leaf, value in zip(leaves, relevance)]
+    relevance = [torch.zeros_like(leaf) if value is None else value for leaf, value in zip(leaves + inner, relevance)]
+    if inner:
+        task.add_lookup_relevance(relevance[len(leaves):])
+    relevance = relevance[:len(leaves)]
     return task.finish(relevance[0], logit, method, *relevance[1:])

@@ -25,7 +25,9 @@ from .checks import (check_ids, check_length, check_model, check_vocabulary, exp
                      is_image_model, split_encoding, target_indices, target_pairs)
 from .explanation import Explanation, ImageExplanation, TargetLike
 from .layers import output_scores
+from .lookups import TokenLookups, needs_ids
 from .objectives import Logit, Objective
+from .rules.boundary import input_relevance
 
 __all__ = ['Readout', 'Task', 'TokenTask', 'ImageTask', 'make_task']
 
@@ -149,6 +151,10 @@ class Task:
         pass the others to the model."""
         return [self.inputs.clone().requires_grad_(True)], {}
 
+    def lookup_leaves(self) -> list[torch.Tensor]:
+        """Leaves the last :py:meth:`lrp_forward` made inside the model (:py:meth:`TokenTask.lookup_leaves`)."""
+        return []
+
     # ------------------------------------------------------------------------------------------ the explained logit
     def _all_positions(self, scores: torch.Tensor) -> torch.Tensor:
         return scores
@@ -258,7 +264,8 @@ class TokenTask(Task):
     """A language model explained at its word embeddings (relevance per token).
 
     For encoder-decoder models the inputs are the encoder's embeddings; the decoder's
-    (:py:attr:`decoder_embeddings`) are passed along unchanged and are an extra leaf for LRP.
+    (:py:attr:`decoder_embeddings`) are passed along unchanged and are an extra leaf for LRP. A model that needs its
+    ids (:py:func:`~zennit_attn.lookups.needs_ids`) is run on them, with :py:attr:`lookups` (other token tables).
 
     Parameters
     ----------
@@ -278,6 +285,9 @@ class TokenTask(Task):
         with torch.no_grad():
             #: ``[batch, seq, hidden]`` word embeddings of the input (detached)
             self.inputs = embedding_module(self.input_ids).detach()
+        self.ids_reason = needs_ids(model, embedding_module)  #: why it is run on its ids (None: on the embeddings)
+        self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module)
+        self._lookup_relevance: torch.Tensor | None = None
         self.decoder_input_ids = self.decoder_embeddings = None
         self._output_mask = self.attention_mask
         if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
@@ -338,7 +348,28 @@ class TokenTask(Task):
     def run(self, inputs, rows=None, model=None, **extra):
         kwargs = self.call_kwargs(rows)
         kwargs.update(extra)
-        return (self.model if model is None else model)(inputs_embeds=inputs, **kwargs)
+        model = self.model if model is None else model
+        if self.lookups is None:
+            return model(inputs_embeds=inputs, **kwargs)
+        ids = (self.input_ids if rows is None else self.input_ids[rows]).to(inputs.device)
+        with self.lookups.substituting(ids, inputs, fixed=inputs is self.inputs):
+            return model(input_ids=ids, **kwargs)
+
+    def lrp_forward(self, inputs: torch.Tensor, model: torch.nn.Module, **extra) -> torch.Tensor:
+        """On a model run on its ids the inputs' gradient ``g`` becomes ``x * g`` here (the root's boundary sees ids),
+        and the other tables' lookups become leaves (:py:meth:`lookup_leaves`)."""
+        if self.lookups is None:
+            return super().lrp_forward(inputs, model, **extra)
+        self.lookups.record()
+        return super().lrp_forward(input_relevance(inputs), model, **extra)
+
+    def lookup_leaves(self) -> list[torch.Tensor]:
+        """The other token tables' lookups in the last :py:meth:`lrp_forward` (for :py:meth:`add_lookup_relevance`)."""
+        return [] if self.lookups is None else self.lookups.recorded()
+
+    def add_lookup_relevance(self, relevances: list[torch.Tensor]) -> None:
+        """The relevance of :py:meth:`lookup_leaves`, added to the tokens' by :py:meth:`package`."""
+        self._lookup_relevance = TokenLookups.token_relevance(relevances)
 
     def keep_logits(self, position=-1, target: TargetLike = None) -> dict:
         """Restrict the model's language-model head to the explained positions: ``{'logits_to_keep': positions}``
@@ -423,6 +454,8 @@ class TokenTask(Task):
             return (relevance.sum(-1), relevance) if relevance.dim() == 3 else (relevance, None)
 
         tokens, embedding = per_token(relevance, self.attention_mask)
+        if self._lookup_relevance is not None:  # the other token tables' lookups (a model run on its ids)
+            tokens, self._lookup_relevance = tokens + per_token(self._lookup_relevance, self.attention_mask)[0], None
         decoder_mask = self._output_mask if self.decoder_embeddings is not None else None
         decoder, decoder_embedding = per_token(decoder_relevance, decoder_mask)
         return Explanation(

@@ -33,7 +33,7 @@ import torch
 
 from .checks import split_encoding
 from .explanation import ImageRelevance, MultimodalExplanation
-from .rules.boundary import OUTPUT_FIELDS
+from .rules.boundary import input_relevance
 from .task import TokenTask
 
 __all__ = ['LAYOUTS', 'image_layout', 'is_similarity_model', 'is_processor', 'has_pixels', 'encode_multimodal',
@@ -378,32 +378,11 @@ class SimilarityTask(_PixelLeaf, TokenTask):
         text_model = getattr(model, 'text_model', None)
         return text_model.get_input_embeddings() if text_model is not None else TokenTask.word_embeddings(model)
 
-    def run(self, inputs, rows=None, model=None, **extra):
-        """CLIP's forward takes ``input_ids`` only: the word embedding module's output is replaced by ``inputs``."""
-        kwargs = self.call_kwargs(rows)
-        kwargs.update(extra)
-        ids = self.input_ids if rows is None else self.input_ids[rows]
-        model = self.model if model is None else model
-        handle = self.word_embeddings(model).register_forward_hook(self._substitute(inputs))
-        try:
-            return model(input_ids=ids.to(inputs.device), **kwargs)
-        finally:
-            handle.remove()
-
-    def _substitute(self, inputs):
-        def hook(module, args, output):
-            if output.shape != inputs.shape:
-                raise RuntimeError(f'{type(self.model).__name__} embedded ids of shape {tuple(output.shape[:-1])}, '
-                                   f'not the explained text {tuple(inputs.shape[:-1])}')
-            return inputs
-        return hook
-
     def lrp_forward(self, inputs, model, **extra):
-        """The pair scores with the relevance boundary at the output where the root's
-        :py:class:`~zennit_attn.rules.RelevanceBoundary` does not know the output field (``logits_per_text``), and
-        at the text embeddings, which are not an input of the model: their gradient ``g`` becomes ``x * g``."""
-        scores = self.forward(_relevance_at(inputs), None, model, **extra)
-        return scores if 'logits_per_text' in OUTPUT_FIELDS else _gradient_at(scores)
+        """The pair scores (``logits_per_text``); CLIP's forward takes ``input_ids`` only, so the text embeddings are
+        not the model's inputs and their gradient ``g`` becomes the relevance ``x * g`` here (as in
+        :py:meth:`TokenTask.lrp_forward`)."""
+        return self.forward(input_relevance(inputs), None, model, **extra)
 
     def _set_model_kwargs(self) -> None:
         if self.attention_mask is not None:
@@ -425,23 +404,6 @@ class SimilarityTask(_PixelLeaf, TokenTask):
     def package(self, relevance, logit, method, decoder_relevance):
         """``decoder_relevance`` is the second LRP leaf's: the pixels'."""
         return self._package(relevance, logit, method, decoder_relevance, list(range(self.batch)), None)
-
-
-def _relevance_at(tensor: torch.Tensor) -> torch.Tensor:
-    """A view of ``tensor`` whose gradient ``g`` arrives at ``tensor`` as the relevance ``tensor * g``."""
-    detached = tensor.detach()
-    view = tensor.view_as(tensor)
-    view.register_hook(lambda grad: grad * detached)
-    return view
-
-
-def _gradient_at(scores: torch.Tensor) -> torch.Tensor:
-    """A view of ``scores`` whose relevance ``R`` (the seed of the backward pass) arrives as the gradient
-    ``R / scores`` (0 where a score is 0)."""
-    detached = scores.detach()
-    view = scores.view_as(scores)
-    view.register_hook(lambda relevance: torch.div(relevance, detached).nan_to_num_(0.0, 0.0, 0.0))
-    return view
 
 
 def make_multimodal_task(model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None,

@@ -397,7 +397,7 @@ def test_attention_sink_is_the_extended_softmax(composite, share):
     torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
     if not share:
         torch.testing.assert_close(found.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
-    with pytest.raises(UnsupportedModelError, match=r'logsumexp \(used by sub\).*attention sink'):
+    with pytest.raises(UnsupportedModelError, match=r'log_softmax \(used by matmul\).*not exponentiated'):
         attributed(Sink(misuse=True).double(), composite(general=True), x)
 
 
@@ -451,3 +451,134 @@ class ExpGate(Exponential):
         if self.sdpa:
             return torch.nn.functional.scaled_dot_product_attention(x, x, torch.exp(self.linear(x)))
         return torch.exp(self.linear(x)) * x
+
+
+class LogRouted(torch.nn.Module):
+    """Top-2 routing weights of ``softmax(logsigmoid(router(x)))`` times the selected experts, the softmax written as
+    ``softmax`` or in log space as Inkling's router does: ``exp(z - logsumexp(z))`` after top-k (``'topk'``), of the
+    gathered logits (``'gather'``, renormalised over the selection), or ``exp(log_softmax(z))`` (``'log_softmax'``)."""
+    def __init__(self, form: str, log: bool):
+        super().__init__()
+        self.form, self.log = form, log
+        self.router, self.expert = torch.nn.Linear(4, 3, bias=False), torch.nn.Linear(4, 12, bias=False)
+
+    def weight(self, x):
+        logits = torch.nn.functional.logsigmoid(self.router(x))
+        index = logits.topk(2, -1).indices
+        if self.form == 'gather':
+            logits = logits.gather(-1, index)
+        if not self.log:
+            probs = torch.softmax(logits, -1)
+            return probs if self.form == 'gather' else probs.gather(-1, index), index
+        if self.form == 'log_softmax':
+            return torch.nn.functional.log_softmax(logits, -1).gather(-1, index).reshape(-1).view(3, 2).exp(), index
+        log_probs = logits - torch.logsumexp(logits.to(x.dtype), -1)[:, None]
+        selected = log_probs if self.form == 'gather' else log_probs.topk(2, -1).values
+        return selected.exp(), index
+
+    def forward(self, x):
+        weight, index = self.weight(x)
+        experts = self.expert(x).view(-1, 3, 4).gather(1, index[..., None].expand(-1, -1, 4))
+        return (weight[..., None] * experts).sum(1)
+
+
+@pytest.mark.parametrize('form', ['topk', 'gather', 'log_softmax'])
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_log_space_routing_is_a_softmax(form, composite):
+    """``exp(z - logsumexp(z))`` and ``exp(log_softmax(z))`` (viewed, selected by top-k or gathered) are ``softmax(z)``:
+    the relevance equals that of the same router written with ``softmax`` (float64, 1e-12): a gate, AttnLRP's softmax
+    rule (Prop. 3.1) and uniform rule (Prop. 3.2); CP-LRP: a constant (exact conservation)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    model = LogRouted(form, log=True).double()
+    reference = LogRouted(form, log=False).double()
+    reference.load_state_dict(model.state_dict())
+    found = attributed(model, composite(general=True), x)
+    torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
+    if composite is CPLRPEpsilon:
+        torch.testing.assert_close(found.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+class LogSumExpMisuse(torch.nn.Module):
+    """A logsumexp or log-softmax that is not exponentiated into a softmax."""
+    def __init__(self, misuse: str):
+        super().__init__()
+        self.misuse = misuse
+
+    def forward(self, x):
+        scores = x @ x.transpose(-1, -2)
+        lse = torch.logsumexp(scores, -1)
+        if self.misuse == 'lse':  # the normaliser itself as a factor
+            return lse[:, None] * x
+        if self.misuse == 'broadcast':  # z - logsumexp(z) broadcast along the wrong dimension: no log-softmax
+            return (scores - lse).exp() @ x
+        if self.misuse == 'shifted':  # a log-softmax shifted before exp
+            return ((scores - lse[:, None]) + 1.0).exp() @ x
+        return torch.log_softmax(scores, -1) * x[:, :1]
+
+
+@pytest.mark.parametrize('misuse, match', [('lse', r'logsumexp \(used by mul\)'),
+                                           ('broadcast', r'logsumexp \(used by sub\)'),
+                                           ('shifted', r'log_softmax \(used by add\)'),
+                                           ('log_softmax', r'log_softmax \(used by mul\)')])
+def test_other_log_softmax_uses_are_refused(misuse, match):
+    """Only ``exp`` of a log-softmax (after casts, views, selections) is a softmax; other uses of a logsumexp or a
+    log-softmax are refused by name."""
+    x = torch.randn(3, 3, dtype=torch.float64)
+    for composite in (AttnLRPEpsilon, CPLRPEpsilon):
+        with pytest.raises(UnsupportedModelError, match=match + r" in the model \(LogSumExpMisuse\)"):
+            attributed(LogSumExpMisuse(misuse), composite(general=True), x)
+
+
+class ClampedMLP(torch.nn.Module):
+    """A gated MLP whose up projection is bounded, as DeepSeek-V4's and gpt-oss's: ``silu(gate(x)) * up(x).clamp()``
+    (with bounds the values never reach, or none)."""
+    def __init__(self, clamp: bool):
+        super().__init__()
+        self.clamp = clamp
+        self.gate, self.up = torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(4, 6, bias=False)
+        self.down = torch.nn.Linear(6, 3, bias=False)
+
+    def forward(self, x):
+        up = self.up(x).clamp(-100.0, 100.0) if self.clamp else self.up(x)
+        return self.down(torch.nn.functional.silu(self.gate(x)) * up)
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_a_clamped_value_is_no_gate(composite):
+    """A clamp bounds a value; it does not make it a gate: the relevance equals the unclamped MLP's (float64, 1e-12;
+    CP-LRP conserves: 9 outputs of relevance 1). Before, both factors were gates and CP-LRP's relevance was 0."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    model, reference = ClampedMLP(True).double(), ClampedMLP(False).double()
+    reference.load_state_dict(model.state_dict())
+    found = attributed(model, composite(general=True), x)
+    torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
+    if composite is CPLRPEpsilon:
+        torch.testing.assert_close(found.sum(), torch.tensor(9.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+class Sinkhorn(torch.nn.Module):
+    """Mixing weights of three streams: a softmax renormalised by Sinkhorn iterations (rows, then columns), as
+    DeepSeek-V4's hyper-connections (20 iterations: 40 divisions between the softmax and its use)."""
+    def __init__(self, iterations: int):
+        super().__init__()
+        self.iterations = iterations
+        self.router, self.value = torch.nn.Linear(4, 9, bias=False), torch.nn.Linear(4, 12, bias=False)
+
+    def forward(self, x):
+        mix = torch.softmax(self.router(x).view(-1, 3, 3), -1)
+        for _ in range(self.iterations):
+            mix = mix / mix.sum(-1, keepdim=True)
+            mix = mix / mix.sum(-2, keepdim=True)
+        return (mix @ self.value(x).view(-1, 3, 4)).flatten(1)
+
+
+@pytest.mark.parametrize('iterations', [1, 20])
+def test_sinkhorn_normalised_softmax_is_a_gate(iterations):
+    """The renormalised softmax stays a gate however long the chain: CP-LRP conserves exactly (36 outputs of relevance
+    1); with 20 iterations it did not (the chain was longer than the gate search went)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    found = attributed(Sinkhorn(iterations).double(), CPLRPEpsilon(general=True), x)
+    torch.testing.assert_close(found.sum(), torch.tensor(36.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)

@@ -15,7 +15,10 @@ the tensors computed from the explained inputs) and classifies it:
 - softmax: the plain gradient, which is the softmax rule (Prop. 3.1); rows whose logits are all ``-inf`` (a NaN
   output that the model replaces by a constant) pass nothing;
 - an attention sink written as ``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)``: the softmax of ``[z, s]`` (Prop. 3.1
-  on the extended softmax, Prop. 3.3 for its product with ``[V; 0]``); any other ``logsumexp`` is refused;
+  on the extended softmax, Prop. 3.3 for its product with ``[V; 0]``);
+- a log-softmax ``z - logsumexp(z)`` or ``log_softmax(z)``, cast, viewed or selected (top-k, gather), then ``exp``:
+  ``softmax(z)`` (routing weights computed in log space), its plain gradient (Prop. 3.1), a softmax output where it
+  enters a product; any other use of a log-softmax or a ``logsumexp`` is refused;
 - ``scaled_dot_product_attention``: query and key 1/4, value 1/2 (Props. 3.1, 3.3), a relevance-carrying float mask
   (an additive term of the logits) 1/2; CP-LRP: query, key and mask constant;
 - element-wise non-linearities (tanh, SiLU, GELU, sigmoid, clamp, ``x ** 2``, ...): the identity rule (Eq. 9); ``exp``
@@ -48,7 +51,8 @@ from zennit.canonizers import Canonizer
 from ..module_kinds import UnsupportedModelError, is_activation, norm_kind
 from ..rules import elementwise_identity, layer_norm_identity
 from .decompositions import DECOMPOSED
-from .graph import LogSumExpMark, SinkMass, SoftmaxInput, attention_scores, is_gate, lse_scores, scores_node, sink_scores
+from .graph import (ExpLogSoftmax, LogSoftmaxMark, LogSumExpMark, SinkMass, SoftmaxInput, attention_scores, is_gate,
+                    is_log_softmax, log_softmax_scores, lse_scores, scores_node, sink_scores)
 from .tracking import Tracking, tensors_of
 
 #: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
@@ -88,13 +92,22 @@ PRODUCTS = frozenset(_names("""
 """))
 #: Element-wise non-linearities: identity rule (Eq. 9).
 ACTIVATIONS = frozenset(_names("""
-    tanh sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardtanh hardsigmoid erf
-    clamp clamp_min clamp_max clip abs threshold square
+    tanh sigmoid log_sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardtanh hardsigmoid
+    erf clamp clamp_min clamp_max clip abs threshold square
 """))
+#: Bounds among them: a clamp of a value is not a gate (its output is a gate only where its input is one).
+BOUNDS = frozenset(_names('clamp clamp_min clamp_max clip hardtanh'))
 #: Computations of a normaliser ``g(x)`` (Prop. 3.4): constants.
-NORMALISERS = frozenset(_names('rsqrt sqrt reciprocal norm vector_norm matrix_norm std var std_mean var_mean'))
+NORMALISERS = frozenset(_names('rsqrt sqrt reciprocal norm vector_norm linalg_vector_norm matrix_norm std var std_mean '
+                               'var_mean'))
 DIVISIONS = frozenset(_names('div divide true_divide'))
 SOFTMAX = frozenset(_names('softmax _softmax'))
+LOG_SOFTMAX = frozenset(_names('log_softmax _log_softmax'))
+#: Operations that keep a log-softmax one (casts, views, selections): its ``exp`` is still a softmax.
+_LOG_SOFTMAX_VIEWS = frozenset(_names('to type type_as float double half bfloat16 view view_as reshape reshape_as '
+                                      'flatten unflatten squeeze unsqueeze expand expand_as contiguous clone getitem '
+                                      'select narrow index_select gather take_along_dim topk sort transpose permute t '
+                                      'movedim swapaxes split split_with_sizes chunk unbind'))
 #: Operations that keep ``logsumexp(z)`` a shifted log-normaliser: a constant added or subtracted, casts, views,
 #: selections.
 _LSE_SHIFTS = frozenset(_names('add sub to type type_as float double view reshape unsqueeze squeeze expand contiguous '
@@ -163,6 +176,8 @@ class _Classifier(TorchFunctionMode):
             return func(*args, **kwargs)
         for tensor in carrying:
             canonizer.check_origin(tensor)
+        if canonizer.lse and any(log_softmax_scores(tensor) is not None for tensor in carrying):
+            return self.log_softmax_use(name, func, args, kwargs, carrying)
         if canonizer.lse and any(lse_scores(tensor) is not None for tensor in carrying):
             return self.sink_mass(name, func, args, kwargs, carrying)
         if canonizer.biases and any(tensor in canonizer.biases for tensor in carrying):
@@ -177,7 +192,12 @@ class _Classifier(TorchFunctionMode):
             return self.softmax(func, args, kwargs)
         if name == 'logsumexp':
             canonizer.lse = True
-            return LogSumExpMark.apply(func(*args, **kwargs), scores_node(carrying[0]))
+            dim = args[1] if len(args) > 1 else kwargs.get('dim', ())
+            dims = [item % carrying[0].dim() for item in ((dim,) if isinstance(dim, int) else dim)]
+            return LogSumExpMark.apply(func(*args, **kwargs), scores_node(carrying[0]), dims)
+        if name in LOG_SOFTMAX:
+            canonizer.lse = True
+            return LogSoftmaxMark.apply(self.softmax(func, args, kwargs), scores_node(carrying[0]))
         if name in PRODUCTS:
             return self.product(func, args, kwargs, carrying)
         if name in DIVISIONS:
@@ -185,7 +205,7 @@ class _Classifier(TorchFunctionMode):
         if name in ACTIVATIONS or name == 'exp' or (name == 'pow' and self.power(args, kwargs) >= 1):
             if len(carrying) != 1 or not isinstance(args[0], torch.Tensor) or args[0] is not carrying[0]:
                 canonizer.refuse(name, 'an element-wise non-linearity of more than one relevance-carrying tensor')
-            output = canonizer.activation(args[0], func(*args, **kwargs))
+            output = canonizer.activation(args[0], func(*args, **kwargs), name not in BOUNDS or is_gate(args[0]))
             return canonizer.mark_bias(output) if name == 'exp' else output
         if name in NORMALISERS or name in {'pow', 'reciprocal_scaled'}:
             with torch.no_grad():
@@ -215,14 +235,35 @@ class _Classifier(TorchFunctionMode):
     def sink_mass(self, name, func, args, kwargs, carrying):
         """``sigmoid(logsumexp(z) - s)`` for a constant sink logit ``s``: the mass of the real columns of the softmax
         of ``z`` extended by ``s``, its plain gradient (Prop. 3.1 on the extended softmax; see
-        :py:mod:`~zennit_attn.canonizers.graph`); any other use of a ``logsumexp`` is refused."""
+        :py:mod:`~zennit_attn.canonizers.graph`); ``z - logsumexp(z)``: a log-softmax (marked, see
+        :py:meth:`log_softmax_use`); any other use of a ``logsumexp`` is refused."""
         reflected = getattr(func, '__name__', '') in {'__rsub__', 'rsub'}
+        if name == 'sub' and not reflected and len(carrying) == 2 and len(args) > 1 and kwargs.get('alpha', 1) == 1 \
+                and is_log_softmax(args[0], args[1]):
+            return LogSoftmaxMark.apply(func(*args, **kwargs), lse_scores(args[1]))
         if len(carrying) == 1 and name == 'sigmoid':
             return SinkMass.apply(func(*args, **kwargs), lse_scores(carrying[0]))
         if len(carrying) == 1 and not reflected and name in _LSE_SHIFTS and (name != 'sub' or args[0] is carrying[0]):
             return func(*args, **kwargs)
         self.canonizer.refuse(f'logsumexp (used by {name})', 'a logsumexp that is not the mass sigmoid(logsumexp(z) - '
-                              's) of a softmax extended by a constant sink logit s (an attention sink)')
+                              's) of a softmax extended by a constant sink logit s (an attention sink) nor the '
+                              'normaliser of a log-softmax z - logsumexp(z)')
+
+    def log_softmax_use(self, name, func, args, kwargs, carrying):
+        """A log-softmax of ``z``: casts, views and selections keep it one; its ``exp`` is ``softmax(z)`` (a selection
+        of it), marked as a softmax output (:py:class:`~zennit_attn.canonizers.graph.ExpLogSoftmax`) with its plain
+        gradient, the softmax rule (Prop. 3.1); any other use is refused."""
+        in_place = re.fullmatch(r'[^_].*_', getattr(func, '__name__', '')) is not None
+        if len(carrying) == 1 and not in_place and name == 'exp' and args and args[0] is carrying[0]:
+            return ExpLogSoftmax.apply(func(*args, **kwargs), log_softmax_scores(carrying[0]))
+        if len(carrying) == 1 and not in_place and name in _LOG_SOFTMAX_VIEWS:
+            output = func(*args, **kwargs)
+            outputs = tensors_of(output if isinstance(output, (list, tuple)) else [output], [])
+            if all(log_softmax_scores(tensor) is not None for tensor in outputs if tensor.requires_grad):
+                return output
+        self.canonizer.refuse(f'log_softmax (used by {name})', 'a log-softmax z - logsumexp(z) that is not '
+                              'exponentiated (exp(z - logsumexp(z)) is softmax(z), Prop. 3.1; a log-softmax itself has '
+                              'no AttnLRP rule)')
 
     @staticmethod
     def power(args, kwargs) -> float:
@@ -358,7 +399,9 @@ class GeneralCanonizer(Tracking, Canonizer):
         self.attention_scales = ({'query': 0.0, 'key': 0.0, 'value': 1.0} if constant_gates
                                  else {'query': 0.25, 'key': 0.25, 'value': 0.5})
         self.opaque = 0
-        self.lse = False  # whether the model's forward computed a ``logsumexp`` (see :py:meth:`_Classifier.sink_mass`)
+        # whether the model's forward computed a ``logsumexp`` or a ``log_softmax`` (see
+        # :py:meth:`_Classifier.sink_mass`, :py:meth:`_Classifier.log_softmax_use`)
+        self.lse = False
         self.start_tracking()
         self.path: list[tuple[str, torch.nn.Module]] = []
         self.handles: list = []
@@ -459,8 +502,8 @@ class GeneralCanonizer(Tracking, Canonizer):
         if forward is not None and not forward.__module__.startswith(_TRUSTED_FUNCTIONS):
             self.refuse(f'{forward.__module__}.{forward.__qualname__}', 'a custom autograd function (kernel)')
 
-    def activation(self, input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        return elementwise_identity(input, output, gate=True)
+    def activation(self, input: torch.Tensor, output: torch.Tensor, gate: bool = True) -> torch.Tensor:
+        return elementwise_identity(input, output, gate=gate)
 
     def refuse(self, op: str, what: str | None = None, hint: str | None = None, path: list | None = None):
         path = self.path if path is None else path

@@ -8,10 +8,15 @@ The general mechanism decides some rules by what a tensor *is*, which the graph 
   extended by a sink logit ``s``: ``softmax([z, s])_i = softmax(z)_i * sigmoid(logsumexp(z) - s)``, so
   ``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)`` is the attention ``softmax([z, s]) @ [V; 0]`` with a sink column
   whose value is zero. Its plain gradient is the softmax rule (Prop. 3.1) on the extended softmax
-  (:py:class:`SinkMass`, :py:func:`sink_scores`, :py:func:`attention_scores`).
+  (:py:class:`SinkMass`, :py:func:`sink_scores`, :py:func:`attention_scores`);
+- a *log-softmax* is ``z - logsumexp(z)`` (:py:func:`is_log_softmax`) or ``log_softmax(z)``, and ``exp`` of it (after
+  casts, views and selections: top-k routing in log space) is ``softmax(z)``: its plain gradient is the softmax rule
+  (Prop. 3.1) and it is a gate like any softmax output (:py:class:`LogSoftmaxMark`, :py:func:`log_softmax_scores`,
+  :py:class:`ExpLogSoftmax`).
 
-The marks are identity autograd functions (:py:class:`LogSumExpMark`, :py:class:`SinkMass`); :py:class:`SoftmaxInput`
-also gives a softmax's fully masked rows (NaN output) a zero gradient.
+The marks are identity autograd functions (:py:class:`LogSumExpMark`, :py:class:`SinkMass`, :py:class:`LogSoftmaxMark`,
+:py:class:`ExpLogSoftmax`); :py:class:`SoftmaxInput` also gives a softmax's fully masked rows (NaN output) a zero
+gradient.
 """
 from __future__ import annotations
 
@@ -30,10 +35,16 @@ SHIFT_NODES = re.compile(r'(Add|Sub|Rsub)Backward\d*$')
 #: Autograd nodes that join several tensors: a gate when every relevance-carrying part is one.
 JOIN_NODES = re.compile(r'(Cat|Stack)Backward\d*$')
 #: Autograd nodes of gate (activation), softmax and sink-mass outputs: the constant factors of CP-LRP.
-GATE_NODES = re.compile(r'(_GateIdentity|Softmax|_SoftmaxTaylor|SinkMass)Backward\d*$')
+GATE_NODES = re.compile(r'(_GateIdentity|Softmax|_SoftmaxTaylor|SinkMass|ExpLogSoftmax)Backward\d*$')
 #: Autograd nodes between a ``logsumexp`` and the sigmoid of a sink mass (constants subtracted, casts, views).
 _LSE_PATH = re.compile(r'(Sub|Add|ToCopy|View|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Select|Index|'
                        r'Narrow|Alias)Backward\d*$')
+#: Autograd nodes between a ``logsumexp(z)`` and its subtraction from ``z`` in a log-softmax (casts, views).
+_LSE_VIEWS = re.compile(r'(ToCopy|View|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Alias)Backward\d*$')
+#: Autograd nodes between a log-softmax and its ``exp`` (casts, views, selections).
+LOG_SOFTMAX_PATH = re.compile(r'(ToCopy|View|UnsafeView|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Select|'
+                              r'Index|IndexSelect|Gather|Topk|Sort|Narrow|Alias|Transpose|Permute|T|Split\w*|'
+                              r'Unbind)Backward\d*$')
 #: Autograd nodes between a softmax and the matrix product of the attention output.
 _PRODUCT_NODES = re.compile(r'(Bmm|Mm|Matmul|Einsum)Backward\d*$')
 
@@ -59,27 +70,39 @@ def _gate(node, budget: int) -> bool:
 def is_gate(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is (a view, selection, concatenation, shift by a constant or rescaling of) the output of an
     activation, a softmax or a sink mass."""
-    return _gate(tensor.grad_fn, 32)
+    return _gate(tensor.grad_fn, 128)  # Sinkhorn normalisations of a softmax: 2 nodes per iteration
 
 
 class LogSumExpMark(torch.autograd.Function):
     """Identity with the plain gradient: marks the output of ``logsumexp(z)`` in the graph and keeps the autograd node
-    of ``z`` (``scores``, see :py:func:`lse_scores`)."""
+    of ``z`` (``scores``, see :py:func:`lse_scores`) and the dimensions it reduced (``dims``)."""
     @staticmethod
-    def forward(ctx, input, scores):
-        """A copy of ``input``; ``scores``: the autograd node of the logits it was computed from."""
-        ctx.scores = scores
+    def forward(ctx, input, scores, dims=()):
+        """A copy of ``input``; ``scores``: the autograd node of the logits it was computed from; ``dims``: the
+        (non-negative) dimensions of the logits it reduced."""
+        ctx.scores, ctx.dims = scores, tuple(dims)
         return input.clone()
 
     @staticmethod
     def backward(ctx, grad_output):
         """The plain gradient."""
-        return grad_output, None
+        return grad_output, None, None
 
 
 class SinkMass(LogSumExpMark):
     """Identity with the plain gradient: marks ``sigmoid(logsumexp(z) - s)``, the mass of the real columns of a
     softmax extended by a sink logit (a gate: a part of the softmax, Prop. 3.1), and keeps the node of ``z``."""
+
+
+class LogSoftmaxMark(LogSumExpMark):
+    """Identity with the plain gradient: marks a log-softmax ``z - logsumexp(z)`` (or ``log_softmax(z)``), which
+    has no rule of its own: only its ``exp``, a softmax, is used (:py:func:`log_softmax_scores`)."""
+
+
+class ExpLogSoftmax(LogSumExpMark):
+    """Identity with the plain gradient: marks ``exp`` of a (selected) log-softmax of ``z``, which is (a selection of)
+    ``softmax(z)``: the plain gradient of ``exp(z - logsumexp(z))`` is the softmax's, the softmax rule (Prop. 3.1), and
+    the output is a gate (:py:func:`is_gate`)."""
 
 
 def scores_node(tensor: torch.Tensor):
@@ -104,6 +127,24 @@ def lse_scores(tensor: torch.Tensor):
     """The autograd node of the scores ``z`` if ``tensor`` is ``logsumexp(z)`` shifted by constants (cast, viewed),
     else None."""
     node = _marked(tensor.grad_fn, 'LogSumExpMarkBackward', _LSE_PATH)
+    return None if node is None else node.scores
+
+
+def is_log_softmax(logits: torch.Tensor, lse: torch.Tensor) -> bool:
+    """Whether ``logits - lse`` is the log-softmax ``z - logsumexp(z)``: ``lse`` is the logsumexp of ``logits`` (up to
+    casts) over some dimensions, kept (or unsqueezed back) so that it broadcasts along exactly those, viewed or cast."""
+    node = _marked(lse.grad_fn, 'LogSumExpMarkBackward', _LSE_VIEWS)
+    if node is None or not isinstance(logits, torch.Tensor) or scores_node(logits) is not node.scores:
+        return False
+    reduced = tuple(1 if index in node.dims else size for index, size in enumerate(logits.shape))
+    padded = (1,) * (logits.dim() - lse.dim()) + tuple(lse.shape)
+    return padded in (reduced, tuple(logits.shape))
+
+
+def log_softmax_scores(tensor: torch.Tensor):
+    """The autograd node of the scores ``z`` if ``tensor`` is (a cast, view or selection of) a log-softmax of ``z``
+    (a :py:class:`LogSoftmaxMark`), else None."""
+    node = _marked(tensor.grad_fn, 'LogSoftmaxMarkBackward', LOG_SOFTMAX_PATH)
     return None if node is None else node.scores
 
 

@@ -30,14 +30,14 @@ class _InputRelevance(torch.autograd.Function):
         return grad * input
 
 
-def _to_relevance(tensor):
+def input_relevance(tensor):
     """Input side of the boundary: the gradient reaching ``x`` becomes the relevance ``x * g``."""
     if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
         return tensor
     return _InputRelevance.apply(tensor)
 
 
-def _to_gradient(tensor):
+def output_gradient(tensor):
     """Output side of the boundary: the relevance ``R`` given at output ``y`` becomes the gradient ``R / y``."""
     if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
         return tensor
@@ -72,19 +72,19 @@ class RelevanceBoundary(Hook):
     def _pre_forward(self, module, args, kwargs):
         if not self.active:
             return None
-        return tuple(_to_relevance(arg) for arg in args), {key: _to_relevance(val) for key, val in kwargs.items()}
+        return tuple(input_relevance(arg) for arg in args), {key: input_relevance(val) for key, val in kwargs.items()}
 
     def _post_forward(self, module, input, output):
         if not self.active:
             return None
         if isinstance(output, torch.Tensor):
-            return _to_gradient(output)
+            return output_gradient(output)
         if isinstance(output, tuple) and not hasattr(output, 'keys'):
-            return (_to_gradient(output[0]),) + tuple(output[1:]) if output else output
+            return (output_gradient(output[0]),) + tuple(output[1:]) if output else output
         if hasattr(output, 'keys'):
             for field in OUTPUT_FIELDS:
                 if output.get(field) is not None:
-                    output[field] = _to_gradient(output[field])
+                    output[field] = output_gradient(output[field])
             return output
         raise TypeError(f'{type(module).__name__} returned {type(output).__name__}, which has no tensor to explain')
 

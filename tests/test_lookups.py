@@ -1,0 +1,83 @@
+"""Models run on their token ids (:py:mod:`zennit_attn.lookups`): every token table's lookup is a relevance leaf."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from tests.models import two_tables
+from zennit_attn import explain, zoo
+from zennit_attn.lookups import TokenLookups, needs_ids
+from zennit_attn.task import TokenTask
+
+
+def test_relevance_of_both_tables_is_each_tokens_share_of_the_logit():
+    model = two_tables()
+    ids = torch.tensor([[3, 7, 1, 12]])
+    explanation = explain(model, ids, method='cplrp')
+    target = int(explanation.target[0])
+    with torch.no_grad():
+        rows = (model.embed(ids) + model.per_token(ids)) * model.scale
+        expected = (rows * model.head.weight[target]).sum(-1)[0]
+        word = (model.embed(ids) * model.scale * model.head.weight[target]).sum(-1)[0]
+    torch.testing.assert_close(explanation.relevance[0], expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(explanation.embedding_relevance[0].sum(-1), word, rtol=1e-10, atol=1e-12)
+    assert float(explanation.relevance.sum()) == pytest.approx(float(explanation.logit[0]), rel=1e-10)
+
+
+def test_reasons():
+    model = two_tables()
+    assert needs_ids(model, model.embed) == "it looks the token ids up in 'per_token' too"
+    assert TokenLookups(model, model.embed).tables == [('per_token', model.per_token)]
+    llama = tiny('llama')
+    assert needs_ids(llama, llama.get_input_embeddings()) is None
+
+
+def test_other_methods_are_refused_where_a_second_table_would_stay_fixed():
+    with pytest.raises(ValueError, match="looks its token ids up in 'per_token'"):
+        explain(two_tables(), torch.tensor([[3, 7, 1]]), method='input_x_gradient')
+
+
+def test_word_lookup_of_other_ids_is_refused_and_other_lookups_kept():
+    model = two_tables()
+    lookups = TokenLookups(model, model.embed)
+    ids = torch.tensor([[3, 7, 1]])
+    lookups.record()
+    with lookups.substituting(ids, model.embed(ids)):
+        with pytest.raises(RuntimeError, match="embeds ids of shape \\(1, 2\\), not the explained tokens"):
+            model.embed(ids[:, :2])
+        positions = model.per_token(torch.arange(3)[None])  # not the tokens: the table's own output
+        tokens = model.per_token(torch.tensor([[3, 7, 0]]))  # the tokens, one replaced: a leaf
+    leaves = lookups.recorded()
+    assert type(positions.grad_fn).__name__ == "EmbeddingBackward0" and len(leaves) == 1 and leaves[0].is_leaf
+    assert tokens.grad_fn is not None and type(tokens.grad_fn).__name__ != "EmbeddingBackward0"
+    torch.testing.assert_close(leaves[0], model.per_token(torch.tensor([[3, 7, 0]])).detach())
+
+
+def tiny(architecture: str):
+    model_class, config_class = zoo._model_class('causal-lm', architecture)
+    config = zoo.tiny_config(config_class)
+    with contextlib.suppress(Exception):
+        config._experts_implementation = 'eager'
+    torch.manual_seed(0)
+    model = model_class(config).double().eval()
+    zoo.zero_biases(model)
+    return model
+
+
+@pytest.fixture(scope='module')
+def gemma4():
+    return tiny('gemma4_text')
+
+
+def test_gemma4_per_layer_embeddings_conserve(gemma4):
+    ids = torch.tensor([[5, 17, 33, 8, 61, 2]])
+    explanation = explain(gemma4, ids, method='cplrp')
+    assert TokenTask(gemma4, ids).ids_reason == "it looks the token ids up in 'model.embed_tokens_per_layer' too"
+    assert float(explanation.relevance.sum()) == pytest.approx(float(explanation.logit[0]), rel=1e-9)
+    # the per-layer table carries relevance of its own: the word embeddings alone do not conserve
+    assert abs(float(explanation.embedding_relevance.sum() - explanation.logit[0])) > 1e-5
+    with torch.no_grad():  # the explained logit is the model's on its ids
+        logits = gemma4(input_ids=ids).logits[0, -1]
+    assert float(explanation.logit[0]) == pytest.approx(float(logits.max()), rel=1e-12)

@@ -1,0 +1,159 @@
+"""Token relevance of language models that must be run on their token ids: the embedding lookups as inputs.
+
+zennit-attn reads a token's relevance at its word embedding vector, which most models take as input
+(``inputs_embeds``). Some models need the ids themselves: Gemma 3n and Gemma 4 look every token up in a second,
+per-layer embedding table, DeepSeek-V4 routes by token id, and some forwards take no ``inputs_embeds`` at all
+(:py:func:`needs_ids` says which and why). Such a model is run on ``input_ids``, and :py:class:`TokenLookups`
+replaces the output of each lookup of the ids by a tensor whose relevance is read: the word embedding's by the
+task's input, every other token table's by a new leaf. The rows a token's id selects are that token's input
+vectors (the inputs ``x`` of Eq. (2)), so a token's relevance is the sum over all its lookups; for CP-LRP the
+relevance of all lookups together sums to the explained logit, as at ``inputs_embeds``.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Iterator
+
+import torch
+
+from .rules.boundary import input_relevance
+
+__all__ = ['needs_ids', 'TokenLookups']
+
+
+def _takes(module: torch.nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _tables(model: torch.nn.Module, word: torch.nn.Module) -> list[tuple[str, torch.nn.Embedding]]:
+    """Candidate tables of token ids besides ``word``: embeddings of ``word``'s class (Gemma's scaled word
+    embeddings, or ``torch.nn.Embedding``) with at least half and at most as many rows as the vocabulary (positions
+    and image-patch tables are usually far smaller, hashed n-gram tables larger), not the word embeddings of a model
+    inside the model; which lookups are of the ids is checked on their index (:py:meth:`TokenLookups.substituting`)."""
+    rows = getattr(word, 'num_embeddings', None)
+    nested = set()  # the word embeddings of models inside the model (BLT's entropy patcher: another language model)
+    for module in model.modules():
+        with contextlib.suppress(Exception):
+            nested.add(id(module.get_input_embeddings()))
+    return [(name, module) for name, module in model.named_modules() if type(module) is type(word)
+            and module is not word and id(module) not in nested and rows is not None
+            and rows <= 2 * module.num_embeddings <= 2 * rows]
+
+
+def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None) -> str | None:
+    """Why ``model`` must be run on ``input_ids`` rather than on its word embeddings ``word``, None if it need not.
+
+    A model needs its ids if its forward takes no ``inputs_embeds``, if it looks the ids up in another table of
+    vocabulary size (per-layer embeddings: Gemma 3n run on ``inputs_embeds`` leaves them out and computes another
+    function), or if a module inside it takes ``input_ids`` without an
+    ``inputs_embeds`` alternative (routing by token id). Encoder-decoder models are run on embeddings (their
+    decoder's table is the decoder's input, not a second table of the encoder's tokens).
+    """
+    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        return None
+    if not _takes(model, 'inputs_embeds'):
+        return f'the forward of {type(model).__name__} takes no inputs_embeds'
+    if word is None:
+        return None
+    tables = _tables(model, word)
+    if tables:
+        return f'it looks the token ids up in {tables[0][0]!r} too'
+    for name, module in model.named_modules():
+        if name and not hasattr(module, 'get_input_embeddings') and _takes(module, 'input_ids') \
+                and not _takes(module, 'inputs_embeds'):
+            return f'{name!r} ({type(module).__name__}) takes the token ids'
+    return None
+
+
+class TokenLookups:
+    """The token-indexed embedding lookups of a model that is run on its ids (see the module's description).
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+        The language model.
+    word: torch.nn.Module
+        Its word embedding module (``model.get_input_embeddings()``).
+    """
+    def __init__(self, model: torch.nn.Module, word: torch.nn.Module):
+        self.model = model
+        self.word = word
+        #: ``(name, module)`` of the other token-indexed tables (per-layer embeddings)
+        self.tables = _tables(model, word)
+        self._leaves: list[torch.Tensor] = []
+        self._recording = False
+
+    def record(self) -> None:
+        """Make the other tables' lookups of the next :py:meth:`substituting` leaves (:py:meth:`recorded`)."""
+        self._leaves, self._recording = [], True
+
+    def recorded(self) -> list[torch.Tensor]:
+        """The leaves made since :py:meth:`record` (each ``[batch, seq, ...]``; their gradient is their relevance)."""
+        leaves, self._leaves = self._leaves, []
+        return leaves
+
+    @contextlib.contextmanager
+    def substituting(self, ids: torch.Tensor, embeddings: torch.Tensor, fixed: bool = True) -> Iterator[None]:
+        """Within the context, the word embedding of ``ids`` is ``embeddings``; after :py:meth:`record`, every other
+        table's lookup of the ids is a new leaf (its relevance is read with LRP: the forward passes ``x * g`` to it,
+        as the root's :py:class:`~zennit_attn.rules.RelevanceBoundary` does for inputs). Otherwise the other
+        tables' lookups are kept as the model computes them, if ``fixed`` allows it. A table's lookup is one
+        of the ids if its index has their shape and equals them at at least half of the entries (a model may
+        replace some, e.g. image placeholders); other lookups of the tables (positions) are left alone.
+
+        Raises
+        ------
+        RuntimeError
+            If the word embedding module embeds ids of another shape than ``ids``: their tokens are unknown.
+        ValueError
+            If a table looks the ids up while not recording and ``fixed`` is False (a method that perturbs or
+            differentiates the word embeddings would keep that table fixed).
+        """
+        leaves = self._leaves if self._recording else None
+        self._recording = False
+
+        def word(module, args, output):
+            index = args[0] if args else None
+            if not (isinstance(index, torch.Tensor) and index.shape == ids.shape):
+                shape = tuple(index.shape) if isinstance(index, torch.Tensor) else type(index).__name__
+                raise RuntimeError(f'{type(self.model).__name__} embeds ids of shape {shape}, not the explained tokens '
+                                   f'{tuple(ids.shape)}: zennit-attn cannot tell which token each row belongs to; '
+                                   'report the model')
+            return embeddings
+
+        def table(name):
+            def hook(module, args, output):
+                index = args[0] if args else None
+                if not torch.is_grad_enabled() or not isinstance(index, torch.Tensor) or index.shape != ids.shape \
+                        or 2 * int((index == ids.to(index.device)).sum()) < ids.numel():
+                    return None  # not the tokens (positions), or without gradients (carrying no relevance)
+                if leaves is not None:
+                    leaves.append(output.detach().requires_grad_(True))
+                    return input_relevance(leaves[-1])
+                if not fixed:
+                    raise ValueError(
+                        f'{type(self.model).__name__} looks its token ids up in {name!r} besides the word embeddings: '
+                        'only the LRP methods (attnlrp, cplrp) read relevance there; other methods would perturb or '
+                        'differentiate the word embeddings only and keep that table fixed'
+                    )
+                return None
+            return hook
+
+        handles = [self.word.register_forward_hook(word)]
+        handles += [module.register_forward_hook(table(name)) for name, module in self.tables]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @staticmethod
+    def token_relevance(relevances: list[torch.Tensor]) -> torch.Tensor | None:
+        """``[batch, seq]`` the relevance of the other tables' lookups (``[batch, seq, ...]`` each) per token, None
+        for none."""
+        sums = [relevance.flatten(2).sum(-1) for relevance in relevances]
+        return sum(sums[1:], sums[0]) if sums else None
