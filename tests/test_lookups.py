@@ -33,6 +33,14 @@ def test_reasons():
     llama = tiny('llama')
     assert needs_ids(llama, llama.get_input_embeddings()) is None
 
+    class Routed(torch.nn.Module):  # a block that routes by token id (DeepSeek-V4's hash routing)
+        def forward(self, hidden_states, input_ids=None):
+            return hidden_states
+
+    llama.model.layers[0].add_module('router', Routed())
+    assert needs_ids(llama, llama.get_input_embeddings()) == "'model.layers.0.router' (Routed) takes the token ids"
+    assert needs_ids(torch.nn.Linear(2, 2), None) == 'the forward of Linear takes no inputs_embeds'
+
 
 def test_other_methods_are_refused_where_a_second_table_would_stay_fixed():
     with pytest.raises(ValueError, match="looks its token ids up in 'per_token'"):

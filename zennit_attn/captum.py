@@ -25,7 +25,6 @@ is patched. Captum arguments that have no meaning for LRP (``baselines``, ``n_st
 """
 from __future__ import annotations
 
-import inspect
 import numbers
 from typing import Any
 
@@ -34,6 +33,7 @@ from captum.attr import InterpretableInput, LayerGradientXActivation
 from zennit.core import Composite
 
 from .checks import is_image_model
+from .layers import forward_parameters
 from .methods import METHODS
 from .task import TokenTask
 
@@ -168,7 +168,7 @@ class LRPAttribution(LayerGradientXActivation):
         if additional_forward_args is None:
             return {}
         args = additional_forward_args if isinstance(additional_forward_args, tuple) else (additional_forward_args,)
-        names = list(inspect.signature(self.model.forward).parameters)[1:]
+        names = list(forward_parameters(self.model))[1:]
         if len(args) > len(names):
             raise TypeError(f'{len(args)} additional_forward_args, but {type(self.model).__name__}.forward takes '
                             f'{len(names)} arguments after its input')

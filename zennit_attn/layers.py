@@ -3,9 +3,13 @@
 Hugging Face and timm compute the products inside attention and gated MLPs inline, where no module exists
 that a zennit rule could be registered to. The modules here are the hook points: :py:class:`Operand` is an
 identity placed on a tensor that enters such a product; :py:class:`Product` and :py:class:`MatMul` are the
-products themselves, for models written with explicit modules.
+products themselves, for models written with explicit modules. :py:func:`forward_parameters` reads what a module's
+forward takes.
 """
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 
@@ -75,6 +79,21 @@ class MatMul(torch.nn.Module):
     """Matrix product ``a @ b`` of two tensors, the bilinear operation of Prop. 3.3."""
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(a, b)
+
+
+def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:
+    """The names of the parameters of ``module.forward`` (none where it has no signature), cached per function."""
+    forward = module.forward
+    return _parameters(getattr(forward, '__func__', forward), hasattr(forward, '__func__'))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parameters(function, bound: bool) -> tuple[str, ...]:
+    try:
+        names = tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return ()
+    return names[1:] if bound else names  # a method's ``self``
 
 
 def output_scores(output) -> torch.Tensor:

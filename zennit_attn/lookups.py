@@ -12,21 +12,14 @@ relevance of all lookups together sums to the explained logit, as at ``inputs_em
 from __future__ import annotations
 
 import contextlib
-import inspect
 from typing import Iterator
 
 import torch
 
+from .layers import forward_parameters
 from .rules.boundary import input_relevance
 
 __all__ = ['needs_ids', 'TokenLookups']
-
-
-def _takes(module: torch.nn.Module, name: str) -> bool:
-    try:
-        return name in inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _tables(model: torch.nn.Module, word: torch.nn.Module) -> list[tuple[str, torch.nn.Embedding]]:
@@ -55,7 +48,7 @@ def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None) -> str | Non
     """
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         return None
-    if not _takes(model, 'inputs_embeds'):
+    if 'inputs_embeds' not in forward_parameters(model):
         return f'the forward of {type(model).__name__} takes no inputs_embeds'
     if word is None:
         return None
@@ -63,8 +56,9 @@ def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None) -> str | Non
     if tables:
         return f'it looks the token ids up in {tables[0][0]!r} too'
     for name, module in model.named_modules():
-        if name and not hasattr(module, 'get_input_embeddings') and _takes(module, 'input_ids') \
-                and not _takes(module, 'inputs_embeds'):
+        parameters = forward_parameters(module)
+        if name and not hasattr(module, 'get_input_embeddings') and 'input_ids' in parameters \
+                and 'inputs_embeds' not in parameters:
             return f'{name!r} ({type(module).__name__}) takes the token ids'
     return None
 

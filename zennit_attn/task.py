@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 from collections.abc import Mapping
 from typing import ContextManager
 
@@ -24,7 +23,7 @@ import torch
 from .checks import (check_ids, check_length, check_model, check_vocabulary, explained_positions, is_causal,
                      is_image_model, split_encoding, target_indices, target_pairs)
 from .explanation import Explanation, ImageExplanation, TargetLike
-from .layers import output_scores
+from .layers import forward_parameters, output_scores
 from .lookups import TokenLookups, needs_ids
 from .objectives import Logit, Objective
 from .rules.boundary import input_relevance
@@ -322,7 +321,7 @@ class TokenTask(Task):
         return self._output_mask
 
     def _set_model_kwargs(self) -> None:
-        parameters = inspect.signature(self.model.forward).parameters
+        parameters = forward_parameters(self.model)
         kwargs = self.model_kwargs
         if 'use_cache' in parameters:
             kwargs.setdefault('use_cache', False)
@@ -380,7 +379,7 @@ class TokenTask(Task):
         logits with their gradient are skipped."""
         if (not self.readout.model_output or self.decoder_embeddings is not None
                 or 'logits_to_keep' in self.model_kwargs
-                or 'logits_to_keep' not in inspect.signature(self.model.forward).parameters):
+                or 'logits_to_keep' not in forward_parameters(self.model)):
             return {}
         pairs = target_pairs(target)
         shape = torch.empty(self.batch, self.input_ids.shape[1], 0, device=self.input_ids.device)

@@ -41,7 +41,8 @@ from .composites import AttnLRPEpsilon, CPLRPEpsilon
 from .lookups import TokenLookups, needs_ids
 from .module_kinds import UnsupportedModelError
 from .rules.boundary import input_relevance
-from .zoo_inputs import forward_parameters, pixel_inputs
+from .layers import forward_parameters
+from .zoo_inputs import pixel_inputs
 
 #: The auto mappings walked: name -> transformers attribute of ``MODEL_FOR_*_MAPPING_NAMES``.
 MAPPINGS = {

@@ -17,14 +17,7 @@ import re
 import torch
 import transformers
 
-__all__ = ['forward_parameters', 'pixel_inputs']
-
-
-def forward_parameters(model) -> tuple[str, ...]:
-    """The names of the parameters of ``model.forward`` (none where it has no signature)."""
-    with contextlib.suppress(TypeError, ValueError):
-        return tuple(inspect.signature(model.forward).parameters)
-    return ()
+__all__ = ['pixel_inputs']
 
 
 #: Configuration fields that name a special token (image placeholder, vision start and end, ...).
@@ -169,7 +162,7 @@ def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator
     inputs: dict
         The text inputs (``input_ids`` ...), completed in place.
     params
-        The names of the forward's parameters (:py:func:`forward_parameters`).
+        The names of the forward's parameters (:py:func:`~zennit_attn.layers.forward_parameters`).
     generator: torch.Generator
         Draws the text ids and the pixels.
     fails: callable

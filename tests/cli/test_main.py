@@ -131,9 +131,6 @@ def test_console_script():
     assert script.exists(), f'{script} is missing: pip install -e .'
     result = subprocess.run([str(script), '--help'], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0 and 'explain' in result.stdout and result.stderr == ''
-    result = subprocess.run([str(script), 'explain', '--prompt', ' '], capture_output=True, text=True, timeout=120,
-                            check=False)
-    assert result.returncode == 2 and result.stderr.count('\n') == 1 and 'Traceback' not in result.stderr
     # `python -m zennit_attn.demo` (make demo) is `zennit-attn demo`
     result = subprocess.run([sys.executable, '-m', 'zennit_attn.demo', '--top', '0'], capture_output=True, text=True,
                             timeout=120, check=False)
