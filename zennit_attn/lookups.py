@@ -42,9 +42,9 @@ def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None) -> str | Non
 
     A model needs its ids if its forward takes no ``inputs_embeds``, if it looks the ids up in another table of
     vocabulary size (per-layer embeddings: Gemma 3n run on ``inputs_embeds`` leaves them out and computes another
-    function), or if a module inside it takes ``input_ids`` without an
-    ``inputs_embeds`` alternative (routing by token id). Encoder-decoder models are run on embeddings (their
-    decoder's table is the decoder's input, not a second table of the encoder's tokens).
+    function), or if a module inside it takes ``input_ids`` without an ``inputs_embeds`` alternative (routing by
+    token id). Encoder-decoder models are run on embeddings (their decoder's table is the decoder's input, not a
+    second table of the encoder's tokens).
     """
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         return None
