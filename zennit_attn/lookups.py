@@ -82,7 +82,9 @@ class TokenLookups:
         self._recording = False
 
     def record(self) -> None:
-        """Make the other tables' lookups of the next :py:meth:`substituting` leaves (:py:meth:`recorded`)."""
+        """Make the next :py:meth:`substituting` an LRP run: the gradient ``g`` of the embeddings becomes the
+        relevance ``x * g`` there (as the root's :py:class:`~zennit_attn.rules.RelevanceBoundary` does for the model's
+        inputs: ids here) and the other tables' lookups become leaves (:py:meth:`recorded`)."""
         self._leaves, self._recording = [], True
 
     def recorded(self) -> list[torch.Tensor]:
@@ -92,10 +94,10 @@ class TokenLookups:
 
     @contextlib.contextmanager
     def substituting(self, ids: torch.Tensor, embeddings: torch.Tensor, fixed: bool = True) -> Iterator[None]:
-        """Within the context, the word embedding of ``ids`` is ``embeddings``; after :py:meth:`record`, every other
-        table's lookup of the ids is a new leaf (its relevance is read with LRP: the forward passes ``x * g`` to it,
-        as the root's :py:class:`~zennit_attn.rules.RelevanceBoundary` does for inputs). Otherwise the other
-        tables' lookups are kept as the model computes them, if ``fixed`` allows it. A table's lookup is one
+        """Within the context, the word embedding of ``ids`` is ``embeddings``; after :py:meth:`record`, the
+        embeddings and every other table's lookup of the ids (a new leaf) pass ``x * g`` as their gradient (their
+        relevance, read with LRP). Otherwise the other tables' lookups are kept as the model computes them, if
+        ``fixed`` allows it. A table's lookup is one
         of the ids if its index has their shape and equals them at at least half of the entries (a model may
         replace some, e.g. image placeholders); other lookups of the tables (positions) are left alone.
 
@@ -108,6 +110,8 @@ class TokenLookups:
             differentiates the word embeddings would keep that table fixed).
         """
         leaves = self._leaves if self._recording else None
+        if self._recording:
+            embeddings = input_relevance(embeddings)
         self._recording = False
 
         def word(module, args, output):

@@ -26,7 +26,6 @@ from .explanation import Explanation, ImageExplanation, TargetLike
 from .layers import forward_parameters, output_scores
 from .lookups import TokenLookups, needs_ids
 from .objectives import Logit, Objective
-from .rules.boundary import input_relevance
 
 __all__ = ['Readout', 'Task', 'TokenTask', 'ImageTask', 'make_task']
 
@@ -355,12 +354,11 @@ class TokenTask(Task):
             return model(input_ids=ids, **kwargs)
 
     def lrp_forward(self, inputs: torch.Tensor, model: torch.nn.Module, **extra) -> torch.Tensor:
-        """On a model run on its ids the inputs' gradient ``g`` becomes ``x * g`` here (the root's boundary sees ids),
-        and the other tables' lookups become leaves (:py:meth:`lookup_leaves`)."""
-        if self.lookups is None:
-            return super().lrp_forward(inputs, model, **extra)
-        self.lookups.record()
-        return super().lrp_forward(input_relevance(inputs), model, **extra)
+        """On a model run on its ids, an LRP run of its lookups (:py:meth:`~zennit_attn.lookups.TokenLookups.record`):
+        the embeddings' gradient becomes their relevance, other tables' lookups leaves (:py:meth:`lookup_leaves`)."""
+        if self.lookups is not None:
+            self.lookups.record()
+        return super().lrp_forward(inputs, model, **extra)
 
     def lookup_leaves(self) -> list[torch.Tensor]:
         """The other token tables' lookups in the last :py:meth:`lrp_forward` (for :py:meth:`add_lookup_relevance`)."""

@@ -33,7 +33,6 @@ import torch
 
 from .checks import split_encoding
 from .explanation import ImageRelevance, MultimodalExplanation
-from .rules.boundary import input_relevance
 from .task import TokenTask
 
 __all__ = ['LAYOUTS', 'image_layout', 'is_similarity_model', 'is_processor', 'has_pixels', 'encode_multimodal',
@@ -379,10 +378,11 @@ class SimilarityTask(_PixelLeaf, TokenTask):
         return text_model.get_input_embeddings() if text_model is not None else TokenTask.word_embeddings(model)
 
     def lrp_forward(self, inputs, model, **extra):
-        """The pair scores (``logits_per_text``); CLIP's forward takes ``input_ids`` only, so the text embeddings are
-        not the model's inputs and their gradient ``g`` becomes the relevance ``x * g`` here (as in
-        :py:meth:`TokenTask.lrp_forward`)."""
-        return self.forward(input_relevance(inputs), None, model, **extra)
+        """The pair scores (``logits_per_text``); the text embeddings' relevance is read as in
+        :py:meth:`TokenTask.lrp_forward` (CLIP's forward takes ``input_ids`` only)."""
+        if self.lookups is not None:
+            self.lookups.record()
+        return self.forward(inputs, None, model, **extra)
 
     def _set_model_kwargs(self) -> None:
         if self.attention_mask is not None:

@@ -38,10 +38,9 @@ from tqdm.auto import tqdm
 
 from .canonizers import GeneralCanonizer, canonizers_for
 from .composites import AttnLRPEpsilon, CPLRPEpsilon
+from .layers import forward_parameters
 from .lookups import TokenLookups, needs_ids
 from .module_kinds import UnsupportedModelError
-from .rules.boundary import input_relevance
-from .layers import forward_parameters
 from .zoo_inputs import pixel_inputs
 
 #: The auto mappings walked: name -> transformers attribute of ``MODEL_FOR_*_MAPPING_NAMES``.
@@ -364,12 +363,10 @@ def _relevances(model, inputs: dict, composite) -> tuple[dict[str, float], float
         if lookups is None:
             output = modified(**leaves, **kwargs)
         else:
-            word = leaves['inputs_embeds']
             if composite is not None:
-                word = input_relevance(word)
                 lookups.record()
             others = {key: leaf for key, leaf in leaves.items() if key != 'inputs_embeds'}
-            with lookups.substituting(ids, word):
+            with lookups.substituting(ids, leaves['inputs_embeds']):
                 output = modified(input_ids=ids, **others, **kwargs)
         if composite is None:
             return {}, math.nan
