@@ -22,9 +22,8 @@ def _tiny(architecture: str, mapping: str = 'image-text-to-text'):
     torch.manual_seed(0)
     model = model_class(config).to(torch.float64).eval()
     zoo.zero_biases(model)
-    fed = {}
-    inputs = zoo._inputs(model, config, mapping, torch.Generator().manual_seed(0), fed)
-    return model, inputs, fed['inputs']
+    inputs, fed = zoo._inputs(model, config, mapping, torch.Generator().manual_seed(0))
+    return model, inputs, fed
 
 
 @pytest.mark.parametrize('architecture', ['llava', 'qwen3_vl'])

@@ -307,12 +307,12 @@ def zero_biases(model: torch.nn.Module) -> None:
                 tensor.zero_()
 
 
-def _inputs(model, config, mapping: str, generator: torch.Generator, fed: dict | None = None) -> dict:
-    """Token ids (and pixels for vision-language models) for a plain forward pass.
+def _inputs(model, config, mapping: str, generator: torch.Generator) -> tuple[dict, str]:
+    """Token ids (and pixels for vision-language models) for a plain forward pass, and what was fed.
 
     A model with a vision tower (every image-text-to-text architecture, any model whose forward takes
-    ``pixel_values``) gets pixels (:py:func:`~zennit_attn.zoo_inputs.pixel_inputs`); ``fed['inputs']`` says what was
-    fed: ``'text + image'``, ``'text only: <why>'``, or nothing for a model without a vision tower.
+    ``pixel_values``) gets pixels (:py:func:`~zennit_attn.zoo_inputs.pixel_inputs`); what was fed is
+    ``'text + image'``, ``'text only: <why>'``, or ``''`` for a model without a vision tower (:py:attr:`Result.inputs`).
     """
     text = getattr(config, 'text_config', None) or config
     vocab = getattr(text, 'vocab_size', None) or getattr(config, 'vocab_size', 96)
@@ -322,16 +322,16 @@ def _inputs(model, config, mapping: str, generator: torch.Generator, fed: dict |
         inputs['decoder_input_ids'] = torch.randint(4, min(int(vocab), 90), (1, 4), generator=generator)
     params = forward_parameters(model)
     if mapping == 'image-text-to-text' or 'pixel_values' in params:
-        note = pixel_inputs(model, config, inputs, params, generator, functools.partial(_fails, model))
-        if fed is not None:
-            fed['inputs'] = note
-    return inputs
+        return inputs, pixel_inputs(model, config, inputs, params, generator, functools.partial(_fails, model))
+    return inputs, ''
 
 
 def _fails(model, inputs: dict, embeddings: bool = True) -> Exception | None:
-    """The exception of the plain forward (on the embeddings, as :py:func:`_explain` runs it, or on the ids)."""
+    """The exception of the plain forward (on the embeddings, as :py:func:`_explain` runs it, or on the ids), with
+    the model's warnings and printed messages silenced."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter('ignore')
             _explain(model, inputs, None) if embeddings else model(**inputs)
     except Exception as error:
         return error
@@ -382,13 +382,12 @@ def _relevances(model, inputs: dict, composite) -> tuple[dict[str, float], float
 
 def check(mapping: str, architecture: str, seed: int = 0) -> Result:
     """Build one architecture from a tiny configuration and check it (see the module's description)."""
-    fed: dict = {}
-    result = _check(mapping, architecture, seed, fed)
-    return dataclasses.replace(result, inputs=fed.get('inputs', ''))
-
-
-def _check(mapping: str, architecture: str, seed: int, fed: dict) -> Result:
     start = time.perf_counter()
+    fed = ''  # what was fed (Result.inputs), known once the inputs are built
+
+    def result(status: str, reason: str = '', ratio: float = math.nan) -> Result:
+        return Result(mapping, architecture, status, reason, ratio, time.perf_counter() - start, fed)
+
     generator = torch.Generator().manual_seed(seed)
     try:
         model_class, config_class = _model_class(mapping, architecture)
@@ -400,43 +399,33 @@ def _check(mapping: str, architecture: str, seed: int, fed: dict) -> Result:
             warnings.simplefilter('ignore')
             model = model_class(config).to(torch.float64).eval()
             zero_biases(model)
-            inputs = _inputs(model, config, mapping, generator, fed)
+            inputs, fed = _inputs(model, config, mapping, generator)
     except Exception as error:  # a limit of the walk's tiny configurations
-        return Result(mapping, architecture, 'not built', _short(error), seconds=time.perf_counter() - start)
-    try:  # the plain forward on embeddings, as explain() runs it
-        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter('ignore')
-            _explain(model, inputs, None)
-    except Exception as error:
-        try:
-            with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-                warnings.simplefilter('ignore')
-                model(**inputs)
-        except Exception:  # a limit of the walk's tiny configurations
-            return Result(mapping, architecture, 'not built', _short(error), seconds=time.perf_counter() - start)
-        return Result(mapping, architecture, 'refused', f'takes no inputs_embeds ({type(error).__name__}: '
-                      f'{_short(error)[:120]}): token relevance needs the embeddings as input',
-                      seconds=time.perf_counter() - start)
+        return result('not built', _short(error))
+    error = _fails(model, inputs)  # the plain forward on embeddings, as explain() runs it
+    if error is not None:
+        if _fails(model, inputs, embeddings=False) is not None:  # a limit of the walk's tiny configurations
+            return result('not built', _short(error))
+        return result('refused', f'takes no inputs_embeds ({type(error).__name__}: {_short(error)[:120]}): token '
+                      'relevance needs the embeddings as input')
     canonizers = canonizers_for(model, constant_gates=True)
     constants = canonizers[0].constants if canonizers and isinstance(canonizers[0], GeneralCanonizer) else []
     try:
         ratio = _explain(model, inputs, CPLRPEpsilon(canonizers=canonizers))
         attnlrp = _explain(model, inputs, AttnLRPEpsilon())
     except UnsupportedModelError as error:
-        return Result(mapping, architecture, 'refused', _short(error), seconds=time.perf_counter() - start)
+        return result('refused', _short(error))
     except Exception as error:
-        return Result(mapping, architecture, 'failed', f'{type(error).__name__}: {_short(error)}',
-                      seconds=time.perf_counter() - start)
+        return result('failed', f'{type(error).__name__}: {_short(error)}')
     exact = abs(ratio - 1) <= 1e-6 and math.isfinite(attnlrp)
     reason = '' if exact else f'CP-LRP relevance / logit = {ratio:.6g}, AttnLRP sum {attnlrp:.4g}'
     path, value = max(constants, key=lambda item: abs(float(item[1])), default=('', 0.0))
     if not exact and abs(float(value)) >= 1e-4 and math.isfinite(attnlrp):
         # a constant in the model's code is a bias that cannot be zeroed: conservation cannot be exact (a numerical
         # epsilon below 1e-4 cannot explain a visible loss: that stays a failure)
-        return Result(mapping, architecture, 'explained', f'not exactly conservative by design: the model adds the '
-                      f'constant {value:g} at {path!r} ({reason})', ratio, time.perf_counter() - start)
-    return Result(mapping, architecture, 'explained' if exact else 'failed', reason, ratio,
-                  time.perf_counter() - start)
+        return result('explained', f'not exactly conservative by design: the model adds the constant {value:g} at '
+                      f'{path!r} ({reason})', ratio)
+    return result('explained' if exact else 'failed', reason, ratio)
 
 
 def _short(error: BaseException) -> str:
