@@ -252,6 +252,21 @@ def attributed(model, composite, x: torch.Tensor) -> torch.Tensor:
     return leaf.grad
 
 
+def assert_same_relevance(model, reference, composite, outputs: int):
+    """``model`` (float64, ``reference``'s parameters) gets the relevance of ``reference``, the same function written
+    otherwise, on a random ``[3, 4]`` input (1e-12); CP-LRP conserves the relevance 1 of each of its ``outputs``
+    (1e-10)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    model, reference = model.double(), reference.double()
+    reference.load_state_dict(model.state_dict())
+    found = attributed(model, composite(general=True), x)
+    torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
+    if composite is CPLRPEpsilon:
+        torch.testing.assert_close(found.sum(), torch.tensor(float(outputs), dtype=torch.float64), rtol=1e-10,
+                                   atol=1e-12)
+
+
 class Routed(torch.nn.Module):
     """A routing weight selected from a softmax by ``max`` (Switch Transformers) or by slicing and ``cat`` (PhiMoE's
     two top-1 softmaxes), times an expert."""
@@ -489,14 +504,7 @@ def test_log_space_routing_is_a_softmax(form, composite):
     the relevance equals that of the same router written with ``softmax`` (float64, 1e-12): a gate, AttnLRP's softmax
     rule (Prop. 3.1) and uniform rule (Prop. 3.2); CP-LRP: a constant (exact conservation)."""
     torch.manual_seed(0)
-    x = torch.randn(3, 4, dtype=torch.float64)
-    model = LogRouted(form, log=True).double()
-    reference = LogRouted(form, log=False).double()
-    reference.load_state_dict(model.state_dict())
-    found = attributed(model, composite(general=True), x)
-    torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
-    if composite is CPLRPEpsilon:
-        torch.testing.assert_close(found.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+    assert_same_relevance(LogRouted(form, log=True), LogRouted(form, log=False), composite, outputs=12)
 
 
 class LogSumExpMisuse(torch.nn.Module):
@@ -549,13 +557,7 @@ def test_a_clamped_value_is_no_gate(composite):
     """A clamp bounds a value; it does not make it a gate: the relevance equals the unclamped MLP's (float64, 1e-12;
     CP-LRP conserves: 9 outputs of relevance 1). Before, both factors were gates and CP-LRP's relevance was 0."""
     torch.manual_seed(0)
-    x = torch.randn(3, 4, dtype=torch.float64)
-    model, reference = ClampedMLP(True).double(), ClampedMLP(False).double()
-    reference.load_state_dict(model.state_dict())
-    found = attributed(model, composite(general=True), x)
-    torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
-    if composite is CPLRPEpsilon:
-        torch.testing.assert_close(found.sum(), torch.tensor(9.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+    assert_same_relevance(ClampedMLP(True), ClampedMLP(False), composite, outputs=9)
 
 
 class Sinkhorn(torch.nn.Module):
