@@ -89,3 +89,26 @@ def test_gemma4_per_layer_embeddings_conserve(gemma4):
     with torch.no_grad():  # the explained logit is the model's on its ids
         logits = gemma4(input_ids=ids).logits[0, -1]
     assert float(explanation.logit[0]) == pytest.approx(float(logits.max()), rel=1e-12)
+
+
+def test_tokens_a_model_puts_ahead_of_the_ids_absorb_relevance_of_their_own():
+    """CPM-Ant embeds prompt tokens of its own ahead of the ids: the ids' rows are the explained input, the prompt's
+    rows a leaf of their own (:py:attr:`~zennit_attn.lookups.TokenLookups.own`) whose relevance no token gets; with the
+    tokens' relevance, CP-LRP conserves the logit exactly."""
+    from zennit_attn.composites import CPLRPEpsilon
+
+    model = tiny('cpmant')
+    ids = torch.tensor([[5, 17, 33, 8, 61, 2]])
+    lookups = TokenLookups(model, model.get_input_embeddings())
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    lookups.record()
+    with CPLRPEpsilon().context(model) as modified, lookups.substituting(ids, embeddings):
+        logits = modified(input_ids=ids).logits[0, -1]
+        logits[logits.argmax()].backward()  # relevance 1 at the logit
+    (own,) = lookups.own
+    assert own.shape == (1, model.config.prompt_length, model.config.hidden_size)
+    tokens = float(embeddings.grad.sum())
+    assert tokens + float(own.grad.sum()) == pytest.approx(1.0, rel=1e-9)
+    assert abs(tokens - 1) > 1e-3  # the prompt takes a share
+    explanation = explain(model, ids, method='cplrp')
+    assert float(explanation.relevance.sum() / explanation.logit[0]) == pytest.approx(tokens, rel=1e-9)

@@ -11,6 +11,7 @@ from tests.models import pixels, tiny_hf_vit, tiny_timm_vit
 from tests.models import POSITIONS, VOCAB, tiny_config, tiny_model, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.checks import is_image_model
+from zennit_attn.module_kinds import UnsupportedModelError
 from zennit_attn.task import ImageTask, Readout, TokenTask
 
 
@@ -167,6 +168,18 @@ def test_ids_outside_the_vocabulary(llama):
         explain(llama, torch.tensor([[3, 4, VOCAB]]))
     with pytest.raises(ValueError, match='vocabulary'):
         explain(llama, torch.tensor([[3, -1, 4]]))
+
+
+def test_tables_per_codebook_are_refused():
+    """MusicGen's decoder embeds ``num_codebooks`` rows of ``input_ids`` per sequence with one table each: its rows are
+    not tokens of one sequence (explaining them as a batch would be silently wrong), so it is refused by name."""
+    from transformers import MusicgenDecoderConfig, MusicgenForCausalLM
+
+    config = MusicgenDecoderConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   ffn_dim=32, num_codebooks=4, pad_token_id=0, bos_token_id=0)
+    with pytest.raises(UnsupportedModelError, match=r'MusicgenForCausalLM embeds its input_ids with a ModuleList '
+                                                    r'of tables \(one per codebook, here 4\)'):
+        explain(MusicgenForCausalLM(config).eval(), torch.randint(1, 30, (4, 5)))
 
 
 @pytest.mark.parametrize('family, head', [('llama', 'causal_lm'), ('gpt2', 'causal_lm'), ('bert', 'seq_cls')])

@@ -14,9 +14,10 @@ from zennit_attn import zoo
 #: Architectures whose tiny model builds but is neither explained exactly nor refused: known defects, each with what
 #: was found (a new entry here needs a reason; a fixed one must be removed: the test fails for both).
 KNOWN: dict[str, dict[str, str]] = {}
-#: Share of the built architectures that must be explained: what is reached with transformers 5.23 (issue 17 asks
-#: for 0.85 of the causal LMs; 155 of 185 = 0.838 are reached, the rest refused by name: see docs/supported-models.md).
-TARGETS = {'causal-lm': 0.83, 'image-text-to-text': 0.85, 'masked-lm': 0.83, 'seq2seq-lm': 0.90}
+#: Share of the built architectures that must be explained (issue 17 asks for 0.85 of the causal LMs and 0.70 of the
+#: vision-language models); with transformers 5.23: causal 159 of 186 = 0.855, image-text-to-text 77 of 86 = 0.895,
+#: masked 44 of 50 = 0.88, seq2seq 34 of 35, the rest refused by name (see docs/supported-models.md).
+TARGETS = {'causal-lm': 0.85, 'image-text-to-text': 0.85, 'masked-lm': 0.85, 'seq2seq-lm': 0.90}
 
 
 def check_mapping(mapping: str) -> None:

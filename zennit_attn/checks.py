@@ -15,6 +15,7 @@ from zennit.core import Hook
 
 from .composites import refuse_compiled
 from .canonizers.quantization import check_quantized
+from .module_kinds import UnsupportedModelError
 
 __all__ = ['is_causal', 'is_image_model', 'check_model', 'offloaded_modules', 'rule_hooks', 'as_integer',
            'as_integers', 'target_pairs', 'token_id', 'token_ids', 'explained_positions', 'target_indices',
@@ -253,6 +254,21 @@ def check_ids(input_ids, attention_mask, name: str = 'input_ids') -> tuple[torch
         if not bool((attention_mask != 0).any(1).all()):
             raise ValueError('A row of attention_mask masks every token: nothing to explain in it')
     return input_ids, attention_mask
+
+
+def check_word_embeddings(model: torch.nn.Module, embedding) -> None:
+    """Refuse a model without input embeddings (``TypeError``) and one that embeds each token with several tables
+    (:py:class:`~zennit_attn.module_kinds.UnsupportedModelError`): MusicGen's decoder sums one table per audio codebook
+    over ``num_codebooks`` rows of ``input_ids`` per sequence, which are not the tokens of one sequence."""
+    if not isinstance(embedding, torch.nn.Module):
+        raise TypeError(f'{type(model).__name__} has no input embedding module (get_input_embeddings() returns '
+                        f'{type(embedding).__name__})')
+    if isinstance(embedding, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+        raise UnsupportedModelError(
+            f'{type(model).__name__} embeds its input_ids with a {type(embedding).__name__} of tables (one per '
+            f'codebook, here {len(embedding)}), summed over as many rows of input_ids per sequence: zennit-attn '
+            'explains models whose tokens have one embedding each, so it does not explain this model.'
+        )
 
 
 def check_vocabulary(input_ids: torch.Tensor, embedding: torch.nn.Module, name: str) -> None:

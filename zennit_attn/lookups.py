@@ -7,7 +7,9 @@ per-layer embedding table, DeepSeek-V4 routes by token id, and some forwards tak
 replaces the output of each lookup of the ids by a tensor whose relevance is read: the word embedding's by the
 task's input, every other token table's by a new leaf. The rows a token's id selects are that token's input
 vectors (the inputs ``x`` of Eq. (2)), so a token's relevance is the sum over all its lookups; for CP-LRP the
-relevance of all lookups together sums to the explained logit, as at ``inputs_embeds``.
+relevance of all lookups together sums to the explained logit, as at ``inputs_embeds``. A model that puts tokens of its
+own ahead of the ids (CPM-Ant's prompt) looks them up with the ids: their rows are constants of the model, whose
+relevance no input token gets (like a bias's; :py:attr:`TokenLookups.own` holds it after an LRP run).
 """
 from __future__ import annotations
 
@@ -80,6 +82,10 @@ class TokenLookups:
         self.tables = _tables(model, word)
         self._leaves: list[torch.Tensor] = []
         self._recording = False
+        #: after an LRP run (:py:meth:`record`), the leaf of the tokens the model puts ahead of the ids itself (CPM-Ant's
+        #: prompt; ``[batch, own tokens, hidden]``, its gradient their relevance, which no token of the input gets:
+        #: absorbed like a bias's), empty for a model that adds none
+        self.own: list[torch.Tensor] = []
 
     def record(self) -> None:
         """Make the next :py:meth:`substituting` an LRP run: the gradient ``g`` of the embeddings becomes the
@@ -99,29 +105,43 @@ class TokenLookups:
         relevance, read with LRP). Otherwise the other tables' lookups are kept as the model computes them, if
         ``fixed`` allows it. A table's lookup is one
         of the ids if its index has their shape and equals them at at least half of the entries (a model may
-        replace some, e.g. image placeholders); other lookups of the tables (positions) are left alone.
+        replace some, e.g. image placeholders); other lookups of the tables (positions) are left alone. A word lookup
+        of more ids that end with the explained ones (tokens the model puts ahead of them) keeps the model's rows for
+        the others (:py:attr:`own`).
 
         Raises
         ------
         RuntimeError
-            If the word embedding module embeds ids of another shape than ``ids``: their tokens are unknown.
+            If the word embedding module embeds ids of another shape than ``ids`` that do not end with them: their
+            tokens are unknown.
         ValueError
             If a table looks the ids up while not recording and ``fixed`` is False (a method that perturbs or
             differentiates the word embeddings would keep that table fixed).
         """
         leaves = self._leaves if self._recording else None
+        self.own = []
         if self._recording:
             embeddings = input_relevance(embeddings)
         self._recording = False
 
         def word(module, args, output):
             index = args[0] if args else None
-            if not (isinstance(index, torch.Tensor) and index.shape == ids.shape):
-                shape = tuple(index.shape) if isinstance(index, torch.Tensor) else type(index).__name__
-                raise RuntimeError(f'{type(self.model).__name__} embeds ids of shape {shape}, not the explained tokens '
-                                   f'{tuple(ids.shape)}: zennit-attn cannot tell which token each row belongs to; '
-                                   'report the model')
-            return embeddings
+            if isinstance(index, torch.Tensor) and index.shape == ids.shape:
+                return embeddings
+            count = ids.shape[-1]
+            if isinstance(index, torch.Tensor) and index.shape[:-1] == ids.shape[:-1] and index.shape[-1] > count \
+                    and bool((index[..., -count:] == ids.to(index.device)).all()):
+                # tokens of the model's own ahead of the ids (CPM-Ant's prompt): constants, absorbing relevance like
+                # a bias; the ids' rows are the explained input
+                own = output.narrow(-2, 0, index.shape[-1] - count).detach()
+                if leaves is not None:
+                    self.own = [own.requires_grad_(True)]
+                    own = input_relevance(own)
+                return torch.cat([own, embeddings.to(own.dtype)], dim=-2)
+            shape = tuple(index.shape) if isinstance(index, torch.Tensor) else type(index).__name__
+            raise RuntimeError(f'{type(self.model).__name__} embeds ids of shape {shape}, not the explained tokens '
+                               f'{tuple(ids.shape)}: zennit-attn cannot tell which token each row belongs to; '
+                               'report the model')
 
         def table(name):
             def hook(module, args, output):

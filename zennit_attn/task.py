@@ -20,8 +20,8 @@ from typing import ContextManager
 
 import torch
 
-from .checks import (check_ids, check_length, check_model, check_vocabulary, explained_positions, is_causal,
-                     is_image_model, split_encoding, target_indices, target_pairs)
+from .checks import (check_ids, check_length, check_model, check_vocabulary, check_word_embeddings, explained_positions,
+                     is_causal, is_image_model, split_encoding, target_indices, target_pairs)
 from .explanation import Explanation, ImageExplanation, TargetLike
 from .layers import forward_parameters, output_scores
 from .lookups import TokenLookups, needs_ids
@@ -277,8 +277,7 @@ class TokenTask(Task):
         super().__init__(model, model_kwargs)
         self.input_ids, self.attention_mask = check_ids(input_ids, attention_mask)
         embedding_module = self.word_embeddings(model)
-        if not isinstance(embedding_module, torch.nn.Module):
-            raise TypeError(f'{type(model).__name__} has no input embeddings (get_input_embeddings() is None)')
+        check_word_embeddings(model, embedding_module)
         check_vocabulary(self.input_ids, embedding_module, 'input_ids')
         with torch.no_grad():
             #: ``[batch, seq, hidden]`` word embeddings of the input (detached)

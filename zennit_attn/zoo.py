@@ -37,6 +37,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from .canonizers import GeneralCanonizer, canonizers_for
+from .checks import check_word_embeddings
 from .composites import AttnLRPEpsilon, CPLRPEpsilon
 from .layers import forward_parameters
 from .lookups import TokenLookups, needs_ids
@@ -152,7 +153,8 @@ class Result:
     reason: str = ''
     ratio: float = math.nan
     seconds: float = 0.0
-    #: What was fed, for a model with a vision tower: ``'text + image'`` or ``'text only: <why>'`` ('' without one).
+    #: What was fed, for a model with a vision tower: ``'text + image'`` or ``'text only: <why>'`` ('' without one),
+    #: and ``'run with float64 as torch's default dtype'`` for a model that runs in float64 only so.
     inputs: str = ''
 
 
@@ -348,6 +350,7 @@ def _relevances(model, inputs: dict, composite) -> tuple[dict[str, float], float
     relevance 1 at the explained logit (the largest at the last position), and that logit; nothing for no composite.
     """
     embeddings = model.get_input_embeddings()
+    check_word_embeddings(model, embeddings)
     ids = inputs['input_ids']
     leaves = {'inputs_embeds': embeddings(ids).detach().requires_grad_(True)}
     kwargs = {key: value for key, value in inputs.items() if key != 'input_ids'}
@@ -376,6 +379,7 @@ def _relevances(model, inputs: dict, composite) -> tuple[dict[str, float], float
         target.backward()
     if lookups is not None:
         leaves.update({f'token table {index}': leaf for index, leaf in enumerate(lookups.recorded())})
+        leaves.update({'own tokens': leaf for leaf in lookups.own})
     sums = {key: float(leaf.grad.sum()) for key, leaf in leaves.items() if leaf.grad is not None}
     return sums, float(target.detach())
 
@@ -403,6 +407,13 @@ def check(mapping: str, architecture: str, seed: int = 0) -> Result:
     except Exception as error:  # a limit of the walk's tiny configurations
         return result('not built', _short(error))
     error = _fails(model, inputs)  # the plain forward on embeddings, as explain() runs it
+    dtype = torch.get_default_dtype()
+    if error is not None:
+        with _default_dtype(torch.float64):  # code that makes default-dtype tensors of float64 values (XGLM's mask)
+            if _fails(model, inputs) is None:
+                error, dtype, fed = None, torch.float64, ', '.join(filter(None, [fed, _FLOAT64_DEFAULT]))
+    if isinstance(error, UnsupportedModelError):
+        return result('refused', _short(error))
     if error is not None:
         if _fails(model, inputs, embeddings=False) is not None:  # a limit of the walk's tiny configurations
             return result('not built', _short(error))
@@ -411,8 +422,9 @@ def check(mapping: str, architecture: str, seed: int = 0) -> Result:
     canonizers = canonizers_for(model, constant_gates=True)
     constants = canonizers[0].constants if canonizers and isinstance(canonizers[0], GeneralCanonizer) else []
     try:
-        ratio = _explain(model, inputs, CPLRPEpsilon(canonizers=canonizers))
-        attnlrp = _explain(model, inputs, AttnLRPEpsilon())
+        with _default_dtype(dtype):
+            ratio = _explain(model, inputs, CPLRPEpsilon(canonizers=canonizers))
+            attnlrp = _explain(model, inputs, AttnLRPEpsilon())
     except UnsupportedModelError as error:
         return result('refused', _short(error))
     except Exception as error:
@@ -426,6 +438,22 @@ def check(mapping: str, architecture: str, seed: int = 0) -> Result:
         return result('explained', f'not exactly conservative by design: the model adds the constant {value:g} at '
                       f'{path!r} ({reason})', ratio)
     return result('explained' if exact else 'failed', reason, ratio)
+
+
+#: What :py:func:`check` notes (in :py:attr:`Result.inputs`) for a model that runs in float64 only with torch's default
+#: dtype float64: its code makes tensors of the default dtype from float64 values (an overflow in float32).
+_FLOAT64_DEFAULT = 'run with float64 as torch\'s default dtype'
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """torch's default dtype ``dtype`` for the time of the context (put back also when it raises)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def _short(error: BaseException) -> str:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.naive_rules import lrp
 from tests.models import FAMILIES, decoder_ids, pixels, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn.canonizers import GeneralCanonizer, UnsupportedModelError, canonizers_for
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.module_kinds import norm_kind
+from zennit_attn.rules import NormIdentity
 
 HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5': 'seq2seq', 't5_relu': 'seq2seq'}
 
@@ -177,33 +179,88 @@ class ScaledNorm(torch.nn.Module):
 
 
 class CenteredNorm(torch.nn.Module):
-    """A LayerNorm written by hand (no torch class): found by its name, confirmed as mean-subtracting."""
+    """A LayerNorm written by hand over dimension ``dim`` (no torch class): ``dim=1`` of ``[batch, channels, length]``
+    is the channels-first layout of GotOcr2's and SqueezeBERT's norms."""
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+        self.weight = torch.nn.Parameter(torch.rand(5) + 0.5)
+        self.bias = torch.nn.Parameter(torch.zeros(5))
+
+    def forward(self, x):
+        centered = x - x.mean(self.dim, keepdim=True)
+        shape = (-1,) + (1,) * (x.dim() - 1 - self.dim % x.dim())
+        scale = torch.rsqrt(centered.pow(2).mean(self.dim, keepdim=True) + 1e-5)
+        return centered * scale * self.weight.view(shape) + self.bias.view(shape)
+
+
+class NoNorm(torch.nn.Module):
+    """MobileBERT's ``NoNorm``: named like a normalisation, an element-wise affine map."""
     def __init__(self):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.rand(5) + 0.5)
         self.bias = torch.nn.Parameter(torch.zeros(5))
 
     def forward(self, x):
-        centered = x - x.mean(-1, keepdim=True)
-        return centered * torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight + self.bias
+        return x * self.weight + self.bias
 
 
-def test_norms_by_name_are_confirmed():
-    x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(UnsupportedModelError, match='ScaledNorm is named like a normalisation but its output changes'):
-        with AttnLRPEpsilon(general=True).context(Block(ScaledNorm())) as modified:
-            modified(x)
+class Transposed(torch.nn.Module):
+    """``module`` applied to ``[batch, channels, length]`` (transposed in and out)."""
+    def __init__(self, module):
+        super().__init__()
+        self.inner = module
+
+    def forward(self, x):
+        return self.inner(x.transpose(1, 2)).transpose(1, 2)
+
+
+def norm_relevance(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Relevance at ``x`` (general mechanism, AttnLRP) for relevance 1 at three outputs of ``Block(module)``."""
+    leaf = x.detach().clone().requires_grad_(True)
+    with AttnLRPEpsilon(general=True).context(Block(module)) as modified:
+        modified(leaf)[..., :3].sum().backward()
+    return leaf.grad
+
+
+def test_modules_named_like_norms_get_the_rules_of_what_they_compute():
+    """Under the general mechanism a module only named like a normalisation is classified inside: a hand-written
+    LayerNorm, also over the channels of a channels-first layout, gets the LayerNorm rule (Prop. 3.4: equal to
+    torch's LayerNorm under :py:class:`~zennit_attn.rules.NormIdentity`), an element-wise affine ``NoNorm`` and a
+    scaling the epsilon rule of a diagonal linear map (``R_i = x_i w_i R_i / z_i``: all of the relevance)."""
+    x = torch.randn(2, 5, dtype=torch.float64)
     norm = CenteredNorm().double()
     layer = torch.nn.LayerNorm(5, eps=1e-5).double()
     with torch.no_grad():
         layer.weight.copy_(norm.weight)
-    grads = []
-    for module in (norm, layer):
-        leaf = x.detach().clone().requires_grad_(True)
-        with AttnLRPEpsilon(general=True).context(Block(module)) as modified:
-            modified(leaf)[:, :3].sum().backward()
-        grads.append(leaf.grad)
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+    expected = norm_relevance(layer, x)
+    torch.testing.assert_close(norm_relevance(norm, x), expected, rtol=1e-10, atol=1e-12)
+    channels = torch.randn(2, 5, 4, dtype=torch.float64)
+    first = CenteredNorm(dim=1).double()
+    with torch.no_grad():
+        first.weight.copy_(norm.weight)
+    torch.testing.assert_close(norm_relevance(first, channels), norm_relevance(Transposed(layer), channels),
+                               rtol=1e-10, atol=1e-12)
+    selected = torch.zeros_like(x)
+    selected[:, :3] = 1
+    for module in (NoNorm().double(), ScaledNorm()):
+        torch.testing.assert_close(norm_relevance(module, x), selected, rtol=1e-12, atol=1e-12)
+
+
+def test_family_path_confirms_norms_by_name():
+    """Without the general mechanism (the family table's models), a module named like a normalisation gets
+    :py:class:`~zennit_attn.rules.NormIdentity`, which confirms it at its first call and refuses what is not one."""
+    x = torch.randn(2, 5, dtype=torch.float64)
+    with pytest.raises(UnsupportedModelError, match='ScaledNorm is named like a normalisation but its output changes'):
+        lrp(ScaledNorm(), NormIdentity(), [x], torch.ones_like(x))
+    norm = CenteredNorm().double()
+    layer = torch.nn.LayerNorm(5, eps=1e-5).double()
+    with torch.no_grad():
+        layer.weight.copy_(norm.weight)
+    relevance = torch.randn(2, 5, dtype=torch.float64)
+    (expected,) = lrp(layer, NormIdentity(), [x], relevance)
+    (actual,) = lrp(norm, NormIdentity(), [x], relevance)
+    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
 
 
 class QKNorm(torch.nn.Module):
@@ -584,3 +641,29 @@ def test_sinkhorn_normalised_softmax_is_a_gate(iterations):
     x = torch.randn(3, 4, dtype=torch.float64)
     found = attributed(Sinkhorn(iterations).double(), CPLRPEpsilon(general=True), x)
     torch.testing.assert_close(found.sum(), torch.tensor(36.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+def test_instance_settings_compute_every_cycle_with_gradients():
+    """HRM-Text runs all but its last inner cycles without gradients (truncated backpropagation): the general mechanism
+    sets its instance to compute every cycle with them (:py:data:`~zennit_attn.canonizers.general.INSTANCE_SETTINGS`),
+    so CP-LRP is conservative, and puts the truncation back afterwards."""
+    from transformers import HrmTextConfig, HrmTextForCausalLM
+
+    config = HrmTextConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=8, H_cycles=2, L_cycles=3, num_layers_per_stack=1,
+                           num_hidden_layers=8)
+    torch.manual_seed(0)
+    model = HrmTextForCausalLM(config).double().eval()
+    truncated = list(model.model.L_bp_cycles_padded)
+    assert truncated != [3, 3]
+    embeddings = model.get_input_embeddings()(torch.tensor([[5, 9, 13, 2, 40]])).detach().requires_grad_(True)
+    with CPLRPEpsilon().context(model) as modified:
+        assert model.model.L_bp_cycles_padded == [3, 3]
+        logits = modified(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
+        target = logits[logits.argmax()]
+        target.backward()
+    assert model.model.L_bp_cycles_padded == truncated
+    bias = sum(float(value.abs().sum()) for name, value in model.named_parameters() if name.endswith('bias'))
+    assert bias == 0
+    # the relevance 1 given at the explained logit (the root's boundary) reaches the embeddings whole
+    torch.testing.assert_close(embeddings.grad.sum(), torch.tensor(1.0, dtype=torch.float64), rtol=1e-9, atol=1e-9)

@@ -32,8 +32,9 @@ the tensors computed from the explained inputs) and classifies it:
 - ``layer_norm``, ``rms_norm``, ``normalize``: the identity rule on ``x / g(x)`` (Prop. 3.4);
 - anything else: refused, :py:class:`UnsupportedModelError` naming the operation, the module path and what to do.
 
-Activation and normalisation *modules* get their rules from the composite as before (the mode leaves their inside
-alone); outputs of autograd functions defined outside torch, zennit and zennit-attn (custom kernels) are refused
+Activation, LayerNorm and RMSNorm *modules* get their rules from the composite as before (the mode leaves their inside
+alone); other modules named like a normalisation are classified inside like any code (a channels-first LayerNorm's
+variance is a normaliser, MobileBERT's ``NoNorm`` is an element-wise affine map); outputs of autograd functions defined outside torch, zennit and zennit-attn (custom kernels) are refused
 where they are used. Attention implementations that the mode cannot see into (flash attention, flex attention,
 kernels) run as SDPA for the time of the context (as eager where a model has no SDPA path); the results agree to
 floating-point rounding. Everything is set on the model instance and put back on :py:meth:`remove`.
@@ -57,6 +58,15 @@ from .tracking import Tracking, tensors_of
 
 #: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
 VISIBLE_ATTENTION = ('eager', 'sdpa')
+
+#: The general mechanism's exceptions: per model class (module and qualified name), an attribute of its instances set
+#: for the time of the context, from a function of the instance. HRM-Text runs all but the last ``L_bp_cycles`` of its
+#: inner cycles under ``torch.no_grad()`` (truncated backpropagation, to save training memory; the output does not
+#: depend on it), which would cut relevance off: every cycle is computed with gradients instead.
+INSTANCE_SETTINGS: dict[str, tuple[str, Callable]] = {
+    'transformers.models.hrm_text.modeling_hrm_text.HrmTextModel':
+        ('L_bp_cycles_padded', lambda module: [module.config.L_cycles] * module.config.H_cycles),
+}
 
 _names = str.split
 #: Linear, structural and selection operations, and operations whose outputs carry no gradient: plain gradient.
@@ -380,7 +390,7 @@ class GeneralCanonizer(Tracking, Canonizer):
 
     Applying it to a model (the composites do, for a model the family table does not list) freezes the model's
     parameters, sets attention implementations the mode cannot see into to SDPA (eager without SDPA), the experts
-    of mixtures of experts to their plain loop, and enters the classifying mode for the time of each forward of
+    of mixtures of experts to their plain loop, the attributes of :py:data:`INSTANCE_SETTINGS`, and enters the classifying mode for the time of each forward of
     the model; :py:meth:`remove` puts everything back.
 
     Parameters
@@ -431,6 +441,10 @@ class GeneralCanonizer(Tracking, Canonizer):
                 self._set(config, '_attn_implementation_internal', 'sdpa' if sdpa else 'eager')
             if getattr(config, '_experts_implementation_internal', None) not in (None, 'eager'):
                 self._set(config, '_experts_implementation_internal', 'eager')
+        for module in model.modules():
+            setting = INSTANCE_SETTINGS.get(f'{type(module).__module__}.{type(module).__qualname__}')
+            if setting is not None:
+                self._set(module, setting[0], setting[1](module))
         for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.requires_grad_(False)
@@ -461,9 +475,10 @@ class GeneralCanonizer(Tracking, Canonizer):
 
     @staticmethod
     def is_opaque(module: torch.nn.Module) -> bool:
-        """Modules whose output the composite's rule replaces as a whole (activations, normalisations, softmax):
-        the operations inside them are not classified."""
-        return is_activation(module) or norm_kind(module) is not None or isinstance(module, torch.nn.Softmax)
+        """Modules whose output the composite's rule replaces as a whole (activations, LayerNorm and RMSNorm,
+        softmax): the operations inside them are not classified. Other modules named like a normalisation (``norm_kind``
+        ``'probe'``) are classified inside: the composites give them no rule of their own under this mechanism."""
+        return is_activation(module) or norm_kind(module) in ('layer', 'rms') or isinstance(module, torch.nn.Softmax)
 
     def _set(self, target, attribute: str, value) -> None:
         self.settings.append((target, attribute, getattr(target, attribute)))

@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 from zennit.core import Composite, Hook
 
-from ..canonizers import canonizers_for
+from ..canonizers import GeneralCanonizer, canonizers_for
 from ..layers import Operand, Product, MatMul
 from ..rules import (
     BilinearEpsilon, ConstantFactors, ConstantOperand, Epsilon, Identity, NormIdentity, RelevanceBoundary,
@@ -233,13 +233,21 @@ class AttnLRPComposite(Composite):
             return self.matmul_rule()
         if is_activation(module):
             return Identity()
-        if norm_kind(module) is not None:
+        kind = norm_kind(module)
+        if kind is not None and not (kind == 'probe' and self.sees_inside()):
             return NormIdentity()
         if isinstance(module, torch.nn.Softmax):
             return Softmax()
         if isinstance(module, LINEARS):
             return Epsilon(self.epsilon)
         return None
+
+    def sees_inside(self) -> bool:
+        """Whether the general mechanism classifies the operations of the registered model: then a module that is
+        only named like a normalisation (``norm_kind`` ``'probe'``: a channels-first LayerNorm, MobileBERT's
+        element-wise affine ``NoNorm``) needs no rule of its own, the operations inside it get theirs (a normaliser
+        ``g(x)`` is a constant, Prop. 3.4), whatever dimension it normalises."""
+        return any(isinstance(canonizer, GeneralCanonizer) for canonizer in self.canonizers or ())
 
     def product_rule(self) -> Hook:
         return UniformProduct()
