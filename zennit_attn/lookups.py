@@ -82,9 +82,9 @@ class TokenLookups:
         self.tables = _tables(model, word)
         self._leaves: list[torch.Tensor] = []
         self._recording = False
-        #: after an LRP run (:py:meth:`record`), the leaf of the tokens the model puts ahead of the ids itself (CPM-Ant's
-        #: prompt; ``[batch, own tokens, hidden]``, its gradient their relevance, which no token of the input gets:
-        #: absorbed like a bias's), empty for a model that adds none
+        #: after an LRP run (:py:meth:`record`), the leaf of the tokens the model puts ahead of the ids itself
+        #: (CPM-Ant's prompt; ``[batch, own tokens, hidden]``, its gradient their relevance, which no token of the
+        #: input gets: absorbed like a bias's), empty for a model that adds none
         self.own: list[torch.Tensor] = []
 
     def record(self) -> None:

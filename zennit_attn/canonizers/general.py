@@ -32,12 +32,13 @@ the tensors computed from the explained inputs) and classifies it:
 - ``layer_norm``, ``rms_norm``, ``normalize``: the identity rule on ``x / g(x)`` (Prop. 3.4);
 - anything else: refused, :py:class:`UnsupportedModelError` naming the operation, the module path and what to do.
 
-Activation, LayerNorm and RMSNorm *modules* get their rules from the composite as before (the mode leaves their inside
-alone); other modules named like a normalisation are classified inside like any code (a channels-first LayerNorm's
-variance is a normaliser, MobileBERT's ``NoNorm`` is an element-wise affine map); outputs of autograd functions defined outside torch, zennit and zennit-attn (custom kernels) are refused
-where they are used. Attention implementations that the mode cannot see into (flash attention, flex attention,
-kernels) run as SDPA for the time of the context (as eager where a model has no SDPA path); the results agree to
-floating-point rounding. Everything is set on the model instance and put back on :py:meth:`remove`.
+Activation, LayerNorm and RMSNorm *modules* get their rules from the composite as before (the mode leaves their
+inside alone); other modules named like a normalisation are classified inside like any code (a channels-first
+LayerNorm's variance is a normaliser, MobileBERT's ``NoNorm`` is an element-wise affine map); outputs of autograd
+functions defined outside torch, zennit and zennit-attn (custom kernels) are refused where they are used. Attention
+implementations that the mode cannot see into (flash attention, flex attention, kernels) run as SDPA for the time
+of the context (as eager where a model has no SDPA path); the results agree to floating-point rounding. Everything
+is set on the model instance and put back on :py:meth:`remove`.
 """
 from __future__ import annotations
 
@@ -390,8 +391,8 @@ class GeneralCanonizer(Tracking, Canonizer):
 
     Applying it to a model (the composites do, for a model the family table does not list) freezes the model's
     parameters, sets attention implementations the mode cannot see into to SDPA (eager without SDPA), the experts
-    of mixtures of experts to their plain loop, the attributes of :py:data:`INSTANCE_SETTINGS`, and enters the classifying mode for the time of each forward of
-    the model; :py:meth:`remove` puts everything back.
+    of mixtures of experts to their plain loop, the attributes of :py:data:`INSTANCE_SETTINGS`, and enters the
+    classifying mode for the time of each forward of the model; :py:meth:`remove` puts everything back.
 
     Parameters
     ----------
@@ -476,8 +477,8 @@ class GeneralCanonizer(Tracking, Canonizer):
     @staticmethod
     def is_opaque(module: torch.nn.Module) -> bool:
         """Modules whose output the composite's rule replaces as a whole (activations, LayerNorm and RMSNorm,
-        softmax): the operations inside them are not classified. Other modules named like a normalisation (``norm_kind``
-        ``'probe'``) are classified inside: the composites give them no rule of their own under this mechanism."""
+        softmax): the operations inside them are not classified. Other modules named like a normalisation
+        (``norm_kind`` ``'probe'``) are classified inside: the composites give them no rule of their own here."""
         return is_activation(module) or norm_kind(module) in ('layer', 'rms') or isinstance(module, torch.nn.Softmax)
 
     def _set(self, target, attribute: str, value) -> None:
