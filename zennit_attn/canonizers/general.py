@@ -442,16 +442,15 @@ class GeneralCanonizer(Tracking, Canonizer):
                 self._set(config, '_attn_implementation_internal', 'sdpa' if sdpa else 'eager')
             if getattr(config, '_experts_implementation_internal', None) not in (None, 'eager'):
                 self._set(config, '_experts_implementation_internal', 'eager')
-        for module in model.modules():
-            setting = INSTANCE_SETTINGS.get(f'{type(module).__module__}.{type(module).__qualname__}')
-            if setting is not None:
-                self._set(module, setting[0], setting[1](module))
         for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.requires_grad_(False)
                 self.frozen.append(parameter)
         self.guard(model)
         for name, module in model.named_modules():
+            setting = INSTANCE_SETTINGS.get(f'{type(module).__module__}.{type(module).__qualname__}')
+            if setting is not None:
+                self._set(module, setting[0], setting[1](module))
             opaque = name != '' and self.is_opaque(module)
             self.handles.append(module.register_forward_pre_hook(self._enter(name, module, opaque)))
             self.handles.append(module.register_forward_hook(self._leave(opaque), always_call=True))
