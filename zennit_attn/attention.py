@@ -18,30 +18,17 @@ import torch
 
 from .canonizers import family_of, operand_taps
 from .layers import output_scores
-from .module_kinds import norm_kind
+from .module_kinds import model_configs, norm_kind
 from .task import Task
 
 __all__ = ['eager_attention', 'attention_maps', 'rollout', 'discard', 'key_sites', 'suppress_keys']
-
-
-def _configs(model: torch.nn.Module) -> list:
-    configs = {}
-    for module in model.modules():
-        config = getattr(module, 'config', None)
-        if config is not None and hasattr(config, '_attn_implementation'):
-            configs[id(config)] = config
-            for sub in ('text_config', 'vision_config'):
-                nested = getattr(config, sub, None)
-                if nested is not None and hasattr(nested, '_attn_implementation'):
-                    configs[id(nested)] = nested
-    return list(configs.values())
 
 
 @contextlib.contextmanager
 def eager_attention(model: torch.nn.Module):
     """Switch every configuration in ``model`` to ``attn_implementation='eager'`` (attention probabilities are
     materialised and returned with ``output_attentions=True``) and restore the previous implementation after."""
-    configs = _configs(model)
+    configs = model_configs(model)
     saved = [config._attn_implementation for config in configs]
     try:
         for config in configs:

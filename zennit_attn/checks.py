@@ -112,9 +112,9 @@ def offloaded_modules(model: torch.nn.Module) -> set[str]:
 
     names, covered = set(), []
     for name, module in model.named_modules():
-        if offloads(getattr(module, '_hf_hook', None)):
+        if offloads(module.__dict__.get('_hf_hook')):  # accelerate sets it as a plain attribute
             covered.append(name)
-        if any(name == prefix or name.startswith(prefix + '.') or prefix == '' for prefix in covered):
+        if covered and any(name == prefix or name.startswith(prefix + '.') or prefix == '' for prefix in covered):
             names.add(name)
     return names
 

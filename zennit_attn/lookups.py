@@ -32,8 +32,9 @@ def _tables(model: torch.nn.Module, word: torch.nn.Module) -> list[tuple[str, to
     rows = getattr(word, 'num_embeddings', None)
     nested = set()  # the word embeddings of models inside the model (BLT's entropy patcher: another language model)
     for module in model.modules():
-        with contextlib.suppress(Exception):
-            nested.add(id(module.get_input_embeddings()))
+        if hasattr(type(module), 'get_input_embeddings'):  # the class: a module's missing attribute costs an exception
+            with contextlib.suppress(Exception):
+                nested.add(id(module.get_input_embeddings()))
     return [(name, module) for name, module in model.named_modules() if type(module) is type(word)
             and module is not word and id(module) not in nested and rows is not None
             and rows <= 2 * module.num_embeddings <= 2 * rows]

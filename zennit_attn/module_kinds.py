@@ -1,5 +1,6 @@
 """Kinds of leaf modules (activations, linear and convolution layers, normalisations, neutral modules): which rule
-a composite gives a module, and which modules the model check of the canonizers accepts without a family entry."""
+a composite gives a module, and which modules the model check of the canonizers accepts without a family entry; and
+the configurations a model's modules hold (:py:func:`model_configs`)."""
 from __future__ import annotations
 
 import inspect
@@ -99,3 +100,22 @@ def _one_input(module: torch.nn.Module) -> bool:
 
 #: torch normalisations that do not normalise over the last dimension(s) of each token
 _OTHER_NORMS = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LocalResponseNorm)
+
+
+def model_configs(model: torch.nn.Module) -> list:
+    """Every Hugging Face configuration of ``model`` (one with an attention implementation): of its modules, and
+    their sub-configurations (text, vision, audio, ...), each once."""
+    found = {}
+
+    def add(config):
+        if config is None or id(config) in found or not hasattr(config, '_attn_implementation'):
+            return
+        found[id(config)] = config
+        for key in getattr(config, 'sub_configs', {}) or {}:
+            add(getattr(config, key, None))
+
+    for module in model.modules():
+        # read where it is set (a module's missing attribute costs an exception): the instance, or a class property
+        add(module.__dict__['config'] if 'config' in module.__dict__ else
+            getattr(module, 'config', None) if hasattr(type(module), 'config') else None)
+    return list(found.values())

@@ -617,6 +617,50 @@ def test_a_clamped_value_is_no_gate(composite):
     assert_same_relevance(ClampedMLP(True), ClampedMLP(False), composite, outputs=9)
 
 
+class AddedProduct(torch.nn.Module):
+    """``p + a * b`` or ``p + a @ b^T`` of three projections of the input, fused (``addcmul``, ``addmm``, ``linear``
+    with ``p`` as its bias) or written out."""
+    def __init__(self, form: str, fused: bool):
+        super().__init__()
+        self.form, self.fused = form, fused
+        width = 4 if form == 'addcmul' else 3
+        self.p, self.a, self.b = (torch.nn.Linear(4, width if index == 0 else 4, bias=False) for index in range(3))
+
+    def forward(self, x):
+        p, a, b = self.p(x), self.a(x), self.b(x)
+        if self.form == 'addcmul':
+            return torch.addcmul(p, a, b) if self.fused else p + a * b
+        if self.form == 'addmm':
+            return torch.addmm(p, a, b.T) if self.fused else p + a @ b.T
+        return torch.nn.functional.linear(a, b, p[0]) if self.fused else a @ b.T + p[0]
+
+
+@pytest.mark.parametrize('form, outputs', [('addcmul', 12), ('addmm', 9), ('linear', 9)])
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_added_term_of_a_product_keeps_its_gradient(form, outputs, composite):
+    """The added term of ``addcmul``/``addmm`` and the bias of ``linear`` keep the plain gradient, the factors share
+    the product's: the relevance equals the written-out sum's (float64, 1e-12), CP-LRP conserves. Before, the added
+    term counted as a third factor (a third of its relevance)."""
+    torch.manual_seed(0)
+    assert_same_relevance(AddedProduct(form, True), AddedProduct(form, False), composite, outputs=outputs)
+
+
+class AddedFactor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+
+    def forward(self, x):
+        a = self.a(x)
+        return torch.addcmul(a, a, self.b(x))
+
+
+def test_added_term_that_is_also_a_factor_is_refused():
+    with pytest.raises(UnsupportedModelError, match=r'addcmul in the model \(AddedFactor\): a product with a '
+                                                     r'relevance-carrying tensor that is also its additive term'):
+        attributed(AddedFactor().double(), AttnLRPEpsilon(general=True), torch.randn(3, 4, dtype=torch.float64))
+
+
 class Sinkhorn(torch.nn.Module):
     """Mixing weights of three streams: a softmax renormalised by Sinkhorn iterations (rows, then columns), as
     DeepSeek-V4's hyper-connections (20 iterations: 40 divisions between the softmax and its use)."""

@@ -50,7 +50,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from zennit.canonizers import Canonizer
 
-from ..module_kinds import UnsupportedModelError, is_activation, norm_kind
+from ..module_kinds import UnsupportedModelError, is_activation, model_configs, norm_kind
 from ..rules import elementwise_identity, layer_norm_identity
 from .decompositions import DECOMPOSED
 from .graph import (ExpLogSoftmax, LogSoftmaxMark, LogSumExpMark, SinkMass, SoftmaxInput, attention_scores, is_gate,
@@ -112,6 +112,12 @@ BOUNDS = frozenset(_names('clamp clamp_min clamp_max clip hardtanh'))
 NORMALISERS = frozenset(_names('rsqrt sqrt reciprocal norm vector_norm linalg_vector_norm matrix_norm std var std_mean '
                                'var_mean'))
 DIVISIONS = frozenset(_names('div divide true_divide'))
+#: Products with an additive term (position, keyword): ``addmm(input, a, b) = input + a @ b``, the bias of ``linear``
+#: and of the convolutions; it keeps its plain gradient, only the factors share the product's.
+ADDITIVE = {**dict.fromkeys(_names('addmm addbmm baddbmm addmv addcmul'), (0, 'input')),
+            **dict.fromkeys(_names('linear conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d'),
+                            (2, 'bias')),
+            'bilinear': (3, 'bias')}
 SOFTMAX = frozenset(_names('softmax _softmax'))
 LOG_SOFTMAX = frozenset(_names('log_softmax _log_softmax'))
 #: Operations that keep a log-softmax one (casts, views, selections): its ``exp`` is still a softmax.
@@ -139,8 +145,22 @@ _ALIASES = {'truediv': 'div', 'floordiv': 'floor_divide', 'mod': 'remainder', 'a
             'or': 'logical_or', 'xor': 'logical_xor'}
 
 
+#: The names :py:func:`_op_name` gave, by function (the mode asks for each operation of every forward).
+_OP_NAMES: dict = {}
+
+
 def _op_name(func: Callable) -> str:
     """``torch.mul``, ``Tensor.__rmul__`` and ``Tensor.mul_`` all give ``'mul'``."""
+    try:
+        return _OP_NAMES[func]
+    except KeyError:
+        name = _OP_NAMES[func] = _name_of(func)
+        return name
+    except TypeError:  # an unhashable callable
+        return _name_of(func)
+
+
+def _name_of(func: Callable) -> str:
     name = getattr(func, '__name__', '') or ''
     if name.startswith('__') and name.endswith('__'):
         name = name[2:-2]
@@ -175,11 +195,12 @@ class _Classifier(TorchFunctionMode):
         name = _op_name(func)
         if name in METADATA:
             return func(*args, **kwargs)
-        tensors = tensors_of(args, tensors_of(list(kwargs.values()), []))
-        if not torch.is_grad_enabled():
-            return canonizer.cut_off(name, args, func(*args, **kwargs), tensors)
-        if canonizer.opaque:
+        gradients = torch.is_grad_enabled()
+        if gradients and canonizer.opaque:
             return func(*args, **kwargs)
+        tensors = tensors_of(args, tensors_of(list(kwargs.values()), []) if kwargs else [])
+        if not gradients:
+            return canonizer.cut_off(name, args, func(*args, **kwargs), tensors)
         carrying = [tensor for tensor in tensors if tensor.requires_grad]
         if canonizer.cut and canonizer.meets_cut(name, args, kwargs, tensors, carrying, name in DIVISIONS):
             return canonizer.cut_off(name, args, func(*args, **kwargs), tensors)
@@ -210,7 +231,7 @@ class _Classifier(TorchFunctionMode):
             canonizer.lse = True
             return LogSoftmaxMark.apply(self.softmax(func, args, kwargs), scores_node(carrying[0]))
         if name in PRODUCTS:
-            return self.product(func, args, kwargs, carrying)
+            return self.product(name, func, args, kwargs, carrying)
         if name in DIVISIONS:
             return self.division(func, args, kwargs)
         if name in ACTIVATIONS or name == 'exp' or (name == 'pow' and self.power(args, kwargs) >= 1):
@@ -281,33 +302,48 @@ class _Classifier(TorchFunctionMode):
         exponent = args[1] if len(args) > 1 else kwargs.get('exponent')
         return float(exponent) if isinstance(exponent, (int, float)) else float('nan')
 
-    def product(self, func, args, kwargs, carrying: list[torch.Tensor]):
-        if len(carrying) < 2:
+    def product(self, name, func, args, kwargs, carrying: list[torch.Tensor]):
+        factors = self.factors(name, args, kwargs, carrying)
+        if len(factors) < 2:
             return func(*args, **kwargs)
-        name = getattr(func, '__name__', '')
-        if name.endswith('_') and not name.startswith('__'):
-            self.canonizer.refuse(name, 'an in-place product of relevance-carrying tensors')
-        sinks = [tensor for tensor in carrying if sink_scores(tensor) is not None]
+        function_name = getattr(func, '__name__', '')
+        if function_name.endswith('_') and not function_name.startswith('__'):
+            self.canonizer.refuse(function_name, 'an in-place product of relevance-carrying tensors')
+        sinks = [tensor for tensor in factors if sink_scores(tensor) is not None]
         if sinks:
-            factors = self.sink_factors(carrying, sinks)
+            scales = self.sink_factors(factors, sinks)
         else:
-            constant = ({id(tensor) for tensor in carrying if is_gate(tensor)} if self.canonizer.constant_gates
+            constant = ({id(tensor) for tensor in factors if is_gate(tensor)} if self.canonizer.constant_gates
                         else set())
-            free = [tensor for tensor in carrying if id(tensor) not in constant]
+            free = [tensor for tensor in factors if id(tensor) not in constant]
             share = 1.0 / len(free) if len(free) > 1 else 1.0
-            factors = {id(tensor): 0.0 if id(tensor) in constant else share for tensor in carrying}
+            scales = {id(tensor): 0.0 if id(tensor) in constant else share for tensor in factors}
         replaced = {}
 
         def swap(value):
             # each distinct tensor scaled once: ``x * x`` gives x the gradient 2 x g / 2, its relevance x^2 g
             if isinstance(value, torch.Tensor) and value.requires_grad:
                 if id(value) not in replaced:
-                    replaced[id(value)] = _scaled(value, factors[id(value)])
+                    replaced[id(value)] = _scaled(value, scales.get(id(value), 1.0))
                 return replaced[id(value)]
             if isinstance(value, (list, tuple)):
                 return type(value)(swap(item) for item in value)
             return value
         return func(*swap(tuple(args)), **{key: swap(value) for key, value in kwargs.items()})
+
+    def factors(self, name, args, kwargs, carrying: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The relevance-carrying tensors among the factors of a product: without the additive term of ``addmm`` and
+        its kind and the bias of ``linear`` and the convolutions (:py:data:`ADDITIVE`), which keep their plain
+        gradient; a tensor that is both refused."""
+        position, key = ADDITIVE.get(name, (None, None))
+        term = args[position] if position is not None and len(args) > position else kwargs.get(key)
+        if not (isinstance(term, torch.Tensor) and term.requires_grad):
+            return carrying
+        factors = list(carrying)
+        factors.pop(next(index for index, tensor in enumerate(factors) if tensor is term))
+        if any(tensor is term for tensor in factors):
+            self.canonizer.refuse(name, 'a product with a relevance-carrying tensor that is also its additive term')
+        return factors
 
     def sink_factors(self, carrying, sinks) -> dict[int, float]:
         """``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)`` is ``softmax([z, s]) @ [V; 0]`` (an attention sink): the
@@ -370,20 +406,16 @@ class _Classifier(TorchFunctionMode):
         return elementwise_identity(input, output)
 
 
-def _configs(model: torch.nn.Module) -> list:
-    """Every configuration object of ``model``: of its modules, and their sub-configurations."""
-    found = {}
+#: torch modules that compute a linear map of what carries relevance (a selection for ``Embedding``): the mode
+#: classifies their operations like any other, and called on their own their plain gradient is their rule.
+_LINEAR_LEAVES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Dropout, torch.nn.Identity, torch.nn.Conv1d,
+                  torch.nn.Conv2d, torch.nn.Conv3d)
 
-    def add(config):
-        if config is None or id(config) in found or not hasattr(config, '_attn_implementation'):
-            return
-        found[id(config)] = config
-        for key in getattr(config, 'sub_configs', {}) or {}:
-            add(getattr(config, key, None))
 
-    for module in model.modules():
-        add(getattr(module, 'config', None))
-    return list(found.values())
+def _plain_torch_leaf(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is exactly one of :py:data:`_LINEAR_LEAVES`: :py:class:`GeneralCanonizer` gives it no hooks
+    (a refusal of what enters it names the module that calls it)."""
+    return type(module) in _LINEAR_LEAVES
 
 
 class GeneralCanonizer(Tracking, Canonizer):
@@ -435,23 +467,25 @@ class GeneralCanonizer(Tracking, Canonizer):
         return [instance]
 
     def register(self, model: torch.nn.Module) -> None:
-        for config in _configs(model):
+        for config in model_configs(model):
             implementation = getattr(config, '_attn_implementation_internal', None)
             if implementation is not None and implementation not in VISIBLE_ATTENTION:
                 sdpa = getattr(model, '_supports_sdpa', True) is not False
                 self._set(config, '_attn_implementation_internal', 'sdpa' if sdpa else 'eager')
             if getattr(config, '_experts_implementation_internal', None) not in (None, 'eager'):
                 self._set(config, '_experts_implementation_internal', 'eager')
-        for parameter in model.parameters():
-            if parameter.requires_grad:
-                parameter.requires_grad_(False)
-                self.frozen.append(parameter)
         self.guard(model)
         for name, module in model.named_modules():
+            for parameter in module._parameters.values():
+                if parameter is not None and parameter.requires_grad:  # once: a shared one is frozen then
+                    parameter.requires_grad_(False)
+                    self.frozen.append(parameter)
             setting = INSTANCE_SETTINGS.get(f'{type(module).__module__}.{type(module).__qualname__}')
             if setting is not None:
                 self._set(module, setting[0], setting[1](module))
             opaque = name != '' and self.is_opaque(module)
+            if name and _plain_torch_leaf(module):
+                continue
             self.handles.append(module.register_forward_pre_hook(self._enter(name, module, opaque)))
             self.handles.append(module.register_forward_hook(self._leave(opaque), always_call=True))
 

@@ -20,6 +20,8 @@ gradient would silently drop the relevance of its branch (the residual stream st
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import UnsupportedModelError  # the package's __init__ does not import this module: no cycle
@@ -51,14 +53,17 @@ def quantization_of(module: torch.nn.Module) -> str | None:
     """The kind of explained quantization of ``module`` (``'bitsandbytes 8-bit'``, ``'bitsandbytes 4-bit'``,
     ``'torchao'``), or None for a module that is not a quantized linear layer of :py:data:`EXPLAINED_QUANTIZED`
     or torchao."""
-    for cls in type(module).__mro__:
-        kind = EXPLAINED_QUANTIZED.get(_qualified(cls))
-        if kind is not None:
-            return kind
-    weight = getattr(module, 'weight', None)
-    if isinstance(module, torch.nn.Linear) and type(weight).__module__.startswith('torchao.'):
+    kind = _class_kind(type(module))
+    if kind is None and isinstance(module, torch.nn.Linear) and type(module.weight).__module__.startswith('torchao.'):
         return 'torchao'
-    return None
+    return kind
+
+
+@functools.cache
+def _class_kind(cls: type) -> str | None:
+    """The kind of :py:data:`EXPLAINED_QUANTIZED` that ``cls`` is (or subclasses), else None."""
+    return next((EXPLAINED_QUANTIZED[name] for name in map(_qualified, cls.__mro__) if name in EXPLAINED_QUANTIZED),
+                None)
 
 
 #: torch dispatch keys of the device types bitsandbytes may register kernels for
@@ -98,9 +103,9 @@ def _why_unexplained(module: torch.nn.Module) -> str | None:
                 'them, or load it in 8 bits or without quantization')
     if kind is not None or isinstance(module, torch.nn.Embedding):
         return None  # relevance is read at the embeddings' output: their own quantization does not matter
-    tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-    for name, tensor in tensors:
-        if 'weight' in name and (tensor.is_quantized or not (tensor.is_floating_point() or tensor.is_complex())):
+    for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
+        if tensor is not None and 'weight' in name and (
+                tensor.is_quantized or not (tensor.is_floating_point() or tensor.is_complex())):
             return f'its {name!r} holds {tensor.dtype} values, and no backward pass through it is known'
     return None
 

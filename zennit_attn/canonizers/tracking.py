@@ -13,8 +13,9 @@
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
-from torch.utils.weak import WeakTensorKeyDictionary
 
 _names = str.split
 #: Operations whose outputs pass no relevance (booleans, indices).
@@ -39,9 +40,38 @@ def tensors_of(value, found: list) -> list:
     if isinstance(value, torch.Tensor):
         found.append(value)
     elif isinstance(value, (list, tuple)):
-        for item in value:
-            tensors_of(item, found)
+        for item in value:  # tensors appended here, without a call per item (the mode runs this for every operation)
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif isinstance(item, (list, tuple)):
+                tensors_of(item, found)
     return found
+
+
+class TensorMarks(dict):
+    """Values by tensor identity, the tensors held weakly: ``marks[tensor] = value``, ``tensor in marks``,
+    ``marks[tensor]``, ``marks.get(tensor)``. The mode looks up the operands of every operation: a lookup here makes
+    no weak reference (unlike ``torch.utils.weak.WeakTensorKeyDictionary``), and an empty one is false without a
+    call."""
+    def __setitem__(self, tensor: torch.Tensor, value) -> None:
+        super().__setitem__(id(tensor), (weakref.ref(tensor), value))
+
+    def _entry(self, tensor):
+        entry = dict.get(self, id(tensor))
+        return entry if entry is not None and entry[0]() is tensor else None  # not a later tensor with a reused id
+
+    def __contains__(self, tensor) -> bool:
+        return self._entry(tensor) is not None
+
+    def __getitem__(self, tensor):
+        entry = self._entry(tensor)
+        if entry is None:
+            raise KeyError('tensor not marked')
+        return entry[1]
+
+    def get(self, tensor, default=None):
+        entry = self._entry(tensor)
+        return default if entry is None else entry[1]
 
 
 class ConstantTensor(float):
@@ -67,7 +97,7 @@ class Tracking:
         #: whether gradients were enabled when the model's forward began
         self.gradients = torch.is_grad_enabled()
         #: cut-off tensors and logit biases, each with the module path where it arose
-        self.cut, self.biases = WeakTensorKeyDictionary(), WeakTensorKeyDictionary()
+        self.cut, self.biases = TensorMarks(), TensorMarks()
 
     def note_constant(self, name: str, args, kwargs) -> None:
         """Record a non-zero number, or a constant tensor that is not an additive mask (entries 0 or <= -1e4), added to,

@@ -74,7 +74,7 @@ def loaded_weights(module: torch.nn.Module):
     Uses the offloading hook's own ``pre_forward`` (load) and ``post_forward`` (offload again); nothing happens for
     modules without an ``accelerate`` hook or without meta weights.
     """
-    hook = getattr(module, '_hf_hook', None)
+    hook = module.__dict__.get('_hf_hook')  # accelerate sets it as a plain attribute
     if hook is None or not any(tensor.is_meta for tensor in module.parameters(recurse=False)):
         yield
         return

@@ -65,7 +65,8 @@ class RelevanceBoundary(Hook):
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
         return RemovableHandleList([
             RemovableHandle(self),
-            module.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
+            # outermost: before the pre-hooks of the canonizers (the general mechanism's classifying mode)
+            module.register_forward_pre_hook(self._pre_forward, with_kwargs=True, prepend=True),
             module.register_forward_hook(self._post_forward),
         ])
 
