@@ -138,6 +138,56 @@ def test_operand_rules_fused_sections(rule, scales):
     close(actual, relevance * factors)
 
 
+class ChangedInPlace(torch.nn.Module):
+    """``inner``'s output tripled by the host model in place (``output *= 3``, as T5 adds its position bias to
+    ``scores += bias``), or out of place."""
+    def __init__(self, inner: torch.nn.Module, in_place: bool):
+        super().__init__()
+        self.inner, self.in_place = inner, in_place
+
+    def forward(self, x):
+        output = self.inner(x)
+        if self.in_place:
+            output *= 3.0
+            return output
+        return output * 3.0
+
+
+def run_changed(inner: torch.nn.Module, rule, in_place: bool, x: torch.Tensor, relevance: torch.Tensor):
+    """Relevance at ``x`` of :py:class:`ChangedInPlace` with ``rule`` on ``inner``, from ``relevance`` at the output."""
+    handles = rule.register(inner)
+    try:
+        leaf = x.clone().requires_grad_(True)
+        output = ChangedInPlace(inner, in_place)(leaf)
+        output.backward(relevance / output.detach())
+    finally:
+        handles.remove()
+    return leaf.grad * x
+
+
+@pytest.mark.parametrize('role', ['value', 'key'])
+def test_operand_rules_hold_where_the_model_changes_the_operand_in_place(role):
+    """An operand changed in place by the model keeps its rule (a gradient hook on a view of the operand was dropped
+    with the view's node: the plain gradient came out, silently): the relevance is the role's share, as out of place
+    (float64, 1e-10)."""
+    x, relevance = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    for in_place in (True, False):
+        found = run_changed(Operand(role), UniformOperand(), in_place, x, relevance)
+        close(found, relevance * UniformOperand.scales[role])
+
+
+def test_epsilon_refuses_an_output_changed_in_place():
+    """The epsilon rule needs the layer's output ``z`` in the backward pass (Eq. 8): where the model changes it in
+    place, torch's backward raises instead of a rule on the changed values; out of place the relevance is Eq. 8's."""
+    linear = torch.nn.Linear(5, 4).double()
+    x, relevance = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match='modified by an inplace operation'):
+        run_changed(linear, Epsilon(0.5), True, x, relevance)
+    z = x @ linear.weight.T + linear.bias
+    close(run_changed(linear, Epsilon(0.5), False, x, relevance),
+          torch.einsum('ji,bi,bj->bi', linear.weight, x, relevance / stabilize(z, 0.5)))
+
+
 def test_attention_operands_conserve_through_bilinear_products():
     """With the operand rules at q, k, v and the plain gradient in between, an attention head's relevance splits
     as Props. 3.1-3.3 say: R(q) + R(k) = R(A) - absorbed, R(v) = R(O) - R(A), with R(A) = A * g_A / 2."""

@@ -51,7 +51,7 @@ from torch.overrides import TorchFunctionMode
 from zennit.canonizers import Canonizer
 
 from ..module_kinds import UnsupportedModelError, is_activation, model_configs, norm_kind
-from ..rules import elementwise_identity, layer_norm_identity
+from ..rules import elementwise_identity, layer_norm_identity, scaled_gradient
 from .decompositions import DECOMPOSED
 from .graph import (ExpLogSoftmax, LogSoftmaxMark, LogSumExpMark, SinkMass, SoftmaxInput, attention_scores, is_gate,
                     is_log_softmax, log_softmax_scores, lse_scores, scores_node, sink_scores)
@@ -170,17 +170,6 @@ def _name_of(func: Callable) -> str:
             name = name[1:]
     name = name.rstrip('_') or name
     return _ALIASES.get(name, name)
-
-
-def _scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
-    """``tensor`` with its gradient multiplied by ``factor`` (detached for 0)."""
-    if factor == 0:
-        return tensor.detach()
-    if factor == 1:
-        return tensor
-    result = tensor.view_as(tensor)
-    result.register_hook(lambda grad: grad * factor)
-    return result
 
 
 class _Classifier(TorchFunctionMode):
@@ -324,7 +313,7 @@ class _Classifier(TorchFunctionMode):
             # each distinct tensor scaled once: ``x * x`` gives x the gradient 2 x g / 2, its relevance x^2 g
             if isinstance(value, torch.Tensor) and value.requires_grad:
                 if id(value) not in replaced:
-                    replaced[id(value)] = _scaled(value, scales.get(id(value), 1.0))
+                    replaced[id(value)] = scaled_gradient(value, scales.get(id(value), 1.0))
                 return replaced[id(value)]
             if isinstance(value, (list, tuple)):
                 return type(value)(swap(item) for item in value)
@@ -378,15 +367,15 @@ class _Classifier(TorchFunctionMode):
         for index, name in enumerate(names):
             if index < len(args):
                 if isinstance(args[index], torch.Tensor) and args[index].requires_grad:
-                    args[index] = _scaled(args[index], scales[name])
+                    args[index] = scaled_gradient(args[index], scales[name])
             elif isinstance(kwargs.get(name), torch.Tensor) and kwargs[name].requires_grad:
-                kwargs[name] = _scaled(kwargs[name], scales[name])
+                kwargs[name] = scaled_gradient(kwargs[name], scales[name])
         # a float mask that carries relevance is an additive term of the logits: the scores' share (Props. 3.1, 3.3)
         share = 2 * scales['query']
         if len(args) > 3 and isinstance(args[3], torch.Tensor) and args[3].requires_grad:
-            args[3] = _scaled(args[3], share)
+            args[3] = scaled_gradient(args[3], share)
         elif isinstance(kwargs.get('attn_mask'), torch.Tensor) and kwargs['attn_mask'].requires_grad:
-            kwargs['attn_mask'] = _scaled(kwargs['attn_mask'], share)
+            kwargs['attn_mask'] = scaled_gradient(kwargs['attn_mask'], share)
         return func(*args, **kwargs)
 
     def norm(self, name, func, args, kwargs):

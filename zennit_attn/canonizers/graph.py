@@ -28,7 +28,8 @@ import torch
 PASS_NODES = re.compile(
     r'(View|UnsafeView|Reshape\w*|Transpose|Permute|Expand|Squeeze\w*|Unsqueeze\w*|Slice|Select|Index|Gather|'
     r'ToCopy|Clone|Topk|Sort|Div|Mul|AsStrided|Split\w*|Unbind|IndexSelect|Repeat|MaskedFill|NativeDropout|'
-    r'Alias|TBackward|Narrow|Sum|Mean|Max|Min|Amax|Amin|Kthvalue|Median|ConstantPadNd|Flip|Roll)Backward\d*$'
+    r'Alias|TBackward|Narrow|Sum|Mean|Max|Min|Amax|Amin|Kthvalue|Median|ConstantPadNd|Flip|Roll|_GradientMap)'
+    r'Backward\d*$'
 )
 #: Autograd nodes that shift a tensor: a gate shifted by a constant (``sigmoid(x) + eps``) is one.
 SHIFT_NODES = re.compile(r'(Add|Sub|Rsub)Backward\d*$')

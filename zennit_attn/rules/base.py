@@ -38,6 +38,39 @@ class _ElementwiseIdentity(torch.autograd.Function):
         return ratio.mul_(grad_output.to(dtype)).to(input.dtype), None
 
 
+class _GradientMap(torch.autograd.Function):
+    """Forward: ``input`` (its storage, not a view). Backward: ``function(g_out)``, or ``function(g_out, input)`` with
+    ``input`` saved (``keep``). Not a view, so that a model may change the tensor in place: a hook on a view is dropped
+    from the graph when the view is changed in place (``scores += bias``), and its rule with it."""
+    @staticmethod
+    def forward(ctx, input, function, keep):
+        ctx.function = function
+        if keep:
+            ctx.save_for_backward(input.detach())
+        return input.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return ctx.function(grad_output, *ctx.saved_tensors), None, None
+
+
+def gradient_map(tensor: torch.Tensor, function, with_value: bool = False) -> torch.Tensor:
+    """``tensor`` whose gradient passes ``function`` on its way back (a rule in the gradient formulation), also where
+    the model changes the returned tensor in place. With ``with_value``, ``function(gradient, value)`` gets the
+    tensor's forward value, saved for the backward pass: where the model changed it in place since, torch's backward
+    raises (the saved value would be wrong), never a silently wrong rule."""
+    return _GradientMap.apply(tensor, function, with_value)
+
+
+def scaled_gradient(tensor: torch.Tensor, factor) -> torch.Tensor:
+    """``tensor`` with its gradient multiplied by ``factor`` (a number, or a tensor that broadcasts); detached for 0."""
+    if isinstance(factor, (int, float)) and factor == 0:
+        return tensor.detach()
+    if isinstance(factor, (int, float)) and factor == 1:
+        return tensor
+    return gradient_map(tensor, lambda grad: grad * factor)
+
+
 class _GateIdentity(_ElementwiseIdentity):
     """:py:class:`_ElementwiseIdentity` for the output of an activation: its autograd node marks the tensor as a gate,
     a constant factor for CP-LRP (see :py:mod:`zennit_attn.canonizers.general`)."""

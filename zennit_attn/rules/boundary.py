@@ -4,16 +4,7 @@ from __future__ import annotations
 import torch
 from zennit.core import Hook, RemovableHandle, RemovableHandleList
 
-
-def _view_with_hook(tensor: torch.Tensor, hook) -> torch.Tensor:
-    """A view of ``tensor`` whose gradient passes ``hook`` on its way to ``tensor``.
-
-    The hook sits on an inner view, so hooks that others register on the returned tensor see the gradient
-    before the conversion.
-    """
-    inner = tensor.view_as(tensor)
-    inner.register_hook(hook)
-    return inner.view_as(inner)
+from .base import gradient_map
 
 
 class _InputRelevance(torch.autograd.Function):
@@ -41,9 +32,9 @@ def output_gradient(tensor):
     """Output side of the boundary: the relevance ``R`` given at output ``y`` becomes the gradient ``R / y``."""
     if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
         return tensor
-    detached = tensor.detach()
     # one output-sized allocation (a division by 0 gives inf or nan, set to 0): logits can be large
-    return _view_with_hook(tensor, lambda relevance: torch.div(relevance, detached).nan_to_num_(0.0, 0.0, 0.0))
+    return gradient_map(tensor, lambda relevance, output: torch.div(relevance, output).nan_to_num_(0.0, 0.0, 0.0),
+                        with_value=True)
 
 
 #: Fields of Hugging Face model outputs that the boundary treats as outputs to be explained.

@@ -11,7 +11,8 @@ from zennit.core import Hook, RemovableHandle, RemovableHandleList
 
 from ..layers import Operand
 from ..module_kinds import UnsupportedModelError, is_listed_activation, norm_kind
-from .base import GradientRule, compute_dtype, elementwise_identity, layer_norm_identity, tensor_output
+from .base import (GradientRule, compute_dtype, elementwise_identity, gradient_map, layer_norm_identity,
+                   scaled_gradient, tensor_output)
 
 
 def _stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -65,17 +66,14 @@ class Epsilon(GradientRule):
         output = tensor_output(module, output)
         if not output.requires_grad:
             return None
-        detached = output.detach()
         epsilon = self.epsilon
 
-        def hook(grad):
-            dtype = compute_dtype(detached, grad)
-            factor = detached.to(dtype) / _stabilize(detached.to(dtype), epsilon)
+        def rule(grad, output):
+            dtype = compute_dtype(output, grad)
+            factor = output.to(dtype) / _stabilize(output.to(dtype), epsilon)
             return (grad.to(dtype) * factor).to(grad.dtype)
 
-        result = output.view_as(output)
-        result.register_hook(hook)
-        return result
+        return gradient_map(output, rule, with_value=True)
 
 
 class Identity(GradientRule):
@@ -265,9 +263,7 @@ class OperandRule(GradientRule):
                 torch.full((size,), factor, dtype=output.dtype, device=output.device)
                 for size, factor in zip(sizes, factors)
             ])
-        result = output.view_as(output)
-        result.register_hook(lambda grad: grad * scale)
-        return result
+        return scaled_gradient(output, scale)
 
 
 class UniformOperand(OperandRule):
