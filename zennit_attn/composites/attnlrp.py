@@ -238,7 +238,7 @@ class AttnLRPComposite(Composite):
             return NormIdentity()
         if isinstance(module, torch.nn.Softmax):
             return Softmax()
-        if isinstance(module, LINEARS):
+        if isinstance(module, LINEARS) and self.epsilon:  # epsilon 0 is the plain gradient: nothing to register
             return Epsilon(self.epsilon)
         return None
 
