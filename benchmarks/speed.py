@@ -74,9 +74,10 @@ Run
 Options: ``--models random-llama smollm2 ...``, ``--seq 512``, ``--repeats 5``, ``--threads N``
 (``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``. Several lengths
 (``--seq 512 1024 2048 4096 8192``) run one after the other. ``--checkpointing`` replaces the tables by a
-comparison of the fair plain pass (``run_plain(keep_last=True)``: only the explained position's logits, ``logits_to_keep``),
-``explain()`` and ``explain(checkpointing=True)`` at each length: median time of ``--repeats`` runs, saved bytes
-and peak live tensor bytes, each with its ratio to the fair plain pass (no RSS).
+comparison of the fair plain pass (``run_plain(keep_last=True)``: only the explained position's logits,
+``logits_to_keep``), ``explain()`` and ``explain(checkpointing=True)`` at each length: median time of ``--repeats`` runs, saved bytes
+and peak live tensor bytes, each with its ratio to the fair plain pass, and the median of the per-round time ratios
+(no RSS).
 The default run takes about 5 minutes on 2 idle CPU cores (SmolLM2 takes ~17 s to load, in each of its
 subprocesses). On a machine shared with other jobs the times inflate badly with 2 threads (an OpenMP barrier waits
 for a descheduled thread: 28 s instead of 2.7 s per SmolLM2 call was seen at a load average of 4) and the run takes
@@ -256,14 +257,15 @@ RUNNERS = {'plain': run_plain, 'explain': run_explain, 'fair': functools.partial
 
 # ----------------------------------------------------------------------------------------------- measurements
 
-def time_interleaved(model, input_ids, target, repeats: int, warmup: int = 1) -> dict[str, dict[str, list[float]]]:
-    """Wall-clock and process CPU seconds of each method, run alternately after ``warmup`` rounds."""
-    times = {method: {'wall': [], 'cpu': []} for method in METHODS}
+def time_interleaved(model, input_ids, target, repeats: int, warmup: int = 1,
+                     methods: tuple[str, ...] = METHODS) -> dict[str, dict[str, list[float]]]:
+    """Wall-clock and process CPU seconds of each of ``methods``, run alternately after ``warmup`` rounds."""
+    times = {method: {'wall': [], 'cpu': []} for method in methods}
     for _ in range(warmup):
-        for method in METHODS:
+        for method in methods:
             RUNNERS[method](model, input_ids, target)
     for _ in range(repeats):
-        for method in METHODS:
+        for method in methods:
             gc.collect()
             wall, cpu = time.perf_counter(), time.process_time()
             RUNNERS[method](model, input_ids, target)
@@ -589,16 +591,8 @@ def scaling(name: str, seq: int, repeats: int, dtype: torch.dtype = torch.float3
     methods = ('fair', *(method for method in methods if method != 'fair'))
     model, input_ids, description = build(name, seq, dtype)
     target = pick_target(model, input_ids)
-    for _ in range(warmup):
-        for method in methods:
-            RUNNERS[method](model, input_ids, target)
-    times = {method: [] for method in methods}
-    for _ in range(repeats):
-        for method in methods:
-            gc.collect()
-            start = time.perf_counter()
-            RUNNERS[method](model, input_ids, target)
-            times[method].append(time.perf_counter() - start)
+    times = {method: value['wall'] for method, value in
+             time_interleaved(model, input_ids, target, repeats, warmup, methods).items()}
     saved = {method: saved_bytes(model, input_ids, target, method) for method in methods}
     result = {'model': name, 'seq': seq, 'dtype': str(dtype).removeprefix('torch.'), 'input': description,
               'time_s': {method: statistics.median(times[method]) for method in methods},
@@ -608,6 +602,10 @@ def scaling(name: str, seq: int, repeats: int, dtype: torch.dtype = torch.float3
               'load_average_1min': os.getloadavg()[0]}
     result['ratio'] = {key: {method: ratio(result[key][method], result[key]['fair']) for method in methods[1:]}
                        for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes')}
+    # each run over the fair run of its round (robust to the slow drifts of a shared machine's speed)
+    result['ratio']['time_paired'] = {method: statistics.median(run / fair for fair, run in zip(times['fair'],
+                                                                                               times[method]))
+                                      for method in methods[1:]}
     # the row at once (a longer length may not fit in memory: a run cut short keeps what it measured)
     row = {key: result[key] for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes', 'ratio',
                                         'load_average_1min')}
@@ -628,12 +626,15 @@ def scaling_main(args) -> None:
                         lambda r, key=key, scale=scale, digits=digits: ' / '.join(
                             f'{r[key][method] / scale:.{digits}f}' if method in r[key] else '-'
                             for method in SCALING_METHODS), '>'))
-        columns.append(('ratios', lambda r, key=key: ' / '.join(
-            f"{r['ratio'][key][method]:.2f}x" if method in r['ratio'][key] else '-'
-            for method in SCALING_METHODS[1:]), '>'))
+        ratios = [(key, 'ratios')] + ([('time_paired', 'paired ratios')] if key == 'time_s' else [])
+        for ratio_key, ratio_title in ratios:
+            columns.append((ratio_title, lambda r, key=ratio_key: ' / '.join(
+                f"{r['ratio'][key][method]:.2f}x" if method in r['ratio'][key] else '-'
+                for method in SCALING_METHODS[1:]), '>'))
     print(f'fair plain pass (logits_to_keep) vs explain() vs explain(checkpointing=True); median of {args.repeats} '
-          f'runs; torch {torch.__version__}, {torch.get_num_threads()} threads. Saved MB of the checkpointed call '
-          'miss the block inputs its checkpoints hold; live peak MB (TorchDispatchMode) sees them.')
+          f'runs; torch {torch.__version__}, {torch.get_num_threads()} threads. Paired ratios: median over the rounds '
+          'of each run over the fair run of its round. Saved MB of the checkpointed call miss the block inputs its '
+          'checkpoints hold; live peak MB (TorchDispatchMode) sees them.')
     print('\n'.join(_table(results, columns)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
