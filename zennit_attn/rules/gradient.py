@@ -44,7 +44,9 @@ class Epsilon(GradientRule):
     In the gradient convention this multiplies the output gradient by ``z / (z + eps sign(z))``; the bias
     and epsilon absorb their share of the relevance. With ``epsilon = 0`` (the default of the LLM composites)
     the rule is the plain gradient: no division happens in this formulation, so no stabiliser is needed, and
-    nothing is registered.
+    nothing is registered. The factor is computed in the forward pass (one tensor of the output's size kept for the
+    backward pass), so that a model that changes the layer's output in place (Falcon adds the attention output to
+    the MLP's, LED and RoCBert their embeddings) keeps the rule.
 
     Parameters
     ----------
@@ -66,14 +68,10 @@ class Epsilon(GradientRule):
         output = tensor_output(module, output)
         if not output.requires_grad:
             return None
-        epsilon = self.epsilon
-
-        def rule(grad, output):
-            dtype = compute_dtype(output, grad)
-            factor = output.to(dtype) / _stabilize(output.to(dtype), epsilon)
-            return (grad.to(dtype) * factor).to(grad.dtype)
-
-        return gradient_map(output, rule, with_value=True)
+        dtype = compute_dtype(output)
+        value = output.detach().to(dtype)
+        factor = value / _stabilize(value, self.epsilon)
+        return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
 
 
 class Identity(GradientRule):
