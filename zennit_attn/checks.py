@@ -7,6 +7,7 @@ Each check raises with a message that names what is wrong and what to do; none c
 """
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Mapping
 
@@ -95,6 +96,8 @@ def check_model(model: torch.nn.Module) -> None:
         where = 'the model' if training == '' else f'submodule {training!r}'
         raise ValueError(f'{where} of {type(model).__name__} is in training mode (dropout would make every call '
                          'differ): call model.eval() before explaining')
+    if not any(tensor.is_meta for tensor in itertools.chain(model.parameters(), model.buffers())):
+        return  # the common case, without the names and the offloading walk
     offloaded = offloaded_modules(model)
     meta = next((name for name, tensor in [*model.named_parameters(), *model.named_buffers()]
                  if tensor.is_meta and name.rpartition('.')[0] not in offloaded), None)
