@@ -44,9 +44,9 @@ class Epsilon(GradientRule):
     In the gradient convention this multiplies the output gradient by ``z / (z + eps sign(z))``; the bias
     and epsilon absorb their share of the relevance. With ``epsilon = 0`` (the default of the LLM composites)
     the rule is the plain gradient: no division happens in this formulation, so no stabiliser is needed, and
-    nothing is registered. The factor is computed in the forward pass (one tensor of the output's size kept for the
-    backward pass), so that a model that changes the layer's output in place (Falcon adds the attention output to
-    the MLP's, LED and RoCBert their embeddings) keeps the rule.
+    nothing is registered. The factor is computed in the forward pass (one tensor of the output's shape, float32 for
+    a half-precision output, kept for the backward pass), so that a model that changes the layer's output in place
+    (Falcon adds the attention output to the MLP's, LED and RoCBert their embeddings) keeps the rule.
 
     Parameters
     ----------
