@@ -146,6 +146,9 @@ def test_siglip_conserves():
 def test_images_without_processor(llava):
     with pytest.raises(TypeError, match='processor='):
         explain(llava[0], LLAVA_TEXT, images=[image()])
+    for wrong in (llava[1].tokenizer, llava[1].image_processor):  # half a processor
+        with pytest.raises(TypeError, match='processor with an image processor and a tokenizer'):
+            explain(llava[0], LLAVA_TEXT, images=[image()], processor=wrong)
 
 
 def test_wrong_number_of_images(llava, clip):

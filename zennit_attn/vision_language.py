@@ -167,9 +167,9 @@ def encode_multimodal(processor, text, images, similarity: bool = False) -> Mapp
     if processor is None:
         raise TypeError('images= needs processor=: the model\'s Hugging Face processor (e.g. '
                         'AutoProcessor.from_pretrained(model_path)), which turns text and images into model inputs')
-    if not callable(processor) or getattr(processor, 'image_processor', None) is None:
-        raise TypeError(f'processor must be a Hugging Face processor with an image processor (ProcessorMixin), got '
-                        f'{type(processor).__name__}')
+    if not (callable(processor) and is_processor(processor)):
+        raise TypeError(f'processor must be a Hugging Face processor with an image processor and a tokenizer '
+                        f'(ProcessorMixin), got {type(processor).__name__}')
     if images is None or (isinstance(images, (list, tuple)) and not images):
         raise ValueError('no images given: pass images=[...] with the processor, or explain the text with '
                          'tokenizer= alone')
