@@ -252,3 +252,23 @@ def test_conservation_still_reports_the_same(llama, ids):
     torch.testing.assert_close(report.logit, explain(llama, ids[:1]).logit)
     encoded = conservation(llama, BatchEncoding({'input_ids': ids[:1], 'attention_mask': torch.ones_like(ids[:1])}))
     torch.testing.assert_close(encoded.sums, report.sums)
+
+
+def test_forward_parameters_keep_no_wrapped_module_alive():
+    """The parameters of a forward set on the instance (accelerate's wrappers hold their module) are read, not
+    cached: the module is freed with its last reference. A class's forward is read without ``self``."""
+    import functools
+    import gc
+    import weakref
+
+    from zennit_attn.layers import forward_parameters
+
+    model = tiny_model('llama')
+    assert forward_parameters(model)[:2] == ('input_ids', 'attention_mask')
+    layer = torch.nn.Linear(2, 2)
+    layer.forward = functools.partial(lambda module, input, scale=1.0: module.weight @ input * scale, layer)
+    assert forward_parameters(layer) == ('input', 'scale')
+    reference = weakref.ref(layer)
+    del layer
+    gc.collect()
+    assert reference() is None

@@ -82,18 +82,24 @@ class MatMul(torch.nn.Module):
 
 
 def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:
-    """The names of the parameters of ``module.forward`` (none where it has no signature), cached per function."""
+    """The names of the parameters of ``module.forward`` (none where it has no signature), cached per class's forward
+    (not for a forward set on the instance: a wrapper such as accelerate's holds its module, which a cache would keep
+    alive)."""
     forward = module.forward
-    return _parameters(getattr(forward, '__func__', forward), hasattr(forward, '__func__'))
+    function = getattr(forward, '__func__', None)
+    if function is not None and getattr(type(module), 'forward', None) is function:
+        return _parameters(function)[1:]  # the method's ``self``
+    return _signature(forward)
 
 
-@functools.lru_cache(maxsize=4096)
-def _parameters(function, bound: bool) -> tuple[str, ...]:
+def _signature(function) -> tuple[str, ...]:
     try:
-        names = tuple(inspect.signature(function).parameters)
+        return tuple(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return ()
-    return names[1:] if bound else names  # a method's ``self``
+
+
+_parameters = functools.lru_cache(maxsize=4096)(_signature)
 
 
 def output_scores(output) -> torch.Tensor:
