@@ -160,6 +160,12 @@ def _op_name(func: Callable) -> str:
         return _name_of(func)
 
 
+def _in_place(func: Callable) -> bool:
+    """Whether ``func`` changes its first argument in place by its name (``mul_``, not ``__mul__``)."""
+    name = getattr(func, '__name__', '') or ''
+    return name.endswith('_') and not name.startswith('__')
+
+
 def _name_of(func: Callable) -> str:
     name = getattr(func, '__name__', '') or ''
     if name.startswith('__') and name.endswith('__'):
@@ -274,7 +280,7 @@ class _Classifier(TorchFunctionMode):
         """A log-softmax of ``z``: casts, views and selections keep it one; its ``exp`` is ``softmax(z)`` (a selection
         of it), marked as a softmax output (:py:class:`~zennit_attn.canonizers.graph.ExpLogSoftmax`) with its plain
         gradient, the softmax rule (Prop. 3.1); any other use is refused."""
-        in_place = re.fullmatch(r'[^_].*_', getattr(func, '__name__', '')) is not None
+        in_place = _in_place(func)
         if len(carrying) == 1 and not in_place and name == 'exp' and args and args[0] is carrying[0]:
             return ExpLogSoftmax.apply(func(*args, **kwargs), log_softmax_scores(carrying[0]))
         if len(carrying) == 1 and not in_place and name in _LOG_SOFTMAX_VIEWS:
@@ -295,9 +301,8 @@ class _Classifier(TorchFunctionMode):
         factors = self.factors(name, args, kwargs, carrying)
         if len(factors) < 2:
             return func(*args, **kwargs)
-        function_name = getattr(func, '__name__', '')
-        if function_name.endswith('_') and not function_name.startswith('__'):
-            self.canonizer.refuse(function_name, 'an in-place product of relevance-carrying tensors')
+        if _in_place(func):
+            self.canonizer.refuse(func.__name__, 'an in-place product of relevance-carrying tensors')
         sinks = [tensor for tensor in factors if sink_scores(tensor) is not None]
         if sinks:
             scales = self.sink_factors(factors, sinks)
@@ -472,9 +477,9 @@ class GeneralCanonizer(Tracking, Canonizer):
             setting = INSTANCE_SETTINGS.get(f'{type(module).__module__}.{type(module).__qualname__}')
             if setting is not None:
                 self._set(module, setting[0], setting[1](module))
-            opaque = name != '' and self.is_opaque(module)
             if name and _plain_torch_leaf(module):
                 continue
+            opaque = name != '' and self.is_opaque(module)
             self.handles.append(module.register_forward_pre_hook(self._enter(name, module, opaque)))
             self.handles.append(module.register_forward_hook(self._leave(opaque), always_call=True))
 
