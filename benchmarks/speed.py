@@ -75,9 +75,9 @@ Options: ``--models random-llama smollm2 ...``, ``--seq 512``, ``--repeats 5``, 
 (``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``. Several lengths
 (``--seq 512 1024 2048 4096 8192``) run one after the other. ``--checkpointing`` replaces the tables by a
 comparison of the fair plain pass (``run_plain(keep_last=True)``: only the explained position's logits,
-``logits_to_keep``), ``explain()`` and ``explain(checkpointing=True)`` at each length: median time of ``--repeats`` runs, saved bytes
-and peak live tensor bytes, each with its ratio to the fair plain pass, and the median of the per-round time ratios
-(no RSS).
+``logits_to_keep``), ``explain()`` and ``explain(checkpointing=True)`` at each length: median time of ``--repeats``
+runs, saved bytes and peak live tensor bytes, each with its ratio to the fair plain pass, and the median of the
+per-round time ratios (no RSS).
 The default run takes about 5 minutes on 2 idle CPU cores (SmolLM2 takes ~17 s to load, in each of its
 subprocesses). On a machine shared with other jobs the times inflate badly with 2 threads (an OpenMP barrier waits
 for a descheduled thread: 28 s instead of 2.7 s per SmolLM2 call was seen at a load average of 4) and the run takes

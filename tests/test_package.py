@@ -113,11 +113,11 @@ def test_every_module_has_a_layer():
 
 def test_layers_run_one_way():
     """layers, module_kinds, devices, render, pretrained -> rules -> canonizers -> composites, checkpointing ->
-    explanation -> checks, chat, lookups -> task -> attention, lrp -> methods -> latent (sites, recording, latent targets as readouts
-    of a task, and the neuron workflow built on methods) -> explain, captum -> generation, dataset, evaluation (with the
-    composite search), diagnostics, inseq -> the package's names -> cli -> demo: no module imports from its own
-    layer's other modules or from a later layer (``composites`` thus imports neither ``methods``, ``explain`` nor
-    ``evaluation``), without exemptions."""
+    explanation -> checks, chat, lookups -> task -> attention, lrp -> methods -> latent (sites, recording, latent
+    targets as readouts of a task, and the neuron workflow built on methods) -> explain, captum -> generation, dataset,
+    evaluation (with the composite search), diagnostics, inseq -> the package's names -> cli -> demo: no module
+    imports from its own layer's other modules or from a later layer (``composites`` thus imports neither
+    ``methods``, ``explain`` nor ``evaluation``), without exemptions."""
     wrong = []
     for source, targets in graph().items():
         layer, prefix = home(source)
