@@ -25,7 +25,8 @@ Models
   shorter), batch 1.
 - ``random-mixtral``: ``MixtralForCausalLM`` with 4 layers, hidden 512, 8 heads, 8 experts of intermediate 1376,
   top-2 routing, vocabulary 32000, SDPA, seeded; the plain baseline runs the experts with the implementation
-  transformers loads by default, ``explain()`` with the plain loop it switches to (part of its cost).
+  transformers loads by default (``grouped_mm``), ``explain()`` through the family table with the plain loop it
+  switches to (part of its cost), the general path (``general``) with ``grouped_mm`` too.
 - ``random-llama-1b``: the same with the shape of TinyLlama-1.1B (22 layers, hidden 2048, 32 heads, 4 key/value
   heads, intermediate 5632; 1.10e9 parameters); for the scaling table (``--checkpointing``, also ``--dtype
   bfloat16``).

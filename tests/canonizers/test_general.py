@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.naive_rules import lrp
-from tests.models import FAMILIES, decoder_ids, pixels, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
+from tests.models import FAMILIES, MOE, decoder_ids, pixels, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn.canonizers import GeneralCanonizer, UnsupportedModelError, canonizers_for
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.module_kinds import norm_kind
@@ -53,6 +53,23 @@ def test_general_equals_table(family, composite):
         for expected, found in zip(table, general):
             torch.testing.assert_close(found, expected, rtol=0, atol=1e-12)
         assert all(parameter.requires_grad for parameter in model.parameters())  # unfrozen again
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+@pytest.mark.parametrize('family', MOE)
+def test_grouped_experts_equal_the_loop(family, composite):
+    """The general mechanism keeps transformers' grouped matrix product of the experts (the default ``grouped_mm``,
+    faster than the loop the table needs): a product with frozen expert weights, linear in the tokens. Its relevance
+    is the loop's (float32, 1e-5), and the experts run grouped inside the context."""
+    model = tiny_model(family, dtype=torch.float32, experts_implementation='grouped_mm')
+    inputs = family_inputs(family, model)
+    with composite(general=True).context(model):
+        inside = model.config._experts_implementation
+    grouped = relevance(model, composite(general=True), inputs)
+    model.config._experts_implementation = 'eager'
+    loop = relevance(model, composite(general=True), inputs)
+    assert inside == 'grouped_mm' and grouped[0].abs().sum() > 0
+    torch.testing.assert_close(grouped[0], loop[0], rtol=1e-5, atol=1e-5 * float(loop[0].abs().max()))
 
 
 @pytest.mark.parametrize('builder', [tiny_timm_vit, tiny_hf_vit])

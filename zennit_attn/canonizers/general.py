@@ -37,8 +37,9 @@ inside alone); other modules named like a normalisation are classified inside li
 LayerNorm's variance is a normaliser, MobileBERT's ``NoNorm`` is an element-wise affine map); outputs of autograd
 functions defined outside torch, zennit and zennit-attn (custom kernels) are refused where they are used. Attention
 implementations that the mode cannot see into (flash attention, flex attention, kernels) run as SDPA for the time
-of the context (as eager where a model has no SDPA path); the results agree to floating-point rounding. Everything
-is set on the model instance and put back on :py:meth:`remove`.
+of the context (as eager where a model has no SDPA path), experts of mixtures of experts that run as kernels as
+their plain loop (transformers' grouped and batched products stay: the mode sees them); the results agree to
+floating-point rounding. Everything is set on the model instance and put back on :py:meth:`remove`.
 """
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ from .tracking import Tracking, tensors_of
 
 #: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
 VISIBLE_ATTENTION = ('eager', 'sdpa')
+#: Experts implementations of mixtures of experts whose arithmetic the mode sees: the plain loop, and transformers'
+#: batched and grouped matrix products (``bmm``, ``torch._grouped_mm`` or transformers' ``grouped_mm_fallback``: per
+#: expert, a product of the tokens with the frozen expert weights); the others (kernels) run as the loop.
+VISIBLE_EXPERTS = ('eager', 'batched_mm', 'grouped_mm')
 
 #: The general mechanism's exceptions: per model class (module and qualified name), an attribute of its instances set
 #: for the time of the context, from a function of the instance. HRM-Text runs all but the last ``L_bp_cycles`` of its
@@ -99,7 +104,8 @@ METADATA = frozenset(_names("""
 #: Multilinear operations: linear when one operand carries relevance, a product (uniform rule) when several do.
 PRODUCTS = frozenset(_names("""
     mul multiply matmul mm bmm einsum linear bilinear conv1d conv2d conv3d conv_transpose1d conv_transpose2d
-    conv_transpose3d addmm addbmm baddbmm addmv addcmul outer inner dot vdot tensordot kron prod
+    conv_transpose3d addmm addbmm baddbmm addmv addcmul outer inner dot vdot tensordot kron prod _grouped_mm
+    grouped_mm_fallback
 """))
 #: Element-wise non-linearities: identity rule (Eq. 9).
 ACTIVATIONS = frozenset(_names("""
@@ -117,7 +123,7 @@ DIVISIONS = frozenset(_names('div divide true_divide'))
 ADDITIVE = {**dict.fromkeys(_names('addmm addbmm baddbmm addmv addcmul'), (0, 'input')),
             **dict.fromkeys(_names('linear conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d'),
                             (2, 'bias')),
-            'bilinear': (3, 'bias')}
+            'bilinear': (3, 'bias'), '_grouped_mm': (3, 'bias')}
 SOFTMAX = frozenset(_names('softmax _softmax'))
 LOG_SOFTMAX = frozenset(_names('log_softmax _log_softmax'))
 #: Operations that keep a log-softmax one (casts, views, selections): its ``exp`` is still a softmax.
@@ -416,8 +422,8 @@ class GeneralCanonizer(Tracking, Canonizer):
     """Explain any transformer at the operations it performs (see the module's table).
 
     Applying it to a model (the composites do, for a model the family table does not list) freezes the model's
-    parameters, sets attention implementations the mode cannot see into to SDPA (eager without SDPA), the experts
-    of mixtures of experts to their plain loop, the attributes of :py:data:`INSTANCE_SETTINGS`, and enters the
+    parameters, sets attention implementations the mode cannot see into to SDPA (eager without SDPA), experts
+    implementations it cannot see into (:py:data:`VISIBLE_EXPERTS`) to their plain loop, the attributes of :py:data:`INSTANCE_SETTINGS`, and enters the
     classifying mode for the time of each forward of the model; :py:meth:`remove` puts everything back.
 
     Parameters
@@ -447,6 +453,8 @@ class GeneralCanonizer(Tracking, Canonizer):
         self.modes: list[_Classifier] = []
         self.forwards: list[tuple[torch.nn.Module, object]] = []
         self.refusal: UnsupportedModelError | None = None
+        #: autograd node classes whose outputs :py:meth:`check_origin` accepted (it runs for every operand)
+        self.trusted_nodes: set[type] = set()
 
     def copy(self) -> 'GeneralCanonizer':
         return type(self)(self.constant_gates, self.constants)
@@ -466,7 +474,7 @@ class GeneralCanonizer(Tracking, Canonizer):
             if implementation is not None and implementation not in VISIBLE_ATTENTION:
                 sdpa = getattr(model, '_supports_sdpa', True) is not False
                 self._set(config, '_attn_implementation_internal', 'sdpa' if sdpa else 'eager')
-            if getattr(config, '_experts_implementation_internal', None) not in (None, 'eager'):
+            if getattr(config, '_experts_implementation_internal', None) not in (None, *VISIBLE_EXPERTS):
                 self._set(config, '_experts_implementation_internal', 'eager')
         self.guard(model)
         for name, module in model.named_modules():
@@ -541,9 +549,13 @@ class GeneralCanonizer(Tracking, Canonizer):
 
     def check_origin(self, tensor: torch.Tensor) -> None:
         """Refuse a tensor computed by an autograd function of another package (a custom kernel)."""
-        forward = getattr(tensor.grad_fn, '_forward_cls', None)
+        node = type(tensor.grad_fn)
+        if node in self.trusted_nodes:
+            return
+        forward = getattr(node, '_forward_cls', None)  # a class attribute of the nodes of Python autograd functions
         if forward is not None and not forward.__module__.startswith(_TRUSTED_FUNCTIONS):
             self.refuse(f'{forward.__module__}.{forward.__qualname__}', 'a custom autograd function (kernel)')
+        self.trusted_nodes.add(node)
 
     def activation(self, input: torch.Tensor, output: torch.Tensor, gate: bool = True) -> torch.Tensor:
         return elementwise_identity(input, output, gate=gate)
