@@ -30,14 +30,16 @@ def _tables(model: torch.nn.Module, word: torch.nn.Module) -> list[tuple[str, to
     and image-patch tables are usually far smaller, hashed n-gram tables larger), not the word embeddings of a model
     inside the model; which lookups are of the ids is checked on their index (:py:meth:`TokenLookups.substituting`)."""
     rows = getattr(word, 'num_embeddings', None)
+    candidates = [(name, module) for name, module in model.named_modules() if type(module) is type(word)
+                  and module is not word and rows is not None and rows <= 2 * module.num_embeddings <= 2 * rows]
+    if not candidates:
+        return []
     nested = set()  # the word embeddings of models inside the model (BLT's entropy patcher: another language model)
     for module in model.modules():
         if hasattr(type(module), 'get_input_embeddings'):  # the class: a module's missing attribute costs an exception
             with contextlib.suppress(Exception):
                 nested.add(id(module.get_input_embeddings()))
-    return [(name, module) for name, module in model.named_modules() if type(module) is type(word)
-            and module is not word and id(module) not in nested and rows is not None
-            and rows <= 2 * module.num_embeddings <= 2 * rows]
+    return [(name, module) for name, module in candidates if id(module) not in nested]
 
 
 def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None) -> str | None:
@@ -60,7 +62,7 @@ def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None) -> str | Non
         return f'it looks the token ids up in {tables[0][0]!r} too'
     for name, module in model.named_modules():
         parameters = forward_parameters(module)
-        if name and not hasattr(module, 'get_input_embeddings') and 'input_ids' in parameters \
+        if name and not hasattr(type(module), 'get_input_embeddings') and 'input_ids' in parameters \
                 and 'inputs_embeds' not in parameters:
             return f'{name!r} ({type(module).__name__}) takes the token ids'
     return None
