@@ -423,8 +423,9 @@ class GeneralCanonizer(Tracking, Canonizer):
 
     Applying it to a model (the composites do, for a model the family table does not list) freezes the model's
     parameters, sets attention implementations the mode cannot see into to SDPA (eager without SDPA), experts
-    implementations it cannot see into (:py:data:`VISIBLE_EXPERTS`) to their plain loop, the attributes of :py:data:`INSTANCE_SETTINGS`, and enters the
-    classifying mode for the time of each forward of the model; :py:meth:`remove` puts everything back.
+    implementations it cannot see into (:py:data:`VISIBLE_EXPERTS`) to their plain loop, the attributes of
+    :py:data:`INSTANCE_SETTINGS`, and enters the classifying mode for the time of each forward of the model;
+    :py:meth:`remove` puts everything back.
 
     Parameters
     ----------
