@@ -56,19 +56,20 @@ def test_general_equals_table(family, composite):
 
 
 @pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+@pytest.mark.parametrize('implementation', ['grouped_mm', 'batched_mm'])
 @pytest.mark.parametrize('family', MOE)
-def test_grouped_experts_equal_the_loop(family, composite):
-    """The general mechanism keeps transformers' grouped matrix product of the experts (the default ``grouped_mm``,
-    faster than the loop the table needs): a product with frozen expert weights, linear in the tokens. Its relevance
-    is the loop's (float32, 1e-5), and the experts run grouped inside the context."""
-    model = tiny_model(family, dtype=torch.float32, experts_implementation='grouped_mm')
+def test_grouped_experts_equal_the_loop(family, implementation, composite):
+    """The general mechanism keeps transformers' grouped and batched matrix products of the experts (the default
+    ``grouped_mm`` is faster than the loop the table needs): products with frozen expert weights, linear in the
+    tokens. Their relevance is the loop's (float32, 1e-5), and the experts run so inside the context."""
+    model = tiny_model(family, dtype=torch.float32, experts_implementation=implementation)
     inputs = family_inputs(family, model)
     with composite(general=True).context(model):
         inside = model.config._experts_implementation
     grouped = relevance(model, composite(general=True), inputs)
     model.config._experts_implementation = 'eager'
     loop = relevance(model, composite(general=True), inputs)
-    assert inside == 'grouped_mm' and grouped[0].abs().sum() > 0
+    assert inside == implementation and grouped[0].abs().sum() > 0
     torch.testing.assert_close(grouped[0], loop[0], rtol=1e-5, atol=1e-5 * float(loop[0].abs().max()))
 
 
