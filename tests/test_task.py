@@ -2,6 +2,10 @@
 probe found, each with the behaviour that replaced a silent wrong answer or an obscure error."""
 from __future__ import annotations
 
+import functools
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +15,7 @@ from tests.models import pixels, tiny_hf_vit, tiny_timm_vit
 from tests.models import POSITIONS, VOCAB, tiny_config, tiny_model, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.checks import is_image_model
+from zennit_attn.layers import forward_parameters
 from zennit_attn.module_kinds import UnsupportedModelError
 from zennit_attn.task import ImageTask, Readout, TokenTask
 
@@ -257,12 +262,6 @@ def test_conservation_still_reports_the_same(llama, ids):
 def test_forward_parameters_keep_no_wrapped_module_alive():
     """The parameters of a forward set on the instance (accelerate's wrappers hold their module) are read, not
     cached: the module is freed with its last reference. A class's forward is read without ``self``."""
-    import functools
-    import gc
-    import weakref
-
-    from zennit_attn.layers import forward_parameters
-
     model = tiny_model('llama')
     assert forward_parameters(model)[:2] == ('input_ids', 'attention_mask')
     layer = torch.nn.Linear(2, 2)

@@ -91,15 +91,15 @@ def check_model(model: torch.nn.Module) -> None:
             'needs itself: leave that context (or call the composite\'s remove()) first, and pass an LRP composite '
             'as explain(..., composite=...)'
         )
-    meta = False
+    on_meta = False
     for name, module in model.named_modules():  # one walk: this runs for every call
         if module.training:
             where = 'the model' if name == '' else f'submodule {name!r}'
             raise ValueError(f'{where} of {type(model).__name__} is in training mode (dropout would make every call '
                              'differ): call model.eval() before explaining')
-        meta = meta or any(tensor is not None and tensor.is_meta
-                           for tensor in itertools.chain(module._parameters.values(), module._buffers.values()))
-    if not meta:
+        on_meta = on_meta or any(tensor is not None and tensor.is_meta
+                                 for tensor in itertools.chain(module._parameters.values(), module._buffers.values()))
+    if not on_meta:
         return  # the common case, without the names and the offloading walk
     offloaded = offloaded_modules(model)
     meta = next((name for name, tensor in [*model.named_parameters(), *model.named_buffers()]

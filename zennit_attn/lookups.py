@@ -30,8 +30,10 @@ def _tables(model: torch.nn.Module, word: torch.nn.Module) -> list[tuple[str, to
     and image-patch tables are usually far smaller, hashed n-gram tables larger), not the word embeddings of a model
     inside the model; which lookups are of the ids is checked on their index (:py:meth:`TokenLookups.substituting`)."""
     rows = getattr(word, 'num_embeddings', None)
+    if rows is None:
+        return []
     candidates = [(name, module) for name, module in model.named_modules() if type(module) is type(word)
-                  and module is not word and rows is not None and rows <= 2 * module.num_embeddings <= 2 * rows]
+                  and module is not word and rows <= 2 * module.num_embeddings <= 2 * rows]
     if not candidates:
         return []
     nested = set()  # the word embeddings of models inside the model (BLT's entropy patcher: another language model)
