@@ -142,14 +142,12 @@ _TRUSTED_FUNCTIONS = ('torch.', 'zennit.', 'zennit_attn.', 'bitsandbytes.')
 _RECURRENT = re.compile(r'Mamba|SSM|Ssm|Delta|ForgetGate|LinearAttention|Linear_?Attn|Rwkv|RWKV|Retention|Hyena|Xlstm|xLSTM|'
                         r'LSTM|GRU|Lightning|Recurrent|ShortConv|Mixer|Lfm2Short')
 
-
 #: Reflected operators whose operand order changes what they compute (``c - x``, ``c / x``, ``c ** x``).
 _REFLECTED = {'rsub': 'sub', 'rtruediv': 'reciprocal_scaled', 'rpow': 'rpow'}
 #: Operators whose reflected (``__rmul__``) and in-place (``__imul__``) forms compute the same as the plain one.
 _SWAPPABLE = frozenset(_names('add sub mul matmul truediv floordiv pow mod and or xor'))
 _ALIASES = {'truediv': 'div', 'floordiv': 'floor_divide', 'mod': 'remainder', 'and': 'logical_and',
             'or': 'logical_or', 'xor': 'logical_xor'}
-
 
 #: The names :py:func:`_op_name` gave, by function (the mode asks for each operation of every forward).
 _OP_NAMES: dict = {}
@@ -317,6 +315,8 @@ class _Classifier(TorchFunctionMode):
                         else set())
             free = [tensor for tensor in factors if id(tensor) not in constant]
             share = 1.0 / len(free) if len(free) > 1 else 1.0
+            if not constant and len(factors) == len(carrying):  # equal shares: scale the output's gradient once
+                return scaled_gradient(func(*args, **kwargs), share)
             scales = {id(tensor): 0.0 if id(tensor) in constant else share for tensor in factors}
         replaced = {}
 
