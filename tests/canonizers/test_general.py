@@ -705,6 +705,36 @@ def test_sinkhorn_normalised_softmax_is_a_gate(iterations):
     torch.testing.assert_close(found.sum(), torch.tensor(36.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
 
 
+class ElementProduct(torch.nn.Module):
+    """The product of the elements of a projection of the input along its last dimension (``dim``), or of all of them
+    (``None``): ``prod``, or the same factors as the operands of one ``einsum`` (``einsum=True``)."""
+    def __init__(self, dim, einsum: bool):
+        super().__init__()
+        self.dim, self.einsum = dim, einsum
+        self.a = torch.nn.Linear(4, 4, bias=False)
+
+    def forward(self, x):
+        a = self.a(x)
+        if self.einsum:
+            factors = a.unbind(-1) if self.dim is not None else a.flatten().unbind()
+            return torch.einsum(','.join('...' for _ in factors) + '->...', *factors).reshape(-1, 1)
+        return (a.prod(self.dim) if self.dim is not None else a.prod()).reshape(-1, 1)
+
+
+@pytest.mark.parametrize('dim, outputs', [(-1, 3), (None, 1)])
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_product_of_elements_is_the_uniform_rule(dim, outputs, composite):
+    """``prod`` of N elements gives each 1/N of its relevance (Prop. 3.2), as ``einsum`` gives its N operands (float64,
+    1e-12) and as computed by hand; CP-LRP conserves. Before, each element got the whole (N times the relevance)."""
+    torch.manual_seed(0)
+    assert_same_relevance(ElementProduct(dim, False), ElementProduct(dim, True), composite, outputs=outputs)
+    model = ElementProduct(dim, False).double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    count = 4 if dim is not None else 12
+    expected = by_hand(lambda xx: model(_half(xx, 1 / count)), x)  # the linear layer passes relevance unchanged
+    torch.testing.assert_close(attributed(model, composite(general=True), x), expected, rtol=1e-10, atol=1e-12)
+
+
 def test_instance_settings_compute_every_cycle_with_gradients():
     """HRM-Text runs all but its last inner cycles without gradients (truncated backpropagation): the general mechanism
     sets its instance to compute every cycle with them (:py:data:`~zennit_attn.canonizers.general.INSTANCE_SETTINGS`),

@@ -8,10 +8,10 @@ the tensors computed from the explained inputs) and classifies it:
 
 - linear, structural and selection operations (add, cat, reshape, index, sum, linear layers on frozen weights,
   max, top-k, ...): the plain gradient (epsilon rule with epsilon -> 0, Eq. 8), nothing to change;
-- products of several relevance-carrying tensors (``a * b``, ``q @ k^T``, einsum): the uniform rule (Prop. 3.2;
-  Prop. 3.3 for matrix products), each of the N factors gets 1/N; CP-LRP: factors that are the output of a
-  non-linearity or a softmax (also selected by ``max``/``topk``/indexing, padded or concatenated: routing weights)
-  are constants (:py:func:`~zennit_attn.canonizers.graph.is_gate`);
+- products of several relevance-carrying tensors (``a * b``, ``q @ k^T``, einsum) or of the elements of one (``prod``):
+  the uniform rule (Prop. 3.2; Prop. 3.3 for matrix products), each of the N factors gets 1/N; CP-LRP: factors that
+  are the output of a non-linearity or a softmax (also selected by ``max``/``topk``/indexing, padded or concatenated:
+  routing weights) are constants (:py:func:`~zennit_attn.canonizers.graph.is_gate`);
 - softmax: the plain gradient, which is the softmax rule (Prop. 3.1); rows whose logits are all ``-inf`` (a NaN
   output that the model replaces by a constant) pass nothing;
 - an attention sink written as ``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)``: the softmax of ``[z, s]`` (Prop. 3.1
@@ -65,10 +65,9 @@ VISIBLE_ATTENTION = ('eager', 'sdpa')
 #: expert, a product of the tokens with the frozen expert weights); the others (kernels) run as the loop.
 VISIBLE_EXPERTS = ('eager', 'batched_mm', 'grouped_mm')
 
-#: The general mechanism's exceptions: per model class (module and qualified name), an attribute of its instances set
-#: for the time of the context, from a function of the instance. HRM-Text runs all but the last ``L_bp_cycles`` of its
-#: inner cycles under ``torch.no_grad()`` (truncated backpropagation, to save training memory; the output does not
-#: depend on it), which would cut relevance off: every cycle is computed with gradients instead.
+#: The general mechanism's exceptions: per model class, an attribute of its instances set for the context, from a
+#: function of the instance. HRM-Text runs all but the last ``L_bp_cycles`` of its inner cycles under ``no_grad``
+#: (to save training memory), which would cut relevance off: every cycle is computed with gradients instead.
 INSTANCE_SETTINGS: dict[str, tuple[str, Callable]] = {
     'transformers.models.hrm_text.modeling_hrm_text.HrmTextModel':
         ('L_bp_cycles_padded', lambda module: [module.config.L_cycles] * module.config.H_cycles),
@@ -131,8 +130,7 @@ _LOG_SOFTMAX_VIEWS = frozenset(_names('to type type_as float double half bfloat1
                                       'flatten unflatten squeeze unsqueeze expand expand_as contiguous clone getitem '
                                       'select narrow index_select gather take_along_dim topk sort transpose permute t '
                                       'movedim swapaxes split split_with_sizes chunk unbind'))
-#: Operations that keep ``logsumexp(z)`` a shifted log-normaliser: a constant added or subtracted, casts, views,
-#: selections.
+#: What keeps ``logsumexp(z)`` a shifted log-normaliser: constants added or subtracted, casts, views, selections.
 _LSE_SHIFTS = frozenset(_names('add sub to type type_as float double view reshape unsqueeze squeeze expand contiguous '
                                'clone getitem select narrow'))
 
@@ -302,6 +300,10 @@ class _Classifier(TorchFunctionMode):
         return float(exponent) if isinstance(exponent, (int, float)) else float('nan')
 
     def product(self, name, func, args, kwargs, carrying: list[torch.Tensor]):
+        if name == 'prod':  # of the elements of one tensor along ``dim`` (all without): each 1/n (Prop. 3.2)
+            dim = args[1] if len(args) > 1 else kwargs.get('dim')
+            count = carrying[0].numel() if dim is None else carrying[0].shape[dim]
+            return scaled_gradient(func(*args, **kwargs), 1.0 / max(count, 1))
         factors = self.factors(name, args, kwargs, carrying)
         if len(factors) < 2:
             return func(*args, **kwargs)
@@ -436,15 +438,13 @@ class GeneralCanonizer(Tracking, Canonizer):
     def __init__(self, constant_gates: bool = False, constants: list | None = None):
         super().__init__()
         self.constant_gates = constant_gates
-        #: ``(module path, value)`` of every non-zero number the model adds to a tensor that carries relevance: a
-        #: bias written into the model's code, which absorbs relevance (no conservation check can be exact then);
-        #: shared with the copies :py:meth:`apply` registers
+        #: ``(module path, value)`` of every non-zero number the model adds to relevance (a bias written into its
+        #: code: it absorbs relevance); shared with the copies :py:meth:`apply` registers
         self.constants = [] if constants is None else constants
         self.attention_scales = ({'query': 0.0, 'key': 0.0, 'value': 1.0} if constant_gates
                                  else {'query': 0.25, 'key': 0.25, 'value': 0.5})
         self.opaque = 0
-        # whether the model's forward computed a ``logsumexp`` or a ``log_softmax`` (see
-        # :py:meth:`_Classifier.sink_mass`, :py:meth:`_Classifier.log_softmax_use`)
+        # whether the forward computed a ``logsumexp`` or ``log_softmax`` (:py:meth:`_Classifier.sink_mass`, ...)
         self.lse = False
         self.start_tracking()
         self.path: list[tuple[str, torch.nn.Module]] = []
