@@ -705,6 +705,35 @@ def test_sinkhorn_normalised_softmax_is_a_gate(iterations):
     torch.testing.assert_close(found.sum(), torch.tensor(36.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
 
 
+PIECEWISE = {'sign': torch.sign, 'round': torch.round, 'floor': torch.floor, 'trunc': torch.trunc,
+             'remainder': lambda a: a % 0.7, 'fmod': lambda a: torch.fmod(a, 0.7)}
+
+
+class Piecewise(torch.nn.Module):
+    """A piecewise-constant or remainder function (:py:data:`PIECEWISE`) of a projection of the input."""
+    def __init__(self, name: str):
+        super().__init__()
+        self.function, self.a = PIECEWISE[name], torch.nn.Linear(4, 4, bias=False)
+
+    def forward(self, x):
+        return self.function(self.a(x))
+
+
+@pytest.mark.parametrize('name', PIECEWISE)
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_piecewise_functions_get_the_identity_rule(name, composite):
+    """``sign``, roundings and remainders are element-wise non-linearities: the identity rule (Eq. 9), computed by
+    hand (float64, 1e-12), so relevance is conserved. Before, roundings and ``sign`` passed their zero gradient (the
+    relevance vanished) and remainders their gradient 1 (``x`` instead of ``x mod c``)."""
+    torch.manual_seed(0)
+    model = Piecewise(name).double()
+    x = torch.randn(3, 4, dtype=torch.float64) * 2
+    expected = by_hand(lambda xx: _identity(model.a(xx), model(xx)), x)
+    found = attributed(model, composite(general=True), x)
+    torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(found.sum(), (model(x) != 0).sum().double(), rtol=1e-10, atol=1e-12)
+
+
 class ElementProduct(torch.nn.Module):
     """The product of the elements of a projection of the input along its last dimension (``dim``), or of all of them
     (``None``): ``prod``, or the same factors as the operands of one ``einsum`` (``einsum=True``)."""

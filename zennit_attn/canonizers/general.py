@@ -21,8 +21,9 @@ the tensors computed from the explained inputs) and classifies it:
   enters a product; any other use of a log-softmax or a ``logsumexp`` is refused;
 - ``scaled_dot_product_attention``: query and key 1/4, value 1/2 (Props. 3.1, 3.3), a relevance-carrying float mask
   (an additive term of the logits) 1/2; CP-LRP: query, key and mask constant;
-- element-wise non-linearities (tanh, SiLU, GELU, sigmoid, clamp, ``x ** 2``, ...): the identity rule (Eq. 9); ``exp``
-  only where its output enters attention logits additively (a logit bias such as Doge's dynamic mask), else refused;
+- element-wise non-linearities (tanh, SiLU, GELU, sigmoid, clamp, ``x ** 2``, sign, roundings, remainders, ...): the
+  identity rule (Eq. 9; not their zero or unit gradient); ``exp`` only where its output enters attention logits
+  additively (a logit bias such as Doge's dynamic mask), else refused;
 - operations under ``torch.no_grad()`` inside the forward: tensors they compute from relevance-carrying ones must not
   meet relevance again (truncated backpropagation would lose relevance silently): refused
   (:py:mod:`~zennit_attn.canonizers.tracking`, which also records the constants a model adds);
@@ -76,24 +77,22 @@ INSTANCE_SETTINGS: dict[str, tuple[str, Callable]] = {
 _names = str.split
 #: Linear, structural and selection operations, and operations whose outputs carry no gradient: plain gradient.
 FREE = frozenset(_names("""
-    add sub rsub neg positive cat concat concatenate stack hstack vstack dstack view view_as reshape reshape_as
-    flatten unflatten squeeze unsqueeze permute transpose swapaxes swapdims movedim moveaxis t contiguous clone
-    expand expand_as broadcast_to broadcast_tensors repeat repeat_interleave tile narrow narrow_copy select
-    index_select gather take_along_dim getitem setitem split split_with_sizes tensor_split hsplit vsplit chunk
-    unbind flip fliplr flipud roll rot90 tril triu diagonal diag_embed masked_fill where sum mean nansum cumsum
-    to type type_as float double half bfloat16 cpu cuda detach dropout dropout1d dropout2d dropout3d alpha_dropout
-    feature_alpha_dropout pad constant_pad_nd interpolate upsample avg_pool1d avg_pool2d avg_pool3d
-    adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d pixel_shuffle pixel_unshuffle unfold fold
-    as_strided index_put index_add index_copy index_fill scatter scatter_add scatter_reduce masked_scatter
-    masked_select copy zero fill max min amax amin topk sort kthvalue maximum minimum fmax fmin msort argsort
-    argmax argmin eq ne lt le gt ge equal isnan isinf isfinite isclose allclose all any sign signbit count_nonzero
-    nonzero contains iter reversed new_zeros new_ones new_empty new_full new_tensor zeros_like ones_like
-    empty_like full_like rand_like randn_like randint_like type_as numpy pin_memory share_memory record_stream
-    split_size unsqueeze_copy expand_copy view_copy permute_copy transpose_copy squeeze_copy slice_copy
-    select_copy flatten_copy chunk_copy real imag conj resolve_conj resolve_neg align_to rename refine_names
-    embedding embedding_bag one_hot diff bucketize searchsorted histc cummax cummin logical_and
-    logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_not floor_divide remainder fmod round floor
-    ceil trunc view_as_complex view_as_real complex
+    add sub rsub neg positive cat concat concatenate stack hstack vstack dstack view view_as reshape reshape_as flatten
+    unflatten squeeze unsqueeze permute transpose swapaxes swapdims movedim moveaxis t contiguous clone expand
+    expand_as broadcast_to broadcast_tensors repeat repeat_interleave tile narrow narrow_copy select index_select
+    gather take_along_dim getitem setitem split split_with_sizes tensor_split hsplit vsplit chunk unbind flip fliplr
+    flipud roll rot90 tril triu diagonal diag_embed masked_fill where sum mean nansum cumsum to type type_as float
+    double half bfloat16 cpu cuda detach dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout pad
+    constant_pad_nd interpolate upsample avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d
+    adaptive_avg_pool3d pixel_shuffle pixel_unshuffle unfold fold as_strided index_put index_add index_copy index_fill
+    scatter scatter_add scatter_reduce masked_scatter masked_select copy zero fill max min amax amin topk sort kthvalue
+    maximum minimum fmax fmin msort argsort argmax argmin eq ne lt le gt ge equal isnan isinf isfinite isclose allclose
+    all any signbit count_nonzero nonzero contains iter reversed new_zeros new_ones new_empty new_full new_tensor
+    zeros_like ones_like empty_like full_like rand_like randn_like randint_like numpy pin_memory share_memory
+    record_stream split_size unsqueeze_copy expand_copy view_copy permute_copy transpose_copy squeeze_copy slice_copy
+    select_copy flatten_copy chunk_copy real imag conj resolve_conj resolve_neg align_to rename refine_names embedding
+    embedding_bag one_hot diff bucketize searchsorted histc cummax cummin logical_and logical_or logical_not
+    logical_xor bitwise_and bitwise_or bitwise_not floor_divide view_as_complex view_as_real complex
 """))
 #: Operations that read metadata, detach or register hooks: nothing to check (they run in the rules' hooks too).
 METADATA = frozenset(_names("""
@@ -109,10 +108,10 @@ PRODUCTS = frozenset(_names("""
 #: Element-wise non-linearities: identity rule (Eq. 9).
 ACTIVATIONS = frozenset(_names("""
     tanh sigmoid log_sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardtanh hardsigmoid
-    erf clamp clamp_min clamp_max clip abs threshold square
+    erf clamp clamp_min clamp_max clip abs threshold square sign round floor ceil trunc frac remainder fmod
 """))
-#: Bounds among them: a clamp of a value is not a gate (its output is a gate only where its input is one).
-BOUNDS = frozenset(_names('clamp clamp_min clamp_max clip hardtanh'))
+#: Bounds and roundings among them: a clamped or rounded value is not a gate (a gate only where its input is one).
+BOUNDS = frozenset(_names('clamp clamp_min clamp_max clip hardtanh round floor ceil trunc frac remainder fmod'))
 #: Computations of a normaliser ``g(x)`` (Prop. 3.4): constants.
 NORMALISERS = frozenset(_names('rsqrt sqrt reciprocal norm vector_norm linalg_vector_norm matrix_norm std var std_mean '
                                'var_mean'))
