@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.by_hand import assert_same_relevance, attributed, by_hand, identity, scaled
 from tests.naive_rules import lrp
 from tests.models import FAMILIES, MOE, decoder_ids, pixels, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn.canonizers import GeneralCanonizer, UnsupportedModelError, canonizers_for
@@ -109,27 +110,14 @@ def test_rules_by_hand():
         xx = x.clone().requires_grad_(True)
         norm = x.norm()
         scores_in = xx if gate_factor else xx.detach()
-        scores = torch.softmax(_half(scores_in, gate_factor) @ _half(scores_in, gate_factor).transpose(-1, -2), -1)
-        mixed = _half(scores, gate_factor) @ _half(xx, 0.5 if gate_factor else 1.0)
+        scores = torch.softmax(scaled(scores_in, gate_factor) @ scaled(scores_in, gate_factor).transpose(-1, -2), -1)
+        mixed = scaled(scores, gate_factor) @ scaled(xx, 0.5 if gate_factor else 1.0)
         gate = model.gate(mixed)
-        activated = _identity(gate, torch.nn.functional.silu(gate))
-        out = model.down(_half(activated, gate_factor) * _half(model.up(mixed), 0.5 if gate_factor else 1.0)) / norm
+        activated = identity(gate, torch.nn.functional.silu(gate))
+        out = model.down(scaled(activated, gate_factor) * scaled(model.up(mixed), 0.5 if gate_factor else 1.0)) / norm
         with_relevance = out.detach()
         (out * (1 / with_relevance)).sum().backward()
         torch.testing.assert_close(leaf.grad, xx.grad * x, rtol=1e-10, atol=1e-12)
-
-
-def _half(tensor, factor):
-    if factor == 0:
-        return tensor.detach()
-    result = tensor.view_as(tensor)
-    result.register_hook(lambda grad: grad * factor)
-    return result
-
-
-def _identity(input, output):
-    ratio = (output / input).detach()
-    return input * ratio
 
 
 class Exponential(torch.nn.Module):
@@ -311,37 +299,6 @@ def test_norm_of_two_tensors_is_opened():
     torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
 
 
-def by_hand(forward, x: torch.Tensor) -> torch.Tensor:
-    """Relevance at ``x`` for relevance 1 at every output element, by the plain gradient of ``forward`` (written with
-    the rules applied by hand: :py:func:`_half`, ``detach``)."""
-    xx = x.clone().requires_grad_(True)
-    out = forward(xx)
-    (out * torch.where(out == 0, 0.0, 1 / out).detach()).sum().backward()
-    return xx.grad * x
-
-
-def attributed(model, composite, x: torch.Tensor) -> torch.Tensor:
-    leaf = x.clone().requires_grad_(True)
-    with composite.context(model) as modified:
-        modified(leaf).sum().backward()
-    return leaf.grad
-
-
-def assert_same_relevance(model, reference, composite, outputs: int):
-    """``model`` (float64, ``reference``'s parameters) gets the relevance of ``reference``, the same function written
-    otherwise, on a random ``[3, 4]`` input (1e-12); CP-LRP conserves the relevance 1 of each of its ``outputs``
-    (1e-10)."""
-    torch.manual_seed(0)
-    x = torch.randn(3, 4, dtype=torch.float64)
-    model, reference = model.double(), reference.double()
-    reference.load_state_dict(model.state_dict())
-    found = attributed(model, composite(general=True), x)
-    torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
-    if composite is CPLRPEpsilon:
-        torch.testing.assert_close(found.sum(), torch.tensor(float(outputs), dtype=torch.float64), rtol=1e-10,
-                                   atol=1e-12)
-
-
 class Routed(torch.nn.Module):
     """A routing weight selected from a softmax by ``max`` (Switch Transformers) or by slicing and ``cat`` (PhiMoE's
     two top-1 softmaxes), times an expert."""
@@ -392,9 +349,9 @@ def test_fully_masked_rows_get_no_relevance(composite, share):
     found = attributed(MaskedRows(), composite(general=True), x)
 
     def forward(xx):
-        scores = _half(xx[:2], share) @ _half(xx, share).transpose(-1, -2)
+        scores = scaled(xx[:2], share) @ scaled(xx, share).transpose(-1, -2)
         probs = torch.cat([torch.softmax(scores, -1), torch.zeros(1, 3, dtype=xx.dtype)])
-        return _half(probs, share) @ _half(xx, 0.5 if share else 1.0)
+        return scaled(probs, share) @ scaled(xx, 0.5 if share else 1.0)
     assert torch.isfinite(found).all()
     torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
 
@@ -480,10 +437,10 @@ def test_attention_sink_is_the_extended_softmax(composite, share):
     found = attributed(model, composite(general=True), x)
 
     def forward(xx):
-        scores = _half(xx, share) @ _half(xx, share).transpose(-1, -2)
+        scores = scaled(xx, share) @ scaled(xx, share).transpose(-1, -2)
         extended = torch.cat([scores, model.sink.detach().expand(3, 1)], -1)
         probs = torch.softmax(extended, -1)[:, :3]
-        return _half(probs, share) @ _half(xx, 0.5 if share else 1.0)
+        return scaled(probs, share) @ scaled(xx, 0.5 if share else 1.0)
     torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
     if not share:
         torch.testing.assert_close(found.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
@@ -521,9 +478,9 @@ def test_logit_bias_gets_the_scores_share(composite, share, sdpa):
     found = attributed(model, composite(general=True), x)
 
     def forward(xx):
-        bias = model.bias(xx if share else xx.detach(), _identity)
-        probs = torch.softmax(_half(xx, share) @ _half(xx, share).transpose(-1, -2) / 2 + bias, -1)
-        return _half(probs, share) @ _half(xx, 0.5 if share else 1.0)
+        bias = model.bias(xx if share else xx.detach(), identity)
+        probs = torch.softmax(scaled(xx, share) @ scaled(xx, share).transpose(-1, -2) / 2 + bias, -1)
+        return scaled(probs, share) @ scaled(xx, 0.5 if share else 1.0)
     torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
     with pytest.raises(UnsupportedModelError, match=r"exp \(used by mul\) in the model \(ExpGate\)"):
         attributed(ExpGate().double(), composite(general=True), x[0, 0, :, :3])
@@ -728,7 +685,7 @@ def test_piecewise_functions_get_the_identity_rule(name, composite):
     torch.manual_seed(0)
     model = Piecewise(name).double()
     x = torch.randn(3, 4, dtype=torch.float64) * 2
-    expected = by_hand(lambda xx: _identity(model.a(xx), model(xx)), x)
+    expected = by_hand(lambda xx: identity(model.a(xx), model(xx)), x)
     found = attributed(model, composite(general=True), x)
     torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(found.sum(), (model(x) != 0).sum().double(), rtol=1e-10, atol=1e-12)
@@ -760,7 +717,7 @@ def test_product_of_elements_is_the_uniform_rule(dim, outputs, composite):
     model = ElementProduct(dim, False).double()
     x = torch.randn(3, 4, dtype=torch.float64)
     count = 4 if dim is not None else 12
-    expected = by_hand(lambda xx: model(_half(xx, 1 / count)), x)  # the linear layer passes relevance unchanged
+    expected = by_hand(lambda xx: model(scaled(xx, 1 / count)), x)  # the linear layer passes relevance unchanged
     torch.testing.assert_close(attributed(model, composite(general=True), x), expected, rtol=1e-10, atol=1e-12)
 
 

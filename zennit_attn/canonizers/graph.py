@@ -24,19 +24,21 @@ import re
 
 import torch
 
-#: Autograd nodes through which a gate passes unchanged in kind (one relevance-carrying input).
+#: Autograd nodes that keep a gate one where every relevance-carrying input is a gate: views, selections, casts,
+#: rescalings and shifts by constants, sums and means, and joins (``cat``, ``stack``, scatters and index puts into a
+#: constant tensor, ``where``): a sum of two softmax outputs or a routing weight scattered into a dense matrix is a
+#: gate, a product or sum of a gate and another relevance-carrying tensor is not.
 PASS_NODES = re.compile(
     r'(View|UnsafeView|Reshape\w*|Transpose|Permute|Expand|Squeeze\w*|Unsqueeze\w*|Slice|Select|Index|Gather|'
     r'ToCopy|Clone|Topk|Sort|Div|Mul|AsStrided|Split\w*|Unbind|IndexSelect|Repeat|MaskedFill|NativeDropout|'
-    r'Alias|TBackward|Narrow|Sum|Mean|Max|Min|Amax|Amin|Kthvalue|Median|ConstantPadNd|Flip|Roll|_GradientMap)'
-    r'Backward\d*$'
+    r'Alias|T|Narrow|Sum|Mean|Max|Min|Amax|Amin|Kthvalue|Median|ConstantPadNd|Flip|Roll|_GradientMap|'
+    r'Add|Sub|Rsub|Neg|Cat|Stack|Scatter\w*|IndexPut\w*|IndexAdd|IndexCopy|IndexFill|MaskedScatter|Where|NanToNum|'
+    r'Copy)Backward\d*$|^(CopySlices|CopyBackwards)$'
 )
-#: Autograd nodes that shift a tensor: a gate shifted by a constant (``sigmoid(x) + eps``) is one.
-SHIFT_NODES = re.compile(r'(Add|Sub|Rsub)Backward\d*$')
-#: Autograd nodes that join several tensors: a gate when every relevance-carrying part is one.
-JOIN_NODES = re.compile(r'(Cat|Stack)Backward\d*$')
-#: Autograd nodes of gate (activation), softmax and sink-mass outputs: the constant factors of CP-LRP.
-GATE_NODES = re.compile(r'(_GateIdentity|Softmax|_SoftmaxTaylor|SinkMass|ExpLogSoftmax)Backward\d*$')
+#: Autograd nodes of activation outputs (the identity rule's) and of softmax outputs (softmaxes, sink masses, the
+#: exponential of a log-softmax): the gates, constant factors of CP-LRP.
+ACTIVATION_GATES = re.compile(r'_GateIdentityBackward\d*$')
+SOFTMAX_GATES = re.compile(r'(Softmax|_SoftmaxTaylor|SinkMass|ExpLogSoftmax)Backward\d*$')
 #: Autograd nodes between a ``logsumexp`` and the sigmoid of a sink mass (constants subtracted, casts, views).
 _LSE_PATH = re.compile(r'(Sub|Add|ToCopy|View|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Select|Index|'
                        r'Narrow|Alias)Backward\d*$')
@@ -48,30 +50,102 @@ LOG_SOFTMAX_PATH = re.compile(r'(ToCopy|View|UnsafeView|Unsqueeze\w*|Squeeze\w*|
                               r'Unbind)Backward\d*$')
 #: Autograd nodes between a softmax and the matrix product of the attention output.
 _PRODUCT_NODES = re.compile(r'(Bmm|Mm|Matmul|Einsum)Backward\d*$')
+#: Autograd nodes of casts and views: a tensor normalised by ``g(x)`` may be a cast or view of ``x``.
+_CAST_NODES = re.compile(r'(ToCopy|View|UnsafeView|Reshape\w*|Expand|Unsqueeze\w*|Squeeze\w*|Clone|Alias)Backward\d*$')
+#: Autograd nodes between a contraction ``k^T v`` and its use (views, casts, rescalings, cumulative sums).
+_CONTRACTION_PATH = re.compile(r'(ToCopy|View|UnsafeView|Reshape\w*|Expand|Unsqueeze\w*|Squeeze\w*|Clone|Alias|Transpose|'
+                               r'Permute|T|Cumsum|Sum|Mul|Div|Slice|Select|Tril|Triu|MaskedFill|_GradientMap)'
+                               r'Backward\d*$')
+#: Autograd nodes of centring and shifting (``x - mean(x)``): a normalised tensor may be centred first.
+_CENTRING_NODES = re.compile(r'(Sub|Add)Backward\d*$')
 
 
 def _inputs(node) -> list:
     return [next_node for next_node, _ in node.next_functions if next_node is not None]
 
 
-def _gate(node, budget: int) -> bool:
-    while node is not None and budget > 0:
-        name = type(node).__name__
-        if GATE_NODES.match(name):
-            return True
-        inputs = _inputs(node)
-        if JOIN_NODES.match(name):
-            return bool(inputs) and all(_gate(item, budget - 1) for item in inputs)
-        if not (PASS_NODES.match(name) or (SHIFT_NODES.match(name) and len(inputs) == 1)):
-            return False
-        node, budget = (inputs[0] if inputs else None), budget - 1
-    return False
+def _gate_kind(node, budget: int, memo: dict) -> str | None:
+    """``'activation'``, ``'softmax'`` or None for the autograd ``node`` (see :py:func:`gate_kind`); ``memo`` holds
+    the nodes decided (a chain of renormalisations joins the same nodes many times)."""
+    if node is None or budget <= 0:
+        return None
+    if node in memo:
+        return memo[node]
+    name = type(node).__name__
+    kind = None
+    if ACTIVATION_GATES.match(name):
+        kind = 'activation'
+    elif SOFTMAX_GATES.match(name):
+        kind = 'softmax'
+    elif PASS_NODES.match(name):
+        kinds = {_gate_kind(item, budget - 1, memo) for item in _inputs(node)}
+        kind = None if not kinds or None in kinds else ('softmax' if kinds == {'softmax'} else 'activation')
+    memo[node] = kind
+    return kind
+
+
+def gate_kind(tensor: torch.Tensor) -> str | None:
+    """``'softmax'`` if ``tensor`` is (a view, selection, rescaling, shift by a constant, sum or join of) the outputs
+    of softmaxes, ``'activation'`` if of activations (or of both), else None: the gates of CP-LRP."""
+    return _gate_kind(tensor.grad_fn, 128, {})  # Sinkhorn normalisations of a softmax: 2 nodes per iteration
 
 
 def is_gate(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is (a view, selection, concatenation, shift by a constant or rescaling of) the output of an
-    activation, a softmax or a sink mass."""
-    return _gate(tensor.grad_fn, 128)  # Sinkhorn normalisations of a softmax: 2 nodes per iteration
+    """Whether ``tensor`` is (a view, selection, rescaling, shift by a constant, sum or join of) the outputs of
+    activations, softmaxes or sink masses (:py:func:`gate_kind`)."""
+    return gate_kind(tensor) is not None
+
+
+def normalises(normaliser: torch.Tensor, other: torch.Tensor, budget: int = 64) -> bool:
+    """Whether ``normaliser`` (a function ``g`` of relevance-carrying tensors) is computed from ``other``: ``other``
+    itself, or what ``other`` is a cast, view, centring or shift of (``(x - mean(x)) * rsqrt(var(x))``), is among the
+    first ``budget`` autograd nodes that ``normaliser`` was computed from. Then ``other * g`` is a normalisation
+    ``x / g'(x)`` (Prop. 3.4)."""
+    targets, node = set(), other.grad_fn
+    for _ in range(16):
+        if node is None:
+            break
+        targets.add(node)
+        inputs = _inputs(node)
+        if _CENTRING_NODES.match(type(node).__name__):
+            targets.update(inputs)
+            break
+        if not _CAST_NODES.match(type(node).__name__) or len(inputs) != 1:
+            break
+        node = inputs[0]
+    queue, seen = [normaliser.grad_fn], set()
+    while queue and len(seen) < budget:
+        node = queue.pop(0)
+        if node is None or node in seen:
+            continue
+        if node in targets:
+            return True
+        seen.add(node)
+        queue.extend(_inputs(node))
+    return False
+
+
+def is_outer_product(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether the element-wise product of ``first`` and ``second`` has more elements than either (a broadcast outer
+    product ``k[..., :, None] * v[..., None, :]``, not an element-wise product or a broadcast scale)."""
+    size = torch.Size(torch.broadcast_shapes(first.shape, second.shape)).numel()
+    return size > max(first.numel(), second.numel())
+
+
+def reaches(tensor: torch.Tensor, nodes: set, budget: int = 16) -> bool:
+    """Whether one of the autograd ``nodes`` computed ``tensor`` (through views, casts, rescalings, masks and
+    cumulative sums): a contraction ``k^T v`` that the general mechanism recorded, used in ``q (k^T v)``."""
+    node = tensor.grad_fn
+    for _ in range(budget):
+        if node is None:
+            return False
+        if node in nodes:
+            return True
+        inputs = _inputs(node)
+        if len(inputs) != 1 or not _CONTRACTION_PATH.match(type(node).__name__):
+            return False
+        node = inputs[0]
+    return False
 
 
 class LogSumExpMark(torch.autograd.Function):

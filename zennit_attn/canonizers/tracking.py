@@ -96,8 +96,12 @@ class Tracking:
         """Forget the tensors of a previous forward (at the start of the model's forward)."""
         #: whether gradients were enabled when the model's forward began
         self.gradients = torch.is_grad_enabled()
-        #: cut-off tensors and logit biases, each with the module path where it arose
-        self.cut, self.biases = TensorMarks(), TensorMarks()
+        #: cut-off tensors and logit biases, each with the module path where it arose; normalisers ``g(x)`` (Prop. 3.4)
+        #: with the operation that computed them (:py:meth:`~zennit_attn.canonizers.classifier.Classifier.normaliser_use`)
+        self.cut, self.biases, self.normalisers = TensorMarks(), TensorMarks(), TensorMarks()
+        #: autograd nodes of contractions of relevance-carrying tensors without a softmax (``k^T v``: see
+        #: :py:meth:`~zennit_attn.canonizers.classifier.Classifier.refuse_linear_attention`)
+        self.contractions: set = set()
 
     def note_constant(self, name: str, args, kwargs) -> None:
         """Record a non-zero number, or a constant tensor that is not an additive mask (entries 0 or <= -1e4), added to,

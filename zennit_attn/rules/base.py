@@ -21,13 +21,16 @@ class _ElementwiseIdentity(torch.autograd.Function):
     """Forward: return the precomputed ``output = f(input)``. Backward: ``g_in = g_out * f(x) / x``.
 
     This is the identity rule ``R_in = R_out`` (Eq. 9) written for the modified gradient: with
-    ``R_out = f(x) g_out`` and ``R_in = x g_in``. Where ``x == 0`` the gradient is 0 (``f(0) = 0`` for all
-    activations this is registered to, so no relevance is lost there; a non-finite ratio ``f(x) / x`` is set to
-    0 as well).
+    ``R_out = f(x) g_out`` and ``R_in = x g_in``. Where ``x == 0`` no gradient can carry the relevance ``f(0) g_out``
+    to ``x``: the gradient is 0 there (a non-finite ratio ``f(x) / x`` is set to 0 as well), and ``f(0)`` acts as a
+    constant of the model (a bias). :py:func:`elementwise_identity` applies the rule from the first input of a chain
+    of element-wise functions, so that this happens only where that input is 0, not where an inner function (ReLU)
+    gives 0 to an outer one with ``f(0) != 0`` (sigmoid). The node keeps ``input`` (``source``) for that.
     """
     @staticmethod
     def forward(ctx, input, output):
         ctx.save_for_backward(input.detach(), output.detach())
+        ctx.source = input
         return output.detach()
 
     @staticmethod
@@ -78,7 +81,17 @@ class _GateIdentity(_ElementwiseIdentity):
 
 def elementwise_identity(input: torch.Tensor, output: torch.Tensor, gate: bool = False) -> torch.Tensor:
     """Return ``output`` (computed element-wise from ``input``) such that the identity rule (Eq. 9) applies;
-    ``gate`` marks the output of an activation (as opposed to a normalisation)."""
+    ``gate`` marks the output of an activation (as opposed to a normalisation).
+
+    Where ``input`` is itself the output of the identity rule on ``x0`` (``f(g(x0))``, unchanged since), the rule
+    applies from ``x0`` to ``output`` at once: the identity rule of the composed element-wise function. This is the
+    same gradient as the two rules one after the other (``f(y) / y * g(x0) / x0`` with ``y = g(x0)``) wherever
+    ``y != 0``, and keeps the relevance ``f(0) g`` where ``y == 0`` (``sigmoid(relu(x))``), which a chain of ratios
+    loses.
+    """
+    node = input.grad_fn  # the node of a function's output; changed in place since, the output has another one
+    if issubclass(getattr(type(node), '_forward_cls', type(None)), _ElementwiseIdentity):
+        input = node.source
     return (_GateIdentity if gate else _ElementwiseIdentity).apply(input, output.detach())
 
 
