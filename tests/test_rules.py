@@ -7,7 +7,7 @@ from zennit.composites import LayerMapComposite
 from tests.naive_rules import (
     close, epsilon_rule, identity_rule, lrp, norm_rule, scale_rule, softmax_rule, stabilize, uniform_rule,
 )
-from zennit_attn.layers import MatMul, Operand, Product
+from zennit_attn.layers import MatMul, Operand, Product, forward_parameters
 from zennit_attn.rules import (
     BilinearEpsilon, ConstantFactors, ConstantOperand, Epsilon, Identity, NormIdentity, RelevanceBoundary, Softmax,
     UniformOperand, UniformProduct,
@@ -122,6 +122,99 @@ def test_constant_factors_matmul():
     expected_v = torch.einsum('ji,ip,jp->ip', a, v, relevance / (a @ v))
     close(actual_v, expected_v)
     assert float(actual_a.abs().max()) == 0.0
+
+
+def relevance_with_constants(module, rule, operands, constant, relevance_out, keywords=()):
+    """Like :py:func:`tests.naive_rules.lrp`, with the operands at the positions ``constant`` not requiring a gradient
+    (constants, or tensors that are not explained) and those named in ``keywords`` passed by keyword (by the name of
+    the forward's parameter): the input relevance of the others (None at the constants)."""
+    leaves = [tensor.detach().requires_grad_(index not in constant) for index, tensor in enumerate(operands)]
+    names = forward_parameters(module) if keywords else ()
+    handles = rule.register(module)
+    try:
+        args = [leaf for index, leaf in enumerate(leaves) if not keywords or names[index] not in keywords]
+        kwargs = {names[index]: leaf for index, leaf in enumerate(leaves) if keywords and names[index] in keywords}
+        output = module(*args, **kwargs)
+        variables = [leaf for leaf in leaves if leaf.requires_grad]
+        grads = iter(torch.autograd.grad(output, variables, grad_outputs=relevance_out / output, allow_unused=True))
+    finally:
+        handles.remove()
+    relevances = []
+    for leaf in leaves:
+        grad = next(grads) if leaf.requires_grad else None
+        relevances.append(None if not leaf.requires_grad else leaf.detach() * (0 if grad is None else grad))
+    return relevances
+
+
+@pytest.mark.parametrize('constant', [0, 1], ids=['first-constant', 'second-constant'])
+def test_uniform_product_with_a_constant_factor(constant):
+    """Prop. 3.2 whatever the factors require: ``f = c x y`` with ``c`` a constant still has N = 3 factors, so ``x``
+    and ``y`` get ``R / 3`` each (by hand: ``R_x = x * (c y g) / 3`` with ``g = R / f``) and the constant's share
+    stays with it. zennit 0.5.1 did not apply the rule where the first factor was the constant (``R_x = R``)."""
+    factors = [torch.randn(4, 5, dtype=torch.float64) for _ in range(3)]
+    relevance = torch.randn(4, 5, dtype=torch.float64)
+    actual = relevance_with_constants(Product(), UniformProduct(), factors, (constant,), relevance)
+    output = factors[0] * factors[1] * factors[2]
+    gradient = relevance / output
+    for index, value in enumerate(actual):
+        if index == constant:
+            assert value is None
+            continue
+        others = [factor for position, factor in enumerate(factors) if position != index]
+        close(value, factors[index] * others[0] * others[1] * gradient / 3)
+        close(value, relevance / 3)
+
+
+@pytest.mark.parametrize('epsilon', [0.0, 0.1])
+@pytest.mark.parametrize('keywords', [(), ('a', 'b')], ids=['positional', 'keywords'])
+@pytest.mark.parametrize('constant', [0, 1], ids=['a-constant', 'b-constant'])
+def test_bilinear_matmul_with_a_constant_operand(constant, keywords, epsilon):
+    """Prop. 3.3 whatever the operands require: ``O = A B`` with one operand constant; the other gets its share
+    written out term by term, ``R_B[i, p] = sum_j A_ji B_ip R_jp / (2 O_jp + eps)`` (``R_A`` summed over ``p``), half
+    of the relevance for ``eps = 0``. zennit 0.5.1 did not apply the rule where ``A`` was the constant (``R_B`` the
+    whole relevance)."""
+    a = torch.randn(2, 4, 3, dtype=torch.float64)
+    b = torch.randn(2, 3, 5, dtype=torch.float64)
+    relevance = torch.randn(2, 4, 5, dtype=torch.float64)
+    actual = relevance_with_constants(MatMul(), BilinearEpsilon(epsilon), [a, b], (constant,), relevance, keywords)
+    output = torch.zeros(2, 4, 5, dtype=torch.float64)
+    for n in range(2):
+        for j in range(4):
+            for p in range(5):
+                output[n, j, p] = sum(a[n, j, i] * b[n, i, p] for i in range(3))
+    terms = torch.zeros(2, 4, 3, 5, dtype=torch.float64)
+    for n in range(2):
+        for j in range(4):
+            for i in range(3):
+                for p in range(5):
+                    denominator = 2 * output[n, j, p] + epsilon * (1.0 if output[n, j, p] >= 0 else -1.0)
+                    terms[n, j, i, p] = a[n, j, i] * b[n, i, p] * relevance[n, j, p] / denominator
+    assert actual[constant] is None
+    if constant == 0:
+        close(actual[1], terms.sum(1))
+    else:
+        close(actual[0], terms.sum(3))
+    if epsilon == 0:
+        close(actual[1 - constant].sum((1, 2)), relevance.sum((1, 2)) / 2)
+
+
+@pytest.mark.parametrize('keywords', [(), ('a', 'b')], ids=['positional', 'keywords'])
+@pytest.mark.parametrize('requires', [True, False], ids=['a-requires-grad', 'a-constant'])
+def test_constant_factors_matmul_whatever_a_requires(requires, keywords):
+    """CP-LRP: ``O = A V`` is linear in ``V``, which gets all relevance (Eq. 8, written out term by term), whether
+    the attention matrix requires a gradient or not, also with the operands passed by keyword; ``A`` gets none."""
+    a = torch.randn(4, 3, dtype=torch.float64).softmax(-1)
+    v = torch.randn(3, 5, dtype=torch.float64)
+    relevance = torch.randn(4, 5, dtype=torch.float64)
+    actual_a, actual_v = relevance_with_constants(MatMul(), ConstantFactors((0,)), [a, v], () if requires else (0,),
+                                                  relevance, keywords)
+    expected = torch.zeros(3, 5, dtype=torch.float64)
+    for i in range(3):
+        for p in range(5):
+            expected[i, p] = sum(a[j, i] * v[i, p] * relevance[j, p] / float(a[j] @ v[:, p]) for j in range(4))
+    close(actual_v, expected)
+    close(actual_v.sum(), relevance.sum())
+    assert actual_a is None if not requires else float(actual_a.abs().max()) == 0.0
 
 
 @pytest.mark.parametrize('rule, scales', [

@@ -6,20 +6,25 @@
 2. The composite assigns each layer type its rule, every choice can be overridden, and a gamma rule on the fused
    ``qkv`` projection still sees the AttnLRP operand rule (hook order).
 3. Conservation on a bias-free ViT: CP-LRP exact, AttnLRP exactly up to what the softmax rule absorbs, computed
-   independently from the attention probabilities and the q/k relevance.
+   independently from the attention probabilities and the q/k relevance; on a bias-free LLaVA with gamma on the
+   vision tower, CP-LRP misses the logit by what the stabilisers absorb, and by nothing else.
 """
 from __future__ import annotations
 
 import pytest
 import torch
+from zennit.core import ParamMod
+from zennit.rules import AlphaBeta as ZennitAlphaBeta, Gamma as ZennitGamma, ZPlus as ZennitZPlus
 
-from tests.models import CLASSES, pixels, tiny_hf_vit, tiny_timm_vit
+from tests.models import CLASSES, pixels, tiny_hf_vit, tiny_llava, tiny_timm_vit
+from tests.processors import image, llava_processor
 from tests.naive_rules import close, lrp, stabilize
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
 from zennit_attn import explain
 from zennit_attn.rules import (
     AlphaBeta, ConstantOperand, Epsilon, Gamma, RelevanceRule, UniformOperand, ZPlus,
 )
+from zennit_attn.rules.relevance import modified_parameters
 
 
 STAB = 1e-6
@@ -121,6 +126,29 @@ def test_rule_adapter_needs_a_zennit_rule():
     assert repr(Gamma(0.25)) == 'Gamma(0.25)' and repr(AlphaBeta()) == 'AlphaBeta(2.0, 1.0)'
 
 
+@pytest.mark.parametrize('rule', [ZennitGamma(0.25), ZennitGamma(0.5, zero_params=['bias']), ZennitZPlus(),
+                                  ZennitAlphaBeta(2.0, 1.0)], ids=['gamma', 'gamma-zero-bias', 'zplus', 'alpha-beta'])
+def test_modified_parameters_are_zennits(rule):
+    """The adapter computes each of the rule's modified parameters (its ``param_keys``, ``zero_params``, the
+    modifier ``modifier(param, name)``) as zennit's own ``ParamMod`` context sets them, on a copy of the layer (zennit
+    1.0's context leaves new parameter objects behind), and leaves the layer itself as it was."""
+    linear = torch.nn.Linear(5, 4).double()
+    parameters = [(name, id(parameter), parameter.detach().clone()) for name, parameter in linear.named_parameters()]
+    for param_mod in rule.param_modifiers:
+        param_mod = ParamMod.ensure(param_mod)
+        ours = modified_parameters(param_mod, linear)
+        copy = torch.nn.Linear(5, 4).double()
+        copy.load_state_dict(linear.state_dict())
+        with param_mod(copy) as modified:
+            theirs = {name: parameter.detach().clone() for name, parameter in modified.named_parameters()}
+        assert set(ours) == set(theirs)
+        for name in ours:
+            assert torch.equal(ours[name], theirs[name]), name
+    assert [(name, id(parameter)) for name, parameter in linear.named_parameters()] == \
+        [(name, identity) for name, identity, _ in parameters]
+    assert all(torch.equal(getattr(linear, name), value) for name, _, value in parameters)
+
+
 # ------------------------------------------------------------------------------------------------- composite
 @pytest.mark.parametrize('builder', [tiny_timm_vit, tiny_hf_vit], ids=['timm', 'hf'])
 def test_layer_types(builder):
@@ -166,6 +194,23 @@ def test_rules_are_assigned_and_overridable():
             override
     with pytest.raises(TypeError):
         AttnLRPGamma(conv='Gamma(0.25)')
+
+
+def test_zennit_rules_are_converted():
+    """A zennit relevance rule passed as is (``zennit.rules.Gamma``, which passes relevance where the composite's
+    rules pass a modified gradient) acts as the library's adapter of it: the same relevance as ``Gamma`` (before, the
+    relevance it passed on was read as a gradient: 43146 against a logit of -0.007 on this ViT), and the module's
+    parameters stay the module's."""
+    model = tiny_timm_vit(zero_bias=True, pos_embed='none')
+    parameters = [(name, id(parameter)) for name, parameter in model.named_parameters()]
+    x = pixels()
+    ours = explain(model, x, target=0, composite=CPLRPGamma(linear=Gamma(0.05)))
+    composite = CPLRPGamma(linear=ZennitGamma(gamma=0.05))
+    assert isinstance(composite.rules['linear'], RelevanceRule)
+    assert repr(composite.rules['linear']) == 'RelevanceRule(zennit.rules.Gamma(...))'
+    theirs = explain(model, x, target=0, composite=composite)
+    torch.testing.assert_close(theirs.relevance, ours.relevance, rtol=1e-10, atol=1e-12)
+    assert [(name, id(parameter)) for name, parameter in model.named_parameters()] == parameters
 
 
 def test_gamma_on_fused_qkv_keeps_the_operand_rule():
@@ -227,3 +272,30 @@ def test_conservation_bias_free_vit():
     attn = explain(model, x, target=0, composite=AttnLRPGamma(**exact))
     assert float(attn.relevance.sum()) == pytest.approx(total, rel=1e-10)
     assert CLASSES == 3
+
+
+def test_vision_tower_gap_is_what_the_stabilisers_absorb():
+    """``CPLRPGamma(within='vision')`` on a bias-free float64 LLaVA: text + pixel relevance misses the logit by what
+    the stabilisers absorb (docs/how-to/vision-language.md), the gamma rules' (``Gamma(..., stabilizer=1e-6)`` on the
+    patch embedding and the MLPs) and the epsilon rule's on the attention projections (``Epsilon(1e-6)``), and by
+    nothing else: 0 without them, not 0 with the defaults, the sum of the two kinds' gaps (to the product of two
+    absorbed fractions), and 10 times the stabilisers give 10 times the gap (it is first order in them)."""
+    model, processor = tiny_llava(zero_bias=True), llava_processor()
+    text = '<image>The ice bear lives'
+
+    def gap(gamma_stabilizer=1e-6, epsilon=1e-6, composite=None):
+        attention = Epsilon(epsilon) if epsilon else None
+        composite = composite or CPLRPGamma(
+            within='vision', conv=Gamma(0.25, stabilizer=gamma_stabilizer),
+            linear=Gamma(0.05, stabilizer=gamma_stabilizer), attention_in=attention, attention_out=attention)
+        exp = explain(model, text, images=[image()], processor=processor, composite=composite)
+        return float(exp.relevance.sum()) + float(exp.pixel_relevance.sum()) - float(exp.logit), float(exp.logit)
+
+    default, logit = gap(composite=CPLRPGamma(within='vision'))
+    assert gap() == (default, logit)  # the defaults spelled out
+    assert abs(default) > 1e-7 * abs(logit)  # measured 2.2e-7 of a logit of 0.31
+    assert abs(gap(gamma_stabilizer=1e-30, epsilon=0.0)[0]) <= 1e-12 * abs(logit)
+    gamma_only, epsilon_only = gap(epsilon=0.0)[0], gap(gamma_stabilizer=1e-30)[0]
+    assert gamma_only != 0 and epsilon_only != 0
+    assert default == pytest.approx(gamma_only + epsilon_only, rel=1e-4)
+    assert gap(gamma_stabilizer=1e-5, epsilon=1e-5)[0] == pytest.approx(10 * default, rel=1e-3)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import torch
-from zennit.core import Hook
+from zennit.core import BasicHook, Hook
 
 from ..canonizers import ATTENTION_OUTPUTS, attention_linears, operand_taps, vision_towers
 from ..canonizers.blocks import VISION_TOWER_NAMES
@@ -68,7 +68,9 @@ class AttnLRPGamma(AttnLRPComposite):
             output, relevance = attributor(pixels, one_hot)   # relevance: [batch, channels, height, width]
 
     Each layer type's rule is a constructor argument; pass a rule instance (it is copied for every module) or
-    None for no rule (the plain gradient, i.e. the epsilon rule with epsilon -> 0).
+    None for no rule (the plain gradient, i.e. the epsilon rule with epsilon -> 0). A zennit relevance rule (a
+    ``zennit.core.BasicHook`` such as ``zennit.rules.Gamma``, which passes relevance where these rules pass a modified
+    gradient) is wrapped in :py:class:`~zennit_attn.rules.RelevanceRule`, which converts at the module's boundary.
 
     Parameters
     ----------
@@ -123,6 +125,8 @@ class AttnLRPGamma(AttnLRPComposite):
             'conv': conv, 'linear': linear, 'attention_in': attention_in, 'attention_out': attention_out,
             'softmax': self.operand_rule() if softmax is None else softmax,
         }
+        self.rules = {kind: RelevanceRule(rule) if isinstance(rule, BasicHook) else rule
+                      for kind, rule in self.rules.items()}
         for kind, rule in self.rules.items():
             if rule is not None and not isinstance(rule, Hook):
                 raise TypeError(f'{kind}= needs a zennit Hook (rule) instance or None, got {type(rule).__name__}')

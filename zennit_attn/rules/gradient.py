@@ -3,13 +3,12 @@
 the CP-LRP baseline's constant factors."""
 from __future__ import annotations
 
-import copy
 from typing import Iterable
 
 import torch
-from zennit.core import Hook, RemovableHandle, RemovableHandleList
+from zennit.core import RemovableHandle, RemovableHandleList
 
-from ..layers import Operand
+from ..layers import Operand, forward_parameters
 from ..module_kinds import UnsupportedModelError, is_listed_activation, norm_kind
 from .base import (GradientRule, compute_dtype, elementwise_identity, gradient_map, layer_norm_identity,
                    scaled_gradient, tensor_output)
@@ -79,12 +78,40 @@ class Identity(GradientRule):
 
     Modules recognised by their class name only (not in :py:data:`~zennit_attn.module_kinds.ACTIVATIONS`) are
     confirmed element-wise at their first call: reordering the features of the input reorders the output.
+
+    The rule needs the module's input after the forward: a module that overwrites it (``torch.nn.SiLU(inplace=True)``)
+    runs out of place while the rule is registered (its ``inplace`` flag is set to False and put back by
+    :py:meth:`remove`); a module that changes its input in place otherwise is refused
+    (:py:class:`~zennit_attn.module_kinds.UnsupportedModelError`), never explained from the overwritten values.
     """
     confirmed = False
+    #: ``(module, whether it held its own ``inplace`` attribute)`` while its flag is switched off
+    switched: tuple[torch.nn.Module, bool] | None = None
+    #: the version counter of the module's input when its forward began
+    version: int | None = None
+
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        handles = super().register(module)
+        handles.append(module.register_forward_pre_hook(self._pre_forward))
+        if getattr(module, 'inplace', None) is True:
+            self.switched = (module, 'inplace' in module.__dict__)
+            module.inplace = False
+        return handles
+
+    def _pre_forward(self, module, input):
+        first = input[0] if input else None
+        self.version = first._version if isinstance(first, torch.Tensor) else None
+
     def forward(self, module, input, output):
         output = tensor_output(module, output)
         if not output.requires_grad or not input or not isinstance(input[0], torch.Tensor):
             return None
+        if self.version is not None and input[0]._version != self.version:
+            raise UnsupportedModelError(
+                f'{type(module).__name__} changes its input in place, so the identity rule (Eq. 9) cannot read the '
+                'input it computed its output from; make it compute out of place (e.g. inplace=False) or report the '
+                'model.'
+            )
         if input[0].shape != output.shape:
             raise ValueError(
                 f'The identity rule needs an element-wise module, but {type(module).__name__} maps '
@@ -102,9 +129,20 @@ class Identity(GradientRule):
         self.confirmed = True
         return elementwise_identity(input[0], output, gate=True)
 
+    def remove(self) -> None:
+        """Put back a module's ``inplace`` flag (see the class description), then remove the hooks."""
+        if self.switched is not None:
+            module, own = self.switched
+            if own:
+                module.inplace = True
+            else:
+                del module.inplace
+            self.switched = None
+        super().remove()
+
     def copy(self):
         duplicate = super().copy()
-        duplicate.confirmed = False
+        duplicate.confirmed, duplicate.switched, duplicate.version = False, None, None
         return duplicate
 
 
@@ -289,33 +327,31 @@ class ConstantOperand(OperandRule):
     scales = {'query': 0.0, 'key': 0.0, 'value': 1.0, 'gate': 0.0, 'up': 1.0, 'routing': 0.0, 'routed': 1.0}
 
 
-class _InputGradientRule(Hook):
-    """Base for rules that replace the gradients of a multi-input module through zennit's Hook mechanism."""
-    def forward(self, module, input, output):
-        self.stored_tensors['input'] = tuple(tensor.detach() for tensor in input)
-        self.stored_tensors['output'] = output.detach()
-
-    def copy(self):
-        duplicate = copy.copy(self)
-        Hook.__init__(duplicate)
-        return duplicate
-
-
-class UniformProduct(_InputGradientRule):
+class UniformProduct(GradientRule):
     """Uniform rule (Prop. 3.2) for :py:class:`~zennit_attn.layers.Product`: each of N factors gets ``R / N``.
 
-    Each factor's share of ``R = f(x) g`` is ``x_i * (g prod_{k != i} x_k) / N``: the plain gradient over N.
+    Each factor's share of ``R = f(x) g`` is ``x_i * (g prod_{k != i} x_k) / N``: the plain gradient over N, which is
+    the plain gradient of the output gradient ``g / N`` (the rule scales the gradient at the output). N counts every
+    factor, also one that does not require a gradient (a constant, or a tensor not explained): its share ``R / N``
+    stays there, and each factor that requires a gradient gets ``R / N`` whatever the others require, so the relevance
+    of a factor does not depend on which inputs are explained.
     """
-    def backward(self, module, grad_input, grad_output):
-        count = len(self.stored_tensors['input'])
-        return tuple(None if grad is None else grad / count for grad in grad_input)
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad:
+            return None
+        return scaled_gradient(output, 1 / len(input))
 
 
-class BilinearEpsilon(_InputGradientRule):
+class BilinearEpsilon(GradientRule):
     """Epsilon + uniform rule for :py:class:`~zennit_attn.layers.MatMul` ``O = A B`` (Prop. 3.3).
 
     ``R_A[j, i] = sum_p A_ji B_ip R_jp / (2 O_jp + eps)``, and ``R_B`` by summing over ``j``. In the gradient
-    convention ``g_A = (R / (2 O + eps)) B^T`` and ``g_B = A^T (R / (2 O + eps))`` with ``R = O g``.
+    convention ``g_A = (R / (2 O + eps)) B^T`` and ``g_B = A^T (R / (2 O + eps))`` with ``R = O g``: the plain gradient
+    of the output gradient ``O g / (2 O + eps)`` (``g / 2`` for ``eps = 0``), which the rule puts at the output. Each
+    operand that requires a gradient gets its share, also where the other is a constant (its share stays there). The
+    factor ``O / (2 O + eps)`` is computed in the forward pass (one tensor of the output's shape, float32 for a
+    half-precision output).
 
     Parameters
     ----------
@@ -326,35 +362,25 @@ class BilinearEpsilon(_InputGradientRule):
         super().__init__()
         self.epsilon = epsilon
 
-    def backward(self, module, grad_input, grad_output):
-        a, b = self.stored_tensors['input']
-        output = self.stored_tensors['output']
-        dtype = compute_dtype(a, b, grad_output[0])
-        grad = grad_output[0].to(dtype)
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad:
+            return None
         if self.epsilon == 0:
-            normed = grad / 2
-        else:
-            output = output.to(dtype)
-            normed = output * grad / _stabilize(2 * output, self.epsilon)
-        grad_a = torch.matmul(normed, b.to(dtype).transpose(-1, -2))
-        grad_b = torch.matmul(a.to(dtype).transpose(-1, -2), normed)
-        grads = (_sum_to(grad_a, a.shape).to(a.dtype), _sum_to(grad_b, b.shape).to(b.dtype))
-        return tuple(None if old is None else new for old, new in zip(grad_input, grads))
+            return scaled_gradient(output, 0.5)
+        dtype = compute_dtype(output)
+        value = output.detach().to(dtype)
+        factor = value / _stabilize(2 * value, self.epsilon)
+        return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
 
 
-def _sum_to(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Sum a broadcast gradient back to ``shape``."""
-    while tensor.dim() > len(shape):
-        tensor = tensor.sum(0)
-    dims = tuple(index for index, size in enumerate(shape) if size == 1 and tensor.shape[index] != 1)
-    return tensor.sum(dims, keepdim=True) if dims else tensor
-
-
-class ConstantFactors(_InputGradientRule):
+class ConstantFactors(GradientRule):
     """CP-LRP for :py:class:`~zennit_attn.layers.Product` and :py:class:`~zennit_attn.layers.MatMul`.
 
     The factors at ``indices`` are constants and receive nothing; the operation is then linear in the others,
-    which keep their plain gradient (epsilon rule with epsilon -> 0).
+    which keep their plain gradient (epsilon rule with epsilon -> 0). The constant factors are detached before the
+    module's forward (positional arguments by index, keyword arguments by the name of the forward's parameter at that
+    index).
 
     Parameters
     ----------
@@ -365,5 +391,22 @@ class ConstantFactors(_InputGradientRule):
         super().__init__()
         self.indices = tuple(indices)
 
-    def backward(self, module, grad_input, grad_output):
-        return tuple(None if index in self.indices else grad for index, grad in enumerate(grad_input))
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        return RemovableHandleList([
+            RemovableHandle(self),
+            module.register_forward_pre_hook(self._detach_constants, with_kwargs=True),
+        ])
+
+    def _detach_constants(self, module, args, kwargs):
+        if not self.active:
+            return None
+        parameters = forward_parameters(module)
+        names = {parameters[index] for index in self.indices if 0 <= index < len(parameters)}
+        args = tuple(_detached(arg) if index in self.indices else arg for index, arg in enumerate(args))
+        kwargs = {key: _detached(value) if key in names else value for key, value in kwargs.items()}
+        return args, kwargs
+
+
+def _detached(value):
+    """``value.detach()`` for a tensor, ``value`` otherwise."""
+    return value.detach() if isinstance(value, torch.Tensor) else value

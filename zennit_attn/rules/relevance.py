@@ -3,7 +3,7 @@ B)."""
 from __future__ import annotations
 
 import torch
-from zennit.core import BasicHook, ParamMod, RemovableHandle, RemovableHandleList
+from zennit.core import BasicHook, ParamMod, RemovableHandle, RemovableHandleList, zero_wrap
 from zennit.rules import AlphaBeta as ZennitAlphaBeta, Gamma as ZennitGamma, ZPlus as ZennitZPlus
 
 from .base import GradientRule, tensor_output
@@ -45,7 +45,9 @@ class RelevanceRule(GradientRule):
     The rule applies to modules with one tensor input and output (``torch.nn.Linear``, ``torch.nn.Conv2d``, ...). Its
     forward hook runs before hooks registered earlier (canonizer taps such as the
     :py:class:`~zennit_attn.layers.Operand` on a fused ``qkv`` projection), so those still act on the gradient
-    before it reaches the rule. The parameters of the module get no gradient through a hooked module.
+    before it reaches the rule. The parameters of the module get no gradient through a hooked module. The modified
+    parameters are computed from the rule's parameter modifiers and passed to the recomputation
+    (:py:meth:`relevance`); the module keeps its own parameter objects, with zennit 0.5.1 and 1.0 alike.
 
     Parameters
     ----------
@@ -57,6 +59,10 @@ class RelevanceRule(GradientRule):
         if not isinstance(rule, BasicHook):
             raise TypeError(f'RelevanceRule needs a zennit.core.BasicHook rule, got {type(rule).__name__}')
         self.rule = rule
+
+    def __repr__(self) -> str:
+        return f'RelevanceRule({type(self.rule).__module__}.{type(self.rule).__name__}(...))' \
+            if type(self) is RelevanceRule else super().__repr__()
 
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
         return RemovableHandleList([
@@ -74,19 +80,79 @@ class RelevanceRule(GradientRule):
         return _RelevanceRuleFunction.apply(input[0], output, module, self)
 
     def relevance(self, module: torch.nn.Module, input: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
-        """The zennit rule's input relevance of ``module`` at ``input`` for the output ``relevance``."""
+        """The zennit rule's input relevance of ``module`` at ``input`` for the output ``relevance``.
+
+        The module's forward runs once per input modifier of the rule, with the parameters that the matching
+        parameter modifier gives (:py:func:`modified_parameters`), passed to :py:func:`torch.func.functional_call`:
+        the module keeps its own parameter objects (their identity, ``requires_grad``, ties to other modules),
+        whatever zennit's ``ParamMod`` context would do (zennit 1.0 replaces them by new ones).
+        """
         inputs, outputs = [], []
+        runner = _Forward(module)
         for in_mod, param_mod, out_mod in zip(
                 self.rule.input_modifiers, self.rule.param_modifiers, self.rule.output_modifiers):
             modified_input = in_mod(input).detach().requires_grad_()
-            with ParamMod.ensure(param_mod)(module) as modified, torch.enable_grad():
-                outputs.append(out_mod(modified.forward(modified_input)))
+            parameters = {f'module.{name}': tensor
+                          for name, tensor in modified_parameters(ParamMod.ensure(param_mod), module).items()}
+            with torch.enable_grad():
+                outputs.append(out_mod(torch.func.functional_call(runner, parameters, (modified_input,))))
             inputs.append(modified_input)
         grad_outputs = self.rule.gradient_mapper(relevance, outputs)
         with torch.enable_grad():
             gradients = torch.autograd.grad(outputs, inputs, grad_outputs=grad_outputs, allow_unused=True)
         gradients = [torch.zeros_like(x) if grad is None else grad for x, grad in zip(inputs, gradients)]
         return self.rule.reducer(inputs, gradients).detach()
+
+
+def modified_parameters(modifier: ParamMod, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``{name: modified tensor}`` of the parameters of ``module`` (not of its submodules) that the zennit parameter
+    modifier ``modifier`` changes, as its context manager would set them (zennit 0.5.1 and 1.0 alike), without
+    touching ``module``.
+
+    Parameters named in ``modifier.param_keys`` (all of the module's own parameters for None) are passed through
+    ``modifier.modifier(tensor, name)``, those in ``modifier.zero_params`` are zeros (zennit's ``zero_wrap``);
+    parameters that are None are left out. The modifier gets the parameter's data (no gradient).
+
+    Parameters
+    ----------
+    modifier: zennit.core.ParamMod
+        The parameter modifier of a zennit rule (``ParamMod.ensure`` makes one of a plain function).
+    module: torch.nn.Module
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+
+    Raises
+    ------
+    RuntimeError
+        If ``modifier.require_params`` is set and ``module`` has no attribute of a name in ``param_keys`` (as zennit).
+    """
+    keys = modifier.param_keys
+    if keys is None:
+        keys = [name for name, _ in module.named_parameters(recurse=False)]
+    missing = [key for key in keys if not hasattr(module, key)]
+    if modifier.require_params and missing:
+        raise RuntimeError(f'Module {module} requires missing parameters: {missing}')
+    function = zero_wrap(modifier.zero_params or [])(modifier.modifier)
+    modified = {}
+    for key in keys:
+        parameter = getattr(module, key, None)
+        if parameter is not None:
+            modified[key] = function(parameter.detach(), key)
+    return modified
+
+
+class _Forward(torch.nn.Module):
+    """Runs ``module.forward`` (not ``module(...)``: the module's hooks, this rule's among them, stay out of the
+    recomputation) as the forward of a module that holds it as ``module``, for
+    :py:func:`torch.func.functional_call`."""
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args):
+        return self.module.forward(*args)
 
 
 class Gamma(RelevanceRule):
