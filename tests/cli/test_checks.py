@@ -182,3 +182,25 @@ def test_target_parsing(capsys):
     for bad in ('id:', 'id:x', 'id:-1', 'id:1.5'):
         assert 'id: must be followed by a token id' in refused(capsys, ['explain', '--prompt', PROMPT, '--target', bad])
     assert '--target is empty' in refused(capsys, ['explain', '--prompt', PROMPT, '--target', ''])
+
+
+# ---------------------------------------------------------------------------------------- the method for the model
+def test_encoder_decoder_refusals(capsys, tmp_path):
+    """What the library refuses for an encoder-decoder model once loaded (attention-map methods, latent sites) is
+    refused by the checks, which read is_encoder_decoder from config.json: exit status 2, nothing loaded."""
+    folder = tmp_path / 't5'
+    folder.mkdir()
+    (folder / 'config.json').write_text('{"model_type": "t5", "is_encoder_decoder": true}')
+    (folder / 'tokenizer.json').write_text('{}')
+    texts = tmp_path / 'texts.jsonl'
+    texts.write_text('{"text": "The bear"}\n')
+    for method in ('attention_rollout', 'grad_attention_rollout', 'gradcam'):
+        for argv in (['explain', '--prompt', PROMPT], ['generate', '--prompt', PROMPT],
+                     ['explain-dataset', '--input', str(texts), '--output', str(tmp_path / 'out')]):
+            line = refused(capsys, [*argv, '--model', str(folder), '--method', method])
+            assert f'--method {method} reads attention maps, which are not implemented for encoder-decoder models ' \
+                   f'such as {folder} (its config.json says is_encoder_decoder); use one of attnlrp, cplrp, ' \
+                   'input_x_gradient, integrated_gradients, smoothgrad, atman, kernelshap, random' in line
+    line = refused(capsys, ['neurons', '--prompt', PROMPT, '--model', str(folder)])
+    assert f'{folder} is an encoder-decoder model (its config.json says is_encoder_decoder): latent sites' in line
+    assert not (tmp_path / 'out').exists()

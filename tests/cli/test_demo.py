@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from tests.cli.conftest import refused, run
+from tests.cli.conftest import builtin_installed, refused, run
 from zennit_attn import demo as alias
-from zennit_attn.cli import demo, models
+from zennit_attn.cli import demo
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def parsed(monkeypatch):
     seen = []
     monkeypatch.setattr(demo, 'run', lambda args: seen.append(args) or 0)
     # the built-in model counts as installed: the checks find it without loading it
-    monkeypatch.setattr(models, 'resolve_model', lambda value: models.ModelSpec(value))
+    builtin_installed(monkeypatch, True)
 
     def parse(argv):
         assert alias.main(argv) == 0

@@ -1,9 +1,13 @@
 """``zennit-attn explain`` (:py:mod:`zennit_attn.cli.explain`)."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from tests.cli.conftest import PROMPT, refused, run
+from zennit_attn.cli import explain
+from zennit_attn.cli.errors import UsageError
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -83,3 +87,25 @@ def test_contrast(capsys, tiny_folder):
 ])
 def test_bad_contrast(capsys, value, message):
     assert message in refused(capsys, ['explain', '--prompt', PROMPT, '--contrast', value])
+
+
+@pytest.mark.parametrize('target, contrast, written', [
+    (' b', ' b', "(' b')"),
+    ('id:5', 'id:5', '(id:5)'),
+    ('id:5', 'id: 5', '(id:5)'),
+])
+def test_contrast_that_is_the_target(capsys, tmp_path, target, contrast, written):
+    """Refused by the checks, exit status 2, nothing loaded (conftest's ``no_loading``): it used to be refused by
+    explain() after loading the model, with exit status 1. Also with a --model folder that would not load."""
+    folder = tmp_path / 'model'
+    folder.mkdir()
+    (folder / 'config.json').write_text('{"model_type": "llama"}')
+    (folder / 'tokenizer.json').write_text('{}')
+    for model in ([], ['--model', str(folder)]):
+        line = refused(capsys, ['explain', '--prompt', 'a', '--target', target, '--contrast', contrast, *model])
+        assert line.startswith(f'zennit-attn: error: --contrast is the --target itself {written}: nothing to '
+                               'contrast; give another token')
+    # --contrast runner-up is the most likely other token, never the target: allowed with a target written so
+    explain.check_contrast(argparse.Namespace(target='runner-up', contrast='runner-up'))
+    with pytest.raises(UsageError):
+        explain.check_contrast(argparse.Namespace(target=' b', contrast=' b'))

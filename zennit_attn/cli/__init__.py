@@ -9,13 +9,18 @@ Every argument is checked before a model is loaded (which takes seconds): a bad 
 a prompt longer than the model takes, ...) ends it with one such line and exit status 1; ``--debug`` shows the
 traceback instead. Progress (loading, generating) goes to stderr, results to stdout.
 
-One module per command (:py:mod:`~zennit_attn.cli.explain`, :py:mod:`~zennit_attn.cli.generate`,
-:py:mod:`~zennit_attn.cli.neurons`, :py:mod:`~zennit_attn.cli.explain_dataset`,
-:py:mod:`~zennit_attn.cli.faithfulness`, :py:mod:`~zennit_attn.cli.demo`) holds its manual, parser, checks and run
-function; :py:mod:`~zennit_attn.cli.options` the options they share, :py:mod:`~zennit_attn.cli.checks` their checks,
-:py:mod:`~zennit_attn.cli.models` the model loading, :py:mod:`~zennit_attn.cli.progress` the progress messages,
-:py:mod:`~zennit_attn.cli.printing` pieces of the printouts and :py:mod:`~zennit_attn.cli.errors` the two errors.
-This module holds the program: the parser with the commands (:py:data:`COMMANDS`) and :py:func:`main`.
+The manual, the parsing and the argument checks import neither torch nor transformers (``--help`` takes a fraction
+of a second); a command imports them, and the library, when it runs. One module per command
+(:py:mod:`~zennit_attn.cli.explain`, :py:mod:`~zennit_attn.cli.generate`, :py:mod:`~zennit_attn.cli.neurons`,
+:py:mod:`~zennit_attn.cli.explain_dataset`, :py:mod:`~zennit_attn.cli.faithfulness`, :py:mod:`~zennit_attn.cli.demo`)
+holds its manual, parser and checks, and a module of the same name in :py:mod:`zennit_attn.cli.runs` its run step;
+:py:mod:`~zennit_attn.cli.options` holds the options they share, :py:mod:`~zennit_attn.cli.checks` their checks,
+:py:mod:`~zennit_attn.cli.models` the checks of the model options, :py:mod:`~zennit_attn.cli.library` what the manual
+and the checks know of the library without importing it (and the one import of its heavy modules),
+:py:mod:`~zennit_attn.cli.errors` the two errors and :py:mod:`~zennit_attn.cli.progress` the progress messages; the
+run steps use :py:mod:`~zennit_attn.cli.loading` (the model loading) and :py:mod:`~zennit_attn.cli.printing` (pieces
+of the printouts). This module holds the program: the parser with the commands (:py:data:`COMMANDS`) and
+:py:func:`main`.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ __all__ = ['COMMANDS', 'DESCRIPTION', 'EPILOG', 'build_parser', 'main']
 
 #: command name -> its module (in the order of ``--help``). Each module has ``add_parser(subparsers)``, which sets
 #: the defaults ``check`` (``(args)``: the argument checks, before anything is loaded) and ``run`` (``(args) -> exit
-#: status``) on the command's parser.
+#: status``, which imports the command's run step) on the command's parser.
 COMMANDS: dict[str, ModuleType] = {module.NAME: module for module in (
     explain, generate, demo, explain_dataset, neurons, faithfulness)}
 

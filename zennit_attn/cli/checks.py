@@ -1,5 +1,10 @@
 """The checks of the options several commands share, run before anything is loaded: each returns the checked
-value or raises :py:class:`~zennit_attn.cli.errors.UsageError` with one line naming the option and what to give."""
+value or raises :py:class:`~zennit_attn.cli.errors.UsageError` with one line naming the option and what to give.
+
+Most need nothing but the arguments (and the file system). The few that need the library itself, which imports torch
+(the values of ``--param``, an ``--output`` path; :py:func:`check_with_library`), end a command's checks, so that
+every other bad argument is reported without waiting for it.
+"""
 from __future__ import annotations
 
 import argparse
@@ -9,15 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..methods import METHODS, check_params
-from ..objectives import RUNNER_UP
-from ..render.views import SUFFIXES, check_output
 from .errors import UsageError, one_line
-from .models import check_model_options
+from .library import METHODS, RUNNER_UP, SUFFIXES, heavy
+from .models import check_installed, check_model_options
 from .options import COMPOSITES, DEFAULT_METHOD
 
 __all__ = ['read_prompt', 'check_output_option', 'parse_target', 'parse_contrast', 'parse_params',
-           'lrp_methods', 'method_and_composite', 'check_method', 'check_common', 'make_composite']
+           'check_param_values', 'lrp_methods', 'method_and_composite', 'check_method', 'check_method_for_model',
+           'check_common', 'check_with_library']
 
 
 def read_prompt(prompt: str | None, path: Path | None, stdin: TextIO | None = None) -> str:
@@ -59,12 +63,12 @@ def read_prompt(prompt: str | None, path: Path | None, stdin: TextIO | None = No
 def check_output_option(path: Path | None, option: str = '--output',
                         suffixes: Sequence[str] = SUFFIXES) -> Path | None:
     """``path`` if a file in a format of ``suffixes`` can be written there
-    (:py:func:`zennit_attn.render.views.check_output`), else :py:class:`UsageError` naming ``option``; None stays
-    None."""
+    (:py:func:`zennit_attn.render.views.check_output`, imported for it), else :py:class:`UsageError` naming
+    ``option``; None stays None."""
     if path is None:
         return None
     try:
-        return check_output(path, suffixes)
+        return heavy('.render.views').check_output(path, suffixes)
     except (OSError, ValueError) as error:
         raise UsageError(f'{option}: {one_line(error)}') from None
 
@@ -97,8 +101,8 @@ def parse_contrast(value: str | None) -> int | str | None:
 
 
 def parse_params(items: Sequence[str], method: str) -> dict[str, object]:
-    """``--param NAME=VALUE`` items of ``method``: names it takes, values as Python literals (else strings), checked
-    by :py:func:`zennit_attn.methods.check_params` (a value the method would refuse is a :py:class:`UsageError`)."""
+    """``--param NAME=VALUE`` items of ``method``: names it takes (:py:data:`zennit_attn.cli.library.METHODS`),
+    values as Python literals (else strings). The values are checked by :py:func:`check_param_values`."""
     accepted = METHODS[method].params
     params = {}
     for item in items:
@@ -114,11 +118,18 @@ def parse_params(items: Sequence[str], method: str) -> dict[str, object]:
         except (ValueError, SyntaxError):
             value = text.strip()
         params[name] = value
+    return params
+
+
+def check_param_values(method: str, params: dict[str, object]) -> dict[str, object]:
+    """``params`` of ``method`` checked by :py:func:`zennit_attn.methods.check_params` (imported for it, only where
+    there are any), a value the method would refuse a :py:class:`UsageError`; returns the normalised values."""
+    if not params:
+        return {}
     try:
-        check_params(method, params)
+        return heavy('.methods').check_params(method, params)
     except (TypeError, ValueError) as error:
         raise UsageError(f'--param for method {method}: {one_line(error)}') from None
-    return params
 
 
 def lrp_methods() -> tuple[str, ...]:
@@ -141,24 +152,36 @@ def method_and_composite(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def check_method(args: argparse.Namespace) -> None:
-    """Check ``--method``, ``--composite`` and ``--param``; sets ``args.method``, ``args.composite`` and
-    ``args.params``."""
+    """Check ``--method``, ``--composite`` and the names of ``--param``; sets ``args.method``, ``args.composite``
+    and ``args.params`` (their values are checked by :py:func:`check_with_library`)."""
     args.method, args.composite = method_and_composite(args)
     args.params = parse_params(args.param, args.method)
 
 
+def check_method_for_model(args: argparse.Namespace) -> None:
+    """Refuse a method that reads attention maps for an encoder-decoder model (its ``config.json`` says
+    ``is_encoder_decoder``; :py:func:`zennit_attn.attention.attention_maps` refuses it once loaded); after
+    :py:func:`check_method` and :py:func:`~zennit_attn.cli.models.check_model_options`."""
+    if args.model_spec.encoder_decoder and METHODS[args.method].attention_maps:
+        others = ', '.join(name for name, method in METHODS.items() if not method.attention_maps)
+        raise UsageError(f'--method {args.method} reads attention maps, which are not implemented for '
+                         f'encoder-decoder models such as {args.model_spec.label} (its config.json says '
+                         f'is_encoder_decoder); use one of {others}')
+
+
 def check_common(args: argparse.Namespace) -> None:
-    """The checks of a command on one text: the prompt (``args.text``), ``--output``, the method and the model."""
+    """The checks of a command on one text that need no library: the prompt (``args.text``), the method, the model
+    options and the method for the model. The command's checks end with :py:func:`check_with_library`."""
     args.text = read_prompt(args.prompt, args.input)
-    args.output = check_output_option(getattr(args, 'output', None))
     check_method(args)
     check_model_options(args)
+    check_method_for_model(args)
 
 
-def make_composite(name: str | None):
-    """The composite ``--composite`` names (a new one), or None for the method's own."""
-    if name is None:
-        return None
-    from ..composites import AttnLRPEpsilon, CPLRPEpsilon
-
-    return {'attnlrp': AttnLRPEpsilon, 'cplrp': CPLRPEpsilon}[name]()
+def check_with_library(args: argparse.Namespace) -> None:
+    """The last checks of a command, after every other: those that import the library (torch), the values of
+    ``--param`` (``args.params``) and ``--output`` where the command has it; then whether the built-in model is
+    installed (:py:func:`~zennit_attn.cli.models.check_installed`, exit status 1)."""
+    args.params = check_param_values(args.method, args.params)
+    args.output = check_output_option(getattr(args, 'output', None))
+    check_installed(args.model_spec)

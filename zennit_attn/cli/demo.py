@@ -1,13 +1,13 @@
 """``zennit-attn demo`` (also ``python -m zennit_attn.demo`` and ``make demo``): ``explain`` with the built-in
-SmolLM2-135M-Instruct on the demo prompt, followed by a conservation summary, writing ``heatmap.html``."""
+SmolLM2-135M-Instruct on the demo prompt, followed by a conservation summary, writing ``heatmap.html``. The manual,
+the parser and the checks; the run step is :py:mod:`zennit_attn.cli.runs.demo`."""
 from __future__ import annotations
 
 import argparse
 
-from ..diagnostics import conservation
-from .checks import check_output_option, make_composite, read_prompt
+from .checks import check_with_library, read_prompt
 from .errors import UsageError
-from .explain import explain_and_show, write_heatmap
+from .library import heavy
 from .models import BUILTIN, check_model_options
 from .options import COMPOSITES, Formatter, add_debug, add_output_options
 
@@ -61,28 +61,12 @@ def check(args: argparse.Namespace) -> None:
     if args.top < 1:
         raise UsageError(f'--top must be at least 1, got {args.top}')
     args.text = read_prompt(args.prompt, None)
-    args.output = check_output_option(args.output)
     args.method, args.composite, args.params, args.target = args.composite, None, {}, None
     args.model, args.dtype, args.device = BUILTIN, 'float32', 'cpu'
     check_model_options(args)
+    check_with_library(args)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo with checked arguments; returns the exit status."""
-    model, _, explanation = explain_and_show(args)
-    report = conservation(model, explanation.input_ids, composite=make_composite(args.method))
-    logit = float(explanation.logit.reshape(-1)[0])
-    fraction = float(report.input_fraction[0])
-    reached = float(report.sums[-2:, 0].sum())
-    print()
-    print(f'Conservation: {fraction:.1%} of the logit ({reached:.3f} of {logit:.3f}) reaches the input tokens;')
-    if abs(reached - logit) <= 1e-3 * abs(logit):
-        print('  nothing is absorbed on the way (run with --report for the per-layer table).')
-    else:
-        print('  the rest is absorbed (or added) by biases and by the bias term of the softmax rule (Prop. 3.1);')
-        print('  run with --report for the per-layer table.')
-    if args.report:
-        print()
-        print(report)
-    write_heatmap(args, explanation)
-    return 0
+    """Run the demo with checked arguments (:py:func:`zennit_attn.cli.runs.demo.run`); returns the exit status."""
+    return heavy('.cli.runs.demo').run(args)

@@ -1,24 +1,17 @@
 """``zennit-attn explain``: explain a language model's next-token prediction (terminal heatmap, top tokens, a
-heatmap file)."""
+heatmap file). The manual, the parser and the checks; the run step is :py:mod:`zennit_attn.cli.runs.explain`."""
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-import torch
-
-from ..explain import encode_texts, explain
-from .checks import check_common, make_composite, parse_contrast, parse_target
-from .errors import CommandError, UsageError
-from .models import load, load_multimodal, resolve_target
+from .checks import check_common, check_with_library, lrp_methods, parse_contrast, parse_target
+from .errors import UsageError
+from .library import METHODS, RUNNER_UP, heavy
 from .options import (Formatter, add_contrast_option, add_debug, add_image_option, add_method_options,
                       add_model_options, add_output_options, add_prompt_options, add_target_option, methods_manual)
-from .printing import color_choice, decode, legend, method_label, shorten
-from .progress import status
 
-__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'check_images', 'read_images', 'run',
-           'explain_and_show', 'explain_images', 'write_heatmap', 'prediction']
+__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'check_contrast', 'check_images', 'run']
 
 NAME = 'explain'
 
@@ -72,144 +65,39 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f'--top must be 0 or more, got {args.top}')
     args.target = parse_target(args.target)
     args.contrast = parse_contrast(args.contrast)
+    check_contrast(args)
     check_common(args)
     check_images(args)
+    check_with_library(args)
+
+
+def check_contrast(args: argparse.Namespace) -> None:
+    """Refuse a ``--contrast`` that is the ``--target`` itself, written the same way (the same token string or id;
+    a string and an id of the same token are refused once the tokenizer is loaded, before the model is)."""
+    if args.contrast is not None and args.contrast != RUNNER_UP and args.contrast == args.target:
+        written = f'id:{args.target}' if isinstance(args.target, int) else repr(args.target)
+        raise UsageError(f'--contrast is the --target itself ({written}): nothing to contrast; give another token')
 
 
 def check_images(args: argparse.Namespace) -> None:
-    """Check ``--image`` (:py:func:`~zennit_attn.cli.options.add_image_option`): files, a model folder, no
-    ``--contrast``."""
-    for path in args.images or ():
+    """Check ``--image`` (:py:func:`~zennit_attn.cli.options.add_image_option`), after the method and the model
+    options: files, a model folder, an LRP method, no ``--contrast``."""
+    if not args.images:
+        return
+    for path in args.images:
         if not Path(path).is_file():
             raise UsageError(f'--image {path!r} is not a file')
-    if args.images and args.model_spec.kind != 'folder':
+    if args.model_spec.kind != 'folder':
         raise UsageError(f'--image needs --model FOLDER (a vision-language or CLIP model with its processor); '
                          f'{args.model_spec.label} takes text only')
-    if args.images and args.contrast is not None:
+    if args.contrast is not None:
         raise UsageError('--contrast does not apply with --image')
-
-
-def read_images(paths) -> list:
-    """The images of ``--image`` as RGB PIL images (:py:class:`CommandError` for one that cannot be read)."""
-    from PIL import Image
-
-    images = []
-    for path in paths:
-        try:
-            with Image.open(path) as picture:
-                images.append(picture.convert('RGB'))
-        except OSError as error:
-            raise CommandError(f'cannot read the image {path!r}: {error}') from error
-    return images
-
-
-def prediction(model, explanation) -> tuple[int, float] | None:
-    """The argmax token and its logit at the explained position (one extra forward pass), or None if unknown."""
-    try:
-        kwargs = {'input_ids': explanation.input_ids.to(model.device)}
-        if getattr(explanation, 'attention_mask', None) is not None:
-            kwargs['attention_mask'] = explanation.attention_mask.to(model.device)
-        if getattr(explanation, 'decoder_input_ids', None) is not None:
-            kwargs['decoder_input_ids'] = explanation.decoder_input_ids.to(model.device)
-        with torch.no_grad():
-            logits = model(**kwargs, use_cache=False).logits[0]
-        position = explanation.position
-        position = int(position.reshape(-1)[0]) if position is not None else -1
-        scores = logits[position].float()
-        token = int(scores.argmax())
-        return token, float(scores[token])
-    except Exception:  # noqa: BLE001 -- only a nicety of the printout: the explanation itself stands
-        return None
-
-
-def explain_and_show(args: argparse.Namespace):
-    """Load the model, explain ``args.text`` and print the prediction, the heatmap and the top tokens; returns
-    ``(model, tokenizer, explanation)``. Shared by ``explain`` and ``demo``."""
-    if getattr(args, 'images', None):
-        return explain_images(args)
-    contrast = getattr(args, 'contrast', None)  # demo has none
-    model, tokenizer = load(args, need_tokenizer_first=args.target is not None or contrast is not None)
-    contrast = getattr(args, 'contrast', None)  # resolved to an id by load
-    start = time.perf_counter()
-    with status(f'explaining with {args.method}', not args.quiet):
-        # tokenised here (as explain() does for text) to put the ids on the model's device
-        encoding = encode_texts(tokenizer, args.text).to(args.torch_device)
-        explanation = explain(model, encoding, target=args.target, method=args.method,
-                              composite=make_composite(args.composite), tokenizer=tokenizer, contrast=contrast,
-                              **args.params)
-    seconds = time.perf_counter() - start
-    target = int(explanation.target.reshape(-1)[0])
-    logit = float(explanation.logit.reshape(-1)[0])
-    explained = repr(decode(tokenizer, target))
-    tokens = int(explanation.input_ids.shape[-1])
-
-    print(f'Model:       {args.model_spec.label}')
-    print(f'Prompt:      {shorten(args.text)!r} ({tokens} tokens)')
-    if explanation.contrast is not None:
-        other = int(explanation.contrast.reshape(-1)[0])
-        explained = f'{decode(tokenizer, target)!r} rather than {decode(tokenizer, other)!r}'
-        print(f'Explained:   {explained} (token ids {target} and {other}, logit difference {logit:.3f}; '
-              f'{"--target and " if args.target is not None else ""}--contrast)')
-    elif args.target is None:
-        print(f'Prediction:  {decode(tokenizer, target)!r} (token id {target}, logit {logit:.3f})')
-    else:
-        predicted = prediction(model, explanation)
-        if predicted is not None:
-            token, value = predicted
-            print(f'Prediction:  {decode(tokenizer, token)!r} (token id {token}, logit {value:.3f})')
-        print(f'Explained:   {decode(tokenizer, target)!r} (token id {target}, logit {logit:.3f}; --target)')
-    print(f'Method:      {method_label(args)} ({seconds:.2f} s)')
-    print()
-    unit = 'word' if args.words else 'input token'
-    print(f'Relevance of each {unit} for {explained}{legend(args.color)}:')
-    explanation.show(words=args.words, color=color_choice(args.color))
-    if args.top:
-        top = explanation.top(args.top, tokenizer)
-        print()
-        print(f'Top-{len(top)} input tokens:')
-        for rank, (position, value, token) in enumerate(top, start=1):
-            print(f'  {rank}. {token!r:<16} position {position:>4}   relevance {value:+.4f}')
-    return model, tokenizer, explanation
-
-
-def explain_images(args: argparse.Namespace):
-    """:py:func:`explain_and_show` for ``--image``: text and images through the model's processor."""
-    with status('loading the model and its processor', not args.quiet):
-        model, processor = load_multimodal(args.model_spec, args.dtype, args.torch_device)
-    images = read_images(args.images)
-    start = time.perf_counter()
-    with status(f'explaining with {args.method}', not args.quiet):
-        target = resolve_target(args.target, processor.tokenizer)
-        explanation = explain(model, args.text, images=images, processor=processor, target=target,
-                              method=args.method, composite=make_composite(args.composite), **args.params)
-    seconds = time.perf_counter() - start
-    print(f'Model:       {args.model_spec.label} ({type(model).__name__})')
-    print(f'Prompt:      {shorten(args.text)!r} with {len(images)} image(s)')
-    for row in range(explanation.relevance.shape[0]):
-        if explanation.position is None:
-            explained = f'similarity score {float(explanation.logit[row]):.3f}'
-        else:
-            token = int(explanation.target[row])
-            explained = f'{decode(processor.tokenizer, token)!r} (token id {token}, logit ' \
-                        f'{float(explanation.logit[row]):.3f})'
-        print(f'Explained:   {explained}; text {float(explanation.relevance[row].sum()):+.4f} + images '
-              f'{explanation.image_relevance(row):+.4f}')
-    print(f'Method:      {method_label(args)} ({seconds:.2f} s)')
-    print()
-    explanation.show(words=args.words, color=color_choice(args.color))
-    return model, processor.tokenizer, explanation
-
-
-def write_heatmap(args: argparse.Namespace, explanation) -> None:
-    """Write the heatmap to ``args.output`` (if given) with ``Explanation.save`` and say where."""
-    if args.output is not None:
-        path = Path(explanation.save(args.output, words=args.words)).resolve()
-        print()
-        print(f'Wrote the heatmap to {path}')
+    if not METHODS[args.method].lrp:
+        raise UsageError(f'--image explains with the LRP methods ({", ".join(lrp_methods())}), which give text and '
+                         f'pixel relevance in one backward pass; --method {args.method} is not one')
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``explain`` with checked arguments; returns the exit status."""
-    _, _, explanation = explain_and_show(args)
-    write_heatmap(args, explanation)
-    return 0
+    """Run ``explain`` with checked arguments (:py:func:`zennit_attn.cli.runs.explain.run`); returns the exit
+    status."""
+    return heavy('.cli.runs.explain').run(args)

@@ -1,18 +1,16 @@
 """``zennit-attn explain-dataset``: explain every text of a ``.jsonl`` file into a folder of safetensors shards
-(resumable, several processes under torchrun)."""
+(resumable, several processes under torchrun). The manual, the parser and the checks; the run step is
+:py:mod:`zennit_attn.cli.runs.explain_dataset`."""
 from __future__ import annotations
 
 import argparse
-import os
-import time
 from pathlib import Path
 
-from ..dataset import check_output_dir, explain_dataset, read_texts
-from .checks import check_method, make_composite, parse_target
+from .checks import check_method, check_method_for_model, check_param_values, parse_target
 from .errors import UsageError, one_line
-from .models import check_model_options, load
+from .library import METHODS, heavy
+from .models import check_installed, check_model_options
 from .options import Formatter, add_debug, add_method_options, add_model_options, add_target_option
-from .printing import method_label
 
 __all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'run']
 
@@ -52,7 +50,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     group.add_argument('--shard-size', type=int, default=256, metavar='N',
                        help='texts per shard file (default: %(default)s)')
     group.add_argument('--checkpointing', action='store_true',
-                       help='recompute each transformer block in the backward pass (less memory for long texts)')
+                       help='recompute each transformer block in the backward pass (less memory for long texts; '
+                            'methods with a backward pass)')
     group.add_argument('--quiet', '-q', action='store_true', help='no progress messages or bar on stderr')
     add_target_option(parser.add_argument_group('target'), ' in every text', 'the predicted token of each text')
     add_method_options(parser)
@@ -64,35 +63,39 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace) -> None:
     """Check the arguments before anything is loaded (:py:class:`~zennit_attn.cli.errors.UsageError`): also that
-    the texts read and that the output folder can be written (:py:func:`zennit_attn.dataset.check_output_dir`)."""
+    the texts read and that the output folder can be written (:py:func:`zennit_attn.dataset.read_texts` and
+    :py:func:`zennit_attn.dataset.check_output_dir`, imported for it after the other checks)."""
     for name in ('batch_size', 'shard_size'):
         if getattr(args, name) < 1:
             raise UsageError(f'--{name.replace("_", "-")} must be at least 1, got {getattr(args, name)}')
     if args.input.suffix != '.jsonl':
         raise UsageError(f'--input {str(args.input)!r} must be a .jsonl file (one JSON object with a "text" field '
                          'per line)')
+    if not args.input.is_file():
+        raise UsageError(f'--input {str(args.input)!r} does not exist' if not args.input.exists()
+                         else f'--input {str(args.input)!r} is not a file')
+    args.target = parse_target(args.target)
+    check_method(args)
+    if args.checkpointing and not METHODS[args.method].backward:
+        backward = [name for name, method in METHODS.items() if method.backward]
+        raise UsageError(f'--checkpointing saves memory of a backward pass, which --method {args.method} does not '
+                         f'do; it applies to {", ".join(backward)}')
+    check_model_options(args)
+    check_method_for_model(args)
+    args.params = check_param_values(args.method, args.params)
+    dataset = heavy('.dataset')
     try:
-        args.texts = read_texts(args.input)
+        args.texts = dataset.read_texts(args.input)
     except (OSError, ValueError, UnicodeDecodeError) as error:
         raise UsageError(f'--input: {one_line(error)}') from None
     try:
-        check_output_dir(args.output)
+        dataset.check_output_dir(args.output)
     except OSError as error:
         raise UsageError(f'--output: {one_line(error)}') from None
-    args.target = parse_target(args.target)
-    check_method(args)
-    check_model_options(args)
+    check_installed(args.model_spec)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``explain-dataset`` with checked arguments; returns the exit status."""
-    model, tokenizer = load(args, need_tokenizer_first=args.target is not None)
-    composite = {} if args.composite is None else {'composite': make_composite(args.composite)}
-    start = time.perf_counter()
-    folder = explain_dataset(model, tokenizer, args.texts, args.output, batch_size=args.batch_size,
-                             method=args.method, target=args.target, shard_size=args.shard_size,
-                             checkpointing=args.checkpointing, progress=not args.quiet, **composite, **args.params)
-    if int(os.environ.get('RANK', '0')) == 0:  # one line for the run, also under torchrun
-        print(f'Explained {len(args.texts)} texts with {method_label(args)} in {time.perf_counter() - start:.1f} s; '
-              f'wrote {folder.resolve()}')
-    return 0
+    """Run ``explain-dataset`` with checked arguments (:py:func:`zennit_attn.cli.runs.explain_dataset.run`); returns
+    the exit status."""
+    return heavy('.cli.runs.explain_dataset').run(args)

@@ -1,18 +1,15 @@
 """``zennit-attn faithfulness``: score the explanations that ``explain-dataset`` wrote by input perturbation
-(flipping, insertion)."""
+(flipping, insertion). The manual, the parser and the checks; the run step is
+:py:mod:`zennit_attn.cli.runs.faithfulness`."""
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from ..dataset import INDEX_FILE, check_fingerprint, load_explanations
-from ..evaluation import Faithfulness, token_curves
 from .checks import check_output_option
 from .errors import UsageError
-from .models import check_model_options, load
+from .library import INDEX_FILE, heavy
+from .models import check_installed, check_model_options
 from .options import Formatter, add_debug, add_model_options
 
 __all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'MODES', 'add_parser', 'check', 'run']
@@ -76,41 +73,12 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f'--batch-size must be at least 1, got {args.batch_size}')
     if len(set(args.mode)) != len(args.mode):
         raise UsageError(f'--mode names a mode twice: {" ".join(args.mode)}')
-    args.csv = check_output_option(args.csv, '--csv', ('.csv',))
     check_model_options(args)
-
-
-def write_table(path: Path, rows: list[dict], modes: tuple[str, ...]) -> None:
-    """The ``--csv`` table: one row per text and mode with the score, both areas and both curves."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open('w', newline='') as handle:
-        writer = csv.writer(handle)
-        writer.writerow(['text', 'mode', 'score', 'area_morf', 'area_lerf', 'morf', 'lerf'])
-        for index, row in enumerate(rows):
-            for mode in modes:
-                curve = row[mode]
-                writer.writerow([index, mode, curve.score, curve.area_morf, curve.area_lerf,
-                                 ' '.join(f'{v:.6g}' for v in curve.morf.tolist()),
-                                 ' '.join(f'{v:.6g}' for v in curve.lerf.tolist())])
+    args.csv = check_output_option(args.csv, '--csv', ('.csv',))
+    check_installed(args.model_spec)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``faithfulness`` with checked arguments; returns the exit status."""
-    explanations = load_explanations(args.explanations)
-    model, _ = load(args, need_tokenizer_first=False)
-    check_fingerprint(args.explanations, model)
-    modes = tuple(args.mode)
-    rows = []
-    for explanation in tqdm(explanations, desc='perturbation', unit='text', disable=args.quiet):
-        rows.append(token_curves(model, explanation, steps=args.steps, mode=modes, batch_size=args.batch_size))
-    print(f'{len(rows)} texts explained by {explanations[0].method if explanations else "?"}, {args.steps} steps; '
-          'score: flipping A_LeRF - A_MoRF, insertion A_MoRF - A_LeRF (larger is more faithful)')
-    print(f'{"mode":<10} {"score (mean +- s.e.)":>22} {"A_MoRF":>9} {"A_LeRF":>9}')
-    for mode in modes:
-        summary = Faithfulness.of([row[mode] for row in rows])
-        print(f'{mode:<10} {f"{summary.score:.4f} +- {summary.sem:.4f}":>22} {summary.area_morf:>9.4f} '
-              f'{summary.area_lerf:>9.4f}')
-    if args.csv is not None:
-        write_table(args.csv, rows, modes)
-        print(f'wrote {args.csv.resolve()}')
-    return 0
+    """Run ``faithfulness`` with checked arguments (:py:func:`zennit_attn.cli.runs.faithfulness.run`); returns the
+    exit status."""
+    return heavy('.cli.runs.faithfulness').run(args)

@@ -1,20 +1,15 @@
-"""``zennit-attn generate``: generate an answer and explain it (terminal heatmap, interactive HTML page)."""
+"""``zennit-attn generate``: generate an answer and explain it (terminal heatmap, interactive HTML page). The
+manual, the parser and the checks; the run step is :py:mod:`zennit_attn.cli.runs.generate`."""
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from pathlib import Path
 
-from ..generation import explain_generation
-from .checks import check_common, make_composite, parse_contrast
-from .errors import PROG, UsageError
-from .explain import check_images, read_images
-from .models import load, load_multimodal
+from .checks import check_common, check_with_library, parse_contrast
+from .errors import UsageError
+from .explain import check_images
+from .library import heavy
 from .options import (Formatter, add_contrast_option, add_debug, add_image_option, add_method_options,
                       add_model_options, add_output_options, add_prompt_options)
-from .progress import status
-from .printing import color_choice, decode, legend, method_label, shorten
 
 __all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'run']
 
@@ -68,50 +63,10 @@ def check(args: argparse.Namespace) -> None:
     args.contrast = parse_contrast(args.contrast)
     check_common(args)
     check_images(args)
+    check_with_library(args)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``generate`` with checked arguments; returns the exit status."""
-    images = {}
-    if args.images:
-        with status('loading the model and its processor', not args.quiet):
-            model, processor = load_multimodal(args.model_spec, args.dtype, args.torch_device)
-        tokenizer, images = processor.tokenizer, {'images': read_images(args.images)}
-    else:
-        model, tokenizer = load(args, need_tokenizer_first=args.contrast is not None)
-        processor = tokenizer
-    start = time.perf_counter()
-    if not args.quiet:  # then a progress bar over the explanations
-        print(f'{PROG}: generating up to {args.max_new_tokens} tokens and explaining each with {args.method}',
-              file=sys.stderr, flush=True)
-    generation = explain_generation(model, processor, args.text, max_new_tokens=args.max_new_tokens,
-                                    method=args.method, composite=make_composite(args.composite),
-                                    progress=not args.quiet, contrast=args.contrast, **images, **args.params)
-    seconds = time.perf_counter() - start
-    generated = int(generation.target.shape[0])
-
-    print(f'Model:       {args.model_spec.label}')
-    with_images = f' with {len(images["images"])} image(s)' if images else ''
-    print(f'Prompt:      {shorten(args.text)!r} ({int(generation.prompt_length)} tokens){with_images}')
-    print(f'Answer:      {generation.answer()!r} ({generated} tokens)')
-    if images:
-        print(f'Relevance:   text {float(generation.answer_relevance.sum()):+.4f} + images '
-              f'{generation.image_relevance():+.4f} for the sum of the logits, {float(generation.logit.sum()):.4f}')
-    print(f'Method:      {method_label(args)} ({seconds:.2f} s for generating and {generated + 1} explanations)')
-    versus = ''
-    if generation.contrast is not None:
-        versus = ' rather than the contrast tokens'
-        shown = ', '.join(repr(decode(tokenizer, int(token))) for token in generation.contrast[:8])
-        print(f'Contrast:    {shown}{", ..." if generated > 8 else ""} (--contrast: the logit differences are '
-              'explained)')
-    print()
-    unit = 'word' if args.words else 'token'
-    print(f'Relevance of each {unit} for the whole answer{versus}{legend(args.color)}:')
-    generation.show(words=args.words, color=color_choice(args.color))
-    if args.output is not None:
-        path = Path(generation.save(args.output, words=args.words)).resolve()
-        print()
-        what = 'the interactive page (click a generated token for its heatmap)' if path.suffix.lower() == '.html' \
-            else 'the heatmap of the whole answer'
-        print(f'Wrote {what} to {path}')
-    return 0
+    """Run ``generate`` with checked arguments (:py:func:`zennit_attn.cli.runs.generate.run`); returns the exit
+    status."""
+    return heavy('.cli.runs.generate').run(args)

@@ -1,16 +1,16 @@
 """The options that several commands share, and the parser pieces they are built from: the help formatter, the
 parser whose errors are :py:class:`~zennit_attn.cli.errors.UsageError`, and one ``add_*`` function per group of
 options (model, prompt, method, output, target, ``--debug``). Their values are checked in
-:py:mod:`zennit_attn.cli.checks` and :py:mod:`zennit_attn.cli.models`."""
+:py:mod:`zennit_attn.cli.checks` and :py:mod:`zennit_attn.cli.models`. Nothing here imports torch: the methods and
+formats come from :py:mod:`zennit_attn.cli.library`."""
 from __future__ import annotations
 
 import argparse
 import os
 from pathlib import Path
 
-from ..methods import METHODS
-from ..render.views import SUFFIXES
 from .errors import PROG, UsageError
+from .library import METHODS, SUFFIXES
 from .models import BUILTIN, DTYPES
 
 __all__ = ['COMPOSITES', 'DEFAULT_METHOD', 'Formatter', 'Parser', 'methods_manual', 'add_model_options',
@@ -132,7 +132,7 @@ def add_image_option(parser: argparse.ArgumentParser, models: str = '') -> None:
     parser.add_argument('--image', action='append', dest='images', metavar='PATH',
                         help='an image for a vision-language model (LLaVA, Qwen2-VL; the prompt holds the '
                              f"processor's image token once per image){models}; repeatable; needs --model FOLDER "
-                             'with its processor')
+                             'with its processor and an LRP method (attnlrp, cplrp)')
 
 
 def add_debug(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) -> None:

@@ -1,9 +1,9 @@
-"""Progress on stderr while a command loads or computes: :py:func:`status` (a spinner with the elapsed seconds on a
-terminal, one line otherwise) and :py:func:`quiet_loading` (no progress bars from the model loaders)."""
+"""Progress on stderr while a command loads or computes: :py:func:`status`, a spinner with the elapsed seconds on a
+terminal, one line otherwise (the loaders' own progress bars are hidden by
+:py:func:`zennit_attn.cli.loading.quiet_loading`)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 import threading
 import time
@@ -12,7 +12,7 @@ from typing import TextIO
 
 from .errors import PROG
 
-__all__ = ['status', 'quiet_loading', 'isatty']
+__all__ = ['status', 'isatty']
 
 
 def isatty(stream) -> bool:
@@ -72,31 +72,3 @@ def status(message: str, enabled: bool = True, stream: TextIO | None = None) -> 
         with lock:
             stream.write(f'\r{line} {outcome}        \n' if live else f' {outcome}\n')
             stream.flush()
-
-
-@contextlib.contextmanager
-def quiet_loading() -> Iterator[None]:
-    """Hide the progress bars of GGUF dequantisation and weight loading while the block runs.
-
-    The weight loader uses the progress bar switch of ``transformers.utils.logging``; the GGUF converter uses a
-    plain ``tqdm`` imported into its module, which is swapped for a disabled one. Both are restored on exit.
-    """
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    gguf_module, gguf_tqdm = None, None
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_module
-        gguf_tqdm = getattr(gguf_module, 'tqdm', None)
-    except ImportError:  # other transformers versions: the bars just stay
-        gguf_module = None
-    if gguf_tqdm is not None:
-        gguf_module.tqdm = functools.partial(gguf_tqdm, disable=True)
-    try:
-        yield
-    finally:
-        if gguf_tqdm is not None:
-            gguf_module.tqdm = gguf_tqdm
-        if was_enabled:
-            hf_logging.enable_progress_bar()
