@@ -6,14 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import transformers
 
-from tests.models import tiny_clip, tiny_llava, tiny_model, tiny_qwen2_vl
-from tests.processors import clip_processor, image, llava_processor, qwen2_vl_processor
+from tests.models import POSITIONS, VLM_PATCH, tiny_clip, tiny_llava, tiny_model, tiny_qwen2_vl
+from tests.processors import (clip_processor, image, llava_processor, paligemma_processor, qwen2_vl_processor,
+                              siglip_processor, tiny_paligemma)
+from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
 from zennit_attn.composites import CPLRPEpsilon, CPLRPGamma
 from zennit_attn.explanation import MultimodalExplanation
+from zennit_attn.latent import Neuron
 from zennit_attn.rules import Gamma
-from zennit_attn.vision_language import image_layout
+from zennit_attn.vision_language import image_layout, text_length
 
 LLAVA_TEXT = '<image>The ice bear lives'
 QWEN_TEXT = '<|vision_start|><|image_pad|><|vision_end|>The ice bear lives'
@@ -222,3 +226,190 @@ def test_gamma_scope_is_checked(llava):
     with pytest.raises(TypeError, match='within='):
         CPLRPGamma(within=3)
     assert all(parameter.requires_grad for parameter in model.parameters())
+
+
+# ------------------------------------------------------------------------------------------------ batches of pairs
+def pair_scores(model, encoding):
+    encoding = {key: value.double() if value.is_floating_point() else value for key, value in encoding.items()}
+    with torch.no_grad():
+        return model(**encoding).logits_per_text
+
+
+@pytest.mark.parametrize('family', ['clip', 'siglip'])
+def test_batch_rows_equal_pairs_alone(family):
+    """Every row of a padded batch of (text, image) pairs is its pair explained alone: the same score, text and
+    pixel relevance to float64 precision, and CP-LRP conserves each row exactly. CLIP pools its end-of-text token
+    under a causal mask, so its pads get exactly no relevance; SigLIP pools the last position (a pad in a padded
+    text), so every text is padded to the 64 tokens SigLIP was trained with (as transformers' zero-shot pipeline
+    pads it), alone as in the batch, and the pads keep their relevance (before: row 0 of SigLIP scored its pad
+    position, its pad relevance was zeroed, and the pair alone was not padded at all)."""
+    model = tiny_clip(zero_bias=True, family=family)
+    processor = siglip_processor() if family == 'siglip' else clip_processor()
+    texts = ['The bear', 'the penguin lives in the south']
+    images = [image(), image(seed=2)]
+    batch = explain(model, texts, images=images, processor=processor, method='cplrp')
+    length = text_length(model)
+    assert length == (POSITIONS if family == 'siglip' else None)
+    padding = dict(padding='max_length', max_length=length) if length else dict(padding=True)
+    scores = pair_scores(model, processor(text=texts, images=images, return_tensors='pt', **padding))
+    torch.testing.assert_close(batch.logit, scores.diagonal(), rtol=0, atol=1e-12)
+    for row, (text, picture) in enumerate(zip(texts, images)):
+        alone = explain(model, text, images=picture, processor=processor, method='cplrp')
+        width = alone.relevance.shape[1]
+        assert width == (length or int(batch.attention_mask[row].sum()))
+        scale = float(alone.relevance.abs().max())
+        torch.testing.assert_close(batch.logit[row], alone.logit[0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(batch.relevance[row, :width], alone.relevance[0], rtol=0, atol=1e-12 * scale)
+        assert float(batch.relevance[row, width:].abs().sum()) == 0.0
+        torch.testing.assert_close(batch.pixel_relevance[row], alone.pixel_relevance[0], rtol=0,
+                                   atol=1e-12 * float(alone.pixel_relevance.abs().max()))
+        assert abs(batch.total(row) - float(batch.logit[row])) < 1e-12 * max(1.0, abs(float(batch.logit[row])))
+    if family == 'siglip':  # the pooled position is the last pad: it carries relevance
+        assert bool((batch.attention_mask[0] == 0).any()) and float(batch.relevance[0, -1].abs()) > 0
+
+
+def test_padding_the_model_reads_is_refused():
+    """SigLIP texts padded to the longest (the processor's output given as it is) put SigLIP's pooled position on a
+    pad for the shorter text: refused, not explained with the pads' relevance zeroed."""
+    model, processor = tiny_clip(zero_bias=True, family='siglip'), siglip_processor()
+    encoding = processor(text=['The bear', 'the penguin lives in the south'], images=[image()], return_tensors='pt',
+                         padding=True)
+    with pytest.raises(ValueError, match=r'SiglipModel reads the padding of row 0: its pads get relevance .* padded '
+                                         r'to 64 tokens'):
+        explain(model, encoding, method='cplrp')
+
+
+@pytest.mark.filterwarnings('ignore:__array__ implementation:DeprecationWarning')  # PaliGemma's processor's labels
+def test_paligemma_conserves_text_plus_pixels():
+    """PaliGemma's processor returns labels with every encoding; they are left out (before: the model computed a
+    loss, refused as cross_entropy), its token_type_ids are passed (the image and prompt attend to each other both
+    ways), the explained logit is the model's own and CP-LRP conserves it over text and pixels."""
+    model, processor = tiny_paligemma(), paligemma_processor()
+    text = '<image>The ice bear'
+    exp = explain(model, text, images=[image()], processor=processor, method='cplrp')
+    total = float(exp.relevance.sum()) + float(exp.pixel_relevance.sum())
+    assert abs(total - float(exp.logit)) < 1e-12 * max(1.0, abs(float(exp.logit)))
+    assert exp.images[0].total != 0 and float(exp.relevance.abs().sum()) > 0
+    encoding = dict(processor(text=text, images=[image()], return_tensors='pt'))
+    assert 'labels' in encoding and 'token_type_ids' in encoding
+    del encoding['labels']
+    encoding['pixel_values'] = encoding['pixel_values'].double()
+    with torch.no_grad():
+        logits = model(**encoding).logits[0, -1]
+        causal = model(**{key: value for key, value in encoding.items() if key != 'token_type_ids'}).logits[0, -1]
+    assert int(exp.target) == int(logits.argmax())
+    assert abs(float(exp.logit) - float(logits.max())) < 1e-12
+    assert abs(float(causal[int(exp.target)]) - float(logits.max())) > 1e-6  # token_type_ids change the logit
+    assert float(exp.relevance[exp.image_tokens].abs().sum()) == 0.0
+
+
+def test_fields_that_are_not_model_inputs_are_left_out(llava):
+    """A processor output's labels (a loss's targets) and fields the forward does not take (num_crops) are left
+    out: the explanation is that of the encoding without them (before: LLaVA computed a loss from the labels,
+    refused as cross_entropy)."""
+    model, processor = llava
+    encoding = dict(processor(text=LLAVA_TEXT, images=[image()], return_tensors='pt'))
+    plain = explain(model, encoding, processor=processor, method='cplrp')
+    extra = dict(encoding, labels=encoding['input_ids'].clone(), num_crops=torch.tensor([1]))
+    found = explain(model, extra, processor=processor, method='cplrp')
+    torch.testing.assert_close(found.logit, plain.logit, rtol=0, atol=0)
+    torch.testing.assert_close(found.relevance, plain.relevance, rtol=0, atol=0)
+    torch.testing.assert_close(found.pixel_relevance, plain.pixel_relevance, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------ contrast, checkpoints
+def test_contrast_with_images(llava):
+    """contrast= with images: relevance is linear in the initial relevance, so text and pixel relevance are the
+    target's minus the contrast token's, and CP-LRP conserves the difference of the logits."""
+    model, processor = llava
+    base = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp', target=64)
+    other = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp', target=5)
+    exp = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp', target=64, contrast=5)
+    assert int(exp.contrast) == 5
+    torch.testing.assert_close(exp.logit, base.logit - other.logit, rtol=0, atol=1e-12)
+    for found, minuend, subtrahend in ((exp.relevance, base.relevance, other.relevance),
+                                       (exp.pixel_relevance, base.pixel_relevance, other.pixel_relevance)):
+        torch.testing.assert_close(found, minuend - subtrahend, rtol=0, atol=1e-12 * float(minuend.abs().max()))
+    assert abs(exp.total(0) - float(exp.logit)) < 1e-12
+    runner = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp', contrast='runner-up')
+    assert int(runner.contrast) != int(runner.target) and abs(runner.total(0) - float(runner.logit)) < 1e-12
+
+
+def test_target_function_with_images(llava):
+    """A callable target with images, as for text: twice the logit gives twice the text and pixel relevance."""
+    model, processor = llava
+    base = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp', target=5)
+    twice = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp',
+                    target=lambda logits: 2.0 * logits[:, 5])
+    torch.testing.assert_close(twice.logit, 2 * base.logit, rtol=0, atol=1e-12)
+    torch.testing.assert_close(twice.relevance, 2 * base.relevance, rtol=0, atol=1e-12)
+    torch.testing.assert_close(twice.pixel_relevance, 2 * base.pixel_relevance, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize('family', ['llava', 'qwen', 'clip'])
+def test_checkpointing_with_images(family, request):
+    """checkpointing=True recomputes the blocks of the vision tower and of the text model in the backward pass: the
+    same relevance (LLaVA's language model gets use_cache=False, else its cache grew in the recomputation)."""
+    (model, processor), text = {'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
+                                'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT),
+                                'clip': (request.getfixturevalue('clip'), ['The ice bear', 'the bear'])}[family]
+    plain = explain(model, text, images=[image()], processor=processor)
+    saved = explain(model, text, images=[image()], processor=processor, checkpointing=True)
+    torch.testing.assert_close(saved.logit, plain.logit, rtol=0, atol=0)
+    torch.testing.assert_close(saved.relevance, plain.relevance, rtol=0, atol=1e-12)
+    torch.testing.assert_close(saved.pixel_relevance, plain.pixel_relevance, rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ refusals, named
+def test_arguments_that_do_not_apply_say_why(llava, clip):
+    model, processor = llava
+    stacks = r"its stacks: 'model.vision_tower.encoder.layers', 'model.language_model.layers'\)"
+    for arguments, message in (
+            (dict(latent='mlp'), 'latent= with images: latent relevance is read at the sites of one stack .*' + stacks),
+            (dict(condition=[Neuron('mlp', 0, 1)]), 'condition= with images: .*' + stacks),
+            (dict(target=Neuron('mlp', 0, 1)), 'a Neuron target with images: .*' + stacks),
+            (dict(attention_mask=torch.ones(1, 8)), 'attention_mask= does not apply .* processor makes the attention'),
+            (dict(decoder_input_ids=torch.ones(1, 1, dtype=torch.long)), 'decoder_input_ids= does not apply .* '
+                                                                          'decoder-only'),
+            (dict(tokenizer=processor.tokenizer), r'tokenizer= does not apply .* \(processor.tokenizer\)')):
+        with pytest.raises(ValueError, match=message):
+            explain(model, LLAVA_TEXT, images=[image()], processor=processor, **arguments)
+    with pytest.raises(ValueError, match=r"CLIPModel scores \(text, image\) pairs: .* leave out contrast="):
+        explain(clip[0], 'the bear', images=image(), processor=clip[1], contrast=3)
+    with pytest.raises(ValueError, match=r"latent= with images: .* CLIPModel runs the vision tower's blocks"):
+        explain(clip[0], 'the bear', images=image(), processor=clip[1], latent='mlp')
+
+
+def other_image_token_processor() -> transformers.LlavaProcessor:
+    """LLaVA's processor whose ``<image>`` token is id 101 (another token added before it), where the model's is 100."""
+    processor = llava_processor()
+    tokenizer = byte_level_tokenizer()
+    tokenizer.add_special_tokens({'additional_special_tokens': ['<other>', '<image>']})
+    return transformers.LlavaProcessor(image_processor=processor.image_processor, tokenizer=tokenizer,
+                                       patch_size=VLM_PATCH, vision_feature_select_strategy='default',
+                                       image_token='<image>', num_additional_image_tokens=1)
+
+
+@pytest.mark.parametrize('case', ['qwen-llava', 'qwen-clip', 'llava-qwen', 'llava-clip', 'llava-token', 'clip-llava'])
+def test_processor_of_another_model(case, llava, qwen, clip):
+    """A processor that is not the model's is refused before the model runs, naming the evidence and both (before:
+    TypeError get_rope_index() missing mm_token_type_ids, an unpacking error in LLaVA's vision tower, a mismatch of
+    image tokens and features inside the model)."""
+    models = {'llava': llava[0], 'qwen': qwen[0], 'clip': clip[0]}
+    processors = {'llava': llava[1], 'qwen': qwen[1], 'clip': clip[1], 'token': other_image_token_processor()}
+    texts = {'llava': LLAVA_TEXT, 'token': LLAVA_TEXT, 'qwen': QWEN_TEXT, 'clip': 'The ice bear'}
+    evidence = {'qwen-llava': r'computes its rotary positions \(get_rope_index\) from mm_token_type_ids',
+                'qwen-clip': 'the text holds no image token of Qwen2VLForConditionalGeneration \\(id 100\\)',
+                'llava-qwen': 'describes its pixel_values with image_grid_thw, which the forward of '
+                              'LlavaForConditionalGeneration does not take',
+                'llava-clip': 'the text holds no image token of LlavaForConditionalGeneration',
+                'llava-token': r"the text holds no image token of LlavaForConditionalGeneration \(id 100\) for its "
+                               r"pixel_values \(the processor's image token '<image>' is id 101\)",
+                'clip-llava': r"the processor puts the image placeholder token '<image>' into the text, which "
+                              'CLIPModel does not take'}[case]
+    model_name, processor_name = case.split('-')
+    model, processor = models[model_name], processors[processor_name]
+    model_type = model.config.model_type
+    with pytest.raises(ValueError, match=f'{evidence}.*: the processor \\({type(processor).__name__}\\) is not the '
+                                         f'processor of {type(model).__name__} \\(model_type {model_type!r}\\)'):
+        explain(model, texts[processor_name], images=[image()], processor=processor)

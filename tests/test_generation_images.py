@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from tests.models import tiny_clip, tiny_llava, tiny_qwen2_vl
-from tests.processors import clip_processor, image, llava_processor, qwen2_vl_processor
+from tests.processors import (clip_processor, image, llava_processor, paligemma_processor, qwen2_vl_processor,
+                              tiny_paligemma)
 from zennit_attn import GenerationExplanation, explain, explain_generation
 from zennit_attn.cli import main
 from zennit_attn.vision_language import extend_encoding
@@ -178,6 +179,37 @@ def test_refusals(case):
         explain_generation(model, processor, 'The ice bear', images=[image()])
     with pytest.raises(TypeError, match='unknown option'):
         dataclasses.replace(case[3], images=[]).to_html(alpha=0.5)
+
+
+@pytest.mark.filterwarnings('ignore:__array__ implementation:DeprecationWarning')  # PaliGemma's processor's labels
+def test_paligemma_explains_the_logits_it_generated_with():
+    """PaliGemma's prompt (token type 0) attends both ways, its answer (type 1) causally: the generated tokens get
+    token type 1 as PaliGemma's generate gives them (before: 0, the answer joined the prompt's two-way attention and
+    each row explained another logit than the one the token was generated with), each row is the logit of the model
+    on its prefix with those types, and CP-LRP conserves it over text and pixels."""
+    model, processor = tiny_paligemma(), paligemma_processor()
+    text = '<image>The ice bear'
+    generation = explain_generation(model, processor, text, images=[image()], max_new_tokens=NEW, method='cplrp',
+                                    generate_kwargs=NO_SPECIAL)
+    encoding = dict(processor(text=text, images=[image()], return_tensors='pt'))
+    del encoding['labels']
+    encoding['pixel_values'] = encoding['pixel_values'].double()
+    prompt = encoding['input_ids'].shape[1]
+    ids = generation.input_ids[None]
+    for index in range(NEW):
+        prefix = ids[:, :prompt + index]
+        types = {fill: torch.cat([encoding['token_type_ids'], torch.full((1, index), fill)], 1) for fill in (0, 1)}
+        with torch.no_grad():
+            logits = {fill: model(input_ids=prefix, pixel_values=encoding['pixel_values'],
+                                  attention_mask=torch.ones_like(prefix), token_type_ids=types[fill]).logits[0, -1]
+                      for fill in (0, 1)}
+        token = int(ids[0, prompt + index])
+        assert token == int(logits[1].argmax())  # greedy generation chose it with type 1
+        assert abs(float(generation.logit[index]) - float(logits[1][token])) < 1e-12
+        if index:
+            assert abs(float(logits[0][token]) - float(logits[1][token])) > 1e-7  # the types matter
+        total = float(generation.relevance[index].sum()) + float(generation.pixel_relevance[index].sum())
+        assert abs(total - float(generation.logit[index])) < 1e-12
 
 
 def test_clip_cannot_generate():

@@ -9,6 +9,7 @@ import torch
 from transformers import BatchEncoding
 from zennit.core import Composite
 
+from .canonizers.blocks import block_stacks
 from .chat import encode_chat, is_conversation
 from .checkpointing import checkpointed
 from .checks import token_ids
@@ -18,7 +19,7 @@ from .latent.targets import explain_latent
 from .methods import METHODS, check_params
 from .objectives import RUNNER_UP, objective_for
 from .task import make_task
-from .vision_language import encode_multimodal, has_pixels, is_similarity_model, make_multimodal_task
+from .vision_language import encode_multimodal, has_pixels, is_similarity_model, make_multimodal_task, text_length
 
 __all__ = ['explain', 'encode_texts']
 
@@ -202,8 +203,9 @@ def explain(
         backward pass: a token id (or, with ``tokenizer``, a one-token text) for all rows, one per row, or one per
         ``(position, token)`` pair; ``'runner-up'``: the most likely token other than the target at each explained
         position. Relevance is linear in the initial relevance, so for LRP, Input x Gradient and the other linear
-        methods it is the target's relevance minus the contrast's. ``explanation.contrast`` holds the contrast
-        tokens, ``explanation.logit`` the difference. Not with a callable or Neuron target.
+        methods it is the target's relevance minus the contrast's (with images, the pixels' too).
+        ``explanation.contrast`` holds the contrast tokens, ``explanation.logit`` the difference. Not with a
+        callable or Neuron target.
     images: image or list of images, optional
         With ``processor``: explain a vision-language model (LLaVA, Qwen2-VL) or an image-text similarity model
         (CLIP) on text and images at once (:py:mod:`zennit_attn.vision_language`). ``input_ids`` is then the text
@@ -211,11 +213,18 @@ def explain(
         with the image or with its own image). The result is a
         :py:class:`~zennit_attn.explanation.MultimodalExplanation`: relevance per text token and per pixel of each
         image (and per patch); for LRP the text and image relevance of a row sum to its explained logit minus what
-        biases absorb. CLIP rows explain their own (text, image) similarity score (no ``target``). LRP methods only.
+        biases absorb. CLIP rows explain their own (text, image) similarity score (no ``target`` or ``contrast``),
+        each exactly as the pair alone: SigLIP's texts, whose last position it pools, are padded to the length it
+        was trained with (64 tokens), alone as in a batch, and their pads keep their relevance. LRP methods only;
+        ``contrast`` and ``checkpointing`` work as for text, ``latent``, ``latent_reduce``, ``condition`` and Neuron
+        targets are refused (latent sites are read in one stack of blocks; these models run two).
     processor: optional
         The model's Hugging Face processor (``AutoProcessor.from_pretrained(path)``): turns the text and images
-        into ``input_ids``, ``pixel_values`` and the model's further fields, all passed to the model; its tokenizer
-        is stored on the explanation. Instead of the text and ``images``, ``input_ids`` may be what the processor
+        into ``input_ids``, ``pixel_values`` and the model's further fields, passed to the model except what is not
+        an input of the explained forward pass (a loss's ``labels``, fields the forward does not take:
+        :py:func:`~zennit_attn.vision_language.inputs.model_inputs`); a processor that is not the model's is refused,
+        naming both (:py:func:`~zennit_attn.vision_language.inputs.check_processor`). Its tokenizer is stored on the
+        explanation. Instead of the text and ``images``, ``input_ids`` may be what the processor
         returned (a mapping with ``pixel_values``, e.g. from ``processor.apply_chat_template(..., tokenize=True,
         return_dict=True)``, or a prefix of a generated answer, as :py:func:`~zennit_attn.explain_generation` passes
         it): it is used as it is (every field passed to the model) and explained as with images; ``processor`` is
@@ -292,30 +301,60 @@ def explain(
 def _explain_multimodal(model, text, images, processor, target, position, method, entry, params, model_kwargs,
                         locals_used: dict) -> MultimodalExplanation:
     """:py:func:`explain` on text and images (see its ``images`` and ``processor``), or on what the processor
-    returned for them (a mapping with ``pixel_values``)."""
+    returned for them (a mapping with ``pixel_values``).
+
+    ``contrast=`` and ``checkpointing=`` work as for text (a vision-language model's contrast is linear in the
+    initial relevance, pixels included; checkpointing recomputes the blocks of the vision tower and of the language
+    model); the arguments that do not apply are refused, each with its reason."""
     encoded = has_pixels(text)
-    tokenizer = locals_used.pop('tokenizer')
-    if tokenizer is not None and (processor is not None or not encoded):
-        locals_used['tokenizer'] = tokenizer  # refused below: the processor's tokenizer is the one
-    unused = [name for name, value in locals_used.items() if value is not None and value is not False]
-    if unused:
-        raise ValueError(f'{", ".join(unused)} do(es) not apply to explain() with images: the processor makes the '
-                         'model inputs; leave them out')
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f'model must be a torch.nn.Module, got {type(model).__name__}')
+    name = type(model).__name__
+    similarity = is_similarity_model(model)
+    reasons = {
+        'attention_mask': 'the processor makes the attention mask (to give your own, pass the processor\'s output '
+                          'with it as input_ids)',
+        'decoder_input_ids': 'it explains decoder-only vision-language models and similarity models, whose text is '
+                             'the whole input',
+        'tokenizer': 'the processor\'s tokenizer is the one that encodes the text (processor.tokenizer)',
+    }
+    tokenizer = locals_used['tokenizer']
+    for key, reason in reasons.items():
+        value = locals_used[key]
+        if key == 'tokenizer' and encoded and processor is None:
+            continue  # the tokenizer of a processor's output, for the explanation's tokens
+        if value is not None:
+            raise ValueError(f'{key}= does not apply to explain() with images: {reason}; leave it out')
+    latent = [key for key in ('latent', 'latent_reduce', 'condition') if locals_used[key] is not None]
+    if latent or isinstance(target, Neuron):
+        paths = ', '.join(repr(path) for path, _ in block_stacks(model))
+        asked = ', '.join(f'{key}=' for key in latent) or 'a Neuron target'
+        raise ValueError(f'{asked} with images: latent relevance is read at the sites of one stack of transformer '
+                         f'blocks (zennit_attn.latent), and with pixel inputs {name} runs the vision tower\'s blocks '
+                         f'and the text model\'s (its stacks: {paths}); explain the text alone (tokenizer=) for the '
+                         'latent relevance of a language model, or leave it out')
+    contrast = locals_used['contrast']
+    if similarity and (target is not None or contrast is not None):
+        raise ValueError(f'{name} scores (text, image) pairs: each row explains its own pair\'s similarity score; '
+                         f'leave out {"target=" if target is not None else "contrast="} (to compare two pairs, '
+                         'explain both and subtract the explanations: the relevance is linear in the score)')
     if not entry.lrp:
         raise ValueError(f'explain() with images runs the LRP methods (attnlrp, cplrp), which give text and pixel '
                          f'relevance in one backward pass; {method!r} is not one')
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f'model must be a torch.nn.Module, got {type(model).__name__}')
-    similarity = is_similarity_model(model)
     if encoded:
         if images is not None:
             raise ValueError('the input already holds pixel_values (the processor\'s output): leave out images=, or '
                              'pass the text with images=')
         encoding = text
     else:
-        encoding = encode_multimodal(processor, text, images, similarity)
+        encoding = encode_multimodal(processor, text, images, similarity, text_length(model) if similarity else None)
     task = make_multimodal_task(model, encoding, model_kwargs, processor)
     tokenizer = processor.tokenizer if processor is not None else tokenizer
     target = token_ids(tokenizer, target, 'target')
-    explanation = entry.function(task, position=position, target=target, **params)
+    if not (isinstance(contrast, str) and contrast == RUNNER_UP):
+        contrast = token_ids(tokenizer, contrast, 'contrast')
+    target, objective = objective_for(target, contrast)
+    task = task.with_objective(objective)
+    with checkpointed(model) if locals_used['checkpointing'] else contextlib.nullcontext():
+        explanation = entry.function(task, position=position, target=target, **params)
     return dataclasses.replace(explanation, tokenizer=tokenizer)

@@ -1,28 +1,6 @@
-"""Text and images in one request: vision-language models (LLaVA, Qwen2-VL) and image-text similarity models (CLIP).
-
-A Hugging Face processor (``ProcessorMixin``) turns text and images into ``input_ids``, ``attention_mask``,
-``pixel_values`` and the model's further fields (``image_grid_thw``, ``image_sizes``, ``mm_token_type_ids``, ...),
-which are all passed on to the model (:py:func:`encode_multimodal`). The tasks extend
-:py:class:`~zennit_attn.task.TokenTask` by a second LRP leaf, the pixels: relevance flows to the word embeddings of
-the text (``inputs_embeds``) and to ``pixel_values`` in one backward pass, and the result is a
-:py:class:`~zennit_attn.explanation.MultimodalExplanation`.
-
-- :py:class:`VisionLanguageTask`: a generative VLM explained at the next-token logit, as a language model. The image
-  placeholder tokens stay in ``input_ids``; the model finds them in ``inputs_embeds`` (it compares each embedding with
-  the image token's) and scatters the image features there. Models with multimodal rotary positions (Qwen2-VL,
-  Qwen2.5-VL) get the position ids their own ``get_rope_index`` computes from the ids, as their forward on
-  ``input_ids`` would.
-- :py:class:`SimilarityTask`: CLIP-like models, one row per (text, image) pair explained at
-  ``logits_per_text[row, row]``; a single image is paired with every text.
-
-For a generated answer (:py:func:`~zennit_attn.explain_generation` with images), :py:func:`extend_encoding` makes the
-prompt's encoding that of a prefix of prompt and answer, and :py:func:`placeholder_tokens` names the tokens that are
-not to be generated.
-
-Pixel layouts (:py:func:`image_layout`): ``'images'``, ``[images, channels, height, width]`` (LLaVA, CLIP, PaliGemma)
-and ``'patches'``, flattened patches ``[patches, channels * temporal * patch * patch]`` with ``image_grid_thw``
-(Qwen2-VL, Qwen2.5-VL); other layouts (Idefics3/SmolVLM ``[batch, images, channels, height, width]``, LLaVA-NeXT tiles)
-are refused by name.
+"""The multimodal tasks (see :py:mod:`zennit_attn.vision_language`): :py:class:`VisionLanguageTask` and
+:py:class:`SimilarityTask`, which read relevance at the text embeddings and at the pixels in one backward pass, and
+:py:func:`image_layout`, the layout the pixel relevance is read in.
 """
 from __future__ import annotations
 
@@ -31,33 +9,16 @@ from collections.abc import Mapping
 
 import torch
 
-from .checks import split_encoding
-from .explanation import ImageRelevance, MultimodalExplanation
-from .task import TokenTask
+from ..checks import split_encoding
+from ..explanation import ImageRelevance, MultimodalExplanation
+from ..task import TokenTask
+from .inputs import (check_processor, image_token_id, is_similarity_model, model_inputs, rope_index, takes_keywords,
+                     text_length)
 
-__all__ = ['LAYOUTS', 'image_layout', 'is_similarity_model', 'is_processor', 'has_pixels', 'encode_multimodal',
-           'placeholder_tokens',
-           'extend_encoding', 'VisionLanguageTask', 'SimilarityTask', 'make_multimodal_task']
+__all__ = ['LAYOUTS', 'image_layout', 'VisionLanguageTask', 'SimilarityTask', 'make_multimodal_task']
 
 #: The pixel layouts whose relevance is read per image.
 LAYOUTS = ('images', 'patches')
-
-
-def is_similarity_model(model: torch.nn.Module) -> bool:
-    """Whether ``model`` scores image-text pairs (``logits_per_image`` / ``logits_per_text``: CLIP, SigLIP) rather
-    than generating text."""
-    return hasattr(model, 'get_text_features') and hasattr(model, 'get_image_features') and not hasattr(
-        model, 'lm_head') and not hasattr(model, 'language_model')
-
-
-def is_processor(value) -> bool:
-    """Whether ``value`` is a Hugging Face processor with an image processor and a tokenizer."""
-    return getattr(value, 'image_processor', None) is not None and getattr(value, 'tokenizer', None) is not None
-
-
-def has_pixels(value) -> bool:
-    """Whether ``value`` is a processor's output with images: a mapping holding ``pixel_values``."""
-    return isinstance(value, Mapping) and 'pixel_values' in value
 
 
 def _vision_config(model: torch.nn.Module):
@@ -99,7 +60,8 @@ def _patch_size(model: torch.nn.Module) -> int:
 
 
 def _images(model, pixels, relevance, layout, fields, rows, mean, std) -> list[ImageRelevance]:
-    """Every image of ``pixels`` with its relevance, in its own layout (see :py:class:`ImageRelevance`)."""
+    """Every image of ``pixels`` with its relevance, in its own layout (see
+    :py:class:`~zennit_attn.explanation.ImageRelevance`)."""
     patch = _patch_size(model)
     found = []
     if layout == 'images':
@@ -136,125 +98,16 @@ def _images(model, pixels, relevance, layout, fields, rows, mean, std) -> list[I
     return found
 
 
-def _count(value) -> int:
-    return len(value) if isinstance(value, (list, tuple)) else 1
-
-
-def encode_multimodal(processor, text, images, similarity: bool = False) -> Mapping:
-    """What ``processor(text=..., images=..., return_tensors='pt')`` returns, after checking the request.
-
-    Parameters
-    ----------
-    processor
-        A Hugging Face processor (``ProcessorMixin``: an image processor and a tokenizer), e.g. ``LlavaProcessor``,
-        ``Qwen2VLProcessor``, ``CLIPProcessor``.
-    text: str or list of str
-        For a vision-language model one text, holding the processor's image token (``processor.image_token``) once
-        where each image goes; for a similarity model one text or several (padded).
-    images
-        An image (PIL image, array or tensor, as the processor takes them) or a list of images: one per image token
-        of the text; for a similarity model one image (paired with every text) or one per text.
-    similarity: bool
-        The model is a similarity model (CLIP).
-
-    Raises
-    ------
-    TypeError
-        For no processor, or a processor that takes no images.
-    ValueError
-        For no images, several texts for a vision-language model, or a number of images that does not match.
-    """
-    if processor is None:
-        raise TypeError('images= needs processor=: the model\'s Hugging Face processor (e.g. '
-                        'AutoProcessor.from_pretrained(model_path)), which turns text and images into model inputs')
-    if not (callable(processor) and is_processor(processor)):
-        raise TypeError(f'processor must be a Hugging Face processor with an image processor and a tokenizer '
-                        f'(ProcessorMixin), got {type(processor).__name__}')
-    if images is None or (isinstance(images, (list, tuple)) and not images):
-        raise ValueError('no images given: pass images=[...] with the processor, or explain the text with '
-                         'tokenizer= alone')
-    if not (isinstance(text, str) or (isinstance(text, (list, tuple)) and text
-                                      and all(isinstance(item, str) for item in text))):
-        raise TypeError(f'with images, the text must be a str (or a list of str for a similarity model), got '
-                        f'{type(text).__name__}')
-    count = _count(images)
-    if similarity:
-        texts = _count(text)
-        if count not in (1, texts):
-            raise ValueError(f'{count} images for {texts} texts: give one image (paired with every text) or one '
-                             'image per text')
-        return processor(text=text, images=images, return_tensors='pt', padding=True)
-    if not isinstance(text, str):
-        raise ValueError('a vision-language model explains one text at a time (with all its images): pass a str')
-    token = getattr(processor, 'image_token', None)
-    if isinstance(token, str):
-        placed = text.count(token)
-        if placed != count:
-            raise ValueError(f'the text holds the image token {token!r} {placed} times for {count} images: put it '
-                             'once where each image goes (or apply the processor\'s chat template)')
-    return processor(text=text, images=images, return_tensors='pt')
-
-
-def placeholder_tokens(model: torch.nn.Module) -> list[int]:
-    """The ids of the image and video placeholder tokens of a vision-language model (its config's
-    ``image_token_id``/``image_token_index`` and ``video_token_id``/``video_token_index``): the tokens whose
-    embeddings the model replaces by image features."""
-    config = getattr(model, 'config', None)
-    found = (getattr(config, name, None) for name in ('image_token_id', 'image_token_index', 'video_token_id',
-                                                      'video_token_index'))
-    return sorted({int(token) for token in found if isinstance(token, int) and not isinstance(token, bool)})
-
-
-def extend_encoding(encoding: Mapping, input_ids: torch.Tensor) -> dict:
-    """The processor's output ``encoding`` of a prompt, made the encoding of ``input_ids``: the prompt followed by
-    generated text tokens (``[1, prompt + generated]``; its first tokens must be the prompt's).
-
-    The fields of one value per prompt token are extended for the generated tokens as ``model.generate`` extends
-    them: ``attention_mask`` (any field named ``...attention_mask``) with ones, ``token_type_ids`` with its last
-    value, every other ``...type_ids`` field (``mm_token_type_ids``, ...) with 0, the value of text. The other
-    fields (``pixel_values``, ``image_grid_thw``, ...) are kept as they are.
-
-    Parameters
-    ----------
-    encoding: mapping
-        ``input_ids`` ``[1, prompt]`` and the processor's further fields.
-    input_ids: torch.Tensor
-        ``[1, prompt + generated]``.
-
-    Returns
-    -------
-    dict
-    """
-    prompt = encoding['input_ids']
-    length = prompt.shape[-1]
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < length or not torch.equal(
-            input_ids[0, :length].to(prompt.device), prompt.reshape(-1)):
-        raise ValueError(f'input_ids of shape {tuple(input_ids.shape)} do not continue the encoded prompt '
-                         f'({length} tokens)')
-    extra = input_ids.shape[1] - length
-    extended = {}
-    for key, value in encoding.items():
-        if key == 'input_ids':
-            value = input_ids
-        elif isinstance(value, torch.Tensor) and value.dim() == 2 and tuple(value.shape) == (1, length) and (
-                key.endswith('attention_mask') or key.endswith('type_ids')):
-            if key.endswith('attention_mask'):
-                tail = value.new_ones(1, extra)
-            elif key == 'token_type_ids':
-                tail = value[:, -1:].expand(1, extra)
-            else:
-                tail = value.new_zeros(1, extra)
-            value = torch.cat([value, tail], 1)
-        extended[key] = value
-    return extended
-
-
 class _PixelLeaf:
-    """The second LRP leaf of the multimodal tasks: the pixels, passed as ``pixel_values``."""
+    """The second LRP leaf of the multimodal tasks: the pixels, passed as ``pixel_values``.
+
+    Padding keeps its relevance: a model that ignores its padding (the attention mask) gives it none, and padding a
+    model reads (:py:meth:`_check_padding`) is either an input of it (SigLIP's texts padded to the length it was
+    trained with) or refused, never zeroed (that would lose relevance, silently)."""
     pixels: torch.Tensor
 
     def __init__(self, model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None):
-        encoding = dict(encoding)
+        encoding = model_inputs(model, encoding)
         pixels = encoding.pop('pixel_values', None)
         if pixels is None:
             raise ValueError('the encoding has no pixel_values: pass images to the processor')
@@ -285,7 +138,13 @@ class _PixelLeaf:
         if pixel_relevance is None:
             raise NotImplementedError(f'{method} gives no pixel relevance: explain text and images with the LRP '
                                       'methods (attnlrp, cplrp)')
-        text = super().package(relevance, logit, method, None)
+        mask = self.attention_mask
+        self.attention_mask = None  # the text's relevance as it is (TokenTask.package zeroes padding)
+        try:
+            text = super().package(relevance, logit, method, None)
+        finally:
+            self.attention_mask = mask
+        self._check_padding(text.relevance)
         if torch.finfo(pixel_relevance.dtype).bits < 32:
             pixel_relevance = pixel_relevance.float()
         processor = getattr(self, 'processor', None)
@@ -294,8 +153,38 @@ class _PixelLeaf:
         images = _images(self.model, self.pixels, pixel_relevance, self.layout, self.model_kwargs, rows,
                          None if mean is None else tuple(mean), None if std is None else tuple(std))
         fields = {name: getattr(text, name) for name in text.__dataclass_fields__}
+        fields['attention_mask'] = mask
         return MultimodalExplanation(**fields, pixel_relevance=pixel_relevance, images=images,
                                      image_tokens=image_tokens)
+
+    def padding_is_input(self) -> bool:
+        """Whether the padding of the text is an input of the model, whose relevance is kept (SigLIP's padding to the
+        length it was trained with); otherwise padding that gets relevance is refused."""
+        return False
+
+    def _check_padding(self, relevance: torch.Tensor) -> None:
+        """Refuse a text whose padding the model reads (its pads get relevance: pooling or attention that ignores
+        the attention mask), unless the padding is an input of the model (:py:meth:`padding_is_input`): such a row
+        is not its text alone, and zeroing the pads' relevance would lose it."""
+        if self.attention_mask is None:
+            return
+        pads = (self.attention_mask == 0).to(relevance.device)
+        reached = (relevance.abs() * pads).amax(-1)
+        rows = (reached != 0).nonzero()[:, 0].tolist()
+        if not rows or self.padding_is_input():
+            return
+        row = rows[0]
+        name = type(self.model).__name__
+        length = text_length(self.model)
+        if length is not None:
+            hint = (f'{name} was trained on texts padded to {length} tokens: pass the texts with images= (explain() '
+                    f'pads them so) or pad them so yourself (processor(..., padding="max_length", '
+                    f'max_length={length}))')
+        else:
+            hint = 'explain the texts one at a time, without padding'
+        raise ValueError(f'{name} reads the padding of row {row}: its pads get relevance {float(reached[row]):.3g} '
+                         '(its pooling or attention does not ignore the attention mask), so the padded row is not '
+                         f'explained as its text alone; {hint}')
 
 
 class VisionLanguageTask(_PixelLeaf, TokenTask):
@@ -306,7 +195,7 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
     model: torch.nn.Module
         E.g. ``LlavaForConditionalGeneration``, ``Qwen2VLForConditionalGeneration``, in eval mode.
     encoding: mapping
-        The processor's output (:py:func:`encode_multimodal`) for one text: ``input_ids``, ``pixel_values`` and the
+        The processor's output (:py:func:`~.encode_multimodal`) for one text: ``input_ids``, ``pixel_values`` and the
         model's further fields.
     model_kwargs: dict, optional
         Further keyword arguments of the model's forward.
@@ -318,22 +207,21 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
         if self.batch != 1:
             raise ValueError(f'a vision-language model explains one text at a time, got {self.batch} rows')
         self.layout = image_layout(model, self.pixels, self.model_kwargs)
-        config = model.config
-        token = getattr(config, 'image_token_id', None)
-        token = getattr(config, 'image_token_index', None) if token is None else token
-        self.image_tokens = (self.input_ids == token) if isinstance(token, int) else None
+        if takes_keywords(model):  # LLaVA passes use_cache on to its language model through **kwargs
+            self.model_kwargs.setdefault('use_cache', False)  # a cache would grow when checkpointing recomputes
+        token = image_token_id(model)
+        self.image_tokens = (self.input_ids == token) if token is not None else None
         self._rope_positions()
 
     def _rope_positions(self) -> None:
         """Multimodal rotary positions (Qwen2-VL): ``position_ids`` from the model's own ``get_rope_index``."""
-        inner = getattr(self.model, 'model', self.model)
-        rope_index = getattr(inner, 'get_rope_index', None)
-        if rope_index is None or 'position_ids' in self.model_kwargs:
+        function = rope_index(self.model)
+        if function is None or 'position_ids' in self.model_kwargs:
             return
-        names = inspect.signature(rope_index).parameters
+        names = inspect.signature(function).parameters
         fields = {key: value for key, value in self.model_kwargs.items() if key in names and key != 'input_ids'}
         with torch.no_grad():
-            self.model_kwargs['position_ids'] = rope_index(self.input_ids, **fields)[0]
+            self.model_kwargs['position_ids'] = function(self.input_ids, **fields)[0]
 
     def package(self, relevance, logit, method, decoder_relevance):
         """``decoder_relevance`` is the second LRP leaf's: the pixels'."""
@@ -351,14 +239,21 @@ class SimilarityTask(_PixelLeaf, TokenTask):
 
     Row ``r`` is text ``r`` with image ``r`` (a single image is paired with every text); its explained value is the
     similarity score ``logits_per_text[r, r]``, the logit scale included. The rows are independent: each row's text
-    and pixel relevance sum to its own score (minus what biases absorb).
+    and pixel relevance sum to its own score (minus what biases absorb), and equal those of the pair explained alone.
+
+    Padding: CLIP-like models pool a token before the padding and mask the pads, which get no relevance. SigLIP
+    (:py:data:`~.LAST_POSITION_POOLING`) pools the last position, a pad in a padded text: its texts are padded to the
+    length it was trained with (:py:func:`~.text_length`, done by :py:func:`~.encode_multimodal`), alone as in a batch,
+    and the pads are inputs that keep their relevance (the last pad's, the pooled position's own, is in
+    ``relevance`` and :py:meth:`~zennit_attn.explanation.MultimodalExplanation.total`; the heatmaps leave padding
+    out). A batch whose padding the model reads otherwise is refused.
 
     Parameters
     ----------
     model: torch.nn.Module
         E.g. ``CLIPModel``, in eval mode.
     encoding: mapping
-        The processor's output (:py:func:`encode_multimodal`): ``input_ids`` ``[texts, seq]``, ``pixel_values``
+        The processor's output (:py:func:`~.encode_multimodal`): ``input_ids`` ``[texts, seq]``, ``pixel_values``
         ``[1 or texts, channels, height, width]``.
     model_kwargs: dict, optional
     processor: optional
@@ -379,7 +274,7 @@ class SimilarityTask(_PixelLeaf, TokenTask):
 
     def lrp_forward(self, inputs, model, **extra):
         """The pair scores (``logits_per_text``); the text embeddings' relevance is read as in
-        :py:meth:`TokenTask.lrp_forward` (CLIP's forward takes ``input_ids`` only)."""
+        :py:meth:`~zennit_attn.task.TokenTask.lrp_forward` (CLIP's forward takes ``input_ids`` only)."""
         if self.lookups is not None:
             self.lookups.record()
         return self.forward(inputs, None, model, **extra)
@@ -401,6 +296,11 @@ class SimilarityTask(_PixelLeaf, TokenTask):
     def keep_logits(self, position=-1, target=None) -> dict:
         return {}
 
+    def padding_is_input(self) -> bool:
+        """SigLIP's texts padded to the length it was trained with (:py:func:`~.text_length`)."""
+        length = text_length(self.model)
+        return length is not None and self.input_ids.shape[1] == length
+
     def package(self, relevance, logit, method, decoder_relevance):
         """``decoder_relevance`` is the second LRP leaf's: the pixels'."""
         return self._package(relevance, logit, method, decoder_relevance, list(range(self.batch)), None)
@@ -408,9 +308,11 @@ class SimilarityTask(_PixelLeaf, TokenTask):
 
 def make_multimodal_task(model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None,
                          processor=None) -> TokenTask:
-    """The :py:class:`SimilarityTask` (CLIP-like models) or :py:class:`VisionLanguageTask` for ``model``."""
+    """The :py:class:`SimilarityTask` (CLIP-like models) or :py:class:`VisionLanguageTask` for ``model``, after
+    :py:func:`~.check_processor`."""
     _, _, fields = split_encoding(encoding)
     if 'pixel_values' not in fields:
         raise ValueError('the processor returned no pixel_values')
+    check_processor(model, encoding, processor, model_kwargs)
     task = SimilarityTask if is_similarity_model(model) else VisionLanguageTask
     return task(model, encoding, model_kwargs, processor)
