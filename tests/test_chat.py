@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.text_tokenizer import byte_level_tokenizer
-from zennit_attn import explain
+from zennit_attn import explain, explain_generation
 from zennit_attn.chat import encode_chat
 
 #: a ChatML-like template in the special tokens of the test tokenizer
@@ -79,3 +79,42 @@ def test_refusals(llama, chat_tokenizer):
         explain(llama, [MESSAGES[0], {'role': 'assistant', 'content': ''}], tokenizer=chat_tokenizer)
     with pytest.raises(ValueError, match='must have a text role and content'):
         explain(llama, [{'role': 'user', 'content': ['a list']}], tokenizer=chat_tokenizer)
+
+
+@pytest.mark.parametrize('messages, error, match', [
+    ([MESSAGES, MESSAGES], TypeError, r'a batch of 2 conversations \(a list of lists of messages\): one conversation '
+                                      'is explained at a time'),
+    ([{'content': 'hi'}], ValueError, r"message 0 has no 'role' \(keys: \['content'\]\)"),
+    ([MESSAGES[0], {'role': 'assistant'}], ValueError, r"message 1 has no 'content' \(keys: \['role'\]\)"),
+    ([{}], ValueError, r"message 0 has no 'role' and no 'content' \(no keys\)"),
+    ([{'role': 'user', 'content': 5}], ValueError, 'message 0 must have a text role and content, got role str and '
+                                                   'content int'),
+    ([{'role': 'user', 'content': [{'type': 'text', 'text': 'hi'}]}], ValueError,
+     r"content list; content given as a list of parts \(text, images\) is what a processor's chat template takes"),
+    ([{'role': 3, 'content': 'hi'}], ValueError, 'got role int and content str'),
+    ([MESSAGES[0], 'in the Arctic.'], TypeError, r'message 1 is a str, not a \{"role": ..., "content": ...\} mapping'),
+    ([[MESSAGES[0]], MESSAGES[1]], TypeError, r'message 0 is a list \(a conversation inside the conversation\?\)'),
+    (MESSAGES[0], TypeError, r"got one message \(keys: \['content', 'role'\]\), not a conversation: pass a list"),
+], ids=['batch', 'no role', 'no content', 'empty message', 'content int', 'content parts', 'role int', 'text item',
+        'nested', 'one message'])
+def test_malformed_or_batched_messages_are_named(llama, chat_tokenizer, messages, error, match):
+    """Each gave torch's "Could not infer dtype of dict" (a list of conversations, a message without 'role' or
+    'content') or a message about input_ids or texts: now the problem is named, by explain and explain_generation."""
+    with pytest.raises(error, match=match):
+        explain(llama, messages, tokenizer=chat_tokenizer)
+    with pytest.raises(error, match=match):
+        explain_generation(llama, chat_tokenizer, messages, max_new_tokens=1)
+
+
+def test_explain_generation_of_a_conversation_is_that_of_its_templated_prompt(llama, chat_tokenizer):
+    """A conversation that does not end with the answer is the prompt rendered with the generation prompt: the
+    same explanation as of those ids; one ending with the answer is refused (explain() explains that answer)."""
+    prompt = templated_ids(chat_tokenizer, MESSAGES[:1], add_generation_prompt=True)
+    options = dict(max_new_tokens=3, generate_kwargs={'suppress_tokens': [0, 1, 2, 3]})
+    chat = explain_generation(llama, chat_tokenizer, MESSAGES[:1], **options)
+    reference = explain_generation(llama, chat_tokenizer, torch.tensor([prompt]), **options)
+    assert chat.input_ids[:len(prompt)].tolist() == prompt and chat.prompt_length == len(prompt)
+    assert torch.equal(chat.input_ids, reference.input_ids) and torch.equal(chat.relevance, reference.relevance)
+    assert torch.equal(chat.answer_relevance, reference.answer_relevance)
+    with pytest.raises(ValueError, match="ends with the assistant's answer, but explain_generation generates"):
+        explain_generation(llama, chat_tokenizer, MESSAGES, max_new_tokens=1)

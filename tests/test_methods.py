@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import transformers
 from transformers import AttentionInterface
 
 from tests.models import tiny_model, token_ids
@@ -374,3 +375,80 @@ def test_kernelshap_refuses_too_few_samples_for_its_features(llama, samples):
     with pytest.raises(ValueError, match='samples > 5'):
         explain(llama, ids, method='kernelshap', samples=samples)
     assert torch.isfinite(explain(llama, ids, method='kernelshap', samples=6).relevance).all()
+
+
+# ------------------------------------------------------------------------- a model that scales its input in place
+@pytest.fixture(scope='module')
+def ctrl():
+    """A tiny CTRL: its forward scales ``inputs_embeds`` in place (``inputs_embeds *= sqrt(d_model)``)."""
+    config = transformers.CTRLConfig(vocab_size=100, n_embd=32, dff=64, n_layer=2, n_head=4, n_positions=64,
+                                     resid_pdrop=0.0, embd_pdrop=0.0)
+    config._attn_implementation = 'eager'  # its own output_attentions for the references
+    torch.manual_seed(0)
+    return transformers.CTRLLMHeadModel(config).double().eval()
+
+
+def _ctrl_plain(model, tokens, target):
+    """The logit of ``target`` at the last position, its gradient at the word embeddings and at every attention map,
+    computed by the model alone (on a copy of the embeddings, which it scales in place)."""
+    embeddings = model.get_input_embeddings()(tokens).detach().requires_grad_(True)
+    output = model(inputs_embeds=embeddings.clone(), output_attentions=True)
+    logit = output.logits[0, -1, target]
+    grads = torch.autograd.grad(logit, [embeddings, *output.attentions])
+    return (embeddings.detach(), logit.detach(), grads[0], [attention.detach()[0] for attention in output.attentions],
+            [grad[0] for grad in grads[1:]])
+
+
+@pytest.mark.parametrize('method', ['input_x_gradient', 'integrated_gradients', 'smoothgrad', 'kernelshap',
+                                    'attention_rollout', 'grad_attention_rollout', 'gradcam'])
+def test_methods_on_a_model_that_scales_its_input_in_place(ctrl, method):
+    """Each method against its value computed from the model's own outputs (CTRL scales ``inputs_embeds`` in
+    place: the gradient methods died on their leaf, and the methods without gradients scaled the task's input
+    itself, so that KernelSHAP's coalitions saw it scaled twice)."""
+    tokens = token_ids('llama', 5, 1, seed=3)
+    target = 11
+    embeddings, logit, grad, attentions, attention_grads = _ctrl_plain(ctrl, tokens, target)
+    params = {'integrated_gradients': dict(steps=3), 'smoothgrad': dict(sigma=0.0, samples=2),
+              'kernelshap': dict(samples=2)}.get(method, {})
+    if method == 'kernelshap':  # one token: its Shapley value is exactly f(x) - f(0)
+        tokens, embeddings = tokens[:, :1], embeddings[:, :1]
+        with torch.no_grad():
+            logit = ctrl(inputs_embeds=embeddings.clone()).logits[0, -1, target]
+            expected = logit - ctrl(inputs_embeds=torch.zeros_like(embeddings)).logits[0, -1, target]
+        expected = expected[None]
+    elif method in ('input_x_gradient', 'smoothgrad'):  # SmoothGrad without noise: input x gradient
+        expected = (embeddings * grad).sum(-1)[0]
+    elif method == 'integrated_gradients':  # x * 1/m sum_k grad f(k/m x)
+        total = torch.zeros_like(embeddings)
+        for k in range(1, 4):
+            point = (k / 3 * embeddings).requires_grad_(True)
+            total += torch.autograd.grad(ctrl(inputs_embeds=point.clone()).logits[0, -1, target], point)[0] / 3
+        expected = (embeddings * total).sum(-1)[0]
+    else:
+        eye = torch.eye(tokens.shape[1], dtype=torch.float64)
+        product = eye
+        for attention, attention_grad in zip(attentions, attention_grads):
+            if method == 'attention_rollout':
+                product = (0.5 * (eye + attention.mean(0))) @ product
+            else:
+                product = product + (attention_grad * attention).clamp(min=0).mean(0) @ product
+        expected = product[-1]
+        if method == 'gradcam':
+            row, grad_row = attentions[-1][:, -1], attention_grads[-1][:, -1]
+            expected = (grad_row.mean(-1, keepdim=True) * row).mean(0).clamp(min=0)
+            assert float(expected.abs().sum()) > 0  # a test that can fail
+    explanation = explain(ctrl, tokens, target=target, method=method, **params)
+    torch.testing.assert_close(explanation.logit[0], logit, rtol=1e-12, atol=0)
+    # Integrated Gradients: zennit interpolates the path points in another order of operations
+    tolerance = 1e-8 if method == 'integrated_gradients' else 1e-10
+    torch.testing.assert_close(explanation.relevance[0], expected, rtol=tolerance, atol=1e-12)
+
+
+def test_runs_leave_the_input_as_it_was(ctrl):
+    """Runs without gradients on the task's own input leave it unchanged, so that every run sees the same input."""
+    task = Task(ctrl, token_ids('llama', 5, 1, seed=3))
+    before = task.inputs.clone()
+    with torch.no_grad():
+        first = task.forward(task.inputs)
+        second = task.forward(task.inputs)
+    assert torch.equal(task.inputs, before) and torch.equal(first, second)

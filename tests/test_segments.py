@@ -190,6 +190,8 @@ def test_sentencepiece_offsets(llama):
     ([(0, 3), (4, 7)], ['a'], 'one str per span: 2 spans'),
     ([(0, 3), (4, 7)], ['a', 'a'], 'must differ'),
     ([(0, 3)], ['other'], "from 'other'"),
+    ([(0, 3), (3, 3)], ['head', 'tail'], r"span 1 \('tail'\) \(3, 3\) is outside the text or empty"),
+    ([(0, 5), (4, 9)], ['head', 'tail'], r"spans 0 \('head'\) \(0, 5\) and 1 \('tail'\) \(4, 9\) overlap"),
 ])
 def test_bad_spans_are_refused(tokenizer, spans, labels, message):
     explanation = made(tokenizer, 'The ice bear lives', [1.0] * 4)
@@ -273,3 +275,15 @@ def test_segments_save_every_format(tokenizer, tmp_path):
         path = result.save(tmp_path / f'segments{suffix}')
         assert path.stat().st_size > 0
     assert 'sentence 1: +2.625' in (tmp_path / 'segments.html').read_text()
+
+
+@pytest.mark.parametrize('values, empty', [(dict(question='', answer=ANSWER), ['question']),
+                                           (dict(question=QUESTION, answer=''), ['answer']),
+                                           (dict(question='', answer=''), ['question', 'answer'])])
+def test_an_empty_template_slot_is_named(tokenizer, values, empty):
+    """An empty slot has no characters, so no tokens: refused naming the slot (it was "span 0 (9, 9) is outside the
+    text or empty", the slot's name left for the user to find)."""
+    template = Template(TEMPLATE, **values)
+    explanation = made(tokenizer, template.text, [1.0] * len(tokenizer(template.text).input_ids))
+    with pytest.raises(ValueError, match=re.escape(f"template slot(s) {empty} are empty (value '')")):
+        explanation.segments(template)

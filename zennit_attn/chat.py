@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ['ChatEncoding', 'is_conversation', 'encode_chat']
+__all__ = ['ChatEncoding', 'is_conversation', 'check_conversation', 'encode_chat', 'prompt_ids']
 
 
 @dataclass
@@ -49,9 +49,58 @@ class ChatEncoding:
 
 
 def is_conversation(value) -> bool:
-    """Whether ``value`` is a conversation: a non-empty list of mappings with ``'role'`` and ``'content'``."""
-    return (isinstance(value, (list, tuple)) and bool(value)
-            and all(isinstance(message, Mapping) and 'role' in message and 'content' in message for message in value))
+    """Whether ``value`` is meant as a conversation (and is then checked by :py:func:`check_conversation`): a list
+    (or tuple) holding a mapping (a message) or a list of mappings (a batch of conversations), or one message (a
+    mapping with ``'role'`` or ``'content'`` and no ``'input_ids'``)."""
+    if isinstance(value, Mapping):
+        return 'input_ids' not in value and ('role' in value or 'content' in value)
+    return isinstance(value, (list, tuple)) and any(
+        isinstance(item, Mapping) or (isinstance(item, (list, tuple)) and any(isinstance(inner, Mapping)
+                                                                                for inner in item))
+        for item in value)
+
+
+def check_conversation(messages) -> None:
+    """Refuse what is not one conversation of text messages, naming the problem: a batch of conversations, a single
+    message, a message that is not a mapping or has no ``'role'`` or ``'content'``, a role or content that is not
+    text.
+
+    Raises
+    ------
+    TypeError
+        For a batch of conversations, a single message or an item that is not a message.
+    ValueError
+        For a message without ``'role'`` or ``'content'`` or whose role or content is not text.
+    """
+    if isinstance(messages, Mapping):
+        raise TypeError(f'got one message ({_keys(messages)}), not a conversation: pass a list of messages, e.g. '
+                        '[{"role": "user", "content": "..."}]')
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise TypeError('messages must be a non-empty list of {"role": ..., "content": ...} mappings')
+    if all(isinstance(item, (list, tuple)) for item in messages):
+        raise TypeError(f'got a batch of {len(messages)} conversations (a list of lists of messages): one '
+                        'conversation is explained at a time; call it once per conversation')
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            kind = 'a list (a conversation inside the conversation?)' if isinstance(message, (list, tuple)) else \
+                f'a {type(message).__name__}'
+            raise TypeError(f'message {index} is {kind}, not a {{"role": ..., "content": ...}} mapping')
+        missing = [key for key in ('role', 'content') if key not in message]
+        if missing:
+            raise ValueError(f'message {index} has no {" and no ".join(map(repr, missing))} ({_keys(message)}): '
+                             'each message is {"role": ..., "content": ...}')
+        if not isinstance(message['role'], str) or not isinstance(message['content'], str):
+            parts = ('; content given as a list of parts (text, images) is what a processor\'s chat template '
+                     'takes: with images, pass processor.apply_chat_template(messages, tokenize=True, '
+                     'return_dict=True, add_generation_prompt=True) and processor=') \
+                if isinstance(message['content'], (list, tuple)) else ''
+            raise ValueError(f'message {index} must have a text role and content, got role '
+                             f'{type(message["role"]).__name__} and content {type(message["content"]).__name__}'
+                             f'{parts}')
+
+
+def _keys(message: Mapping) -> str:
+    return f'keys: {sorted(map(str, message))}' if message else 'no keys'
 
 
 def encode_chat(tokenizer, messages) -> ChatEncoding:
@@ -72,11 +121,13 @@ def encode_chat(tokenizer, messages) -> ChatEncoding:
     Raises
     ------
     ValueError
-        For a tokenizer without a chat template, a message whose content is not text, a final answer that is empty,
-        a template that does not contain a message's content as it is.
+        For a tokenizer without a chat template, a malformed message (:py:func:`check_conversation`), a final answer
+        that is empty, a template that does not contain a message's content as it is.
     TypeError
-        For a tokenizer without character offsets (a slow tokenizer).
+        For a tokenizer without character offsets (a slow tokenizer), and what is not one conversation (a batch of
+        them, a single message: :py:func:`check_conversation`).
     """
+    check_conversation(messages)
     if tokenizer is None:
         raise ValueError('a conversation (a list of {"role", "content"} messages) needs tokenizer= to apply its chat '
                          'template')
@@ -84,12 +135,6 @@ def encode_chat(tokenizer, messages) -> ChatEncoding:
         raise ValueError(f'{type(tokenizer).__name__} has no chat template (tokenizer.chat_template is not set): '
                          'explain the conversation as plain text, or set the model\'s chat template on the '
                          'tokenizer')
-    if not is_conversation(messages):
-        raise TypeError('messages must be a non-empty list of {"role": ..., "content": ...} mappings')
-    for index, message in enumerate(messages):
-        if not isinstance(message['role'], str) or not isinstance(message['content'], str):
-            raise ValueError(f'message {index} must have a text role and content, got role '
-                             f'{type(message["role"]).__name__} and content {type(message["content"]).__name__}')
     answered = messages[-1]['role'] == 'assistant'
     if answered and not messages[-1]['content']:
         raise ValueError('the final assistant message is empty: no answer to explain (leave the turn out to '
@@ -125,3 +170,24 @@ def encode_chat(tokenizer, messages) -> ChatEncoding:
         if not answer or answer[0][0] < 0:
             raise ValueError('the final assistant message gives no token after the template to explain')
     return ChatEncoding(input_ids=torch.tensor([ids], dtype=torch.long), template=template, answer=answer, text=text)
+
+
+def prompt_ids(tokenizer, messages) -> torch.Tensor:
+    """``[1, seq]`` ids of a conversation as the prompt of a generated answer
+    (:py:func:`~zennit_attn.explain_generation`): rendered by the tokenizer's chat template with its generation prompt,
+    as :py:func:`encode_chat` renders a conversation that does not end with the assistant's answer.
+
+    Raises
+    ------
+    ValueError
+        For a conversation that ends with the assistant's answer (the model is to generate it), and as
+        :py:func:`encode_chat`.
+    TypeError
+        As :py:func:`encode_chat`.
+    """
+    chat = encode_chat(tokenizer, messages)
+    if chat.answer:
+        raise ValueError('the conversation ends with the assistant\'s answer, but explain_generation generates the '
+                         'answer itself: leave out the last turn, or explain that answer with explain(model, '
+                         'messages, tokenizer=tokenizer)')
+    return chat.input_ids

@@ -16,17 +16,67 @@ from zennit.core import Hook
 
 from .composites import refuse_compiled
 from .canonizers.quantization import check_quantized
+from .devices import input_device
+from .layers import forward_parameters, output_scores
 from .module_kinds import UnsupportedModelError
 
-__all__ = ['is_causal', 'is_image_model', 'check_model', 'offloaded_modules', 'rule_hooks', 'as_integer',
-           'as_integers', 'target_pairs', 'token_id', 'token_ids', 'explained_positions', 'target_indices',
-           'check_ids', 'check_vocabulary', 'check_length', 'split_encoding']
+__all__ = ['is_causal', 'sees_later_tokens', 'is_image_model', 'check_model', 'offloaded_modules', 'rule_hooks',
+           'as_integer', 'as_integers', 'target_pairs', 'token_id', 'token_ids', 'explained_positions',
+           'target_indices', 'check_ids', 'check_vocabulary', 'check_length', 'split_encoding']
 
 
 # --------------------------------------------------------------------------------------------------- the model
 def is_causal(model: torch.nn.Module) -> bool:
-    """Whether ``model`` has causal (decoder) self-attention: each position sees only the positions before it."""
-    return any(getattr(module, 'is_causal', False) is True for module in model.modules())
+    """Whether ``model`` has causal (decoder) self-attention: each position sees only the positions before it.
+
+    A module whose ``is_causal`` attribute is True says so (transformers' attention modules). Models that mask in
+    their own code without that attribute (OpenAI-GPT, XGLM, GIT, Doge, GPT-NeoX-Japanese, LFM3) are asked directly
+    (:py:func:`sees_later_tokens`): causal if another last token leaves every earlier position's output as it was.
+    A model that cannot be asked (an encoder-decoder, no token table, no output per position, a failing forward)
+    counts as not causal.
+    """
+    if any(getattr(module, 'is_causal', False) is True for module in model.modules()):
+        return True
+    return sees_later_tokens(model) is False
+
+
+def sees_later_tokens(model: torch.nn.Module) -> bool | None:
+    """Whether a position's output depends on the tokens after it, by experiment: the model (without gradients) on
+    three tokens and on the same tokens with another last one; True if the outputs at the first two positions differ
+    (the last hidden state of a Hugging Face model's ``base_model``, else the model's output scores), False if they
+    are the same. Cost: one forward pass of two rows of three tokens.
+
+    None where it cannot be told: an encoder-decoder (whose decoder needs inputs of its own), a model without a token
+    table (``get_input_embeddings()`` with ``num_embeddings``) or without an output per position, or a forward that
+    fails on token ids alone.
+    """
+    config = getattr(model, 'config', None)
+    getter = getattr(model, 'get_input_embeddings', None)
+    if getattr(config, 'is_encoder_decoder', False) or not callable(getter):
+        return None
+    try:
+        table = getter()
+        device = input_device(model)
+    except NotImplementedError:  # transformers' composite models without one table (CLIP: a text and an image tower)
+        return None
+    rows = getattr(table, 'num_embeddings', None)
+    if not isinstance(rows, int) or rows < 8:
+        return None
+    first = rows // 4 + 4  # ordinary tokens (past the special tokens at the start of most vocabularies)
+    ids = torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=device)
+    base = getattr(model, 'base_model', None)  # Hugging Face: the model without its head (an output per position)
+    base = base if isinstance(base, torch.nn.Module) else model
+    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(base) else {}
+    try:
+        with torch.no_grad():
+            states = output_scores(base(input_ids=ids, **kwargs))
+    except Exception:  # a model that needs more than token ids (images, a decoder input): not decided here
+        return None
+    if not isinstance(states, torch.Tensor) or states.dim() < 3 or states.shape[:2] != ids.shape:
+        return None
+    earlier = states[:, :2].double()
+    change = float((earlier[0] - earlier[1]).abs().max())
+    return change > 1e-6 * max(float(earlier.abs().max()), torch.finfo(torch.float64).tiny)
 
 
 def is_image_model(model: torch.nn.Module) -> bool:

@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 from zennit.core import Composite
 
+from .chat import is_conversation, prompt_ids
 from .checks import as_integer, check_model, token_ids
 from .devices import input_device
 from .explain import explain
@@ -261,7 +262,8 @@ class GenerationExplanation:
 
 
 def _prompt_ids(tokenizer, prompt) -> torch.Tensor:
-    """``[1, seq]`` ids of one prompt (text, ids or the tokenizer's output)."""
+    """``[1, seq]`` ids of one prompt (text, ids, the tokenizer's output or a conversation)."""
+    prompt = prompt_ids(tokenizer, prompt) if is_conversation(prompt) else prompt
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(item, str) for item in prompt):
         raise ValueError(f'explain_generation explains one prompt at a time, got a list of {len(prompt)} texts: call '
                          'it once per prompt')
@@ -352,8 +354,9 @@ def explain_generation(
     tokenizer
         Its tokenizer (used to tokenise a text prompt, for the pad token and to show the tokens); with ``images`` the
         model's processor (whose tokenizer is then used).
-    prompt: str, sequence of int, tensor or BatchEncoding
-        One prompt: text, or its ids (``[seq]`` or ``[1, seq]``), or what the tokenizer returns (unpadded); for a
+    prompt: str, sequence of int, tensor, BatchEncoding or list of dict
+        One prompt: text, or its ids (``[seq]`` or ``[1, seq]``), or what the tokenizer returns (unpadded), or a
+        conversation (:py:func:`~zennit_attn.chat.prompt_ids`: with the template's generation prompt); for a
         vision-language model the text holding the image tokens, or what the processor returned for text and images
         (a mapping with ``pixel_values``, e.g. from ``processor.apply_chat_template(..., tokenize=True,
         return_dict=True)``; ``images`` is then left out).

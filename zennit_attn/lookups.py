@@ -18,40 +18,99 @@ from typing import Iterator
 
 import torch
 
+from .devices import input_device
 from .layers import forward_parameters
 from .rules.boundary import input_relevance
 
-__all__ = ['needs_ids', 'TokenLookups']
+__all__ = ['id_tables', 'needs_ids', 'TokenLookups']
 
 
-def _tables(model: torch.nn.Module, word: torch.nn.Module) -> list[tuple[str, torch.nn.Embedding]]:
-    """Candidate tables of token ids besides ``word``: embeddings of ``word``'s class (Gemma's scaled word
-    embeddings, or ``torch.nn.Embedding``) with at least half and at most as many rows as the vocabulary (positions
-    and image-patch tables are usually far smaller, hashed n-gram tables larger), not the word embeddings of a model
-    inside the model; which lookups are of the ids is checked on their index (:py:meth:`TokenLookups.substituting`)."""
+class _Found(Exception):
+    """Raised by :py:func:`id_tables`' hooks once every candidate table has been looked up: the rest of the forward
+    pass is not needed."""
+
+
+def id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tuple[str, torch.nn.Module]]:
+    """The tables besides ``word`` that ``model`` looks its token ids up in (Gemma 3n's and Gemma 4's per-layer
+    embeddings), recognised by their index, whatever their size.
+
+    The candidates are the modules of ``word``'s class or :py:class:`torch.nn.Embedding` (positions, token types,
+    per-layer tables) besides ``word`` and the word embeddings of models inside the model (BLT's entropy patcher,
+    another language model). If there are any, the model is run without gradients on eight ordinary token ids in
+    falling order (``input_ids`` only) until each candidate has been looked up once: a table is looked up with the
+    ids if its index has their shape and equals them at at least half of the entries (a table indexed by a tensor
+    computed from the ids, such as Gemma 3n's ``where(ids < rows, ids, 0)``, counts; positions and token types rise
+    or stay constant, so they equal falling ids at one entry at most). A forward pass that fails on the ids alone
+    (a model that needs images or a decoder input) ends the search with the tables found before it.
+    Encoder-decoder models have none (their decoder's table is the decoder's input).
+
+    Returns
+    -------
+    list of (str, torch.nn.Module)
+        ``(name, module)`` of each such table, in module order.
+    """
     rows = getattr(word, 'num_embeddings', None)
-    if rows is None:
-        return []
-    candidates = [(name, module) for name, module in model.named_modules() if type(module) is type(word)
-                  and module is not word and rows <= 2 * module.num_embeddings <= 2 * rows]
-    if not candidates:
+    if not isinstance(rows, int) or getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         return []
     nested = set()  # the word embeddings of models inside the model (BLT's entropy patcher: another language model)
     for module in model.modules():
         if hasattr(type(module), 'get_input_embeddings'):  # the class: a module's missing attribute costs an exception
             with contextlib.suppress(Exception):
                 nested.add(id(module.get_input_embeddings()))
-    return [(name, module) for name, module in candidates if id(module) not in nested]
+    candidates = [(name, module) for name, module in model.named_modules()
+                  if (isinstance(module, torch.nn.Embedding) or type(module) is type(word))
+                  and module is not word and id(module) not in nested]
+    if not candidates:
+        return []
+    length = min(8, rows)
+    first = min(rows - 1, rows // 4 + length)  # ordinary tokens, past the special ones at the start of vocabularies
+    weight = getattr(word, 'weight', None)  # the device of the ids: the word table's, unless offloaded
+    device = weight.device if isinstance(weight, torch.Tensor) and not weight.is_meta else input_device(model)
+    ids = torch.arange(first, first - length, -1, device=device)[None]
+    seen, found = set(), set()
+
+    def hook(name):
+        def record(module, args, output):
+            index = args[0] if args else None
+            if isinstance(index, torch.Tensor) and index.shape == ids.shape \
+                    and 2 * int((index == ids.to(index.device)).sum()) >= ids.numel():
+                found.add(name)
+            seen.add(name)
+            if len(seen) == len(candidates):
+                raise _Found
+        return record
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in candidates]
+    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
+    try:
+        # _Found: each candidate looked up; another error: the model needs more than the ids (images, a decoder
+        # input), and the tables are those looked up before it
+        with torch.no_grad(), contextlib.suppress(Exception):
+            model(input_ids=ids, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [(name, module) for name, module in candidates if name in found]
 
 
-def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None) -> str | None:
+def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None,
+              tables: list[tuple[str, torch.nn.Module]] | None = None) -> str | None:
     """Why ``model`` must be run on ``input_ids`` rather than on its word embeddings ``word``, None if it need not.
 
-    A model needs its ids if its forward takes no ``inputs_embeds``, if it looks the ids up in another table of
-    vocabulary size (per-layer embeddings: Gemma 3n run on ``inputs_embeds`` leaves them out and computes another
-    function), or if a module inside it takes ``input_ids`` without an ``inputs_embeds`` alternative (routing by
-    token id). Encoder-decoder models are run on embeddings (their decoder's table is the decoder's input, not a
-    second table of the encoder's tokens).
+    A model needs its ids if its forward takes no ``inputs_embeds``, if it looks the ids up in another table
+    (:py:func:`id_tables`; per-layer embeddings: Gemma 3n run on ``inputs_embeds`` leaves them out or recovers the ids
+    from the embeddings, so that their lookups would be constants), or if a module inside it takes ``input_ids``
+    without an ``inputs_embeds`` alternative (routing by token id; also the scaled word embeddings of the Gemma
+    models, whose forward names its argument so). Encoder-decoder models are run on embeddings (their decoder's table
+    is the decoder's input, not a second table of the encoder's tokens).
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+    word: torch.nn.Module or None
+        Its word embedding module (``model.get_input_embeddings()``).
+    tables: list of (str, torch.nn.Module), optional
+        :py:func:`id_tables` of the model if already known (found here otherwise).
     """
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         return None
@@ -59,7 +118,7 @@ def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None) -> str | Non
         return f'the forward of {type(model).__name__} takes no inputs_embeds'
     if word is None:
         return None
-    tables = _tables(model, word)
+    tables = id_tables(model, word) if tables is None else tables
     if tables:
         return f'it looks the token ids up in {tables[0][0]!r} too'
     for name, module in model.named_modules():
@@ -79,12 +138,16 @@ class TokenLookups:
         The language model.
     word: torch.nn.Module
         Its word embedding module (``model.get_input_embeddings()``).
+    tables: list of (str, torch.nn.Module), optional
+        :py:func:`id_tables` of the model if already known (found here otherwise).
     """
-    def __init__(self, model: torch.nn.Module, word: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, word: torch.nn.Module,
+                 tables: list[tuple[str, torch.nn.Module]] | None = None):
         self.model = model
         self.word = word
-        #: ``(name, module)`` of the other token-indexed tables (per-layer embeddings)
-        self.tables = _tables(model, word)
+        #: ``(name, module)`` of the other tables the model looks its ids up in (per-layer embeddings,
+        #: :py:func:`id_tables`)
+        self.tables = id_tables(model, word) if tables is None else list(tables)
         self._leaves: list[torch.Tensor] = []
         self._recording = False
         #: after an LRP run (:py:meth:`record`), the leaf of the tokens the model puts ahead of the ids itself

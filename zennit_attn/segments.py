@@ -229,27 +229,34 @@ def token_offsets(tokenizer, ids: Sequence[int], text: str) -> list[tuple[int, i
     return result
 
 
-def _check_spans(spans, length: int) -> list[tuple[int, int]]:
+def _check_spans(spans, length: int, labels: Sequence[str] | None = None) -> list[tuple[int, int]]:
+    """``spans`` as ``(start, end)`` pairs, refused where one is not a pair of ints, outside the text, empty or
+    overlapping another; each is named by its index and, where ``labels`` has one for it, its label."""
     if isinstance(spans, (str, bytes)) or not isinstance(spans, Sequence):
         raise TypeError(f"spans must be a list of (start, end) character spans, a Template or 'sentences', got "
                         f'{spans!r}')
+
+    def tag(index: int) -> str:
+        label = labels[index] if labels is not None and index < len(labels) else None
+        return f'{index}' + (f' ({label!r})' if isinstance(label, str) else '')
+
     checked = []
     for index, span in enumerate(spans):
         if (not isinstance(span, Sequence) or len(span) != 2
                 or not all(isinstance(value, numbers.Integral) and not isinstance(value, bool) for value in span)):
-            raise TypeError(f'span {index} must be a pair of ints (start, end), got {span!r}')
+            raise TypeError(f'span {tag(index)} must be a pair of ints (start, end), got {span!r}')
         start, end = int(span[0]), int(span[1])
         if not 0 <= start < end <= length:
-            raise ValueError(f'span {index} {tuple(span)} is outside the text or empty: spans are (start, end) with '
-                             f'0 <= start < end <= {length} (the length of the text)')
+            raise ValueError(f'span {tag(index)} {tuple(span)} is outside the text or empty: spans are (start, end) '
+                             f'with 0 <= start < end <= {length} (the length of the text)')
         checked.append((start, end))
     if not checked:
         raise ValueError('spans is empty: give at least one (start, end) character span')
     order = sorted(range(len(checked)), key=lambda index: checked[index])
     for before, after in zip(order, order[1:]):
         if checked[after][0] < checked[before][1]:
-            raise ValueError(f'spans {before} {checked[before]} and {after} {checked[after]} overlap: a character '
-                             'may belong to one segment only')
+            raise ValueError(f'spans {tag(before)} {checked[before]} and {tag(after)} {checked[after]} overlap: a '
+                             'character may belong to one segment only')
     return checked
 
 
@@ -392,6 +399,11 @@ def segment_explanation(explanation, spans: SpansLike, labels: Sequence[str] | N
             raise ValueError('text= differs from the template\'s text: leave text= out (the template builds it)')
         if labels is not None:
             raise ValueError('labels= is not taken with a Template: its slot names are the labels')
+        empty = [name for name in spans.names if not spans.values[name]]
+        if empty:
+            raise ValueError(f'template slot(s) {empty} are empty (value \'\'): an empty slot has no characters, '
+                             'hence no tokens and no relevance to sum; give it text, or build the template without '
+                             'it')
         text, labels, spans = spans.text, list(spans.names), [spans.spans[name] for name in spans.names]
     if text is None:
         text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -405,7 +417,7 @@ def segment_explanation(explanation, spans: SpansLike, labels: Sequence[str] | N
         if not spans:
             raise ValueError('the text has no sentences (it is whitespace only)')
         labels = [f'sentence {index + 1}' for index in range(len(spans))] if labels is None else labels
-    spans = _check_spans(spans, len(text))
+    spans = _check_spans(spans, len(text), labels)
     labels = [f'span {index}' for index in range(len(spans))] if labels is None else list(labels)
     if len(labels) != len(spans) or not all(isinstance(label, str) for label in labels):
         raise ValueError(f'labels must be one str per span: {len(spans)} spans, got {labels!r}')

@@ -24,7 +24,7 @@ from .checks import (check_ids, check_length, check_model, check_vocabulary, che
                      is_causal, is_image_model, split_encoding, target_indices, target_pairs)
 from .explanation import Explanation, ImageExplanation, TargetLike
 from .layers import forward_parameters, output_scores
-from .lookups import TokenLookups, needs_ids
+from .lookups import TokenLookups, id_tables, needs_ids
 from .objectives import Logit, Objective
 
 __all__ = ['Readout', 'Task', 'TokenTask', 'ImageTask', 'make_task']
@@ -282,8 +282,9 @@ class TokenTask(Task):
         with torch.no_grad():
             #: ``[batch, seq, hidden]`` word embeddings of the input (detached)
             self.inputs = embedding_module(self.input_ids).detach()
-        self.ids_reason = needs_ids(model, embedding_module)  #: why it is run on its ids (None: on the embeddings)
-        self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module)
+        tables = id_tables(model, embedding_module)  # the other tables of the ids (one run of the model, if any)
+        self.ids_reason = needs_ids(model, embedding_module, tables)  #: why it is run on its ids (None: embeddings)
+        self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module, tables)
         self._lookup_relevance: torch.Tensor | None = None
         self.decoder_input_ids = self.decoder_embeddings = None
         self._output_mask = self.attention_mask
@@ -330,10 +331,9 @@ class TokenTask(Task):
         left_padded = bool((mask[:, 0] == 0).any())
         if left_padded and 'position_ids' not in kwargs and 'position_ids' in parameters:
             if not is_causal(self.model):
-                raise ValueError(
-                    f'{type(self.model).__name__} is not causal and would give left-padded rows shifted positions: '
-                    'pad on the right, or pass position_ids'
-                )
+                raise ValueError(f'{type(self.model).__name__} is not causal (or cannot be run on token ids alone to '
+                                 'tell) and would give left-padded rows shifted positions: pad on the right, or pass '
+                                 'position_ids')
             kwargs['position_ids'] = (mask.long().cumsum(-1) - 1).clamp(min=0)
 
     def base_kwargs(self) -> dict:
@@ -346,10 +346,14 @@ class TokenTask(Task):
         kwargs = self.call_kwargs(rows)
         kwargs.update(extra)
         model = self.model if model is None else model
+        # copies: CTRL scales inputs_embeds in place, GIT adds to them (a leaf refuses it, the task's input changes)
+        fixed, inputs = inputs is self.inputs, inputs.clone()
+        if isinstance(kwargs.get('decoder_inputs_embeds'), torch.Tensor):
+            kwargs['decoder_inputs_embeds'] = kwargs['decoder_inputs_embeds'].clone()
         if self.lookups is None:
             return model(inputs_embeds=inputs, **kwargs)
         ids = (self.input_ids if rows is None else self.input_ids[rows]).to(inputs.device)
-        with self.lookups.substituting(ids, inputs, fixed=inputs is self.inputs):
+        with self.lookups.substituting(ids, inputs, fixed=fixed):
             return model(input_ids=ids, **kwargs)
 
     def lrp_forward(self, inputs: torch.Tensor, model: torch.nn.Module, **extra) -> torch.Tensor:
