@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@touch $@
 
 # System programs that tests use, and the Debian package of each: a headless browser for the HTML pages
-# (tests/render/test_browser.py), pdftoppm to look at the PDF figures, a TeX engine (with xcolor) to compile the
+# (tests/results/render/test_browser.py), pdftoppm to look at the PDF figures, a TeX engine (with xcolor) to compile the
 # LaTeX snippets. Where one is missing, `make system` installs it with apt-get if it runs as root on a Debian-like
 # system (a failure of apt-get stops make); otherwise it prints what to install, and the tests that need the program
 # are skipped with that reason. The tests themselves never install anything.

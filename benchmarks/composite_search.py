@@ -1,7 +1,7 @@
 """Composite grid search for the Fashion-MNIST ViT (``--modality vit``, the default) or SmolLM2-135M-Instruct
 (``--modality text``), and the held-out faithfulness of the result next to the paper's default and the baselines.
 
-Text (``--modality text``): the search space :data:`zennit_attn.evaluation.search.TEXT_GRID` (epsilon values and
+Text (``--modality text``): the search space :data:`zennit_attn.workflows.evaluation.search.TEXT_GRID` (epsilon values and
 gamma on the MLP / LM-head linears and on the attention projections; 24 composites, one of them the paper's default
 for language models, ``AttnLRPEpsilon()``) is scored by the token faithfulness of ``benchmarks/faithfulness.py``
 (whole word embeddings set to 0, 16 flipping steps, ``A_LeRF - A_MoRF`` of the predicted next token's logit, mean
@@ -14,7 +14,7 @@ insertion. Outputs in ``docs/results/text_search/``: ``search.csv`` / ``search.m
 Vision (the default):
 
 1. Search (validation split): every combination of the rule options below per layer type
-   (:py:func:`zennit_attn.evaluation.search.composite_search`) is scored by the pixel faithfulness (flipping single
+   (:py:func:`zennit_attn.workflows.evaluation.search.composite_search`) is scored by the pixel faithfulness (flipping single
    pixels to 0, :data:`STEPS` steps, ``A_LeRF - A_MoRF`` of the predicted class's logit, mean over
    :data:`VAL_IMAGES` images of the held-out validation split of ``train_vit.py``). Output:
    ``docs/results/vit/search.csv`` and ``search.md`` (ranked), and the best composite printed as Python.
@@ -47,12 +47,12 @@ import train_vit  # noqa: E402
 
 import faithfulness as study  # noqa: E402  (the language model and the article sample of the faithfulness study)
 
-from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
-from zennit_attn.evaluation import Faithfulness, explanation_curves, image_curves  # noqa: E402
+from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
+from zennit_attn.workflows.evaluation import Faithfulness, explanation_curves, image_curves  # noqa: E402
 from zennit_attn import explain  # noqa: E402
-from zennit_attn.layers import output_scores  # noqa: E402
-from zennit_attn.rules import Epsilon, UniformOperand, ConstantOperand  # noqa: E402
-from zennit_attn.evaluation.search import TEXT_GRID, composite_search, faithfulness_objective  # noqa: E402
+from zennit_attn.engine.modules import output_scores  # noqa: E402
+from zennit_attn.engine.rules import Epsilon, UniformOperand, ConstantOperand  # noqa: E402
+from zennit_attn.workflows.evaluation.search import TEXT_GRID, composite_search, faithfulness_objective  # noqa: E402
 
 STEPS = 16
 VAL_IMAGES = 200
@@ -251,7 +251,7 @@ def main():
         'threads': args.threads,
     }, indent=2) + '\n')
 
-    from zennit_attn.render.image import heatmap, overlay
+    from zennit_attn.results.render.image import heatmap, overlay
     from PIL import Image
 
     shown = ['AttnLRP, best composite of the search', 'AttnLRP, paper default AttnLRPGamma()',

@@ -11,7 +11,7 @@ costly ones (:data:`COSTLY`) the first ``--costly-articles`` of them.
 The work runs on the dataset machinery: the explanations of each method are written by
 :py:func:`zennit_attn.explain_dataset` to ``<--work>/<method>/`` (safetensors shards; an interrupted run resumes
 where it stopped: run the same command again) and read back with :py:func:`zennit_attn.load_explanations`; both
-modes' curves come from shared forward passes (:py:func:`zennit_attn.evaluation.token_curves` with
+modes' curves come from shared forward passes (:py:func:`zennit_attn.workflows.evaluation.token_curves` with
 ``mode=('flipping', 'insertion')``).
 
 Plausibility: ``benchmarks/qa_items.json`` (context sentences from the same Wikipedia leads, a question and an
@@ -50,9 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zennit_attn import explain, explain_dataset, load_explanations  # noqa: E402
-from zennit_attn.dataset import INDEX_FILE  # noqa: E402
-from zennit_attn.evaluation import MODES, mean_sem, plausibility, token_curves  # noqa: E402
-from zennit_attn.methods import ALL_METHODS  # noqa: E402
+from zennit_attn.workflows.dataset import INDEX_FILE  # noqa: E402
+from zennit_attn.workflows.evaluation import MODES, mean_sem, plausibility, token_curves  # noqa: E402
+from zennit_attn.methods.registry import ALL_METHODS  # noqa: E402
 
 #: The paper's Table 1, LLaMa 2-7b Wikipedia, Delta A (flipping).
 PAPER_WIKI = {
@@ -171,7 +171,7 @@ def run_faithfulness(args, model, tokenizer, methods, rows: dict[str, list]):
 
 def curves_from_csv(path, methods, mode):
     """Rebuild the per-method curves and attribution seconds per article from a CSV of :data:`CSV_NAMES`."""
-    from zennit_attn.evaluation import Curves
+    from zennit_attn.workflows.evaluation import Curves
 
     curves = {method: [] for method in methods}
     seconds = {}

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zennit_attn import explain  # noqa: E402
-from zennit_attn.evaluation import mean_sem  # noqa: E402
+from zennit_attn.workflows.evaluation import mean_sem  # noqa: E402
 from zennit_attn.latent import Neuron, reference_samples, steer, top_neurons, vocabulary_projection  # noqa: E402
 from zennit_attn.latent.corpus import wikipedia_leads  # noqa: E402
 from zennit_attn.pretrained import load_smollm2  # noqa: E402

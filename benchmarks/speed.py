@@ -109,7 +109,7 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zennit_attn import explain  # noqa: E402
-from zennit_attn.composites import AttnLRPEpsilon  # noqa: E402
+from zennit_attn.engine.composites import AttnLRPEpsilon  # noqa: E402
 
 MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b')
 METHODS = ('plain', 'explain')

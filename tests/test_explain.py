@@ -8,8 +8,8 @@ from transformers import (
 from zennit.attribution import Gradient
 
 from zennit_attn import explain
-from zennit_attn.canonizers import UnsupportedModelError, canonizers_for
-from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.engine.canonizers import UnsupportedModelError, canonizers_for
+from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 
 LLAMA = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -217,7 +217,7 @@ def test_top_skips_padding():
 def test_composite_without_boundary_is_refused(llama):
     """A composite without the root RelevanceBoundary would return gradients, not relevance."""
     from zennit.composites import LayerMapComposite
-    from zennit_attn.rules import Identity
+    from zennit_attn.engine.rules import Identity
 
     with pytest.raises(TypeError, match='RelevanceBoundary'):
         explain(llama, ids(1, 4), composite=LayerMapComposite([(torch.nn.SiLU, Identity())]))

@@ -8,12 +8,12 @@ from zennit.attribution import Gradient
 
 from tests.models import VISION_BUILDERS, CHANNELS, CLASSES, IMAGE, pixels, tiny_hf_vit, tiny_timm_vit
 from zennit_attn import explain
-from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
+from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
 from zennit_attn import ImageExplanation
-from zennit_attn.attention import attention_maps
-from zennit_attn.layers import Logits, output_scores
-from zennit_attn.methods import METHODS
-from zennit_attn.task import ImageTask
+from zennit_attn.methods.attention import attention_maps
+from zennit_attn.engine.modules import Logits, output_scores
+from zennit_attn.methods.registry import METHODS
+from zennit_attn.inputs.task import ImageTask
 
 BASELINES = [method for method in METHODS if method not in ('attnlrp', 'cplrp')]
 FAST = {'integrated_gradients': {'steps': 4}, 'smoothgrad': {'samples': 3}, 'kernelshap': {'samples': 64}}
@@ -38,7 +38,7 @@ def test_gradient_attributor_equals_explain(kind, composite):
 
 
 def test_other_wrappers_are_refused():
-    from zennit_attn.canonizers import UnsupportedModelError
+    from zennit_attn.engine.canonizers import UnsupportedModelError
 
     class Wrapper(Logits):
         pass

@@ -13,11 +13,11 @@ from tests.processors import (clip_processor, image, llava_processor, paligemma_
                               siglip_processor, tiny_paligemma)
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
-from zennit_attn.composites import CPLRPEpsilon, CPLRPGamma
-from zennit_attn.explanation import MultimodalExplanation
+from zennit_attn.engine.composites import CPLRPEpsilon, CPLRPGamma
+from zennit_attn.results.explanation import MultimodalExplanation
 from zennit_attn.latent import Neuron
-from zennit_attn.rules import Gamma
-from zennit_attn.vision_language import image_layout, text_length
+from zennit_attn.engine.rules import Gamma
+from zennit_attn.inputs.vision_language import image_layout, text_length
 
 LLAVA_TEXT = '<image>The ice bear lives'
 QWEN_TEXT = '<|vision_start|><|image_pad|><|vision_end|>The ice bear lives'

@@ -73,26 +73,20 @@ def test_no_import_cycle():
             visit(node)
 
 
-#: The layers of the package, lowest first: a module imports only from its own package or module and from earlier
-#: layers, never from a module of its own layer or a later one. Every module of the package is in one layer.
+#: The layers of the package, lowest first: a module imports only from its own subpackage or module and from earlier
+#: layers, never from a module of its own layer or a later one. Every module of the package is in one layer; each
+#: subpackage is one layer.
 LAYERS = [
-    ('zennit_attn.layers', 'zennit_attn.module_kinds', 'zennit_attn.devices', 'zennit_attn.render',
-     'zennit_attn.pretrained'),
-    ('zennit_attn.rules',),
-    ('zennit_attn.canonizers',),
-    ('zennit_attn.composites', 'zennit_attn.checkpointing', 'zennit_attn.segments'),
-    ('zennit_attn.explanation',),
-    ('zennit_attn.checks', 'zennit_attn.chat', 'zennit_attn.lookups'),
-    ('zennit_attn.objectives',),
-    ('zennit_attn.task',),
-    ('zennit_attn.vision_language',),
-    ('zennit_attn.attention', 'zennit_attn.lrp'),
-    ('zennit_attn.methods',),
-    ('zennit_attn.latent',),
-    ('zennit_attn.explain', 'zennit_attn.captum'),
+    # the LRP engine (rules, the general mechanism, composites: models and tensors, no tokens), what an explanation
+    # is and how it looks, the real models that install offline
+    ('zennit_attn.engine', 'zennit_attn.results', 'zennit_attn.pretrained'),
+    ('zennit_attn.inputs',),  # requests and inputs: ids, texts, chats, images, targets -> a Task
+    ('zennit_attn.methods',),  # the attribution methods
+    ('zennit_attn.latent', 'zennit_attn.integrations'),  # neurons and concepts; captum and inseq
+    ('zennit_attn.explain',),  # the front door
+    ('zennit_attn.workflows',),  # generation, datasets, the conservation report, evaluation
     ('zennit_attn.zoo_inputs',),
-    ('zennit_attn.generation', 'zennit_attn.dataset', 'zennit_attn.evaluation', 'zennit_attn.diagnostics',
-     'zennit_attn.inseq', 'zennit_attn.zoo'),
+    ('zennit_attn.zoo',),
     ('zennit_attn',),  # the package's __init__: the public names
     ('zennit_attn.cli',),
     ('zennit_attn.demo', 'zennit_attn.__main__'),
@@ -112,12 +106,9 @@ def test_every_module_has_a_layer():
 
 
 def test_layers_run_one_way():
-    """layers, module_kinds, devices, render, pretrained -> rules -> canonizers -> composites, checkpointing ->
-    explanation -> checks, chat, lookups -> task -> attention, lrp -> methods -> latent (sites, recording, latent
-    targets as readouts of a task, and the neuron workflow built on methods) -> explain, captum -> generation, dataset,
-    evaluation (with the composite search), diagnostics, inseq -> the package's names -> cli -> demo: no module
-    imports from its own layer's other modules or from a later layer (``composites`` thus imports neither
-    ``methods``, ``explain`` nor ``evaluation``), without exemptions."""
+    """engine, results, pretrained -> inputs -> methods -> latent, integrations -> explain -> workflows -> the
+    package's names -> cli -> demo: no module imports from another subpackage of its own layer or from a later layer
+    (``engine`` thus imports neither ``methods``, ``explain`` nor ``workflows``), without exemptions."""
     wrong = []
     for source, targets in graph().items():
         layer, prefix = home(source)
@@ -128,9 +119,10 @@ def test_layers_run_one_way():
     assert sorted(wrong) == []
 
 
-def test_composites_import_no_consumer():
-    consumers = ('zennit_attn.explain', 'zennit_attn.methods', 'zennit_attn.evaluation')
-    found = [(source, target) for source, targets in graph().items() if source.startswith('zennit_attn.composites')
+def test_engine_imports_no_consumer():
+    """The engine knows models and tensors: nothing of the inputs, methods or workflows built on it."""
+    consumers = ('zennit_attn.explain', 'zennit_attn.inputs', 'zennit_attn.methods', 'zennit_attn.workflows')
+    found = [(source, target) for source, targets in graph().items() if source.startswith('zennit_attn.engine')
              for target in targets if target.startswith(consumers)]
     assert found == []
 

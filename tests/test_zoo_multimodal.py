@@ -6,8 +6,8 @@ import torch
 
 from tests.test_zoo import check_mapping
 from zennit_attn import zoo
-from zennit_attn.canonizers import canonizers_for
-from zennit_attn.composites import CPLRPEpsilon
+from zennit_attn.engine.canonizers import canonizers_for
+from zennit_attn.engine.composites import CPLRPEpsilon
 
 
 @pytest.mark.parametrize('mapping', ['image-text-to-text', 'masked-lm'])

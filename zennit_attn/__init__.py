@@ -3,7 +3,7 @@
 The public names (:py:data:`__all__`) are imported on first use (PEP 562): ``import zennit_attn`` loads neither torch
 nor transformers, so that the command line's manual (``zennit-attn --help``) is quick; ``from zennit_attn import
 explain`` and ``zennit_attn.explain`` import what ``explain`` needs. A submodule is imported on first use as well
-(``zennit_attn.methods`` after ``import zennit_attn``).
+(``zennit_attn.methods.registry`` after ``import zennit_attn``).
 """
 import importlib
 import importlib.util
@@ -12,19 +12,20 @@ import types
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names as static tools see them; at run time __getattr__ imports them
-    from .dataset import explain_dataset, load_explanations
-    from .diagnostics import ConservationReport, conservation
+    from .workflows.dataset import explain_dataset, load_explanations
+    from .workflows.diagnostics import ConservationReport, conservation
     from .explain import explain
-    from .explanation import Explanation, ImageExplanation
-    from .generation import GenerationExplanation, explain_generation
+    from .results.explanation import Explanation, ImageExplanation
+    from .workflows.generation import GenerationExplanation, explain_generation
 
 __version__ = '0.1.0'
 
 #: public name -> the submodule that defines it
 _NAMES = {
-    'explain': 'explain', 'explain_dataset': 'dataset', 'load_explanations': 'dataset',
-    'explain_generation': 'generation', 'Explanation': 'explanation', 'ImageExplanation': 'explanation',
-    'GenerationExplanation': 'generation', 'conservation': 'diagnostics', 'ConservationReport': 'diagnostics',
+    'explain': 'explain', 'explain_dataset': 'workflows.dataset', 'load_explanations': 'workflows.dataset',
+    'explain_generation': 'workflows.generation', 'Explanation': 'results.explanation',
+    'ImageExplanation': 'results.explanation', 'GenerationExplanation': 'workflows.generation',
+    'conservation': 'workflows.diagnostics', 'ConservationReport': 'workflows.diagnostics',
 }
 __all__ = ['explain', 'explain_dataset', 'load_explanations', 'explain_generation', 'Explanation', 'ImageExplanation',
            'GenerationExplanation', 'conservation', 'ConservationReport', '__version__']

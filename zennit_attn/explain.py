@@ -9,17 +9,18 @@ import torch
 from transformers import BatchEncoding
 from zennit.core import Composite
 
-from .canonizers.blocks import block_stacks
-from .chat import encode_chat, is_conversation
-from .checkpointing import checkpointed
-from .checks import token_ids
-from .explanation import Explanation, ImageExplanation, MultimodalExplanation, TargetLike
+from .engine.canonizers.blocks import block_stacks
+from .inputs.chat import encode_chat, is_conversation
+from .engine.checkpointing import checkpointed
+from .inputs.checks import token_ids
+from .results.explanation import Explanation, ImageExplanation, MultimodalExplanation, TargetLike
 from .latent.sites import Neuron
 from .latent.targets import explain_latent
-from .methods import METHODS, check_params
-from .objectives import RUNNER_UP, objective_for
-from .task import make_task
-from .vision_language import encode_multimodal, has_pixels, is_similarity_model, make_multimodal_task, text_length
+from .methods.registry import METHODS, check_params
+from .inputs.objectives import RUNNER_UP, objective_for
+from .inputs.task import make_task
+from .inputs.vision_language import (encode_multimodal, has_pixels, is_similarity_model, make_multimodal_task,
+                                     text_length)
 
 __all__ = ['explain', 'encode_texts']
 
@@ -132,7 +133,7 @@ def explain(
         fields are used), or, with ``tokenizer``, a text or a list of texts (tokenised by :py:func:`encode_texts`:
         a list is padded, with the end-of-sequence token where the tokenizer has no pad token), or a conversation
         for a chat model: ``[{'role': 'user', 'content': ...}, {'role': 'assistant', 'content': ...}]``, rendered
-        by the tokenizer's chat template (:py:mod:`zennit_attn.chat`). Ending with the assistant's answer, the
+        by the tokenizer's chat template (:py:mod:`zennit_attn.inputs.chat`). Ending with the assistant's answer, the
         answer is explained (the sum of its tokens' logits, as ``target=`` its ``(position, token)`` pairs); ending
         with another turn, the next-token prediction after the template's generation prompt. The template's tokens
         keep their relevance; ``explanation.template`` marks them and the heatmaps leave them out unless
@@ -150,7 +151,7 @@ def explain(
         classification head's class scores) and returns ``[batch]`` values, e.g. ``lambda logits: (logits /
         2.0).log_softmax(-1)[:, token]`` for a log-probability at temperature 2, or ``logits[:, ids].sum(-1)`` for a
         class of tokens; for LRP its value is the initial relevance. See
-        :py:class:`~zennit_attn.objectives.OutputFunction` for the paper's notes on explaining softmax outputs and
+        :py:class:`~zennit_attn.inputs.objectives.OutputFunction` for the paper's notes on explaining softmax outputs and
         temperature (appendix A.2.4): explaining the logit (the default) does not saturate, a probability does.
     position: int, sequence of int, tensor or None
         For 3-D outputs, the sequence position to explain (a decoder position for encoder-decoder models).
@@ -160,11 +161,11 @@ def explain(
         ``[batch, seq]`` 1 for tokens, 0 for padding (left or right; left padding of a causal model gets
         matching ``position_ids``).
     composite: zennit.core.Composite, optional
-        For the LRP methods: default :py:class:`~zennit_attn.composites.AttnLRPEpsilon` (language models) or
-        :py:class:`~zennit_attn.composites.AttnLRPGamma` (vision transformers) for ``'attnlrp'``, and their
+        For the LRP methods: default :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon` (language models) or
+        :py:class:`~zennit_attn.engine.composites.AttnLRPGamma` (vision transformers) for ``'attnlrp'``, and their
         CP-LRP counterparts for ``'cplrp'``.
     method: str
-        A key of :py:data:`zennit_attn.methods.METHODS`: ``'attnlrp'`` (default), ``'cplrp'``, ``'input_x_gradient'``,
+        A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default), ``'cplrp'``, ``'input_x_gradient'``,
         ``'integrated_gradients'``, ``'smoothgrad'``, ``'attention_rollout'``, ``'grad_attention_rollout'``,
         ``'gradcam'``, ``'atman'``, ``'kernelshap'``, ``'random'``.
     model_kwargs: dict, optional
@@ -178,10 +179,10 @@ def explain(
         ``tokens``.
     checkpointing: bool
         Recompute each transformer block in the backward pass instead of keeping its activations (non-reentrant
-        :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.checkpointing`): the same
+        :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.engine.checkpointing`): the same
         relevance, with saved activations growing with layers x sequence x hidden instead of with all activations,
         for about one more forward pass. For the methods with a backward pass (``METHODS[name].backward``, see
-        :py:class:`~zennit_attn.methods.Method`); refused for the others and for ``condition=`` and
+        :py:class:`~zennit_attn.methods.registry.Method`); refused for the others and for ``condition=`` and
         :py:class:`~zennit_attn.latent.Neuron` targets. With ``latent=`` the recorded sites' activations are kept as well.
     latent: str or sequence of str, optional
         Also record latent relevance in the same backward pass (paper section 3.5), at sites of
@@ -208,10 +209,10 @@ def explain(
         callable or Neuron target.
     images: image or list of images, optional
         With ``processor``: explain a vision-language model (LLaVA, Qwen2-VL) or an image-text similarity model
-        (CLIP) on text and images at once (:py:mod:`zennit_attn.vision_language`). ``input_ids`` is then the text
+        (CLIP) on text and images at once (:py:mod:`zennit_attn.inputs.vision_language`). ``input_ids`` is then the text
         (one text holding the processor's image token once per image; for CLIP one text or several, each paired
         with the image or with its own image). The result is a
-        :py:class:`~zennit_attn.explanation.MultimodalExplanation`: relevance per text token and per pixel of each
+        :py:class:`~zennit_attn.results.explanation.MultimodalExplanation`: relevance per text token and per pixel of each
         image (and per patch); for LRP the text and image relevance of a row sum to its explained logit minus what
         biases absorb. CLIP rows explain their own (text, image) similarity score (no ``target`` or ``contrast``),
         each exactly as the pair alone: SigLIP's texts, whose last position it pools, are padded to the length it
@@ -222,8 +223,8 @@ def explain(
         The model's Hugging Face processor (``AutoProcessor.from_pretrained(path)``): turns the text and images
         into ``input_ids``, ``pixel_values`` and the model's further fields, passed to the model except what is not
         an input of the explained forward pass (a loss's ``labels``, fields the forward does not take:
-        :py:func:`~zennit_attn.vision_language.inputs.model_inputs`); a processor that is not the model's is refused,
-        naming both (:py:func:`~zennit_attn.vision_language.inputs.check_processor`). Its tokenizer is stored on the
+        :py:func:`~zennit_attn.inputs.vision_language.inputs.model_inputs`); a processor that is not the model's is refused,
+        naming both (:py:func:`~zennit_attn.inputs.vision_language.inputs.check_processor`). Its tokenizer is stored on the
         explanation. Instead of the text and ``images``, ``input_ids`` may be what the processor
         returned (a mapping with ``pixel_values``, e.g. from ``processor.apply_chat_template(..., tokenize=True,
         return_dict=True)``, or a prefix of a generated answer, as :py:func:`~zennit_attn.explain_generation` passes
@@ -231,8 +232,8 @@ def explain(
         then optional (it gives the tokenizer and the image normalisation of the overlays; without it,
         ``tokenizer=`` may give the tokenizer).
     **params
-        Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods`), checked by
-        :py:func:`~zennit_attn.methods.check_params` before the model is run.
+        Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods.registry`), checked by
+        :py:func:`~zennit_attn.methods.registry.check_params` before the model is run.
 
     Returns
     -------
@@ -243,7 +244,7 @@ def explain(
     ValueError
         For an unknown method, a parameter value out of its range, ``composite=`` for a method that is not LRP,
         ``checkpointing=True`` for a method without a backward pass, and bad input (see
-        :py:mod:`zennit_attn.checks`).
+        :py:mod:`zennit_attn.inputs.checks`).
     TypeError
         For a parameter the method does not take.
     """

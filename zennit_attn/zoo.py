@@ -8,7 +8,7 @@ checks each one:
 - ``explained``: CP-LRP's relevance at the inputs (every modality: text embeddings and pixels) sums to the explained
   logit within ``1e-6`` (exact conservation, which a missed non-linearity breaks), and AttnLRP runs to finite
   relevance;
-- ``refused``: the composite raised :py:class:`~zennit_attn.module_kinds.UnsupportedModelError` (the reason is
+- ``refused``: the composite raised :py:class:`~zennit_attn.engine.kinds.UnsupportedModelError` (the reason is
   recorded);
 - ``not built``: the tiny configuration does not build or run a plain forward pass (a limit of the walk, not of
   the library);
@@ -36,12 +36,12 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .canonizers import GeneralCanonizer, canonizers_for
-from .checks import check_word_embeddings
-from .composites import AttnLRPEpsilon, CPLRPEpsilon
-from .layers import forward_parameters
-from .lookups import TokenLookups, needs_ids
-from .module_kinds import UnsupportedModelError
+from .engine.canonizers import GeneralCanonizer, canonizers_for
+from .inputs.checks import check_word_embeddings
+from .engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from .engine.modules import forward_parameters
+from .inputs.lookups import TokenLookups, needs_ids
+from .engine.kinds import UnsupportedModelError
 from .zoo_inputs import pixel_inputs
 
 #: The auto mappings walked: name -> transformers attribute of ``MODEL_FOR_*_MAPPING_NAMES``.
@@ -360,7 +360,7 @@ def _relevances(model, inputs: dict, composite) -> tuple[dict[str, float], float
     if 'decoder_input_ids' in kwargs:
         decoder = model.get_decoder().get_input_embeddings() if hasattr(model, 'get_decoder') else embeddings
         leaves['decoder_inputs_embeds'] = decoder(kwargs.pop('decoder_input_ids')).detach().requires_grad_(True)
-    # a model that needs its ids (zennit_attn.lookups) is run on them, with its lookups as leaves, as explain() does
+    # a model that needs its ids (zennit_attn.inputs.lookups) is run on them, with its lookups as leaves, as explain() does
     lookups = TokenLookups(model, embeddings) if needs_ids(model, embeddings) else None
     with (contextlib.nullcontext(model) if composite is None else composite.context(model)) as modified:
         if lookups is None:

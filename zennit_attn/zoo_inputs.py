@@ -162,7 +162,7 @@ def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator
     inputs: dict
         The text inputs (``input_ids`` ...), completed in place.
     params
-        The names of the forward's parameters (:py:func:`~zennit_attn.layers.forward_parameters`).
+        The names of the forward's parameters (:py:func:`~zennit_attn.engine.modules.forward_parameters`).
     generator: torch.Generator
         Draws the text ids and the pixels.
     fails: callable

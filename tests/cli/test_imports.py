@@ -108,7 +108,7 @@ def test_import_zennit_attn_loads_names_on_first_use():
         explain = zennit_attn.explain
         from zennit_attn import explain as imported
         import zennit_attn.explain  # the submodule of the same name: the package's name stays the function
-        import zennit_attn.generation
+        import zennit_attn.workflows.generation
         print(json.dumps({'after_import': after_import, 'not_in_dir': listed, 'after_use': heavy(),
                           'explain': [explain.__module__, callable(explain), imported is explain,
                                       zennit_attn.explain is explain]}))
@@ -136,7 +136,8 @@ def test_the_submodule_explain_first():
 def test_public_names_in_this_process():
     """The names of ``__all__`` resolve (to the objects of their modules), ``dir()`` lists them, a submodule
     resolves on first use, and an unknown name is an AttributeError."""
-    from zennit_attn import dataset, diagnostics, explanation, generation
+    from zennit_attn.results import explanation
+    from zennit_attn.workflows import dataset, diagnostics, generation
     from zennit_attn import explain as function
 
     modules = {'explain_dataset': dataset, 'load_explanations': dataset, 'explain_generation': generation,
@@ -147,7 +148,7 @@ def test_public_names_in_this_process():
     assert callable(function) and function.__module__ == 'zennit_attn.explain' and zennit_attn.explain is function
     assert set(zennit_attn.__all__) <= set(dir(zennit_attn))
     assert zennit_attn.__version__ == '0.1.0' and 'explain' in zennit_attn.__all__
-    assert zennit_attn.methods.METHODS  # a submodule on first use
+    assert zennit_attn.methods.registry.METHODS  # a submodule on first use
     with pytest.raises(AttributeError, match="has no attribute 'frobnicate'"):
         zennit_attn.frobnicate  # noqa: B018
     namespace = {}

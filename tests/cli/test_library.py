@@ -1,14 +1,17 @@
 """The facts the command line keeps about the library to check arguments without importing it
 (:py:mod:`zennit_attn.cli.library`) are the library's own: a method added, renamed or given another parameter in
-:py:mod:`zennit_attn.methods` fails here until the copy follows."""
+:py:mod:`zennit_attn.methods.registry` fails here until the copy follows."""
 from __future__ import annotations
 
 import inspect
 import types
 
-from zennit_attn import dataset, methods, objectives, pretrained
+from zennit_attn import pretrained
+from zennit_attn.inputs import objectives
+from zennit_attn.methods import registry as methods
+from zennit_attn.workflows import dataset
 from zennit_attn.cli import library
-from zennit_attn.render import views
+from zennit_attn.results.render import views
 
 
 def test_methods_are_the_librarys():
@@ -33,6 +36,6 @@ def test_constants_are_the_librarys():
 
 
 def test_heavy_imports_a_module():
-    assert library.heavy('.methods') is methods
+    assert library.heavy('.methods.registry') is methods
     assert library.heavy('.cli.runs.explain').__name__ == 'zennit_attn.cli.runs.explain'
     assert isinstance(library.heavy('json'), types.ModuleType)

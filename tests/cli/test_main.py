@@ -13,7 +13,7 @@ import zennit_attn
 from tests.cli.conftest import PROMPT, refused, run
 from zennit_attn import cli, demo
 from zennit_attn.cli import loading, models
-from zennit_attn.methods import METHODS
+from zennit_attn.methods.registry import METHODS
 
 
 def test_help(capsys):

@@ -41,7 +41,7 @@ def test_neurons_with_a_model_folder(capsys, tiny_folder):
 
     from zennit_attn import explain
     from zennit_attn.latent import Neuron, top_neurons, vocabulary_projection
-    from zennit_attn.render.tokens import token_texts
+    from zennit_attn.results.render.tokens import token_texts
 
     prompt = 'The ice bear lives in the'
     code, out, err = run(capsys, ['neurons', '--prompt', prompt, '--model', str(tiny_folder['llama']), '--top', '3',

@@ -13,7 +13,7 @@ import torch
 from tests.models import MOE, tiny_model, token_ids
 from tests.latent.helpers import TIGHT, build, llama, watch
 from zennit_attn import conservation, explain
-from zennit_attn.canonizers import supported_families
+from zennit_attn.engine.canonizers import supported_families
 from zennit_attn.latent import SITES, Neuron, find_sites, top_neurons
 
 

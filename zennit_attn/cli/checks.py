@@ -63,12 +63,12 @@ def read_prompt(prompt: str | None, path: Path | None, stdin: TextIO | None = No
 def check_output_option(path: Path | None, option: str = '--output',
                         suffixes: Sequence[str] = SUFFIXES) -> Path | None:
     """``path`` if a file in a format of ``suffixes`` can be written there
-    (:py:func:`zennit_attn.render.views.check_output`, imported for it), else :py:class:`UsageError` naming
+    (:py:func:`zennit_attn.results.render.views.check_output`, imported for it), else :py:class:`UsageError` naming
     ``option``; None stays None."""
     if path is None:
         return None
     try:
-        return heavy('.render.views').check_output(path, suffixes)
+        return heavy('.results.render.views').check_output(path, suffixes)
     except (OSError, ValueError) as error:
         raise UsageError(f'{option}: {one_line(error)}') from None
 
@@ -122,12 +122,12 @@ def parse_params(items: Sequence[str], method: str) -> dict[str, object]:
 
 
 def check_param_values(method: str, params: dict[str, object]) -> dict[str, object]:
-    """``params`` of ``method`` checked by :py:func:`zennit_attn.methods.check_params` (imported for it, only where
+    """``params`` of ``method`` checked by :py:func:`zennit_attn.methods.registry.check_params` (imported for it, only where
     there are any), a value the method would refuse a :py:class:`UsageError`; returns the normalised values."""
     if not params:
         return {}
     try:
-        return heavy('.methods').check_params(method, params)
+        return heavy('.methods.registry').check_params(method, params)
     except (TypeError, ValueError) as error:
         raise UsageError(f'--param for method {method}: {one_line(error)}') from None
 
@@ -160,7 +160,7 @@ def check_method(args: argparse.Namespace) -> None:
 
 def check_method_for_model(args: argparse.Namespace) -> None:
     """Refuse a method that reads attention maps for an encoder-decoder model (its ``config.json`` says
-    ``is_encoder_decoder``; :py:func:`zennit_attn.attention.attention_maps` refuses it once loaded); after
+    ``is_encoder_decoder``; :py:func:`zennit_attn.methods.attention.attention_maps` refuses it once loaded); after
     :py:func:`check_method` and :py:func:`~zennit_attn.cli.models.check_model_options`."""
     if args.model_spec.encoder_decoder and METHODS[args.method].attention_maps:
         others = ', '.join(name for name, method in METHODS.items() if not method.attention_maps)

@@ -63,8 +63,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace) -> None:
     """Check the arguments before anything is loaded (:py:class:`~zennit_attn.cli.errors.UsageError`): also that
-    the texts read and that the output folder can be written (:py:func:`zennit_attn.dataset.read_texts` and
-    :py:func:`zennit_attn.dataset.check_output_dir`, imported for it after the other checks)."""
+    the texts read and that the output folder can be written (:py:func:`zennit_attn.workflows.dataset.read_texts` and
+    :py:func:`zennit_attn.workflows.dataset.check_output_dir`, imported for it after the other checks)."""
     for name in ('batch_size', 'shard_size'):
         if getattr(args, name) < 1:
             raise UsageError(f'--{name.replace("_", "-")} must be at least 1, got {getattr(args, name)}')
@@ -83,7 +83,7 @@ def check(args: argparse.Namespace) -> None:
     check_model_options(args)
     check_method_for_model(args)
     args.params = check_param_values(args.method, args.params)
-    dataset = heavy('.dataset')
+    dataset = heavy('.workflows.dataset')
     try:
         args.texts = dataset.read_texts(args.input)
     except (OSError, ValueError, UnicodeDecodeError) as error:

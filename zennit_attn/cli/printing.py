@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..render import use_color
+from ..results.render import use_color
 
 __all__ = ['color_choice', 'legend', 'method_label', 'shorten', 'decode']
 

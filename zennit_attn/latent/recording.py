@@ -18,7 +18,7 @@ from typing import Iterator, Mapping, NamedTuple
 
 import torch
 
-from ..checkpointing import recomputing
+from ..engine.checkpointing import recomputing
 from .sites import SitePoint
 
 __all__ = ['Latent', 'Recorder', 'RankedNeuron', 'top_neurons', 'REDUCTIONS']
@@ -104,7 +104,7 @@ class Recorder:
     def recording(self, model: torch.nn.Module):
         """Hooks on the instance for the time of the context (removed also after an exception). A second forward
         pass in the context is refused: latent relevance is defined for one forward and one backward pass (the
-        recomputation of checkpointed blocks, :py:func:`zennit_attn.checkpointing.recomputing`, is not recorded:
+        recomputation of checkpointed blocks, :py:func:`zennit_attn.engine.checkpointing.recomputing`, is not recorded:
         the relevance arrives at the first pass's tensors)."""
         handles = []
 

@@ -15,11 +15,11 @@ from typing import IO, Iterable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..checks import check_model
-from ..devices import input_device
-from ..methods import METHODS
-from ..render import views
-from ..task import TokenTask
+from ..inputs.checks import check_model
+from ..engine.devices import input_device
+from ..methods.registry import METHODS
+from ..results.render import views
+from ..inputs.task import TokenTask
 from .recording import Recorder
 from .sites import Neuron, find_sites
 from .targets import LatentTarget, resolve_point

@@ -4,9 +4,9 @@ A *site* is a tensor inside every transformer block (paper section 3.5, "Underst
 
 - ``'mlp'``: the input of the block's FFN down (output) projection, the "knowledge neurons" at the last
   non-linearity (``act(gate) * up`` in gated MLPs, ``act(fc1)`` otherwise); the projection is the family table's
-  :py:attr:`~zennit_attn.canonizers.Family.mlp_output`. Units: the FFN neurons.
+  :py:attr:`~zennit_attn.engine.canonizers.Family.mlp_output`. Units: the FFN neurons.
 - ``'attention'``: the input of the attention output projection (``A V`` of all heads, the table's
-  :py:attr:`~zennit_attn.canonizers.Family.attention_output`), split per head. Units: the heads; a head's value is
+  :py:attr:`~zennit_attn.engine.canonizers.Family.attention_output`), split per head. Units: the heads; a head's value is
   the sum over its head dimension.
 - ``'residual'``: the residual stream between blocks; layer 0 is the input of the first block, layer ``l + 1`` the
   output of block ``l``. Units: the hidden dimensions (recorded summed over them).
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..canonizers import block_stacks, family_of
+from ..engine.canonizers import block_stacks, family_of
 
 __all__ = ['SITES', 'Neuron', 'SitePoint', 'find_sites']
 
@@ -168,7 +168,7 @@ class SitePoint:
 
 
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.canonizers.block_stacks`)."""
+    """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.engine.canonizers.block_stacks`)."""
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         raise ValueError(f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
                          'decoder-only and encoder-only transformers (encoder and decoder blocks see different '

@@ -9,7 +9,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from ..composites import refuse_compiled
+from ..engine.composites import refuse_compiled
 from .sites import Neuron, find_sites
 from .targets import resolve_point
 

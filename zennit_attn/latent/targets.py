@@ -2,9 +2,9 @@
 logit (``target=Neuron(...)``), recording latent relevance (``latent=``) and conditional relevance (``condition=``).
 
 Explaining a neuron (paper section 3.5, the reference-sample heatmaps of the knowledge-neuron appendix): the task
-receives a :py:class:`LatentTarget`, a :py:class:`~zennit_attn.task.Readout` of the neuron's activation
+receives a :py:class:`LatentTarget`, a :py:class:`~zennit_attn.inputs.task.Readout` of the neuron's activation
 (``task.with_readout(...)``; the task's class is unchanged), so every method that reads scores through the
-:py:class:`~zennit_attn.task.Task` explains it (``Method.neuron`` of :py:class:`~zennit_attn.methods.Method`); for
+:py:class:`~zennit_attn.inputs.task.Task` explains it (``Method.neuron`` of :py:class:`~zennit_attn.methods.registry.Method`); for
 LRP the activation is the initial relevance (the model's output boundary, which turns the initial relevance into a
 gradient, is bypassed, so the target does that conversion itself).
 
@@ -24,9 +24,9 @@ from typing import ContextManager, Sequence
 
 import torch
 
-from ..methods import METHODS, Method
-from ..objectives import SeedToGradient
-from ..task import ImageTask, Readout, Task, TokenTask
+from ..methods.registry import METHODS, Method
+from ..inputs.objectives import SeedToGradient
+from ..inputs.task import ImageTask, Readout, Task, TokenTask
 from .recording import REDUCTIONS, Recorder
 from .sites import SITES, Neuron, SitePoint, find_sites
 
@@ -34,7 +34,7 @@ __all__ = ['LatentTarget', 'explain_latent', 'repeat_task', 'resolve_point']
 
 
 class LatentTarget(Readout):
-    """The :py:class:`~zennit_attn.task.Readout` of a latent target: unit ``index`` of ``point`` (a neuron; scores
+    """The :py:class:`~zennit_attn.inputs.task.Readout` of a latent target: unit ``index`` of ``point`` (a neuron; scores
     ``[batch, seq, 1]``, one per position), or the linear target ``sum(x * weights)`` over positions and features
     (scores ``[batch, 1]``), read at the site tensor ``x`` of the model's run. A task explains it with
     ``task.with_readout(LatentTarget(...))``; a method then runs inside ``task.capturing()``.
@@ -162,15 +162,15 @@ def _conditions(condition, model) -> list[tuple[SitePoint, list[Neuron]]]:
 
 def explain_latent(method: Method, task: Task, position, target, params: dict, latent=None,
                    latent_reduce: str | None = None, condition=None) -> object:
-    """Run ``method`` (a :py:class:`~zennit_attn.methods.Method`, its ``params`` checked) on ``task`` with a
+    """Run ``method`` (a :py:class:`~zennit_attn.methods.registry.Method`, its ``params`` checked) on ``task`` with a
     :py:class:`Neuron` target, latent recording and/or conditions (see :py:func:`~zennit_attn.explain`).
 
     Raises
     ------
     ValueError
         For an unknown site or reduction, ``latent=``/``condition=`` with a method that is not one forward and one
-        backward pass (``Method.latent`` of :py:class:`~zennit_attn.methods.Method`), a Neuron target with a
-        method that cannot explain it (``Method.neuron`` of :py:class:`~zennit_attn.methods.Method`).
+        backward pass (``Method.latent`` of :py:class:`~zennit_attn.methods.registry.Method`), a Neuron target with a
+        method that cannot explain it (``Method.neuron`` of :py:class:`~zennit_attn.methods.registry.Method`).
     """
     model = task.model
     if latent_reduce not in REDUCTIONS:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..rules.base import loaded_weights
+from ..engine.rules.base import loaded_weights
 from .sites import Neuron
 from .targets import resolve_point
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...diagnostics import conservation
+from ...workflows.diagnostics import conservation
 from ..loading import make_composite
 from .explain import explain_and_show, write_heatmap
 

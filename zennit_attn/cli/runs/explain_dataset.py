@@ -1,12 +1,12 @@
 """The run step of ``zennit-attn explain-dataset`` (:py:mod:`zennit_attn.cli.explain_dataset`): load the model and
-explain the texts into the output folder (:py:func:`zennit_attn.dataset.explain_dataset`)."""
+explain the texts into the output folder (:py:func:`zennit_attn.workflows.dataset.explain_dataset`)."""
 from __future__ import annotations
 
 import argparse
 import os
 import time
 
-from ...dataset import explain_dataset
+from ...workflows.dataset import explain_dataset
 from ..loading import load, make_composite
 from ..printing import method_label
 

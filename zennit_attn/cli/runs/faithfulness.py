@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ...dataset import check_fingerprint, load_explanations
-from ...evaluation import Faithfulness, token_curves
+from ...workflows.dataset import check_fingerprint, load_explanations
+from ...workflows.evaluation import Faithfulness, token_curves
 from ..loading import load
 
 __all__ = ['write_table', 'run']

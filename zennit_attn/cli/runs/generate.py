@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...generation import explain_generation
+from ...workflows.generation import explain_generation
 from ..errors import PROG
 from ..loading import load, load_multimodal, make_composite, read_images
 from ..printing import color_choice, decode, legend, method_label, shorten

@@ -7,7 +7,7 @@ import time
 
 from ...explain import encode_texts, explain
 from ...latent import Neuron, top_neurons, vocabulary_projection
-from ...render.tokens import token_texts
+from ...results.render.tokens import token_texts
 from ..errors import CommandError
 from ..loading import load, make_composite
 from ..printing import decode, method_label, shorten

@@ -1,1 +1,0 @@
-"""Tests of zennit_attn.evaluation."""

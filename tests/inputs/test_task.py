@@ -1,0 +1,273 @@
+"""What ``explain()`` refuses or accepts before any method runs (``zennit_attn.inputs.task``): the defects a hostile-user
+probe found, each with the behaviour that replaced a silent wrong answer or an obscure error."""
+from __future__ import annotations
+
+import functools
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from transformers import BatchEncoding
+
+from tests.models import pixels, tiny_hf_vit, tiny_timm_vit
+from tests.models import POSITIONS, VOCAB, tiny_config, tiny_model, token_ids
+from zennit_attn import conservation, explain
+from zennit_attn.inputs.checks import is_image_model
+from zennit_attn.engine.modules import forward_parameters
+from zennit_attn.engine.kinds import UnsupportedModelError
+from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
+
+
+@pytest.fixture(scope='module')
+def ids():
+    return token_ids('llama', 6, 2, seed=3)
+
+
+def test_modality_follows_the_model():
+    assert is_image_model(tiny_timm_vit()) and is_image_model(tiny_hf_vit())
+    assert not is_image_model(tiny_model('llama')) and not is_image_model(tiny_model('t5'))
+
+
+# ------------------------------------------------------------------------------------------------ non-finite values
+def test_non_finite_pixels_are_refused_like_tokens():
+    model, x = tiny_timm_vit(), pixels(3)
+    x[1, 0, 2, 2] = float('nan')
+    with pytest.raises(ValueError, match=r'row\(s\) \[1\] are NaN'):
+        explain(model, x)
+    with pytest.raises(ValueError, match='NaN'):
+        explain(model, x, method='input_x_gradient')
+
+
+@pytest.mark.parametrize('kind', ['llama', 'timm'])
+def test_a_nan_parameter_is_named_on_both_paths(kind):
+    if kind == 'llama':
+        model, inputs, name = tiny_model('llama'), token_ids('llama', 5), 'model.layers.1.mlp.down_proj.weight'
+    else:
+        model, inputs, name = tiny_timm_vit(), pixels(), 'blocks.1.mlp.fc2.weight'
+    with torch.no_grad():
+        model.get_parameter(name)[0, 0] = float('nan')
+    for method in ('attnlrp', 'input_x_gradient', 'random'):
+        with pytest.raises(FloatingPointError, match=name.replace('.', r'\.')):
+            explain(model, inputs, method=method)
+
+
+# ------------------------------------------------------------------------------------------------ method parameters
+@pytest.mark.parametrize('method, params, match', [
+    ('atman', dict(perturbation_batch=-1), 'perturbation_batch'),
+    ('atman', dict(perturbation_batch=0), 'perturbation_batch'),
+    ('atman', dict(p=1.5), 'p must'), ('atman', dict(score='probability'), 'score'),
+    ('integrated_gradients', dict(steps=0), 'steps'), ('integrated_gradients', dict(steps=2.5), 'steps'),
+    ('smoothgrad', dict(samples=0), 'samples'), ('smoothgrad', dict(sigma=-1.0), 'sigma'),
+    ('kernelshap', dict(samples=0), 'samples'), ('kernelshap', dict(perturbation_batch=0), 'perturbation_batch'),
+    ('gradcam', dict(layer=2), 'out of range'), ('gradcam', dict(layer=-3), 'out of range'),
+    ('gradcam', dict(layer=0.5), 'integer'),
+    ('attention_rollout', dict(dt=-0.1), 'dt'), ('grad_attention_rollout', dict(dt=1.5), 'dt'),
+    ('random', dict(seed=0.5), 'seed'),
+])
+def test_method_parameters_are_validated(llama, ids, method, params, match):
+    with pytest.raises(ValueError, match=match):
+        explain(llama, ids, method=method, **params)
+
+
+def test_parameter_validation_holds_for_images_too():
+    model, x = tiny_timm_vit(), pixels()
+    with pytest.raises(ValueError, match='steps'):
+        explain(model, x, method='integrated_gradients', steps=0)
+    with pytest.raises(ValueError, match='out of range'):
+        explain(model, x, method='gradcam', layer=7)
+
+
+def test_gradcam_layer_counts_from_either_end(llama, ids):
+    torch.testing.assert_close(explain(llama, ids, method='gradcam', layer=1).relevance,
+                               explain(llama, ids, method='gradcam', layer=-1).relevance)
+
+
+def test_unknown_parameters_and_composites_for_baselines(llama, ids):
+    with pytest.raises(TypeError, match="takes no parameter"):
+        explain(llama, ids, method='smoothgrad', steps=3)
+    with pytest.raises(ValueError, match='composite= applies to the LRP methods'):
+        from zennit_attn.engine.composites import AttnLRPEpsilon
+        explain(llama, ids, method='random', composite=AttnLRPEpsilon())
+
+
+# ------------------------------------------------------------------------------------------------ model state
+def test_a_submodule_in_training_mode_is_named(ids):
+    model = tiny_model('llama')
+    model.model.layers[1].mlp.train()
+    with pytest.raises(ValueError, match="submodule 'model.layers.1.mlp'.*training mode"):
+        explain(model, ids)
+    model.eval()
+    explain(model, ids)
+    vit = tiny_timm_vit()
+    vit.blocks[0].attn.attn_drop.train()
+    with pytest.raises(ValueError, match="'blocks.0.attn.attn_drop'"):
+        explain(vit, pixels())
+
+
+def test_inference_mode_says_what_to_do(llama, ids):
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match='outside the inference_mode block'):
+            explain(llama, ids)
+    with torch.no_grad():  # no_grad around the call is fine: explain enables gradients itself
+        torch.testing.assert_close(explain(llama, ids).relevance, explain(llama, ids).relevance)
+
+
+def test_a_model_on_the_meta_device_is_refused(ids):
+    import transformers
+
+    with torch.device('meta'):
+        model = transformers.LlamaForCausalLM(tiny_config('llama')).eval()
+    with pytest.raises(ValueError, match='meta device'):
+        explain(model, ids)
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def test_tokenizer_outputs_are_accepted(llama, ids):
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0  # right padding (float64 eager attention gives NaN for fully masked rows)
+    reference = explain(llama, ids, attention_mask=mask)
+    encodings = BatchEncoding({'input_ids': ids, 'attention_mask': mask}), {'input_ids': ids, 'attention_mask': mask}
+    for encoding in encodings:
+        torch.testing.assert_close(explain(llama, encoding).relevance, reference.relevance)
+    with pytest.raises(ValueError, match='different values'):
+        explain(llama, {'input_ids': ids, 'attention_mask': mask}, attention_mask=torch.ones_like(ids))
+    with pytest.raises(ValueError, match='no input_ids'):
+        explain(llama, {'ids': ids})
+
+
+def test_token_type_ids_of_an_encoding_reach_the_model():
+    model = tiny_model('bert', 'seq_cls')
+    ids = token_ids('bert', 6)
+    types = torch.tensor([[0, 0, 0, 1, 1, 1]])
+    reference = explain(model, ids, model_kwargs={'token_type_ids': types})
+    torch.testing.assert_close(explain(model, {'input_ids': ids, 'token_type_ids': types}).relevance,
+                               reference.relevance)
+    assert not torch.allclose(explain(model, ids).relevance, reference.relevance)
+
+
+def test_text_is_refused_with_the_fix(llama):
+    for text in ('The ice bear lives in the', ['The ice bear', 'lives in the']):
+        with pytest.raises(TypeError, match="tokenizer\\(text, return_tensors='pt'\\)"):
+            explain(llama, text)
+
+
+def test_integer_like_targets_and_positions(llama, ids):
+    reference = explain(llama, ids, target=5, position=2)
+    for target, position in ((np.int64(5), np.int64(2)), (torch.tensor(5), torch.tensor(2)), (5, [2, 2])):
+        torch.testing.assert_close(explain(llama, ids, target=target, position=position).relevance,
+                                   reference.relevance)
+    with pytest.raises(ValueError, match='target must be an integer'):
+        explain(llama, ids, target=3.7)
+    with pytest.raises(ValueError, match='position must be an integer'):
+        explain(llama, ids, position=2.5)
+    with pytest.raises(ValueError, match='position must hold integers'):
+        explain(llama, ids, position=torch.tensor([2.0, 2.0]))
+    with pytest.raises(ValueError, match='target'):
+        explain(llama, ids, target=[(2, 5.5)])
+
+
+def test_ids_outside_the_vocabulary(llama):
+    with pytest.raises(ValueError, match=f'vocabulary of Embedding has {VOCAB} entries'):
+        explain(llama, torch.tensor([[3, 4, VOCAB]]))
+    with pytest.raises(ValueError, match='vocabulary'):
+        explain(llama, torch.tensor([[3, -1, 4]]))
+
+
+def test_tables_per_codebook_are_refused():
+    """MusicGen's decoder embeds ``num_codebooks`` rows of ``input_ids`` per sequence with one table each: its rows are
+    not tokens of one sequence (explaining them as a batch would be silently wrong), so it is refused by name."""
+    from transformers import MusicgenDecoderConfig, MusicgenForCausalLM
+
+    config = MusicgenDecoderConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   ffn_dim=32, num_codebooks=4, pad_token_id=0, bos_token_id=0)
+    with pytest.raises(UnsupportedModelError, match=r'MusicgenForCausalLM embeds its input_ids with a ModuleList '
+                                                    r'of tables \(one per codebook, here 4\)'):
+        explain(MusicgenForCausalLM(config).eval(), torch.randint(1, 30, (4, 5)))
+
+
+@pytest.mark.parametrize('family, head', [('llama', 'causal_lm'), ('gpt2', 'causal_lm'), ('bert', 'seq_cls')])
+def test_inputs_longer_than_the_positions(family, head):
+    model = tiny_model(family, head)
+    explain(model, token_ids(family, POSITIONS))
+    with pytest.raises(ValueError, match=f'{POSITIONS + 1} positions, more than the {POSITIONS}'):
+        explain(model, token_ids(family, POSITIONS + 1))
+
+
+def test_image_inputs():
+    model = tiny_timm_vit()
+    x = pixels(1)
+    torch.testing.assert_close(explain(model, x[0]).pixel_relevance, explain(model, x).pixel_relevance)
+    with pytest.raises(ValueError, match='floating point'):
+        explain(model, (x * 255).to(torch.uint8))
+    with pytest.raises(ValueError, match=r'\[batch, channels, height, width\]'):
+        explain(model, x[0, 0])
+    with pytest.raises(TypeError, match='takes pixels'):
+        explain(model, 'a picture')
+
+
+def test_image_models_refuse_token_arguments_and_use_model_kwargs():
+    model, x = tiny_timm_vit(), pixels()
+    for name, value in (('position', 3), ('attention_mask', torch.ones(2, 4)),
+                        ('decoder_input_ids', torch.ones(2, 1, dtype=torch.long))):
+        with pytest.raises(ValueError, match=f'{name} do not apply'):
+            explain(model, x, **{name: value})
+    hf = tiny_hf_vit()
+    calls = []
+    handle = hf.register_forward_pre_hook(lambda module, args, kwargs: calls.append(dict(kwargs)), with_kwargs=True)
+    try:
+        explain(hf, x, method='input_x_gradient', model_kwargs={'interpolate_pos_encoding': False})
+    finally:
+        handle.remove()
+    assert calls and all(call.get('interpolate_pos_encoding') is False for call in calls)
+
+
+def test_tasks_are_the_two_modalities(llama, ids):
+    assert isinstance(TokenTask(llama, ids).inputs, torch.Tensor)
+    task = ImageTask(tiny_timm_vit(), pixels())
+    assert task.token_count() == 5 and task.grid() == (2, 2)
+    assert task.attributable_tokens().tolist() == [[False, True, True, True, True]] * 2
+    # a patch token's value is spread evenly over its pixels and channels
+    spread = task.token_relevance(torch.tensor([[9.0, 1.0, 2.0, 3.0, 4.0]] * 2, dtype=torch.float64))
+    torch.testing.assert_close(spread.sum((1, 2, 3)), torch.full((2,), 10.0, dtype=torch.float64))
+
+
+class _Doubled(Readout):
+    """A readout of the same run: twice the model's scores."""
+    def read(self, task, inputs, rows=None, model=None, seeded=False, **extra):
+        return 2 * super().read(task, inputs, rows, model, seeded, **extra)
+
+
+def test_a_readout_is_an_object_the_task_receives(llama, ids):
+    """Another readout changes what the task's forward returns, not the task's class; the original task keeps
+    reading the model's logits."""
+    task = TokenTask(llama, ids)
+    doubled = task.with_readout(_Doubled())
+    assert type(doubled) is TokenTask and type(task.readout) is Readout and isinstance(doubled.readout, _Doubled)
+    with torch.no_grad():
+        torch.testing.assert_close(doubled.forward(task.inputs), 2 * task.forward(task.inputs))
+        torch.testing.assert_close(task.forward(task.inputs), llama(ids).logits)
+    with pytest.raises(TypeError, match='readout must be a zennit_attn.inputs.task.Readout'):
+        task.with_readout(lambda scores: scores)
+
+
+def test_conservation_still_reports_the_same(llama, ids):
+    report = conservation(llama, ids[:1])
+    torch.testing.assert_close(report.logit, explain(llama, ids[:1]).logit)
+    encoded = conservation(llama, BatchEncoding({'input_ids': ids[:1], 'attention_mask': torch.ones_like(ids[:1])}))
+    torch.testing.assert_close(encoded.sums, report.sums)
+
+
+def test_forward_parameters_keep_no_wrapped_module_alive():
+    """The parameters of a forward set on the instance (accelerate's wrappers hold their module) are read, not
+    cached: the module is freed with its last reference. A class's forward is read without ``self``."""
+    model = tiny_model('llama')
+    assert forward_parameters(model)[:2] == ('input_ids', 'attention_mask')
+    layer = torch.nn.Linear(2, 2)
+    layer.forward = functools.partial(lambda module, input, scale=1.0: module.weight @ input * scale, layer)
+    assert forward_parameters(layer) == ('input', 'scale')
+    reference = weakref.ref(layer)
+    del layer
+    gc.collect()
+    assert reference() is None

@@ -1,0 +1,1 @@
+"""Tests of zennit_attn.workflows.evaluation."""

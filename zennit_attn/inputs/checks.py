@@ -1,0 +1,370 @@
+"""The checks every explanation request passes before a method runs: the model (a module in eval mode, not compiled,
+its weights loaded, no foreign rule hooks), the input (token ids within the vocabulary and the model's positions,
+masks, integer arguments) and what a tokenizer returns.
+
+Each check raises with a message that names what is wrong and what to do; none changes its arguments.
+:py:class:`~zennit_attn.inputs.task.Task` runs them (:py:func:`check_model` also :py:func:`~zennit_attn.explain_generation`).
+"""
+from __future__ import annotations
+
+import itertools
+import numbers
+from collections.abc import Mapping
+
+import torch
+from zennit.core import Hook
+
+from ..engine.composites import refuse_compiled
+from ..engine.canonizers.quantization import check_quantized
+from ..engine.devices import input_device
+from ..engine.modules import forward_parameters, output_scores
+from ..engine.kinds import UnsupportedModelError
+
+__all__ = ['is_causal', 'sees_later_tokens', 'is_image_model', 'check_model', 'offloaded_modules', 'rule_hooks',
+           'as_integer', 'as_integers', 'target_pairs', 'token_id', 'token_ids', 'explained_positions',
+           'target_indices', 'check_ids', 'check_vocabulary', 'check_length', 'split_encoding']
+
+
+# --------------------------------------------------------------------------------------------------- the model
+def is_causal(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has causal (decoder) self-attention: each position sees only the positions before it.
+
+    A module whose ``is_causal`` attribute is True says so (transformers' attention modules). Models that mask in
+    their own code without that attribute (OpenAI-GPT, XGLM, GIT, Doge, GPT-NeoX-Japanese, LFM3) are asked directly
+    (:py:func:`sees_later_tokens`): causal if another last token leaves every earlier position's output as it was.
+    A model that cannot be asked (an encoder-decoder, no token table, no output per position, a failing forward)
+    counts as not causal.
+    """
+    if any(getattr(module, 'is_causal', False) is True for module in model.modules()):
+        return True
+    return sees_later_tokens(model) is False
+
+
+def sees_later_tokens(model: torch.nn.Module) -> bool | None:
+    """Whether a position's output depends on the tokens after it, by experiment: the model (without gradients) on
+    three tokens and on the same tokens with another last one; True if the outputs at the first two positions differ
+    (the last hidden state of a Hugging Face model's ``base_model``, else the model's output scores), False if they
+    are the same. Cost: one forward pass of two rows of three tokens.
+
+    None where it cannot be told: an encoder-decoder (whose decoder needs inputs of its own), a model without a token
+    table (``get_input_embeddings()`` with ``num_embeddings``) or without an output per position, or a forward that
+    fails on token ids alone.
+    """
+    config = getattr(model, 'config', None)
+    getter = getattr(model, 'get_input_embeddings', None)
+    if getattr(config, 'is_encoder_decoder', False) or not callable(getter):
+        return None
+    try:
+        table = getter()
+        device = input_device(model)
+    except NotImplementedError:  # transformers' composite models without one table (CLIP: a text and an image tower)
+        return None
+    rows = getattr(table, 'num_embeddings', None)
+    if not isinstance(rows, int) or rows < 8:
+        return None
+    first = rows // 4 + 4  # ordinary tokens (past the special tokens at the start of most vocabularies)
+    ids = torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=device)
+    base = getattr(model, 'base_model', None)  # Hugging Face: the model without its head (an output per position)
+    base = base if isinstance(base, torch.nn.Module) else model
+    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(base) else {}
+    try:
+        with torch.no_grad():
+            states = output_scores(base(input_ids=ids, **kwargs))
+    except Exception:  # a model that needs more than token ids (images, a decoder input): not decided here
+        return None
+    if not isinstance(states, torch.Tensor) or states.dim() < 3 or states.shape[:2] != ids.shape:
+        return None
+    earlier = states[:, :2].double()
+    change = float((earlier[0] - earlier[1]).abs().max())
+    return change > 1e-6 * max(float(earlier.abs().max()), torch.finfo(torch.float64).tiny)
+
+
+def is_image_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` takes pixels (Hugging Face ``main_input_name == 'pixel_values'``, or no word embedding
+    table: timm models) rather than token ids."""
+    main_input = getattr(model, 'main_input_name', None)
+    if main_input is not None:
+        return main_input == 'pixel_values'
+    getter = getattr(model, 'get_input_embeddings', None)
+    return not (callable(getter) and isinstance(getter(), torch.nn.Embedding))
+
+
+def rule_hooks(model: torch.nn.Module) -> list[tuple[str, Hook]]:
+    """``(module name, hook)`` of every zennit rule (:py:class:`zennit.core.Hook`, e.g. ``Epsilon``, ``ZPlus`` or
+    a zennit-attn rule) registered on ``model`` or its submodules, as a composite's ``context`` or
+    ``register`` leaves them; each hook once, in module order."""
+    found, seen = [], set()
+    for name, module in model.named_modules():
+        for function in [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]:
+            hook = getattr(function, '__self__', None)
+            if isinstance(hook, Hook) and id(hook) not in seen:
+                seen.add(id(hook))
+                found.append((name, hook))
+    return found
+
+
+def check_model(model: torch.nn.Module) -> None:
+    """Refuse what would give a wrong or no explanation.
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+
+    Raises
+    ------
+    TypeError
+        For a model that is not a module, or a compiled one (its hooks are bypassed:
+        :py:func:`zennit_attn.engine.composites.refuse_compiled`); for quantized layers no backward pass goes through
+        (:py:func:`zennit_attn.engine.canonizers.quantization.check_quantized`).
+    RuntimeError
+        Inside :py:func:`torch.inference_mode` (no gradients can be recorded), or where zennit rules are already
+        registered on the model (a composite's context that is still open: its hooks would change every
+        gradient and relevance computed through the model).
+    ValueError
+        For any submodule in training mode (active dropout) or parameters on the ``meta`` device that no
+        ``accelerate`` offloading hook loads.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f'model must be a torch.nn.Module, got {type(model).__name__}')
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError('explain() computes gradients, which torch.inference_mode() forbids: call it outside '
+                           'the inference_mode block (torch.no_grad() around it is fine)')
+    refuse_compiled(model)
+    check_quantized(model)
+    hooks = rule_hooks(model)
+    if hooks:
+        where = ', '.join(f'{type(hook).__name__} at {name or "the root"!r}' for name, hook in hooks[:3])
+        more = f' and {len(hooks) - 3} more' if len(hooks) > 3 else ''
+        raise RuntimeError(
+            f'{type(model).__name__} already has zennit rules registered ({where}{more}), e.g. inside the context of '
+            'a zennit composite: they would change the relevance of every method. explain() registers the rules it '
+            'needs itself: leave that context (or call the composite\'s remove()) first, and pass an LRP composite '
+            'as explain(..., composite=...)'
+        )
+    on_meta = False
+    for name, module in model.named_modules():  # one walk: this runs for every call
+        if module.training:
+            where = 'the model' if name == '' else f'submodule {name!r}'
+            raise ValueError(f'{where} of {type(model).__name__} is in training mode (dropout would make every call '
+                             'differ): call model.eval() before explaining')
+        on_meta = on_meta or any(tensor is not None and tensor.is_meta
+                                 for tensor in itertools.chain(module._parameters.values(), module._buffers.values()))
+    if not on_meta:
+        return  # the common case, without the names and the offloading walk
+    offloaded = offloaded_modules(model)
+    meta = next((name for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+                 if tensor.is_meta and name.rpartition('.')[0] not in offloaded), None)
+    if meta is not None:
+        raise ValueError(f'{type(model).__name__} has tensors on the meta device (e.g. {meta!r}): load its weights '
+                         '(from_pretrained without device="meta", or model.to_empty() plus loading a state dict)')
+
+
+def offloaded_modules(model: torch.nn.Module) -> set[str]:
+    """Names of the modules whose weights ``accelerate`` offloads (CPU or disk offload of a ``device_map``): an
+    offloading hook (``_hf_hook`` with ``offload=True``, also inside a ``SequentialHook``) on the module or an
+    ancestor loads them for each forward, so they are on the meta device in between."""
+    def offloads(hook) -> bool:
+        return bool(getattr(hook, 'offload', False)) or any(offloads(inner) for inner in getattr(hook, 'hooks', ()))
+
+    names, covered = set(), []
+    for name, module in model.named_modules():
+        if offloads(module.__dict__.get('_hf_hook')):  # accelerate sets it as a plain attribute
+            covered.append(name)
+        if covered and any(name == prefix or name.startswith(prefix + '.') or prefix == '' for prefix in covered):
+            names.add(name)
+    return names
+
+
+# --------------------------------------------------------------------------------------------------- integers
+def as_integer(value, name: str) -> int:
+    """``value`` as an int if it is an integer (Python, numpy or a 0-d integer tensor), else a ValueError naming
+    ``name``."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
+        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise ValueError(f'{name} must be an integer, got {value!r} ({type(value).__name__})')
+
+
+def as_integers(value, name: str) -> torch.Tensor | None:
+    """``value`` (int, sequence or tensor of integers, None) as a long tensor; floats are refused, not
+    truncated."""
+    if value is None:
+        return None
+    if isinstance(value, (numbers.Number, torch.Tensor)) and torch.as_tensor(value).dim() == 0:
+        return torch.tensor(as_integer(value, name))
+    tensor = torch.as_tensor(value)
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise ValueError(f'{name} must hold integers, got {tensor.dtype} values {value!r}')
+    return tensor.long()
+
+
+# --------------------------------------------------------------------------------------------------- targets
+def target_pairs(target) -> torch.Tensor | None:
+    """``[pairs, 2]`` (position, token) if ``target`` names several pairs, else None."""
+    if target is None or isinstance(target, (numbers.Number, str)):
+        return None
+    if isinstance(target, torch.Tensor):
+        return as_integers(target, 'target') if target.dim() == 2 and target.shape[1] == 2 else None
+    items = list(target)
+    if items and all(isinstance(item, (tuple, list)) and len(item) == 2 for item in items):
+        return as_integers(items, 'target (position, token) pairs')
+    return None
+
+
+def token_id(tokenizer, text: str, name: str = 'target') -> int:
+    """The id of the one token ``text`` encodes to (without special tokens), else a ValueError naming the tokens it
+    became; ``name`` names the argument in the message."""
+    if tokenizer is None:
+        raise ValueError(f'{name} {text!r} is text: pass tokenizer= to turn it into its token id, or give the id')
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        pieces = ', '.join(f'{tokenizer.decode([index])!r} (id:{index})' for index in ids)
+        encodes = f'{len(ids)} tokens: {pieces}' if ids else 'no token at all'
+        raise ValueError(f'{name} {text!r} is {encodes}; give exactly one token (mind the leading space, e.g. '
+                         f'\' Paris\'), or its id')
+    return int(ids[0])
+
+
+def token_ids(tokenizer, value, name: str = 'target'):
+    """``value`` with its texts (a text, or a list of texts and ids) turned into token ids by :py:func:`token_id`;
+    anything else is returned as it is."""
+    if isinstance(value, str):
+        return token_id(tokenizer, value, name)
+    if isinstance(value, (list, tuple)) and any(isinstance(item, str) for item in value):
+        return [token_id(tokenizer, item, name) if isinstance(item, str) else item for item in value]
+    return value
+
+
+def explained_positions(scores: torch.Tensor, position, mask) -> torch.Tensor | None:
+    """The explained position of every row (``[batch]``, or ``[batch, pairs]``) for ``[batch, seq, ...]`` scores,
+    None for ``[batch, outputs]`` scores; -1 or None is each row's last non-padding position."""
+    if scores.dim() == 2:
+        return None
+    batch, seq = scores.shape[:2]
+    if position is None or (isinstance(position, int) and position == -1 and mask is not None):
+        if mask is None:
+            return torch.full((batch,), seq - 1, device=scores.device)
+        order = torch.arange(seq, device=scores.device)
+        return ((mask != 0) * (order + 1)).argmax(-1)
+    positions = as_integers(position, 'position').to(scores.device)
+    if positions.dim() < 2:
+        positions = positions.flatten()
+        if positions.numel() == 1:
+            positions = positions.expand(batch)
+        if positions.numel() != batch:
+            raise ValueError(f'position needs one entry per row ({batch}), got {positions.numel()}')
+    if bool(((positions < -seq) | (positions >= seq)).any()):
+        raise ValueError(f'position {position} is out of range for sequence length {seq}')
+    positions = positions % seq
+    if mask is not None:
+        rows = torch.arange(batch, device=scores.device).view(-1, *([1] * (positions.dim() - 1)))
+        padded = sorted(set((mask[rows, positions] == 0).nonzero()[:, 0].tolist()))
+        if padded:
+            raise ValueError(f'position {position} is a padding token in row(s) {padded}')
+    return positions
+
+
+def target_indices(target, selected: torch.Tensor) -> torch.Tensor:
+    """The explained output index of every row of the ``[batch, outputs]`` scores ``selected`` at the explained
+    positions: ``target`` checked (one for all rows or one per row, within the outputs), or the argmax."""
+    batch, size = selected.shape[0], selected.shape[-1]
+    if target is None:
+        return selected.detach().argmax(-1)
+    targets = as_integers(target, 'target').to(selected.device)
+    if selected.dim() == 2:
+        targets = targets.flatten()
+        if targets.numel() == 1:
+            targets = targets.expand(batch)
+        if targets.numel() != batch:
+            raise ValueError(f'target needs one entry per row ({batch}), got {targets.numel()}')
+    if bool(((targets < 0) | (targets >= size)).any()):
+        raise ValueError(f'target {target} is out of range: the explained output has {size} entries')
+    return targets
+
+
+# --------------------------------------------------------------------------------------------------- token input
+def check_ids(input_ids, attention_mask, name: str = 'input_ids') -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(input_ids, attention_mask)`` as ``[batch, seq]`` tensors; text, other shapes and dtypes, empty input, a
+    mask of another shape and a row without any token are refused."""
+    if isinstance(input_ids, str) or (isinstance(input_ids, (list, tuple)) and input_ids
+                                      and isinstance(input_ids[0], str)):
+        raise TypeError(f'{name} must be token ids, got text: pass the tokenizer, explain(model, text, '
+                        "tokenizer=tokenizer), or tokenize it first, explain(model, tokenizer(text, "
+                        "return_tensors='pt'))")
+    input_ids = torch.as_tensor(input_ids)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f'{name} must be an integer tensor [batch, seq], got {input_ids.dtype} '
+                         f'{tuple(input_ids.shape)}')
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f'Nothing to explain: {name} has shape {tuple(input_ids.shape)}')
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask, device=input_ids.device)
+        if attention_mask.dim() == 1:
+            attention_mask = attention_mask[None]
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f'attention mask {tuple(attention_mask.shape)} does not match {name} '
+                             f'{tuple(input_ids.shape)}')
+        if not bool((attention_mask != 0).any(1).all()):
+            raise ValueError('A row of attention_mask masks every token: nothing to explain in it')
+    return input_ids, attention_mask
+
+
+def check_word_embeddings(model: torch.nn.Module, embedding) -> None:
+    """Refuse a model without input embeddings (``TypeError``) and one that embeds each token with several tables
+    (:py:class:`~zennit_attn.engine.kinds.UnsupportedModelError`): MusicGen's decoder sums one table per audio codebook
+    over ``num_codebooks`` rows of ``input_ids`` per sequence, which are not the tokens of one sequence."""
+    if not isinstance(embedding, torch.nn.Module):
+        raise TypeError(f'{type(model).__name__} has no input embedding module (get_input_embeddings() returns '
+                        f'{type(embedding).__name__})')
+    if isinstance(embedding, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+        raise UnsupportedModelError(
+            f'{type(model).__name__} embeds its input_ids with a {type(embedding).__name__} of tables (one per '
+            f'codebook, here {len(embedding)}), summed over as many rows of input_ids per sequence: zennit-attn '
+            'explains models whose tokens have one embedding each, so it does not explain this model.'
+        )
+
+
+def check_vocabulary(input_ids: torch.Tensor, embedding: torch.nn.Module, name: str) -> None:
+    """Refuse ids outside the vocabulary of ``embedding`` (tokenized for another model)."""
+    size = getattr(embedding, 'num_embeddings', None)
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or (size is not None and high >= size):
+        raise ValueError(f'{name} holds ids from {low} to {high}, but the vocabulary of {type(embedding).__name__} '
+                         f'has {size} entries (0 to {size - 1}): was it tokenized for another model?')
+
+
+def check_length(model: torch.nn.Module, length: int, name: str) -> None:
+    """Refuse an input longer than the positions the model was built for (``config.max_position_embeddings``, else
+    ``config.n_positions``); a negative limit or none (XLNet's ``-1``: relative positions) means no limit."""
+    config = getattr(model, 'config', None)
+    config = getattr(config, 'text_config', None) or config
+    limit = getattr(config, 'max_position_embeddings', None)
+    if limit is None:
+        limit = getattr(config, 'n_positions', None)
+    if isinstance(limit, numbers.Integral) and not isinstance(limit, bool) and 0 <= limit < length:
+        raise ValueError(f'{name} has {length} positions, more than the {limit} {type(model).__name__} was built for '
+                         '(config.max_position_embeddings): shorten the input, e.g. keep its last '
+                         f'{limit} tokens')
+
+
+def split_encoding(input_ids, attention_mask=None, model_kwargs: dict | None = None) -> tuple[object, object, dict]:
+    """``(input_ids, attention_mask, model_kwargs)`` from what a tokenizer returns (a ``BatchEncoding`` or a dict with
+    ``input_ids``): its ``attention_mask`` unless one is given (a different one is refused) and its other fields
+    (``token_type_ids``, ...) as model arguments. Other inputs are returned as they are."""
+    model_kwargs = dict(model_kwargs or {})
+    if not isinstance(input_ids, Mapping):
+        return input_ids, attention_mask, model_kwargs
+    encoding = dict(input_ids)
+    if 'input_ids' not in encoding:
+        raise ValueError(f'the input mapping has no input_ids (keys: {sorted(encoding)})')
+    input_ids = encoding.pop('input_ids')
+    mask = encoding.pop('attention_mask', None)
+    if attention_mask is not None and mask is not None and not torch.equal(
+            torch.as_tensor(attention_mask), torch.as_tensor(mask)):
+        raise ValueError('attention_mask was given twice (argument and input mapping) with different values')
+    for key, value in encoding.items():
+        model_kwargs.setdefault(key, value)
+    return input_ids, mask if attention_mask is None else attention_mask, model_kwargs

@@ -1,0 +1,237 @@
+"""What is explained of a model's scores at the explained position(s): an :py:class:`Objective`.
+
+:py:class:`Logit` (the default) explains the target's logit; :py:class:`Contrast` the difference of the target's and a
+contrast token's logit ("why ' Paris' rather than ' London'?", ``explain(..., contrast=...)``);
+:py:class:`OutputFunction` any scalar function of the scores (``explain(..., target=callable)``: a
+log-probability with a temperature, the sum of a class's tokens, a KL term). A :py:class:`~zennit_attn.inputs.task.Task`
+holds one objective and reads every explained value through it (:py:meth:`~zennit_attn.inputs.task.Task.select`), so every
+method explains the same value.
+
+For LRP the explained value ``f`` is the initial relevance. The scores ``y`` receive the relevance ``y_i df/dy_i``
+(the Deep Taylor decomposition of ``f`` at ``y``; the model's output boundary turns it into the gradient ``df/dy``
+that the AttnLRP rules propagate): for a logit or a difference of logits this is ``f`` itself, split exactly
+(relevance is linear in it: a contrast's relevance is the target's minus the contrast's); for a softmax probability
+it is the paper's softmax rule (Proposition 3.1), for which see the notes of :py:class:`OutputFunction`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .checks import as_integers
+
+__all__ = ['RUNNER_UP', 'Objective', 'Logit', 'Contrast', 'OutputFunction', 'objective_for', 'SeedToGradient']
+
+#: ``contrast=RUNNER_UP``: at each explained position the most likely token other than the target.
+RUNNER_UP = 'runner-up'
+
+
+class SeedToGradient(torch.autograd.Function):
+    """Identity whose backward turns the initial relevance ``R`` given at the value ``f`` into the factor ``R / f``,
+    and ``fallback`` where ``f == 0`` (1: the limit of ``R / f`` for ``R = f``, for targets whose value may vanish;
+    0: nothing flows from a zero value). ``SeedToGradient.apply(value, fallback)``; used by the objectives here and by
+    the latent targets (:py:mod:`zennit_attn.latent.targets`)."""
+    @staticmethod
+    def forward(ctx, value, fallback: float = 1.0):
+        """Return ``value`` unchanged and keep it (and ``fallback``) for the backward pass."""
+        ctx.save_for_backward(value)
+        ctx.fallback = fallback
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, relevance):
+        """Return ``relevance / value`` (``fallback`` where ``value == 0``); no gradient for ``fallback``."""
+        (value,) = ctx.saved_tensors
+        nonzero = value != 0
+        return torch.where(nonzero, relevance / torch.where(nonzero, value, 1),
+                           torch.full_like(relevance, ctx.fallback)), None
+
+
+class _GradientToRelevance(torch.autograd.Function):
+    """Identity whose backward turns the gradient ``g`` at the scores ``y`` into the relevance ``y * g`` (which the
+    model's output boundary turns back into a gradient by dividing by ``y``)."""
+    @staticmethod
+    def forward(ctx, scores):
+        ctx.save_for_backward(scores)
+        return scores.view_as(scores)
+
+    @staticmethod
+    def backward(ctx, gradient):
+        (scores,) = ctx.saved_tensors
+        return gradient * scores
+
+
+def _gather(selected: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return selected.gather(-1, ids.to(selected.device)[..., None])[..., 0]
+
+
+class Objective:
+    """What is explained of the scores at the explained position(s).
+
+    :py:meth:`resolve` fixes what depends on the unperturbed scores (a runner-up token, checks of a function) and
+    returns the resolved objective; :py:meth:`value` is the explained value of ``[batch, outputs]`` (or
+    ``[batch, pairs, outputs]``) ``selected`` scores, one per row (or per row and pair).
+    """
+    #: ``[batch]`` (or ``[batch, pairs]``) contrast token ids, None for no contrast
+    contrast: torch.Tensor | None = None
+
+    def resolve(self, selected: torch.Tensor, targets: torch.Tensor) -> Objective:
+        """The objective for the scores ``selected`` of the unperturbed input and the resolved ``targets``."""
+        return self
+
+    def compute(self, selected: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """The explained value of each batch element (variants of input ``rows``)."""
+        raise NotImplementedError
+
+    def value(self, selected: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor | None = None,
+              seeded: bool = False) -> torch.Tensor:
+        """:py:meth:`compute`; ``seeded``: LRP's backward pass starts with the value itself (the initial relevance
+        ``f``), which reaches the scores ``y`` as the relevance ``y * df/dy`` (see the module's documentation)."""
+        if not seeded:
+            return self.compute(selected, targets, rows)
+        return SeedToGradient.apply(self.compute(_GradientToRelevance.apply(selected), targets, rows), 1.0)
+
+
+class Logit(Objective):
+    """The target's logit (score): the default."""
+    def compute(self, selected, targets, rows):
+        return _gather(selected, targets)
+
+    def value(self, selected, targets, rows=None, seeded=False):
+        # the logit is a score itself: the model's output boundary turns its relevance into the gradient
+        return self.compute(selected, targets, rows)
+
+
+class Contrast(Objective):
+    """The target's logit minus the contrast token's: why the target rather than the contrast.
+
+    Parameters
+    ----------
+    contrast: int, sequence of int, tensor or ``'runner-up'``
+        The contrast token: one for all rows, one per row, or, with several ``(position, token)`` targets, one per
+        pair (or ``[batch, pairs]``); :py:data:`RUNNER_UP`: at each explained position the highest-scoring token
+        other than the target.
+    """
+    def __init__(self, contrast):
+        if isinstance(contrast, str) and contrast != RUNNER_UP:
+            raise ValueError(f'contrast {contrast!r} is text: give token ids (explain() turns a text into its one '
+                             f'token with tokenizer=), or {RUNNER_UP!r}')
+        if contrast is None:
+            raise ValueError('Contrast needs a contrast token')
+        self.spec = contrast
+
+    def resolve(self, selected, targets):
+        size = selected.shape[-1]
+        if isinstance(self.spec, str):
+            if size < 2:
+                raise ValueError(f'contrast={RUNNER_UP!r} needs at least two outputs, the model has {size}')
+            others = selected.detach().scatter(-1, targets.to(selected.device)[..., None], -float('inf'))
+            ids = others.argmax(-1)
+        else:
+            ids = as_integers(self.spec, 'contrast').to(targets.device)
+            if ids.dim() == 0 or ids.numel() == 1:
+                ids = ids.reshape(()).expand(targets.shape)
+            elif targets.dim() == 1 and ids.dim() == 1 and ids.numel() == targets.shape[0]:
+                pass
+            elif targets.dim() == 2 and ids.dim() == 1 and ids.numel() == targets.shape[1]:
+                ids = ids[None].expand(targets.shape)
+            elif ids.shape != targets.shape:
+                what = f'{targets.shape[0]} rows' if targets.dim() == 1 else \
+                    f'{targets.shape[1]} (position, token) pairs'
+                raise ValueError(f'contrast needs one token for all rows or one per entry ({what}), got shape '
+                                 f'{tuple(ids.shape)}')
+            if bool(((ids < 0) | (ids >= size)).any()):
+                raise ValueError(f'contrast {self.spec} is out of range: the explained output has {size} entries')
+        same = (ids.to(targets.device) == targets)
+        if bool(same.any()):
+            rows = sorted(set(same.reshape(same.shape[0], -1).any(1).nonzero()[:, 0].tolist()))
+            raise ValueError(f'the contrast token is the target itself in row(s) {rows} (id '
+                             f'{int(targets[same][0])}): nothing to contrast; choose another token')
+        resolved = Contrast(self.spec)
+        resolved.contrast = ids.to(targets.device)
+        return resolved
+
+    def compute(self, selected, targets, rows):
+        if self.contrast is None:
+            raise RuntimeError('Contrast.resolve() must be called before its value is read')
+        ids = self.contrast if rows is None else self.contrast[rows.to(self.contrast.device)]
+        return _gather(selected, targets) - _gather(selected, ids)
+
+
+class OutputFunction(Objective):
+    """A scalar function of the scores at the explained position, as zennit's output functions: ``function``
+    receives the ``[batch, outputs]`` scores (the logits of a language model at the explained position, the class
+    scores of a classification head) and returns ``[batch]`` values, which are explained; it must be differentiable
+    for the methods with a backward pass. For LRP the value is the initial relevance and the logits receive
+    ``y_i df/dy_i`` (the Deep Taylor decomposition of ``f`` at the logits).
+
+    Notes
+    -----
+    Softmax outputs and temperature (the paper, appendix A.2.4 "Impact of temperature scaling on the softmax rule",
+    and Proposition 3.1): the paper explains logits, never the softmax output ("the softmax layer is always removed
+    and LRP only applied to the logit outputs"). For a probability ``s_t = softmax(y / T)_t`` the relevance the
+    logits receive here, ``y_i ds_t/dy_i = (y_i / T) s_t (delta_it - s_i)``, is the paper's softmax rule. When the
+    softmax saturates (``s_t`` near 1: a confident model, or a low temperature ``T``) the derivative ``s_t (1 - s_t)``
+    vanishes and the relevance with it: the bias term absorbs it and the explanation goes blank. The paper suggests a
+    higher temperature when explaining a softmax output. A log-probability ``log softmax(y / T)_t`` has the gradient
+    ``(delta_it - s_i) / T``, which saturates as well; its relevance sums to ``(y_t - sum_i s_i y_i) / T`` (the
+    target's logit against the expected logit), not to the log-probability itself. For a logit or a difference of
+    logits nothing of this applies: the relevance sums to the value (up to what biases absorb).
+    """
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]):
+        if not callable(function):
+            raise TypeError(f'the target function must be callable, got {type(function).__name__}')
+        self.function = function
+
+    @property
+    def name(self) -> str:
+        return getattr(self.function, '__name__', type(self.function).__name__)
+
+    def compute(self, selected, targets, rows):
+        if selected.dim() != 2:
+            raise ValueError('a target function explains one position per row: it cannot be combined with several '
+                             '(position, token) pairs')
+        value = self.function(selected)
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f'the target function {self.name} must return a tensor of one value per row, got '
+                            f'{type(value).__name__}')
+        if value.shape != selected.shape[:1]:
+            raise ValueError(f'the target function {self.name} must return one value per row, shape '
+                             f'({selected.shape[0]},), got shape {tuple(value.shape)} for scores of shape '
+                             f'{tuple(selected.shape)}')
+        if not value.is_floating_point():
+            raise ValueError(f'the target function {self.name} returned {value.dtype} values: it must return '
+                             'floating-point values')
+        return value
+
+    def resolve(self, selected, targets):
+        value = self.compute(selected, targets, None)
+        if not bool(torch.isfinite(value).all()):
+            bad = (~torch.isfinite(value.detach())).nonzero()[:, 0].tolist()
+            raise ValueError(f'the target function {self.name} returned non-finite values (NaN or infinite) in '
+                             f'row(s) {bad}: {value.detach().tolist()}')
+        if selected.requires_grad and not value.requires_grad:
+            raise ValueError(f'the target function {self.name} returned a value without gradient: it must compute '
+                             'with the scores it receives (no .detach(), .item() or numpy in between)')
+        return self
+
+
+def objective_for(target, contrast=None) -> tuple[object, Objective]:
+    """``(token_target, objective)`` of ``explain()``'s ``target`` and ``contrast`` (token ids, not text): a callable
+    target becomes an :py:class:`OutputFunction` (its token target None, the argmax, for reference), a contrast a
+    :py:class:`Contrast`, else the :py:class:`Logit`.
+
+    Raises
+    ------
+    ValueError
+        For a contrast with a callable target.
+    """
+    if callable(target) and not isinstance(target, torch.Tensor):
+        if contrast is not None:
+            raise ValueError('contrast= compares two tokens; with a target function the function itself is explained: '
+                             'compute the difference inside it')
+        return None, OutputFunction(target)
+    if contrast is not None:
+        return target, Contrast(contrast)
+    return target, Logit()

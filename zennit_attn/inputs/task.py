@@ -1,0 +1,600 @@
+"""What one explanation request is: the checked model and input, how the model is called on (perturbed) inputs, what
+its run is read as (:py:class:`Readout`) and which value of each row is explained.
+
+Every attribution method of :py:mod:`zennit_attn.methods.registry` works on a :py:class:`Task`, so that all methods explain
+exactly the same value. The modality decides only how inputs are embedded and read: :py:class:`TokenTask` explains
+the word embeddings of a language model (relevance per token), :py:class:`ImageTask` the pixels of an image
+classifier (relevance per pixel); :py:func:`make_task` picks one by the model. The input checks are those of
+:py:mod:`zennit_attn.inputs.checks`; the results are the classes of :py:mod:`zennit_attn.results.explanation`.
+
+What a run of the model is read as is the task's :py:class:`Readout`: by default the model's output scores (logits,
+or the last hidden state of a base model); :py:mod:`zennit_attn.latent.targets` gives a task a readout of a tensor
+inside the model instead (a neuron's activation, a linear target), with :py:meth:`Task.with_readout`.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Mapping
+from typing import ContextManager
+
+import torch
+
+from .checks import (check_ids, check_length, check_model, check_vocabulary, check_word_embeddings, explained_positions,
+                     is_causal, is_image_model, split_encoding, target_indices, target_pairs)
+from ..results.explanation import Explanation, ImageExplanation, TargetLike
+from ..engine.modules import forward_parameters, output_scores
+from .lookups import TokenLookups, id_tables, needs_ids
+from .objectives import Logit, Objective
+
+__all__ = ['Readout', 'Task', 'TokenTask', 'ImageTask', 'make_task']
+
+
+class Readout:
+    """What a task's :py:meth:`Task.forward` returns from a run of the model: here the model's output scores
+    (:py:func:`zennit_attn.engine.modules.output_scores`: logits, or the last hidden state of a base model).
+
+    A subclass reads something else of the same run (:py:class:`zennit_attn.latent.targets.LatentTarget`: a
+    neuron's activation or a linear target at a site inside the model); a task holds one readout
+    (``Task.readout``, replaced with :py:meth:`Task.with_readout`).
+    """
+    #: Whether the scores are the model's output, so that the model may compute them at the explained positions
+    #: only (:py:meth:`TokenTask.keep_logits`).
+    model_output: bool = True
+
+    def read(self, task: Task, inputs: torch.Tensor, rows: torch.Tensor | None = None,
+             model: torch.nn.Module | None = None, seeded: bool = False, **extra) -> torch.Tensor:
+        """The scores of one run of ``model`` (default the task's) on ``inputs`` (:py:meth:`Task.run`).
+
+        ``seeded``: the backward pass from these scores starts with the initial relevance (the explained value)
+        instead of a gradient, as LRP's does (:py:func:`zennit_attn.methods.lrp.attribute`); the model's own output needs no
+        conversion (the composite's :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` at the root does it)."""
+        return output_scores(task.run(inputs, rows, model, **extra))
+
+    def capturing(self, task: Task) -> ContextManager:
+        """A context for the time of one method's run on ``task`` (hooks the readout needs); none here."""
+        return contextlib.nullcontext()
+
+
+# ------------------------------------------------------------------------------------------------------------ tasks
+class Task:
+    """One explanation request: the model, its checked input (:py:attr:`inputs`, where relevance is read) and, once
+    resolved, which output of each row is explained.
+
+    Methods run the model on (perturbed, batched) inputs with :py:meth:`forward` and read the explained logit of every
+    batch element with :py:meth:`select`. Subclasses define the modality: how the input is embedded, how the model
+    is called, what a token is and how the result is packaged.
+    """
+    def __init__(self, model: torch.nn.Module, model_kwargs: dict | None = None):
+        check_model(model)
+        self.model = model
+        self.model_kwargs = dict(model_kwargs or {})
+        #: what :py:meth:`forward` reads of a run of the model
+        self.readout: Readout = Readout()
+        #: what :py:meth:`select` explains of the scores at the explained positions (resolved by :py:meth:`resolve`)
+        self.objective: Objective = Logit()
+        self.positions: torch.Tensor | None = None
+        self.targets: torch.Tensor | None = None
+        #: sorted positions whose logits the model computes (``logits_to_keep``), None for all
+        self.kept: torch.Tensor | None = None
+        #: ``[batch, ...]`` detached input at which relevance is read
+        self.inputs: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return self.inputs.shape[0]
+
+    @property
+    def output_mask(self) -> torch.Tensor | None:
+        """Mask of the sequence whose outputs are explained."""
+        return None
+
+    # ------------------------------------------------------------------------------------------ running the model
+    def base_kwargs(self) -> dict:
+        """The model's keyword arguments besides the input."""
+        return dict(self.model_kwargs)
+
+    def call_kwargs(self, rows: torch.Tensor | None = None) -> dict:
+        """:py:meth:`base_kwargs`, repeated for batch elements that are variants of input ``rows``."""
+        kwargs = self.base_kwargs()
+        if rows is not None:
+            kwargs = {key: value[rows] if isinstance(value, torch.Tensor) and value.dim()
+                      and value.shape[0] == self.batch else value for key, value in kwargs.items()}
+        return kwargs
+
+    def run(self, inputs: torch.Tensor, rows: torch.Tensor | None = None, model: torch.nn.Module | None = None,
+            **extra):
+        """The raw output of ``model`` (default the task's model) on ``inputs``; ``rows[i]`` names the input row that
+        batch element ``i`` is a variant of (default: identity)."""
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor, rows: torch.Tensor | None = None, model: torch.nn.Module | None = None,
+                **extra) -> torch.Tensor:
+        """The scores of :py:meth:`run` as the :py:attr:`readout` reads them (by default the logits, or the last
+        hidden state)."""
+        return self.readout.read(self, inputs, rows, model, **extra)
+
+    def lrp_forward(self, inputs: torch.Tensor, model: torch.nn.Module, **extra) -> torch.Tensor:
+        """:py:meth:`forward` for a backward pass that starts with the initial relevance (LRP,
+        :py:func:`zennit_attn.methods.lrp.attribute`) through ``model``, the model inside a composite's context."""
+        return self.readout.read(self, inputs, None, model, seeded=True, **extra)
+
+    def capturing(self) -> ContextManager:
+        """The context a method runs in (entered before any composite's): what the :py:attr:`readout` hooks."""
+        return self.readout.capturing(self)
+
+    def with_readout(self, readout: Readout) -> Task:
+        """A copy of this task (same model, input and checks) whose :py:meth:`forward` reads ``readout``."""
+        if not isinstance(readout, Readout):
+            raise TypeError(f'readout must be a zennit_attn.inputs.task.Readout, got {type(readout).__name__}')
+        task = copy.copy(self)
+        task.readout = readout
+        return task
+
+    def with_objective(self, objective: Objective) -> Task:
+        """A copy of this task whose :py:meth:`select` explains ``objective``
+        (:py:mod:`zennit_attn.inputs.objectives`: a contrast, a function of the scores) instead of the target's logit."""
+        if not isinstance(objective, Objective):
+            raise TypeError(f'objective must be a zennit_attn.inputs.objectives.Objective, got {type(objective).__name__}')
+        task = copy.copy(self)
+        task.objective = objective
+        return task
+
+    def keep_logits(self, position=-1, target: TargetLike = None) -> dict:
+        """Keyword arguments that restrict the model's output to the explained positions (none by default)."""
+        return {}
+
+    def lrp_leaves(self) -> tuple[list[torch.Tensor], dict]:
+        """``(leaves, extra)``: the tensors to read relevance at (first the input) and the keyword arguments that
+        pass the others to the model."""
+        return [self.inputs.clone().requires_grad_(True)], {}
+
+    def lookup_leaves(self) -> list[torch.Tensor]:
+        """Leaves the last :py:meth:`lrp_forward` made inside the model (:py:meth:`TokenTask.lookup_leaves`)."""
+        return []
+
+    # ------------------------------------------------------------------------------------------ the explained logit
+    def _all_positions(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores
+
+    def resolve(self, scores: torch.Tensor, position=-1, target: TargetLike = None,
+                seeded: bool = False) -> torch.Tensor:
+        """Fix the explained position and target of every row (and the :py:attr:`objective`) from the model's
+        ``scores`` on the unperturbed input, and return the explained values (``[batch]``, or ``[batch, pairs]`` for
+        several pairs); ``seeded`` as for :py:meth:`select`."""
+        pairs = target_pairs(target)
+        if pairs is not None:
+            if scores.dim() != 3:
+                raise ValueError('(position, token) pairs need an output per position; this model has one per row')
+            self.positions = explained_positions(self._all_positions(scores), pairs[:, 0].expand(self.batch, -1),
+                                                 self.output_mask)
+            self.targets = target_indices(pairs[:, 1].expand(self.batch, -1), scores)
+        else:
+            self.positions = explained_positions(self._all_positions(scores), position, self.output_mask)
+            self.targets = target_indices(target, self._rows_of(scores, None))
+        self.objective = self.objective.resolve(self._rows_of(scores, None), self.targets)
+        return self.select(scores, reduce=False, seeded=seeded)
+
+    def select(self, scores: torch.Tensor, rows: torch.Tensor | None = None, reduce: bool = True,
+               seeded: bool = False) -> torch.Tensor:
+        """The explained value (:py:attr:`objective`, by default the target's logit) of every batch element of
+        ``scores`` (variants of input ``rows``), ``[batch]``; with several pairs their sum, or ``[batch, pairs]`` if
+        not ``reduce``. ``seeded``: LRP's backward pass starts at the value with the value itself (the initial
+        relevance, :py:meth:`zennit_attn.inputs.objectives.Objective.value`)."""
+        if self.targets is None:
+            raise RuntimeError('Task.resolve() must be called before select()')
+        targets = self.targets if rows is None else self.targets[rows]
+        targets = targets.to(scores.device)
+        values = self.objective.value(self._rows_of(scores, rows), targets, rows, seeded)
+        return values.sum(1) if reduce and values.dim() == 2 else values
+
+    def _rows_of(self, scores, rows):
+        if self.positions is None:
+            return scores
+        positions = (self.positions if rows is None else self.positions[rows]).to(scores.device)
+        if self.kept is not None:
+            positions = torch.searchsorted(self.kept.to(scores.device), positions)
+        index = torch.arange(scores.shape[0], device=scores.device).view(-1, *([1] * (positions.dim() - 1)))
+        return scores[index, positions]
+
+    def resolve_plain(self, position=-1, target: TargetLike = None) -> torch.Tensor:
+        """:py:meth:`resolve` from a plain forward pass without gradients."""
+        with torch.no_grad():
+            return self.resolve(self.forward(self.inputs), position, target)
+
+    # ------------------------------------------------------------------------------------------ tokens and features
+    def token_count(self) -> int:
+        """Number of tokens the model's attention runs over."""
+        raise NotImplementedError
+
+    def attributable_tokens(self) -> torch.Tensor:
+        """``[batch, tokens]`` True for the tokens that token-level methods (AtMan) attribute."""
+        raise NotImplementedError
+
+    def token_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
+        """``[batch, tokens]`` relevance per token -> relevance in the shape :py:meth:`finish` takes."""
+        raise NotImplementedError
+
+    def attention_row(self, matrices: torch.Tensor) -> torch.Tensor:
+        """``[batch, ..., tokens, tokens]`` -> ``[batch, ..., tokens]``: the row(s) of the token(s) whose output is
+        explained (rollout and Grad-CAM read it)."""
+        raise NotImplementedError
+
+    def feature_mask(self) -> torch.Tensor:
+        """``[1, *inputs.shape[1:]]`` the index of the feature each input entry belongs to (KernelSHAP's
+        coalitions: one feature per token, or per image patch)."""
+        raise NotImplementedError
+
+    def feature_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
+        """``[batch, features]`` relevance per feature of :py:meth:`feature_mask` -> the shape :py:meth:`finish`
+        takes."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ the result
+    def finish(self, relevance: torch.Tensor, logit: torch.Tensor, method: str,
+               decoder_relevance: torch.Tensor | None = None):
+        """Check that the result is finite and package it as the modality's explanation."""
+        tensors = [logit, relevance] + ([] if decoder_relevance is None else [decoder_relevance])
+        if not all(bool(torch.isfinite(tensor).all()) for tensor in tensors):
+            raise FloatingPointError(
+                f'{method} on {type(self.model).__name__} produced a non-finite explained logit or relevance (logit '
+                f'{logit.detach().flatten()[:8].tolist()}): {self.non_finite_hint()}'
+            )
+        return self.package(relevance.detach(), logit.detach(), method,
+                            None if decoder_relevance is None else decoder_relevance.detach())
+
+    def non_finite_hint(self) -> str:
+        """The likely cause of a non-finite result."""
+        bad = next((name for name, tensor in self.model.named_parameters() if not bool(torch.isfinite(tensor).all())),
+                   None)
+        if bad is not None:
+            return f'the model parameter {bad!r} has NaN or infinite entries'
+        dtype = self.inputs.dtype
+        if torch.finfo(dtype).bits < 32:
+            return f'{dtype} overflowed inside the model: explain in float32 or bfloat16'
+        return 'the model itself returns a non-finite output for this input'
+
+    def package(self, relevance, logit, method, decoder_relevance):
+        raise NotImplementedError
+
+
+class TokenTask(Task):
+    """A language model explained at its word embeddings (relevance per token).
+
+    For encoder-decoder models the inputs are the encoder's embeddings; the decoder's
+    (:py:attr:`decoder_embeddings`) are passed along unchanged and are an extra leaf for LRP. A model that needs its
+    ids (:py:func:`~zennit_attn.inputs.lookups.needs_ids`) is run on them, with :py:attr:`lookups` (other token tables).
+
+    Parameters
+    ----------
+    model, input_ids, attention_mask, model_kwargs, decoder_input_ids
+        As for :py:func:`~zennit_attn.explain`; ``input_ids`` may also be the tokenizer's ``BatchEncoding`` (or a
+        dict with ``input_ids``), whose ``attention_mask`` and other fields are used.
+    """
+    def __init__(self, model: torch.nn.Module, input_ids, attention_mask=None, model_kwargs: dict | None = None,
+                 decoder_input_ids=None):
+        input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
+        super().__init__(model, model_kwargs)
+        self.input_ids, self.attention_mask = check_ids(input_ids, attention_mask)
+        embedding_module = self.word_embeddings(model)
+        check_word_embeddings(model, embedding_module)
+        check_vocabulary(self.input_ids, embedding_module, 'input_ids')
+        with torch.no_grad():
+            #: ``[batch, seq, hidden]`` word embeddings of the input (detached)
+            self.inputs = embedding_module(self.input_ids).detach()
+        tables = id_tables(model, embedding_module)  # the other tables of the ids (one run of the model, if any)
+        self.ids_reason = needs_ids(model, embedding_module, tables)  #: why it is run on its ids (None: embeddings)
+        self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module, tables)
+        self._lookup_relevance: torch.Tensor | None = None
+        self.decoder_input_ids = self.decoder_embeddings = None
+        self._output_mask = self.attention_mask
+        if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+            if decoder_input_ids is None:
+                start = model.config.decoder_start_token_id
+                decoder_input_ids = torch.full((self.batch, 1), start, device=self.input_ids.device)
+            decoder_mask = self.model_kwargs.get('decoder_attention_mask')
+            self.decoder_input_ids, self._output_mask = check_ids(decoder_input_ids, decoder_mask, 'decoder_input_ids')
+            if self.decoder_input_ids.shape[0] != self.batch:
+                raise ValueError('decoder_input_ids must have as many rows as input_ids')
+            decoder_embedding = model.get_decoder().get_input_embeddings() or embedding_module
+            check_vocabulary(self.decoder_input_ids, decoder_embedding, 'decoder_input_ids')
+            with torch.no_grad():
+                self.decoder_embeddings = decoder_embedding(self.decoder_input_ids).detach()
+        elif decoder_input_ids is not None:
+            raise ValueError(f'{type(model).__name__} is not an encoder-decoder model: decoder_input_ids is not used')
+        check_length(model, self.input_ids.shape[1], 'input_ids')
+        self._set_model_kwargs()
+
+    @staticmethod
+    def word_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
+        """The module that embeds ``input_ids`` (``model.get_input_embeddings()``), None where there is none."""
+        return model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        """``[batch, seq, hidden]`` the word embeddings of the input (the task's inputs)."""
+        return self.inputs
+
+    @property
+    def output_mask(self) -> torch.Tensor | None:
+        return self._output_mask
+
+    def _set_model_kwargs(self) -> None:
+        parameters = forward_parameters(self.model)
+        kwargs = self.model_kwargs
+        if 'use_cache' in parameters:
+            kwargs.setdefault('use_cache', False)
+        mask = self.attention_mask
+        if mask is None:
+            return
+        kwargs['attention_mask'] = mask
+        left_padded = bool((mask[:, 0] == 0).any())
+        if left_padded and 'position_ids' not in kwargs and 'position_ids' in parameters:
+            if not is_causal(self.model):
+                raise ValueError(f'{type(self.model).__name__} is not causal (or cannot be run on token ids alone to '
+                                 'tell) and would give left-padded rows shifted positions: pad on the right, or pass '
+                                 'position_ids')
+            kwargs['position_ids'] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def base_kwargs(self) -> dict:
+        kwargs = dict(self.model_kwargs)
+        if self.decoder_embeddings is not None:
+            kwargs['decoder_inputs_embeds'] = self.decoder_embeddings
+        return kwargs
+
+    def run(self, inputs, rows=None, model=None, **extra):
+        kwargs = self.call_kwargs(rows)
+        kwargs.update(extra)
+        model = self.model if model is None else model
+        # copies: CTRL scales inputs_embeds in place, GIT adds to them (a leaf refuses it, the task's input changes)
+        fixed, inputs = inputs is self.inputs, inputs.clone()
+        if isinstance(kwargs.get('decoder_inputs_embeds'), torch.Tensor):
+            kwargs['decoder_inputs_embeds'] = kwargs['decoder_inputs_embeds'].clone()
+        if self.lookups is None:
+            return model(inputs_embeds=inputs, **kwargs)
+        ids = (self.input_ids if rows is None else self.input_ids[rows]).to(inputs.device)
+        with self.lookups.substituting(ids, inputs, fixed=fixed):
+            return model(input_ids=ids, **kwargs)
+
+    def lrp_forward(self, inputs: torch.Tensor, model: torch.nn.Module, **extra) -> torch.Tensor:
+        """On a model run on its ids, an LRP run of its lookups (:py:meth:`~zennit_attn.inputs.lookups.TokenLookups.record`):
+        the embeddings' gradient becomes their relevance, other tables' lookups leaves (:py:meth:`lookup_leaves`)."""
+        if self.lookups is not None:
+            self.lookups.record()
+        return super().lrp_forward(inputs, model, **extra)
+
+    def lookup_leaves(self) -> list[torch.Tensor]:
+        """The other token tables' lookups in the last :py:meth:`lrp_forward` (for :py:meth:`add_lookup_relevance`)."""
+        return [] if self.lookups is None else self.lookups.recorded()
+
+    def add_lookup_relevance(self, relevances: list[torch.Tensor]) -> None:
+        """The relevance of :py:meth:`lookup_leaves`, added to the tokens' by :py:meth:`package`."""
+        self._lookup_relevance = TokenLookups.token_relevance(relevances)
+
+    def keep_logits(self, position=-1, target: TargetLike = None) -> dict:
+        """Restrict the model's language-model head to the explained positions: ``{'logits_to_keep': positions}``
+        for models whose forward takes ``logits_to_keep`` (Hugging Face ``...ForCausalLM``), ``{}`` otherwise.
+
+        The head's output at other positions does not reach the explained logits, so the relevance is unchanged;
+        the head's forward and backward (a third of the FLOPs of a small Llama) and the ``[batch, seq, vocab]``
+        logits with their gradient are skipped."""
+        if (not self.readout.model_output or self.decoder_embeddings is not None
+                or 'logits_to_keep' in self.model_kwargs
+                or 'logits_to_keep' not in forward_parameters(self.model)):
+            return {}
+        pairs = target_pairs(target)
+        shape = torch.empty(self.batch, self.input_ids.shape[1], 0, device=self.input_ids.device)
+        positions = explained_positions(shape, position if pairs is None else pairs[:, 0].expand(self.batch, -1),
+                                        self.output_mask)
+        self.kept = torch.unique(positions)  # sorted
+        return {'logits_to_keep': self.kept}
+
+    def _all_positions(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` with a sequence dimension as long as the input's (only its shape is used)."""
+        if self.kept is None:
+            return scores
+        return scores.new_empty(scores.shape[0], self.input_ids.shape[1], 0)
+
+    def lrp_leaves(self) -> tuple[list[torch.Tensor], dict]:
+        leaves, extra = super().lrp_leaves()
+        if self.decoder_embeddings is not None:
+            leaves.append(self.decoder_embeddings.clone().requires_grad_(True))
+            extra['decoder_inputs_embeds'] = leaves[1]
+        return leaves, extra
+
+    def token_count(self) -> int:
+        return self.input_ids.shape[1]
+
+    def attributable_tokens(self) -> torch.Tensor:
+        valid = torch.ones(self.input_ids.shape, dtype=torch.bool, device=self.inputs.device)
+        if self.attention_mask is not None:
+            valid &= self.attention_mask.to(valid.device) != 0
+        if self.positions is not None and self.decoder_embeddings is None and is_causal(self.model):
+            last = self.positions if self.positions.dim() == 1 else self.positions.amax(1)
+            valid &= torch.arange(self.token_count(), device=valid.device) <= last.to(valid.device)[:, None]
+        return valid
+
+    def token_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
+        return relevance
+
+    def query_positions(self) -> torch.Tensor:
+        """The query position whose attention row is read: the explained position (for several pairs, the last);
+        for 2-D outputs (classification heads) the last non-padding token of causal models and the first token of
+        encoders."""
+        device = self.inputs.device
+        if self.positions is not None:
+            return self.positions if self.positions.dim() == 1 else self.positions.amax(1)
+        if not is_causal(self.model):
+            return torch.zeros(self.batch, dtype=torch.long, device=device)
+        return explained_positions(torch.empty(self.batch, self.token_count(), 0, device=device), None,
+                                   self.attention_mask)
+
+    def attention_row(self, matrices: torch.Tensor) -> torch.Tensor:
+        positions = self.query_positions().to(matrices.device)
+        index = torch.arange(matrices.shape[0], device=matrices.device)
+        return matrices.movedim(-2, 1)[index, positions]
+
+    def feature_mask(self) -> torch.Tensor:
+        seq, hidden = self.inputs.shape[1:]
+        return torch.arange(seq, device=self.inputs.device)[None, :, None].expand(1, seq, hidden)
+
+    def feature_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
+        return relevance
+
+    def package(self, relevance, logit, method, decoder_relevance) -> Explanation:
+        """Zero padding positions and package ``[batch, seq, hidden]`` (or ``[batch, seq]``) relevance."""
+        def per_token(relevance, mask):
+            if relevance is None:
+                return None, None
+            if torch.finfo(relevance.dtype).bits < 32:
+                relevance = relevance.float()
+            if mask is not None:
+                mask = (mask != 0).to(relevance.device, relevance.dtype)
+                relevance = relevance * (mask[..., None] if relevance.dim() == 3 else mask)
+            return (relevance.sum(-1), relevance) if relevance.dim() == 3 else (relevance, None)
+
+        tokens, embedding = per_token(relevance, self.attention_mask)
+        if self._lookup_relevance is not None:  # the other token tables' lookups (a model run on its ids)
+            tokens, self._lookup_relevance = tokens + per_token(self._lookup_relevance, self.attention_mask)[0], None
+        decoder_mask = self._output_mask if self.decoder_embeddings is not None else None
+        decoder, decoder_embedding = per_token(decoder_relevance, decoder_mask)
+        return Explanation(
+            relevance=tokens, embedding_relevance=embedding, target=self.targets, logit=logit,
+            position=self.positions, input_ids=self.input_ids, attention_mask=self.attention_mask,
+            decoder_relevance=decoder, decoder_embedding_relevance=decoder_embedding,
+            decoder_input_ids=self.decoder_input_ids, method=method, contrast=self.objective.contrast,
+            objective=self.objective,
+        )
+
+    def non_finite_hint(self) -> str:
+        hint = super().non_finite_hint()
+        implementation = getattr(getattr(self.model, 'config', None), '_attn_implementation', None)
+        if (hint.startswith('the model itself') and self.inputs.dtype == torch.float64
+                and implementation == 'eager' and self.attention_mask is not None
+                and bool((self.attention_mask == 0).any())):
+            return ('with padding, float64 eager attention in transformers returns NaN logits (a fully masked row): '
+                    'use float32 or attn_implementation="sdpa"')
+        return hint
+
+
+class ImageTask(Task):
+    """An image classifier explained at its pixels (relevance per pixel and channel).
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+        A timm ``VisionTransformer``/DeiT or a Hugging Face ``ViTForImageClassification`` (any image classifier for
+        the gradient methods) in eval mode.
+    pixels: torch.Tensor
+        ``[batch, channels, height, width]`` (or ``[channels, height, width]``) floating-point input as the model
+        takes it (normalised).
+    model_kwargs: dict, optional
+        Further keyword arguments of the model's forward (e.g. ``interpolate_pos_encoding``).
+    """
+    def __init__(self, model: torch.nn.Module, pixels, model_kwargs: dict | None = None):
+        super().__init__(model, model_kwargs)
+        if isinstance(pixels, (str, Mapping)):
+            raise TypeError(f'{type(model).__name__} takes pixels: pass a float tensor [batch, channels, height, '
+                            f'width], got {type(pixels).__name__}')
+        pixels = torch.as_tensor(pixels)
+        if pixels.dim() == 3:
+            pixels = pixels[None]
+        if pixels.dim() != 4:
+            raise ValueError(f'pixels must be [batch, channels, height, width] (or [channels, height, width]), got '
+                             f'shape {tuple(pixels.shape)}')
+        if not pixels.is_floating_point():
+            raise ValueError(f'pixels must be floating point as the model takes them, got {pixels.dtype}: convert '
+                             'and normalise the image first (e.g. the model\'s own transform, or x.float() / 255)')
+        if not bool(torch.isfinite(pixels).all()):
+            bad = (~torch.isfinite(pixels)).flatten(1).any(1).nonzero()[:, 0].tolist()
+            raise ValueError(f'pixels of row(s) {bad} are NaN or infinite: a faulty image or normalisation')
+        self.inputs = pixels.detach()
+
+    @property
+    def pixels(self) -> torch.Tensor:
+        return self.inputs
+
+    def run(self, inputs, rows=None, model=None, **extra):
+        kwargs = self.call_kwargs(rows)
+        kwargs.update(extra)
+        return (self.model if model is None else model)(inputs, **kwargs)
+
+    def prefix_tokens(self) -> int:
+        """Number of tokens before the patch tokens (class, distillation, register tokens)."""
+        if hasattr(self.model, 'num_prefix_tokens'):
+            return int(self.model.num_prefix_tokens)
+        return 1  # Hugging Face ViT: the class token
+
+    def grid(self) -> tuple[int, int]:
+        """``(rows, columns)`` of the patch grid."""
+        height, width = self.inputs.shape[2:]
+        size = getattr(getattr(self.model, 'config', None), 'patch_size', None)
+        if size is None:
+            size = getattr(getattr(self.model, 'patch_embed', None), 'patch_size', None)
+        if size is None:
+            raise TypeError(f'cannot tell the patch size of {type(self.model).__name__}')
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        return height // size[0], width // size[1]
+
+    def token_count(self) -> int:
+        rows, columns = self.grid()
+        return self.prefix_tokens() + rows * columns
+
+    def attributable_tokens(self) -> torch.Tensor:
+        valid = torch.ones(self.batch, self.token_count(), dtype=torch.bool, device=self.inputs.device)
+        valid[:, :self.prefix_tokens()] = False  # the class token and its kind have no pixels
+        return valid
+
+    def token_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
+        """``[batch, tokens]`` -> ``[batch, channels, height, width]``: each patch token's value spread evenly over
+        the pixels and channels of its patch (the prefix tokens dropped)."""
+        batch, channels, height, width = self.inputs.shape
+        rows, columns = self.grid()
+        patches = relevance[:, self.prefix_tokens():]
+        if patches.shape[1] != rows * columns:
+            raise ValueError(f'{patches.shape[1]} patch tokens do not form the {rows} x {columns} grid')
+        grid = patches.reshape(batch, 1, rows, columns).to(self.inputs.dtype)
+        spread = torch.nn.functional.interpolate(grid, size=(height, width), mode='nearest')
+        return spread.expand(batch, channels, height, width) / (channels * (height // rows) * (width // columns))
+
+    def attention_row(self, matrices: torch.Tensor) -> torch.Tensor:
+        """The mean row of the pooled tokens: the prefix tokens (class token; DeiT's class and distillation tokens)
+        for token pooling, else the patch tokens (average pooling)."""
+        prefix = self.prefix_tokens()
+        if prefix > 0 and getattr(self.model, 'global_pool', 'token') == 'token':
+            return matrices[..., :prefix, :].mean(-2)
+        return matrices[..., prefix:, :].mean(-2)
+
+    def feature_mask(self) -> torch.Tensor:
+        rows, columns = self.grid()
+        _, channels, height, width = self.inputs.shape
+        index = torch.arange(rows * columns, device=self.inputs.device).reshape(1, 1, rows, columns).float()
+        index = torch.nn.functional.interpolate(index, size=(height, width), mode='nearest').long()
+        return index.expand(1, channels, height, width)
+
+    def feature_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
+        prefix = relevance.new_zeros(relevance.shape[0], self.prefix_tokens())
+        return self.token_relevance(torch.cat([prefix, relevance], 1))
+
+    def package(self, relevance, logit, method, decoder_relevance) -> ImageExplanation:
+        if torch.finfo(relevance.dtype).bits < 32:
+            relevance = relevance.float()
+        return ImageExplanation(relevance=relevance.sum(1), pixel_relevance=relevance, target=self.targets,
+                                logit=logit, pixels=self.inputs, method=method, contrast=self.objective.contrast,
+                                objective=self.objective)
+
+
+def make_task(model: torch.nn.Module, inputs, position=-1, attention_mask=None, model_kwargs: dict | None = None,
+              decoder_input_ids=None) -> Task:
+    """The :py:class:`TokenTask` or :py:class:`ImageTask` for ``model``; arguments an image model cannot use are
+    refused."""
+    if isinstance(model, torch.nn.Module) and is_image_model(model):
+        unused = [name for name, used in (
+            ('position', not (position is None or (isinstance(position, int) and position == -1))),
+            ('attention_mask', attention_mask is not None), ('decoder_input_ids', decoder_input_ids is not None))
+            if used]
+        if unused:
+            raise ValueError(f'{type(model).__name__} classifies images: {", ".join(unused)} do not apply to it')
+        return ImageTask(model, inputs, model_kwargs)
+    return TokenTask(model, inputs, attention_mask, model_kwargs, decoder_input_ids)
+

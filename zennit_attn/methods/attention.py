@@ -1,0 +1,212 @@
+"""Reading and changing attention: the probabilities of every layer (for attention rollout and Grad-CAM), the rollout
+product itself, and the key scaling of AtMan, for language models and vision transformers alike.
+
+- :py:func:`attention_maps` runs a task's model once and returns its attention probabilities. Hugging Face models are
+  switched to eager attention (:py:func:`eager_attention`) and asked for ``output_attentions``; timm's attention
+  computes them only on its non-fused path, which is switched on for the call, and they are read at ``attn_drop``.
+- :py:func:`rollout` multiplies ``(I + A_l)`` over the layers (appendix A.1), :py:func:`discard` drops the largest
+  entries of a map.
+- :py:func:`key_sites` finds the modules whose output holds the attention keys, from the family table, and
+  :py:func:`suppress_keys` scales the key of chosen tokens in every layer.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+
+from ..engine.canonizers import family_of, operand_taps
+from ..engine.modules import output_scores
+from ..engine.kinds import model_configs, norm_kind
+from ..inputs.task import Task
+
+__all__ = ['eager_attention', 'attention_maps', 'rollout', 'discard', 'key_sites', 'suppress_keys']
+
+
+@contextlib.contextmanager
+def eager_attention(model: torch.nn.Module):
+    """Switch every configuration in ``model`` to ``attn_implementation='eager'`` (attention probabilities are
+    materialised and returned with ``output_attentions=True``) and restore the previous implementation after."""
+    configs = model_configs(model)
+    saved = [config._attn_implementation for config in configs]
+    try:
+        for config in configs:
+            config._attn_implementation = 'eager'
+        yield model
+    finally:
+        for config, value in zip(configs, saved):
+            config._attn_implementation = value
+
+
+def _is_timm_attention(module: torch.nn.Module) -> bool:
+    return (type(module).__module__.startswith('timm.') and hasattr(module, 'fused_attn')
+            and hasattr(module, 'attn_drop') and hasattr(module, 'qkv'))
+
+
+@contextlib.contextmanager
+def _timm_capture(model: torch.nn.Module):
+    """Collect timm attention probabilities (at ``attn_drop``, with ``fused_attn`` off) during the block; yields the
+    list, or None where the model has no timm attention."""
+    maps: list[torch.Tensor] = []
+    handles, fused = [], []
+    try:
+        for module in model.modules():
+            if _is_timm_attention(module):
+                fused.append((module, module.fused_attn))
+                module.fused_attn = False
+                handles.append(module.attn_drop.register_forward_hook(lambda mod, args, output: maps.append(output)))
+        yield maps if handles else None
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, value in fused:
+            module.fused_attn = value
+
+
+@contextlib.contextmanager
+def _hooks_kept(model: torch.nn.Module):
+    """Leave ``model``'s forward hooks as they were: transformers installs its output-recording hooks on a model's
+    first call with ``output_attentions`` and marks the model (``_output_capturing_hooks_installed``); the hooks and
+    the mark that the block added are removed after it."""
+    modules = list(model.modules())
+    hooks = [set(module._forward_hooks) for module in modules]
+    marks = [module.__dict__.get('_output_capturing_hooks_installed', _UNSET) for module in modules]
+    try:
+        yield
+    finally:
+        for module, before, mark in zip(modules, hooks, marks):
+            for key in set(module._forward_hooks) - before:
+                del module._forward_hooks[key]
+                module._forward_hooks_with_kwargs.pop(key, None)
+                module._forward_hooks_always_called.pop(key, None)
+            if mark is _UNSET:
+                module.__dict__.pop('_output_capturing_hooks_installed', None)
+
+
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def attention_maps(task: Task, inputs: torch.Tensor) -> Iterator[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+    """Run the task's model on ``inputs`` (one per input row) and yield its scores and the attention probabilities
+    of every layer, ``[batch, heads, tokens, tokens]`` each, first layer first, in the autograd graph.
+
+    The model keeps eager attention (and timm its non-fused path) until the context exits: a backward pass through
+    the maps runs inside it, so that blocks recomputed in the backward pass (``explain(..., checkpointing=True)``)
+    compute what the forward pass computed.
+
+    Raises
+    ------
+    NotImplementedError
+        For encoder-decoder models: their attention-map methods would need rules for cross-attention.
+    TypeError
+        Where the model returns no attention probabilities.
+    """
+    model = task.model
+    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        raise NotImplementedError(
+            f'attention-map methods (rollout, Grad-CAM) are not implemented for the encoder-decoder '
+            f'{type(model).__name__}: use attnlrp, cplrp, atman, kernelshap or a gradient method')
+    with eager_attention(model), _hooks_kept(model), _timm_capture(model) as captured:
+        output = task.run(inputs) if captured is not None else task.run(inputs, output_attentions=True)
+        attentions = list(captured) if captured is not None else getattr(output, 'attentions', None)
+        if not attentions or any(attention is None for attention in attentions):
+            raise TypeError(f'{type(model).__name__} returned no attention probabilities (with eager attention and '
+                            'output_attentions=True)')
+        yield output_scores(output), tuple(attentions)
+
+
+def discard(mean_attention: torch.Tensor, dt: float) -> torch.Tensor:
+    """Appendix A.1: set the entries above the ``dt``-quantile (of the nonzero entries of each map) to 0; ``dt >= 1``
+    keeps all."""
+    if dt >= 1.0:
+        return mean_attention
+    result = mean_attention.clone()
+    for index, matrix in enumerate(mean_attention):
+        values = matrix[matrix > 0]
+        if values.numel():
+            threshold = torch.quantile(values.float(), dt).to(matrix.dtype)
+            result[index] = torch.where(matrix > threshold, torch.zeros_like(matrix), matrix)
+    return result
+
+
+def rollout(maps: list[torch.Tensor] | tuple[torch.Tensor, ...], normalize: bool) -> torch.Tensor:
+    """``R = (I + A_L) ... (I + A_1)`` of ``[batch, tokens, tokens]`` head-averaged maps, first layer first
+    (appendix A.1). ``normalize`` divides each ``I + A`` by its row sums (Abnar & Zuidema: ``0.5 (I + A)``)."""
+    batch, tokens, _ = maps[0].shape
+    eye = torch.eye(tokens, dtype=maps[0].dtype, device=maps[0].device).expand(batch, tokens, tokens)
+    result = eye.clone()
+    for matrix in maps:
+        step = eye + matrix
+        if normalize:
+            step = step / step.sum(-1, keepdim=True).clamp(min=torch.finfo(step.dtype).tiny)
+        result = step @ result
+    return result
+
+
+def _input_attention(model: torch.nn.Module) -> set[int] | None:
+    """For encoder-decoder models, the ids of the modules whose attention keys are the input (encoder) tokens: the
+    encoder and the cross-attention classes of the family table; None for other models (every attention)."""
+    if not getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        return None
+    modules = set(map(id, model.get_encoder().modules()))
+    for module in model.modules():
+        family = family_of(module)
+        if family is not None and type(module).__name__ in family.cross_attention:
+            modules.update(map(id, module.modules()))
+    return modules
+
+
+def key_sites(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable[[int], torch.Tensor]]]:
+    """Modules whose output holds the attention keys over the input tokens, from the family table (role ``'key'``):
+    ``(module, mask)`` where ``mask(size)`` marks the key entries of an output's last dimension of ``size`` (fused
+    projections such as GPT-2's ``c_attn`` or GPT-NeoX's per-head ``query_key_value``). Where an attention module
+    normalises its keys after the projection (``k_norm`` of Qwen3, Gemma 3, OLMo 2: an RMSNorm that would undo a
+    scaling of the projection), the normalisation is the site."""
+    allowed = _input_attention(model)
+    sites = []
+    for module, child, tap in operand_taps(model):
+        if 'key' not in tap.roles or (allowed is not None and id(module) not in allowed):
+            continue
+        site = getattr(module, child)
+        k_norm = getattr(module, 'k_norm', None)
+        if isinstance(k_norm, torch.nn.Module) and norm_kind(k_norm) is not None and tap.roles == ('key',):
+            site = k_norm
+        sites.append((site, lambda size, tap=tap: tap.mask('key', size)))
+    if not sites:
+        raise TypeError(f'{type(model).__name__} has no key projection in the family table '
+                        '(zennit_attn.engine.canonizers.families.FAMILIES): AtMan cannot suppress tokens in it')
+    return sites
+
+
+@contextlib.contextmanager
+def suppress_keys(model: torch.nn.Module, factors: Callable[[], torch.Tensor | None]):
+    """While active, multiply the key of token ``i`` of batch element ``b`` in every attention layer by
+    ``factors()[b, i]`` (``[batch, tokens]``; None: no change). Scaling key ``i`` scales the pre-softmax scores
+    ``q . k_i`` of that key column in every head exactly (rotary embeddings are linear in ``k``)."""
+    def hook(mask):
+        def scale(module, input, output):
+            factor = factors()
+            if factor is None:
+                return None
+            # the token dimension: 1 for [batch, tokens, features]; for per-head keys ([batch, tokens, heads, dim]
+            # or transposed [batch, heads, tokens, dim], e.g. Gemma 3's k_norm) the one of largest stride in the
+            # input, a view of the projection's [batch, tokens, features] output
+            dim = 1 if output.dim() <= 3 else 1 + max(range(output.dim() - 2), key=lambda d: input[0].stride(d + 1))
+            if output.shape[dim] != factor.shape[1]:
+                raise RuntimeError(f'{type(module).__name__} returned keys of shape {tuple(output.shape)}, whose token '
+                                   f'dimension {dim} does not match the {factor.shape[1]} input tokens')
+            shape = [factor.shape[0]] + [1] * (output.dim() - 1)
+            shape[dim] = factor.shape[1]
+            factor = factor.to(output.dtype).reshape(shape)
+            keys = mask(output.shape[-1]).to(output.device)
+            return output * torch.where(keys, factor, torch.ones_like(factor))
+        return scale
+
+    handles = [site.register_forward_hook(hook(mask)) for site, mask in key_sites(model)]
+    try:
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()

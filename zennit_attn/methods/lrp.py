@@ -1,0 +1,60 @@
+"""The LRP attribution: one forward and one backward pass through a model inside a composite's context."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from zennit.core import Composite
+
+from ..results.explanation import TargetLike
+from ..engine.rules import RelevanceBoundary
+from ..inputs.task import Task
+
+__all__ = ['attribute']
+
+
+def attribute(task: Task, position, target: TargetLike, composite: Composite, method: str = 'attnlrp',
+              observe: Callable[[torch.nn.Module, list], list] | None = None):
+    """LRP of the task's explained value with ``composite`` in one forward and one backward pass; the explained
+    value is the initial relevance. The LRP methods of :py:mod:`zennit_attn.methods.registry` choose the default composite.
+
+    ``observe(model, watched)`` is a hook for diagnostics: it is called inside the composite's context before
+    the forward pass and returns handles (with ``remove()``) that are removed after the backward pass; tensors
+    it appends to ``watched`` during the forward pass are added to the backward pass's inputs, so that their
+    gradient hooks run even where they do not lead to the input.
+
+    Raises
+    ------
+    TypeError
+        If ``composite`` is not a zennit composite, or registers no
+        :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` on the model.
+    """
+    if not isinstance(composite, Composite):
+        raise TypeError(f'composite must be a zennit Composite (e.g. zennit_attn.engine.composites.AttnLRPEpsilon()), got '
+                        f'{type(composite).__name__}')
+    with torch.enable_grad():
+        leaves, extra = task.lrp_leaves()
+        extra.update(task.keep_logits(position, target))
+        with composite.context(task.model) as modified:
+            if not any(isinstance(hook, RelevanceBoundary) for hook in getattr(composite, 'hook_refs', ())):
+                raise TypeError(
+                    f'{type(composite).__name__} registered no RelevanceBoundary on the model: explain() reads '
+                    'relevance at the input, which needs the boundary of the zennit-attn composites '
+                    '(or a composite that maps the root module to zennit_attn.engine.rules.RelevanceBoundary)'
+                )
+            watched = []
+            handles = observe(modified, watched) if observe is not None else []
+            try:
+                logit = task.resolve(task.lrp_forward(leaves[0], modified, **extra), position, target, seeded=True)
+                inner = task.lookup_leaves()  # made during the forward (token tables of a model run on its ids)
+                relevance = torch.autograd.grad(
+                    logit, [*leaves, *inner, *watched], grad_outputs=logit.detach(), allow_unused=True
+                )[:len(leaves) + len(inner)]
+            finally:
+                for handle in handles:
+                    handle.remove()
+    relevance = [torch.zeros_like(leaf) if value is None else value for leaf, value in zip(leaves + inner, relevance)]
+    if inner:
+        task.add_lookup_relevance(relevance[len(leaves):])
+    relevance = relevance[:len(leaves)]
+    return task.finish(relevance[0], logit, method, *relevance[1:])

@@ -1,0 +1,167 @@
+"""Where relevance goes: the relevance sum at every layer boundary of a model against the explained logit."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from zennit.core import Composite
+
+from ..engine.canonizers.blocks import block_stacks
+from ..engine.composites import AttnLRPEpsilon
+from ..inputs.checks import split_encoding
+from ..results.explanation import TargetLike
+from ..methods.lrp import attribute
+from ..inputs.task import TokenTask
+
+
+@dataclass
+class ConservationReport:
+    """Relevance sums at the layer boundaries, from the output down to the input.
+
+    Attributes
+    ----------
+    logit: torch.Tensor
+        ``[batch]`` the explained logit (the initial relevance; the sum for several pairs).
+    names: list of str
+        Boundary names, output first: ``output of <block path>`` for every block of each stack (for
+        encoder-decoder models the decoder's, then the encoder's), ``input of <first block>``, then
+        ``word embeddings`` (all input tokens, encoder and decoder) and ``other embeddings`` (position /
+        segment embeddings, where the model has them).
+    sums: torch.Tensor
+        ``[len(names), batch]`` relevance summed over positions and hidden units at each boundary.
+
+    For encoder-decoder models a decoder boundary carries only the relevance that has not yet been handed to
+    the encoder through cross-attention, so decoder rows are not comparable with the logit on their own.
+    """
+    logit: torch.Tensor
+    names: list[str]
+    sums: torch.Tensor
+
+    @property
+    def fractions(self) -> torch.Tensor:
+        """``sums / logit``: 1 where all relevance is conserved."""
+        return self.sums / self.logit
+
+    @property
+    def input_fraction(self) -> torch.Tensor:
+        """``[batch]`` fraction of the logit that reaches the input (word + other embeddings)."""
+        return self.sums[-2:].sum(0) / self.logit
+
+    def __str__(self) -> str:
+        lines = [f'{"boundary":<40} {"relevance":>12} {"of logit":>9} {"leak":>10}',
+                 f'{"logit":<40} {float(self.logit[0]):>12.5f} {1:>9.4f}']
+        previous = float(self.logit[0])
+        for index, name in enumerate(self.names):
+            value = float(self.sums[index, 0])
+            leak = '' if name == 'other embeddings' else f'{previous - value:>10.5f}'
+            lines.append(f'{name:<40} {value:>12.5f} {value / float(self.logit[0]):>9.4f} {leak}')
+            if name != 'word embeddings':
+                previous = value
+        return '\n'.join(lines)
+
+
+class _Probe:
+    """Collect ``sum(x * g)`` of the tensors it watches during the backward pass (one explained row)."""
+    def __init__(self, watched: list):
+        self.value = torch.zeros((), dtype=torch.float64)
+        self.watched = watched
+
+    def watch(self, tensor):
+        if isinstance(tensor, (tuple, list)):
+            tensor = tensor[0]
+        if not (isinstance(tensor, torch.Tensor) and tensor.requires_grad):
+            return
+        detached = tensor.detach()
+
+        def hook(grad):
+            self.value = self.value + (detached.double() * grad.double()).sum().cpu()
+
+        tensor.register_hook(hook)
+        self.watched.append(tensor)
+
+
+def conservation(
+    model: torch.nn.Module,
+    input_ids,
+    target: TargetLike = None,
+    position=-1,
+    attention_mask=None,
+    composite: Composite | None = None,
+    model_kwargs: dict | None = None,
+    decoder_input_ids=None,
+) -> ConservationReport:
+    """Explain like :py:func:`~zennit_attn.explain` and report the relevance sum at every layer boundary.
+
+    With the AttnLRP rules, relevance leaks only through biases (linear layers, LayerNorm), the hidden bias of
+    the softmax rule (Prop. 3.1) and the epsilon stabilisers; the report shows how much leaks at each block.
+    Arguments are those of :py:func:`~zennit_attn.explain` with ``method='attnlrp'``: ``composite`` defaults to
+    :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`. Rows are explained one at a time, so that embeddings shared
+    by all rows (position embeddings) are reported per row.
+    """
+    composite = AttnLRPEpsilon() if composite is None else composite
+    input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
+    input_ids = torch.as_tensor(input_ids)
+    input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids
+    rows = [_conservation_row(model, input_ids, row, target, position, attention_mask, composite, model_kwargs,
+                              decoder_input_ids) for row in range(input_ids.shape[0])]
+    names = rows[0][1]
+    return ConservationReport(logit=torch.stack([row[0] for row in rows]), names=names,
+                              sums=torch.stack([row[2] for row in rows], 1))
+
+
+def _select_row(value, row: int, batch: int):
+    """Row ``row`` of a per-row argument (tensor or sequence with one entry per row), else the value itself."""
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch and batch > 1:
+        return value[row:row + 1]
+    if isinstance(value, (list, tuple)) and len(value) == batch and batch > 1 and not (
+            value and isinstance(value[0], (tuple, list))):
+        return value[row]
+    return value
+
+
+def _conservation_row(model, input_ids, row, target, position, attention_mask, composite, model_kwargs,
+                      decoder_input_ids):
+    batch = input_ids.shape[0]
+    pick = lambda value: _select_row(value, row, batch)  # noqa: E731
+    stacks = block_stacks(model)[::-1]  # output side first: the decoder's, then the encoder's
+    word_embeddings = {model.get_input_embeddings()}
+    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        word_embeddings.add(model.get_decoder().get_input_embeddings())
+    hidden = model.get_input_embeddings().embedding_dim
+    probes: dict[str, _Probe] = {}
+    names = []
+    for stack_name, stack in stacks:
+        names += [f'output of {stack_name}.{index}' for index in reversed(range(len(stack)))]
+        names.append(f'input of {stack_name}.0')
+
+    def observe(modified, watched):
+        handles = []
+        for stack_name, stack in stacks:
+            for index, block in enumerate(stack):
+                probe = probes.setdefault(f'output of {stack_name}.{index}', _Probe(watched))
+                handles.append(block.register_forward_hook(
+                    lambda module, input, output, probe=probe: probe.watch(output)))
+            first = probes.setdefault(f'input of {stack_name}.0', _Probe(watched))
+            handles.append(stack[0].register_forward_pre_hook(
+                lambda module, args, probe=first: probe.watch(args[0] if args else None)))
+        others = probes.setdefault('other embeddings', _Probe(watched))
+
+        def watch_embedding(module, input, output):
+            # position / segment embeddings: one vector per token; not e.g. T5's relative attention bias
+            if output.dim() == 3 and output.shape[-1] == hidden:
+                others.watch(output)
+
+        for module in modified.modules():
+            if isinstance(module, torch.nn.Embedding) and module not in word_embeddings:
+                handles.append(module.register_forward_hook(watch_embedding))
+        return handles
+
+    task = TokenTask(model, input_ids[row:row + 1], pick(attention_mask),
+                     {key: pick(value) for key, value in (model_kwargs or {}).items()}, pick(decoder_input_ids))
+    explanation = attribute(task, pick(position), pick(target), composite, observe=observe)
+    words = explanation.relevance.double().sum()
+    if explanation.decoder_relevance is not None:
+        words = words + explanation.decoder_relevance.double().sum()
+    sums = [probes[name].value for name in names] + [words.cpu(), probes['other embeddings'].value]
+    logit = explanation.logit.double().sum().cpu()
+    return logit, names + ['word embeddings', 'other embeddings'], torch.stack(sums)
