@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = $(BIN)/python -m pip install -c $(CONSTRAINTS)
 
-.PHONY: install system demo test notebooks docs bench clean distclean constraints
+.PHONY: install system demo test lint notebooks docs bench clean distclean constraints
 
 install: $(STAMP)
 
@@ -67,6 +67,12 @@ demo: install
 # handing out single tests); PYTEST_ARGS='-n 0' runs them in this process (for -x, -s, pdb)
 test: install system
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal $(PYTEST_ARGS)
+
+# ruff's linter (with the complexity limit of pyproject.toml) and its format check, on the package, the tests and the
+# benchmarks; `ruff format .` and `ruff check --fix .` mend most of what it finds
+lint: install
+	$(BIN)/ruff check zennit_attn tests benchmarks docs/conf.py
+	$(BIN)/ruff format --check zennit_attn tests benchmarks docs/conf.py
 
 # the notebooks run top to bottom in fresh kernels (nbclient, ipykernel: in the dev extra)
 notebooks: install

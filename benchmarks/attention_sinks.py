@@ -14,6 +14,7 @@ Example (the README's table)::
 
     python benchmarks/attention_sinks.py --sentences 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,14 +37,31 @@ def random_model(kind: str, vocab: int, layers: int, seed: int):
     torch.manual_seed(seed)
     if kind == 'qwen2.5':
         config = transformers.Qwen2Config(
-            vocab_size=vocab, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
-            num_attention_heads=14, num_key_value_heads=2, rope_theta=1e6, rms_norm_eps=1e-6,
-            tie_word_embeddings=True, max_position_embeddings=4096)
+            vocab_size=vocab,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=layers,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            rope_theta=1e6,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=4096,
+        )
         return transformers.Qwen2ForCausalLM(config).eval()
     config = transformers.Gemma3TextConfig(
-        vocab_size=vocab, hidden_size=1152, intermediate_size=6912, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
-        rms_norm_eps=1e-6, max_position_embeddings=4096)
+        vocab_size=vocab,
+        hidden_size=1152,
+        intermediate_size=6912,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
+    )
     return transformers.Gemma3ForCausalLM(config).eval()
 
 
@@ -61,8 +79,10 @@ def shares(model, tokenizer, sentences, bos: int | None = None) -> tuple[list[fl
 
 def row(name: str, values: list[float], lengths: list[int]) -> str:
     uniform = statistics.mean(1 / length for length in lengths)
-    return (f'| {name} | {len(values)} | {statistics.mean(lengths):.1f} | {statistics.mean(values):.3f} | '
-            f'{statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} | {uniform:.3f} |')
+    return (
+        f'| {name} | {len(values)} | {statistics.mean(lengths):.1f} | {statistics.mean(values):.3f} | '
+        f'{statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} | {uniform:.3f} |'
+    )
 
 
 def main(argv=None) -> None:
@@ -75,11 +95,17 @@ def main(argv=None) -> None:
     sentences = list(wikipedia_leads(limit=args.sentences, sentences=True, min_chars=40))
     start = time.perf_counter()
     model, tokenizer = load_smollm2()
-    lines = ['| model | sentences | mean tokens | share mean | median | min | max | mean 1/tokens |',
-             '|---|---|---|---|---|---|---|---|']
+    lines = [
+        '| model | sentences | mean tokens | share mean | median | min | max | mean 1/tokens |',
+        '|---|---|---|---|---|---|---|---|',
+    ]
     lines.append(row('SmolLM2-135M (trained), text only', *shares(model, tokenizer, sentences)))
-    lines.append(row(f'SmolLM2-135M (trained), {tokenizer.bos_token} first',
-                     *shares(model, tokenizer, sentences, tokenizer.bos_token_id)))
+    lines.append(
+        row(
+            f'SmolLM2-135M (trained), {tokenizer.bos_token} first',
+            *shares(model, tokenizer, sentences, tokenizer.bos_token_id),
+        )
+    )
     print('\n'.join(lines), flush=True)
     vocab = len(tokenizer)
     for kind, name in (('qwen2.5', 'Qwen2.5-0.5B-shaped'), ('gemma3', 'Gemma-3-1B-shaped')):
@@ -88,9 +114,11 @@ def main(argv=None) -> None:
         print(lines[-1], flush=True)
     print()
     print('\n'.join(lines))
-    print(f'\ncommand: python benchmarks/attention_sinks.py {" ".join(sys.argv[1:] if argv is None else argv)}; '
-          f'{time.perf_counter() - start:.0f} s; load average {", ".join(f"{v:.2f}" for v in os.getloadavg())} '
-          f'on {os.cpu_count()} cores; torch {torch.__version__}, transformers {transformers.__version__}')
+    print(
+        f'\ncommand: python benchmarks/attention_sinks.py {" ".join(sys.argv[1:] if argv is None else argv)}; '
+        f'{time.perf_counter() - start:.0f} s; load average {", ".join(f"{v:.2f}" for v in os.getloadavg())} '
+        f'on {os.cpu_count()} cores; torch {torch.__version__}, transformers {transformers.__version__}'
+    )
 
 
 if __name__ == '__main__':

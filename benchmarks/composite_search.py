@@ -31,6 +31,7 @@ Usage::
     python benchmarks/composite_search.py --quick               # tiny grid and few images: a smoke test
     python benchmarks/composite_search.py --modality text       # about 20 minutes on 2 free CPU cores
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,15 +44,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import faithfulness as study  # noqa: E402  (the language model and the article sample of the faithfulness study)
 import train_vit  # noqa: E402
 
-import faithfulness as study  # noqa: E402  (the language model and the article sample of the faithfulness study)
-
-from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
-from zennit_attn.workflows.evaluation import Faithfulness, explanation_curves, image_curves  # noqa: E402
 from zennit_attn import explain  # noqa: E402
+from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
 from zennit_attn.engine.modules import output_scores  # noqa: E402
-from zennit_attn.engine.rules import Epsilon, UniformOperand, ConstantOperand  # noqa: E402
+from zennit_attn.engine.rules import ConstantOperand, Epsilon, UniformOperand  # noqa: E402
+from zennit_attn.workflows.evaluation import Faithfulness, explanation_curves, image_curves  # noqa: E402
 from zennit_attn.workflows.evaluation.search import TEXT_GRID, composite_search, faithfulness_objective  # noqa: E402
 
 STEPS = 16
@@ -65,8 +65,11 @@ GRID = {
     'attention_out': ['Epsilon(1e-06)', 'Gamma(0.05)'],
     'softmax': ['UniformOperand()', 'ConstantOperand()'],
 }
-QUICK_GRID = {'conv': ['Epsilon(1e-06)', 'Gamma(0.25)'], 'linear': ['Epsilon(1e-06)', 'Gamma(0.05)'],
-              'softmax': ['UniformOperand()', 'ConstantOperand()']}
+QUICK_GRID = {
+    'conv': ['Epsilon(1e-06)', 'Gamma(0.25)'],
+    'linear': ['Epsilon(1e-06)', 'Gamma(0.05)'],
+    'softmax': ['UniformOperand()', 'ConstantOperand()'],
+}
 RESULTS = train_vit.RESULTS
 TEXT_RESULTS = Path(__file__).resolve().parents[1] / 'docs' / 'results' / 'text_search'
 
@@ -98,33 +101,54 @@ def evaluate(model, pixels, targets, name, method, composite, params, chunk=100)
     start = time.time()
     relevance = []
     for i in range(0, len(pixels), chunk):
-        relevance.append(explain(model, pixels[i:i + chunk], target=targets[i:i + chunk], composite=composite,
-                                 method=method, **params).relevance)
+        relevance.append(
+            explain(
+                model,
+                pixels[i : i + chunk],
+                target=targets[i : i + chunk],
+                composite=composite,
+                method=method,
+                **params,
+            ).relevance
+        )
     seconds = time.time() - start
-    curves = image_curves(model, pixels, torch.cat(relevance), targets, STEPS, 'flipping', batch_size=512,
-                          progress=False)
+    curves = image_curves(
+        model, pixels, torch.cat(relevance), targets, STEPS, 'flipping', batch_size=512, progress=False
+    )
     summary = Faithfulness.of(curves)
-    return {'method': name, 'score': summary.score, 'sem': summary.sem, 'area_morf': summary.area_morf,
-            'area_lerf': summary.area_lerf, 'explain_seconds': round(seconds, 2)}, torch.cat(relevance)
+    return {
+        'method': name,
+        'score': summary.score,
+        'sem': summary.sem,
+        'area_morf': summary.area_morf,
+        'area_lerf': summary.area_lerf,
+        'explain_seconds': round(seconds, 2),
+    }, torch.cat(relevance)
 
 
 def markdown(rows, columns):
     lines = ['| ' + ' | '.join(columns) + ' |', '|' + '|'.join('---' for _ in columns) + '|']
     for row in rows:
-        lines.append('| ' + ' | '.join(f'{row[c]:.4f}' if isinstance(row[c], float) else str(row[c])
-                                       for c in columns) + ' |')
+        lines.append(
+            '| ' + ' | '.join(f'{row[c]:.4f}' if isinstance(row[c], float) else str(row[c]) for c in columns) + ' |'
+        )
     return '\n'.join(lines) + '\n'
 
 
 def evaluate_text(model, ids, composite, method, chunk=10):
     """Flipping and insertion summaries of ``explain(model, ids, composite=...)`` (``chunk`` articles per call)."""
     start = time.time()
-    explanations = [explain(model, ids[i:i + chunk], composite=composite, method=method)
-                    for i in range(0, len(ids), chunk)]
+    explanations = [
+        explain(model, ids[i : i + chunk], composite=composite, method=method) for i in range(0, len(ids), chunk)
+    ]
     seconds = time.time() - start
-    curves = [row for explanation in explanations
-              for row in explanation_curves(model, explanation, STEPS, ('flipping', 'insertion'), batch_size=512,
-                                            progress=False)]
+    curves = [
+        row
+        for explanation in explanations
+        for row in explanation_curves(
+            model, explanation, STEPS, ('flipping', 'insertion'), batch_size=512, progress=False
+        )
+    ]
     return {mode: Faithfulness.of([row[mode] for row in curves]) for mode in ('flipping', 'insertion')}, seconds
 
 
@@ -140,17 +164,20 @@ def text_main(args):
     val_ids = torch.tensor([ids for _, ids in val])
 
     start = time.time()
-    result = composite_search(model, val_ids, grid=TEXT_GRID,
-                              objective=faithfulness_objective(steps=STEPS, batch_size=512))
+    result = composite_search(
+        model, val_ids, grid=TEXT_GRID, objective=faithfulness_objective(steps=STEPS, batch_size=512)
+    )
     search_seconds = time.time() - start
     result.write(out / 'search')
     print(result.to_markdown())
     print(f'search: {len(result.rows)} composites on {len(val)} validation articles in {search_seconds:.0f} s')
     print('Best composite:\n' + result.best_code())
 
-    compared = {'AttnLRP, best composite of the search': ('attnlrp', result.best_composite()),
-                'AttnLRP, paper default AttnLRPEpsilon()': ('attnlrp', AttnLRPEpsilon()),
-                'CP-LRP, CPLRPEpsilon()': ('cplrp', CPLRPEpsilon())}
+    compared = {
+        'AttnLRP, best composite of the search': ('attnlrp', result.best_composite()),
+        'AttnLRP, paper default AttnLRPEpsilon()': ('attnlrp', AttnLRPEpsilon()),
+        'CP-LRP, CPLRPEpsilon()': ('cplrp', CPLRPEpsilon()),
+    }
     rows = []
     for name, (method, composite) in compared.items():
         summaries, seconds = evaluate_text(model, test_ids, composite, method)
@@ -158,10 +185,14 @@ def text_main(args):
         for mode, summary in summaries.items():
             row.update({f'{mode}_score': summary.score, f'{mode}_sem': summary.sem})
         rows.append(row)
-        print(f"{name:<42} flipping {row['flipping_score']:.3f} +- {row['flipping_sem']:.3f}, insertion "
-              f"{row['insertion_score']:.3f} +- {row['insertion_sem']:.3f}", flush=True)
+        print(
+            f'{name:<42} flipping {row["flipping_score"]:.3f} +- {row["flipping_sem"]:.3f}, insertion '
+            f'{row["insertion_score"]:.3f} +- {row["insertion_sem"]:.3f}',
+            flush=True,
+        )
     columns = ['method', 'flipping_score', 'flipping_sem', 'insertion_score', 'insertion_sem', 'explain_seconds']
     import csv
+
     with (out / 'test_faithfulness.csv').open('w', newline='') as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
@@ -170,19 +201,35 @@ def text_main(args):
     (out / 'test_faithfulness.md').write_text(
         f'Token faithfulness of SmolLM2-135M-Instruct on the first {len(test)} articles of the seeded Wikipedia '
         f'sample (never used in the search; the first articles of `benchmarks/faithfulness.py`), their first '
-        f'{args.context} tokens, the predicted next token\'s logit, {STEPS} steps, word embeddings set to 0 '
+        f"{args.context} tokens, the predicted next token's logit, {STEPS} steps, word embeddings set to 0 "
         '(flipping, score A_LeRF - A_MoRF) or restored from 0 (insertion, A_MoRF - A_LeRF); mean +- standard error '
         'over articles, larger is better. The search ranked the '
         f'{len(result.rows)} composites of `TEXT_GRID` by flipping on {len(val)} validation articles (the '
         f'following articles of the sample) in {search_seconds:.0f} s. Load average (1, 5, 15 min): '
         f'{", ".join(f"{v:.2f}" for v in load_start)} at the start, {", ".join(f"{v:.2f}" for v in load_end)} at '
-        'the end.\n\n' + markdown(rows, columns)
-        + '\nBest composite of the search (validation articles):\n\n```python\n' + result.best_code() + '\n```\n')
-    (out / 'search_meta.json').write_text(json.dumps({
-        'validation_articles': len(val), 'test_articles': len(test), 'context': args.context, 'steps': STEPS,
-        'composites': len(result.rows), 'search_seconds': round(search_seconds, 1), 'grid': TEXT_GRID,
-        'best': result.best.labels(), 'threads': torch.get_num_threads(),
-    }, indent=2) + '\n')
+        'the end.\n\n'
+        + markdown(rows, columns)
+        + '\nBest composite of the search (validation articles):\n\n```python\n'
+        + result.best_code()
+        + '\n```\n'
+    )
+    (out / 'search_meta.json').write_text(
+        json.dumps(
+            {
+                'validation_articles': len(val),
+                'test_articles': len(test),
+                'context': args.context,
+                'steps': STEPS,
+                'composites': len(result.rows),
+                'search_seconds': round(search_seconds, 1),
+                'grid': TEXT_GRID,
+                'best': result.best.labels(),
+                'threads': torch.get_num_threads(),
+            },
+            indent=2,
+        )
+        + '\n'
+    )
 
 
 def main():
@@ -219,8 +266,9 @@ def main():
         test_targets = output_scores(model(test_pixels)).argmax(-1)
 
     start = time.time()
-    result = composite_search(model, val_pixels, val_targets, grid=grid,
-                              objective=faithfulness_objective(steps=STEPS, batch_size=512))
+    result = composite_search(
+        model, val_pixels, val_targets, grid=grid, objective=faithfulness_objective(steps=STEPS, batch_size=512)
+    )
     search_seconds = time.time() - start
     result.write(out / 'search')
     print(result.to_markdown(limit=15))
@@ -235,6 +283,7 @@ def main():
         print(f'{name:<42} {row["score"]:.4f} +- {row["sem"]:.4f}', flush=True)
     columns = ['method', 'score', 'sem', 'area_morf', 'area_lerf', 'explain_seconds']
     import csv
+
     with (out / 'test_faithfulness.csv').open('w', newline='') as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
@@ -243,20 +292,41 @@ def main():
     (out / 'test_faithfulness.md').write_text(
         f'Pixel flipping on the first {test_count} Fashion-MNIST test images (model accuracy on them: '
         f'{accuracy:.4f}), {STEPS} steps, single pixels set to 0, logit of the predicted class; score = A_LeRF - '
-        f'A_MoRF (mean +- standard error over images; larger is better).\n\n' + markdown(rows, columns)
-        + '\nBest composite of the search (validation split):\n\n```python\n' + result.best_code() + '\n```\n')
-    (out / 'search_meta.json').write_text(json.dumps({
-        'validation_images': val_count, 'test_images': test_count, 'steps': STEPS, 'composites': len(result.rows),
-        'search_seconds': round(search_seconds, 1), 'grid': grid, 'best': result.best.labels(),
-        'threads': args.threads,
-    }, indent=2) + '\n')
+        f'A_MoRF (mean +- standard error over images; larger is better).\n\n'
+        + markdown(rows, columns)
+        + '\nBest composite of the search (validation split):\n\n```python\n'
+        + result.best_code()
+        + '\n```\n'
+    )
+    (out / 'search_meta.json').write_text(
+        json.dumps(
+            {
+                'validation_images': val_count,
+                'test_images': test_count,
+                'steps': STEPS,
+                'composites': len(result.rows),
+                'search_seconds': round(search_seconds, 1),
+                'grid': grid,
+                'best': result.best.labels(),
+                'threads': args.threads,
+            },
+            indent=2,
+        )
+        + '\n'
+    )
 
-    from zennit_attn.results.render.image import heatmap, overlay
     from PIL import Image
 
-    shown = ['AttnLRP, best composite of the search', 'AttnLRP, paper default AttnLRPGamma()',
-             'AttnLRP, epsilon everywhere', 'gamma-CP-LRP, CPLRPGamma()', 'Integrated Gradients (20 steps)',
-             'Grad x attention rollout']
+    from zennit_attn.results.render.image import heatmap, overlay
+
+    shown = [
+        'AttnLRP, best composite of the search',
+        'AttnLRP, paper default AttnLRPGamma()',
+        'AttnLRP, epsilon everywhere',
+        'gamma-CP-LRP, CPLRPGamma()',
+        'Integrated Gradients (20 steps)',
+        'Grad x attention rollout',
+    ]
     scale, count = 4, 6
     size = 28 * scale
     sheet = Image.new('RGB', (size * (len(shown) + 1), size * count), 'white')
@@ -268,10 +338,13 @@ def main():
     sheet.save(out / 'heatmaps' / 'test_heatmaps.png')
     for row in range(3):
         overlay(test_pixels[row], relevances[shown[1]][row], scale=scale).save(
-            out / 'heatmaps' / f'test{row}_attnlrp_gamma_overlay.png')
+            out / 'heatmaps' / f'test{row}_attnlrp_gamma_overlay.png'
+        )
     (out / 'heatmaps' / 'README.md').write_text(
-        'test_heatmaps.png: rows = the first 6 test images; columns = input, then ' + ', '.join(shown)
-        + ' (red positive, blue negative, each heatmap scaled to its largest absolute value).\n')
+        'test_heatmaps.png: rows = the first 6 test images; columns = input, then '
+        + ', '.join(shown)
+        + ' (red positive, blue negative, each heatmap scaled to its largest absolute value).\n'
+    )
 
 
 if __name__ == '__main__':

@@ -84,6 +84,7 @@ subprocesses). On a machine shared with other jobs the times inflate badly with 
 for a descheduled thread: 28 s instead of 2.7 s per SmolLM2 call was seen at a load average of 4) and the run takes
 15-20 minutes; ``--threads 1`` then gives steadier ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,54 +114,67 @@ from zennit_attn.engine.composites import AttnLRPEpsilon  # noqa: E402
 
 MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b')
 METHODS = ('plain', 'explain')
-MB = 1024 ** 2
+MB = 1024**2
 
 #: Input of the SmolLM2 benchmark: English prose written for this benchmark (no external source).
 TEXT = (
-    "Long before satellites and radio beacons, sailors relied on lighthouses to find their way along dangerous "
-    "coasts. The most famous early example stood on the island of Pharos, near the harbour of Alexandria, where a "
-    "tall stone tower carried a fire that could be seen from far out at sea. Later builders copied the idea along "
-    "the shores of the Mediterranean, and the Romans raised towers at Ostia, at Dover and at the mouth of many "
-    "rivers. For centuries the light itself was simply an open flame: burning wood, then coal, then candles behind "
-    "thick glass. Keepers climbed the stairs several times each night to trim wicks, clean soot from the windows "
-    "and carry fuel up the narrow steps. The work was lonely and often dangerous, because the towers were built "
-    "exactly where storms were worst and rocks were closest to the surface. "
-    "The great change came in the early nineteenth century, when the French engineer Augustin Fresnel designed a "
-    "lens made of many rings of polished glass. Instead of one heavy curved piece, his lens bent the light in "
-    "steps, so that almost all of it left the lamp in a narrow horizontal beam. A modest oil lamp placed inside "
-    "such a lens could be seen more than twenty miles away. Lighthouse boards in France, Britain and the United "
-    "States soon replaced their old reflectors, and each station was given its own pattern of flashes, so that a "
-    "navigator who counted the seconds between them could tell which coast he was looking at. Fog remained a "
-    "problem, since even the brightest beam disappears in thick mist, and so bells, horns and steam whistles were "
-    "added to many stations. "
-    "Building a tower on an isolated rock was one of the hardest tasks of Victorian engineering. Workers could "
-    "land only at low tide and in calm weather, sometimes for a few hours in a whole month. Granite blocks were cut "
-    "on the mainland, fitted together like a puzzle, numbered, and then shipped out one by one. The Eddystone "
-    "light off Plymouth was rebuilt four times after fire and storms destroyed earlier versions, and the Bell Rock "
-    "tower in Scotland took several summers of patient work before its lamp was finally lit. "
-    "During the twentieth century electricity, automatic timers and later solar panels made the keepers "
-    "unnecessary. One after another the stations were automated, and the families who had lived beside the lamps "
-    "moved away. Today many towers are museums or holiday cottages, while others still guide small boats home at "
-    "night. Ships now navigate with satellite positioning and electronic charts, yet sailors say that nothing is "
-    "quite as reassuring as the sight of a familiar light turning slowly above a dark coast. Every light has its "
-    "own rhythm, and an old sailor can often name the headland before the chart is even open."
+    'Long before satellites and radio beacons, sailors relied on lighthouses to find their way along dangerous '
+    'coasts. The most famous early example stood on the island of Pharos, near the harbour of Alexandria, where a '
+    'tall stone tower carried a fire that could be seen from far out at sea. Later builders copied the idea along '
+    'the shores of the Mediterranean, and the Romans raised towers at Ostia, at Dover and at the mouth of many '
+    'rivers. For centuries the light itself was simply an open flame: burning wood, then coal, then candles behind '
+    'thick glass. Keepers climbed the stairs several times each night to trim wicks, clean soot from the windows '
+    'and carry fuel up the narrow steps. The work was lonely and often dangerous, because the towers were built '
+    'exactly where storms were worst and rocks were closest to the surface. '
+    'The great change came in the early nineteenth century, when the French engineer Augustin Fresnel designed a '
+    'lens made of many rings of polished glass. Instead of one heavy curved piece, his lens bent the light in '
+    'steps, so that almost all of it left the lamp in a narrow horizontal beam. A modest oil lamp placed inside '
+    'such a lens could be seen more than twenty miles away. Lighthouse boards in France, Britain and the United '
+    'States soon replaced their old reflectors, and each station was given its own pattern of flashes, so that a '
+    'navigator who counted the seconds between them could tell which coast he was looking at. Fog remained a '
+    'problem, since even the brightest beam disappears in thick mist, and so bells, horns and steam whistles were '
+    'added to many stations. '
+    'Building a tower on an isolated rock was one of the hardest tasks of Victorian engineering. Workers could '
+    'land only at low tide and in calm weather, sometimes for a few hours in a whole month. Granite blocks were cut '
+    'on the mainland, fitted together like a puzzle, numbered, and then shipped out one by one. The Eddystone '
+    'light off Plymouth was rebuilt four times after fire and storms destroyed earlier versions, and the Bell Rock '
+    'tower in Scotland took several summers of patient work before its lamp was finally lit. '
+    'During the twentieth century electricity, automatic timers and later solar panels made the keepers '
+    'unnecessary. One after another the stations were automated, and the families who had lived beside the lamps '
+    'moved away. Today many towers are museums or holiday cottages, while others still guide small boats home at '
+    'night. Ships now navigate with satellite positioning and electronic charts, yet sailors say that nothing is '
+    'quite as reassuring as the sight of a familiar light turning slowly above a dark coast. Every light has its '
+    'own rhythm, and an old sailor can often name the headland before the chart is even open.'
 )
 
 
 # ----------------------------------------------------------------------------------------------------- models
 
+
 def build(name: str, seq: int, dtype: torch.dtype = torch.float32):
     """Return ``(model, input_ids, description)`` for a benchmark model (``dtype``: the scaling table only)."""
     if name in ('random-llama', 'random-llama-1b'):
         from transformers import LlamaConfig, LlamaForCausalLM
+
         if name == 'random-llama':
-            shape = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
-                         num_key_value_heads=8)
+            shape = dict(
+                hidden_size=512,
+                intermediate_size=1376,
+                num_hidden_layers=8,
+                num_attention_heads=8,
+                num_key_value_heads=8,
+            )
         else:  # the shape of TinyLlama-1.1B: 1.10e9 parameters, grouped-query attention
-            shape = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                         num_key_value_heads=4)
-        config = LlamaConfig(vocab_size=32000, max_position_embeddings=max(2048, seq), attn_implementation='sdpa',
-                             **shape)
+            shape = dict(
+                hidden_size=2048,
+                intermediate_size=5632,
+                num_hidden_layers=22,
+                num_attention_heads=32,
+                num_key_value_heads=4,
+            )
+        config = LlamaConfig(
+            vocab_size=32000, max_position_embeddings=max(2048, seq), attn_implementation='sdpa', **shape
+        )
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).to(dtype).eval()
         generator = torch.Generator().manual_seed(0)
@@ -168,6 +182,7 @@ def build(name: str, seq: int, dtype: torch.dtype = torch.float32):
         return model, input_ids, 'random ids (seeded)'
     if name == 'smollm2':
         from zennit_attn.pretrained import load_smollm2
+
         model, tokenizer = load_smollm2(dtype, attn_implementation='sdpa')
         ids = tokenizer(TEXT, return_tensors='pt').input_ids[0]
         available = len(ids)
@@ -176,10 +191,18 @@ def build(name: str, seq: int, dtype: torch.dtype = torch.float32):
         return model, ids[:seq][None].contiguous(), f'lighthouse text ({available} tokens, first {seq})'
     if name == 'random-mixtral':
         from transformers import MixtralConfig, MixtralForCausalLM
+
         config = MixtralConfig(
-            vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
-            num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
-            max_position_embeddings=max(2048, seq), attn_implementation='sdpa',
+            vocab_size=32000,
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            max_position_embeddings=max(2048, seq),
+            attn_implementation='sdpa',
         )
         torch.manual_seed(0)
         model = MixtralForCausalLM(config).eval()
@@ -188,9 +211,19 @@ def build(name: str, seq: int, dtype: torch.dtype = torch.float32):
         return model, input_ids, f'random ids (seeded), experts implementation {config._experts_implementation!r}'
     if name == 'random-t5':
         from transformers import T5Config, T5ForConditionalGeneration
+
         config = T5Config(  # the shape of Flan-T5-small: gated-GELU FFN, 8 + 8 layers
-            vocab_size=32128, d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_decoder_layers=8, num_heads=6,
-            feed_forward_proj='gated-gelu', decoder_start_token_id=0, pad_token_id=0, attn_implementation='sdpa',
+            vocab_size=32128,
+            d_model=512,
+            d_kv=64,
+            d_ff=1024,
+            num_layers=8,
+            num_decoder_layers=8,
+            num_heads=6,
+            feed_forward_proj='gated-gelu',
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            attn_implementation='sdpa',
         )
         torch.manual_seed(0)
         model = T5ForConditionalGeneration(config).eval()
@@ -220,6 +253,7 @@ def pick_target(model, inputs) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- methods
 
+
 def run_plain(model, inputs, target, keep_last: bool = False):
     """Input x gradient: the plain forward + backward that ``explain()`` is compared with (for encoder-decoder
     models at the encoder and the decoder embeddings). ``keep_last`` makes it the fair plain pass: the logits of the
@@ -244,22 +278,29 @@ def run_plain(model, inputs, target, keep_last: bool = False):
 def run_explain(model, inputs, target, checkpointing: bool = False, general: bool | None = None):
     input_ids, decoder_ids = _split(inputs)
     extra = {} if general is None else {'composite': AttnLRPEpsilon(general=general)}
-    explanation = explain(model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=checkpointing,
-                          **extra)
+    explanation = explain(
+        model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=checkpointing, **extra
+    )
     if decoder_ids is None:
         return explanation.relevance
     return torch.cat([explanation.relevance, explanation.decoder_relevance], 1)
 
 
-RUNNERS = {'plain': run_plain, 'explain': run_explain, 'fair': functools.partial(run_plain, keep_last=True),
-           'checkpointing': functools.partial(run_explain, checkpointing=True),
-           'general': functools.partial(run_explain, general=True)}
+RUNNERS = {
+    'plain': run_plain,
+    'explain': run_explain,
+    'fair': functools.partial(run_plain, keep_last=True),
+    'checkpointing': functools.partial(run_explain, checkpointing=True),
+    'general': functools.partial(run_explain, general=True),
+}
 
 
 # ----------------------------------------------------------------------------------------------- measurements
 
-def time_interleaved(model, input_ids, target, repeats: int, warmup: int = 1,
-                     methods: tuple[str, ...] = METHODS) -> dict[str, dict[str, list[float]]]:
+
+def time_interleaved(
+    model, input_ids, target, repeats: int, warmup: int = 1, methods: tuple[str, ...] = METHODS
+) -> dict[str, dict[str, list[float]]]:
     """Wall-clock and process CPU seconds of each of ``methods``, run alternately after ``warmup`` rounds."""
     times = {method: {'wall': [], 'cpu': []} for method in methods}
     for _ in range(warmup):
@@ -286,6 +327,7 @@ class _AtBackward:
         def grad(*args, **kwargs):
             self.callback()
             return self.original(*args, **kwargs)
+
         torch.autograd.grad = grad
         return self
 
@@ -318,8 +360,9 @@ def saved_bytes(model, input_ids, target, method: str) -> dict[str, int]:
         return tensor
 
     def at_backward():
-        counted['alive_at_backward'] = sum(size for pointer, (ref, size) in seen.items()
-                                           if pointer not in model_ptrs and ref() is not None)
+        counted['alive_at_backward'] = sum(
+            size for pointer, (ref, size) in seen.items() if pointer not in model_ptrs and ref() is not None
+        )
 
     with _AtBackward(at_backward), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         RUNNERS[method](model, input_ids, target)
@@ -340,8 +383,9 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         output = func(*args, **(kwargs or {}))
-        inputs = {leaf.untyped_storage().data_ptr() for leaf in tree_leaves((args, kwargs))
-                  if isinstance(leaf, torch.Tensor)}
+        inputs = {
+            leaf.untyped_storage().data_ptr() for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)
+        }
         for leaf in tree_leaves(output):
             if not isinstance(leaf, torch.Tensor) or leaf.device.type != 'cpu':
                 continue
@@ -370,6 +414,7 @@ def live_bytes(model, input_ids, target, method: str) -> dict[str, int]:
 
 
 # --- RSS (fresh subprocess per method) ---
+
 
 def _status_kb(field: str) -> int:
     with open('/proc/self/status') as status:
@@ -438,8 +483,17 @@ def rss_child(name: str, method: str, seq: int, repeats: int, threads: int | Non
 
 
 def rss_in_subprocess(name: str, method: str, seq: int, repeats: int, threads: int | None) -> dict:
-    command = [sys.executable, __file__, '--rss-child', name, method, '--seq', str(seq),
-               '--rss-repeats', str(repeats)] + (['--threads', str(threads)] if threads else [])
+    command = [
+        sys.executable,
+        __file__,
+        '--rss-child',
+        name,
+        method,
+        '--seq',
+        str(seq),
+        '--rss-repeats',
+        str(repeats),
+    ] + (['--threads', str(threads)] if threads else [])
     completed = subprocess.run(command, capture_output=True, text=True)
     if completed.returncode != 0:
         raise RuntimeError(f'RSS subprocess for {name}/{method} failed:\n{completed.stderr[-3000:]}')
@@ -447,6 +501,7 @@ def rss_in_subprocess(name: str, method: str, seq: int, repeats: int, threads: i
 
 
 # ------------------------------------------------------------------------------------------------------- main
+
 
 def ratio(explained: float, plain: float) -> float:
     return explained / plain if plain else float('nan')
@@ -457,8 +512,11 @@ def benchmark(name: str, args) -> dict:
     model, input_ids, description = build(name, args.seq)
     target = pick_target(model, input_ids)
     parameters = sum(parameter.numel() for parameter in model.parameters())
-    print(f'[{name}] {parameters / 1e6:.1f}M parameters, input {description}, target {int(target[0])}',
-          file=sys.stderr, flush=True)
+    print(
+        f'[{name}] {parameters / 1e6:.1f}M parameters, input {description}, target {int(target[0])}',
+        file=sys.stderr,
+        flush=True,
+    )
 
     # agreement check: explain's relevance differs from input x gradient, but both must be finite
     for method in METHODS:
@@ -474,12 +532,15 @@ def benchmark(name: str, args) -> dict:
     gc.collect()
     rss = None
     if not args.no_rss:
-        rss = {method: rss_in_subprocess(name, method, args.seq, args.rss_repeats, args.threads)
-               for method in METHODS}
+        rss = {method: rss_in_subprocess(name, method, args.seq, args.rss_repeats, args.threads) for method in METHODS}
 
     wall_times = {method: times[method]['wall'] for method in METHODS}
     result = {
-        'model': name, 'input': description, 'seq': args.seq, 'parameters': parameters, 'target': int(target[0]),
+        'model': name,
+        'input': description,
+        'seq': args.seq,
+        'parameters': parameters,
+        'target': int(target[0]),
         'time_s': {method: statistics.median(wall_times[method]) for method in METHODS},
         'time_min_s': {method: min(wall_times[method]) for method in METHODS},
         'cpu_s': {method: statistics.median(times[method]['cpu']) for method in METHODS},
@@ -498,22 +559,26 @@ def benchmark(name: str, args) -> dict:
         'time': ratio(result['time_s']['explain'], result['time_s']['plain']),
         # each explain run over the plain run just before it (robust to slow drifts of the machine's load)
         'time_paired': statistics.median(
-            explained / plain for plain, explained in zip(wall_times['plain'], wall_times['explain'])),
+            explained / plain for plain, explained in zip(wall_times['plain'], wall_times['explain'])
+        ),
         'time_min': ratio(result['time_min_s']['explain'], result['time_min_s']['plain']),
         'cpu': ratio(result['cpu_s']['explain'], result['cpu_s']['plain']),
         'saved_bytes': ratio(result['saved_bytes']['explain'], result['saved_bytes']['plain']),
-        'saved_alive_at_backward_bytes': ratio(result['saved_alive_at_backward_bytes']['explain'],
-                                               result['saved_alive_at_backward_bytes']['plain']),
+        'saved_alive_at_backward_bytes': ratio(
+            result['saved_alive_at_backward_bytes']['explain'], result['saved_alive_at_backward_bytes']['plain']
+        ),
         'live_peak_bytes': ratio(result['live_peak_bytes']['explain'], result['live_peak_bytes']['plain']),
-        'live_at_backward_bytes': ratio(result['live_at_backward_bytes']['explain'],
-                                        result['live_at_backward_bytes']['plain']),
+        'live_at_backward_bytes': ratio(
+            result['live_at_backward_bytes']['explain'], result['live_at_backward_bytes']['plain']
+        ),
     }
     if rss is not None:
         result['rss_increase_bytes'] = {method: statistics.median(rss[method]['increases']) for method in METHODS}
         result['rss_increase_all_bytes'] = {method: rss[method]['increases'] for method in METHODS}
         result['rss_method'] = rss['plain']['how']
         result['ratio']['rss_increase'] = ratio(
-            result['rss_increase_bytes']['explain'], result['rss_increase_bytes']['plain'])
+            result['rss_increase_bytes']['explain'], result['rss_increase_bytes']['plain']
+        )
     result['wall_s'] = time.perf_counter() - wall
     print(f'[{name}] done in {result["wall_s"]:.0f} s', file=sys.stderr, flush=True)
     return result
@@ -524,43 +589,53 @@ def _table(results: list[dict], columns) -> list[str]:
     widths = [max(len(title), *(len(row[i]) for row in rows)) for i, (title, _, _) in enumerate(columns)]
 
     def line(cells):
-        return '| ' + ' | '.join(f'{cell:{align}{width}}' for cell, width, (_, _, align) in zip(cells, widths, columns)) + ' |'
+        return (
+            '| '
+            + ' | '.join(f'{cell:{align}{width}}' for cell, width, (_, _, align) in zip(cells, widths, columns))
+            + ' |'
+        )
 
-    rule = '|' + '|'.join(('-' * (width + 1) + ':' if align == '>' else ':' + '-' * (width + 1))
-                          for width, (_, _, align) in zip(widths, columns)) + '|'
+    rule = (
+        '|'
+        + '|'.join(
+            ('-' * (width + 1) + ':' if align == '>' else ':' + '-' * (width + 1))
+            for width, (_, _, align) in zip(widths, columns)
+        )
+        + '|'
+    )
     return [line([title for title, _, _ in columns]), rule] + [line(row) for row in rows]
 
 
 def _pair(r, key, scale=1.0, digits=1):
-    return f"{r[key]['plain'] / scale:.{digits}f} / {r[key]['explain'] / scale:.{digits}f}"
+    return f'{r[key]["plain"] / scale:.{digits}f} / {r[key]["explain"] / scale:.{digits}f}'
 
 
 def print_table(results: list[dict]):
     columns = [
         ('model', lambda r: r['model'], '<'),
         ('time s plain / explain', lambda r: _pair(r, 'time_s', digits=3), '>'),
-        ('ratio', lambda r: f"{r['ratio']['time']:.2f}x", '>'),
+        ('ratio', lambda r: f'{r["ratio"]["time"]:.2f}x', '>'),
         ('saved MB plain / explain', lambda r: _pair(r, 'saved_bytes', MB), '>'),
-        ('ratio', lambda r: f"{r['ratio']['saved_bytes']:.2f}x", '>'),
+        ('ratio', lambda r: f'{r["ratio"]["saved_bytes"]:.2f}x', '>'),
         ('live peak MB plain / explain', lambda r: _pair(r, 'live_peak_bytes', MB), '>'),
-        ('ratio', lambda r: f"{r['ratio']['live_peak_bytes']:.2f}x", '>'),
+        ('ratio', lambda r: f'{r["ratio"]["live_peak_bytes"]:.2f}x', '>'),
     ]
     if all('rss_increase_bytes' in r for r in results):
         columns += [
             ('RSS peak +MB plain / explain', lambda r: _pair(r, 'rss_increase_bytes', MB), '>'),
-            ('ratio', lambda r: f"{r['ratio']['rss_increase']:.2f}x", '>'),
+            ('ratio', lambda r: f'{r["ratio"]["rss_increase"]:.2f}x', '>'),
         ]
     print('\n'.join(_table(results, columns)))
     print()
     details = [
         ('model', lambda r: r['model'], '<'),
-        ('time ratio paired / min', lambda r: f"{r['ratio']['time_paired']:.2f}x / {r['ratio']['time_min']:.2f}x", '>'),
+        ('time ratio paired / min', lambda r: f'{r["ratio"]["time_paired"]:.2f}x / {r["ratio"]["time_min"]:.2f}x', '>'),
         ('CPU s plain / explain', lambda r: _pair(r, 'cpu_s', digits=3), '>'),
-        ('ratio', lambda r: f"{r['ratio']['cpu']:.2f}x", '>'),
+        ('ratio', lambda r: f'{r["ratio"]["cpu"]:.2f}x', '>'),
         ('saved alive at backward MB', lambda r: _pair(r, 'saved_alive_at_backward_bytes', MB), '>'),
-        ('ratio', lambda r: f"{r['ratio']['saved_alive_at_backward_bytes']:.2f}x", '>'),
+        ('ratio', lambda r: f'{r["ratio"]["saved_alive_at_backward_bytes"]:.2f}x', '>'),
         ('live at backward MB', lambda r: _pair(r, 'live_at_backward_bytes', MB), '>'),
-        ('ratio', lambda r: f"{r['ratio']['live_at_backward_bytes']:.2f}x", '>'),
+        ('ratio', lambda r: f'{r["ratio"]["live_at_backward_bytes"]:.2f}x', '>'),
         ('load 1 min', lambda r: '{:.1f} -> {:.1f}'.format(*r['load_average_1min']), '>'),
     ]
     print('\n'.join(_table(results, details)))
@@ -570,10 +645,12 @@ def _git_state() -> str | None:
     """Commit of the checkout the library is imported from, with ``-dirty`` for uncommitted changes."""
     root = Path(__file__).resolve().parents[1]
     try:
-        commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--', 'zennit_attn'], cwd=root, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ['git', 'rev-parse', '--short', 'HEAD'], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ['git', 'status', '--porcelain', '--', 'zennit_attn'], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return commit + ('-dirty' if dirty else '')
@@ -583,8 +660,14 @@ def _git_state() -> str | None:
 SCALING_METHODS = ('fair', 'explain', 'checkpointing', 'general')
 
 
-def scaling(name: str, seq: int, repeats: int, dtype: torch.dtype = torch.float32,
-            methods: tuple[str, ...] = SCALING_METHODS, warmup: int = 1) -> dict:
+def scaling(
+    name: str,
+    seq: int,
+    repeats: int,
+    dtype: torch.dtype = torch.float32,
+    methods: tuple[str, ...] = SCALING_METHODS,
+    warmup: int = 1,
+) -> dict:
     """Time (median of ``repeats`` interleaved runs), saved bytes and peak live bytes of the fair plain pass,
     ``explain()`` and ``explain(checkpointing=True)`` (``methods``; the fair pass always) at one length. The saved
     bytes of the checkpointed call miss the block inputs the checkpoints hold (they never pass the pack hook):
@@ -592,72 +675,139 @@ def scaling(name: str, seq: int, repeats: int, dtype: torch.dtype = torch.float3
     methods = ('fair', *(method for method in methods if method != 'fair'))
     model, input_ids, description = build(name, seq, dtype)
     target = pick_target(model, input_ids)
-    times = {method: value['wall'] for method, value in
-             time_interleaved(model, input_ids, target, repeats, warmup, methods).items()}
+    times = {
+        method: value['wall']
+        for method, value in time_interleaved(model, input_ids, target, repeats, warmup, methods).items()
+    }
     saved = {method: saved_bytes(model, input_ids, target, method) for method in methods}
-    result = {'model': name, 'seq': seq, 'dtype': str(dtype).removeprefix('torch.'), 'input': description,
-              'time_s': {method: statistics.median(times[method]) for method in methods},
-              **{key: {method: saved[method][field] for method in methods}
-                 for key, field in (('saved_bytes', 'activations'), ('saved_alive_bytes', 'alive_at_backward'))},
-              'live_peak_bytes': {method: live_bytes(model, input_ids, target, method)['peak'] for method in methods},
-              'load_average_1min': os.getloadavg()[0]}
-    result['ratio'] = {key: {method: ratio(result[key][method], result[key]['fair']) for method in methods[1:]}
-                       for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes')}
+    result = {
+        'model': name,
+        'seq': seq,
+        'dtype': str(dtype).removeprefix('torch.'),
+        'input': description,
+        'time_s': {method: statistics.median(times[method]) for method in methods},
+        **{
+            key: {method: saved[method][field] for method in methods}
+            for key, field in (('saved_bytes', 'activations'), ('saved_alive_bytes', 'alive_at_backward'))
+        },
+        'live_peak_bytes': {method: live_bytes(model, input_ids, target, method)['peak'] for method in methods},
+        'load_average_1min': os.getloadavg()[0],
+    }
+    result['ratio'] = {
+        key: {method: ratio(result[key][method], result[key]['fair']) for method in methods[1:]}
+        for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes')
+    }
     # each run over the fair run of its round (robust to the slow drifts of a shared machine's speed)
-    result['ratio']['time_paired'] = {method: statistics.median(run / fair for fair, run in zip(times['fair'],
-                                                                                               times[method]))
-                                      for method in methods[1:]}
+    result['ratio']['time_paired'] = {
+        method: statistics.median(run / fair for fair, run in zip(times['fair'], times[method]))
+        for method in methods[1:]
+    }
     # the row at once (a longer length may not fit in memory: a run cut short keeps what it measured)
-    row = {key: result[key] for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes', 'ratio',
-                                        'load_average_1min')}
+    row = {
+        key: result[key]
+        for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes', 'ratio', 'load_average_1min')
+    }
     print(f'[{name}, {result["dtype"]}] seq {seq} done: ' + json.dumps(row), file=sys.stderr, flush=True)
     return result
 
 
 def scaling_main(args) -> None:
     dtype = getattr(torch, args.dtype)
-    results = [scaling(name, seq, args.repeats, dtype, tuple(args.compare), args.warmup)
-               for name in args.models for seq in args.seq]
-    columns = [('model', lambda r: r['model'], '<'), ('dtype', lambda r: r['dtype'], '<'),
-               ('seq', lambda r: r['seq'], '>')]
-    for key, title, scale, digits in (('time_s', 'time s', 1.0, 3), ('saved_bytes', 'saved MB', MB, 1),
-                                      ('saved_alive_bytes', 'saved MB alive at backward', MB, 1),
-                                      ('live_peak_bytes', 'live peak MB', MB, 1)):
-        columns.append((f'{title} fair / explain / checkpointing',
-                        lambda r, key=key, scale=scale, digits=digits: ' / '.join(
-                            f'{r[key][method] / scale:.{digits}f}' if method in r[key] else '-'
-                            for method in SCALING_METHODS), '>'))
+    results = [
+        scaling(name, seq, args.repeats, dtype, tuple(args.compare), args.warmup)
+        for name in args.models
+        for seq in args.seq
+    ]
+    columns = [
+        ('model', lambda r: r['model'], '<'),
+        ('dtype', lambda r: r['dtype'], '<'),
+        ('seq', lambda r: r['seq'], '>'),
+    ]
+    for key, title, scale, digits in (
+        ('time_s', 'time s', 1.0, 3),
+        ('saved_bytes', 'saved MB', MB, 1),
+        ('saved_alive_bytes', 'saved MB alive at backward', MB, 1),
+        ('live_peak_bytes', 'live peak MB', MB, 1),
+    ):
+        columns.append(
+            (
+                f'{title} fair / explain / checkpointing',
+                lambda r, key=key, scale=scale, digits=digits: ' / '.join(
+                    f'{r[key][method] / scale:.{digits}f}' if method in r[key] else '-' for method in SCALING_METHODS
+                ),
+                '>',
+            )
+        )
         ratios = [(key, 'ratios')] + ([('time_paired', 'paired ratios')] if key == 'time_s' else [])
         for ratio_key, ratio_title in ratios:
-            columns.append((ratio_title, lambda r, key=ratio_key: ' / '.join(
-                f"{r['ratio'][key][method]:.2f}x" if method in r['ratio'][key] else '-'
-                for method in SCALING_METHODS[1:]), '>'))
-    print(f'fair plain pass (logits_to_keep) vs explain() vs explain(checkpointing=True); median of {args.repeats} '
-          f'runs; torch {torch.__version__}, {torch.get_num_threads()} threads. Paired ratios: median over the rounds '
-          'of each run over the fair run of its round. Saved MB of the checkpointed call miss the block inputs its '
-          'checkpoints hold; live peak MB (TorchDispatchMode) sees them.')
+            columns.append(
+                (
+                    ratio_title,
+                    lambda r, key=ratio_key: ' / '.join(
+                        f'{r["ratio"][key][method]:.2f}x' if method in r['ratio'][key] else '-'
+                        for method in SCALING_METHODS[1:]
+                    ),
+                    '>',
+                )
+            )
+    print(
+        f'fair plain pass (logits_to_keep) vs explain() vs explain(checkpointing=True); median of {args.repeats} '
+        f'runs; torch {torch.__version__}, {torch.get_num_threads()} threads. Paired ratios: median over the rounds '
+        'of each run over the fair run of its round. Saved MB of the checkpointed call miss the block inputs its '
+        'checkpoints hold; live peak MB (TorchDispatchMode) sees them.'
+    )
     print('\n'.join(_table(results, columns)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({'settings': {'seq': args.seq, 'repeats': args.repeats, 'dtype': args.dtype,
-                                                      'threads': torch.get_num_threads(), 'torch': torch.__version__},
-                                         'results': results}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    'settings': {
+                        'seq': args.seq,
+                        'repeats': args.repeats,
+                        'dtype': args.dtype,
+                        'threads': torch.get_num_threads(),
+                        'torch': torch.__version__,
+                    },
+                    'results': results,
+                },
+                indent=2,
+            )
+        )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument('--models', nargs='+', choices=MODELS, default=list(MODELS))
-    parser.add_argument('--seq', type=int, nargs='+', default=[512],
-                        help='sequence length(s) (default 512); several lengths run one after the other')
-    parser.add_argument('--checkpointing', action='store_true',
-                        help='instead of the table above: the fair plain pass, explain() and explain(checkpointing='
-                             'True) at each --seq (time of --repeats runs, saved and live bytes; no RSS)')
-    parser.add_argument('--compare', nargs='+', choices=SCALING_METHODS, default=list(SCALING_METHODS),
-                        help='with --checkpointing: the calls compared (the fair pass always; e.g. leave out '
-                             '"explain" at lengths where only the checkpointed call fits in memory)')
-    parser.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32',
-                        help='with --checkpointing: model dtype (default float32)')
+    parser.add_argument(
+        '--seq',
+        type=int,
+        nargs='+',
+        default=[512],
+        help='sequence length(s) (default 512); several lengths run one after the other',
+    )
+    parser.add_argument(
+        '--checkpointing',
+        action='store_true',
+        help='instead of the table above: the fair plain pass, explain() and explain(checkpointing='
+        'True) at each --seq (time of --repeats runs, saved and live bytes; no RSS)',
+    )
+    parser.add_argument(
+        '--compare',
+        nargs='+',
+        choices=SCALING_METHODS,
+        default=list(SCALING_METHODS),
+        help='with --checkpointing: the calls compared (the fair pass always; e.g. leave out '
+        '"explain" at lengths where only the checkpointed call fits in memory)',
+    )
+    parser.add_argument(
+        '--dtype',
+        choices=('float32', 'bfloat16'),
+        default='float32',
+        help='with --checkpointing: model dtype (default float32)',
+    )
     parser.add_argument('--warmup', type=int, default=1, help='with --checkpointing: warm-up rounds (default 1)')
     parser.add_argument('--repeats', type=int, default=5, help='timed repeats per method, median reported (default 5)')
     parser.add_argument('--threads', type=int, default=None, help="torch.set_num_threads (default: torch's default)")
@@ -686,29 +836,46 @@ def main(argv=None):
     git = _git_state()
     results = [benchmark(name, args) for name in args.models]
     total = time.perf_counter() - start
-    print(f'explain() vs plain forward+backward (input x gradient), seq {args.seq}, batch 1, float32, SDPA; '
-          f'median of {args.repeats} interleaved repeats; torch {torch.__version__}, '
-          f'{torch.get_num_threads()} threads, {platform.machine()}; zennit_attn at {git or "?"}')
+    print(
+        f'explain() vs plain forward+backward (input x gradient), seq {args.seq}, batch 1, float32, SDPA; '
+        f'median of {args.repeats} interleaved repeats; torch {torch.__version__}, '
+        f'{torch.get_num_threads()} threads, {platform.machine()}; zennit_attn at {git or "?"}'
+    )
     print_table(results)
-    print(f'time: median of {args.repeats} interleaved runs (paired: median of explain_i / plain_i; min: fastest run '
-          'of each); saved MB: storages autograd saves for the backward pass (saved_tensors_hooks, parameters '
-          'excluded; "alive at backward": those still alive when autograd.grad starts); live MB: tensor storages '
-          'allocated during the call and alive at once (TorchDispatchMode), at the peak and when autograd.grad '
-          'starts; RSS peak +MB: VmHWM - VmRSS in a fresh subprocess per method, median of '
-          f'{args.rss_repeats}. MB = 2**20 bytes.')
+    print(
+        f'time: median of {args.repeats} interleaved runs (paired: median of explain_i / plain_i; min: fastest run '
+        'of each); saved MB: storages autograd saves for the backward pass (saved_tensors_hooks, parameters '
+        'excluded; "alive at backward": those still alive when autograd.grad starts); live MB: tensor storages '
+        'allocated during the call and alive at once (TorchDispatchMode), at the peak and when autograd.grad '
+        'starts; RSS peak +MB: VmHWM - VmRSS in a fresh subprocess per method, median of '
+        f'{args.rss_repeats}. MB = 2**20 bytes.'
+    )
     cores = os.cpu_count() or 1
     if max(max(r['load_average_1min']) for r in results) > cores:
-        print(f'WARNING: the 1-minute load average exceeded the {cores} CPU cores during the timed runs: other '
-              'processes competed for the CPU, so the times are inflated and their ratios noisy.')
+        print(
+            f'WARNING: the 1-minute load average exceeded the {cores} CPU cores during the timed runs: other '
+            'processes competed for the CPU, so the times are inflated and their ratios noisy.'
+        )
     print(f'wall time {total:.0f} s')
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            'settings': {'seq': args.seq, 'repeats': args.repeats, 'threads': torch.get_num_threads(),
-                         'rss_repeats': None if args.no_rss else args.rss_repeats, 'torch': torch.__version__,
-                         'zennit_attn_git': git},
-            'wall_s': total, 'results': results,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    'settings': {
+                        'seq': args.seq,
+                        'repeats': args.repeats,
+                        'threads': torch.get_num_threads(),
+                        'rss_repeats': None if args.no_rss else args.rss_repeats,
+                        'torch': torch.__version__,
+                        'zennit_attn_git': git,
+                    },
+                    'wall_s': total,
+                    'results': results,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == '__main__':

@@ -29,6 +29,7 @@ Usage::
 
 Other scripts call :py:func:`load_model`, which trains on first use when the weights file is missing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,17 @@ WEIGHTS = RESULTS / 'fashion_vit.pt'
 CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
 #: the architecture (timm VisionTransformer keyword arguments)
 ARCHITECTURE = dict(
-    img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0,
-    qkv_bias=True, class_token=True, global_pool='token',
+    img_size=28,
+    patch_size=7,
+    in_chans=1,
+    num_classes=10,
+    embed_dim=64,
+    depth=4,
+    num_heads=4,
+    mlp_ratio=2.0,
+    qkv_bias=True,
+    class_token=True,
+    global_pool='token',
 )
 VALIDATION = 5000
 
@@ -58,7 +68,7 @@ def _read_idx(path: Path) -> np.ndarray:
     with gzip.open(path, 'rb') as handle:
         data = handle.read()
     dims = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(dims))
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], 'big') for i in range(dims))
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
@@ -101,8 +111,10 @@ def load_model(path: Path = WEIGHTS, train_if_missing: bool = True) -> torch.nn.
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int = 1000) -> float:
     model.eval()
-    correct = sum(int((model(images[i:i + batch]).argmax(-1) == labels[i:i + batch]).sum())
-                  for i in range(0, len(labels), batch))
+    correct = sum(
+        int((model(images[i : i + batch]).argmax(-1) == labels[i : i + batch]).sum())
+        for i in range(0, len(labels), batch)
+    )
     return correct / len(labels)
 
 
@@ -130,7 +142,7 @@ def train(epochs: int = 3, batch_size: int = 128, lr: float = 2e-3, path: Path =
         order = torch.randperm(len(labels), generator=generator)
         running = 0.0
         for step in range(steps_per_epoch):
-            index = order[step * batch_size:(step + 1) * batch_size]
+            index = order[step * batch_size : (step + 1) * batch_size]
             x, y = images[index], labels[index]
             flip = torch.rand(len(index), generator=generator) < 0.5
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
@@ -141,15 +153,23 @@ def train(epochs: int = 3, batch_size: int = 128, lr: float = 2e-3, path: Path =
             scheduler.step()
             running += float(loss.detach())
         val = accuracy(model, val_images, val_labels)
-        print(f'epoch {epoch + 1}/{epochs}: loss {running / steps_per_epoch:.4f}, val accuracy {val:.4f}, '
-              f'{time.time() - start:.0f} s', flush=True)
+        print(
+            f'epoch {epoch + 1}/{epochs}: loss {running / steps_per_epoch:.4f}, val accuracy {val:.4f}, '
+            f'{time.time() - start:.0f} s',
+            flush=True,
+        )
     model.eval()
     result = {
-        'architecture': ARCHITECTURE, 'epochs': epochs, 'batch_size': batch_size, 'lr': lr, 'seed': SEED,
+        'architecture': ARCHITECTURE,
+        'epochs': epochs,
+        'batch_size': batch_size,
+        'lr': lr,
+        'seed': SEED,
         'parameters': sum(p.numel() for p in model.parameters()),
         'val_accuracy': accuracy(model, val_images, val_labels),
         'test_accuracy': accuracy(model, test_images, test_labels),
-        'train_seconds': round(time.time() - start, 1), 'torch': torch.__version__,
+        'train_seconds': round(time.time() - start, 1),
+        'torch': torch.__version__,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)

@@ -5,6 +5,7 @@ Pages are Markdown (MyST), the API reference comes from the NumPy-style docstrin
 notebooks of ``notebooks/`` are rendered as stored, without outputs and without executing them (myst-nb): they are
 copied into ``docs/notebooks/`` (generated, git-ignored) at the start of every build.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -23,10 +24,10 @@ copyright = 'the zennit-attn authors; LGPL-3.0-or-later'
 release = version = zennit_attn.__version__
 
 extensions = [
-    'myst_nb',                  # Markdown pages and notebooks (includes myst_parser)
-    'sphinx.ext.autodoc',       # API reference from the docstrings
-    'sphinx.ext.napoleon',      # NumPy-style docstring sections
-    'sphinx.ext.viewcode',      # source links
+    'myst_nb',  # Markdown pages and notebooks (includes myst_parser)
+    'sphinx.ext.autodoc',  # API reference from the docstrings
+    'sphinx.ext.napoleon',  # NumPy-style docstring sections
+    'sphinx.ext.viewcode',  # source links
     'sphinx.ext.mathjax',
 ]
 
@@ -48,7 +49,7 @@ for notebook in sorted(NOTEBOOKS.glob('*.ipynb')):
 # ------------------------------------------------------------------------------------------------------ MyST / notebooks
 myst_enable_extensions = ['colon_fence', 'deflist', 'dollarmath']
 myst_heading_anchors = 3
-nb_execution_mode = 'off'       # stored without outputs; tests/notebooks/ executes them
+nb_execution_mode = 'off'  # stored without outputs; tests/notebooks/ executes them
 nb_merge_streams = True
 
 # ------------------------------------------------------------------------------------------------------ API reference
@@ -64,7 +65,7 @@ autodoc_preserve_defaults = True
 autodoc_class_signature = 'separated'
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
-napoleon_use_ivar = True        # dataclass "Attributes" sections as fields, not as second attribute entries
+napoleon_use_ivar = True  # dataclass "Attributes" sections as fields, not as second attribute entries
 napoleon_use_rtype = False
 napoleon_preprocess_types = False
 add_module_names = False

@@ -1,6 +1,7 @@
 """The rules of the general mechanism written out by hand in the gradient formulation, on small modules: a forward
 with the rules applied by hand (:py:func:`scaled`, :py:func:`identity`, ``detach``) differentiated plainly
 (:py:func:`by_hand`), against the library's relevance (:py:func:`attributed`)."""
+
 from __future__ import annotations
 
 import torch
@@ -51,5 +52,6 @@ def assert_same_relevance(model, reference, composite, outputs: int):
     found = attributed(model, composite(general=True), x)
     torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
     if composite is CPLRPEpsilon:
-        torch.testing.assert_close(found.sum(), torch.tensor(float(outputs), dtype=torch.float64), rtol=1e-10,
-                                   atol=1e-12)
+        torch.testing.assert_close(
+            found.sum(), torch.tensor(float(outputs), dtype=torch.float64), rtol=1e-10, atol=1e-12
+        )

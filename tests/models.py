@@ -25,6 +25,7 @@ Vision transformers (8 x 8 x 3 images, patch 4, width 16, 2 blocks, 2 heads, 3 c
 :py:func:`tiny_deit` (timm, imported when called), :py:func:`tiny_hf_vit` (Hugging Face), :py:data:`VISION_BUILDERS`,
 and :py:func:`pixels`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,20 @@ EXPERT_INTERMEDIATE = 32
 #: Mixture-of-experts decoders.
 MOE = ('mixtral', 'qwen2_moe', 'qwen3_moe', 'olmoe')
 #: Decoder families (causal language models).
-DECODERS = ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3', 'gpt2', 'olmo2', 'granite', 'gemma2', 'phi3', 'phi',
-            'gpt_neox') + MOE
+DECODERS = (
+    'llama',
+    'mistral',
+    'qwen2',
+    'qwen3',
+    'gemma3',
+    'gpt2',
+    'olmo2',
+    'granite',
+    'gemma2',
+    'phi3',
+    'phi',
+    'gpt_neox',
+) + MOE
 #: Encoder families.
 ENCODERS = ('bert', 'roberta', 'distilbert')
 #: Encoder-decoder families (``t5``: gated GELU as in Flan-T5; ``t5_relu``: the original T5, see above).
@@ -68,33 +81,64 @@ EAGER_ONLY = ('gemma2',)
 #: (``...ForSequenceClassification``), ``masked_lm`` (``...ForMaskedLM``), ``seq2seq``
 #: (``...ForConditionalGeneration``), ``base`` (the bare model).
 HEAD_NAMES = ('causal_lm', 'seq_cls', 'masked_lm', 'seq2seq', 'base')
-FAMILY_HEADS = tuple((family, 'causal_lm') for family in DECODERS) + tuple(
-    (family, head) for family in ENCODERS for head in ('seq_cls', 'masked_lm')) + tuple(
-    (family, 'seq2seq') for family in ENCODER_DECODERS)
+FAMILY_HEADS = (
+    tuple((family, 'causal_lm') for family in DECODERS)
+    + tuple((family, head) for family in ENCODERS for head in ('seq_cls', 'masked_lm'))
+    + tuple((family, 'seq2seq') for family in ENCODER_DECODERS)
+)
 
 _LLAMA_LIKE = dict(
-    vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
-    num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=POSITIONS,
-    bos_token_id=1, eos_token_id=2, pad_token_id=None, tie_word_embeddings=False,
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    intermediate_size=INTERMEDIATE,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    max_position_embeddings=POSITIONS,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=None,
+    tie_word_embeddings=False,
 )
 _MOE = dict(num_experts_per_tok=EXPERTS_PER_TOKEN, output_router_logits=False)
-_QWEN_MOE = dict(**_MOE, num_experts=EXPERTS, moe_intermediate_size=EXPERT_INTERMEDIATE, decoder_sparse_step=1,
-                 mlp_only_layers=[])
+_QWEN_MOE = dict(
+    **_MOE, num_experts=EXPERTS, moe_intermediate_size=EXPERT_INTERMEDIATE, decoder_sparse_step=1, mlp_only_layers=[]
+)
 _BERT_LIKE = dict(
-    vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-    intermediate_size=INTERMEDIATE, max_position_embeddings=POSITIONS, num_labels=3,
-    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    intermediate_size=INTERMEDIATE,
+    max_position_embeddings=POSITIONS,
+    num_labels=3,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
 )
 
 
 _GEMMA_LIKE = dict(  # one sliding-window layer with a window shorter than the test sequences, one global layer
-    _LLAMA_LIKE, pad_token_id=0, head_dim=HIDDEN // HEADS, query_pre_attn_scalar=HIDDEN // HEADS, sliding_window=4,
+    _LLAMA_LIKE,
+    pad_token_id=0,
+    head_dim=HIDDEN // HEADS,
+    query_pre_attn_scalar=HIDDEN // HEADS,
+    sliding_window=4,
     layer_types=['sliding_attention', 'full_attention'],
 )
 _T5_LIKE = dict(
-    vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, num_heads=HEADS, d_ff=INTERMEDIATE, num_layers=LAYERS,
-    num_decoder_layers=LAYERS, dropout_rate=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    vocab_size=VOCAB,
+    d_model=HIDDEN,
+    d_kv=HIDDEN // HEADS,
+    num_heads=HEADS,
+    d_ff=INTERMEDIATE,
+    num_layers=LAYERS,
+    num_decoder_layers=LAYERS,
+    dropout_rate=0.0,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=16,
+    decoder_start_token_id=0,
+    pad_token_id=0,
+    eos_token_id=1,
 )
 
 #: family -> (name of the transformers configuration class, its keyword arguments)
@@ -104,38 +148,89 @@ _CONFIGS = {
     'qwen2': ('Qwen2Config', _LLAMA_LIKE),
     'qwen3': ('Qwen3Config', dict(_LLAMA_LIKE, head_dim=HIDDEN // HEADS)),
     'gemma3': ('Gemma3TextConfig', _GEMMA_LIKE),
-    'gpt2': ('GPT2Config', dict(
-        vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE, n_positions=POSITIONS,
-        bos_token_id=1, eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, num_labels=3)),
+    'gpt2': (
+        'GPT2Config',
+        dict(
+            vocab_size=VOCAB,
+            n_embd=HIDDEN,
+            n_layer=LAYERS,
+            n_head=HEADS,
+            n_inner=INTERMEDIATE,
+            n_positions=POSITIONS,
+            bos_token_id=1,
+            eos_token_id=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            num_labels=3,
+        ),
+    ),
     'olmo2': ('Olmo2Config', _LLAMA_LIKE),
     # every multiplier away from 1, so that each scaling is on the relevance path
-    'granite': ('GraniteConfig', dict(_LLAMA_LIKE, embedding_multiplier=2.0, residual_multiplier=0.5,
-                                      attention_multiplier=0.5, logits_scaling=4.0)),
+    'granite': (
+        'GraniteConfig',
+        dict(
+            _LLAMA_LIKE, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.5, logits_scaling=4.0
+        ),
+    ),
     # soft-capping of the scores and of the logits at about their magnitude in these tiny models, so that the tanh
     # is not close to the identity; a sliding-window layer as in Gemma 3
-    'gemma2': ('Gemma2Config', dict(_GEMMA_LIKE, attn_logit_softcapping=GEMMA2_ATTN_SOFTCAP,
-                                    final_logit_softcapping=GEMMA2_FINAL_SOFTCAP)),
+    'gemma2': (
+        'Gemma2Config',
+        dict(_GEMMA_LIKE, attn_logit_softcapping=GEMMA2_ATTN_SOFTCAP, final_logit_softcapping=GEMMA2_FINAL_SOFTCAP),
+    ),
     'phi3': ('Phi3Config', dict(_LLAMA_LIKE, original_max_position_embeddings=POSITIONS)),
     'phi': ('PhiConfig', dict(_LLAMA_LIKE, num_key_value_heads=HEADS)),
-    'gpt_neox': ('GPTNeoXConfig', dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        intermediate_size=INTERMEDIATE, max_position_embeddings=POSITIONS, bos_token_id=1, eos_token_id=2,
-        pad_token_id=None, tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0,
-        classifier_dropout=0.0)),
-    'mixtral': ('MixtralConfig', dict(_LLAMA_LIKE, intermediate_size=EXPERT_INTERMEDIATE, **_MOE,
-                                      num_local_experts=EXPERTS)),
+    'gpt_neox': (
+        'GPTNeoXConfig',
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE,
+            max_position_embeddings=POSITIONS,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            classifier_dropout=0.0,
+        ),
+    ),
+    'mixtral': (
+        'MixtralConfig',
+        dict(_LLAMA_LIKE, intermediate_size=EXPERT_INTERMEDIATE, **_MOE, num_local_experts=EXPERTS),
+    ),
     # not renormalised routing weights, a shared expert with its sigmoid gate, query/key/value biases
-    'qwen2_moe': ('Qwen2MoeConfig', dict(_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=False,
-                                         shared_expert_intermediate_size=INTERMEDIATE)),
+    'qwen2_moe': (
+        'Qwen2MoeConfig',
+        dict(_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=False, shared_expert_intermediate_size=INTERMEDIATE),
+    ),
     'qwen3_moe': ('Qwen3MoeConfig', dict(_LLAMA_LIKE, **_QWEN_MOE, norm_topk_prob=True, head_dim=HIDDEN // HEADS)),
-    'olmoe': ('OlmoeConfig', dict(_LLAMA_LIKE, intermediate_size=EXPERT_INTERMEDIATE, **_MOE, num_experts=EXPERTS,
-                                  norm_topk_prob=False)),
+    'olmoe': (
+        'OlmoeConfig',
+        dict(_LLAMA_LIKE, intermediate_size=EXPERT_INTERMEDIATE, **_MOE, num_experts=EXPERTS, norm_topk_prob=False),
+    ),
     'bert': ('BertConfig', dict(_BERT_LIKE, pad_token_id=0)),
     'roberta': ('RobertaConfig', dict(_BERT_LIKE, pad_token_id=1, bos_token_id=0, eos_token_id=2)),
-    'distilbert': ('DistilBertConfig', dict(
-        vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=INTERMEDIATE,
-        max_position_embeddings=POSITIONS, num_labels=3, pad_token_id=0, dropout=0.0, attention_dropout=0.0,
-        seq_classif_dropout=0.0)),
+    'distilbert': (
+        'DistilBertConfig',
+        dict(
+            vocab_size=VOCAB,
+            dim=HIDDEN,
+            n_layers=LAYERS,
+            n_heads=HEADS,
+            hidden_dim=INTERMEDIATE,
+            max_position_embeddings=POSITIONS,
+            num_labels=3,
+            pad_token_id=0,
+            dropout=0.0,
+            attention_dropout=0.0,
+            seq_classif_dropout=0.0,
+        ),
+    ),
     't5': ('T5Config', dict(_T5_LIKE, feed_forward_proj='gated-gelu', tie_word_embeddings=False)),
     't5_relu': ('T5Config', dict(_T5_LIKE, feed_forward_proj='relu', tie_word_embeddings=True)),
 }
@@ -154,13 +249,19 @@ def tiny_config(family: str, **overrides) -> transformers.PreTrainedConfig:
 
 #: (family, head) -> name of the transformers model class
 _CLASSES = {
-    ('llama', 'causal_lm'): 'LlamaForCausalLM', ('llama', 'seq_cls'): 'LlamaForSequenceClassification',
+    ('llama', 'causal_lm'): 'LlamaForCausalLM',
+    ('llama', 'seq_cls'): 'LlamaForSequenceClassification',
     ('llama', 'base'): 'LlamaModel',
-    ('mistral', 'causal_lm'): 'MistralForCausalLM', ('mistral', 'base'): 'MistralModel',
-    ('qwen2', 'causal_lm'): 'Qwen2ForCausalLM', ('qwen2', 'base'): 'Qwen2Model',
-    ('qwen3', 'causal_lm'): 'Qwen3ForCausalLM', ('qwen3', 'base'): 'Qwen3Model',
-    ('gemma3', 'causal_lm'): 'Gemma3ForCausalLM', ('gemma3', 'base'): 'Gemma3TextModel',
-    ('gpt2', 'causal_lm'): 'GPT2LMHeadModel', ('gpt2', 'seq_cls'): 'GPT2ForSequenceClassification',
+    ('mistral', 'causal_lm'): 'MistralForCausalLM',
+    ('mistral', 'base'): 'MistralModel',
+    ('qwen2', 'causal_lm'): 'Qwen2ForCausalLM',
+    ('qwen2', 'base'): 'Qwen2Model',
+    ('qwen3', 'causal_lm'): 'Qwen3ForCausalLM',
+    ('qwen3', 'base'): 'Qwen3Model',
+    ('gemma3', 'causal_lm'): 'Gemma3ForCausalLM',
+    ('gemma3', 'base'): 'Gemma3TextModel',
+    ('gpt2', 'causal_lm'): 'GPT2LMHeadModel',
+    ('gpt2', 'seq_cls'): 'GPT2ForSequenceClassification',
     ('gpt2', 'base'): 'GPT2Model',
     ('olmo2', 'causal_lm'): 'Olmo2ForCausalLM',
     ('granite', 'causal_lm'): 'GraniteForCausalLM',
@@ -172,14 +273,19 @@ _CLASSES = {
     ('qwen2_moe', 'causal_lm'): 'Qwen2MoeForCausalLM',
     ('qwen3_moe', 'causal_lm'): 'Qwen3MoeForCausalLM',
     ('olmoe', 'causal_lm'): 'OlmoeForCausalLM',
-    ('bert', 'seq_cls'): 'BertForSequenceClassification', ('bert', 'masked_lm'): 'BertForMaskedLM',
+    ('bert', 'seq_cls'): 'BertForSequenceClassification',
+    ('bert', 'masked_lm'): 'BertForMaskedLM',
     ('bert', 'base'): 'BertModel',
-    ('roberta', 'seq_cls'): 'RobertaForSequenceClassification', ('roberta', 'masked_lm'): 'RobertaForMaskedLM',
+    ('roberta', 'seq_cls'): 'RobertaForSequenceClassification',
+    ('roberta', 'masked_lm'): 'RobertaForMaskedLM',
     ('roberta', 'base'): 'RobertaModel',
     ('distilbert', 'seq_cls'): 'DistilBertForSequenceClassification',
-    ('distilbert', 'masked_lm'): 'DistilBertForMaskedLM', ('distilbert', 'base'): 'DistilBertModel',
-    ('t5', 'seq2seq'): 'T5ForConditionalGeneration', ('t5', 'base'): 'T5Model',
-    ('t5_relu', 'seq2seq'): 'T5ForConditionalGeneration', ('t5_relu', 'base'): 'T5Model',
+    ('distilbert', 'masked_lm'): 'DistilBertForMaskedLM',
+    ('distilbert', 'base'): 'DistilBertModel',
+    ('t5', 'seq2seq'): 'T5ForConditionalGeneration',
+    ('t5', 'base'): 'T5Model',
+    ('t5_relu', 'seq2seq'): 'T5ForConditionalGeneration',
+    ('t5_relu', 'base'): 'T5Model',
 }
 
 
@@ -192,9 +298,16 @@ def zero_biases(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def tiny_model(family: str, head: str = None, dtype: torch.dtype = torch.float64,
-               attn_implementation: str = 'eager', zero_bias: bool = False, seed: int = 0,
-               experts_implementation: str | None = None, **config_overrides) -> torch.nn.Module:
+def tiny_model(
+    family: str,
+    head: str = None,
+    dtype: torch.dtype = torch.float64,
+    attn_implementation: str = 'eager',
+    zero_bias: bool = False,
+    seed: int = 0,
+    experts_implementation: str | None = None,
+    **config_overrides,
+) -> torch.nn.Module:
     """A new tiny random model of ``family`` with ``head`` (default: causal_lm for decoders, seq_cls for encoders,
     seq2seq for encoder-decoders), cast to ``dtype``, in eval mode. The random weights depend only on ``family``,
     ``head``, ``seed`` and the configuration overrides (models with the same ones are copies of one float32 model,
@@ -232,8 +345,11 @@ _BUILT: dict = {}
 
 def _configure(model: torch.nn.Module, key: str, value) -> None:
     """Set ``key`` on every configuration object of ``model`` (T5's encoder and decoder hold copies of it)."""
-    configs = {id(config): config for config in (getattr(module, 'config', None) for module in model.modules())
-               if config is not None}
+    configs = {
+        id(config): config
+        for config in (getattr(module, 'config', None) for module in model.modules())
+        if config is not None
+    }
     for config in configs.values():
         setattr(config, key, value)
 
@@ -287,16 +403,26 @@ def _zero(model, names=('bias', 'cls_token', 'dist_token', 'pos_embed', 'positio
     return model
 
 
-def tiny_timm_vit(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0,
-                  **overrides) -> torch.nn.Module:
+def tiny_timm_vit(
+    dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0, **overrides
+) -> torch.nn.Module:
     """timm ``VisionTransformer``: 8 x 8 x 3 input, patch 4 (4 patches + class token), width 16, 2 blocks, 2 heads,
     3 classes; ``overrides`` replace its keyword arguments. ``zero_bias``: biases, tokens and position embeddings
     set to 0."""
     from timm.models.vision_transformer import VisionTransformer  # timm is optional (the vision extra)
 
     torch.manual_seed(seed)
-    kwargs = dict(img_size=IMAGE, patch_size=PATCH, in_chans=CHANNELS, num_classes=CLASSES, embed_dim=16, depth=2,
-                  num_heads=2, mlp_ratio=2.0, qkv_bias=True)
+    kwargs = dict(
+        img_size=IMAGE,
+        patch_size=PATCH,
+        in_chans=CHANNELS,
+        num_classes=CLASSES,
+        embed_dim=16,
+        depth=2,
+        num_heads=2,
+        mlp_ratio=2.0,
+        qkv_bias=True,
+    )
     kwargs.update(overrides)
     model = VisionTransformer(**kwargs).to(dtype).eval()
     with torch.no_grad():  # timm initialises tokens and position embeddings tiny; make them matter
@@ -312,21 +438,42 @@ def tiny_deit(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed:
     from timm.models.deit import VisionTransformerDistilled
 
     torch.manual_seed(seed)
-    model = VisionTransformerDistilled(img_size=IMAGE, patch_size=PATCH, in_chans=CHANNELS, num_classes=CLASSES,
-                                       embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0, qkv_bias=True,
-                                       init_values=0.5).to(dtype).eval()
+    model = (
+        VisionTransformerDistilled(
+            img_size=IMAGE,
+            patch_size=PATCH,
+            in_chans=CHANNELS,
+            num_classes=CLASSES,
+            embed_dim=16,
+            depth=2,
+            num_heads=2,
+            mlp_ratio=2.0,
+            qkv_bias=True,
+            init_values=0.5,
+        )
+        .to(dtype)
+        .eval()
+    )
     with torch.no_grad():
         for name in ('cls_token', 'dist_token', 'pos_embed'):
             getattr(model, name).normal_(0, 0.5)
     return _zero(model) if zero_bias else model
 
 
-def tiny_hf_vit(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0,
-                attn_implementation: str = 'eager') -> transformers.ViTForImageClassification:
+def tiny_hf_vit(
+    dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0, attn_implementation: str = 'eager'
+) -> transformers.ViTForImageClassification:
     """Hugging Face ``ViTForImageClassification`` with the sizes of :py:func:`tiny_timm_vit`."""
     config = transformers.ViTConfig(
-        image_size=IMAGE, patch_size=PATCH, num_channels=CHANNELS, hidden_size=16, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=32, num_labels=CLASSES, hidden_dropout_prob=0.0,
+        image_size=IMAGE,
+        patch_size=PATCH,
+        num_channels=CHANNELS,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=CLASSES,
+        hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
     config._attn_implementation = attn_implementation
@@ -352,11 +499,26 @@ VISION_BUILDERS = {'timm': tiny_timm_vit, 'deit': tiny_deit, 'hf': tiny_hf_vit}
 VLM_VOCAB = VOCAB + 4
 #: Image side and patch size of the tiny LLaVA and CLIP vision towers (4 patches per image).
 VLM_IMAGE, VLM_PATCH = 16, 8
-_VLM_TEXT = dict(vocab_size=VLM_VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
-                 num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=POSITIONS,
-                 pad_token_id=0, bos_token_id=1, eos_token_id=2)
-_TOWER = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=VLM_IMAGE,
-              patch_size=VLM_PATCH)
+_VLM_TEXT = dict(
+    vocab_size=VLM_VOCAB,
+    hidden_size=HIDDEN,
+    intermediate_size=INTERMEDIATE,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    max_position_embeddings=POSITIONS,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+_TOWER = dict(
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    image_size=VLM_IMAGE,
+    patch_size=VLM_PATCH,
+)
 
 
 def zero_multimodal(model: torch.nn.Module) -> torch.nn.Module:
@@ -386,14 +548,21 @@ def _vlm(name: str, config, dtype: torch.dtype, zero_bias: bool, seed: int, attn
     return zero_multimodal(model) if zero_bias else model
 
 
-def tiny_llava(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0,
-               attn_implementation: str = 'eager') -> transformers.LlavaForConditionalGeneration:
+def tiny_llava(
+    dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0, attn_implementation: str = 'eager'
+) -> transformers.LlavaForConditionalGeneration:
     """LLaVA: a CLIP vision tower (16 x 16 images, patch 8: 4 image tokens), a Llama text model of the tiny sizes
     with vocabulary :py:data:`VLM_VOCAB`, image token 100."""
     config = transformers.LlavaConfig(
-        vision_config=transformers.CLIPVisionConfig(**_TOWER), text_config=transformers.LlamaConfig(**_VLM_TEXT),
-        image_token_id=VOCAB, vision_feature_layer=-1, vision_feature_select_strategy='default',
-        projector_hidden_act='gelu', image_seq_length=(VLM_IMAGE // VLM_PATCH) ** 2, tie_word_embeddings=False)
+        vision_config=transformers.CLIPVisionConfig(**_TOWER),
+        text_config=transformers.LlamaConfig(**_VLM_TEXT),
+        image_token_id=VOCAB,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy='default',
+        projector_hidden_act='gelu',
+        image_seq_length=(VLM_IMAGE // VLM_PATCH) ** 2,
+        tie_word_embeddings=False,
+    )
     return _vlm('LlavaForConditionalGeneration', config, dtype, zero_bias, seed, attn_implementation)
 
 
@@ -401,28 +570,58 @@ def tiny_llava(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed
 QWEN_PATCH, QWEN_MERGE, QWEN_TEMPORAL = 4, 2, 2
 
 
-def tiny_qwen2_vl(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0,
-                  attn_implementation: str = 'eager') -> transformers.Qwen2VLForConditionalGeneration:
+def tiny_qwen2_vl(
+    dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0, attn_implementation: str = 'eager'
+) -> transformers.Qwen2VLForConditionalGeneration:
     """Qwen2-VL (flattened patches with ``image_grid_thw``, multimodal rotary positions): vision tower of width 16,
     patch :py:data:`QWEN_PATCH`, text model of the tiny sizes with vocabulary :py:data:`VLM_VOCAB`."""
-    vision = dict(depth=2, embed_dim=16, hidden_size=HIDDEN, num_heads=2, patch_size=QWEN_PATCH,
-                  spatial_merge_size=QWEN_MERGE, temporal_patch_size=QWEN_TEMPORAL, mlp_ratio=2)
+    vision = dict(
+        depth=2,
+        embed_dim=16,
+        hidden_size=HIDDEN,
+        num_heads=2,
+        patch_size=QWEN_PATCH,
+        spatial_merge_size=QWEN_MERGE,
+        temporal_patch_size=QWEN_TEMPORAL,
+        mlp_ratio=2,
+    )
     text = dict(_VLM_TEXT, rope_parameters={'rope_type': 'default', 'mrope_section': [1, 1, 2], 'rope_theta': 1e4})
-    config = transformers.Qwen2VLConfig(vision_config=vision, text_config=text, image_token_id=VOCAB,
-                                        video_token_id=VOCAB + 1, vision_start_token_id=VOCAB + 2,
-                                        vision_end_token_id=VOCAB + 3, tie_word_embeddings=False)
+    config = transformers.Qwen2VLConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=VOCAB,
+        video_token_id=VOCAB + 1,
+        vision_start_token_id=VOCAB + 2,
+        vision_end_token_id=VOCAB + 3,
+        tie_word_embeddings=False,
+    )
     return _vlm('Qwen2VLForConditionalGeneration', config, dtype, zero_bias, seed, attn_implementation)
 
 
-def tiny_clip(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0,
-              attn_implementation: str = 'eager', family: str = 'clip') -> torch.nn.Module:
+def tiny_clip(
+    dtype: torch.dtype = torch.float64,
+    zero_bias: bool = False,
+    seed: int = 0,
+    attn_implementation: str = 'eager',
+    family: str = 'clip',
+) -> torch.nn.Module:
     """``CLIPModel`` (``family='siglip'``: ``SiglipModel``): text and vision towers of width 16, 2 layers, 16 x 16
     images with patch 8, vocabulary :py:data:`VOCAB` (the test tokenizers'; the end-of-text token is id 2)."""
-    text = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                max_position_embeddings=POSITIONS, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=POSITIONS,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     if family == 'clip':
-        config = transformers.CLIPConfig(text_config=dict(text, projection_dim=16), vision_config=_TOWER,
-                                         projection_dim=16)
+        config = transformers.CLIPConfig(
+            text_config=dict(text, projection_dim=16), vision_config=_TOWER, projection_dim=16
+        )
         return _vlm('CLIPModel', config, dtype, zero_bias, seed, attn_implementation)
     config = transformers.SiglipConfig(text_config=dict(text, projection_size=16), vision_config=_TOWER)
     return _vlm('SiglipModel', config, dtype, zero_bias, seed, attn_implementation)
@@ -432,6 +631,7 @@ class TwoTables(torch.nn.Module):
     """``logit = w . relu-free sum over tokens of (E[id] + P[id]) * s``: linear in the rows of two token tables, so
     every token's CP-LRP relevance is its rows' share ``w . (E[id] + P[id]) * s`` of the logit. The second table
     needs the ids (the forward refuses ``inputs_embeds`` without them, like Gemma 4's per-layer embeddings)."""
+
     def __init__(self, vocab=20, hidden=6, classes=3):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, hidden)

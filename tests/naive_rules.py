@@ -11,6 +11,7 @@ Two forms of the matrix-product rules keep the numbers of both reference tests t
 :py:func:`matmul_rule_by_terms` and :py:func:`constant_matmul_rule_by_terms` (2-D, every term ``a_ji b_ip`` formed
 and summed, as the formula is written). They agree to rounding.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,6 +24,7 @@ ATTNLRP, CPLRP = 'attnlrp', 'cplrp'
 # ----------------------------------------------------------------------------------------------------------------
 # Stabiliser
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def sign(tensor):
     """The sign with ``sign(0) = 1``, in the tensor's dtype (zennit's convention).
@@ -61,6 +63,7 @@ def stabilize(tensor, epsilon):
 # ----------------------------------------------------------------------------------------------------------------
 # Linear maps and sums: the epsilon rule (Eq. 8)
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def epsilon_rule(x, weight, z, relevance):
     """Epsilon rule (Eq. 8, eps = 0) of a linear layer ``z = x W^T`` (a bias, if any, is in ``z``).
@@ -175,6 +178,7 @@ def rotary_rule(x, rotation, z, relevance):
 # Element-wise non-linearities and normalisation: identity rule (Eq. 9, Prop. 3.4)
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def identity_rule(relevance):
     """Identity rule (Eq. 9) of an element-wise non-linearity (SiLU, GELU, sigmoid, ...): ``R_in = R_out``."""
     return relevance
@@ -209,6 +213,7 @@ def rms_norm_rule(u, weight, relevance):
 # ----------------------------------------------------------------------------------------------------------------
 # Products and the softmax: Props. 3.1-3.3
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def uniform_rule(relevance, factors=2):
     """Uniform rule (Prop. 3.2) of an element-wise product of ``factors`` factors.
@@ -353,6 +358,7 @@ def gated_mlp_rule(x, w_gate, w_up, w_down, relevance, variant, activation=torch
 # ----------------------------------------------------------------------------------------------------------------
 # Comparison with the library
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def relative_error(actual, expected):
     """``max|a - b| / max|b|`` as a float."""

@@ -1,8 +1,14 @@
 """explain(): what is explained, batches with padding, the zennit attributor path, and bad input."""
+
 import pytest
 import torch
 from transformers import (
-    BertConfig, BertForSequenceClassification, BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM,
+    BertConfig,
+    BertForSequenceClassification,
+    BloomConfig,
+    BloomForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
     LlamaModel,
 )
 from zennit.attribution import Gradient
@@ -11,8 +17,17 @@ from zennit_attn import explain
 from zennit_attn.engine.canonizers import UnsupportedModelError, canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 
-LLAMA = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+LLAMA = dict(
+    vocab_size=50,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 
 
 def build(cls, config_cls, **kwargs):
@@ -27,8 +42,16 @@ def llama():
 
 @pytest.fixture(scope='module')
 def bert():
-    return build(BertForSequenceClassification, BertConfig, vocab_size=50, hidden_size=32, num_hidden_layers=2,
-                 num_attention_heads=4, intermediate_size=48, num_labels=3)
+    return build(
+        BertForSequenceClassification,
+        BertConfig,
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        num_labels=3,
+    )
 
 
 def ids(*shape, seed=1):
@@ -84,8 +107,11 @@ def test_sequence_classification_is_explained_directly(bert):
     # right padding in an encoder: same relevance for the real tokens, none for padding
     padded = torch.cat([tokens[:1, :3], torch.zeros(1, 2, dtype=torch.long)], 1)
     mask = torch.tensor([[1, 1, 1, 0, 0]])
-    assert_close(explain(bert, padded, target=1, attention_mask=mask).relevance[0, :3],
-                 explain(bert, tokens[:1, :3], target=1).relevance[0], tol=1e-9)
+    assert_close(
+        explain(bert, padded, target=1, attention_mask=mask).relevance[0, :3],
+        explain(bert, tokens[:1, :3], target=1).relevance[0],
+        tol=1e-9,
+    )
     with pytest.raises(ValueError, match='pad on the right'):
         explain(bert, padded.flip(1), target=1, attention_mask=mask.flip(1))
 
@@ -100,6 +126,7 @@ def test_base_model_explains_a_hidden_unit():
 
 def test_zennit_gradient_attributor_gives_the_same_relevance(llama):
     """The drop-in path: zennit's Gradient attributor with the composite yields relevance at the input."""
+
     class LastLogits(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
@@ -166,8 +193,9 @@ def test_unsupported_architecture_names_its_modules():
 def test_methods_dispatch():
     model = build(LlamaForCausalLM, LlamaConfig, **LLAMA)
     tokens = ids(2, 5)
-    assert_close(explain(model, tokens, method='cplrp').relevance,
-                 explain(model, tokens, composite=CPLRPEpsilon()).relevance)
+    assert_close(
+        explain(model, tokens, method='cplrp').relevance, explain(model, tokens, composite=CPLRPEpsilon()).relevance
+    )
     leaf = model.get_input_embeddings()(tokens).detach().requires_grad_()
     logits = model(inputs_embeds=leaf).logits[:, -1]
     target = logits.argmax(-1)
@@ -206,9 +234,14 @@ def test_non_finite_results_raise(llama):
 
 def test_top_skips_padding():
     from zennit_attn import Explanation
+
     explanation = Explanation(
-        relevance=torch.tensor([[0., 0., -1., -2.]]), embedding_relevance=None, target=torch.tensor([0]),
-        logit=torch.tensor([1.]), position=None, input_ids=torch.tensor([[2, 2, 5, 6]]),
+        relevance=torch.tensor([[0.0, 0.0, -1.0, -2.0]]),
+        embedding_relevance=None,
+        target=torch.tensor([0]),
+        logit=torch.tensor([1.0]),
+        position=None,
+        input_ids=torch.tensor([[2, 2, 5, 6]]),
         attention_mask=torch.tensor([[0, 0, 1, 1]]),
     )
     assert [item[:2] for item in explanation.top(3)] == [(2, -1.0), (3, -2.0)]
@@ -217,6 +250,7 @@ def test_top_skips_padding():
 def test_composite_without_boundary_is_refused(llama):
     """A composite without the root RelevanceBoundary would return gradients, not relevance."""
     from zennit.composites import LayerMapComposite
+
     from zennit_attn.engine.rules import Identity
 
     with pytest.raises(TypeError, match='RelevanceBoundary'):
@@ -229,6 +263,7 @@ def test_composite_without_boundary_is_refused(llama):
 def text_model():
     """A tiny Llama over the 100 ids of the test tokenizer (SDPA: padded float64 batches stay finite)."""
     from tests.models import tiny_model
+
     return tiny_model('llama', attn_implementation='sdpa')
 
 
@@ -245,8 +280,7 @@ def test_text_in_equals_ids_in(text_model, tokenizer):
     # what the tokenizer returns is accepted as it is, and the tokenizer may come along
     encoding = explain(text_model, tokenizer(TEXTS[0], return_tensors='pt'), tokenizer=tokenizer)
     assert torch.equal(encoding.relevance, by_ids.relevance) and encoding.tokenizer is tokenizer
-    assert explain(text_model, ids, tokenizer=tokenizer).tokens() == [
-        'The', ' ice', ' bear', ' lives', ' in', ' the']
+    assert explain(text_model, ids, tokenizer=tokenizer).tokens() == ['The', ' ice', ' bear', ' lives', ' in', ' the']
 
 
 def test_list_of_texts_equals_padded_ids(text_model, tokenizer):
@@ -254,7 +288,9 @@ def test_list_of_texts_equals_padded_ids(text_model, tokenizer):
     encoding = tokenizer(TEXTS, return_tensors='pt', padding=True)
     assert bool((encoding.attention_mask == 0).any())  # the first text is padded
     padded = explain(text_model, encoding.input_ids, attention_mask=encoding.attention_mask)
-    assert torch.equal(batch.input_ids, encoding.input_ids) and torch.equal(batch.attention_mask, encoding.attention_mask)
+    assert torch.equal(batch.input_ids, encoding.input_ids) and torch.equal(
+        batch.attention_mask, encoding.attention_mask
+    )
     assert torch.equal(batch.relevance, padded.relevance)
     for row, text in enumerate(TEXTS):
         alone = explain(text_model, text, tokenizer=tokenizer)
@@ -267,6 +303,7 @@ def test_tokenizer_without_pad_token_pads_with_eos(text_model):
     """As Hugging Face users do (pad_token = eos_token), without changing the tokenizer; padding is masked, so the
     relevance is that of any other pad id; left padding follows the tokenizer's padding_side."""
     from tests.text_tokenizer import byte_level_tokenizer
+
     tokenizer = byte_level_tokenizer(pad=False)
     assert tokenizer.pad_token is None
     batch = explain(text_model, TEXTS, tokenizer=tokenizer)

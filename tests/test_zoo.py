@@ -5,6 +5,7 @@ refused with a named reason.
 The walk is split by mapping over two test files (this one and ``test_zoo_multimodal.py``), so that the two test
 workers share it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -41,8 +42,10 @@ def test_zoo(mapping):
 
 
 def test_page_lists_every_architecture():
-    results = [zoo.Result('causal-lm', 'llama', 'explained', ratio=1.0),
-               zoo.Result('causal-lm', 'mamba', 'refused', 'zennit-attn cannot explain exp | x')]
+    results = [
+        zoo.Result('causal-lm', 'llama', 'explained', ratio=1.0),
+        zoo.Result('causal-lm', 'mamba', 'refused', 'zennit-attn cannot explain exp | x'),
+    ]
     page = zoo.page(results)
     assert '| causal-lm | 1 | 1 | 0 | 0 | 50% |' in page
     assert '| `mamba` | refused | zennit-attn cannot explain exp \\| x |' in page

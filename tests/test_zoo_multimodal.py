@@ -1,4 +1,5 @@
 """The zoo walk over the image-text-to-text and masked-LM mappings (see ``test_zoo.py``), and the pixels it feeds."""
+
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@ nor transformers, so that the command line's manual (``zennit-attn --help``) is 
 explain`` and ``zennit_attn.explain`` import what ``explain`` needs. A submodule is imported on first use as well
 (``zennit_attn.methods.registry`` after ``import zennit_attn``).
 """
+
 import importlib
 import importlib.util
 import sys
@@ -12,23 +13,38 @@ import types
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names as static tools see them; at run time __getattr__ imports them
-    from .workflows.dataset import explain_dataset, load_explanations
-    from .workflows.diagnostics import ConservationReport, conservation
     from .explain import explain
     from .results.explanation import Explanation, ImageExplanation
+    from .workflows.dataset import explain_dataset, load_explanations
+    from .workflows.diagnostics import ConservationReport, conservation
     from .workflows.generation import GenerationExplanation, explain_generation
 
 __version__ = '0.1.0'
 
 #: public name -> the submodule that defines it
 _NAMES = {
-    'explain': 'explain', 'explain_dataset': 'workflows.dataset', 'load_explanations': 'workflows.dataset',
-    'explain_generation': 'workflows.generation', 'Explanation': 'results.explanation',
-    'ImageExplanation': 'results.explanation', 'GenerationExplanation': 'workflows.generation',
-    'conservation': 'workflows.diagnostics', 'ConservationReport': 'workflows.diagnostics',
+    'explain': 'explain',
+    'explain_dataset': 'workflows.dataset',
+    'load_explanations': 'workflows.dataset',
+    'explain_generation': 'workflows.generation',
+    'Explanation': 'results.explanation',
+    'ImageExplanation': 'results.explanation',
+    'GenerationExplanation': 'workflows.generation',
+    'conservation': 'workflows.diagnostics',
+    'ConservationReport': 'workflows.diagnostics',
 }
-__all__ = ['explain', 'explain_dataset', 'load_explanations', 'explain_generation', 'Explanation', 'ImageExplanation',
-           'GenerationExplanation', 'conservation', 'ConservationReport', '__version__']
+__all__ = [
+    'explain',
+    'explain_dataset',
+    'load_explanations',
+    'explain_generation',
+    'Explanation',
+    'ImageExplanation',
+    'GenerationExplanation',
+    'conservation',
+    'ConservationReport',
+    '__version__',
+]
 
 
 def __getattr__(name: str):
@@ -51,6 +67,7 @@ class _Package(types.ModuleType):
     so for every submodule), which would make ``zennit_attn.explain`` the module :py:mod:`zennit_attn.explain`
     once anything imported it; a public name that is also a submodule's name (``explain``) stays the public
     object."""
+
     def __setattr__(self, name, value):
         if _NAMES.get(name) == name and isinstance(value, types.ModuleType) and value.__name__ == f'{__name__}.{name}':
             value = getattr(value, name)

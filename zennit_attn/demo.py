@@ -1,6 +1,7 @@
 """``python -m zennit_attn.demo`` (``make demo``): the same as ``zennit-attn demo``
 (:py:mod:`zennit_attn.cli.demo`), which explains why SmolLM2-135M-Instruct predicts " Paris" and writes
 ``heatmap.html``."""
+
 from __future__ import annotations
 
 import sys

@@ -1,34 +1,41 @@
 """``explain()``: relevance per input token (or pixel) of a model's prediction in one call."""
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import BatchEncoding
 from zennit.core import Composite
 
 from .engine.canonizers.blocks import block_stacks
-from .inputs.chat import encode_chat, is_conversation
 from .engine.checkpointing import checkpointed
+from .inputs.chat import encode_chat, is_conversation
 from .inputs.checks import token_ids
-from .results.explanation import Explanation, ImageExplanation, MultimodalExplanation, TargetLike
+from .inputs.objectives import RUNNER_UP, objective_for
+from .inputs.task import make_task
+from .inputs.vision_language import (
+    encode_multimodal,
+    has_pixels,
+    is_similarity_model,
+    make_multimodal_task,
+    text_length,
+)
 from .latent.sites import Neuron
 from .latent.targets import explain_latent
 from .methods.registry import METHODS, check_params
-from .inputs.objectives import RUNNER_UP, objective_for
-from .inputs.task import make_task
-from .inputs.vision_language import (encode_multimodal, has_pixels, is_similarity_model, make_multimodal_task,
-                                     text_length)
+from .results.explanation import Explanation, ImageExplanation, MultimodalExplanation, TargetLike
 
 __all__ = ['explain', 'encode_texts']
 
 
 def _is_texts(value) -> bool:
     """A text, a list of texts, or an empty list (which :py:func:`encode_texts` refuses with a clear message)."""
-    return isinstance(value, str) or (isinstance(value, (list, tuple)) and (
-        not value or any(isinstance(item, str) for item in value)))
+    return isinstance(value, str) or (
+        isinstance(value, (list, tuple)) and (not value or any(isinstance(item, str) for item in value))
+    )
 
 
 def encode_texts(tokenizer, texts) -> BatchEncoding:
@@ -75,8 +82,10 @@ def encode_texts(tokenizer, texts) -> BatchEncoding:
     else:
         pad = getattr(tokenizer, 'eos_token_id', None)
         if pad is None:
-            raise ValueError('the tokenizer has no pad token and no end-of-sequence token to pad the texts with: set '
-                             'one (tokenizer.pad_token = ...) or explain the texts one at a time')
+            raise ValueError(
+                'the tokenizer has no pad token and no end-of-sequence token to pad the texts with: set '
+                'one (tokenizer.pad_token = ...) or explain the texts one at a time'
+            )
         encoded = tokenizer(texts)['input_ids']
         lengths = [len(ids) for ids in encoded]
         width = max(lengths)
@@ -255,28 +264,51 @@ def explain(
     if not isinstance(checkpointing, bool):
         raise TypeError(f'checkpointing must be True or False, got {checkpointing!r}')
     if checkpointing and not entry.backward:
-        raise ValueError(f'checkpointing=True saves memory of a backward pass, which {method!r} does not do; it '
-                         f'applies to {", ".join(name for name, other in METHODS.items() if other.backward)}')
+        raise ValueError(
+            f'checkpointing=True saves memory of a backward pass, which {method!r} does not do; it '
+            f'applies to {", ".join(name for name, other in METHODS.items() if other.backward)}'
+        )
     if images is not None or processor is not None or has_pixels(input_ids):
-        return _explain_multimodal(model, input_ids, images, processor, target, position, method, entry, params,
-                                   model_kwargs, locals_used=dict(
-                                       attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                                       tokenizer=tokenizer, checkpointing=checkpointing, latent=latent,
-                                       latent_reduce=latent_reduce, condition=condition, contrast=contrast))
+        return _explain_multimodal(
+            model,
+            input_ids,
+            images,
+            processor,
+            target,
+            position,
+            method,
+            entry,
+            params,
+            model_kwargs,
+            locals_used=dict(
+                attention_mask=attention_mask,
+                decoder_input_ids=decoder_input_ids,
+                tokenizer=tokenizer,
+                checkpointing=checkpointing,
+                latent=latent,
+                latent_reduce=latent_reduce,
+                condition=condition,
+                contrast=contrast,
+            ),
+        )
     chat = None
     if is_conversation(input_ids):
         chat = encode_chat(tokenizer, input_ids)
         input_ids = chat.input_ids
         if chat.answer:
             if target is not None:
-                raise ValueError('the conversation ends with the assistant\'s answer, which is explained: leave out '
-                                 'target=, or leave out the answer\'s turn to explain a next token of your choice')
+                raise ValueError(
+                    "the conversation ends with the assistant's answer, which is explained: leave out "
+                    "target=, or leave out the answer's turn to explain a next token of your choice"
+                )
             target = chat.answer
     elif tokenizer is not None and _is_texts(input_ids):
         input_ids = encode_texts(tokenizer, input_ids)
     if isinstance(target, Neuron) and contrast is not None:
-        raise ValueError('contrast= compares two output tokens; a Neuron target explains an activation inside the '
-                         'model: leave out contrast=, or explain a token target')
+        raise ValueError(
+            'contrast= compares two output tokens; a Neuron target explains an activation inside the '
+            'model: leave out contrast=, or explain a token target'
+        )
     target = token_ids(tokenizer, target, 'target')
     if not (isinstance(contrast, str) and contrast == RUNNER_UP):
         contrast = token_ids(tokenizer, contrast, 'contrast')
@@ -285,8 +317,10 @@ def explain(
     task = task.with_objective(objective)
     latent_request = latent is not None or condition is not None or latent_reduce is not None
     if checkpointing and (condition is not None or isinstance(target, Neuron)):
-        raise ValueError('condition= and Neuron targets start the backward pass inside the model, at tensors that '
-                         'checkpointing=True recomputes: use one or the other (latent= works with checkpointing)')
+        raise ValueError(
+            'condition= and Neuron targets start the backward pass inside the model, at tensors that '
+            'checkpointing=True recomputes: use one or the other (latent= works with checkpointing)'
+        )
     with checkpointed(task.model) if checkpointing else contextlib.nullcontext():
         if latent_request or isinstance(target, Neuron):
             explanation = explain_latent(entry, task, position, target, params, latent, latent_reduce, condition)
@@ -299,8 +333,9 @@ def explain(
     return explanation
 
 
-def _explain_multimodal(model, text, images, processor, target, position, method, entry, params, model_kwargs,
-                        locals_used: dict) -> MultimodalExplanation:
+def _explain_multimodal(
+    model, text, images, processor, target, position, method, entry, params, model_kwargs, locals_used: dict
+) -> MultimodalExplanation:
     """:py:func:`explain` on text and images (see its ``images`` and ``processor``), or on what the processor
     returned for them (a mapping with ``pixel_values``).
 
@@ -313,11 +348,11 @@ def _explain_multimodal(model, text, images, processor, target, position, method
     name = type(model).__name__
     similarity = is_similarity_model(model)
     reasons = {
-        'attention_mask': 'the processor makes the attention mask (to give your own, pass the processor\'s output '
-                          'with it as input_ids)',
+        'attention_mask': "the processor makes the attention mask (to give your own, pass the processor's output "
+        'with it as input_ids)',
         'decoder_input_ids': 'it explains decoder-only vision-language models and similarity models, whose text is '
-                             'the whole input',
-        'tokenizer': 'the processor\'s tokenizer is the one that encodes the text (processor.tokenizer)',
+        'the whole input',
+        'tokenizer': "the processor's tokenizer is the one that encodes the text (processor.tokenizer)",
     }
     tokenizer = locals_used['tokenizer']
     for key, reason in reasons.items():
@@ -330,22 +365,30 @@ def _explain_multimodal(model, text, images, processor, target, position, method
     if latent or isinstance(target, Neuron):
         paths = ', '.join(repr(path) for path, _ in block_stacks(model))
         asked = ', '.join(f'{key}=' for key in latent) or 'a Neuron target'
-        raise ValueError(f'{asked} with images: latent relevance is read at the sites of one stack of transformer '
-                         f'blocks (zennit_attn.latent), and with pixel inputs {name} runs the vision tower\'s blocks '
-                         f'and the text model\'s (its stacks: {paths}); explain the text alone (tokenizer=) for the '
-                         'latent relevance of a language model, or leave it out')
+        raise ValueError(
+            f'{asked} with images: latent relevance is read at the sites of one stack of transformer '
+            f"blocks (zennit_attn.latent), and with pixel inputs {name} runs the vision tower's blocks "
+            f"and the text model's (its stacks: {paths}); explain the text alone (tokenizer=) for the "
+            'latent relevance of a language model, or leave it out'
+        )
     contrast = locals_used['contrast']
     if similarity and (target is not None or contrast is not None):
-        raise ValueError(f'{name} scores (text, image) pairs: each row explains its own pair\'s similarity score; '
-                         f'leave out {"target=" if target is not None else "contrast="} (to compare two pairs, '
-                         'explain both and subtract the explanations: the relevance is linear in the score)')
+        raise ValueError(
+            f"{name} scores (text, image) pairs: each row explains its own pair's similarity score; "
+            f'leave out {"target=" if target is not None else "contrast="} (to compare two pairs, '
+            'explain both and subtract the explanations: the relevance is linear in the score)'
+        )
     if not entry.lrp:
-        raise ValueError(f'explain() with images runs the LRP methods (attnlrp, cplrp), which give text and pixel '
-                         f'relevance in one backward pass; {method!r} is not one')
+        raise ValueError(
+            f'explain() with images runs the LRP methods (attnlrp, cplrp), which give text and pixel '
+            f'relevance in one backward pass; {method!r} is not one'
+        )
     if encoded:
         if images is not None:
-            raise ValueError('the input already holds pixel_values (the processor\'s output): leave out images=, or '
-                             'pass the text with images=')
+            raise ValueError(
+                "the input already holds pixel_values (the processor's output): leave out images=, or "
+                'pass the text with images='
+            )
         encoding = text
     else:
         encoding = encode_multimodal(processor, text, images, similarity, text_length(model) if similarity else None)

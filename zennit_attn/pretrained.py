@@ -5,6 +5,7 @@ model is therefore kept once in a cache folder (``$ZENNIT_ATTN_CACHE``, else ``$
 ``~/.cache/zennit-attn``; about 520 MB) and loaded from there in about a second. The cache entry is named by the GGUF
 file's size and modification time, so a re-installed package is converted again.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -67,8 +68,15 @@ def _cached_smollm2(gguf: Path) -> Path | None:
             del config.quantization_config
         config.save_pretrained(staging)
         tied = config.tie_word_embeddings
-        save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()
-                   if not (tied and name == 'lm_head.weight')}, staging / 'model.safetensors', metadata={'format': 'pt'})
+        save_file(
+            {
+                name: tensor.contiguous()
+                for name, tensor in model.state_dict().items()
+                if not (tied and name == 'lm_head.weight')
+            },
+            staging / 'model.safetensors',
+            metadata={'format': 'pt'},
+        )
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
         try:
             staging.rename(entry)  # atomic: a concurrent first call may have made the entry already
@@ -108,6 +116,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32, attn_implementation: str = 
     else:
         source, options = entry, {}
     tokenizer = AutoTokenizer.from_pretrained(source, **options)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation,
-                                                 **options)
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, attn_implementation=attn_implementation, **options
+    )
     return model.eval(), tokenizer

@@ -16,6 +16,7 @@ checks each one:
 
 ``python -m zennit_attn.zoo docs/supported-models.md`` writes the page of the documentation from it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,18 +31,18 @@ import re
 import sys
 import time
 import warnings
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import transformers
 from tqdm.auto import tqdm
 
 from .engine.canonizers import GeneralCanonizer, canonizers_for
-from .inputs.checks import check_word_embeddings
 from .engine.composites import AttnLRPEpsilon, CPLRPEpsilon
-from .engine.modules import forward_parameters
-from .inputs.lookups import TokenLookups, needs_ids
 from .engine.kinds import UnsupportedModelError
+from .engine.modules import forward_parameters
+from .inputs.checks import check_word_embeddings
+from .inputs.lookups import TokenLookups, needs_ids
 from .zoo_inputs import pixel_inputs
 
 #: The auto mappings walked: name -> transformers attribute of ``MODEL_FOR_*_MAPPING_NAMES``.
@@ -55,38 +56,129 @@ STATUSES = ('explained', 'refused', 'not built', 'failed')
 
 #: Integer configuration fields and their tiny values (only fields that exist are set).
 _SIZES = {
-    'hidden_size': 32, 'd_model': 32, 'n_embd': 32, 'n_embed': 32, 'dim': 32, 'embed_dim': 32, 'model_dim': 32,
-    'intermediate_size': 48, 'ffn_hidden_size': 48, 'ffn_dim': 48, 'd_ff': 48, 'n_inner': 48, 'hidden_dim': 48,
-    'encoder_ffn_dim': 48, 'decoder_ffn_dim': 48, 'moe_intermediate_size': 16, 'shared_expert_intermediate_size': 16,
+    'hidden_size': 32,
+    'd_model': 32,
+    'n_embd': 32,
+    'n_embed': 32,
+    'dim': 32,
+    'embed_dim': 32,
+    'model_dim': 32,
+    'intermediate_size': 48,
+    'ffn_hidden_size': 48,
+    'ffn_dim': 48,
+    'd_ff': 48,
+    'n_inner': 48,
+    'hidden_dim': 48,
+    'encoder_ffn_dim': 48,
+    'decoder_ffn_dim': 48,
+    'moe_intermediate_size': 16,
+    'shared_expert_intermediate_size': 16,
     'expert_intermediate_size': 16,
-    'num_hidden_layers': 2, 'n_layer': 2, 'n_layers': 2, 'num_layers': 2, 'encoder_layers': 2, 'decoder_layers': 2,
-    'num_decoder_layers': 2, 'depth': 2,
-    'num_attention_heads': 4, 'n_head': 4, 'n_heads': 4, 'encoder_attention_heads': 4, 'decoder_attention_heads': 4,
-    'num_heads': 4, 'num_key_value_heads': 2, 'n_kv_heads': 2, 'num_kv_heads': 2, 'head_dim': 8, 'd_kv': 8,
-    'vocab_size': 96, 'num_experts': 4, 'num_local_experts': 4, 'n_routed_experts': 4, 'num_experts_per_tok': 2,
-    'moe_num_experts': 4, 'num_shared_experts': 1, 'n_shared_experts': 1,
-    'image_size': 32, 'patch_size': 8, 'num_channels': 3, 'projection_dim': 32, 'projector_hidden_size': 32,
-    'q_lora_rank': 16, 'kv_lora_rank': 16, 'qk_rope_head_dim': 8, 'qk_nope_head_dim': 8, 'v_head_dim': 8,
-    'qk_head_dim': 16, 'sliding_window': 16, 'max_window_layers': 2, 'first_k_dense_replace': 1, 'rotary_dim': 8,
-    'num_global_heads': 4, 'n_group': 1, 'topk_group': 1,
-    'embedding_size': 32, 'embedding_dim': 32, 'num_blocks': 2, 'num_kv_shared_layers': 1,
-    'vocab_size_per_layer_input': 96, 'hidden_size_per_layer_input': 8,
-    'linear_key_head_dim': 8, 'linear_value_head_dim': 8, 'linear_head_dim': 8, 'linear_num_key_heads': 2,
-    'linear_num_value_heads': 4, 'linear_num_heads': 4, 'ssm_state_size': 16, 'mamba_num_heads': 4, 'mamba_dt_rank': 8,
-    'dff': 48, 'dim_ff': 48, 'd_inner': 48, 'intermediate_size_mlp': 48, 'dense_intermediate_size': 48,
-    'shared_intermediate_size': 16, 'shared_experts_intermediate_size': 16, 'moe_shared_expert_intermediate_size': 16,
-    'entity_vocab_size': 96, 'entity_emb_size': 32, 'num_latents': 8, 'd_latents': 32, 'num_self_attends_per_block': 2,
-    'o_lora_rank': 16, 'swa_head_dim': 8, 'index_head_dim': 16, 'projection_intermediate_size': 48,
-    'mamba_n_heads': 4, 'mamba_d_ssm': 64, 'mamba_d_state': 16, 'state_size': 16, 'n_groups': 1, 'time_step_rank': 8,
+    'num_hidden_layers': 2,
+    'n_layer': 2,
+    'n_layers': 2,
+    'num_layers': 2,
+    'encoder_layers': 2,
+    'decoder_layers': 2,
+    'num_decoder_layers': 2,
+    'depth': 2,
+    'num_attention_heads': 4,
+    'n_head': 4,
+    'n_heads': 4,
+    'encoder_attention_heads': 4,
+    'decoder_attention_heads': 4,
+    'num_heads': 4,
+    'num_key_value_heads': 2,
+    'n_kv_heads': 2,
+    'num_kv_heads': 2,
+    'head_dim': 8,
+    'd_kv': 8,
+    'vocab_size': 96,
+    'num_experts': 4,
+    'num_local_experts': 4,
+    'n_routed_experts': 4,
+    'num_experts_per_tok': 2,
+    'moe_num_experts': 4,
+    'num_shared_experts': 1,
+    'n_shared_experts': 1,
+    'image_size': 32,
+    'patch_size': 8,
+    'num_channels': 3,
+    'projection_dim': 32,
+    'projector_hidden_size': 32,
+    'q_lora_rank': 16,
+    'kv_lora_rank': 16,
+    'qk_rope_head_dim': 8,
+    'qk_nope_head_dim': 8,
+    'v_head_dim': 8,
+    'qk_head_dim': 16,
+    'sliding_window': 16,
+    'max_window_layers': 2,
+    'first_k_dense_replace': 1,
+    'rotary_dim': 8,
+    'num_global_heads': 4,
+    'n_group': 1,
+    'topk_group': 1,
+    'embedding_size': 32,
+    'embedding_dim': 32,
+    'num_blocks': 2,
+    'num_kv_shared_layers': 1,
+    'vocab_size_per_layer_input': 96,
+    'hidden_size_per_layer_input': 8,
+    'linear_key_head_dim': 8,
+    'linear_value_head_dim': 8,
+    'linear_head_dim': 8,
+    'linear_num_key_heads': 2,
+    'linear_num_value_heads': 4,
+    'linear_num_heads': 4,
+    'ssm_state_size': 16,
+    'mamba_num_heads': 4,
+    'mamba_dt_rank': 8,
+    'dff': 48,
+    'dim_ff': 48,
+    'd_inner': 48,
+    'intermediate_size_mlp': 48,
+    'dense_intermediate_size': 48,
+    'shared_intermediate_size': 16,
+    'shared_experts_intermediate_size': 16,
+    'moe_shared_expert_intermediate_size': 16,
+    'entity_vocab_size': 96,
+    'entity_emb_size': 32,
+    'num_latents': 8,
+    'd_latents': 32,
+    'num_self_attends_per_block': 2,
+    'o_lora_rank': 16,
+    'swa_head_dim': 8,
+    'index_head_dim': 16,
+    'projection_intermediate_size': 48,
+    'mamba_n_heads': 4,
+    'mamba_d_ssm': 64,
+    'mamba_d_state': 16,
+    'state_size': 16,
+    'n_groups': 1,
+    'time_step_rank': 8,
 }
 #: Token id fields kept inside the shrunk vocabulary.
-_IDS = ('pad_token_id', 'bos_token_id', 'eos_token_id', 'decoder_start_token_id', 'sep_token_id', 'cls_token_id',
-        'mask_token_id', 'unk_token_id')
+_IDS = (
+    'pad_token_id',
+    'bos_token_id',
+    'eos_token_id',
+    'decoder_start_token_id',
+    'sep_token_id',
+    'cls_token_id',
+    'mask_token_id',
+    'unk_token_id',
+)
 _SIZE_NAMES = tuple(_SIZES)
 #: Size fields kept equal to a reference field after shrinking where they were equal before.
-_TIED = (('num_key_value_heads', 'num_attention_heads'), ('head_dim', 'qk_head_dim'),
-         ('cross_attention_hidden_size', 'hidden_size'), ('attention_hidden_size', 'hidden_size'),
-         ('lru_width', 'hidden_size'), ('linear_num_value_heads', 'linear_num_key_heads'))
+_TIED = (
+    ('num_key_value_heads', 'num_attention_heads'),
+    ('head_dim', 'qk_head_dim'),
+    ('cross_attention_hidden_size', 'hidden_size'),
+    ('attention_hidden_size', 'hidden_size'),
+    ('lru_width', 'hidden_size'),
+    ('linear_num_value_heads', 'linear_num_key_heads'),
+)
 #: Constructor arguments per mapping and architecture (``functools.partial`` of the config class).
 _INIT = {('causal-lm', 'reformer'): {'is_decoder': True}}  # its language-model head asserts a decoder
 #: Fields that no general rule of :py:func:`_shrink` derives, per ``model_type`` (``'sub_config.field'``: set after
@@ -101,25 +193,39 @@ _OVERRIDES = {
     'cohere_compass_text': {'rope_parameters': {'full_attention': {'rope_type': 'default', 'rope_theta': 1e4}}},
     'dbrx': {'attn_config.rope_theta': 1e4, 'attn_config.clip_qkv': 8.0},  # clip_qkv: DBRX's value
     'esm': {'vocab_size': 96, 'pad_token_id': 1, 'mask_token_id': 2},
-    'chameleon': {'vocabulary_map': {}}, 'emu3': {'vocabulary_map': {}},
+    'chameleon': {'vocabulary_map': {}},
+    'emu3': {'vocabulary_map': {}},
     'xmod': {'default_language': 'en_XX'},  # the language of its adapters
     'step3p5': {'sliding_window': 16},  # Step3p7's forward always builds a sliding-window mask
     # no default (vision layer, language layer) pairs nor downsampling; the spatial groups' layers within 2 layers
-    'granite4_vision': {'deepstack_layer_map': [(-2, 0)], 'spatial_target_layers': [0, 0, 1, 1],
-                        'downsample_rate': '1/2'},
+    'granite4_vision': {
+        'deepstack_layer_map': [(-2, 0)],
+        'spatial_target_layers': [0, 0, 1, 1],
+        'downsample_rate': '1/2',
+    },
     # a timm tower whose embed_dim the projector reads (a tiny perception-encoder ViT, not resnet50 without one)
-    'perception_lm': {'vision_config.architecture': 'vit_pe_core_tiny_patch16_384', 'vision_config.model_args': {
-        'embed_dim': 32, 'depth': 2, 'num_heads': 4, 'img_size': 32, 'patch_size': 8}},
+    'perception_lm': {
+        'vision_config.architecture': 'vit_pe_core_tiny_patch16_384',
+        'vision_config.model_args': {'embed_dim': 32, 'depth': 2, 'num_heads': 4, 'img_size': 32, 'patch_size': 8},
+    },
     # sizes that depend on each other
     # a 686M-parameter audio tokenizer (2048 channels at its last stage): one block per stage, 4 base filters
     'vibevoice_acoustic_tokenizer_encoder': {'depths': [1] * 7, 'num_filters': 4},
-    'musicgen_decoder': {'num_codebooks': 1}, 'musicgen_melody_decoder': {'num_codebooks': 1},  # one id sequence
+    'musicgen_decoder': {'num_codebooks': 1},
+    'musicgen_melody_decoder': {'num_codebooks': 1},  # one id sequence
     # axial position embeddings must sum to the hidden size and cover the sequence padded to the chunk length
-    'reformer': {'axial_pos_embds_dim': (16, 16), 'axial_pos_shape': (4, 4), 'attention_head_size': 8,
-                 'local_attn_chunk_length': 4, 'lsh_attn_chunk_length': 4},
+    'reformer': {
+        'axial_pos_embds_dim': (16, 16),
+        'axial_pos_shape': (4, 4),
+        'attention_head_size': 8,
+        'local_attn_chunk_length': 4,
+        'lsh_attn_chunk_length': 4,
+    },
     # the global transformer takes the local encoder's states times cross_attn_k (2); a small hash vocabulary
-    'blt': {'encoder_hash_byte_group_vocab': 96}, 'blt_global_transformer': {'hidden_size': 64, 'head_dim': 16},
-    'blt_local_encoder': {'hidden_size_global': 64}, 'blt_local_decoder': {'hidden_size_global': 64},
+    'blt': {'encoder_hash_byte_group_vocab': 96},
+    'blt_global_transformer': {'hidden_size': 64, 'head_dim': 16},
+    'blt_local_encoder': {'hidden_size_global': 64},
+    'blt_local_decoder': {'hidden_size_global': 64},
     # the model needs a full-attention layer, and 2D rotary pairs in the rotary quarter of a head
     'neomme': {'layer_types': ['sliding_attention', 'full_attention'], 'head_dim': 16},
     'paddleocr_vl_text': {'ignore_keys_at_rope_validation': {'mrope_section'}},  # mrope, undeclared by the config
@@ -138,15 +244,18 @@ _OVERRIDES = {
 
 #: Names of biases, and of learned or fixed position and token-type embeddings (added to the tokens: biases too).
 _BIAS = re.compile(r'bias')
-_POSITIONS = re.compile(r'(^|\.)(wpe|positions_embed|pos_encoding|pos_embed|position_embeddings?|embed_positions|positional_embedding|'
-                        r'token_type_embeddings|pos_emb(edding)?|embed_pos|position_embedding|abs_pos|'
-                        r'type_embeddings|segment_embeddings?|language_embeddings|lang_embeddings|[xyhw]_position_embeddings|'
-                        r'token_type_embeddings_\d+|class_embedding)(\.|$)')
+_POSITIONS = re.compile(
+    r'(^|\.)(wpe|positions_embed|pos_encoding|pos_embed|position_embeddings?|embed_positions|positional_embedding|'
+    r'token_type_embeddings|pos_emb(edding)?|embed_pos|position_embedding|abs_pos|'
+    r'type_embeddings|segment_embeddings?|language_embeddings|lang_embeddings|[xyhw]_position_embeddings|'
+    r'token_type_embeddings_\d+|class_embedding)(\.|$)'
+)
 
 
 @dataclasses.dataclass
 class Result:
     """One architecture of the walk."""
+
     mapping: str
     architecture: str
     status: str
@@ -185,8 +294,11 @@ def _shrink(config, depth: int = 0) -> None:
             with contextlib.suppress(Exception):
                 setattr(config, key, list(value[:layers]))
     for key, value in list(vars(config).items()):  # other per-layer lists (sizes, sparsity, ...): the kept layers'
-        if isinstance(value, (list, tuple)) and isinstance(layers, int) and len(value) == before['num_hidden_layers'] \
-                > layers:
+        if (
+            isinstance(value, (list, tuple))
+            and isinstance(layers, int)
+            and len(value) == before['num_hidden_layers'] > layers
+        ):
             with contextlib.suppress(Exception):
                 setattr(config, key, [_tiny(key, item) for item in value[:layers]])
     overrides = _OVERRIDES.get(getattr(config, 'model_type', None), {})
@@ -196,8 +308,11 @@ def _shrink(config, depth: int = 0) -> None:
                 setattr(config, key, value() if callable(value) else value)
     _derive(config, before)
     if spec is not None and isinstance(layers, int):
-        kept = {index: {key: _tiny(key, value) for key, value in layer.items()}
-                for index, layer in spec.per_layer_overrides.items() if index < layers}
+        kept = {
+            index: {key: _tiny(key, value) for key, value in layer.items()}
+            for index, layer in spec.per_layer_overrides.items()
+            if index < layers
+        }
         with contextlib.suppress(Exception):
             config.per_layer_config = kept or None
     if depth < 3:
@@ -216,6 +331,7 @@ def _tiny_mobilenet() -> dict:
     """timm arguments for a 3-stage MobileNetV5 encoder (0.3M parameters, not 300M; float64's depthwise convolutions
     are slow) with a 2 x 2 output grid (4 image tokens)."""
     from timm.models._efficientnet_builder import decode_arch_def
+
     stages = [['er_r1_k3_s2_e4_c16'], ['uir_r1_a3_k5_s2_e2_c32'], ['uir_r1_a3_k0_s2_e2_c32']]
     return {'block_args': decode_arch_def(stages), 'stem_size': 8, 'msfa_output_resolution': 2}
 
@@ -233,8 +349,9 @@ def _derive(config, before: dict) -> None:
         with contextlib.suppress(Exception):
             if before[key] == before[reference] is not None and isinstance(getattr(config, reference), int):
                 setattr(config, key, getattr(config, reference))
-    heads, kv, hidden = (getattr(config, key, None) for key in ('num_attention_heads', 'num_key_value_heads',
-                                                                'hidden_size'))
+    heads, kv, hidden = (
+        getattr(config, key, None) for key in ('num_attention_heads', 'num_key_value_heads', 'hidden_size')
+    )
     with contextlib.suppress(Exception):
         if isinstance(heads, int) and 'num_key_value_heads' in vars(config) and kv is None:
             config.num_key_value_heads = heads
@@ -243,9 +360,12 @@ def _derive(config, before: dict) -> None:
     with contextlib.suppress(Exception):
         if 'head_dim' in vars(config) and config.head_dim is None and isinstance(hidden, int) and heads:
             config.head_dim = hidden // heads
-    for heads_key, size_key, expand_key in (('mamba_n_heads', 'mamba_d_head', 'mamba_expand'), ('num_heads', 'head_dim',
-                                            'expand'), ('n_mamba_heads', 'mamba_headdim', 'mamba_expand'),
-                                            ('mamba_num_heads', 'mamba_head_dim', 'expand')):
+    for heads_key, size_key, expand_key in (
+        ('mamba_n_heads', 'mamba_d_head', 'mamba_expand'),
+        ('num_heads', 'head_dim', 'expand'),
+        ('n_mamba_heads', 'mamba_headdim', 'mamba_expand'),
+        ('mamba_num_heads', 'mamba_head_dim', 'expand'),
+    ):
         expand = getattr(config, expand_key, None)  # state-space heads span the expanded hidden size
         with contextlib.suppress(Exception):
             if isinstance(getattr(config, size_key, None), int) and isinstance(expand, (int, float)) and hidden:
@@ -255,14 +375,18 @@ def _derive(config, before: dict) -> None:
     if 'mrope_section' in (getattr(config, 'ignore_keys_at_rope_validation', None) or ()) and isinstance(rope, dict):
         nested = {key: value for key, value in rope.items() if isinstance(value, dict)}  # per layer type
         head = getattr(config, 'head_dim', None) or (hidden // heads if isinstance(hidden, int) and heads else 0)
-        partial = [*nested.values(), rope][0].get('partial_rotary_factor', getattr(config, 'partial_rotary_factor',
-                                                                                      None) or 1)
+        partial = [*nested.values(), rope][0].get(
+            'partial_rotary_factor', getattr(config, 'partial_rotary_factor', None) or 1
+        )
         while 0 < int(head * partial) // 2 < 3 and isinstance(getattr(config, 'head_dim', None), int):
             config.head_dim = head = 2 * head
         half = int(head * partial) // 2
         sections = [half // 3, half // 3, half - 2 * (half // 3)]  # the first two equal (Ernie's height, width)
-        config.rope_parameters = {**rope, **{key: {**value, 'mrope_section': sections} for key, value in
-                                             nested.items()}} if nested else {**rope, 'mrope_section': sections}
+        config.rope_parameters = (
+            {**rope, **{key: {**value, 'mrope_section': sections} for key, value in nested.items()}}
+            if nested
+            else {**rope, 'mrope_section': sections}
+        )
 
 
 def tiny_config(config_class):
@@ -291,8 +415,10 @@ def _model_class(mapping: str, architecture: str):
     own class where the model is one part of a composite configuration; with ``_INIT``'s constructor arguments)."""
     config_name = importlib.import_module('transformers.models.auto.configuration_auto').CONFIG_MAPPING_NAMES
     names = getattr(importlib.import_module('transformers.models.auto.modeling_auto'), MAPPINGS[mapping])
-    model_class, config_class = (getattr(transformers, names[architecture]),
-                                 getattr(transformers, config_name[architecture]))
+    model_class, config_class = (
+        getattr(transformers, names[architecture]),
+        getattr(transformers, config_name[architecture]),
+    )
     own = getattr(model_class, 'config_class', None)
     if own in (getattr(config_class, 'sub_configs', None) or {}).values():
         config_class = own  # a model of one part (the text decoder): ``AutoModel.from_config`` gives it that part
@@ -362,7 +488,7 @@ def _relevances(model, inputs: dict, composite) -> tuple[dict[str, float], float
         leaves['decoder_inputs_embeds'] = decoder(kwargs.pop('decoder_input_ids')).detach().requires_grad_(True)
     # a model that needs its ids (zennit_attn.inputs.lookups) is run on them, with its lookups as leaves, as explain() does
     lookups = TokenLookups(model, embeddings) if needs_ids(model, embeddings) else None
-    with (contextlib.nullcontext(model) if composite is None else composite.context(model)) as modified:
+    with contextlib.nullcontext(model) if composite is None else composite.context(model) as modified:
         if lookups is None:
             output = modified(**leaves, **kwargs)
         else:
@@ -417,8 +543,11 @@ def check(mapping: str, architecture: str, seed: int = 0) -> Result:
     if error is not None:
         if _fails(model, inputs, embeddings=False) is not None:  # a limit of the walk's tiny configurations
             return result('not built', _short(error))
-        return result('refused', f'takes no inputs_embeds ({type(error).__name__}: {_short(error)[:120]}): token '
-                      'relevance needs the embeddings as input')
+        return result(
+            'refused',
+            f'takes no inputs_embeds ({type(error).__name__}: {_short(error)[:120]}): token '
+            'relevance needs the embeddings as input',
+        )
     canonizers = canonizers_for(model, constant_gates=True)
     constants = canonizers[0].constants if canonizers and isinstance(canonizers[0], GeneralCanonizer) else []
     try:
@@ -435,14 +564,17 @@ def check(mapping: str, architecture: str, seed: int = 0) -> Result:
     if not exact and abs(float(value)) >= 1e-4 and math.isfinite(attnlrp):
         # a constant in the model's code is a bias that cannot be zeroed: conservation cannot be exact (a numerical
         # epsilon below 1e-4 cannot explain a visible loss: that stays a failure)
-        return result('explained', f'not exactly conservative by design: the model adds the constant {value:g} at '
-                      f'{path!r} ({reason})', ratio)
+        return result(
+            'explained',
+            f'not exactly conservative by design: the model adds the constant {value:g} at {path!r} ({reason})',
+            ratio,
+        )
     return result('explained' if exact else 'failed', reason, ratio)
 
 
 #: What :py:func:`check` notes (in :py:attr:`Result.inputs`) for a model that runs in float64 only with torch's default
 #: dtype float64: its code makes tensors of the default dtype from float64 values (an overflow in float32).
-_FLOAT64_DEFAULT = 'run with float64 as torch\'s default dtype'
+_FLOAT64_DEFAULT = "run with float64 as torch's default dtype"
 
 
 @contextlib.contextmanager
@@ -484,23 +616,26 @@ def page(results: list[Result]) -> str:
     """The supported-models page (Markdown): counts per mapping, then one table row per architecture."""
     version = transformers.__version__
     lines = [
-        '# Supported models', '',
+        '# Supported models',
+        '',
         f'Generated by `python -m zennit_attn.zoo docs/supported-models.md` with transformers {version}: every',
         'architecture of four auto mappings built from a tiny random configuration and checked in float64 with every',
-        'bias and learned position embedding set to zero (see {py:mod}`zennit_attn.zoo`). *explained*: CP-LRP\'s',
+        "bias and learned position embedding set to zero (see {py:mod}`zennit_attn.zoo`). *explained*: CP-LRP's",
         'relevance at the inputs sums to the explained logit within 1e-6 and AttnLRP runs; *refused*: zennit-attn',
         'raises `UnsupportedModelError` with the reason shown; *not built*: the tiny configuration did not build or',
         'run a plain forward pass (a limit of the walk, not of the library); *failed*: a defect, to be fixed. For a',
         'model with a vision tower the note says what was fed: *text + image* (pixels in the layout the tiny',
-        'configuration implies, relevance summed over text and pixels) or *text only* and why.', '',
+        'configuration implies, relevance summed over text and pixels) or *text only* and why.',
+        '',
         '| mapping | explained | refused | not built | failed | explained of built |',
         '|---|---|---|---|---|---|',
     ]
     for mapping, row in counts(results).items():
         built = row['explained'] + row['refused'] + row['failed']
         share = f'{100 * row["explained"] / built:.0f}%' if built else '-'
-        lines.append(f'| {mapping} | {row["explained"]} | {row["refused"]} | {row["not built"]} | {row["failed"]} '
-                     f'| {share} |')
+        lines.append(
+            f'| {mapping} | {row["explained"]} | {row["refused"]} | {row["not built"]} | {row["failed"]} | {share} |'
+        )
     for mapping in dict.fromkeys(result.mapping for result in results):
         lines += ['', f'## {mapping}', '', '| architecture | status | note |', '|---|---|---|']
         for result in results:

@@ -8,6 +8,7 @@ PaliGemma), flattened patches with ``image_grid_thw`` (Qwen2-VL), ``[1, 1, C, H,
 outside the shrunk vocabulary (the image placeholder) are moved into it. Where no layout runs, the text alone is
 walked and the note says why.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,12 @@ def _special_tokens(model, vocab: int) -> tuple[int | None, set[int], list]:
         for item in (config, getattr(config, 'text_config', None)):
             if isinstance(item, transformers.PretrainedConfig):
                 configs[id(item)] = item
-    fields = [(owner, key, value) for owner in [*configs.values(), *model.modules()] for key, value in
-              list(vars(owner).items()) if _TOKEN_FIELD.search(key) and type(value) is int]
+    fields = [
+        (owner, key, value)
+        for owner in [*configs.values(), *model.modules()]
+        for key, value in list(vars(owner).items())
+        if _TOKEN_FIELD.search(key) and type(value) is int
+    ]
     used = {value for _, _, value in fields if 0 <= value < vocab}
     moved, free, undo = {}, (index for index in range(vocab - 1, 3, -1) if index not in used), []
     for owner, key, value in fields:
@@ -79,13 +84,16 @@ def _pixel_layouts(model, config, params, generator, undo: list) -> list[tuple[s
 
     def noise(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
     layouts = []
     if 'image_grid_thw' in params:
         grid = 2 * merge
         frames = _vision_field(vision, 'temporal_patch_size', 'patch_temporal', default=1)
         for temporal in dict.fromkeys((frames, 2, 1)):
-            pixels = {'pixel_values': noise(grid * grid, channels * temporal * patch * patch),
-                      'image_grid_thw': torch.tensor([[1, grid, grid]])}
+            pixels = {
+                'pixel_values': noise(grid * grid, channels * temporal * patch * patch),
+                'image_grid_thw': torch.tensor([[1, grid, grid]]),
+            }
             if 'image_merge_sizes' in params:
                 pixels['image_merge_sizes'] = torch.tensor([merge])
             layouts.append((f'patches x {temporal} frames', pixels, pixels))
@@ -93,7 +101,7 @@ def _pixel_layouts(model, config, params, generator, undo: list) -> list[tuple[s
     image = {'pixel_values': first}
     for name in params:  # further images at their own resolution (DeepSeek-VL hybrid: high_res_pixel_values)
         if name.endswith('_pixel_values'):
-            other = getattr(config, name[:-len('pixel_values')] + 'vision_config', None)
+            other = getattr(config, name[: -len('pixel_values')] + 'vision_config', None)
             size = _vision_field(other, 'image_size', default=side)
             image[name] = noise(1, channels, size, size)
     layouts.append(('image', image, image))
@@ -115,9 +123,11 @@ def _pixel_layouts(model, config, params, generator, undo: list) -> list[tuple[s
     layouts.append(('images', nested, {'pixel_values': first}))
     if 'spatial_shapes' in params:
         count = (side // patch) ** 2
-        flat = {'pixel_values': noise(1, count, channels * patch * patch),
-                'spatial_shapes': torch.tensor([[side // patch, side // patch]]),
-                'pixel_attention_mask': torch.ones(1, count, dtype=torch.bool)}
+        flat = {
+            'pixel_values': noise(1, count, channels * patch * patch),
+            'spatial_shapes': torch.tensor([[side // patch, side // patch]]),
+            'pixel_attention_mask': torch.ones(1, count, dtype=torch.bool),
+        }
         layouts.append(('patches with spatial_shapes', flat, flat))
     return layouts
 
@@ -141,8 +151,11 @@ def _feature_rows(model, pixels: dict, width: int) -> tuple[int | None, Exceptio
         output = pooled if pooled is not None else output
         if not isinstance(output, torch.Tensor):
             output = output[0] if isinstance(output, dict) else output
-        tensors = [output] if isinstance(output, torch.Tensor) else [item for item in output if
-                                                                      isinstance(item, torch.Tensor)]
+        tensors = (
+            [output]
+            if isinstance(output, torch.Tensor)
+            else [item for item in output if isinstance(item, torch.Tensor)]
+        )
         total = sum(tensor.numel() for tensor in tensors)
         return (total // width if tensors and total % width == 0 else None), None
     return None, error

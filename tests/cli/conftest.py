@@ -13,6 +13,7 @@ arguments come before the check that it is installed, and tests that need it to 
 say so with :py:func:`builtin_installed`, which sets what ``importlib.util.find_spec`` finds, as the command line
 (and ``tests/conftest.py``) detect the package.
 """
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -119,6 +120,7 @@ def builtin(smollm2, monkeypatch):
     model, tokenizer = smollm2
     real_load_tokenizer = loading.load_tokenizer
     monkeypatch.setattr(pretrained, 'load_smollm2', lambda dtype=None, **kwargs: smollm2)
-    monkeypatch.setattr(loading, 'load_tokenizer', lambda spec: tokenizer if spec.kind == models.BUILTIN
-                        else real_load_tokenizer(spec))
+    monkeypatch.setattr(
+        loading, 'load_tokenizer', lambda spec: tokenizer if spec.kind == models.BUILTIN else real_load_tokenizer(spec)
+    )
     return smollm2

@@ -1,6 +1,7 @@
 """The shared argument checks (:py:mod:`zennit_attn.cli.checks`): method, composite and ``--param``; the prompt and
 ``--input``; ``--output``; ``--target``. Each refusal is one line and exit status 2, before anything is loaded (the
 autouse fixture ``no_loading`` fails a test that loads)."""
+
 from __future__ import annotations
 
 import io
@@ -50,9 +51,8 @@ def test_method_and_composite_resolution():
 
 
 def test_params(capsys):
-    assert checks.parse_params(['steps=50', 'baseline=0.5'], 'integrated_gradients') == {'steps': 50,
-                                                                                         'baseline': 0.5}
-    assert checks.parse_params(["score=log_softmax"], 'atman') == {'score': 'log_softmax'}
+    assert checks.parse_params(['steps=50', 'baseline=0.5'], 'integrated_gradients') == {'steps': 50, 'baseline': 0.5}
+    assert checks.parse_params(['score=log_softmax'], 'atman') == {'score': 'log_softmax'}
     assert checks.parse_params(['seed=None'], 'random') == {'seed': None}
     line = refused(capsys, ['explain', '--prompt', PROMPT, '--method', 'integrated_gradients', '--param', 'step=5'])
     assert "'step'" in line and 'steps, baseline' in line
@@ -61,12 +61,15 @@ def test_params(capsys):
 
 
 @pytest.mark.parametrize('command', ['explain', 'generate', 'explain-dataset'])
-@pytest.mark.parametrize('method, param, name', [
-    ('integrated_gradients', 'steps=0', 'steps'),
-    ('integrated_gradients', 'steps=abc', 'steps'),
-    ('smoothgrad', 'sigma=-1', 'sigma'),
-    ('atman', 'score=bogus', 'score'),
-])
+@pytest.mark.parametrize(
+    'method, param, name',
+    [
+        ('integrated_gradients', 'steps=0', 'steps'),
+        ('integrated_gradients', 'steps=abc', 'steps'),
+        ('smoothgrad', 'sigma=-1', 'sigma'),
+        ('atman', 'score=bogus', 'score'),
+    ],
+)
 def test_param_values_are_checked_before_loading(capsys, tmp_path, command, method, param, name):
     """A value the method refuses is a bad argument: exit status 2 naming the parameter, before the model is loaded
     (it used to be exit status 1 after loading)."""
@@ -154,8 +157,13 @@ def test_output_not_writable(capsys, tmp_path, monkeypatch):
     folder = tmp_path / 'read-only'
     folder.mkdir()
     real_access = os.access
-    monkeypatch.setattr(os, 'access', lambda path, mode, *args, **kwargs: (
-        False if str(path) == str(folder) and mode & os.W_OK else real_access(path, mode, *args, **kwargs)))
+    monkeypatch.setattr(
+        os,
+        'access',
+        lambda path, mode, *args, **kwargs: (
+            False if str(path) == str(folder) and mode & os.W_OK else real_access(path, mode, *args, **kwargs)
+        ),
+    )
     line = refused(capsys, ['explain', '--prompt', PROMPT, '--output', str(folder / 'x.html')])
     assert 'cannot write' in line and 'permission' in line
 
@@ -195,12 +203,17 @@ def test_encoder_decoder_refusals(capsys, tmp_path):
     texts = tmp_path / 'texts.jsonl'
     texts.write_text('{"text": "The bear"}\n')
     for method in ('attention_rollout', 'grad_attention_rollout', 'gradcam'):
-        for argv in (['explain', '--prompt', PROMPT], ['generate', '--prompt', PROMPT],
-                     ['explain-dataset', '--input', str(texts), '--output', str(tmp_path / 'out')]):
+        for argv in (
+            ['explain', '--prompt', PROMPT],
+            ['generate', '--prompt', PROMPT],
+            ['explain-dataset', '--input', str(texts), '--output', str(tmp_path / 'out')],
+        ):
             line = refused(capsys, [*argv, '--model', str(folder), '--method', method])
-            assert f'--method {method} reads attention maps, which are not implemented for encoder-decoder models ' \
-                   f'such as {folder} (its config.json says is_encoder_decoder); use one of attnlrp, cplrp, ' \
-                   'input_x_gradient, integrated_gradients, smoothgrad, atman, kernelshap, random' in line
+            assert (
+                f'--method {method} reads attention maps, which are not implemented for encoder-decoder models '
+                f'such as {folder} (its config.json says is_encoder_decoder); use one of attnlrp, cplrp, '
+                'input_x_gradient, integrated_gradients, smoothgrad, atman, kernelshap, random' in line
+            )
     line = refused(capsys, ['neurons', '--prompt', PROMPT, '--model', str(folder)])
     assert f'{folder} is an encoder-decoder model (its config.json says is_encoder_decoder): latent sites' in line
     assert not (tmp_path / 'out').exists()

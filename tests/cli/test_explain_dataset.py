@@ -1,4 +1,5 @@
 """``zennit-attn explain-dataset`` (:py:mod:`zennit_attn.cli.explain_dataset`)."""
+
 from __future__ import annotations
 
 import json
@@ -19,19 +20,29 @@ def texts(tmp_path):
 def test_manual_and_refusals(capsys, tmp_path, texts):
     code, out, err = run(capsys, ['explain-dataset', '--help'])
     assert code == 0 and err == '' and 'examples:' in out and 'zennit-attn explain-dataset' in out
-    for option in ('--input', '--output', '--batch-size', '--shard-size', '--method', '--target', '--model',
-                   '--checkpointing'):
+    for option in (
+        '--input',
+        '--output',
+        '--batch-size',
+        '--shard-size',
+        '--method',
+        '--target',
+        '--model',
+        '--checkpointing',
+    ):
         assert option in out
     assert 'required: --input, --output' in refused(capsys, ['explain-dataset'])
     line = refused(capsys, ['explain-dataset', '--input', str(tmp_path / 'missing.jsonl'), '--output', 'x'])
     assert 'does not exist' in line
     (tmp_path / 'texts.txt').write_text('The bear')
-    assert 'must be a .jsonl file' in refused(capsys, ['explain-dataset', '--input', str(tmp_path / 'texts.txt'),
-                                                       '--output', 'x'])
+    assert 'must be a .jsonl file' in refused(
+        capsys, ['explain-dataset', '--input', str(tmp_path / 'texts.txt'), '--output', 'x']
+    )
     bad = tmp_path / 'bad.jsonl'
     bad.write_text('{"text": "a"}\n[1, 2]\n')
-    assert 'bad.jsonl:2 must be a JSON object' in refused(capsys, ['explain-dataset', '--input', str(bad),
-                                                                   '--output', 'x'])
+    assert 'bad.jsonl:2 must be a JSON object' in refused(
+        capsys, ['explain-dataset', '--input', str(bad), '--output', 'x']
+    )
     base = ['explain-dataset', '--input', str(texts), '--output', str(tmp_path / 'out')]
     assert '--batch-size must be at least 1' in refused(capsys, base + ['--batch-size', '0'])
     assert '--param' in refused(capsys, base + ['--param', 'steps=3'])
@@ -39,9 +50,11 @@ def test_manual_and_refusals(capsys, tmp_path, texts):
     # a method without a backward pass: refused before loading (explain() refused it after loading, exit status 1)
     for method in ('atman', 'attention_rollout', 'kernelshap', 'random'):
         line = refused(capsys, base + ['--method', method, '--checkpointing'])
-        assert f'--checkpointing saves memory of a backward pass, which --method {method} does not do; it applies ' \
-               'to attnlrp, cplrp, input_x_gradient, integrated_gradients, smoothgrad, grad_attention_rollout, ' \
-               'gradcam' in line
+        assert (
+            f'--checkpointing saves memory of a backward pass, which --method {method} does not do; it applies '
+            'to attnlrp, cplrp, input_x_gradient, integrated_gradients, smoothgrad, grad_attention_rollout, '
+            'gradcam' in line
+        )
     assert not (tmp_path / 'out').exists()
 
 
@@ -60,8 +73,13 @@ def test_output_not_writable(capsys, tmp_path, texts, monkeypatch):
     folder = tmp_path / 'read-only'
     folder.mkdir()
     real_access = os.access
-    monkeypatch.setattr(os, 'access', lambda path, mode, *args, **kwargs: (
-        False if str(path) == str(folder) and mode & os.W_OK else real_access(path, mode, *args, **kwargs)))
+    monkeypatch.setattr(
+        os,
+        'access',
+        lambda path, mode, *args, **kwargs: (
+            False if str(path) == str(folder) and mode & os.W_OK else real_access(path, mode, *args, **kwargs)
+        ),
+    )
     for output in (folder / 'out', folder):
         line = refused(capsys, ['explain-dataset', '--input', str(texts), '--output', str(output)])
         assert line.startswith('zennit-attn: error: --output: ') and str(folder) in line and 'writ' in line
@@ -86,8 +104,20 @@ def test_explain_dataset_with_a_model_folder(capsys, tiny_folder, tmp_path):
     texts = tmp_path / 'texts.jsonl'
     texts.write_text(''.join(json.dumps({'text': text}) + '\n' for text in CORPUS[:5]))
     output = tmp_path / 'out'
-    argv = ['explain-dataset', '--input', str(texts), '--output', str(output), '--model', str(tiny_folder['llama']),
-            '--batch-size', '2', '--target', 'id:5', '-q']
+    argv = [
+        'explain-dataset',
+        '--input',
+        str(texts),
+        '--output',
+        str(output),
+        '--model',
+        str(tiny_folder['llama']),
+        '--batch-size',
+        '2',
+        '--target',
+        'id:5',
+        '-q',
+    ]
     code, out, err = run(capsys, argv)
     assert code == 0 and err == '', err
     assert 'Explained 5 texts with attnlrp' in out and str(output.resolve()) in out
@@ -102,8 +132,9 @@ def test_explain_dataset_with_a_model_folder(capsys, tiny_folder, tmp_path):
     assert 'other settings' in line and torch.is_tensor(loaded.relevance)
     # a method parameter reaches the method (and the recorded settings)
     other = tmp_path / 'ig'
-    code, out, err = run(capsys, argv[:4] + [str(other)] + argv[5:] + ['--method', 'integrated_gradients',
-                                                                      '--param', 'steps=3'])
+    code, out, err = run(
+        capsys, argv[:4] + [str(other)] + argv[5:] + ['--method', 'integrated_gradients', '--param', 'steps=3']
+    )
     assert code == 0 and err == '', err
     assert 'integrated_gradients (steps=3)' in out
     first = load_explanations(other)[0]

@@ -1,5 +1,6 @@
 """``zennit-attn explain --image``: a tiny LLaVA and a tiny CLIP saved with their processors, end to end; and the
 refusals of ``--image`` before anything is loaded."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,10 @@ from tests.processors import clip_processor, image, llava_processor
 @pytest.fixture(scope='module')
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp('multimodal')
-    for name, model, processor in (('llava', tiny_llava(zero_bias=True), llava_processor()),
-                                   ('clip', tiny_clip(zero_bias=True), clip_processor())):
+    for name, model, processor in (
+        ('llava', tiny_llava(zero_bias=True), llava_processor()),
+        ('clip', tiny_clip(zero_bias=True), clip_processor()),
+    ):
         model.save_pretrained(root / name)
         processor.save_pretrained(root / name)
     Image.fromarray(image()).save(root / 'picture.png')
@@ -28,17 +31,46 @@ def tiny_folder(folders):  # the name lets conftest's no_loading allow loading
 
 def test_llava_end_to_end(capsys, tiny_folder):
     output = tiny_folder / 'out.html'
-    code, out, err = run(capsys, ['explain', '--model', str(tiny_folder / 'llava'), '--prompt', '<image>The ice bear',
-                                  '--image', str(tiny_folder / 'picture.png'), '--dtype', 'float64', '--method',
-                                  'cplrp', '--output', str(output), '--quiet'])
+    code, out, err = run(
+        capsys,
+        [
+            'explain',
+            '--model',
+            str(tiny_folder / 'llava'),
+            '--prompt',
+            '<image>The ice bear',
+            '--image',
+            str(tiny_folder / 'picture.png'),
+            '--dtype',
+            'float64',
+            '--method',
+            'cplrp',
+            '--output',
+            str(output),
+            '--quiet',
+        ],
+    )
     assert code == 0, err
     assert 'with 1 image(s)' in out and '[image 1]' in out and 'patch relevance' in out
     assert output.read_text(encoding='utf-8').count('data:image/png;base64,') == 1
 
 
 def test_clip_end_to_end(capsys, tiny_folder):
-    code, out, err = run(capsys, ['explain', '--model', str(tiny_folder / 'clip'), '--prompt', 'The ice bear',
-                                  '--image', str(tiny_folder / 'picture.png'), '--dtype', 'float64', '--quiet'])
+    code, out, err = run(
+        capsys,
+        [
+            'explain',
+            '--model',
+            str(tiny_folder / 'clip'),
+            '--prompt',
+            'The ice bear',
+            '--image',
+            str(tiny_folder / 'picture.png'),
+            '--dtype',
+            'float64',
+            '--quiet',
+        ],
+    )
     assert code == 0, err
     assert 'CLIPModel' in out and 'similarity score' in out
 
@@ -57,12 +89,16 @@ def test_refusals(capsys, tmp_path, monkeypatch):
         assert 'is not a file' in refused(capsys, ['explain', '--prompt', 'x', '--image', str(tmp_path / 'none.png')])
         assert 'needs --model FOLDER' in refused(capsys, ['explain', '--prompt', 'x', '--image', str(picture)])
         for command, method in (('explain', 'input_x_gradient'), ('generate', 'gradcam'), ('explain', 'random')):
-            line = refused(capsys, [command, '--prompt', 'x', '--image', str(picture), '--model', str(folder),
-                                    '--method', method])
-            assert f'--image explains with the LRP methods (attnlrp, cplrp), which give text and pixel relevance in ' \
-                   f'one backward pass; --method {method} is not one' in line
-        line = refused(capsys, ['explain', '--prompt', 'x', '--image', str(picture), '--model', str(folder),
-                                '--contrast', 'id:3'])
+            line = refused(
+                capsys, [command, '--prompt', 'x', '--image', str(picture), '--model', str(folder), '--method', method]
+            )
+            assert (
+                f'--image explains with the LRP methods (attnlrp, cplrp), which give text and pixel relevance in '
+                f'one backward pass; --method {method} is not one' in line
+            )
+        line = refused(
+            capsys, ['explain', '--prompt', 'x', '--image', str(picture), '--model', str(folder), '--contrast', 'id:3']
+        )
         assert '--contrast does not apply with --image' in line
 
 
@@ -70,11 +106,16 @@ def test_a_text_only_model_with_an_image(capsys, tiny_folder, tiny_folders, tmp_
     """A model folder without an image processor (AutoProcessor finds its tokenizer), or with one but a model that
     takes no images: one line naming the problem, exit status 1 (known only once loaded)."""
     picture = str(tiny_folder / 'picture.png')
-    line = refused(capsys, ['explain', '--model', str(tiny_folders['llama']), '--prompt', 'The ice bear', '--image',
-                            picture, '-q'], code=1)
+    line = refused(
+        capsys,
+        ['explain', '--model', str(tiny_folders['llama']), '--prompt', 'The ice bear', '--image', picture, '-q'],
+        code=1,
+    )
     assert f'{tiny_folders["llama"]} has no image processor (AutoProcessor finds only ' in line
-    assert 'so the model takes no images; --image needs a vision-language model (LLaVA, Qwen2-VL) or an image-text ' \
-           'model (CLIP) saved with its processor' in line
+    assert (
+        'so the model takes no images; --image needs a vision-language model (LLaVA, Qwen2-VL) or an image-text '
+        'model (CLIP) saved with its processor' in line
+    )
     assert 'AttributeError' not in line and 'debug' not in line
     # the folder of a text model with LLaVA's processor saved into it: the model loads (AutoModel) but takes no images
     mixed = tmp_path / 'mixed'
@@ -82,7 +123,10 @@ def test_a_text_only_model_with_an_image(capsys, tiny_folder, tiny_folders, tmp_
     for item in tiny_folders['llama'].iterdir():
         (mixed / item.name).write_bytes(item.read_bytes())
     llava_processor().save_pretrained(mixed)
-    line = refused(capsys, ['generate', '--model', str(mixed), '--prompt', 'The ice bear', '--image', picture, '-q'],
-                   code=1)
-    assert f'{mixed} takes no images (LlamaModel has no pixel_values input), although it has an image processor; ' \
-           '--image needs a vision-language model' in line
+    line = refused(
+        capsys, ['generate', '--model', str(mixed), '--prompt', 'The ice bear', '--image', picture, '-q'], code=1
+    )
+    assert (
+        f'{mixed} takes no images (LlamaModel has no pixel_values input), although it has an image processor; '
+        '--image needs a vision-language model' in line
+    )

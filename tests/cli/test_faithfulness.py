@@ -1,4 +1,5 @@
 """``zennit-attn faithfulness`` (:py:mod:`zennit_attn.cli.faithfulness`)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,7 @@ def finished(tmp_path):
 def test_faithfulness_refusals(capsys, tmp_path, finished):
     code, out, err = run(capsys, ['faithfulness', '--help'])
     assert code == 0 and 'examples:' in out and '--explanations' in out and '--mode' in out
-    assert 'not a finished explain-dataset output' in refused(capsys, ['faithfulness', '--explanations',
-                                                                       str(tmp_path)])
+    assert 'not a finished explain-dataset output' in refused(capsys, ['faithfulness', '--explanations', str(tmp_path)])
     base = ['faithfulness', '--explanations', str(finished)]
     assert '--steps must be at least 1' in refused(capsys, base + ['--steps', '0'])
     assert '--batch-size must be at least 1' in refused(capsys, base + ['--batch-size', '0'])
@@ -42,8 +42,13 @@ def test_csv_checked_before_loading(capsys, tmp_path, finished, monkeypatch):
     folder = tmp_path / 'read-only'
     folder.mkdir()
     real_access = os.access
-    monkeypatch.setattr(os, 'access', lambda path, mode, *args, **kwargs: (
-        False if str(path) == str(folder) and mode & os.W_OK else real_access(path, mode, *args, **kwargs)))
+    monkeypatch.setattr(
+        os,
+        'access',
+        lambda path, mode, *args, **kwargs: (
+            False if str(path) == str(folder) and mode & os.W_OK else real_access(path, mode, *args, **kwargs)
+        ),
+    )
     line = refused(capsys, base + [str(folder / 'scores.csv')])
     assert 'cannot write' in line and 'permission' in line and str(folder) in line
     if os.path.isdir('/proc/self'):  # passes the permission check, refuses new files
@@ -65,17 +70,45 @@ def test_faithfulness_with_a_model_folder(capsys, tiny_folder, tmp_path):
     texts = tmp_path / 'texts.jsonl'
     texts.write_text(''.join(json.dumps({'text': text}) + '\n' for text in CORPUS[:3]))
     output = tmp_path / 'out'
-    assert run(capsys, ['explain-dataset', '--input', str(texts), '--output', str(output), '--model',
-                        str(tiny_folder['llama']), '-q'])[0] == 0
+    assert (
+        run(
+            capsys,
+            [
+                'explain-dataset',
+                '--input',
+                str(texts),
+                '--output',
+                str(output),
+                '--model',
+                str(tiny_folder['llama']),
+                '-q',
+            ],
+        )[0]
+        == 0
+    )
     table = tmp_path / 'new' / 'scores.csv'  # its folder is made
-    code, out, err = run(capsys, ['faithfulness', '--explanations', str(output), '--model', str(tiny_folder['llama']),
-                                  '--steps', '1000', '--csv', str(table), '-q'])  # capped: one token per step
+    code, out, err = run(
+        capsys,
+        [
+            'faithfulness',
+            '--explanations',
+            str(output),
+            '--model',
+            str(tiny_folder['llama']),
+            '--steps',
+            '1000',
+            '--csv',
+            str(table),
+            '-q',
+        ],
+    )  # capped: one token per step
     assert code == 0 and err == '', err
     assert '3 texts explained by attnlrp' in out and 'flipping' in out and 'insertion' in out
     assert f'wrote {table.resolve()}' in out
     rows = list(csv.DictReader(table.open()))
-    assert [(row['text'], row['mode']) for row in rows] == [(str(i), mode) for i in range(3)
-                                                            for mode in ('flipping', 'insertion')]
+    assert [(row['text'], row['mode']) for row in rows] == [
+        (str(i), mode) for i in range(3) for mode in ('flipping', 'insertion')
+    ]
 
     model = AutoModelForCausalLM.from_pretrained(tiny_folder['llama']).eval()
     explanation = load_explanations(output)[0]

@@ -3,6 +3,7 @@ program and of each command), ``--version`` and the refusals of bad arguments im
 (they took 6 s and more, all of it importing), and ``import zennit_attn`` imports its names on first use (PEP 562).
 
 Each test runs a fresh interpreter and reads its ``sys.modules`` (not the time, which a loaded machine changes)."""
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,23 @@ ROOT = Path(__file__).resolve().parents[2]
 #: modules the manual and the argument checks must not import (torch and what imports it)
 HEAVY = ('torch', 'transformers', 'captum', 'sklearn', 'zennit', 'numpy', 'PIL', 'safetensors', 'tqdm')
 #: the arguments whose handling must not import :py:data:`HEAVY`
-MANUALS = [['--help'], ['--version'], *([command, '--help'] for command in (
-    'explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness'))]
+MANUALS = [
+    ['--help'],
+    ['--version'],
+    *([command, '--help'] for command in ('explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness')),
+]
 
 
 def python(code: str) -> dict:
     """Run ``code`` in a fresh interpreter in the repository; it prints one JSON value last, which is returned."""
-    result = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -34,7 +44,7 @@ def python(code: str) -> dict:
 def heavy_after(runs: list[list[str]]) -> dict:
     """For each ``argv`` of ``runs`` in turn, in one fresh interpreter: its exit status, the number of lines it
     printed and the modules of :py:data:`HEAVY` loaded after it."""
-    return python(f'''
+    return python(f"""
         import contextlib, io, json, sys
         from zennit_attn.cli import main
         found = []
@@ -45,7 +55,7 @@ def heavy_after(runs: list[list[str]]) -> dict:
             found.append([argv, code, len(out.getvalue().splitlines()), err.getvalue().strip(),
                           sorted(name for name in {HEAVY!r} if name in sys.modules)])
         print(json.dumps(found))
-        ''')
+        """)
 
 
 def test_manuals_import_no_torch():
@@ -67,25 +77,80 @@ def test_refusals_import_no_torch(tmp_path):
     texts.write_text('{"text": "The bear"}\n')
     runs = {
         '--top must be 0 or more': ['explain', '--prompt', 'x', '--top', '-1'],
-        "--method input_x_gradient is not one": ['explain', '--prompt', 'x', '--image', str(picture), '--model',
-                                                 str(folder), '--method', 'input_x_gradient'],
-        "--method gradcam is not one": ['generate', '--prompt', 'x', '--image', str(picture), '--model', str(folder),
-                                        '--method', 'gradcam'],
+        '--method input_x_gradient is not one': [
+            'explain',
+            '--prompt',
+            'x',
+            '--image',
+            str(picture),
+            '--model',
+            str(folder),
+            '--method',
+            'input_x_gradient',
+        ],
+        '--method gradcam is not one': [
+            'generate',
+            '--prompt',
+            'x',
+            '--image',
+            str(picture),
+            '--model',
+            str(folder),
+            '--method',
+            'gradcam',
+        ],
         "--contrast is the --target itself (' b')": ['explain', '--prompt', 'a', '--target', ' b', '--contrast', ' b'],
-        '--contrast is the --target itself (id:5)': ['explain', '--prompt', 'a', '--target', 'id:5', '--contrast',
-                                                     'id:5'],
+        '--contrast is the --target itself (id:5)': [
+            'explain',
+            '--prompt',
+            'a',
+            '--target',
+            'id:5',
+            '--contrast',
+            'id:5',
+        ],
         '--image needs --model FOLDER': ['explain', '--prompt', 'x', '--image', str(picture)],
-        '--contrast does not apply with --image': ['explain', '--prompt', 'x', '--image', str(picture), '--model',
-                                                   str(folder), '--contrast', 'id:3'],
+        '--contrast does not apply with --image': [
+            'explain',
+            '--prompt',
+            'x',
+            '--image',
+            str(picture),
+            '--model',
+            str(folder),
+            '--contrast',
+            'id:3',
+        ],
         '--method atman does not record latent relevance': ['neurons', '--prompt', 'x', '--method', 'atman'],
         '--checkpointing saves memory of a backward pass, which --method atman does not do': [
-            'explain-dataset', '--input', str(texts), '--output', str(tmp_path / 'out'), '--method', 'atman',
-            '--checkpointing'],
+            'explain-dataset',
+            '--input',
+            str(texts),
+            '--output',
+            str(tmp_path / 'out'),
+            '--method',
+            'atman',
+            '--checkpointing',
+        ],
         "--input '": ['explain-dataset', '--input', str(tmp_path / 'missing.jsonl'), '--output', str(tmp_path)],
         "--param 'step': method integrated_gradients takes steps, baseline": [
-            'explain', '--prompt', 'x', '--method', 'integrated_gradients', '--param', 'step=3'],
-        '--composite applies to the LRP methods': ['explain', '--prompt', 'x', '--method', 'gradcam', '--composite',
-                                                   'cplrp'],
+            'explain',
+            '--prompt',
+            'x',
+            '--method',
+            'integrated_gradients',
+            '--param',
+            'step=3',
+        ],
+        '--composite applies to the LRP methods': [
+            'explain',
+            '--prompt',
+            'x',
+            '--method',
+            'gradcam',
+            '--composite',
+            'cplrp',
+        ],
         'is not a finished explain-dataset output': ['faithfulness', '--explanations', str(tmp_path)],
         '--top must be at least 1': ['demo', '--top', '0'],
     }
@@ -98,7 +163,7 @@ def test_refusals_import_no_torch(tmp_path):
 
 
 def test_import_zennit_attn_loads_names_on_first_use():
-    found = python('''
+    found = python("""
         import json, sys
         heavy = lambda: sorted(name for name in ('torch', 'transformers', 'captum', 'sklearn', 'zennit')
                                if name in sys.modules)
@@ -112,7 +177,7 @@ def test_import_zennit_attn_loads_names_on_first_use():
         print(json.dumps({'after_import': after_import, 'not_in_dir': listed, 'after_use': heavy(),
                           'explain': [explain.__module__, callable(explain), imported is explain,
                                       zennit_attn.explain is explain]}))
-        ''')
+        """)
     assert found['after_import'] == [], f'import zennit_attn imports {found["after_import"]}'
     assert found['not_in_dir'] == []
     assert {'torch', 'transformers'} <= set(found['after_use'])
@@ -122,27 +187,34 @@ def test_import_zennit_attn_loads_names_on_first_use():
 def test_the_submodule_explain_first():
     """``zennit_attn.explain`` is the function also where the submodule was imported before the name was used (as
     the command line's run step does)."""
-    found = python('''
+    found = python("""
         import json
         from zennit_attn.explain import encode_texts
         import zennit_attn
         from zennit_attn import explain
         print(json.dumps([zennit_attn.explain is explain, callable(explain), explain.__name__,
                           zennit_attn.explain.__module__, encode_texts.__module__]))
-        ''')
+        """)
     assert found == [True, True, 'explain', 'zennit_attn.explain', 'zennit_attn.explain']
 
 
 def test_public_names_in_this_process():
     """The names of ``__all__`` resolve (to the objects of their modules), ``dir()`` lists them, a submodule
     resolves on first use, and an unknown name is an AttributeError."""
+    from zennit_attn import explain as function
     from zennit_attn.results import explanation
     from zennit_attn.workflows import dataset, diagnostics, generation
-    from zennit_attn import explain as function
 
-    modules = {'explain_dataset': dataset, 'load_explanations': dataset, 'explain_generation': generation,
-               'Explanation': explanation, 'ImageExplanation': explanation, 'GenerationExplanation': generation,
-               'conservation': diagnostics, 'ConservationReport': diagnostics}
+    modules = {
+        'explain_dataset': dataset,
+        'load_explanations': dataset,
+        'explain_generation': generation,
+        'Explanation': explanation,
+        'ImageExplanation': explanation,
+        'GenerationExplanation': generation,
+        'conservation': diagnostics,
+        'ConservationReport': diagnostics,
+    }
     for name, module in modules.items():
         assert getattr(zennit_attn, name) is getattr(module, name)
     assert callable(function) and function.__module__ == 'zennit_attn.explain' and zennit_attn.explain is function

@@ -1,17 +1,18 @@
 """The facts the command line keeps about the library to check arguments without importing it
 (:py:mod:`zennit_attn.cli.library`) are the library's own: a method added, renamed or given another parameter in
 :py:mod:`zennit_attn.methods.registry` fails here until the copy follows."""
+
 from __future__ import annotations
 
 import inspect
 import types
 
 from zennit_attn import pretrained
+from zennit_attn.cli import library
 from zennit_attn.inputs import objectives
 from zennit_attn.methods import registry as methods
-from zennit_attn.workflows import dataset
-from zennit_attn.cli import library
 from zennit_attn.results.render import views
+from zennit_attn.workflows import dataset
 
 
 def test_methods_are_the_librarys():
@@ -25,7 +26,10 @@ def test_methods_are_the_librarys():
         # the methods that read attention maps (refused for encoder-decoder models) are those that call them
         assert facts.attention_maps == ('attention_maps(' in inspect.getsource(method.function)), name
     assert [name for name, facts in library.METHODS.items() if facts.attention_maps] == [
-        'attention_rollout', 'grad_attention_rollout', 'gradcam']
+        'attention_rollout',
+        'grad_attention_rollout',
+        'gradcam',
+    ]
 
 
 def test_constants_are_the_librarys():

@@ -1,5 +1,6 @@
 """The program (:py:mod:`zennit_attn.cli`): the manual, the commands, one line per failure, ``python -m`` and the
 console script."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -68,11 +69,14 @@ def test_python_dash_m_is_the_command_line():
     assert 'from .cli import main' in source
 
 
-@pytest.mark.parametrize('error, expected', [
-    (OSError('config.json is missing\nin the folder'), 'zennit-attn: error: config.json is missing in the folder'),
-    (ValueError('input is longer than max_position_embeddings'), 'zennit-attn: error: input is longer than'),
-    (KeyError('rope_scaling'), "zennit-attn: error: KeyError: 'rope_scaling'"),
-])
+@pytest.mark.parametrize(
+    'error, expected',
+    [
+        (OSError('config.json is missing\nin the folder'), 'zennit-attn: error: config.json is missing in the folder'),
+        (ValueError('input is longer than max_position_embeddings'), 'zennit-attn: error: input is longer than'),
+        (KeyError('rope_scaling'), "zennit-attn: error: KeyError: 'rope_scaling'"),
+    ],
+)
 def test_failure_while_running_is_one_line(capsys, monkeypatch, error, expected):
     def load(*args, **kwargs):
         raise error
@@ -101,8 +105,9 @@ def test_interrupted(capsys, monkeypatch):
 
 def test_failure_of_a_real_run_is_one_line(capsys, tiny_folder, tmp_path):
     """A prompt longer than the model's positions (64): refused by explain() after loading, one line, status 1."""
-    line = refused(capsys, ['explain', '--prompt', 'the bear ' * 80, '--model', str(tiny_folder['llama']), '-q'],
-                   code=1)
+    line = refused(
+        capsys, ['explain', '--prompt', 'the bear ' * 80, '--model', str(tiny_folder['llama']), '-q'], code=1
+    )
     assert 'max_position_embeddings' in line or 'longer' in line
     # a folder whose weights are missing: one line naming the folder, status 1
     folder = tmp_path / 'no-weights'
@@ -124,8 +129,9 @@ def test_console_script(capsys):
         importlib.metadata.distribution('zennit-attn')
     except importlib.metadata.PackageNotFoundError:
         pytest.skip('zennit-attn is not installed (pip install -e .)')
-    scripts = [entry for entry in importlib.metadata.entry_points(group='console_scripts')
-               if entry.name == 'zennit-attn']
+    scripts = [
+        entry for entry in importlib.metadata.entry_points(group='console_scripts') if entry.name == 'zennit-attn'
+    ]
     assert scripts and scripts[0].value == 'zennit_attn.cli:main', 'reinstall: pip install -e .'
     script = Path(sys.executable).parent / 'zennit-attn'
     assert script.exists(), f'{script} is missing: pip install -e .'

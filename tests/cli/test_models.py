@@ -1,5 +1,6 @@
 """``--model``, ``--device`` and ``--target`` against the tokenizer (:py:mod:`zennit_attn.cli.models`): checked
 without loading where possible; a target is checked after the tokenizer is loaded and before the model is."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ def test_bad_model_path(capsys, tmp_path):
     assert 'without config.json' in line
     weights = tmp_path / 'model.safetensors'
     weights.write_bytes(b'')
-    assert 'neither a model folder nor a .gguf' in refused(capsys, ['explain', '--prompt', PROMPT, '--model',
-                                                                    str(weights)])
+    assert 'neither a model folder nor a .gguf' in refused(
+        capsys, ['explain', '--prompt', PROMPT, '--model', str(weights)]
+    )
     assert '--model is empty' in refused(capsys, ['explain', '--prompt', PROMPT, '--model', ''])
 
 
@@ -98,6 +100,7 @@ def test_device(capsys):
 
 class WordTokenizer:
     """A stand-in tokenizer for the target check: one token per word of its vocabulary (with the leading space)."""
+
     vocabulary = ('<s>', ' Paris', ' Par', 'is', ' London')
 
     def __len__(self):
@@ -106,10 +109,12 @@ class WordTokenizer:
     def encode(self, text, add_special_tokens=True):
         ids = []
         while text:
-            match = max((i for i, word in enumerate(self.vocabulary) if text.startswith(word)),
-                        key=lambda i: len(self.vocabulary[i]))
+            match = max(
+                (i for i, word in enumerate(self.vocabulary) if text.startswith(word)),
+                key=lambda i: len(self.vocabulary[i]),
+            )
             ids.append(match)
-            text = text[len(self.vocabulary[match]):]
+            text = text[len(self.vocabulary[match]) :]
         return ids
 
     def decode(self, ids):

@@ -1,4 +1,5 @@
 """``zennit-attn neurons`` (:py:mod:`zennit_attn.cli.neurons`)."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,15 +9,20 @@ from zennit_attn.cli.errors import UsageError
 from zennit_attn.cli.neurons import parse_layers
 
 
-@pytest.mark.parametrize('argv, message', [
-    (['--method', 'atman'], '--method atman does not record latent relevance; use one of attnlrp, cplrp, '
-                            'input_x_gradient'),
-    (['--top', '0'], '--top must be at least 1'),
-    (['--vocabulary', '-1'], '--vocabulary must be 0 or more'),
-    (['--layers', '3-x'], "--layers '3-x': give a range"),
-    (['--layers', '-2'], 'give layer indices >= 0'),
-    (['--site', 'residual'], "argument --site: invalid choice: 'residual'"),
-])
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (
+            ['--method', 'atman'],
+            '--method atman does not record latent relevance; use one of attnlrp, cplrp, input_x_gradient',
+        ),
+        (['--top', '0'], '--top must be at least 1'),
+        (['--vocabulary', '-1'], '--vocabulary must be 0 or more'),
+        (['--layers', '3-x'], "--layers '3-x': give a range"),
+        (['--layers', '-2'], 'give layer indices >= 0'),
+        (['--site', 'residual'], "argument --site: invalid choice: 'residual'"),
+    ],
+)
 def test_neurons_refusals(capsys, argv, message):
     assert message in refused(capsys, ['neurons', '--prompt', PROMPT, *argv])
 
@@ -44,8 +50,23 @@ def test_neurons_with_a_model_folder(capsys, tiny_folder):
     from zennit_attn.results.render.tokens import token_texts
 
     prompt = 'The ice bear lives in the'
-    code, out, err = run(capsys, ['neurons', '--prompt', prompt, '--model', str(tiny_folder['llama']), '--top', '3',
-                                  '--vocabulary', '2', '--layers', '1', '-q'])
+    code, out, err = run(
+        capsys,
+        [
+            'neurons',
+            '--prompt',
+            prompt,
+            '--model',
+            str(tiny_folder['llama']),
+            '--top',
+            '3',
+            '--vocabulary',
+            '2',
+            '--layers',
+            '1',
+            '-q',
+        ],
+    )
     assert code == 0 and err == '', err
     model = AutoModelForCausalLM.from_pretrained(tiny_folder['llama']).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_folder['llama'])
@@ -65,15 +86,44 @@ def test_neurons_with_a_model_folder(capsys, tiny_folder):
         texts = token_texts(tokenizer, [token for token, _, _ in promoted])
         assert line.endswith('promotes ' + ', '.join(repr(text) for text in texts))
     # a layer named twice: the same ranking as named once, each neuron listed once
-    code, twice, err = run(capsys, ['neurons', '--prompt', prompt, '--model', str(tiny_folder['llama']), '--top', '3',
-                                    '--vocabulary', '2', '--layers', '1,1', '-q'])
+    code, twice, err = run(
+        capsys,
+        [
+            'neurons',
+            '--prompt',
+            prompt,
+            '--model',
+            str(tiny_folder['llama']),
+            '--top',
+            '3',
+            '--vocabulary',
+            '2',
+            '--layers',
+            '1,1',
+            '-q',
+        ],
+    )
     assert code == 0 and err == '', err
     assert ranked_lines(twice) == ranked_lines(out) and len(ranked_lines(twice)) == 3
     # a layer the model does not have: one line, exit status 1
-    line = refused(capsys, ['neurons', '--prompt', prompt, '--model', str(tiny_folder['llama']), '--layers', '9',
-                            '-q'], code=1)
+    line = refused(
+        capsys, ['neurons', '--prompt', prompt, '--model', str(tiny_folder['llama']), '--layers', '9', '-q'], code=1
+    )
     assert 'the model has 2 layers' in line
     # heads under CP-LRP
-    code, out, err = run(capsys, ['neurons', '--prompt', prompt, '--model', str(tiny_folder['llama']), '--site',
-                                  'attention', '--method', 'cplrp', '-q'])
+    code, out, err = run(
+        capsys,
+        [
+            'neurons',
+            '--prompt',
+            prompt,
+            '--model',
+            str(tiny_folder['llama']),
+            '--site',
+            'attention',
+            '--method',
+            'cplrp',
+            '-q',
+        ],
+    )
     assert code == 0 and 'Top-' in out and ' head ' in out and 'promotes' not in out

@@ -1,4 +1,5 @@
 """Progress messages on stderr (:py:mod:`zennit_attn.cli.progress`)."""
+
 from __future__ import annotations
 
 import io

@@ -1,10 +1,19 @@
 """explain(..., checkpointing=True): the same relevance as without on every family, blocks recomputed, fewer saved
 bytes, the model restored exactly (also after an exception), and refusals."""
+
 import pytest
 import torch
 
-from tests.models import pixels, tiny_hf_vit, tiny_timm_vit
-from tests.models import ENCODER_DECODERS, FAMILY_HEADS, decoder_ids, tiny_model, token_ids
+from tests.models import (
+    ENCODER_DECODERS,
+    FAMILY_HEADS,
+    decoder_ids,
+    pixels,
+    tiny_hf_vit,
+    tiny_model,
+    tiny_timm_vit,
+    token_ids,
+)
 from zennit_attn import explain
 from zennit_attn.engine.canonizers import NoBlocksError, transformer_blocks
 from zennit_attn.engine.checkpointing import checkpointed
@@ -77,12 +86,15 @@ def test_blocks_are_recomputed_and_fewer_bytes_are_saved():
 
         def block_inputs(module, args, kwargs):
             for value in [*args, *kwargs.values()]:
-                for tensor in (value if isinstance(value, tuple) else (value,)):
+                for tensor in value if isinstance(value, tuple) else (value,):
                     if isinstance(tensor, torch.Tensor):
                         keep(tensor)
 
-        hooks = [block.register_forward_pre_hook(block_inputs, with_kwargs=True)
-                 for block in transformer_blocks(model)] if checkpointing else []
+        hooks = (
+            [block.register_forward_pre_hook(block_inputs, with_kwargs=True) for block in transformer_blocks(model)]
+            if checkpointing
+            else []
+        )
         parameters = {tensor.untyped_storage().data_ptr() for tensor in model.parameters()}
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
@@ -109,6 +121,7 @@ def test_model_is_restored_exactly_also_after_an_exception():
 
     def custom(*args, **kwargs):  # an instance forward that was there before (e.g. an accelerate hook)
         return type(layer).forward(layer, *args, **kwargs)
+
     model.model.layers[1].forward = custom
     with pytest.raises(RuntimeError, match='inside'):
         with checkpointed(model) as blocks:
@@ -119,7 +132,7 @@ def test_model_is_restored_exactly_also_after_an_exception():
     assert model.model.layers[1].__dict__['forward'] is custom
     # and after explain() raising inside the checkpointed call (a target out of range is found after the forward)
     with pytest.raises(ValueError, match='out of range'):
-        explain(model, token_ids('llama', 6), target=10 ** 6, checkpointing=True)
+        explain(model, token_ids('llama', 6), target=10**6, checkpointing=True)
     assert 'forward' not in layer.__dict__
     assert model.model.layers[1].__dict__['forward'] is custom
 
@@ -132,8 +145,10 @@ def test_refusals():
             explain(model, ids, method=method, checkpointing=True)
     with pytest.raises(TypeError, match='checkpointing'):
         explain(model, ids, checkpointing='yes')
-    with pytest.raises(NoBlocksError, match='^checkpointing=True: Linear has no transformer blocks: .*explain it '
-                                            'without checkpointing$'):
+    with pytest.raises(
+        NoBlocksError,
+        match='^checkpointing=True: Linear has no transformer blocks: .*explain it without checkpointing$',
+    ):
         with checkpointed(torch.nn.Linear(2, 2)):
             pass
     with pytest.raises(ValueError, match='empty list of blocks'):

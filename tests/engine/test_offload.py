@@ -3,6 +3,7 @@
 relevance of the same model on one device, with and without checkpointing, and the same generation explanations,
 reference samples and vocabulary projections (whose inputs go to the device the model computes on, not to that of
 its first, meta, parameter); the model check still refuses meta weights that nothing loads."""
+
 import pytest
 import torch
 
@@ -15,8 +16,13 @@ accelerate = pytest.importorskip('accelerate')
 transformers = pytest.importorskip('transformers')
 
 #: family -> Auto class of its head
-HEADS = {'llama': 'AutoModelForCausalLM', 'gpt2': 'AutoModelForCausalLM', 'mixtral': 'AutoModelForCausalLM',
-         't5': 'AutoModelForSeq2SeqLM', 'bert': 'AutoModelForMaskedLM'}
+HEADS = {
+    'llama': 'AutoModelForCausalLM',
+    'gpt2': 'AutoModelForCausalLM',
+    'mixtral': 'AutoModelForCausalLM',
+    't5': 'AutoModelForSeq2SeqLM',
+    'bert': 'AutoModelForMaskedLM',
+}
 
 
 def relative_error(actual, expected):
@@ -67,6 +73,7 @@ def disk_offloaded(folder, family, reference_model, tmp_path, rest='cpu'):
     """Every second transformer block on disk, the other blocks on the CPU, every module with weights outside them
     on ``rest``."""
     from zennit_attn.engine.canonizers import transformer_blocks
+
     names = {id(module): name for name, module in reference_model.named_modules()}
     blocks = [names[id(block)] for block in transformer_blocks(reference_model)]
     device_map = {name: 'disk' if index % 2 else 'cpu' for index, name in enumerate(blocks)}
@@ -88,8 +95,11 @@ def test_disk_offload_device_map_equals_one_device(saved, tmp_path):
     check(disk_offloaded(folder, family, reference_model, tmp_path), reference, family)
 
 
-@pytest.fixture(scope='module', params=[(family, offload) for family in ('llama', 'gpt2')
-                                        for offload in ('cpu_offload', 'disk')], ids=lambda param: '-'.join(param))
+@pytest.fixture(
+    scope='module',
+    params=[(family, offload) for family in ('llama', 'gpt2') for offload in ('cpu_offload', 'disk')],
+    ids=lambda param: '-'.join(param),
+)
 def offloaded(request, tmp_path_factory):
     """``(offloaded model, the same model on one device)``: wrapped by ``cpu_offload``, or loaded with a device map
     that puts the embeddings and every second block on disk; either way the first parameter is on the meta device."""
@@ -129,7 +139,8 @@ def test_reference_samples_equal_one_device(offloaded, by):
     plain = reference_samples(reference_model, tokenizer, texts, neurons, **options)
     for neuron in neurons:
         assert [(entry.text, entry.position) for entry in refs[neuron]] == [
-            (entry.text, entry.position) for entry in plain[neuron]]
+            (entry.text, entry.position) for entry in plain[neuron]
+        ]
         for entry, other in zip(refs[neuron], plain[neuron]):
             assert entry.score == pytest.approx(other.score, rel=1e-12, abs=1e-15)
             assert relative_error(entry.explanation.relevance, other.explanation.relevance) <= 1e-12

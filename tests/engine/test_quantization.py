@@ -16,6 +16,7 @@ float16 vs float32                 0.0043                      0.02
 bfloat16 vs float32                0.014                       0.05
 =================================  ==========================  =========
 """
+
 import importlib.util
 import logging
 import warnings
@@ -26,16 +27,32 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from zennit_attn import explain
 from zennit_attn.engine.canonizers import UnsupportedModelError
-from zennit_attn.engine.canonizers.quantization import UnsupportedQuantizationError, quantization_of, unexplained_quantized
+from zennit_attn.engine.canonizers.quantization import (
+    UnsupportedQuantizationError,
+    quantization_of,
+    unexplained_quantized,
+)
 
-LLAMA = dict(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+LLAMA = dict(
+    vocab_size=50,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 TARGET = 5
 
-needs_bnb = pytest.mark.skipif(importlib.util.find_spec('bitsandbytes') is None,
-                               reason='bitsandbytes is not installed: pip install "zennit-attn[quantized]"')
-needs_torchao = pytest.mark.skipif(importlib.util.find_spec('torchao') is None,
-                                   reason='torchao is not installed: pip install "zennit-attn[quantized]"')
+needs_bnb = pytest.mark.skipif(
+    importlib.util.find_spec('bitsandbytes') is None,
+    reason='bitsandbytes is not installed: pip install "zennit-attn[quantized]"',
+)
+needs_torchao = pytest.mark.skipif(
+    importlib.util.find_spec('torchao') is None, reason='torchao is not installed: pip install "zennit-attn[quantized]"'
+)
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -72,8 +89,9 @@ def load(folder, quantization_config) -> torch.nn.Module:
         warnings.simplefilter('ignore')
         logging.disable(logging.WARNING)
         try:
-            model = LlamaForCausalLM.from_pretrained(folder, quantization_config=quantization_config,
-                                                     dtype=torch.float32, device_map='cpu')
+            model = LlamaForCausalLM.from_pretrained(
+                folder, quantization_config=quantization_config, dtype=torch.float32, device_map='cpu'
+            )
         finally:
             logging.disable(logging.NOTSET)
     return model.eval()
@@ -89,6 +107,7 @@ def explain_quietly(model, ids):
 @needs_bnb
 def test_bitsandbytes_8bit_within_tolerance_of_float32(saved, ids, reference):
     from transformers import BitsAndBytesConfig
+
     model = load(saved, BitsAndBytesConfig(load_in_8bit=True))
     projection = model.model.layers[0].self_attn.q_proj
     assert type(projection).__name__ == 'Linear8bitLt' and projection.weight.dtype == torch.int8
@@ -101,6 +120,7 @@ def test_bitsandbytes_8bit_within_tolerance_of_float32(saved, ids, reference):
 @needs_bnb
 def test_bitsandbytes_4bit_explains_the_dequantized_model(saved, ids, reference):
     from transformers import BitsAndBytesConfig
+
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.float32)
     model = load(saved, config)
     assert quantization_of(model.model.layers[0].mlp.down_proj) == 'bitsandbytes 4-bit'
@@ -117,6 +137,7 @@ def test_bitsandbytes_4bit_explains_the_dequantized_model(saved, ids, reference)
 def test_torchao_int8_weight_only_within_tolerance(float32, saved, ids, reference):
     from torchao.quantization import Int8WeightOnlyConfig
     from transformers import TorchAoConfig
+
     model = load(saved, TorchAoConfig(Int8WeightOnlyConfig()))
     assert quantization_of(model.model.layers[0].self_attn.v_proj) == 'torchao'
     relevance = explain_quietly(model, ids).relevance
@@ -150,8 +171,9 @@ def test_float16_overflow_is_refused_not_returned(float32, ids):
     with torch.no_grad():
         model.model.norm.weight.fill_(1e3)  # finite weights, but the logits overflow float16 (|logit| > 65504)
         model.lm_head.weight.mul_(1e3)
-    with pytest.raises(FloatingPointError, match='torch.float16 overflowed inside the model: explain in float32 or '
-                                                 'bfloat16'):
+    with pytest.raises(
+        FloatingPointError, match='torch.float16 overflowed inside the model: explain in float32 or bfloat16'
+    ):
         explain(model, ids, target=TARGET)
 
 
@@ -168,13 +190,16 @@ def test_torch_ao_dynamic_quantization_refused_for_every_method(float32, ids):
             explain(model, ids, target=TARGET, method=method)
         message = str(error.value)
         assert isinstance(error.value, UnsupportedModelError)
-        assert ('  - torch.ao.nn.quantized.dynamic.modules.linear.Linear (at model.layers.0.self_attn.q_proj): '
-                'torch.ao quantized kernels have no backward pass') in message
+        assert (
+            '  - torch.ao.nn.quantized.dynamic.modules.linear.Linear (at model.layers.0.self_attn.q_proj): '
+            'torch.ao quantized kernels have no backward pass'
+        ) in message
         assert 'Dequantize first' in message and 'BitsAndBytesConfig(load_in_8bit=True)' in message
 
 
 class QuantLinear(torch.nn.Module):
     """A GPTQ-style layer: int8 ``qweight`` and scales, a kernel without a backward pass (the input is detached)."""
+
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         scale = linear.weight.abs().amax(1, keepdim=True) / 127
@@ -192,9 +217,13 @@ def test_unknown_quantized_layer_refused_not_skipped(float32, ids):
         layer.mlp.down_proj = QuantLinear(layer.mlp.down_proj)
     model.eval()
     # before the check, input x gradient ran and silently lost the MLP branches' relevance
-    with pytest.raises(UnsupportedQuantizationError, match=(
+    with pytest.raises(
+        UnsupportedQuantizationError,
+        match=(
             r"  - tests\.engine\.test_quantization\.QuantLinear \(at model\.layers\.0\.mlp\.down_proj\): its 'qweight' holds "
-            r"torch\.int8 values, and no backward pass through it is known")):
+            r'torch\.int8 values, and no backward pass through it is known'
+        ),
+    ):
         explain(model, ids, target=TARGET, method='input_x_gradient')
 
 
@@ -233,10 +262,14 @@ def test_gamma_rule_on_a_quantized_vit_layer_refused():
     quantized.bias = torch.nn.Parameter(plain.bias.data.clone())
     model.vit.layers[0].mlp.fc1 = quantized.to('cpu').eval()
     images = pixels(dtype=torch.float32)
-    with pytest.raises(UnsupportedQuantizationError, match=(
+    with pytest.raises(
+        UnsupportedQuantizationError,
+        match=(
             r"Gamma \(the 'linear' rule\) recomputes 'vit\.layers\.0\.mlp\.fc1' with modified "
-            r"weights, which the bitsandbytes 8-bit layer Linear8bitLt does not hold in floating point: dequantize "
-            r"the model first, or pass linear=Epsilon\(\) to AttnLRPGamma")):
+            r'weights, which the bitsandbytes 8-bit layer Linear8bitLt does not hold in floating point: dequantize '
+            r'the model first, or pass linear=Epsilon\(\) to AttnLRPGamma'
+        ),
+    ):
         explain(model, images, target=0)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
@@ -250,9 +283,13 @@ def test_bitsandbytes_4bit_layer_not_yet_quantized_refused():
     import bitsandbytes as bnb
 
     model = torch.nn.Sequential(bnb.nn.Linear4bit(16, 8, compute_dtype=torch.float32))
-    assert list(unexplained_quantized(model).values()) == [(
-        '0', "its 4-bit weights are not quantized yet (bitsandbytes quantizes them when the layer moves to its "
-             "device): call model.to('cpu') or model.cuda() first")]
+    assert list(unexplained_quantized(model).values()) == [
+        (
+            '0',
+            'its 4-bit weights are not quantized yet (bitsandbytes quantizes them when the layer moves to its '
+            "device): call model.to('cpu') or model.cuda() first",
+        )
+    ]
     assert unexplained_quantized(model.to('cpu')) == {}
 
 
@@ -261,6 +298,7 @@ def test_bitsandbytes_4bit_on_a_device_without_its_kernels_refused(monkeypatch, 
     """A 4-bit layer on a device for which the installed bitsandbytes has no 4-bit kernel is refused with the device
     and the devices it has kernels for (simulated here: the CPU taken out of the kernels' devices), never run."""
     import bitsandbytes as bnb
+
     from zennit_attn.engine.canonizers import quantization
 
     assert quantization.bitsandbytes_supports('cpu') and 'cpu' in quantization.bitsandbytes_devices()

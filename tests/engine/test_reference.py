@@ -13,6 +13,7 @@ AttnLRP path (about 1e-7 relative error); the ``float64_softmax`` fixture switch
 the reference, and there explain() and the reference agree to rounding (asserted at 1e-10). The unmodified model
 is compared at 1e-6.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,8 +23,19 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.naive_rules import (
-    ATTNLRP, CPLRP, constant_factor_rule, constant_matmul_rule_by_terms, epsilon_rule, identity_rule,
-    matmul_rule_by_terms, relative_error, residual_rule, rms_norm_rule, rotary_rule, scale_rule, softmax_rule,
+    ATTNLRP,
+    CPLRP,
+    constant_factor_rule,
+    constant_matmul_rule_by_terms,
+    epsilon_rule,
+    identity_rule,
+    matmul_rule_by_terms,
+    relative_error,
+    residual_rule,
+    rms_norm_rule,
+    rotary_rule,
+    scale_rule,
+    softmax_rule,
     uniform_rule,
 )
 from zennit_attn import explain
@@ -37,6 +49,7 @@ SEQ = 7
 # ----------------------------------------------------------------------------------------------------------------
 # The reference model
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def rotary_matrices(length, head_dim, theta):
     """Rotary matrices ``J_t = diag(cos_t) + diag(sin_t) H`` with ``H x = rotate_half(x)``, ``[T, d, d]``.
@@ -64,6 +77,7 @@ def rms_normalize(x, eps):
 @dataclass
 class LayerCache:
     """Activations of one decoder layer (one sequence)."""
+
     x: torch.Tensor = None
     u1: torch.Tensor = None
     n1: torch.Tensor = None
@@ -90,6 +104,7 @@ class LayerCache:
 @dataclass
 class Cache:
     """Activations of the whole model (one sequence)."""
+
     embeddings: torch.Tensor = None
     layers: list = field(default_factory=list)
     final: torch.Tensor = None
@@ -119,15 +134,19 @@ class ReferenceLlama:
         self.groups = self.heads // self.kv_heads
         self.eps = config.rms_norm_eps
         self.theta = config.rope_parameters['rope_theta']
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         get = lambda tensor: tensor.detach().to(DTYPE).clone()
         self.embed = get(model.model.embed_tokens.weight)
         self.layers = [
             {
-                'in_norm': get(layer.input_layernorm.weight), 'post_norm': get(layer.post_attention_layernorm.weight),
-                'q': get(layer.self_attn.q_proj.weight), 'k': get(layer.self_attn.k_proj.weight),
-                'v': get(layer.self_attn.v_proj.weight), 'o': get(layer.self_attn.o_proj.weight),
-                'gate': get(layer.mlp.gate_proj.weight), 'up': get(layer.mlp.up_proj.weight),
+                'in_norm': get(layer.input_layernorm.weight),
+                'post_norm': get(layer.post_attention_layernorm.weight),
+                'q': get(layer.self_attn.q_proj.weight),
+                'k': get(layer.self_attn.k_proj.weight),
+                'v': get(layer.self_attn.v_proj.weight),
+                'o': get(layer.self_attn.o_proj.weight),
+                'gate': get(layer.mlp.gate_proj.weight),
+                'up': get(layer.mlp.up_proj.weight),
                 'down': get(layer.mlp.down_proj.weight),
             }
             for layer in model.model.layers
@@ -265,8 +284,14 @@ MODELS = {  # name: (layers, kv heads)
 def make_model(layers, kv_heads, seed=0):
     """A tiny random float64 Llama, with weights large enough for peaked attention and non-trivial norms."""
     config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=kv_heads, attn_implementation='eager', rms_norm_eps=1e-6,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        attn_implementation='eager',
+        rms_norm_eps=1e-6,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(DTYPE).eval()
@@ -349,6 +374,7 @@ def run_both(setup, target, position, variant, softmax_dtype=torch.float32):
 # Tests
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def test_reference_forward_matches_hf(setup):
     """The explicit forward pass reproduces the Hugging Face logits."""
     model, ids = setup
@@ -377,9 +403,9 @@ def check_against_reference(exp, r_embedding, logits, positions, tolerance, sum_
         assert relative_error(exp.relevance[row], r_tokens[row]) <= tolerance
         assert relative_error(exp.embedding_relevance[row], r_embedding[row]) <= tolerance
         # causality: nothing after the explained position
-        assert float(r_tokens[row, positions[row] + 1:].abs().sum()) == 0.0
-        assert float(exp.relevance[row, positions[row] + 1:].abs().sum()) == 0.0
-        assert r_tokens[row, :positions[row] + 1].abs().min() > 0
+        assert float(r_tokens[row, positions[row] + 1 :].abs().sum()) == 0.0
+        assert float(exp.relevance[row, positions[row] + 1 :].abs().sum()) == 0.0
+        assert r_tokens[row, : positions[row] + 1].abs().min() > 0
         total = float(r_tokens[row].sum())
         assert abs(float(exp.relevance[row].sum()) - total) <= sum_tolerance * float(r_tokens[row].abs().sum())
 
@@ -428,6 +454,7 @@ def test_variants_differ(setup, float64_softmax):
 
 # --- the rule helpers themselves -------------------------------------------------------------------------------
 
+
 def test_softmax_rule_is_taylor_at_x():
     """Prop. 3.1 equals the first-order Taylor term ``x_i sum_j J_ji R_j / s_j`` with J the softmax Jacobian."""
     generator = torch.Generator().manual_seed(3)
@@ -455,6 +482,7 @@ def test_matmul_rule_conserves_and_splits_evenly():
 def test_rotary_matrices_match_hf():
     """``J_t x`` equals Hugging Face's ``x * cos + rotate_half(x) * sin``."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
     config = LlamaConfig(hidden_size=32, num_attention_heads=4)
     rope = LlamaRotaryEmbedding(config)
     x = torch.randn(1, 1, SEQ, 8, dtype=DTYPE, generator=torch.Generator().manual_seed(5))

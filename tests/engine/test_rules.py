@@ -1,16 +1,33 @@
 """Each AttnLRP rule against a naive re-implementation of the paper's formula (float64, exact to 1e-10)."""
+
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from zennit.composites import LayerMapComposite
 
 from tests.naive_rules import (
-    close, epsilon_rule, identity_rule, lrp, norm_rule, scale_rule, softmax_rule, stabilize, uniform_rule,
+    close,
+    epsilon_rule,
+    identity_rule,
+    lrp,
+    norm_rule,
+    scale_rule,
+    softmax_rule,
+    stabilize,
+    uniform_rule,
 )
 from zennit_attn.engine.modules import MatMul, Operand, Product, forward_parameters
 from zennit_attn.engine.rules import (
-    BilinearEpsilon, ConstantFactors, ConstantOperand, Epsilon, Identity, NormIdentity, RelevanceBoundary, Softmax,
-    UniformOperand, UniformProduct,
+    BilinearEpsilon,
+    ConstantFactors,
+    ConstantOperand,
+    Epsilon,
+    Identity,
+    NormIdentity,
+    RelevanceBoundary,
+    Softmax,
+    UniformOperand,
+    UniformProduct,
 )
 
 
@@ -206,8 +223,9 @@ def test_constant_factors_matmul_whatever_a_requires(requires, keywords):
     a = torch.randn(4, 3, dtype=torch.float64).softmax(-1)
     v = torch.randn(3, 5, dtype=torch.float64)
     relevance = torch.randn(4, 5, dtype=torch.float64)
-    actual_a, actual_v = relevance_with_constants(MatMul(), ConstantFactors((0,)), [a, v], () if requires else (0,),
-                                                  relevance, keywords)
+    actual_a, actual_v = relevance_with_constants(
+        MatMul(), ConstantFactors((0,)), [a, v], () if requires else (0,), relevance, keywords
+    )
     expected = torch.zeros(3, 5, dtype=torch.float64)
     for i in range(3):
         for p in range(5):
@@ -217,10 +235,13 @@ def test_constant_factors_matmul_whatever_a_requires(requires, keywords):
     assert actual_a is None if not requires else float(actual_a.abs().max()) == 0.0
 
 
-@pytest.mark.parametrize('rule, scales', [
-    (UniformOperand(), {'query': 0.25, 'key': 0.25, 'value': 0.5}),
-    (ConstantOperand(), {'query': 0.0, 'key': 0.0, 'value': 1.0}),
-])
+@pytest.mark.parametrize(
+    'rule, scales',
+    [
+        (UniformOperand(), {'query': 0.25, 'key': 0.25, 'value': 0.5}),
+        (ConstantOperand(), {'query': 0.0, 'key': 0.0, 'value': 1.0}),
+    ],
+)
 def test_operand_rules_fused_sections(rule, scales):
     """Fused q/k/v projection: each section's relevance is scaled by its role's factor."""
     operand = Operand(('query', 'key', 'value'), sections=(2, 2, 4))
@@ -234,6 +255,7 @@ def test_operand_rules_fused_sections(rule, scales):
 class ChangedInPlace(torch.nn.Module):
     """``inner``'s output tripled by the host model in place (``output *= 3``, as T5 adds its position bias to
     ``scores += bias``), or out of place."""
+
     def __init__(self, inner: torch.nn.Module, in_place: bool):
         super().__init__()
         self.inner, self.in_place = inner, in_place
@@ -277,8 +299,10 @@ def test_epsilon_holds_where_the_model_changes_the_output_in_place():
     x, relevance = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
     z = x @ linear.weight.T + linear.bias
     for in_place in (True, False):
-        close(run_changed(linear, Epsilon(0.5), in_place, x, relevance),
-              torch.einsum('ji,bi,bj->bi', linear.weight, x, relevance / stabilize(z, 0.5)))
+        close(
+            run_changed(linear, Epsilon(0.5), in_place, x, relevance),
+            torch.einsum('ji,bi,bj->bi', linear.weight, x, relevance / stabilize(z, 0.5)),
+        )
 
 
 def test_attention_operands_conserve_through_bilinear_products():
@@ -358,10 +382,18 @@ def test_copy_keeps_parameters():
 
 def test_rule_errors_name_the_module():
     with pytest.raises(TypeError, match='Linear'):
-        lrp(torch.nn.Linear(3, 3).double(), NormIdentity(), [torch.randn(2, 3, dtype=torch.float64)],
-            torch.randn(2, 3, dtype=torch.float64))
+        lrp(
+            torch.nn.Linear(3, 3).double(),
+            NormIdentity(),
+            [torch.randn(2, 3, dtype=torch.float64)],
+            torch.randn(2, 3, dtype=torch.float64),
+        )
     with pytest.raises(TypeError, match='Operand'):
-        lrp(torch.nn.Tanh(), UniformOperand(), [torch.randn(2, 3, dtype=torch.float64)],
-            torch.randn(2, 3, dtype=torch.float64))
+        lrp(
+            torch.nn.Tanh(),
+            UniformOperand(),
+            [torch.randn(2, 3, dtype=torch.float64)],
+            torch.randn(2, 3, dtype=torch.float64),
+        )
     with pytest.raises(ValueError, match='role'):
         Operand('queries')

@@ -5,6 +5,7 @@ all zero, and leave the model as it was. The rules themselves are checked agains
 file makes sure that no supported family is left out of a method or composite (the family table is read by one
 parser, used by the canonizers, the gamma composites and AtMan alike).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,12 @@ from zennit_attn.methods.registry import METHODS
 HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5': 'seq2seq'}
 VISION = {'timm-vit': tiny_timm_vit, 'vit': tiny_hf_vit}
 #: Small settings for the costly methods.
-FAST = {'kernelshap': dict(samples=24), 'integrated_gradients': dict(steps=3), 'smoothgrad': dict(samples=2),
-        'atman': dict(perturbation_batch=64)}
+FAST = {
+    'kernelshap': dict(samples=24),
+    'integrated_gradients': dict(steps=3),
+    'smoothgrad': dict(samples=2),
+    'atman': dict(perturbation_batch=64),
+}
 #: Methods that read attention maps: not defined for encoder-decoder models (a clear NotImplementedError).
 ATTENTION_MAPS = ('attention_rollout', 'grad_attention_rollout', 'gradcam')
 COMPOSITES = (AttnLRPEpsilon, CPLRPEpsilon, AttnLRPGamma, CPLRPGamma)
@@ -38,8 +43,11 @@ def build(family):
     kwargs = dict(input_ids=ids)
     if family == 't5':
         kwargs['decoder_input_ids'] = decoder_ids(family, 3, 2)
-        return model, kwargs, lambda: model(input_ids=ids, decoder_input_ids=kwargs['decoder_input_ids'],
-                                            use_cache=False).logits
+        return (
+            model,
+            kwargs,
+            lambda: model(input_ids=ids, decoder_input_ids=kwargs['decoder_input_ids'], use_cache=False).logits,
+        )
     return model, kwargs, lambda: model(input_ids=ids).logits
 
 

@@ -1,5 +1,6 @@
 """Chat models (:py:mod:`zennit_attn.inputs.chat`): ``explain(model, messages, tokenizer=...)`` explains the assistant's
 answer on the templated ids; the template's tokens are marked and hidden from the heatmaps on request."""
+
 from __future__ import annotations
 
 import io
@@ -12,10 +13,14 @@ from zennit_attn import explain, explain_generation
 from zennit_attn.inputs.chat import encode_chat
 
 #: a ChatML-like template in the special tokens of the test tokenizer
-TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-            "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
-MESSAGES = [{'role': 'user', 'content': 'where does the ice bear live?'},
-            {'role': 'assistant', 'content': 'in the Arctic.'}]
+TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    '{% if add_generation_prompt %}<s>assistant\n{% endif %}'
+)
+MESSAGES = [
+    {'role': 'user', 'content': 'where does the ice bear live?'},
+    {'role': 'assistant', 'content': 'in the Arctic.'},
+]
 
 
 @pytest.fixture(scope='module')
@@ -33,7 +38,7 @@ def test_answer_equals_explain_on_the_templated_ids(llama, chat_tokenizer):
     ids = templated_ids(chat_tokenizer, MESSAGES)
     prompt = templated_ids(chat_tokenizer, MESSAGES[:1], add_generation_prompt=True)
     answer = chat_tokenizer.encode('in the Arctic.')
-    assert ids[:len(prompt)] == prompt and ids[len(prompt):len(prompt) + len(answer)] == answer
+    assert ids[: len(prompt)] == prompt and ids[len(prompt) : len(prompt) + len(answer)] == answer
     pairs = [(len(prompt) + index - 1, token) for index, token in enumerate(answer)]
     chat = explain(llama, MESSAGES, tokenizer=chat_tokenizer)
     reference = explain(llama, torch.tensor([ids]), target=pairs)
@@ -42,7 +47,7 @@ def test_answer_equals_explain_on_the_templated_ids(llama, chat_tokenizer):
     assert chat.target.tolist() == [answer] and chat.position.tolist() == [[p for p, _ in pairs]]
     # the template's tokens: everything but the two messages' content
     template = chat.template[0].tolist()
-    assert template[len(prompt):len(prompt) + len(answer)] == [False] * len(answer)
+    assert template[len(prompt) : len(prompt) + len(answer)] == [False] * len(answer)
     assert template[:5] == [True] * 5 and template[-2:] == [True, True]  # '<s>user\n' ... '</s>\n'
     question = chat_tokenizer.encode('where does the ice bear live?')
     assert sum(not flag for flag in template) == len(question) + len(answer)
@@ -81,22 +86,50 @@ def test_refusals(llama, chat_tokenizer):
         explain(llama, [{'role': 'user', 'content': ['a list']}], tokenizer=chat_tokenizer)
 
 
-@pytest.mark.parametrize('messages, error, match', [
-    ([MESSAGES, MESSAGES], TypeError, r'a batch of 2 conversations \(a list of lists of messages\): one conversation '
-                                      'is explained at a time'),
-    ([{'content': 'hi'}], ValueError, r"message 0 has no 'role' \(keys: \['content'\]\)"),
-    ([MESSAGES[0], {'role': 'assistant'}], ValueError, r"message 1 has no 'content' \(keys: \['role'\]\)"),
-    ([{}], ValueError, r"message 0 has no 'role' and no 'content' \(no keys\)"),
-    ([{'role': 'user', 'content': 5}], ValueError, 'message 0 must have a text role and content, got role str and '
-                                                   'content int'),
-    ([{'role': 'user', 'content': [{'type': 'text', 'text': 'hi'}]}], ValueError,
-     r"content list; content given as a list of parts \(text, images\) is what a processor's chat template takes"),
-    ([{'role': 3, 'content': 'hi'}], ValueError, 'got role int and content str'),
-    ([MESSAGES[0], 'in the Arctic.'], TypeError, r'message 1 is a str, not a \{"role": ..., "content": ...\} mapping'),
-    ([[MESSAGES[0]], MESSAGES[1]], TypeError, r'message 0 is a list \(a conversation inside the conversation\?\)'),
-    (MESSAGES[0], TypeError, r"got one message \(keys: \['content', 'role'\]\), not a conversation: pass a list"),
-], ids=['batch', 'no role', 'no content', 'empty message', 'content int', 'content parts', 'role int', 'text item',
-        'nested', 'one message'])
+@pytest.mark.parametrize(
+    'messages, error, match',
+    [
+        (
+            [MESSAGES, MESSAGES],
+            TypeError,
+            r'a batch of 2 conversations \(a list of lists of messages\): one conversation '
+            'is explained at a time',
+        ),
+        ([{'content': 'hi'}], ValueError, r"message 0 has no 'role' \(keys: \['content'\]\)"),
+        ([MESSAGES[0], {'role': 'assistant'}], ValueError, r"message 1 has no 'content' \(keys: \['role'\]\)"),
+        ([{}], ValueError, r"message 0 has no 'role' and no 'content' \(no keys\)"),
+        (
+            [{'role': 'user', 'content': 5}],
+            ValueError,
+            'message 0 must have a text role and content, got role str and content int',
+        ),
+        (
+            [{'role': 'user', 'content': [{'type': 'text', 'text': 'hi'}]}],
+            ValueError,
+            r"content list; content given as a list of parts \(text, images\) is what a processor's chat template takes",
+        ),
+        ([{'role': 3, 'content': 'hi'}], ValueError, 'got role int and content str'),
+        (
+            [MESSAGES[0], 'in the Arctic.'],
+            TypeError,
+            r'message 1 is a str, not a \{"role": ..., "content": ...\} mapping',
+        ),
+        ([[MESSAGES[0]], MESSAGES[1]], TypeError, r'message 0 is a list \(a conversation inside the conversation\?\)'),
+        (MESSAGES[0], TypeError, r"got one message \(keys: \['content', 'role'\]\), not a conversation: pass a list"),
+    ],
+    ids=[
+        'batch',
+        'no role',
+        'no content',
+        'empty message',
+        'content int',
+        'content parts',
+        'role int',
+        'text item',
+        'nested',
+        'one message',
+    ],
+)
 def test_malformed_or_batched_messages_are_named(llama, chat_tokenizer, messages, error, match):
     """Each gave torch's "Could not infer dtype of dict" (a list of conversations, a message without 'role' or
     'content') or a message about input_ids or texts: now the problem is named, by explain and explain_generation."""
@@ -113,7 +146,7 @@ def test_explain_generation_of_a_conversation_is_that_of_its_templated_prompt(ll
     options = dict(max_new_tokens=3, generate_kwargs={'suppress_tokens': [0, 1, 2, 3]})
     chat = explain_generation(llama, chat_tokenizer, MESSAGES[:1], **options)
     reference = explain_generation(llama, chat_tokenizer, torch.tensor([prompt]), **options)
-    assert chat.input_ids[:len(prompt)].tolist() == prompt and chat.prompt_length == len(prompt)
+    assert chat.input_ids[: len(prompt)].tolist() == prompt and chat.prompt_length == len(prompt)
     assert torch.equal(chat.input_ids, reference.input_ids) and torch.equal(chat.relevance, reference.relevance)
     assert torch.equal(chat.answer_relevance, reference.answer_relevance)
     with pytest.raises(ValueError, match="ends with the assistant's answer, but explain_generation generates"):

@@ -1,5 +1,6 @@
 """The checks of ``zennit_attn.inputs.checks`` that every explanation request passes: foreign rule hooks on the model, the
 position limit of the model's configuration, causal models told apart from encoders (left padding)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,8 @@ from zennit.rules import Epsilon
 
 from tests.models import tiny_model, token_ids
 from zennit_attn import explain
-from zennit_attn.inputs.checks import check_length, check_model, is_causal, rule_hooks, sees_later_tokens
 from zennit_attn.engine.composites import AttnLRPEpsilon
+from zennit_attn.inputs.checks import check_length, check_model, is_causal, rule_hooks, sees_later_tokens
 from zennit_attn.zoo import tiny_config
 
 
@@ -22,9 +23,15 @@ def ids():
     return token_ids('llama', 6, 1, seed=3)
 
 
-@pytest.mark.parametrize('composite', [
-    lambda: NameMapComposite([(['lm_head'], Epsilon(0.5))]), EpsilonPlusFlat, AttnLRPEpsilon,
-], ids=['NameMapComposite', 'EpsilonPlusFlat', 'AttnLRPEpsilon'])
+@pytest.mark.parametrize(
+    'composite',
+    [
+        lambda: NameMapComposite([(['lm_head'], Epsilon(0.5))]),
+        EpsilonPlusFlat,
+        AttnLRPEpsilon,
+    ],
+    ids=['NameMapComposite', 'EpsilonPlusFlat', 'AttnLRPEpsilon'],
+)
 @pytest.mark.parametrize('method', ['attnlrp', 'input_x_gradient', 'random'])
 def test_foreign_rule_hooks_are_refused(llama, ids, composite, method):
     """Inside the context of any composite (zennit's own or ours), explain() would compute through its hooks (a
@@ -60,9 +67,11 @@ def test_a_negative_position_limit_means_none(ids):
 #: causal language models whose modules have no ``is_causal`` attribute (they mask in their own code):
 #: (configuration class, model class)
 MASKED_IN_THEIR_CODE = {
-    'openai-gpt': ('OpenAIGPTConfig', 'OpenAIGPTLMHeadModel'), 'doge': ('DogeConfig', 'DogeForCausalLM'),
+    'openai-gpt': ('OpenAIGPTConfig', 'OpenAIGPTLMHeadModel'),
+    'doge': ('DogeConfig', 'DogeForCausalLM'),
     'gpt_neox_japanese': ('GPTNeoXJapaneseConfig', 'GPTNeoXJapaneseForCausalLM'),
-    'xglm': ('XGLMConfig', 'XGLMForCausalLM'), 'git': ('GitConfig', 'GitForCausalLM'),
+    'xglm': ('XGLMConfig', 'XGLMForCausalLM'),
+    'git': ('GitConfig', 'GitForCausalLM'),
     'lfm3': ('Lfm3Config', 'Lfm3ForCausalLM'),
 }
 
@@ -91,16 +100,17 @@ def test_left_padded_rows_equal_their_own_explanation_without_an_is_causal_attri
     ids = torch.zeros(3, 6, dtype=torch.long)
     mask = torch.zeros(3, 6, dtype=torch.long)
     for row, tokens in enumerate(rows):
-        ids[row, 6 - len(tokens):], mask[row, 6 - len(tokens):] = tokens, 1
+        ids[row, 6 - len(tokens) :], mask[row, 6 - len(tokens) :] = tokens, 1
     with _float64_default() if architecture == 'xglm' else contextlib.nullcontext():
         assert is_causal(model) and sees_later_tokens(model) is False
         batch = explain(model, ids, attention_mask=mask, method='input_x_gradient')
         for row, tokens in enumerate(rows):
             alone = explain(model, tokens[None], method='input_x_gradient')
             torch.testing.assert_close(batch.logit[row], alone.logit[0], rtol=1e-12, atol=1e-13)
-            torch.testing.assert_close(batch.relevance[row, 6 - len(tokens):], alone.relevance[0], rtol=1e-10,
-                                       atol=1e-13)
-            assert bool((batch.relevance[row, :6 - len(tokens)] == 0).all())
+            torch.testing.assert_close(
+                batch.relevance[row, 6 - len(tokens) :], alone.relevance[0], rtol=1e-10, atol=1e-13
+            )
+            assert bool((batch.relevance[row, : 6 - len(tokens)] == 0).all())
 
 
 @pytest.mark.parametrize('family, head', [('bert', 'seq_cls'), ('bert', 'masked_lm'), ('distilbert', 'masked_lm')])

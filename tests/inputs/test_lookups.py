@@ -1,4 +1,5 @@
 """Models run on their token ids (:py:mod:`zennit_attn.inputs.lookups`): every token table's lookup is a relevance leaf."""
+
 from __future__ import annotations
 
 import contextlib
@@ -54,13 +55,13 @@ def test_word_lookup_of_other_ids_is_refused_and_other_lookups_kept():
     ids = torch.tensor([[3, 7, 1]])
     lookups.record()
     with lookups.substituting(ids, model.embed(ids)):
-        with pytest.raises(RuntimeError, match="embeds ids of shape \\(1, 2\\), not the explained tokens"):
+        with pytest.raises(RuntimeError, match='embeds ids of shape \\(1, 2\\), not the explained tokens'):
             model.embed(ids[:, :2])
         positions = model.per_token(torch.arange(3)[None])  # not the tokens: the table's own output
         tokens = model.per_token(torch.tensor([[3, 7, 0]]))  # the tokens, one replaced: a leaf
     leaves = lookups.recorded()
-    assert type(positions.grad_fn).__name__ == "EmbeddingBackward0" and len(leaves) == 1 and leaves[0].is_leaf
-    assert tokens.grad_fn is not None and type(tokens.grad_fn).__name__ != "EmbeddingBackward0"
+    assert type(positions.grad_fn).__name__ == 'EmbeddingBackward0' and len(leaves) == 1 and leaves[0].is_leaf
+    assert tokens.grad_fn is not None and type(tokens.grad_fn).__name__ != 'EmbeddingBackward0'
     torch.testing.assert_close(leaves[0], model.per_token(torch.tensor([[3, 7, 0]])).detach())
 
 

@@ -1,5 +1,6 @@
 """Contrastive and custom targets (:py:mod:`zennit_attn.inputs.objectives`): ``explain(..., contrast=...)`` and
 ``explain(..., target=callable)``, for every method, with exact numbers in float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -71,8 +72,10 @@ def test_every_method_explains_the_logit_difference(gpt2, method):
     assert torch.equal(both.contrast, torch.tensor([CONTRAST, 11]))
     if method in ('integrated_gradients', 'smoothgrad', 'kernelshap', 'atman', 'gradcam'):
         # gradient and perturbation methods of a difference: still the difference where they are linear in the value
-        single = [explain(gpt2, ids, target=[t, c], method=method, **FAST.get(method, {})) for t, c in
-                  ((TARGET, 9), (CONTRAST, 11))]
+        single = [
+            explain(gpt2, ids, target=[t, c], method=method, **FAST.get(method, {}))
+            for t, c in ((TARGET, 9), (CONTRAST, 11))
+        ]
         if method in ('integrated_gradients', 'smoothgrad', 'atman'):
             assert relative(both.relevance, single[0].relevance - single[1].relevance) < 1e-9
 
@@ -107,12 +110,19 @@ def test_callable_target(gpt2):
     assert torch.equal(function.target, logits.argmax(-1))  # the prediction, for reference
     # a log-probability at temperature 2: the explained value is torch's log_softmax
     for method in ('attnlrp', 'input_x_gradient', 'kernelshap'):
-        explanation = explain(gpt2, ids, target=lambda scores: (scores / 2).log_softmax(-1)[:, TARGET], method=method,
-                              **FAST.get(method, {}))
+        explanation = explain(
+            gpt2,
+            ids,
+            target=lambda scores: (scores / 2).log_softmax(-1)[:, TARGET],
+            method=method,
+            **FAST.get(method, {}),
+        )
         assert torch.allclose(explanation.logit, (logits / 2).log_softmax(-1)[:, TARGET], rtol=1e-14, atol=0)
+
     # LRP of a log-probability: the logits receive y_i d f / d y_i, which sums to (y_t - sum_i p_i y_i) / T
     def log_probability(scores):
         return (scores / 2).log_softmax(-1)[:, TARGET]
+
     lrp = explain(gpt2, ids, target=log_probability, method='input_x_gradient')
     x = gpt2.get_input_embeddings()(ids).detach().requires_grad_(True)
     value = log_probability(gpt2(inputs_embeds=x).logits[:, -1])
@@ -131,8 +141,11 @@ def test_atman_with_a_target_function_needs_logits(gpt2):
 
 def test_bad_contrasts_and_functions(gpt2, tokenizer):
     ids = token_ids('gpt2', 5)
-    with pytest.raises(ValueError, match=r"contrast ' bears' is 2 tokens: ' bear' \(id:\d+\), 's' \(id:\d+\); "
-                                         'give exactly one token'):
+    with pytest.raises(
+        ValueError,
+        match=r"contrast ' bears' is 2 tokens: ' bear' \(id:\d+\), 's' \(id:\d+\); "
+        'give exactly one token',
+    ):
         explain(gpt2, ids, target=TARGET, contrast=' bears', tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"contrast ' bear' is text: pass tokenizer="):
         explain(gpt2, ids, target=TARGET, contrast=' bear')

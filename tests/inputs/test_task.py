@@ -1,5 +1,6 @@
 """What ``explain()`` refuses or accepts before any method runs (``zennit_attn.inputs.task``): the defects a hostile-user
 probe found, each with the behaviour that replaced a silent wrong answer or an obscure error."""
+
 from __future__ import annotations
 
 import functools
@@ -11,12 +12,11 @@ import pytest
 import torch
 from transformers import BatchEncoding
 
-from tests.models import pixels, tiny_hf_vit, tiny_timm_vit
-from tests.models import POSITIONS, VOCAB, tiny_config, tiny_model, token_ids
+from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn import conservation, explain
-from zennit_attn.inputs.checks import is_image_model
-from zennit_attn.engine.modules import forward_parameters
 from zennit_attn.engine.kinds import UnsupportedModelError
+from zennit_attn.engine.modules import forward_parameters
+from zennit_attn.inputs.checks import is_image_model
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
 
 
@@ -54,18 +54,27 @@ def test_a_nan_parameter_is_named_on_both_paths(kind):
 
 
 # ------------------------------------------------------------------------------------------------ method parameters
-@pytest.mark.parametrize('method, params, match', [
-    ('atman', dict(perturbation_batch=-1), 'perturbation_batch'),
-    ('atman', dict(perturbation_batch=0), 'perturbation_batch'),
-    ('atman', dict(p=1.5), 'p must'), ('atman', dict(score='probability'), 'score'),
-    ('integrated_gradients', dict(steps=0), 'steps'), ('integrated_gradients', dict(steps=2.5), 'steps'),
-    ('smoothgrad', dict(samples=0), 'samples'), ('smoothgrad', dict(sigma=-1.0), 'sigma'),
-    ('kernelshap', dict(samples=0), 'samples'), ('kernelshap', dict(perturbation_batch=0), 'perturbation_batch'),
-    ('gradcam', dict(layer=2), 'out of range'), ('gradcam', dict(layer=-3), 'out of range'),
-    ('gradcam', dict(layer=0.5), 'integer'),
-    ('attention_rollout', dict(dt=-0.1), 'dt'), ('grad_attention_rollout', dict(dt=1.5), 'dt'),
-    ('random', dict(seed=0.5), 'seed'),
-])
+@pytest.mark.parametrize(
+    'method, params, match',
+    [
+        ('atman', dict(perturbation_batch=-1), 'perturbation_batch'),
+        ('atman', dict(perturbation_batch=0), 'perturbation_batch'),
+        ('atman', dict(p=1.5), 'p must'),
+        ('atman', dict(score='probability'), 'score'),
+        ('integrated_gradients', dict(steps=0), 'steps'),
+        ('integrated_gradients', dict(steps=2.5), 'steps'),
+        ('smoothgrad', dict(samples=0), 'samples'),
+        ('smoothgrad', dict(sigma=-1.0), 'sigma'),
+        ('kernelshap', dict(samples=0), 'samples'),
+        ('kernelshap', dict(perturbation_batch=0), 'perturbation_batch'),
+        ('gradcam', dict(layer=2), 'out of range'),
+        ('gradcam', dict(layer=-3), 'out of range'),
+        ('gradcam', dict(layer=0.5), 'integer'),
+        ('attention_rollout', dict(dt=-0.1), 'dt'),
+        ('grad_attention_rollout', dict(dt=1.5), 'dt'),
+        ('random', dict(seed=0.5), 'seed'),
+    ],
+)
 def test_method_parameters_are_validated(llama, ids, method, params, match):
     with pytest.raises(ValueError, match=match):
         explain(llama, ids, method=method, **params)
@@ -80,15 +89,18 @@ def test_parameter_validation_holds_for_images_too():
 
 
 def test_gradcam_layer_counts_from_either_end(llama, ids):
-    torch.testing.assert_close(explain(llama, ids, method='gradcam', layer=1).relevance,
-                               explain(llama, ids, method='gradcam', layer=-1).relevance)
+    torch.testing.assert_close(
+        explain(llama, ids, method='gradcam', layer=1).relevance,
+        explain(llama, ids, method='gradcam', layer=-1).relevance,
+    )
 
 
 def test_unknown_parameters_and_composites_for_baselines(llama, ids):
-    with pytest.raises(TypeError, match="takes no parameter"):
+    with pytest.raises(TypeError, match='takes no parameter'):
         explain(llama, ids, method='smoothgrad', steps=3)
     with pytest.raises(ValueError, match='composite= applies to the LRP methods'):
         from zennit_attn.engine.composites import AttnLRPEpsilon
+
         explain(llama, ids, method='random', composite=AttnLRPEpsilon())
 
 
@@ -142,8 +154,9 @@ def test_token_type_ids_of_an_encoding_reach_the_model():
     ids = token_ids('bert', 6)
     types = torch.tensor([[0, 0, 0, 1, 1, 1]])
     reference = explain(model, ids, model_kwargs={'token_type_ids': types})
-    torch.testing.assert_close(explain(model, {'input_ids': ids, 'token_type_ids': types}).relevance,
-                               reference.relevance)
+    torch.testing.assert_close(
+        explain(model, {'input_ids': ids, 'token_type_ids': types}).relevance, reference.relevance
+    )
     assert not torch.allclose(explain(model, ids).relevance, reference.relevance)
 
 
@@ -156,8 +169,7 @@ def test_text_is_refused_with_the_fix(llama):
 def test_integer_like_targets_and_positions(llama, ids):
     reference = explain(llama, ids, target=5, position=2)
     for target, position in ((np.int64(5), np.int64(2)), (torch.tensor(5), torch.tensor(2)), (5, [2, 2])):
-        torch.testing.assert_close(explain(llama, ids, target=target, position=position).relevance,
-                                   reference.relevance)
+        torch.testing.assert_close(explain(llama, ids, target=target, position=position).relevance, reference.relevance)
     with pytest.raises(ValueError, match='target must be an integer'):
         explain(llama, ids, target=3.7)
     with pytest.raises(ValueError, match='position must be an integer'):
@@ -180,10 +192,21 @@ def test_tables_per_codebook_are_refused():
     not tokens of one sequence (explaining them as a batch would be silently wrong), so it is refused by name."""
     from transformers import MusicgenDecoderConfig, MusicgenForCausalLM
 
-    config = MusicgenDecoderConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                   ffn_dim=32, num_codebooks=4, pad_token_id=0, bos_token_id=0)
-    with pytest.raises(UnsupportedModelError, match=r'MusicgenForCausalLM embeds its input_ids with a ModuleList '
-                                                    r'of tables \(one per codebook, here 4\)'):
+    config = MusicgenDecoderConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        ffn_dim=32,
+        num_codebooks=4,
+        pad_token_id=0,
+        bos_token_id=0,
+    )
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r'MusicgenForCausalLM embeds its input_ids with a ModuleList '
+        r'of tables \(one per codebook, here 4\)',
+    ):
         explain(MusicgenForCausalLM(config).eval(), torch.randint(1, 30, (4, 5)))
 
 
@@ -209,8 +232,11 @@ def test_image_inputs():
 
 def test_image_models_refuse_token_arguments_and_use_model_kwargs():
     model, x = tiny_timm_vit(), pixels()
-    for name, value in (('position', 3), ('attention_mask', torch.ones(2, 4)),
-                        ('decoder_input_ids', torch.ones(2, 1, dtype=torch.long))):
+    for name, value in (
+        ('position', 3),
+        ('attention_mask', torch.ones(2, 4)),
+        ('decoder_input_ids', torch.ones(2, 1, dtype=torch.long)),
+    ):
         with pytest.raises(ValueError, match=f'{name} do not apply'):
             explain(model, x, **{name: value})
     hf = tiny_hf_vit()
@@ -235,6 +261,7 @@ def test_tasks_are_the_two_modalities(llama, ids):
 
 class _Doubled(Readout):
     """A readout of the same run: twice the model's scores."""
+
     def read(self, task, inputs, rows=None, model=None, seeded=False, **extra):
         return 2 * super().read(task, inputs, rows, model, seeded, **extra)
 

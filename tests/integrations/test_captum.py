@@ -1,5 +1,6 @@
 """zennit_attn.integrations.captum: AttnLRP and CP-LRP as captum attribution methods, on their own and inside captum's
 LLMGradientAttribution, equal to explain(); and their refusals."""
+
 import pytest
 import torch
 from captum.attr import LayerGradientXActivation, LLMAttributionResult, LLMGradientAttribution, TextTokenInput
@@ -7,8 +8,8 @@ from captum.attr import LayerGradientXActivation, LLMAttributionResult, LLMGradi
 from tests.models import tiny_hf_vit, tiny_model, two_tables
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
-from zennit_attn.integrations.captum import AttnLRP, CPLRP
 from zennit_attn.engine.composites import AttnLRPEpsilon
+from zennit_attn.integrations.captum import CPLRP, AttnLRP
 
 PROMPT = 'The ice bear lives in the'
 ANSWER = ' Arctic.'
@@ -38,14 +39,13 @@ def per_target_explanations(model, tokenizer, method='attnlrp', **kwargs):
     rows = []
     for index, token in enumerate(answer):
         prefix = torch.cat([ids, torch.tensor([answer[:index]], dtype=torch.long)], 1)
-        rows.append(explain(model, prefix, target=token, method=method, **kwargs).relevance[0, :ids.shape[1]])
+        rows.append(explain(model, prefix, target=token, method=method, **kwargs).relevance[0, : ids.shape[1]])
     return torch.stack(rows), answer
 
 
 @pytest.mark.parametrize('cls, method', [(AttnLRP, 'attnlrp'), (CPLRP, 'cplrp')])
 def test_llm_gradient_attribution_equals_explain(model, tokenizer, cls, method):
-    result = LLMGradientAttribution(cls(model), tokenizer).attribute(TextTokenInput(PROMPT, tokenizer),
-                                                                     target=ANSWER)
+    result = LLMGradientAttribution(cls(model), tokenizer).attribute(TextTokenInput(PROMPT, tokenizer), target=ANSWER)
     expected, answer = per_target_explanations(model, tokenizer, method)
     assert isinstance(result, LLMAttributionResult)
     assert result.token_attr.dtype == torch.float64
@@ -66,15 +66,19 @@ def test_not_captums_gradient_x_activation(model, tokenizer):
     """AttnLRP is not captum's own gradient x activation at the same layer (which explains the log-probability)."""
     inp = TextTokenInput(PROMPT, tokenizer)
     ours = LLMGradientAttribution(AttnLRP(model), tokenizer).attribute(inp, target=ANSWER).token_attr
-    theirs = LLMGradientAttribution(LayerGradientXActivation(model, model.get_input_embeddings()),
-                                    tokenizer).attribute(inp, target=ANSWER).token_attr
+    theirs = (
+        LLMGradientAttribution(LayerGradientXActivation(model, model.get_input_embeddings()), tokenizer)
+        .attribute(inp, target=ANSWER)
+        .token_attr
+    )
     assert float((ours - theirs).abs().max()) > 1e-3 * float(ours.abs().max())
 
 
 def test_skip_tokens(model, tokenizer):
     """captum's skip_tokens drop the skipped token's column; the others keep explain()'s numbers."""
     result = LLMGradientAttribution(AttnLRP(model), tokenizer).attribute(
-        TextTokenInput(PROMPT, tokenizer, skip_tokens=['<s>']), target=ANSWER)
+        TextTokenInput(PROMPT, tokenizer, skip_tokens=['<s>']), target=ANSWER
+    )
     expected, _ = per_target_explanations(model, tokenizer)
     assert_close(result.token_attr, expected[:, 1:])
     assert result.input_tokens[0] == 'The'
@@ -83,7 +87,8 @@ def test_skip_tokens(model, tokenizer):
 def test_composite(model, tokenizer):
     composite_kwargs = dict(epsilon=1e-2)
     result = LLMGradientAttribution(AttnLRP(model, composite=AttnLRPEpsilon(**composite_kwargs)), tokenizer).attribute(
-        TextTokenInput(PROMPT, tokenizer), target=ANSWER)
+        TextTokenInput(PROMPT, tokenizer), target=ANSWER
+    )
     expected, _ = per_target_explanations(model, tokenizer, composite=AttnLRPEpsilon(**composite_kwargs))
     default, _ = per_target_explanations(model, tokenizer)
     assert_close(result.token_attr, expected)
@@ -93,9 +98,11 @@ def test_composite(model, tokenizer):
 def test_plots(model, tokenizer):
     pytest.importorskip('matplotlib')
     import matplotlib
+
     matplotlib.use('Agg')
-    result = LLMGradientAttribution(AttnLRP(model), tokenizer).attribute(TextTokenInput(PROMPT, tokenizer),
-                                                                         target=ANSWER)
+    result = LLMGradientAttribution(AttnLRP(model), tokenizer).attribute(
+        TextTokenInput(PROMPT, tokenizer), target=ANSWER
+    )
     figure, _ = result.plot_token_attr(show=False)
     figure2, _ = result.plot_seq_attr(show=False)
     assert figure is not None and figure2 is not None
@@ -112,8 +119,9 @@ def test_attribute_ids_and_embeddings_equal_explain(model, tokenizer):
     assert_close(AttnLRP(model).attribute(embeddings, target=token), expected)
     # position= and target=None (the argmax) as explain() has them
     assert_close(AttnLRP(model).attribute(ids, position=3), explain(model, ids, position=3).embedding_relevance)
-    assert_close(CPLRP(model).attribute(ids, target=token),
-                 explain(model, ids, target=token, method='cplrp').embedding_relevance)
+    assert_close(
+        CPLRP(model).attribute(ids, target=token), explain(model, ids, target=token, method='cplrp').embedding_relevance
+    )
 
 
 def test_attribute_batch_with_attention_mask(model, tokenizer):

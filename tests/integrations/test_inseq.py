@@ -1,5 +1,6 @@
 """zennit_attn.integrations.inseq: the inseq methods 'attnlrp' and 'cplrp' equal explain() (in inseq's float32); refusals.
 Skipped where inseq is not installed (pip install zennit-attn[inseq])."""
+
 import pytest
 import torch
 
@@ -30,8 +31,9 @@ def test_registered_through_inseqs_registry():
 
 @pytest.mark.parametrize('method', ['attnlrp', 'cplrp'])
 def test_equals_explain(model, tokenizer, method):
-    out = inseq.load_model(model, method, tokenizer=tokenizer).attribute(PROMPT, FULL, attributed_fn='logit',
-                                                                         show_progress=False)
+    out = inseq.load_model(model, method, tokenizer=tokenizer).attribute(
+        PROMPT, FULL, attributed_fn='logit', show_progress=False
+    )
     attribution = out.sequence_attributions[0].target_attributions  # [target tokens, steps]
     ids = tokenizer(FULL, return_tensors='pt').input_ids
     start = len(tokenizer(PROMPT).input_ids)
@@ -42,8 +44,10 @@ def test_equals_explain(model, tokenizer, method):
         assert torch.equal(attribution[:position, step], expected.float())
         assert bool(attribution[position:, step].isnan().all())
     other = 'cplrp' if method == 'attnlrp' else 'attnlrp'
-    assert not torch.equal(attribution[:start, 0],
-                           explain(model, ids[:, :start], target=int(ids[0, start]), method=other).relevance[0].float())
+    assert not torch.equal(
+        attribution[:start, 0],
+        explain(model, ids[:, :start], target=int(ids[0, start]), method=other).relevance[0].float(),
+    )
 
 
 def test_refusals(model, tokenizer):
@@ -51,8 +55,7 @@ def test_refusals(model, tokenizer):
     with pytest.raises(ValueError, match="explains the logit.*pass attributed_fn='logit'"):
         attribution_model.attribute(PROMPT, FULL, show_progress=False)  # inseq's default: the probability
     with pytest.raises(TypeError, match=r"takes no argument\(s\) \['baselines', 'n_steps'\]"):
-        attribution_model.attribute(PROMPT, FULL, attributed_fn='logit', baselines=0, n_steps=5,
-                                    show_progress=False)
+        attribution_model.attribute(PROMPT, FULL, attributed_fn='logit', baselines=0, n_steps=5, show_progress=False)
     t5 = tiny_model('t5')
     with pytest.raises(TypeError, match='is an encoder-decoder model'):
         inseq.load_model(t5, 'attnlrp', tokenizer=tokenizer)

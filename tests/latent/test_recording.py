@@ -5,13 +5,14 @@ Every numeric check is one the math fixes: conservation of the epsilon rule with
 to the MLP output's relevance), the block-boundary sums of ``conservation()``, gradient x input computed
 independently with plain autograd.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.models import MOE, tiny_model, token_ids
 from tests.latent.helpers import TIGHT, build, llama, watch
+from tests.models import MOE, tiny_model, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.engine.canonizers import supported_families
 from zennit_attn.latent import SITES, Neuron, find_sites, top_neurons
@@ -32,8 +33,9 @@ def test_sums_of_neurons_and_heads(method):
             handle.remove()
     for layer in range(2):
         torch.testing.assert_close(exp.latent['mlp'][:, layer].sum(-1), store[f'mlp{layer}']['r'].sum(-1), **TIGHT)
-        torch.testing.assert_close(exp.latent['attention'][:, layer].sum(-1), store[f'attn{layer}']['r'].sum(-1),
-                                   **TIGHT)
+        torch.testing.assert_close(
+            exp.latent['attention'][:, layer].sum(-1), store[f'attn{layer}']['r'].sum(-1), **TIGHT
+        )
     assert float(exp.latent['mlp'].abs().sum()) > 0
 
 
@@ -44,7 +46,7 @@ def test_residual_equals_conservation(family):
     exp = explain(model, ids, latent='residual')
     report = conservation(model, ids)
     layers = exp.latent['residual'].shape[1] - 1
-    torch.testing.assert_close(exp.latent['residual'][0].sum(-1).flip(0), report.sums[:layers + 1, 0], **TIGHT)
+    torch.testing.assert_close(exp.latent['residual'][0].sum(-1).flip(0), report.sums[: layers + 1, 0], **TIGHT)
 
 
 @pytest.mark.parametrize('method', ['attnlrp', 'cplrp', 'input_x_gradient'])
@@ -78,7 +80,6 @@ def test_cplrp_query_and_key_get_no_relevance():
     exp = explain(model, token_ids('llama', 6, 1), method='cplrp', latent=('query', 'key', 'value'))
     assert float(exp.latent['query'].abs().sum()) == 0 and float(exp.latent['key'].abs().sum()) == 0
     assert float(exp.latent['value'].abs().sum()) > 0
-
 
 
 @pytest.mark.parametrize('family', supported_families())
@@ -117,7 +118,6 @@ def test_every_family_records_every_site_it_has(family):
     assert float(exp.latent['attention'].abs().sum()) > 0
 
 
-
 def plant(model, ids, target, layer=1, neuron=7, strength=20.0):
     """Make FFN neuron ``neuron`` of ``layer`` carry the logit of ``target`` at the last position."""
     mlp = model.model.layers[layer].mlp
@@ -145,7 +145,6 @@ def test_planted_neuron_ranks_first(method):
     assert top_neurons(exp, k=1, absolute=True)[0][:2] == (1, 7)
 
 
-
 def test_top_neurons_refuses_layers_out_of_range_and_drops_repeats():
     """A 2-layer model: layer 2 (or -3) does not wrap around to another layer, and a repeated layer lists each
     neuron once."""
@@ -157,7 +156,8 @@ def test_top_neurons_refuses_layers_out_of_range_and_drops_repeats():
     expected = exp.latent['mlp'][0, 1].sum(0).topk(5).indices.tolist()  # [units] of layer 1, summed over positions
     for layers in ([1], [1, 1], [-1, 1]):
         assert [(item.layer, item.index) for item in top_neurons(exp, k=5, layers=layers)] == [
-            (1, index) for index in expected]
+            (1, index) for index in expected
+        ]
     every = top_neurons(exp, k=1000, layers=[0, 0, 1])
     assert len(every) == 2 * 64 and len({(item.layer, item.index) for item in every}) == 2 * 64
 

@@ -1,12 +1,13 @@
 """Sites of ``zennit_attn.latent.sites``: :py:class:`Neuron` checks and the sizes of the site tensors, which the
 index checks of neuron targets, conditions and steering use before any forward pass."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.models import HEADS, HIDDEN, KV_HEADS, tiny_model, token_ids
 from tests.latent.helpers import llama, watch
+from tests.models import HEADS, HIDDEN, KV_HEADS, tiny_model, token_ids
 from zennit_attn import explain
 from zennit_attn.latent import Neuron, find_sites, steer
 
@@ -44,7 +45,10 @@ def test_widths_are_those_of_the_recorded_tensors(family):
         assert KV_HEADS < HEADS
         head_dim = HIDDEN // HEADS
         assert [points[site][0].width() for site in ('query', 'key', 'value')] == [
-            HIDDEN, KV_HEADS * head_dim, KV_HEADS * head_dim]
+            HIDDEN,
+            KV_HEADS * head_dim,
+            KV_HEADS * head_dim,
+        ]
 
 
 def test_key_and_value_indices_are_checked_against_the_projection_outputs():
@@ -53,8 +57,9 @@ def test_key_and_value_indices_are_checked_against_the_projection_outputs():
     model, ids = llama(), token_ids('llama', 5, 1)
     features = KV_HEADS * (HIDDEN // HEADS)
     for site in ('key', 'value'):
-        with pytest.raises(ValueError, match=f'{site} of layer 0 has {features} units; index {features} is out of '
-                                             'range'):
+        with pytest.raises(
+            ValueError, match=f'{site} of layer 0 has {features} units; index {features} is out of range'
+        ):
             with steer(model, {Neuron(site, 0, features): 0.0}):
                 pass  # no forward pass: the index is checked on entering
         with pytest.raises(ValueError, match=f'has {features} units; index {HIDDEN - 1} is out of range'):

@@ -1,13 +1,14 @@
 """Steering (``zennit_attn.latent.steer``) on a tiny random float64 Llama: the logits move as the arithmetic of a
 steered last layer predicts, positions and generation behave as documented, everything is undone on exit, and what
 would silently not be steered (a compiled model) is refused."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.models import token_ids
 from tests.latent.helpers import TIGHT, llama, watch
+from tests.models import token_ids
 from zennit_attn import explain
 from zennit_attn.engine.composites import CompiledModelError
 from zennit_attn.latent import Neuron, steer
@@ -31,9 +32,19 @@ def last_layer_prediction(model, ids, neuron, mode, value):
 
 
 def snapshot(model):
-    return ({name: value.clone() for name, value in model.state_dict().items()},
-            [(name, type(module), len(module._forward_hooks), len(module._forward_pre_hooks),
-              len(module._backward_hooks)) for name, module in model.named_modules()])
+    return (
+        {name: value.clone() for name, value in model.state_dict().items()},
+        [
+            (
+                name,
+                type(module),
+                len(module._forward_hooks),
+                len(module._forward_pre_hooks),
+                len(module._backward_hooks),
+            )
+            for name, module in model.named_modules()
+        ],
+    )
 
 
 def assert_restored(model, before):
@@ -96,9 +107,9 @@ def test_steering_composes_with_recording_and_nesting():
     with steer(model, {neuron: 3.0}, mode='scale'):
         scaled = explain(model, ids, latent='mlp')
     plain = explain(model, ids, latent='mlp')
-    torch.testing.assert_close(scaled.latent.activation['mlp'][0, 1, :, 3],
-                               3 * plain.latent.activation['mlp'][0, 1, :, 3], **TIGHT)
-
+    torch.testing.assert_close(
+        scaled.latent.activation['mlp'][0, 1, :, 3], 3 * plain.latent.activation['mlp'][0, 1, :, 3], **TIGHT
+    )
 
 
 def test_steer_last_position_in_generate_steers_every_prediction():
@@ -107,8 +118,7 @@ def test_steer_last_position_in_generate_steers_every_prediction():
     steering positions ``P - 1`` to the end in every pass of a generation without a cache."""
     model, ids = llama(), token_ids('llama', 4, 1)
     edits = {Neuron('mlp', 1, 7): 40.0}
-    options = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True,
-                   return_dict_in_generate=True)
+    options = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     plain = model.generate(ids, **options)
     with steer(model, edits, positions=-1):
         steered = model.generate(ids, **options)
@@ -138,7 +148,9 @@ def test_steer_refuses_compiled_models(how):
         compiled = model
     else:
         compiled = torch.compile(model)
-    with pytest.raises(CompiledModelError, match='forward hooks of steering, so steering would silently change nothing. Steer'):
+    with pytest.raises(
+        CompiledModelError, match='forward hooks of steering, so steering would silently change nothing. Steer'
+    ):
         with steer(compiled, {Neuron('mlp', 0, 1): 0.0}):
             pass
     assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())

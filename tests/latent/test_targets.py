@@ -3,19 +3,21 @@ float64 models: the input relevance of a neuron target sums to its activation un
 conditional heatmaps of all units of a site sum to the site's heatmap and at the residual stream (a cut) to the
 unconditional one.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.models import tiny_model, token_ids
 from tests.latent.helpers import TIGHT, build, llama, watch
+from tests.models import tiny_model, token_ids
 from zennit_attn import explain
 from zennit_attn.latent import Neuron, find_sites
 
 
-@pytest.mark.parametrize('site,layer,index', [('mlp', 1, 5), ('mlp', 0, 17), ('attention', 1, 2), ('value', 0, 3),
-                                              ('residual', 1, 4)])
+@pytest.mark.parametrize(
+    'site,layer,index', [('mlp', 1, 5), ('mlp', 0, 17), ('attention', 1, 2), ('value', 0, 3), ('residual', 1, 4)]
+)
 def test_neuron_target_conserves_under_cplrp(site, layer, index):
     """Bias-free random Llama, CP-LRP: the input relevance sums to the neuron's activation (the initial relevance)."""
     model, ids = llama(), token_ids('llama', 6, 2)
@@ -72,8 +74,12 @@ def test_conditions_batch_rows_and_conservation():
     assert exp.relevance.shape == (6, 5)
     torch.testing.assert_close(exp.relevance.sum(-1), exp.logit, **TIGHT)
     mlp, attention = exp.latent['mlp'], exp.latent['attention']
-    expected = torch.stack([torch.stack([mlp[row, 1, :, 3].sum(), mlp[row, 1, :, [4, 9]].sum(),
-                                         attention[row, 0, :, 1].sum()]) for row in range(2)]).flatten()
+    expected = torch.stack(
+        [
+            torch.stack([mlp[row, 1, :, 3].sum(), mlp[row, 1, :, [4, 9]].sum(), attention[row, 0, :, 1].sum()])
+            for row in range(2)
+        ]
+    ).flatten()
     torch.testing.assert_close(exp.logit, expected, **TIGHT)
     assert exp.input_ids.shape[0] == 6
     reduced = explain(model, ids, method='cplrp', condition=conditions, latent='mlp', latent_reduce='sum')
@@ -83,7 +89,7 @@ def test_conditions_batch_rows_and_conservation():
 
 def test_bad_input_gets_clear_errors():
     model, ids = llama(), token_ids('llama', 5, 1)
-    with pytest.raises(ValueError, match="unknown latent site"):
+    with pytest.raises(ValueError, match='unknown latent site'):
         explain(model, ids, latent=('mlp', 'neurons'))
     with pytest.raises(ValueError, match='layer 5 is out of range'):
         explain(model, ids, target=Neuron('mlp', 5, 1))

@@ -1,12 +1,13 @@
 """Vocabulary projection (``zennit_attn.latent.vocabulary_projection``) against the hand computation ``E w``, for
 ``torch.nn.Linear`` (Llama: weight ``[out, in]``) and transformers' ``Conv1D`` (GPT-2: weight ``[in, out]``)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.models import tiny_model
 from tests.latent.helpers import llama
+from tests.models import tiny_model
 from zennit_attn.latent import Neuron, vocabulary_projection
 
 

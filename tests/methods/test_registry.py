@@ -1,5 +1,6 @@
 """The baseline methods of ``explain(method=...)``: shapes, finiteness, determinism, one behaviour each, and
 reference computations (rollouts by hand, AtMan by a plain loop, KernelSHAP against exact Shapley values)."""
+
 import itertools
 import math
 
@@ -10,11 +11,11 @@ from transformers import AttentionInterface
 
 from tests.models import tiny_model, token_ids
 from zennit_attn import explain
-from zennit_attn.methods.attention import attention_maps
 from zennit_attn.engine.composites import CPLRPEpsilon
-from zennit_attn.latent import Neuron
-from zennit_attn.methods.registry import METHODS, check_params
 from zennit_attn.inputs.task import TokenTask as Task
+from zennit_attn.latent import Neuron
+from zennit_attn.methods.attention import attention_maps
+from zennit_attn.methods.registry import METHODS, check_params
 
 FAST = {'kernelshap': dict(samples=32), 'integrated_gradients': dict(steps=2), 'smoothgrad': dict(samples=2)}
 
@@ -25,8 +26,19 @@ def ids():
 
 
 def test_registry_lists_every_method():
-    assert list(METHODS) == ['attnlrp', 'cplrp', 'input_x_gradient', 'integrated_gradients', 'smoothgrad',
-                             'attention_rollout', 'grad_attention_rollout', 'gradcam', 'atman', 'kernelshap', 'random']
+    assert list(METHODS) == [
+        'attnlrp',
+        'cplrp',
+        'input_x_gradient',
+        'integrated_gradients',
+        'smoothgrad',
+        'attention_rollout',
+        'grad_attention_rollout',
+        'gradcam',
+        'atman',
+        'kernelshap',
+        'random',
+    ]
     assert all(entry.name == name for name, entry in METHODS.items())
     with pytest.raises(ValueError, match='Unknown method'):
         explain(tiny_model('llama'), token_ids('llama', 4), method='lime')
@@ -42,6 +54,7 @@ def _backward_passes(model):
         hidden = output[0] if isinstance(output, tuple) else output
         if hidden.requires_grad:
             hidden.register_hook(lambda grad: count.__setitem__(0, count[0] + 1))
+
     return count, model.model.layers[-1].register_forward_hook(forward_hook)
 
 
@@ -72,7 +85,8 @@ def test_metadata_says_what_the_method_does(llama, ids, name):
     if entry.neuron:
         activation = []
         handle = llama.model.layers[0].mlp.down_proj.register_forward_hook(
-            lambda module, args, output: activation.append(args[0][:, -1, 1].detach()))
+            lambda module, args, output: activation.append(args[0][:, -1, 1].detach())
+        )
         try:
             result = explain(llama, ids, method=name, target=neuron, **params)
         finally:
@@ -82,36 +96,41 @@ def test_metadata_says_what_the_method_does(llama, ids, name):
         with pytest.raises(ValueError, match='cannot explain a Neuron target'):
             explain(llama, ids, method=name, target=neuron, **params)
     if entry.lrp:
-        torch.testing.assert_close(explain(llama, ids, method=name, composite=CPLRPEpsilon()).relevance,
-                                   explain(llama, ids, method='cplrp').relevance)
+        torch.testing.assert_close(
+            explain(llama, ids, method=name, composite=CPLRPEpsilon()).relevance,
+            explain(llama, ids, method='cplrp').relevance,
+        )
     else:
         with pytest.raises(ValueError, match='composite= applies to the LRP methods'):
             explain(llama, ids, method=name, composite=CPLRPEpsilon(), **params)
 
 
-@pytest.mark.parametrize('name, params, error, match', [
-    ('integrated_gradients', dict(steps=0), ValueError, 'steps must be a positive integer'),
-    ('integrated_gradients', dict(steps='abc'), ValueError, "steps must be a positive integer, got 'abc'"),
-    ('integrated_gradients', dict(steps=2.0), ValueError, 'steps must be a positive integer'),
-    ('integrated_gradients', dict(baseline=float('nan')), ValueError, 'baseline must be a finite number'),
-    ('integrated_gradients', dict(baseline=float('inf')), ValueError, 'baseline must be a finite number, got inf'),
-    ('smoothgrad', dict(sigma=-1), ValueError, r'sigma must be a finite number >= 0.0, got -1'),
-    ('smoothgrad', dict(sigma=float('inf')), ValueError, 'sigma must be a finite number >= 0.0, got inf'),
-    ('smoothgrad', dict(samples=0), ValueError, 'samples must be a positive integer'),
-    ('smoothgrad', dict(multiply_input='no'), ValueError, 'multiply_input must be True or False'),
-    ('atman', dict(score='bogus'), ValueError, "score must be one of 'log_softmax', 'logit', got 'bogus'"),
-    ('atman', dict(p=1.5), ValueError, r'p must be a finite number in \[0.0, 1.0\]'),
-    ('atman', dict(p=-0.1), ValueError, 'p must be a finite number in'),
-    ('atman', dict(perturbation_batch=0), ValueError, 'perturbation_batch must be a positive integer'),
-    ('atman', dict(batch_size=4), TypeError, r"atman takes no parameter\(s\) \['batch_size'\]"),
-    ('kernelshap', dict(samples=0), ValueError, 'samples must be a positive integer'),
-    ('kernelshap', dict(seed=0.5), ValueError, 'seed must be an integer or None'),
-    ('gradcam', dict(layer='last'), ValueError, 'layer must be an integer'),
-    ('attention_rollout', dict(dt=2), ValueError, 'dt must be a finite number in'),
-    ('attnlrp', dict(steps=3), TypeError, 'configure LRP through composite='),
-    ('attnlrp', dict(composite='AttnLRPEpsilon'), TypeError, 'composite must be a zennit Composite'),
-    ('random', dict(composite=CPLRPEpsilon()), ValueError, 'composite= applies to the LRP methods'),
-])
+@pytest.mark.parametrize(
+    'name, params, error, match',
+    [
+        ('integrated_gradients', dict(steps=0), ValueError, 'steps must be a positive integer'),
+        ('integrated_gradients', dict(steps='abc'), ValueError, "steps must be a positive integer, got 'abc'"),
+        ('integrated_gradients', dict(steps=2.0), ValueError, 'steps must be a positive integer'),
+        ('integrated_gradients', dict(baseline=float('nan')), ValueError, 'baseline must be a finite number'),
+        ('integrated_gradients', dict(baseline=float('inf')), ValueError, 'baseline must be a finite number, got inf'),
+        ('smoothgrad', dict(sigma=-1), ValueError, r'sigma must be a finite number >= 0.0, got -1'),
+        ('smoothgrad', dict(sigma=float('inf')), ValueError, 'sigma must be a finite number >= 0.0, got inf'),
+        ('smoothgrad', dict(samples=0), ValueError, 'samples must be a positive integer'),
+        ('smoothgrad', dict(multiply_input='no'), ValueError, 'multiply_input must be True or False'),
+        ('atman', dict(score='bogus'), ValueError, "score must be one of 'log_softmax', 'logit', got 'bogus'"),
+        ('atman', dict(p=1.5), ValueError, r'p must be a finite number in \[0.0, 1.0\]'),
+        ('atman', dict(p=-0.1), ValueError, 'p must be a finite number in'),
+        ('atman', dict(perturbation_batch=0), ValueError, 'perturbation_batch must be a positive integer'),
+        ('atman', dict(batch_size=4), TypeError, r"atman takes no parameter\(s\) \['batch_size'\]"),
+        ('kernelshap', dict(samples=0), ValueError, 'samples must be a positive integer'),
+        ('kernelshap', dict(seed=0.5), ValueError, 'seed must be an integer or None'),
+        ('gradcam', dict(layer='last'), ValueError, 'layer must be an integer'),
+        ('attention_rollout', dict(dt=2), ValueError, 'dt must be a finite number in'),
+        ('attnlrp', dict(steps=3), TypeError, 'configure LRP through composite='),
+        ('attnlrp', dict(composite='AttnLRPEpsilon'), TypeError, 'composite must be a zennit Composite'),
+        ('random', dict(composite=CPLRPEpsilon()), ValueError, 'composite= applies to the LRP methods'),
+    ],
+)
 def test_check_params_without_a_model(name, params, error, match):
     with pytest.raises(error, match=match):
         check_params(name, params)
@@ -241,6 +260,7 @@ def test_gradcam_by_hand(llama, ids):
 
 def _reference_attention(factor_of):
     """Eager attention that multiplies the pre-softmax scores of the suppressed key column by (1 - p)."""
+
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         groups = query.shape[1] // key.shape[1]
         key = key.repeat_interleave(groups, 1)
@@ -252,6 +272,7 @@ def _reference_attention(factor_of):
         scores = scores.masked_fill(~causal, -math.inf)
         weights = scores.softmax(-1, dtype=torch.float32).to(query.dtype)  # as transformers' eager
         return (weights @ value).transpose(1, 2).contiguous(), weights
+
     return attention
 
 
@@ -381,8 +402,9 @@ def test_kernelshap_refuses_too_few_samples_for_its_features(llama, samples):
 @pytest.fixture(scope='module')
 def ctrl():
     """A tiny CTRL: its forward scales ``inputs_embeds`` in place (``inputs_embeds *= sqrt(d_model)``)."""
-    config = transformers.CTRLConfig(vocab_size=100, n_embd=32, dff=64, n_layer=2, n_head=4, n_positions=64,
-                                     resid_pdrop=0.0, embd_pdrop=0.0)
+    config = transformers.CTRLConfig(
+        vocab_size=100, n_embd=32, dff=64, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0
+    )
     config._attn_implementation = 'eager'  # its own output_attentions for the references
     torch.manual_seed(0)
     return transformers.CTRLLMHeadModel(config).double().eval()
@@ -395,12 +417,27 @@ def _ctrl_plain(model, tokens, target):
     output = model(inputs_embeds=embeddings.clone(), output_attentions=True)
     logit = output.logits[0, -1, target]
     grads = torch.autograd.grad(logit, [embeddings, *output.attentions])
-    return (embeddings.detach(), logit.detach(), grads[0], [attention.detach()[0] for attention in output.attentions],
-            [grad[0] for grad in grads[1:]])
+    return (
+        embeddings.detach(),
+        logit.detach(),
+        grads[0],
+        [attention.detach()[0] for attention in output.attentions],
+        [grad[0] for grad in grads[1:]],
+    )
 
 
-@pytest.mark.parametrize('method', ['input_x_gradient', 'integrated_gradients', 'smoothgrad', 'kernelshap',
-                                    'attention_rollout', 'grad_attention_rollout', 'gradcam'])
+@pytest.mark.parametrize(
+    'method',
+    [
+        'input_x_gradient',
+        'integrated_gradients',
+        'smoothgrad',
+        'kernelshap',
+        'attention_rollout',
+        'grad_attention_rollout',
+        'gradcam',
+    ],
+)
 def test_methods_on_a_model_that_scales_its_input_in_place(ctrl, method):
     """Each method against its value computed from the model's own outputs (CTRL scales ``inputs_embeds`` in
     place: the gradient methods died on their leaf, and the methods without gradients scaled the task's input
@@ -408,8 +445,11 @@ def test_methods_on_a_model_that_scales_its_input_in_place(ctrl, method):
     tokens = token_ids('llama', 5, 1, seed=3)
     target = 11
     embeddings, logit, grad, attentions, attention_grads = _ctrl_plain(ctrl, tokens, target)
-    params = {'integrated_gradients': dict(steps=3), 'smoothgrad': dict(sigma=0.0, samples=2),
-              'kernelshap': dict(samples=2)}.get(method, {})
+    params = {
+        'integrated_gradients': dict(steps=3),
+        'smoothgrad': dict(sigma=0.0, samples=2),
+        'kernelshap': dict(samples=2),
+    }.get(method, {})
     if method == 'kernelshap':  # one token: its Shapley value is exactly f(x) - f(0)
         tokens, embeddings = tokens[:, :1], embeddings[:, :1]
         with torch.no_grad():

@@ -12,6 +12,7 @@ five took 129 s together on 2 cores (generation 37, faithfulness 31, latent_neur
 The runs are marked ``slow`` and ``notebooks`` (run by ``make test``; ``make notebooks`` runs only these; deselect
 with ``-m "not notebooks"``). A notebook whose requirements are not installed is skipped with the reason.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -49,6 +50,8 @@ INSTALL = {
     'nbclient': 'pip install -e ".[dev]"',
     'ipykernel': 'pip install -e ".[dev]"',
 }
+
+
 def read(path: Path) -> dict:
     return json.loads(path.read_text())
 
@@ -57,13 +60,17 @@ def _missing(*modules: str) -> str | None:
     absent = [module for module in modules if importlib.util.find_spec(module) is None]
     if not absent:
         return None
-    return 'not installed: ' + '; '.join(f'{module} ({INSTALL.get(module, "pip install " + module)})'
-                                         for module in absent)
+    return 'not installed: ' + '; '.join(
+        f'{module} ({INSTALL.get(module, "pip install " + module)})' for module in absent
+    )
 
 
 def parameters_index(cells: list) -> int:
-    indices = [index for index, cell in enumerate(cells)
-               if cell['cell_type'] == 'code' and 'parameters' in cell.get('metadata', {}).get('tags', [])]
+    indices = [
+        index
+        for index, cell in enumerate(cells)
+        if cell['cell_type'] == 'code' and 'parameters' in cell.get('metadata', {}).get('tags', [])
+    ]
     assert len(indices) == 1, 'a notebook needs exactly one code cell tagged "parameters"'
     return indices[0]
 
@@ -85,13 +92,19 @@ def run(name: str, tmp_path: Path) -> None:
     notebook = nbformat.read(ROOT / 'notebooks' / f'{name}.ipynb', as_version=4)
     index = parameters_index(notebook.cells)
     # small settings, and one torch thread: the kernel shares 2 cores with the other test worker
-    lines = ['# small settings of tests/notebooks/runner.py', 'from pathlib import Path', 'import torch',
-             'torch.set_num_threads(1)']
+    lines = [
+        '# small settings of tests/notebooks/runner.py',
+        'from pathlib import Path',
+        'import torch',
+        'torch.set_num_threads(1)',
+    ]
     lines += [_assignment(key, value) for key, value in SETTINGS[name].items()]
     notebook.cells.insert(index + 1, nbformat.v4.new_code_cell('\n'.join(lines)))
-    client = NotebookClient(notebook, timeout=CELL_TIMEOUT, kernel_name='python3',
-                            resources={'metadata': {'path': str(tmp_path)}})
+    client = NotebookClient(
+        notebook, timeout=CELL_TIMEOUT, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}
+    )
     client.execute()
-    errors = [output for cell in notebook.cells for output in cell.get('outputs', [])
-              if output.get('output_type') == 'error']
+    errors = [
+        output for cell in notebook.cells for output in cell.get('outputs', []) if output.get('output_type') == 'error'
+    ]
     assert not errors, errors[0]

@@ -1,4 +1,5 @@
 """notebooks/latent_neurons.ipynb runs top to bottom with small settings (tests/notebooks/runner.py)."""
+
 import pytest
 
 from tests.notebooks.runner import run

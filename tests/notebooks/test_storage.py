@@ -1,5 +1,6 @@
 """The notebooks are stored without outputs, with a parameters cell the test settings override, and each has its
 test file ``tests/notebooks/test_<name>.py`` (which runs it)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Relevance summed over character spans, template slots and sentences (zennit_attn.results.segments): which token goes
 where (the first non-whitespace character decides), sums that add up to the row's total, clear errors."""
+
 from __future__ import annotations
 
 import io
@@ -25,9 +26,15 @@ def made(tokenizer, text: str, values, bos: bool = False) -> Explanation:
     ids = torch.tensor([tokenizer(text).input_ids])
     relevance = torch.tensor([values], dtype=torch.float64)
     assert relevance.shape == ids.shape, (ids, relevance)
-    return Explanation(relevance=relevance, embedding_relevance=None, target=torch.tensor([0]),
-                       logit=torch.tensor([1.0]), position=torch.tensor([ids.shape[1] - 1]), input_ids=ids,
-                       tokenizer=tokenizer)
+    return Explanation(
+        relevance=relevance,
+        embedding_relevance=None,
+        target=torch.tensor([0]),
+        logit=torch.tensor([1.0]),
+        position=torch.tensor([ids.shape[1] - 1]),
+        input_ids=ids,
+        tokenizer=tokenizer,
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ templates
@@ -36,26 +43,31 @@ def test_template_builds_text_and_spans():
     assert template.text == f'Question: {QUESTION}\nAnswer: {ANSWER}'
     assert template.names == ['question', 'answer']
     start = len('Question: ')
-    assert template.spans == {'question': (start, start + len(QUESTION)),
-                              'answer': (start + len(QUESTION) + len('\nAnswer: '), len(template.text))}
+    assert template.spans == {
+        'question': (start, start + len(QUESTION)),
+        'answer': (start + len(QUESTION) + len('\nAnswer: '), len(template.text)),
+    }
     for name, (begin, end) in template.spans.items():
         assert template.text[begin:end] == template.values[name]
     braces = Template('{{literal}} {a}', a='x')
     assert braces.text == '{literal} x' and braces.spans == {'a': (10, 11)}
 
 
-@pytest.mark.parametrize('template, values, message', [
-    ('Context: {context}', {'context': 'a', 'question': 'b'}, r"the template has no slot\(s\) \['question'\]"),
-    ('{a} and {a}', {'a': 'x'}, r"slot\(s\) \['a'\] appear more than once"),
-    ('{a} and {b}', {'a': 'x'}, r"no value for template slot\(s\) \['b'\]"),
-    ('no slots here', {}, 'has no slots'),
-    ('{} here', {}, 'is not a name'),
-    ('{0} here', {}, 'is not a name'),
-    ('{a.b} here', {}, 'is not a name'),
-    ('{a:>3}', {'a': 'x'}, 'format spec or conversion'),
-    ('{a!r}', {'a': 'x'}, 'format spec or conversion'),
-    ('{a} }', {'a': 'x'}, 'cannot read the template'),
-])
+@pytest.mark.parametrize(
+    'template, values, message',
+    [
+        ('Context: {context}', {'context': 'a', 'question': 'b'}, r"the template has no slot\(s\) \['question'\]"),
+        ('{a} and {a}', {'a': 'x'}, r"slot\(s\) \['a'\] appear more than once"),
+        ('{a} and {b}', {'a': 'x'}, r"no value for template slot\(s\) \['b'\]"),
+        ('no slots here', {}, 'has no slots'),
+        ('{} here', {}, 'is not a name'),
+        ('{0} here', {}, 'is not a name'),
+        ('{a.b} here', {}, 'is not a name'),
+        ('{a:>3}', {'a': 'x'}, 'format spec or conversion'),
+        ('{a!r}', {'a': 'x'}, 'format spec or conversion'),
+        ('{a} }', {'a': 'x'}, 'cannot read the template'),
+    ],
+)
 def test_template_refuses_bad_templates(template, values, message):
     with pytest.raises(ValueError, match=message):
         Template(template, **values)
@@ -67,17 +79,29 @@ def test_template_refuses_a_value_that_is_not_text():
 
 
 # ------------------------------------------------------------------------------------------------------ sentences
-@pytest.mark.parametrize('text, expected', [
-    ('The ice bear lives in the Arctic. It eats seals!  Does it? Yes.',
-     ['The ice bear lives in the Arctic.', 'It eats seals!', 'Does it?', 'Yes.']),
-    ('Dr. Smith met Mr. J. R. Tolkien, e.g. in the U.S. in 1950. Then he left.',
-     ['Dr. Smith met Mr. J. R. Tolkien, e.g. in the U.S. in 1950.', 'Then he left.']),
-    ('It costs 3.50 euros. "Really?" he asked. "Yes." 2001 was a year.',
-     ['It costs 3.50 euros.', '"Really?" he asked.', '"Yes."', '2001 was a year.']),
-    ('  Context: bears\nQuestion: where?\n\nAnswer: north  ', ['Context: bears', 'Question: where?', 'Answer: north']),
-    ('no end stop', ['no end stop']),
-    ('   \n ', []),
-])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        (
+            'The ice bear lives in the Arctic. It eats seals!  Does it? Yes.',
+            ['The ice bear lives in the Arctic.', 'It eats seals!', 'Does it?', 'Yes.'],
+        ),
+        (
+            'Dr. Smith met Mr. J. R. Tolkien, e.g. in the U.S. in 1950. Then he left.',
+            ['Dr. Smith met Mr. J. R. Tolkien, e.g. in the U.S. in 1950.', 'Then he left.'],
+        ),
+        (
+            'It costs 3.50 euros. "Really?" he asked. "Yes." 2001 was a year.',
+            ['It costs 3.50 euros.', '"Really?" he asked.', '"Yes."', '2001 was a year.'],
+        ),
+        (
+            '  Context: bears\nQuestion: where?\n\nAnswer: north  ',
+            ['Context: bears', 'Question: where?', 'Answer: north'],
+        ),
+        ('no end stop', ['no end stop']),
+        ('   \n ', []),
+    ],
+)
 def test_sentences(text, expected):
     spans = sentences(text)
     assert [text[start:end] for start, end in spans] == expected
@@ -130,8 +154,11 @@ def test_template_segments_and_other_add_up_exactly(tokenizer):
 def test_real_explanation_partition_is_exact(llama, tokenizer):
     """Each token counts once: the segments and other add up to the row's relevance in exact arithmetic, and
     each float sum is the correctly rounded sum of its tokens."""
-    template = Template('Context: {context}\nQuestion: {question}', context='The ice bear lives in the Arctic.',
-                        question='where does the ice bear live?')
+    template = Template(
+        'Context: {context}\nQuestion: {question}',
+        context='The ice bear lives in the Arctic.',
+        question='where does the ice bear live?',
+    )
     explanation = explain(llama, template.text, tokenizer=tokenizer)
     result = explanation.segments(template)
     values = explanation.relevance[0].double().tolist()
@@ -145,8 +172,7 @@ def test_real_explanation_partition_is_exact(llama, tokenizer):
     assert sum(exact) + other == sum(map(Fraction, values))
     assert result.relevance.tolist() == [float(part) for part in exact]
     assert result.other == float(other) and result.total == float(sum(map(Fraction, values)))
-    assert math.isclose(result.relevance.sum().item() + result.other, explanation.relevance.sum().item(),
-                        rel_tol=1e-6)
+    assert math.isclose(result.relevance.sum().item() + result.other, explanation.relevance.sum().item(), rel_tol=1e-6)
     assert result.token_segment.count(0) >= 7 and result.token_segment.count(1) >= 7
 
 
@@ -174,25 +200,30 @@ def test_sentencepiece_offsets(llama):
     result = explanation.segments([(0, 7), (8, 18)])
     texts = explanation.tokens()
     assert [''.join(t for t, s in zip(texts, result.token_segment) if s == k).strip() for k in (0, 1)] == [
-        'The ice', 'bear lives']
+        'The ice',
+        'bear lives',
+    ]
     assert result.labels == ['span 0', 'span 1']
 
 
 # ------------------------------------------------------------------------------------------------------- errors
-@pytest.mark.parametrize('spans, labels, message', [
-    ([(0, 5), (4, 9)], None, r'spans 0 \(0, 5\) and 1 \(4, 9\) overlap'),
-    ([(10, 18), (0, 12)], None, r'spans 1 \(0, 12\) and 0 \(10, 18\) overlap'),
-    ([(0, 19)], None, r'span 0 \(0, 19\) is outside the text or empty: .* <= 18'),
-    ([(-1, 3)], None, 'outside the text'),
-    ([(3, 3)], None, 'outside the text or empty'),
-    ([], None, 'spans is empty'),
-    ('words', None, "got 'words'"),
-    ([(0, 3), (4, 7)], ['a'], 'one str per span: 2 spans'),
-    ([(0, 3), (4, 7)], ['a', 'a'], 'must differ'),
-    ([(0, 3)], ['other'], "from 'other'"),
-    ([(0, 3), (3, 3)], ['head', 'tail'], r"span 1 \('tail'\) \(3, 3\) is outside the text or empty"),
-    ([(0, 5), (4, 9)], ['head', 'tail'], r"spans 0 \('head'\) \(0, 5\) and 1 \('tail'\) \(4, 9\) overlap"),
-])
+@pytest.mark.parametrize(
+    'spans, labels, message',
+    [
+        ([(0, 5), (4, 9)], None, r'spans 0 \(0, 5\) and 1 \(4, 9\) overlap'),
+        ([(10, 18), (0, 12)], None, r'spans 1 \(0, 12\) and 0 \(10, 18\) overlap'),
+        ([(0, 19)], None, r'span 0 \(0, 19\) is outside the text or empty: .* <= 18'),
+        ([(-1, 3)], None, 'outside the text'),
+        ([(3, 3)], None, 'outside the text or empty'),
+        ([], None, 'spans is empty'),
+        ('words', None, "got 'words'"),
+        ([(0, 3), (4, 7)], ['a'], 'one str per span: 2 spans'),
+        ([(0, 3), (4, 7)], ['a', 'a'], 'must differ'),
+        ([(0, 3)], ['other'], "from 'other'"),
+        ([(0, 3), (3, 3)], ['head', 'tail'], r"span 1 \('tail'\) \(3, 3\) is outside the text or empty"),
+        ([(0, 5), (4, 9)], ['head', 'tail'], r"spans 0 \('head'\) \(0, 5\) and 1 \('tail'\) \(4, 9\) overlap"),
+    ],
+)
 def test_bad_spans_are_refused(tokenizer, spans, labels, message):
     explanation = made(tokenizer, 'The ice bear lives', [1.0] * 4)
     with pytest.raises(ValueError, match=message):
@@ -221,10 +252,18 @@ def test_text_that_is_not_the_explained_one_is_refused(tokenizer):
 
 def test_ids_only_explanation_needs_a_tokenizer(tokenizer):
     explanation = made(tokenizer, 'The ice bear lives', [1.0] * 4)
-    bare = Explanation(relevance=explanation.relevance, embedding_relevance=None, target=explanation.target,
-                       logit=explanation.logit, position=explanation.position, input_ids=explanation.input_ids)
-    with pytest.raises(ValueError, match='segments are character spans of the text, matched to tokens with the '
-                                         'tokenizer: pass tokenizer='):
+    bare = Explanation(
+        relevance=explanation.relevance,
+        embedding_relevance=None,
+        target=explanation.target,
+        logit=explanation.logit,
+        position=explanation.position,
+        input_ids=explanation.input_ids,
+    )
+    with pytest.raises(
+        ValueError,
+        match='segments are character spans of the text, matched to tokens with the tokenizer: pass tokenizer=',
+    ):
         bare.segments([(0, 3)], text='The ice bear lives')
     assert bare.segments([(0, 3)], text='The ice bear lives', tokenizer=tokenizer).relevance.tolist() == [1.0]
 
@@ -252,17 +291,23 @@ def test_segments_render_their_sums(tokenizer):
     values[3], values[-1], values[0] = 1.5, -3.0, 0.25  # a question token, the answer's last, 'Question' (other)
     result = made(tokenizer, template.text, values).segments(template)
     assert result.relevance.tolist() == [1.5, -3.0] and result.other == 0.25
-    heatmap, = result.heatmaps()
+    (heatmap,) = result.heatmaps()
     assert heatmap.values == [1.5, -3.0, 0.25]
-    assert [segment.label for segment in heatmap.segments] == ['question: +1.5', 'answer: -3',
-                                                               'other (outside every segment): +0.25']
+    assert [segment.label for segment in heatmap.segments] == [
+        'question: +1.5',
+        'answer: -3',
+        'other (outside every segment): +0.25',
+    ]
     assert heatmap.segments[0].tokens == [QUESTION] and heatmap.segments[1].tokens == [ANSWER]
     stream = io.StringIO()
     result.show(color=False, stream=stream)
     lines = stream.getvalue().splitlines()
     assert lines[0].endswith('relevance of 2 segment(s) and other, total -1.25')
-    assert lines[1:] == [f'question: +1.5: {QUESTION}[+1.5]', f'answer: -3: {ANSWER}[-3]',
-                         'other (outside every segment): +0.25: Question | : | | A | ns | wer | :[+0.25]']
+    assert lines[1:] == [
+        f'question: +1.5: {QUESTION}[+1.5]',
+        f'answer: -3: {ANSWER}[-3]',
+        'other (outside every segment): +0.25: Question | : | | A | ns | wer | :[+0.25]',
+    ]
     page = result.to_html()
     boxes = re.findall(r'<span class="za-t[^"]*" data-i="0" style="background: (rgb\([^)]*\))', page)
     assert boxes == [css_rgb(relevance_to_rgb(value, 3.0)) for value in (1.5, -3.0, 0.25)]
@@ -277,9 +322,14 @@ def test_segments_save_every_format(tokenizer, tmp_path):
     assert 'sentence 1: +2.625' in (tmp_path / 'segments.html').read_text()
 
 
-@pytest.mark.parametrize('values, empty', [(dict(question='', answer=ANSWER), ['question']),
-                                           (dict(question=QUESTION, answer=''), ['answer']),
-                                           (dict(question='', answer=''), ['question', 'answer'])])
+@pytest.mark.parametrize(
+    'values, empty',
+    [
+        (dict(question='', answer=ANSWER), ['question']),
+        (dict(question=QUESTION, answer=''), ['answer']),
+        (dict(question='', answer=''), ['question', 'answer']),
+    ],
+)
 def test_an_empty_template_slot_is_named(tokenizer, values, empty):
     """An empty slot has no characters, so no tokens: refused naming the slot (it was "span 0 (9, 9) is outside the
     text or empty", the slot's name left for the user to find)."""

@@ -1,6 +1,7 @@
 """explain_dataset() / load_explanations(): results equal single explain() calls, shards resume, damaged shards are
 redone on resume and named on load, settings are checked, .jsonl input, and two processes (gloo on CPU, torchrun)
 give the one-process result."""
+
 import json
 import os
 import subprocess
@@ -14,7 +15,13 @@ import zennit_attn.workflows.dataset as dataset
 from tests.models import tiny_model
 from tests.text_tokenizer import CORPUS, byte_level_tokenizer
 from zennit_attn import explain, explain_dataset, load_explanations
-from zennit_attn.workflows.dataset import INDEX_FILE, SETTINGS_FILE, SettingsMismatchError, check_fingerprint, read_texts
+from zennit_attn.workflows.dataset import (
+    INDEX_FILE,
+    SETTINGS_FILE,
+    SettingsMismatchError,
+    check_fingerprint,
+    read_texts,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = CORPUS[:6] + ['The bear.', 'Question: where does the penguin live?']
@@ -85,15 +92,16 @@ def test_other_settings_are_refused(setup, tmp_path):
 def test_jsonl_targets_positions_and_bad_input(setup, tmp_path):
     model, tokenizer = setup
     path = tmp_path / 'texts.jsonl'
-    path.write_text('\n'.join(json.dumps({'text': text, 'id': number}) for number, text in enumerate(TEXTS[:4]))
-                    + '\n\n')
+    path.write_text(
+        '\n'.join(json.dumps({'text': text, 'id': number}) for number, text in enumerate(TEXTS[:4])) + '\n\n'
+    )
     assert read_texts(path) == TEXTS[:4] == read_texts(str(path))
     targets = [5, 7, 9, 11]
-    explain_dataset(model, tokenizer, path, tmp_path / 'out', batch_size=4, target=targets, position=2,
-                    progress=False)
+    explain_dataset(model, tokenizer, path, tmp_path / 'out', batch_size=4, target=targets, position=2, progress=False)
     loaded = load_explanations(tmp_path / 'out')
-    single = [explain(model, text, tokenizer=tokenizer, target=target, position=2)
-              for text, target in zip(TEXTS[:4], targets)]
+    single = [
+        explain(model, text, tokenizer=tokenizer, target=target, position=2) for text, target in zip(TEXTS[:4], targets)
+    ]
     assert_same(loaded, single, tol=1e-6)
     assert [int(item.target) for item in loaded] == targets
     bad = tmp_path / 'bad.jsonl'
@@ -111,7 +119,7 @@ def test_jsonl_targets_positions_and_bad_input(setup, tmp_path):
     assert not (tmp_path / 'x').exists()  # refused before anything was written
 
 
-WORKER = '''
+WORKER = """
 import sys
 import torch
 sys.path.insert(0, {root!r})
@@ -123,7 +131,7 @@ texts = {texts!r}
 explain_dataset(tiny_model('llama'), byte_level_tokenizer(pad=False), texts, sys.argv[1], batch_size=2,
                 shard_size=2, progress=False)
 assert torch.distributed.is_available() and not torch.distributed.is_initialized()  # created and destroyed
-'''
+"""
 
 
 def test_two_processes_equal_one(setup, tmp_path):
@@ -132,15 +140,29 @@ def test_two_processes_equal_one(setup, tmp_path):
     script.write_text(WORKER.format(root=str(ROOT), texts=TEXTS))
     environment = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
     completed = subprocess.run(
-        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(script),
-         str(tmp_path / 'two')], capture_output=True, text=True, env=environment, timeout=300)
+        [
+            sys.executable,
+            '-m',
+            'torch.distributed.run',
+            '--standalone',
+            '--nproc-per-node',
+            '2',
+            str(script),
+            str(tmp_path / 'two'),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     shards = sorted(path.name for path in (tmp_path / 'two').glob('shard-*.safetensors'))
     assert len(shards) == 4
     explain_dataset(model, tokenizer, TEXTS, tmp_path / 'one', batch_size=2, shard_size=2, progress=False)
     assert_same(load_explanations(tmp_path / 'two'), load_explanations(tmp_path / 'one'))
     assert json.loads((tmp_path / 'two' / INDEX_FILE).read_text()) == json.loads(
-        (tmp_path / 'one' / INDEX_FILE).read_text())
+        (tmp_path / 'one' / INDEX_FILE).read_text()
+    )
 
 
 def test_method_params_are_keyword_arguments(setup, tmp_path):
@@ -154,14 +176,24 @@ def test_method_params_are_keyword_arguments(setup, tmp_path):
     assert_same(load_explanations(tmp_path), single, tol=1e-6)
     assert json.loads((tmp_path / SETTINGS_FILE).read_text())['params'] == {'p': '0.5', 'perturbation_batch': '3'}
     with pytest.raises(SettingsMismatchError, match='differing: params'):
-        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path, batch_size=2, method='atman', perturbation_batch=3,
-                        p=0.9, progress=False)
+        explain_dataset(
+            model,
+            tokenizer,
+            TEXTS[:3],
+            tmp_path,
+            batch_size=2,
+            method='atman',
+            perturbation_batch=3,
+            p=0.9,
+            progress=False,
+        )
     # refused before anything is written: a name the method does not take, a value out of its range
     with pytest.raises(TypeError, match=r"attnlrp takes no parameter\(s\) \['latent'\]"):
         explain_dataset(model, tokenizer, TEXTS[:3], tmp_path / 'x', latent='mlp', progress=False)
     with pytest.raises(ValueError, match='steps must be a positive integer, got 0'):
-        explain_dataset(model, tokenizer, TEXTS[:3], tmp_path / 'x', method='integrated_gradients', steps=0,
-                        progress=False)
+        explain_dataset(
+            model, tokenizer, TEXTS[:3], tmp_path / 'x', method='integrated_gradients', steps=0, progress=False
+        )
     assert not (tmp_path / 'x').exists()
 
 
@@ -182,6 +214,7 @@ def counting_explain(monkeypatch) -> list:
     def counting(*args, **kwargs):
         calls.append(1)
         return explain(*args, **kwargs)
+
     monkeypatch.setattr(dataset, 'explain', counting)
     return calls
 
@@ -197,7 +230,7 @@ def test_damaged_shards_are_redone_on_resume(setup, tmp_path, monkeypatch):
         out = tmp_path / f'index-{index_written}'
         explain_dataset(model, tokenizer, TEXTS, out, batch_size=2, shard_size=2, progress=False)
         truncated, changed = out / 'shard-00001.safetensors', out / 'shard-00002.safetensors'
-        truncated.write_bytes(truncated.read_bytes()[:truncated.stat().st_size - 7])
+        truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size - 7])
         data = bytearray(changed.read_bytes())
         data[-3] ^= 0x40  # a byte of the last tensor: the header still parses, the sizes still fit
         changed.write_bytes(bytes(data))
@@ -223,15 +256,20 @@ def test_load_names_a_damaged_shard(setup, tmp_path):
     index = json.loads((tmp_path / INDEX_FILE).read_text())
     path = tmp_path / 'shard-00001.safetensors'
     assert [shard['bytes'] for shard in index['shards']] == [
-        (tmp_path / shard['file']).stat().st_size for shard in index['shards']]
+        (tmp_path / shard['file']).stat().st_size for shard in index['shards']
+    ]
     assert (tmp_path / 'shard-00001.safetensors.sha256').read_text() == (
-        f'{index["shards"][1]["sha256"]}  shard-00001.safetensors\n')  # sha256sum -c reads it
+        f'{index["shards"][1]["sha256"]}  shard-00001.safetensors\n'
+    )  # sha256sum -c reads it
     original = path.read_bytes()
     data = bytearray(original)
     data[-1] ^= 0x01
     path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=f"^'{path}' is damaged \\(its SHA-256 is .*\\(changed bytes\\)\\): run "
-                                         "explain_dataset\\(\\) again with the same arguments"):
+    with pytest.raises(
+        ValueError,
+        match=f"^'{path}' is damaged \\(its SHA-256 is .*\\(changed bytes\\)\\): run "
+        'explain_dataset\\(\\) again with the same arguments',
+    ):
         load_explanations(tmp_path)
     path.write_bytes(original[:100])
     with pytest.raises(ValueError, match=f"^'{path}' is damaged \\(truncated: .*\\): run explain_dataset"):
@@ -248,8 +286,9 @@ def test_output_dir_that_is_a_file_is_refused(setup, tmp_path, monkeypatch):
     calls = counting_explain(monkeypatch)
     path = tmp_path / 'results.jsonl'
     path.write_text('{"text": "a"}\n')
-    with pytest.raises(NotADirectoryError, match=f"^the output directory '{path}' is a file: pass the path of a "
-                                                 "new directory"):
+    with pytest.raises(
+        NotADirectoryError, match=f"^the output directory '{path}' is a file: pass the path of a new directory"
+    ):
         explain_dataset(model, tokenizer, TEXTS[:2], path, progress=False)
     with pytest.raises(NotADirectoryError, match=f"cannot be created: '{path}' is a file"):
         explain_dataset(model, tokenizer, TEXTS[:2], path / 'out', progress=False)
@@ -262,15 +301,14 @@ def test_a_one_token_text_with_kernelshap(setup, tmp_path):
     model, tokenizer = setup
     texts = ['The', TEXTS[0]]
     assert len(tokenizer('The')['input_ids']) == 1
-    explain_dataset(model, tokenizer, texts, tmp_path, batch_size=1, method='kernelshap', samples=32,
-                    progress=False)
+    explain_dataset(model, tokenizer, texts, tmp_path, batch_size=1, method='kernelshap', samples=32, progress=False)
     loaded = load_explanations(tmp_path)
     single = [explain(model, text, tokenizer=tokenizer, method='kernelshap', samples=32) for text in texts]
     assert_same(loaded, single, tol=1e-6)
     assert loaded[0].relevance.shape == (1, 1) and torch.isfinite(loaded[0].relevance).all()
 
 
-REFUSED_WORKER = '''
+REFUSED_WORKER = """
 import os
 import sys
 import torch
@@ -286,7 +324,7 @@ try:
 except SettingsMismatchError as error:
     print(f'rank {{os.environ["RANK"]}}: {{error}}')
     sys.exit(3)
-'''
+"""
 
 
 def test_a_refused_directory_stops_every_rank(setup, tmp_path):
@@ -298,8 +336,21 @@ def test_a_refused_directory_stops_every_rank(setup, tmp_path):
     script.write_text(REFUSED_WORKER.format(root=str(ROOT), texts=TEXTS[:4]))
     environment = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
     completed = subprocess.run(
-        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(script),
-         str(tmp_path / 'out')], capture_output=True, text=True, env=environment, timeout=120)
+        [
+            sys.executable,
+            '-m',
+            'torch.distributed.run',
+            '--standalone',
+            '--nproc-per-node',
+            '2',
+            str(script),
+            str(tmp_path / 'out'),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+    )
     assert completed.returncode != 0
     assert 'rank 1: rank 0 refused the output directory' in completed.stdout, completed.stdout + completed.stderr
 
@@ -320,7 +371,14 @@ def test_damaged_json_files_are_named_and_loads_are_copies(setup, tmp_path):
     for name in (INDEX_FILE, 'settings.json'):
         target = tmp_path / name
         target.write_text(target.read_text()[:20])
-        call = (lambda: load_explanations(tmp_path)) if name == INDEX_FILE else (
-            lambda: explain_dataset(model, tokenizer, TEXTS[:4], tmp_path, batch_size=2, shard_size=2, progress=False))
+        call = (
+            (lambda: load_explanations(tmp_path))
+            if name == INDEX_FILE
+            else (
+                lambda: explain_dataset(
+                    model, tokenizer, TEXTS[:4], tmp_path, batch_size=2, shard_size=2, progress=False
+                )
+            )
+        )
         with pytest.raises(ValueError, match=f"^'{target}' is damaged .*delete the output directory"):
             call()

@@ -1,4 +1,5 @@
 """conservation(): layer-boundary sums that the rules fix exactly."""
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
@@ -10,8 +11,16 @@ from zennit_attn.engine.composites import CPLRPEpsilon
 
 def tiny_llama():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForCausalLM(config).double().eval()
 
 
@@ -41,8 +50,13 @@ def test_attnlrp_leaks_only_inside_blocks_and_matches_explain():
 
 def test_position_embeddings_are_reported_separately():
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16,
-                                       bos_token_id=1, eos_token_id=2)).double().eval()
+    model = (
+        GPT2LMHeadModel(
+            GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16, bos_token_id=1, eos_token_id=2)
+        )
+        .double()
+        .eval()
+    )
     report = conservation(model, torch.randint(3, 50, (1, 5)))
     assert abs(float(report.sums[-1, 0])) > 1e-6
     # word + position embeddings add up to the input of the first block (dropout is identity in eval mode)
@@ -55,12 +69,17 @@ def test_position_embeddings_are_reported_separately():
 def test_batch_rows_are_reported_separately():
     """Position embeddings are shared by all rows; each row still gets its own sums."""
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16,
-                                       bos_token_id=1, eos_token_id=2)).double().eval()
+    model = (
+        GPT2LMHeadModel(
+            GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16, bos_token_id=1, eos_token_id=2)
+        )
+        .double()
+        .eval()
+    )
     tokens = torch.randint(3, 50, (2, 5))
     both = conservation(model, tokens, composite=CPLRPEpsilon())
     for row in range(2):
-        alone = conservation(model, tokens[row:row + 1], composite=CPLRPEpsilon())
+        alone = conservation(model, tokens[row : row + 1], composite=CPLRPEpsilon())
         assert torch.allclose(both.sums[:, row], alone.sums[:, 0], rtol=1e-12, atol=0)
 
 
@@ -69,6 +88,12 @@ def test_encoder_decoder_boundaries_decoder_first():
     model = tiny_model('t5', 'seq2seq')
     report = conservation(model, token_ids('t5', 5), decoder_input_ids=decoder_ids('t5', 3))
     assert report.names == [
-        'output of decoder.block.1', 'output of decoder.block.0', 'input of decoder.block.0',
-        'output of encoder.block.1', 'output of encoder.block.0', 'input of encoder.block.0',
-        'word embeddings', 'other embeddings']
+        'output of decoder.block.1',
+        'output of decoder.block.0',
+        'input of decoder.block.0',
+        'output of encoder.block.1',
+        'output of encoder.block.0',
+        'input of encoder.block.0',
+        'word embeddings',
+        'other embeddings',
+    ]

@@ -1,4 +1,5 @@
 """explain_generation(): every generated token explained over exactly its prefix, the whole answer, the views."""
+
 from __future__ import annotations
 
 import json
@@ -38,13 +39,13 @@ def test_rows_equal_explain_on_each_prefix_causal(llama, tokenizer, generation):
     assert generation.relevance.shape == (count, expected.shape[0])
     assert generation.relevance.dtype == torch.float64
     for index in range(count):
-        single = explain(llama, expected[None, :length + index], target=int(expected[length + index]))
-        assert torch.equal(generation.relevance[index, :length + index], single.relevance[0])  # bit for bit
-        assert float(generation.relevance[index, length + index:].abs().max()) == 0.0
+        single = explain(llama, expected[None, : length + index], target=int(expected[length + index]))
+        assert torch.equal(generation.relevance[index, : length + index], single.relevance[0])  # bit for bit
+        assert float(generation.relevance[index, length + index :].abs().max()) == 0.0
         assert float(generation.logit[index]) == float(single.logit[0])
         assert int(generation.position[index]) == length + index - 1
     # the greedy answer: each explained logit is the largest at its step (suppressed ids aside)
-    logits = llama(expected[None]).logits[0, length - 1:-1].detach()
+    logits = llama(expected[None]).logits[0, length - 1 : -1].detach()
     logits[:, NO_SPECIAL['suppress_tokens']] = -float('inf')
     assert torch.equal(logits.argmax(-1), generation.target)
 
@@ -76,10 +77,10 @@ def test_rows_equal_explain_on_each_prefix_t5(t5, tokenizer):
     count = decoder.shape[1] - 1
     assert generation.relevance.shape == (count, length + 1 + count)
     for index in range(count):
-        single = explain(t5, prompt, decoder_input_ids=decoder[:, :index + 1], target=int(decoder[0, index + 1]))
+        single = explain(t5, prompt, decoder_input_ids=decoder[:, : index + 1], target=int(decoder[0, index + 1]))
         assert torch.equal(generation.relevance[index, :length], single.relevance[0])
-        assert torch.equal(generation.relevance[index, length:length + index + 1], single.decoder_relevance[0])
-        assert float(generation.relevance[index, length + index + 1:].abs().max()) == 0.0
+        assert torch.equal(generation.relevance[index, length : length + index + 1], single.decoder_relevance[0])
+        assert float(generation.relevance[index, length + index + 1 :].abs().max()) == 0.0
         assert float(generation.logit[index]) == float(single.logit[0])
     pairs = [(index, int(decoder[0, index + 1])) for index in range(count)]
     whole = explain(t5, prompt, decoder_input_ids=decoder[:, :count], target=pairs)
@@ -96,8 +97,9 @@ def test_batched_rows_equal_per_prefix_rows_up_to_rounding(family, tolerance, to
     model = tiny_model(family)
     exact = explain_generation(model, tokenizer, PROMPT, max_new_tokens=5, generate_kwargs=NO_SPECIAL)
     for batched in (True, 2):
-        fast = explain_generation(model, tokenizer, PROMPT, max_new_tokens=5, generate_kwargs=NO_SPECIAL,
-                                  batched=batched)
+        fast = explain_generation(
+            model, tokenizer, PROMPT, max_new_tokens=5, generate_kwargs=NO_SPECIAL, batched=batched
+        )
         assert torch.equal(fast.input_ids, exact.input_ids) and torch.equal(fast.target, exact.target)
         scale = float(exact.relevance.abs().max())
         assert float((fast.relevance - exact.relevance).abs().max()) <= tolerance * scale
@@ -107,14 +109,24 @@ def test_batched_rows_equal_per_prefix_rows_up_to_rounding(family, tolerance, to
 
 def test_sampling_and_other_methods(llama, tokenizer):
     torch.manual_seed(3)
-    sampled = explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3,
-                                 generate_kwargs=dict(NO_SPECIAL, do_sample=True, top_k=20), method='input_x_gradient')
+    sampled = explain_generation(
+        llama,
+        tokenizer,
+        PROMPT,
+        max_new_tokens=3,
+        generate_kwargs=dict(NO_SPECIAL, do_sample=True, top_k=20),
+        method='input_x_gradient',
+    )
     length = sampled.prompt_length
     assert sampled.method == 'input_x_gradient'
     for index in range(sampled.relevance.shape[0]):
-        single = explain(llama, sampled.input_ids[None, :length + index], target=int(sampled.target[index]),
-                         method='input_x_gradient')
-        assert torch.equal(sampled.relevance[index, :length + index], single.relevance[0])
+        single = explain(
+            llama,
+            sampled.input_ids[None, : length + index],
+            target=int(sampled.target[index]),
+            method='input_x_gradient',
+        )
+        assert torch.equal(sampled.relevance[index, : length + index], single.relevance[0])
 
 
 def test_prompt_forms(llama, tokenizer, generation):
@@ -146,8 +158,9 @@ def test_refusals(llama, tokenizer):
     with pytest.raises(ValueError, match='ids of one sequence'):
         explain_generation(llama, tokenizer, padded)
     with pytest.raises(ValueError, match='padding'):
-        explain_generation(llama, tokenizer, {'input_ids': padded.input_ids[1:], 'attention_mask':
-                                              padded.attention_mask[1:]})
+        explain_generation(
+            llama, tokenizer, {'input_ids': padded.input_ids[1:], 'attention_mask': padded.attention_mask[1:]}
+        )
     with pytest.raises(TypeError, match='tokenizer'):
         explain_generation(llama, None, PROMPT)
     with pytest.raises(TypeError, match='cannot generate'):
@@ -161,12 +174,15 @@ def test_views(generation, tokenizer, tmp_path, capsys):
     tokens = generation.tokens()
     assert len(tokens) == generation.input_ids.shape[0] and tokens[0] == 'Question'
     # a random model's answer may hold a stray byte: shown as <0xC3> by the heatmaps, as U+FFFD by decode()
-    shown = re.sub(r'(<0x[0-9A-F]{2}>)+', '\ufffd', ''.join(tokens[generation.answer_start:]))
+    shown = re.sub(r'(<0x[0-9A-F]{2}>)+', '\ufffd', ''.join(tokens[generation.answer_start :]))
     assert shown == generation.answer()
     page = generation.to_html()
     assert page.startswith('<!DOCTYPE html>') and '<script>' in page and 'src=' not in page
-    data = json.loads(re.search(r'<script type="application/json" class="za-data">(.*?)</script>', page,
-                                re.S).group(1).replace('<\\/', '</'))
+    data = json.loads(
+        re.search(r'<script type="application/json" class="za-data">(.*?)</script>', page, re.S)
+        .group(1)
+        .replace('<\\/', '</')
+    )
     assert len(data['views']) == count + 1  # one per generated token, and the whole answer
     assert page.count('za-gen') - page.count('.za-gen') >= count
     for index, view in enumerate(data['views'][:-1]):
@@ -174,11 +190,17 @@ def test_views(generation, tokenizer, tmp_path, capsys):
         assert view['upto'] == generation.answer_start + index
         assert view['scale'] == float(generation.relevance[index].abs().max())
     assert data['views'][-1]['values'] == generation.answer_relevance.tolist()
-    shared = json.loads(re.search(r'class="za-data">(.*?)</script>', generation.to_html(scale='shared'),
-                                  re.S).group(1).replace('<\\/', '</'))
+    shared = json.loads(
+        re.search(r'class="za-data">(.*?)</script>', generation.to_html(scale='shared'), re.S)
+        .group(1)
+        .replace('<\\/', '</')
+    )
     assert len({view['scale'] for view in shared['views']}) == 1
-    words = json.loads(re.search(r'class="za-data">(.*?)</script>', generation.to_html(words=True),
-                                 re.S).group(1).replace('<\\/', '</'))
+    words = json.loads(
+        re.search(r'class="za-data">(.*?)</script>', generation.to_html(words=True), re.S)
+        .group(1)
+        .replace('<\\/', '</')
+    )
     assert len(words['views'][-1]['values']) == len(generation.tokens(words=True)) < len(tokens)
     assert sum(words['views'][-1]['values']) == pytest.approx(float(generation.answer_relevance.sum()))
     assert '<script>' in generation._repr_html_() and '<html' not in generation._repr_html_()
@@ -207,24 +229,26 @@ def test_views(generation, tokenizer, tmp_path, capsys):
 def test_contrast_runner_up_per_generated_token(llama, tokenizer):
     """contrast='runner-up': each row explains the generated token's logit minus the best other token's, equal to
     explain(..., contrast=...) on its prefix; the whole answer is the sum of the differences."""
-    generation = explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL,
-                                    contrast='runner-up')
+    generation = explain_generation(
+        llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL, contrast='runner-up'
+    )
     length = generation.prompt_length
     ids = generation.input_ids
     for index in range(3):
-        prefix = ids[None, :length + index]
+        prefix = ids[None, : length + index]
         logits = llama(prefix).logits[0, -1].detach()
         logits[int(generation.target[index])] = -float('inf')
         assert int(generation.contrast[index]) == int(logits.argmax())
         single = explain(llama, prefix, target=int(generation.target[index]), contrast=int(generation.contrast[index]))
-        assert torch.equal(generation.relevance[index, :length + index], single.relevance[0])
+        assert torch.equal(generation.relevance[index, : length + index], single.relevance[0])
         assert float(generation.logit[index]) == float(single.logit[0])
     pairs = [(length + index - 1, int(generation.target[index])) for index in range(3)]
     whole = explain(llama, ids[None, :-1], target=pairs, contrast=generation.contrast.tolist())
     assert torch.equal(generation.answer_relevance[:-1], whole.relevance[0])
     # explicit ids: one per generated token, checked
-    explicit = explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL,
-                                  contrast=generation.contrast.tolist())
+    explicit = explain_generation(
+        llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL, contrast=generation.contrast.tolist()
+    )
     assert torch.equal(explicit.relevance, generation.relevance)
     with pytest.raises(ValueError, match='contrast has 2 tokens, but the model generated 3'):
         explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL, contrast=[4, 5])

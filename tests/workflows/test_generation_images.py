@@ -1,6 +1,7 @@
 """explain_generation() with images: a vision-language model (tiny LLaVA and Qwen2-VL, float64, biases zeroed, where
 CP-LRP conserves exactly) answers a text about an image; every generated token is explained at text tokens and
 pixels over exactly its prefix, the whole answer in one more backward pass; the views show the image overlays."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,14 @@ import torch
 from PIL import Image
 
 from tests.models import tiny_clip, tiny_llava, tiny_qwen2_vl
-from tests.processors import (clip_processor, image, llava_processor, paligemma_processor, qwen2_vl_processor,
-                              tiny_paligemma)
+from tests.processors import (
+    clip_processor,
+    image,
+    llava_processor,
+    paligemma_processor,
+    qwen2_vl_processor,
+    tiny_paligemma,
+)
 from zennit_attn import GenerationExplanation, explain, explain_generation
 from zennit_attn.cli import main
 from zennit_attn.inputs.vision_language import extend_encoding
@@ -30,11 +37,13 @@ NEW = 3
 def case(request):
     """``(model, processor, text, generation)`` of one family (CP-LRP, 3 new tokens)."""
     model, processor = {'llava': (tiny_llava, llava_processor), 'qwen': (tiny_qwen2_vl, qwen2_vl_processor)}[
-        request.param]
+        request.param
+    ]
     model, processor = model(zero_bias=True), processor()
     text = TEXTS[request.param]
-    generation = explain_generation(model, processor, text, images=[image()], max_new_tokens=NEW, method='cplrp',
-                                    generate_kwargs=NO_SPECIAL)
+    generation = explain_generation(
+        model, processor, text, images=[image()], max_new_tokens=NEW, method='cplrp', generate_kwargs=NO_SPECIAL
+    )
     return model, processor, text, generation
 
 
@@ -46,8 +55,9 @@ def prefix_encoding(processor, text, ids):
     encoding['input_ids'] = ids
     encoding['attention_mask'] = torch.cat([encoding['attention_mask'], torch.ones(1, extra, dtype=torch.long)], 1)
     if 'mm_token_type_ids' in encoding:
-        encoding['mm_token_type_ids'] = torch.cat([encoding['mm_token_type_ids'],
-                                                   torch.zeros(1, extra, dtype=torch.long)], 1)
+        encoding['mm_token_type_ids'] = torch.cat(
+            [encoding['mm_token_type_ids'], torch.zeros(1, extra, dtype=torch.long)], 1
+        )
     return encoding
 
 
@@ -74,17 +84,23 @@ def test_rows_equal_explain_on_each_prefix(case):
     prompt = processor(text=text, images=[image()], return_tensors='pt')
     assert torch.equal(generation.input_ids[:length], prompt['input_ids'][0])
     assert generation.answer_start == length and generation.input_ids.shape[0] == length + NEW
-    first = explain(model, text, images=[image()], processor=processor, method='cplrp',
-                    target=int(generation.target[0]))
+    first = explain(
+        model, text, images=[image()], processor=processor, method='cplrp', target=int(generation.target[0])
+    )
     assert torch.equal(generation.relevance[0, :length], first.relevance[0])
     assert torch.equal(generation.pixel_relevance[0], first.pixel_relevance)
     for index in range(NEW):
-        ids = generation.input_ids[None, :length + index]
-        single = explain(model, prefix_encoding(processor, text, ids), processor=processor, method='cplrp',
-                         target=int(generation.target[index]))
+        ids = generation.input_ids[None, : length + index]
+        single = explain(
+            model,
+            prefix_encoding(processor, text, ids),
+            processor=processor,
+            method='cplrp',
+            target=int(generation.target[index]),
+        )
         scale = float(single.pixel_relevance.abs().max())
-        assert float((generation.relevance[index, :length + index] - single.relevance[0]).abs().max()) <= 1e-10
-        assert float(generation.relevance[index, length + index:].abs().max()) == 0.0
+        assert float((generation.relevance[index, : length + index] - single.relevance[0]).abs().max()) <= 1e-10
+        assert float(generation.relevance[index, length + index :].abs().max()) == 0.0
         assert float((generation.pixel_relevance[index] - single.pixel_relevance).abs().max()) <= 1e-10 * scale
         assert float(generation.logit[index]) == pytest.approx(float(single.logit[0]), abs=1e-12)
         assert int(generation.position[index]) == length + index - 1
@@ -104,15 +120,22 @@ def test_whole_answer_is_the_sum_of_the_rows(case):
     model, processor, text, generation = case
     start = generation.answer_start
     pairs = [(start + index - 1, int(generation.target[index])) for index in range(NEW)]
-    whole = explain(model, prefix_encoding(processor, text, generation.input_ids[None, :-1]), processor=processor,
-                    method='cplrp', target=pairs)
+    whole = explain(
+        model,
+        prefix_encoding(processor, text, generation.input_ids[None, :-1]),
+        processor=processor,
+        method='cplrp',
+        target=pairs,
+    )
     assert float((generation.answer_relevance[:-1] - whole.relevance[0]).abs().max()) <= 1e-10
     assert float(generation.answer_relevance[-1]) == 0.0
     assert float((generation.answer_pixel_relevance - whole.pixel_relevance).abs().max()) <= 1e-10
-    for answer, rows in ((generation.answer_relevance, generation.relevance),
-                         (generation.answer_pixel_relevance, generation.pixel_relevance)):
+    for answer, rows in (
+        (generation.answer_relevance, generation.relevance),
+        (generation.answer_pixel_relevance, generation.pixel_relevance),
+    ):
         assert float((answer - rows.sum(0)).abs().max()) <= 1e-6 * float(answer.abs().max())
-    picture, = generation.images
+    (picture,) = generation.images
     assert abs(picture.total - float(generation.answer_pixel_relevance.sum())) < 1e-12
     assert torch.allclose(picture.patch_relevance.sum(), picture.relevance.sum(), atol=1e-12)
     assert abs(sum(images[0].total for images in generation.token_images) - picture.total) < 1e-9
@@ -122,8 +145,9 @@ def test_the_processors_output_as_prompt(case):
     """The processor's output (a mapping with pixel_values) is a prompt too, with images= left out."""
     model, processor, text, generation = case
     encoding = processor(text=text, images=[image()], return_tensors='pt')
-    again = explain_generation(model, processor, encoding, max_new_tokens=NEW, method='cplrp',
-                               generate_kwargs=NO_SPECIAL)
+    again = explain_generation(
+        model, processor, encoding, max_new_tokens=NEW, method='cplrp', generate_kwargs=NO_SPECIAL
+    )
     assert torch.equal(again.relevance, generation.relevance)
     assert torch.equal(again.pixel_relevance, generation.pixel_relevance)
     extended = extend_encoding(dict(encoding), generation.input_ids[None])
@@ -136,13 +160,16 @@ def test_views_show_the_images(case, tmp_path, capsys):
     assert page.count('<img class="za-overlay" src="data:image/png;base64,') == 1
     data = json.loads(re.search(r'class="za-data">(.*?)</script>', page, re.S).group(1).replace('<\\/', '</'))
     assert len(data['views']) == NEW + 1
-    assert all(len(view['images']) == 1 and view['images'][0]['src'].startswith('data:image/png;base64,')
-               for view in data['views'])
+    assert all(
+        len(view['images']) == 1 and view['images'][0]['src'].startswith('data:image/png;base64,')
+        for view in data['views']
+    )
     assert data['views'][-1]['images'][0]['caption'].endswith('for the whole answer')
     assert '[image 1]' in generation.tokens()
     assert generation.save(tmp_path / 'answer.html').read_text(encoding='utf-8') == page
-    text_only = dataclasses.replace(generation, images=[], token_images=[], pixel_relevance=None,
-                                    answer_pixel_relevance=None)
+    text_only = dataclasses.replace(
+        generation, images=[], token_images=[], pixel_relevance=None, answer_pixel_relevance=None
+    )
     assert 'data:image' not in text_only.to_html()
     if generation.image_tokens[0]:  # LLaVA (the figures take about 1.5 s each: one family is enough)
         with_image = generation.save(tmp_path / 'answer.png').read_bytes()
@@ -160,7 +187,7 @@ def test_views_show_the_images(case, tmp_path, capsys):
 
 def test_refusals(case):
     model, processor, text, _ = case
-    with pytest.raises(TypeError, match='second argument must be the model\'s processor'):
+    with pytest.raises(TypeError, match="second argument must be the model's processor"):
         explain_generation(model, processor.tokenizer, text, images=[image()])
     with pytest.raises(ValueError, match='batched= does not apply with images'):
         explain_generation(model, processor, text, images=[image()], batched=True)
@@ -173,7 +200,7 @@ def test_refusals(case):
         explain_generation(model, processor, encoding, images=[image()])
     with pytest.raises(ValueError, match='already holds pixel_values'):
         explain(model, encoding, images=[image()], processor=processor)
-    with pytest.raises(ValueError, match='generate_kwargs must not hold \'pixel_values\''):
+    with pytest.raises(ValueError, match="generate_kwargs must not hold 'pixel_values'"):
         explain_generation(model, processor, text, images=[image()], generate_kwargs={'pixel_values': None})
     with pytest.raises(ValueError, match='0 times for 1 images'):
         explain_generation(model, processor, 'The ice bear', images=[image()])
@@ -189,20 +216,27 @@ def test_paligemma_explains_the_logits_it_generated_with():
     on its prefix with those types, and CP-LRP conserves it over text and pixels."""
     model, processor = tiny_paligemma(), paligemma_processor()
     text = '<image>The ice bear'
-    generation = explain_generation(model, processor, text, images=[image()], max_new_tokens=NEW, method='cplrp',
-                                    generate_kwargs=NO_SPECIAL)
+    generation = explain_generation(
+        model, processor, text, images=[image()], max_new_tokens=NEW, method='cplrp', generate_kwargs=NO_SPECIAL
+    )
     encoding = dict(processor(text=text, images=[image()], return_tensors='pt'))
     del encoding['labels']
     encoding['pixel_values'] = encoding['pixel_values'].double()
     prompt = encoding['input_ids'].shape[1]
     ids = generation.input_ids[None]
     for index in range(NEW):
-        prefix = ids[:, :prompt + index]
+        prefix = ids[:, : prompt + index]
         types = {fill: torch.cat([encoding['token_type_ids'], torch.full((1, index), fill)], 1) for fill in (0, 1)}
         with torch.no_grad():
-            logits = {fill: model(input_ids=prefix, pixel_values=encoding['pixel_values'],
-                                  attention_mask=torch.ones_like(prefix), token_type_ids=types[fill]).logits[0, -1]
-                      for fill in (0, 1)}
+            logits = {
+                fill: model(
+                    input_ids=prefix,
+                    pixel_values=encoding['pixel_values'],
+                    attention_mask=torch.ones_like(prefix),
+                    token_type_ids=types[fill],
+                ).logits[0, -1]
+                for fill in (0, 1)
+            }
         token = int(ids[0, prompt + index])
         assert token == int(logits[1].argmax())  # greedy generation chose it with type 1
         assert abs(float(generation.logit[index]) - float(logits[1][token])) < 1e-12
@@ -225,9 +259,26 @@ def test_command_line(case, tmp_path, capsys):
     processor.save_pretrained(tmp_path / 'llava')
     Image.fromarray(image()).save(tmp_path / 'picture.png')
     output = tmp_path / 'answer.html'
-    code = main(['generate', '--model', str(tmp_path / 'llava'), '--prompt', text, '--image',
-                 str(tmp_path / 'picture.png'), '--dtype', 'float64', '--method', 'cplrp', '--max-new-tokens', '2',
-                 '--output', str(output), '--quiet'])
+    code = main(
+        [
+            'generate',
+            '--model',
+            str(tmp_path / 'llava'),
+            '--prompt',
+            text,
+            '--image',
+            str(tmp_path / 'picture.png'),
+            '--dtype',
+            'float64',
+            '--method',
+            'cplrp',
+            '--max-new-tokens',
+            '2',
+            '--output',
+            str(output),
+            '--quiet',
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert 'with 1 image(s)' in out and '+ images' in out and 'patch relevance' in out

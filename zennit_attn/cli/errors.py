@@ -1,4 +1,5 @@
 """The two ways a ``zennit-attn`` command ends early, and the one-line form of its messages."""
+
 from __future__ import annotations
 
 __all__ = ['PROG', 'UsageError', 'CommandError', 'one_line']
@@ -9,6 +10,7 @@ PROG = 'zennit-attn'
 
 class UsageError(Exception):
     """A bad argument: one line on stderr, exit status 2. ``command`` names the subcommand whose ``--help`` helps."""
+
     def __init__(self, message: str, command: str | None = None):
         super().__init__(message)
         self.command = command

@@ -1,5 +1,6 @@
 """``zennit-attn explain``: explain a language model's next-token prediction (terminal heatmap, top tokens, a
 heatmap file). The manual, the parser and the checks; the run step is :py:mod:`zennit_attn.cli.runs.explain`."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,22 +9,32 @@ from pathlib import Path
 from .checks import check_common, check_with_library, lrp_methods, parse_contrast, parse_target
 from .errors import UsageError
 from .library import METHODS, RUNNER_UP, heavy
-from .options import (Formatter, add_contrast_option, add_debug, add_image_option, add_method_options,
-                      add_model_options, add_output_options, add_prompt_options, add_target_option, methods_manual)
+from .options import (
+    Formatter,
+    add_contrast_option,
+    add_debug,
+    add_image_option,
+    add_method_options,
+    add_model_options,
+    add_output_options,
+    add_prompt_options,
+    add_target_option,
+    methods_manual,
+)
 
 __all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'check_contrast', 'check_images', 'run']
 
 NAME = 'explain'
 
-DESCRIPTION = '''\
+DESCRIPTION = """\
 Explain a language model's next-token prediction: which input tokens it relied on.
 
 Loads the model, runs the attribution METHOD (default AttnLRP, Achtibat et al., ICML 2024: one forward and one
 backward pass) for the logit of TARGET (default: the predicted next token) at the end of the text, and prints the
 prediction (token, id, logit), the explained token, a heatmap of the input tokens (red: for, blue: against) and the
-most relevant tokens. With --output it also writes the heatmap as a file.'''
+most relevant tokens. With --output it also writes the heatmap as a file."""
 
-EPILOG = '''\
+EPILOG = """\
 methods and their --param hyperparameters (with defaults):
 {methods}
 
@@ -36,20 +47,29 @@ examples:
   zennit-attn explain --model ./llava --prompt "<image>A photo of" --image cat.png --output cat.html
   zennit-attn explain --model ./clip --prompt "a photo of a cat" --image cat.png --method cplrp
 
-exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded).'''
+exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded)."""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``explain`` command to ``subparsers``; returns its parser."""
     parser = subparsers.add_parser(
-        NAME, help="explain a model's next-token prediction (terminal heatmap, HTML/PNG/SVG/PDF/LaTeX file)",
-        description=DESCRIPTION, epilog=EPILOG.format(methods=methods_manual()), formatter_class=Formatter)
+        NAME,
+        help="explain a model's next-token prediction (terminal heatmap, HTML/PNG/SVG/PDF/LaTeX file)",
+        description=DESCRIPTION,
+        epilog=EPILOG.format(methods=methods_manual()),
+        formatter_class=Formatter,
+    )
     add_prompt_options(parser, 'whose next token is explained')
     group = parser.add_argument_group('target')
     add_target_option(group)
     add_contrast_option(group)
-    group.add_argument('--top', type=int, default=5, metavar='K',
-                       help='list the K most relevant input tokens; 0: none (default: %(default)s)')
+    group.add_argument(
+        '--top',
+        type=int,
+        default=5,
+        metavar='K',
+        help='list the K most relevant input tokens; 0: none (default: %(default)s)',
+    )
     add_image_option(parser, " or an image-text model (CLIP: the prompt's similarity to the image is explained)")
     add_method_options(parser)
     add_model_options(parser)
@@ -88,13 +108,17 @@ def check_images(args: argparse.Namespace) -> None:
         if not Path(path).is_file():
             raise UsageError(f'--image {path!r} is not a file')
     if args.model_spec.kind != 'folder':
-        raise UsageError(f'--image needs --model FOLDER (a vision-language or CLIP model with its processor); '
-                         f'{args.model_spec.label} takes text only')
+        raise UsageError(
+            f'--image needs --model FOLDER (a vision-language or CLIP model with its processor); '
+            f'{args.model_spec.label} takes text only'
+        )
     if args.contrast is not None:
         raise UsageError('--contrast does not apply with --image')
     if not METHODS[args.method].lrp:
-        raise UsageError(f'--image explains with the LRP methods ({", ".join(lrp_methods())}), which give text and '
-                         f'pixel relevance in one backward pass; --method {args.method} is not one')
+        raise UsageError(
+            f'--image explains with the LRP methods ({", ".join(lrp_methods())}), which give text and '
+            f'pixel relevance in one backward pass; --method {args.method} is not one'
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """``zennit-attn generate``: generate an answer and explain it (terminal heatmap, interactive HTML page). The
 manual, the parser and the checks; the run step is :py:mod:`zennit_attn.cli.runs.generate`."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,14 +9,22 @@ from .checks import check_common, check_with_library, parse_contrast
 from .errors import UsageError
 from .explain import check_images
 from .library import heavy
-from .options import (Formatter, add_contrast_option, add_debug, add_image_option, add_method_options,
-                      add_model_options, add_output_options, add_prompt_options)
+from .options import (
+    Formatter,
+    add_contrast_option,
+    add_debug,
+    add_image_option,
+    add_method_options,
+    add_model_options,
+    add_output_options,
+    add_prompt_options,
+)
 
 __all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'add_parser', 'check', 'run']
 
 NAME = 'generate'
 
-DESCRIPTION = '''\
+DESCRIPTION = """\
 Generate an answer and explain it: which tokens each generated token, and the whole answer, relied on.
 
 Loads the model, generates up to N tokens greedily after the prompt, explains every generated token over the prefix
@@ -23,9 +32,9 @@ it was generated from (one explanation each) and the whole answer, the sum of th
 more backward pass. Prints the answer and the heatmap of the whole answer over prompt and answer. With --output
 it writes an interactive HTML page (click or hover a generated token to see its own heatmap), or the heatmap of
 the whole answer as .png, .svg, .pdf or .tex. With --image a vision-language model answers the prompt about the
-images, and the pixels are explained too (the overlay of each image is drawn beside the answer).'''
+images, and the pixels are explained too (the overlay of each image is drawn beside the answer)."""
 
-EPILOG = '''\
+EPILOG = """\
 examples:
   zennit-attn generate --prompt "The capital of France is" --max-new-tokens 5 --output answer.html
   zennit-attn generate --input question.txt --max-new-tokens 40 --composite cplrp --output answer.html
@@ -33,19 +42,27 @@ examples:
   zennit-attn generate --prompt "The capital of France is" --max-new-tokens 5 --contrast runner-up
   zennit-attn generate --model ./llava --prompt "<image>What is this? It is" --image bear.png --output bear.html
 
-exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded).'''
+exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded)."""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``generate`` command to ``subparsers``; returns its parser."""
     parser = subparsers.add_parser(
-        NAME, help='generate an answer and explain it (terminal heatmap, HTML file)',
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter)
+        NAME,
+        help='generate an answer and explain it (terminal heatmap, HTML file)',
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=Formatter,
+    )
     add_prompt_options(parser, 'to answer')
     group = parser.add_argument_group('generation')
-    group.add_argument('--max-new-tokens', type=int, default=20, metavar='N',
-                       help='generate at most N tokens; generation stops earlier at the end-of-sequence token '
-                            '(default: %(default)s)')
+    group.add_argument(
+        '--max-new-tokens',
+        type=int,
+        default=20,
+        metavar='N',
+        help='generate at most N tokens; generation stops earlier at the end-of-sequence token (default: %(default)s)',
+    )
     add_contrast_option(group, 'each generated token')
     add_image_option(parser)
     add_method_options(parser)

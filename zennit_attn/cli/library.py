@@ -11,6 +11,7 @@ the package of the built-in model (:py:data:`SMOLLM2_PACKAGE`). Each is a copy o
 :py:mod:`zennit_attn.cli.runs` through :py:func:`heavy`, as do the few checks that need the library itself (the values
 of ``--param``, an ``--output`` path, the texts of ``explain-dataset``), after every check that does not.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -42,6 +43,7 @@ class MethodFacts:
         It reads the attention maps (:py:func:`zennit_attn.methods.attention.attention_maps`), which encoder-decoder models
         do not give it.
     """
+
     name: str
     params: Mapping[str, object] = field(default_factory=dict)
     backward: bool = True
@@ -54,19 +56,22 @@ class MethodFacts:
 
 
 #: The methods of :py:data:`zennit_attn.methods.registry.METHODS`, in its order, as the command line knows them.
-METHODS: dict[str, MethodFacts] = {facts.name: facts for facts in (
-    MethodFacts('attnlrp', latent=True, lrp=True),
-    MethodFacts('cplrp', latent=True, lrp=True),
-    MethodFacts('input_x_gradient', latent=True),
-    MethodFacts('integrated_gradients', {'steps': 20, 'baseline': 0.0}),
-    MethodFacts('smoothgrad', {'sigma': 0.1, 'samples': 20, 'seed': 0, 'multiply_input': True}),
-    MethodFacts('attention_rollout', {'dt': 1.0}, backward=False, attention_maps=True),
-    MethodFacts('grad_attention_rollout', {'dt': 1.0}, attention_maps=True),
-    MethodFacts('gradcam', {'layer': -1}, attention_maps=True),
-    MethodFacts('atman', {'p': 1.0, 'score': 'log_softmax', 'perturbation_batch': 16}, backward=False),
-    MethodFacts('kernelshap', {'samples': 2000, 'perturbation_batch': 64, 'seed': 0}, backward=False),
-    MethodFacts('random', {'seed': 0}, backward=False),
-)}
+METHODS: dict[str, MethodFacts] = {
+    facts.name: facts
+    for facts in (
+        MethodFacts('attnlrp', latent=True, lrp=True),
+        MethodFacts('cplrp', latent=True, lrp=True),
+        MethodFacts('input_x_gradient', latent=True),
+        MethodFacts('integrated_gradients', {'steps': 20, 'baseline': 0.0}),
+        MethodFacts('smoothgrad', {'sigma': 0.1, 'samples': 20, 'seed': 0, 'multiply_input': True}),
+        MethodFacts('attention_rollout', {'dt': 1.0}, backward=False, attention_maps=True),
+        MethodFacts('grad_attention_rollout', {'dt': 1.0}, attention_maps=True),
+        MethodFacts('gradcam', {'layer': -1}, attention_maps=True),
+        MethodFacts('atman', {'p': 1.0, 'score': 'log_softmax', 'perturbation_batch': 16}, backward=False),
+        MethodFacts('kernelshap', {'samples': 2000, 'perturbation_batch': 64, 'seed': 0}, backward=False),
+        MethodFacts('random', {'seed': 0}, backward=False),
+    )
+}
 
 #: the heatmap file formats, :py:data:`zennit_attn.results.render.views.SUFFIXES`
 SUFFIXES = ('.html', '.png', '.svg', '.pdf', '.tex')

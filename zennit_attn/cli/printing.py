@@ -1,5 +1,6 @@
 """Pieces of the commands' printouts on stdout: the colour choice, the heatmap legend, the method label, shortened
 prompts and decoded tokens."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ def method_label(args: argparse.Namespace) -> str:
 
 def shorten(text: str, limit: int = 120) -> str:
     """``text``, or its start and end around ``' ... '`` where it is longer than ``limit`` characters."""
-    return text if len(text) <= limit else text[:limit - 30] + ' ... ' + text[-25:]
+    return text if len(text) <= limit else text[: limit - 30] + ' ... ' + text[-25:]
 
 
 def decode(tokenizer, token: int) -> str:

@@ -1,6 +1,7 @@
 """Progress on stderr while a command loads or computes: :py:func:`status`, a spinner with the elapsed seconds on a
 terminal, one line otherwise (the loaders' own progress bars are hidden by
 :py:func:`zennit_attn.cli.loading.quiet_loading`)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -50,6 +51,7 @@ def status(message: str, enabled: bool = True, stream: TextIO | None = None) -> 
     stream.write(line)
     stream.flush()
     if live:
+
         def spin():
             frames = '|/-\\'
             index = 0

@@ -13,11 +13,12 @@ The checkpointing is set on the model instance for the time of the :py:func:`che
 back on exit, also after an exception); classes are not changed. Unlike Hugging Face's
 ``gradient_checkpointing_enable()``, it works in eval mode (transformers checkpoints only while training).
 """
+
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -59,6 +60,7 @@ def _checkpointed_forward(inner):
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
         return checkpoint(inner, *args, use_reentrant=False, context_fn=_contexts, **kwargs)
+
     setattr(forward, WRAPPED_ATTRIBUTE, True)
     return forward
 

@@ -1,6 +1,7 @@
 """Where a model's inputs must go, also for models whose weights ``accelerate`` offloads (``cpu_offload``, a
 ``device_map`` with ``'cpu'`` or ``'disk'`` entries): their parameters sit on the ``meta`` device between forward
 passes, so the device of the first parameter says nothing about where the model computes."""
+
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,7 @@
 """Kinds of leaf modules (activations, linear and convolution layers, normalisations, neutral modules): which rule
 a composite gives a module, and which modules the model check of the canonizers accepts without a family entry; and
 the configurations a model's modules hold (:py:func:`model_configs`)."""
+
 from __future__ import annotations
 
 import inspect
@@ -10,21 +11,46 @@ from transformers import activations as hf_activations
 
 #: Element-wise activation modules of torch and transformers (single input, single output).
 ACTIVATIONS: tuple[type, ...] = (
-    torch.nn.ReLU, torch.nn.ReLU6, torch.nn.LeakyReLU, torch.nn.PReLU, torch.nn.ELU, torch.nn.SELU,
-    torch.nn.CELU, torch.nn.GELU, torch.nn.SiLU, torch.nn.Mish, torch.nn.Tanh, torch.nn.Sigmoid,
-    torch.nn.Softplus, torch.nn.Hardswish, torch.nn.Hardtanh,
+    torch.nn.ReLU,
+    torch.nn.ReLU6,
+    torch.nn.LeakyReLU,
+    torch.nn.PReLU,
+    torch.nn.ELU,
+    torch.nn.SELU,
+    torch.nn.CELU,
+    torch.nn.GELU,
+    torch.nn.SiLU,
+    torch.nn.Mish,
+    torch.nn.Tanh,
+    torch.nn.Sigmoid,
+    torch.nn.Softplus,
+    torch.nn.Hardswish,
+    torch.nn.Hardtanh,
 ) + tuple(
-    getattr(hf_activations, name) for name in (
-        'GELUTanh', 'NewGELUActivation', 'GELUActivation', 'SiLUActivation', 'FastGELUActivation',
-        'QuickGELUActivation', 'ClippedGELUActivation', 'AccurateGELUActivation', 'MishActivation',
-        'LinearActivation', 'LaplaceActivation', 'ReLUSquaredActivation', 'XIELUActivation',
-    ) if hasattr(hf_activations, name)
+    getattr(hf_activations, name)
+    for name in (
+        'GELUTanh',
+        'NewGELUActivation',
+        'GELUActivation',
+        'SiLUActivation',
+        'FastGELUActivation',
+        'QuickGELUActivation',
+        'ClippedGELUActivation',
+        'AccurateGELUActivation',
+        'MishActivation',
+        'LinearActivation',
+        'LaplaceActivation',
+        'ReLUSquaredActivation',
+        'XIELUActivation',
+    )
+    if hasattr(hf_activations, name)
 )
 
 #: Linear modules: their rule is the epsilon rule (Eq. 8).
 LINEARS: tuple[type, ...] = (torch.nn.Linear,)
 try:  # GPT-2's transposed linear layer
     from transformers.pytorch_utils import Conv1D
+
     LINEARS += (Conv1D,)
 except ImportError:  # pragma: no cover
     pass
@@ -34,8 +60,13 @@ CONVOLUTIONS: tuple[type, ...] = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Con
 
 #: Modules that pass relevance unchanged in evaluation mode or lie off the relevance path.
 NEUTRAL: tuple[type, ...] = (
-    torch.nn.Dropout, torch.nn.Identity, torch.nn.Embedding, torch.nn.ModuleList, torch.nn.ModuleDict,
-    torch.nn.Sequential, torch.nn.modules.loss._Loss,  # losses run only when labels are passed
+    torch.nn.Dropout,
+    torch.nn.Identity,
+    torch.nn.Embedding,
+    torch.nn.ModuleList,
+    torch.nn.ModuleDict,
+    torch.nn.Sequential,
+    torch.nn.modules.loss._Loss,  # losses run only when labels are passed
 )
 
 
@@ -52,8 +83,21 @@ class UnsupportedModelError(TypeError):
 
 #: Class name suffixes of other activation modules (leaves): confirmed element-wise at their first call
 #: (:py:class:`~zennit_attn.engine.rules.Identity`).
-ACTIVATION_NAMES = ('Activation', 'GELU', 'Gelu', 'GeLU', 'SiLU', 'Silu', 'Swish', 'ReLU', 'Relu', 'Tanh', 'Sigmoid',
-                    'Mish', 'Softplus')
+ACTIVATION_NAMES = (
+    'Activation',
+    'GELU',
+    'Gelu',
+    'GeLU',
+    'SiLU',
+    'Silu',
+    'Swish',
+    'ReLU',
+    'Relu',
+    'Tanh',
+    'Sigmoid',
+    'Mish',
+    'Softplus',
+)
 
 
 def is_activation(module: torch.nn.Module) -> bool:
@@ -80,8 +124,12 @@ def norm_kind(module: torch.nn.Module) -> str | None:
         return 'layer'
     if isinstance(module, torch.nn.RMSNorm) or type(module).__name__.endswith(RMS_NORM_NAMES):
         return 'rms'
-    if (type(module).__name__.endswith(NORM_NAMES) or isinstance(module, torch.nn.LayerNorm)) and \
-            not module._modules and not isinstance(module, _OTHER_NORMS) and _one_input(module):
+    if (
+        (type(module).__name__.endswith(NORM_NAMES) or isinstance(module, torch.nn.LayerNorm))
+        and not module._modules
+        and not isinstance(module, _OTHER_NORMS)
+        and _one_input(module)
+    ):
         return 'probe'
     return None
 
@@ -93,8 +141,12 @@ def _one_input(module: torch.nn.Module) -> bool:
         parameters = inspect.signature(module.forward).parameters.values()
     except (TypeError, ValueError):
         return True
-    required = [parameter for parameter in parameters if parameter.default is parameter.empty
-                and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
+    required = [
+        parameter
+        for parameter in parameters
+        if parameter.default is parameter.empty
+        and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+    ]
     return len(required) == 1
 
 
@@ -116,6 +168,11 @@ def model_configs(model: torch.nn.Module) -> list:
 
     for module in model.modules():
         # read where it is set (a module's missing attribute costs an exception): the instance, or a class property
-        add(module.__dict__['config'] if 'config' in module.__dict__ else
-            getattr(module, 'config', None) if hasattr(type(module), 'config') else None)
+        add(
+            module.__dict__['config']
+            if 'config' in module.__dict__
+            else getattr(module, 'config', None)
+            if hasattr(type(module), 'config')
+            else None
+        )
     return list(found.values())

@@ -6,6 +6,7 @@ identity placed on a tensor that enters such a product; :py:class:`Product` and 
 products themselves, for models written with explicit modules. :py:func:`forward_parameters` reads what a module's
 forward takes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,6 +37,7 @@ class Operand(torch.nn.Module):
     sections: tuple[int, ...], optional
         Sizes of the sections of the last dimension, one per role; by default equal sizes.
     """
+
     def __init__(self, role: str | tuple[str, ...], sections: tuple[int, ...] | None = None):
         super().__init__()
         roles = (role,) if isinstance(role, str) else tuple(role)
@@ -66,6 +68,7 @@ class Operand(torch.nn.Module):
 
 class Product(torch.nn.Module):
     """Element-wise product of N tensors (broadcasting), the operation of Prop. 3.2."""
+
     def forward(self, *factors: torch.Tensor) -> torch.Tensor:
         if not factors:
             raise ValueError('Product needs at least one factor')
@@ -77,6 +80,7 @@ class Product(torch.nn.Module):
 
 class MatMul(torch.nn.Module):
     """Matrix product ``a @ b`` of two tensors, the bilinear operation of Prop. 3.3."""
+
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(a, b)
 
@@ -123,6 +127,7 @@ class Logits(torch.nn.Module):
         with Gradient(model=Logits(hf_vit), composite=AttnLRPGamma()) as attributor:
             output, relevance = attributor(pixels, one_hot)
     """
+
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model

@@ -16,6 +16,7 @@ tokenizer=...)`` then explains
 The template's tokens keep their relevance; the explanation's heatmaps leave them out unless asked
 (``explanation.show(template=True)``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -42,6 +43,7 @@ class ChatEncoding:
     text: str
         The rendered conversation.
     """
+
     input_ids: torch.Tensor
     template: torch.Tensor
     answer: list[tuple[int, int]]
@@ -55,9 +57,10 @@ def is_conversation(value) -> bool:
     if isinstance(value, Mapping):
         return 'input_ids' not in value and ('role' in value or 'content' in value)
     return isinstance(value, (list, tuple)) and any(
-        isinstance(item, Mapping) or (isinstance(item, (list, tuple)) and any(isinstance(inner, Mapping)
-                                                                                for inner in item))
-        for item in value)
+        isinstance(item, Mapping)
+        or (isinstance(item, (list, tuple)) and any(isinstance(inner, Mapping) for inner in item))
+        for item in value
+    )
 
 
 def check_conversation(messages) -> None:
@@ -73,30 +76,46 @@ def check_conversation(messages) -> None:
         For a message without ``'role'`` or ``'content'`` or whose role or content is not text.
     """
     if isinstance(messages, Mapping):
-        raise TypeError(f'got one message ({_keys(messages)}), not a conversation: pass a list of messages, e.g. '
-                        '[{"role": "user", "content": "..."}]')
+        raise TypeError(
+            f'got one message ({_keys(messages)}), not a conversation: pass a list of messages, e.g. '
+            '[{"role": "user", "content": "..."}]'
+        )
     if not isinstance(messages, (list, tuple)) or not messages:
         raise TypeError('messages must be a non-empty list of {"role": ..., "content": ...} mappings')
     if all(isinstance(item, (list, tuple)) for item in messages):
-        raise TypeError(f'got a batch of {len(messages)} conversations (a list of lists of messages): one '
-                        'conversation is explained at a time; call it once per conversation')
+        raise TypeError(
+            f'got a batch of {len(messages)} conversations (a list of lists of messages): one '
+            'conversation is explained at a time; call it once per conversation'
+        )
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
-            kind = 'a list (a conversation inside the conversation?)' if isinstance(message, (list, tuple)) else \
-                f'a {type(message).__name__}'
+            kind = (
+                'a list (a conversation inside the conversation?)'
+                if isinstance(message, (list, tuple))
+                else f'a {type(message).__name__}'
+            )
             raise TypeError(f'message {index} is {kind}, not a {{"role": ..., "content": ...}} mapping')
         missing = [key for key in ('role', 'content') if key not in message]
         if missing:
-            raise ValueError(f'message {index} has no {" and no ".join(map(repr, missing))} ({_keys(message)}): '
-                             'each message is {"role": ..., "content": ...}')
+            raise ValueError(
+                f'message {index} has no {" and no ".join(map(repr, missing))} ({_keys(message)}): '
+                'each message is {"role": ..., "content": ...}'
+            )
         if not isinstance(message['role'], str) or not isinstance(message['content'], str):
-            parts = ('; content given as a list of parts (text, images) is what a processor\'s chat template '
-                     'takes: with images, pass processor.apply_chat_template(messages, tokenize=True, '
-                     'return_dict=True, add_generation_prompt=True) and processor=') \
-                if isinstance(message['content'], (list, tuple)) else ''
-            raise ValueError(f'message {index} must have a text role and content, got role '
-                             f'{type(message["role"]).__name__} and content {type(message["content"]).__name__}'
-                             f'{parts}')
+            parts = (
+                (
+                    "; content given as a list of parts (text, images) is what a processor's chat template "
+                    'takes: with images, pass processor.apply_chat_template(messages, tokenize=True, '
+                    'return_dict=True, add_generation_prompt=True) and processor='
+                )
+                if isinstance(message['content'], (list, tuple))
+                else ''
+            )
+            raise ValueError(
+                f'message {index} must have a text role and content, got role '
+                f'{type(message["role"]).__name__} and content {type(message["content"]).__name__}'
+                f'{parts}'
+            )
 
 
 def _keys(message: Mapping) -> str:
@@ -129,21 +148,29 @@ def encode_chat(tokenizer, messages) -> ChatEncoding:
     """
     check_conversation(messages)
     if tokenizer is None:
-        raise ValueError('a conversation (a list of {"role", "content"} messages) needs tokenizer= to apply its chat '
-                         'template')
+        raise ValueError(
+            'a conversation (a list of {"role", "content"} messages) needs tokenizer= to apply its chat template'
+        )
     if not getattr(tokenizer, 'chat_template', None):
-        raise ValueError(f'{type(tokenizer).__name__} has no chat template (tokenizer.chat_template is not set): '
-                         'explain the conversation as plain text, or set the model\'s chat template on the '
-                         'tokenizer')
+        raise ValueError(
+            f'{type(tokenizer).__name__} has no chat template (tokenizer.chat_template is not set): '
+            "explain the conversation as plain text, or set the model's chat template on the "
+            'tokenizer'
+        )
     answered = messages[-1]['role'] == 'assistant'
     if answered and not messages[-1]['content']:
-        raise ValueError('the final assistant message is empty: no answer to explain (leave the turn out to '
-                         'explain the next-token prediction after the generation prompt)')
-    text = tokenizer.apply_chat_template([dict(message) for message in messages], tokenize=False,
-                                         add_generation_prompt=not answered)
+        raise ValueError(
+            'the final assistant message is empty: no answer to explain (leave the turn out to '
+            'explain the next-token prediction after the generation prompt)'
+        )
+    text = tokenizer.apply_chat_template(
+        [dict(message) for message in messages], tokenize=False, add_generation_prompt=not answered
+    )
     if not getattr(tokenizer, 'is_fast', False):
-        raise TypeError(f'{type(tokenizer).__name__} gives no character offsets: use the fast tokenizer '
-                        '(AutoTokenizer.from_pretrained(..., use_fast=True)) to tell template and content apart')
+        raise TypeError(
+            f'{type(tokenizer).__name__} gives no character offsets: use the fast tokenizer '
+            '(AutoTokenizer.from_pretrained(..., use_fast=True)) to tell template and content apart'
+        )
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoding['input_ids'], encoding['offset_mapping']
     spans, cursor = [], 0
@@ -154,8 +181,10 @@ def encode_chat(tokenizer, messages) -> ChatEncoding:
             continue
         start = text.find(content, cursor)
         if start < 0:
-            raise ValueError(f'the chat template does not render message {index} ({message["role"]}) with its '
-                             'content as it is: cannot tell its tokens from the template\'s')
+            raise ValueError(
+                f'the chat template does not render message {index} ({message["role"]}) with its '
+                "content as it is: cannot tell its tokens from the template's"
+            )
         spans.append((start, start + len(content)))
         cursor = start + len(content)
 
@@ -187,7 +216,9 @@ def prompt_ids(tokenizer, messages) -> torch.Tensor:
     """
     chat = encode_chat(tokenizer, messages)
     if chat.answer:
-        raise ValueError('the conversation ends with the assistant\'s answer, but explain_generation generates the '
-                         'answer itself: leave out the last turn, or explain that answer with explain(model, '
-                         'messages, tokenizer=tokenizer)')
+        raise ValueError(
+            "the conversation ends with the assistant's answer, but explain_generation generates the "
+            'answer itself: leave out the last turn, or explain that answer with explain(model, '
+            'messages, tokenizer=tokenizer)'
+        )
     return chat.input_ids

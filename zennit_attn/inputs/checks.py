@@ -5,6 +5,7 @@ masks, integer arguments) and what a tokenizer returns.
 Each check raises with a message that names what is wrong and what to do; none changes its arguments.
 :py:class:`~zennit_attn.inputs.task.Task` runs them (:py:func:`check_model` also :py:func:`~zennit_attn.explain_generation`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -14,15 +15,31 @@ from collections.abc import Mapping
 import torch
 from zennit.core import Hook
 
-from ..engine.composites import refuse_compiled
 from ..engine.canonizers.quantization import check_quantized
+from ..engine.composites import refuse_compiled
 from ..engine.devices import input_device
-from ..engine.modules import forward_parameters, output_scores
 from ..engine.kinds import UnsupportedModelError
+from ..engine.modules import forward_parameters, output_scores
 
-__all__ = ['is_causal', 'sees_later_tokens', 'is_image_model', 'check_model', 'offloaded_modules', 'rule_hooks',
-           'as_integer', 'as_integers', 'target_pairs', 'token_id', 'token_ids', 'explained_positions',
-           'target_indices', 'check_ids', 'check_vocabulary', 'check_length', 'split_encoding']
+__all__ = [
+    'is_causal',
+    'sees_later_tokens',
+    'is_image_model',
+    'check_model',
+    'offloaded_modules',
+    'rule_hooks',
+    'as_integer',
+    'as_integers',
+    'target_pairs',
+    'token_id',
+    'token_ids',
+    'explained_positions',
+    'target_indices',
+    'check_ids',
+    'check_vocabulary',
+    'check_length',
+    'split_encoding',
+]
 
 
 # --------------------------------------------------------------------------------------------------- the model
@@ -127,8 +144,10 @@ def check_model(model: torch.nn.Module) -> None:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f'model must be a torch.nn.Module, got {type(model).__name__}')
     if torch.is_inference_mode_enabled():
-        raise RuntimeError('explain() computes gradients, which torch.inference_mode() forbids: call it outside '
-                           'the inference_mode block (torch.no_grad() around it is fine)')
+        raise RuntimeError(
+            'explain() computes gradients, which torch.inference_mode() forbids: call it outside '
+            'the inference_mode block (torch.no_grad() around it is fine)'
+        )
     refuse_compiled(model)
     check_quantized(model)
     hooks = rule_hooks(model)
@@ -138,31 +157,44 @@ def check_model(model: torch.nn.Module) -> None:
         raise RuntimeError(
             f'{type(model).__name__} already has zennit rules registered ({where}{more}), e.g. inside the context of '
             'a zennit composite: they would change the relevance of every method. explain() registers the rules it '
-            'needs itself: leave that context (or call the composite\'s remove()) first, and pass an LRP composite '
+            "needs itself: leave that context (or call the composite's remove()) first, and pass an LRP composite "
             'as explain(..., composite=...)'
         )
     on_meta = False
     for name, module in model.named_modules():  # one walk: this runs for every call
         if module.training:
             where = 'the model' if name == '' else f'submodule {name!r}'
-            raise ValueError(f'{where} of {type(model).__name__} is in training mode (dropout would make every call '
-                             'differ): call model.eval() before explaining')
-        on_meta = on_meta or any(tensor is not None and tensor.is_meta
-                                 for tensor in itertools.chain(module._parameters.values(), module._buffers.values()))
+            raise ValueError(
+                f'{where} of {type(model).__name__} is in training mode (dropout would make every call '
+                'differ): call model.eval() before explaining'
+            )
+        on_meta = on_meta or any(
+            tensor is not None and tensor.is_meta
+            for tensor in itertools.chain(module._parameters.values(), module._buffers.values())
+        )
     if not on_meta:
         return  # the common case, without the names and the offloading walk
     offloaded = offloaded_modules(model)
-    meta = next((name for name, tensor in [*model.named_parameters(), *model.named_buffers()]
-                 if tensor.is_meta and name.rpartition('.')[0] not in offloaded), None)
+    meta = next(
+        (
+            name
+            for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+            if tensor.is_meta and name.rpartition('.')[0] not in offloaded
+        ),
+        None,
+    )
     if meta is not None:
-        raise ValueError(f'{type(model).__name__} has tensors on the meta device (e.g. {meta!r}): load its weights '
-                         '(from_pretrained without device="meta", or model.to_empty() plus loading a state dict)')
+        raise ValueError(
+            f'{type(model).__name__} has tensors on the meta device (e.g. {meta!r}): load its weights '
+            '(from_pretrained without device="meta", or model.to_empty() plus loading a state dict)'
+        )
 
 
 def offloaded_modules(model: torch.nn.Module) -> set[str]:
     """Names of the modules whose weights ``accelerate`` offloads (CPU or disk offload of a ``device_map``): an
     offloading hook (``_hf_hook`` with ``offload=True``, also inside a ``SequentialHook``) on the module or an
     ancestor loads them for each forward, so they are on the meta device in between."""
+
     def offloads(hook) -> bool:
         return bool(getattr(hook, 'offload', False)) or any(offloads(inner) for inner in getattr(hook, 'hooks', ()))
 
@@ -221,8 +253,9 @@ def token_id(tokenizer, text: str, name: str = 'target') -> int:
     if len(ids) != 1:
         pieces = ', '.join(f'{tokenizer.decode([index])!r} (id:{index})' for index in ids)
         encodes = f'{len(ids)} tokens: {pieces}' if ids else 'no token at all'
-        raise ValueError(f'{name} {text!r} is {encodes}; give exactly one token (mind the leading space, e.g. '
-                         f'\' Paris\'), or its id')
+        raise ValueError(
+            f"{name} {text!r} is {encodes}; give exactly one token (mind the leading space, e.g. ' Paris'), or its id"
+        )
     return int(ids[0])
 
 
@@ -287,17 +320,21 @@ def target_indices(target, selected: torch.Tensor) -> torch.Tensor:
 def check_ids(input_ids, attention_mask, name: str = 'input_ids') -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(input_ids, attention_mask)`` as ``[batch, seq]`` tensors; text, other shapes and dtypes, empty input, a
     mask of another shape and a row without any token are refused."""
-    if isinstance(input_ids, str) or (isinstance(input_ids, (list, tuple)) and input_ids
-                                      and isinstance(input_ids[0], str)):
-        raise TypeError(f'{name} must be token ids, got text: pass the tokenizer, explain(model, text, '
-                        "tokenizer=tokenizer), or tokenize it first, explain(model, tokenizer(text, "
-                        "return_tensors='pt'))")
+    if isinstance(input_ids, str) or (
+        isinstance(input_ids, (list, tuple)) and input_ids and isinstance(input_ids[0], str)
+    ):
+        raise TypeError(
+            f'{name} must be token ids, got text: pass the tokenizer, explain(model, text, '
+            'tokenizer=tokenizer), or tokenize it first, explain(model, tokenizer(text, '
+            "return_tensors='pt'))"
+        )
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f'{name} must be an integer tensor [batch, seq], got {input_ids.dtype} '
-                         f'{tuple(input_ids.shape)}')
+        raise ValueError(
+            f'{name} must be an integer tensor [batch, seq], got {input_ids.dtype} {tuple(input_ids.shape)}'
+        )
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f'Nothing to explain: {name} has shape {tuple(input_ids.shape)}')
     if attention_mask is not None:
@@ -305,8 +342,9 @@ def check_ids(input_ids, attention_mask, name: str = 'input_ids') -> tuple[torch
         if attention_mask.dim() == 1:
             attention_mask = attention_mask[None]
         if attention_mask.shape != input_ids.shape:
-            raise ValueError(f'attention mask {tuple(attention_mask.shape)} does not match {name} '
-                             f'{tuple(input_ids.shape)}')
+            raise ValueError(
+                f'attention mask {tuple(attention_mask.shape)} does not match {name} {tuple(input_ids.shape)}'
+            )
         if not bool((attention_mask != 0).any(1).all()):
             raise ValueError('A row of attention_mask masks every token: nothing to explain in it')
     return input_ids, attention_mask
@@ -317,8 +355,10 @@ def check_word_embeddings(model: torch.nn.Module, embedding) -> None:
     (:py:class:`~zennit_attn.engine.kinds.UnsupportedModelError`): MusicGen's decoder sums one table per audio codebook
     over ``num_codebooks`` rows of ``input_ids`` per sequence, which are not the tokens of one sequence."""
     if not isinstance(embedding, torch.nn.Module):
-        raise TypeError(f'{type(model).__name__} has no input embedding module (get_input_embeddings() returns '
-                        f'{type(embedding).__name__})')
+        raise TypeError(
+            f'{type(model).__name__} has no input embedding module (get_input_embeddings() returns '
+            f'{type(embedding).__name__})'
+        )
     if isinstance(embedding, (torch.nn.ModuleList, torch.nn.ModuleDict)):
         raise UnsupportedModelError(
             f'{type(model).__name__} embeds its input_ids with a {type(embedding).__name__} of tables (one per '
@@ -332,8 +372,10 @@ def check_vocabulary(input_ids: torch.Tensor, embedding: torch.nn.Module, name: 
     size = getattr(embedding, 'num_embeddings', None)
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or (size is not None and high >= size):
-        raise ValueError(f'{name} holds ids from {low} to {high}, but the vocabulary of {type(embedding).__name__} '
-                         f'has {size} entries (0 to {size - 1}): was it tokenized for another model?')
+        raise ValueError(
+            f'{name} holds ids from {low} to {high}, but the vocabulary of {type(embedding).__name__} '
+            f'has {size} entries (0 to {size - 1}): was it tokenized for another model?'
+        )
 
 
 def check_length(model: torch.nn.Module, length: int, name: str) -> None:
@@ -345,9 +387,11 @@ def check_length(model: torch.nn.Module, length: int, name: str) -> None:
     if limit is None:
         limit = getattr(config, 'n_positions', None)
     if isinstance(limit, numbers.Integral) and not isinstance(limit, bool) and 0 <= limit < length:
-        raise ValueError(f'{name} has {length} positions, more than the {limit} {type(model).__name__} was built for '
-                         '(config.max_position_embeddings): shorten the input, e.g. keep its last '
-                         f'{limit} tokens')
+        raise ValueError(
+            f'{name} has {length} positions, more than the {limit} {type(model).__name__} was built for '
+            '(config.max_position_embeddings): shorten the input, e.g. keep its last '
+            f'{limit} tokens'
+        )
 
 
 def split_encoding(input_ids, attention_mask=None, model_kwargs: dict | None = None) -> tuple[object, object, dict]:
@@ -362,8 +406,11 @@ def split_encoding(input_ids, attention_mask=None, model_kwargs: dict | None = N
         raise ValueError(f'the input mapping has no input_ids (keys: {sorted(encoding)})')
     input_ids = encoding.pop('input_ids')
     mask = encoding.pop('attention_mask', None)
-    if attention_mask is not None and mask is not None and not torch.equal(
-            torch.as_tensor(attention_mask), torch.as_tensor(mask)):
+    if (
+        attention_mask is not None
+        and mask is not None
+        and not torch.equal(torch.as_tensor(attention_mask), torch.as_tensor(mask))
+    ):
         raise ValueError('attention_mask was given twice (argument and input mapping) with different values')
     for key, value in encoding.items():
         model_kwargs.setdefault(key, value)

@@ -11,10 +11,11 @@ relevance of all lookups together sums to the explained logit, as at ``inputs_em
 own ahead of the ids (CPM-Ant's prompt) looks them up with the ids: their rows are constants of the model, whose
 relevance no input token gets (like a bias's; :py:attr:`TokenLookups.own` holds it after an LRP run).
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -57,9 +58,13 @@ def id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tupl
         if hasattr(type(module), 'get_input_embeddings'):  # the class: a module's missing attribute costs an exception
             with contextlib.suppress(Exception):
                 nested.add(id(module.get_input_embeddings()))
-    candidates = [(name, module) for name, module in model.named_modules()
-                  if (isinstance(module, torch.nn.Embedding) or type(module) is type(word))
-                  and module is not word and id(module) not in nested]
+    candidates = [
+        (name, module)
+        for name, module in model.named_modules()
+        if (isinstance(module, torch.nn.Embedding) or type(module) is type(word))
+        and module is not word
+        and id(module) not in nested
+    ]
     if not candidates:
         return []
     length = min(8, rows)
@@ -72,12 +77,16 @@ def id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tupl
     def hook(name):
         def record(module, args, output):
             index = args[0] if args else None
-            if isinstance(index, torch.Tensor) and index.shape == ids.shape \
-                    and 2 * int((index == ids.to(index.device)).sum()) >= ids.numel():
+            if (
+                isinstance(index, torch.Tensor)
+                and index.shape == ids.shape
+                and 2 * int((index == ids.to(index.device)).sum()) >= ids.numel()
+            ):
                 found.add(name)
             seen.add(name)
             if len(seen) == len(candidates):
                 raise _Found
+
         return record
 
     handles = [module.register_forward_hook(hook(name)) for name, module in candidates]
@@ -93,8 +102,9 @@ def id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tupl
     return [(name, module) for name, module in candidates if name in found]
 
 
-def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None,
-              tables: list[tuple[str, torch.nn.Module]] | None = None) -> str | None:
+def needs_ids(
+    model: torch.nn.Module, word: torch.nn.Module | None, tables: list[tuple[str, torch.nn.Module]] | None = None
+) -> str | None:
     """Why ``model`` must be run on ``input_ids`` rather than on its word embeddings ``word``, None if it need not.
 
     A model needs its ids if its forward takes no ``inputs_embeds``, if it looks the ids up in another table
@@ -123,8 +133,12 @@ def needs_ids(model: torch.nn.Module, word: torch.nn.Module | None,
         return f'it looks the token ids up in {tables[0][0]!r} too'
     for name, module in model.named_modules():
         parameters = forward_parameters(module)
-        if name and not hasattr(type(module), 'get_input_embeddings') and 'input_ids' in parameters \
-                and 'inputs_embeds' not in parameters:
+        if (
+            name
+            and not hasattr(type(module), 'get_input_embeddings')
+            and 'input_ids' in parameters
+            and 'inputs_embeds' not in parameters
+        ):
             return f'{name!r} ({type(module).__name__}) takes the token ids'
     return None
 
@@ -141,8 +155,10 @@ class TokenLookups:
     tables: list of (str, torch.nn.Module), optional
         :py:func:`id_tables` of the model if already known (found here otherwise).
     """
-    def __init__(self, model: torch.nn.Module, word: torch.nn.Module,
-                 tables: list[tuple[str, torch.nn.Module]] | None = None):
+
+    def __init__(
+        self, model: torch.nn.Module, word: torch.nn.Module, tables: list[tuple[str, torch.nn.Module]] | None = None
+    ):
         self.model = model
         self.word = word
         #: ``(name, module)`` of the other tables the model looks its ids up in (per-layer embeddings,
@@ -197,8 +213,12 @@ class TokenLookups:
             if isinstance(index, torch.Tensor) and index.shape == ids.shape:
                 return embeddings
             count = ids.shape[-1]
-            if isinstance(index, torch.Tensor) and index.shape[:-1] == ids.shape[:-1] and index.shape[-1] > count \
-                    and bool((index[..., -count:] == ids.to(index.device)).all()):
+            if (
+                isinstance(index, torch.Tensor)
+                and index.shape[:-1] == ids.shape[:-1]
+                and index.shape[-1] > count
+                and bool((index[..., -count:] == ids.to(index.device)).all())
+            ):
                 # tokens of the model's own ahead of the ids (CPM-Ant's prompt): constants, absorbing relevance like
                 # a bias; the ids' rows are the explained input
                 own = output.narrow(-2, 0, index.shape[-1] - count).detach()
@@ -207,15 +227,21 @@ class TokenLookups:
                     own = input_relevance(own)
                 return torch.cat([own, embeddings.to(own.dtype)], dim=-2)
             shape = tuple(index.shape) if isinstance(index, torch.Tensor) else type(index).__name__
-            raise RuntimeError(f'{type(self.model).__name__} embeds ids of shape {shape}, not the explained tokens '
-                               f'{tuple(ids.shape)}: zennit-attn cannot tell which token each row belongs to; '
-                               'report the model')
+            raise RuntimeError(
+                f'{type(self.model).__name__} embeds ids of shape {shape}, not the explained tokens '
+                f'{tuple(ids.shape)}: zennit-attn cannot tell which token each row belongs to; '
+                'report the model'
+            )
 
         def table(name):
             def hook(module, args, output):
                 index = args[0] if args else None
-                if not torch.is_grad_enabled() or not isinstance(index, torch.Tensor) or index.shape != ids.shape \
-                        or 2 * int((index == ids.to(index.device)).sum()) < ids.numel():
+                if (
+                    not torch.is_grad_enabled()
+                    or not isinstance(index, torch.Tensor)
+                    or index.shape != ids.shape
+                    or 2 * int((index == ids.to(index.device)).sum()) < ids.numel()
+                ):
                     return None  # not the tokens (positions), or without gradients (carrying no relevance)
                 if leaves is not None:
                     leaves.append(output.detach().requires_grad_(True))
@@ -227,6 +253,7 @@ class TokenLookups:
                         'differentiate the word embeddings only and keep that table fixed'
                     )
                 return None
+
             return hook
 
         handles = [self.word.register_forward_hook(word)]

@@ -13,9 +13,10 @@ that the AttnLRP rules propagate): for a logit or a difference of logits this is
 (relevance is linear in it: a contrast's relevance is the target's minus the contrast's); for a softmax probability
 it is the paper's softmax rule (Proposition 3.1), for which see the notes of :py:class:`OutputFunction`.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -32,6 +33,7 @@ class SeedToGradient(torch.autograd.Function):
     and ``fallback`` where ``f == 0`` (1: the limit of ``R / f`` for ``R = f``, for targets whose value may vanish;
     0: nothing flows from a zero value). ``SeedToGradient.apply(value, fallback)``; used by the objectives here and by
     the latent targets (:py:mod:`zennit_attn.latent.targets`)."""
+
     @staticmethod
     def forward(ctx, value, fallback: float = 1.0):
         """Return ``value`` unchanged and keep it (and ``fallback``) for the backward pass."""
@@ -44,13 +46,15 @@ class SeedToGradient(torch.autograd.Function):
         """Return ``relevance / value`` (``fallback`` where ``value == 0``); no gradient for ``fallback``."""
         (value,) = ctx.saved_tensors
         nonzero = value != 0
-        return torch.where(nonzero, relevance / torch.where(nonzero, value, 1),
-                           torch.full_like(relevance, ctx.fallback)), None
+        return torch.where(
+            nonzero, relevance / torch.where(nonzero, value, 1), torch.full_like(relevance, ctx.fallback)
+        ), None
 
 
 class _GradientToRelevance(torch.autograd.Function):
     """Identity whose backward turns the gradient ``g`` at the scores ``y`` into the relevance ``y * g`` (which the
     model's output boundary turns back into a gradient by dividing by ``y``)."""
+
     @staticmethod
     def forward(ctx, scores):
         ctx.save_for_backward(scores)
@@ -73,6 +77,7 @@ class Objective:
     returns the resolved objective; :py:meth:`value` is the explained value of ``[batch, outputs]`` (or
     ``[batch, pairs, outputs]``) ``selected`` scores, one per row (or per row and pair).
     """
+
     #: ``[batch]`` (or ``[batch, pairs]``) contrast token ids, None for no contrast
     contrast: torch.Tensor | None = None
 
@@ -84,8 +89,9 @@ class Objective:
         """The explained value of each batch element (variants of input ``rows``)."""
         raise NotImplementedError
 
-    def value(self, selected: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor | None = None,
-              seeded: bool = False) -> torch.Tensor:
+    def value(
+        self, selected: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor | None = None, seeded: bool = False
+    ) -> torch.Tensor:
         """:py:meth:`compute`; ``seeded``: LRP's backward pass starts with the value itself (the initial relevance
         ``f``), which reaches the scores ``y`` as the relevance ``y * df/dy`` (see the module's documentation)."""
         if not seeded:
@@ -95,6 +101,7 @@ class Objective:
 
 class Logit(Objective):
     """The target's logit (score): the default."""
+
     def compute(self, selected, targets, rows):
         return _gather(selected, targets)
 
@@ -113,10 +120,13 @@ class Contrast(Objective):
         pair (or ``[batch, pairs]``); :py:data:`RUNNER_UP`: at each explained position the highest-scoring token
         other than the target.
     """
+
     def __init__(self, contrast):
         if isinstance(contrast, str) and contrast != RUNNER_UP:
-            raise ValueError(f'contrast {contrast!r} is text: give token ids (explain() turns a text into its one '
-                             f'token with tokenizer=), or {RUNNER_UP!r}')
+            raise ValueError(
+                f'contrast {contrast!r} is text: give token ids (explain() turns a text into its one '
+                f'token with tokenizer=), or {RUNNER_UP!r}'
+            )
         if contrast is None:
             raise ValueError('Contrast needs a contrast token')
         self.spec = contrast
@@ -137,17 +147,21 @@ class Contrast(Objective):
             elif targets.dim() == 2 and ids.dim() == 1 and ids.numel() == targets.shape[1]:
                 ids = ids[None].expand(targets.shape)
             elif ids.shape != targets.shape:
-                what = f'{targets.shape[0]} rows' if targets.dim() == 1 else \
-                    f'{targets.shape[1]} (position, token) pairs'
-                raise ValueError(f'contrast needs one token for all rows or one per entry ({what}), got shape '
-                                 f'{tuple(ids.shape)}')
+                what = (
+                    f'{targets.shape[0]} rows' if targets.dim() == 1 else f'{targets.shape[1]} (position, token) pairs'
+                )
+                raise ValueError(
+                    f'contrast needs one token for all rows or one per entry ({what}), got shape {tuple(ids.shape)}'
+                )
             if bool(((ids < 0) | (ids >= size)).any()):
                 raise ValueError(f'contrast {self.spec} is out of range: the explained output has {size} entries')
-        same = (ids.to(targets.device) == targets)
+        same = ids.to(targets.device) == targets
         if bool(same.any()):
             rows = sorted(set(same.reshape(same.shape[0], -1).any(1).nonzero()[:, 0].tolist()))
-            raise ValueError(f'the contrast token is the target itself in row(s) {rows} (id '
-                             f'{int(targets[same][0])}): nothing to contrast; choose another token')
+            raise ValueError(
+                f'the contrast token is the target itself in row(s) {rows} (id '
+                f'{int(targets[same][0])}): nothing to contrast; choose another token'
+            )
         resolved = Contrast(self.spec)
         resolved.contrast = ids.to(targets.device)
         return resolved
@@ -179,6 +193,7 @@ class OutputFunction(Objective):
     target's logit against the expected logit), not to the log-probability itself. For a logit or a difference of
     logits nothing of this applies: the relevance sums to the value (up to what biases absorb).
     """
+
     def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]):
         if not callable(function):
             raise TypeError(f'the target function must be callable, got {type(function).__name__}')
@@ -190,30 +205,40 @@ class OutputFunction(Objective):
 
     def compute(self, selected, targets, rows):
         if selected.dim() != 2:
-            raise ValueError('a target function explains one position per row: it cannot be combined with several '
-                             '(position, token) pairs')
+            raise ValueError(
+                'a target function explains one position per row: it cannot be combined with several '
+                '(position, token) pairs'
+            )
         value = self.function(selected)
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f'the target function {self.name} must return a tensor of one value per row, got '
-                            f'{type(value).__name__}')
+            raise TypeError(
+                f'the target function {self.name} must return a tensor of one value per row, got {type(value).__name__}'
+            )
         if value.shape != selected.shape[:1]:
-            raise ValueError(f'the target function {self.name} must return one value per row, shape '
-                             f'({selected.shape[0]},), got shape {tuple(value.shape)} for scores of shape '
-                             f'{tuple(selected.shape)}')
+            raise ValueError(
+                f'the target function {self.name} must return one value per row, shape '
+                f'({selected.shape[0]},), got shape {tuple(value.shape)} for scores of shape '
+                f'{tuple(selected.shape)}'
+            )
         if not value.is_floating_point():
-            raise ValueError(f'the target function {self.name} returned {value.dtype} values: it must return '
-                             'floating-point values')
+            raise ValueError(
+                f'the target function {self.name} returned {value.dtype} values: it must return floating-point values'
+            )
         return value
 
     def resolve(self, selected, targets):
         value = self.compute(selected, targets, None)
         if not bool(torch.isfinite(value).all()):
             bad = (~torch.isfinite(value.detach())).nonzero()[:, 0].tolist()
-            raise ValueError(f'the target function {self.name} returned non-finite values (NaN or infinite) in '
-                             f'row(s) {bad}: {value.detach().tolist()}')
+            raise ValueError(
+                f'the target function {self.name} returned non-finite values (NaN or infinite) in '
+                f'row(s) {bad}: {value.detach().tolist()}'
+            )
         if selected.requires_grad and not value.requires_grad:
-            raise ValueError(f'the target function {self.name} returned a value without gradient: it must compute '
-                             'with the scores it receives (no .detach(), .item() or numpy in between)')
+            raise ValueError(
+                f'the target function {self.name} returned a value without gradient: it must compute '
+                'with the scores it receives (no .detach(), .item() or numpy in between)'
+            )
         return self
 
 
@@ -229,8 +254,10 @@ def objective_for(target, contrast=None) -> tuple[object, Objective]:
     """
     if callable(target) and not isinstance(target, torch.Tensor):
         if contrast is not None:
-            raise ValueError('contrast= compares two tokens; with a target function the function itself is explained: '
-                             'compute the difference inside it')
+            raise ValueError(
+                'contrast= compares two tokens; with a target function the function itself is explained: '
+                'compute the difference inside it'
+            )
         return None, OutputFunction(target)
     if contrast is not None:
         return target, Contrast(contrast)

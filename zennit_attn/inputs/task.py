@@ -11,6 +11,7 @@ What a run of the model is read as is the task's :py:class:`Readout`: by default
 or the last hidden state of a base model); :py:mod:`zennit_attn.latent.targets` gives a task a readout of a tensor
 inside the model instead (a neuron's activation, a linear target), with :py:meth:`Task.with_readout`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,10 +21,21 @@ from typing import ContextManager
 
 import torch
 
-from .checks import (check_ids, check_length, check_model, check_vocabulary, check_word_embeddings, explained_positions,
-                     is_causal, is_image_model, split_encoding, target_indices, target_pairs)
-from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from ..engine.modules import forward_parameters, output_scores
+from ..results.explanation import Explanation, ImageExplanation, TargetLike
+from .checks import (
+    check_ids,
+    check_length,
+    check_model,
+    check_vocabulary,
+    check_word_embeddings,
+    explained_positions,
+    is_causal,
+    is_image_model,
+    split_encoding,
+    target_indices,
+    target_pairs,
+)
 from .lookups import TokenLookups, id_tables, needs_ids
 from .objectives import Logit, Objective
 
@@ -38,12 +50,20 @@ class Readout:
     neuron's activation or a linear target at a site inside the model); a task holds one readout
     (``Task.readout``, replaced with :py:meth:`Task.with_readout`).
     """
+
     #: Whether the scores are the model's output, so that the model may compute them at the explained positions
     #: only (:py:meth:`TokenTask.keep_logits`).
     model_output: bool = True
 
-    def read(self, task: Task, inputs: torch.Tensor, rows: torch.Tensor | None = None,
-             model: torch.nn.Module | None = None, seeded: bool = False, **extra) -> torch.Tensor:
+    def read(
+        self,
+        task: Task,
+        inputs: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        model: torch.nn.Module | None = None,
+        seeded: bool = False,
+        **extra,
+    ) -> torch.Tensor:
         """The scores of one run of ``model`` (default the task's) on ``inputs`` (:py:meth:`Task.run`).
 
         ``seeded``: the backward pass from these scores starts with the initial relevance (the explained value)
@@ -65,6 +85,7 @@ class Task:
     batch element with :py:meth:`select`. Subclasses define the modality: how the input is embedded, how the model
     is called, what a token is and how the result is packaged.
     """
+
     def __init__(self, model: torch.nn.Module, model_kwargs: dict | None = None):
         check_model(model)
         self.model = model
@@ -98,18 +119,24 @@ class Task:
         """:py:meth:`base_kwargs`, repeated for batch elements that are variants of input ``rows``."""
         kwargs = self.base_kwargs()
         if rows is not None:
-            kwargs = {key: value[rows] if isinstance(value, torch.Tensor) and value.dim()
-                      and value.shape[0] == self.batch else value for key, value in kwargs.items()}
+            kwargs = {
+                key: value[rows]
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == self.batch
+                else value
+                for key, value in kwargs.items()
+            }
         return kwargs
 
-    def run(self, inputs: torch.Tensor, rows: torch.Tensor | None = None, model: torch.nn.Module | None = None,
-            **extra):
+    def run(
+        self, inputs: torch.Tensor, rows: torch.Tensor | None = None, model: torch.nn.Module | None = None, **extra
+    ):
         """The raw output of ``model`` (default the task's model) on ``inputs``; ``rows[i]`` names the input row that
         batch element ``i`` is a variant of (default: identity)."""
         raise NotImplementedError
 
-    def forward(self, inputs: torch.Tensor, rows: torch.Tensor | None = None, model: torch.nn.Module | None = None,
-                **extra) -> torch.Tensor:
+    def forward(
+        self, inputs: torch.Tensor, rows: torch.Tensor | None = None, model: torch.nn.Module | None = None, **extra
+    ) -> torch.Tensor:
         """The scores of :py:meth:`run` as the :py:attr:`readout` reads them (by default the logits, or the last
         hidden state)."""
         return self.readout.read(self, inputs, rows, model, **extra)
@@ -135,7 +162,9 @@ class Task:
         """A copy of this task whose :py:meth:`select` explains ``objective``
         (:py:mod:`zennit_attn.inputs.objectives`: a contrast, a function of the scores) instead of the target's logit."""
         if not isinstance(objective, Objective):
-            raise TypeError(f'objective must be a zennit_attn.inputs.objectives.Objective, got {type(objective).__name__}')
+            raise TypeError(
+                f'objective must be a zennit_attn.inputs.objectives.Objective, got {type(objective).__name__}'
+            )
         task = copy.copy(self)
         task.objective = objective
         return task
@@ -157,8 +186,9 @@ class Task:
     def _all_positions(self, scores: torch.Tensor) -> torch.Tensor:
         return scores
 
-    def resolve(self, scores: torch.Tensor, position=-1, target: TargetLike = None,
-                seeded: bool = False) -> torch.Tensor:
+    def resolve(
+        self, scores: torch.Tensor, position=-1, target: TargetLike = None, seeded: bool = False
+    ) -> torch.Tensor:
         """Fix the explained position and target of every row (and the :py:attr:`objective`) from the model's
         ``scores`` on the unperturbed input, and return the explained values (``[batch]``, or ``[batch, pairs]`` for
         several pairs); ``seeded`` as for :py:meth:`select`."""
@@ -166,8 +196,9 @@ class Task:
         if pairs is not None:
             if scores.dim() != 3:
                 raise ValueError('(position, token) pairs need an output per position; this model has one per row')
-            self.positions = explained_positions(self._all_positions(scores), pairs[:, 0].expand(self.batch, -1),
-                                                 self.output_mask)
+            self.positions = explained_positions(
+                self._all_positions(scores), pairs[:, 0].expand(self.batch, -1), self.output_mask
+            )
             self.targets = target_indices(pairs[:, 1].expand(self.batch, -1), scores)
         else:
             self.positions = explained_positions(self._all_positions(scores), position, self.output_mask)
@@ -175,8 +206,9 @@ class Task:
         self.objective = self.objective.resolve(self._rows_of(scores, None), self.targets)
         return self.select(scores, reduce=False, seeded=seeded)
 
-    def select(self, scores: torch.Tensor, rows: torch.Tensor | None = None, reduce: bool = True,
-               seeded: bool = False) -> torch.Tensor:
+    def select(
+        self, scores: torch.Tensor, rows: torch.Tensor | None = None, reduce: bool = True, seeded: bool = False
+    ) -> torch.Tensor:
         """The explained value (:py:attr:`objective`, by default the target's logit) of every batch element of
         ``scores`` (variants of input ``rows``), ``[batch]``; with several pairs their sum, or ``[batch, pairs]`` if
         not ``reduce``. ``seeded``: LRP's backward pass starts at the value with the value itself (the initial
@@ -231,8 +263,9 @@ class Task:
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ the result
-    def finish(self, relevance: torch.Tensor, logit: torch.Tensor, method: str,
-               decoder_relevance: torch.Tensor | None = None):
+    def finish(
+        self, relevance: torch.Tensor, logit: torch.Tensor, method: str, decoder_relevance: torch.Tensor | None = None
+    ):
         """Check that the result is finite and package it as the modality's explanation."""
         tensors = [logit, relevance] + ([] if decoder_relevance is None else [decoder_relevance])
         if not all(bool(torch.isfinite(tensor).all()) for tensor in tensors):
@@ -240,13 +273,18 @@ class Task:
                 f'{method} on {type(self.model).__name__} produced a non-finite explained logit or relevance (logit '
                 f'{logit.detach().flatten()[:8].tolist()}): {self.non_finite_hint()}'
             )
-        return self.package(relevance.detach(), logit.detach(), method,
-                            None if decoder_relevance is None else decoder_relevance.detach())
+        return self.package(
+            relevance.detach(),
+            logit.detach(),
+            method,
+            None if decoder_relevance is None else decoder_relevance.detach(),
+        )
 
     def non_finite_hint(self) -> str:
         """The likely cause of a non-finite result."""
-        bad = next((name for name, tensor in self.model.named_parameters() if not bool(torch.isfinite(tensor).all())),
-                   None)
+        bad = next(
+            (name for name, tensor in self.model.named_parameters() if not bool(torch.isfinite(tensor).all())), None
+        )
         if bad is not None:
             return f'the model parameter {bad!r} has NaN or infinite entries'
         dtype = self.inputs.dtype
@@ -271,8 +309,15 @@ class TokenTask(Task):
         As for :py:func:`~zennit_attn.explain`; ``input_ids`` may also be the tokenizer's ``BatchEncoding`` (or a
         dict with ``input_ids``), whose ``attention_mask`` and other fields are used.
     """
-    def __init__(self, model: torch.nn.Module, input_ids, attention_mask=None, model_kwargs: dict | None = None,
-                 decoder_input_ids=None):
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        input_ids,
+        attention_mask=None,
+        model_kwargs: dict | None = None,
+        decoder_input_ids=None,
+    ):
         input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
         super().__init__(model, model_kwargs)
         self.input_ids, self.attention_mask = check_ids(input_ids, attention_mask)
@@ -331,9 +376,11 @@ class TokenTask(Task):
         left_padded = bool((mask[:, 0] == 0).any())
         if left_padded and 'position_ids' not in kwargs and 'position_ids' in parameters:
             if not is_causal(self.model):
-                raise ValueError(f'{type(self.model).__name__} is not causal (or cannot be run on token ids alone to '
-                                 'tell) and would give left-padded rows shifted positions: pad on the right, or pass '
-                                 'position_ids')
+                raise ValueError(
+                    f'{type(self.model).__name__} is not causal (or cannot be run on token ids alone to '
+                    'tell) and would give left-padded rows shifted positions: pad on the right, or pass '
+                    'position_ids'
+                )
             kwargs['position_ids'] = (mask.long().cumsum(-1) - 1).clamp(min=0)
 
     def base_kwargs(self) -> dict:
@@ -378,14 +425,18 @@ class TokenTask(Task):
         The head's output at other positions does not reach the explained logits, so the relevance is unchanged;
         the head's forward and backward (a third of the FLOPs of a small Llama) and the ``[batch, seq, vocab]``
         logits with their gradient are skipped."""
-        if (not self.readout.model_output or self.decoder_embeddings is not None
-                or 'logits_to_keep' in self.model_kwargs
-                or 'logits_to_keep' not in forward_parameters(self.model)):
+        if (
+            not self.readout.model_output
+            or self.decoder_embeddings is not None
+            or 'logits_to_keep' in self.model_kwargs
+            or 'logits_to_keep' not in forward_parameters(self.model)
+        ):
             return {}
         pairs = target_pairs(target)
         shape = torch.empty(self.batch, self.input_ids.shape[1], 0, device=self.input_ids.device)
-        positions = explained_positions(shape, position if pairs is None else pairs[:, 0].expand(self.batch, -1),
-                                        self.output_mask)
+        positions = explained_positions(
+            shape, position if pairs is None else pairs[:, 0].expand(self.batch, -1), self.output_mask
+        )
         self.kept = torch.unique(positions)  # sorted
         return {'logits_to_keep': self.kept}
 
@@ -426,8 +477,9 @@ class TokenTask(Task):
             return self.positions if self.positions.dim() == 1 else self.positions.amax(1)
         if not is_causal(self.model):
             return torch.zeros(self.batch, dtype=torch.long, device=device)
-        return explained_positions(torch.empty(self.batch, self.token_count(), 0, device=device), None,
-                                   self.attention_mask)
+        return explained_positions(
+            torch.empty(self.batch, self.token_count(), 0, device=device), None, self.attention_mask
+        )
 
     def attention_row(self, matrices: torch.Tensor) -> torch.Tensor:
         positions = self.query_positions().to(matrices.device)
@@ -443,6 +495,7 @@ class TokenTask(Task):
 
     def package(self, relevance, logit, method, decoder_relevance) -> Explanation:
         """Zero padding positions and package ``[batch, seq, hidden]`` (or ``[batch, seq]``) relevance."""
+
         def per_token(relevance, mask):
             if relevance is None:
                 return None, None
@@ -459,21 +512,35 @@ class TokenTask(Task):
         decoder_mask = self._output_mask if self.decoder_embeddings is not None else None
         decoder, decoder_embedding = per_token(decoder_relevance, decoder_mask)
         return Explanation(
-            relevance=tokens, embedding_relevance=embedding, target=self.targets, logit=logit,
-            position=self.positions, input_ids=self.input_ids, attention_mask=self.attention_mask,
-            decoder_relevance=decoder, decoder_embedding_relevance=decoder_embedding,
-            decoder_input_ids=self.decoder_input_ids, method=method, contrast=self.objective.contrast,
+            relevance=tokens,
+            embedding_relevance=embedding,
+            target=self.targets,
+            logit=logit,
+            position=self.positions,
+            input_ids=self.input_ids,
+            attention_mask=self.attention_mask,
+            decoder_relevance=decoder,
+            decoder_embedding_relevance=decoder_embedding,
+            decoder_input_ids=self.decoder_input_ids,
+            method=method,
+            contrast=self.objective.contrast,
             objective=self.objective,
         )
 
     def non_finite_hint(self) -> str:
         hint = super().non_finite_hint()
         implementation = getattr(getattr(self.model, 'config', None), '_attn_implementation', None)
-        if (hint.startswith('the model itself') and self.inputs.dtype == torch.float64
-                and implementation == 'eager' and self.attention_mask is not None
-                and bool((self.attention_mask == 0).any())):
-            return ('with padding, float64 eager attention in transformers returns NaN logits (a fully masked row): '
-                    'use float32 or attn_implementation="sdpa"')
+        if (
+            hint.startswith('the model itself')
+            and self.inputs.dtype == torch.float64
+            and implementation == 'eager'
+            and self.attention_mask is not None
+            and bool((self.attention_mask == 0).any())
+        ):
+            return (
+                'with padding, float64 eager attention in transformers returns NaN logits (a fully masked row): '
+                'use float32 or attn_implementation="sdpa"'
+            )
         return hint
 
 
@@ -491,20 +558,27 @@ class ImageTask(Task):
     model_kwargs: dict, optional
         Further keyword arguments of the model's forward (e.g. ``interpolate_pos_encoding``).
     """
+
     def __init__(self, model: torch.nn.Module, pixels, model_kwargs: dict | None = None):
         super().__init__(model, model_kwargs)
         if isinstance(pixels, (str, Mapping)):
-            raise TypeError(f'{type(model).__name__} takes pixels: pass a float tensor [batch, channels, height, '
-                            f'width], got {type(pixels).__name__}')
+            raise TypeError(
+                f'{type(model).__name__} takes pixels: pass a float tensor [batch, channels, height, '
+                f'width], got {type(pixels).__name__}'
+            )
         pixels = torch.as_tensor(pixels)
         if pixels.dim() == 3:
             pixels = pixels[None]
         if pixels.dim() != 4:
-            raise ValueError(f'pixels must be [batch, channels, height, width] (or [channels, height, width]), got '
-                             f'shape {tuple(pixels.shape)}')
+            raise ValueError(
+                f'pixels must be [batch, channels, height, width] (or [channels, height, width]), got '
+                f'shape {tuple(pixels.shape)}'
+            )
         if not pixels.is_floating_point():
-            raise ValueError(f'pixels must be floating point as the model takes them, got {pixels.dtype}: convert '
-                             'and normalise the image first (e.g. the model\'s own transform, or x.float() / 255)')
+            raise ValueError(
+                f'pixels must be floating point as the model takes them, got {pixels.dtype}: convert '
+                "and normalise the image first (e.g. the model's own transform, or x.float() / 255)"
+            )
         if not bool(torch.isfinite(pixels).all()):
             bad = (~torch.isfinite(pixels)).flatten(1).any(1).nonzero()[:, 0].tolist()
             raise ValueError(f'pixels of row(s) {bad} are NaN or infinite: a faulty image or normalisation')
@@ -542,7 +616,7 @@ class ImageTask(Task):
 
     def attributable_tokens(self) -> torch.Tensor:
         valid = torch.ones(self.batch, self.token_count(), dtype=torch.bool, device=self.inputs.device)
-        valid[:, :self.prefix_tokens()] = False  # the class token and its kind have no pixels
+        valid[:, : self.prefix_tokens()] = False  # the class token and its kind have no pixels
         return valid
 
     def token_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
@@ -550,7 +624,7 @@ class ImageTask(Task):
         the pixels and channels of its patch (the prefix tokens dropped)."""
         batch, channels, height, width = self.inputs.shape
         rows, columns = self.grid()
-        patches = relevance[:, self.prefix_tokens():]
+        patches = relevance[:, self.prefix_tokens() :]
         if patches.shape[1] != rows * columns:
             raise ValueError(f'{patches.shape[1]} patch tokens do not form the {rows} x {columns} grid')
         grid = patches.reshape(batch, 1, rows, columns).to(self.inputs.dtype)
@@ -579,22 +653,39 @@ class ImageTask(Task):
     def package(self, relevance, logit, method, decoder_relevance) -> ImageExplanation:
         if torch.finfo(relevance.dtype).bits < 32:
             relevance = relevance.float()
-        return ImageExplanation(relevance=relevance.sum(1), pixel_relevance=relevance, target=self.targets,
-                                logit=logit, pixels=self.inputs, method=method, contrast=self.objective.contrast,
-                                objective=self.objective)
+        return ImageExplanation(
+            relevance=relevance.sum(1),
+            pixel_relevance=relevance,
+            target=self.targets,
+            logit=logit,
+            pixels=self.inputs,
+            method=method,
+            contrast=self.objective.contrast,
+            objective=self.objective,
+        )
 
 
-def make_task(model: torch.nn.Module, inputs, position=-1, attention_mask=None, model_kwargs: dict | None = None,
-              decoder_input_ids=None) -> Task:
+def make_task(
+    model: torch.nn.Module,
+    inputs,
+    position=-1,
+    attention_mask=None,
+    model_kwargs: dict | None = None,
+    decoder_input_ids=None,
+) -> Task:
     """The :py:class:`TokenTask` or :py:class:`ImageTask` for ``model``; arguments an image model cannot use are
     refused."""
     if isinstance(model, torch.nn.Module) and is_image_model(model):
-        unused = [name for name, used in (
-            ('position', not (position is None or (isinstance(position, int) and position == -1))),
-            ('attention_mask', attention_mask is not None), ('decoder_input_ids', decoder_input_ids is not None))
-            if used]
+        unused = [
+            name
+            for name, used in (
+                ('position', not (position is None or (isinstance(position, int) and position == -1))),
+                ('attention_mask', attention_mask is not None),
+                ('decoder_input_ids', decoder_input_ids is not None),
+            )
+            if used
+        ]
         if unused:
             raise ValueError(f'{type(model).__name__} classifies images: {", ".join(unused)} do not apply to it')
         return ImageTask(model, inputs, model_kwargs)
     return TokenTask(model, inputs, attention_mask, model_kwargs, decoder_input_ids)
-

@@ -23,6 +23,7 @@ They subclass captum's :py:class:`~captum.attr.LayerGradientXActivation` at the 
 modified gradient times the input, and ``LLMGradientAttribution`` accepts this family of methods); nothing of captum
 is patched. Captum arguments that have no meaning for LRP (``baselines``, ``n_steps``, ...) are refused.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -32,10 +33,10 @@ import torch
 from captum.attr import InterpretableInput, LayerGradientXActivation
 from zennit.core import Composite
 
-from ..inputs.checks import is_image_model
 from ..engine.modules import forward_parameters
-from ..methods.registry import METHODS
+from ..inputs.checks import is_image_model
 from ..inputs.task import TokenTask
+from ..methods.registry import METHODS
 
 __all__ = ['AttnLRP', 'CPLRP', 'LRPAttribution']
 
@@ -45,24 +46,35 @@ def _token_target(target):
     TypeError that says what to pass."""
     if target is None or (isinstance(target, numbers.Integral) and not isinstance(target, bool)):
         return target
-    if isinstance(target, torch.Tensor) and not (target.is_floating_point() or target.is_complex()
-                                                 or target.dtype == torch.bool):
+    if isinstance(target, torch.Tensor) and not (
+        target.is_floating_point() or target.is_complex() or target.dtype == torch.bool
+    ):
         return target
-    if isinstance(target, list) and target and all(
-            isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in target):
+    if (
+        isinstance(target, list)
+        and target
+        and all(isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in target)
+    ):
         return target
     if isinstance(target, str):
-        raise TypeError(f'target must be a token id, got the text {target!r}: pass its id '
-                        "(tokenizer.encode(text, add_special_tokens=False)), or explain text targets with "
-                        "captum.attr.LLMGradientAttribution(AttnLRP(model), tokenizer).attribute(TextTokenInput(...), "
-                        "target=text)")
-    if isinstance(target, tuple) or (isinstance(target, list) and any(isinstance(item, (tuple, list))
-                                                                       for item in target)):
-        raise TypeError(f"target must be a token id (or one per row), got {target!r}: captum's tuple targets index "
-                        'an output tensor; AttnLRP explains the logit of token target at position= (default -1, '
-                        'the last token): pass target=token and position=index')
-    raise TypeError(f'target must be a token id, a list of token ids (one per row) or an integer tensor, got '
-                    f'{type(target).__name__} {target!r}')
+        raise TypeError(
+            f'target must be a token id, got the text {target!r}: pass its id '
+            '(tokenizer.encode(text, add_special_tokens=False)), or explain text targets with '
+            'captum.attr.LLMGradientAttribution(AttnLRP(model), tokenizer).attribute(TextTokenInput(...), '
+            'target=text)'
+        )
+    if isinstance(target, tuple) or (
+        isinstance(target, list) and any(isinstance(item, (tuple, list)) for item in target)
+    ):
+        raise TypeError(
+            f"target must be a token id (or one per row), got {target!r}: captum's tuple targets index "
+            'an output tensor; AttnLRP explains the logit of token target at position= (default -1, '
+            'the last token): pass target=token and position=index'
+        )
+    raise TypeError(
+        f'target must be a token id, a list of token ids (one per row) or an integer tensor, got '
+        f'{type(target).__name__} {target!r}'
+    )
 
 
 class LRPAttribution(LayerGradientXActivation):
@@ -84,27 +96,42 @@ class LRPAttribution(LayerGradientXActivation):
         For a model that is not a language model with word embeddings (image classifiers: use
         :py:func:`~zennit_attn.explain`), or a composite that is not a zennit composite.
     """
+
     #: the name of the method in :py:data:`zennit_attn.methods.registry.METHODS`
     method: str = ''
 
     def __init__(self, model: torch.nn.Module, composite: Composite | None = None):
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f'{type(self).__name__} explains a torch.nn.Module (a Hugging Face language model), got '
-                            f'{type(model).__name__}')
+            raise TypeError(
+                f'{type(self).__name__} explains a torch.nn.Module (a Hugging Face language model), got '
+                f'{type(model).__name__}'
+            )
         embedding = model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
         if not isinstance(embedding, torch.nn.Module):
-            raise TypeError(f'{type(self).__name__} needs a language model with word embeddings '
-                            f'(get_input_embeddings()); {type(model).__name__} has none')
+            raise TypeError(
+                f'{type(self).__name__} needs a language model with word embeddings '
+                f'(get_input_embeddings()); {type(model).__name__} has none'
+            )
         if is_image_model(model):
-            raise TypeError(f'{type(self).__name__} explains language models at their word embeddings; '
-                            f'{type(model).__name__} classifies images: use zennit_attn.explain(model, pixels)')
+            raise TypeError(
+                f'{type(self).__name__} explains language models at their word embeddings; '
+                f'{type(model).__name__} classifies images: use zennit_attn.explain(model, pixels)'
+            )
         self.params = METHODS[self.method].check({} if composite is None else {'composite': composite})
         super().__init__(model, embedding, multiply_by_inputs=True)
         #: the explained model (``forward_func`` is replaced by ``LLMGradientAttribution``'s wrapper of it)
         self.model = model
 
-    def attribute(self, inputs, target=None, additional_forward_args: Any = None,
-                  attribute_to_layer_input: bool = False, *, position: int = -1, **unsupported) -> torch.Tensor:
+    def attribute(
+        self,
+        inputs,
+        target=None,
+        additional_forward_args: Any = None,
+        attribute_to_layer_input: bool = False,
+        *,
+        position: int = -1,
+        **unsupported,
+    ) -> torch.Tensor:
         """Relevance of the word embeddings for the logit of token ``target`` at ``position``.
 
         Parameters
@@ -140,22 +167,30 @@ class LRPAttribution(LayerGradientXActivation):
         """
         name = type(self).__name__
         if unsupported:
-            why = (" LRP needs no baseline: it distributes the explained logit itself in one backward pass "
-                   "(captum's LayerIntegratedGradients is the method with baselines)."
-                   if 'baselines' in unsupported else '')
-            raise TypeError(f'{name}.attribute() takes no argument(s) {sorted(unsupported)}; it takes inputs, '
-                            f'target, additional_forward_args and position.{why}')
+            why = (
+                ' LRP needs no baseline: it distributes the explained logit itself in one backward pass '
+                "(captum's LayerIntegratedGradients is the method with baselines)."
+                if 'baselines' in unsupported
+                else ''
+            )
+            raise TypeError(
+                f'{name}.attribute() takes no argument(s) {sorted(unsupported)}; it takes inputs, '
+                f'target, additional_forward_args and position.{why}'
+            )
         if attribute_to_layer_input:
-            raise ValueError(f'{name} attributes to the word embeddings (the output of the embedding layer); its '
-                             'input is token ids, which carry no relevance: attribute_to_layer_input must be False')
+            raise ValueError(
+                f'{name} attributes to the word embeddings (the output of the embedding layer); its '
+                'input is token ids, which carry no relevance: attribute_to_layer_input must be False'
+            )
         if isinstance(inputs, tuple):
             if len(inputs) != 1:
-                raise TypeError(f'{name} takes one input tensor (ids or word embeddings), got a tuple of '
-                                f'{len(inputs)}')
+                raise TypeError(f'{name} takes one input tensor (ids or word embeddings), got a tuple of {len(inputs)}')
             inputs = inputs[0]
         if not isinstance(inputs, torch.Tensor):
-            raise TypeError(f'{name} takes a tensor of token ids [batch, seq] or word embeddings [batch, seq, '
-                            f'hidden], got {type(inputs).__name__}')
+            raise TypeError(
+                f'{name} takes a tensor of token ids [batch, seq] or word embeddings [batch, seq, '
+                f'hidden], got {type(inputs).__name__}'
+            )
         if self.forward_func is not self.model:
             return self._attribute_llm(inputs, target, additional_forward_args, position)
         kwargs = self._forward_kwargs(additional_forward_args)
@@ -170,8 +205,10 @@ class LRPAttribution(LayerGradientXActivation):
         args = additional_forward_args if isinstance(additional_forward_args, tuple) else (additional_forward_args,)
         names = list(forward_parameters(self.model))[1:]
         if len(args) > len(names):
-            raise TypeError(f'{len(args)} additional_forward_args, but {type(self.model).__name__}.forward takes '
-                            f'{len(names)} arguments after its input')
+            raise TypeError(
+                f'{len(args)} additional_forward_args, but {type(self.model).__name__}.forward takes '
+                f'{len(names)} arguments after its input'
+            )
         kwargs = {key: value for key, value in zip(names, args) if value is not None}
         if 'inputs_embeds' in kwargs:
             raise TypeError('pass word embeddings as inputs, not as an additional_forward_arg')
@@ -182,30 +219,44 @@ class LRPAttribution(LayerGradientXActivation):
         target tokens before it."""
         name = type(self).__name__
         args = additional_forward_args
-        if not (isinstance(args, tuple) and len(args) == 3 and isinstance(args[0], InterpretableInput)
-                and isinstance(args[1], torch.Tensor) and isinstance(args[2], int)):
-            raise TypeError(f'{name}.forward_func was replaced by something other than the model; only captum\'s '
-                            'LLMGradientAttribution does that (it passes (input, target_tokens, index) as '
-                            'additional_forward_args). Explain the model itself: AttnLRP(model).attribute(...)')
+        if not (
+            isinstance(args, tuple)
+            and len(args) == 3
+            and isinstance(args[0], InterpretableInput)
+            and isinstance(args[1], torch.Tensor)
+            and isinstance(args[2], int)
+        ):
+            raise TypeError(
+                f"{name}.forward_func was replaced by something other than the model; only captum's "
+                'LLMGradientAttribution does that (it passes (input, target_tokens, index) as '
+                'additional_forward_args). Explain the model itself: AttnLRP(model).attribute(...)'
+            )
         if target is not None or position != -1:
-            raise TypeError(f'{name} inside LLMGradientAttribution explains the target tokens that '
-                            'LLMGradientAttribution.attribute(inp, target=...) is given, each at the end of its '
-                            'prefix: target= and position= are not taken here')
+            raise TypeError(
+                f'{name} inside LLMGradientAttribution explains the target tokens that '
+                'LLMGradientAttribution.attribute(inp, target=...) is given, each at the end of its '
+                'prefix: target= and position= are not taken here'
+            )
         inp, target_tokens, index = args
         if target_tokens.is_floating_point() or target_tokens.dim() != 1:
-            raise TypeError(f'the target tokens must be a 1-D tensor of token ids, got {target_tokens.dtype} '
-                            f'{tuple(target_tokens.shape)}')
+            raise TypeError(
+                f'the target tokens must be a 1-D tensor of token ids, got {target_tokens.dtype} '
+                f'{tuple(target_tokens.shape)}'
+            )
         ids = inp.to_model_input(inputs)
         if not isinstance(ids, torch.Tensor):
-            raise TypeError(f'{name} explains text inputs given as token ids (captum TextTokenInput); '
-                            f'{type(inp).__name__} gives {type(ids).__name__}')
+            raise TypeError(
+                f'{name} explains text inputs given as token ids (captum TextTokenInput); '
+                f'{type(inp).__name__} gives {type(ids).__name__}'
+            )
         ids = ids.to(self.model.device if hasattr(self.model, 'device') else inputs.device)
         if index:
             ids = torch.cat([ids, target_tokens[:index].to(ids)[None].expand(ids.shape[0], -1)], 1)
         return self._relevance(ids, int(target_tokens[index]), -1, None, {}, None)
 
-    def _relevance(self, inputs: torch.Tensor, target, position, attention_mask, model_kwargs: dict,
-                   decoder_input_ids) -> torch.Tensor:
+    def _relevance(
+        self, inputs: torch.Tensor, target, position, attention_mask, model_kwargs: dict, decoder_input_ids
+    ) -> torch.Tensor:
         """``[batch, seq, hidden]`` relevance of :py:data:`METHODS` ``[self.method]`` on the task of ``inputs``."""
         embeddings = None
         if inputs.is_floating_point():
@@ -219,13 +270,17 @@ class LRPAttribution(LayerGradientXActivation):
             inputs = torch.zeros(inputs.shape[:2], dtype=torch.long, device=inputs.device)
         task = TokenTask(self.model, inputs, attention_mask, model_kwargs, decoder_input_ids)
         if task.lookups is not None and task.lookups.tables:
-            raise ValueError(f'{type(self.model).__name__} looks its token ids up in {task.lookups.tables[0][0]!r} '
-                             'besides the word embeddings: that relevance has no place in an attribution of the '
-                             'embeddings; use zennit_attn.explain (its relevance per token includes it)')
+            raise ValueError(
+                f'{type(self.model).__name__} looks its token ids up in {task.lookups.tables[0][0]!r} '
+                'besides the word embeddings: that relevance has no place in an attribution of the '
+                'embeddings; use zennit_attn.explain (its relevance per token includes it)'
+            )
         if embeddings is not None:
             if task.lookups is not None:
-                raise ValueError(f'{type(self.model).__name__} is explained on its token ids ({task.ids_reason}): '
-                                 'pass token ids (captum TextTokenInput), not embeddings')
+                raise ValueError(
+                    f'{type(self.model).__name__} is explained on its token ids ({task.ids_reason}): '
+                    'pass token ids (captum TextTokenInput), not embeddings'
+                )
             task.inputs = embeddings
         explanation = METHODS[self.method](task, position=position, target=target, **self.params)
         return explanation.embedding_relevance
@@ -238,10 +293,12 @@ class LRPAttribution(LayerGradientXActivation):
 class AttnLRP(LRPAttribution):
     """AttnLRP (Achtibat et al., ICML 2024), ``explain(..., method='attnlrp')``, as a captum attribution method;
     see :py:class:`LRPAttribution` and the module documentation."""
+
     method = 'attnlrp'
 
 
 class CPLRP(LRPAttribution):
     """CP-LRP (Ali et al. 2022), ``explain(..., method='cplrp')``, as a captum attribution method; see
     :py:class:`LRPAttribution` and the module documentation."""
+
     method = 'cplrp'

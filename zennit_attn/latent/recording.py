@@ -9,12 +9,14 @@ to the relevance of the MLP output (the epsilon rule of Eq. 8 with zero bias con
 attention output's, and the residual entries are the block-boundary sums of
 :py:func:`~zennit_attn.conservation`.
 """
+
 from __future__ import annotations
 
 import contextlib
 import numbers
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -44,14 +46,17 @@ class Latent(Mapping):
     reduce: str or None
         ``'sum'`` if only the sum over positions was kept.
     """
+
     relevance: dict[str, torch.Tensor]
     activation: dict[str, torch.Tensor] = field(default_factory=dict)
     reduce: str | None = None
 
     def __getitem__(self, site: str) -> torch.Tensor:
         if site not in self.relevance:
-            raise KeyError(f'site {site!r} was not recorded; recorded: {", ".join(self.relevance) or "none"} (pass '
-                           f'latent=({site!r}, ...) to explain())')
+            raise KeyError(
+                f'site {site!r} was not recorded; recorded: {", ".join(self.relevance) or "none"} (pass '
+                f'latent=({site!r}, ...) to explain())'
+            )
         return self.relevance[site]
 
     def __iter__(self) -> Iterator[str]:
@@ -80,8 +85,14 @@ class Recorder:
         ``(site, layer)`` whose raw gradient ``[batch, seq, features]`` is kept as well (:py:attr:`gradients`, for
         conditional relevance).
     """
-    def __init__(self, points: Mapping[str, list[SitePoint]], reduce: str | None = None,
-                 mask: torch.Tensor | None = None, keep=()):
+
+    def __init__(
+        self,
+        points: Mapping[str, list[SitePoint]],
+        reduce: str | None = None,
+        mask: torch.Tensor | None = None,
+        keep=(),
+    ):
         self.points = dict(points)
         self.reduce = reduce
         self.mask = mask
@@ -115,19 +126,24 @@ class Recorder:
                 if not isinstance(tensor, torch.Tensor) or recomputing():  # checkpointing runs blocks twice
                     return None
                 if key in self.activations:
-                    raise RuntimeError(f'latent recording saw a second forward pass through {point.site} layer '
-                                       f'{point.layer}: record with a method of one forward and one backward pass')
+                    raise RuntimeError(
+                        f'latent recording saw a second forward pass through {point.site} layer '
+                        f'{point.layer}: record with a method of one forward and one backward pass'
+                    )
                 detached = tensor.detach()
                 self.activations[key] = self._finish(point.reduce(point.select(detached)))
                 if key in self.keep:
                     self.tensors[key] = detached
                 if tensor.requires_grad:
+
                     def read(grad):
                         self.relevances[key] = self._finish(point.reduce(point.select(detached * grad)))
                         if key in self.keep:
                             self.gradients[key] = point.select(grad)
+
                     tensor.register_hook(read)
                 return None
+
             return function
 
         try:
@@ -149,21 +165,28 @@ class Recorder:
             if missing:
                 raise RuntimeError(f'the forward pass did not reach {missing[0][0]} layer {missing[0][1]}')
             activation[site] = torch.stack([self.activations[key] for key in keys], 1)
-            relevance[site] = torch.stack([self.relevances[key] if key in self.relevances
-                                           else torch.zeros_like(self.activations[key]) for key in keys], 1)
+            relevance[site] = torch.stack(
+                [
+                    self.relevances[key] if key in self.relevances else torch.zeros_like(self.activations[key])
+                    for key in keys
+                ],
+                1,
+            )
         return Latent(relevance=relevance, activation=activation, reduce=self.reduce)
 
 
 class RankedNeuron(NamedTuple):
     """One entry of :py:func:`top_neurons`."""
+
     layer: int
     index: int
     relevance: float
     activation: float
 
 
-def top_neurons(explanation, k: int = 10, site: str = 'mlp', row: int = 0, absolute: bool = False,
-                layers=None) -> list[RankedNeuron]:
+def top_neurons(
+    explanation, k: int = 10, site: str = 'mlp', row: int = 0, absolute: bool = False, layers=None
+) -> list[RankedNeuron]:
     """The ``k`` units of ``site`` with the largest relevance (summed over positions) in ``row`` of an explanation
     made with ``explain(..., latent=(site, ...))`` (paper section 3.5: "Ranking this latent relevance enables us to
     identify neurons and layers that are most influential").
@@ -199,8 +222,10 @@ def top_neurons(explanation, k: int = 10, site: str = 'mlp', row: int = 0, absol
     if latent is None:
         raise ValueError('the explanation has no latent relevance: explain(..., latent=("mlp", ...)) records it')
     if site == 'residual':
-        raise ValueError('the residual site is recorded summed over hidden dimensions: it has no neurons to rank; '
-                         'read explanation.latent["residual"] for the relevance per layer')
+        raise ValueError(
+            'the residual site is recorded summed over hidden dimensions: it has no neurons to rank; '
+            'read explanation.latent["residual"] for the relevance per layer'
+        )
     relevance = latent[site]
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f'k must be a positive integer, got {k!r}')
@@ -222,11 +247,16 @@ def top_neurons(explanation, k: int = 10, site: str = 'mlp', row: int = 0, absol
         if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
             layers = [layers]
         layers = list(layers)
-        bad = [layer for layer in layers if isinstance(layer, bool) or not isinstance(layer, numbers.Integral)
-               or not -count <= layer < count]
+        bad = [
+            layer
+            for layer in layers
+            if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not -count <= layer < count
+        ]
         if bad or not layers:
-            raise ValueError(f'layers must be a non-empty list of layers of the {site} site, 0 to {count - 1} '
-                             f'(or -{count} to -1 from the end); got {bad or layers}')
+            raise ValueError(
+                f'layers must be a non-empty list of layers of the {site} site, 0 to {count - 1} '
+                f'(or -{count} to -1 from the end); got {bad or layers}'
+            )
         selected = list(dict.fromkeys(int(layer) % count for layer in layers))
     selected = torch.tensor(selected, dtype=torch.long)
     scores = relevance[selected]
@@ -234,5 +264,12 @@ def top_neurons(explanation, k: int = 10, site: str = 'mlp', row: int = 0, absol
     keys = scores.abs() if absolute else scores
     order = keys.flatten().topk(min(int(k), keys.numel())).indices
     units = scores.shape[1]
-    return [RankedNeuron(int(selected[int(flat) // units]), int(flat) % units, float(scores.flatten()[flat]),
-                         float(activation.flatten()[flat])) for flat in order]
+    return [
+        RankedNeuron(
+            int(selected[int(flat) // units]),
+            int(flat) % units,
+            float(scores.flatten()[flat]),
+            float(activation.flatten()[flat]),
+        )
+        for flat in order
+    ]

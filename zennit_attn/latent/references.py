@@ -2,6 +2,7 @@
 that activate a neuron most, each explained with AttnLRP) and RelMax (Concept Relevance Propagation, Achtibat et
 al. 2023: the texts in which the neuron is most relevant for the model's own prediction), over a stream of texts
 in bounded memory (``k`` entries per neuron)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,17 +10,18 @@ import heapq
 import itertools
 import numbers
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import IO, Iterable, Sequence
+from typing import IO
 
 import torch
 from tqdm.auto import tqdm
 
-from ..inputs.checks import check_model
 from ..engine.devices import input_device
+from ..inputs.checks import check_model
+from ..inputs.task import TokenTask
 from ..methods.registry import METHODS
 from ..results.render import views
-from ..inputs.task import TokenTask
 from .recording import Recorder
 from .sites import Neuron, find_sites
 from .targets import LatentTarget, resolve_point
@@ -35,6 +37,7 @@ class Reference:
     """One reference sample: ``text`` (as given), its token ids (truncated to ``max_length``), the ``position`` of
     the neuron's largest score in it, the ``score`` (activation, or relevance for RelMax), the ``activation`` at that
     position, and, unless ``explain=False``, the AttnLRP :py:attr:`explanation` of that activation."""
+
     text: str
     input_ids: torch.Tensor
     position: int
@@ -46,6 +49,7 @@ class Reference:
 @dataclass
 class References:
     """The reference samples of one neuron, highest score first."""
+
     neuron: Neuron
     by: str
     entries: list[Reference]
@@ -65,9 +69,15 @@ class References:
                 continue
             token = self.tokenizer.decode([int(entry.input_ids[entry.position])]) if self.tokenizer else ''
             for heatmap in entry.explanation.heatmaps(tokenizer=self.tokenizer):
-                heatmaps.append(dataclasses.replace(heatmap, title=(
-                    f'#{rank + 1}: {self.by} {entry.score:.4g} at token {entry.position} {token!r} (activation '
-                    f'{entry.activation:.4g})')))
+                heatmaps.append(
+                    dataclasses.replace(
+                        heatmap,
+                        title=(
+                            f'#{rank + 1}: {self.by} {entry.score:.4g} at token {entry.position} {token!r} (activation '
+                            f'{entry.activation:.4g})'
+                        ),
+                    )
+                )
         return heatmaps
 
     def to_html(self, scale=None, standalone: bool = True) -> str:
@@ -109,14 +119,23 @@ def _encode(tokenizer, texts: list[str], max_length: int) -> tuple[torch.Tensor,
     ids = torch.full((len(texts), width), int(pad or 0), dtype=torch.long)
     mask = torch.zeros(len(texts), width, dtype=torch.long)
     for row, row_ids in enumerate(encoded):
-        ids[row, :len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
-        mask[row, :len(row_ids)] = 1
+        ids[row, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+        mask[row, : len(row_ids)] = 1
     return ids, mask
 
 
-def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], neurons: Sequence[Neuron],
-                      k: int = 10, by: str = 'activation', batch_size: int = 8, max_length: int = 64,
-                      explain: bool = True, progress: bool = True) -> dict[Neuron, References]:
+def reference_samples(
+    model: torch.nn.Module,
+    tokenizer,
+    texts: Iterable[str],
+    neurons: Sequence[Neuron],
+    k: int = 10,
+    by: str = 'activation',
+    batch_size: int = 8,
+    max_length: int = 64,
+    explain: bool = True,
+    progress: bool = True,
+) -> dict[Neuron, References]:
     """The ``k`` reference samples of each neuron over a stream of texts.
 
     ``by='activation'`` (ActMax, the paper): a text's score is the neuron's largest activation over its tokens.
@@ -176,8 +195,10 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
         if neuron.site not in points:
             points.update(find_sites(model, (neuron.site,)))
     if any(neuron.site == 'residual' for neuron in neurons):
-        raise ValueError('reference samples are ranked per unit; the residual site is recorded summed over hidden '
-                         'dimensions: choose "mlp", "attention", "query", "key" or "value" neurons')
+        raise ValueError(
+            'reference samples are ranked per unit; the residual site is recorded summed over hidden '
+            'dimensions: choose "mlp", "attention", "query", "key" or "value" neurons'
+        )
     resolved = {neuron: resolve_point(model, neuron, points) for neuron in neurons}
     used = {}
     for point in dict.fromkeys(resolved.values()):  # each point hooked once, however many of its units are asked
@@ -185,8 +206,9 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
     heaps: dict[Neuron, list] = {neuron: [] for neuron in neurons}
     counter = itertools.count()
     device = input_device(model)
-    for batch in tqdm(_batches(texts, batch_size), desc=f'reference samples ({by})', unit='batch',
-                      disable=not progress):
+    for batch in tqdm(
+        _batches(texts, batch_size), desc=f'reference samples ({by})', unit='batch', disable=not progress
+    ):
         bad = [text for text in batch if not isinstance(text, str)]
         if bad:
             raise TypeError(f'texts must be str, got {type(bad[0]).__name__}')
@@ -204,21 +226,31 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
             task = TokenTask(model, ids, mask)
             with recorder.recording(model):
                 METHODS['attnlrp'](task, position=-1, target=None)
-            values = {key: recorder.relevances.get(key, torch.zeros_like(value))
-                      for key, value in recorder.activations.items()}
+            values = {
+                key: recorder.relevances.get(key, torch.zeros_like(value))
+                for key, value in recorder.activations.items()
+            }
         valid = mask != 0
         for neuron, point in resolved.items():
             key = (point.site, point.layer)
             if neuron.index >= values[key].shape[-1]:
-                raise ValueError(f'{neuron}: index out of range, {point.site} of layer {point.layer} has '
-                                 f'{values[key].shape[-1]} units')
+                raise ValueError(
+                    f'{neuron}: index out of range, {point.site} of layer {point.layer} has '
+                    f'{values[key].shape[-1]} units'
+                )
             unit = slice(neuron.index, neuron.index + 1)  # recorded per unit (heads summed over the head dimension)
             score = values[key][..., unit].sum(-1).masked_fill(~valid, float('-inf'))  # [batch, seq]
             activation = recorder.activations[key][..., unit].sum(-1)
             best, position = score.max(1)
             for row, text in enumerate(kept):
-                item = (float(best[row]), -next(counter), text, ids[row, :int(valid[row].sum())].cpu(),
-                        int(position[row]), float(activation[row, position[row]]))
+                item = (
+                    float(best[row]),
+                    -next(counter),
+                    text,
+                    ids[row, : int(valid[row].sum())].cpu(),
+                    int(position[row]),
+                    float(activation[row, position[row]]),
+                )
                 heap = heaps[neuron]
                 if len(heap) < k:
                     heapq.heappush(heap, item)
@@ -227,16 +259,19 @@ def reference_samples(model: torch.nn.Module, tokenizer, texts: Iterable[str], n
     results = {}
     for neuron in neurons:
         entries = []
-        for score, _, text, row_ids, position, activation in sorted(heaps[neuron], key=lambda item: item[:2],
-                                                                    reverse=True):
+        for score, _, text, row_ids, position, activation in sorted(
+            heaps[neuron], key=lambda item: item[:2], reverse=True
+        ):
             explanation = None
             if explain:
                 task = TokenTask(model, row_ids[None].to(device)).with_readout(
-                    LatentTarget(resolved[neuron], index=neuron.index))
+                    LatentTarget(resolved[neuron], index=neuron.index)
+                )
                 with task.capturing():
                     explanation = METHODS['attnlrp'](task, position=position, target=0)
-                explanation = dataclasses.replace(explanation, tokenizer=tokenizer,
-                                                  target=torch.full_like(explanation.target, neuron.index))
+                explanation = dataclasses.replace(
+                    explanation, tokenizer=tokenizer, target=torch.full_like(explanation.target, neuron.index)
+                )
             entries.append(Reference(text, row_ids, position, score, activation, explanation))
         results[neuron] = References(neuron, by, entries, tokenizer)
     return results

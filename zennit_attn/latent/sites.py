@@ -18,6 +18,7 @@ sum of a few of many experts, so "neuron ``i`` of layer ``l``" has no fixed mean
 residual and q/k/v sites are recorded as for every other family. Encoder-decoder models (T5) are refused: their
 encoder and decoder blocks see sequences of different lengths.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -39,6 +40,7 @@ class Neuron:
     end; for ``'residual'`` 0 is the input of the first block) and ``index`` (FFN neuron, head, hidden or q/k/v
     feature). Hashable: usable as a dictionary key (:py:func:`~zennit_attn.latent.steer`,
     :py:func:`~zennit_attn.latent.reference_samples`)."""
+
     site: str
     layer: int
     index: int
@@ -64,6 +66,7 @@ class SitePoint:
     ``index`` of a tuple) is the site tensor ``[batch, seq, features]``, with ``features`` (a boolean mask over the
     last dimension, for fused projections) and ``heads`` (the attention site: features split into that many
     heads)."""
+
     site: str
     layer: int
     module: torch.nn.Module
@@ -104,8 +107,9 @@ class SitePoint:
     def unit_features(self, index: int, features: int) -> slice:
         """The features (of the site tensor) of unit ``index``."""
         if index >= self.units(features):
-            raise ValueError(f'{self.site} of layer {self.layer} has {self.units(features)} units; index {index} is '
-                             'out of range')
+            raise ValueError(
+                f'{self.site} of layer {self.layer} has {self.units(features)} units; index {index} is out of range'
+            )
         if self.heads is not None:
             width = features // self.heads
             return slice(index * width, (index + 1) * width)
@@ -133,6 +137,7 @@ class SitePoint:
         tensor before the composite's hooks), or first of all with ``prepend``. Hooks only the instance; remove the
         returned handle."""
         if self.kind == 'input':
+
             def pre(module, args, kwargs):
                 if args:
                     tensor, where = args[0], None
@@ -147,6 +152,7 @@ class SitePoint:
                 if where is None:
                     return (result,) + tuple(args[1:]), kwargs
                 return args, {**kwargs, where: result}
+
             return self.module.register_forward_pre_hook(pre, prepend=prepend, with_kwargs=True)
 
         def post(module, args, output):
@@ -157,6 +163,7 @@ class SitePoint:
             if self.index is None or isinstance(output, torch.Tensor):
                 return result
             return type(output)(result if position == self.index else item for position, item in enumerate(output))
+
         return self.module.register_forward_hook(post, prepend=prepend)
 
     def hooked_features(self, index: int, size: int, device) -> torch.Tensor:
@@ -170,13 +177,17 @@ class SitePoint:
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.engine.canonizers.block_stacks`)."""
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
-        raise ValueError(f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
-                         'decoder-only and encoder-only transformers (encoder and decoder blocks see different '
-                         'sequences)')
+        raise ValueError(
+            f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
+            'decoder-only and encoder-only transformers (encoder and decoder blocks see different '
+            'sequences)'
+        )
     stacks = block_stacks(model)
     if len(stacks) != 1:
-        raise ValueError(f'{type(model).__name__} has {len(stacks)} stacks of transformer blocks '
-                         f'({", ".join(repr(path) for path, _ in stacks)}): latent sites need exactly one')
+        raise ValueError(
+            f'{type(model).__name__} has {len(stacks)} stacks of transformer blocks '
+            f'({", ".join(repr(path) for path, _ in stacks)}): latent sites need exactly one'
+        )
     return stacks[0][1]
 
 
@@ -203,8 +214,10 @@ def _heads(model: torch.nn.Module, owner: torch.nn.Module) -> int:
 
 def _one(points: list, what: str, layer: int, model) -> object:
     if len(points) != 1:
-        raise ValueError(f'block {layer} of {type(model).__name__} has {len(points)} {what} modules; latent sites need '
-                         'exactly one per block')
+        raise ValueError(
+            f'block {layer} of {type(model).__name__} has {len(points)} {what} modules; latent sites need '
+            'exactly one per block'
+        )
     return points[0]
 
 
@@ -258,10 +271,13 @@ def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]
                     name = family.name if family is not None else type(block).__name__
                     raise ValueError(
                         f'the {name} family has no "mlp" site: '
-                        + ('its FFN is a routed mixture of experts, whose neurons have no fixed per-token meaning; '
-                           'record "attention", "residual", "query", "key" or "value"'
-                           if family is not None and family.inline_operands else
-                           'the family table lists no FFN down projection (Family.mlp_output) for it'))
+                        + (
+                            'its FFN is a routed mixture of experts, whose neurons have no fixed per-token meaning; '
+                            'record "attention", "residual", "query", "key" or "value"'
+                            if family is not None and family.inline_operands
+                            else 'the family table lists no FFN down projection (Family.mlp_output) for it'
+                        )
+                    )
                 points.append(SitePoint('mlp', layer, _one(candidates, 'FFN down projection', layer, model), 'input'))
             elif site in ('query', 'key', 'value'):
                 candidates = []
@@ -272,8 +288,17 @@ def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]
                     for child, tap in family.taps(module).items():
                         if site in tap.roles and isinstance(getattr(module, child, None), torch.nn.Module):
                             fused = len(tap.roles) > 1
-                            candidates.append(SitePoint(site, layer, getattr(module, child), 'output', index=tap.index,
-                                                        role=site if fused else None, tap=tap if fused else None))
+                            candidates.append(
+                                SitePoint(
+                                    site,
+                                    layer,
+                                    getattr(module, child),
+                                    'output',
+                                    index=tap.index,
+                                    role=site if fused else None,
+                                    tap=tap if fused else None,
+                                )
+                            )
                 points.append(_one(candidates, f'{site} projection', layer, model))
         found[site] = points
     return found

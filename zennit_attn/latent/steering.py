@@ -1,11 +1,12 @@
 """Steering: set, scale or shift latent neurons in the forward pass (the paper's section 4, Q3: deactivating the
 "cold" neuron and amplifying the "dryness" neuron turns " Arctic" into " desert")."""
+
 from __future__ import annotations
 
 import contextlib
 import math
 import numbers
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -26,15 +27,22 @@ def _positions(positions) -> list[int] | None:
         return [int(positions)]
     if isinstance(positions, torch.Tensor):
         positions = positions.flatten().tolist()
-    if not isinstance(positions, Sequence) or not positions or not all(
-            isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in positions):
+    if (
+        not isinstance(positions, Sequence)
+        or not positions
+        or not all(isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in positions)
+    ):
         raise TypeError(f'positions must be None, an integer or a non-empty sequence of integers, got {positions!r}')
     return [int(item) for item in positions]
 
 
 @contextlib.contextmanager
-def steer(model: torch.nn.Module, edits: Mapping[Neuron, float], mode: str = 'set',
-          positions: int | Sequence[int] | None = None) -> Iterator[torch.nn.Module]:
+def steer(
+    model: torch.nn.Module,
+    edits: Mapping[Neuron, float],
+    mode: str = 'set',
+    positions: int | Sequence[int] | None = None,
+) -> Iterator[torch.nn.Module]:
     """Change latent units in every forward pass of ``model`` inside the context; undone exactly on exit (also after
     an exception): only forward hooks on the instance are added, parameters are not touched.
 
@@ -99,9 +107,15 @@ def steer(model: torch.nn.Module, edits: Mapping[Neuron, float], mode: str = 'se
                 return None
             result = tensor.clone()
             sequence = tensor.shape[1] if tensor.dim() >= 3 else None
-            where = slice(None) if steps is None or sequence is None else [
-                position for position in (step % sequence if -sequence <= step < sequence else None for step in steps)
-                if position is not None]
+            where = (
+                slice(None)
+                if steps is None or sequence is None
+                else [
+                    position
+                    for position in (step % sequence if -sequence <= step < sequence else None for step in steps)
+                    if position is not None
+                ]
+            )
             if where == []:
                 return None
             for neuron, value in items:
@@ -115,6 +129,7 @@ def steer(model: torch.nn.Module, edits: Mapping[Neuron, float], mode: str = 'se
                 else:
                     result[index] = _edited(result[index], value, mode)
             return result
+
         return edit
 
     handles = []

@@ -16,17 +16,19 @@ modified gradient the prediction sends to ``x`` (first pass) and ``m`` the condi
 conditions as one batch). Consequently the conditional heatmaps of all units of a site and layer sum to the heatmap
 of the whole site, and at the residual stream (a cut through the network) to the unconditional heatmap.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import ContextManager, Sequence
+from collections.abc import Sequence
+from typing import ContextManager
 
 import torch
 
-from ..methods.registry import METHODS, Method
 from ..inputs.objectives import SeedToGradient
 from ..inputs.task import ImageTask, Readout, Task, TokenTask
+from ..methods.registry import METHODS, Method
 from .recording import REDUCTIONS, Recorder
 from .sites import SITES, Neuron, SitePoint, find_sites
 
@@ -48,6 +50,7 @@ class LatentTarget(Readout):
     weights: torch.Tensor, optional
         ``[batch, seq, features]`` weights of the linear target (rows as the task's), instead of ``index``.
     """
+
     model_output = False
 
     def __init__(self, point: SitePoint, index: int | None = None, weights: torch.Tensor | None = None):
@@ -72,8 +75,15 @@ class LatentTarget(Readout):
             self.hooked = False
             handle.remove()
 
-    def read(self, task: Task, inputs: torch.Tensor, rows: torch.Tensor | None = None,
-             model: torch.nn.Module | None = None, seeded: bool = False, **extra) -> torch.Tensor:
+    def read(
+        self,
+        task: Task,
+        inputs: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        model: torch.nn.Module | None = None,
+        seeded: bool = False,
+        **extra,
+    ) -> torch.Tensor:
         """The target's value in the run of ``model`` on ``inputs``; ``seeded``: LRP's backward pass starts with
         the value itself (the initial relevance), which the target turns into the gradient (the model's output
         boundary, which does that for logits, is bypassed)."""
@@ -107,8 +117,10 @@ def resolve_point(model: torch.nn.Module, neuron: Neuron, points: dict | None = 
     layers = points[neuron.site]
     if not -len(layers) <= neuron.layer < len(layers):
         count = len(layers) - 1 if neuron.site == 'residual' else len(layers)
-        raise ValueError(f'layer {neuron.layer} is out of range: {type(model).__name__} has {count} layers'
-                         + (' (residual: 0 to layers)' if neuron.site == 'residual' else ''))
+        raise ValueError(
+            f'layer {neuron.layer} is out of range: {type(model).__name__} has {count} layers'
+            + (' (residual: 0 to layers)' if neuron.site == 'residual' else '')
+        )
     point = layers[neuron.layer]
     width = point.width()
     if neuron.site == 'residual' and hasattr(model, 'get_input_embeddings'):
@@ -121,15 +133,21 @@ def resolve_point(model: torch.nn.Module, neuron: Neuron, points: dict | None = 
 
 def repeat_task(task: Task, repeats: int) -> Task:
     """A task whose rows are those of ``task``, each repeated ``repeats`` times (row ``r * repeats + c``)."""
+
     def repeat(value):
         if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == task.batch:
             return value.repeat_interleave(repeats, 0)
         return value
+
     if isinstance(task, TokenTask):
-        kwargs = {key: repeat(value) for key, value in task.model_kwargs.items()
-                  if key not in ('attention_mask', 'position_ids')}
-        return TokenTask(task.model, repeat(task.input_ids), repeat(task.attention_mask), kwargs,
-                         repeat(task.decoder_input_ids))
+        kwargs = {
+            key: repeat(value)
+            for key, value in task.model_kwargs.items()
+            if key not in ('attention_mask', 'position_ids')
+        }
+        return TokenTask(
+            task.model, repeat(task.input_ids), repeat(task.attention_mask), kwargs, repeat(task.decoder_input_ids)
+        )
     if isinstance(task, ImageTask):
         kwargs = {key: repeat(value) for key, value in task.model_kwargs.items()}
         return ImageTask(task.model, repeat(task.inputs), kwargs)
@@ -142,8 +160,10 @@ def _conditions(condition, model) -> list[tuple[SitePoint, list[Neuron]]]:
     if isinstance(condition, Neuron):
         condition = [condition]
     if isinstance(condition, (str, bytes)) or not isinstance(condition, Sequence) or not condition:
-        raise TypeError('condition must be a Neuron or a non-empty list of conditions, each a Neuron or a list of '
-                        f'Neurons of one site and layer; got {condition!r}')
+        raise TypeError(
+            'condition must be a Neuron or a non-empty list of conditions, each a Neuron or a list of '
+            f'Neurons of one site and layer; got {condition!r}'
+        )
     points = {}
     result = []
     for item in condition:
@@ -160,8 +180,16 @@ def _conditions(condition, model) -> list[tuple[SitePoint, list[Neuron]]]:
     return result
 
 
-def explain_latent(method: Method, task: Task, position, target, params: dict, latent=None,
-                   latent_reduce: str | None = None, condition=None) -> object:
+def explain_latent(
+    method: Method,
+    task: Task,
+    position,
+    target,
+    params: dict,
+    latent=None,
+    latent_reduce: str | None = None,
+    condition=None,
+) -> object:
     """Run ``method`` (a :py:class:`~zennit_attn.methods.registry.Method`, its ``params`` checked) on ``task`` with a
     :py:class:`Neuron` target, latent recording and/or conditions (see :py:func:`~zennit_attn.explain`).
 
@@ -174,8 +202,9 @@ def explain_latent(method: Method, task: Task, position, target, params: dict, l
     """
     model = task.model
     if latent_reduce not in REDUCTIONS:
-        raise ValueError(f'latent_reduce must be None (every position) or "sum" (sum over positions), got '
-                         f'{latent_reduce!r}')
+        raise ValueError(
+            f'latent_reduce must be None (every position) or "sum" (sum over positions), got {latent_reduce!r}'
+        )
     if isinstance(latent, str):
         latent = (latent,)
     if latent is not None:
@@ -184,13 +213,17 @@ def explain_latent(method: Method, task: Task, position, target, params: dict, l
         if unknown or not latent:
             raise ValueError(f'unknown latent site(s) {unknown or latent}; known sites: {", ".join(SITES)}')
     if (latent is not None or condition is not None) and not method.latent:
-        raise ValueError(f'latent= and condition= read the relevance of one backward pass, which {method.name!r} does '
-                         f'not have; use one of {", ".join(name for name, entry in METHODS.items() if entry.latent)}')
+        raise ValueError(
+            f'latent= and condition= read the relevance of one backward pass, which {method.name!r} does '
+            f'not have; use one of {", ".join(name for name, entry in METHODS.items() if entry.latent)}'
+        )
     neuron = target if isinstance(target, Neuron) else None
     if neuron is not None and not method.neuron:
-        raise ValueError(f'{method.name!r} cannot explain a Neuron target (it reads attention maps or output '
-                         'probabilities); use one of '
-                         f'{", ".join(name for name, entry in METHODS.items() if entry.neuron)}')
+        raise ValueError(
+            f'{method.name!r} cannot explain a Neuron target (it reads attention maps or output '
+            'probabilities); use one of '
+            f'{", ".join(name for name, entry in METHODS.items() if entry.neuron)}'
+        )
     if neuron is not None:
         task = task.with_readout(LatentTarget(resolve_point(model, neuron), index=neuron.index))
         target = 0

@@ -1,5 +1,6 @@
 """Vocabulary projection of a neuron's output weights (paper section 3.5, after Geva et al. 2022): what an FFN
 neuron writes into the residual stream, read through the unembedding."""
+
 from __future__ import annotations
 
 import numbers
@@ -18,6 +19,7 @@ __all__ = ['VocabularyProjection', 'vocabulary_projection']
 class VocabularyProjection:
     """The ``k`` tokens with the largest (:py:attr:`top`) and smallest (:py:attr:`bottom`) projection scores, each
     ``(token id, token text or None, score)``, and all :py:attr:`scores` (``[vocabulary]``)."""
+
     neuron: Neuron
     top: list[tuple[int, str | None, float]]
     bottom: list[tuple[int, str | None, float]]
@@ -26,11 +28,11 @@ class VocabularyProjection:
     def __str__(self) -> str:
         def words(items):
             return ', '.join(repr(text) if text is not None else str(token) for token, text, _ in items)
+
         return f'{self.neuron}\n  top:    {words(self.top)}\n  bottom: {words(self.bottom)}'
 
 
-def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, tokenizer=None
-                          ) -> VocabularyProjection:
+def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, tokenizer=None) -> VocabularyProjection:
     """Project the output weight vector of ``neuron`` onto the vocabulary: ``E w``, with ``E`` the model's output
     embedding (unembedding) matrix and ``w`` the column of the FFN down projection that the neuron scales (an
     ``'mlp'`` neuron: "upon activation, the corresponding row of the second weight matrix is added to the residual
@@ -58,8 +60,10 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
     if not isinstance(neuron, Neuron):
         raise TypeError(f'expected a Neuron, got {type(neuron).__name__}')
     if neuron.site not in ('mlp', 'residual'):
-        raise ValueError(f'vocabulary projection is defined for "mlp" neurons (a column of the down projection) and '
-                         f'"residual" dimensions; a {neuron.site!r} unit writes no single vector')
+        raise ValueError(
+            f'vocabulary projection is defined for "mlp" neurons (a column of the down projection) and '
+            f'"residual" dimensions; a {neuron.site!r} unit writes no single vector'
+        )
     head = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') else None
     if head is None or getattr(head, 'weight', None) is None:
         raise ValueError(f'{type(model).__name__} has no output embeddings (language-model head) to project onto')
@@ -82,7 +86,11 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
     count = min(int(k), scores.numel())
 
     def entries(indices):
-        return [(int(token), tokenizer.decode([int(token)]) if tokenizer is not None else None, float(scores[token]))
-                for token in indices]
-    return VocabularyProjection(neuron, entries(scores.topk(count).indices), entries((-scores).topk(count).indices),
-                                scores)
+        return [
+            (int(token), tokenizer.decode([int(token)]) if tokenizer is not None else None, float(scores[token]))
+            for token in indices
+        ]
+
+    return VocabularyProjection(
+        neuron, entries(scores.topk(count).indices), entries((-scores).topk(count).indices), scores
+    )

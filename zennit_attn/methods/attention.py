@@ -9,16 +9,17 @@ product itself, and the key scaling of AtMan, for language models and vision tra
 - :py:func:`key_sites` finds the modules whose output holds the attention keys, from the family table, and
   :py:func:`suppress_keys` scales the key of chosen tokens in every layer.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from ..engine.canonizers import family_of, operand_taps
-from ..engine.modules import output_scores
 from ..engine.kinds import model_configs, norm_kind
+from ..engine.modules import output_scores
 from ..inputs.task import Task
 
 __all__ = ['eager_attention', 'attention_maps', 'rollout', 'discard', 'key_sites', 'suppress_keys']
@@ -40,8 +41,12 @@ def eager_attention(model: torch.nn.Module):
 
 
 def _is_timm_attention(module: torch.nn.Module) -> bool:
-    return (type(module).__module__.startswith('timm.') and hasattr(module, 'fused_attn')
-            and hasattr(module, 'attn_drop') and hasattr(module, 'qkv'))
+    return (
+        type(module).__module__.startswith('timm.')
+        and hasattr(module, 'fused_attn')
+        and hasattr(module, 'attn_drop')
+        and hasattr(module, 'qkv')
+    )
 
 
 @contextlib.contextmanager
@@ -107,13 +112,16 @@ def attention_maps(task: Task, inputs: torch.Tensor) -> Iterator[tuple[torch.Ten
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         raise NotImplementedError(
             f'attention-map methods (rollout, Grad-CAM) are not implemented for the encoder-decoder '
-            f'{type(model).__name__}: use attnlrp, cplrp, atman, kernelshap or a gradient method')
+            f'{type(model).__name__}: use attnlrp, cplrp, atman, kernelshap or a gradient method'
+        )
     with eager_attention(model), _hooks_kept(model), _timm_capture(model) as captured:
         output = task.run(inputs) if captured is not None else task.run(inputs, output_attentions=True)
         attentions = list(captured) if captured is not None else getattr(output, 'attentions', None)
         if not attentions or any(attention is None for attention in attentions):
-            raise TypeError(f'{type(model).__name__} returned no attention probabilities (with eager attention and '
-                            'output_attentions=True)')
+            raise TypeError(
+                f'{type(model).__name__} returned no attention probabilities (with eager attention and '
+                'output_attentions=True)'
+            )
         yield output_scores(output), tuple(attentions)
 
 
@@ -175,8 +183,10 @@ def key_sites(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable[[i
             site = k_norm
         sites.append((site, lambda size, tap=tap: tap.mask('key', size)))
     if not sites:
-        raise TypeError(f'{type(model).__name__} has no key projection in the family table '
-                        '(zennit_attn.engine.canonizers.families.FAMILIES): AtMan cannot suppress tokens in it')
+        raise TypeError(
+            f'{type(model).__name__} has no key projection in the family table '
+            '(zennit_attn.engine.canonizers.families.FAMILIES): AtMan cannot suppress tokens in it'
+        )
     return sites
 
 
@@ -185,6 +195,7 @@ def suppress_keys(model: torch.nn.Module, factors: Callable[[], torch.Tensor | N
     """While active, multiply the key of token ``i`` of batch element ``b`` in every attention layer by
     ``factors()[b, i]`` (``[batch, tokens]``; None: no change). Scaling key ``i`` scales the pre-softmax scores
     ``q . k_i`` of that key column in every head exactly (rotary embeddings are linear in ``k``)."""
+
     def hook(mask):
         def scale(module, input, output):
             factor = factors()
@@ -195,13 +206,16 @@ def suppress_keys(model: torch.nn.Module, factors: Callable[[], torch.Tensor | N
             # input, a view of the projection's [batch, tokens, features] output
             dim = 1 if output.dim() <= 3 else 1 + max(range(output.dim() - 2), key=lambda d: input[0].stride(d + 1))
             if output.shape[dim] != factor.shape[1]:
-                raise RuntimeError(f'{type(module).__name__} returned keys of shape {tuple(output.shape)}, whose token '
-                                   f'dimension {dim} does not match the {factor.shape[1]} input tokens')
+                raise RuntimeError(
+                    f'{type(module).__name__} returned keys of shape {tuple(output.shape)}, whose token '
+                    f'dimension {dim} does not match the {factor.shape[1]} input tokens'
+                )
             shape = [factor.shape[0]] + [1] * (output.dim() - 1)
             shape[dim] = factor.shape[1]
             factor = factor.to(output.dtype).reshape(shape)
             keys = mask(output.shape[-1]).to(output.device)
             return output * torch.where(keys, factor, torch.ones_like(factor))
+
         return scale
 
     handles = [site.register_forward_hook(hook(mask)) for site, mask in key_sites(model)]

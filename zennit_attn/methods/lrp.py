@@ -1,20 +1,27 @@
 """The LRP attribution: one forward and one backward pass through a model inside a composite's context."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from zennit.core import Composite
 
-from ..results.explanation import TargetLike
 from ..engine.rules import RelevanceBoundary
 from ..inputs.task import Task
+from ..results.explanation import TargetLike
 
 __all__ = ['attribute']
 
 
-def attribute(task: Task, position, target: TargetLike, composite: Composite, method: str = 'attnlrp',
-              observe: Callable[[torch.nn.Module, list], list] | None = None):
+def attribute(
+    task: Task,
+    position,
+    target: TargetLike,
+    composite: Composite,
+    method: str = 'attnlrp',
+    observe: Callable[[torch.nn.Module, list], list] | None = None,
+):
     """LRP of the task's explained value with ``composite`` in one forward and one backward pass; the explained
     value is the initial relevance. The LRP methods of :py:mod:`zennit_attn.methods.registry` choose the default composite.
 
@@ -30,8 +37,10 @@ def attribute(task: Task, position, target: TargetLike, composite: Composite, me
         :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` on the model.
     """
     if not isinstance(composite, Composite):
-        raise TypeError(f'composite must be a zennit Composite (e.g. zennit_attn.engine.composites.AttnLRPEpsilon()), got '
-                        f'{type(composite).__name__}')
+        raise TypeError(
+            f'composite must be a zennit Composite (e.g. zennit_attn.engine.composites.AttnLRPEpsilon()), got '
+            f'{type(composite).__name__}'
+        )
     with torch.enable_grad():
         leaves, extra = task.lrp_leaves()
         extra.update(task.keep_logits(position, target))
@@ -49,12 +58,12 @@ def attribute(task: Task, position, target: TargetLike, composite: Composite, me
                 inner = task.lookup_leaves()  # made during the forward (token tables of a model run on its ids)
                 relevance = torch.autograd.grad(
                     logit, [*leaves, *inner, *watched], grad_outputs=logit.detach(), allow_unused=True
-                )[:len(leaves) + len(inner)]
+                )[: len(leaves) + len(inner)]
             finally:
                 for handle in handles:
                     handle.remove()
     relevance = [torch.zeros_like(leaf) if value is None else value for leaf, value in zip(leaves + inner, relevance)]
     if inner:
-        task.add_lookup_relevance(relevance[len(leaves):])
-    relevance = relevance[:len(leaves)]
+        task.add_lookup_relevance(relevance[len(leaves) :])
+    relevance = relevance[: len(leaves)]
     return task.finish(relevance[0], logit, method, *relevance[1:])

@@ -19,6 +19,7 @@ Methods that read attention probabilities (the rollouts, Grad-CAM) run the model
 :py:mod:`zennit_attn.methods.attention`); token-level methods (rollout, Grad-CAM, AtMan) give an image's pixels the value of
 their patch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,21 +27,21 @@ import hashlib
 import inspect
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from captum.attr import KernelShap
 from zennit.attribution import IntegratedGradients, SmoothGrad
 from zennit.core import Composite
 
-from .attention import attention_maps, discard, rollout, suppress_keys
 from ..engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
-from .lrp import attribute
 from ..inputs.objectives import OutputFunction
 from ..inputs.task import ImageTask, Task
+from .attention import attention_maps, discard, rollout, suppress_keys
+from .lrp import attribute
 
 __all__ = ['Method', 'METHODS', 'method', 'check_params', 'Selected']
 
@@ -73,6 +74,7 @@ class Method:
     params: mapping
         Hyperparameter name -> default (``composite`` not included).
     """
+
     name: str
     function: Callable
     backward: bool
@@ -85,8 +87,9 @@ class Method:
     def check(self, params: Mapping[str, Any]) -> dict:
         """``params`` checked and normalised (integers as int, reals as float); see :py:func:`check_params`."""
         if not isinstance(params, Mapping):
-            raise TypeError(f'the parameters of {self.name} must be a mapping of name to value, got '
-                            f'{type(params).__name__}')
+            raise TypeError(
+                f'the parameters of {self.name} must be a mapping of name to value, got {type(params).__name__}'
+            )
         params = dict(params)
         composite = params.pop('composite', None)
         unknown = sorted(set(params) - set(self.params))
@@ -97,12 +100,16 @@ class Method:
         checked = {name: self.checks[name](value, name) for name, value in params.items()}
         if composite is not None:
             if not self.lrp:
-                raise ValueError(f'composite= applies to the LRP methods '
-                                 f'({", ".join(name for name, entry in METHODS.items() if entry.lrp)}), not to '
-                                 f'{self.name!r}')
+                raise ValueError(
+                    f'composite= applies to the LRP methods '
+                    f'({", ".join(name for name, entry in METHODS.items() if entry.lrp)}), not to '
+                    f'{self.name!r}'
+                )
             if not isinstance(composite, Composite):
-                raise TypeError(f'composite must be a zennit Composite (e.g. zennit_attn.engine.composites.AttnLRPEpsilon()), '
-                                f'got {type(composite).__name__}')
+                raise TypeError(
+                    f'composite must be a zennit Composite (e.g. zennit_attn.engine.composites.AttnLRPEpsilon()), '
+                    f'got {type(composite).__name__}'
+                )
             checked['composite'] = composite
         return checked
 
@@ -115,8 +122,9 @@ class Method:
 METHODS: dict[str, Method] = {}
 
 
-def method(name: str, *, backward: bool, latent: bool = False, neuron: bool = False, lrp: bool = False,
-           **checks: Check) -> Callable[[Callable], Callable]:
+def method(
+    name: str, *, backward: bool, latent: bool = False, neuron: bool = False, lrp: bool = False, **checks: Check
+) -> Callable[[Callable], Callable]:
     """Register the decorated function in :py:data:`METHODS` under ``name`` (as zennit registers composites).
 
     Parameters
@@ -133,6 +141,7 @@ def method(name: str, *, backward: bool, latent: bool = False, neuron: bool = Fa
     callable
         The decorator; it returns the function unchanged.
     """
+
     def register(function: Callable) -> Callable:
         if name in METHODS:
             raise ValueError(f'a method named {name!r} is already registered')
@@ -143,11 +152,15 @@ def method(name: str, *, backward: bool, latent: bool = False, neuron: bool = Fa
         if lrp != any(parameter.name == 'composite' for parameter in parameters):
             raise TypeError(f'{function.__name__}: lrp={lrp}, but it takes composite= {"not " * lrp}')
         if set(checks) != set(params):
-            raise TypeError(f'{function.__name__}: a check for each of its parameters {sorted(params)} is needed, '
-                            f'got checks for {sorted(checks)}')
-        METHODS[name] = Method(name, function, backward, latent, neuron, lrp, MappingProxyType(params),
-                               MappingProxyType(dict(checks)))
+            raise TypeError(
+                f'{function.__name__}: a check for each of its parameters {sorted(params)} is needed, '
+                f'got checks for {sorted(checks)}'
+            )
+        METHODS[name] = Method(
+            name, function, backward, latent, neuron, lrp, MappingProxyType(params), MappingProxyType(dict(checks))
+        )
         return function
+
     return register
 
 
@@ -189,22 +202,37 @@ def positive(value, name: str) -> int:
 
 def between(low: float, high: float) -> Check:
     """The check of a finite real parameter in ``[low, high]`` (a bound may be infinite; the value may not)."""
-    bounds = (f'in [{low}, {high}]' if math.isfinite(low) and math.isfinite(high) else f'>= {low}'
-              if math.isfinite(low) else f'<= {high}' if math.isfinite(high) else '')
+    bounds = (
+        f'in [{low}, {high}]'
+        if math.isfinite(low) and math.isfinite(high)
+        else f'>= {low}'
+        if math.isfinite(low)
+        else f'<= {high}'
+        if math.isfinite(high)
+        else ''
+    )
+
     def check(value, name: str) -> float:
-        if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-                or not low <= value <= high):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)
+            or not low <= value <= high
+        ):
             raise ValueError(f'{name} must be a finite number {bounds}'.rstrip() + f', got {value!r}')
         return float(value)
+
     return check
 
 
 def one_of(*options: str) -> Check:
     """The check of a parameter that takes one of ``options``."""
+
     def check(value, name: str) -> str:
         if not isinstance(value, str) or value not in options:
             raise ValueError(f'{name} must be one of {", ".join(map(repr, options))}, got {value!r}')
         return value
+
     return check
 
 
@@ -242,6 +270,7 @@ class Selected(torch.nn.Module):
     """The explained logit of a resolved task as a module on its inputs (for zennit's and captum's attributors); a
     batch of ``k`` times the task's batch holds ``k`` stacked copies of the input rows, or, with ``row``, variants
     of that one row."""
+
     def __init__(self, task: Task, row: int | None = None):
         super().__init__()
         self.task, self.row = task, row
@@ -296,25 +325,41 @@ def input_x_gradient(task: Task, position=-1, target=None):
     return task.finish(inputs.detach() * grad, logit, 'input_x_gradient')
 
 
-@method('integrated_gradients', backward=True, neuron=True, steps=positive,
-        baseline=between(-float('inf'), float('inf')))
+@method(
+    'integrated_gradients', backward=True, neuron=True, steps=positive, baseline=between(-float('inf'), float('inf'))
+)
 def integrated_gradients(task: Task, position=-1, target=None, steps: int = 20, baseline: float = 0.0):
     """Integrated Gradients (Sundararajan et al. 2017) from a constant ``baseline`` input (default 0, the zero
     embedding or a black image), by zennit's :py:class:`zennit.attribution.IntegratedGradients` (right Riemann sum
     over ``steps`` points, the paper's Eq. of appendix A.1). Cost: ``steps`` forward and backward passes (plus one
     plain forward)."""
     logit = task.resolve_plain(position, target)
-    attributor = IntegratedGradients(Selected(task), n_iter=steps,
-                                     baseline_fn=lambda inputs: torch.full_like(inputs, baseline))
+    attributor = IntegratedGradients(
+        Selected(task), n_iter=steps, baseline_fn=lambda inputs: torch.full_like(inputs, baseline)
+    )
     with torch.enable_grad():
         _, relevance = attributor(task.inputs.clone(), torch.ones_like)
     return task.finish(relevance, logit, 'integrated_gradients')
 
 
-@method('smoothgrad', backward=True, neuron=True, sigma=between(0.0, float('inf')), samples=positive, seed=seed,
-        multiply_input=flag)
-def smoothgrad(task: Task, position=-1, target=None, sigma: float = 0.1, samples: int = 20, seed: int | None = 0,
-               multiply_input: bool = True):
+@method(
+    'smoothgrad',
+    backward=True,
+    neuron=True,
+    sigma=between(0.0, float('inf')),
+    samples=positive,
+    seed=seed,
+    multiply_input=flag,
+)
+def smoothgrad(
+    task: Task,
+    position=-1,
+    target=None,
+    sigma: float = 0.1,
+    samples: int = 20,
+    seed: int | None = 0,
+    multiply_input: bool = True,
+):
     """SmoothGrad (Smilkov et al. 2017) by zennit's :py:class:`zennit.attribution.SmoothGrad`: the mean gradient
     over ``samples`` inputs with Gaussian noise of standard deviation ``sigma`` times the range (max - min) of each
     row's input (zennit's ``noise_level``; the paper uses ``sigma=0.1``; zennit's last sample is noise-free). With
@@ -372,8 +417,9 @@ def gradcam(task: Task, position=-1, target=None, layer: int = -1):
         inputs = task.inputs.clone().requires_grad_(True)
         with attention_maps(task, inputs) as (scores, attentions):
             if not -len(attentions) <= layer < len(attentions):
-                raise ValueError(f'layer {layer} is out of range: {type(task.model).__name__} has {len(attentions)} '
-                                 'attention layers')
+                raise ValueError(
+                    f'layer {layer} is out of range: {type(task.model).__name__} has {len(attentions)} attention layers'
+                )
             logit = task.resolve(scores, position, target)
             attention = attentions[layer]
             (grad,) = torch.autograd.grad(logit.sum(), attention)
@@ -386,10 +432,10 @@ def gradcam(task: Task, position=-1, target=None, layer: int = -1):
     return task.finish(task.token_relevance(relevance), logit, 'gradcam')
 
 
-@method('atman', backward=False, p=between(0.0, 1.0), score=one_of('log_softmax', 'logit'),
-        perturbation_batch=positive)
-def atman(task: Task, position=-1, target=None, p: float = 1.0, score: str = 'log_softmax',
-          perturbation_batch: int = 16):
+@method('atman', backward=False, p=between(0.0, 1.0), score=one_of('log_softmax', 'logit'), perturbation_batch=positive)
+def atman(
+    task: Task, position=-1, target=None, p: float = 1.0, score: str = 'log_softmax', perturbation_batch: int = 16
+):
     """AtMan (Deb et al. 2023, appendix A.1): for each token ``i`` the pre-softmax attention scores of key ``i``
     are multiplied by ``1 - p`` in every layer and head, and the relevance of ``i`` is the drop of the explained
     score: ``R_i = s(x) - s(x | i suppressed)``. ``score='log_softmax'`` (default) uses the log-probability of the
@@ -403,9 +449,11 @@ def atman(task: Task, position=-1, target=None, p: float = 1.0, score: str = 'lo
     cancels in the difference). A target function receives the logits: it needs ``score='logit'`` (it may apply the
     log-softmax itself)."""
     if isinstance(task.objective, OutputFunction) and score == 'log_softmax':
-        raise ValueError("atman with a target function: its score='log_softmax' would hand the function "
-                         "log-probabilities instead of the logits; pass score='logit' (the function is then the "
-                         'score; it may apply log_softmax itself)')
+        raise ValueError(
+            "atman with a target function: its score='log_softmax' would hand the function "
+            "log-probabilities instead of the logits; pass score='logit' (the function is then the "
+            'score; it may apply log_softmax itself)'
+        )
 
     def read(scores, rows=None):
         return task.select(scores.log_softmax(-1) if score == 'log_softmax' else scores, rows)
@@ -420,7 +468,7 @@ def atman(task: Task, position=-1, target=None, p: float = 1.0, score: str = 'lo
         jobs = task.attributable_tokens().nonzero().tolist()
         relevance = torch.zeros(task.batch, tokens, dtype=reference.dtype, device=device)
         for start in range(0, len(jobs), perturbation_batch):
-            chunk = jobs[start:start + perturbation_batch]
+            chunk = jobs[start : start + perturbation_batch]
             rows = torch.tensor([row for row, _ in chunk], device=device)
             suppressed_tokens = torch.tensor([token for _, token in chunk], device=device)
             factor = torch.ones(len(chunk), tokens, dtype=task.inputs.dtype, device=device)
@@ -435,8 +483,9 @@ def atman(task: Task, position=-1, target=None, p: float = 1.0, score: str = 'lo
 
 
 @method('kernelshap', backward=False, neuron=True, samples=positive, perturbation_batch=positive, seed=seed)
-def kernelshap(task: Task, position=-1, target=None, samples: int = 2000, perturbation_batch: int = 64,
-               seed: int | None = 0):
+def kernelshap(
+    task: Task, position=-1, target=None, samples: int = 2000, perturbation_batch: int = 64, seed: int | None = 0
+):
     """KernelSHAP (Lundberg & Lee 2017) by captum's :py:class:`captum.attr.KernelShap`, one feature per token (per
     patch of an image), absent features set to 0 (the zero embedding, black patches: the baseline of the
     perturbation metric); ``samples`` coalitions (captum's and the paper's default 2000). With a single feature (a
@@ -448,9 +497,11 @@ def kernelshap(task: Task, position=-1, target=None, samples: int = 2000, pertur
     flat = mask[0].flatten()
     features = int(flat.max()) + 1
     if 1 < features and samples <= features:
-        raise ValueError(f'kernelshap: samples={samples} coalitions cannot determine the Shapley values of {features} '
-                         f'features (a linear model with {features + 1} coefficients): use samples > {features} '
-                         '(default 2000)')
+        raise ValueError(
+            f'kernelshap: samples={samples} coalitions cannot determine the Shapley values of {features} '
+            f'features (a linear model with {features + 1} coefficients): use samples > {features} '
+            '(default 2000)'
+        )
     if features == 1:
         with torch.no_grad():
             absent = task.select(task.forward(torch.zeros_like(task.inputs)))
@@ -459,13 +510,18 @@ def kernelshap(task: Task, position=-1, target=None, samples: int = 2000, pertur
         return task.finish(relevance, logit, 'kernelshap')
     # captum gives every entry of a feature the feature's value: read it at the feature's first entry
     first = torch.full((features,), flat.numel(), device=flat.device).scatter_reduce(
-        0, flat, torch.arange(flat.numel(), device=flat.device), 'amin')
+        0, flat, torch.arange(flat.numel(), device=flat.device), 'amin'
+    )
     values = []
     for row in range(task.batch):
         with torch.no_grad(), _seeded(seed, task.inputs.device):
             attribution = KernelShap(Selected(task, row)).attribute(
-                task.inputs[row:row + 1], baselines=0.0, feature_mask=mask, n_samples=samples,
-                perturbations_per_eval=perturbation_batch, show_progress=False,
+                task.inputs[row : row + 1],
+                baselines=0.0,
+                feature_mask=mask,
+                n_samples=samples,
+                perturbations_per_eval=perturbation_batch,
+                show_progress=False,
             )
         values.append(attribution.flatten(1)[0, first].to(task.inputs.dtype))
     relevance = task.feature_relevance(torch.stack(values))
@@ -476,7 +532,7 @@ def _content_seed(seed: int, values: torch.Tensor) -> int:
     """A seed from ``seed`` and the bytes of ``values``: the same for the same input, another for another input."""
     digest = hashlib.sha256(str(seed).encode())
     digest.update(values.detach().cpu().contiguous().numpy().tobytes())
-    return int.from_bytes(digest.digest()[:8], 'little') & (2 ** 63 - 1)
+    return int.from_bytes(digest.digest()[:8], 'little') & (2**63 - 1)
 
 
 @method('random', backward=False, neuron=True, seed=seed)

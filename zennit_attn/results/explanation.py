@@ -4,19 +4,21 @@ tokens and images of a vision-language or image-text similarity model, each imag
 each able to show and save itself through :py:mod:`zennit_attn.results.render`; and :py:data:`TargetLike`, what may be
 explained.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO
 
 import torch
 
 from .render import multimodal as multimodal_views
 from .render import views
-from .render.views import save_image_explanation
 from .render.layout import ScaleLike
+from .render.views import save_image_explanation
 from .segments import SegmentExplanation, SpansLike, first_token_share, segment_explanation
 
 __all__ = ['TargetLike', 'Explanation', 'ImageExplanation', 'ImageRelevance', 'MultimodalExplanation']
@@ -24,8 +26,16 @@ __all__ = ['TargetLike', 'Explanation', 'ImageExplanation', 'ImageRelevance', 'M
 
 #: An output index (or, with a tokenizer, a token's text), one per row, or several ``(position, token)`` pairs explained
 #: together, or a function of the scores (:py:class:`zennit_attn.inputs.objectives.OutputFunction`).
-TargetLike = (int | str | Sequence[int] | Sequence[str] | Sequence[tuple[int, int]] | torch.Tensor
-              | Callable[[torch.Tensor], torch.Tensor] | None)
+TargetLike = (
+    int
+    | str
+    | Sequence[int]
+    | Sequence[str]
+    | Sequence[tuple[int, int]]
+    | torch.Tensor
+    | Callable[[torch.Tensor], torch.Tensor]
+    | None
+)
 
 
 @dataclass
@@ -86,6 +96,7 @@ class Explanation:
     relevance), ``'shared'`` (one scale for all rows drawn together) or a number, e.g.
     :py:func:`zennit_attn.results.render.shared_scale` of several explanations.
     """
+
     relevance: torch.Tensor
     embedding_relevance: torch.Tensor | None
     target: torch.Tensor
@@ -131,8 +142,12 @@ class Explanation:
             relevance = relevance.masked_fill(self.attention_mask[row] == 0, float('-inf'))
         count = relevance.shape[0] if self.attention_mask is None else int((self.attention_mask[row] != 0).sum())
         values, indices = relevance.topk(min(k, count))
-        decode = (lambda index: None) if tokenizer is None else (  # noqa: E731
-            lambda index: tokenizer.decode([int(self.input_ids[row, index])]))
+        decode = (
+            (lambda index: None)
+            if tokenizer is None
+            # noqa: E731
+            else (lambda index: tokenizer.decode([int(self.input_ids[row, index])]))
+        )
         return [(int(index), float(value), decode(index)) for value, index in zip(values, indices)]
 
     @property
@@ -148,8 +163,14 @@ class Explanation:
         """
         return first_token_share(self.relevance, self.attention_mask)
 
-    def segments(self, spans: SpansLike, labels: Sequence[str] | None = None, text: str | None = None,
-                 row: int = 0, tokenizer=None) -> SegmentExplanation:
+    def segments(
+        self,
+        spans: SpansLike,
+        labels: Sequence[str] | None = None,
+        text: str | None = None,
+        row: int = 0,
+        tokenizer=None,
+    ) -> SegmentExplanation:
         """The relevance of ``row`` summed over segments of its text (sentences, documents, few-shot examples,
         chat turns), shown per segment by the result's ``show``, ``to_html`` and ``save``.
 
@@ -185,15 +206,24 @@ class Explanation:
         """
         return segment_explanation(self, spans, labels, text, row, tokenizer)
 
-    def heatmaps(self, rows=None, words: bool = False, tokenizer=None, scale_without_first: bool = False,
-                 template: bool = False) -> list:
+    def heatmaps(
+        self, rows=None, words: bool = False, tokenizer=None, scale_without_first: bool = False, template: bool = False
+    ) -> list:
         """The :py:class:`~zennit_attn.results.render.layout.Heatmap` of each of ``rows`` (default all), what every format
         draws (scales not yet resolved); ``template``: show a chat template's tokens too."""
         return views.explanation_heatmaps(self, rows, words, tokenizer, scale_without_first, template)
 
-    def show(self, row: int = 0, words: bool = False, scale: ScaleLike = None, color: bool | None = None,
-             tokenizer=None, stream: IO | None = None, scale_without_first: bool = False,
-             template: bool = False) -> None:
+    def show(
+        self,
+        row: int = 0,
+        words: bool = False,
+        scale: ScaleLike = None,
+        color: bool | None = None,
+        tokenizer=None,
+        stream: IO | None = None,
+        scale_without_first: bool = False,
+        template: bool = False,
+    ) -> None:
         """Print the heatmap of ``row``: coloured token boxes on a terminal (24-bit colour unless ``NO_COLOR`` is
         set), ``token[relevance]`` otherwise.
 
@@ -217,11 +247,17 @@ class Explanation:
             For a conversation: show the chat template's tokens (role markers, special tokens) too; by default only
             the messages' content is shown (the template's tokens keep their relevance).
         """
-        views.show_heatmaps(self.heatmaps([row], words, tokenizer, scale_without_first, template), scale, color,
-                            stream)
+        views.show_heatmaps(self.heatmaps([row], words, tokenizer, scale_without_first, template), scale, color, stream)
 
-    def to_html(self, rows=None, words: bool = False, scale: ScaleLike = None, tokenizer=None,
-                scale_without_first: bool = False, template: bool = False) -> str:
+    def to_html(
+        self,
+        rows=None,
+        words: bool = False,
+        scale: ScaleLike = None,
+        tokenizer=None,
+        scale_without_first: bool = False,
+        template: bool = False,
+    ) -> str:
         """A standalone HTML page (inline style, no scripts) with one heatmap per row (default all rows).
 
         Parameters
@@ -238,8 +274,11 @@ class Explanation:
         -------
         str
         """
-        return views.heatmaps_html(self.heatmaps(rows, words, tokenizer, scale_without_first, template), scale,
-                                   title=f'Token relevance ({self.method})')
+        return views.heatmaps_html(
+            self.heatmaps(rows, words, tokenizer, scale_without_first, template),
+            scale,
+            title=f'Token relevance ({self.method})',
+        )
 
     def _repr_html_(self) -> str | None:
         """Jupyter's rich display: the heatmaps of all rows as an HTML fragment (needs the stored tokenizer)."""
@@ -247,8 +286,17 @@ class Explanation:
             return None  # Jupyter falls back to the repr
         return views.heatmaps_html(self.heatmaps(), standalone=False)
 
-    def save(self, path: str | os.PathLike, row: int | None = 0, words: bool = False, scale: ScaleLike = None,
-             tokenizer=None, scale_without_first: bool = False, template: bool = False, **options) -> Path:
+    def save(
+        self,
+        path: str | os.PathLike,
+        row: int | None = 0,
+        words: bool = False,
+        scale: ScaleLike = None,
+        tokenizer=None,
+        scale_without_first: bool = False,
+        template: bool = False,
+        **options,
+    ) -> Path:
         """Write the heatmap of ``row`` (None: all rows) in the format of the suffix of ``path``.
 
         ``.html`` (standalone page), ``.png``, ``.svg``, ``.pdf`` (matplotlib figures; options ``width`` in inches,
@@ -279,9 +327,13 @@ class Explanation:
             Where ``path`` cannot be written.
         """
         views.check_output(path)
-        return views.save_heatmaps(self.heatmaps(None if row is None else [row], words, tokenizer,
-                                                 scale_without_first, template), path, scale,
-                                   title=f'Token relevance ({self.method})', **options)
+        return views.save_heatmaps(
+            self.heatmaps(None if row is None else [row], words, tokenizer, scale_without_first, template),
+            path,
+            scale,
+            title=f'Token relevance ({self.method})',
+            **options,
+        )
 
 
 @dataclass
@@ -307,6 +359,7 @@ class ImageExplanation:
     contrast, objective
         As for :py:class:`Explanation`.
     """
+
     relevance: torch.Tensor
     pixel_relevance: torch.Tensor
     target: torch.Tensor
@@ -357,6 +410,7 @@ class ImageRelevance:
     mean, std: tuple of float or None
         The processor's per-channel normalisation, undone for the overlay.
     """
+
     row: int
     pixels: torch.Tensor
     relevance: torch.Tensor
@@ -371,8 +425,14 @@ class ImageRelevance:
 
     def cpu(self) -> ImageRelevance:
         """A copy with the tensors detached and on the CPU."""
-        return ImageRelevance(self.row, self.pixels.detach().cpu(), self.relevance.detach().cpu(),
-                              self.patch_relevance.detach().cpu(), self.mean, self.std)
+        return ImageRelevance(
+            self.row,
+            self.pixels.detach().cpu(),
+            self.relevance.detach().cpu(),
+            self.patch_relevance.detach().cpu(),
+            self.mean,
+            self.std,
+        )
 
 
 @dataclass
@@ -396,6 +456,7 @@ class MultimodalExplanation(Explanation):
     For LRP the text relevance plus the relevance of all images of a row is the explained logit minus what biases
     and the softmax rule absorb (:py:meth:`total`); CP-LRP conserves it exactly in a model without biases.
     """
+
     pixel_relevance: torch.Tensor | None = None
     images: list = field(default_factory=list)
     image_tokens: torch.Tensor | None = None
@@ -410,16 +471,32 @@ class MultimodalExplanation(Explanation):
         row = views.check_row(row, self.relevance.shape[0])
         return float(self.relevance[row].sum()) + self.image_relevance(row)
 
-    def show(self, row: int = 0, words: bool = False, scale: ScaleLike = None, color: bool | None = None,
-             tokenizer=None, stream: IO | None = None, scale_without_first: bool = False,
-             template: bool = False) -> None:
+    def show(
+        self,
+        row: int = 0,
+        words: bool = False,
+        scale: ScaleLike = None,
+        color: bool | None = None,
+        tokenizer=None,
+        stream: IO | None = None,
+        scale_without_first: bool = False,
+        template: bool = False,
+    ) -> None:
         """Print the token heatmap of ``row`` and, below it, each of its images as a grid of patch relevance
         (coloured cells on a terminal, numbers otherwise); arguments as :py:meth:`Explanation.show`."""
         super().show(row, words, scale, color, tokenizer, stream, scale_without_first, template)
         multimodal_views.show_images(self._images(row), color, stream)
 
-    def to_html(self, rows=None, words: bool = False, scale: ScaleLike = None, tokenizer=None,
-                scale_without_first: bool = False, template: bool = False, **options) -> str:
+    def to_html(
+        self,
+        rows=None,
+        words: bool = False,
+        scale: ScaleLike = None,
+        tokenizer=None,
+        scale_without_first: bool = False,
+        template: bool = False,
+        **options,
+    ) -> str:
         """A standalone HTML page: the overlay of each image (``options`` of
         :py:func:`zennit_attn.results.render.image.overlay`) above the token heatmaps; arguments as
         :py:meth:`Explanation.to_html`."""
@@ -431,8 +508,17 @@ class MultimodalExplanation(Explanation):
             return None
         return multimodal_views.multimodal_html(self.heatmaps(), self._images(None), standalone=False)
 
-    def save(self, path: str | os.PathLike, row: int | None = 0, words: bool = False, scale: ScaleLike = None,
-             tokenizer=None, scale_without_first: bool = False, template: bool = False, **options) -> Path:
+    def save(
+        self,
+        path: str | os.PathLike,
+        row: int | None = 0,
+        words: bool = False,
+        scale: ScaleLike = None,
+        tokenizer=None,
+        scale_without_first: bool = False,
+        template: bool = False,
+        **options,
+    ) -> Path:
         """Write the token heatmap of ``row`` (None: all rows) with the overlay of each of its images, in the
         format of the suffix of ``path``: ``.html`` (images inline), ``.png``, ``.svg``, ``.pdf`` (one figure, the
         images above the tokens), ``.tex`` (a snippet that includes the overlays, written as PNG files beside it:
@@ -445,7 +531,9 @@ class MultimodalExplanation(Explanation):
         """
         views.check_output(path)
         heatmaps = self.heatmaps(None if row is None else [row], words, tokenizer, scale_without_first, template)
-        return multimodal_views.save_multimodal(heatmaps, self._images(row), path, scale, title=self._title(), **options)
+        return multimodal_views.save_multimodal(
+            heatmaps, self._images(row), path, scale, title=self._title(), **options
+        )
 
     def _title(self) -> str:
         return f'Token and pixel relevance ({self.method})'

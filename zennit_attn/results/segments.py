@@ -13,6 +13,7 @@ its first character). So ``' bear'`` belongs to the segment where ``'b'`` is, an
 (template text between slots, whitespace between spans, special tokens, a token of no characters) go to
 :py:attr:`SegmentExplanation.other`, so that ``relevance.sum() + other == total``.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -21,28 +22,84 @@ import numbers
 import os
 import re
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 import torch
 
 from .render.layout import Heatmap, ScaleLike, Segment, format_relevance
 from .render.views import explanation_heatmaps, heatmaps_html, resolve_tokenizer, save_heatmaps, show_heatmaps
 
-__all__ = ['Template', 'sentences', 'token_offsets', 'assign_tokens', 'SegmentExplanation', 'segment_explanation',
-           'first_token_share', 'SpansLike']
+__all__ = [
+    'Template',
+    'sentences',
+    'token_offsets',
+    'assign_tokens',
+    'SegmentExplanation',
+    'segment_explanation',
+    'first_token_share',
+    'SpansLike',
+]
 
 #: what :py:meth:`zennit_attn.Explanation.segments` takes: character spans ``[(start, end), ...]``, a
 #: :py:class:`Template`, or ``'sentences'``
 SpansLike = Sequence[tuple[int, int]] | str | object
 
 #: words after which a full stop does not end a sentence (compared in lower case, without the stop)
-ABBREVIATIONS = frozenset({
-    'mr', 'mrs', 'ms', 'dr', 'prof', 'sr', 'jr', 'st', 'mt', 'vs', 'etc', 'cf', 'al', 'fig', 'figs', 'eq', 'no', 'nos',
-    'vol', 'pp', 'ca', 'approx', 'inc', 'ltd', 'co', 'corp', 'dept', 'gen', 'gov', 'sen', 'rep', 'rev', 'lt', 'col',
-    'sgt', 'capt', 'jan', 'feb', 'mar', 'apr', 'jun', 'jul', 'aug', 'sep', 'sept', 'oct', 'nov', 'dec',
-})
+ABBREVIATIONS = frozenset(
+    {
+        'mr',
+        'mrs',
+        'ms',
+        'dr',
+        'prof',
+        'sr',
+        'jr',
+        'st',
+        'mt',
+        'vs',
+        'etc',
+        'cf',
+        'al',
+        'fig',
+        'figs',
+        'eq',
+        'no',
+        'nos',
+        'vol',
+        'pp',
+        'ca',
+        'approx',
+        'inc',
+        'ltd',
+        'co',
+        'corp',
+        'dept',
+        'gen',
+        'gov',
+        'sen',
+        'rep',
+        'rev',
+        'lt',
+        'col',
+        'sgt',
+        'capt',
+        'jan',
+        'feb',
+        'mar',
+        'apr',
+        'jun',
+        'jul',
+        'aug',
+        'sep',
+        'sept',
+        'oct',
+        'nov',
+        'dec',
+    }
+)
 _OTHER = 'other'
 #: a sentence end: stops (with closing quotes or brackets), then whitespace; or a line break
 _END = re.compile(r'([.!?\u2026]+)["\'\u201d\u2019)\]]*(?=\s)|\n')
@@ -81,8 +138,9 @@ class Template:
         try:
             parsed = list(string.Formatter().parse(template))
         except ValueError as error:
-            raise ValueError(f'cannot read the template {template!r}: {error} (write a literal brace as {{{{ or }}}})'
-                             ) from error
+            raise ValueError(
+                f'cannot read the template {template!r}: {error} (write a literal brace as {{{{ or }}}})'
+            ) from error
         names = [name for _, name, _, _ in parsed if name is not None]
         for _, name, spec, conversion in parsed:
             if name is None:
@@ -90,18 +148,24 @@ class Template:
             if not name.isidentifier():
                 raise ValueError(f'template slot {{{name}}} is not a name: use named slots such as {{context}}')
             if spec or conversion:
-                raise ValueError(f'template slot {{{name}}} has a format spec or conversion; slots take the value as '
-                                 'it is: write {' + name + '}')
+                raise ValueError(
+                    f'template slot {{{name}}} has a format spec or conversion; slots take the value as '
+                    'it is: write {' + name + '}'
+                )
         if not names:
             raise ValueError(f'the template {template!r} has no slots: write them as {{name}}')
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
-            raise ValueError(f'template slot(s) {twice} appear more than once; each slot must appear once so that its '
-                             'span is one piece of the text (give each place its own name, e.g. {doc1} and {doc2})')
+            raise ValueError(
+                f'template slot(s) {twice} appear more than once; each slot must appear once so that its '
+                'span is one piece of the text (give each place its own name, e.g. {doc1} and {doc2})'
+            )
         missing = [name for name in names if name not in values]
         if missing:
-            raise ValueError(f'no value for template slot(s) {missing}: pass them as keywords, e.g. '
-                             f'Template(template, {missing[0]}="...")')
+            raise ValueError(
+                f'no value for template slot(s) {missing}: pass them as keywords, e.g. '
+                f'Template(template, {missing[0]}="...")'
+            )
         unknown = sorted(set(values) - set(names))
         if unknown:
             raise ValueError(f'the template has no slot(s) {unknown}; its slots are {names}')
@@ -152,10 +216,13 @@ def sentences(text: str) -> list[tuple[int, int]]:
         end = match.end()
         if match.group(0) != '\n':
             start_of_word = max(text.rfind(' ', 0, match.start()), text.rfind('\n', 0, match.start())) + 1
-            word = text[start_of_word:match.start()]
+            word = text[start_of_word : match.start()]
             bare = word.lstrip('"\'\u201c\u2018([').lower()
-            if match.group(1) == '.' and (bare in ABBREVIATIONS or (len(bare) == 1 and bare.isalpha())
-                                          or ('.' in bare and bare.replace('.', '').isalpha())):
+            if match.group(1) == '.' and (
+                bare in ABBREVIATIONS
+                or (len(bare) == 1 and bare.isalpha())
+                or ('.' in bare and bare.replace('.', '').isalpha())
+            ):
                 continue
             following = _STARTS.match(text, end)
             if following is None:
@@ -179,8 +246,10 @@ def _encode(tokenizer, text: str):
     try:
         encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError as error:
-        raise ValueError('character spans need a fast tokenizer (with an offset mapping): load it with '
-                         'AutoTokenizer.from_pretrained(..., use_fast=True)') from error
+        raise ValueError(
+            'character spans need a fast tokenizer (with an offset mapping): load it with '
+            'AutoTokenizer.from_pretrained(..., use_fast=True)'
+        ) from error
     return list(encoding['input_ids']), [tuple(pair) for pair in encoding['offset_mapping']]
 
 
@@ -218,11 +287,14 @@ def token_offsets(tokenizer, ids: Sequence[int], text: str) -> list[tuple[int, i
     mine = [(token, pair) for token, pair in zip(again, offsets) if token not in special]
     if [ids[index] for index in kept] != [token for token, _ in mine]:
         plain = [ids[index] for index in kept]
-        first = next((k for k, (a, b) in enumerate(zip(plain, [t for t, _ in mine])) if a != b),
-                     min(len(plain), len(mine)))
-        raise ValueError(f'the text does not tokenise to the explained ids ({len(mine)} tokens against {len(plain)} '
-                         f'without special tokens, first difference at token {first}): pass text= the text that '
-                         'was explained (with a chat template: the templated text)')
+        first = next(
+            (k for k, (a, b) in enumerate(zip(plain, [t for t, _ in mine])) if a != b), min(len(plain), len(mine))
+        )
+        raise ValueError(
+            f'the text does not tokenise to the explained ids ({len(mine)} tokens against {len(plain)} '
+            f'without special tokens, first difference at token {first}): pass text= the text that '
+            'was explained (with a chat template: the templated text)'
+        )
     result: list[tuple[int, int] | None] = [None] * len(ids)
     for index, (_, pair) in zip(kept, mine):
         result[index] = pair if pair[1] > pair[0] else None
@@ -233,8 +305,9 @@ def _check_spans(spans, length: int, labels: Sequence[str] | None = None) -> lis
     """``spans`` as ``(start, end)`` pairs, refused where one is not a pair of ints, outside the text, empty or
     overlapping another; each is named by its index and, where ``labels`` has one for it, its label."""
     if isinstance(spans, (str, bytes)) or not isinstance(spans, Sequence):
-        raise TypeError(f"spans must be a list of (start, end) character spans, a Template or 'sentences', got "
-                        f'{spans!r}')
+        raise TypeError(
+            f"spans must be a list of (start, end) character spans, a Template or 'sentences', got {spans!r}"
+        )
 
     def tag(index: int) -> str:
         label = labels[index] if labels is not None and index < len(labels) else None
@@ -242,21 +315,28 @@ def _check_spans(spans, length: int, labels: Sequence[str] | None = None) -> lis
 
     checked = []
     for index, span in enumerate(spans):
-        if (not isinstance(span, Sequence) or len(span) != 2
-                or not all(isinstance(value, numbers.Integral) and not isinstance(value, bool) for value in span)):
+        if (
+            not isinstance(span, Sequence)
+            or len(span) != 2
+            or not all(isinstance(value, numbers.Integral) and not isinstance(value, bool) for value in span)
+        ):
             raise TypeError(f'span {tag(index)} must be a pair of ints (start, end), got {span!r}')
         start, end = int(span[0]), int(span[1])
         if not 0 <= start < end <= length:
-            raise ValueError(f'span {tag(index)} {tuple(span)} is outside the text or empty: spans are (start, end) '
-                             f'with 0 <= start < end <= {length} (the length of the text)')
+            raise ValueError(
+                f'span {tag(index)} {tuple(span)} is outside the text or empty: spans are (start, end) '
+                f'with 0 <= start < end <= {length} (the length of the text)'
+            )
         checked.append((start, end))
     if not checked:
         raise ValueError('spans is empty: give at least one (start, end) character span')
     order = sorted(range(len(checked)), key=lambda index: checked[index])
     for before, after in zip(order, order[1:]):
         if checked[after][0] < checked[before][1]:
-            raise ValueError(f'spans {tag(before)} {checked[before]} and {tag(after)} {checked[after]} overlap: a '
-                             'character may belong to one segment only')
+            raise ValueError(
+                f'spans {tag(before)} {checked[before]} and {tag(after)} {checked[after]} overlap: a '
+                'character may belong to one segment only'
+            )
     return checked
 
 
@@ -297,7 +377,7 @@ def _shorten(text: str, width: int = 60) -> str:
     if len(flat) <= width:
         return flat
     head = (width - 3) * 2 // 3
-    return flat[:head].rstrip() + ' \u2026 ' + flat[-(width - 3 - head):].lstrip()
+    return flat[:head].rstrip() + ' \u2026 ' + flat[-(width - 3 - head) :].lstrip()
 
 
 @dataclass
@@ -331,6 +411,7 @@ class SegmentExplanation:
     other_text: str
         The text of the ``other`` tokens (joined with ``' | '``).
     """
+
     labels: list[str]
     spans: list[tuple[int, int]]
     text: str
@@ -353,13 +434,23 @@ class SegmentExplanation:
         parts = []
         for index, (label, (start, end), value) in enumerate(zip(self.labels, self.spans, self.relevance.tolist())):
             members = [position for position, segment in zip(self.positions, self.token_segment) if segment == index]
-            parts.append(Segment([_shorten(self.text[start:end])], [value], f'{label}: {format_relevance(value)}',
-                                 [members or [-1]]))
+            parts.append(
+                Segment(
+                    [_shorten(self.text[start:end])], [value], f'{label}: {format_relevance(value)}', [members or [-1]]
+                )
+            )
         members = [position for position, segment in zip(self.positions, self.token_segment) if segment == -1]
-        parts.append(Segment([_shorten(self.other_text) or '(no tokens)'], [self.other],
-                             f'{_OTHER} (outside every segment): {format_relevance(self.other)}', [members or [-1]]))
-        title = (f'{self.title}; relevance of {len(self.labels)} segment(s) and other, total '
-                 f'{format_relevance(self.total)}')
+        parts.append(
+            Segment(
+                [_shorten(self.other_text) or '(no tokens)'],
+                [self.other],
+                f'{_OTHER} (outside every segment): {format_relevance(self.other)}',
+                [members or [-1]],
+            )
+        )
+        title = (
+            f'{self.title}; relevance of {len(self.labels)} segment(s) and other, total {format_relevance(self.total)}'
+        )
         return [Heatmap(parts, title=title)]
 
     def show(self, scale: ScaleLike = None, color: bool | None = None, stream: IO | None = None) -> None:
@@ -379,16 +470,24 @@ class SegmentExplanation:
         return save_heatmaps(self.heatmaps(), path, scale, title='Segment relevance', **options)
 
 
-def segment_explanation(explanation, spans: SpansLike, labels: Sequence[str] | None = None, text: str | None = None,
-                        row: int = 0, tokenizer=None) -> SegmentExplanation:
+def segment_explanation(
+    explanation,
+    spans: SpansLike,
+    labels: Sequence[str] | None = None,
+    text: str | None = None,
+    row: int = 0,
+    tokenizer=None,
+) -> SegmentExplanation:
     """The relevance of ``row`` of ``explanation`` summed over segments of its text (the implementation of
     :py:meth:`zennit_attn.Explanation.segments`, which documents the parameters)."""
     try:
         tokenizer = resolve_tokenizer(tokenizer, explanation)
     except ValueError as error:
-        raise ValueError('segments are character spans of the text, matched to tokens with the tokenizer: pass '
-                         'tokenizer=..., or explain(model, text, tokenizer=tokenizer), which stores it') from error
-    heatmap, = explanation_heatmaps(explanation, [row], False, tokenizer, template=True)  # every token counts
+        raise ValueError(
+            'segments are character spans of the text, matched to tokens with the tokenizer: pass '
+            'tokenizer=..., or explain(model, text, tokenizer=tokenizer), which stores it'
+        ) from error
+    (heatmap,) = explanation_heatmaps(explanation, [row], False, tokenizer, template=True)  # every token counts
     row = int(row) % explanation.relevance.shape[0]
     tokens = heatmap.segments[0]
     positions = [group[0] for group in tokens.positions]
@@ -396,14 +495,16 @@ def segment_explanation(explanation, spans: SpansLike, labels: Sequence[str] | N
     values = explanation.relevance[row].detach().to('cpu', torch.float64)[positions].tolist()
     if isinstance(spans, Template):
         if text is not None and text != spans.text:
-            raise ValueError('text= differs from the template\'s text: leave text= out (the template builds it)')
+            raise ValueError("text= differs from the template's text: leave text= out (the template builds it)")
         if labels is not None:
             raise ValueError('labels= is not taken with a Template: its slot names are the labels')
         empty = [name for name in spans.names if not spans.values[name]]
         if empty:
-            raise ValueError(f'template slot(s) {empty} are empty (value \'\'): an empty slot has no characters, '
-                             'hence no tokens and no relevance to sum; give it text, or build the template without '
-                             'it')
+            raise ValueError(
+                f"template slot(s) {empty} are empty (value ''): an empty slot has no characters, "
+                'hence no tokens and no relevance to sum; give it text, or build the template without '
+                'it'
+            )
         text, labels, spans = spans.text, list(spans.names), [spans.spans[name] for name in spans.names]
     if text is None:
         text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -411,8 +512,9 @@ def segment_explanation(explanation, spans: SpansLike, labels: Sequence[str] | N
         raise TypeError(f'text must be a str, got {type(text).__name__}')
     if isinstance(spans, str):
         if spans != 'sentences':
-            raise ValueError(f"spans must be a list of (start, end) character spans, a Template or 'sentences', "
-                             f'got {spans!r}')
+            raise ValueError(
+                f"spans must be a list of (start, end) character spans, a Template or 'sentences', got {spans!r}"
+            )
         spans = sentences(text)
         if not spans:
             raise ValueError('the text has no sentences (it is whitespace only)')
@@ -422,17 +524,28 @@ def segment_explanation(explanation, spans: SpansLike, labels: Sequence[str] | N
     if len(labels) != len(spans) or not all(isinstance(label, str) for label in labels):
         raise ValueError(f'labels must be one str per span: {len(spans)} spans, got {labels!r}')
     if len(set(labels)) != len(labels) or _OTHER in labels:
-        raise ValueError(f"labels must differ from each other and from {_OTHER!r} (the tokens in no segment), got "
-                         f'{labels!r}')
+        raise ValueError(
+            f'labels must differ from each other and from {_OTHER!r} (the tokens in no segment), got {labels!r}'
+        )
     assignment = assign_tokens(token_offsets(tokenizer, ids, text), spans, text)
-    sums = [math.fsum(value for value, segment in zip(values, assignment) if segment == index)
-            for index in range(len(spans))]
+    sums = [
+        math.fsum(value for value, segment in zip(values, assignment) if segment == index)
+        for index in range(len(spans))
+    ]
     other = [index for index, segment in enumerate(assignment) if segment == -1]
     return SegmentExplanation(
-        labels=labels, spans=spans, text=text, relevance=torch.tensor(sums, dtype=torch.float64),
-        other=math.fsum(values[index] for index in other), total=math.fsum(values), token_segment=assignment,
-        positions=positions, row=row, title=heatmap.title or '',
-        other_text=' | '.join(tokens.tokens[index] for index in other))
+        labels=labels,
+        spans=spans,
+        text=text,
+        relevance=torch.tensor(sums, dtype=torch.float64),
+        other=math.fsum(values[index] for index in other),
+        total=math.fsum(values),
+        token_segment=assignment,
+        positions=positions,
+        row=row,
+        title=heatmap.title or '',
+        other_text=' | '.join(tokens.tokens[index] for index in other),
+    )
 
 
 def first_token_share(relevance: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -461,8 +574,11 @@ def first_token_share(relevance: torch.Tensor, attention_mask: torch.Tensor | No
     if relevance.dim() != 2:
         raise ValueError(f'relevance must be [batch, seq], got shape {tuple(relevance.shape)}')
     magnitude = relevance.detach().to(torch.float64).abs()
-    keep = torch.ones_like(magnitude, dtype=torch.bool) if attention_mask is None else attention_mask.to(
-        magnitude.device) != 0
+    keep = (
+        torch.ones_like(magnitude, dtype=torch.bool)
+        if attention_mask is None
+        else attention_mask.to(magnitude.device) != 0
+    )
     magnitude = magnitude.masked_fill(~keep, 0.0)
     first = keep.to(torch.int64).argmax(dim=1)
     return magnitude.gather(1, first[:, None])[:, 0] / magnitude.sum(dim=1)

@@ -21,6 +21,7 @@ ties in input order) and cut into batches of ``batch_size``; consecutive batches
 processes, shard ``k`` is done by rank ``k % world_size``; rank 0 writes the index after a barrier. The plan depends
 only on the texts and the settings, so the merged result equals that of one process.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,9 +31,8 @@ import numbers
 import os
 import tempfile
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from safetensors import safe_open
@@ -40,11 +40,19 @@ from safetensors.torch import save
 from tqdm.auto import tqdm
 
 from ..explain import encode_texts, explain
-from ..results.explanation import Explanation
 from ..methods.registry import check_params, positive
+from ..results.explanation import Explanation
 
-__all__ = ['explain_dataset', 'load_explanations', 'check_fingerprint', 'check_output_dir', 'read_texts',
-           'SettingsMismatchError', 'INDEX_FILE', 'SETTINGS_FILE']
+__all__ = [
+    'explain_dataset',
+    'load_explanations',
+    'check_fingerprint',
+    'check_output_dir',
+    'read_texts',
+    'SettingsMismatchError',
+    'INDEX_FILE',
+    'SETTINGS_FILE',
+]
 
 #: The index written when all shards are done.
 INDEX_FILE = 'index.json'
@@ -85,8 +93,10 @@ def read_texts(source) -> list[str]:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if isinstance(source, str) and path.suffix != '.jsonl':
-            raise ValueError(f'texts must be a list of texts or the path of a .jsonl file, got the string '
-                             f'{source[:60]!r}: pass a single text as [text]')
+            raise ValueError(
+                f'texts must be a list of texts or the path of a .jsonl file, got the string '
+                f'{source[:60]!r}: pass a single text as [text]'
+            )
         if not path.is_file():
             raise FileNotFoundError(f'the input file {str(path)!r} does not exist')
         texts = []
@@ -117,9 +127,9 @@ def read_texts(source) -> list[str]:
 def _plan(lengths: Sequence[int], batch_size: int, shard_size: int) -> list[list[list[int]]]:
     """Shards as lists of batches of input indices: longest first (ties in input order)."""
     order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
-    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     per_shard = max(1, shard_size // batch_size)
-    return [batches[start:start + per_shard] for start in range(0, len(batches), per_shard)]
+    return [batches[start : start + per_shard] for start in range(0, len(batches), per_shard)]
 
 
 def _target_per_text(target, count: int) -> list[int | None]:
@@ -131,10 +141,13 @@ def _target_per_text(target, count: int) -> list[int | None]:
     if isinstance(target, (str, bytes)) or not isinstance(target, Iterable):
         raise ValueError(f'target must be None, an integer or one integer per text, got {target!r}')
     targets = list(target.tolist() if isinstance(target, torch.Tensor) else target)
-    if len(targets) != count or not all(isinstance(item, numbers.Integral) and not isinstance(item, bool)
-                                        for item in targets):
-        raise ValueError(f'target must be None, an integer or one integer per text ({count}); got {len(targets)} '
-                         'entries' + ('' if len(targets) != count else ' that are not all integers'))
+    if len(targets) != count or not all(
+        isinstance(item, numbers.Integral) and not isinstance(item, bool) for item in targets
+    ):
+        raise ValueError(
+            f'target must be None, an integer or one integer per text ({count}); got {len(targets)} '
+            'entries' + ('' if len(targets) != count else ' that are not all integers')
+        )
     return [int(item) for item in targets]
 
 
@@ -149,10 +162,14 @@ def _fingerprint(model: torch.nn.Module) -> dict:
             if tensor.is_meta:  # offloaded (accelerate): not readable here
                 continue
             flat = tensor.detach().reshape(-1)
-            sample = flat[::max(1, flat.numel() // 1024)][:1024].double()
+            sample = flat[:: max(1, flat.numel() // 1024)][:1024].double()
             weights.update(f'{name}:{float(sample.sum()):.12e}:{float(sample.abs().sum()):.12e};'.encode())
-    return {'class': type(model).__name__, 'dtype': None if parameter is None else str(parameter.dtype),
-            'config_sha256': hashlib.sha256(text.encode()).hexdigest(), 'weights_sha256': weights.hexdigest()}
+    return {
+        'class': type(model).__name__,
+        'dtype': None if parameter is None else str(parameter.dtype),
+        'config_sha256': hashlib.sha256(text.encode()).hexdigest(),
+        'weights_sha256': weights.hexdigest(),
+    }
 
 
 def _describe(value) -> str:
@@ -160,8 +177,11 @@ def _describe(value) -> str:
     the class and attributes."""
     text = repr(value)
     if ' at 0x' in text:
-        attributes = {key: repr(item) for key, item in sorted(vars(value).items()) if not key.startswith('_')
-                      and isinstance(item, (numbers.Number, str, bool, type(None), tuple))}
+        attributes = {
+            key: repr(item)
+            for key, item in sorted(vars(value).items())
+            if not key.startswith('_') and isinstance(item, (numbers.Number, str, bool, type(None), tuple))
+        }
         text = f'{type(value).__module__}.{type(value).__qualname__}({attributes})'
     return text
 
@@ -172,10 +192,18 @@ def _settings(model, texts, targets, method, position, batch_size, shard_size, p
         digest.update(hashlib.sha256(text.encode('utf-8')).digest())
     target_digest = hashlib.sha256(json.dumps(targets).encode()).hexdigest()
     return {
-        'format': FORMAT, 'version': VERSION, 'method': method, 'position': position, 'batch_size': batch_size,
-        'shard_size': shard_size, 'params': {key: _describe(value) for key, value in sorted(params.items())},
-        'checkpointing': checkpointing, 'count': len(texts), 'texts_sha256': digest.hexdigest(),
-        'targets_sha256': target_digest, 'model': _fingerprint(model),
+        'format': FORMAT,
+        'version': VERSION,
+        'method': method,
+        'position': position,
+        'batch_size': batch_size,
+        'shard_size': shard_size,
+        'params': {key: _describe(value) for key, value in sorted(params.items())},
+        'checkpointing': checkpointing,
+        'count': len(texts),
+        'texts_sha256': digest.hexdigest(),
+        'targets_sha256': target_digest,
+        'model': _fingerprint(model),
     }
 
 
@@ -189,8 +217,9 @@ def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f'{str(path)!r} is damaged ({error}): delete the output directory and run explain_dataset() '
-                         'again') from error
+        raise ValueError(
+            f'{str(path)!r} is damaged ({error}): delete the output directory and run explain_dataset() again'
+        ) from error
 
 
 def _check_settings(directory: Path, settings: dict, write: bool) -> None:
@@ -205,8 +234,10 @@ def _check_settings(directory: Path, settings: dict, write: bool) -> None:
     elif write:
         stray = sorted(path.name for path in directory.glob('shard-*.safetensors'))
         if stray:
-            raise SettingsMismatchError(f'{str(directory)!r} holds shards ({stray[0]}, ...) but no {SETTINGS_FILE}: '
-                                        'use an empty output directory')
+            raise SettingsMismatchError(
+                f'{str(directory)!r} holds shards ({stray[0]}, ...) but no {SETTINGS_FILE}: '
+                'use an empty output directory'
+            )
         _write_atomically(path, json.dumps(settings, indent=1).encode(), '.tmp')
 
 
@@ -267,8 +298,11 @@ def _damage(path: Path, sha256: str | None) -> str | None:
             return f'its safetensors header entry {name!r} is malformed'
         end = max(end, stop)
     if end != data:
-        return (f'truncated: its tensors need {end} bytes after the header, the file has {data}' if end > data else
-                f'{data - end} bytes after its tensors')
+        return (
+            f'truncated: its tensors need {end} bytes after the header, the file has {data}'
+            if end > data
+            else f'{data - end} bytes after its tensors'
+        )
     if sha256 is None:
         return 'no SHA-256 was recorded for it'
     digest = hashlib.sha256()
@@ -302,20 +336,26 @@ def check_output_dir(output_dir: str | os.PathLike) -> Path:
     """
     directory = Path(output_dir)
     if directory.exists() and not directory.is_dir():
-        raise NotADirectoryError(f'the output directory {str(directory)!r} is a file: pass the path of a new '
-                                 'directory, or of the directory of an earlier run to resume it')
+        raise NotADirectoryError(
+            f'the output directory {str(directory)!r} is a file: pass the path of a new '
+            'directory, or of the directory of an earlier run to resume it'
+        )
     existing = next(path for path in (directory, *directory.absolute().parents) if path.exists())
     if not existing.is_dir():
-        raise NotADirectoryError(f'the output directory {str(directory)!r} cannot be created: {str(existing)!r} is '
-                                 'a file')
+        raise NotADirectoryError(
+            f'the output directory {str(directory)!r} cannot be created: {str(existing)!r} is a file'
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f'the output directory {str(directory)!r} cannot be written: {str(existing)!r} is not '
-                              'writable')
+        raise PermissionError(
+            f'the output directory {str(directory)!r} cannot be written: {str(existing)!r} is not writable'
+        )
     try:  # also tried: some file systems refuse while os.access says yes (/proc, read-only mounts for root)
         os.rmdir(tempfile.mkdtemp(dir=existing, prefix='.zennit-attn-check-'))
     except OSError as error:
-        raise PermissionError(f'the output directory {str(directory)!r} cannot be written: {str(existing)!r} '
-                              f'refuses new entries ({error.strerror})') from error
+        raise PermissionError(
+            f'the output directory {str(directory)!r} cannot be written: {str(existing)!r} '
+            f'refuses new entries ({error.strerror})'
+        ) from error
     return directory
 
 
@@ -429,7 +469,7 @@ def explain_dataset(
     batch_size = positive(batch_size, 'batch_size')
     shard_size = positive(shard_size, 'shard_size')
     if isinstance(position, bool) or not isinstance(position, numbers.Integral):
-        raise ValueError(f'position must be an integer (counted in each text\'s tokens), got {position!r}')
+        raise ValueError(f"position must be an integer (counted in each text's tokens), got {position!r}")
     position = int(position)
     params = check_params(method, params)  # names and values, before any work
     directory = check_output_dir(output_dir)
@@ -470,26 +510,45 @@ def explain_dataset(
                 warnings.warn(f'{str(path)!r} is damaged ({problem}): explaining its texts again', stacklevel=2)
             if problem is not None:
                 todo.append(number)
-        bar = tqdm(total=sum(len(batch) for number in todo for batch in plan[number]), unit='text',
-                   disable=not progress or rank != 0, desc=f'explaining ({method})')
+        bar = tqdm(
+            total=sum(len(batch) for number in todo for batch in plan[number]),
+            unit='text',
+            disable=not progress or rank != 0,
+            desc=f'explaining ({method})',
+        )
         for number in todo:
             tensors = {}
             for batch in plan[number]:
                 encoding = encode_texts(tokenizer, [texts[index] for index in batch])
                 mask = encoding['attention_mask']
                 starts = [int((row != 0).nonzero()[0]) for row in mask]
-                positions = position if encoder_decoder else [  # a decoder position, or one in each text
-                    start + (position % lengths[index]) for start, index in zip(starts, batch)]
+                positions = (
+                    position
+                    if encoder_decoder
+                    else [  # a decoder position, or one in each text
+                        start + (position % lengths[index]) for start, index in zip(starts, batch)
+                    ]
+                )
                 batch_targets = [targets[index] for index in batch]
                 explanation = explain(
-                    model, encoding, method=method, position=positions, checkpointing=checkpointing,
-                    target=None if all(item is None for item in batch_targets) else batch_targets, **params)
+                    model,
+                    encoding,
+                    method=method,
+                    position=positions,
+                    checkpointing=checkpointing,
+                    target=None if all(item is None for item in batch_targets) else batch_targets,
+                    **params,
+                )
                 for row, index in enumerate(batch):
                     tensors.update(_row(explanation, row, index))
                 bar.update(len(batch))
             items = [index for batch in plan[number] for index in batch]  # one metadata key: the same bytes every run
-            _write_shard(directory / _shard_name(number), tensors,
-                         {'zennit-attn': json.dumps({'method': method, 'items': items})}, f'.tmp{rank}')
+            _write_shard(
+                directory / _shard_name(number),
+                tensors,
+                {'zennit-attn': json.dumps({'method': method, 'items': items})},
+                f'.tmp{rank}',
+            )
         bar.close()
         if world > 1:
             torch.distributed.barrier()
@@ -499,10 +558,21 @@ def explain_dataset(
             missing = [path.name for path, digest in zip(paths, digests) if digest is None or not path.is_file()]
             if missing:
                 raise RuntimeError(f'shards {missing[:5]} of {str(directory)!r} were not written by their ranks')
-            index = {'format': FORMAT, 'version': VERSION, 'settings': settings, 'count': len(texts), 'shards': [
-                {'file': path.name, 'bytes': path.stat().st_size, 'sha256': digest,
-                 'items': [item for batch in shard for item in batch]}
-                for path, digest, shard in zip(paths, digests, plan)]}
+            index = {
+                'format': FORMAT,
+                'version': VERSION,
+                'settings': settings,
+                'count': len(texts),
+                'shards': [
+                    {
+                        'file': path.name,
+                        'bytes': path.stat().st_size,
+                        'sha256': digest,
+                        'items': [item for batch in shard for item in batch],
+                    }
+                    for path, digest, shard in zip(paths, digests, plan)
+                ],
+            }
             _write_atomically(directory / INDEX_FILE, json.dumps(index).encode(), '.tmp')
         if world > 1:
             torch.distributed.barrier()
@@ -536,7 +606,8 @@ def check_fingerprint(directory: str | os.PathLike, model: torch.nn.Module) -> N
     if differing:
         raise SettingsMismatchError(
             f'{str(directory)!r} was made with another model than this {type(model).__name__} (differing: '
-            f'{", ".join(differing)}): load the model the explanations were made with')
+            f'{", ".join(differing)}): load the model the explanations were made with'
+        )
 
 
 def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Explanation]:
@@ -565,8 +636,10 @@ def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Expl
     directory = Path(directory)
     path = directory / INDEX_FILE
     if not path.is_file():
-        raise FileNotFoundError(f'{str(directory)!r} has no {INDEX_FILE}: not an explain_dataset() output, or the run '
-                                'is not finished (run explain_dataset again on it to resume)')
+        raise FileNotFoundError(
+            f'{str(directory)!r} has no {INDEX_FILE}: not an explain_dataset() output, or the run '
+            'is not finished (run explain_dataset again on it to resume)'
+        )
     index = read_json(path)
     if index.get('format') != FORMAT or index.get('version') != VERSION:
         raise ValueError(f'{str(path)!r} is not a {FORMAT} index of version {VERSION}')
@@ -575,22 +648,32 @@ def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Expl
     for shard in index['shards']:
         problem = _damage(directory / shard['file'], shard['sha256'])
         if problem is not None:
-            raise ValueError(f'{str(directory / shard["file"])!r} is damaged ({problem}): run explain_dataset() again '
-                             'with the same arguments on the directory to explain its texts again')
+            raise ValueError(
+                f'{str(directory / shard["file"])!r} is damaged ({problem}): run explain_dataset() again '
+                'with the same arguments on the directory to explain its texts again'
+            )
         with safe_open(str(directory / shard['file']), framework='pt') as handle:
             keys = set(handle.keys())
             for item in shard['items']:
+
                 def get(field, item=item):
                     key = f'{item}.{field}'
                     return handle.get_tensor(key)[None].clone() if key in keys else None  # not mapped
+
                 if f'{item}.relevance' not in keys:
                     raise ValueError(f'{shard["file"]} lacks the explanation of text {item}')
                 position = get('position')
                 explanations[item] = Explanation(
-                    relevance=get('relevance'), embedding_relevance=None, target=get('target')[:, 0],
-                    logit=get('logit')[:, 0], position=None if position is None else position[:, 0],
-                    input_ids=get('input_ids'), decoder_relevance=get('decoder_relevance'),
-                    decoder_input_ids=get('decoder_input_ids'), method=method, tokenizer=tokenizer,
+                    relevance=get('relevance'),
+                    embedding_relevance=None,
+                    target=get('target')[:, 0],
+                    logit=get('logit')[:, 0],
+                    position=None if position is None else position[:, 0],
+                    input_ids=get('input_ids'),
+                    decoder_relevance=get('decoder_relevance'),
+                    decoder_input_ids=get('decoder_input_ids'),
+                    method=method,
+                    tokenizer=tokenizer,
                 )
     missing = [number for number, explanation in enumerate(explanations) if explanation is None]
     if missing:

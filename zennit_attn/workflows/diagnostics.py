@@ -1,4 +1,5 @@
 """Where relevance goes: the relevance sum at every layer boundary of a model against the explained logit."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,9 +10,9 @@ from zennit.core import Composite
 from ..engine.canonizers.blocks import block_stacks
 from ..engine.composites import AttnLRPEpsilon
 from ..inputs.checks import split_encoding
-from ..results.explanation import TargetLike
-from ..methods.lrp import attribute
 from ..inputs.task import TokenTask
+from ..methods.lrp import attribute
+from ..results.explanation import TargetLike
 
 
 @dataclass
@@ -33,6 +34,7 @@ class ConservationReport:
     For encoder-decoder models a decoder boundary carries only the relevance that has not yet been handed to
     the encoder through cross-attention, so decoder rows are not comparable with the logit on their own.
     """
+
     logit: torch.Tensor
     names: list[str]
     sums: torch.Tensor
@@ -48,8 +50,10 @@ class ConservationReport:
         return self.sums[-2:].sum(0) / self.logit
 
     def __str__(self) -> str:
-        lines = [f'{"boundary":<40} {"relevance":>12} {"of logit":>9} {"leak":>10}',
-                 f'{"logit":<40} {float(self.logit[0]):>12.5f} {1:>9.4f}']
+        lines = [
+            f'{"boundary":<40} {"relevance":>12} {"of logit":>9} {"leak":>10}',
+            f'{"logit":<40} {float(self.logit[0]):>12.5f} {1:>9.4f}',
+        ]
         previous = float(self.logit[0])
         for index, name in enumerate(self.names):
             value = float(self.sums[index, 0])
@@ -62,6 +66,7 @@ class ConservationReport:
 
 class _Probe:
     """Collect ``sum(x * g)`` of the tensors it watches during the backward pass (one explained row)."""
+
     def __init__(self, watched: list):
         self.value = torch.zeros((), dtype=torch.float64)
         self.watched = watched
@@ -102,25 +107,35 @@ def conservation(
     input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
     input_ids = torch.as_tensor(input_ids)
     input_ids = input_ids[None] if input_ids.dim() == 1 else input_ids
-    rows = [_conservation_row(model, input_ids, row, target, position, attention_mask, composite, model_kwargs,
-                              decoder_input_ids) for row in range(input_ids.shape[0])]
+    rows = [
+        _conservation_row(
+            model, input_ids, row, target, position, attention_mask, composite, model_kwargs, decoder_input_ids
+        )
+        for row in range(input_ids.shape[0])
+    ]
     names = rows[0][1]
-    return ConservationReport(logit=torch.stack([row[0] for row in rows]), names=names,
-                              sums=torch.stack([row[2] for row in rows], 1))
+    return ConservationReport(
+        logit=torch.stack([row[0] for row in rows]), names=names, sums=torch.stack([row[2] for row in rows], 1)
+    )
 
 
 def _select_row(value, row: int, batch: int):
     """Row ``row`` of a per-row argument (tensor or sequence with one entry per row), else the value itself."""
     if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch and batch > 1:
-        return value[row:row + 1]
-    if isinstance(value, (list, tuple)) and len(value) == batch and batch > 1 and not (
-            value and isinstance(value[0], (tuple, list))):
+        return value[row : row + 1]
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == batch
+        and batch > 1
+        and not (value and isinstance(value[0], (tuple, list)))
+    ):
         return value[row]
     return value
 
 
-def _conservation_row(model, input_ids, row, target, position, attention_mask, composite, model_kwargs,
-                      decoder_input_ids):
+def _conservation_row(
+    model, input_ids, row, target, position, attention_mask, composite, model_kwargs, decoder_input_ids
+):
     batch = input_ids.shape[0]
     pick = lambda value: _select_row(value, row, batch)  # noqa: E731
     stacks = block_stacks(model)[::-1]  # output side first: the decoder's, then the encoder's
@@ -139,11 +154,15 @@ def _conservation_row(model, input_ids, row, target, position, attention_mask, c
         for stack_name, stack in stacks:
             for index, block in enumerate(stack):
                 probe = probes.setdefault(f'output of {stack_name}.{index}', _Probe(watched))
-                handles.append(block.register_forward_hook(
-                    lambda module, input, output, probe=probe: probe.watch(output)))
+                handles.append(
+                    block.register_forward_hook(lambda module, input, output, probe=probe: probe.watch(output))
+                )
             first = probes.setdefault(f'input of {stack_name}.0', _Probe(watched))
-            handles.append(stack[0].register_forward_pre_hook(
-                lambda module, args, probe=first: probe.watch(args[0] if args else None)))
+            handles.append(
+                stack[0].register_forward_pre_hook(
+                    lambda module, args, probe=first: probe.watch(args[0] if args else None)
+                )
+            )
         others = probes.setdefault('other embeddings', _Probe(watched))
 
         def watch_embedding(module, input, output):
@@ -156,8 +175,13 @@ def _conservation_row(model, input_ids, row, target, position, attention_mask, c
                 handles.append(module.register_forward_hook(watch_embedding))
         return handles
 
-    task = TokenTask(model, input_ids[row:row + 1], pick(attention_mask),
-                     {key: pick(value) for key, value in (model_kwargs or {}).items()}, pick(decoder_input_ids))
+    task = TokenTask(
+        model,
+        input_ids[row : row + 1],
+        pick(attention_mask),
+        {key: pick(value) for key, value in (model_kwargs or {}).items()},
+        pick(decoder_input_ids),
+    )
     explanation = attribute(task, pick(position), pick(target), composite, observe=observe)
     words = explanation.relevance.double().sum()
     if explanation.decoder_relevance is not None:

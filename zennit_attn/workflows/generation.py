@@ -7,6 +7,7 @@ pass from the sum of all generated tokens' logits (as the paper does for Mixtral
 generated token to see its heatmap) and as figures. With ``images`` and the model's processor, a vision-language model
 (LLaVA, Qwen2-VL) answers a text about images, and every row is explained at the text tokens and the pixels.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -20,18 +21,24 @@ import torch
 from tqdm.auto import tqdm
 from zennit.core import Composite
 
-from ..inputs.chat import is_conversation, prompt_ids
-from ..inputs.checks import as_integer, check_model, token_ids
 from ..engine.devices import input_device
 from ..explain import explain
-from ..methods.registry import METHODS
+from ..inputs.chat import is_conversation, prompt_ids
+from ..inputs.checks import as_integer, check_model, token_ids
 from ..inputs.objectives import RUNNER_UP
+from ..inputs.vision_language import (
+    encode_multimodal,
+    extend_encoding,
+    has_pixels,
+    is_processor,
+    is_similarity_model,
+    placeholder_tokens,
+)
+from ..methods.registry import METHODS
 from ..results.render import multimodal as multimodal_views
 from ..results.render import views
 from ..results.render.html import page
 from ..results.render.layout import ScaleLike
-from ..inputs.vision_language import (encode_multimodal, extend_encoding, has_pixels, is_processor, is_similarity_model,
-                                      placeholder_tokens)
 
 __all__ = ['explain_generation', 'GenerationExplanation']
 
@@ -92,6 +99,7 @@ class GenerationExplanation:
         With ``images``: ``[columns]`` True at the image placeholder tokens (their embeddings are replaced by the
         image features, so their own relevance is 0); the views show each run of them as ``[image k]``.
     """
+
     relevance: torch.Tensor
     answer_relevance: torch.Tensor
     input_ids: torch.Tensor
@@ -122,14 +130,17 @@ class GenerationExplanation:
     def total(self, token: int | None = None) -> float:
         """Text plus image relevance of generated token ``token`` (None: the whole answer): for LRP its logit (the
         sum of all generated logits) minus what biases absorb."""
-        row = self.answer_relevance if token is None else self.relevance[
-            views.check_row(token, self.relevance.shape[0], 'generated token')]
+        row = (
+            self.answer_relevance
+            if token is None
+            else self.relevance[views.check_row(token, self.relevance.shape[0], 'generated token')]
+        )
         return float(row.sum()) + self.image_relevance(token)
 
     @property
     def generated_ids(self) -> torch.Tensor:
         """``[generated]`` the generated token ids."""
-        return self.input_ids[self.answer_start:]
+        return self.input_ids[self.answer_start :]
 
     def answer(self, tokenizer=None) -> str:
         """The generated text."""
@@ -147,8 +158,15 @@ class GenerationExplanation:
         token ``token`` (prompt and answer as its two segments)."""
         return views.generation_heatmap(self, token, words, tokenizer)
 
-    def show(self, token: int | str | None = None, words: bool = False, scale: ScaleLike = None,
-             color: bool | None = None, tokenizer=None, stream: IO | None = None) -> None:
+    def show(
+        self,
+        token: int | str | None = None,
+        words: bool = False,
+        scale: ScaleLike = None,
+        color: bool | None = None,
+        tokenizer=None,
+        stream: IO | None = None,
+    ) -> None:
         """Print the heatmap of the whole answer (``token=None``), of generated token ``token`` (an index, negative
         from the end) or of every generated token (``token='all'``), in colour on a terminal.
 
@@ -176,8 +194,10 @@ class GenerationExplanation:
         views.show_heatmaps(heatmaps, scale, color, stream)
         if self.images and isinstance(token, str):
             for index in range(self.relevance.shape[0]):
-                totals = ', '.join(f'image {number + 1} {float(image.relevance.sum()):+.4g}'
-                                   for number, image in enumerate(self.token_images[index]))
+                totals = ', '.join(
+                    f'image {number + 1} {float(image.relevance.sum()):+.4g}'
+                    for number, image in enumerate(self.token_images[index])
+                )
                 print(f'generated token {index + 1}, pixel relevance: {totals}', file=stream)
         elif self.images:
             multimodal_views.show_images(self._image_views(None if token is None else [token]), color, stream)
@@ -205,8 +225,11 @@ class GenerationExplanation:
         str
         """
         body = views.generation_views(self, words, scale, tokenizer, self._figures(options))
-        return page(body, title='Why did the model answer this?',
-                    subtitle=f'{self.relevance.shape[0]} generated tokens explained by {self.method}')
+        return page(
+            body,
+            title='Why did the model answer this?',
+            subtitle=f'{self.relevance.shape[0]} generated tokens explained by {self.method}',
+        )
 
     def _repr_html_(self) -> str:
         return views.generation_views(self, images=self._figures({}))
@@ -227,16 +250,25 @@ class GenerationExplanation:
         for number, image in enumerate(self.images):
             relevance, patches, which = image.relevance, image.patch_relevance, 'the whole answer'
             if generated is not None:
-                rows = [self.token_images[views.check_row(index, len(self.token_images), 'generated token')][number]
-                        for index in generated]
+                rows = [
+                    self.token_images[views.check_row(index, len(self.token_images), 'generated token')][number]
+                    for index in generated
+                ]
                 relevance, patches = sum(row.relevance for row in rows), sum(row.patch_relevance for row in rows)
                 which = 'generated token ' + '+'.join(str(index % len(self.token_images) + 1) for index in generated)
             caption = f'image {number + 1}: relevance {float(relevance.sum()):.4g} for {which}'
             shown.append((caption, image.pixels, relevance, patches, image.mean, image.std))
         return shown
 
-    def save(self, path: str | os.PathLike, words: bool = False, scale: ScaleLike = None, token: int | None = None,
-             tokenizer=None, **options) -> Path:
+    def save(
+        self,
+        path: str | os.PathLike,
+        words: bool = False,
+        scale: ScaleLike = None,
+        token: int | None = None,
+        tokenizer=None,
+        **options,
+    ) -> Path:
         """Write the explanation in the format of the suffix of ``path``.
 
         ``.html``: the interactive page (:py:meth:`to_html`); ``.png``, ``.svg``, ``.pdf``, ``.tex``: the heatmap of
@@ -256,8 +288,9 @@ class GenerationExplanation:
             document = self.to_html(words, scale, tokenizer, **image_options)
             options.update(image_options)
         if self.images:
-            return multimodal_views.save_multimodal(heatmaps, self._image_views(None if token is None else [token]),
-                                                    path, scale, html=document, **options)
+            return multimodal_views.save_multimodal(
+                heatmaps, self._image_views(None if token is None else [token]), path, scale, html=document, **options
+            )
         return views.save_heatmaps(heatmaps, path, scale, html=document, **options)
 
 
@@ -265,8 +298,10 @@ def _prompt_ids(tokenizer, prompt) -> torch.Tensor:
     """``[1, seq]`` ids of one prompt (text, ids, the tokenizer's output or a conversation)."""
     prompt = prompt_ids(tokenizer, prompt) if is_conversation(prompt) else prompt
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(item, str) for item in prompt):
-        raise ValueError(f'explain_generation explains one prompt at a time, got a list of {len(prompt)} texts: call '
-                         'it once per prompt')
+        raise ValueError(
+            f'explain_generation explains one prompt at a time, got a list of {len(prompt)} texts: call '
+            'it once per prompt'
+        )
     if isinstance(prompt, (list, tuple)) and not prompt:
         raise ValueError('the prompt has no tokens: give the text the model should answer')
     if isinstance(prompt, str):
@@ -283,8 +318,10 @@ def _prompt_ids(tokenizer, prompt) -> torch.Tensor:
     if ids.dim() == 1:
         ids = ids[None]
     if ids.dim() != 2 or ids.shape[0] != 1 or ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f'the prompt must be a text or the ids of one sequence ([seq] or [1, seq] integers), got '
-                         f'{ids.dtype} of shape {tuple(ids.shape)}')
+        raise ValueError(
+            f'the prompt must be a text or the ids of one sequence ([seq] or [1, seq] integers), got '
+            f'{ids.dtype} of shape {tuple(ids.shape)}'
+        )
     if ids.shape[1] == 0:
         raise ValueError('the prompt has no tokens: give the text the model should answer')
     if mask is not None and not bool((torch.as_tensor(mask) != 0).all()):
@@ -406,8 +443,10 @@ def explain_generation(
     elif is_processor(tokenizer):  # a text prompt: the processor's tokenizer
         tokenizer = tokenizer.tokenizer
     if tokenizer is None or not callable(getattr(tokenizer, 'decode', None)):
-        raise TypeError('explain_generation(model, tokenizer, prompt): the second argument must be the model\'s '
-                        f'tokenizer, got {type(tokenizer).__name__}')
+        raise TypeError(
+            "explain_generation(model, tokenizer, prompt): the second argument must be the model's "
+            f'tokenizer, got {type(tokenizer).__name__}'
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f'max_new_tokens must be a positive integer, got {max_new_tokens!r}')
     rows_per_call = _batched(batched)
@@ -415,8 +454,10 @@ def explain_generation(
         contrast = token_ids(tokenizer, contrast, 'contrast')  # a text that is not one token: refused before generating
     can_generate = getattr(model, 'can_generate', None)
     if not callable(getattr(model, 'generate', None)) or (callable(can_generate) and not can_generate()):
-        raise TypeError(f'{type(model).__name__} cannot generate text: use a ...ForCausalLM or '
-                        '...ForConditionalGeneration model (or explain() for a single output)')
+        raise TypeError(
+            f'{type(model).__name__} cannot generate text: use a ...ForCausalLM or '
+            '...ForConditionalGeneration model (or explain() for a single output)'
+        )
     encoding = None if processor is None else _encode(model, processor, prompt, images)
     prompt_ids = _prompt_ids(tokenizer, prompt if encoding is None else encoding)
     prompt_ids = prompt_ids.to(input_device(model))
@@ -425,9 +466,11 @@ def explain_generation(
         if key in generate_kwargs:
             raise ValueError(f'generate_kwargs must not hold {key!r}: it is an argument of explain_generation')
     if 'attention_mask' in generate_kwargs:
-        raise ValueError('generate_kwargs must not hold \'attention_mask\': explain_generation explains one unpadded '
-                         'prompt and passes its all-ones mask itself; to give the mask with the prompt, pass the '
-                         'tokenizer\'s output as the prompt (padding is refused there)')
+        raise ValueError(
+            "generate_kwargs must not hold 'attention_mask': explain_generation explains one unpadded "
+            'prompt and passes its all-ones mask itself; to give the mask with the prompt, pass the '
+            "tokenizer's output as the prompt (padding is refused there)"
+        )
     if generate_kwargs.get('num_return_sequences', 1) != 1:
         raise ValueError('explain_generation explains one generated sequence: num_return_sequences must be 1')
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -439,8 +482,12 @@ def explain_generation(
         suppressed = set(settings.get('suppress_tokens') or ()) | set(placeholder_tokens(model))
         settings['suppress_tokens'] = sorted(suppressed)
         dtype = getattr(model, 'dtype', None)  # the pixels in the model's type, as explain() passes them
-        given = {key: value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point()
-                 and isinstance(dtype, torch.dtype) else value for key, value in encoding.items()}
+        given = {
+            key: value.to(dtype)
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and isinstance(dtype, torch.dtype)
+            else value
+            for key, value in encoding.items()
+        }
     else:
         given = {'input_ids': prompt_ids, 'attention_mask': torch.ones_like(prompt_ids)}
     with torch.no_grad():
@@ -462,8 +509,9 @@ def explain_generation(
         answer_start = prompt_length
     count = generated.shape[0]
     if count == 0:
-        raise RuntimeError('the model generated no token: nothing to explain (check max_new_tokens and '
-                           'generate_kwargs)')
+        raise RuntimeError(
+            'the model generated no token: nothing to explain (check max_new_tokens and generate_kwargs)'
+        )
     options = dict(method=method, composite=composite, **params)
     contrasts = _contrasts(contrast, tokenizer, count)
     resolved = torch.zeros(count, dtype=torch.long)
@@ -475,8 +523,8 @@ def explain_generation(
     def inputs(index: int) -> dict:
         """The arguments of explain() for the prefix that generated token ``index`` was generated from."""
         if encoder_decoder:
-            return {'input_ids': prompt_ids, 'decoder_input_ids': decoder_ids[:, :index + 1]}
-        ids = columns[None, :prompt_length + index]
+            return {'input_ids': prompt_ids, 'decoder_input_ids': decoder_ids[:, : index + 1]}
+        ids = columns[None, : prompt_length + index]
         if encoding is None:
             return {'input_ids': ids}
         return {'input_ids': extend_encoding(encoding, ids), 'processor': processor}
@@ -486,7 +534,7 @@ def explain_generation(
         if explanation.decoder_relevance is not None:
             parts.append(explanation.decoder_relevance[row])
         values = torch.cat(parts).detach()
-        relevance[index, :values.shape[0]] = values.to('cpu', torch.float64)
+        relevance[index, : values.shape[0]] = values.to('cpu', torch.float64)
         logits[index] = float(explanation.logit[row])
         if explanation.contrast is not None:
             resolved[index] = int(explanation.contrast[row])
@@ -499,19 +547,26 @@ def explain_generation(
     bar = tqdm(total=calls + 1, desc='explaining the answer', unit='call', disable=not progress, leave=False)
     if rows_per_call is None:
         for index in range(count):
-            step = {} if contrasts is None else {
-                'contrast': contrasts[index] if isinstance(contrasts, list) else contrasts}
+            step = (
+                {}
+                if contrasts is None
+                else {'contrast': contrasts[index] if isinstance(contrasts, list) else contrasts}
+            )
             place(index, explain(model, **inputs(index), target=int(generated[index]), **step, **options), 0)
             bar.update()
     else:
         for start in range(0, count, size):
             indices = list(range(start, min(count, start + size)))
             targets = [int(generated[index]) for index in indices]
-            step = {} if contrasts is None else {'contrast': [contrasts[index] for index in indices]
-                                                  if isinstance(contrasts, list) else contrasts}
+            step = (
+                {}
+                if contrasts is None
+                else {'contrast': [contrasts[index] for index in indices] if isinstance(contrasts, list) else contrasts}
+            )
             rows = {key: value.expand(len(indices), -1) for key, value in inputs(count - 1).items()}
-            explanation = explain(model, **rows, target=targets, position=[first + index for index in indices],
-                                  **step, **options)
+            explanation = explain(
+                model, **rows, target=targets, position=[first + index for index in indices], **step, **options
+            )
             for row, index in enumerate(indices):
                 place(index, explanation, row)
             bar.update()
@@ -519,52 +574,76 @@ def explain_generation(
 
     if contrasts is not None:
         options['contrast'] = resolved.tolist()
-    whole = explain(model, **inputs(count - 1), target=[(first + index, int(generated[index])) for index in
-                                                        range(count)], **options)
+    whole = explain(
+        model, **inputs(count - 1), target=[(first + index, int(generated[index])) for index in range(count)], **options
+    )
     answer = whole.relevance[0] if not encoder_decoder else torch.cat([whole.relevance[0], whole.decoder_relevance[0]])
     positions = torch.arange(count) + (prompt_length if encoder_decoder else first)
     bar.update()
     bar.close()
     answer_relevance = torch.zeros(columns.shape[0], dtype=torch.float64)
-    answer_relevance[:answer.shape[0]] = answer.detach().to('cpu', torch.float64)
+    answer_relevance[: answer.shape[0]] = answer.detach().to('cpu', torch.float64)
     dtype = whole.relevance.dtype if whole.relevance.is_floating_point() else torch.float32
     extra = {}
     if encoding is not None:
         placeholders = torch.zeros(columns.shape[0], dtype=torch.bool)
         if whole.image_tokens is not None:
-            placeholders[:whole.image_tokens.shape[1]] = whole.image_tokens[0].cpu()
-        extra = dict(pixel_relevance=torch.stack(pixels), answer_pixel_relevance=whole.pixel_relevance.detach().cpu(),
-                     images=[image.cpu() for image in whole.images], token_images=token_images,
-                     image_tokens=placeholders)
+            placeholders[: whole.image_tokens.shape[1]] = whole.image_tokens[0].cpu()
+        extra = dict(
+            pixel_relevance=torch.stack(pixels),
+            answer_pixel_relevance=whole.pixel_relevance.detach().cpu(),
+            images=[image.cpu() for image in whole.images],
+            token_images=token_images,
+            image_tokens=placeholders,
+        )
     return GenerationExplanation(
-        relevance=relevance.to(dtype), answer_relevance=answer_relevance.to(dtype), input_ids=columns.cpu(),
-        prompt_length=prompt_length, answer_start=answer_start, target=generated.cpu(), logit=logits.to(dtype),
-        position=positions, method=method, encoder_decoder=encoder_decoder, tokenizer=tokenizer,
-        contrast=None if contrasts is None else resolved, **extra,
+        relevance=relevance.to(dtype),
+        answer_relevance=answer_relevance.to(dtype),
+        input_ids=columns.cpu(),
+        prompt_length=prompt_length,
+        answer_start=answer_start,
+        target=generated.cpu(),
+        logit=logits.to(dtype),
+        position=positions,
+        method=method,
+        encoder_decoder=encoder_decoder,
+        tokenizer=tokenizer,
+        contrast=None if contrasts is None else resolved,
+        **extra,
     )
 
 
 def _check_images_request(model, processor, method: str, batched, contrast):
     """The processor of an :py:func:`explain_generation` call with images, after refusing what does not apply."""
     if not is_processor(processor):
-        raise TypeError('explain_generation(model, processor, prompt, images=...): with images the second argument '
-                        'must be the model\'s processor (AutoProcessor.from_pretrained(path): an image processor and '
-                        f'a tokenizer), got {type(processor).__name__}')
+        raise TypeError(
+            'explain_generation(model, processor, prompt, images=...): with images the second argument '
+            "must be the model's processor (AutoProcessor.from_pretrained(path): an image processor and "
+            f'a tokenizer), got {type(processor).__name__}'
+        )
     if is_similarity_model(model):
-        raise TypeError(f'{type(model).__name__} scores (text, image) pairs and cannot generate text: explain its '
-                        'similarity scores with explain(model, texts, images=..., processor=...)')
+        raise TypeError(
+            f'{type(model).__name__} scores (text, image) pairs and cannot generate text: explain its '
+            'similarity scores with explain(model, texts, images=..., processor=...)'
+        )
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
-        raise ValueError('explain_generation with images explains decoder-only vision-language models (LLaVA, '
-                         f'Qwen2-VL); {type(model).__name__} is an encoder-decoder')
+        raise ValueError(
+            'explain_generation with images explains decoder-only vision-language models (LLaVA, '
+            f'Qwen2-VL); {type(model).__name__} is an encoder-decoder'
+        )
     if _batched(batched) is not None:
-        raise ValueError('batched= does not apply with images: a vision-language model is explained one text (and '
-                         'its images) at a time, so each row is one explain() call on its prefix; leave out batched=')
+        raise ValueError(
+            'batched= does not apply with images: a vision-language model is explained one text (and '
+            'its images) at a time, so each row is one explain() call on its prefix; leave out batched='
+        )
     if contrast is not None:
         raise ValueError('contrast= does not apply with images (explain() with images explains logits): leave it out')
     entry = METHODS.get(method)
     if entry is not None and not entry.lrp:
-        raise ValueError(f'explain_generation with images runs the LRP methods (attnlrp, cplrp), which give text and '
-                         f'pixel relevance in one backward pass; {method!r} is not one')
+        raise ValueError(
+            f'explain_generation with images runs the LRP methods (attnlrp, cplrp), which give text and '
+            f'pixel relevance in one backward pass; {method!r} is not one'
+        )
     return processor
 
 
@@ -573,8 +652,10 @@ def _encode(model, processor, prompt, images) -> dict:
     input device."""
     if has_pixels(prompt):
         if images is not None:
-            raise ValueError('the prompt already holds pixel_values (the processor\'s output): leave out images=, or '
-                             'pass the text with images=')
+            raise ValueError(
+                "the prompt already holds pixel_values (the processor's output): leave out images=, or "
+                'pass the text with images='
+            )
         encoding = dict(prompt)
     else:
         encoding = dict(encode_multimodal(processor, prompt, images))
@@ -592,9 +673,13 @@ def _contrasts(contrast, tokenizer, count: int):
         contrast = int(contrast)
     if isinstance(contrast, numbers.Integral):
         return int(contrast)
-    values = [as_integer(value, 'contrast') for value in (contrast.tolist() if isinstance(contrast, torch.Tensor)
-                                                          else contrast)]
+    values = [
+        as_integer(value, 'contrast')
+        for value in (contrast.tolist() if isinstance(contrast, torch.Tensor) else contrast)
+    ]
     if len(values) != count:
-        raise ValueError(f'contrast has {len(values)} tokens, but the model generated {count}: give one per '
-                         f'generated token, one for all, or {RUNNER_UP!r}')
+        raise ValueError(
+            f'contrast has {len(values)} tokens, but the model generated {count}: give one per '
+            f'generated token, one for all, or {RUNNER_UP!r}'
+        )
     return values

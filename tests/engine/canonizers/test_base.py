@@ -1,4 +1,5 @@
 """The general mechanism: operand taps and inline-function routing against explicit-module implementations."""
+
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from zennit_attn.engine.modules import MatMul
 
 class InlineAttention(torch.nn.Module):
     """Single-head attention computed inline, as Hugging Face does."""
+
     def __init__(self, dim):
         super().__init__()
         self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
@@ -21,6 +23,7 @@ class InlineAttention(torch.nn.Module):
 
 class ModuleAttention(InlineAttention):
     """The same attention with explicit modules for both products and the softmax."""
+
     def __init__(self, dim):
         super().__init__(dim)
         self.scores, self.softmax, self.mix = MatMul(), torch.nn.Softmax(-1), MatMul()
@@ -94,9 +97,8 @@ def test_inline_function_routed_through_identity_rule():
 
 
 def clean(model):
-    return (
-        not any(name.split('.')[-1].startswith('attnlrp_') for name, _ in model.named_modules())
-        and not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())
+    return not any(name.split('.')[-1].startswith('attnlrp_') for name, _ in model.named_modules()) and not any(
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules()
     )
 
 
@@ -130,9 +132,18 @@ def test_a_second_composite_on_the_same_model_is_refused_cleanly():
 # ----------------------------------------------------------------------------------- a failure on a later module
 def snapshot(model):
     """Everything a canonizer may change on a module tree: children, hooks (by identity), config values."""
-    return [(name, type(module), dict(module._modules), dict(module._forward_hooks), dict(module._forward_pre_hooks),
-             dict(module._forward_hooks_always_called), dict(getattr(module, 'config', None).__dict__)
-             if hasattr(module, 'config') else None) for name, module in model.named_modules()]
+    return [
+        (
+            name,
+            type(module),
+            dict(module._modules),
+            dict(module._forward_hooks),
+            dict(module._forward_pre_hooks),
+            dict(module._forward_hooks_always_called),
+            dict(getattr(module, 'config', None).__dict__) if hasattr(module, 'config') else None,
+        )
+        for name, module in model.named_modules()
+    ]
 
 
 def two_attentions_the_second_refusing():
@@ -163,6 +174,7 @@ def test_a_failure_on_the_second_module_undoes_the_first():
 
 class Settings:
     """A configuration whose ``frozen`` attribute refuses to be set where ``refuse`` is true."""
+
     def __init__(self, refuse):
         self.__dict__.update(experts='grouped', value=0, refuse=refuse)
 

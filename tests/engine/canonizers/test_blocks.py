@@ -5,6 +5,7 @@ them when they were replaced): ``checkpointing.transformer_blocks`` (the flat li
 transformer_blocks`` (the one stack of decoder- and encoder-only models) and ``diagnostics.layer_stacks`` (the
 named stacks, decoder first in encoder-decoder models; it found no stack in timm's ``Sequential``).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -13,11 +14,24 @@ import transformers
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from tests.models import FAMILIES as MODEL_FAMILIES
-from tests.models import tiny_clip, tiny_hf_vit, tiny_llava, tiny_qwen2_vl, tiny_timm_vit
-from tests.models import FAMILY_HEADS, LAYERS, tiny_model
+from tests.models import (
+    FAMILY_HEADS,
+    LAYERS,
+    tiny_clip,
+    tiny_hf_vit,
+    tiny_llava,
+    tiny_model,
+    tiny_qwen2_vl,
+    tiny_timm_vit,
+)
 from zennit_attn.engine.canonizers import ATTENTION_OUTPUTS, FAMILIES, operand_taps, supported_families
 from zennit_attn.engine.canonizers.blocks import (
-    NoBlocksError, attention_linears, block_stacks, is_block, transformer_blocks, vision_towers,
+    NoBlocksError,
+    attention_linears,
+    block_stacks,
+    is_block,
+    transformer_blocks,
+    vision_towers,
 )
 
 #: (family, head) -> paths of the stacks, in module order
@@ -25,12 +39,17 @@ EXPECTED = {
     **{(family, 'causal_lm'): ['model.layers'] for family, head in FAMILY_HEADS if head == 'causal_lm'},
     ('gpt2', 'causal_lm'): ['transformer.h'],
     ('gpt_neox', 'causal_lm'): ['gpt_neox.layers'],
-    ('bert', 'seq_cls'): ['bert.encoder.layer'], ('bert', 'masked_lm'): ['bert.encoder.layer'],
-    ('roberta', 'seq_cls'): ['roberta.encoder.layer'], ('roberta', 'masked_lm'): ['roberta.encoder.layer'],
+    ('bert', 'seq_cls'): ['bert.encoder.layer'],
+    ('bert', 'masked_lm'): ['bert.encoder.layer'],
+    ('roberta', 'seq_cls'): ['roberta.encoder.layer'],
+    ('roberta', 'masked_lm'): ['roberta.encoder.layer'],
     ('distilbert', 'seq_cls'): ['distilbert.transformer.layer'],
     ('distilbert', 'masked_lm'): ['distilbert.transformer.layer'],
-    ('t5', 'seq2seq'): ['encoder.block', 'decoder.block'], ('t5_relu', 'seq2seq'): ['encoder.block', 'decoder.block'],
-    ('llama', 'base'): ['layers'], ('gpt2', 'base'): ['h'], ('bert', 'base'): ['encoder.layer'],
+    ('t5', 'seq2seq'): ['encoder.block', 'decoder.block'],
+    ('t5_relu', 'seq2seq'): ['encoder.block', 'decoder.block'],
+    ('llama', 'base'): ['layers'],
+    ('gpt2', 'base'): ['h'],
+    ('bert', 'base'): ['encoder.layer'],
     ('t5', 'base'): ['encoder.block', 'decoder.block'],
 }
 VISION = {'timm-vit': (tiny_timm_vit, ['blocks']), 'vit': (tiny_hf_vit, ['vit.layers'])}
@@ -65,8 +84,9 @@ def test_every_supported_family_is_covered():
 def test_a_transformers_family_outside_the_table():
     """transformers marks its blocks, so models of families without an entry (BLOOM) have blocks too
     (checkpointing of the gradient methods, conservation of a family entry being written)."""
-    model = transformers.BloomForCausalLM(transformers.BloomConfig(
-        vocab_size=100, hidden_size=32, n_layer=3, n_head=4, bos_token_id=1, eos_token_id=2))
+    model = transformers.BloomForCausalLM(
+        transformers.BloomConfig(vocab_size=100, hidden_size=32, n_layer=3, n_head=4, bos_token_id=1, eos_token_id=2)
+    )
     assert 'bloom' not in supported_families()
     assert block_stacks(model) == [('transformer.h', list(model.transformer.h))]
 
@@ -114,13 +134,24 @@ HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5
 def test_attention_linears_agree_with_the_table(family):
     """The structural finder (for models outside the table) finds exactly the projections the table's taps and
     ``attention_output`` entries name, input and output apart, on every family of the table."""
-    model = tiny_timm_vit() if family == 'timm-vit' else tiny_hf_vit() if family == 'vit' else \
-        tiny_model(family, HEADS.get(family))
+    model = (
+        tiny_timm_vit()
+        if family == 'timm-vit'
+        else tiny_hf_vit()
+        if family == 'vit'
+        else tiny_model(family, HEADS.get(family))
+    )
     names = {id(module): name for name, module in model.named_modules()}
-    table_in = sorted(names[id(getattr(module, child))] for module, child, tap in operand_taps(model)
-                      if set(tap.roles) <= {'query', 'key', 'value'})
-    table_out = sorted(names[id(getattr(module, child))] for module in model.modules()
-                       if (child := ATTENTION_OUTPUTS.get(type(module).__name__)) is not None)
+    table_in = sorted(
+        names[id(getattr(module, child))]
+        for module, child, tap in operand_taps(model)
+        if set(tap.roles) <= {'query', 'key', 'value'}
+    )
+    table_out = sorted(
+        names[id(getattr(module, child))]
+        for module in model.modules()
+        if (child := ATTENTION_OUTPUTS.get(type(module).__name__)) is not None
+    )
     found_in, found_out = attention_linears(model)
     assert table_in and table_out
     assert (sorted(found_in), sorted(found_out)) == (table_in, table_out)

@@ -4,6 +4,7 @@ bias-free module against the same function written otherwise or against the rule
 (:py:mod:`tests.by_hand`), and CP-LRP must conserve the relevance exactly (the relevance 1 of every output element).
 Every case here gave a silently different relevance, or a refusal of an operation that has a rule, before issue 29.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,6 +20,7 @@ COMPOSITES = [AttnLRPEpsilon, CPLRPEpsilon]
 
 class Projected(torch.nn.Module):
     """``function(self, x)`` with three bias-free projections ``a``, ``b``, ``c`` of the ``[3, 4]`` input."""
+
     def __init__(self, function):
         super().__init__()
         self.function = function
@@ -57,6 +59,7 @@ def check(model, expected_forward, composite) -> None:
 
 class Activated(torch.nn.Module):
     """``b(activation(a(x)))`` with an activation module."""
+
     def __init__(self, activation: torch.nn.Module):
         super().__init__()
         self.activation = activation
@@ -66,8 +69,13 @@ class Activated(torch.nn.Module):
         return self.b(self.activation(self.a(x)))
 
 
-IN_PLACE_MODULES = {'silu': torch.nn.SiLU, 'elu': torch.nn.ELU, 'hardswish': torch.nn.Hardswish,
-                    'mish': torch.nn.Mish, 'relu6': torch.nn.ReLU6}
+IN_PLACE_MODULES = {
+    'silu': torch.nn.SiLU,
+    'elu': torch.nn.ELU,
+    'hardswish': torch.nn.Hardswish,
+    'mish': torch.nn.Mish,
+    'relu6': torch.nn.ReLU6,
+}
 
 
 @pytest.mark.parametrize('composite', COMPOSITES)
@@ -83,8 +91,12 @@ def test_in_place_activation_modules(name, composite):
     x = inputs()
     found = attributed(model, composite(general=True), x)
     torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
-    torch.testing.assert_close(found, by_hand(lambda xx: reference.b(identity(reference.a(xx), reference.activation(
-        reference.a(xx)))), x), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        found,
+        by_hand(lambda xx: reference.b(identity(reference.a(xx), reference.activation(reference.a(xx)))), x),
+        rtol=1e-10,
+        atol=1e-12,
+    )
     if composite is CPLRPEpsilon:
         assert_conserved(found, reference, x)
     assert model.activation.inplace is True
@@ -92,6 +104,7 @@ def test_in_place_activation_modules(name, composite):
 
 class OverwritingActivation(torch.nn.Module):
     """An activation module (by its name) that overwrites its input without an ``inplace`` flag."""
+
     def forward(self, x):
         return x.tanh_()
 
@@ -129,6 +142,7 @@ def test_in_place_functions(name, composite):
     def expected(xx, module):
         h = module.a(xx)
         return module.b(torch.cat([identity(h[:, :2], plain(h[:, :2])), h[:, 2:]], 1))
+
     model = projected(forward)
     check(model, lambda xx: expected(xx, model), composite)
 
@@ -138,6 +152,7 @@ def test_in_place_functions(name, composite):
 def test_scatters_that_multiply_are_products(spelling, composite):
     """``ones.scatter_reduce(1, [[0, 0, 1, 1]], h, 'prod')`` is ``[h0 h1, h2 h3]``: the uniform rule (Prop. 3.2),
     1/2 to each factor, as the product written with ``*``; before, each factor kept the whole (twice the relevance)."""
+
     def forward(module, x):
         h = module.a(x)
         if spelling == 'index_reduce':
@@ -146,11 +161,13 @@ def test_scatters_that_multiply_are_products(spelling, composite):
         if spelling == 'scatter_reduce':
             return torch.ones(3, 2, dtype=h.dtype).scatter_reduce(1, index, h, 'prod')
         return torch.zeros(3, 2, dtype=h.dtype).scatter_reduce(1, index, h, 'prod', include_self=False)
+
     model = projected(forward)
 
     def expected(xx):
         h = scaled(model.a(xx), 0.5)
         return torch.stack([h[:, 0] * h[:, 1], h[:, 2] * h[:, 3]], 1)
+
     check(model, expected, composite)
 
 
@@ -158,13 +175,16 @@ def test_scatters_that_multiply_are_products(spelling, composite):
 def test_scatter_into_a_factor_shares_with_it(composite):
     """``b(x)[:, :2].scatter_reduce(1, index, a(x), 'prod')``: three relevance-carrying factors per output (the
     input's entry and two scattered ones), 1/3 each."""
+
     def forward(module, x):
         return module.b(x)[:, :2].scatter_reduce(1, torch.tensor([[0, 0, 1, 1]] * 3), module.a(x), 'prod')
+
     model = projected(forward)
 
     def expected(xx):
         h, g = scaled(model.a(xx), 1 / 3), scaled(model.b(xx), 1 / 3)
         return torch.stack([g[:, 0] * h[:, 0] * h[:, 1], g[:, 1] * h[:, 2] * h[:, 3]], 1)
+
     check(model, expected, composite)
 
 
@@ -198,18 +218,21 @@ def test_a_variance_added_as_a_value_is_decomposed(composite):
         h = model.a(xx)
         centered = h - h.mean(-1, keepdim=True)
         return model.b(h + identity(centered, centered.square()).sum(-1, keepdim=True) / 3)
+
     check(model, expected, composite)
 
 
 NORMALISATIONS = {
     'x * rsqrt(mean(x^2))': lambda h: h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6),
-    '(x - mean) * rsqrt(var)': lambda h: (h - h.mean(-1, keepdim=True)) * torch.rsqrt(
-        h.var(-1, keepdim=True, correction=0) + 1e-6),
+    '(x - mean) * rsqrt(var)': lambda h: (
+        (h - h.mean(-1, keepdim=True)) * torch.rsqrt(h.var(-1, keepdim=True, correction=0) + 1e-6)
+    ),
     '(x - mean) / sqrt(var)': lambda h: (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, keepdim=True) + 1e-6),
     'x * (1 / norm(x))': lambda h: h * (1 / h.norm(dim=-1, keepdim=True)),
     'x * norm(x) ** -1': lambda h: h * h.norm(dim=-1, keepdim=True) ** -1,
-    'x * vector_norm(x.float()).reciprocal()': lambda h: h * torch.linalg.vector_norm(h.float(), dim=-1,
-                                                                                      keepdim=True).reciprocal(),
+    'x * vector_norm(x.float()).reciprocal()': lambda h: (
+        h * torch.linalg.vector_norm(h.float(), dim=-1, keepdim=True).reciprocal()
+    ),
 }
 
 
@@ -225,6 +248,7 @@ def test_normalisers_of_the_normalised_tensor_are_constants(name, composite):
         h = model.a(xx)
         centered = h - h.mean(-1, keepdim=True) if name.startswith('(x - mean)') else h
         return model.b(centered * (function(h.detach()) / centered.detach()))
+
     check(model, expected, composite)
 
 
@@ -238,6 +262,7 @@ def test_a_root_of_another_tensor_is_a_factor(composite):
     def expected(xx):
         root = identity(model.a(xx), torch.sqrt(F.softplus(model.a(xx))))
         return model.c(scaled(root, share) * scaled(model.b(xx), 1 - share))
+
     check(model, expected, composite)
 
 
@@ -245,14 +270,16 @@ GATE_PRODUCTS = {
     # name: (forward, by hand with CP-LRP's constants)
     'softmax(a b^T) @ silu(c)': (
         lambda m, x: torch.softmax(m.a(x) @ m.b(x).T, -1) @ F.silu(m.c(x)),
-        lambda m, x: torch.softmax(m.a(x) @ m.b(x).T, -1).detach() @ identity(m.c(x), F.silu(m.c(x)))),
+        lambda m, x: torch.softmax(m.a(x) @ m.b(x).T, -1).detach() @ identity(m.c(x), F.silu(m.c(x))),
+    ),
     'gelu(a) * silu(b)': (
         lambda m, x: m.c(F.gelu(m.a(x)) * F.silu(m.b(x))),
-        lambda m, x: m.c(scaled(identity(m.a(x), F.gelu(m.a(x))), 0.5) * scaled(identity(m.b(x), F.silu(m.b(x))),
-                                                                                  0.5))),
+        lambda m, x: m.c(scaled(identity(m.a(x), F.gelu(m.a(x))), 0.5) * scaled(identity(m.b(x), F.silu(m.b(x))), 0.5)),
+    ),
     'relu(a) * relu(a)': (
         lambda m, x: m.c((lambda h: h * h)(torch.relu(m.a(x)))),
-        lambda m, x: m.c(identity(m.a(x), torch.relu(m.a(x)).square()))),
+        lambda m, x: m.c(identity(m.a(x), torch.relu(m.a(x)).square())),
+    ),
 }
 
 
@@ -274,10 +301,12 @@ COMBINED = {
     # name: (attention weights combined, then @ V; the same as a combination of attention outputs)
     'differential (p1 - 0.3 p2) @ v': (
         lambda m, x: (attention(m, x, m.a, m.b) - 0.3 * attention(m, x, m.b, m.a)) @ m.c(x),
-        lambda m, x: attention(m, x, m.a, m.b) @ m.c(x) - 0.3 * (attention(m, x, m.b, m.a) @ m.c(x))),
+        lambda m, x: attention(m, x, m.a, m.b) @ m.c(x) - 0.3 * (attention(m, x, m.b, m.a) @ m.c(x)),
+    ),
     'mixture 0.5 (p1 + p2) @ v': (
         lambda m, x: 0.5 * (attention(m, x, m.a, m.b) + attention(m, x, m.b, m.a)) @ m.c(x),
-        lambda m, x: 0.5 * (attention(m, x, m.a, m.b) @ m.c(x)) + 0.5 * (attention(m, x, m.b, m.a) @ m.c(x))),
+        lambda m, x: 0.5 * (attention(m, x, m.a, m.b) @ m.c(x)) + 0.5 * (attention(m, x, m.b, m.a) @ m.c(x)),
+    ),
 }
 
 
@@ -295,6 +324,7 @@ def test_combined_attention_weights_are_gates(name):
 
 def routed(spelling: str):
     """Top-2 routing weights of a softmax placed in a dense ``[3, 4]`` matrix, times an expert ``b(x)``."""
+
     def forward(module, x):
         weights, index = torch.softmax(module.a(x), -1).topk(2, -1)
         if spelling == 'scatter':
@@ -303,9 +333,13 @@ def routed(spelling: str):
             dense = torch.zeros(3, 4, dtype=x.dtype)
             dense[torch.arange(3)[:, None], index] = weights
         else:
-            dense = torch.zeros(12, dtype=x.dtype).index_add(0, (index + 4 * torch.arange(3)[:, None]).flatten(),
-                                                              weights.flatten()).view(3, 4)
+            dense = (
+                torch.zeros(12, dtype=x.dtype)
+                .index_add(0, (index + 4 * torch.arange(3)[:, None]).flatten(), weights.flatten())
+                .view(3, 4)
+            )
         return dense * module.b(x)
+
     return forward
 
 
@@ -320,9 +354,11 @@ def test_scattered_routing_weights_are_gates(spelling):
     assert_conserved(found, model, x)
 
 
-CHAINS = {'sigmoid(relu(h))': lambda h: torch.sigmoid(torch.relu(h)),
-          'softplus(relu(h))': lambda h: F.softplus(torch.relu(h)),
-          'exp-free chain tanh(sigmoid(relu(h)))': lambda h: torch.tanh(torch.sigmoid(torch.relu(h)))}
+CHAINS = {
+    'sigmoid(relu(h))': lambda h: torch.sigmoid(torch.relu(h)),
+    'softplus(relu(h))': lambda h: F.softplus(torch.relu(h)),
+    'exp-free chain tanh(sigmoid(relu(h)))': lambda h: torch.tanh(torch.sigmoid(torch.relu(h))),
+}
 
 
 @pytest.mark.parametrize('composite', COMPOSITES)
@@ -368,6 +404,7 @@ def test_nan_to_num_of_a_masked_softmax(composite):
         probs = torch.softmax(module.a(x) @ module.b(x).T + mask, -1)
         probs = probs.masked_fill(probs.isnan(), 0.0) if spelled else torch.nan_to_num(probs)
         return probs @ module.c(x)
+
     model = projected(forward)
     reference = projected(lambda module, x: forward(module, x, spelled=True))
     x = inputs()
@@ -378,6 +415,7 @@ def test_nan_to_num_of_a_masked_softmax(composite):
 
 def linear_attention(spelling: str):
     """Causal linear attention with ``elu + 1`` features, written three ways."""
+
     def forward(module, x):
         q, k, v = F.elu(module.a(x)) + 1, F.elu(module.b(x)) + 1, module.c(x)
         if spelling == 'einsum and cumsum':
@@ -388,11 +426,13 @@ def linear_attention(spelling: str):
             return (q @ k.T).tril() @ v
         state = (k[:, :, None] * v[:, None, :]).cumsum(0)
         return (q[:, :, None] * state).sum(1)
+
     return forward
 
 
 class LinearAttention(torch.nn.Module):
     """A recurrent linear-attention layer named as such: ``s_t = s_{t-1} + k_t v_t^T``, ``o_t = q_t s_t``."""
+
     def __init__(self):
         super().__init__()
         self.a, self.b, self.c = (torch.nn.Linear(4, 4, bias=False) for _ in range(3))
@@ -407,8 +447,9 @@ class LinearAttention(torch.nn.Module):
 
 
 @pytest.mark.parametrize('composite', COMPOSITES)
-@pytest.mark.parametrize('spelling', ['einsum and cumsum', 'masked matrix products', 'outer products',
-                                      'LinearAttention'])
+@pytest.mark.parametrize(
+    'spelling', ['einsum and cumsum', 'masked matrix products', 'outer products', 'LinearAttention']
+)
 def test_linear_attention_is_refused(spelling, composite):
     """Linear attention (no softmax between ``q k^T`` and ``V``) is not softmax attention: refused by name until its
     rules are defined; before, it was explained with product rules without a word."""

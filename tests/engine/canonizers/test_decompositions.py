@@ -1,4 +1,5 @@
 """The decompositions the general mechanism runs instead of composite torch functions equal those functions."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,10 +20,26 @@ def _module(separate: bool, bias: bool) -> torch.nn.MultiheadAttention:
 def _call(function, module, query, key, value, **options):
     separate = not module._qkv_same_embed_dim
     return function(
-        query, key, value, module.embed_dim, module.num_heads, module.in_proj_weight, module.in_proj_bias, None, None,
-        False, 0.0, module.out_proj.weight, module.out_proj.bias, training=False,
-        use_separate_proj_weight=separate, q_proj_weight=module.q_proj_weight, k_proj_weight=module.k_proj_weight,
-        v_proj_weight=module.v_proj_weight, **options)
+        query,
+        key,
+        value,
+        module.embed_dim,
+        module.num_heads,
+        module.in_proj_weight,
+        module.in_proj_bias,
+        None,
+        None,
+        False,
+        0.0,
+        module.out_proj.weight,
+        module.out_proj.bias,
+        training=False,
+        use_separate_proj_weight=separate,
+        q_proj_weight=module.q_proj_weight,
+        k_proj_weight=module.k_proj_weight,
+        v_proj_weight=module.v_proj_weight,
+        **options,
+    )
 
 
 @pytest.mark.parametrize('separate', [False, True])
@@ -54,10 +71,26 @@ def test_multi_head_attention_equals_torch(separate, bias, masks, batched):
     if not batched:
         query, key, value = query[:, 0], key[:, 0], value[:, 0]
     for need_weights, average in ((True, True), (True, False), (False, True)):
-        expected = _call(torch.nn.functional.multi_head_attention_forward, module, query, key, value,
-                         need_weights=need_weights, average_attn_weights=average, **options)
-        found = _call(multi_head_attention, module, query, key, value, need_weights=need_weights,
-                      average_attn_weights=average, **options)
+        expected = _call(
+            torch.nn.functional.multi_head_attention_forward,
+            module,
+            query,
+            key,
+            value,
+            need_weights=need_weights,
+            average_attn_weights=average,
+            **options,
+        )
+        found = _call(
+            multi_head_attention,
+            module,
+            query,
+            key,
+            value,
+            need_weights=need_weights,
+            average_attn_weights=average,
+            **options,
+        )
         torch.testing.assert_close(found[0], expected[0], rtol=0, atol=1e-12)
         if need_weights:
             torch.testing.assert_close(found[1], expected[1], rtol=0, atol=1e-12)
@@ -69,8 +102,21 @@ def test_unsupported_options_are_named():
     module = _module(False, True)
     x = torch.randn(4, 1, 8, dtype=torch.float64)
     with pytest.raises(NotImplementedError, match='add_zero_attn'):
-        torch_args = (x, x, x, 8, 2, module.in_proj_weight, module.in_proj_bias, None, None, True, 0.0,
-                      module.out_proj.weight, module.out_proj.bias)
+        torch_args = (
+            x,
+            x,
+            x,
+            8,
+            2,
+            module.in_proj_weight,
+            module.in_proj_bias,
+            None,
+            None,
+            True,
+            0.0,
+            module.out_proj.weight,
+            module.out_proj.bias,
+        )
         multi_head_attention(*torch_args, training=False)
 
 
@@ -78,8 +124,9 @@ def test_siglip_attention_pooling_head_is_explained():
     """SigLIP's pooling head runs ``torch.nn.MultiheadAttention``: with the decomposition the general mechanism
     explains it, and CP-LRP on a bias-free float64 model conserves exactly (the relevance 1 at the pooled feature
     arrives at the pixels); AttnLRP's softmax rule absorbs a part."""
-    config = SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                                image_size=32, patch_size=8)
+    config = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
     torch.manual_seed(0)
     model = SiglipVisionModel(config).double().eval()
     zero_biases(model)

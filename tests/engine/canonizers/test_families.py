@@ -14,6 +14,7 @@
 Encoder-decoder models (T5) are explained at the last position of a fixed decoder input of :py:data:`DECODER_SEQ`
 tokens; their input relevance is that of the encoder and the decoder tokens.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,13 +26,23 @@ import torch
 import transformers
 
 from tests.models import (
-    DECODERS, EAGER_ONLY, ENCODER_DECODERS, FAMILY_HEADS, GEMMA2_ATTN_SOFTCAP, GEMMA2_FINAL_SOFTCAP, LAYERS, MOE,
-    decoder_ids, tiny_config, tiny_model, token_ids,
+    DECODERS,
+    EAGER_ONLY,
+    ENCODER_DECODERS,
+    FAMILY_HEADS,
+    GEMMA2_ATTN_SOFTCAP,
+    GEMMA2_FINAL_SOFTCAP,
+    LAYERS,
+    MOE,
+    decoder_ids,
+    tiny_config,
+    tiny_model,
+    token_ids,
 )
 from zennit_attn import conservation, explain
-from zennit_attn.engine.kinds import is_activation
 from zennit_attn.engine.canonizers import UnsupportedModelError, canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.engine.kinds import is_activation
 
 SEQ = 12
 #: decoder tokens of encoder-decoder models (the start token and 3 more)
@@ -42,11 +53,18 @@ EXTRA_HEADS = (('llama', 'seq_cls'), ('gpt2', 'seq_cls'))
 POSITION_EMBEDDINGS = ('gpt2', 'bert', 'roberta', 'distilbert')
 #: gated MLPs ``act(gate) * up`` found by :py:func:`_mlp_sites`: one per layer (Qwen2-MoE: the shared expert; T5:
 #: encoder and decoder); the experts of the mixtures compute theirs from 3-D parameters and are not counted
-GATED_MLPS = {family: LAYERS for family in ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3', 'olmo2', 'granite',
-                                             'gemma2', 'phi3', 'qwen2_moe')} | {'t5': 2 * LAYERS}
+GATED_MLPS = {
+    family: LAYERS
+    for family in ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3', 'olmo2', 'granite', 'gemma2', 'phi3', 'qwen2_moe')
+} | {'t5': 2 * LAYERS}
 HOOK_ATTRIBUTES = (
-    '_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks', '_forward_hooks_with_kwargs',
-    '_forward_pre_hooks_with_kwargs', '_forward_hooks_always_called',
+    '_forward_hooks',
+    '_forward_pre_hooks',
+    '_backward_hooks',
+    '_backward_pre_hooks',
+    '_forward_hooks_with_kwargs',
+    '_forward_pre_hooks_with_kwargs',
+    '_forward_hooks_always_called',
 )
 #: measured fractions, printed at the end of the module (run with -s to see them)
 INPUT_FRACTIONS: dict[str, float] = {}
@@ -97,8 +115,12 @@ def _select(logits: torch.Tensor, target: int) -> torch.Tensor:
 
 
 def _separate(query, key, value, output):
-    return {'query': (query, slice(None)), 'key': (key, slice(None)), 'value': (value, slice(None)),
-            'output': (output, None)}
+    return {
+        'query': (query, slice(None)),
+        'key': (key, slice(None)),
+        'value': (value, slice(None)),
+        'output': (output, None),
+    }
 
 
 def _attention_sites(model):
@@ -115,13 +137,22 @@ def _attention_sites(model):
         elif name == 'Phi3Attention':  # fused: query heads, key heads, value heads
             query = module.config.num_attention_heads * module.head_dim
             key = module.num_key_value_heads * module.head_dim
-            sites.append({'query': (module.qkv_proj, slice(0, query)),
-                          'key': (module.qkv_proj, slice(query, query + key)),
-                          'value': (module.qkv_proj, slice(query + key, None)), 'output': (module.o_proj, None)})
+            sites.append(
+                {
+                    'query': (module.qkv_proj, slice(0, query)),
+                    'key': (module.qkv_proj, slice(query, query + key)),
+                    'value': (module.qkv_proj, slice(query + key, None)),
+                    'output': (module.o_proj, None),
+                }
+            )
         elif name == 'GPTNeoXAttention':  # fused and interleaved: per head query, key, value
             index = torch.arange(3 * module.config.hidden_size).view(-1, 3, module.head_size)
-            sites.append({role: (module.query_key_value, index[:, part].flatten())
-                          for part, role in enumerate(('query', 'key', 'value'))})
+            sites.append(
+                {
+                    role: (module.query_key_value, index[:, part].flatten())
+                    for part, role in enumerate(('query', 'key', 'value'))
+                }
+            )
             sites[-1]['output'] = (module.dense, None)
         elif hasattr(module, 'q_proj') and hasattr(module, 'o_proj'):
             sites.append(_separate(module.q_proj, module.k_proj, module.v_proj, module.o_proj))
@@ -131,8 +162,14 @@ def _attention_sites(model):
             sites.append(_separate(module.self.query, module.self.key, module.self.value, module.output.dense))
         elif isinstance(module, transformers.models.gpt2.modeling_gpt2.GPT2Attention):
             size = module.embed_dim
-            sites.append({'query': (module.c_attn, slice(0, size)), 'key': (module.c_attn, slice(size, 2 * size)),
-                          'value': (module.c_attn, slice(2 * size, 3 * size)), 'output': (module.c_proj, None)})
+            sites.append(
+                {
+                    'query': (module.c_attn, slice(0, size)),
+                    'key': (module.c_attn, slice(size, 2 * size)),
+                    'value': (module.c_attn, slice(2 * size, 3 * size)),
+                    'output': (module.c_proj, None),
+                }
+            )
     return sites
 
 
@@ -142,15 +179,26 @@ def _mlp_sites(model):
     for module in model.modules():
         name = type(module).__name__
         if hasattr(module, 'gate_proj') and hasattr(module, 'down_proj'):
-            sites.append({'gate': (module.gate_proj, slice(None)), 'up': (module.up_proj, slice(None)),
-                          'down': (module.down_proj, None)})
+            sites.append(
+                {
+                    'gate': (module.gate_proj, slice(None)),
+                    'up': (module.up_proj, slice(None)),
+                    'down': (module.down_proj, None),
+                }
+            )
         elif name == 'Phi3MLP':  # fused: gate, then up
             half = module.gate_up_proj.out_features // 2
-            sites.append({'gate': (module.gate_up_proj, slice(0, half)), 'up': (module.gate_up_proj, slice(half, None)),
-                          'down': (module.down_proj, None)})
+            sites.append(
+                {
+                    'gate': (module.gate_up_proj, slice(0, half)),
+                    'up': (module.gate_up_proj, slice(half, None)),
+                    'down': (module.down_proj, None),
+                }
+            )
         elif name == 'T5DenseGatedActDense':
-            sites.append({'gate': (module.wi_0, slice(None)), 'up': (module.wi_1, slice(None)),
-                          'down': (module.wo, None)})
+            sites.append(
+                {'gate': (module.wi_0, slice(None)), 'up': (module.wi_1, slice(None)), 'down': (module.wo, None)}
+            )
     return sites
 
 
@@ -163,8 +211,11 @@ def _other_embeddings(model):
     """Embeddings other than the word embeddings (and copies tied to them): position and segment embeddings, and
     T5's relative position bias (added to the attention scores, not an input)."""
     word = model.get_input_embeddings()
-    return [module for module in model.modules()
-            if isinstance(module, torch.nn.Embedding) and module is not word and module.weight is not word.weight]
+    return [
+        module
+        for module in model.modules()
+        if isinstance(module, torch.nn.Embedding) and module is not word and module.weight is not word.weight
+    ]
 
 
 def _attention_weights(output, family):
@@ -200,18 +251,26 @@ def _manual_run(model, family, ids, target, composite):
         def hook(grad):
             part = (slice(None),) if section is None else (..., section)
             store[key] += float((detached[part].double() * grad[part].double()).sum())
+
         tensor.register_hook(hook)
 
     def watch(sites, stores):
         for site, store in zip(sites, stores):
             for role, (module, section) in site.items():
                 if section is None:  # the input of the module
-                    handles.append(module.register_forward_pre_hook(
-                        lambda module, args, store=store, role=role: accumulate(store, role, args[0], None)))
+                    handles.append(
+                        module.register_forward_pre_hook(
+                            lambda module, args, store=store, role=role: accumulate(store, role, args[0], None)
+                        )
+                    )
                 else:
-                    handles.append(module.register_forward_hook(
-                        lambda module, args, output, store=store, role=role, section=section:
-                        accumulate(store, role, output, section)))
+                    handles.append(
+                        module.register_forward_hook(
+                            lambda module, args, output, store=store, role=role, section=section: accumulate(
+                                store, role, output, section
+                            )
+                        )
+                    )
 
     def watch_router(module, args, output, store):
         accumulate(store, 'logits', output[0], None)
@@ -222,8 +281,11 @@ def _manual_run(model, family, ids, target, composite):
     for router, store in zip(_routers(model), routers):
         handles.append(router.register_forward_hook(functools.partial(watch_router, store=store)))
     for embedding in _other_embeddings(model):
-        handles.append(embedding.register_forward_hook(
-            lambda module, args, output: accumulate(other, 'value', output, slice(None))))
+        handles.append(
+            embedding.register_forward_hook(
+                lambda module, args, output: accumulate(other, 'value', output, slice(None))
+            )
+        )
     try:
         with torch.enable_grad():
             word = model.get_input_embeddings()
@@ -237,8 +299,8 @@ def _manual_run(model, family, ids, target, composite):
                 output = modified(**kwargs)
                 probabilities = _attention_weights(output, family)
                 assert len(probabilities) == len(attention) >= LAYERS and all(
-                    value is not None for value in probabilities), \
-                    'output_attentions returned no attention weights in eager mode'
+                    value is not None for value in probabilities
+                ), 'output_attentions returned no attention weights in eager mode'
                 for value in probabilities:
                     if value.requires_grad:
                         value.retain_grad()
@@ -259,9 +321,15 @@ def _manual_run(model, family, ids, target, composite):
         rule = logs * (share - value * share.sum(-1, keepdim=True))
         store['probabilities'] = float((value * grad).sum())
         store['expected_scores'] = float(rule.sum())
-    return {'logit': float(logit.detach()), 'word': embeddings.grad[0].sum(-1),
-            'decoder_word': None if decoder is None else decoder.grad[0].sum(-1), 'other': other['value'],
-            'attention': attention, 'mlp': mlp, 'routers': routers}
+    return {
+        'logit': float(logit.detach()),
+        'word': embeddings.grad[0].sum(-1),
+        'decoder_word': None if decoder is None else decoder.grad[0].sum(-1),
+        'other': other['value'],
+        'attention': attention,
+        'mlp': mlp,
+        'routers': routers,
+    }
 
 
 def _input_relevance(run, family) -> float:
@@ -308,15 +376,23 @@ def _conservation_runs(family, head):
         attn = explain(model, ids, composite=AttnLRPEpsilon(), **extra)
         target = int(attn.target[0])
         runs = {
-            'model': model, 'ids': ids, 'target': target,
-            'explain': {'attnlrp': attn,
-                        'cplrp': explain(model, ids, target=target, composite=CPLRPEpsilon(), **extra)},
-            'manual': {name: _manual_run(model, family, ids, target, composite())
-                       for name, composite in (('attnlrp', AttnLRPEpsilon), ('cplrp', CPLRPEpsilon))},
+            'model': model,
+            'ids': ids,
+            'target': target,
+            'explain': {
+                'attnlrp': attn,
+                'cplrp': explain(model, ids, target=target, composite=CPLRPEpsilon(), **extra),
+            },
+            'manual': {
+                name: _manual_run(model, family, ids, target, composite())
+                for name, composite in (('attnlrp', AttnLRPEpsilon), ('cplrp', CPLRPEpsilon))
+            },
         }
         if family not in ENCODER_DECODERS:  # conservation() does not handle them (test_conservation_report_t5)
-            runs['report'] = {name: conservation(model, ids, target=target, composite=composite())
-                              for name, composite in (('attnlrp', AttnLRPEpsilon), ('cplrp', CPLRPEpsilon))}
+            runs['report'] = {
+                name: conservation(model, ids, target=target, composite=composite())
+                for name, composite in (('attnlrp', AttnLRPEpsilon), ('cplrp', CPLRPEpsilon))
+            }
     return runs
 
 
@@ -343,8 +419,7 @@ class TestConservation:
         assert float(explanation.logit[0]) == pytest.approx(logit, rel=1e-12, abs=0)
         torch.testing.assert_close(explanation.relevance[0], manual['word'], rtol=1e-10, atol=1e-14)
         if family in ENCODER_DECODERS:
-            torch.testing.assert_close(explanation.decoder_relevance[0], manual['decoder_word'], rtol=1e-10,
-                                       atol=1e-14)
+            torch.testing.assert_close(explanation.decoder_relevance[0], manual['decoder_word'], rtol=1e-10, atol=1e-14)
             assert float(explanation.relevance.abs().sum()) > 0 and float(explanation.decoder_relevance.abs().sum()) > 0
             assert float(_tokens(explanation)[0]) == pytest.approx(logit, rel=1e-8, abs=0)
             return
@@ -353,8 +428,9 @@ class TestConservation:
         assert float(report.sums[-2:, 0].sum()) == pytest.approx(logit, rel=1e-8, abs=0)
         assert float(report.input_fraction[0]) == pytest.approx(1, rel=1e-8, abs=0)
         # every layer boundary carries the whole logit as well
-        torch.testing.assert_close(report.sums[:-2, 0], torch.full((len(report.names) - 2,), logit,
-                                                                    dtype=torch.float64), rtol=1e-8, atol=0)
+        torch.testing.assert_close(
+            report.sums[:-2, 0], torch.full((len(report.names) - 2,), logit, dtype=torch.float64), rtol=1e-8, atol=0
+        )
 
     def test_cp_lrp_operands(self, family, head):
         """CP-LRP: query, key, gate and the routers get nothing; value and up get all of their product's
@@ -383,8 +459,7 @@ class TestConservation:
         routing = [router['weights'] - router['logits'] for router in run['routers']]
         input_relevance = _input_relevance(run, family)
         assert logit == pytest.approx(float(reference.logit[0]), rel=1e-12, abs=0)
-        assert input_relevance == pytest.approx(logit - sum(absorbed) - sum(routing), rel=1e-8,
-                                                abs=1e-8 * abs(logit))
+        assert input_relevance == pytest.approx(logit - sum(absorbed) - sum(routing), rel=1e-8, abs=1e-8 * abs(logit))
         fraction = input_relevance / logit
         INPUT_FRACTIONS[f'{family}-{head}'] = fraction
         if routing:
@@ -417,8 +492,10 @@ class TestConservation:
         logit = run['logit']
         # T5: encoder self-attention, then per decoder block self- and cross-attention; cross-attention has no
         # position bias
-        biased = [family in ENCODER_DECODERS and (index < LAYERS or (index - LAYERS) % 2 == 0)
-                  for index in range(len(run['attention']))]
+        biased = [
+            family in ENCODER_DECODERS and (index < LAYERS or (index - LAYERS) % 2 == 0)
+            for index in range(len(run['attention']))
+        ]
         bias_shares = []
         for layer, has_bias in zip(run['attention'], biased):
             assert layer['output'] != 0
@@ -450,7 +527,6 @@ class TestConservation:
         assert difference[0, keep].max() > 1e-3 * attn[0, keep].abs().max()
 
 
-
 #: every family and head with an SDPA attention in transformers
 SDPA_FAMILY_HEADS = tuple((family, head) for family, head in FAMILY_HEADS if family not in EAGER_ONLY)
 
@@ -468,13 +544,14 @@ def test_eager_equals_sdpa(family, head):
     else:
         mask[1, -3:] = 0
     models = {impl: tiny_model(family, head, attn_implementation=impl) for impl in ('eager', 'sdpa')}
-    assert all(config._attn_implementation == impl for impl, model in models.items()
-               for config in _configs(model))
+    assert all(config._attn_implementation == impl for impl, model in models.items() for config in _configs(model))
     for composite in (AttnLRPEpsilon, CPLRPEpsilon):
         for attention_mask in (None, mask):
             with float64_softmax():
-                eager, sdpa = (explain(models[impl], ids, attention_mask=attention_mask, composite=composite(),
-                                       **extra) for impl in ('eager', 'sdpa'))
+                eager, sdpa = (
+                    explain(models[impl], ids, attention_mask=attention_mask, composite=composite(), **extra)
+                    for impl in ('eager', 'sdpa')
+                )
             assert torch.equal(eager.target, sdpa.target)
             torch.testing.assert_close(eager.logit, sdpa.logit, rtol=1e-12, atol=0)
             for result in (eager, sdpa):
@@ -490,8 +567,13 @@ def test_eager_equals_sdpa(family, head):
 
 def _configs(model):
     """The distinct configuration objects of ``model`` and its submodules."""
-    return list({id(config): config for config in (getattr(module, 'config', None) for module in model.modules())
-                 if config is not None}.values())
+    return list(
+        {
+            id(config): config
+            for config in (getattr(module, 'config', None) for module in model.modules())
+            if config is not None
+        }.values()
+    )
 
 
 def _correlation(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -551,8 +633,9 @@ def _snapshot(model, family):
     with torch.enable_grad():
         logits = model(input_ids=ids, **_decoder_kwargs(family), **_forward_kwargs(model)).logits
         (logits * torch.linspace(-1, 1, logits.shape[-1], dtype=logits.dtype)).sum().backward()
-    gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()
-                 if parameter.grad is not None}
+    gradients = {
+        name: parameter.grad.clone() for name, parameter in model.named_parameters() if parameter.grad is not None
+    }
     model.zero_grad(set_to_none=True)
     return {
         'logits': logits.detach(),
@@ -578,8 +661,12 @@ def _assert_restored(model, family, before):
     assert torch.equal(after['logits'], before['logits'])
     assert set(after['gradients']) == set(before['gradients']) and after['gradients']
     assert all(torch.equal(after['gradients'][name], value) for name, value in before['gradients'].items())
-    leftovers = [(name, attribute) for name, module in model.named_modules() for attribute in HOOK_ATTRIBUTES
-                 if len(getattr(module, attribute))]
+    leftovers = [
+        (name, attribute)
+        for name, module in model.named_modules()
+        for attribute in HOOK_ATTRIBUTES
+        if len(getattr(module, attribute))
+    ]
     assert not leftovers
     assert not any(name.rsplit('.', 1)[-1].startswith('attnlrp_') for name, _ in model.named_modules())
     assert torch._C._len_torch_function_stack() == 0
@@ -589,15 +676,23 @@ def _assert_restored(model, family, before):
 
 #: AttnLRP on every family and head; CP-LRP (same canonizers, other rules) on one model per kind of attention
 RESTORE_CASES = [(family, head, AttnLRPEpsilon) for family, head in FAMILY_HEADS] + [
-    (family, head, CPLRPEpsilon) for family, head in (('llama', 'causal_lm'), ('gpt2', 'causal_lm'),
-                                                      ('roberta', 'seq_cls'), ('mixtral', 'causal_lm'),
-                                                      ('t5', 'seq2seq'))]
+    (family, head, CPLRPEpsilon)
+    for family, head in (
+        ('llama', 'causal_lm'),
+        ('gpt2', 'causal_lm'),
+        ('roberta', 'seq_cls'),
+        ('mixtral', 'causal_lm'),
+        ('t5', 'seq2seq'),
+    )
+]
 
 
-@pytest.mark.parametrize('family, head, composite', RESTORE_CASES,
-                         ids=[f'{family}-{head}-{composite.__name__}' for family, head, composite in RESTORE_CASES])
+@pytest.mark.parametrize(
+    'family, head, composite',
+    RESTORE_CASES,
+    ids=[f'{family}-{head}-{composite.__name__}' for family, head, composite in RESTORE_CASES],
+)
 class TestRestore:
-
     def test_after_explain(self, family, head, composite):
         model = _restore_model(family, head)
         before = _snapshot(model, family)
@@ -613,8 +708,11 @@ class TestRestore:
             inside = [name for name, _ in model.named_modules()]
             hooked = sum(len(module._forward_hooks) for module in model.modules())
             if family in MOE:  # the experts run as the eager loop during the context
-                assert all(config._experts_implementation == 'eager' for config in _configs(model)
-                           if hasattr(config, '_experts_implementation'))
+                assert all(
+                    config._experts_implementation == 'eager'
+                    for config in _configs(model)
+                    if hasattr(config, '_experts_implementation')
+                )
         assert len(inside) > len(before) and hooked > 0
         if family in MOE:
             assert model.config._experts_implementation not in (None, 'eager')
@@ -700,6 +798,7 @@ def test_same_composite_instance_on_two_models():
 
 # ------------------------------------------------------------------------------------------------------ unsupported
 
+
 def _assert_refused(model, names):
     with pytest.raises(UnsupportedModelError) as info:
         canonizers_for(model, general=False)
@@ -717,18 +816,31 @@ def _assert_refused(model, names):
 
 
 def _unsupported_bloom():
-    return transformers.BloomForCausalLM(transformers.BloomConfig(
-        vocab_size=100, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2))
+    return transformers.BloomForCausalLM(
+        transformers.BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2)
+    )
 
 
 def _unsupported_opt():
-    return transformers.OPTForCausalLM(transformers.OPTConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
-        max_position_embeddings=64, word_embed_proj_dim=32, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    return transformers.OPTForCausalLM(
+        transformers.OPTConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            ffn_dim=64,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    )
 
 
-@pytest.mark.parametrize('build, package', [(_unsupported_bloom, 'bloom'), (_unsupported_opt, 'opt')],
-                         ids=['bloom', 'opt'])
+@pytest.mark.parametrize(
+    'build, package', [(_unsupported_bloom, 'bloom'), (_unsupported_opt, 'opt')], ids=['bloom', 'opt']
+)
 def test_unsupported_model(build, package):
     """Models without a family entry (Bloom: ALiBi attention and its own GELU module; OPT) are refused, every
     module class of theirs that is not a known leaf (linear, embedding, LayerNorm) named in the message. (Mixtral
@@ -736,10 +848,15 @@ def test_unsupported_model(build, package):
     torch.manual_seed(0)
     model = build().eval()
     leaves = (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)
-    expected = sorted({
-        f'{type(module).__module__}.{type(module).__qualname__}' for module in model.modules()
-        if type(module).__module__.startswith(f'transformers.models.{package}.') and not isinstance(module, leaves)
-        and not is_activation(module)})  # Bloom's BloomGelu: an activation by its name
+    expected = sorted(
+        {
+            f'{type(module).__module__}.{type(module).__qualname__}'
+            for module in model.modules()
+            if type(module).__module__.startswith(f'transformers.models.{package}.')
+            and not isinstance(module, leaves)
+            and not is_activation(module)
+        }
+    )  # Bloom's BloomGelu: an activation by its name
     assert len(expected) >= 4
     message = _assert_refused(model, expected)
     assert 'torch.nn.modules' not in message
@@ -747,6 +864,7 @@ def test_unsupported_model(build, package):
 
 class LlamaMLP(transformers.models.llama.modeling_llama.LlamaMLP):
     """A class of a supported name that is not the one transformers defines: its forward could be anything."""
+
     def forward(self, x):
         return self.down_proj(torch.relu(self.gate_proj(x)) ** 2 * self.up_proj(x))
 
@@ -785,12 +903,22 @@ def test_tiny_config_shapes():
     of experts with 4 experts, 2 per token; T5 in both feed-forward variants."""
     for family in ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3', 'olmo2', 'granite', 'gemma2', 'phi3'):
         config = tiny_config(family)
-        assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-                config.num_key_value_heads, config.intermediate_size) == (32, 2, 4, 2, 64)
+        assert (
+            config.hidden_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.intermediate_size,
+        ) == (32, 2, 4, 2, 64)
     for family in MOE:
         config = tiny_config(family)
-        assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-                config.num_key_value_heads, config.num_experts_per_tok) == (32, 2, 4, 2, 2)
+        assert (
+            config.hidden_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.num_experts_per_tok,
+        ) == (32, 2, 4, 2, 2)
         assert getattr(config, 'num_local_experts', getattr(config, 'num_experts', None)) == 4
     assert tiny_config('qwen2_moe').norm_topk_prob is False and tiny_config('qwen3_moe').norm_topk_prob is True
     assert tiny_config('t5').is_gated_act and tiny_config('t5').dense_act_fn == 'gelu_new'
@@ -810,16 +938,22 @@ def test_gemma2_softcapping_goes_through_the_identity_rule():
     ratios = {}
     with torch.no_grad(), AttnLRPEpsilon().context(model):
         tanhs = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Tanh)}
-        handles = [module.register_forward_hook(
-            lambda module, args, output, name=name: ratios.setdefault(name, []).append(
-                float((output / args[0]).min()))) for name, module in tanhs.items()]
+        handles = [
+            module.register_forward_hook(
+                lambda module, args, output, name=name: ratios.setdefault(name, []).append(
+                    float((output / args[0]).min())
+                )
+            )
+            for name, module in tanhs.items()
+        ]
         try:
             model(input_ids=token_ids('gemma2', SEQ), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
-    assert sorted(tanhs) == sorted([f'model.layers.{index}.self_attn.attnlrp_tanh' for index in range(LAYERS)]
-                                   + ['attnlrp_tanh'])
+    assert sorted(tanhs) == sorted(
+        [f'model.layers.{index}.self_attn.attnlrp_tanh' for index in range(LAYERS)] + ['attnlrp_tanh']
+    )
     assert sorted(ratios) == sorted(tanhs) and all(len(values) == 1 for values in ratios.values())
     assert all(values[0] < 0.9 for values in ratios.values()), ratios
     assert not any(isinstance(module, torch.nn.Tanh) for module in model.modules())

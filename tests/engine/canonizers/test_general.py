@@ -1,13 +1,14 @@
 """The general mechanism (:py:mod:`zennit_attn.engine.canonizers.general`): equal to the family table where both apply,
 exact rules on hand-checkable modules, and named refusals."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from tests.by_hand import assert_same_relevance, attributed, by_hand, identity, scaled
-from tests.naive_rules import lrp
 from tests.models import FAMILIES, MOE, decoder_ids, pixels, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
+from tests.naive_rules import lrp
 from zennit_attn.engine.canonizers import GeneralCanonizer, UnsupportedModelError, canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.engine.kinds import norm_kind
@@ -18,8 +19,11 @@ HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5
 
 def relevance(model, composite, inputs: dict) -> list[torch.Tensor]:
     """Relevance at every float input for relevance 1 at the largest last-position score."""
-    leaves = {key: value.detach().clone().requires_grad_(True) for key, value in inputs.items()
-              if isinstance(value, torch.Tensor) and value.is_floating_point()}
+    leaves = {
+        key: value.detach().clone().requires_grad_(True)
+        for key, value in inputs.items()
+        if isinstance(value, torch.Tensor) and value.is_floating_point()
+    }
     rest = {key: value for key, value in inputs.items() if key not in leaves}
     with composite.context(model) as modified:
         output = modified(**leaves, **rest)
@@ -78,8 +82,11 @@ def test_grouped_experts_equal_the_loop(family, implementation, composite):
 def test_general_equals_table_vision(builder):
     model = builder()
     for composite in (AttnLRPEpsilon, CPLRPEpsilon):
-        table = relevance(model, composite(general=False), {'x': pixels(1)}) if builder is tiny_timm_vit else \
-            relevance(model, composite(general=False), {'pixel_values': pixels(1)})
+        table = (
+            relevance(model, composite(general=False), {'x': pixels(1)})
+            if builder is tiny_timm_vit
+            else relevance(model, composite(general=False), {'pixel_values': pixels(1)})
+        )
         key = 'x' if builder is tiny_timm_vit else 'pixel_values'
         general = relevance(model, composite(general=True), {key: pixels(1)})
         torch.testing.assert_close(general[0], table[0], rtol=0, atol=1e-12)
@@ -87,6 +94,7 @@ def test_general_equals_table_vision(builder):
 
 class Gated(torch.nn.Module):
     """``down(silu(gate(x)) * up(x)) / ||x||`` computed inline, with an inline softmax mixing of positions."""
+
     def __init__(self):
         super().__init__()
         self.gate, self.up, self.down = (torch.nn.Linear(4, 4, bias=False) for _ in range(3))
@@ -162,11 +170,14 @@ class Block(torch.nn.Module):
         return self.mixer(x)
 
 
-@pytest.mark.parametrize('model, match', [
-    (Exponential(), r"exp in the model \(Exponential\)"),
-    (Custom(), r'Kernel in .*custom autograd function'),
-    (Block(MambaMixer()), r"exp in 'mixer' \(MambaMixer\).*MambaMixer is not softmax attention"),
-])
+@pytest.mark.parametrize(
+    'model, match',
+    [
+        (Exponential(), r'exp in the model \(Exponential\)'),
+        (Custom(), r'Kernel in .*custom autograd function'),
+        (Block(MambaMixer()), r"exp in 'mixer' \(MambaMixer\).*MambaMixer is not softmax attention"),
+    ],
+)
 def test_refusals_name_op_and_module(model, match):
     """An operation without a rule, a custom kernel and a state-space layer are refused, naming what and where; the
     model is left as it was."""
@@ -180,6 +191,7 @@ def test_refusals_name_op_and_module(model, match):
 
 class ScaledNorm(torch.nn.Module):
     """Named like a normalisation, but not one."""
+
     def forward(self, x):
         return x * 3
 
@@ -187,6 +199,7 @@ class ScaledNorm(torch.nn.Module):
 class CenteredNorm(torch.nn.Module):
     """A LayerNorm written by hand over dimension ``dim`` (no torch class): ``dim=1`` of ``[batch, channels, length]``
     is the channels-first layout of GotOcr2's and SqueezeBERT's norms."""
+
     def __init__(self, dim: int = -1):
         super().__init__()
         self.dim = dim
@@ -202,6 +215,7 @@ class CenteredNorm(torch.nn.Module):
 
 class NoNorm(torch.nn.Module):
     """MobileBERT's ``NoNorm``: named like a normalisation, an element-wise affine map."""
+
     def __init__(self):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.rand(5) + 0.5)
@@ -213,6 +227,7 @@ class NoNorm(torch.nn.Module):
 
 class Transposed(torch.nn.Module):
     """``module`` applied to ``[batch, channels, length]`` (transposed in and out)."""
+
     def __init__(self, module):
         super().__init__()
         self.inner = module
@@ -245,8 +260,9 @@ def test_modules_named_like_norms_get_the_rules_of_what_they_compute():
     first = CenteredNorm(dim=1).double()
     with torch.no_grad():
         first.weight.copy_(norm.weight)
-    torch.testing.assert_close(norm_relevance(first, channels), norm_relevance(Transposed(layer), channels),
-                               rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        norm_relevance(first, channels), norm_relevance(Transposed(layer), channels), rtol=1e-10, atol=1e-12
+    )
     selected = torch.zeros_like(x)
     selected[:, :3] = 1
     for module in (NoNorm().double(), ScaledNorm()):
@@ -272,6 +288,7 @@ def test_family_path_confirms_norms_by_name():
 class QKNorm(torch.nn.Module):
     """Named like a normalisation, but of two tensors at once (ZAYA's query/key norm): not a norm module; the
     general mechanism sees its inside (the norms are normalisers, Prop. 3.4)."""
+
     def forward(self, query, key):
         return query * (2 / query.norm(dim=-1, keepdim=True)), key / key.norm(dim=-1, keepdim=True)
 
@@ -302,6 +319,7 @@ def test_norm_of_two_tensors_is_opened():
 class Routed(torch.nn.Module):
     """A routing weight selected from a softmax by ``max`` (Switch Transformers) or by slicing and ``cat`` (PhiMoE's
     two top-1 softmaxes), times an expert."""
+
     def __init__(self, select: str):
         super().__init__()
         self.select = select
@@ -333,6 +351,7 @@ def test_routing_weights_are_gates(select):
 class MaskedRows(torch.nn.Module):
     """Attention whose padded query rows have only ``-inf`` logits (an additive mask; softmax NaN, replaced by 0 as LED
     does) and whose probabilities are padded (``F.pad``) before the product with the values."""
+
     def forward(self, x):
         scores = x @ x.transpose(-1, -2) + torch.tensor([0.0, 0.0, float('-inf')], dtype=x.dtype)[:, None]
         probs = torch.softmax(scores, -1).masked_fill(torch.tensor([False, False, True])[:, None], 0.0)
@@ -352,12 +371,14 @@ def test_fully_masked_rows_get_no_relevance(composite, share):
         scores = scaled(xx[:2], share) @ scaled(xx, share).transpose(-1, -2)
         probs = torch.cat([torch.softmax(scores, -1), torch.zeros(1, 3, dtype=xx.dtype)])
         return scaled(probs, share) @ scaled(xx, 0.5 if share else 1.0)
+
     assert torch.isfinite(found).all()
     torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
 
 
 class Truncated(torch.nn.Module):
     """A recurrence whose first step runs without gradients (truncated backpropagation, as HRM's early cycles)."""
+
     def __init__(self):
         super().__init__()
         self.cell = torch.nn.Linear(4, 4, bias=False)
@@ -370,6 +391,7 @@ class Truncated(torch.nn.Module):
 
 class Thresholded(Truncated):
     """Statistics computed without gradients that only select (a mask, as PhiMoE's sparse mixer) or normalise."""
+
     def forward(self, x):
         with torch.no_grad():
             threshold = x.max(-1, keepdim=True).values
@@ -382,7 +404,7 @@ def test_relevance_cut_by_no_grad_is_refused():
     lose the relevance through it: refused (raised inside the operator ``+``, it still arrives as the refusal); masks
     and normalisers computed without gradients are fine (exact conservation)."""
     x = torch.randn(3, 4, dtype=torch.float64)
-    with pytest.raises(UnsupportedModelError, match=r"add in the model \(Truncated\).*torch.no_grad\(\)"):
+    with pytest.raises(UnsupportedModelError, match=r'add in the model \(Truncated\).*torch.no_grad\(\)'):
         attributed(Truncated().double(), CPLRPEpsilon(general=True), x)
     model = Thresholded().double()
     found = attributed(model, CPLRPEpsilon(general=True), x)
@@ -393,6 +415,7 @@ def test_relevance_cut_by_no_grad_is_refused():
 
 class Positioned(torch.nn.Module):
     """Sinusoidal positions computed in the forward (PegasusX) and an additive attention mask (0 / -1e9)."""
+
     def forward(self, x):
         with torch.no_grad():
             positions = torch.sin(torch.arange(x.shape[0], dtype=x.dtype)[:, None] + torch.arange(x.shape[1]))
@@ -414,6 +437,7 @@ def test_constant_tensors_are_noted():
 
 class Sink(torch.nn.Module):
     """Attention with a sink applied as ``sigmoid(logsumexp(z) - s)`` (GraniteSWA's eager attention)."""
+
     def __init__(self, misuse: bool = False):
         super().__init__()
         self.sink, self.misuse = torch.nn.Parameter(torch.tensor(0.7)), misuse
@@ -441,6 +465,7 @@ def test_attention_sink_is_the_extended_softmax(composite, share):
         extended = torch.cat([scores, model.sink.detach().expand(3, 1)], -1)
         probs = torch.softmax(extended, -1)[:, :3]
         return scaled(probs, share) @ scaled(xx, 0.5 if share else 1.0)
+
     torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
     if not share:
         torch.testing.assert_close(found.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
@@ -451,6 +476,7 @@ def test_attention_sink_is_the_extended_softmax(composite, share):
 class DynamicMask(torch.nn.Module):
     """Doge's dynamic mask: a per-key bias ``exp(A softplus(W v))`` of the logits, causally masked, added in eager
     attention or passed as the mask of ``scaled_dot_product_attention``."""
+
     def __init__(self, sdpa: bool):
         super().__init__()
         self.sdpa, self.dt, self.A = sdpa, torch.nn.Linear(4, 1, bias=False), torch.nn.Parameter(torch.tensor(-0.7))
@@ -481,15 +507,17 @@ def test_logit_bias_gets_the_scores_share(composite, share, sdpa):
         bias = model.bias(xx if share else xx.detach(), identity)
         probs = torch.softmax(scaled(xx, share) @ scaled(xx, share).transpose(-1, -2) / 2 + bias, -1)
         return scaled(probs, share) @ scaled(xx, 0.5 if share else 1.0)
+
     torch.testing.assert_close(found, by_hand(forward, x), rtol=1e-10, atol=1e-12)
-    with pytest.raises(UnsupportedModelError, match=r"exp \(used by mul\) in the model \(ExpGate\)"):
+    with pytest.raises(UnsupportedModelError, match=r'exp \(used by mul\) in the model \(ExpGate\)'):
         attributed(ExpGate().double(), composite(general=True), x[0, 0, :, :3])
-    with pytest.raises(UnsupportedModelError, match=r"exp \(used by scaled_dot_product_attention\) in the model"):
+    with pytest.raises(UnsupportedModelError, match=r'exp \(used by scaled_dot_product_attention\) in the model'):
         attributed(ExpGate(sdpa=True).double(), composite(general=True), x[..., :3])
 
 
 class ExpGate(Exponential):
     """An exponential used as a factor, or as the values of attention."""
+
     def __init__(self, sdpa: bool = False):
         super().__init__()
         self.sdpa = sdpa
@@ -504,6 +532,7 @@ class LogRouted(torch.nn.Module):
     """Top-2 routing weights of ``softmax(logsigmoid(router(x)))`` times the selected experts, the softmax written as
     ``softmax`` or in log space as Inkling's router does: ``exp(z - logsumexp(z))`` after top-k (``'topk'``), of the
     gathered logits (``'gather'``, renormalised over the selection), or ``exp(log_softmax(z))`` (``'log_softmax'``)."""
+
     def __init__(self, form: str, log: bool):
         super().__init__()
         self.form, self.log = form, log
@@ -541,6 +570,7 @@ def test_log_space_routing_is_a_softmax(form, composite):
 
 class LogSumExpMisuse(torch.nn.Module):
     """A logsumexp or log-softmax that is not exponentiated into a softmax."""
+
     def __init__(self, misuse: str):
         super().__init__()
         self.misuse = misuse
@@ -557,22 +587,28 @@ class LogSumExpMisuse(torch.nn.Module):
         return torch.log_softmax(scores, -1) * x[:, :1]
 
 
-@pytest.mark.parametrize('misuse, match', [('lse', r'logsumexp \(used by mul\)'),
-                                           ('broadcast', r'logsumexp \(used by sub\)'),
-                                           ('shifted', r'log_softmax \(used by add\)'),
-                                           ('log_softmax', r'log_softmax \(used by mul\)')])
+@pytest.mark.parametrize(
+    'misuse, match',
+    [
+        ('lse', r'logsumexp \(used by mul\)'),
+        ('broadcast', r'logsumexp \(used by sub\)'),
+        ('shifted', r'log_softmax \(used by add\)'),
+        ('log_softmax', r'log_softmax \(used by mul\)'),
+    ],
+)
 def test_other_log_softmax_uses_are_refused(misuse, match):
     """Only ``exp`` of a log-softmax (after casts, views, selections) is a softmax; other uses of a logsumexp or a
     log-softmax are refused by name."""
     x = torch.randn(3, 3, dtype=torch.float64)
     for composite in (AttnLRPEpsilon, CPLRPEpsilon):
-        with pytest.raises(UnsupportedModelError, match=match + r" in the model \(LogSumExpMisuse\)"):
+        with pytest.raises(UnsupportedModelError, match=match + r' in the model \(LogSumExpMisuse\)'):
             attributed(LogSumExpMisuse(misuse), composite(general=True), x)
 
 
 class ClampedMLP(torch.nn.Module):
     """A gated MLP whose up projection is bounded, as DeepSeek-V4's and gpt-oss's: ``silu(gate(x)) * up(x).clamp()``
     (with bounds the values never reach, or none)."""
+
     def __init__(self, clamp: bool):
         super().__init__()
         self.clamp = clamp
@@ -595,6 +631,7 @@ def test_a_clamped_value_is_no_gate(composite):
 class AddedProduct(torch.nn.Module):
     """``p + a * b`` or ``p + a @ b^T`` of three projections of the input, fused (``addcmul``, ``addmm``, ``linear``
     with ``p`` as its bias) or written out."""
+
     def __init__(self, form: str, fused: bool):
         super().__init__()
         self.form, self.fused = form, fused
@@ -631,14 +668,18 @@ class AddedFactor(torch.nn.Module):
 
 
 def test_added_term_that_is_also_a_factor_is_refused():
-    with pytest.raises(UnsupportedModelError, match=r'addcmul in the model \(AddedFactor\): a product with a '
-                                                     r'relevance-carrying tensor that is also its additive term'):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r'addcmul in the model \(AddedFactor\): a product with a '
+        r'relevance-carrying tensor that is also its additive term',
+    ):
         attributed(AddedFactor().double(), AttnLRPEpsilon(general=True), torch.randn(3, 4, dtype=torch.float64))
 
 
 class Sinkhorn(torch.nn.Module):
     """Mixing weights of three streams: a softmax renormalised by Sinkhorn iterations (rows, then columns), as
     DeepSeek-V4's hyper-connections (20 iterations: 40 divisions between the softmax and its use)."""
+
     def __init__(self, iterations: int):
         super().__init__()
         self.iterations = iterations
@@ -662,12 +703,19 @@ def test_sinkhorn_normalised_softmax_is_a_gate(iterations):
     torch.testing.assert_close(found.sum(), torch.tensor(36.0, dtype=torch.float64), rtol=1e-10, atol=1e-12)
 
 
-PIECEWISE = {'sign': torch.sign, 'round': torch.round, 'floor': torch.floor, 'trunc': torch.trunc,
-             'remainder': lambda a: a % 0.7, 'fmod': lambda a: torch.fmod(a, 0.7)}
+PIECEWISE = {
+    'sign': torch.sign,
+    'round': torch.round,
+    'floor': torch.floor,
+    'trunc': torch.trunc,
+    'remainder': lambda a: a % 0.7,
+    'fmod': lambda a: torch.fmod(a, 0.7),
+}
 
 
 class Piecewise(torch.nn.Module):
     """A piecewise-constant or remainder function (:py:data:`PIECEWISE`) of a projection of the input."""
+
     def __init__(self, name: str):
         super().__init__()
         self.function, self.a = PIECEWISE[name], torch.nn.Linear(4, 4, bias=False)
@@ -694,6 +742,7 @@ def test_piecewise_functions_get_the_identity_rule(name, composite):
 class ElementProduct(torch.nn.Module):
     """The product of the elements of a projection of the input along its last dimension (``dim``), or of all of them
     (``None``): ``prod``, or the same factors as the operands of one ``einsum`` (``einsum=True``)."""
+
     def __init__(self, dim, einsum: bool):
         super().__init__()
         self.dim, self.einsum = dim, einsum
@@ -727,9 +776,18 @@ def test_instance_settings_compute_every_cycle_with_gradients():
     so CP-LRP is conservative, and puts the truncation back afterwards."""
     from transformers import HrmTextConfig, HrmTextForCausalLM
 
-    config = HrmTextConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=2,
-                           num_key_value_heads=2, head_dim=8, H_cycles=2, L_cycles=3, num_layers_per_stack=1,
-                           num_hidden_layers=8)
+    config = HrmTextConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        H_cycles=2,
+        L_cycles=3,
+        num_layers_per_stack=1,
+        num_hidden_layers=8,
+    )
     torch.manual_seed(0)
     model = HrmTextForCausalLM(config).double().eval()
     truncated = list(model.model.L_bp_cycles_padded)

@@ -54,6 +54,7 @@ The composites are registered on the block alone (with canonizers chosen from th
 the eager loop (float64 needs it anyway: the default ``grouped_mm`` refuses float64), and
 :py:func:`test_block_registration_uses_eager_experts` checks that this happens.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,7 +64,15 @@ import torch
 import transformers
 
 from tests.naive_rules import (
-    ATTNLRP, CPLRP, epsilon_rule, gated_mlp_rule, identity_rule, relative_error, softmax_rule, sum_rule, uniform_rule,
+    ATTNLRP,
+    CPLRP,
+    epsilon_rule,
+    gated_mlp_rule,
+    identity_rule,
+    relative_error,
+    softmax_rule,
+    sum_rule,
+    uniform_rule,
 )
 from zennit_attn.engine.canonizers import canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
@@ -74,33 +83,70 @@ TOLERANCE = 1e-8
 FLOAT32_ROUTER_TOLERANCE = 1e-6
 COMPOSITES = {ATTNLRP: AttnLRPEpsilon, CPLRP: CPLRPEpsilon}
 
-_COMMON = dict(vocab_size=32, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-               num_experts_per_tok=TOP_K, bos_token_id=1, eos_token_id=2, pad_token_id=None,
-               tie_word_embeddings=False)
+_COMMON = dict(
+    vocab_size=32,
+    hidden_size=HIDDEN,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts_per_tok=TOP_K,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=None,
+    tie_word_embeddings=False,
+)
 
 #: name -> (model class, configuration)
 MODELS = {
-    'mixtral': lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
-        **_COMMON, intermediate_size=INTERMEDIATE, num_local_experts=EXPERTS)),
-    'qwen2_moe': lambda: transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
-        **_COMMON, num_experts=EXPERTS, moe_intermediate_size=INTERMEDIATE, intermediate_size=INTERMEDIATE,
-        shared_expert_intermediate_size=SHARED_INTERMEDIATE, norm_topk_prob=False, decoder_sparse_step=1,
-        mlp_only_layers=[])),
-    'qwen2_moe_norm': lambda: transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
-        **_COMMON, num_experts=EXPERTS, moe_intermediate_size=INTERMEDIATE, intermediate_size=INTERMEDIATE,
-        shared_expert_intermediate_size=SHARED_INTERMEDIATE, norm_topk_prob=True, decoder_sparse_step=1,
-        mlp_only_layers=[])),
-    'qwen3_moe': lambda: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
-        **_COMMON, num_experts=EXPERTS, moe_intermediate_size=INTERMEDIATE, intermediate_size=INTERMEDIATE,
-        head_dim=HIDDEN // 4, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])),
-    'olmoe': lambda: transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
-        **_COMMON, num_experts=EXPERTS, intermediate_size=INTERMEDIATE, norm_topk_prob=False)),
+    'mixtral': lambda: transformers.MixtralForCausalLM(
+        transformers.MixtralConfig(**_COMMON, intermediate_size=INTERMEDIATE, num_local_experts=EXPERTS)
+    ),
+    'qwen2_moe': lambda: transformers.Qwen2MoeForCausalLM(
+        transformers.Qwen2MoeConfig(
+            **_COMMON,
+            num_experts=EXPERTS,
+            moe_intermediate_size=INTERMEDIATE,
+            intermediate_size=INTERMEDIATE,
+            shared_expert_intermediate_size=SHARED_INTERMEDIATE,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    ),
+    'qwen2_moe_norm': lambda: transformers.Qwen2MoeForCausalLM(
+        transformers.Qwen2MoeConfig(
+            **_COMMON,
+            num_experts=EXPERTS,
+            moe_intermediate_size=INTERMEDIATE,
+            intermediate_size=INTERMEDIATE,
+            shared_expert_intermediate_size=SHARED_INTERMEDIATE,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    ),
+    'qwen3_moe': lambda: transformers.Qwen3MoeForCausalLM(
+        transformers.Qwen3MoeConfig(
+            **_COMMON,
+            num_experts=EXPERTS,
+            moe_intermediate_size=INTERMEDIATE,
+            intermediate_size=INTERMEDIATE,
+            head_dim=HIDDEN // 4,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    ),
+    'olmoe': lambda: transformers.OlmoeForCausalLM(
+        transformers.OlmoeConfig(**_COMMON, num_experts=EXPERTS, intermediate_size=INTERMEDIATE, norm_topk_prob=False)
+    ),
 }
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The routing rule (relevance form, epsilon = 0; the other rules are those of tests.naive_rules)
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def routing_weights(logits, top_k, renormalise, softmax_dtype):
     """The routing weights as Hugging Face computes them (softmax over all experts in ``softmax_dtype``, top-k,
@@ -165,8 +211,11 @@ def moe_reference(block, x, relevance, variant=ATTNLRP, softmax_dtype=DTYPE, top
         for slot in range(p['top_k']):
             k = int(index[t, slot])
             w_gate, w_up = p['gate_up'][k, :intermediate], p['gate_up'][k, intermediate:]
-            row.append(gated_mlp_rule(x[t:t + 1], w_gate, w_up, p['down'][k], torch.ones(1, shape[-1], dtype=x.dtype),
-                                      variant)[0][0])
+            row.append(
+                gated_mlp_rule(
+                    x[t : t + 1], w_gate, w_up, p['down'][k], torch.ones(1, shape[-1], dtype=x.dtype), variant
+                )[0][0]
+            )
         experts.append(torch.stack(row))
     experts = torch.stack(experts)  # [T, k, H]
     terms = weights[..., None] * experts  # w_k E_k
@@ -193,7 +242,9 @@ def moe_reference(block, x, relevance, variant=ATTNLRP, softmax_dtype=DTYPE, top
         for slot in range(p['top_k']):
             k = int(index[t, slot])
             w_gate, w_up = p['gate_up'][k, :intermediate], p['gate_up'][k, intermediate:]
-            r_x[t] += gated_mlp_rule(x[t:t + 1], w_gate, w_up, p['down'][k], r_experts[t:t + 1, slot], variant)[1][0]
+            r_x[t] += gated_mlp_rule(x[t : t + 1], w_gate, w_up, p['down'][k], r_experts[t : t + 1, slot], variant)[1][
+                0
+            ]
     if 'shared_gate' in p:
         r_shared_term = sum_rule(shared_term, output, relevance)
         if variant == ATTNLRP:
@@ -208,6 +259,7 @@ def moe_reference(block, x, relevance, variant=ATTNLRP, softmax_dtype=DTYPE, top
 # ----------------------------------------------------------------------------------------------------------------
 # Models and the library side
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def make_model(name, dtype=DTYPE, seed=0):
     """A tiny model of ``name`` with random weights of unit-scale activations, eager experts, in eval mode."""
@@ -274,6 +326,7 @@ def router64(setup):
 # ----------------------------------------------------------------------------------------------------------------
 # Tests
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def test_reference_forward_matches_hf(setup):
     _, _, block, x, _ = setup

@@ -31,6 +31,7 @@ product linear in ``W_i1 xn``; ``q``, ``k`` and ``W_i0`` receive nothing. T5 has
 Precision: ``T5LayerNorm`` computes its variance in float32 even in a float64 model; the reference reproduces that
 forward step exactly (it only changes activations: the normalisation is not differentiated by either side).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,16 @@ import torch
 import transformers
 
 from tests.naive_rules import (
-    ATTNLRP, CPLRP, constant_matmul_rule, epsilon_rule, gated_mlp_rule, matmul_rule, relative_error, rms_norm_rule,
-    softmax_rule, sum_rule,
+    ATTNLRP,
+    CPLRP,
+    constant_matmul_rule,
+    epsilon_rule,
+    gated_mlp_rule,
+    matmul_rule,
+    relative_error,
+    rms_norm_rule,
+    softmax_rule,
+    sum_rule,
 )
 from zennit_attn import explain
 from zennit_attn.engine.canonizers import canonizers_for
@@ -58,6 +67,7 @@ COMPOSITES = {ATTNLRP: AttnLRPEpsilon, CPLRP: CPLRPEpsilon}
 # T5's activation and norm (the rules are those of tests.naive_rules)
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def gelu_new(x):
     """transformers' ``NewGELUActivation`` (tanh approximation)."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
@@ -73,6 +83,7 @@ def t5_norm(norm, h):
 # ----------------------------------------------------------------------------------------------------------------
 # The references
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def cross_attention_reference(layer, h, e, constant, relevance, variant=ATTNLRP):
     """``T5LayerCrossAttention`` by hand: returns ``(y, R_h, R_e)`` for ``h`` ``[Tq, D]``, ``e`` ``[Tk, D]``, the
@@ -136,12 +147,25 @@ def feed_forward_reference(layer, h, relevance, variant=ATTNLRP):
 # Model and the library side
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def make_model(attn_implementation, seed=0):
     """A tiny bias-free T5 (gated GELU, one encoder and one decoder block) with unit-scale random weights."""
     config = transformers.T5Config(
-        vocab_size=VOCAB, d_model=D_MODEL, d_kv=D_KV, num_heads=HEADS, d_ff=D_FF, feed_forward_proj='gated-gelu',
-        num_layers=1, num_decoder_layers=1, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
-        eos_token_id=1, relative_attention_num_buckets=8, relative_attention_max_distance=16)
+        vocab_size=VOCAB,
+        d_model=D_MODEL,
+        d_kv=D_KV,
+        num_heads=HEADS,
+        d_ff=D_FF,
+        feed_forward_proj='gated-gelu',
+        num_layers=1,
+        num_decoder_layers=1,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+    )
     torch.manual_seed(seed)
     model = transformers.T5ForConditionalGeneration(config).to(DTYPE).eval()
     model.set_attn_implementation(attn_implementation)
@@ -183,9 +207,12 @@ def data():
     mask = torch.zeros(1, 1, DECODER_TOKENS, ENCODER_TOKENS, dtype=DTYPE)
     mask[..., 2] = torch.finfo(DTYPE).min
     return dict(
-        hidden=randn(1, DECODER_TOKENS, D_MODEL), encoder=randn(1, ENCODER_TOKENS, D_MODEL),
-        relevance=randn(1, DECODER_TOKENS, D_MODEL), encoder_relevance=randn(1, ENCODER_TOKENS, D_MODEL),
-        position_bias=randn(1, HEADS, DECODER_TOKENS, ENCODER_TOKENS), mask=mask,
+        hidden=randn(1, DECODER_TOKENS, D_MODEL),
+        encoder=randn(1, ENCODER_TOKENS, D_MODEL),
+        relevance=randn(1, DECODER_TOKENS, D_MODEL),
+        encoder_relevance=randn(1, ENCODER_TOKENS, D_MODEL),
+        position_bias=randn(1, HEADS, DECODER_TOKENS, ENCODER_TOKENS),
+        mask=mask,
     )
 
 
@@ -208,6 +235,7 @@ def cross_attention_case(data, constants):
 # ----------------------------------------------------------------------------------------------------------------
 # Tests
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def test_cross_attention_has_no_position_bias_of_its_own(model):
     layer = model.decoder.block[0].layer[1]
@@ -235,9 +263,12 @@ def test_cross_attention_matches_reference(model, data, constants, variant):
     inputs = dict(hidden_states=data['hidden'], key_value_states=data['encoder'])
     _, actual = library_relevance(model, layer, variant, inputs, data['relevance'], **kwargs)
     _, r_hidden, r_encoder = cross_attention_reference(
-        layer, data['hidden'][0], data['encoder'][0], constant, data['relevance'][0], variant)
-    errors = (relative_error(actual['hidden_states'][0], r_hidden),
-              relative_error(actual['key_value_states'][0], r_encoder))
+        layer, data['hidden'][0], data['encoder'][0], constant, data['relevance'][0], variant
+    )
+    errors = (
+        relative_error(actual['hidden_states'][0], r_hidden),
+        relative_error(actual['key_value_states'][0], r_encoder),
+    )
     assert max(errors) <= TOLERANCE, f'{variant} {constants}: relative errors (hidden, encoder) {errors}'
     if constants == 'masked':  # the masked key receives nothing through k and v
         assert actual['key_value_states'][0, 2].abs().max() == 0
@@ -252,9 +283,11 @@ def test_cross_attention_variants_differ(model, data):
     layer = model.decoder.block[0].layer[1]
     _, constant = cross_attention_case(data, 'none')
     _, r_attnlrp, _ = cross_attention_reference(
-        layer, data['hidden'][0], data['encoder'][0], constant, data['relevance'][0], ATTNLRP)
+        layer, data['hidden'][0], data['encoder'][0], constant, data['relevance'][0], ATTNLRP
+    )
     _, r_cplrp, _ = cross_attention_reference(
-        layer, data['hidden'][0], data['encoder'][0], constant, data['relevance'][0], CPLRP)
+        layer, data['hidden'][0], data['encoder'][0], constant, data['relevance'][0], CPLRP
+    )
     assert relative_error(r_attnlrp, r_cplrp) > 1e-2
 
 
@@ -281,8 +314,9 @@ def test_explain_cplrp_conserves(model):
     """End to end on the bias-free T5: CP-LRP's encoder and decoder token relevances sum to the explained logit."""
     generator = torch.Generator().manual_seed(2)
     input_ids = torch.randint(2, VOCAB, (1, ENCODER_TOKENS), generator=generator)
-    decoder_input_ids = torch.cat([torch.zeros(1, 1, dtype=torch.long),
-                                   torch.randint(2, VOCAB, (1, DECODER_TOKENS - 1), generator=generator)], 1)
+    decoder_input_ids = torch.cat(
+        [torch.zeros(1, 1, dtype=torch.long), torch.randint(2, VOCAB, (1, DECODER_TOKENS - 1), generator=generator)], 1
+    )
     result = explain(model, input_ids, decoder_input_ids=decoder_input_ids, composite=CPLRPEpsilon())
     logit = float(result.logit.sum())
     total = float(result.relevance.sum() + result.decoder_relevance.sum())

@@ -9,6 +9,7 @@
 
 The builders :py:func:`tiny_timm_vit`, :py:func:`tiny_deit` and :py:func:`tiny_hf_vit` are in ``tests/models.py``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,17 +20,28 @@ from zennit.attribution import Gradient
 
 # IMAGE, CHANNELS, pixels, tiny_*: still imported from here by other test files (import them from tests.models)
 from tests.models import (
-    CLASSES, VISION_BUILDERS, pixels, tiny_deit, tiny_hf_vit, tiny_timm_vit,
+    CLASSES,
+    VISION_BUILDERS,
+    pixels,
+    tiny_deit,
+    tiny_hf_vit,
+    tiny_timm_vit,
 )
+from zennit_attn import explain
 from zennit_attn.engine.canonizers import UnsupportedModelError, canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPGamma
-from zennit_attn import explain
 from zennit_attn.engine.modules import output_scores
 from zennit_attn.engine.rules import Gamma
 
-
-HOOK_ATTRIBUTES = ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks',
-                   '_forward_hooks_with_kwargs', '_forward_pre_hooks_with_kwargs', '_forward_hooks_always_called')
+HOOK_ATTRIBUTES = (
+    '_forward_hooks',
+    '_forward_pre_hooks',
+    '_backward_hooks',
+    '_backward_pre_hooks',
+    '_forward_hooks_with_kwargs',
+    '_forward_pre_hooks_with_kwargs',
+    '_forward_hooks_always_called',
+)
 
 
 def _snapshot(model):
@@ -37,8 +49,11 @@ def _snapshot(model):
         'modules': [(name, type(module)) for name, module in model.named_modules()],
         'state': {key: value.clone() for key, value in model.state_dict().items()},
         'parameters': [(name, id(parameter)) for name, parameter in model.named_parameters()],
-        'hooks': [(name, attribute, len(getattr(module, attribute, {}))) for name, module in model.named_modules()
-                  for attribute in HOOK_ATTRIBUTES],
+        'hooks': [
+            (name, attribute, len(getattr(module, attribute, {})))
+            for name, module in model.named_modules()
+            for attribute in HOOK_ATTRIBUTES
+        ],
         'fused': [(name, module.fused_attn) for name, module in model.named_modules() if hasattr(module, 'fused_attn')],
         'attn': getattr(getattr(model, 'config', None), '_attn_implementation', None),
     }
@@ -63,7 +78,7 @@ def test_model_check_accepts(kind):
 
 def test_model_check_refuses_uncovered_variants():
     with pytest.raises(UnsupportedModelError, match='AttentionPoolLatent'):
-        canonizers_for(tiny_timm_vit(global_pool="map"), general=False)
+        canonizers_for(tiny_timm_vit(global_pool='map'), general=False)
     model = tiny_timm_vit()
     model.blocks[0].attn.gate = torch.nn.Linear(16, 16, dtype=torch.float64)  # gated attention (sigmoid gate)
     before = _snapshot(model)
@@ -113,8 +128,9 @@ def test_cp_gamma_conserves_the_logit(kind):
     identity (GELU, LayerNorm), constant attention: the pixel relevance sums to the logit."""
     model = VISION_BUILDERS[kind](zero_bias=True)
     x = pixels()
-    exact = CPLRPGamma(conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15),
-                       attention_in=None, attention_out=None)
+    exact = CPLRPGamma(
+        conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None, attention_out=None
+    )
     explanation = explain(model, x, composite=exact)
     assert explanation.logit.abs().min() > 1e-3
     torch.testing.assert_close(explanation.relevance.sum((1, 2)), explanation.logit, rtol=1e-8, atol=0)
@@ -157,8 +173,11 @@ def test_timm_and_hf_with_the_same_weights_agree():
         for block, layer in zip(t.blocks, h.layers):
             q, k, v = block.attn.qkv.weight.chunk(3)
             qb, kb, vb = block.attn.qkv.bias.chunk(3)
-            for linear, weight, bias in ((layer.attention.q_proj, q, qb), (layer.attention.k_proj, k, kb),
-                                         (layer.attention.v_proj, v, vb)):
+            for linear, weight, bias in (
+                (layer.attention.q_proj, q, qb),
+                (layer.attention.k_proj, k, kb),
+                (layer.attention.v_proj, v, vb),
+            ):
                 linear.weight.copy_(weight)
                 linear.bias.copy_(bias)
             layer.attention.o_proj.load_state_dict(block.attn.proj.state_dict())
@@ -188,5 +207,6 @@ def test_zennit_gradient_attributor_on_deit():
         output, relevance = attributor(x, one_hot)
     assert relevance.shape == x.shape and torch.isfinite(relevance).all()
     explanation = explain(model, x, target=[0, 2])
-    torch.testing.assert_close(relevance * explanation.logit.view(-1, 1, 1, 1), explanation.pixel_relevance,
-                               rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        relevance * explanation.logit.view(-1, 1, 1, 1), explanation.pixel_relevance, rtol=1e-9, atol=1e-12
+    )

@@ -1,5 +1,6 @@
 """Registration guards of the AttnLRP composites: compiled models are refused, and a composite holds one model
 at a time (no silent unhooking of the first model, no two sets of rules on one model)."""
+
 from __future__ import annotations
 
 import copy
@@ -180,8 +181,11 @@ def test_two_composites_on_one_model():
             assert other.registered_module is None
     # also for a submodule or a parent of the registered model
     with AttnLRPEpsilon().context(model):
-        with pytest.raises(RuntimeError, match=r'LlamaModel already has AttnLRPEpsilon registered \(as part of '
-                                               r'LlamaForCausalLM\)'):
+        with pytest.raises(
+            RuntimeError,
+            match=r'LlamaModel already has AttnLRPEpsilon registered \(as part of '
+            r'LlamaForCausalLM\)',
+        ):
             AttnLRPEpsilon().register(model.model)
     with AttnLRPEpsilon().context(model.model):
         with pytest.raises(RuntimeError, match=r"LlamaForCausalLM already has .* at 'model'"):
@@ -210,8 +214,9 @@ def test_everything_restored_after_refusal_and_error():
     # registered again after the failed block: the same relevance as a fresh composite
     expected = explain(tiny_model('llama', seed=1), ids).relevance
     torch.testing.assert_close(explain(second, ids, composite=composite).relevance, expected)
-    torch.testing.assert_close(explain(first, ids, composite=composite).relevance,
-                               explain(tiny_model('llama'), ids).relevance)
+    torch.testing.assert_close(
+        explain(first, ids, composite=composite).relevance, explain(tiny_model('llama'), ids).relevance
+    )
 
 
 @pytest.mark.parametrize('composite_class', COMPOSITES, ids=lambda cls: cls.__name__)

@@ -9,23 +9,31 @@
    independently from the attention probabilities and the q/k relevance; on a bias-free LLaVA with gamma on the
    vision tower, CP-LRP misses the logit by what the stabilisers absorb, and by nothing else.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 from zennit.core import ParamMod
-from zennit.rules import AlphaBeta as ZennitAlphaBeta, Gamma as ZennitGamma, ZPlus as ZennitZPlus
+from zennit.rules import AlphaBeta as ZennitAlphaBeta
+from zennit.rules import Gamma as ZennitGamma
+from zennit.rules import ZPlus as ZennitZPlus
 
 from tests.models import CLASSES, pixels, tiny_hf_vit, tiny_llava, tiny_timm_vit
-from tests.processors import image, llava_processor
 from tests.naive_rules import close, lrp, stabilize
-from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
+from tests.processors import image, llava_processor
 from zennit_attn import explain
+from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
 from zennit_attn.engine.rules import (
-    AlphaBeta, ConstantOperand, Epsilon, Gamma, RelevanceRule, UniformOperand, ZPlus,
+    AlphaBeta,
+    ConstantOperand,
+    Epsilon,
+    Gamma,
+    RelevanceRule,
+    UniformOperand,
+    ZPlus,
 )
 from zennit_attn.engine.rules.relevance import modified_parameters
-
 
 STAB = 1e-6
 
@@ -55,7 +63,8 @@ def naive_alpha_beta(weight, bias, x, relevance, alpha, beta):
     z = contributions(weight, bias, x)
     positive, negative = z.clamp(min=0), z.clamp(max=0)
     share = alpha * positive / stabilize(positive.sum(1, keepdim=True), STAB) - beta * negative / stabilize(
-        negative.sum(1, keepdim=True), STAB)
+        negative.sum(1, keepdim=True), STAB
+    )
     return (share * relevance[:, None, :]).sum(2)[:, :-1]
 
 
@@ -96,15 +105,20 @@ def test_gamma_conserves_without_bias(linear_case):
 def test_zplus_and_alpha_beta_linear(linear_case):
     linear, x, relevance = linear_case
     close(lrp(linear, ZPlus(), x, relevance), naive_zplus(linear.weight, linear.bias, x, relevance))
-    close(lrp(linear, AlphaBeta(2.0, 1.0), x, relevance),
-          naive_alpha_beta(linear.weight, linear.bias, x, relevance, 2.0, 1.0))
+    close(
+        lrp(linear, AlphaBeta(2.0, 1.0), x, relevance),
+        naive_alpha_beta(linear.weight, linear.bias, x, relevance, 2.0, 1.0),
+    )
 
 
-@pytest.mark.parametrize('rule, naive', [
-    (Gamma(0.25), lambda w, b, x, r: naive_gamma(w, b, x, r, 0.25)),
-    (ZPlus(), naive_zplus),
-    (AlphaBeta(2.0, 1.0), lambda w, b, x, r: naive_alpha_beta(w, b, x, r, 2.0, 1.0)),
-])
+@pytest.mark.parametrize(
+    'rule, naive',
+    [
+        (Gamma(0.25), lambda w, b, x, r: naive_gamma(w, b, x, r, 0.25)),
+        (ZPlus(), naive_zplus),
+        (AlphaBeta(2.0, 1.0), lambda w, b, x, r: naive_alpha_beta(w, b, x, r, 2.0, 1.0)),
+    ],
+)
 def test_rules_on_patch_embedding_conv(rule, naive):
     """A Conv2d with kernel = stride is a linear layer on the flattened patches."""
     conv = torch.nn.Conv2d(3, 5, kernel_size=2, stride=2).double()
@@ -126,8 +140,11 @@ def test_rule_adapter_needs_a_zennit_rule():
     assert repr(Gamma(0.25)) == 'Gamma(0.25)' and repr(AlphaBeta()) == 'AlphaBeta(2.0, 1.0)'
 
 
-@pytest.mark.parametrize('rule', [ZennitGamma(0.25), ZennitGamma(0.5, zero_params=['bias']), ZennitZPlus(),
-                                  ZennitAlphaBeta(2.0, 1.0)], ids=['gamma', 'gamma-zero-bias', 'zplus', 'alpha-beta'])
+@pytest.mark.parametrize(
+    'rule',
+    [ZennitGamma(0.25), ZennitGamma(0.5, zero_params=['bias']), ZennitZPlus(), ZennitAlphaBeta(2.0, 1.0)],
+    ids=['gamma', 'gamma-zero-bias', 'zplus', 'alpha-beta'],
+)
 def test_modified_parameters_are_zennits(rule):
     """The adapter computes each of the rule's modified parameters (its ``param_keys``, ``zero_params``, the
     modifier ``modifier(param, name)``) as zennit's own ``ParamMod`` context sets them, on a copy of the layer (zennit
@@ -144,8 +161,9 @@ def test_modified_parameters_are_zennits(rule):
         assert set(ours) == set(theirs)
         for name in ours:
             assert torch.equal(ours[name], theirs[name]), name
-    assert [(name, id(parameter)) for name, parameter in linear.named_parameters()] == \
-        [(name, identity) for name, identity, _ in parameters]
+    assert [(name, id(parameter)) for name, parameter in linear.named_parameters()] == [
+        (name, identity) for name, identity, _ in parameters
+    ]
     assert all(torch.equal(getattr(linear, name), value) for name, _, value in parameters)
 
 
@@ -156,8 +174,11 @@ def test_layer_types(builder):
     composite = AttnLRPGamma()
     composite.register(model)
     try:
-        kinds = {name: composite.layer_type(module) for name, module in model.named_modules()
-                 if composite.layer_type(module) is not None}
+        kinds = {
+            name: composite.layer_type(module)
+            for name, module in model.named_modules()
+            if composite.layer_type(module) is not None
+        }
     finally:
         composite.remove()
     if builder is tiny_timm_vit:
@@ -187,11 +208,17 @@ def test_rules_are_assigned_and_overridable():
     assert repr(AttnLRPGamma()).startswith('AttnLRPGamma(conv=Gamma(0.25), linear=Gamma(0.05)')
     x = pixels()
     base = explain(model, x, composite=AttnLRPGamma())
-    for override in ({'conv': ZPlus()}, {'linear': Gamma(0.5)}, {'attention_in': Gamma(0.25)},
-                     {'attention_out': Gamma(0.25)}, {'softmax': ConstantOperand()}):
+    for override in (
+        {'conv': ZPlus()},
+        {'linear': Gamma(0.5)},
+        {'attention_in': Gamma(0.25)},
+        {'attention_out': Gamma(0.25)},
+        {'softmax': ConstantOperand()},
+    ):
         other = explain(model, x, target=base.target, composite=AttnLRPGamma(**override))
-        assert (other.pixel_relevance - base.pixel_relevance).abs().max() > 1e-4 * base.pixel_relevance.abs().max(), \
+        assert (other.pixel_relevance - base.pixel_relevance).abs().max() > 1e-4 * base.pixel_relevance.abs().max(), (
             override
+        )
     with pytest.raises(TypeError):
         AttnLRPGamma(conv='Gamma(0.25)')
 
@@ -220,8 +247,9 @@ def test_gamma_on_fused_qkv_keeps_the_operand_rule():
     x = pixels()
     for softmax in (UniformOperand(), ConstantOperand()):
         reference = explain(model, x, composite=AttnLRPGamma(attention_in=Epsilon(STAB), softmax=softmax))
-        gamma = explain(model, x, target=reference.target,
-                              composite=AttnLRPGamma(attention_in=Gamma(0.0), softmax=softmax))
+        gamma = explain(
+            model, x, target=reference.target, composite=AttnLRPGamma(attention_in=Gamma(0.0), softmax=softmax)
+        )
         torch.testing.assert_close(gamma.pixel_relevance, reference.pixel_relevance, rtol=1e-9, atol=1e-12)
 
 
@@ -240,7 +268,10 @@ def _softmax_absorbed(model, x, composite):
         def watch(module, input, output):
             detached = output.detach()
             width = detached.shape[-1] // 3 * 2
-            output.register_hook(lambda grad: query_key.append(float((detached[..., :width] * grad[..., :width]).sum())))
+            output.register_hook(
+                lambda grad: query_key.append(float((detached[..., :width] * grad[..., :width]).sum()))
+            )
+
         handles.append(block.attn.qkv.register_forward_hook(watch))
     try:
         x = x.clone().requires_grad_()
@@ -261,8 +292,9 @@ def test_conservation_bias_free_vit():
     """CP-LRP: the logit exactly; AttnLRP: the logit minus what the softmax rule absorbs, exactly."""
     model = tiny_timm_vit(zero_bias=True, pos_embed='none')  # class token zeroed: no relevance absorbed there
     x = pixels()
-    exact = dict(conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None,
-                 attention_out=None)
+    exact = dict(
+        conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None, attention_out=None
+    )
     cp = explain(model, x, target=0, composite=CPLRPGamma(**exact))
     torch.testing.assert_close(cp.relevance.sum((1, 2)), cp.logit, rtol=1e-8, atol=0)
 
@@ -286,8 +318,12 @@ def test_vision_tower_gap_is_what_the_stabilisers_absorb():
     def gap(gamma_stabilizer=1e-6, epsilon=1e-6, composite=None):
         attention = Epsilon(epsilon) if epsilon else None
         composite = composite or CPLRPGamma(
-            within='vision', conv=Gamma(0.25, stabilizer=gamma_stabilizer),
-            linear=Gamma(0.05, stabilizer=gamma_stabilizer), attention_in=attention, attention_out=attention)
+            within='vision',
+            conv=Gamma(0.25, stabilizer=gamma_stabilizer),
+            linear=Gamma(0.05, stabilizer=gamma_stabilizer),
+            attention_in=attention,
+            attention_out=attention,
+        )
         exp = explain(model, text, images=[image()], processor=processor, composite=composite)
         return float(exp.relevance.sum()) + float(exp.pixel_relevance.sum()) - float(exp.logit), float(exp.logit)
 

@@ -3,6 +3,7 @@ references stay valid), the same ``requires_grad`` flags (a mix of frozen and tr
 object, also when the block inside the context raises. zennit 1.0's ``ParamMod`` context sets and restores
 parameters with ``load_state_dict(assign=True)``, which puts new objects into the module; the relevance rules (gamma)
 compute the modified parameters themselves and keep the module's own (zennit 0.5.1 and 1.0 alike)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,9 +14,9 @@ import torch
 from tests.models import tiny_llava, tiny_model, token_ids
 from tests.processors import image, llava_processor
 from zennit_attn import explain
-from zennit_attn.inputs.checks import rule_hooks
 from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
 from zennit_attn.engine.rules import RelevanceRule
+from zennit_attn.inputs.checks import rule_hooks
 
 COMPOSITES = (AttnLRPEpsilon, CPLRPEpsilon, AttnLRPGamma, CPLRPGamma)
 GAMMA = (AttnLRPGamma, CPLRPGamma)
@@ -26,8 +27,10 @@ LLAVA_TEXT = '<image>The ice bear lives'
 
 def parameter_state(model: torch.nn.Module) -> list[tuple[str, int, bool]]:
     """``(name, id, requires_grad)`` of every parameter, a tied one under each of its names."""
-    return [(name, id(parameter), parameter.requires_grad)
-            for name, parameter in model.named_parameters(remove_duplicate=False)]
+    return [
+        (name, id(parameter), parameter.requires_grad)
+        for name, parameter in model.named_parameters(remove_duplicate=False)
+    ]
 
 
 def freeze_every_other(model: torch.nn.Module) -> None:
@@ -129,14 +132,16 @@ def test_vision_scope_keeps_parameters(llava, composite_class, raises):
     composite = composite_class(within='vision')
     with pytest.raises(ZeroDivisionError) if raises else contextlib.nullcontext():
         with composite.context(model) as modified:
-            assert isinstance(dict(rule_hooks(model))['model.vision_tower.encoder.layers.1.mlp.fc1'],
-                              RelevanceRule)
-            logits = modified(input_ids=encoding['input_ids'], pixel_values=pixels,
-                              attention_mask=encoding['attention_mask'], use_cache=False).logits
+            assert isinstance(dict(rule_hooks(model))['model.vision_tower.encoder.layers.1.mlp.fc1'], RelevanceRule)
+            logits = modified(
+                input_ids=encoding['input_ids'],
+                pixel_values=pixels,
+                attention_mask=encoding['attention_mask'],
+                use_cache=False,
+            ).logits
             logits[0, -1].max().backward()
             if raises:
                 1 / 0
     assert float(pixels.grad.abs().sum()) > 0
     assert parameter_state(model) == before
     assert layers[1].mlp.fc1.weight is layers[0].mlp.fc1.weight
-

@@ -2,6 +2,7 @@
 ``pdftoppm`` to rasterise PDF figures, a TeX engine to compile LaTeX snippets. Tests never install system packages:
 `make system` (run by `make test` and `.ci/run`) installs them where it can; where one is missing, the tests that
 need it are skipped with that reason and the fix."""
+
 from __future__ import annotations
 
 import shutil
@@ -10,8 +11,15 @@ from typing import NoReturn
 import pytest
 
 #: what every headless run gets: no sandbox (root in a container), no GPU, no network chatter, a fresh profile
-CHROMIUM_FLAGS = ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
-                  '--disable-sync', '--no-first-run', '--hide-scrollbars']
+CHROMIUM_FLAGS = [
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+    '--no-first-run',
+    '--hide-scrollbars',
+]
 
 
 def _skip_missing(program: str, package: str) -> NoReturn:
@@ -34,5 +42,6 @@ def pdftoppm() -> str:
 def tex_engine() -> str:
     """The path of a TeX engine (``pdflatex``, ``lualatex`` or ``xelatex``)."""
     engines = ('pdflatex', 'lualatex', 'xelatex')
-    return (next(filter(None, map(shutil.which, engines)), None)
-            or _skip_missing('pdflatex', 'texlive-latex-recommended'))
+    return next(filter(None, map(shutil.which, engines)), None) or _skip_missing(
+        'pdflatex', 'texlive-latex-recommended'
+    )

@@ -3,6 +3,7 @@ and on the page of a generated answer, clicking a generated token switches the h
 
 Set ``ZENNIT_ATTN_SCREENSHOTS=<folder>`` to keep the screenshots for a look.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def _keep(path: Path) -> None:
 
 @pytest.fixture(scope='module')
 def generation(tokenizer):
-    return explain_generation(tiny_model('llama'), tokenizer, PROMPT, max_new_tokens=6,
-                              generate_kwargs={'suppress_tokens': [0, 1, 2, 3]})
+    return explain_generation(
+        tiny_model('llama'), tokenizer, PROMPT, max_new_tokens=6, generate_kwargs={'suppress_tokens': [0, 1, 2, 3]}
+    )
 
 
 @pytest.fixture(scope='module')
@@ -46,8 +48,15 @@ def explanation(tokenizer):
 
 def _screenshot(chromium: str, page: Path, out: Path, size=(1000, 600)) -> np.ndarray:
     with tempfile.TemporaryDirectory() as profile:
-        command = [chromium, '--headless', *CHROMIUM_FLAGS, f'--user-data-dir={profile}', f'--screenshot={out}',
-                   f'--window-size={size[0]},{size[1]}', page.resolve().as_uri()]
+        command = [
+            chromium,
+            '--headless',
+            *CHROMIUM_FLAGS,
+            f'--user-data-dir={profile}',
+            f'--screenshot={out}',
+            f'--window-size={size[0]},{size[1]}',
+            page.resolve().as_uri(),
+        ]
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and out.exists(), result.stderr[-2000:]
     _keep(out)
@@ -112,8 +121,10 @@ def test_clicking_a_generated_token_switches_the_heatmap(browser, generation, tm
     page.goto(path.resolve().as_uri())
     tokens = generation.tokens()
     # every token is visible, with its text
-    boxes = page.eval_on_selector_all('.za-tokens .za-t', 'spans => spans.map(s => [s.textContent, '
-                                      's.getBoundingClientRect().width, s.getBoundingClientRect().height])')
+    boxes = page.eval_on_selector_all(
+        '.za-tokens .za-t',
+        'spans => spans.map(s => [s.textContent, s.getBoundingClientRect().width, s.getBoundingClientRect().height])',
+    )
     assert [text for text, _, _ in boxes] == [split_space(token)[1] for token in tokens]
     assert all(width > 3 and height > 10 for _, width, height in boxes)
     # first the whole answer, in exactly the colours of the other formats
@@ -127,8 +138,9 @@ def test_clicking_a_generated_token_switches_the_heatmap(browser, generation, tm
         row = generation.relevance[index].tolist()
         assert _backgrounds(page) == _expected(row, max(abs(value) for value in row))
         assert 'za-selected' in generated[index].get_attribute('class')
-        later = page.eval_on_selector_all('.za-tokens .za-t', 'spans => spans.map(s => s.classList.contains('
-                                          '"za-later"))')
+        later = page.eval_on_selector_all(
+            '.za-tokens .za-t', 'spans => spans.map(s => s.classList.contains("za-later"))'
+        )
         assert later == [column >= generation.answer_start + index for column in range(len(tokens))]
         info = page.inner_text('.za-info')
         assert info.startswith(f'generated token {index + 1} of {len(generated)}') and 'most relevant' in info

@@ -1,4 +1,5 @@
 """The colour map shared by every format: fixed points, symmetry, perceptual evenness, legibility."""
+
 from __future__ import annotations
 
 import math
@@ -6,7 +7,16 @@ import math
 import pytest
 
 from zennit_attn.results.render.colors import (
-    LEVELS, NEGATIVE, NEUTRAL, POSITIVE, color_table, luminance, oklab, relevance_level, relevance_to_rgb, text_color,
+    LEVELS,
+    NEGATIVE,
+    NEUTRAL,
+    POSITIVE,
+    color_table,
+    luminance,
+    oklab,
+    relevance_level,
+    relevance_to_rgb,
+    text_color,
 )
 
 
@@ -50,6 +60,7 @@ def test_colour_scale_symmetric_and_perceptually_even():
 def test_colour_scale_is_legible_on_light_and_dark_pages():
     """Both ends take white text with WCAG contrast above 4.5, the neutral grey takes black text above 7, and the
     grey stands out from a white and from a dark page."""
+
     def contrast(first, second):
         high, low = sorted([luminance(first), luminance(second)], reverse=True)
         return (high + 0.05) / (low + 0.05)

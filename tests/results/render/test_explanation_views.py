@@ -1,4 +1,5 @@
 """Explanation.tokens/show/to_html/save: every format decodes and shows the right tokens in the right colours."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,15 @@ def test_tokens_are_decoded_without_padding(batch, tokenizer):
     assert batch.tokens(tokenizer, row=0) == batch.tokens(row=0)
     with pytest.raises(IndexError, match='row 2 is out of range'):
         batch.tokens(row=2)
-    bare = Explanation(relevance=batch.relevance, embedding_relevance=None, target=batch.target, logit=batch.logit,
-                       position=batch.position, input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    bare = Explanation(
+        relevance=batch.relevance,
+        embedding_relevance=None,
+        target=batch.target,
+        logit=batch.logit,
+        position=batch.position,
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+    )
     field = next(field for field in dataclasses.fields(Explanation) if field.name == 'tokenizer')
     assert bare.tokenizer is None and field.compare is False and field.repr is False
     assert 'tokenizer' not in repr(batch)
@@ -157,11 +165,13 @@ def test_svg_and_pdf_decode(single, tmp_path):
 
 def test_pdf_shows_the_colours(single, tmp_path, pdftoppm):
     pdf = single.save(tmp_path / 'fig.pdf')
-    subprocess.run([pdftoppm, '-png', '-r', '72', '-singlefile', str(pdf), str(tmp_path / 'page')], check=True,
-                   timeout=60)
+    subprocess.run(
+        [pdftoppm, '-png', '-r', '72', '-singlefile', str(pdf), str(tmp_path / 'page')], check=True, timeout=60
+    )
     with Image.open(tmp_path / 'page.png') as image:
-        colours = {tuple(int(channel) for channel in pixel)
-                   for pixel in np.asarray(image.convert('RGB')).reshape(-1, 3)}
+        colours = {
+            tuple(int(channel) for channel in pixel) for pixel in np.asarray(image.convert('RGB')).reshape(-1, 3)
+        }
     assert any(max(abs(a - b) for a, b in zip(colour, POSITIVE)) <= 2 for colour in colours)
     assert any(max(abs(a - b) for a, b in zip(colour, NEUTRAL)) <= 2 for colour in colours)
 
@@ -171,7 +181,7 @@ def test_tex_snippet(single, tmp_path):
     snippet = path.read_text(encoding='utf-8')
     assert '\\usepackage{xcolor}' in snippet.splitlines()[0]  # says what it needs
     assert snippet.count('\\zatoken{') == len(single.tokens(words=True))
-    assert 'Caf\\\'{e}' in snippet  # é as an accent command
+    assert "Caf\\'{e}" in snippet  # é as an accent command
     red = ','.join(f'{channel / 255:.3f}' for channel in POSITIVE)
     assert f'\\zatoken{{{red}}}' in snippet
     document = single.save(tmp_path / 'doc.tex', document=True).read_text(encoding='utf-8')
@@ -180,22 +190,41 @@ def test_tex_snippet(single, tmp_path):
 
 def test_tex_snippet_compiles(single, tmp_path, tex_engine):
     single.save(tmp_path / 'snippet.tex')
-    hostile = Explanation(relevance=torch.tensor([[1.0, -2.0, 0.5, 0.0, 3.0, -1.0]]), embedding_relevance=None,
-                          target=torch.tensor([3]), logit=torch.tensor([1.0]), position=torch.tensor([5]),
-                          input_ids=torch.tensor([[4, 5, 6, 7, 8, 9]]))
+    hostile = Explanation(
+        relevance=torch.tensor([[1.0, -2.0, 0.5, 0.0, 3.0, -1.0]]),
+        embedding_relevance=None,
+        target=torch.tensor([3]),
+        logit=torch.tensor([1.0]),
+        position=torch.tensor([5]),
+        input_ids=torch.tensor([[4, 5, 6, 7, 8, 9]]),
+    )
 
     class Tokenizer:  # TeX's special characters, a line break, an emoji, spaces
-        texts = {4: '$x_1^2 & 50% #1', 5: ' {a}~\\b', 6: '\n', 7: ' \U0001F43B', 8: '  ', 9: ' \u00fc\u00df\u00e5\u2013'}
+        texts = {
+            4: '$x_1^2 & 50% #1',
+            5: ' {a}~\\b',
+            6: '\n',
+            7: ' \U0001f43b',
+            8: '  ',
+            9: ' \u00fc\u00df\u00e5\u2013',
+        }
         all_special_ids = []
 
         def decode(self, ids, **kwargs):
             return ''.join(self.texts.get(int(token), '?') for token in ids)
 
     hostile.save(tmp_path / 'hostile.tex', tokenizer=Tokenizer())
-    (tmp_path / 'main.tex').write_text('\\documentclass{article}\n\\usepackage{xcolor}\n\\begin{document}\n'
-                                       '\\input{snippet.tex}\n\\input{hostile.tex}\n\\end{document}\n')
-    result = subprocess.run([tex_engine, '-interaction=nonstopmode', '-halt-on-error', 'main.tex'], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=180)
+    (tmp_path / 'main.tex').write_text(
+        '\\documentclass{article}\n\\usepackage{xcolor}\n\\begin{document}\n'
+        '\\input{snippet.tex}\n\\input{hostile.tex}\n\\end{document}\n'
+    )
+    result = subprocess.run(
+        [tex_engine, '-interaction=nonstopmode', '-halt-on-error', 'main.tex'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     reader = pypdf.PdfReader(tmp_path / 'main.pdf')
     content = reader.pages[0].extract_text()
@@ -212,7 +241,7 @@ def test_bad_paths_and_options(single, tmp_path):
         single.save(tmp_path)
     blocker = tmp_path / 'file'
     blocker.write_text('x')
-    with pytest.raises(ValueError, match="is a file, not a folder"):
+    with pytest.raises(ValueError, match='is a file, not a folder'):
         single.save(blocker / 'fig.png')
     with pytest.raises(TypeError, match='takes no option'):
         single.save(tmp_path / 'fig.html', dpi=3)
@@ -223,9 +252,15 @@ def test_bad_paths_and_options(single, tmp_path):
 
 
 def test_non_finite_relevance_is_shown_neutral_with_a_warning(tokenizer):
-    explanation = Explanation(relevance=torch.tensor([[1.0, float('nan'), -2.0]]), embedding_relevance=None,
-                              target=torch.tensor([5]), logit=torch.tensor([1.0]), position=torch.tensor([2]),
-                              input_ids=torch.tensor([[59, 75, 49]]), tokenizer=tokenizer)
+    explanation = Explanation(
+        relevance=torch.tensor([[1.0, float('nan'), -2.0]]),
+        embedding_relevance=None,
+        target=torch.tensor([5]),
+        logit=torch.tensor([1.0]),
+        position=torch.tensor([2]),
+        input_ids=torch.tensor([[59, 75, 49]]),
+        tokenizer=tokenizer,
+    )
     with pytest.warns(RuntimeWarning, match='1 non-finite'):
         page = explanation.to_html()
     backgrounds = re.findall(r'style="background: (rgb\([^)]*\))', page)

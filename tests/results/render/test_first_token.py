@@ -1,4 +1,5 @@
 """The first token's share of the relevance (an attention sink) and heatmaps that leave it out of the colour scale."""
+
 from __future__ import annotations
 
 import io
@@ -23,9 +24,16 @@ def explanation():
     encoding = tokenizer(TEXTS, padding=True, return_tensors='pt')
     assert encoding.input_ids.shape == (2, 4)
     relevance = torch.tensor([[8.0, 1.0, -2.0, 1.0], [-6.0, 3.0, 0.0, 0.0]])
-    return Explanation(relevance=relevance, embedding_relevance=None, target=torch.tensor([0, 0]),
-                       logit=torch.tensor([1.0, 1.0]), position=torch.tensor([3, 1]), input_ids=encoding.input_ids,
-                       attention_mask=encoding.attention_mask, tokenizer=tokenizer)
+    return Explanation(
+        relevance=relevance,
+        embedding_relevance=None,
+        target=torch.tensor([0, 0]),
+        logit=torch.tensor([1.0, 1.0]),
+        position=torch.tensor([3, 1]),
+        input_ids=encoding.input_ids,
+        attention_mask=encoding.attention_mask,
+        tokenizer=tokenizer,
+    )
 
 
 def test_first_token_share_is_its_part_of_the_absolute_relevance(explanation):
@@ -42,8 +50,10 @@ def test_first_token_share_is_its_part_of_the_absolute_relevance(explanation):
 
 
 def test_resolve_scales_leaves_unscaled_tokens_out():
-    heatmaps = [Heatmap([Segment(['a', 'b'], [10.0, -2.0]), Segment(['c'], [1.0])], unscaled={(0, 0)}),
-                Heatmap([Segment(['d'], [3.0])])]
+    heatmaps = [
+        Heatmap([Segment(['a', 'b'], [10.0, -2.0]), Segment(['c'], [1.0])], unscaled={(0, 0)}),
+        Heatmap([Segment(['d'], [3.0])]),
+    ]
     resolve_scales(heatmaps)
     assert [heatmap.scale for heatmap in heatmaps] == [2.0, 3.0]
     resolve_scales(heatmaps, 'shared')
@@ -54,15 +64,15 @@ def test_resolve_scales_leaves_unscaled_tokens_out():
 
 
 def test_heatmaps_without_first_token_in_the_scale(explanation):
-    plain, = explanation.heatmaps([0])
+    (plain,) = explanation.heatmaps([0])
     assert plain.unscaled == set()
     resolve_scales([plain])
     assert plain.scale == 8.0
-    without, = explanation.heatmaps([0], scale_without_first=True)
+    (without,) = explanation.heatmaps([0], scale_without_first=True)
     resolve_scales([without])
     assert without.scale == 2.0 and without.unscaled == {(0, 0)}
     assert without.title.endswith("first token 'The' (+8, 66.7% of |relevance|) left out of the colour scale")
-    words, = explanation.heatmaps([1], words=True, scale_without_first=True)
+    (words,) = explanation.heatmaps([1], words=True, scale_without_first=True)
     resolve_scales([words])
     assert words.scale == 3.0 and "first word 'The' (-6, 66.7% of |relevance|)" in words.title
     with pytest.raises(TypeError, match='scale_without_first must be True or False'):

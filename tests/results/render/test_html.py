@@ -1,5 +1,6 @@
 """The HTML page and Jupyter fragment of token heatmaps (what ``Explanation.to_html`` and ``save('*.html')`` write):
 escaping, one coloured box with a tooltip per token, header, legend, nothing loaded from elsewhere."""
+
 from __future__ import annotations
 
 import html
@@ -18,15 +19,22 @@ VALUES = [-1.5, 0.25, 3.0, 0.0, 0.75, -3.0]
 
 def _spans(page: str) -> list[tuple[str, str, str, str]]:
     """(leading spaces, background, tooltip, shown text) of every token box."""
-    return re.findall(r'( *)<span class="za-t[^"]*" data-i="\d+"[^>]*? style="background: (rgb\([^)]*\));[^"]*" '
-                      r'title="([^"]*)">([^<]*)</span>', page)
+    return re.findall(
+        r'( *)<span class="za-t[^"]*" data-i="\d+"[^>]*? style="background: (rgb\([^)]*\));[^"]*" '
+        r'title="([^"]*)">([^<]*)</span>',
+        page,
+    )
 
 
 def test_html_escapes_tokens_and_text():
-    heatmap = Heatmap([Segment(['<script>alert(1)</script>', ' & "x"'], [1.0, -1.0], label='<u>l</u>')],
-                      title='explained token <script>')
-    for document in (heatmaps_html([heatmap], title='<b>t</b>', subtitle='<i>s</i>'),
-                     heatmaps_html([heatmap], title='<b>t</b>', subtitle='<i>s</i>', standalone=False)):
+    heatmap = Heatmap(
+        [Segment(['<script>alert(1)</script>', ' & "x"'], [1.0, -1.0], label='<u>l</u>')],
+        title='explained token <script>',
+    )
+    for document in (
+        heatmaps_html([heatmap], title='<b>t</b>', subtitle='<i>s</i>'),
+        heatmaps_html([heatmap], title='<b>t</b>', subtitle='<i>s</i>', standalone=False),
+    ):
         assert '<script' not in document
         assert '&lt;script&gt;alert(1)&lt;/script&gt;' in document
         assert '&amp; &quot;x&quot;' in document
@@ -43,7 +51,8 @@ def test_html_tooltips_carry_each_relevance():
     assert len(spans) == len(tokens)
     expected = ['+0.1235', '-2.5', '+0', '+1e-05', '+42']
     for position, ((lead, background, title, text), value, token, shown) in enumerate(
-            zip(spans, values, tokens, expected)):
+        zip(spans, values, tokens, expected)
+    ):
         assert html.unescape(title) == f'position {position} {display_token(token)!r}: relevance {shown}'
         assert format_relevance(value) == shown
         assert lead + html.unescape(text) == display_token(token)  # the space sits before the box

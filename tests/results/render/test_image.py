@@ -1,4 +1,5 @@
 """Image heatmaps: colours (the Pillow 13 palette workaround), overlays, and writing images (save_image)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -93,12 +94,19 @@ def test_overlay_shows_the_image_where_nothing_is_relevant():
 
 
 def test_save_image_explanation_passes_options_to_both_images(tmp_path):
-    explanation = ImageExplanation(relevance=torch.randn(2, 8, 8), pixel_relevance=torch.randn(2, 1, 8, 8),
-                                   target=torch.tensor([0, 1]), logit=torch.ones(2), pixels=torch.rand(2, 1, 8, 8))
+    explanation = ImageExplanation(
+        relevance=torch.randn(2, 8, 8),
+        pixel_relevance=torch.randn(2, 1, 8, 8),
+        target=torch.tensor([0, 1]),
+        logit=torch.ones(2),
+        pixels=torch.rand(2, 1, 8, 8),
+    )
     paths = save_image_explanation(explanation, tmp_path / 'sample.png', row=-1, scale=4, cmap='seismic', alpha=1.0)
     assert [path.name for path in paths] == ['sample.png', 'sample_overlay.png']
-    expected = [heatmap(explanation.relevance[1], cmap='seismic', scale=4),
-                overlay(explanation.pixels[1], explanation.relevance[1], cmap='seismic', scale=4, alpha=1.0)]
+    expected = [
+        heatmap(explanation.relevance[1], cmap='seismic', scale=4),
+        overlay(explanation.pixels[1], explanation.relevance[1], cmap='seismic', scale=4, alpha=1.0),
+    ]
     for path, image in zip(paths, expected):
         with Image.open(path) as written:
             assert written.size == (32, 32) and np.array_equal(np.asarray(written.convert('RGB')), np.asarray(image))
@@ -109,8 +117,13 @@ def test_image_explanation_save(tmp_path):
     relevance = torch.zeros(2, 8, 8)
     relevance[1, 2, 3] = 5.0
     relevance[1, 6, 1] = -5.0
-    explanation = ImageExplanation(relevance=relevance, pixel_relevance=relevance[:, None], target=torch.tensor([0, 1]),
-                                   logit=torch.ones(2), pixels=torch.rand(2, 1, 8, 8))
+    explanation = ImageExplanation(
+        relevance=relevance,
+        pixel_relevance=relevance[:, None],
+        target=torch.tensor([0, 1]),
+        logit=torch.ones(2),
+        pixels=torch.rand(2, 1, 8, 8),
+    )
     heat, over = explanation.save(tmp_path / 'sub' / 'cat.png', row=1, scale=2)
     assert (heat.name, over.name) == ('cat.png', 'cat_overlay.png') and heat.parent == over.parent
     with Image.open(heat) as image:

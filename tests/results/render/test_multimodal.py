@@ -1,5 +1,6 @@
 """Rendering of explanations with images (:py:mod:`zennit_attn.results.render.multimodal`): every format of
 ``Explanation.save`` shows the overlay of each image with the token heatmap; the terminal shows patch grids."""
+
 from __future__ import annotations
 
 import io
@@ -16,8 +17,14 @@ from zennit_attn.results.render.multimodal import overlays, save_multimodal
 
 @pytest.fixture(scope='module')
 def exp():
-    return explain(tiny_llava(zero_bias=True), '<image>The ice bear lives', images=[image()],
-                   processor=llava_processor(), method='cplrp', target=50)
+    return explain(
+        tiny_llava(zero_bias=True),
+        '<image>The ice bear lives',
+        images=[image()],
+        processor=llava_processor(),
+        method='cplrp',
+        target=50,
+    )
 
 
 def test_terminal_shows_tokens_and_patch_grid(exp):
@@ -69,8 +76,12 @@ def test_bad_options(exp, tmp_path):
     with pytest.raises(TypeError, match='takes no option'):
         exp.save(tmp_path / 'x.html', width=3)
     with pytest.raises(TypeError, match=r"takes no option\(s\) \['mean'\]"):
-        save_multimodal([], [('c', torch.zeros(3, 8, 8), torch.zeros(3, 8, 8), torch.zeros(1, 1), None, None)],
-                        tmp_path / 'y.png', mean=1)
+        save_multimodal(
+            [],
+            [('c', torch.zeros(3, 8, 8), torch.zeros(3, 8, 8), torch.zeros(1, 1), None, None)],
+            tmp_path / 'y.png',
+            mean=1,
+        )
     with pytest.raises(TypeError, match='unknown image option'):
         overlays([], std=1)
     with pytest.raises(ValueError, match='suffix'):
@@ -82,6 +93,6 @@ def test_overlay_is_the_image_overlay(exp):
     from zennit_attn.results.render.image import overlay
 
     picture = exp.images[0]
-    (caption, shown), = overlays(exp._images(0))
+    ((caption, shown),) = overlays(exp._images(0))
     direct = overlay(picture.pixels, picture.relevance, mean=picture.mean, std=picture.std, scale=12)
     assert shown.tobytes() == direct.tobytes() and re.match(r'row 0, image 1: relevance', caption)

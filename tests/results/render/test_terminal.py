@@ -1,4 +1,5 @@
 """Terminal output: 24-bit colour boxes or plain ``token[relevance]`` text, and when colour is used."""
+
 from __future__ import annotations
 
 import io
@@ -92,8 +93,11 @@ def test_length_mismatch_raises():
 
 
 def test_terminal_heatmap_has_caption_labels_and_scale():
-    heatmap = Heatmap([Segment(['a', ' b'], [2.0, -1.0], label='encoder'), Segment(['c'], [0.5], label='decoder')],
-                      title='row 0: target token', scale=4.0)
+    heatmap = Heatmap(
+        [Segment(['a', ' b'], [2.0, -1.0], label='encoder'), Segment(['c'], [0.5], label='decoder')],
+        title='row 0: target token',
+        scale=4.0,
+    )
     assert terminal_heatmap(heatmap, color=False) == 'row 0: target token\nencoder: a[+2] b[-1]\ndecoder: c[+0.5]'
     lines = terminal_heatmap(heatmap, color=True).split('\n')
     assert lines[0] == 'row 0: target token' and lines[1].startswith('encoder: ')

@@ -1,4 +1,5 @@
 """Token texts as the tokenizer writes them (byte-level BPE, SentencePiece with byte fallback) and word merging."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,8 @@ def test_byte_level_line_breaks_and_split_characters(bpe):
     assert '\n' in texts
     assert display_token('\n') == '\u23ce'
     # four byte tokens of an emoji: three show their bytes, the last one the emoji
-    texts = token_texts(bpe, bpe('with a bear \U0001F43B').input_ids)
-    assert texts[-4:] == ['<0xF0>', '<0x9F>', '<0x90>', '\U0001F43B']
+    texts = token_texts(bpe, bpe('with a bear \U0001f43b').input_ids)
+    assert texts[-4:] == ['<0xF0>', '<0x9F>', '<0x90>', '\U0001f43b']
     assert byte_pieces('\u0120bear') == b' bear' and byte_pieces('<0x0A>') == b'\n'
     assert byte_pieces('<0xF0><0x9F>') == b'\xf0\x9f' and byte_pieces('\u2581The') is None
 
@@ -72,15 +73,16 @@ def test_merge_words_sums_relevance(bpe):
 
 
 def test_merge_words_keeps_special_tokens_and_spaces_apart():
-    texts = ['<s>', 'The', ' ', '\U0001F43B', ' is', '\n', 'big', '</s>']
+    texts = ['<s>', 'The', ' ', '\U0001f43b', ' is', '\n', 'big', '</s>']
     words, _, _ = merge_words(texts, [0.0] * len(texts), [True, False, False, False, False, False, False, True])
-    assert words == ['<s>', 'The', ' \U0001F43B', ' is', '\n', 'big', '</s>']
+    assert words == ['<s>', 'The', ' \U0001f43b', ' is', '\n', 'big', '</s>']
     with pytest.raises(ValueError, match='2 tokens but 1'):
         merge_words(['a', 'b'], [1.0])
 
 
 def test_a_tokenizer_with_decode_only():
     """Anything with decode(ids) works; where a window does not decode to a prefix, a token is decoded alone."""
+
     class Odd:
         def decode(self, ids):
             return '|'.join(f't{token}' for token in ids)

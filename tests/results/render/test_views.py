@@ -1,5 +1,6 @@
 """The one output-path check (``check_output``): what it refuses, with messages that name the path and the fix, and
 that it leaves nothing behind and changes no existing file."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,11 @@ def test_an_existing_file_is_not_changed(tmp_path):
 
 
 def test_refuses_a_suffix_of_another_format(tmp_path):
-    with pytest.raises(ValueError, match=r"format of '.*out\.jpeg' from its suffix '\.jpeg': use one of \.html, "
-                                         r"\.png, \.svg, \.pdf, \.tex$"):
+    with pytest.raises(
+        ValueError,
+        match=r"format of '.*out\.jpeg' from its suffix '\.jpeg': use one of \.html, "
+        r'\.png, \.svg, \.pdf, \.tex$',
+    ):
         check_output(tmp_path / 'out.jpeg')
     with pytest.raises(ValueError, match=r"suffix '\(none\)'"):
         check_output(tmp_path / 'out')
@@ -37,16 +41,22 @@ def test_refuses_a_suffix_of_another_format(tmp_path):
 
 
 def test_refuses_a_directory_and_a_path_below_a_file(tmp_path):
-    with pytest.raises(ValueError, match=rf"cannot write '{tmp_path}': it is a directory; give a file name such as "
-                                         rf"'{tmp_path / 'heatmap.html'}'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"cannot write '{tmp_path}': it is a directory; give a file name such as "
+        rf"'{tmp_path / 'heatmap.html'}'",
+    ):
         check_output(tmp_path)
     (tmp_path / 'folder.png').mkdir()
     with pytest.raises(ValueError, match=r"it is a directory; give a file name such as '.*heatmap\.png'"):
         check_output(tmp_path / 'folder.png', IMAGE_SUFFIXES)
     blocker = tmp_path / 'file'
     blocker.write_text('x')
-    with pytest.raises(ValueError, match=rf"cannot write '{blocker / 'sub' / 'out.png'}': '{blocker}' is a file, "
-                                         r"not a folder; choose a path in a folder"):
+    with pytest.raises(
+        ValueError,
+        match=rf"cannot write '{blocker / 'sub' / 'out.png'}': '{blocker}' is a file, "
+        r'not a folder; choose a path in a folder',
+    ):
         check_output(blocker / 'sub' / 'out.png')
 
 
@@ -68,8 +78,11 @@ def test_refuses_a_folder_without_write_permission(tmp_path):
 def test_refuses_what_the_file_system_refuses():
     """/proc takes no new files, and /proc/version cannot be written, whatever the permissions say (root passes
     os.access there): the file is really opened to find out."""
-    with pytest.raises(ValueError, match=r"cannot write '/proc/zennit-attn-check\.html': .*; choose another file or "
-                                         r'folder'):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot write '/proc/zennit-attn-check\.html': .*; choose another file or "
+        r'folder',
+    ):
         check_output('/proc/zennit-attn-check.html')
     with pytest.raises(ValueError, match=r"cannot write '/proc/version'"):
         check_output('/proc/version', suffixes=('',))

@@ -1,18 +1,24 @@
 """Pixel faithfulness: features of images, batched curves equal the per-sample core, and known answers."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
+from zennit_attn import ImageExplanation
 from zennit_attn.workflows.evaluation import (
-    Faithfulness, features_to_images, image_curves, image_faithfulness, image_features,
+    Faithfulness,
+    features_to_images,
+    image_curves,
+    image_faithfulness,
+    image_features,
 )
 from zennit_attn.workflows.evaluation.perturbation import perturbation_curves
-from zennit_attn import ImageExplanation
 
 
 class LinearClassifier(torch.nn.Module):
     """logit_c = sum_i W_ci x_i: gradient x input is the exact decomposition."""
+
     def __init__(self, channels=2, size=4, classes=3):
         super().__init__()
         self.linear = torch.nn.Linear(channels * size * size, classes, bias=False).double()
@@ -27,7 +33,7 @@ def test_features_round_trip(patch):
     pixels = torch.randn(2, 4, 6, generator=generator)
     relevance = torch.randn(4, 6, generator=generator)
     features, values = image_features(pixels, relevance, patch)
-    assert features.shape == (24 // patch ** 2, 2, patch, patch)
+    assert features.shape == (24 // patch**2, 2, patch, patch)
     assert torch.equal(features_to_images(features[None], 4, 6)[0], pixels)
     # sums of 24 float32 values of order 1 in different orders: rounding of order 24 * 2 ** -24 * |sum of |x||
     tolerance = 1e-5 * float(relevance.abs().sum())
@@ -46,13 +52,15 @@ def test_batched_curves_equal_the_core(mode, patch):
     pixels = torch.rand(5, 2, 4, 4, dtype=torch.float64)
     relevance = torch.randn(5, 4, 4, dtype=torch.float64)
     targets = torch.tensor([0, 1, 2, 0, 1])
-    curves = image_curves(model, pixels, relevance, targets, steps=5, mode=mode, patch_size=patch, batch_size=7,
-                          progress=False)
+    curves = image_curves(
+        model, pixels, relevance, targets, steps=5, mode=mode, patch_size=patch, batch_size=7, progress=False
+    )
     assert len(curves) == 5
     for row in range(5):
         features, values = image_features(pixels[row], relevance[row], patch)
         expected = perturbation_curves(
-            lambda batch: model(features_to_images(batch, 4, 4))[:, int(targets[row])], features, values, 5, mode)
+            lambda batch: model(features_to_images(batch, 4, 4))[:, int(targets[row])], features, values, 5, mode
+        )
         torch.testing.assert_close(curves[row].morf, expected.morf)
         torch.testing.assert_close(curves[row].lerf, expected.lerf)
         assert curves[row].score == pytest.approx(expected.score)
@@ -66,13 +74,17 @@ def test_exact_relevance_beats_random_and_its_negation():
     exact = (model.linear.weight[0].view(2, 4, 4) * pixels).sum(1)
 
     def explanation(relevance):
-        return ImageExplanation(relevance=relevance, pixel_relevance=relevance[:, None], target=targets,
-                                logit=model(pixels)[:, 0].detach(), pixels=pixels)
+        return ImageExplanation(
+            relevance=relevance,
+            pixel_relevance=relevance[:, None],
+            target=targets,
+            logit=model(pixels)[:, 0].detach(),
+            pixels=pixels,
+        )
 
     good = image_faithfulness(model, explanation(exact), steps=8, progress=False)
     bad = image_faithfulness(model, explanation(-exact), steps=8, progress=False)
-    noise = image_faithfulness(model, explanation(torch.randn(6, 4, 4, dtype=torch.float64)), steps=8,
-                               progress=False)
+    noise = image_faithfulness(model, explanation(torch.randn(6, 4, 4, dtype=torch.float64)), steps=8, progress=False)
     assert isinstance(good, Faithfulness) and good.count == 6
     assert good.score > noise.score > bad.score
     assert good.score == pytest.approx(-bad.score)
@@ -91,11 +103,18 @@ def test_a_baseline_is_what_the_features_are_set_to():
     targets = torch.tensor([0, 2])
     weights = model.linear.weight.detach()[targets].view(2, 2, 2)
     exact = weights * pixels[:, 0]
-    explanation = ImageExplanation(relevance=exact, pixel_relevance=exact[:, None], target=targets,
-                                   logit=model(pixels).detach()[torch.arange(2), targets], pixels=pixels)
+    explanation = ImageExplanation(
+        relevance=exact,
+        pixel_relevance=exact[:, None],
+        target=targets,
+        logit=model(pixels).detach()[torch.arange(2), targets],
+        pixels=pixels,
+    )
     baseline = 0.75
-    for curves in (image_faithfulness(model, explanation, steps=4, baseline=baseline, progress=False).curves,
-                   image_curves(model, pixels, exact, targets, steps=4, baseline=baseline, progress=False)):
+    for curves in (
+        image_faithfulness(model, explanation, steps=4, baseline=baseline, progress=False).curves,
+        image_curves(model, pixels, exact, targets, steps=4, baseline=baseline, progress=False),
+    ):
         for row, curve in enumerate(curves):
             order = exact[row].flatten().argsort(descending=True)
             contributions, flat_weights = exact[row].flatten()[order], weights[row].flatten()[order]

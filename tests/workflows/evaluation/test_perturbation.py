@@ -1,12 +1,19 @@
 """Perturbation curves: the bookkeeping, and on a model whose exact attribution is known the metric ranks the
 exact attribution above random and random near zero."""
+
 import math
 
 import pytest
 import torch
 
 from zennit_attn.workflows.evaluation import (
-    Sample, batched_curves, evaluate, mean_sem, perturbation_curves, perturbed_inputs, step_counts,
+    Sample,
+    batched_curves,
+    evaluate,
+    mean_sem,
+    perturbation_curves,
+    perturbed_inputs,
+    step_counts,
 )
 
 
@@ -80,8 +87,13 @@ def test_ties_across_modes_are_evaluated_not_assumed():
     MoRF inputs: the shared call must evaluate them and still equal the single-mode calls."""
     forward, inputs, _ = bag_of_embeddings(4, features=6)
     relevance = torch.zeros(6, dtype=torch.float64)
-    both = batched_curves(lambda batch, owners: forward(batch), [Sample(inputs, relevance)], steps=3,
-                          mode=('flipping', 'insertion'), progress=False)[0]
+    both = batched_curves(
+        lambda batch, owners: forward(batch),
+        [Sample(inputs, relevance)],
+        steps=3,
+        mode=('flipping', 'insertion'),
+        progress=False,
+    )[0]
     for mode in ('flipping', 'insertion'):
         alone = perturbation_curves(forward, inputs, relevance, steps=3, mode=mode)
         assert torch.equal(alone.morf, both[mode].morf) and torch.equal(alone.lerf, both[mode].lerf)

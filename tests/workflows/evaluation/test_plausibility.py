@@ -1,4 +1,5 @@
 """Plausibility: top-1 hit and soft IoU against a token mask."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """Composite grid search: it finds the known-best composite on a tiny problem whose answer is fixed, ranks,
 writes its tables and prints the best composite as Python that builds it."""
+
 from __future__ import annotations
 
 import csv
@@ -9,16 +10,21 @@ import torch
 
 from tests.models import pixels, tiny_timm_vit
 from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
-from zennit_attn.workflows.evaluation.search import (
-    DEFAULT_GRID, LAYER_TYPES, TEXT_GRID, composite_search, faithfulness_objective,
-)
 from zennit_attn.engine.rules import Gamma, GradientRule
+from zennit_attn.workflows.evaluation.search import (
+    DEFAULT_GRID,
+    LAYER_TYPES,
+    TEXT_GRID,
+    composite_search,
+    faithfulness_objective,
+)
 
 
 class Negate(GradientRule):
     """Flips the sign of the gradient: on the patch embedding (which every path passes once) the pixel relevance
     becomes exactly the negative of that without a rule (``None``), so MoRF and LeRF swap and the faithfulness
     score changes sign."""
+
     def forward(self, module, input, output):
         result = output.view_as(output)
         result.register_hook(lambda grad: -grad)
@@ -30,6 +36,7 @@ class Negate(GradientRule):
 
 class Scramble(GradientRule):
     """Replaces the gradient by seeded noise: relevance unrelated to the model."""
+
     def forward(self, module, input, output):
         result = output.view_as(output)
         generator = torch.Generator().manual_seed(0)
@@ -48,8 +55,7 @@ def problem():
 
 def test_finds_the_known_best_composite(problem, tmp_path):
     model, x = problem
-    grid = {'conv': [Negate(), 'None', Scramble()], 'linear': ['Gamma(0.05)'],
-            'softmax': ['UniformOperand()']}
+    grid = {'conv': [Negate(), 'None', Scramble()], 'linear': ['Gamma(0.05)'], 'softmax': ['UniformOperand()']}
     result = composite_search(model, x, grid=grid, objective=faithfulness_objective(steps=8), progress=False)
     scores = {row['conv']: row['score'] for row in result.rows}
     assert [row['conv'] for row in result.rows] == ['None', 'Scramble()', 'Negate()']
@@ -88,13 +94,17 @@ def test_grid_product_and_custom_objective(problem):
         gamma = composite.rules['linear'].gamma
         return -abs(gamma - 0.1) - (0.5 if type(composite.rules['softmax']).__name__ == 'ConstantOperand' else 0)
 
-    grid = {'linear': [f'Gamma({g})' for g in (0.01, 0.05, 0.1, 0.25)], 'softmax': ['UniformOperand()',
-                                                                                  'ConstantOperand()']}
+    grid = {
+        'linear': [f'Gamma({g})' for g in (0.01, 0.05, 0.1, 0.25)],
+        'softmax': ['UniformOperand()', 'ConstantOperand()'],
+    }
     result = composite_search(model, x, grid=grid, objective=objective, progress=False)
     assert len(seen) == len(result.rows) == 8
     assert result.best.labels() == {'linear': 'Gamma(0.1)', 'softmax': 'UniformOperand()'}
-    assert result.rows[-1]['linear'] in ('Gamma(0.25)', 'Gamma(0.01)') and result.rows[-1]['softmax'] == \
-        'ConstantOperand()'
+    assert (
+        result.rows[-1]['linear'] in ('Gamma(0.25)', 'Gamma(0.01)')
+        and result.rows[-1]['softmax'] == 'ConstantOperand()'
+    )
     assert isinstance(result.best_composite(CPLRPGamma), CPLRPGamma)
     assert isinstance(result.best_composite().rules['linear'], Gamma)
 

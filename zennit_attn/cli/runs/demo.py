@@ -1,5 +1,6 @@
 """The run step of ``zennit-attn demo`` (:py:mod:`zennit_attn.cli.demo`): ``explain``'s run
 (:py:func:`zennit_attn.cli.runs.explain.explain_and_show`), then the conservation summary and the heatmap file."""
+
 from __future__ import annotations
 
 import argparse

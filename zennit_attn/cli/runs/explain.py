@@ -1,5 +1,6 @@
 """The run step of ``zennit-attn explain`` (:py:mod:`zennit_attn.cli.explain`): load the model, explain, print the
 prediction, the heatmap and the top tokens, write the heatmap file. Also the first part of ``demo``."""
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,16 @@ def explain_and_show(args: argparse.Namespace):
     with status(f'explaining with {args.method}', not args.quiet):
         # tokenised here (as explain() does for text) to put the ids on the model's device
         encoding = encode_texts(tokenizer, args.text).to(args.device)
-        explanation = explain(model, encoding, target=args.target, method=args.method,
-                              composite=make_composite(args.composite), tokenizer=tokenizer, contrast=contrast,
-                              **args.params)
+        explanation = explain(
+            model,
+            encoding,
+            target=args.target,
+            method=args.method,
+            composite=make_composite(args.composite),
+            tokenizer=tokenizer,
+            contrast=contrast,
+            **args.params,
+        )
     seconds = time.perf_counter() - start
     target = int(explanation.target.reshape(-1)[0])
     logit = float(explanation.logit.reshape(-1)[0])
@@ -61,8 +69,10 @@ def explain_and_show(args: argparse.Namespace):
     if explanation.contrast is not None:
         other = int(explanation.contrast.reshape(-1)[0])
         explained = f'{decode(tokenizer, target)!r} rather than {decode(tokenizer, other)!r}'
-        print(f'Explained:   {explained} (token ids {target} and {other}, logit difference {logit:.3f}; '
-              f'{"--target and " if args.target is not None else ""}--contrast)')
+        print(
+            f'Explained:   {explained} (token ids {target} and {other}, logit difference {logit:.3f}; '
+            f'{"--target and " if args.target is not None else ""}--contrast)'
+        )
     elif args.target is None:
         print(f'Prediction:  {decode(tokenizer, target)!r} (token id {target}, logit {logit:.3f})')
     else:
@@ -93,8 +103,16 @@ def explain_images(args: argparse.Namespace):
     start = time.perf_counter()
     with status(f'explaining with {args.method}', not args.quiet):
         target = resolve_target(args.target, processor.tokenizer)
-        explanation = explain(model, args.text, images=images, processor=processor, target=target,
-                              method=args.method, composite=make_composite(args.composite), **args.params)
+        explanation = explain(
+            model,
+            args.text,
+            images=images,
+            processor=processor,
+            target=target,
+            method=args.method,
+            composite=make_composite(args.composite),
+            **args.params,
+        )
     seconds = time.perf_counter() - start
     print(f'Model:       {args.model_spec.label} ({type(model).__name__})')
     print(f'Prompt:      {shorten(args.text)!r} with {len(images)} image(s)')
@@ -103,10 +121,13 @@ def explain_images(args: argparse.Namespace):
             explained = f'similarity score {float(explanation.logit[row]):.3f}'
         else:
             token = int(explanation.target[row])
-            explained = f'{decode(processor.tokenizer, token)!r} (token id {token}, logit ' \
-                        f'{float(explanation.logit[row]):.3f})'
-        print(f'Explained:   {explained}; text {float(explanation.relevance[row].sum()):+.4f} + images '
-              f'{explanation.image_relevance(row):+.4f}')
+            explained = (
+                f'{decode(processor.tokenizer, token)!r} (token id {token}, logit {float(explanation.logit[row]):.3f})'
+            )
+        print(
+            f'Explained:   {explained}; text {float(explanation.relevance[row].sum()):+.4f} + images '
+            f'{explanation.image_relevance(row):+.4f}'
+        )
     print(f'Method:      {method_label(args)} ({seconds:.2f} s)')
     print()
     explanation.show(words=args.words, color=color_choice(args.color))

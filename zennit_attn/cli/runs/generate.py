@@ -1,5 +1,6 @@
 """The run step of ``zennit-attn generate`` (:py:mod:`zennit_attn.cli.generate`): load the model, generate and explain
 the answer, print it with its heatmap, write the page or the heatmap file."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,23 @@ def run(args: argparse.Namespace) -> int:
         processor = tokenizer
     start = time.perf_counter()
     if not args.quiet:  # then a progress bar over the explanations
-        print(f'{PROG}: generating up to {args.max_new_tokens} tokens and explaining each with {args.method}',
-              file=sys.stderr, flush=True)
-    generation = explain_generation(model, processor, args.text, max_new_tokens=args.max_new_tokens,
-                                    method=args.method, composite=make_composite(args.composite),
-                                    progress=not args.quiet, contrast=args.contrast, **images, **args.params)
+        print(
+            f'{PROG}: generating up to {args.max_new_tokens} tokens and explaining each with {args.method}',
+            file=sys.stderr,
+            flush=True,
+        )
+    generation = explain_generation(
+        model,
+        processor,
+        args.text,
+        max_new_tokens=args.max_new_tokens,
+        method=args.method,
+        composite=make_composite(args.composite),
+        progress=not args.quiet,
+        contrast=args.contrast,
+        **images,
+        **args.params,
+    )
     seconds = time.perf_counter() - start
     generated = int(generation.target.shape[0])
 
@@ -42,15 +55,18 @@ def run(args: argparse.Namespace) -> int:
     print(f'Prompt:      {shorten(args.text)!r} ({int(generation.prompt_length)} tokens){with_images}')
     print(f'Answer:      {generation.answer()!r} ({generated} tokens)')
     if images:
-        print(f'Relevance:   text {float(generation.answer_relevance.sum()):+.4f} + images '
-              f'{generation.image_relevance():+.4f} for the sum of the logits, {float(generation.logit.sum()):.4f}')
+        print(
+            f'Relevance:   text {float(generation.answer_relevance.sum()):+.4f} + images '
+            f'{generation.image_relevance():+.4f} for the sum of the logits, {float(generation.logit.sum()):.4f}'
+        )
     print(f'Method:      {method_label(args)} ({seconds:.2f} s for generating and {generated + 1} explanations)')
     versus = ''
     if generation.contrast is not None:
         versus = ' rather than the contrast tokens'
         shown = ', '.join(repr(decode(tokenizer, int(token))) for token in generation.contrast[:8])
-        print(f'Contrast:    {shown}{", ..." if generated > 8 else ""} (--contrast: the logit differences are '
-              'explained)')
+        print(
+            f'Contrast:    {shown}{", ..." if generated > 8 else ""} (--contrast: the logit differences are explained)'
+        )
     print()
     unit = 'word' if args.words else 'token'
     print(f'Relevance of each {unit} for the whole answer{versus}{legend(args.color)}:')
@@ -58,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         path = Path(generation.save(args.output, words=args.words)).resolve()
         print()
-        what = 'the interactive page (click a generated token for its heatmap)' if path.suffix.lower() == '.html' \
+        what = (
+            'the interactive page (click a generated token for its heatmap)'
+            if path.suffix.lower() == '.html'
             else 'the heatmap of the whole answer'
+        )
         print(f'Wrote {what} to {path}')
     return 0

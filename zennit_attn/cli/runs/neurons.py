@@ -1,5 +1,6 @@
 """The run step of ``zennit-attn neurons`` (:py:mod:`zennit_attn.cli.neurons`): load the model, explain with latent
 relevance at the site, print the relevance per layer and the top units."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,17 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with status(f'explaining with {args.method} and recording the {args.site} site', not args.quiet):
         encoding = encode_texts(tokenizer, args.text).to(args.device)
-        explanation = explain(model, encoding, target=args.target, method=args.method,
-                              composite=make_composite(args.composite), tokenizer=tokenizer, latent=(args.site,),
-                              latent_reduce='sum', **args.params)
+        explanation = explain(
+            model,
+            encoding,
+            target=args.target,
+            method=args.method,
+            composite=make_composite(args.composite),
+            tokenizer=tokenizer,
+            latent=(args.site,),
+            latent_reduce='sum',
+            **args.params,
+        )
     seconds = time.perf_counter() - start
     relevance = explanation.latent[args.site][0]  # [layers, units], summed over positions
     if args.layers is not None and max(args.layers) >= relevance.shape[0]:
@@ -45,15 +54,24 @@ def run(args: argparse.Namespace) -> int:
         bar = ('+' if value >= 0 else '-') * round(30 * abs(value) / largest)
         print(f'  layer {layer:>3}  {value:+10.4f}  {bar}')
     ranked = top_neurons(explanation, k=args.top, site=args.site, absolute=args.absolute, layers=args.layers)
-    where = '' if args.layers is None else f' of layers {args.layers[0]}-{args.layers[-1]}' \
-        if args.layers == list(range(args.layers[0], args.layers[-1] + 1)) else f' of layers {args.layers}'
+    where = (
+        ''
+        if args.layers is None
+        else f' of layers {args.layers[0]}-{args.layers[-1]}'
+        if args.layers == list(range(args.layers[0], args.layers[-1] + 1))
+        else f' of layers {args.layers}'
+    )
     print()
-    print(f'Top-{len(ranked)} {unit}s{where} by {"absolute " if args.absolute else ""}relevance '
-          f'(activation summed over positions):')
+    print(
+        f'Top-{len(ranked)} {unit}s{where} by {"absolute " if args.absolute else ""}relevance '
+        f'(activation summed over positions):'
+    )
     show_vocabulary = args.site == 'mlp' and args.vocabulary > 0
     for rank, item in enumerate(ranked, start=1):
-        line = (f'  {rank:>3}. layer {item.layer:>3}  {unit} {item.index:>6}  relevance {item.relevance:+.4f}  '
-                f'activation {item.activation:+.3f}')
+        line = (
+            f'  {rank:>3}. layer {item.layer:>3}  {unit} {item.index:>6}  relevance {item.relevance:+.4f}  '
+            f'activation {item.activation:+.3f}'
+        )
         if show_vocabulary:
             projection = vocabulary_projection(model, Neuron('mlp', item.layer, item.index), k=args.vocabulary)
             # the down projection's column times the activation: a negative activation promotes the bottom tokens

@@ -4,23 +4,49 @@
 the canonizers for it; the composites call it when no canonizers are given. :py:func:`block_stacks` finds the
 transformer blocks (:py:mod:`zennit_attn.engine.canonizers.blocks`).
 """
+
 from __future__ import annotations
 
 import torch
 
-from ..modules import Logits, MatMul, Operand, Product
 from ..kinds import CONVOLUTIONS, LINEARS, NEUTRAL, UnsupportedModelError, is_activation, norm_kind
-from .base import (INLINE_FUNCTIONS, InlineActivationCanonizer, InlineOperandCanonizer, OperandCanonizer,
-                   SettingCanonizer, Tap, parse_taps)
+from ..modules import Logits, MatMul, Operand, Product
+from .base import (
+    INLINE_FUNCTIONS,
+    InlineActivationCanonizer,
+    InlineOperandCanonizer,
+    OperandCanonizer,
+    SettingCanonizer,
+    Tap,
+    parse_taps,
+)
 from .blocks import NoBlocksError, attention_linears, block_stacks, transformer_blocks, vision_towers
 from .families import ATTENTION_OUTPUTS, FAMILIES, Family, family_of, operand_taps
 from .general import GeneralCanonizer
 
 __all__ = [
-    'canonizers_for', 'supported_families', 'UnsupportedModelError', 'OperandCanonizer',
-    'InlineActivationCanonizer', 'InlineOperandCanonizer', 'SettingCanonizer', 'Tap', 'Family', 'FAMILIES',
-    'INLINE_FUNCTIONS', 'ATTENTION_OUTPUTS', 'family_of', 'operand_taps', 'parse_taps', 'block_stacks',
-    'transformer_blocks', 'NoBlocksError', 'GeneralCanonizer', 'table_problems', 'attention_linears', 'vision_towers',
+    'canonizers_for',
+    'supported_families',
+    'UnsupportedModelError',
+    'OperandCanonizer',
+    'InlineActivationCanonizer',
+    'InlineOperandCanonizer',
+    'SettingCanonizer',
+    'Tap',
+    'Family',
+    'FAMILIES',
+    'INLINE_FUNCTIONS',
+    'ATTENTION_OUTPUTS',
+    'family_of',
+    'operand_taps',
+    'parse_taps',
+    'block_stacks',
+    'transformer_blocks',
+    'NoBlocksError',
+    'GeneralCanonizer',
+    'table_problems',
+    'attention_linears',
+    'vision_towers',
 ]
 
 #: Leaf modules that a composite has a rule for or that need none.
@@ -35,8 +61,9 @@ def supported_families() -> list[str]:
 def _understood(module: torch.nn.Module, families: list[Family]) -> bool:
     if any(family.owns(module) for family in families):
         return True
-    return (type(module) is Logits or isinstance(module, _KNOWN) or is_activation(module)
-            or norm_kind(module) is not None)
+    return (
+        type(module) is Logits or isinstance(module, _KNOWN) or is_activation(module) or norm_kind(module) is not None
+    )
 
 
 def table_problems(model: torch.nn.Module) -> list[str]:
@@ -95,8 +122,11 @@ def canonizers_for(model: torch.nn.Module, constant_gates: bool = False, general
     modules = [module for _, module in model.named_modules()]
     families = [family for family in FAMILIES if any(family.owns(module) for module in modules)]
     canonizers = []
-    for kind, field in ((OperandCanonizer, 'operands'), (InlineActivationCanonizer, 'inline'),
-                        (InlineOperandCanonizer, 'inline_operands')):
+    for kind, field in (
+        (OperandCanonizer, 'operands'),
+        (InlineActivationCanonizer, 'inline'),
+        (InlineOperandCanonizer, 'inline_operands'),
+    ):
         specs = {key: value for family in families for key, value in getattr(family, field).items()}
         if specs:
             canonizers.append(kind(specs))

@@ -3,10 +3,11 @@
 All canonizers here change model *instances* only (child modules added, hooks registered, a configuration
 value set) and put back exactly what was there on :py:meth:`remove`.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -29,6 +30,7 @@ class Tap:
     index: int, optional
         For producers returning a tuple: the element that is the operand.
     """
+
     roles: tuple[str, ...]
     sections: tuple[int, ...] | None = None
     index: int | None = None
@@ -40,7 +42,7 @@ class Tap:
         self.operand()  # validates the roles and sections
 
     @classmethod
-    def ensure(cls, spec) -> 'Tap':
+    def ensure(cls, spec) -> Tap:
         """``spec`` itself if it is a Tap, else ``Tap(spec)`` (a role or a tuple of roles)."""
         return spec if isinstance(spec, cls) else cls(spec)
 
@@ -50,8 +52,9 @@ class Tap:
 
     def mask(self, role: str, size: int) -> torch.Tensor:
         """``[size]`` boolean mask of the entries of a last dimension of ``size`` that belong to ``role``."""
-        parts = [torch.full((length,), name == role) for name, length in
-                 zip(self.roles, self.operand().section_sizes(size))]
+        parts = [
+            torch.full((length,), name == role) for name, length in zip(self.roles, self.operand().section_sizes(size))
+        ]
         return torch.cat(parts)
 
 
@@ -94,6 +97,7 @@ class _InstanceCanonizer(Canonizer):
     Subclasses implement :py:meth:`register` (using :py:meth:`_add` and :py:attr:`handles`); removal deletes
     the added children and hooks. Applying is all or nothing.
     """
+
     def __init__(self, specs: Mapping[str, object]):
         super().__init__()
         self.specs = dict(specs)
@@ -144,6 +148,7 @@ class OperandCanonizer(_InstanceCanonizer):
     specs: mapping of str to callable
         Class name -> ``module -> {child attribute: role, roles or Tap}``.
     """
+
     def register(self, parent: torch.nn.Module, spec: OperandSpec) -> None:
         for child_name, tap in parse_taps(spec, parent).items():
             operand = self._add(parent, child_name, tap.operand())
@@ -157,6 +162,7 @@ class OperandCanonizer(_InstanceCanonizer):
             output = list(output)
             output[index] = operand(output[index])
             return tuple(output)
+
         return hook
 
 
@@ -165,6 +171,7 @@ class _RouteFunctions(TorchFunctionMode):
 
     ``handler(func, args, kwargs)`` returns the result, or :py:data:`NotImplemented` to run ``func`` as is.
     """
+
     def __init__(self, handler):
         super().__init__()
         self.handler = handler
@@ -183,6 +190,7 @@ class _FunctionRoutingCanonizer(_InstanceCanonizer):
     routed) and left by a forward hook of the module that runs also when the forward raises: nothing outside
     that forward is affected.
     """
+
     def _route(self, parent: torch.nn.Module, handler, after: str | None = None, check=None) -> None:
         """Route ``handler`` during ``parent``'s forward; ``check()`` runs after a forward that returned."""
         modes = []
@@ -216,8 +224,9 @@ class InlineActivationCanonizer(_FunctionRoutingCanonizer):
         followed by ``after=<child>`` as a pair ``(names, child)`` to route only after that child's forward
         (e.g. the final logit soft-capping after ``lm_head``).
     """
+
     def register(self, parent: torch.nn.Module, spec) -> None:
-        names, after = (spec if len(spec) == 2 and isinstance(spec[0], tuple) else (spec, None))
+        names, after = spec if len(spec) == 2 and isinstance(spec[0], tuple) else (spec, None)
         routes = {}
         for name in names:
             functions, factory = INLINE_FUNCTIONS[name]
@@ -247,6 +256,7 @@ class InlineOperandCanonizer(_FunctionRoutingCanonizer):
     specs: mapping of str to mapping
         Class name -> ``{parameter name: role, roles or Tap}``.
     """
+
     def register(self, parent: torch.nn.Module, spec: Mapping[str, object]) -> None:
         taps = {}
         for name, tap in parse_taps(spec, parent).items():
@@ -290,6 +300,7 @@ class SettingCanonizer(Canonizer):
     settings: mapping of str to object
         Attribute name -> value.
     """
+
     def __init__(self, settings: Mapping[str, object]):
         super().__init__()
         self.settings = dict(settings)
@@ -326,5 +337,5 @@ class SettingCanonizer(Canonizer):
             setattr(self.config, key, value)
         self.config, self.previous = None, {}
 
-    def copy(self) -> 'SettingCanonizer':
+    def copy(self) -> SettingCanonizer:
         return type(self)(self.settings)

@@ -9,6 +9,7 @@ Blocks inside a block are not blocks. A *stack* is the blocks that one parent mo
 ``Sequential``), named by the parent's path: one stack in decoder-only, encoder-only and vision models, the
 encoder's and the decoder's in encoder-decoder models.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,11 +26,36 @@ __all__ = ['NoBlocksError', 'is_block', 'block_stacks', 'transformer_blocks', 'a
 _ATTENTION = re.compile(r'Attention|Attn')
 _NOT_ATTENTION = re.compile(r'MLP|Mlp|FeedForward|FFN|Ffn|Intermediate|Expert|Router|Gate')
 #: Child names of attention output projections (the others inside an attention module are input projections).
-ATTENTION_OUTPUT_NAMES = frozenset({'o_proj', 'out_proj', 'dense', 'proj', 'c_proj', 'o', 'out_lin', 'wo', 'out',
-                                    'to_out', 'output', 'attn_out', 'linear_out'})
+ATTENTION_OUTPUT_NAMES = frozenset(
+    {
+        'o_proj',
+        'out_proj',
+        'dense',
+        'proj',
+        'c_proj',
+        'o',
+        'out_lin',
+        'wo',
+        'out',
+        'to_out',
+        'output',
+        'attn_out',
+        'linear_out',
+    }
+)
 #: Child names under which multimodal models hold their vision towers.
-VISION_TOWER_NAMES = frozenset({'vision_tower', 'visual', 'vision_model', 'vision_encoder', 'image_encoder',
-                                'vision', 'vision_backbone', 'image_tower'})
+VISION_TOWER_NAMES = frozenset(
+    {
+        'vision_tower',
+        'visual',
+        'vision_model',
+        'vision_encoder',
+        'image_encoder',
+        'vision',
+        'vision_backbone',
+        'image_tower',
+    }
+)
 
 
 class NoBlocksError(TypeError):
@@ -112,8 +138,9 @@ def attention_linears(model: torch.nn.Module) -> tuple[list[str], list[str]]:
                     (outputs if is_output else inputs).append(child_path)
                 continue
             kind = type(child).__name__
-            visit(child_path, child, (inside or bool(_ATTENTION.search(kind))) and not _NOT_ATTENTION.search(kind),
-                  kind)
+            visit(
+                child_path, child, (inside or bool(_ATTENTION.search(kind))) and not _NOT_ATTENTION.search(kind), kind
+            )
 
     visit('', model, bool(_ATTENTION.search(type(model).__name__)), type(model).__name__)
     return inputs, outputs

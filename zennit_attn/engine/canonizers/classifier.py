@@ -6,24 +6,41 @@ carry relevance (the table is in :py:mod:`~zennit_attn.engine.canonizers.general
 operation (:py:func:`op_name`), looks it up in the sets of operations below and applies the rule in the gradient
 formulation, or refuses the operation through the canonizer.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from ..rules import elementwise_identity, layer_norm_identity, scaled_gradient
 from .decompositions import DECOMPOSED, STATISTICS
-from .graph import (ExpLogSoftmax, LogSoftmaxMark, LogSumExpMark, SinkMass, SoftmaxInput, attention_scores, gate_kind,
-                    is_gate, is_log_softmax, is_outer_product, log_softmax_scores, lse_scores, normalises, reaches,
-                    scores_node, sink_scores)
+from .graph import (
+    ExpLogSoftmax,
+    LogSoftmaxMark,
+    LogSumExpMark,
+    SinkMass,
+    SoftmaxInput,
+    attention_scores,
+    gate_kind,
+    is_gate,
+    is_log_softmax,
+    is_outer_product,
+    log_softmax_scores,
+    lse_scores,
+    normalises,
+    reaches,
+    scores_node,
+    sink_scores,
+)
 from .tracking import tensors_of
 
 names = str.split
 #: Linear, structural and selection operations, and operations whose outputs carry no gradient: plain gradient.
-FREE = frozenset(names("""
+FREE = frozenset(
+    names("""
     add sub rsub neg positive cat concat concatenate stack hstack vstack dstack view view_as reshape reshape_as flatten
     unflatten squeeze unsqueeze permute transpose swapaxes swapdims movedim moveaxis t contiguous clone expand
     expand_as broadcast_to broadcast_tensors repeat repeat_interleave tile narrow narrow_copy select index_select
@@ -40,24 +57,31 @@ FREE = frozenset(names("""
     select_copy flatten_copy chunk_copy real imag conj resolve_conj resolve_neg align_to rename refine_names embedding
     embedding_bag one_hot diff bucketize searchsorted histc cummax cummin logical_and logical_or logical_not
     logical_xor bitwise_and bitwise_or bitwise_not floor_divide view_as_complex view_as_real complex nan_to_num
-"""))
+""")
+)
 #: Operations that read metadata, detach or register hooks: nothing to check (they run in the rules' hooks too).
-METADATA = frozenset(names("""
+METADATA = frozenset(
+    names("""
     get detach numel dim size stride storage_offset data_ptr element_size is_contiguous is_floating_point is_complex
     item tolist bool len format repr hash requires_grad retain_grad register_hook untyped_storage
-"""))
+""")
+)
 #: Multilinear operations: linear when one operand carries relevance, a product (uniform rule) when several do.
-PRODUCTS = frozenset(names("""
+PRODUCTS = frozenset(
+    names("""
     mul multiply matmul mm bmm einsum linear bilinear conv1d conv2d conv3d conv_transpose1d conv_transpose2d
     conv_transpose3d addmm addbmm baddbmm addmv addcmul outer inner dot vdot tensordot kron prod _grouped_mm
     grouped_mm_fallback
-"""))
+""")
+)
 #: Element-wise non-linearities: identity rule (Eq. 9).
-ACTIVATIONS = frozenset(names("""
+ACTIVATIONS = frozenset(
+    names("""
     tanh sigmoid log_sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardtanh hardsigmoid
     erf clamp clamp_min clamp_max clip abs threshold square sign round floor ceil trunc frac remainder fmod softsign
     softshrink hardshrink tanhshrink rrelu prelu
-"""))
+""")
+)
 #: Bounds and roundings among them: a clamped or rounded value is not a gate (a gate only where its input is one).
 BOUNDS = frozenset(names('clamp clamp_min clamp_max clip hardtanh round floor ceil trunc frac remainder fmod'))
 #: Element-wise computations of a normaliser ``g(x)`` (Prop. 3.4), with powers below 1 and ``c / x``: constants where
@@ -67,14 +91,19 @@ BOUNDS = frozenset(names('clamp clamp_min clamp_max clip hardtanh round floor ce
 NORMALISERS = frozenset(names('rsqrt sqrt reciprocal reciprocal_scaled'))
 #: Operations whose output is a normaliser where every relevance-carrying input is one (``rsqrt(var + eps)``,
 #: ``norm.clamp_min(eps)``, casts and views): element-wise and structural operations, not linear maps of weights.
-NORMALISER_PASS = ((frozenset(names('mul multiply pow div divide true_divide')) | NORMALISERS)
-                   | frozenset(STATISTICS)) | frozenset(names('add sub neg view view_as reshape reshape_as flatten '
-                                                                 'unflatten squeeze unsqueeze permute transpose t '
-                                                                 'contiguous clone expand expand_as broadcast_to to '
-                                                                 'type type_as float double half bfloat16 getitem '
-                                                                 'select narrow clamp clamp_min clamp_max clip maximum '
-                                                                 'minimum fmax fmin max min amax amin abs sum mean '
-                                                                 'square'))
+NORMALISER_PASS = (
+    (frozenset(names('mul multiply pow div divide true_divide')) | NORMALISERS) | frozenset(STATISTICS)
+) | frozenset(
+    names(
+        'add sub neg view view_as reshape reshape_as flatten '
+        'unflatten squeeze unsqueeze permute transpose t '
+        'contiguous clone expand expand_as broadcast_to to '
+        'type type_as float double half bfloat16 getitem '
+        'select narrow clamp clamp_min clamp_max clip maximum '
+        'minimum fmax fmin max min amax amin abs sum mean '
+        'square'
+    )
+)
 #: Scatters that reduce by a product (``reduce='prod'``, ``'multiply'``): the uniform rule (Prop. 3.2) per output.
 SCATTERS = frozenset(names('scatter scatter_reduce index_reduce'))
 #: Matrix products of factors (contractions), as opposed to element-wise products.
@@ -82,26 +111,40 @@ CONTRACTIONS = frozenset(names('matmul mm bmm einsum tensordot inner dot vdot ou
 DIVISIONS = frozenset(names('div divide true_divide'))
 #: Products with an additive term (position, keyword): ``addmm(input, a, b) = input + a @ b``, the bias of ``linear``
 #: and of the convolutions; it keeps its plain gradient, only the factors share the product's.
-ADDITIVE = {**dict.fromkeys(names('addmm addbmm baddbmm addmv addcmul'), (0, 'input')),
-            **dict.fromkeys(names('linear conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d'),
-                            (2, 'bias')),
-            'bilinear': (3, 'bias'), '_grouped_mm': (3, 'bias')}
+ADDITIVE = {
+    **dict.fromkeys(names('addmm addbmm baddbmm addmv addcmul'), (0, 'input')),
+    **dict.fromkeys(
+        names('linear conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d'), (2, 'bias')
+    ),
+    'bilinear': (3, 'bias'),
+    '_grouped_mm': (3, 'bias'),
+}
 SOFTMAX = frozenset(names('softmax _softmax'))
 LOG_SOFTMAX = frozenset(names('log_softmax _log_softmax'))
 #: Operations that keep a log-softmax one (casts, views, selections): its ``exp`` is still a softmax.
-_LOG_SOFTMAX_VIEWS = frozenset(names('to type type_as float double half bfloat16 view view_as reshape reshape_as '
-                                      'flatten unflatten squeeze unsqueeze expand expand_as contiguous clone getitem '
-                                      'select narrow index_select gather take_along_dim topk sort transpose permute t '
-                                      'movedim swapaxes split split_with_sizes chunk unbind'))
+_LOG_SOFTMAX_VIEWS = frozenset(
+    names(
+        'to type type_as float double half bfloat16 view view_as reshape reshape_as '
+        'flatten unflatten squeeze unsqueeze expand expand_as contiguous clone getitem '
+        'select narrow index_select gather take_along_dim topk sort transpose permute t '
+        'movedim swapaxes split split_with_sizes chunk unbind'
+    )
+)
 #: What keeps ``logsumexp(z)`` a shifted log-normaliser: constants added or subtracted, casts, views, selections.
-_LSE_SHIFTS = frozenset(names('add sub to type type_as float double view reshape unsqueeze squeeze expand contiguous '
-                               'clone getitem select narrow'))
+_LSE_SHIFTS = frozenset(
+    names(
+        'add sub to type type_as float double view reshape unsqueeze squeeze expand contiguous '
+        'clone getitem select narrow'
+    )
+)
 
 
 #: Class names of sequence mixers whose products of relevance-carrying tensors are not softmax attention: state-space
 #: models, linear attention, recurrences (their products are refused until their rules are defined).
-LINEAR_MIXERS = re.compile(r'Mamba|SSM|Ssm|Delta|ForgetGate|LinearAttention|Linear_?Attn|Rwkv|RWKV|Retention|Hyena|'
-                           r'Xlstm|xLSTM|LSTM|GRU|Lightning|Recurrent|Mixer')
+LINEAR_MIXERS = re.compile(
+    r'Mamba|SSM|Ssm|Delta|ForgetGate|LinearAttention|Linear_?Attn|Rwkv|RWKV|Retention|Hyena|'
+    r'Xlstm|xLSTM|LSTM|GRU|Lightning|Recurrent|Mixer'
+)
 #: Class names of sequence mixers that are not softmax attention (named in refusals): also gated short convolutions
 #: (LFM's, whose products of projections are explained by the uniform rule, Prop. 3.2).
 RECURRENT = re.compile(LINEAR_MIXERS.pattern + r'|ShortConv|Lfm2Short')
@@ -111,11 +154,27 @@ _REFLECTED = {'rsub': 'sub', 'rtruediv': 'reciprocal_scaled', 'rdiv': 'reciproca
 #: Operators whose reflected (``__rmul__``) and in-place (``__imul__``) forms compute the same as the plain one.
 _SWAPPABLE = frozenset(names('add sub mul matmul truediv floordiv pow mod and or xor'))
 #: Other names of the same operation (operators, ``torch.special``, NumPy-style names).
-_ALIASES = {'truediv': 'div', 'floordiv': 'floor_divide', 'mod': 'remainder', 'and': 'logical_and',
-            'or': 'logical_or', 'xor': 'logical_xor', 'special_expit': 'sigmoid', 'expit': 'sigmoid',
-            'special_erf': 'erf', 'special_softmax': 'softmax', 'special_log_softmax': 'log_softmax',
-            'special_logsumexp': 'logsumexp', 'special_round': 'round', 'absolute': 'abs', 'negative': 'neg',
-            'subtract': 'sub', 'fix': 'trunc', 'float_power': 'pow', 'logsigmoid': 'log_sigmoid'}
+_ALIASES = {
+    'truediv': 'div',
+    'floordiv': 'floor_divide',
+    'mod': 'remainder',
+    'and': 'logical_and',
+    'or': 'logical_or',
+    'xor': 'logical_xor',
+    'special_expit': 'sigmoid',
+    'expit': 'sigmoid',
+    'special_erf': 'erf',
+    'special_softmax': 'softmax',
+    'special_log_softmax': 'log_softmax',
+    'special_logsumexp': 'logsumexp',
+    'special_round': 'round',
+    'absolute': 'abs',
+    'negative': 'neg',
+    'subtract': 'sub',
+    'fix': 'trunc',
+    'float_power': 'pow',
+    'logsigmoid': 'log_sigmoid',
+}
 
 #: The names :py:func:`op_name` gave, by function (the mode asks for each operation of every forward).
 _OP_NAMES: dict = {}
@@ -153,11 +212,11 @@ def _name_of(func: Callable) -> str:
     return _ALIASES.get(name, name)
 
 
-
 class Classifier(TorchFunctionMode):
     """The torch function mode of :py:class:`~zennit_attn.engine.canonizers.general.GeneralCanonizer` (see the table of
     :py:mod:`~zennit_attn.engine.canonizers.general`); ``canonizer`` holds what it tracks across the operations of one
     forward and refuses what has no rule."""
+
     def __init__(self, canonizer):
         super().__init__()
         self.canonizer = canonizer
@@ -239,8 +298,11 @@ class Classifier(TorchFunctionMode):
         normalisers (see :py:meth:`normaliser_use`)."""
         canonizer = self.canonizer
         if len(carrying) != 1 or not isinstance(args[0], torch.Tensor) or args[0] is not carrying[0]:
-            what = 'a power with a relevance-carrying exponent' if name == 'pow' else \
-                'an element-wise non-linearity of more than one relevance-carrying tensor'
+            what = (
+                'a power with a relevance-carrying exponent'
+                if name == 'pow'
+                else 'an element-wise non-linearity of more than one relevance-carrying tensor'
+            )
             canonizer.refuse(name, what)
         gate = name not in BOUNDS or is_gate(args[0])
         if in_place(func, kwargs):
@@ -288,11 +350,14 @@ class Classifier(TorchFunctionMode):
             return output
         if name in PRODUCTS:
             others = [tensor for tensor in carrying if tensor not in marks]
-            constants = {id(tensor): tensor.detach() for tensor in marked
-                         if any(normalises(tensor, other) for other in others)}
+            constants = {
+                id(tensor): tensor.detach() for tensor in marked if any(normalises(tensor, other) for other in others)
+            }
             if constants:
-                args, kwargs = replaced(args, constants), {key: replaced(value, constants)
-                                                           for key, value in kwargs.items()}
+                args, kwargs = (
+                    replaced(args, constants),
+                    {key: replaced(value, constants) for key, value in kwargs.items()},
+                )
                 carrying = [tensor for tensor in carrying if id(tensor) not in constants]
         return self.dispatch(name, func, args, kwargs, carrying)
 
@@ -312,16 +377,25 @@ class Classifier(TorchFunctionMode):
         :py:mod:`~zennit_attn.engine.canonizers.graph`); ``z - logsumexp(z)``: a log-softmax (marked, see
         :py:meth:`log_softmax_use`); any other use of a ``logsumexp`` is refused."""
         reflected = getattr(func, '__name__', '') in {'__rsub__', 'rsub'}
-        if name == 'sub' and not reflected and len(carrying) == 2 and len(args) > 1 and kwargs.get('alpha', 1) == 1 \
-                and is_log_softmax(args[0], args[1]):
+        if (
+            name == 'sub'
+            and not reflected
+            and len(carrying) == 2
+            and len(args) > 1
+            and kwargs.get('alpha', 1) == 1
+            and is_log_softmax(args[0], args[1])
+        ):
             return LogSoftmaxMark.apply(func(*args, **kwargs), lse_scores(args[1]))
         if len(carrying) == 1 and name == 'sigmoid':
             return SinkMass.apply(func(*args, **kwargs), lse_scores(carrying[0]))
         if len(carrying) == 1 and not reflected and name in _LSE_SHIFTS and (name != 'sub' or args[0] is carrying[0]):
             return func(*args, **kwargs)
-        self.canonizer.refuse(f'logsumexp (used by {name})', 'a logsumexp that is not the mass sigmoid(logsumexp(z) - '
-                              's) of a softmax extended by a constant sink logit s (an attention sink) nor the '
-                              'normaliser of a log-softmax z - logsumexp(z)')
+        self.canonizer.refuse(
+            f'logsumexp (used by {name})',
+            'a logsumexp that is not the mass sigmoid(logsumexp(z) - '
+            's) of a softmax extended by a constant sink logit s (an attention sink) nor the '
+            'normaliser of a log-softmax z - logsumexp(z)',
+        )
 
     def log_softmax_use(self, name, func, args, kwargs, carrying):
         """A log-softmax of ``z``: casts, views and selections keep it one; its ``exp`` is ``softmax(z)`` (a selection
@@ -335,9 +409,12 @@ class Classifier(TorchFunctionMode):
             outputs = tensors_of(output if isinstance(output, (list, tuple)) else [output], [])
             if all(log_softmax_scores(tensor) is not None for tensor in outputs if tensor.requires_grad):
                 return output
-        self.canonizer.refuse(f'log_softmax (used by {name})', 'a log-softmax z - logsumexp(z) that is not '
-                              'exponentiated (exp(z - logsumexp(z)) is softmax(z), Prop. 3.1; a log-softmax itself has '
-                              'no AttnLRP rule)')
+        self.canonizer.refuse(
+            f'log_softmax (used by {name})',
+            'a log-softmax z - logsumexp(z) that is not '
+            'exponentiated (exp(z - logsumexp(z)) is softmax(z), Prop. 3.1; a log-softmax itself has '
+            'no AttnLRP rule)',
+        )
 
     @staticmethod
     def power_at_least_one(args, kwargs) -> bool:
@@ -388,6 +465,7 @@ class Classifier(TorchFunctionMode):
             if isinstance(value, (list, tuple)):
                 return type(value)(swap(item) for item in value)
             return value
+
         return func(*swap(tuple(args)), **{key: swap(value) for key, value in kwargs.items()})
 
     @staticmethod
@@ -413,15 +491,22 @@ class Classifier(TorchFunctionMode):
         canonizer = self.canonizer
         mixer = canonizer.mixer(pattern=LINEAR_MIXERS)
         if mixer is not None:
-            canonizer.refuse(name, f'a product of relevance-carrying tensors inside {mixer}, a sequence mixer that is '
-                             'not softmax attention')
+            canonizer.refuse(
+                name,
+                f'a product of relevance-carrying tensors inside {mixer}, a sequence mixer that is '
+                'not softmax attention',
+            )
         if canonizer.contractions and any(reaches(tensor, canonizer.contractions) for tensor in factors):
-            canonizer.refuse(name, 'a product with a contraction of relevance-carrying tensors that has no softmax '
-                             '(q (k^T v): linear attention, not softmax attention)',
-                             hint='AttnLRP (Achtibat et al. 2024) defines rules for softmax attention; linear attention '
-                             'and other sequence mixers are not explained yet.')
-        contraction = name in CONTRACTIONS or (name in {'mul', 'multiply'} and len(factors) == 2
-                                               and is_outer_product(*factors))
+            canonizer.refuse(
+                name,
+                'a product with a contraction of relevance-carrying tensors that has no softmax '
+                '(q (k^T v): linear attention, not softmax attention)',
+                hint='AttnLRP (Achtibat et al. 2024) defines rules for softmax attention; linear attention '
+                'and other sequence mixers are not explained yet.',
+            )
+        contraction = name in CONTRACTIONS or (
+            name in {'mul', 'multiply'} and len(factors) == 2 and is_outer_product(*factors)
+        )
         return contraction and all(gate_kind(tensor) != 'softmax' for tensor in factors)
 
     def scatter(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
@@ -435,27 +520,36 @@ class Classifier(TorchFunctionMode):
             return func(*args, **kwargs)
         if in_place(func, kwargs):
             self.canonizer.refuse(func.__name__, 'an in-place product of relevance-carrying tensors')
-        input, dim, index = args[0], args[1] if len(args) > 1 else kwargs['dim'], args[2] if len(args) > 2 else \
-            kwargs['index']
+        input, dim, index = (
+            args[0],
+            args[1] if len(args) > 1 else kwargs['dim'],
+            args[2] if len(args) > 2 else kwargs['index'],
+        )
         source = args[3] if len(args) > 3 else next(kwargs[key] for key in ('src', 'source', 'value') if key in kwargs)
         factors = [tensor for tensor in (input, source) if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
         constant = self.constant_factors(factors) if self.canonizer.constant_gates and len(factors) > 1 else set()
         if constant:
-            detached = {key: tensor.detach() for key, tensor in ((id(item), item) for item in factors)
-                        if key in constant}
+            detached = {
+                key: tensor.detach() for key, tensor in ((id(item), item) for item in factors) if key in constant
+            }
             args, kwargs = replaced(args, detached), {key: replaced(value, detached) for key, value in kwargs.items()}
-            input, source = (detached.get(id(item), item) if isinstance(item, torch.Tensor) else item
-                             for item in (input, source))
+            input, source = (
+                detached.get(id(item), item) if isinstance(item, torch.Tensor) else item for item in (input, source)
+            )
         output = func(*args, **kwargs)
         with torch.no_grad():
             counts = torch.zeros_like(output)
             if input.requires_grad and kwargs.get('include_self', True):
                 counts += 1
             if isinstance(source, torch.Tensor) and source.requires_grad:
-                ones = torch.ones(index.shape if name != 'index_reduce' else source.shape, dtype=output.dtype,
-                                  device=output.device)
-                counts = counts.index_add(dim, index, ones) if name == 'index_reduce' else \
-                    counts.scatter_add(dim, index, ones)
+                ones = torch.ones(
+                    index.shape if name != 'index_reduce' else source.shape, dtype=output.dtype, device=output.device
+                )
+                counts = (
+                    counts.index_add(dim, index, ones)
+                    if name == 'index_reduce'
+                    else counts.scatter_add(dim, index, ones)
+                )
         return scaled_gradient(output, 1 / counts.clamp_min(1))
 
     def factors(self, name, args, kwargs, carrying: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -479,10 +573,18 @@ class Classifier(TorchFunctionMode):
         split it)."""
         others = [tensor for tensor in carrying if tensor is not sinks[0]]
         share = 0.0 if self.canonizer.constant_gates else 0.5
-        if len(sinks) != 1 or len(others) != 1 or not (self.canonizer.constant_gates or any(
-                node is sink_scores(sinks[0]) for node in attention_scores(others[0]))):
-            self.canonizer.refuse('sigmoid(logsumexp)', 'an attention-sink mass that does not scale the attention '
-                                  'output softmax(z) @ V of its own scores z')
+        if (
+            len(sinks) != 1
+            or len(others) != 1
+            or not (
+                self.canonizer.constant_gates
+                or any(node is sink_scores(sinks[0]) for node in attention_scores(others[0]))
+            )
+        ):
+            self.canonizer.refuse(
+                'sigmoid(logsumexp)',
+                'an attention-sink mass that does not scale the attention output softmax(z) @ V of its own scores z',
+            )
         return {id(others[0]): 1.0, id(sinks[0]): share}
 
     @staticmethod
@@ -503,8 +605,11 @@ class Classifier(TorchFunctionMode):
         names = ('query', 'key', 'value')
         scales = self.canonizer.attention_scales
         args = list(args)
-        biased = [tensor for tensor in args[:3] + [kwargs.get(key) for key in names]
-                  if isinstance(tensor, torch.Tensor) and tensor in self.canonizer.biases]
+        biased = [
+            tensor
+            for tensor in args[:3] + [kwargs.get(key) for key in names]
+            if isinstance(tensor, torch.Tensor) and tensor in self.canonizer.biases
+        ]
         if biased:  # an exponential in query, key or value
             self.canonizer.refuse_bias('exp (used by scaled_dot_product_attention)', self.canonizer.biases[biased[0]])
         for index, name in enumerate(names):

@@ -8,6 +8,7 @@ products, the softmax, element-wise non-linearities), so that AttnLRP's rules ap
 :py:data:`DECOMPOSED` (multi-head attention, GLU, softmin) and :py:data:`STATISTICS` (variances, standard deviations
 and norms, which are normalisers ``g(x)`` where they normalise ``x`` and values elsewhere).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -16,8 +17,20 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ['DECOMPOSED', 'STATISTICS', 'multi_head_attention', 'glu', 'softmin', 'variance', 'variance_mean',
-           'standard_deviation', 'standard_deviation_mean', 'norm', 'matrix_norm', 'linalg_norm']
+__all__ = [
+    'DECOMPOSED',
+    'STATISTICS',
+    'multi_head_attention',
+    'glu',
+    'softmin',
+    'variance',
+    'variance_mean',
+    'standard_deviation',
+    'standard_deviation_mean',
+    'norm',
+    'matrix_norm',
+    'linalg_norm',
+]
 
 
 def multi_head_attention(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -60,8 +73,9 @@ def multi_head_attention(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | 
 
     q, k, v = (split(tensor, weight, bias) for tensor, weight, bias in zip((query, key, value), weights, biases))
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(size)
-    mask = _mask(a['attn_mask'], a['key_padding_mask'], a['is_causal'], scores, batch, heads, length, k.shape[2],
-                 batched)
+    mask = _mask(
+        a['attn_mask'], a['key_padding_mask'], a['is_causal'], scores, batch, heads, length, k.shape[2], batched
+    )
     if mask is not None:
         scores = scores + mask
     attention = torch.softmax(scores, -1)
@@ -160,8 +174,9 @@ def standard_deviation(input: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     return variance_mean(input, *args, **kwargs)[0].sqrt()
 
 
-def norm(input: torch.Tensor, ord=2, dim=None, keepdim: bool = False, *args, dtype=None, p=None,
-         **kwargs) -> torch.Tensor:
+def norm(
+    input: torch.Tensor, ord=2, dim=None, keepdim: bool = False, *args, dtype=None, p=None, **kwargs
+) -> torch.Tensor:
     """A vector norm (``torch.norm``, ``Tensor.norm``, ``torch.linalg.vector_norm``, ``torch.linalg.norm`` of a vector,
     the Frobenius norm): ``(sum |x|^p)^(1/p)``, ``max |x|`` for ``p = inf``, ``min |x|`` for ``-inf``, from element-wise
     non-linearities and sums.
@@ -207,6 +222,15 @@ def linalg_norm(input: torch.Tensor, ord=None, dim=None, keepdim: bool = False, 
 DECOMPOSED = {'multi_head_attention_forward': multi_head_attention, 'glu': glu, 'softmin': softmin}
 #: statistics of a tensor (by name) -> their decomposition: the value of a normaliser ``g(x)`` where it is not used
 #: to normalise ``x`` (:py:mod:`~zennit_attn.engine.canonizers.classifier`)
-STATISTICS = {'var': variance, 'var_mean': variance_mean, 'std': standard_deviation,
-              'std_mean': standard_deviation_mean, 'norm': norm, 'vector_norm': norm, 'linalg_vector_norm': norm,
-              'linalg_norm': linalg_norm, 'matrix_norm': matrix_norm, 'linalg_matrix_norm': matrix_norm}
+STATISTICS = {
+    'var': variance,
+    'var_mean': variance_mean,
+    'std': standard_deviation,
+    'std_mean': standard_deviation_mean,
+    'norm': norm,
+    'vector_norm': norm,
+    'linalg_vector_norm': norm,
+    'linalg_norm': linalg_norm,
+    'matrix_norm': matrix_norm,
+    'linalg_matrix_norm': matrix_norm,
+}

@@ -32,11 +32,12 @@ Vision transformers (timm ``VisionTransformer`` incl. DeiT, Hugging Face ViT) ne
 concatenated or added to the tokens: they absorb their share like a bias), ``LayerScale`` and the pooling (linear);
 their attention gets the same operand taps as the language models' (timm's fused ``qkv`` in three equal sections).
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 
@@ -46,6 +47,7 @@ from .base import OperandSpec, Tap, parse_taps
 @dataclass(frozen=True)
 class Family:
     """What zennit-attn knows about one model family."""
+
     name: str
     structural: tuple[str, ...]
     operands: Mapping[str, OperandSpec] = field(default_factory=dict)
@@ -77,8 +79,14 @@ class Family:
 
     @functools.cached_property
     def classes(self) -> frozenset[str]:
-        return (frozenset(self.structural) | frozenset(self.operands) | frozenset(self.inline)
-                | frozenset(self.inline_operands) | frozenset(self.attention_output) | frozenset(self.cross_attention))
+        return (
+            frozenset(self.structural)
+            | frozenset(self.operands)
+            | frozenset(self.inline)
+            | frozenset(self.inline_operands)
+            | frozenset(self.attention_output)
+            | frozenset(self.cross_attention)
+        )
 
     def taps(self, module: torch.nn.Module) -> dict[str, Tap]:
         """``{child attribute: Tap}`` of the products ``module`` computes inline; empty for other classes."""
@@ -115,8 +123,14 @@ def gpt2_attention(module: torch.nn.Module) -> Mapping[str, object]:
 
 def llama_like(prefix: str, name: str, extra: tuple[str, ...] = (), **fields) -> Family:
     """Decoder families built like Llama: RMSNorm, rotary attention with q/k/v projections, gated MLP."""
-    suffixes = ('ForCausalLM', 'Model', 'DecoderLayer', 'RotaryEmbedding', 'ForSequenceClassification',
-                'ForTokenClassification')
+    suffixes = (
+        'ForCausalLM',
+        'Model',
+        'DecoderLayer',
+        'RotaryEmbedding',
+        'ForSequenceClassification',
+        'ForTokenClassification',
+    )
     return Family(
         name=name,
         structural=tuple(prefix + suffix for suffix in suffixes) + extra,
@@ -145,7 +159,8 @@ def moe(prefix: str, name: str, shared_expert: bool = False) -> Family:
         block.update({'shared_expert_gate': 'gate', 'shared_expert': 'up'})
         inline[f'{prefix}SparseMoeBlock'] = ('sigmoid',)
     return llama_like(
-        prefix, name,
+        prefix,
+        name,
         extra=(f'{prefix}TopKRouter',),
         operands={f'{prefix}SparseMoeBlock': lambda module: block},
         inline=inline,
@@ -157,8 +172,20 @@ def moe(prefix: str, name: str, shared_expert: bool = False) -> Family:
 
 def bert_like(prefix: str, name: str, extra: tuple[str, ...] = (), inline: Mapping[str, tuple] = None):
     """Encoder families built like BERT: post-LayerNorm, separate q/k/v projections, GELU MLP."""
-    suffixes = ('Model', 'Embeddings', 'Encoder', 'Layer', 'Attention', 'SelfOutput', 'Intermediate', 'Output',
-                'Pooler', 'ForSequenceClassification', 'ForMaskedLM', 'ForTokenClassification')
+    suffixes = (
+        'Model',
+        'Embeddings',
+        'Encoder',
+        'Layer',
+        'Attention',
+        'SelfOutput',
+        'Intermediate',
+        'Output',
+        'Pooler',
+        'ForSequenceClassification',
+        'ForMaskedLM',
+        'ForTokenClassification',
+    )
     return Family(
         name=name,
         structural=tuple(prefix + suffix for suffix in suffixes) + extra,
@@ -216,24 +243,49 @@ FAMILIES: tuple[Family, ...] = (
     llama_like('Qwen3', 'qwen3'),
     llama_like('Olmo2', 'olmo2'),
     llama_like('Granite', 'granite'),
-    llama_like('Gemma3', 'gemma3', config=_NO_SOFTCAP,
-               extra=('Gemma3TextModel', 'Gemma3TextScaledWordEmbedding', 'Gemma3TextForSequenceClassification')),
-    llama_like('Gemma2', 'gemma2', config=_SOFTCAP_ATTENTION,
-               inline={'Gemma2Attention': ('tanh',), 'Gemma2ForCausalLM': (('tanh',), 'lm_head')}),
-    llama_like('Phi3', 'phi3', operands={'Phi3Attention': phi3_attention,
-                                         'Phi3MLP': lambda module: {'gate_up_proj': ('gate', 'up')}}),
+    llama_like(
+        'Gemma3',
+        'gemma3',
+        config=_NO_SOFTCAP,
+        extra=('Gemma3TextModel', 'Gemma3TextScaledWordEmbedding', 'Gemma3TextForSequenceClassification'),
+    ),
+    llama_like(
+        'Gemma2',
+        'gemma2',
+        config=_SOFTCAP_ATTENTION,
+        inline={'Gemma2Attention': ('tanh',), 'Gemma2ForCausalLM': (('tanh',), 'lm_head')},
+    ),
+    llama_like(
+        'Phi3',
+        'phi3',
+        operands={'Phi3Attention': phi3_attention, 'Phi3MLP': lambda module: {'gate_up_proj': ('gate', 'up')}},
+    ),
     Family(
         name='phi',
-        structural=('PhiForCausalLM', 'PhiModel', 'PhiDecoderLayer', 'PhiRotaryEmbedding', 'PhiMLP',
-                    'PhiForSequenceClassification', 'PhiForTokenClassification'),
+        structural=(
+            'PhiForCausalLM',
+            'PhiModel',
+            'PhiDecoderLayer',
+            'PhiRotaryEmbedding',
+            'PhiMLP',
+            'PhiForSequenceClassification',
+            'PhiForTokenClassification',
+        ),
         operands={'PhiAttention': separate_qkv('q_proj', 'k_proj', 'v_proj')},
         attention_output={'PhiAttention': 'dense'},
         mlp_output={'PhiMLP': 'fc2'},
     ),
     Family(
         name='gpt_neox',
-        structural=('GPTNeoXForCausalLM', 'GPTNeoXModel', 'GPTNeoXLayer', 'GPTNeoXMLP', 'GPTNeoXRotaryEmbedding',
-                    'GPTNeoXForSequenceClassification', 'GPTNeoXForTokenClassification'),
+        structural=(
+            'GPTNeoXForCausalLM',
+            'GPTNeoXModel',
+            'GPTNeoXLayer',
+            'GPTNeoXMLP',
+            'GPTNeoXRotaryEmbedding',
+            'GPTNeoXForSequenceClassification',
+            'GPTNeoXForTokenClassification',
+        ),
         operands={'GPTNeoXAttention': neox_attention},
         attention_output={'GPTNeoXAttention': 'dense'},
         mlp_output={'GPTNeoXMLP': 'dense_4h_to_h'},
@@ -244,27 +296,54 @@ FAMILIES: tuple[Family, ...] = (
     moe('Olmoe', 'olmoe'),
     Family(
         name='gpt2',
-        structural=('GPT2LMHeadModel', 'GPT2Model', 'GPT2Block', 'GPT2MLP', 'GPT2ForSequenceClassification',
-                    'GPT2ForTokenClassification'),
+        structural=(
+            'GPT2LMHeadModel',
+            'GPT2Model',
+            'GPT2Block',
+            'GPT2MLP',
+            'GPT2ForSequenceClassification',
+            'GPT2ForTokenClassification',
+        ),
         operands={'GPT2Attention': gpt2_attention},
         attention_output={'GPT2Attention': 'c_proj'},
         mlp_output={'GPT2MLP': 'c_proj'},
     ),
     bert_like('Bert', 'bert', extra=('BertOnlyMLMHead', 'BertLMPredictionHead', 'BertPredictionHeadTransform')),
-    bert_like('Roberta', 'roberta', extra=('RobertaClassificationHead', 'RobertaLMHead'),
-              inline={'RobertaClassificationHead': ('tanh',), 'RobertaLMHead': ('gelu',)}),
+    bert_like(
+        'Roberta',
+        'roberta',
+        extra=('RobertaClassificationHead', 'RobertaLMHead'),
+        inline={'RobertaClassificationHead': ('tanh',), 'RobertaLMHead': ('gelu',)},
+    ),
     Family(
         name='distilbert',
-        structural=('DistilBertModel', 'Embeddings', 'Transformer', 'TransformerBlock', 'FFN',
-                    'DistilBertForSequenceClassification', 'DistilBertForMaskedLM', 'DistilBertForTokenClassification'),
+        structural=(
+            'DistilBertModel',
+            'Embeddings',
+            'Transformer',
+            'TransformerBlock',
+            'FFN',
+            'DistilBertForSequenceClassification',
+            'DistilBertForMaskedLM',
+            'DistilBertForTokenClassification',
+        ),
         operands={'DistilBertSelfAttention': separate_qkv('q_lin', 'k_lin', 'v_lin')},
         attention_output={'DistilBertSelfAttention': 'out_lin'},
         mlp_output={'FFN': 'lin2'},
     ),
     Family(
         name='t5',
-        structural=('T5ForConditionalGeneration', 'T5Model', 'T5EncoderModel', 'T5Stack', 'T5Block',
-                    'T5LayerSelfAttention', 'T5LayerCrossAttention', 'T5LayerFF', 'T5DenseActDense'),
+        structural=(
+            'T5ForConditionalGeneration',
+            'T5Model',
+            'T5EncoderModel',
+            'T5Stack',
+            'T5Block',
+            'T5LayerSelfAttention',
+            'T5LayerCrossAttention',
+            'T5LayerFF',
+            'T5DenseActDense',
+        ),
         operands={'T5Attention': separate_qkv('q', 'k', 'v'), 'T5DenseGatedActDense': gated('wi_0', 'wi_1')},
         attention_output={'T5Attention': 'o'},
         mlp_output={'T5DenseActDense': 'wo', 'T5DenseGatedActDense': 'wo'},
@@ -272,8 +351,15 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         name='timm-vit',
-        structural=('VisionTransformer', 'VisionTransformerDistilled', 'Block', 'PatchEmbed', 'Mlp', 'LayerScale',
-                    'DropPath'),
+        structural=(
+            'VisionTransformer',
+            'VisionTransformerDistilled',
+            'Block',
+            'PatchEmbed',
+            'Mlp',
+            'LayerScale',
+            'DropPath',
+        ),
         operands={'Attention': timm_attention},
         attention_output={'Attention': 'proj'},
         mlp_output={'Mlp': 'fc2'},
@@ -282,8 +368,18 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         name='vit',
-        structural=('ViTForImageClassification', 'ViTModel', 'ViTEmbeddings', 'ViTPatchEmbeddings', 'ViTEncoder',
-                    'ViTLayer', 'ViTMLP', 'ViTPooler', 'ViTIntermediate', 'ViTOutput'),
+        structural=(
+            'ViTForImageClassification',
+            'ViTModel',
+            'ViTEmbeddings',
+            'ViTPatchEmbeddings',
+            'ViTEncoder',
+            'ViTLayer',
+            'ViTMLP',
+            'ViTPooler',
+            'ViTIntermediate',
+            'ViTOutput',
+        ),
         operands={'ViTAttention': hf_vit_attention, 'ViTSelfAttention': hf_vit_attention},
         # transformers 5: ViTAttention.o_proj; earlier versions: ViTSelfOutput.dense beside ViTSelfAttention
         attention_output={'ViTAttention': 'o_proj', 'ViTSelfOutput': 'dense'},
@@ -292,8 +388,9 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 #: Output projection of each attention class of the table: ``class name -> child attribute``.
-ATTENTION_OUTPUTS: dict[str, str] = {name: child for family in FAMILIES
-                                     for name, child in family.attention_output.items()}
+ATTENTION_OUTPUTS: dict[str, str] = {
+    name: child for family in FAMILIES for name, child in family.attention_output.items()
+}
 
 
 def family_of(module: torch.nn.Module) -> Family | None:

@@ -51,11 +51,12 @@ of the context (as eager where a model has no SDPA path), experts of mixtures of
 their plain loop (transformers' grouped and batched products stay: the mode sees them); the results agree to
 floating-point rounding. Everything is set on the model instance and put back on :py:meth:`remove`.
 """
+
 from __future__ import annotations
 
 import functools
 import re
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from zennit.canonizers import Canonizer
@@ -76,8 +77,10 @@ VISIBLE_EXPERTS = ('eager', 'batched_mm', 'grouped_mm')
 #: function of the instance. HRM-Text runs all but the last ``L_bp_cycles`` of its inner cycles under ``no_grad``
 #: (to save training memory), which would cut relevance off: every cycle is computed with gradients instead.
 INSTANCE_SETTINGS: dict[str, tuple[str, Callable]] = {
-    'transformers.models.hrm_text.modeling_hrm_text.HrmTextModel':
-        ('L_bp_cycles_padded', lambda module: [module.config.L_cycles] * module.config.H_cycles),
+    'transformers.models.hrm_text.modeling_hrm_text.HrmTextModel': (
+        'L_bp_cycles_padded',
+        lambda module: [module.config.L_cycles] * module.config.H_cycles,
+    ),
 }
 
 #: Packages whose autograd functions are trusted (their outputs are the ones the rules produce or plain torch).
@@ -85,8 +88,15 @@ _TRUSTED_FUNCTIONS = ('torch.', 'zennit.', 'zennit_attn.', 'bitsandbytes.')
 
 #: torch modules that compute a linear map of what carries relevance (a selection for ``Embedding``): the mode
 #: classifies their operations like any other, and called on their own their plain gradient is their rule.
-_LINEAR_LEAVES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Dropout, torch.nn.Identity, torch.nn.Conv1d,
-                  torch.nn.Conv2d, torch.nn.Conv3d)
+_LINEAR_LEAVES = (
+    torch.nn.Linear,
+    torch.nn.Embedding,
+    torch.nn.Dropout,
+    torch.nn.Identity,
+    torch.nn.Conv1d,
+    torch.nn.Conv2d,
+    torch.nn.Conv3d,
+)
 
 
 def _plain_torch_leaf(module: torch.nn.Module) -> bool:
@@ -110,14 +120,16 @@ class GeneralCanonizer(Tracking, Canonizer):
         CP-LRP (Ali et al. 2022): the outputs of non-linearities and softmaxes are constants where they enter a
         product, and query and key receive nothing in SDPA. False (AttnLRP): the uniform rule.
     """
+
     def __init__(self, constant_gates: bool = False, constants: list | None = None):
         super().__init__()
         self.constant_gates = constant_gates
         #: ``(module path, value)`` of every non-zero number the model adds to relevance (a bias written into its
         #: code: it absorbs relevance); shared with the copies :py:meth:`apply` registers
         self.constants = [] if constants is None else constants
-        self.attention_scales = ({'query': 0.0, 'key': 0.0, 'value': 1.0} if constant_gates
-                                 else {'query': 0.25, 'key': 0.25, 'value': 0.5})
+        self.attention_scales = (
+            {'query': 0.0, 'key': 0.0, 'value': 1.0} if constant_gates else {'query': 0.25, 'key': 0.25, 'value': 0.5}
+        )
         self.opaque = 0
         # whether the forward computed a ``logsumexp`` or ``log_softmax`` (:py:meth:`~zennit_attn.engine.canonizers.classifier.Classifier.sink_mass`, ...)
         self.lse = False
@@ -134,7 +146,7 @@ class GeneralCanonizer(Tracking, Canonizer):
         #: ``(module class, pattern)`` by whether the class is named like a sequence mixer (:py:meth:`mixer`)
         self.mixers: dict[tuple, bool] = {}
 
-    def copy(self) -> 'GeneralCanonizer':
+    def copy(self) -> GeneralCanonizer:
         return type(self)(self.constant_gates, self.constants)
 
     def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
@@ -208,6 +220,7 @@ class GeneralCanonizer(Tracking, Canonizer):
                 self.modes.append(mode)
             self.path.append((name, module))
             self.opaque += opaque
+
         return hook
 
     def _leave(self, opaque: bool):
@@ -223,6 +236,7 @@ class GeneralCanonizer(Tracking, Canonizer):
                 for tensor in outputs:
                     self.check_origin(tensor)
                 self.check_biases(outputs)
+
         return hook
 
     def check_origin(self, tensor: torch.Tensor) -> None:
@@ -258,17 +272,23 @@ class GeneralCanonizer(Tracking, Canonizer):
         outer = self.mixer(path)
         description = what or 'an operation without an AttnLRP rule'
         if hint is None and outer is not None:
-            hint = (f'{outer} is not softmax attention: AttnLRP (Achtibat et al. 2024) defines rules for softmax '
-                    'attention, linear layers, element-wise non-linearities, products and normalisations; the '
-                    'recurrences of state-space, linear-attention and convolutional sequence mixers are outside '
-                    'them, so zennit-attn does not explain this model.')
+            hint = (
+                f'{outer} is not softmax attention: AttnLRP (Achtibat et al. 2024) defines rules for softmax '
+                'attention, linear layers, element-wise non-linearities, products and normalisations; the '
+                'recurrences of state-space, linear-attention and convolutional sequence mixers are outside '
+                'them, so zennit-attn does not explain this model.'
+            )
         elif hint is None:
-            hint = ('Route it through a module that the composite has a rule for, add a Family entry '
-                    '(zennit_attn.engine.canonizers.families), or report the model.')
+            hint = (
+                'Route it through a module that the composite has a rule for, add a Family entry '
+                '(zennit_attn.engine.canonizers.families), or report the model.'
+            )
         # kept for the guard of :py:meth:`register`: raised inside an operator (``a + b``), torch turns the error (a
         # TypeError) into NotImplemented and Python raises a TypeError without it
-        self.refusal = UnsupportedModelError(f'zennit-attn cannot explain {op} in {where}: {description}, computed on '
-                                             f'tensors that carry relevance. {hint}')
+        self.refusal = UnsupportedModelError(
+            f'zennit-attn cannot explain {op} in {where}: {description}, computed on '
+            f'tensors that carry relevance. {hint}'
+        )
         raise self.refusal
 
     def remove(self) -> None:

@@ -18,6 +18,7 @@ The marks are identity autograd functions (:py:class:`LogSumExpMark`, :py:class:
 :py:class:`ExpLogSoftmax`); :py:class:`SoftmaxInput` also gives a softmax's fully masked rows (NaN output) a zero
 gradient.
 """
+
 from __future__ import annotations
 
 import re
@@ -40,22 +41,28 @@ PASS_NODES = re.compile(
 ACTIVATION_GATES = re.compile(r'_GateIdentityBackward\d*$')
 SOFTMAX_GATES = re.compile(r'(Softmax|_SoftmaxTaylor|SinkMass|ExpLogSoftmax)Backward\d*$')
 #: Autograd nodes between a ``logsumexp`` and the sigmoid of a sink mass (constants subtracted, casts, views).
-_LSE_PATH = re.compile(r'(Sub|Add|ToCopy|View|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Select|Index|'
-                       r'Narrow|Alias)Backward\d*$')
+_LSE_PATH = re.compile(
+    r'(Sub|Add|ToCopy|View|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Select|Index|'
+    r'Narrow|Alias)Backward\d*$'
+)
 #: Autograd nodes between a ``logsumexp(z)`` and its subtraction from ``z`` in a log-softmax (casts, views).
 _LSE_VIEWS = re.compile(r'(ToCopy|View|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Alias)Backward\d*$')
 #: Autograd nodes between a log-softmax and its ``exp`` (casts, views, selections).
-LOG_SOFTMAX_PATH = re.compile(r'(ToCopy|View|UnsafeView|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Select|'
-                              r'Index|IndexSelect|Gather|Topk|Sort|Narrow|Alias|Transpose|Permute|T|Split\w*|'
-                              r'Unbind)Backward\d*$')
+LOG_SOFTMAX_PATH = re.compile(
+    r'(ToCopy|View|UnsafeView|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Select|'
+    r'Index|IndexSelect|Gather|Topk|Sort|Narrow|Alias|Transpose|Permute|T|Split\w*|'
+    r'Unbind)Backward\d*$'
+)
 #: Autograd nodes between a softmax and the matrix product of the attention output.
 _PRODUCT_NODES = re.compile(r'(Bmm|Mm|Matmul|Einsum)Backward\d*$')
 #: Autograd nodes of casts and views: a tensor normalised by ``g(x)`` may be a cast or view of ``x``.
 _CAST_NODES = re.compile(r'(ToCopy|View|UnsafeView|Reshape\w*|Expand|Unsqueeze\w*|Squeeze\w*|Clone|Alias)Backward\d*$')
 #: Autograd nodes between a contraction ``k^T v`` and its use (views, casts, rescalings, cumulative sums).
-_CONTRACTION_PATH = re.compile(r'(ToCopy|View|UnsafeView|Reshape\w*|Expand|Unsqueeze\w*|Squeeze\w*|Clone|Alias|Transpose|'
-                               r'Permute|T|Cumsum|Sum|Mul|Div|Slice|Select|Tril|Triu|MaskedFill|_GradientMap)'
-                               r'Backward\d*$')
+_CONTRACTION_PATH = re.compile(
+    r'(ToCopy|View|UnsafeView|Reshape\w*|Expand|Unsqueeze\w*|Squeeze\w*|Clone|Alias|Transpose|'
+    r'Permute|T|Cumsum|Sum|Mul|Div|Slice|Select|Tril|Triu|MaskedFill|_GradientMap)'
+    r'Backward\d*$'
+)
 #: Autograd nodes of centring and shifting (``x - mean(x)``): a normalised tensor may be centred first.
 _CENTRING_NODES = re.compile(r'(Sub|Add)Backward\d*$')
 
@@ -151,6 +158,7 @@ def reaches(tensor: torch.Tensor, nodes: set, budget: int = 16) -> bool:
 class LogSumExpMark(torch.autograd.Function):
     """Identity with the plain gradient: marks the output of ``logsumexp(z)`` in the graph and keeps the autograd node
     of ``z`` (``scores``, see :py:func:`lse_scores`) and the dimensions it reduced (``dims``)."""
+
     @staticmethod
     def forward(ctx, input, scores, dims=()):
         """A copy of ``input``; ``scores``: the autograd node of the logits it was computed from; ``dims``: the
@@ -257,6 +265,7 @@ class SoftmaxInput(torch.autograd.Function):
     """The input of a softmax, unchanged; backward: the gradient, zero in the rows where the softmax's output
     (``ctx.output``, set after the softmax ran) is NaN (rows of ``-inf`` logits, which models replace by a constant:
     no relevance flows through them)."""
+
     @staticmethod
     def forward(ctx, input):
         """``input`` unchanged; the softmax's output is set on the node afterwards."""
@@ -272,7 +281,10 @@ class SoftmaxInput(torch.autograd.Function):
 
 
 def _skip_casts(node):
-    while node is not None and type(node).__name__.startswith(('ToCopyBackward', 'SoftmaxInputBackward')) and \
-            _inputs(node):
+    while (
+        node is not None
+        and type(node).__name__.startswith(('ToCopyBackward', 'SoftmaxInputBackward'))
+        and _inputs(node)
+    ):
         node = _inputs(node)[0]
     return node

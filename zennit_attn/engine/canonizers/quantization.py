@@ -18,6 +18,7 @@ Any other module that holds integer weights (``torch.ao`` dynamic/static quantiz
 class and path: their kernels have no backward pass, or one nobody verified here, and a layer that passes no
 gradient would silently drop the relevance of its branch (the residual stream still carries the rest).
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,8 +27,15 @@ import torch
 
 from . import UnsupportedModelError
 
-__all__ = ['EXPLAINED_QUANTIZED', 'UnsupportedQuantizationError', 'quantization_of', 'unexplained_quantized',
-           'check_quantized', 'bitsandbytes_supports', 'bitsandbytes_devices']
+__all__ = [
+    'EXPLAINED_QUANTIZED',
+    'UnsupportedQuantizationError',
+    'quantization_of',
+    'unexplained_quantized',
+    'check_quantized',
+    'bitsandbytes_supports',
+    'bitsandbytes_devices',
+]
 
 #: Qualified names of quantized linear classes (and their subclasses) whose forward is the linear map of their
 #: dequantized weights and whose backward is its gradient (bitsandbytes' 8-bit layer also rounds its input to 8
@@ -62,8 +70,9 @@ def quantization_of(module: torch.nn.Module) -> str | None:
 @functools.cache
 def _class_kind(cls: type) -> str | None:
     """The kind of :py:data:`EXPLAINED_QUANTIZED` that ``cls`` is (or subclasses), else None."""
-    return next((EXPLAINED_QUANTIZED[name] for name in map(_qualified, cls.__mro__) if name in EXPLAINED_QUANTIZED),
-                None)
+    return next(
+        (EXPLAINED_QUANTIZED[name] for name in map(_qualified, cls.__mro__) if name in EXPLAINED_QUANTIZED), None
+    )
 
 
 #: torch dispatch keys of the device types bitsandbytes may register kernels for
@@ -95,17 +104,24 @@ def _why_unexplained(module: torch.nn.Module) -> str | None:
         return 'torch.ao quantized kernels have no backward pass'
     kind = quantization_of(module)
     if kind == 'bitsandbytes 4-bit' and getattr(module.weight, 'quant_state', None) is None:
-        return ('its 4-bit weights are not quantized yet (bitsandbytes quantizes them when the layer moves to its '
-                "device): call model.to('cpu') or model.cuda() first")
+        return (
+            'its 4-bit weights are not quantized yet (bitsandbytes quantizes them when the layer moves to its '
+            "device): call model.to('cpu') or model.cuda() first"
+        )
     if kind == 'bitsandbytes 4-bit' and not bitsandbytes_supports(module.weight.device.type):
-        return (f'the installed bitsandbytes has no 4-bit kernel for the {module.weight.device.type!r} device (its '
-                "kernels here: " + (', '.join(bitsandbytes_devices()) or 'none') + '): move the model to one of '
-                'them, or load it in 8 bits or without quantization')
+        return (
+            f'the installed bitsandbytes has no 4-bit kernel for the {module.weight.device.type!r} device (its '
+            'kernels here: ' + (', '.join(bitsandbytes_devices()) or 'none') + '): move the model to one of '
+            'them, or load it in 8 bits or without quantization'
+        )
     if kind is not None or isinstance(module, torch.nn.Embedding):
         return None  # relevance is read at the embeddings' output: their own quantization does not matter
     for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
-        if tensor is not None and 'weight' in name and (
-                tensor.is_quantized or not (tensor.is_floating_point() or tensor.is_complex())):
+        if (
+            tensor is not None
+            and 'weight' in name
+            and (tensor.is_quantized or not (tensor.is_floating_point() or tensor.is_complex()))
+        ):
             return f'its {name!r} holds {tensor.dtype} values, and no backward pass through it is known'
     return None
 

@@ -11,6 +11,7 @@
   pass through views, selections and masking, and must end in a softmax or as the mask of
   ``scaled_dot_product_attention``; any other use, or leaving the model, is refused.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -21,18 +22,22 @@ _names = str.split
 #: Operations whose outputs pass no relevance (booleans, indices).
 COMPARISONS = frozenset(_names('eq ne lt le gt ge equal isnan isinf isfinite isclose allclose argmax argmin argsort'))
 #: Operations whose output values do not depend on the values of their tensor arguments (only shape, type, device).
-VALUE_FREE = COMPARISONS | frozenset(_names("""
+VALUE_FREE = COMPARISONS | frozenset(
+    _names("""
     zeros_like ones_like empty_like full_like rand_like randn_like randint_like new_zeros new_ones new_empty new_full
     new_tensor
-"""))
+""")
+)
 #: Operations whose output values depend only on their first argument (``x.type_as(y)``, ``x.view_as(y)``, ...).
 SELF_VALUED = frozenset(_names('type_as view_as reshape_as expand_as to'))
 #: Operations through which a logit bias stays one: views, selections, masking, casts, and adding it to the logits.
-BIAS_PASS = frozenset(_names("""
+BIAS_PASS = frozenset(
+    _names("""
     add sub view view_as reshape reshape_as expand expand_as broadcast_to transpose swapaxes swapdims permute movedim
     unsqueeze squeeze flatten unflatten getitem select narrow index_select gather masked_fill where contiguous clone to
     type type_as float double half bfloat16 repeat repeat_interleave tile flip topk sort cat concat stack dropout
-"""))
+""")
+)
 
 
 def tensors_of(value, found: list) -> list:
@@ -53,6 +58,7 @@ class TensorMarks(dict):
     ``marks[tensor]``, ``marks.get(tensor)``. The mode looks up the operands of every operation: a lookup here makes
     no weak reference (unlike ``torch.utils.weak.WeakTensorKeyDictionary``), and an empty one is false without a
     call."""
+
     def __setitem__(self, tensor: torch.Tensor, value) -> None:
         super().__setitem__(id(tensor), (weakref.ref(tensor), value))
 
@@ -77,6 +83,7 @@ class TensorMarks(dict):
 class ConstantTensor(float):
     """The largest magnitude of a constant tensor that the model adds (see :py:meth:`Tracking.note_constant`);
     formats as a description of the tensor."""
+
     def __new__(cls, value: float, shape):
         result = super().__new__(cls, value)
         result.shape = tuple(shape)
@@ -89,6 +96,7 @@ class ConstantTensor(float):
 class Tracking:
     """The bookkeeping of :py:class:`~zennit_attn.engine.canonizers.general.GeneralCanonizer` (see the module's description);
     the canonizer provides ``path`` (the module path being run), ``constants`` and ``refuse``."""
+
     path: list
     constants: list
 
@@ -107,16 +115,24 @@ class Tracking:
         """Record a non-zero number, or a constant tensor that is not an additive mask (entries 0 or <= -1e4), added to,
         subtracted from or concatenated with tensors that carry relevance."""
         where = self.path[-1][0] if self.path else ''
-        values = list(args[:2]) + [kwargs.get('other')] if name in {'add', 'sub'} else \
-            tensors_of(list(args[:1]) + [kwargs.get('tensors')], [])
-        numbers = [value for value in values
-                   if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0]
+        values = (
+            list(args[:2]) + [kwargs.get('other')]
+            if name in {'add', 'sub'}
+            else tensors_of(list(args[:1]) + [kwargs.get('tensors')], [])
+        )
+        numbers = [
+            value for value in values if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0
+        ]
         if numbers:
             self.constants.append((where, numbers[0]))
             return
         for tensor in values if not self.constants else ():  # a tensor's check reads its values: the first only
-            if (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not tensor.requires_grad
-                    and tensor not in self.cut):
+            if (
+                isinstance(tensor, torch.Tensor)
+                and tensor.is_floating_point()
+                and not tensor.requires_grad
+                and tensor not in self.cut
+            ):
                 data = tensor.detach()
                 bias = data.masked_fill((data == 0) | (data <= -1e4), 0).abs()
                 if bool(bias.any()):
@@ -129,9 +145,16 @@ class Tracking:
         if not self.gradients or name in VALUE_FREE:
             return output
         sources = args[:1] if name in SELF_VALUED else tensors
-        origin = next((self.cut.get(tensor) or (self.path[-1][0] if self.path else '') for tensor in sources
-                       if isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
-                       and (tensor.requires_grad or tensor in self.cut)), None)
+        origin = next(
+            (
+                self.cut.get(tensor) or (self.path[-1][0] if self.path else '')
+                for tensor in sources
+                if isinstance(tensor, torch.Tensor)
+                and tensor.is_floating_point()
+                and (tensor.requires_grad or tensor in self.cut)
+            ),
+            None,
+        )
         if origin is not None:
             for tensor in tensors_of(output if isinstance(output, (list, tuple)) else [output], []):
                 if tensor.is_floating_point() and not tensor.requires_grad:
@@ -151,10 +174,14 @@ class Tracking:
         numerator = args[0] if args else kwargs.get('input')
         if division and not any(tensor is numerator for tensor in cut):
             return False
-        self.refuse(name, f'a tensor computed without gradients (torch.no_grad()) from relevance-carrying tensors in '
-                    f'{self.cut[cut[0]]!r} meets relevance-carrying tensors: the relevance that flowed through it '
-                    'would be lost', hint='The model cuts the gradient there (e.g. truncated backpropagation through '
-                    'a recurrence); explain it with a configuration that computes every step with gradients.')
+        self.refuse(
+            name,
+            f'a tensor computed without gradients (torch.no_grad()) from relevance-carrying tensors in '
+            f'{self.cut[cut[0]]!r} meets relevance-carrying tensors: the relevance that flowed through it '
+            'would be lost',
+            hint='The model cuts the gradient there (e.g. truncated backpropagation through '
+            'a recurrence); explain it with a configuration that computes every step with gradients.',
+        )
 
     def mark_bias(self, output: torch.Tensor, origin=None) -> torch.Tensor:
         """Mark ``output`` as (part of) an additive bias of attention logits that must end in a softmax."""
@@ -183,6 +210,9 @@ class Tracking:
                 self.refuse_bias('exp', self.biases[tensor])
 
     def refuse_bias(self, op: str, origin) -> None:
-        self.refuse(op, 'an exponential that does not only enter attention logits additively (such a bias of the '
-                    'logits gets its share of the softmax rule, Prop. 3.1; any other use of exp has no AttnLRP rule)',
-                    path=list(origin))
+        self.refuse(
+            op,
+            'an exponential that does not only enter attention logits additively (such a bias of the '
+            'logits gets its share of the softmax rule, Prop. 3.1; any other use of exp has no AttnLRP rule)',
+            path=list(origin),
+        )

@@ -1,6 +1,15 @@
 """Named composites for AttnLRP and its CP-LRP baseline, used like any zennit composite."""
+
 from .attnlrp import AttnLRPComposite, AttnLRPEpsilon, CompiledModelError, CPLRPEpsilon, refuse_compiled
 from .gamma import AttnLRPGamma, CPLRPGamma, rule_repr
 
-__all__ = ['AttnLRPComposite', 'AttnLRPEpsilon', 'CPLRPEpsilon', 'AttnLRPGamma', 'CPLRPGamma', 'CompiledModelError',
-           'refuse_compiled', 'rule_repr']
+__all__ = [
+    'AttnLRPComposite',
+    'AttnLRPEpsilon',
+    'CPLRPEpsilon',
+    'AttnLRPGamma',
+    'CPLRPGamma',
+    'CompiledModelError',
+    'refuse_compiled',
+    'rule_repr',
+]

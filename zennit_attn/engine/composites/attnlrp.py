@@ -1,18 +1,28 @@
 """The AttnLRP composites for language models (epsilon rule on linear layers)."""
+
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from zennit.core import Composite, Hook
 
 from ..canonizers import GeneralCanonizer, canonizers_for
-from ..modules import Operand, Product, MatMul
-from ..rules import (BilinearEpsilon, ConstantFactors, ConstantOperand, Epsilon, Identity, NormIdentity,
-                     RelevanceBoundary, Softmax, UniformOperand, UniformProduct)
 from ..kinds import LINEARS, is_activation, norm_kind
-
+from ..modules import MatMul, Operand, Product
+from ..rules import (
+    BilinearEpsilon,
+    ConstantFactors,
+    ConstantOperand,
+    Epsilon,
+    Identity,
+    NormIdentity,
+    RelevanceBoundary,
+    Softmax,
+    UniformOperand,
+    UniformProduct,
+)
 
 #: Attribute that marks every module of a model while a zennit-attn composite is registered to it (a weak reference
 #: to the composite); see :py:meth:`AttnLRPComposite.register`.
@@ -83,7 +93,7 @@ def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
                     f'{inner} that torch.compile wrapped).'
                 )
             raise CompiledModelError(
-                f"{type(model).__name__} has a torch.compile wrapper ({type(module).__name__} of {inner}) as its "
+                f'{type(model).__name__} has a torch.compile wrapper ({type(module).__name__} of {inner}) as its '
                 f"submodule '{name}': compiled code bypasses the forward hooks of {hooks}, so {effect}. Put back the "
                 f'uncompiled module that the wrapper holds as _orig_mod, and {lower} the model again.'
             )
@@ -123,6 +133,7 @@ class AttnLRPComposite(Composite):
         Passed to :py:func:`~zennit_attn.engine.canonizers.canonizers_for`: True forces the general mechanism, False the
         family table (refusing models it does not cover).
     """
+
     #: see the parameter ``general``
     general: bool | None = None
     #: rule for the operands of inline products
@@ -149,8 +160,9 @@ class AttnLRPComposite(Composite):
         self.refuse_registered(module)
         self.remove()
         if self.fixed_canonizers is None:
-            self.canonizers = canonizers_for(module, constant_gates=self.operand_rule.scales['gate'] == 0,
-                                             general=self.general)
+            self.canonizers = canonizers_for(
+                module, constant_gates=self.operand_rule.scales['gate'] == 0, general=self.general
+            )
         else:
             self.canonizers = self.fixed_canonizers
         try:
@@ -277,6 +289,7 @@ class CPLRPEpsilon(AttnLRPComposite):
     else as in :py:class:`AttnLRPEpsilon`. For :py:class:`~zennit_attn.engine.modules.Product` and
     :py:class:`~zennit_attn.engine.modules.MatMul` modules the first factor is the constant one (gate, attention
     matrix)."""
+
     operand_rule = ConstantOperand
 
     def product_rule(self) -> Hook:

@@ -16,18 +16,19 @@ and everything else as :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`
 normalisation, AttnLRP's rules in attention) or :py:class:`~zennit_attn.engine.composites.CPLRPEpsilon` (attention
 probabilities constant). Every choice can be replaced per layer type.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from zennit.core import BasicHook, Hook
 
 from ..canonizers import ATTENTION_OUTPUTS, attention_linears, operand_taps, vision_towers
 from ..canonizers.blocks import VISION_TOWER_NAMES
-from ..modules import Operand
-from ..kinds import CONVOLUTIONS, LINEARS
 from ..canonizers.quantization import UnsupportedQuantizationError, quantization_of
+from ..kinds import CONVOLUTIONS, LINEARS
+from ..modules import Operand
 from ..rules import ConstantOperand, Epsilon, Gamma, RelevanceRule, UniformOperand
 from .attnlrp import AttnLRPComposite, CPLRPEpsilon
 
@@ -35,7 +36,8 @@ _ATTENTION_ROLES = frozenset({'query', 'key', 'value'})
 
 
 def attention_projections(
-    model: torch.nn.Module, outputs: Mapping[str, str] | None = None,
+    model: torch.nn.Module,
+    outputs: Mapping[str, str] | None = None,
 ) -> tuple[set[int], set[int]]:
     """``(ids of attention input projections, ids of attention output projections)`` in ``model``.
 
@@ -46,8 +48,11 @@ def attention_projections(
     (:py:func:`~zennit_attn.engine.canonizers.blocks.attention_linears`).
     """
     outputs = ATTENTION_OUTPUTS if outputs is None else outputs
-    inputs = {id(getattr(module, child)) for module, child, tap in operand_taps(model)
-              if set(tap.roles) <= _ATTENTION_ROLES and isinstance(getattr(module, child, None), torch.nn.Module)}
+    inputs = {
+        id(getattr(module, child))
+        for module, child, tap in operand_taps(model)
+        if set(tap.roles) <= _ATTENTION_ROLES and isinstance(getattr(module, child, None), torch.nn.Module)
+    }
     outs = set()
     for module in model.modules():
         child = outputs.get(type(module).__name__)
@@ -55,7 +60,8 @@ def attention_projections(
             outs.add(id(getattr(module, child)))
     # models (and parts of models, such as a VLM's vision tower) that the table does not list: by structure
     structural_in, structural_out = (
-        {id(model.get_submodule(name)) for name in names} for names in attention_linears(model))
+        {id(model.get_submodule(name)) for name in names} for names in attention_linears(model)
+    )
     return inputs | (structural_in - outs), outs | (structural_out - inputs)
 
 
@@ -106,6 +112,7 @@ class AttnLRPGamma(AttnLRPComposite):
     ValueError
         At registration, if ``within`` names a module the model does not have, or ``'vision'`` finds no vision tower.
     """
+
     operand_rule = UniformOperand
 
     def __init__(
@@ -122,19 +129,24 @@ class AttnLRPGamma(AttnLRPComposite):
         within: str | Sequence[str] | None = None,
     ):
         self.rules = {
-            'conv': conv, 'linear': linear, 'attention_in': attention_in, 'attention_out': attention_out,
+            'conv': conv,
+            'linear': linear,
+            'attention_in': attention_in,
+            'attention_out': attention_out,
             'softmax': self.operand_rule() if softmax is None else softmax,
         }
-        self.rules = {kind: RelevanceRule(rule) if isinstance(rule, BasicHook) else rule
-                      for kind, rule in self.rules.items()}
+        self.rules = {
+            kind: RelevanceRule(rule) if isinstance(rule, BasicHook) else rule for kind, rule in self.rules.items()
+        }
         for kind, rule in self.rules.items():
             if rule is not None and not isinstance(rule, Hook):
                 raise TypeError(f'{kind}= needs a zennit Hook (rule) instance or None, got {type(rule).__name__}')
         self.attention_outputs = attention_outputs
         names = [within] if isinstance(within, str) else within
-        if within is not None and not (isinstance(names, (list, tuple)) and names
-                                       and all(isinstance(name, str) for name in names)):
-            raise TypeError(f'within= takes a module name, a list of them or \'vision\', got {within!r}')
+        if within is not None and not (
+            isinstance(names, (list, tuple)) and names and all(isinstance(name, str) for name in names)
+        ):
+            raise TypeError(f"within= takes a module name, a list of them or 'vision', got {within!r}")
         self.within = within
         self._attention_in: set[int] = set()
         self._attention_out: set[int] = set()
@@ -149,11 +161,18 @@ class AttnLRPGamma(AttnLRPComposite):
 
     def _modules_within(self, model: torch.nn.Module) -> set[int]:
         """Ids of the modules in the scope ``within``."""
-        names = vision_towers(model) if self.within == 'vision' else \
-            [self.within] if isinstance(self.within, str) else list(self.within)
+        names = (
+            vision_towers(model)
+            if self.within == 'vision'
+            else [self.within]
+            if isinstance(self.within, str)
+            else list(self.within)
+        )
         if not names:
-            raise ValueError(f'within=\'vision\': {type(model).__name__} has no vision tower (a child named one of '
-                             f'{sorted(VISION_TOWER_NAMES)} or a *Vision*Model class); name the modules instead')
+            raise ValueError(
+                f"within='vision': {type(model).__name__} has no vision tower (a child named one of "
+                f'{sorted(VISION_TOWER_NAMES)} or a *Vision*Model class); name the modules instead'
+            )
         modules = dict(model.named_modules())
         missing = [name for name in names if name not in modules]
         if missing:
@@ -219,6 +238,7 @@ class CPLRPGamma(AttnLRPGamma):
     """gamma-CP-LRP (appendix A.2.3, B): :py:class:`AttnLRPGamma` with the attention probabilities (and gates of
     gated MLPs) constant, as in CP-LRP (Ali et al. 2022). Same defaults and arguments; ``softmax`` defaults to
     :py:class:`~zennit_attn.engine.rules.ConstantOperand`."""
+
     operand_rule = ConstantOperand
 
     def product_rule(self) -> Hook:

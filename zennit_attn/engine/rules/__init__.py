@@ -31,15 +31,43 @@ any zennit relevance rule     converted at the module boundary           :py:cla
 boundary so that the outward contract stays zennit's: relevance goes in at the output (``grad_outputs``
 of :py:class:`zennit.attribution.Gradient`) and relevance comes out at the floating-point inputs.
 """
+
 from .base import GradientRule, elementwise_identity, gradient_map, layer_norm_identity, scaled_gradient
 from .boundary import OUTPUT_FIELDS, RelevanceBoundary
-from .gradient import (BilinearEpsilon, ConstantFactors, ConstantOperand, Epsilon, Identity, NormIdentity, OperandRule,
-                       Softmax, UniformOperand, UniformProduct)
+from .gradient import (
+    BilinearEpsilon,
+    ConstantFactors,
+    ConstantOperand,
+    Epsilon,
+    Identity,
+    NormIdentity,
+    OperandRule,
+    Softmax,
+    UniformOperand,
+    UniformProduct,
+)
 from .relevance import AlphaBeta, Gamma, RelevanceRule, ZPlus
 
 __all__ = [
-    'GradientRule', 'elementwise_identity', 'gradient_map', 'scaled_gradient', 'layer_norm_identity', 'Epsilon',
-    'Identity', 'NormIdentity', 'Softmax', 'OperandRule', 'UniformOperand', 'ConstantOperand', 'UniformProduct',
-    'BilinearEpsilon', 'ConstantFactors', 'RelevanceBoundary', 'OUTPUT_FIELDS', 'RelevanceRule', 'Gamma', 'ZPlus',
+    'GradientRule',
+    'elementwise_identity',
+    'gradient_map',
+    'scaled_gradient',
+    'layer_norm_identity',
+    'Epsilon',
+    'Identity',
+    'NormIdentity',
+    'Softmax',
+    'OperandRule',
+    'UniformOperand',
+    'ConstantOperand',
+    'UniformProduct',
+    'BilinearEpsilon',
+    'ConstantFactors',
+    'RelevanceBoundary',
+    'OUTPUT_FIELDS',
+    'RelevanceRule',
+    'Gamma',
+    'ZPlus',
     'AlphaBeta',
 ]

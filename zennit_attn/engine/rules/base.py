@@ -1,4 +1,5 @@
 """What the gradient rules share: the hook base class, the identity rule's autograd function and numerics."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,6 +28,7 @@ class _ElementwiseIdentity(torch.autograd.Function):
     of element-wise functions, so that this happens only where that input is 0, not where an inner function (ReLU)
     gives 0 to an outer one with ``f(0) != 0`` (sigmoid). The node keeps ``input`` (``source``) for that.
     """
+
     @staticmethod
     def forward(ctx, input, output):
         ctx.save_for_backward(input.detach(), output.detach())
@@ -45,6 +47,7 @@ class _GradientMap(torch.autograd.Function):
     """Forward: ``input`` (its storage, not a view). Backward: ``function(g_out)``, or ``function(g_out, input)`` with
     ``input`` saved (``keep``). Not a view, so that a model may change the tensor in place: a hook on a view is dropped
     from the graph when the view is changed in place (``scores += bias``), and its rule with it."""
+
     @staticmethod
     def forward(ctx, input, function, keep):
         ctx.function = function
@@ -95,8 +98,9 @@ def elementwise_identity(input: torch.Tensor, output: torch.Tensor, gate: bool =
     return (_GateIdentity if gate else _ElementwiseIdentity).apply(input, output.detach())
 
 
-def layer_norm_identity(input: torch.Tensor, dims: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                        eps: float) -> torch.Tensor:
+def layer_norm_identity(
+    input: torch.Tensor, dims: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     """LayerNorm over the last ``dims`` dimensions with the standard deviation a constant: the identity rule on
     ``x / g(x)`` (Prop. 3.4), the mean subtraction and the affine part linear. Computed in float32 at least."""
     axes = tuple(range(-dims, 0))
@@ -138,11 +142,14 @@ class GradientRule(Hook):
     Registering needs no input wrapping, so these rules add no memory to the backward pass beyond what they
     state.
     """
+
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
-        return RemovableHandleList([
-            RemovableHandle(self),
-            module.register_forward_hook(self._forward_hook),
-        ])
+        return RemovableHandleList(
+            [
+                RemovableHandle(self),
+                module.register_forward_hook(self._forward_hook),
+            ]
+        )
 
     def _forward_hook(self, module, input, output):
         if not self.active:

@@ -1,4 +1,5 @@
 """The relevance boundary at the root module: relevance in at the output, relevance out at the inputs."""
+
 from __future__ import annotations
 
 import torch
@@ -10,6 +11,7 @@ from .base import gradient_map
 class _InputRelevance(torch.autograd.Function):
     """A copy of the input ``x`` whose backward turns the gradient ``g`` into the relevance ``x * g``. A copy, not a
     view, so that a model may change its input in place (CTRL scales ``inputs_embeds`` with ``*=``)."""
+
     @staticmethod
     def forward(ctx, input):
         ctx.save_for_backward(input.detach())
@@ -33,13 +35,21 @@ def output_gradient(tensor):
     if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
         return tensor
     # one output-sized allocation (a division by 0 gives inf or nan, set to 0): logits can be large
-    return gradient_map(tensor, lambda relevance, output: torch.div(relevance, output).nan_to_num_(0.0, 0.0, 0.0),
-                        with_value=True)
+    return gradient_map(
+        tensor, lambda relevance, output: torch.div(relevance, output).nan_to_num_(0.0, 0.0, 0.0), with_value=True
+    )
 
 
 #: Fields of Hugging Face model outputs that the boundary treats as outputs to be explained.
-OUTPUT_FIELDS = ('logits', 'last_hidden_state', 'pooler_output', 'start_logits', 'end_logits', 'logits_per_image',
-                 'logits_per_text')
+OUTPUT_FIELDS = (
+    'logits',
+    'last_hidden_state',
+    'pooler_output',
+    'start_logits',
+    'end_logits',
+    'logits_per_image',
+    'logits_per_text',
+)
 
 
 class RelevanceBoundary(Hook):
@@ -53,13 +63,16 @@ class RelevanceBoundary(Hook):
     tensors, tuples (their first element) or Hugging Face model outputs (the fields in
     :py:data:`OUTPUT_FIELDS`).
     """
+
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
-        return RemovableHandleList([
-            RemovableHandle(self),
-            # outermost: before the pre-hooks of the canonizers (the general mechanism's classifying mode)
-            module.register_forward_pre_hook(self._pre_forward, with_kwargs=True, prepend=True),
-            module.register_forward_hook(self._post_forward),
-        ])
+        return RemovableHandleList(
+            [
+                RemovableHandle(self),
+                # outermost: before the pre-hooks of the canonizers (the general mechanism's classifying mode)
+                module.register_forward_pre_hook(self._pre_forward, with_kwargs=True, prepend=True),
+                module.register_forward_hook(self._post_forward),
+            ]
+        )
 
     def _pre_forward(self, module, args, kwargs):
         if not self.active:

@@ -1,17 +1,25 @@
 """The AttnLRP rules in the gradient convention (see :py:mod:`zennit_attn.engine.rules`): epsilon (Eq. 8), identity
 (Eq. 9), normalisation (Prop. 3.4), softmax (Prop. 3.1), uniform (Prop. 3.2) and bilinear (Prop. 3.3) rules, and
 the CP-LRP baseline's constant factors."""
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from zennit.core import RemovableHandle, RemovableHandleList
 
-from ..modules import Operand, forward_parameters
 from ..kinds import UnsupportedModelError, is_listed_activation, norm_kind
-from .base import (GradientRule, compute_dtype, elementwise_identity, gradient_map, layer_norm_identity,
-                   scaled_gradient, tensor_output)
+from ..modules import Operand, forward_parameters
+from .base import (
+    GradientRule,
+    compute_dtype,
+    elementwise_identity,
+    gradient_map,
+    layer_norm_identity,
+    scaled_gradient,
+    tensor_output,
+)
 
 
 def _stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -21,6 +29,7 @@ def _stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
 
 class _SoftmaxTaylor(torch.autograd.Function):
     """Backward of Prop. 3.1: ``R_in = x (R - s sum(R))`` with ``R = s g``, written as ``g_in = R_in / x``."""
+
     @staticmethod
     def forward(ctx, input, output, dim):
         ctx.save_for_backward(output.detach())
@@ -52,6 +61,7 @@ class Epsilon(GradientRule):
     epsilon: float
         The stabiliser; 0 gives the exact Eq. 8 limit.
     """
+
     def __init__(self, epsilon: float = 1e-6):
         super().__init__()
         if epsilon < 0:
@@ -84,6 +94,7 @@ class Identity(GradientRule):
     :py:meth:`remove`); a module that changes its input in place otherwise is refused
     (:py:class:`~zennit_attn.engine.kinds.UnsupportedModelError`), never explained from the overwritten values.
     """
+
     confirmed = False
     #: ``(module, whether it held its own ``inplace`` attribute)`` while its flag is switched off
     switched: tuple[torch.nn.Module, bool] | None = None
@@ -161,6 +172,7 @@ class NormIdentity(GradientRule):
     b``, with ``b`` the output for a zero input), otherwise it must be RMSNorm-like (``y / x`` the same profile in
     every row). A module that fails is refused (:py:class:`~zennit_attn.engine.kinds.UnsupportedModelError`).
     """
+
     def __init__(self):
         super().__init__()
         self.confirmed = None
@@ -221,8 +233,14 @@ def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
         probe = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         probe = probe / probe.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30) * 1e3
         reference = run(probe)
-        if not close(run(2 * probe * torch.rand(probe.shape[:-1] + (1,), generator=generator, dtype=x.dtype,
-                                                device=x.device).add(0.5)), reference):
+        if not close(
+            run(
+                2
+                * probe
+                * torch.rand(probe.shape[:-1] + (1,), generator=generator, dtype=x.dtype, device=x.device).add(0.5)
+            ),
+            reference,
+        ):
             refuse('its output changes when a row of its input (along the last dimension) is scaled')
         if close(run(probe + probe.abs().amax(-1, keepdim=True)), reference):
             return 'centered', run(torch.zeros_like(x[..., :1, :] if x.dim() > 1 else x))
@@ -240,6 +258,7 @@ def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
 class _CenteredRatio(torch.autograd.Function):
     """Backward of a mean-subtracting normalisation ``y = (x - mean) c w + b`` with ``c`` constant (Prop. 3.4):
     ``g_in = h - mean(h)`` with ``h = g_out (y - b) / (x - mean)``, so that ``sum x g_in = sum (y - b) g_out``."""
+
     @staticmethod
     def forward(ctx, input, output, bias):
         ctx.save_for_backward(input.detach(), output.detach(), bias)
@@ -263,6 +282,7 @@ class Softmax(GradientRule):
     attention no module exists for the softmax; there the plain softmax gradient between the operand rules
     is exactly this rule (see :py:class:`UniformOperand`).
     """
+
     def forward(self, module, input, output):
         output = tensor_output(module, output)
         if not output.requires_grad:
@@ -278,11 +298,14 @@ class OperandRule(GradientRule):
 
     A factor of 0 detaches the operand (it is treated as a constant). Subclasses set :py:attr:`scales`.
     """
+
     scales: dict[str, float] = {}
 
     def forward(self, module, input, output):
         if not isinstance(module, Operand):
-            raise TypeError(f'{type(self).__name__} applies to zennit_attn.engine.modules.Operand, not {type(module).__name__}')
+            raise TypeError(
+                f'{type(self).__name__} applies to zennit_attn.engine.modules.Operand, not {type(module).__name__}'
+            )
         if not output.requires_grad:
             return None
         factors = [self.scales[role] for role in module.roles]
@@ -295,10 +318,12 @@ class OperandRule(GradientRule):
             scale = factor
         else:
             sizes = module.section_sizes(output.shape[-1])
-            scale = torch.cat([
-                torch.full((size,), factor, dtype=output.dtype, device=output.device)
-                for size, factor in zip(sizes, factors)
-            ])
+            scale = torch.cat(
+                [
+                    torch.full((size,), factor, dtype=output.dtype, device=output.device)
+                    for size, factor in zip(sizes, factors)
+                ]
+            )
         return scaled_gradient(output, scale)
 
 
@@ -314,6 +339,7 @@ class UniformOperand(OperandRule):
       the gradient of both factors of every product ``w_k E_k``; the routing weights ``w`` themselves (a
       softmax over the top-k router logits, Prop. 3.1) keep their gradient.
     """
+
     scales = {'query': 0.25, 'key': 0.25, 'value': 0.5, 'gate': 0.5, 'up': 0.5, 'routing': 1.0, 'routed': 0.5}
 
 
@@ -324,6 +350,7 @@ class ConstantOperand(OperandRule):
     routing receive no relevance, and the products become linear in value, up and the experts' outputs,
     which receive all of it.
     """
+
     scales = {'query': 0.0, 'key': 0.0, 'value': 1.0, 'gate': 0.0, 'up': 1.0, 'routing': 0.0, 'routed': 1.0}
 
 
@@ -336,6 +363,7 @@ class UniformProduct(GradientRule):
     stays there, and each factor that requires a gradient gets ``R / N`` whatever the others require, so the relevance
     of a factor does not depend on which inputs are explained.
     """
+
     def forward(self, module, input, output):
         output = tensor_output(module, output)
         if not output.requires_grad:
@@ -358,6 +386,7 @@ class BilinearEpsilon(GradientRule):
     epsilon: float
         Stabiliser of the division by ``2 O``; with 0 the rule halves the gradient.
     """
+
     def __init__(self, epsilon: float = 1e-6):
         super().__init__()
         self.epsilon = epsilon
@@ -387,15 +416,18 @@ class ConstantFactors(GradientRule):
     indices: iterable of int
         Positions of the constant inputs (e.g. ``(0,)`` for the attention matrix of ``A @ V``).
     """
+
     def __init__(self, indices: Iterable[int] = (0,)):
         super().__init__()
         self.indices = tuple(indices)
 
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
-        return RemovableHandleList([
-            RemovableHandle(self),
-            module.register_forward_pre_hook(self._detach_constants, with_kwargs=True),
-        ])
+        return RemovableHandleList(
+            [
+                RemovableHandle(self),
+                module.register_forward_pre_hook(self._detach_constants, with_kwargs=True),
+            ]
+        )
 
     def _detach_constants(self, module, args, kwargs):
         if not self.active:

@@ -1,10 +1,13 @@
 """zennit's relevance rules (gamma, z+, alpha-beta) in the gradient convention: the ViT composites (appendix A.2.3,
 B)."""
+
 from __future__ import annotations
 
 import torch
 from zennit.core import BasicHook, ParamMod, RemovableHandle, RemovableHandleList, zero_wrap
-from zennit.rules import AlphaBeta as ZennitAlphaBeta, Gamma as ZennitGamma, ZPlus as ZennitZPlus
+from zennit.rules import AlphaBeta as ZennitAlphaBeta
+from zennit.rules import Gamma as ZennitGamma
+from zennit.rules import ZPlus as ZennitZPlus
 
 from .base import GradientRule, tensor_output
 
@@ -16,6 +19,7 @@ def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Te
 
 class _RelevanceRuleFunction(torch.autograd.Function):
     """Forward: return the module's precomputed output. Backward: ``g_in = rule(module, x, z * g_out) / x``."""
+
     @staticmethod
     def forward(ctx, input, output, module, rule):
         ctx.save_for_backward(input.detach(), output.detach())
@@ -54,6 +58,7 @@ class RelevanceRule(GradientRule):
     rule: zennit.core.BasicHook
         The zennit rule; only its modifier functions are used (not its state), so one instance may be shared.
     """
+
     def __init__(self, rule):
         super().__init__()
         if not isinstance(rule, BasicHook):
@@ -61,20 +66,27 @@ class RelevanceRule(GradientRule):
         self.rule = rule
 
     def __repr__(self) -> str:
-        return f'RelevanceRule({type(self.rule).__module__}.{type(self.rule).__name__}(...))' \
-            if type(self) is RelevanceRule else super().__repr__()
+        return (
+            f'RelevanceRule({type(self.rule).__module__}.{type(self.rule).__name__}(...))'
+            if type(self) is RelevanceRule
+            else super().__repr__()
+        )
 
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
-        return RemovableHandleList([
-            RemovableHandle(self),
-            module.register_forward_hook(self._forward_hook, prepend=True),
-        ])
+        return RemovableHandleList(
+            [
+                RemovableHandle(self),
+                module.register_forward_hook(self._forward_hook, prepend=True),
+            ]
+        )
 
     def forward(self, module, input, output):
         output = tensor_output(module, output)
         if len(input) != 1 or not isinstance(input[0], torch.Tensor):
-            raise TypeError(f'{type(self).__name__} needs a module with one tensor input; {type(module).__name__} '
-                            f'was called with {len(input)} positional inputs')
+            raise TypeError(
+                f'{type(self).__name__} needs a module with one tensor input; {type(module).__name__} '
+                f'was called with {len(input)} positional inputs'
+            )
         if not (input[0].requires_grad and input[0].is_floating_point()):
             return None
         return _RelevanceRuleFunction.apply(input[0], output, module, self)
@@ -90,10 +102,13 @@ class RelevanceRule(GradientRule):
         inputs, outputs = [], []
         runner = _Forward(module)
         for in_mod, param_mod, out_mod in zip(
-                self.rule.input_modifiers, self.rule.param_modifiers, self.rule.output_modifiers):
+            self.rule.input_modifiers, self.rule.param_modifiers, self.rule.output_modifiers
+        ):
             modified_input = in_mod(input).detach().requires_grad_()
-            parameters = {f'module.{name}': tensor
-                          for name, tensor in modified_parameters(ParamMod.ensure(param_mod), module).items()}
+            parameters = {
+                f'module.{name}': tensor
+                for name, tensor in modified_parameters(ParamMod.ensure(param_mod), module).items()
+            }
             with torch.enable_grad():
                 outputs.append(out_mod(torch.func.functional_call(runner, parameters, (modified_input,))))
             inputs.append(modified_input)
@@ -147,6 +162,7 @@ class _Forward(torch.nn.Module):
     """Runs ``module.forward`` (not ``module(...)``: the module's hooks, this rule's among them, stay out of the
     recomputation) as the forward of a module that holds it as ``module``, for
     :py:func:`torch.func.functional_call`."""
+
     def __init__(self, module: torch.nn.Module):
         super().__init__()
         self.module = module
@@ -174,6 +190,7 @@ class Gamma(RelevanceRule):
     stabilizer: float
         Added to the denominator with its sign.
     """
+
     def __init__(self, gamma: float = 0.25, stabilizer: float = 1e-6):
         if gamma < 0:
             raise ValueError(f'gamma must be >= 0, got {gamma}')
@@ -181,8 +198,11 @@ class Gamma(RelevanceRule):
         self.gamma, self.stabilizer = gamma, stabilizer
 
     def __repr__(self) -> str:
-        return f'Gamma({self.gamma!r})' if self.stabilizer == 1e-6 else \
-            f'Gamma({self.gamma!r}, stabilizer={self.stabilizer!r})'
+        return (
+            f'Gamma({self.gamma!r})'
+            if self.stabilizer == 1e-6
+            else f'Gamma({self.gamma!r}, stabilizer={self.stabilizer!r})'
+        )
 
 
 class ZPlus(RelevanceRule):
@@ -194,6 +214,7 @@ class ZPlus(RelevanceRule):
     stabilizer: float
         Added to the denominator.
     """
+
     def __init__(self, stabilizer: float = 1e-6):
         super().__init__(ZennitZPlus(stabilizer=stabilizer))
         self.stabilizer = stabilizer
@@ -213,10 +234,12 @@ class AlphaBeta(RelevanceRule):
     stabilizer: float
         Added to the denominators with their sign.
     """
+
     def __init__(self, alpha: float = 2.0, beta: float = 1.0, stabilizer: float = 1e-6):
         super().__init__(ZennitAlphaBeta(alpha=alpha, beta=beta, stabilizer=stabilizer))
         self.alpha, self.beta, self.stabilizer = alpha, beta, stabilizer
 
     def __repr__(self) -> str:
         return f'AlphaBeta({self.alpha!r}, {self.beta!r}' + (
-            ')' if self.stabilizer == 1e-6 else f', stabilizer={self.stabilizer!r})')
+            ')' if self.stabilizer == 1e-6 else f', stabilizer={self.stabilizer!r})'
+        )

@@ -35,11 +35,39 @@ width]``, LLaVA-NeXT tiles) are refused by name.
 The processor's side is :py:mod:`zennit_attn.inputs.vision_language.inputs`, the tasks are
 :py:mod:`zennit_attn.inputs.vision_language.tasks`; their public names are imported here.
 """
-from .inputs import (LAST_POSITION_POOLING, LAYOUT_FIELDS, LOSS_FIELDS, check_processor, encode_multimodal,
-                     extend_encoding, has_pixels, is_processor, is_similarity_model, model_inputs, placeholder_tokens,
-                     text_length)
+
+from .inputs import (
+    LAST_POSITION_POOLING,
+    LAYOUT_FIELDS,
+    LOSS_FIELDS,
+    check_processor,
+    encode_multimodal,
+    extend_encoding,
+    has_pixels,
+    is_processor,
+    is_similarity_model,
+    model_inputs,
+    placeholder_tokens,
+    text_length,
+)
 from .tasks import LAYOUTS, SimilarityTask, VisionLanguageTask, image_layout, make_multimodal_task
 
-__all__ = ['LAYOUTS', 'LAST_POSITION_POOLING', 'LOSS_FIELDS', 'LAYOUT_FIELDS', 'image_layout', 'is_similarity_model',
-           'is_processor', 'has_pixels', 'text_length', 'encode_multimodal', 'placeholder_tokens', 'check_processor',
-           'model_inputs', 'extend_encoding', 'VisionLanguageTask', 'SimilarityTask', 'make_multimodal_task']
+__all__ = [
+    'LAYOUTS',
+    'LAST_POSITION_POOLING',
+    'LOSS_FIELDS',
+    'LAYOUT_FIELDS',
+    'image_layout',
+    'is_similarity_model',
+    'is_processor',
+    'has_pixels',
+    'text_length',
+    'encode_multimodal',
+    'placeholder_tokens',
+    'check_processor',
+    'model_inputs',
+    'extend_encoding',
+    'VisionLanguageTask',
+    'SimilarityTask',
+    'make_multimodal_task',
+]

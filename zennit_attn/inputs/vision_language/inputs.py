@@ -5,6 +5,7 @@
 :py:func:`model_inputs` leaves out what is not an input of the explained forward pass (a loss's ``labels``), and
 :py:func:`extend_encoding` makes a prompt's encoding that of a prefix of prompt and generated answer.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -14,9 +15,23 @@ import torch
 
 from ...engine.modules import forward_parameters
 
-__all__ = ['LAST_POSITION_POOLING', 'LOSS_FIELDS', 'LAYOUT_FIELDS', 'is_similarity_model', 'is_processor',
-           'has_pixels', 'text_length', 'encode_multimodal', 'placeholder_tokens', 'image_token_id', 'takes_keywords',
-           'rope_index', 'check_processor', 'model_inputs', 'extend_encoding']
+__all__ = [
+    'LAST_POSITION_POOLING',
+    'LOSS_FIELDS',
+    'LAYOUT_FIELDS',
+    'is_similarity_model',
+    'is_processor',
+    'has_pixels',
+    'text_length',
+    'encode_multimodal',
+    'placeholder_tokens',
+    'image_token_id',
+    'takes_keywords',
+    'rope_index',
+    'check_processor',
+    'model_inputs',
+    'extend_encoding',
+]
 
 #: Model types of similarity models whose text tower pools the last position whatever the attention mask says
 #: (``last_hidden_state[:, -1]``: SigLIP, SigLIP 2), which is a pad in a padded text. Their texts are padded to the
@@ -31,15 +46,25 @@ LOSS_FIELDS = ('labels',)
 #: Fields of processors that describe the layout of ``pixel_values`` (Qwen2-VL's patch grids, LLaVA-NeXT's image
 #: sizes, Idefics' and SigLIP 2's masks and shapes): a model whose forward does not take one cannot read pixels laid
 #: out so (:py:func:`check_processor`).
-LAYOUT_FIELDS = ('image_grid_thw', 'video_grid_thw', 'image_sizes', 'pixel_attention_mask', 'pixel_mask',
-                 'spatial_shapes')
+LAYOUT_FIELDS = (
+    'image_grid_thw',
+    'video_grid_thw',
+    'image_sizes',
+    'pixel_attention_mask',
+    'pixel_mask',
+    'spatial_shapes',
+)
 
 
 def is_similarity_model(model: torch.nn.Module) -> bool:
     """Whether ``model`` scores image-text pairs (``logits_per_image`` / ``logits_per_text``: CLIP, SigLIP) rather
     than generating text."""
-    return hasattr(model, 'get_text_features') and hasattr(model, 'get_image_features') and not hasattr(
-        model, 'lm_head') and not hasattr(model, 'language_model')
+    return (
+        hasattr(model, 'get_text_features')
+        and hasattr(model, 'get_image_features')
+        and not hasattr(model, 'lm_head')
+        and not hasattr(model, 'language_model')
+    )
 
 
 def is_processor(value) -> bool:
@@ -64,9 +89,11 @@ def text_length(model: torch.nn.Module) -> int | None:
         return None
     length = getattr(getattr(config, 'text_config', None), 'max_position_embeddings', None)
     if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
-        raise ValueError(f'{type(model).__name__} pools the last position of its text, so its texts are padded to the '
-                         'length it was trained with, config.text_config.max_position_embeddings, which is '
-                         f'{length!r}')
+        raise ValueError(
+            f'{type(model).__name__} pools the last position of its text, so its texts are padded to the '
+            'length it was trained with, config.text_config.max_position_embeddings, which is '
+            f'{length!r}'
+        )
     return length
 
 
@@ -102,24 +129,33 @@ def encode_multimodal(processor, text, images, similarity: bool = False, length:
         For no images, several texts for a vision-language model, or a number of images that does not match.
     """
     if processor is None:
-        raise TypeError('images= needs processor=: the model\'s Hugging Face processor (e.g. '
-                        'AutoProcessor.from_pretrained(model_path)), which turns text and images into model inputs')
+        raise TypeError(
+            "images= needs processor=: the model's Hugging Face processor (e.g. "
+            'AutoProcessor.from_pretrained(model_path)), which turns text and images into model inputs'
+        )
     if not (callable(processor) and is_processor(processor)):
-        raise TypeError(f'processor must be a Hugging Face processor with an image processor and a tokenizer '
-                        f'(ProcessorMixin), got {type(processor).__name__}')
+        raise TypeError(
+            f'processor must be a Hugging Face processor with an image processor and a tokenizer '
+            f'(ProcessorMixin), got {type(processor).__name__}'
+        )
     if images is None or (isinstance(images, (list, tuple)) and not images):
-        raise ValueError('no images given: pass images=[...] with the processor, or explain the text with '
-                         'tokenizer= alone')
-    if not (isinstance(text, str) or (isinstance(text, (list, tuple)) and text
-                                      and all(isinstance(item, str) for item in text))):
-        raise TypeError(f'with images, the text must be a str (or a list of str for a similarity model), got '
-                        f'{type(text).__name__}')
+        raise ValueError(
+            'no images given: pass images=[...] with the processor, or explain the text with tokenizer= alone'
+        )
+    if not (
+        isinstance(text, str)
+        or (isinstance(text, (list, tuple)) and text and all(isinstance(item, str) for item in text))
+    ):
+        raise TypeError(
+            f'with images, the text must be a str (or a list of str for a similarity model), got {type(text).__name__}'
+        )
     count = _count(images)
     if similarity:
         texts = _count(text)
         if count not in (1, texts):
-            raise ValueError(f'{count} images for {texts} texts: give one image (paired with every text) or one '
-                             'image per text')
+            raise ValueError(
+                f'{count} images for {texts} texts: give one image (paired with every text) or one image per text'
+            )
         if length is not None:
             return processor(text=text, images=images, return_tensors='pt', padding='max_length', max_length=length)
         return processor(text=text, images=images, return_tensors='pt', padding=True)
@@ -129,8 +165,10 @@ def encode_multimodal(processor, text, images, similarity: bool = False, length:
     if isinstance(token, str):
         placed = text.count(token)
         if placed != count:
-            raise ValueError(f'the text holds the image token {token!r} {placed} times for {count} images: put it '
-                             'once where each image goes (or apply the processor\'s chat template)')
+            raise ValueError(
+                f'the text holds the image token {token!r} {placed} times for {count} images: put it '
+                "once where each image goes (or apply the processor's chat template)"
+            )
     return processor(text=text, images=images, return_tensors='pt')
 
 
@@ -139,8 +177,10 @@ def placeholder_tokens(model: torch.nn.Module) -> list[int]:
     ``image_token_id``/``image_token_index`` and ``video_token_id``/``video_token_index``): the tokens whose
     embeddings the model replaces by image features."""
     config = getattr(model, 'config', None)
-    found = (getattr(config, name, None) for name in ('image_token_id', 'image_token_index', 'video_token_id',
-                                                      'video_token_index'))
+    found = (
+        getattr(config, name, None)
+        for name in ('image_token_id', 'image_token_index', 'video_token_id', 'video_token_index')
+    )
     return sorted({int(token) for token in found if isinstance(token, int) and not isinstance(token, bool)})
 
 
@@ -172,9 +212,13 @@ def _required(function) -> list[str]:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
         return []
-    return [parameter.name for parameter in parameters if parameter.default is inspect.Parameter.empty
-            and parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                   inspect.Parameter.KEYWORD_ONLY)]
+    return [
+        parameter.name
+        for parameter in parameters
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind
+        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
 
 
 def takes_keywords(model: torch.nn.Module) -> bool:
@@ -191,8 +235,9 @@ def rope_index(model: torch.nn.Module):
     return getattr(getattr(model, 'model', model), 'get_rope_index', None)
 
 
-def check_processor(model: torch.nn.Module, encoding: Mapping, processor=None,
-                    model_kwargs: Mapping | None = None) -> None:
+def check_processor(
+    model: torch.nn.Module, encoding: Mapping, processor=None, model_kwargs: Mapping | None = None
+) -> None:
     """Refuse a processor, or a processor's output, that is not the model's, naming both, before the model runs.
 
     The evidence is in the data, not in the class names (checkpoints pair models with processors of other classes,
@@ -224,10 +269,15 @@ def check_processor(model: torch.nn.Module, encoding: Mapping, processor=None,
     """
     config = getattr(model, 'config', None)
     owner = f'{type(model).__name__} (model_type {getattr(config, "model_type", None)!r})'
-    made = (f'the processor ({type(processor).__name__}) is not the processor of {owner}' if processor is not None
-            else f'the input was not made by the processor of {owner}')
-    advice = ('load the processor from the model\'s checkpoint (AutoProcessor.from_pretrained(path) with the path of '
-              'the model)')
+    made = (
+        f'the processor ({type(processor).__name__}) is not the processor of {owner}'
+        if processor is not None
+        else f'the input was not made by the processor of {owner}'
+    )
+    advice = (
+        "load the processor from the model's checkpoint (AutoProcessor.from_pretrained(path) with the path of "
+        'the model)'
+    )
 
     def refuse(evidence: str):
         raise ValueError(f'{evidence}: {made}; {advice}')
@@ -236,27 +286,38 @@ def check_processor(model: torch.nn.Module, encoding: Mapping, processor=None,
     model_token = image_token_id(model)
     text, token = _processor_image_token(processor) if processor is not None else (None, None)
     if similarity and text is not None:
-        refuse(f'the processor puts the image placeholder token {text!r} into the text, which '
-               f'{type(model).__name__} does not take (it scores (text, image) pairs)')
+        refuse(
+            f'the processor puts the image placeholder token {text!r} into the text, which '
+            f'{type(model).__name__} does not take (it scores (text, image) pairs)'
+        )
     fields = dict(encoding)
     fields.update(model_kwargs or {})
     ids = fields.get('input_ids')
-    if (not similarity and model_token is not None and isinstance(ids, torch.Tensor)
-            and fields.get('pixel_values') is not None and not bool((ids == model_token).any())):
-        own = '' if text is None else f' (the processor\'s image token {text!r} is id {token})'
+    if (
+        not similarity
+        and model_token is not None
+        and isinstance(ids, torch.Tensor)
+        and fields.get('pixel_values') is not None
+        and not bool((ids == model_token).any())
+    ):
+        own = '' if text is None else f" (the processor's image token {text!r} is id {token})"
         refuse(f'the text holds no image token of {type(model).__name__} (id {model_token}) for its pixel_values{own}')
     parameters = forward_parameters(model)
     if 'pixel_values' in parameters:  # a forward whose inputs are named
         foreign = [key for key in encoding if key in LAYOUT_FIELDS and key not in parameters]
         if foreign:
-            refuse(f'the input describes its pixel_values with {", ".join(foreign)}, which the forward of '
-                   f'{type(model).__name__} does not take (pixels laid out for another model)')
+            refuse(
+                f'the input describes its pixel_values with {", ".join(foreign)}, which the forward of '
+                f'{type(model).__name__} does not take (pixels laid out for another model)'
+            )
     function = rope_index(model)
     if function is not None and 'position_ids' not in fields:
         missing = [name for name in _required(function) if name not in fields]
         if missing:
-            refuse(f'{type(model).__name__} computes its rotary positions (get_rope_index) from '
-                   f'{", ".join(missing)}, which the input lacks')
+            refuse(
+                f'{type(model).__name__} computes its rotary positions (get_rope_index) from '
+                f'{", ".join(missing)}, which the input lacks'
+            )
 
 
 def model_inputs(model: torch.nn.Module, encoding: Mapping) -> dict:
@@ -280,8 +341,9 @@ def model_inputs(model: torch.nn.Module, encoding: Mapping) -> dict:
     """
     parameters = forward_parameters(model)
     named = 'pixel_values' in parameters
-    return {key: value for key, value in encoding.items()
-            if key not in LOSS_FIELDS and (not named or key in parameters)}
+    return {
+        key: value for key, value in encoding.items() if key not in LOSS_FIELDS and (not named or key in parameters)
+    }
 
 
 def _output_types(encoding: Mapping) -> bool:
@@ -319,17 +381,26 @@ def extend_encoding(encoding: Mapping, input_ids: torch.Tensor) -> dict:
     """
     prompt = encoding['input_ids']
     length = prompt.shape[-1]
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < length or not torch.equal(
-            input_ids[0, :length].to(prompt.device), prompt.reshape(-1)):
-        raise ValueError(f'input_ids of shape {tuple(input_ids.shape)} do not continue the encoded prompt '
-                         f'({length} tokens)')
+    if (
+        input_ids.dim() != 2
+        or input_ids.shape[0] != 1
+        or input_ids.shape[1] < length
+        or not torch.equal(input_ids[0, :length].to(prompt.device), prompt.reshape(-1))
+    ):
+        raise ValueError(
+            f'input_ids of shape {tuple(input_ids.shape)} do not continue the encoded prompt ({length} tokens)'
+        )
     extra = input_ids.shape[1] - length
     extended = {}
     for key, value in encoding.items():
         if key == 'input_ids':
             value = input_ids
-        elif isinstance(value, torch.Tensor) and value.dim() == 2 and tuple(value.shape) == (1, length) and (
-                key.endswith('attention_mask') or key.endswith('type_ids')):
+        elif (
+            isinstance(value, torch.Tensor)
+            and value.dim() == 2
+            and tuple(value.shape) == (1, length)
+            and (key.endswith('attention_mask') or key.endswith('type_ids'))
+        ):
             if key.endswith('attention_mask'):
                 tail = value.new_ones(1, extra)
             elif key == 'token_type_ids':

@@ -2,6 +2,7 @@
 :py:class:`SimilarityTask`, which read relevance at the text embeddings and at the pixels in one backward pass, and
 :py:func:`image_layout`, the layout the pixel relevance is read in.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -9,11 +10,18 @@ from collections.abc import Mapping
 
 import torch
 
-from ..checks import split_encoding
 from ...results.explanation import ImageRelevance, MultimodalExplanation
+from ..checks import split_encoding
 from ..task import TokenTask
-from .inputs import (check_processor, image_token_id, is_similarity_model, model_inputs, rope_index, takes_keywords,
-                     text_length)
+from .inputs import (
+    check_processor,
+    image_token_id,
+    is_similarity_model,
+    model_inputs,
+    rope_index,
+    takes_keywords,
+    text_length,
+)
 
 __all__ = ['LAYOUTS', 'image_layout', 'VisionLanguageTask', 'SimilarityTask', 'make_multimodal_task']
 
@@ -37,8 +45,10 @@ def image_layout(model: torch.nn.Module, pixels: torch.Tensor, fields: Mapping) 
     """
     if 'image_grid_thw' in fields:
         if pixels.dim() != 2:
-            raise ValueError(f'{type(model).__name__}: pixel_values with image_grid_thw must be flattened patches '
-                             f'[patches, features], got shape {tuple(pixels.shape)}')
+            raise ValueError(
+                f'{type(model).__name__}: pixel_values with image_grid_thw must be flattened patches '
+                f'[patches, features], got shape {tuple(pixels.shape)}'
+            )
         return 'patches'
     if pixels.dim() == 4:
         return 'images'
@@ -68,8 +78,9 @@ def _images(model, pixels, relevance, layout, fields, rows, mean, std) -> list[I
         for index in range(pixels.shape[0]):
             height, width = pixels.shape[2:]
             if height % patch or width % patch:
-                raise ValueError(f'image {index} is {height} x {width} pixels, not a whole number of {patch}-pixel '
-                                 'patches')
+                raise ValueError(
+                    f'image {index} is {height} x {width} pixels, not a whole number of {patch}-pixel patches'
+                )
             per_pixel = relevance[index].sum(0)
             patches = per_pixel.reshape(height // patch, patch, width // patch, patch).sum((1, 3))
             found.append(ImageRelevance(rows[index], pixels[index], relevance[index], patches, mean, std))
@@ -86,12 +97,17 @@ def _images(model, pixels, relevance, layout, fields, rows, mean, std) -> list[I
         shape = (frames, grid_h // merge, grid_w // merge, merge, merge, channels, temporal, patch, patch)
 
         def image(flat):  # -> [frames * temporal, channels, height, width]
-            return flat.reshape(shape).permute(0, 6, 5, 1, 3, 7, 2, 4, 8).reshape(
-                frames * temporal, channels, grid_h * patch, grid_w * patch)
-        flat_pixels, flat_relevance = pixels[offset:offset + count], relevance[offset:offset + count]
+            return (
+                flat.reshape(shape)
+                .permute(0, 6, 5, 1, 3, 7, 2, 4, 8)
+                .reshape(frames * temporal, channels, grid_h * patch, grid_w * patch)
+            )
+
+        flat_pixels, flat_relevance = pixels[offset : offset + count], relevance[offset : offset + count]
         patches = flat_relevance.sum(1).reshape(shape[:5]).permute(0, 1, 3, 2, 4).reshape(frames, grid_h, grid_w)
-        found.append(ImageRelevance(rows[index], image(flat_pixels)[0], image(flat_relevance).sum(0), patches.sum(0),
-                                    mean, std))
+        found.append(
+            ImageRelevance(rows[index], image(flat_pixels)[0], image(flat_relevance).sum(0), patches.sum(0), mean, std)
+        )
         offset += count
     if offset != pixels.shape[0]:
         raise ValueError(f'image_grid_thw covers {offset} patches, pixel_values has {pixels.shape[0]}')
@@ -104,6 +120,7 @@ class _PixelLeaf:
     Padding keeps its relevance: a model that ignores its padding (the attention mask) gives it none, and padding a
     model reads (:py:meth:`_check_padding`) is either an input of it (SigLIP's texts padded to the length it was
     trained with) or refused, never zeroed (that would lose relevance, silently)."""
+
     pixels: torch.Tensor
 
     def __init__(self, model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None):
@@ -117,8 +134,9 @@ class _PixelLeaf:
 
     def _check_pixels(self, pixels) -> torch.Tensor:
         if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
-            raise ValueError(f'pixel_values must be a floating-point tensor, got '
-                             f'{getattr(pixels, "dtype", type(pixels).__name__)}')
+            raise ValueError(
+                f'pixel_values must be a floating-point tensor, got {getattr(pixels, "dtype", type(pixels).__name__)}'
+            )
         if not bool(torch.isfinite(pixels).all()):
             raise ValueError('pixel_values are NaN or infinite: a faulty image or normalisation')
         return pixels.detach().to(self.inputs.dtype)
@@ -136,8 +154,9 @@ class _PixelLeaf:
 
     def _package(self, relevance, logit, method, pixel_relevance, rows, image_tokens):
         if pixel_relevance is None:
-            raise NotImplementedError(f'{method} gives no pixel relevance: explain text and images with the LRP '
-                                      'methods (attnlrp, cplrp)')
+            raise NotImplementedError(
+                f'{method} gives no pixel relevance: explain text and images with the LRP methods (attnlrp, cplrp)'
+            )
         mask = self.attention_mask
         self.attention_mask = None  # the text's relevance as it is (TokenTask.package zeroes padding)
         try:
@@ -150,12 +169,21 @@ class _PixelLeaf:
         processor = getattr(self, 'processor', None)
         image_processor = getattr(processor, 'image_processor', None)
         mean, std = (getattr(image_processor, name, None) for name in ('image_mean', 'image_std'))
-        images = _images(self.model, self.pixels, pixel_relevance, self.layout, self.model_kwargs, rows,
-                         None if mean is None else tuple(mean), None if std is None else tuple(std))
+        images = _images(
+            self.model,
+            self.pixels,
+            pixel_relevance,
+            self.layout,
+            self.model_kwargs,
+            rows,
+            None if mean is None else tuple(mean),
+            None if std is None else tuple(std),
+        )
         fields = {name: getattr(text, name) for name in text.__dataclass_fields__}
         fields['attention_mask'] = mask
-        return MultimodalExplanation(**fields, pixel_relevance=pixel_relevance, images=images,
-                                     image_tokens=image_tokens)
+        return MultimodalExplanation(
+            **fields, pixel_relevance=pixel_relevance, images=images, image_tokens=image_tokens
+        )
 
     def padding_is_input(self) -> bool:
         """Whether the padding of the text is an input of the model, whose relevance is kept (SigLIP's padding to the
@@ -177,14 +205,18 @@ class _PixelLeaf:
         name = type(self.model).__name__
         length = text_length(self.model)
         if length is not None:
-            hint = (f'{name} was trained on texts padded to {length} tokens: pass the texts with images= (explain() '
-                    f'pads them so) or pad them so yourself (processor(..., padding="max_length", '
-                    f'max_length={length}))')
+            hint = (
+                f'{name} was trained on texts padded to {length} tokens: pass the texts with images= (explain() '
+                f'pads them so) or pad them so yourself (processor(..., padding="max_length", '
+                f'max_length={length}))'
+            )
         else:
             hint = 'explain the texts one at a time, without padding'
-        raise ValueError(f'{name} reads the padding of row {row}: its pads get relevance {float(reached[row]):.3g} '
-                         '(its pooling or attention does not ignore the attention mask), so the padded row is not '
-                         f'explained as its text alone; {hint}')
+        raise ValueError(
+            f'{name} reads the padding of row {row}: its pads get relevance {float(reached[row]):.3g} '
+            '(its pooling or attention does not ignore the attention mask), so the padded row is not '
+            f'explained as its text alone; {hint}'
+        )
 
 
 class VisionLanguageTask(_PixelLeaf, TokenTask):
@@ -202,6 +234,7 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
     processor: optional
         The processor (its image normalisation is undone for the overlays).
     """
+
     def __init__(self, model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None):
         super().__init__(model, encoding, model_kwargs, processor)
         if self.batch != 1:
@@ -225,8 +258,7 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
 
     def package(self, relevance, logit, method, decoder_relevance):
         """``decoder_relevance`` is the second LRP leaf's: the pixels'."""
-        return self._package(relevance, logit, method, decoder_relevance, [0] * self._image_count(),
-                             self.image_tokens)
+        return self._package(relevance, logit, method, decoder_relevance, [0] * self._image_count(), self.image_tokens)
 
     def _image_count(self) -> int:
         if self.layout == 'patches':
@@ -258,12 +290,14 @@ class SimilarityTask(_PixelLeaf, TokenTask):
     model_kwargs: dict, optional
     processor: optional
     """
+
     def __init__(self, model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None):
         super().__init__(model, encoding, model_kwargs, processor)
         pixels = self.pixels
         if pixels.dim() != 4 or pixels.shape[0] not in (1, self.batch):
-            raise ValueError(f'pixel_values of shape {tuple(pixels.shape)} for {self.batch} texts: give one image or '
-                             'one per text')
+            raise ValueError(
+                f'pixel_values of shape {tuple(pixels.shape)} for {self.batch} texts: give one image or one per text'
+            )
         self.pixels = pixels.expand(self.batch, *pixels.shape[1:]).clone()
         self.layout = image_layout(model, self.pixels, {})
 
@@ -289,8 +323,10 @@ class SimilarityTask(_PixelLeaf, TokenTask):
 
     def resolve(self, scores, position=-1, target=None, seeded: bool = False):
         if target is not None:
-            raise ValueError(f'{type(self.model).__name__} scores (text, image) pairs: each row explains its own pair; '
-                             'leave out target=')
+            raise ValueError(
+                f'{type(self.model).__name__} scores (text, image) pairs: each row explains its own pair; '
+                'leave out target='
+            )
         return super().resolve(scores, None, torch.arange(self.batch, device=scores.device), seeded)
 
     def keep_logits(self, position=-1, target=None) -> dict:
@@ -306,8 +342,9 @@ class SimilarityTask(_PixelLeaf, TokenTask):
         return self._package(relevance, logit, method, decoder_relevance, list(range(self.batch)), None)
 
 
-def make_multimodal_task(model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None,
-                         processor=None) -> TokenTask:
+def make_multimodal_task(
+    model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None
+) -> TokenTask:
     """The :py:class:`SimilarityTask` (CLIP-like models) or :py:class:`VisionLanguageTask` for ``model``, after
     :py:func:`~.check_processor`."""
     _, _, fields = split_encoding(encoding)

@@ -14,14 +14,29 @@ The map is a table of :py:data:`LEVELS` colours per side: ``value / scale`` is r
 LEVELS + 1`` levels (half away from zero), so that the interactive HTML, whose script looks the same table up,
 shows exactly the colours that the Python renderers write.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
-from functools import lru_cache
+from functools import cache
 
-__all__ = ['RGB', 'LEVELS', 'POSITIVE', 'NEGATIVE', 'NEUTRAL', 'relevance_to_rgb', 'relevance_level', 'color_table',
-           'text_color', 'luminance', 'oklab', 'css_rgb', 'hex_rgb', 'symmetric_scale']
+__all__ = [
+    'RGB',
+    'LEVELS',
+    'POSITIVE',
+    'NEGATIVE',
+    'NEUTRAL',
+    'relevance_to_rgb',
+    'relevance_level',
+    'color_table',
+    'text_color',
+    'luminance',
+    'oklab',
+    'css_rgb',
+    'hex_rgb',
+    'symmetric_scale',
+]
 
 RGB = tuple[int, int, int]
 
@@ -46,10 +61,12 @@ def _oklab_to_rgb(lightness: float, a: float, b: float) -> RGB:
     l_ = lightness + 0.3963377774 * a + 0.2158037573 * b
     m_ = lightness - 0.1055613458 * a - 0.0638541728 * b
     s_ = lightness - 0.0894841775 * a - 1.2914855480 * b
-    l, m, s = l_ ** 3, m_ ** 3, s_ ** 3
-    linear = (4.0767416621 * l - 3.3077115913 * m + 0.2309699292 * s,
-              -1.2684380046 * l + 2.6097574011 * m - 0.3413193965 * s,
-              -0.0041960863 * l - 0.7034186147 * m + 1.7076147010 * s)
+    l, m, s = l_**3, m_**3, s_**3
+    linear = (
+        4.0767416621 * l - 3.3077115913 * m + 0.2309699292 * s,
+        -1.2684380046 * l + 2.6097574011 * m - 0.3413193965 * s,
+        -0.0041960863 * l - 0.7034186147 * m + 1.7076147010 * s,
+    )
     return tuple(int(round(255 * min(1.0, max(0.0, _linear_to_srgb(c))))) for c in linear)  # type: ignore[return-value]
 
 
@@ -68,9 +85,11 @@ def oklab(rgb: RGB) -> tuple[float, float, float]:
     l = (0.4122214708 * r + 0.5363137098 * g + 0.0514459929 * b) ** (1 / 3)
     m = (0.2119034982 * r + 0.6806995451 * g + 0.1073969566 * b) ** (1 / 3)
     s = (0.0883024619 * r + 0.2817188376 * g + 0.6299787005 * b) ** (1 / 3)
-    return (0.2104542553 * l + 0.7936177850 * m - 0.0040720468 * s,
-            1.9779984951 * l - 2.4285922050 * m + 0.4505937099 * s,
-            0.0259040371 * l + 0.7827717662 * m - 0.8086757660 * s)
+    return (
+        0.2104542553 * l + 0.7936177850 * m - 0.0040720468 * s,
+        1.9779984951 * l - 2.4285922050 * m + 0.4505937099 * s,
+        0.0259040371 * l + 0.7827717662 * m - 0.8086757660 * s,
+    )
 
 
 def _lab(lch: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -78,7 +97,7 @@ def _lab(lch: tuple[float, float, float]) -> tuple[float, float, float]:
     return lightness, chroma * math.cos(math.radians(hue)), chroma * math.sin(math.radians(hue))
 
 
-@lru_cache(maxsize=None)
+@cache
 def color_table() -> tuple[RGB, ...]:
     """The ``2 * LEVELS + 1`` colours of the map, from ``-scale`` (index 0) through 0 (index ``LEVELS``) to
     ``+scale`` (index ``2 * LEVELS``).
@@ -204,7 +223,8 @@ def symmetric_scale(values, scale: float | None = None) -> float:
     """
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f'scale must be a positive finite number (the relevance of full colour) or None, got '
-                             f'{scale!r}')
+            raise ValueError(
+                f'scale must be a positive finite number (the relevance of full colour) or None, got {scale!r}'
+            )
         return float(scale)
     return max((abs(float(value)) for value in values if math.isfinite(float(value))), default=0.0)

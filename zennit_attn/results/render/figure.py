@@ -6,13 +6,14 @@ The tokens flow like text in lines of a fixed width, each on a box of its colour
 line-break tokens end their line. A colour bar from ``-scale`` to ``+scale`` closes the figure. Only matplotlib's
 object interface is used (no ``pyplot``), so nothing global changes and no display is needed.
 """
+
 from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -55,6 +56,7 @@ class Box:
     color: str
         Its colour, ``'#rrggbb'``.
     """
+
     heatmap: int
     segment: int
     token: int
@@ -67,8 +69,10 @@ class Box:
 
 def _need_matplotlib() -> None:
     if Figure is None:
-        raise ImportError('PNG, SVG and PDF heatmaps are drawn with matplotlib: pip install matplotlib '
-                          '(or save as .html or .tex, which need nothing)')
+        raise ImportError(
+            'PNG, SVG and PDF heatmaps are drawn with matplotlib: pip install matplotlib '
+            '(or save as .html or .tex, which need nothing)'
+        )
 
 
 class _Measure:
@@ -95,8 +99,13 @@ class _Measure:
         return ''.join(char if ord(char) in self.glyphs or char == ' ' else '\ufffd' for char in text)
 
 
-def render_figure(heatmaps: Sequence[Heatmap], width: float = 7.5, font_size: float = 11.0,
-                  colorbar: bool = True, images: Sequence[tuple[str, np.ndarray]] = ()):
+def render_figure(
+    heatmaps: Sequence[Heatmap],
+    width: float = 7.5,
+    font_size: float = 11.0,
+    colorbar: bool = True,
+    images: Sequence[tuple[str, np.ndarray]] = (),
+):
     """Draw heatmaps one below the other as a matplotlib figure (with ``images`` in rows above them).
 
     Parameters
@@ -183,22 +192,49 @@ def render_figure(heatmaps: Sequence[Heatmap], width: float = 7.5, font_size: fl
     axes.axis('off')
     for kind, x, y, payload in commands:
         if kind == 'title':
-            axes.text(x, y, payload, fontproperties=measure.bold, va='baseline', ha='left', parse_math=False,
-                      color='#222222')
+            axes.text(
+                x, y, payload, fontproperties=measure.bold, va='baseline', ha='left', parse_math=False, color='#222222'
+            )
         elif kind == 'label':
-            axes.text(x, y, payload, fontproperties=measure.small, va='baseline', ha='left', parse_math=False,
-                      color='#555555')
+            axes.text(
+                x, y, payload, fontproperties=measure.small, va='baseline', ha='left', parse_math=False, color='#555555'
+            )
         elif kind == 'token':
             shown, color, top, bottom, box = payload
-            axes.add_patch(FancyBboxPatch((x, top), box, bottom - top, boxstyle='round,pad=0,rounding_size=1.6',
-                                          facecolor=hex_rgb(color), edgecolor='none', linewidth=0))
-            axes.text(x + _PAD_X, y, shown, fontproperties=measure.prop, va='baseline', ha='left',
-                      parse_math=False, color=hex_rgb(text_color(color)))
+            axes.add_patch(
+                FancyBboxPatch(
+                    (x, top),
+                    box,
+                    bottom - top,
+                    boxstyle='round,pad=0,rounding_size=1.6',
+                    facecolor=hex_rgb(color),
+                    edgecolor='none',
+                    linewidth=0,
+                )
+            )
+            axes.text(
+                x + _PAD_X,
+                y,
+                shown,
+                fontproperties=measure.prop,
+                va='baseline',
+                ha='left',
+                parse_math=False,
+                color=hex_rgb(text_color(color)),
+            )
         elif kind == 'image':
             picture, box, caption = payload
             axes.imshow(picture, extent=(x, x + box, y + IMAGE_HEIGHT, y), interpolation='nearest', aspect='auto')
-            axes.text(x, y + IMAGE_HEIGHT + font_size * 1.1, caption, fontproperties=measure.small, va='baseline',
-                      ha='left', parse_math=False, color='#555555')
+            axes.text(
+                x,
+                y + IMAGE_HEIGHT + font_size * 1.1,
+                caption,
+                fontproperties=measure.small,
+                va='baseline',
+                ha='left',
+                parse_math=False,
+                color='#555555',
+            )
         else:
             _colorbar(axes, measure, x, y, payload)
     axes.set_xlim(0, width * 72)
@@ -211,26 +247,53 @@ def _colorbar(axes, measure: _Measure, x: float, y: float, heatmaps: Sequence[He
     length, thickness = 150.0, 8.0
     step = length / len(table)
     for index, color in enumerate(table):
-        axes.add_patch(Rectangle((x + 60 + index * step, y - thickness), step * 1.05, thickness,
-                                 facecolor=hex_rgb(color), edgecolor='none', linewidth=0))
-    axes.add_patch(Rectangle((x + 60, y - thickness), length, thickness, facecolor='none', edgecolor='#888888',
-                             linewidth=0.5))
+        axes.add_patch(
+            Rectangle(
+                (x + 60 + index * step, y - thickness),
+                step * 1.05,
+                thickness,
+                facecolor=hex_rgb(color),
+                edgecolor='none',
+                linewidth=0,
+            )
+        )
+    axes.add_patch(
+        Rectangle((x + 60, y - thickness), length, thickness, facecolor='none', edgecolor='#888888', linewidth=0.5)
+    )
     scales = {round(heatmap.scale, 12) for heatmap in heatmaps}
     if len(scales) == 1:
         scale = heatmaps[0].scale
         low, high = f'{-scale:+.3g}', f'{scale:+.3g}'
     else:
         low, high = '-max |R|', '+max |R|'
-    axes.text(x + 56, y - 1, low, fontproperties=measure.small, va='baseline', ha='right', color='#333333',
-              parse_math=False)
-    axes.text(x + 64 + length, y - 1, high, fontproperties=measure.small, va='baseline', ha='left', color='#333333',
-              parse_math=False)
-    axes.text(x + 60 + length / 2, y + 10, 'relevance: blue against, grey 0, red for', fontproperties=measure.small,
-              va='baseline', ha='center', color='#555555', parse_math=False)
+    axes.text(
+        x + 56, y - 1, low, fontproperties=measure.small, va='baseline', ha='right', color='#333333', parse_math=False
+    )
+    axes.text(
+        x + 64 + length,
+        y - 1,
+        high,
+        fontproperties=measure.small,
+        va='baseline',
+        ha='left',
+        color='#333333',
+        parse_math=False,
+    )
+    axes.text(
+        x + 60 + length / 2,
+        y + 10,
+        'relevance: blue against, grey 0, red for',
+        fontproperties=measure.small,
+        va='baseline',
+        ha='center',
+        color='#555555',
+        parse_math=False,
+    )
 
 
-def save_figure(heatmaps: Sequence[Heatmap], path: str | os.PathLike, format: str | None = None, dpi: float = 200,
-                **options) -> Path:
+def save_figure(
+    heatmaps: Sequence[Heatmap], path: str | os.PathLike, format: str | None = None, dpi: float = 200, **options
+) -> Path:
     """Write :py:func:`render_figure` as PNG, SVG or PDF.
 
     Parameters

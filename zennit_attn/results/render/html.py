@@ -7,20 +7,29 @@ the same colour table, so that its colours equal those of every other format. Fr
 inherit the text colour, so that they read on light and dark notebook themes; standalone pages follow the
 reader's light or dark preference (``prefers-color-scheme``).
 """
+
 from __future__ import annotations
 
 import hashlib
 import html
 import json
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from .colors import LEVELS, color_table, css_rgb, relevance_to_rgb, text_color
 from .layout import Heatmap, Segment, format_relevance, split_space
 from .tokens import display_token
 
-__all__ = ['CSS', 'token_spans', 'legend', 'heatmap_fragment', 'fragment', 'page', 'figures_html',
-           'generation_fragment']
+__all__ = [
+    'CSS',
+    'token_spans',
+    'legend',
+    'heatmap_fragment',
+    'fragment',
+    'page',
+    'figures_html',
+    'generation_fragment',
+]
 
 CSS = """
 .za { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; line-height: 1.45; }
@@ -81,10 +90,12 @@ def legend(scale: float, note: str | None = None) -> str:
     str
     """
     note = 'blue: against, grey: 0, red: for the explained output' if note is None else note
-    return (f'<div class="za-legend"><span class="za-lo">{html.escape(format_relevance(-scale))}</span>'
-            f'<span class="za-bar" style="background: {_gradient()}"></span>'
-            f'<span class="za-hi">{html.escape(format_relevance(scale))}</span>'
-            f'<span class="za-note">{html.escape(note)}</span></div>')
+    return (
+        f'<div class="za-legend"><span class="za-lo">{html.escape(format_relevance(-scale))}</span>'
+        f'<span class="za-bar" style="background: {_gradient()}"></span>'
+        f'<span class="za-hi">{html.escape(format_relevance(scale))}</span>'
+        f'<span class="za-note">{html.escape(note)}</span></div>'
+    )
 
 
 def token_spans(segment: Segment, scale: float, extra=None) -> str:
@@ -109,13 +120,14 @@ def token_spans(segment: Segment, scale: float, extra=None) -> str:
     for index, (token, value, positions) in enumerate(zip(segment.tokens, segment.values, segment.positions)):
         lead, shown, trail = split_space(token)
         background = relevance_to_rgb(value, scale)
-        where = (f'position {positions[0]}' if len(positions) == 1
-                 else f'positions {positions[0]}-{positions[-1]}')
+        where = f'position {positions[0]}' if len(positions) == 1 else f'positions {positions[0]}-{positions[-1]}'
         tooltip = f'{where} {display_token(token)!r}: relevance {format_relevance(value)}'
         classes, attributes = extra(index) if extra is not None else ('', '')
-        parts.append(f'{lead}<span class="za-t{classes}" data-i="{index}"{attributes} style="background: '
-                     f'{css_rgb(background)}; color: {css_rgb(text_color(background))}" title="{html.escape(tooltip)}">'
-                     f'{html.escape(shown)}</span>{trail}')
+        parts.append(
+            f'{lead}<span class="za-t{classes}" data-i="{index}"{attributes} style="background: '
+            f'{css_rgb(background)}; color: {css_rgb(text_color(background))}" title="{html.escape(tooltip)}">'
+            f'{html.escape(shown)}</span>{trail}'
+        )
         if '\n' in token:
             parts.append('<br>')
     return ''.join(parts)
@@ -152,8 +164,10 @@ def heatmap_fragment(heatmap: Heatmap, legend_note: str | None = None) -> str:
         parts.append(f'<div class="za-tokens">{token_spans(segment, heatmap.scale, _marker(heatmap, part))}</div>')
     total = sum(value for value in heatmap.values if math.isfinite(value))
     parts.append(legend(heatmap.scale, legend_note))
-    parts.append(f'<div class="za-note">{len(heatmap.values)} tokens, relevance sum '
-                 f'{html.escape(format_relevance(total))}; hover a token for its relevance</div>')
+    parts.append(
+        f'<div class="za-note">{len(heatmap.values)} tokens, relevance sum '
+        f'{html.escape(format_relevance(total))}; hover a token for its relevance</div>'
+    )
     parts.append('</div>')
     return ''.join(parts)
 
@@ -195,13 +209,24 @@ def page(body: str, title: str = 'Token relevance', subtitle: str | None = None)
     -------
     str
     """
-    return '\n'.join([
-        '<!DOCTYPE html>', '<html lang="en">', '<head>', '<meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        '<meta name="color-scheme" content="light dark">',
-        f'<title>{html.escape(title)}</title>', f'<style>{_PAGE_CSS}</style>', '</head>', '<body>',
-        fragment(body, title, subtitle), '</body>', '</html>', '',
-    ])
+    return '\n'.join(
+        [
+            '<!DOCTYPE html>',
+            '<html lang="en">',
+            '<head>',
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            '<meta name="color-scheme" content="light dark">',
+            f'<title>{html.escape(title)}</title>',
+            f'<style>{_PAGE_CSS}</style>',
+            '</head>',
+            '<body>',
+            fragment(body, title, subtitle),
+            '</body>',
+            '</html>',
+            '',
+        ]
+    )
 
 
 _SCRIPT = """
@@ -281,17 +306,24 @@ def figures_html(figures: Sequence[dict]) -> str:
     parts = ['<div class="za-images" style="display:flex;flex-wrap:wrap;gap:1em;margin:0 0 1em">']
     for figure in figures:
         caption = html.escape(str(figure['caption']))
-        parts.append(f'<figure style="margin:0;width:{int(figure["width"])}px"><img class="za-overlay" '
-                     f'src="{html.escape(str(figure["src"]))}" '
-                     f'alt="{caption}" width="{int(figure["width"])}" height="{int(figure["height"])}" '
-                     f'style="image-rendering:pixelated"><figcaption class="za-note za-overlay-caption">{caption}'
-                     '</figcaption></figure>')
+        parts.append(
+            f'<figure style="margin:0;width:{int(figure["width"])}px"><img class="za-overlay" '
+            f'src="{html.escape(str(figure["src"]))}" '
+            f'alt="{caption}" width="{int(figure["width"])}" height="{int(figure["height"])}" '
+            f'style="image-rendering:pixelated"><figcaption class="za-note za-overlay-caption">{caption}'
+            '</figcaption></figure>'
+        )
     parts.append('</div>')
     return ''.join(parts)
 
 
-def generation_fragment(tokens: Sequence[str], positions: Sequence[Sequence[int]], views: Sequence[dict],
-                        clickable: Sequence[int | None], caption: str | None = None) -> str:
+def generation_fragment(
+    tokens: Sequence[str],
+    positions: Sequence[Sequence[int]],
+    views: Sequence[dict],
+    clickable: Sequence[int | None],
+    caption: str | None = None,
+) -> str:
     """The interactive heatmap of a generated answer (a ``<div class="za">`` with its script).
 
     All tokens (prompt and answer) are shown in one text. Each generated token (or word) is a button: hovering it
@@ -331,30 +363,57 @@ def generation_fragment(tokens: Sequence[str], positions: Sequence[Sequence[int]
         return (f' za-gen{selected}', f' data-view="{view}" tabindex="0" role="button"')
 
     spans = token_spans(segment, answer['scale'], extra)
-    where = [(f'position {p[0]}' if len(p) == 1 else f'positions {p[0]}-{p[-1]}') + f' {display_token(t)!r}'
-             for t, p in zip(tokens, positions)]
+    where = [
+        (f'position {p[0]}' if len(p) == 1 else f'positions {p[0]}-{p[-1]}') + f' {display_token(t)!r}'
+        for t, p in zip(tokens, positions)
+    ]
     table = color_table()
     data = {
-        'views': [dict({'values': [float(v) if math.isfinite(float(v)) else 0.0 for v in view['values']],
-                        'scale': float(view['scale']), 'upto': int(view['upto']), 'label': str(view['label'])},
-                       **({'images': [{'src': str(image['src']), 'caption': str(image['caption'])}
-                                      for image in view['images']]} if view.get('images') else {}))
-                  for view in views],
-        'colors': [css_rgb(color) for color in table], 'texts': [css_rgb(text_color(color)) for color in table],
-        'where': where, 'shown': [split_space(token)[1] for token in tokens],
+        'views': [
+            dict(
+                {
+                    'values': [float(v) if math.isfinite(float(v)) else 0.0 for v in view['values']],
+                    'scale': float(view['scale']),
+                    'upto': int(view['upto']),
+                    'label': str(view['label']),
+                },
+                **(
+                    {
+                        'images': [
+                            {'src': str(image['src']), 'caption': str(image['caption'])} for image in view['images']
+                        ]
+                    }
+                    if view.get('images')
+                    else {}
+                ),
+            )
+            for view in views
+        ],
+        'colors': [css_rgb(color) for color in table],
+        'texts': [css_rgb(text_color(color)) for color in table],
+        'where': where,
+        'shown': [split_space(token)[1] for token in tokens],
     }
     payload = json.dumps(data, ensure_ascii=True).replace('</', '<\\/')
     uid = 'za-gen-' + hashlib.sha1(payload.encode()).hexdigest()[:12]  # the same page for the same explanation
     script = _SCRIPT % {'id': json.dumps(uid), 'levels': LEVELS}
-    controls = ('<div class="za-controls"><button type="button" class="za-answer" aria-pressed="true">whole answer'
-                '</button><span class="za-note">click or hover a generated (underlined) token to see what it was '
-                'generated from; arrow keys step through the answer</span></div>')
+    controls = (
+        '<div class="za-controls"><button type="button" class="za-answer" aria-pressed="true">whole answer'
+        '</button><span class="za-note">click or hover a generated (underlined) token to see what it was '
+        'generated from; arrow keys step through the answer</span></div>'
+    )
     caption = f'<div class="za-caption">{html.escape(caption)}</div>' if caption else ''
-    body = (f'<div class="za-heatmap">{caption}{controls}'
-            f'<div class="za-tokens">{spans}</div><div class="za-info">{html.escape(answer["label"])}</div>'
-            f'{legend(answer["scale"])}</div>')
+    body = (
+        f'<div class="za-heatmap">{caption}{controls}'
+        f'<div class="za-tokens">{spans}</div><div class="za-info">{html.escape(answer["label"])}</div>'
+        f'{legend(answer["scale"])}</div>'
+    )
     if answer.get('images'):  # the overlays beside the text
-        body = (f'<div style="display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start"><div>'
-                f'{figures_html(answer["images"])}</div><div style="flex:1 1 24em">{body}</div></div>')
-    return (f'<div class="za" id="{uid}" data-view="{len(views) - 1}"><style>{CSS}</style>{body}'
-            f'<script type="application/json" class="za-data">{payload}</script><script>{script}</script></div>')
+        body = (
+            f'<div style="display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start"><div>'
+            f'{figures_html(answer["images"])}</div><div style="flex:1 1 24em">{body}</div></div>'
+        )
+    return (
+        f'<div class="za" id="{uid}" data-view="{len(views) - 1}"><style>{CSS}</style>{body}'
+        f'<script type="application/json" class="za-data">{payload}</script><script>{script}</script></div>'
+    )

@@ -9,6 +9,7 @@ numpy array, which Pillow 13 refuses (``imgify(...)`` and ``zennit.image.imsave`
 here the image is made without a palette and the palette is set as bytes,
 ``img.putpalette(palette(cmap).astype('uint8').tobytes())``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,9 @@ def _relevance_map(relevance) -> np.ndarray:
     return array
 
 
-def heatmap(relevance, cmap: str | None = None, level: float = 1.0, scale: int = 1, vmax: float | None = None
-            ) -> Image.Image:
+def heatmap(
+    relevance, cmap: str | None = None, level: float = 1.0, scale: int = 1, vmax: float | None = None
+) -> Image.Image:
     """The relevance as an RGB heatmap, symmetric around 0.
 
     Parameters
@@ -103,8 +105,17 @@ def _input_image(pixels, mean=None, std=None) -> np.ndarray:
     return array
 
 
-def overlay(pixels, relevance, cmap: str | None = None, level: float = 1.0, alpha: float = 0.7, scale: int = 1,
-            mean=None, std=None, vmax: float | None = None) -> Image.Image:
+def overlay(
+    pixels,
+    relevance,
+    cmap: str | None = None,
+    level: float = 1.0,
+    alpha: float = 0.7,
+    scale: int = 1,
+    mean=None,
+    std=None,
+    vmax: float | None = None,
+) -> Image.Image:
     """The heatmap blended over the greyscale input image; each pixel's heatmap weight is ``alpha`` times its
     absolute relevance relative to ``vmax``, so irrelevant pixels show the image.
 

@@ -7,12 +7,13 @@ as ``U+XXXX`` by pdfLaTeX (the macro ``\zaglyph`` decides). Boxes may break acro
 gaps between boxes, line-break tokens end their paragraph line. Colours are those of
 :py:func:`~zennit_attn.results.render.colors.relevance_to_rgb`.
 """
+
 from __future__ import annotations
 
 import os
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .colors import relevance_to_rgb, text_color
 from .layout import Heatmap, split_space
@@ -20,18 +21,61 @@ from .layout import Heatmap, split_space
 __all__ = ['latex_escape', 'latex_snippet', 'latex_document', 'save_latex']
 
 _SPECIAL = {
-    '\\': r'\textbackslash{}', '{': r'\{', '}': r'\}', '$': r'\$', '&': r'\&', '#': r'\#', '_': r'\_', '%': r'\%',
-    '~': r'\textasciitilde{}', '^': r'\textasciicircum{}', '<': r'\textless{}', '>': r'\textgreater{}',
-    '|': r'\textbar{}', '"': "''", '-': '-{}',
-    '\u23ce': r'\ensuremath{\hookleftarrow}', '\u2423': r'\textvisiblespace{}', '\u2205': r'\ensuremath{\emptyset}',
-    '\u21e5': r'\ensuremath{\rightarrowtail}', '\u2026': r'\ldots{}', '\u2013': '--', '\u2014': '---',
-    '\u2018': '`', '\u2019': "'", '\u201c': '``', '\u201d': "''", '\u00a0': '~',
+    '\\': r'\textbackslash{}',
+    '{': r'\{',
+    '}': r'\}',
+    '$': r'\$',
+    '&': r'\&',
+    '#': r'\#',
+    '_': r'\_',
+    '%': r'\%',
+    '~': r'\textasciitilde{}',
+    '^': r'\textasciicircum{}',
+    '<': r'\textless{}',
+    '>': r'\textgreater{}',
+    '|': r'\textbar{}',
+    '"': "''",
+    '-': '-{}',
+    '\u23ce': r'\ensuremath{\hookleftarrow}',
+    '\u2423': r'\textvisiblespace{}',
+    '\u2205': r'\ensuremath{\emptyset}',
+    '\u21e5': r'\ensuremath{\rightarrowtail}',
+    '\u2026': r'\ldots{}',
+    '\u2013': '--',
+    '\u2014': '---',
+    '\u2018': '`',
+    '\u2019': "'",
+    '\u201c': '``',
+    '\u201d': "''",
+    '\u00a0': '~',
 }
-_ACCENTS = {'\u0301': "'", '\u0300': '`', '\u0302': '^', '\u0308': '"', '\u0303': '~', '\u0327': 'c', '\u030a': 'r',
-            '\u030c': 'v', '\u0306': 'u', '\u0304': '='}
-_LETTERS = {'\u00df': r'\ss{}', '\u00e6': r'\ae{}', '\u00c6': r'\AE{}', '\u00f8': r'\o{}', '\u00d8': r'\O{}',
-            '\u0153': r'\oe{}', '\u0152': r'\OE{}', '\u00e5': r'\aa{}', '\u00c5': r'\AA{}', '\u0142': r'\l{}',
-            '\u0141': r'\L{}', '\u00bf': r'?`', '\u00a1': r'!`'}
+_ACCENTS = {
+    '\u0301': "'",
+    '\u0300': '`',
+    '\u0302': '^',
+    '\u0308': '"',
+    '\u0303': '~',
+    '\u0327': 'c',
+    '\u030a': 'r',
+    '\u030c': 'v',
+    '\u0306': 'u',
+    '\u0304': '=',
+}
+_LETTERS = {
+    '\u00df': r'\ss{}',
+    '\u00e6': r'\ae{}',
+    '\u00c6': r'\AE{}',
+    '\u00f8': r'\o{}',
+    '\u00d8': r'\O{}',
+    '\u0153': r'\oe{}',
+    '\u0152': r'\OE{}',
+    '\u00e5': r'\aa{}',
+    '\u00c5': r'\AA{}',
+    '\u0142': r'\l{}',
+    '\u0141': r'\L{}',
+    '\u00bf': r'?`',
+    '\u00a1': r'!`',
+}
 
 _PREAMBLE = r"""% zennit-attn token relevance heatmap. Needs \usepackage{xcolor} (or color) in the preamble.
 \providecommand{\zaglyph}[2]{\ifdefined\Umathcode#2\else{\ttfamily U+#1}\fi}%
@@ -102,8 +146,10 @@ def latex_snippet(heatmaps: Sequence[Heatmap], captions: bool = True) -> str:
                 background = relevance_to_rgb(value, heatmap.scale)
                 glue = r'\par' if '\n' in token else (r'\ ' if trail else r'\hspace{0.6pt}\allowbreak')
                 before = r'\ ' if lead else ''
-                lines.append(f'{before}\\zatoken{{{_rgb(background)}}}{{{_rgb(text_color(background))}}}'
-                             f'{{{latex_escape(shown)}}}{{{glue}}}%')
+                lines.append(
+                    f'{before}\\zatoken{{{_rgb(background)}}}{{{_rgb(text_color(background))}}}'
+                    f'{{{latex_escape(shown)}}}{{{glue}}}%'
+                )
             lines.append(r'\par')
     lines.append(r'\endgroup')
     return '\n'.join(lines) + '\n'
@@ -123,12 +169,18 @@ def latex_document(snippet: str, packages: Sequence[str] = ()) -> str:
     str
     """
     extra = ''.join(f'\\usepackage{{{package}}}\n' for package in packages)
-    return ('\\documentclass{article}\n\\usepackage{xcolor}\n\\usepackage[margin=2cm]{geometry}\n' + extra +
-            '\\begin{document}\n' + snippet + '\\end{document}\n')
+    return (
+        '\\documentclass{article}\n\\usepackage{xcolor}\n\\usepackage[margin=2cm]{geometry}\n'
+        + extra
+        + '\\begin{document}\n'
+        + snippet
+        + '\\end{document}\n'
+    )
 
 
-def save_latex(heatmaps: Sequence[Heatmap], path: str | os.PathLike, document: bool = False,
-               captions: bool = True) -> Path:
+def save_latex(
+    heatmaps: Sequence[Heatmap], path: str | os.PathLike, document: bool = False, captions: bool = True
+) -> Path:
     """Write :py:func:`latex_snippet` (or, with ``document``, a complete document) to ``path`` (UTF-8).
 
     Parameters

@@ -2,11 +2,12 @@
 (one for a decoder-only or encoder model, encoder and decoder tokens for an encoder-decoder), with one colour
 scale; how a token's text is split into its surrounding spaces and the part drawn on a coloured box; and how a
 relevance is written in words (tooltips, legends, plain terminal text)."""
+
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .colors import symmetric_scale
 from .tokens import display_token
@@ -33,6 +34,7 @@ class Segment:
     positions: list of list of int
         For each token (word), its position(s) in the explained input, for tooltips.
     """
+
     tokens: list[str]
     values: list[float]
     label: str | None = None
@@ -61,6 +63,7 @@ class Heatmap:
         ``(segment, token)`` indices of tokens left out of the colour scale (e.g. an attention sink): drawn with
         their colour clipped to full saturation, with a dashed outline in HTML.
     """
+
     segments: list[Segment]
     scale: float = 0.0
     title: str | None = None
@@ -73,8 +76,12 @@ class Heatmap:
     @property
     def scale_values(self) -> list[float]:
         """The values that set the colour scale: all but the :py:attr:`unscaled` ones."""
-        return [value for part, segment in enumerate(self.segments) for index, value in enumerate(segment.values)
-                if (part, index) not in self.unscaled]
+        return [
+            value
+            for part, segment in enumerate(self.segments)
+            for index, value in enumerate(segment.values)
+            if (part, index) not in self.unscaled
+        ]
 
 
 def resolve_scales(heatmaps: Sequence[Heatmap], scale: ScaleLike = None) -> None:

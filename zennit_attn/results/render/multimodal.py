@@ -6,6 +6,7 @@ An image is given as ``(caption, pixels, relevance, patch_relevance, mean, std)`
 ``[channels, height, width]`` as the model took the image, ``patch_relevance`` ``[rows, columns]`` (the terminal
 draws it), ``mean``/``std`` the processor's normalisation (None: min-max scaled).
 """
+
 from __future__ import annotations
 
 import base64
@@ -13,8 +14,9 @@ import io
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 import numpy as np
 
@@ -50,8 +52,10 @@ def overlays(images: Sequence[tuple], **options) -> list[tuple[str, object]]:
 
 def _split(options: dict) -> tuple[dict, dict]:
     """``(image options, format options)``."""
-    return ({key: value for key, value in options.items() if key in IMAGE_OPTIONS},
-            {key: value for key, value in options.items() if key not in IMAGE_OPTIONS})
+    return (
+        {key: value for key, value in options.items() if key in IMAGE_OPTIONS},
+        {key: value for key, value in options.items() if key not in IMAGE_OPTIONS},
+    )
 
 
 def show_images(images: Sequence[tuple], color: bool | None = None, stream: IO | None = None) -> None:
@@ -79,8 +83,15 @@ def _png(image) -> bytes:
 
 
 def _figures(shown: Sequence[tuple[str, object]]) -> list[dict]:
-    return [{'src': 'data:image/png;base64,' + base64.b64encode(_png(image)).decode('ascii'), 'caption': caption,
-             'width': image.width, 'height': image.height} for caption, image in shown]
+    return [
+        {
+            'src': 'data:image/png;base64,' + base64.b64encode(_png(image)).decode('ascii'),
+            'caption': caption,
+            'width': image.width,
+            'height': image.height,
+        }
+        for caption, image in shown
+    ]
 
 
 def overlay_figures(images: Sequence[tuple], **options) -> list[dict]:
@@ -90,8 +101,14 @@ def overlay_figures(images: Sequence[tuple], **options) -> list[dict]:
     return _figures(overlays(images, **options))
 
 
-def multimodal_html(heatmaps: Sequence[Heatmap], images: Sequence[tuple], scale: ScaleLike = None,
-                    title: str | None = None, standalone: bool = True, **options) -> str:
+def multimodal_html(
+    heatmaps: Sequence[Heatmap],
+    images: Sequence[tuple],
+    scale: ScaleLike = None,
+    title: str | None = None,
+    standalone: bool = True,
+    **options,
+) -> str:
     """The overlays (inline PNG images) above the token heatmaps: a standalone page, or a fragment for Jupyter
     (``standalone=False``); ``options`` are :py:data:`IMAGE_OPTIONS`."""
     resolve_scales(heatmaps, scale)
@@ -107,17 +124,26 @@ def _latex(heatmaps, shown, path: Path, document: bool = False, captions: bool =
     for number, (caption, image) in enumerate(shown, 1):
         name = f'{path.stem}_image{number}.png'
         image.save(path.with_name(name), format='PNG')
-        lines.append(r'\begin{minipage}[t]{0.3\linewidth}\centering'
-                     rf'\includegraphics[width=\linewidth]{{{name}}}'
-                     + (rf'\par{{\footnotesize {latex.latex_escape(caption)}}}' if captions else '')
-                     + r'\end{minipage}\hfill%')
+        lines.append(
+            r'\begin{minipage}[t]{0.3\linewidth}\centering'
+            rf'\includegraphics[width=\linewidth]{{{name}}}'
+            + (rf'\par{{\footnotesize {latex.latex_escape(caption)}}}' if captions else '')
+            + r'\end{minipage}\hfill%'
+        )
     lines.append(r'\par\medskip\endgroup')
     snippet = '\n'.join(lines) + '\n' + latex.latex_snippet(heatmaps, captions)
     return latex.latex_document(snippet, packages=('graphicx',)) if document else snippet
 
 
-def save_multimodal(heatmaps: Sequence[Heatmap], images: Sequence[tuple], path: str | os.PathLike,
-                    scale: ScaleLike = None, title: str | None = None, html: str | None = None, **options) -> Path:
+def save_multimodal(
+    heatmaps: Sequence[Heatmap],
+    images: Sequence[tuple],
+    path: str | os.PathLike,
+    scale: ScaleLike = None,
+    title: str | None = None,
+    html: str | None = None,
+    **options,
+) -> Path:
     """Write the token heatmaps with the overlay of each image in the format of the suffix of ``path``.
 
     ``.html``: a standalone page with the images inline (``html``: the whole document to write instead, e.g. the
@@ -137,15 +163,15 @@ def save_multimodal(heatmaps: Sequence[Heatmap], images: Sequence[tuple], path: 
     allowed = {'.html': (), '.tex': ('document', 'captions')}.get(suffix, ('width', 'font_size', 'dpi', 'colorbar'))
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise TypeError(f'saving {suffix} takes no option(s) {unknown}; it takes '
-                        f'{list(allowed) + list(IMAGE_OPTIONS)}')
+        raise TypeError(f'saving {suffix} takes no option(s) {unknown}; it takes {list(allowed) + list(IMAGE_OPTIONS)}')
     shown = overlays(images, **image_options)
     if suffix == '.html':
         document = html if html is not None else multimodal_html(heatmaps, images, scale, title, **image_options)
         return write_file(path, lambda target: target.write_text(document, encoding='utf-8'))
     resolve_scales(heatmaps, scale)
     if suffix == '.tex':
-        return write_file(path, lambda target: target.write_text(_latex(heatmaps, shown, target, **options),
-                                                             encoding='utf-8'))
+        return write_file(
+            path, lambda target: target.write_text(_latex(heatmaps, shown, target, **options), encoding='utf-8')
+        )
     pictures = [(caption, np.asarray(image.convert('RGB'))) for caption, image in shown]
     return write_file(path, lambda target: save_figure(heatmaps, target, suffix[1:], images=pictures, **options))

@@ -4,11 +4,13 @@ Colours are the diverging map of :py:func:`~zennit_attn.results.render.colors.re
 positive relevance, blue for negative, symmetric), the same in every format of :py:mod:`zennit_attn.results.render`. By
 default a row is normalised by its largest absolute relevance, so the most relevant token is fully saturated.
 """
+
 from __future__ import annotations
 
 import os
 import sys
-from typing import IO, Sequence
+from collections.abc import Sequence
+from typing import IO
 
 import torch
 
@@ -75,16 +77,17 @@ def _colored(segment: Segment, scale: float) -> str:
     for token, value in zip(segment.tokens, segment.values):
         lead, shown, trail = split_space(token)
         background = relevance_to_rgb(value, scale)
-        parts.append(lead + _ansi(background, True) + _ansi(text_color(background), False) + shown + '\x1b[0m'
-                     + trail)
+        parts.append(lead + _ansi(background, True) + _ansi(text_color(background), False) + shown + '\x1b[0m' + trail)
         if '\n' in token:
             parts.append('\n')
     return ''.join(parts)
 
 
 def _plain(segment: Segment, digits: int) -> str:
-    return ''.join(f'{display_token(token)}[{format_relevance(value, digits)}]'
-                   for token, value in zip(segment.tokens, segment.values))
+    return ''.join(
+        f'{display_token(token)}[{format_relevance(value, digits)}]'
+        for token, value in zip(segment.tokens, segment.values)
+    )
 
 
 def render_terminal(
@@ -151,6 +154,7 @@ def terminal_heatmap(heatmap: Heatmap, color: bool | None = None, stream: IO | N
         text = _colored(segment, heatmap.scale) if colored else _plain(segment, digits)
         lines.append(f'{segment.label}: {text}' if segment.label else text)
     if colored:
-        lines.append(f'colour scale: blue {format_relevance(-heatmap.scale)} .. grey 0 .. red '
-                     f'{format_relevance(heatmap.scale)}')
+        lines.append(
+            f'colour scale: blue {format_relevance(-heatmap.scale)} .. grey 0 .. red {format_relevance(heatmap.scale)}'
+        )
     return '\n'.join(lines)

@@ -6,10 +6,11 @@ WordPiece's ``'##'`` come out as the spaces, line breaks and characters they enc
 tokens into words (their relevance summed), :py:func:`display_token` makes a token string printable on one line.
 Every renderer of :py:mod:`zennit_attn.results.render` goes through these three functions.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ['display_token', 'token_texts', 'merge_words', 'byte_pieces']
 
@@ -55,8 +56,9 @@ def display_token(token: str) -> str:
 
 def _bytes_to_unicode() -> dict[str, int]:
     """GPT-2's byte-level alphabet, character -> byte (the inverse of ``bytes_to_unicode``)."""
-    printable = list(range(ord('!'), ord('~') + 1)) + list(range(ord('¡'), ord('¬') + 1)) + list(
-        range(ord('®'), ord('ÿ') + 1))
+    printable = (
+        list(range(ord('!'), ord('~') + 1)) + list(range(ord('¡'), ord('¬') + 1)) + list(range(ord('®'), ord('ÿ') + 1))
+    )
     codes = printable[:]
     extra = 0
     for byte in range(256):
@@ -84,7 +86,7 @@ def byte_pieces(raw: str) -> bytes | None:
     bytes or None
     """
     if _is_bytes(raw):
-        return bytes(int(raw[index + 3:index + 5], 16) for index in range(0, len(raw), 6))
+        return bytes(int(raw[index + 3 : index + 5], 16) for index in range(0, len(raw), 6))
     if raw and all(char in _BYTE_LEVEL for char in raw):
         return bytes(_BYTE_LEVEL[char] for char in raw)
     return None
@@ -150,10 +152,10 @@ def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
     for k, token in enumerate(ids):
         start = max(0, k - _WINDOW)
         before = _decode(tokenizer, ids[start:k])
-        after = _decode(tokenizer, ids[start:k + 1])
+        after = _decode(tokenizer, ids[start : k + 1])
         stem = before.rstrip(_REPLACEMENT)
         if after.startswith(stem):
-            text = after[len(stem):]
+            text = after[len(stem) :]
         else:
             text = _decode(tokenizer, [token])
         if _REPLACEMENT in text:  # a character split over tokens (or invalid bytes)
@@ -174,8 +176,9 @@ def _kind(char: str) -> int:
     return 0 if char.isalnum() or char == '_' else 1 if char.isspace() else 2
 
 
-def merge_words(texts: Sequence[str], values: Sequence[float], special: Sequence[bool] | None = None
-                ) -> tuple[list[str], list[float], list[list[int]]]:
+def merge_words(
+    texts: Sequence[str], values: Sequence[float], special: Sequence[bool] | None = None
+) -> tuple[list[str], list[float], list[list[int]]]:
     """Merge tokens into words; a word's relevance is the sum of its tokens'.
 
     A new word starts at a token that begins with whitespace, after a token that ends with whitespace or a line
@@ -229,7 +232,11 @@ def merge_words(texts: Sequence[str], values: Sequence[float], special: Sequence
     for group in groups:
         pieces = [texts[index] for index in group]
         # bytes of a split character are dropped where a later token of the word shows the character
-        words.append(''.join(_BYTES_TAIL.sub('', piece) if position < len(pieces) - 1 else piece
-                             for position, piece in enumerate(pieces)))
+        words.append(
+            ''.join(
+                _BYTES_TAIL.sub('', piece) if position < len(pieces) - 1 else piece
+                for position, piece in enumerate(pieces)
+            )
+        )
         sums.append(sum(float(values[index]) for index in group))
     return words, sums, groups

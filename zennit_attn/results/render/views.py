@@ -7,6 +7,7 @@ The explanation classes call these functions for their ``tokens``, ``show``, ``t
 ``save`` methods; they read the explanations' fields only (no import of the classes), so that rendering stays below
 the attribution code.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,9 @@ import numbers
 import os
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO
 
 import numpy as np
 import torch
@@ -28,10 +30,25 @@ from .layout import Heatmap, ScaleLike, Segment, format_relevance, resolve_scale
 from .terminal import terminal_heatmap
 from .tokens import merge_words, token_texts
 
-__all__ = ['SUFFIXES', 'IMAGE_SUFFIXES', 'resolve_tokenizer', 'check_row', 'explanation_heatmaps',
-           'explanation_tokens', 'generation_columns', 'generation_heatmap', 'generation_views', 'show_heatmaps',
-           'heatmaps_html', 'check_output', 'write_file', 'save_heatmaps', 'save_image', 'save_image_explanation',
-           'shared_scale']
+__all__ = [
+    'SUFFIXES',
+    'IMAGE_SUFFIXES',
+    'resolve_tokenizer',
+    'check_row',
+    'explanation_heatmaps',
+    'explanation_tokens',
+    'generation_columns',
+    'generation_heatmap',
+    'generation_views',
+    'show_heatmaps',
+    'heatmaps_html',
+    'check_output',
+    'write_file',
+    'save_heatmaps',
+    'save_image',
+    'save_image_explanation',
+    'shared_scale',
+]
 
 #: file suffixes that :py:func:`save_heatmaps` writes
 SUFFIXES = ('.html', '.png', '.svg', '.pdf', '.tex')
@@ -44,8 +61,10 @@ def resolve_tokenizer(tokenizer, explanation):
     """``tokenizer``, else the one stored on the explanation, else a ValueError that names the fix."""
     tokenizer = tokenizer if tokenizer is not None else getattr(explanation, 'tokenizer', None)
     if tokenizer is None:
-        raise ValueError('showing tokens needs the tokenizer: pass tokenizer=..., or call explain(model, text, '
-                         'tokenizer=tokenizer), which stores it on the explanation')
+        raise ValueError(
+            'showing tokens needs the tokenizer: pass tokenizer=..., or call explain(model, text, '
+            'tokenizer=tokenizer), which stores it on the explanation'
+        )
     if not callable(getattr(tokenizer, 'decode', None)):
         raise TypeError(f'tokenizer must be a Hugging Face tokenizer (with decode), got {type(tokenizer).__name__}')
     return tokenizer
@@ -57,8 +76,9 @@ def check_row(row, batch: int, what: str = 'row') -> int:
     if isinstance(row, bool) or not isinstance(row, numbers.Integral):
         raise TypeError(f'{what} must be an integer index, got {row!r}')
     if not -batch <= row < batch:
-        raise IndexError(f'{what} {row} is out of range: there are {batch} ({what} 0 to {batch - 1}, or negative '
-                         'from the end)')
+        raise IndexError(
+            f'{what} {row} is out of range: there are {batch} ({what} 0 to {batch - 1}, or negative from the end)'
+        )
     return int(row) % batch
 
 
@@ -67,8 +87,15 @@ def _special(tokenizer, ids: Sequence[int]) -> list[bool]:
     return [int(token) in special for token in ids]
 
 
-def _segment(tokenizer, ids: Sequence[int], values: Sequence[float], positions: Sequence[int], words: bool,
-             label: str | None = None, images: torch.Tensor | None = None) -> Segment:
+def _segment(
+    tokenizer,
+    ids: Sequence[int],
+    values: Sequence[float],
+    positions: Sequence[int],
+    words: bool,
+    label: str | None = None,
+    images: torch.Tensor | None = None,
+) -> Segment:
     """The segment of ``ids``; ``images`` (True at image placeholder tokens) shows each run of placeholders as one
     box ``[image k]`` holding their summed relevance (0 where the model replaces them by image features)."""
     if images is not None and bool(images.any()):
@@ -79,14 +106,18 @@ def _segment(tokenizer, ids: Sequence[int], values: Sequence[float], positions: 
                 span = slice(start, index)
                 if flags[start]:
                     number += 1
-                    parts.append(Segment([f'[image {number}]'], [math.fsum(values[span])], None,
-                                         [list(positions[span])]))
+                    parts.append(
+                        Segment([f'[image {number}]'], [math.fsum(values[span])], None, [list(positions[span])])
+                    )
                 else:
                     parts.append(_segment(tokenizer, ids[span], values[span], positions[span], words))
                 start = index
-        return Segment([token for part in parts for token in part.tokens],
-                       [value for part in parts for value in part.values], label,
-                       [group for part in parts for group in part.positions])
+        return Segment(
+            [token for part in parts for token in part.tokens],
+            [value for part in parts for value in part.values],
+            label,
+            [group for part in parts for group in part.positions],
+        )
     ids = [int(token) for token in ids]
     texts = token_texts(tokenizer, ids)
     if not words:
@@ -106,8 +137,12 @@ def _row_values(tensor: torch.Tensor, row: int, keep: torch.Tensor | None = None
 def _warn_non_finite(values: Sequence[float], where: str) -> None:
     bad = sum(not math.isfinite(value) for value in values)
     if bad:
-        warnings.warn(f'{where} has {bad} non-finite relevance value(s) (NaN or infinite): they are shown as 0 '
-                      '(neutral) and left out of the colour scale', RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f'{where} has {bad} non-finite relevance value(s) (NaN or infinite): they are shown as 0 '
+            '(neutral) and left out of the colour scale',
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def _describe(tokenizer, explanation, row: int) -> str:
@@ -121,7 +156,9 @@ def _describe(tokenizer, explanation, row: int) -> str:
     elif position is None:
         text = f'target {int(target)}'
     elif target.dim() == 0:
-        text = f'target token {token_texts(tokenizer, [int(target)])[0]!r} (id {int(target)}) at {where} {int(position)}'
+        text = (
+            f'target token {token_texts(tokenizer, [int(target)])[0]!r} (id {int(target)}) at {where} {int(position)}'
+        )
     else:
         pairs = [f'{token_texts(tokenizer, [int(t)])[0]!r} at {int(p)}' for t, p in zip(target, position)]
         shown = ', '.join(pairs[:6]) + (f', ... ({len(pairs)} in all)' if len(pairs) > 6 else '')
@@ -129,14 +166,23 @@ def _describe(tokenizer, explanation, row: int) -> str:
     contrast = getattr(explanation, 'contrast', None)
     if contrast is not None:  # explain(..., contrast=...): the logit is a difference
         others = [int(token) for token in contrast[row].reshape(-1)]
-        named = [str(token) for token in others] if position is None else [
-            repr(text) for text in token_texts(tokenizer, others)]
+        named = (
+            [str(token) for token in others]
+            if position is None
+            else [repr(text) for text in token_texts(tokenizer, others)]
+        )
         text += f' minus the contrast {", ".join(named[:6])}{", ..." if len(named) > 6 else ""}'
     return f'row {row}: {text}, logit {float(logit.sum()):.4g} ({method})'
 
 
-def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=None,
-                         scale_without_first: bool = False, template: bool = False) -> list[Heatmap]:
+def explanation_heatmaps(
+    explanation,
+    rows=None,
+    words: bool = False,
+    tokenizer=None,
+    scale_without_first: bool = False,
+    template: bool = False,
+) -> list[Heatmap]:
     """The heatmaps of rows of an :py:class:`~zennit_attn.Explanation` (scales not yet resolved).
 
     Padding (``attention_mask == 0``) is left out. Encoder-decoder explanations have two segments per row,
@@ -189,20 +235,32 @@ def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=
         placeholders = getattr(explanation, 'image_tokens', None)
         if placeholders is not None:
             placeholders = placeholders[row].cpu() if keep is None else placeholders[row].cpu()[keep]
-        segments.append(_segment(tokenizer, ids.tolist(), values, positions, words,
-                                 'encoder' if decoder is not None else None, placeholders))
+        segments.append(
+            _segment(
+                tokenizer,
+                ids.tolist(),
+                values,
+                positions,
+                words,
+                'encoder' if decoder is not None else None,
+                placeholders,
+            )
+        )
         if decoder is not None:
             values, positions = _row_values(decoder, row)
-            segments.append(_segment(tokenizer, explanation.decoder_input_ids[row].tolist(), values, positions, words,
-                                     'decoder'))
+            segments.append(
+                _segment(tokenizer, explanation.decoder_input_ids[row].tolist(), values, positions, words, 'decoder')
+            )
         heatmap = Heatmap(segments, title=_describe(tokenizer, explanation, row))
         if scale_without_first and segments[0].values:
             magnitude = sum(abs(value) for value in segments[0].values if math.isfinite(value))
             share = abs(segments[0].values[0]) / magnitude if magnitude else math.nan
             heatmap.unscaled = {(0, 0)}
-            heatmap.title += (f'; first {"word" if words else "token"} {segments[0].tokens[0]!r} '
-                              f'({format_relevance(segments[0].values[0])}, {share:.1%} of |relevance|) left out of '
-                              'the colour scale')
+            heatmap.title += (
+                f'; first {"word" if words else "token"} {segments[0].tokens[0]!r} '
+                f'({format_relevance(segments[0].values[0])}, {share:.1%} of |relevance|) left out of '
+                'the colour scale'
+            )
         _warn_non_finite(heatmap.values, f'row {row}')
         heatmaps.append(heatmap)
     return heatmaps
@@ -211,7 +269,7 @@ def explanation_heatmaps(explanation, rows=None, words: bool = False, tokenizer=
 def explanation_tokens(explanation, tokenizer=None, row: int = 0, words: bool = False) -> list[str]:
     """The token (or word) texts of one row, padding removed; encoder then decoder tokens for encoder-decoder
     models."""
-    heatmap, = explanation_heatmaps(explanation, [row], words, tokenizer)
+    (heatmap,) = explanation_heatmaps(explanation, [row], words, tokenizer)
     return [token for segment in heatmap.segments for token in segment.tokens]
 
 
@@ -248,8 +306,9 @@ def shared_scale(*explanations, rows=None) -> float:
     return largest
 
 
-def show_heatmaps(heatmaps: Sequence[Heatmap], scale: ScaleLike = None, color: bool | None = None,
-                  stream: IO | None = None) -> None:
+def show_heatmaps(
+    heatmaps: Sequence[Heatmap], scale: ScaleLike = None, color: bool | None = None, stream: IO | None = None
+) -> None:
     """Print heatmaps to ``stream`` (default ``sys.stdout``) in colour if it is a terminal (see
     :py:func:`~zennit_attn.results.render.terminal.use_color`)."""
     resolve_scales(heatmaps, scale)
@@ -258,8 +317,13 @@ def show_heatmaps(heatmaps: Sequence[Heatmap], scale: ScaleLike = None, color: b
     print(text, file=stream)
 
 
-def heatmaps_html(heatmaps: Sequence[Heatmap], scale: ScaleLike = None, title: str | None = None,
-                  subtitle: str | None = None, standalone: bool = True) -> str:
+def heatmaps_html(
+    heatmaps: Sequence[Heatmap],
+    scale: ScaleLike = None,
+    title: str | None = None,
+    subtitle: str | None = None,
+    standalone: bool = True,
+) -> str:
     """Heatmaps as HTML: a standalone page, or a fragment for Jupyter (``standalone=False``)."""
     resolve_scales(heatmaps, scale)
     body = ''.join(heatmap_fragment(heatmap) for heatmap in heatmaps)
@@ -305,18 +369,25 @@ def check_output(path: str | os.PathLike, suffixes: Sequence[str] = SUFFIXES) ->
         raise ValueError('suffixes is empty: give the accepted file suffixes, e.g. (".png",)')
     try:
         if path.is_dir():
-            raise ValueError(f'cannot write {str(path)!r}: it is a directory; give a file name such as '
-                             f'{str(path / ("heatmap" + suffixes[0]))!r}')
+            raise ValueError(
+                f'cannot write {str(path)!r}: it is a directory; give a file name such as '
+                f'{str(path / ("heatmap" + suffixes[0]))!r}'
+            )
         if path.suffix.lower() not in suffixes:
-            raise ValueError(f'cannot tell the format of {str(path)!r} from its suffix {path.suffix or "(none)"!r}: '
-                             f'use one of {", ".join(suffixes)}')
+            raise ValueError(
+                f'cannot tell the format of {str(path)!r} from its suffix {path.suffix or "(none)"!r}: '
+                f'use one of {", ".join(suffixes)}'
+            )
         folder = next(ancestor for ancestor in path.absolute().parents if ancestor.exists())
         if not folder.is_dir():
-            raise ValueError(f'cannot write {str(path)!r}: {str(folder)!r} is a file, not a folder; choose a path in '
-                             'a folder')
+            raise ValueError(
+                f'cannot write {str(path)!r}: {str(folder)!r} is a file, not a folder; choose a path in a folder'
+            )
         if not os.access(folder, os.W_OK | os.X_OK):
-            raise ValueError(f'cannot write {str(path)!r}: no permission to write in the folder {str(folder)!r}; '
-                             'choose a folder you may write in')
+            raise ValueError(
+                f'cannot write {str(path)!r}: no permission to write in the folder {str(folder)!r}; '
+                'choose a folder you may write in'
+            )
         if folder == path.absolute().parent:  # a file system may refuse what the permissions allow: try it
             existed = path.exists()
             with path.open('a'):
@@ -324,8 +395,9 @@ def check_output(path: str | os.PathLike, suffixes: Sequence[str] = SUFFIXES) ->
             if not existed:
                 path.unlink()
     except OSError as error:
-        raise ValueError(f'cannot write {str(path)!r}: {error.strerror or error}; choose another file or folder'
-                         ) from error
+        raise ValueError(
+            f'cannot write {str(path)!r}: {error.strerror or error}; choose another file or folder'
+        ) from error
     return path
 
 
@@ -339,8 +411,14 @@ def write_file(path: Path, write: Callable[[Path], object]) -> Path:
     return path
 
 
-def save_heatmaps(heatmaps: Sequence[Heatmap], path: str | os.PathLike, scale: ScaleLike = None,
-                  title: str | None = None, html: str | None = None, **options) -> Path:
+def save_heatmaps(
+    heatmaps: Sequence[Heatmap],
+    path: str | os.PathLike,
+    scale: ScaleLike = None,
+    title: str | None = None,
+    html: str | None = None,
+    **options,
+) -> Path:
     """Write heatmaps to ``path`` in the format of its suffix (checked by :py:func:`check_output`).
 
     ``.html``: a standalone page (``html`` replaces its content, e.g. the interactive page of a generated answer);
@@ -368,9 +446,13 @@ def save_heatmaps(heatmaps: Sequence[Heatmap], path: str | os.PathLike, scale: S
     path = check_output(path)
     suffix = path.suffix.lower()
     resolve_scales(heatmaps, scale)
-    allowed = {'.html': (), '.tex': ('document', 'captions'),
-               '.png': ('width', 'font_size', 'dpi', 'colorbar'), '.svg': ('width', 'font_size', 'dpi', 'colorbar'),
-               '.pdf': ('width', 'font_size', 'dpi', 'colorbar')}[suffix]
+    allowed = {
+        '.html': (),
+        '.tex': ('document', 'captions'),
+        '.png': ('width', 'font_size', 'dpi', 'colorbar'),
+        '.svg': ('width', 'font_size', 'dpi', 'colorbar'),
+        '.pdf': ('width', 'font_size', 'dpi', 'colorbar'),
+    }[suffix]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise TypeError(f'saving {suffix} takes no option(s) {unknown}; it takes {list(allowed) or "none"}')
@@ -396,8 +478,10 @@ def _pillow(image) -> Image.Image:
             raise TypeError(f'an image array must hold numbers (uint8 0-255 or floats in [0, 1]), got {image.dtype}')
         values = image.astype(np.float64)
         if not np.isfinite(values).all() or values.min(initial=0.0) < 0 or values.max(initial=0.0) > 1:
-            raise ValueError('an image array that is not uint8 must hold finite values in [0, 1] (convert 0-255 '
-                             'values with .astype(numpy.uint8))')
+            raise ValueError(
+                'an image array that is not uint8 must hold finite values in [0, 1] (convert 0-255 '
+                'values with .astype(numpy.uint8))'
+            )
         image = np.round(values * 255).astype(np.uint8)
     return Image.fromarray(image)
 
@@ -453,8 +537,10 @@ def save_image_explanation(explanation, path: str | os.PathLike, row: int = 0, *
     row = check_row(row, explanation.relevance.shape[0])
     both = {key: value for key, value in options.items() if key in ('cmap', 'level', 'scale', 'vmax')}
     relevance = explanation.relevance[row]
-    return (save_image(heatmap(relevance, **both), path),
-            save_image(overlay(explanation.pixels[row], relevance, **options), overlay_path))
+    return (
+        save_image(heatmap(relevance, **both), path),
+        save_image(overlay(explanation.pixels[row], relevance, **options), overlay_path),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ generated answers
@@ -473,8 +559,11 @@ def generation_columns(generation, tokenizer=None, words: bool = False):
     texts = token_texts(tokenizer, ids)
     special = _special(tokenizer, ids)
     bounds = [0, generation.prompt_length, generation.answer_start, len(ids)]
-    labels = ['prompt' if not generation.encoder_decoder else 'encoder (prompt)', 'decoder start',
-              'answer' if not generation.encoder_decoder else 'decoder (answer)']
+    labels = [
+        'prompt' if not generation.encoder_decoder else 'encoder (prompt)',
+        'decoder start',
+        'answer' if not generation.encoder_decoder else 'decoder (answer)',
+    ]
     placeholders = getattr(generation, 'image_tokens', None)
     placeholders = [False] * len(ids) if placeholders is None else [bool(flag) for flag in placeholders.tolist()]
     parts, groups, number = [], [], 0
@@ -488,8 +577,9 @@ def generation_columns(generation, tokenizer=None, words: bool = False):
                 merged.append(f'[image {number}]')
                 part_groups.append(list(range(run_start, run_end)))
             elif words:
-                run_texts, _, run_groups = merge_words(texts[run_start:run_end], [0.0] * (run_end - run_start),
-                                                       special[run_start:run_end])
+                run_texts, _, run_groups = merge_words(
+                    texts[run_start:run_end], [0.0] * (run_end - run_start), special[run_start:run_end]
+                )
                 merged += run_texts
                 part_groups += [[run_start + index for index in group] for group in run_groups]
             else:
@@ -527,8 +617,10 @@ def generation_heatmap(generation, token: int | None = None, words: bool = False
         token = check_row(token, count, 'generated token')
         values = generation.relevance[token].detach().double().tolist()
         text = token_texts(tokenizer, [int(generation.target[token])])[0]
-        title = (f'generated token {token + 1} of {count}: {text!r} (id {int(generation.target[token])}), logit '
-                 f'{float(generation.logit[token]):.4g}')
+        title = (
+            f'generated token {token + 1} of {count}: {text!r} (id {int(generation.target[token])}), logit '
+            f'{float(generation.logit[token]):.4g}'
+        )
     parts, _ = generation_columns(generation, tokenizer, words)
     segments = [Segment(texts, _sum_columns(values, groups), label, groups) for label, texts, groups in parts]
     heatmap = Heatmap(segments, title=f'{title} ({generation.method})')
@@ -536,8 +628,13 @@ def generation_heatmap(generation, token: int | None = None, words: bool = False
     return heatmap
 
 
-def generation_views(generation, words: bool = False, scale: ScaleLike = None, tokenizer=None,
-                     images: Callable[[Sequence[int] | None], list[dict]] | None = None) -> str:
+def generation_views(
+    generation,
+    words: bool = False,
+    scale: ScaleLike = None,
+    tokenizer=None,
+    images: Callable[[Sequence[int] | None], list[dict]] | None = None,
+) -> str:
     """The interactive HTML fragment of a generated answer (see
     :py:func:`~zennit_attn.results.render.html.generation_fragment`); ``images``, for an answer to images, gives the image
     overlays of a view from the indices of its generated tokens (None: the whole answer)."""
@@ -555,18 +652,27 @@ def generation_views(generation, words: bool = False, scale: ScaleLike = None, t
         values = _sum_columns(rows[generated].sum(0).tolist(), groups)
         shown = ''.join(token_texts(tokenizer, [int(generation.target[k]) for k in generated]))
         logit = float(generation.logit[generated].sum())
-        which = (f'generated token {generated[0] + 1}' if len(generated) == 1
-                 else f'generated tokens {generated[0] + 1}-{generated[-1] + 1}')
-        views.append({'values': values, 'upto': index, 'label': f'{which} of {rows.shape[0]}: {shown!r}, logit '
-                                                                   f'{logit:.4g}'})
+        which = (
+            f'generated token {generated[0] + 1}'
+            if len(generated) == 1
+            else f'generated tokens {generated[0] + 1}-{generated[-1] + 1}'
+        )
+        views.append(
+            {'values': values, 'upto': index, 'label': f'{which} of {rows.shape[0]}: {shown!r}, logit {logit:.4g}'}
+        )
         if images is not None:
             views[-1]['images'] = images(generated)
         clickable.append(len(views) - 1)
     answer = _sum_columns(generation.answer_relevance.detach().double().tolist(), groups)
     text = ''.join(token_texts(tokenizer, generation.generated_ids.tolist()))
-    views.append({'values': answer, 'upto': len(groups),
-                  'label': f'whole answer {text!r}: sum of the logits of its {rows.shape[0]} tokens, '
-                           f'{float(generation.logit.sum()):.4g}'})
+    views.append(
+        {
+            'values': answer,
+            'upto': len(groups),
+            'label': f'whole answer {text!r}: sum of the logits of its {rows.shape[0]} tokens, '
+            f'{float(generation.logit.sum()):.4g}',
+        }
+    )
     if images is not None:
         views[-1]['images'] = images(None)
     heatmaps = [Heatmap([Segment(texts, view['values'])]) for view in views]

@@ -3,24 +3,33 @@
 :py:class:`~zennit_attn.results.explanation.ImageExplanation` (pixels or ``p x p`` patches), by the one engine
 :py:func:`~zennit_attn.workflows.evaluation.perturbation.batched_curves`, with the explained logit of each row as the score.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from ...results.explanation import ImageExplanation
 from ...inputs.task import ImageTask, TokenTask
+from ...results.explanation import ImageExplanation
 from .perturbation import Curves, Faithfulness, Sample, batched_curves
 from .pixels import features_to_images, image_features
 
 __all__ = ['explanation_curves', 'faithfulness', 'token_curves', 'image_curves', 'image_faithfulness']
 
 
-def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16,
-                       mode: str | Sequence[str] = 'flipping', baseline: float = 0.0, patch_size: int = 1,
-                       batch_size: int | None = None, progress: bool = True, model_kwargs: dict | None = None,
-                       rows: list[int] | None = None) -> list[Curves] | list[dict[str, Curves]]:
+def explanation_curves(
+    model: torch.nn.Module,
+    explanation,
+    steps: int = 16,
+    mode: str | Sequence[str] = 'flipping',
+    baseline: float = 0.0,
+    patch_size: int = 1,
+    batch_size: int | None = None,
+    progress: bool = True,
+    model_kwargs: dict | None = None,
+    rows: list[int] | None = None,
+) -> list[Curves] | list[dict[str, Curves]]:
     """MoRF and LeRF curves of the rows of ``explanation`` (default all), each scored by its explained logit.
 
     Parameters
@@ -58,8 +67,9 @@ def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16,
         def inputs(batch):
             return features_to_images(batch, height, width)
     else:
-        task = TokenTask(model, explanation.input_ids, explanation.attention_mask, model_kwargs,
-                         explanation.decoder_input_ids)
+        task = TokenTask(
+            model, explanation.input_ids, explanation.attention_mask, model_kwargs, explanation.decoder_input_ids
+        )
         extra = {} if explanation.position is None else task.keep_logits(explanation.position)
         task.positions = None if explanation.position is None else explanation.position.to(task.inputs.device)
         valid = task.attributable_tokens()
@@ -69,6 +79,7 @@ def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16,
 
         def inputs(batch):
             return batch
+
     task.targets = explanation.target.to(task.inputs.device)
     if getattr(explanation, 'objective', None) is not None:  # a contrast or a function of the scores
         task.objective = explanation.objective
@@ -79,16 +90,20 @@ def explanation_curves(model: torch.nn.Module, explanation, steps: int = 16,
         index = owner_rows[owners.to(owner_rows.device)]
         return task.select(task.forward(inputs(batch), index, **extra), index)
 
-    return batched_curves(forward, (sample(row) for row in rows), steps, mode, baseline, batch_size, progress,
-                          total=len(rows))
+    return batched_curves(
+        forward, (sample(row) for row in rows), steps, mode, baseline, batch_size, progress, total=len(rows)
+    )
 
 
-def faithfulness(model: torch.nn.Module, explanation, steps: int = 16, mode: str = 'flipping', **options
-                 ) -> Faithfulness:
+def faithfulness(
+    model: torch.nn.Module, explanation, steps: int = 16, mode: str = 'flipping', **options
+) -> Faithfulness:
     """:py:func:`explanation_curves` of all rows, summarised (mean score, its standard error, mean areas)."""
     if not isinstance(mode, str):
-        raise ValueError(f'faithfulness() summarises one mode, got {mode!r}: call it once per mode, or use '
-                         'explanation_curves(mode=(...)) for the curves of several modes from shared forward passes')
+        raise ValueError(
+            f'faithfulness() summarises one mode, got {mode!r}: call it once per mode, or use '
+            'explanation_curves(mode=(...)) for the curves of several modes from shared forward passes'
+        )
     return Faithfulness.of(explanation_curves(model, explanation, steps, mode, **options))
 
 
@@ -96,18 +111,34 @@ def faithfulness(model: torch.nn.Module, explanation, steps: int = 16, mode: str
 image_faithfulness = faithfulness
 
 
-def token_curves(model: torch.nn.Module, explanation, steps: int = 16, mode: str | Sequence[str] = 'flipping',
-                 row: int = 0, batch_size: int | None = None, model_kwargs: dict | None = None
-                 ) -> Curves | dict[str, Curves]:
+def token_curves(
+    model: torch.nn.Module,
+    explanation,
+    steps: int = 16,
+    mode: str | Sequence[str] = 'flipping',
+    row: int = 0,
+    batch_size: int | None = None,
+    model_kwargs: dict | None = None,
+) -> Curves | dict[str, Curves]:
     """The curves of row ``row`` of a language model's :py:class:`~zennit_attn.results.explanation.Explanation` (several modes:
     ``{mode: Curves}``)."""
-    return explanation_curves(model, explanation, steps, mode, batch_size=batch_size, progress=False,
-                              model_kwargs=model_kwargs, rows=[row])[0]
+    return explanation_curves(
+        model, explanation, steps, mode, batch_size=batch_size, progress=False, model_kwargs=model_kwargs, rows=[row]
+    )[0]
 
 
-def image_curves(model: torch.nn.Module, pixels: torch.Tensor, relevance: torch.Tensor, target: torch.Tensor,
-                 steps: int = 16, mode: str = 'flipping', patch_size: int = 1, baseline: float = 0.0,
-                 batch_size: int | None = 256, progress: bool = True) -> list[Curves]:
+def image_curves(
+    model: torch.nn.Module,
+    pixels: torch.Tensor,
+    relevance: torch.Tensor,
+    target: torch.Tensor,
+    steps: int = 16,
+    mode: str = 'flipping',
+    patch_size: int = 1,
+    baseline: float = 0.0,
+    batch_size: int | None = 256,
+    progress: bool = True,
+) -> list[Curves]:
     """The curves of ``[batch, C, H, W]`` images with ``[batch, H, W]`` (or ``[batch, C, H, W]``) relevance, each
     scored by the logit of its ``target`` class (:py:func:`explanation_curves` of the images)."""
     pixels = torch.as_tensor(pixels)
@@ -115,6 +146,11 @@ def image_curves(model: torch.nn.Module, pixels: torch.Tensor, relevance: torch.
         raise ValueError(f'pixels must be [batch, C, H, W], got {tuple(pixels.shape)}')
     target = torch.as_tensor(target, device=pixels.device).long().flatten().expand(pixels.shape[0])
     relevance = torch.as_tensor(relevance)
-    explanation = ImageExplanation(relevance=relevance, pixel_relevance=relevance, target=target,
-                                   logit=torch.full(target.shape, float('nan')), pixels=pixels)
+    explanation = ImageExplanation(
+        relevance=relevance,
+        pixel_relevance=relevance,
+        target=target,
+        logit=torch.full(target.shape, float('nan')),
+        pixels=pixels,
+    )
     return explanation_curves(model, explanation, steps, mode, baseline, patch_size, batch_size, progress)

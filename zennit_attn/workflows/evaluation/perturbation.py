@@ -21,15 +21,15 @@ where the step counts are symmetric (``features`` divisible by ``steps``) and th
 give the same curves reversed, hence the same areas swapped and the same score. They differ only through ties and
 uneven steps.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
-
-from tqdm.auto import tqdm
 
 import torch
+from tqdm.auto import tqdm
 
 MODES = ('flipping', 'insertion')
 
@@ -47,6 +47,7 @@ class Curves:
     mode: str
         ``'flipping'`` or ``'insertion'``.
     """
+
     morf: torch.Tensor
     lerf: torch.Tensor
     fractions: torch.Tensor
@@ -74,8 +75,9 @@ def step_counts(features: int, steps: int) -> list[int]:
     return [round(k * features / steps) for k in range(steps + 1)]
 
 
-def perturbation_masks(relevance: torch.Tensor, steps: int, mode: str = 'flipping',
-                       valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def perturbation_masks(
+    relevance: torch.Tensor, steps: int, mode: str = 'flipping', valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Which features are at the baseline in each perturbed input of one sample: ``[2 * (steps + 1), features]``
     booleans, the MoRF curve's inputs first, and the fractions ``[steps + 1]``. Features where ``valid`` is False
     (padding) are never changed."""
@@ -111,8 +113,14 @@ def _apply(inputs: torch.Tensor, masks: torch.Tensor, baseline: float | torch.Te
     return torch.where(masks.to(inputs.device).view(shape), baseline, inputs)
 
 
-def perturbed_inputs(inputs: torch.Tensor, relevance: torch.Tensor, steps: int, mode: str = 'flipping',
-                     baseline: float | torch.Tensor = 0.0, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def perturbed_inputs(
+    inputs: torch.Tensor,
+    relevance: torch.Tensor,
+    steps: int,
+    mode: str = 'flipping',
+    baseline: float | torch.Tensor = 0.0,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """All perturbed inputs of one sample: ``[2 * (steps + 1), *inputs.shape]``, the MoRF curve's inputs first,
     and the fractions ``[steps + 1]`` (:py:func:`perturbation_masks` applied to ``inputs``)."""
     if relevance.numel() != inputs.shape[0]:
@@ -125,6 +133,7 @@ def perturbed_inputs(inputs: torch.Tensor, relevance: torch.Tensor, steps: int, 
 class Sample:
     """One sample of :py:func:`batched_curves`: ``inputs`` ``[features, ...]``, ``relevance`` ``[features]`` and an
     optional ``[features]`` mask ``valid`` of the features that take part (others are never changed)."""
+
     inputs: torch.Tensor
     relevance: torch.Tensor
     valid: torch.Tensor | None = None
@@ -138,10 +147,17 @@ def _modes(mode: str | Sequence[str]) -> tuple[str, ...]:
     return modes
 
 
-def batched_curves(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], samples: Iterable[Sample],
-                   steps: int = 16, mode: str | Sequence[str] = 'flipping', baseline: float | torch.Tensor = 0.0,
-                   batch_size: int | None = None, progress: bool = True, total: int | None = None,
-                   desc: str = 'perturbation') -> list[Curves] | list[dict[str, Curves]]:
+def batched_curves(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    samples: Iterable[Sample],
+    steps: int = 16,
+    mode: str | Sequence[str] = 'flipping',
+    baseline: float | torch.Tensor = 0.0,
+    batch_size: int | None = None,
+    progress: bool = True,
+    total: int | None = None,
+    desc: str = 'perturbation',
+) -> list[Curves] | list[dict[str, Curves]]:
     """MoRF and LeRF curves of every sample, the perturbed inputs of consecutive samples of equal shape batched
     into shared forward passes. Perturbed inputs that are equal (the unperturbed and the fully perturbed input of
     both orders; with several modes, e.g. flipping's LeRF inputs and insertion's MoRF inputs, which keep the same
@@ -177,20 +193,33 @@ def batched_curves(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
         if not pending:
             return
         batch = torch.cat([variants for _, variants, _, _ in pending])
-        owners = torch.cat([torch.full((len(variants),), index, dtype=torch.long)
-                            for index, variants, _, _ in pending]).to(batch.device)
+        owners = torch.cat(
+            [torch.full((len(variants),), index, dtype=torch.long) for index, variants, _, _ in pending]
+        ).to(batch.device)
         size = batch.shape[0] if batch_size is None else batch_size
         with torch.no_grad():
-            scores = torch.cat([forward(batch[start:start + size], owners[start:start + size]).detach().flatten()
-                                for start in range(0, batch.shape[0], size)]).double().cpu()
+            scores = (
+                torch.cat(
+                    [
+                        forward(batch[start : start + size], owners[start : start + size]).detach().flatten()
+                        for start in range(0, batch.shape[0], size)
+                    ]
+                )
+                .double()
+                .cpu()
+            )
         offset = 0
         for _, variants, inverse, fractions in pending:
-            full = scores[offset:offset + len(variants)][inverse]
+            full = scores[offset : offset + len(variants)][inverse]
             curves, start = {}, 0
             for name, points in zip(modes, fractions):
                 count = len(points)
-                curves[name] = Curves(morf=full[start:start + count], lerf=full[start + count:start + 2 * count],
-                                      fractions=points, mode=name)
+                curves[name] = Curves(
+                    morf=full[start : start + count],
+                    lerf=full[start + count : start + 2 * count],
+                    fractions=points,
+                    mode=name,
+                )
                 start += 2 * count
             results.append(curves)
             offset += len(variants)
@@ -204,8 +233,11 @@ def batched_curves(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
             masks, fractions = zip(*(perturbation_masks(relevance, steps, name, sample.valid) for name in modes))
             unique, inverse = torch.unique(torch.cat(masks), dim=0, return_inverse=True)
             variants = _apply(sample.inputs, unique, baseline)
-            if pending and (pending[0][1].shape[1:] != variants.shape[1:]
-                            or batch_size is None or sum(len(item[1]) for item in pending) >= batch_size):
+            if pending and (
+                pending[0][1].shape[1:] != variants.shape[1:]
+                or batch_size is None
+                or sum(len(item[1]) for item in pending) >= batch_size
+            ):
                 flush()
             pending.append((index, variants, inverse.cpu(), list(fractions)))
             bar.update(1)
@@ -213,10 +245,16 @@ def batched_curves(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     return [curves[modes[0]] for curves in results] if isinstance(mode, str) else results
 
 
-def perturbation_curves(forward: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
-                        relevance: torch.Tensor, steps: int = 16, mode: str = 'flipping',
-                        baseline: float | torch.Tensor = 0.0, valid: torch.Tensor | None = None,
-                        batch_size: int | None = None) -> Curves:
+def perturbation_curves(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    inputs: torch.Tensor,
+    relevance: torch.Tensor,
+    steps: int = 16,
+    mode: str = 'flipping',
+    baseline: float | torch.Tensor = 0.0,
+    valid: torch.Tensor | None = None,
+    batch_size: int | None = None,
+) -> Curves:
     """MoRF and LeRF curves of one sample (:py:func:`batched_curves` of one :py:class:`Sample`).
 
     Parameters
@@ -232,8 +270,15 @@ def perturbation_curves(forward: Callable[[torch.Tensor], torch.Tensor], inputs:
         Number of steps, ``'flipping'`` or ``'insertion'``, baseline value (broadcast to ``inputs``) and an
         optional ``[features]`` mask of the features that take part.
     """
-    return batched_curves(lambda batch, owners: forward(batch), [Sample(inputs, relevance, valid)], steps, mode,
-                          baseline, batch_size, progress=False)[0]
+    return batched_curves(
+        lambda batch, owners: forward(batch),
+        [Sample(inputs, relevance, valid)],
+        steps,
+        mode,
+        baseline,
+        batch_size,
+        progress=False,
+    )[0]
 
 
 def mean_sem(values: Sequence[float]) -> tuple[float, float]:
@@ -246,21 +291,30 @@ def mean_sem(values: Sequence[float]) -> tuple[float, float]:
     return float(data.mean()), float(data.std() / math.sqrt(data.numel()))
 
 
-def evaluate(samples: Iterable[tuple[Callable, torch.Tensor, torch.Tensor]], steps: int = 16,
-             mode: str = 'flipping', baseline: float | torch.Tensor = 0.0, batch_size: int | None = None,
-             progress: bool = True, total: int | None = None) -> list[Curves]:
+def evaluate(
+    samples: Iterable[tuple[Callable, torch.Tensor, torch.Tensor]],
+    steps: int = 16,
+    mode: str = 'flipping',
+    baseline: float | torch.Tensor = 0.0,
+    batch_size: int | None = None,
+    progress: bool = True,
+    total: int | None = None,
+) -> list[Curves]:
     """:py:func:`perturbation_curves` for each ``(forward, inputs, relevance)`` (or
     ``(forward, inputs, relevance, valid)``) of ``samples``, each with its own forward function, with a tqdm
     progress bar over the samples."""
-    return [perturbation_curves(forward, inputs, relevance, steps, mode, baseline, rest[0] if rest else None,
-                                batch_size)
-            for forward, inputs, relevance, *rest in tqdm(samples, total=total, disable=not progress,
-                                                          desc=f'perturbation ({mode})')]
+    return [
+        perturbation_curves(forward, inputs, relevance, steps, mode, baseline, rest[0] if rest else None, batch_size)
+        for forward, inputs, relevance, *rest in tqdm(
+            samples, total=total, disable=not progress, desc=f'perturbation ({mode})'
+        )
+    ]
 
 
 @dataclass
 class Faithfulness:
     """Summary of the curves of many samples: mean (and standard error) of the score and of the two areas."""
+
     score: float
     sem: float
     area_morf: float
@@ -269,7 +323,13 @@ class Faithfulness:
     curves: list[Curves] = field(repr=False)
 
     @classmethod
-    def of(cls, curves: Sequence[Curves]) -> 'Faithfulness':
+    def of(cls, curves: Sequence[Curves]) -> Faithfulness:
         score, sem = mean_sem([curve.score for curve in curves])
-        return cls(score=score, sem=sem, area_morf=mean_sem([c.area_morf for c in curves])[0],
-                   area_lerf=mean_sem([c.area_lerf for c in curves])[0], count=len(curves), curves=list(curves))
+        return cls(
+            score=score,
+            sem=sem,
+            area_morf=mean_sem([c.area_morf for c in curves])[0],
+            area_lerf=mean_sem([c.area_lerf for c in curves])[0],
+            count=len(curves),
+            curves=list(curves),
+        )

@@ -5,6 +5,7 @@ feature's relevance is the sum of its pixels' relevance (over channels). The cur
 engine, :py:func:`~zennit_attn.workflows.evaluation.perturbation.batched_curves`, through
 :py:func:`~zennit_attn.workflows.evaluation.faithfulness.explanation_curves`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,9 @@ import torch
 __all__ = ['image_features', 'features_to_images']
 
 
-def image_features(pixels: torch.Tensor, relevance: torch.Tensor, patch_size: int = 1
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def image_features(
+    pixels: torch.Tensor, relevance: torch.Tensor, patch_size: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Split one image into features: ``([features, C, p, p], [features])`` (row-major patches) and their
     relevance (summed over the patch and the channels).
 
@@ -35,7 +37,9 @@ def image_features(pixels: torch.Tensor, relevance: torch.Tensor, patch_size: in
         relevance = relevance.sum(0)
     if relevance.shape != (height, width):
         raise ValueError(f'relevance {tuple(relevance.shape)} does not match the image {height} x {width}')
-    features = pixels.reshape(channels, height // p, p, width // p, p).permute(1, 3, 0, 2, 4).reshape(-1, channels, p, p)
+    features = (
+        pixels.reshape(channels, height // p, p, width // p, p).permute(1, 3, 0, 2, 4).reshape(-1, channels, p, p)
+    )
     values = relevance.double().reshape(height // p, p, width // p, p).sum((1, 3)).flatten()
     return features, values
 
@@ -43,5 +47,8 @@ def image_features(pixels: torch.Tensor, relevance: torch.Tensor, patch_size: in
 def features_to_images(features: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Inverse of :py:func:`image_features` for a batch: ``[m, features, C, p, p] -> [m, C, H, W]``."""
     m, _, channels, p, _ = features.shape
-    return features.reshape(m, height // p, width // p, channels, p, p).permute(0, 3, 1, 4, 2, 5).reshape(
-        m, channels, height, width)
+    return (
+        features.reshape(m, height // p, width // p, channels, p, p)
+        .permute(0, 3, 1, 4, 2, 5)
+        .reshape(m, channels, height, width)
+    )

@@ -5,6 +5,7 @@
   of 1 and ``IoU = sum(min(r, m)) / sum(max(r, m))`` (the paper does not define how its continuous relevance is
   compared with the binary mask; the soft IoU needs no threshold and equals the plain IoU for binary relevance).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import torch
 @dataclass
 class Plausibility:
     """Top-1 hit (1.0 or 0.0) and soft IoU of one sample."""
+
     top1: float
     iou: float
 

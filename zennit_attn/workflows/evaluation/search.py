@@ -15,15 +15,16 @@ that the best composite can be printed as the Python that builds it::
     print(result.best_code())            # AttnLRPGamma(conv=Gamma(0.25), linear=..., ...)
     composite = result.best_composite()
 """
+
 from __future__ import annotations
 
 import csv
 import itertools
 import math
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -33,8 +34,15 @@ from ...engine.composites import AttnLRPGamma, rule_repr
 from ...explain import explain
 from .faithfulness import faithfulness
 
-__all__ = ['LAYER_TYPES', 'DEFAULT_GRID', 'TEXT_GRID', 'Candidate', 'SearchResult', 'composite_search',
-           'faithfulness_objective']
+__all__ = [
+    'LAYER_TYPES',
+    'DEFAULT_GRID',
+    'TEXT_GRID',
+    'Candidate',
+    'SearchResult',
+    'composite_search',
+    'faithfulness_objective',
+]
 
 #: Layer types of the search, in table order.
 LAYER_TYPES = ('conv', 'linear', 'attention_in', 'attention_out', 'softmax')
@@ -43,10 +51,24 @@ LAYER_TYPES = ('conv', 'linear', 'attention_in', 'attention_out', 'softmax')
 #: or AttnLRP at the softmax). Its product has 7 * 7 * 3 * 3 * 2 = 882 composites: pass a smaller grid for a
 #: quick search.
 DEFAULT_GRID: dict[str, list[str]] = {
-    'conv': ['Epsilon(1e-06)', 'Gamma(0.1)', 'Gamma(0.25)', 'Gamma(0.5)', 'Gamma(1.0)', 'ZPlus()',
-             'AlphaBeta(2.0, 1.0)'],
-    'linear': ['Epsilon(1e-06)', 'Gamma(0.01)', 'Gamma(0.05)', 'Gamma(0.1)', 'Gamma(0.25)', 'ZPlus()',
-               'AlphaBeta(2.0, 1.0)'],
+    'conv': [
+        'Epsilon(1e-06)',
+        'Gamma(0.1)',
+        'Gamma(0.25)',
+        'Gamma(0.5)',
+        'Gamma(1.0)',
+        'ZPlus()',
+        'AlphaBeta(2.0, 1.0)',
+    ],
+    'linear': [
+        'Epsilon(1e-06)',
+        'Gamma(0.01)',
+        'Gamma(0.05)',
+        'Gamma(0.1)',
+        'Gamma(0.25)',
+        'ZPlus()',
+        'AlphaBeta(2.0, 1.0)',
+    ],
     'attention_in': ['Epsilon(1e-06)', 'Gamma(0.05)', 'Gamma(0.25)'],
     'attention_out': ['Epsilon(1e-06)', 'Gamma(0.05)', 'Gamma(0.25)'],
     'softmax': ['UniformOperand()', 'ConstantOperand()'],
@@ -79,6 +101,7 @@ def _rule(option):
 @dataclass
 class Candidate:
     """One composite of the grid: an option per layer type."""
+
     options: dict[str, object]
 
     def code(self, composite: str = 'AttnLRPGamma') -> str:
@@ -95,18 +118,32 @@ class Candidate:
         return {kind: _code(option) for kind, option in self.options.items()}
 
 
-def faithfulness_objective(steps: int = 16, mode: str = 'flipping', patch_size: int = 1, baseline: float = 0.0,
-                           batch_size: int = 512) -> Callable:
+def faithfulness_objective(
+    steps: int = 16, mode: str = 'flipping', patch_size: int = 1, baseline: float = 0.0, batch_size: int = 512
+) -> Callable:
     """The default objective: mean faithfulness score (:py:func:`~zennit_attn.workflows.evaluation.faithfulness`; pixels or
     ``patch_size`` patches of images, word embeddings of tokens) of the composite's explanations. Returns
     ``objective(model, composite, inputs, targets) -> dict`` with ``score``, ``sem``, ``area_morf``,
     ``area_lerf``."""
+
     def objective(model, composite, inputs, targets):
         explanation = explain(model, inputs, target=targets, composite=composite)
-        summary = faithfulness(model, explanation, steps, mode, patch_size=patch_size, baseline=baseline,
-                               batch_size=batch_size, progress=False)
-        return {'score': summary.score, 'sem': summary.sem, 'area_morf': summary.area_morf,
-                'area_lerf': summary.area_lerf}
+        summary = faithfulness(
+            model,
+            explanation,
+            steps,
+            mode,
+            patch_size=patch_size,
+            baseline=baseline,
+            batch_size=batch_size,
+            progress=False,
+        )
+        return {
+            'score': summary.score,
+            'sem': summary.sem,
+            'area_morf': summary.area_morf,
+            'area_lerf': summary.area_lerf,
+        }
 
     return objective
 
@@ -114,6 +151,7 @@ def faithfulness_objective(steps: int = 16, mode: str = 'flipping', patch_size: 
 @dataclass
 class SearchResult:
     """Ranked results: ``rows`` sorted by ``score`` (best first), each with the options' code per layer type."""
+
     rows: list[dict]
     candidates: list[Candidate]
     layer_types: tuple[str, ...]
@@ -129,10 +167,15 @@ class SearchResult:
 
     def best_code(self) -> str:
         """The Python that builds the best composite."""
-        names = sorted({name for option in self.best.labels().values() for name in NAMESPACE
-                        if re.search(rf'\b{name}\(', option)})
-        return (f'from zennit_attn.engine.composites import {self.base}\nfrom zennit_attn.engine.rules import {", ".join(names)}\n\n'
-                f'composite = {self.best.code(self.base)}' if names else f'composite = {self.best.code(self.base)}')
+        names = sorted(
+            {name for option in self.best.labels().values() for name in NAMESPACE if re.search(rf'\b{name}\(', option)}
+        )
+        return (
+            f'from zennit_attn.engine.composites import {self.base}\nfrom zennit_attn.engine.rules import {", ".join(names)}\n\n'
+            f'composite = {self.best.code(self.base)}'
+            if names
+            else f'composite = {self.best.code(self.base)}'
+        )
 
     def columns(self) -> list[str]:
         return ['rank', *self.layer_types, 'score', 'sem', 'area_morf', 'area_lerf']
@@ -168,9 +211,15 @@ def _format(value) -> str:
     return str(value)
 
 
-def composite_search(model: torch.nn.Module, inputs: torch.Tensor, targets=None,
-                     grid: Mapping[str, Sequence] | None = None, objective: Callable | None = None,
-                     base: type | None = None, progress: bool = True) -> SearchResult:
+def composite_search(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets=None,
+    grid: Mapping[str, Sequence] | None = None,
+    objective: Callable | None = None,
+    base: type | None = None,
+    progress: bool = True,
+) -> SearchResult:
     """Evaluate every composite of ``grid`` and rank them by ``objective`` (larger is better).
 
     Parameters
@@ -206,19 +255,27 @@ def composite_search(model: torch.nn.Module, inputs: torch.Tensor, targets=None,
     objective = faithfulness_objective() if objective is None else objective
     if targets is not None:
         targets = torch.as_tensor(targets).long()
-    candidates = [Candidate(dict(zip(layer_types, options)))
-                  for options in itertools.product(*(grid[kind] for kind in layer_types))]
+    candidates = [
+        Candidate(dict(zip(layer_types, options)))
+        for options in itertools.product(*(grid[kind] for kind in layer_types))
+    ]
     rows = []
     for index, candidate in enumerate(tqdm(candidates, disable=not progress, desc='composite search')):
         value = objective(model, candidate.composite(base), inputs, targets)
         value = dict(value) if isinstance(value, Mapping) else {'score': float(value)}
         score = float(value['score'])
-        rows.append({**candidate.labels(), **value, 'score': score if math.isfinite(score) else -math.inf,
-                     '_index': index})
+        rows.append(
+            {**candidate.labels(), **value, 'score': score if math.isfinite(score) else -math.inf, '_index': index}
+        )
     order = sorted(range(len(rows)), key=lambda i: (-rows[i]['score'], rows[i]['_index']))
     ranked = []
     for rank, i in enumerate(order, 1):
         row = {key: value for key, value in rows[i].items() if key != '_index'}
         ranked.append({'rank': rank, **row})
-    return SearchResult(rows=ranked, candidates=[candidates[i] for i in order], layer_types=layer_types,
-                        base=base.__name__, meta={'samples': int(inputs.shape[0]), 'composites': len(candidates)})
+    return SearchResult(
+        rows=ranked,
+        candidates=[candidates[i] for i in order],
+        layer_types=layer_types,
+        base=base.__name__,
+        meta={'samples': int(inputs.shape[0]), 'composites': len(candidates)},
+    )
