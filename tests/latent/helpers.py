@@ -9,6 +9,7 @@ TIGHT = dict(rtol=1e-9, atol=1e-12)
 
 
 def llama(**kwargs):
+    """The bias-free tiny Llama of :py:func:`tests.models.tiny_model` (``kwargs``: its further arguments)."""
     return tiny_model('llama', zero_bias=True, **kwargs)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.latent.helpers import llama, watch
-from tests.models import HEADS, HIDDEN, KV_HEADS, tiny_model, token_ids
+from tests.models import HEADS, HIDDEN, KV_HEADS, tiny_llava, tiny_model, token_ids
 from zennit_attn import explain
 from zennit_attn.latent import Neuron, find_sites, steer
 
@@ -68,3 +68,28 @@ def test_key_and_value_indices_are_checked_against_the_projection_outputs():
         exp = explain(model, ids, target=Neuron(site, 0, features - 1), method='input_x_gradient')
         assert exp.target.tolist() == [features - 1]
     assert not any(module._forward_hooks for module in model.modules())
+
+
+def test_fused_sites_hold_their_features_only():
+    """GPT-2's fused ``c_attn``: the key site is its middle third (the features the structure found), and an output
+    of another width than the discovery pass saw is refused rather than masked wrongly."""
+    model = tiny_model('gpt2')
+    point = find_sites(model, 'key')['key'][0]
+    assert point.module is model.transformer.h[0].attn.c_attn
+    mask = point.feature_mask(3 * HIDDEN, 'cpu')
+    assert mask.tolist() == [False] * HIDDEN + [True] * HIDDEN + [False] * HIDDEN
+    assert point.width() is None  # fused: measured at the forward pass
+    with pytest.raises(ValueError, match='Conv1D returned 64 features where the discovery pass of the model saw 96'):
+        point.feature_mask(64, 'cpu')
+
+
+def test_a_vision_language_model_has_the_sites_of_its_language_model():
+    """LLaVA holds two stacks of blocks (its CLIP vision tower's, its Llama's); its text runs the language model's,
+    whose blocks are the sites'."""
+    model = tiny_llava()
+    points = find_sites(model, ('residual', 'mlp'))
+    blocks = list(model.model.language_model.layers)
+    assert [point.module for point in points['residual'][1:]] == blocks
+    assert [point.module for point in points['mlp']] == [block.mlp.down_proj for block in blocks]
+    with pytest.raises(ValueError, match='is an encoder-decoder model'):
+        find_sites(tiny_model('t5'), 'residual')

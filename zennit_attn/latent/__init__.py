@@ -1,5 +1,5 @@
 """Inside the model (paper section 3.5 and Q3): latent relevance, neuron explanations, reference samples, vocabulary
-projection and steering, for every supported family.
+projection and steering, for every model whose sites its structure shows (:py:mod:`~zennit_attn.latent.sites`).
 
 - ``explain(model, ids, latent=('mlp', 'attention', 'residual'))`` records latent relevance in the same backward
   pass (:py:class:`Latent`, sites in :py:mod:`~zennit_attn.latent.sites`); :py:func:`top_neurons` ranks it;

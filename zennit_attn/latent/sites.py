@@ -1,22 +1,25 @@
-"""Where latent relevance is read: the sites of a transformer, found from the family table, and :py:class:`Neuron`.
+"""Where latent relevance is read: the sites of a transformer, found from what the model computes
+(:py:func:`~zennit_attn.engine.structure.model_structure`), and :py:class:`Neuron`.
 
 A *site* is a tensor inside every transformer block (paper section 3.5, "Understanding latent features"):
 
 - ``'mlp'``: the input of the block's FFN down (output) projection, the "knowledge neurons" at the last
-  non-linearity (``act(gate) * up`` in gated MLPs, ``act(fc1)`` otherwise); the projection is the family table's
-  :py:attr:`~zennit_attn.engine.canonizers.Family.mlp_output`. Units: the FFN neurons.
-- ``'attention'``: the input of the attention output projection (``A V`` of all heads, the table's
-  :py:attr:`~zennit_attn.engine.canonizers.Family.attention_output`), split per head. Units: the heads; a head's value is
-  the sum over its head dimension.
+  non-linearity (``act(gate) * up`` in gated MLPs, ``act(fc1)`` otherwise): the linear layer whose input is the
+  output of an element-wise non-linearity or of a gated product, computed token by token from linear layers of the
+  block. Units: the FFN neurons.
+- ``'attention'``: the input of the attention output projection (``A V`` of all heads: the linear layer whose input
+  is the attention output, rearranged), split per head. Units: the heads; a head's value is the sum over its head
+  dimension.
 - ``'residual'``: the residual stream between blocks; layer 0 is the input of the first block, layer ``l + 1`` the
   output of block ``l``. Units: the hidden dimensions (recorded summed over them).
-- ``'query'``, ``'key'``, ``'value'``: the outputs of the attention's q/k/v projections (the table's operand taps,
-  fused projections split by their sections). Units: their features.
+- ``'query'``, ``'key'``, ``'value'``: the outputs of the linear layers the attention's queries, keys and values are
+  computed from (fused projections: the features that hold them). Units: their features.
 
-Routed mixtures of experts (Mixtral, Qwen-MoE, OLMoE) have no ``'mlp'`` site: a token's FFN is a routing-weighted
-sum of a few of many experts, so "neuron ``i`` of layer ``l``" has no fixed meaning across tokens; their attention,
-residual and q/k/v sites are recorded as for every other family. Encoder-decoder models (T5) are refused: their
-encoder and decoder blocks see sequences of different lengths.
+Routed mixtures of experts (Mixtral, Qwen-MoE, OLMoE: blocks that pick experts by a top-k of computed scores) have no
+``'mlp'`` site: a token's FFN is a routing-weighted sum of a few of many experts, so "neuron ``i`` of layer ``l``" has
+no fixed meaning across tokens; their attention, residual and q/k/v sites are recorded as for every other model.
+Encoder-decoder models (T5) are refused: their encoder and decoder blocks see sequences of different lengths. In a
+vision-language model the sites are those of its language model (the blocks its text input runs).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.canonizers import block_stacks, family_of
+from ..engine.canonizers.blocks import block_stacks
+from ..engine.structure import AttentionOp, ModelStructure, StructureError, model_structure
 
 __all__ = ['SITES', 'Neuron', 'SitePoint', 'find_sites']
 
@@ -64,18 +68,18 @@ class Neuron:
 class SitePoint:
     """One site in one block: the module whose input (``kind='input'``) or output (``kind='output'``, element
     ``index`` of a tuple) is the site tensor ``[batch, seq, features]``, with ``features`` (a boolean mask over the
-    last dimension, for fused projections) and ``heads`` (the attention site: features split into that many
-    heads)."""
+    last dimension, for fused projections; None: every feature), ``heads`` (the attention site: features split
+    into that many heads) and ``block`` (the block that holds it, whose input tells ``batch`` and ``seq`` where
+    the module sees ``[batch * seq, features]``)."""
 
     site: str
     layer: int
     module: torch.nn.Module
     kind: str
     index: int | None = None
-    role: str | None = None
-    tap: object = None
     heads: int | None = None
-    masks: dict = field(default_factory=dict, repr=False)
+    features: torch.Tensor | None = field(default=None, repr=False)
+    block: torch.nn.Module | None = field(default=None, repr=False)
 
     # --------------------------------------------------------------------------------------------- tensor access
     def select(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -84,12 +88,21 @@ class SitePoint:
         return tensor if mask is None else tensor[..., mask]
 
     def feature_mask(self, size: int, device) -> torch.Tensor | None:
-        """``[size]`` boolean mask of the hooked tensor's last dimension that belongs to the site, or None (all)."""
-        if self.tap is None:
+        """``[size]`` boolean mask of the hooked tensor's last dimension that belongs to the site, or None (all).
+
+        Raises
+        ------
+        ValueError
+            If the module returned another number of features than the structure's discovery pass saw.
+        """
+        if self.features is None:
             return None
-        if size not in self.masks:
-            self.masks[size] = self.tap.mask(self.role, size)
-        return self.masks[size].to(device)
+        if size != self.features.numel():
+            raise ValueError(
+                f'{self.site} of layer {self.layer}: {type(self.module).__name__} returned {size} features where the '
+                f'discovery pass of the model saw {self.features.numel()}'
+            )
+        return self.features.to(device)
 
     def units(self, features: int) -> int:
         """Number of units (neurons, heads, hidden dimensions) of a site tensor with ``features`` features."""
@@ -120,7 +133,7 @@ class SitePoint:
         features of the module for an input site (``'mlp'``, ``'attention'``), its output features for an output
         site (``'query'``, ``'key'``, ``'value'``: under grouped-query attention the key and value projections have
         fewer outputs than inputs)."""
-        if self.site == 'residual' or self.tap is not None:
+        if self.site == 'residual' or self.features is not None:
             return None
         weight = getattr(self.module, 'weight', None)
         if isinstance(self.module, torch.nn.Linear):
@@ -130,30 +143,49 @@ class SitePoint:
         return None
 
     # --------------------------------------------------------------------------------------------- hooks
-    def hook(self, function, prepend: bool = False) -> torch.utils.hooks.RemovableHandle:
+    def hook(self, function, prepend: bool = False) -> HookHandles:
         """Call ``function(tensor)`` with the hooked tensor ``[batch, seq, ...]`` (whose :py:meth:`select` is the
         site tensor); a tensor it returns replaces it in the forward pass. Hooks run in the order they were
         registered (steering entered first edits first; recording registered before a composite's context sees the
-        tensor before the composite's hooks), or first of all with ``prepend``. Hooks only the instance; remove the
-        returned handle."""
+        tensor before the composite's hooks), or first of all with ``prepend``. Where the module sees the tokens of
+        all rows in one dimension (``[batch * seq, features]``, OPT's FFN), ``function`` receives them as ``[batch,
+        seq, features]`` (the shape of the block's input). Hooks only the instance; remove the returned handles."""
+        handles = []
+        if self.block is not None:
+            tokens: dict = {}
+            handles.append(self.block.register_forward_pre_hook(_tokens_of(tokens), with_kwargs=True))
+            function = _unflattening(function, tokens)
         if self.kind == 'input':
+            handles.append(
+                self.module.register_forward_pre_hook(self._pre(function), prepend=prepend, with_kwargs=True)
+            )
+        else:
+            handles.append(self.module.register_forward_hook(self._post(function), prepend=prepend))
+        return HookHandles(handles)
 
-            def pre(module, args, kwargs):
-                if args:
-                    tensor, where = args[0], None
-                else:
-                    where = next((key for key, value in kwargs.items() if isinstance(value, torch.Tensor)), None)
-                    if where is None:
-                        return None
-                    tensor = kwargs[where]
-                result = function(tensor)
-                if result is None:
-                    return None
+    @staticmethod
+    def _pre(function):
+        """The forward pre-hook that hands the module's first tensor input to ``function``."""
+
+        def pre(module, args, kwargs):
+            if args:
+                tensor, where = args[0], None
+            else:
+                where = next((key for key, value in kwargs.items() if isinstance(value, torch.Tensor)), None)
                 if where is None:
-                    return (result,) + tuple(args[1:]), kwargs
-                return args, {**kwargs, where: result}
+                    return None
+                tensor = kwargs[where]
+            result = function(tensor)
+            if result is None:
+                return None
+            if where is None:
+                return (result,) + tuple(args[1:]), kwargs
+            return args, {**kwargs, where: result}
 
-            return self.module.register_forward_pre_hook(pre, prepend=prepend, with_kwargs=True)
+        return pre
+
+    def _post(self, function):
+        """The forward hook that hands the module's output (element :py:attr:`index` of a tuple) to ``function``."""
 
         def post(module, args, output):
             tensor = output if self.index is None or isinstance(output, torch.Tensor) else output[self.index]
@@ -164,7 +196,7 @@ class SitePoint:
                 return result
             return type(output)(result if position == self.index else item for position, item in enumerate(output))
 
-        return self.module.register_forward_hook(post, prepend=prepend)
+        return post
 
     def hooked_features(self, index: int, size: int, device) -> torch.Tensor:
         """Indices into the hooked tensor's last dimension (of ``size``) of the features of unit ``index``."""
@@ -174,8 +206,50 @@ class SitePoint:
         return positions[self.unit_features(index, features)]
 
 
+class HookHandles:
+    """The handles of the hooks of :py:meth:`SitePoint.hook`, removed together."""
+
+    def __init__(self, handles: list):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def _tokens_of(tokens: dict):
+    """A forward pre-hook of a block that keeps ``(batch, seq)`` of its first tensor input in ``tokens``."""
+
+    def keep(module, args, kwargs):
+        tensor = next((value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)), None)
+        tokens['shape'] = tuple(tensor.shape[:2]) if tensor is not None and tensor.dim() >= 3 else None
+
+    return keep
+
+
+def _unflattening(function, tokens: dict):
+    """``function`` of ``[batch, seq, features]`` tensors, also called with ``[batch * seq, features]`` ones (with the
+    ``(batch, seq)`` a block's pre-hook keeps in ``tokens``): the tensor is viewed as ``[batch, seq, features]`` and
+    flattened again after, also where ``function`` returns nothing, so that a gradient hook it registers on the view
+    is on the forward pass's path."""
+
+    def call(tensor):
+        shape = tokens.get('shape')
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or shape is None:
+            return function(tensor)
+        if tensor.shape[0] != shape[0] * shape[1]:
+            return function(tensor)
+        view = tensor.unflatten(0, shape)
+        result = function(view)
+        return (view if result is None else result).flatten(0, 1)
+
+    return call
+
+
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.engine.canonizers.block_stacks`)."""
+    """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.engine.canonizers.blocks.
+    block_stacks`); of several, the one the model's text input runs (a vision-language model's language model)."""
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         raise ValueError(
             f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
@@ -183,6 +257,8 @@ def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
             'sequences)'
         )
     stacks = block_stacks(model)
+    if len(stacks) > 1:
+        stacks = model_structure(model).stacks
     if len(stacks) != 1:
         raise ValueError(
             f'{type(model).__name__} has {len(stacks)} stacks of transformer blocks '
@@ -191,43 +267,77 @@ def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
     return stacks[0][1]
 
 
-def _attention_outputs(block: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
-    found = []
-    for module in block.modules():
-        family = family_of(module)
-        child = None if family is None else family.attention_output.get(type(module).__name__)
-        if child is not None and isinstance(getattr(module, child, None), torch.nn.Module):
-            found.append((module, getattr(module, child)))
-    return found
-
-
-def _heads(model: torch.nn.Module, owner: torch.nn.Module) -> int:
-    config = getattr(model, 'config', None)
-    config = config.get_text_config() if hasattr(config, 'get_text_config') else config
-    for source in (owner, getattr(owner, 'config', None), config):
-        for name in ('num_heads', 'num_attention_heads', 'n_head', 'n_heads'):
-            value = getattr(source, name, None)
-            if isinstance(value, int) and value > 0:
-                return value
-    raise ValueError(f'cannot tell the number of attention heads of {type(owner).__name__}')
-
-
 def _one(points: list, what: str, layer: int, model) -> object:
     if len(points) != 1:
         raise ValueError(
-            f'block {layer} of {type(model).__name__} has {len(points)} {what} modules; latent sites need '
-            'exactly one per block'
+            f'block {layer} of {type(model).__name__} has {len(points)} {what}s; latent sites need exactly one per '
+            'block'
         )
     return points[0]
 
 
+def _attention(structure: ModelStructure, block: torch.nn.Module, layer: int, model) -> AttentionOp:
+    """The one attention operation of ``block``."""
+    return _one(structure.attention_in(block), 'attention operation', layer, model)
+
+
+def _attention_point(structure: ModelStructure, block: torch.nn.Module, layer: int, model) -> SitePoint:
+    """The input of the attention output projection of ``block``, split into its heads."""
+    op = _attention(structure, block, layer, model)
+    if op.output is None or op.heads is None:
+        reason = op.problems.get('output', 'the head dimension does not divide its input features')
+        raise ValueError(f'the attention of block {layer} of {type(model).__name__} has no output projection: {reason}')
+    return SitePoint('attention', layer, op.output, 'input', heads=op.heads, block=block)
+
+
+def _mlp_point(structure: ModelStructure, block: torch.nn.Module, layer: int, model) -> SitePoint:
+    """The input of the FFN down projection of ``block``."""
+    try:
+        module = structure.down_projection(block, layer)
+    except StructureError as error:
+        family = getattr(getattr(model, 'config', None), 'model_type', None) or type(model).__name__
+        raise StructureError(
+            f'the {family} family has no "mlp" site: {error}; record "attention", "residual", "query", "key" or "value"'
+        ) from None
+    return SitePoint('mlp', layer, module, 'input', block=block)
+
+
+def _operand_point(structure: ModelStructure, site: str, block: torch.nn.Module, layer: int, model) -> SitePoint:
+    """The output of the linear layer ``block``'s queries, keys or values (``site``) are computed from."""
+    op = _attention(structure, block, layer, model)
+    sources = getattr(op, site)
+    if len(sources) != 1:
+        reason = op.problems.get(site, f'{len(sources)} linear layers')
+        raise ValueError(
+            f'the {site}s of block {layer} of {type(model).__name__} do not come from one linear layer: {reason}'
+        )
+    return SitePoint(site, layer, sources[0].module, 'output', features=sources[0].mask, block=block)
+
+
+def _points(site: str, blocks: list[torch.nn.Module], model) -> list[SitePoint]:
+    """The points of ``site`` in every block."""
+    if site == 'residual':
+        first = SitePoint('residual', 0, blocks[0], 'input')
+        return [first] + [
+            SitePoint('residual', layer + 1, block, 'output', index=0) for layer, block in enumerate(blocks)
+        ]
+    structure = model_structure(model)
+    if site == 'attention':
+        return [_attention_point(structure, block, layer, model) for layer, block in enumerate(blocks)]
+    if site == 'mlp':
+        return [_mlp_point(structure, block, layer, model) for layer, block in enumerate(blocks)]
+    return [_operand_point(structure, site, block, layer, model) for layer, block in enumerate(blocks)]
+
+
 def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]]:
-    """The :py:class:`SitePoint` of every layer of each of ``sites`` in ``model``, from the family table.
+    """The :py:class:`SitePoint` of every layer of each of ``sites`` in ``model``, from what the model computes
+    (:py:func:`~zennit_attn.engine.structure.model_structure`: one discovery pass per model instance, cached).
 
     Parameters
     ----------
     model: torch.nn.Module
-        A decoder-only or encoder-only transformer of a supported family (or a vision transformer).
+        A decoder-only or encoder-only transformer, a vision transformer, or a vision-language model (its language
+        model).
     sites: sequence of str
         Keys of :py:data:`SITES`.
 
@@ -239,8 +349,9 @@ def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]
     Raises
     ------
     ValueError
-        For an unknown site, a model without it (e.g. ``'mlp'`` in a routed mixture of experts), or an
-        encoder-decoder model.
+        For an unknown site, a model without it (e.g. ``'mlp'`` in a routed mixture of experts; a
+        :py:class:`~zennit_attn.engine.structure.StructureError` where what the model computes does not show it), or
+        an encoder-decoder model.
     """
     if isinstance(sites, str):
         sites = (sites,)
@@ -249,56 +360,4 @@ def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]
     if unknown:
         raise ValueError(f'unknown latent site(s) {unknown}; known sites: {", ".join(SITES)}')
     blocks = _block_stack(model)
-    found: dict[str, list[SitePoint]] = {}
-    for site in dict.fromkeys(sites):
-        points = []
-        if site == 'residual':
-            points.append(SitePoint('residual', 0, blocks[0], 'input'))
-            points += [SitePoint('residual', layer + 1, block, 'output', index=0) for layer, block in enumerate(blocks)]
-        for layer, block in enumerate(blocks):
-            if site == 'attention':
-                owner, child = _one(_attention_outputs(block), 'attention output', layer, model)
-                points.append(SitePoint('attention', layer, child, 'input', heads=_heads(model, owner)))
-            elif site == 'mlp':
-                candidates = []
-                for module in block.modules():
-                    family = family_of(module)
-                    name = None if family is None else family.mlp_output.get(type(module).__name__)
-                    if name is not None and isinstance(getattr(module, name, None), torch.nn.Module):
-                        candidates.append(getattr(module, name))
-                if not candidates:
-                    family = next((family_of(module) for module in block.modules() if family_of(module)), None)
-                    name = family.name if family is not None else type(block).__name__
-                    raise ValueError(
-                        f'the {name} family has no "mlp" site: '
-                        + (
-                            'its FFN is a routed mixture of experts, whose neurons have no fixed per-token meaning; '
-                            'record "attention", "residual", "query", "key" or "value"'
-                            if family is not None and family.inline_operands
-                            else 'the family table lists no FFN down projection (Family.mlp_output) for it'
-                        )
-                    )
-                points.append(SitePoint('mlp', layer, _one(candidates, 'FFN down projection', layer, model), 'input'))
-            elif site in ('query', 'key', 'value'):
-                candidates = []
-                for module in block.modules():
-                    family = family_of(module)
-                    if family is None:
-                        continue
-                    for child, tap in family.taps(module).items():
-                        if site in tap.roles and isinstance(getattr(module, child, None), torch.nn.Module):
-                            fused = len(tap.roles) > 1
-                            candidates.append(
-                                SitePoint(
-                                    site,
-                                    layer,
-                                    getattr(module, child),
-                                    'output',
-                                    index=tap.index,
-                                    role=site if fused else None,
-                                    tap=tap if fused else None,
-                                )
-                            )
-                points.append(_one(candidates, f'{site} projection', layer, model))
-        found[site] = points
-    return found
+    return {site: _points(site, blocks, model) for site in dict.fromkeys(sites)}

@@ -6,8 +6,9 @@ product itself, and the key scaling of AtMan, for language models and vision tra
   computes them only on its non-fused path, which is switched on for the call, and they are read at ``attn_drop``.
 - :py:func:`rollout` multiplies ``(I + A_l)`` over the layers (appendix A.1), :py:func:`discard` drops the largest
   entries of a map.
-- :py:func:`key_sites` finds the modules whose output holds the attention keys, from the family table, and
-  :py:func:`suppress_keys` scales the key of chosen tokens in every layer.
+- :py:func:`key_sites` finds the modules whose output holds the attention keys, from what the model computes
+  (:py:func:`~zennit_attn.engine.structure.model_structure`), and :py:func:`suppress_keys` scales the key of chosen
+  tokens in every layer.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..engine.canonizers import family_of, operand_taps
-from ..engine.kinds import model_configs, norm_kind
+from ..engine.kinds import model_configs
 from ..engine.modules import output_scores
+from ..engine.structure import model_structure
 from ..inputs.task import Task
 
 __all__ = ['eager_attention', 'attention_maps', 'rollout', 'discard', 'key_sites', 'suppress_keys']
@@ -153,41 +154,23 @@ def rollout(maps: list[torch.Tensor] | tuple[torch.Tensor, ...], normalize: bool
     return result
 
 
-def _input_attention(model: torch.nn.Module) -> set[int] | None:
-    """For encoder-decoder models, the ids of the modules whose attention keys are the input (encoder) tokens: the
-    encoder and the cross-attention classes of the family table; None for other models (every attention)."""
-    if not getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
-        return None
-    modules = set(map(id, model.get_encoder().modules()))
-    for module in model.modules():
-        family = family_of(module)
-        if family is not None and type(module).__name__ in family.cross_attention:
-            modules.update(map(id, module.modules()))
-    return modules
-
-
 def key_sites(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable[[int], torch.Tensor]]]:
-    """Modules whose output holds the attention keys over the input tokens, from the family table (role ``'key'``):
-    ``(module, mask)`` where ``mask(size)`` marks the key entries of an output's last dimension of ``size`` (fused
-    projections such as GPT-2's ``c_attn`` or GPT-NeoX's per-head ``query_key_value``). Where an attention module
-    normalises its keys after the projection (``k_norm`` of Qwen3, Gemma 3, OLMo 2: an RMSNorm that would undo a
-    scaling of the projection), the normalisation is the site."""
-    allowed = _input_attention(model)
-    sites = []
-    for module, child, tap in operand_taps(model):
-        if 'key' not in tap.roles or (allowed is not None and id(module) not in allowed):
-            continue
-        site = getattr(module, child)
-        k_norm = getattr(module, 'k_norm', None)
-        if isinstance(k_norm, torch.nn.Module) and norm_kind(k_norm) is not None and tap.roles == ('key',):
-            site = k_norm
-        sites.append((site, lambda size, tap=tap: tap.mask('key', size)))
-    if not sites:
-        raise TypeError(
-            f'{type(model).__name__} has no key projection in the family table '
-            '(zennit_attn.engine.canonizers.families.FAMILIES): AtMan cannot suppress tokens in it'
-        )
-    return sites
+    """Modules whose output holds the attention keys over the input tokens, in every attention operation (in
+    encoder-decoder models those of the encoder and of the cross-attention), found from what the model computes
+    (:py:meth:`~zennit_attn.engine.structure.ModelStructure.key_sites`): ``(module, mask)`` where ``mask(size)`` marks
+    the key entries of an output's last dimension of ``size`` (fused projections such as GPT-2's ``c_attn`` or
+    GPT-NeoX's per-head ``query_key_value``). Where an attention module normalises its keys after the projection
+    (``k_norm`` of Qwen3, Gemma 3, OLMo 2: a normalisation that would undo a scaling of the projection), the
+    normalisation is the site: the keys are a linear function of each site's output (checked), so that scaling the
+    site's key features of a token scales that token's key exactly.
+
+    Raises
+    ------
+    zennit_attn.engine.structure.StructureError
+        If the model computes no attention operation, or one whose keys no module's output scales exactly (keys
+        normalised inline, or computed from several kinds of tensors): AtMan cannot suppress tokens in it.
+    """
+    return [(site.module, site.select) for site in model_structure(model).key_sites()]
 
 
 @contextlib.contextmanager

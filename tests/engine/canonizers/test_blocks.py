@@ -3,7 +3,8 @@
 The expected stacks below are what the three finders it replaced gave on these models (checked against copies of
 them when they were replaced): ``checkpointing.transformer_blocks`` (the flat list), ``latent.sites.
 transformer_blocks`` (the one stack of decoder- and encoder-only models) and ``diagnostics.layer_stacks`` (the
-named stacks, decoder first in encoder-decoder models; it found no stack in timm's ``Sequential``).
+named stacks, decoder first in encoder-decoder models; it found no stack in timm's ``Sequential``). The attention
+projections found from the module tree are those the former family table named (:py:mod:`tests.engine.family_table`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import torch
 import transformers
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from tests.models import FAMILIES as MODEL_FAMILIES
+from tests.engine.family_table import HEADS, TABLE, expand
 from tests.models import (
     FAMILY_HEADS,
     LAYERS,
+    TABLE_FAMILY,
     tiny_clip,
     tiny_hf_vit,
     tiny_llava,
@@ -24,12 +26,12 @@ from tests.models import (
     tiny_qwen2_vl,
     tiny_timm_vit,
 )
-from zennit_attn.engine.canonizers import ATTENTION_OUTPUTS, FAMILIES, operand_taps, supported_families
 from zennit_attn.engine.canonizers.blocks import (
     NoBlocksError,
     attention_linears,
     block_stacks,
     is_block,
+    is_repeated_block,
     transformer_blocks,
     vision_towers,
 )
@@ -75,10 +77,10 @@ def test_stacks_of_vision_transformers(family):
     check(build(), paths)
 
 
-def test_every_supported_family_is_covered():
+def test_every_family_of_the_former_table_is_covered():
     assert set(FAMILY_HEADS) <= set(EXPECTED)
-    tested = {family for family, _ in EXPECTED} | set(VISION)
-    assert set(supported_families()) <= tested
+    tested = {TABLE_FAMILY.get(family, family) for family, _ in EXPECTED} | set(VISION)
+    assert {TABLE_FAMILY.get(family, family) for family in TABLE} <= tested
 
 
 def test_a_transformers_family_outside_the_table():
@@ -87,23 +89,49 @@ def test_a_transformers_family_outside_the_table():
     model = transformers.BloomForCausalLM(
         transformers.BloomConfig(vocab_size=100, hidden_size=32, n_layer=3, n_head=4, bos_token_id=1, eos_token_id=2)
     )
-    assert 'bloom' not in supported_families()
+    assert 'bloom' not in TABLE
     assert block_stacks(model) == [('transformer.h', list(model.transformer.h))]
 
 
-def test_table_blocks_only_from_their_package():
-    """timm's ``Block`` is a block (Family.blocks); a class of the same name defined elsewhere is not."""
-    assert any(family.blocks == ('Block',) and family.package == 'timm' for family in FAMILIES)
+class SelfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(2, 2)
 
-    model = torch.nn.Sequential(Block(), Block())
-    assert not is_block(model[0])
+class Block(torch.nn.Module):
+    def __init__(self, attention: bool):
+        super().__init__()
+        self.inner = SelfAttention() if attention else torch.nn.Linear(2, 2)
+
+
+def test_repeated_blocks_hold_attention():
+    """Where no module is a GradientCheckpointingLayer (timm), a block is an element of a ModuleList or Sequential of
+    one class that holds an attention module: timm's ``Block``; not a repeated module without attention, not the
+    attention modules themselves, not the elements of a container of mixed classes."""
+    vit = tiny_timm_vit()
+    assert all(is_repeated_block(block, vit.blocks) and not is_block(block) for block in vit.blocks)
+    assert is_block(vit.blocks[0], vit.blocks)
+    plain = torch.nn.Sequential(Block(False), Block(False))
+    assert not is_block(plain[0], plain)
     with pytest.raises(NoBlocksError, match='^Sequential has no transformer blocks'):
-        block_stacks(model)
+        block_stacks(plain)
+    attention = torch.nn.Sequential(SelfAttention(), SelfAttention())
+    with pytest.raises(NoBlocksError, match='^Sequential has no transformer blocks'):
+        block_stacks(attention)
+    mixed = torch.nn.Sequential(Block(True), torch.nn.Linear(2, 2))
+    with pytest.raises(NoBlocksError):
+        block_stacks(mixed)
+    model = torch.nn.Sequential(Block(True), Block(True))
+    assert block_stacks(model) == [('', list(model))]
+
+
+def test_marked_blocks_come_first():
+    """A model with a GradientCheckpointingLayer has no repeated blocks besides (a model's own choice of blocks)."""
+    model = torch.nn.Module()
+    model.marked = torch.nn.ModuleList([GradientCheckpointingLayer(), GradientCheckpointingLayer()])
+    model.repeated = torch.nn.ModuleList([Block(True), Block(True)])
+    assert block_stacks(model) == [('marked', list(model.marked))]
 
 
 def test_blocks_inside_blocks_are_not_listed_and_a_block_may_be_the_model():
@@ -121,19 +149,16 @@ def test_blocks_inside_blocks_are_not_listed_and_a_block_may_be_the_model():
 
 
 def test_no_blocks_names_the_model_class():
-    with pytest.raises(NoBlocksError, match='^Linear has no transformer blocks: .*Family.blocks'):
+    with pytest.raises(NoBlocksError, match='^Linear has no transformer blocks: .*GradientCheckpointingLayer'):
         block_stacks(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError):  # NoBlocksError is a TypeError
         transformer_blocks(torch.nn.Sequential(torch.nn.ReLU()))
 
 
-HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5': 'seq2seq', 't5_relu': 'seq2seq'}
-
-
-@pytest.mark.parametrize('family', list(MODEL_FAMILIES) + ['timm-vit', 'vit'])
+@pytest.mark.parametrize('family', sorted(TABLE))
 def test_attention_linears_agree_with_the_table(family):
-    """The structural finder (for models outside the table) finds exactly the projections the table's taps and
-    ``attention_output`` entries name, input and output apart, on every family of the table."""
+    """The structural finder finds exactly the projections the former table's taps and ``attention_output`` entries
+    named, input and output apart, on every family of the table."""
     model = (
         tiny_timm_vit()
         if family == 'timm-vit'
@@ -141,17 +166,9 @@ def test_attention_linears_agree_with_the_table(family):
         if family == 'vit'
         else tiny_model(family, HEADS.get(family))
     )
-    names = {id(module): name for name, module in model.named_modules()}
-    table_in = sorted(
-        names[id(getattr(module, child))]
-        for module, child, tap in operand_taps(model)
-        if set(tap.roles) <= {'query', 'key', 'value'}
-    )
-    table_out = sorted(
-        names[id(getattr(module, child))]
-        for module in model.modules()
-        if (child := ATTENTION_OUTPUTS.get(type(module).__name__)) is not None
-    )
+    entry = TABLE[family]
+    table_in = sorted({path for role in ('query', 'key', 'value') for path in expand(entry[role])})
+    table_out = sorted(expand(entry['attention']))
     found_in, found_out = attention_linears(model)
     assert table_in and table_out
     assert (sorted(found_in), sorted(found_out)) == (table_in, table_out)

@@ -1,12 +1,13 @@
 """The one finder of a model's transformer blocks, for checkpointing, the latent sites and the conservation report;
-the finders of the parts of a block or model that the ViT composites treat apart (attention projections, vision
-towers) for models the family table does not list.
+the finders of the parts of a model that the ViT composites treat apart (attention projections, vision towers), all
+from the module tree (what a model computes is read in :py:mod:`zennit_attn.engine.structure`).
 
 A *block* is a module that transformers marks as one (a ``GradientCheckpointingLayer``: the decoder/encoder layers
-of every transformers model that supports gradient checkpointing, also of families outside the table) or whose
-class a family of the table lists in :py:attr:`~zennit_attn.engine.canonizers.families.Family.blocks` (timm's ``Block``).
-Blocks inside a block are not blocks. A *stack* is the blocks that one parent module holds (a ``ModuleList`` or
-``Sequential``), named by the parent's path: one stack in decoder-only, encoder-only and vision models, the
+of every transformers model that supports gradient checkpointing). In a model that marks none (timm's vision
+transformers, older transformers models, models of your own), a block is an element of a ``ModuleList`` or
+``Sequential`` whose elements are all of one class, that holds an attention module (a module whose class name says
+``Attention`` or ``Attn``; timm's ``Block``). Blocks inside a block are not blocks. A *stack* is the blocks that one
+parent module holds, named by the parent's path: one stack in decoder-only, encoder-only and vision models, the
 encoder's and the decoder's in encoder-decoder models.
 """
 
@@ -18,9 +19,17 @@ import torch
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..kinds import LINEARS
-from .families import FAMILIES
 
-__all__ = ['NoBlocksError', 'is_block', 'block_stacks', 'transformer_blocks', 'attention_linears', 'vision_towers']
+__all__ = [
+    'NoBlocksError',
+    'is_block',
+    'is_marked_block',
+    'is_repeated_block',
+    'block_stacks',
+    'transformer_blocks',
+    'attention_linears',
+    'vision_towers',
+]
 
 #: Class names of attention modules, and of the modules inside them that are not attention (an MLP of a pooling head).
 _ATTENTION = re.compile(r'Attention|Attn')
@@ -62,10 +71,30 @@ class NoBlocksError(TypeError):
     """A model has no transformer block that :py:func:`block_stacks` recognises."""
 
 
-def is_block(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a transformer block: a transformers ``GradientCheckpointingLayer`` or an instance of a
-    class that a family of the table lists in ``blocks``."""
-    return isinstance(module, GradientCheckpointingLayer) or any(family.is_block(module) for family in FAMILIES)
+def is_block(module: torch.nn.Module, container: torch.nn.Module | None = None) -> bool:
+    """Whether ``module`` is a transformer block: a transformers ``GradientCheckpointingLayer``, or, with the
+    ``container`` that holds it, a repeated module that holds attention (:py:func:`is_repeated_block`)."""
+    return is_marked_block(module) or (container is not None and is_repeated_block(module, container))
+
+
+def is_marked_block(module: torch.nn.Module) -> bool:
+    """Whether transformers marks ``module`` as a block (a ``GradientCheckpointingLayer``)."""
+    return isinstance(module, GradientCheckpointingLayer)
+
+
+def is_repeated_block(module: torch.nn.Module, container: torch.nn.Module) -> bool:
+    """Whether ``module`` is an element of ``container`` (a ``ModuleList`` or ``Sequential``) whose elements are all of
+    ``module``'s class, and holds an attention module below it (timm's ``Block`` in ``VisionTransformer.blocks``)."""
+    if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+        return False
+    if any(type(element) is not type(module) for element in container.children()):
+        return False
+    return any(_is_attention(type(inner).__name__) for inner in module.modules() if inner is not module)
+
+
+def _is_attention(kind: str) -> bool:
+    """Whether a class name says attention and not a part of another kind (an MLP of a pooling head)."""
+    return bool(_ATTENTION.search(kind)) and not _NOT_ATTENTION.search(kind)
 
 
 def block_stacks(model: torch.nn.Module) -> list[tuple[str, list[torch.nn.Module]]]:
@@ -88,23 +117,30 @@ def block_stacks(model: torch.nn.Module) -> list[tuple[str, list[torch.nn.Module
     NoBlocksError
         If ``model`` holds no block (``model`` itself being a block counts: one stack of one block, path ``''``).
     """
-    stacks: dict[str, list[torch.nn.Module]] = {}
-
-    def visit(path: str, module: torch.nn.Module) -> None:
-        if is_block(module):
-            stacks.setdefault(path.rpartition('.')[0], []).append(module)
-            return
-        for name, child in module.named_children():
-            visit(f'{path}.{name}' if path else name, child)
-
-    visit('', model)
+    stacks = _stacks(model, marked=True) or _stacks(model, marked=False)
     if not stacks:
         raise NoBlocksError(
             f'{type(model).__name__} has no transformer blocks: none of its modules is a transformers '
-            'GradientCheckpointingLayer or of a block class of the family table (Family.blocks in '
-            'zennit_attn.engine.canonizers.families)'
+            'GradientCheckpointingLayer, and no ModuleList or Sequential holds modules of one class that hold an '
+            'attention module'
         )
     return list(stacks.items())
+
+
+def _stacks(model: torch.nn.Module, marked: bool) -> dict[str, list[torch.nn.Module]]:
+    """The stacks of the blocks transformers marks (``marked``) or of the repeated blocks, by parent path."""
+    stacks: dict[str, list[torch.nn.Module]] = {}
+
+    def visit(path: str, module: torch.nn.Module, container: torch.nn.Module | None) -> None:
+        found = is_marked_block(module) if marked else container is not None and is_repeated_block(module, container)
+        if found:
+            stacks.setdefault(path.rpartition('.')[0], []).append(module)
+            return
+        for name, child in module.named_children():
+            visit(f'{path}.{name}' if path else name, child, module)
+
+    visit('', model, None)
+    return stacks
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -125,7 +161,9 @@ def attention_linears(model: torch.nn.Module) -> tuple[list[str], list[str]]:
     (``...Attention``, ``...Attn``) is not separated from it by an MLP-like module (a pooling head's MLP); it is the
     output projection if its name is one of :py:data:`ATTENTION_OUTPUT_NAMES` or its parent's class name ends in
     ``Output`` (BERT's ``SelfOutput``), an input projection (query, key, value, fused or low-rank) otherwise. On the
-    families of the table this agrees with the taps and ``attention_output`` entries (tested).
+    24 families of the former family table this agrees with the table's operand taps and attention outputs (tested
+    against them, kept as data), and with the projections :py:func:`~zennit_attn.engine.structure.model_structure`
+    finds from what the model computes.
     """
     inputs, outputs = [], []
 
@@ -142,7 +180,7 @@ def attention_linears(model: torch.nn.Module) -> tuple[list[str], list[str]]:
                 child_path, child, (inside or bool(_ATTENTION.search(kind))) and not _NOT_ATTENTION.search(kind), kind
             )
 
-    visit('', model, bool(_ATTENTION.search(type(model).__name__)), type(model).__name__)
+    visit('', model, _is_attention(type(model).__name__), type(model).__name__)
     return inputs, outputs
 
 

@@ -24,45 +24,43 @@ from collections.abc import Mapping, Sequence
 import torch
 from zennit.core import BasicHook, Hook
 
-from ..canonizers import ATTENTION_OUTPUTS, attention_linears, operand_taps, vision_towers
-from ..canonizers.blocks import VISION_TOWER_NAMES
+from ..canonizers.blocks import VISION_TOWER_NAMES, attention_linears, vision_towers
 from ..canonizers.quantization import UnsupportedQuantizationError, quantization_of
 from ..kinds import CONVOLUTIONS, LINEARS
 from ..modules import Operand
 from ..rules import ConstantOperand, Epsilon, Gamma, RelevanceRule, UniformOperand
 from .attnlrp import AttnLRPComposite, CPLRPEpsilon
 
-_ATTENTION_ROLES = frozenset({'query', 'key', 'value'})
-
 
 def attention_projections(
     model: torch.nn.Module,
     outputs: Mapping[str, str] | None = None,
 ) -> tuple[set[int], set[int]]:
-    """``(ids of attention input projections, ids of attention output projections)`` in ``model``.
+    """``(ids of attention input projections, ids of attention output projections)`` in ``model``, from its module
+    tree (:py:func:`~zennit_attn.engine.canonizers.blocks.attention_linears`: the linear layers inside attention
+    modules, the output projection by its name or its parent's class).
 
-    Input projections are the children whose outputs the family table taps as query, key or value (timm's fused
-    ``qkv``, Hugging Face's ``q_proj``/``k_proj``/``v_proj``, GPT-2's ``c_attn``); output projections are named per
-    attention class by ``outputs`` (default :py:data:`~zennit_attn.engine.canonizers.families.ATTENTION_OUTPUTS`). In
-    attention modules the table does not list, the projections are found by structure
-    (:py:func:`~zennit_attn.engine.canonizers.blocks.attention_linears`).
+    Input projections compute the queries, keys and values (timm's fused ``qkv``, Hugging Face's
+    ``q_proj``/``k_proj``/``v_proj``, GPT-2's ``c_attn``), output projections take the attention output (timm's
+    ``proj``, Hugging Face's ``o_proj``). The module tree is read rather than a forward pass run, since a composite is
+    registered inside the contexts of other hooks and the vision tower of a vision-language model does not run on a
+    text input; on every family of the former family table the result equals the table's (tested).
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+    outputs: mapping, optional
+        ``attention class name -> child``: these children are output projections (and not input projections),
+        whatever the module tree suggests.
     """
-    outputs = ATTENTION_OUTPUTS if outputs is None else outputs
-    inputs = {
+    inputs, outs = ({id(model.get_submodule(name)) for name in names} for names in attention_linears(model))
+    named = {
         id(getattr(module, child))
-        for module, child, tap in operand_taps(model)
-        if set(tap.roles) <= _ATTENTION_ROLES and isinstance(getattr(module, child, None), torch.nn.Module)
+        for module in model.modules()
+        if (child := (outputs or {}).get(type(module).__name__)) is not None
+        and isinstance(getattr(module, child, None), LINEARS)
     }
-    outs = set()
-    for module in model.modules():
-        child = outputs.get(type(module).__name__)
-        if child is not None and isinstance(getattr(module, child, None), LINEARS):
-            outs.add(id(getattr(module, child)))
-    # models (and parts of models, such as a VLM's vision tower) that the table does not list: by structure
-    structural_in, structural_out = (
-        {id(model.get_submodule(name)) for name in names} for names in attention_linears(model)
-    )
-    return inputs | (structural_in - outs), outs | (structural_out - inputs)
+    return inputs - named, outs | named
 
 
 class AttnLRPGamma(AttnLRPComposite):
