@@ -68,11 +68,11 @@ demo: install
 test: install system
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal $(PYTEST_ARGS)
 
-# ruff's linter (with the complexity limit of pyproject.toml) and its format check, on the package, the tests and the
-# benchmarks; `ruff format .` and `ruff check --fix .` mend most of what it finds
+# ruff's linter (with the complexity limit of pyproject.toml) and its format check, on the package, the tests, the
+# benchmarks and the tools; `ruff format .` and `ruff check --fix .` mend most of what it finds
 lint: install
-	$(BIN)/ruff check zennit_attn tests benchmarks docs/conf.py
-	$(BIN)/ruff format --check zennit_attn tests benchmarks docs/conf.py
+	$(BIN)/ruff check zennit_attn tests benchmarks tools docs/conf.py
+	$(BIN)/ruff format --check zennit_attn tests benchmarks tools docs/conf.py
 
 # the notebooks run top to bottom in fresh kernels (nbclient, ipykernel: in the dev extra)
 notebooks: install
@@ -87,9 +87,10 @@ docs: install $(DOCS_STAMP)
 	$(BIN)/python -m sphinx -W --keep-going -E -b html docs docs/_build/html
 	@echo "documentation: docs/_build/html/index.html"
 
-# the supported-models page of the documentation, from the zoo walk over the installed transformers
+# the supported-models page of the documentation, from the walk over every architecture of the installed transformers
+# (tools/supported_models.py, a tool of the repository that does not ship in the wheel; one model: zennit-attn check)
 supported-models: install
-	$(BIN)/python -m zennit_attn.zoo docs/supported-models.md
+	$(BIN)/python -m tools.supported_models docs/supported-models.md
 
 bench: install
 	$(BIN)/python benchmarks/speed.py

@@ -86,8 +86,6 @@ LAYERS = [
     ('zennit_attn.latent', 'zennit_attn.integrations'),  # neurons and concepts; captum and inseq
     ('zennit_attn.explain',),  # the front door
     ('zennit_attn.workflows',),  # generation, datasets, the conservation report, evaluation
-    ('zennit_attn.zoo_inputs',),
-    ('zennit_attn.zoo',),
     ('zennit_attn',),  # the package's __init__: the public names
     ('zennit_attn.cli',),
     ('zennit_attn.demo', 'zennit_attn.__main__'),

@@ -1,6 +1,6 @@
-"""The zoo walk (:py:mod:`zennit_attn.zoo`) over the installed transformers: every architecture that builds from a
+"""The zoo walk (``tools/supported_models.py``) over the installed transformers: every architecture that builds from a
 tiny configuration is explained exactly (CP-LRP conservation to 1e-6 in float64 with zero biases; AttnLRP finite) or
-refused with a named reason.
+refused with a reason that names the operation or the module (:py:mod:`zennit_attn.workflows.architecture_check`).
 
 The walk is split by mapping over two test files (this one and ``test_zoo_multimodal.py``), so that the two test
 workers share it.
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from zennit_attn import zoo
+from tools import supported_models
+from zennit_attn.workflows.architecture_check.check import REFUSALS, Result
 
 #: Architectures whose tiny model builds but is neither explained exactly nor refused: known defects, each with what
 #: was found (a new entry here needs a reason; a fixed one must be removed: the test fails for both).
@@ -22,16 +23,22 @@ KNOWN: dict[str, dict[str, str]] = {}
 TARGETS = {'causal-lm': 0.84, 'image-text-to-text': 0.85, 'masked-lm': 0.85, 'seq2seq-lm': 0.90}
 
 
+def named(reason: str) -> bool:
+    """Whether a refusal's reason names the operation or the module it refuses: one of the forms of
+    :py:data:`~zennit_attn.workflows.architecture_check.check.REFUSALS`."""
+    return any(form.match(reason) for form in REFUSALS)
+
+
 def check_mapping(mapping: str) -> None:
-    results = zoo.walk([mapping], progress=False)
+    results = supported_models.walk([mapping], progress=False)
     failed = {result.architecture: result.reason for result in results if result.status == 'failed'}
     assert set(failed) == set(KNOWN.get(mapping, {})), failed
-    refused = [result for result in results if result.status == 'refused']
-    assert all(len(result.reason) > 20 for result in refused), [result.reason for result in refused]
+    unnamed = [result.reason for result in results if result.status == 'refused' and not named(result.reason)]
+    assert unnamed == [], unnamed
     for result in results:
         if result.status == 'explained' and not result.reason:
             assert abs(result.ratio - 1) <= 1e-6, result
-    row = zoo.counts(results)[mapping]
+    row = supported_models.counts(results)[mapping]
     built = row['explained'] + row['refused'] + row['failed']
     assert row['explained'] >= TARGETS[mapping] * built, row
 
@@ -41,11 +48,33 @@ def test_zoo(mapping):
     check_mapping(mapping)
 
 
+@pytest.mark.parametrize(
+    'reason, expected',
+    [
+        (
+            "zennit-attn cannot explain mul in 'model.layers.0.mixer' (MambaMixer): a product of relevance-carrying",
+            True,
+        ),
+        ("zennit-attn cannot explain exp (used by log) in 'model.layers.0.gate' (ForgetGate): an exponential", True),
+        ('zennit-attn cannot explain fft_fftn in the model (FNetModel): an operation without an AttnLRP rule', True),
+        ('MusicgenForCausalLM embeds its input_ids with a ModuleList of tables (one per codebook, here 1)', True),
+        ("takes no inputs_embeds (AttributeError: 'tuple' object has no attribute 'detach'): token relevance", True),
+        # long messages that name neither the operation nor the module
+        ('zennit-attn cannot explain this model: something inside it has no rule', False),
+        ('RuntimeError: mat1 and mat2 shapes cannot be multiplied (6x32 and 48x32)', False),
+        ('an operation without an AttnLRP rule, computed on tensors that carry relevance', False),
+        ('takes no inputs_embeds: token relevance needs the embeddings as input', False),
+    ],
+)
+def test_a_refusal_names_the_operation_or_the_module(reason, expected):
+    assert named(reason) is expected
+
+
 def test_page_lists_every_architecture():
     results = [
-        zoo.Result('causal-lm', 'llama', 'explained', ratio=1.0),
-        zoo.Result('causal-lm', 'mamba', 'refused', 'zennit-attn cannot explain exp | x'),
+        Result('causal-lm', 'llama', 'explained', ratio=1.0),
+        Result('causal-lm', 'mamba', 'refused', 'zennit-attn cannot explain exp | x'),
     ]
-    page = zoo.page(results)
+    page = supported_models.page(results)
     assert '| causal-lm | 1 | 1 | 0 | 0 | 50% |' in page
     assert '| `mamba` | refused | zennit-attn cannot explain exp \\| x |' in page

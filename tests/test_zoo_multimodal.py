@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.test_zoo import check_mapping
-from zennit_attn import zoo
-from zennit_attn.engine.canonizers import canonizers_for
+from tools import supported_models
 from zennit_attn.engine.composites import CPLRPEpsilon
+from zennit_attn.workflows.architecture_check import check, configs
 
 
 @pytest.mark.parametrize('mapping', ['image-text-to-text', 'masked-lm'])
@@ -17,13 +17,13 @@ def test_zoo(mapping):
 
 
 def _tiny(architecture: str, mapping: str = 'image-text-to-text'):
-    """The model and inputs of :py:func:`zoo.check` for ``architecture``, and what was fed."""
-    model_class, config_class = zoo._model_class(mapping, architecture)
-    config = zoo.tiny_config(config_class)
+    """The model and inputs of :py:func:`check.check_architecture` for ``architecture``, and what was fed."""
+    model_class, config_class = configs.model_class(mapping, architecture)
+    config = configs.tiny_config(config_class)
     torch.manual_seed(0)
     model = model_class(config).to(torch.float64).eval()
-    zoo.zero_biases(model)
-    inputs, fed = zoo._inputs(model, config, mapping, torch.Generator().manual_seed(0))
+    check.zero_biases(model)
+    inputs, fed = check.check_inputs(model, config, mapping, torch.Generator().manual_seed(0))
     return model, inputs, fed
 
 
@@ -36,8 +36,7 @@ def test_pixels_take_part_in_conservation(architecture):
     image_token = model.config.image_token_id
     assert 0 <= image_token < model.get_input_embeddings().num_embeddings  # moved into the tiny vocabulary
     assert int((inputs['input_ids'] == image_token).sum()) > 0
-    composite = CPLRPEpsilon(canonizers=canonizers_for(model, constant_gates=True))
-    relevance, logit = zoo._relevances(model, inputs, composite)
+    relevance, logit = check.input_relevances(model, inputs, CPLRPEpsilon())
     assert set(relevance) == {'inputs_embeds', 'pixel_values'}
     text, pixels = relevance['inputs_embeds'] * logit, relevance['pixel_values'] * logit
     assert abs(pixels) > 1e-3 * abs(logit)  # the pixel part matters ...
@@ -46,11 +45,11 @@ def test_pixels_take_part_in_conservation(architecture):
 
 
 def test_walk_records_what_was_fed():
-    result = zoo.check('image-text-to-text', 'llava')
+    result = check.check_architecture('image-text-to-text', 'llava')
     assert (result.status, result.inputs) == ('explained', 'text + image'), result
     assert abs(result.ratio - 1) <= 1e-6
-    text = zoo.check('image-text-to-text', 'evolla')  # a protein-text model: no pixels, and the page says so
+    text = check.check_architecture('image-text-to-text', 'evolla')  # a protein-text model: no pixels, the page says so
     assert text.inputs.startswith('text only: '), text
-    page = zoo.page([result, text])
+    page = supported_models.page([result, text])
     assert '| `llava` | explained | text + image |' in page
     assert '| `evolla` | explained | text only: the forward takes no pixel_values |' in page

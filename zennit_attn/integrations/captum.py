@@ -30,8 +30,14 @@ import numbers
 from typing import Any
 
 import torch
-from captum.attr import InterpretableInput, LayerGradientXActivation
 from zennit.core import Composite
+
+try:
+    from captum.attr import InterpretableInput, LayerGradientXActivation
+except ImportError as error:  # the extra, named: a bare "No module named 'captum'" does not say what to install
+    raise ImportError(
+        "zennit_attn.integrations.captum needs captum: pip install 'zennit-attn[captum]' (or pip install captum)"
+    ) from error
 
 from ..engine.modules import forward_parameters
 from ..inputs.checks import is_image_model
@@ -78,8 +84,8 @@ def _token_target(target):
 
 
 class LRPAttribution(LayerGradientXActivation):
-    """An LRP method of :py:data:`zennit_attn.methods.registry.METHODS` as a captum layer attribution at the word embeddings
-    of a Hugging Face language model. Use :py:class:`AttnLRP` or :py:class:`CPLRP`.
+    """An LRP method of :py:data:`zennit_attn.methods.registry.METHODS` as a captum layer attribution at the word
+    embeddings of a Hugging Face language model. Use :py:class:`AttnLRP` or :py:class:`CPLRP`.
 
     Parameters
     ----------

@@ -11,8 +11,8 @@ Importing this module registers them through inseq's own registry (inseq finds e
     out.show()
 
 Each generation step explains the logit of the next token over its prefix with
-:py:class:`zennit_attn.integrations.captum.AttnLRP` (:py:class:`~zennit_attn.integrations.captum.CPLRP`), so step ``i`` holds
-``explain(model, prefix_i, target=token_i).relevance`` (inseq stores attributions in float32). LRP explains the
+:py:class:`zennit_attn.integrations.captum.AttnLRP` (:py:class:`~zennit_attn.integrations.captum.CPLRP`), so step ``i``
+holds ``explain(model, prefix_i, target=token_i).relevance`` (inseq stores attributions in float32). LRP explains the
 logit (its initial relevance), so ``attributed_fn='logit'`` must be given; inseq's default, the probability, is
 refused. Decoder-only models; encoder-decoder models are refused (use :py:func:`zennit_attn.explain` with
 ``decoder_input_ids``).
@@ -22,10 +22,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from inseq.attr.feat import FeatureAttribution
-from inseq.attr.step_functions import get_step_function
-from inseq.data import FeatureAttributionStepOutput
 from zennit.core import Composite
+
+try:
+    from inseq.attr.feat import FeatureAttribution
+    from inseq.attr.step_functions import get_step_function
+    from inseq.data import FeatureAttributionStepOutput
+except ImportError as error:  # the extra, named: a bare "No module named 'inseq'" does not say what to install
+    raise ImportError(
+        "zennit_attn.integrations.inseq needs inseq: pip install 'zennit-attn[inseq]' (or pip install inseq)"
+    ) from error
 
 from .captum import CPLRP, AttnLRP
 
@@ -86,9 +92,10 @@ class AttnLRPAttribution(FeatureAttribution):
         return {}, dict(kwargs)
 
     def attribute_step(
-        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any] = {}
+        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any] | None = None
     ) -> FeatureAttributionStepOutput:
-        """Relevance per prefix token (``[batch, prefix]``) of the logit of the next target token."""
+        """Relevance per prefix token (``[batch, prefix]``) of the logit of the next target token; ``attribution_args``
+        (default none) go to the adapter's ``attribute``."""
         input_ids, target_ids, attributed_fn, attention_mask = attribute_fn_main_args['additional_forward_args'][:4]
         if attributed_fn is not get_step_function('logit'):
             raise ValueError(
@@ -97,7 +104,10 @@ class AttnLRPAttribution(FeatureAttribution):
                 "logit: pass attributed_fn='logit' to attribute()"
             )
         relevance = self.method.attribute(
-            input_ids, target=target_ids.reshape(-1), additional_forward_args=(attention_mask,), **attribution_args
+            input_ids,
+            target=target_ids.reshape(-1),
+            additional_forward_args=(attention_mask,),
+            **(attribution_args or {}),
         )
         return FeatureAttributionStepOutput(target_attributions=relevance.sum(-1), step_scores={})
 

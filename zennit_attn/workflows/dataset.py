@@ -40,7 +40,8 @@ from safetensors.torch import save
 from tqdm.auto import tqdm
 
 from ..explain import encode_texts, explain
-from ..methods.registry import check_params, positive
+from ..methods.declarations import positive
+from ..methods.registry import check_params
 from ..results.explanation import Explanation
 
 __all__ = [
@@ -91,26 +92,7 @@ def read_texts(source) -> list[str]:
         For a missing file.
     """
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if isinstance(source, str) and path.suffix != '.jsonl':
-            raise ValueError(
-                f'texts must be a list of texts or the path of a .jsonl file, got the string '
-                f'{source[:60]!r}: pass a single text as [text]'
-            )
-        if not path.is_file():
-            raise FileNotFoundError(f'the input file {str(path)!r} does not exist')
-        texts = []
-        with path.open(encoding='utf-8') as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise ValueError(f'{path}:{number} is not valid JSON ({error.msg})') from None
-                if not isinstance(record, dict) or not isinstance(record.get('text'), str):
-                    raise ValueError(f'{path}:{number} must be a JSON object with a string "text" field')
-                texts.append(record['text'])
+        texts = _read_jsonl(source)
     elif isinstance(source, Iterable):
         texts = list(source)
         bad = next((index for index, text in enumerate(texts) if not isinstance(text, str)), None)
@@ -120,6 +102,32 @@ def read_texts(source) -> list[str]:
         raise TypeError(f'texts must be an iterable of str or the path of a .jsonl file, got {type(source).__name__}')
     if not texts:
         raise ValueError('there are no texts to explain')
+    return texts
+
+
+def _read_jsonl(source: str | os.PathLike) -> list[str]:
+    """The ``"text"`` fields of the ``.jsonl`` file ``source``, blank lines skipped; a string that does not name a
+    ``.jsonl`` file (most likely a single text) is refused."""
+    path = Path(source)
+    if isinstance(source, str) and path.suffix != '.jsonl':
+        raise ValueError(
+            f'texts must be a list of texts or the path of a .jsonl file, got the string '
+            f'{source[:60]!r}: pass a single text as [text]'
+        )
+    if not path.is_file():
+        raise FileNotFoundError(f'the input file {str(path)!r} does not exist')
+    texts = []
+    with path.open(encoding='utf-8') as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f'{path}:{number} is not valid JSON ({error.msg})') from None
+            if not isinstance(record, dict) or not isinstance(record.get('text'), str):
+                raise ValueError(f'{path}:{number} must be a JSON object with a string "text" field')
+            texts.append(record['text'])
     return texts
 
 
@@ -274,6 +282,23 @@ def _damage(path: Path, sha256: str | None) -> str | None:
     its tensors do not fit the file, or its SHA-256 is not ``sha256`` (None: nothing recorded)."""
     if not path.is_file():
         return 'missing'
+    problem = _layout_damage(path)
+    if problem is not None:
+        return problem
+    if sha256 is None:
+        return 'no SHA-256 was recorded for it'
+    digest = hashlib.sha256()
+    with path.open('rb') as handle:
+        for block in iter(lambda: handle.read(1 << 20), b''):
+            digest.update(block)
+    if digest.hexdigest() != sha256:
+        return f'its SHA-256 is {digest.hexdigest()[:16]}..., not the recorded {sha256[:16]}... (changed bytes)'
+    return None
+
+
+def _layout_damage(path: Path) -> str | None:
+    """What is wrong with the layout of the safetensors file ``path`` (None: nothing): fewer bytes than its header
+    needs, a header that is not a JSON object, or tensors that do not fit the bytes after the header."""
     size = path.stat().st_size
     with path.open('rb') as handle:
         length = int.from_bytes(handle.read(8), 'little')
@@ -285,16 +310,18 @@ def _damage(path: Path, sha256: str | None) -> str | None:
             header = None
     if not isinstance(header, dict):
         return 'its safetensors header is not a JSON object'
-    data, end = size - 8 - length, 0
+    return _extent_damage(header, size - 8 - length)
+
+
+def _extent_damage(header: dict, data: int) -> str | None:
+    """Whether the tensors of a safetensors ``header`` fill exactly the ``data`` bytes after it (None) or not: a
+    malformed entry, fewer bytes than the tensors need (truncated), or bytes after them."""
+    end = 0
     for name, entry in header.items():
         if name == '__metadata__':
             continue
-        try:
-            begin, stop = entry['data_offsets']
-            fits = stop - begin == math.prod(entry['shape']) * _DTYPE_BYTES[entry['dtype']] and 0 <= begin <= stop
-        except (TypeError, KeyError, ValueError):
-            fits = False
-        if not fits:
+        stop = _entry_end(entry)
+        if stop is None:
             return f'its safetensors header entry {name!r} is malformed'
         end = max(end, stop)
     if end != data:
@@ -303,15 +330,18 @@ def _damage(path: Path, sha256: str | None) -> str | None:
             if end > data
             else f'{data - end} bytes after its tensors'
         )
-    if sha256 is None:
-        return 'no SHA-256 was recorded for it'
-    digest = hashlib.sha256()
-    with path.open('rb') as handle:
-        for block in iter(lambda: handle.read(1 << 20), b''):
-            digest.update(block)
-    if digest.hexdigest() != sha256:
-        return f'its SHA-256 is {digest.hexdigest()[:16]}..., not the recorded {sha256[:16]}... (changed bytes)'
     return None
+
+
+def _entry_end(entry) -> int | None:
+    """Where the data of a safetensors header entry ends (bytes after the header), or None for a malformed entry:
+    offsets missing, reversed or negative, or a size other than its shape and dtype need."""
+    try:
+        begin, stop = entry['data_offsets']
+        fits = stop - begin == math.prod(entry['shape']) * _DTYPE_BYTES[entry['dtype']] and 0 <= begin <= stop
+    except (TypeError, KeyError, ValueError):
+        return None
+    return stop if fits else None
 
 
 def check_output_dir(output_dir: str | os.PathLike) -> Path:
@@ -399,6 +429,124 @@ def _row(explanation: Explanation, row: int, index: int) -> dict[str, torch.Tens
     return {key: value.detach().cpu().contiguous() for key, value in tensors.items()}
 
 
+class _Batches:
+    """The :py:func:`~zennit_attn.explain` calls of one :py:func:`explain_dataset` run: the texts, their targets and
+    token counts, and the arguments every call gets; :py:meth:`explain` explains one batch of texts."""
+
+    def __init__(self, model, tokenizer, texts: list[str], targets: list, lengths: list[int], options: dict):
+        self.model, self.tokenizer, self.texts, self.targets, self.lengths = model, tokenizer, texts, targets, lengths
+        #: method, position, checkpointing and the method's parameters
+        self.options = options
+        self.encoder_decoder = bool(getattr(getattr(model, 'config', None), 'is_encoder_decoder', False))
+
+    def explain(self, batch: list[int]) -> dict[str, torch.Tensor]:
+        """The tensors (:py:func:`_row`) of the texts ``batch`` (input indices), from one explain() call."""
+        encoding = encode_texts(self.tokenizer, [self.texts[index] for index in batch])
+        targets = [self.targets[index] for index in batch]
+        options = dict(self.options, position=self.positions(encoding['attention_mask'], batch))
+        explanation = explain(
+            self.model,
+            encoding,
+            target=None if all(item is None for item in targets) else targets,
+            **options,
+        )
+        tensors = {}
+        for row, index in enumerate(batch):
+            tensors.update(_row(explanation, row, index))
+        return tensors
+
+    def positions(self, mask: torch.Tensor, batch: list[int]):
+        """The explained position of each row: ``position`` counted in each text's own tokens (after its left
+        padding), or for an encoder-decoder model the decoder position, the same for every row."""
+        position = self.options['position']
+        if self.encoder_decoder:
+            return position
+        starts = [int((row != 0).nonzero()[0]) for row in mask]
+        return [start + (position % self.lengths[index]) for start, index in zip(starts, batch)]
+
+
+def _prepare_directory(directory: Path, settings: dict, rank: int, world: int) -> None:
+    """Rank 0 makes the output directory and writes its settings (or refuses it: other settings, shards without
+    settings, a file system error); every rank then checks the settings."""
+    refusal = [None]
+    if rank == 0:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            _check_settings(directory, settings, write=True)
+        except (SettingsMismatchError, OSError) as error:
+            refusal = [f'{type(error).__name__}: {error}']
+            if world == 1:
+                raise
+    if world > 1:  # every rank gets rank 0's refusal (instead of waiting for it at a barrier)
+        torch.distributed.broadcast_object_list(refusal, src=0)
+        if refusal[0] is not None:
+            raise SettingsMismatchError(f'rank 0 refused the output directory: {refusal[0]}')
+    _check_settings(directory, settings, write=False)
+
+
+def _shards_to_do(directory: Path, count: int, rank: int, world: int) -> list[int]:
+    """The numbers of this rank's shards (every ``world``-th from ``rank``) that are not written or not intact; a
+    damaged one is named in a warning (at the caller of :py:func:`explain_dataset`)."""
+    todo = []
+    for number in range(rank, count, world):
+        path = directory / _shard_name(number)
+        problem = _damage(path, _recorded_sha256(path))
+        if problem not in (None, 'missing'):
+            warnings.warn(f'{str(path)!r} is damaged ({problem}): explaining its texts again', stacklevel=3)
+        if problem is not None:
+            todo.append(number)
+    return todo
+
+
+def _explain_shards(batches: _Batches, plan: list, todo: list[int], directory: Path, rank: int, progress: bool):
+    """Explain the shards ``todo`` of ``plan`` batch by batch, and write each shard as soon as it is done."""
+    method = batches.options['method']
+    with tqdm(
+        total=sum(len(batch) for number in todo for batch in plan[number]),
+        unit='text',
+        disable=not progress or rank != 0,
+        desc=f'explaining ({method})',
+    ) as bar:
+        for number in todo:
+            tensors = {}
+            for batch in plan[number]:
+                tensors.update(batches.explain(batch))
+                bar.update(len(batch))
+            items = [index for batch in plan[number] for index in batch]  # one metadata key: the same bytes every run
+            _write_shard(
+                directory / _shard_name(number),
+                tensors,
+                {'zennit-attn': json.dumps({'method': method, 'items': items})},
+                f'.tmp{rank}',
+            )
+
+
+def _write_index(directory: Path, plan: list, settings: dict, count: int) -> None:
+    """The index of a finished run (rank 0, once every rank's shards are written): the settings, the number of texts
+    and each shard's file, size, SHA-256 and input indices."""
+    paths = [directory / _shard_name(number) for number in range(len(plan))]
+    digests = [_recorded_sha256(path) for path in paths]
+    missing = [path.name for path, digest in zip(paths, digests) if digest is None or not path.is_file()]
+    if missing:
+        raise RuntimeError(f'shards {missing[:5]} of {str(directory)!r} were not written by their ranks')
+    index = {
+        'format': FORMAT,
+        'version': VERSION,
+        'settings': settings,
+        'count': count,
+        'shards': [
+            {
+                'file': path.name,
+                'bytes': path.stat().st_size,
+                'sha256': digest,
+                'items': [item for batch in shard for item in batch],
+            }
+            for path, digest, shard in zip(paths, digests, plan)
+        ],
+    }
+    _write_atomically(directory / INDEX_FILE, json.dumps(index).encode(), '.tmp')
+
+
 def explain_dataset(
     model: torch.nn.Module,
     tokenizer,
@@ -413,16 +561,15 @@ def explain_dataset(
     progress: bool = True,
     **params,
 ) -> Path:
-    """Explain every text of a dataset with :py:func:`~zennit_attn.explain` and write the results to
-    ``output_dir`` (see :py:mod:`zennit_attn.workflows.dataset` for the format); read them with :py:func:`load_explanations`.
+    """Explain every text of a dataset with :py:func:`~zennit_attn.explain` and write the results to ``output_dir``
+    (see :py:mod:`zennit_attn.workflows.dataset` for the format); read them with :py:func:`load_explanations`.
 
     Texts are sorted by length and explained ``batch_size`` at a time (little padding); every ``shard_size`` texts
     are written as one safetensors shard as soon as they are done. A second call on the same directory resumes:
     shards already written and intact are skipped (a damaged one is explained again, with a warning); a directory
-    made with other settings is refused. Under ``torchrun`` or
-    ``accelerate launch`` (``torch.distributed`` initialised, or ``WORLD_SIZE`` > 1 in the environment, which
-    initialises it with gloo on CPU and nccl on GPUs), each process does every ``world_size``-th shard and rank 0
-    writes the index once all are done.
+    made with other settings is refused. Under ``torchrun`` or ``accelerate launch`` (``torch.distributed``
+    initialised, or ``WORLD_SIZE`` > 1 in the environment, which initialises it with gloo on CPU and nccl on GPUs),
+    each process does every ``world_size``-th shard and rank 0 writes the index once all are done.
 
     Parameters
     ----------
@@ -475,111 +622,44 @@ def explain_dataset(
     directory = check_output_dir(output_dir)
     texts = read_texts(texts)
     targets = _target_per_text(target, len(texts))
-    encoded = [tokenizer(text)['input_ids'] for text in texts]
-    empty = next((index for index, ids in enumerate(encoded) if len(ids) == 0), None)
-    if empty is not None:
-        raise ValueError(f'text {empty} ({texts[empty][:60]!r}) gives no tokens: nothing to explain in it')
-    lengths = [len(ids) for ids in encoded]
-    encoder_decoder = bool(getattr(getattr(model, 'config', None), 'is_encoder_decoder', False))
-    short = next((index for index, length in enumerate(lengths) if not -length <= position < length), None)
-    if short is not None and not encoder_decoder:
-        raise ValueError(f'position {position} is out of range for text {short}, which has {lengths[short]} tokens')
+    lengths = _token_counts(tokenizer, texts)
+    options = dict(method=method, position=position, checkpointing=checkpointing, **params)
+    batches = _Batches(model, tokenizer, texts, targets, lengths, options)
+    _check_position(position, lengths, batches.encoder_decoder)
     plan = _plan(lengths, batch_size, shard_size)
     settings = _settings(model, texts, targets, method, position, batch_size, shard_size, params, checkpointing)
     rank, world, created = _world(model)
     try:
-        refusal = [None]
-        if rank == 0:
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-                _check_settings(directory, settings, write=True)
-            except (SettingsMismatchError, OSError) as error:
-                refusal = [f'{type(error).__name__}: {error}']
-                if world == 1:
-                    raise
-        if world > 1:  # every rank gets rank 0's refusal (instead of waiting for it at a barrier)
-            torch.distributed.broadcast_object_list(refusal, src=0)
-            if refusal[0] is not None:
-                raise SettingsMismatchError(f'rank 0 refused the output directory: {refusal[0]}')
-        _check_settings(directory, settings, write=False)
-        todo = []
-        for number in range(rank, len(plan), world):
-            path = directory / _shard_name(number)
-            problem = _damage(path, _recorded_sha256(path))
-            if problem not in (None, 'missing'):
-                warnings.warn(f'{str(path)!r} is damaged ({problem}): explaining its texts again', stacklevel=2)
-            if problem is not None:
-                todo.append(number)
-        bar = tqdm(
-            total=sum(len(batch) for number in todo for batch in plan[number]),
-            unit='text',
-            disable=not progress or rank != 0,
-            desc=f'explaining ({method})',
-        )
-        for number in todo:
-            tensors = {}
-            for batch in plan[number]:
-                encoding = encode_texts(tokenizer, [texts[index] for index in batch])
-                mask = encoding['attention_mask']
-                starts = [int((row != 0).nonzero()[0]) for row in mask]
-                positions = (
-                    position
-                    if encoder_decoder
-                    else [  # a decoder position, or one in each text
-                        start + (position % lengths[index]) for start, index in zip(starts, batch)
-                    ]
-                )
-                batch_targets = [targets[index] for index in batch]
-                explanation = explain(
-                    model,
-                    encoding,
-                    method=method,
-                    position=positions,
-                    checkpointing=checkpointing,
-                    target=None if all(item is None for item in batch_targets) else batch_targets,
-                    **params,
-                )
-                for row, index in enumerate(batch):
-                    tensors.update(_row(explanation, row, index))
-                bar.update(len(batch))
-            items = [index for batch in plan[number] for index in batch]  # one metadata key: the same bytes every run
-            _write_shard(
-                directory / _shard_name(number),
-                tensors,
-                {'zennit-attn': json.dumps({'method': method, 'items': items})},
-                f'.tmp{rank}',
-            )
-        bar.close()
+        _prepare_directory(directory, settings, rank, world)
+        todo = _shards_to_do(directory, len(plan), rank, world)
+        _explain_shards(batches, plan, todo, directory, rank, progress)
         if world > 1:
             torch.distributed.barrier()
         if rank == 0:
-            paths = [directory / _shard_name(number) for number in range(len(plan))]
-            digests = [_recorded_sha256(path) for path in paths]
-            missing = [path.name for path, digest in zip(paths, digests) if digest is None or not path.is_file()]
-            if missing:
-                raise RuntimeError(f'shards {missing[:5]} of {str(directory)!r} were not written by their ranks')
-            index = {
-                'format': FORMAT,
-                'version': VERSION,
-                'settings': settings,
-                'count': len(texts),
-                'shards': [
-                    {
-                        'file': path.name,
-                        'bytes': path.stat().st_size,
-                        'sha256': digest,
-                        'items': [item for batch in shard for item in batch],
-                    }
-                    for path, digest, shard in zip(paths, digests, plan)
-                ],
-            }
-            _write_atomically(directory / INDEX_FILE, json.dumps(index).encode(), '.tmp')
+            _write_index(directory, plan, settings, len(texts))
         if world > 1:
             torch.distributed.barrier()
     finally:
         if created:
             torch.distributed.destroy_process_group()
     return directory
+
+
+def _token_counts(tokenizer, texts: list[str]) -> list[int]:
+    """The number of tokens of each text (tokenised alone); a text without tokens is refused."""
+    encoded = [tokenizer(text)['input_ids'] for text in texts]
+    empty = next((index for index, ids in enumerate(encoded) if len(ids) == 0), None)
+    if empty is not None:
+        raise ValueError(f'text {empty} ({texts[empty][:60]!r}) gives no tokens: nothing to explain in it')
+    return [len(ids) for ids in encoded]
+
+
+def _check_position(position: int, lengths: list[int], encoder_decoder: bool) -> None:
+    """Refuse a position outside a text (counted in its own tokens); for an encoder-decoder model it is a decoder
+    position, which the texts do not bound."""
+    short = next((index for index, length in enumerate(lengths) if not -length <= position < length), None)
+    if short is not None and not encoder_decoder:
+        raise ValueError(f'position {position} is out of range for text {short}, which has {lengths[short]} tokens')
 
 
 def check_fingerprint(directory: str | os.PathLike, model: torch.nn.Module) -> None:
@@ -646,36 +726,50 @@ def load_explanations(directory: str | os.PathLike, tokenizer=None) -> list[Expl
     method = index['settings']['method']
     explanations: list[Explanation | None] = [None] * index['count']
     for shard in index['shards']:
-        problem = _damage(directory / shard['file'], shard['sha256'])
-        if problem is not None:
-            raise ValueError(
-                f'{str(directory / shard["file"])!r} is damaged ({problem}): run explain_dataset() again '
-                'with the same arguments on the directory to explain its texts again'
-            )
-        with safe_open(str(directory / shard['file']), framework='pt') as handle:
-            keys = set(handle.keys())
-            for item in shard['items']:
-
-                def get(field, item=item):
-                    key = f'{item}.{field}'
-                    return handle.get_tensor(key)[None].clone() if key in keys else None  # not mapped
-
-                if f'{item}.relevance' not in keys:
-                    raise ValueError(f'{shard["file"]} lacks the explanation of text {item}')
-                position = get('position')
-                explanations[item] = Explanation(
-                    relevance=get('relevance'),
-                    embedding_relevance=None,
-                    target=get('target')[:, 0],
-                    logit=get('logit')[:, 0],
-                    position=None if position is None else position[:, 0],
-                    input_ids=get('input_ids'),
-                    decoder_relevance=get('decoder_relevance'),
-                    decoder_input_ids=get('decoder_input_ids'),
-                    method=method,
-                    tokenizer=tokenizer,
-                )
+        for item, explanation in _shard_explanations(directory, shard, method, tokenizer).items():
+            explanations[item] = explanation
     missing = [number for number, explanation in enumerate(explanations) if explanation is None]
     if missing:
         raise ValueError(f'the index of {str(directory)!r} misses texts {missing[:5]}')
     return explanations
+
+
+def _shard_explanations(directory: Path, shard: dict, method: str, tokenizer) -> dict[int, Explanation]:
+    """The explanations in one shard (its entry of the index), by input index; a damaged shard is refused first."""
+    path = directory / shard['file']
+    problem = _damage(path, shard['sha256'])
+    if problem is not None:
+        raise ValueError(
+            f'{str(path)!r} is damaged ({problem}): run explain_dataset() again '
+            'with the same arguments on the directory to explain its texts again'
+        )
+    with safe_open(str(path), framework='pt') as handle:
+        keys = set(handle.keys())
+        return {
+            item: _item_explanation(handle, keys, item, shard['file'], method, tokenizer) for item in shard['items']
+        }
+
+
+def _item_explanation(handle, keys: set[str], item: int, file: str, method: str, tokenizer) -> Explanation:
+    """The :py:class:`Explanation` (batch of one) of text ``item`` in an open shard whose tensor names are ``keys``;
+    its tensors are copies, not mapped from the file."""
+
+    def get(field):
+        key = f'{item}.{field}'
+        return handle.get_tensor(key)[None].clone() if key in keys else None  # not mapped
+
+    if f'{item}.relevance' not in keys:
+        raise ValueError(f'{file} lacks the explanation of text {item}')
+    position = get('position')
+    return Explanation(
+        relevance=get('relevance'),
+        embedding_relevance=None,
+        target=get('target')[:, 0],
+        logit=get('logit')[:, 0],
+        position=None if position is None else position[:, 0],
+        input_ids=get('input_ids'),
+        decoder_relevance=get('decoder_relevance'),
+        decoder_input_ids=get('decoder_input_ids'),
+        method=method,
+        tokenizer=tokenizer,
+    )

@@ -8,7 +8,7 @@ from transformers import SiglipVisionConfig, SiglipVisionModel
 
 from zennit_attn.engine.canonizers.decompositions import multi_head_attention
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
-from zennit_attn.zoo import zero_biases
+from zennit_attn.workflows.architecture_check.check import zero_biases
 
 
 def _module(separate: bool, bias: bool) -> torch.nn.MultiheadAttention:

@@ -1,12 +1,13 @@
-"""Pixel inputs for the zoo walk (:py:mod:`zennit_attn.zoo`): what a vision tower of a tiny configuration takes.
+"""Pixel inputs for the architecture check (:py:mod:`~zennit_attn.workflows.architecture_check.check`): what a
+vision tower of a tiny configuration takes.
 
-:py:func:`pixel_inputs` completes the walk's text inputs of a model with a vision tower by pixels in a layout that the
+:py:func:`pixel_inputs` completes the check's text inputs of a model with a vision tower by pixels in a layout that the
 model's forward runs, and by as many image placeholder tokens as the model's ``get_image_features`` gives for them
 (or its error message names): ``[1, C, H, W]`` from ``vision_config.image_size`` / ``num_channels`` (LLaVA,
 PaliGemma), flattened patches with ``image_grid_thw`` (Qwen2-VL), ``[1, 1, C, H, W]`` with ``pixel_attention_mask``
 (Idefics), LLaVA-NeXT tiles with ``image_sizes``, patches with ``spatial_shapes`` (SigLIP2). Special token ids that lie
 outside the shrunk vocabulary (the image placeholder) are moved into it. Where no layout runs, the text alone is
-walked and the note says why.
+checked and the note says why.
 """
 
 from __future__ import annotations
@@ -14,11 +15,20 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
+from collections.abc import Callable
 
 import torch
 import transformers
 
-__all__ = ['pixel_inputs']
+__all__ = ['pixel_inputs', 'short_message']
+
+#: A layout of pixel inputs: ``(name, forward inputs, get_image_features inputs)``.
+Layout = tuple[str, dict, dict]
+
+
+def short_message(error: BaseException) -> str:
+    """The message of ``error`` on one line, at most 400 characters."""
+    return ' '.join(str(error).split())[:400]
 
 
 #: Configuration fields that name a special token (image placeholder, vision start and end, ...).
@@ -59,6 +69,8 @@ def _special_tokens(model, vocab: int) -> tuple[int | None, set[int], list]:
 
 
 def _vision_field(vision, *names, default=None):
+    """The first positive integer among the fields ``names`` of the vision configuration ``vision`` (a size given as
+    a dict or a list: its height, shortest edge or first entry), else ``default``."""
     for name in names:
         value = getattr(vision, name, None)
         if isinstance(value, dict):
@@ -70,12 +82,13 @@ def _vision_field(vision, *names, default=None):
     return default
 
 
-def _pixel_layouts(model, config, params, generator, undo: list) -> list[tuple[str, dict, dict]]:
+def _pixel_layouts(model, config, params, generator, undo: list) -> list[Layout]:
     """Pixel inputs consistent with the vision configuration, in the layouts the forward may take, each as
     ``(name, forward inputs, get_image_features inputs)``: flattened patches with ``image_grid_thw`` (Qwen2-VL),
     ``[1, C, H, W]`` (with ``image_sizes``, ``pixel_mask`` where the forward takes them; tiles of LLaVA-NeXT: one),
     ``[1, 1, C, H, W]`` (with ``pixel_attention_mask``: Idefics), patches with ``spatial_shapes`` (SigLIP2). A change to
-    the configuration (LLaVA-NeXT's tile grid) is recorded in ``undo`` as ``(owner, field, old value)``."""
+    the configuration (LLaVA-NeXT's tile grid) is recorded in ``undo`` as ``(owner, field, old value)``. The pixels are
+    drawn from ``generator`` in the order of the layouts."""
     vision = getattr(config, 'vision_config', None) or getattr(config, 'encoder', None) or config
     channels = _vision_field(vision, 'num_channels', 'in_channels', 'in_chans', default=3)
     patch = _vision_field(vision, 'patch_size', default=8)
@@ -85,27 +98,62 @@ def _pixel_layouts(model, config, params, generator, undo: list) -> list[tuple[s
     def noise(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
 
+    layouts = _grid_layouts(vision, params, channels * patch * patch, merge, noise)
+    image = _image(config, params, channels, side, noise)
+    layouts.append(('image', image, image))
+    layouts += _sized_layouts(model, params, image, (channels, side), noise, undo)
+    nested = {'pixel_values': image['pixel_values'][None]}
+    if 'pixel_attention_mask' in params:
+        nested['pixel_attention_mask'] = torch.ones(1, 1, side, side, dtype=torch.bool)
+    layouts.append(('images', nested, {'pixel_values': image['pixel_values']}))
+    if 'spatial_shapes' in params:
+        count = (side // patch) ** 2
+        flat = {
+            'pixel_values': noise(1, count, channels * patch * patch),
+            'spatial_shapes': torch.tensor([[side // patch, side // patch]]),
+            'pixel_attention_mask': torch.ones(1, count, dtype=torch.bool),
+        }
+        layouts.append(('patches with spatial_shapes', flat, flat))
+    return layouts
+
+
+def _grid_layouts(vision, params, patch_values: int, merge: int, noise: Callable) -> list[Layout]:
+    """Flattened patches with ``image_grid_thw`` (Qwen2-VL; ``image_merge_sizes`` where the forward takes it), a grid
+    of ``2 * merge`` patches a side, ``patch_values`` values per patch and frame, for each number of frames a temporal
+    patch may have; none where the forward takes no ``image_grid_thw``."""
     layouts = []
-    if 'image_grid_thw' in params:
-        grid = 2 * merge
-        frames = _vision_field(vision, 'temporal_patch_size', 'patch_temporal', default=1)
-        for temporal in dict.fromkeys((frames, 2, 1)):
-            pixels = {
-                'pixel_values': noise(grid * grid, channels * temporal * patch * patch),
-                'image_grid_thw': torch.tensor([[1, grid, grid]]),
-            }
-            if 'image_merge_sizes' in params:
-                pixels['image_merge_sizes'] = torch.tensor([merge])
-            layouts.append((f'patches x {temporal} frames', pixels, pixels))
-    first = noise(1, channels, side, side)
-    image = {'pixel_values': first}
-    for name in params:  # further images at their own resolution (DeepSeek-VL hybrid: high_res_pixel_values)
+    if 'image_grid_thw' not in params:
+        return layouts
+    grid = 2 * merge
+    frames = _vision_field(vision, 'temporal_patch_size', 'patch_temporal', default=1)
+    for temporal in dict.fromkeys((frames, 2, 1)):
+        pixels = {
+            'pixel_values': noise(grid * grid, temporal * patch_values),
+            'image_grid_thw': torch.tensor([[1, grid, grid]]),
+        }
+        if 'image_merge_sizes' in params:
+            pixels['image_merge_sizes'] = torch.tensor([merge])
+        layouts.append((f'patches x {temporal} frames', pixels, pixels))
+    return layouts
+
+
+def _image(config, params, channels: int, side: int, noise: Callable) -> dict:
+    """One ``[1, C, H, W]`` image, and the same at the resolution of each further image input of the forward
+    (DeepSeek-VL hybrid: ``high_res_pixel_values`` at its ``high_res_vision_config``'s size)."""
+    image = {'pixel_values': noise(1, channels, side, side)}
+    for name in params:
         if name.endswith('_pixel_values'):
             other = getattr(config, name[: -len('pixel_values')] + 'vision_config', None)
             size = _vision_field(other, 'image_size', default=side)
             image[name] = noise(1, channels, size, size)
-    layouts.append(('image', image, image))
-    extras = {}
+    return image
+
+
+def _sized_layouts(model, params, image: dict, shape: tuple[int, int], noise: Callable, undo: list) -> list[Layout]:
+    """The image with ``image_sizes`` and ``pixel_mask`` where the forward takes them, and LLaVA-NeXT's tiles (one
+    tile: its grid pinpoints set to the image's size, recorded in ``undo``); ``shape`` is ``(channels, side)``."""
+    channels, side = shape
+    layouts, extras = [], {}
     if 'image_sizes' in params:
         extras['image_sizes'] = torch.tensor([[side, side]])
         if isinstance(getattr(model.config, 'image_grid_pinpoints', None), list):
@@ -117,18 +165,6 @@ def _pixel_layouts(model, config, params, generator, undo: list) -> list[tuple[s
         extras['pixel_mask'] = torch.ones(1, side, side, dtype=torch.long)
     if extras:
         layouts.append(('image', {**image, **extras}, {**image, **extras}))
-    nested = {'pixel_values': first[None]}
-    if 'pixel_attention_mask' in params:
-        nested['pixel_attention_mask'] = torch.ones(1, 1, side, side, dtype=torch.bool)
-    layouts.append(('images', nested, {'pixel_values': first}))
-    if 'spatial_shapes' in params:
-        count = (side // patch) ** 2
-        flat = {
-            'pixel_values': noise(1, count, channels * patch * patch),
-            'spatial_shapes': torch.tensor([[side // patch, side // patch]]),
-            'pixel_attention_mask': torch.ones(1, count, dtype=torch.bool),
-        }
-        layouts.append(('patches with spatial_shapes', flat, flat))
     return layouts
 
 
@@ -166,7 +202,7 @@ def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator
     :py:func:`_pixel_layouts` runs the model's plain forward; ``n`` is what the model's ``get_image_features`` gives
     (or what its error message names). The text only where none runs, saying why; where nothing runs on the
     embeddings and the text alone not even on ``input_ids`` (BLIP: pixels required), the pixels that run on
-    ``input_ids`` (the model takes no ``inputs_embeds``: the walk refuses it by name).
+    ``input_ids`` (the model takes no ``inputs_embeds``: the check refuses it by name).
 
     Parameters
     ----------
@@ -175,12 +211,12 @@ def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator
     inputs: dict
         The text inputs (``input_ids`` ...), completed in place.
     params
-        The names of the forward's parameters (:py:func:`~zennit_attn.engine.modules.forward_parameters`).
+        The names of the forward's parameters.
     generator: torch.Generator
         Draws the text ids and the pixels.
     fails: callable
         ``fails(inputs, embeddings=True)``: the exception of the plain forward on ``inputs`` (on the embeddings as the
-        walk explains, or on the ids), None where it runs.
+        check explains, or on the ids), None where it runs.
 
     Returns
     -------
@@ -196,42 +232,82 @@ def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator
     image, special, undo = _special_tokens(model, vocab)
     pool = torch.tensor([index for index in range(4, min(vocab, 90)) if index not in special])
     text = pool[torch.randint(len(pool), (6,), generator=generator)][None]
-    errors, trials, rows = [], [], {}
-    for layout, pixels, features in _pixel_layouts(model, config, params, generator, undo):
+    trials = _Trials(model, inputs, text, image, width, fails)
+    for layout in _pixel_layouts(model, config, params, generator, undo):
+        if trials.run(*layout):
+            return 'text + image'
+    return _without_a_layout(inputs, trials, undo, fails)
+
+
+class _Trials:
+    """The plain forward on the text with the pixels of each layout, and what failed.
+
+    Attributes
+    ----------
+    errors: list of str
+        ``'layout: error'`` of each failed trial.
+    tried: list of dict
+        The inputs of each failed trial.
+    """
+
+    def __init__(self, model, inputs: dict, text: torch.Tensor, image: int | None, width: int, fails):
+        self.model, self.inputs, self.text, self.image, self.width, self.fails = (
+            model,
+            inputs,
+            text,
+            image,
+            width,
+            fails,
+        )
+        self.errors: list[str] = []
+        self.tried: list[dict] = []
+        self.rows: dict = {}
+
+    def run(self, layout: str, pixels: dict, features: dict) -> bool:
+        """Whether the forward runs on the text with ``pixels`` and as many image placeholders as the model's
+        ``get_image_features`` gives for ``features`` (at most twice: again with the count that an error message
+        names); where it runs, the trial is put into the inputs."""
         key = tuple((name, id(value)) for name, value in features.items())  # layouts share the image: ask once
-        if key not in rows:
-            rows[key] = (0, None) if image is None else _feature_rows(model, features, width)
-        count, error = rows[key]
+        if key not in self.rows:
+            self.rows[key] = (0, None) if self.image is None else _feature_rows(self.model, features, self.width)
+        count, error = self.rows[key]
         for _ in range(2):
-            ids = text if not count else torch.cat([text[:, :2], torch.full((1, count), image), text[:, 2:]], 1)
-            trial = {**inputs, 'input_ids': ids, **pixels}
+            ids = (
+                self.text
+                if not count
+                else torch.cat([self.text[:, :2], torch.full((1, count), self.image), self.text[:, 2:]], 1)
+            )
+            trial = {**self.inputs, 'input_ids': ids, **pixels}
             # the forward computes what get_image_features raised for these very pixels: no need to run it
-            error = error if error is not None and features is pixels else fails(trial)
+            error = error if error is not None and features is pixels else self.fails(trial)
             if error is None:
-                inputs.update(trial)
-                return 'text + image'
-            errors.append(f'{layout}: {type(error).__name__}: {_short(error)[:160]}')
-            trials.append(trial)
+                self.inputs.update(trial)
+                return True
+            self.errors.append(f'{layout}: {type(error).__name__}: {short_message(error)[:160]}')
+            self.tried.append(trial)
             found = re.search(r'features\D{0,4}(\d+)', str(error))
-            if image is None or not found or int(found.group(1)) == count:
-                break
+            if self.image is None or not found or int(found.group(1)) == count:
+                return False
             count, error = int(found.group(1)), None
+        return False
+
+
+def _without_a_layout(inputs: dict, trials: _Trials, undo: list, fails) -> str:
+    """Where no layout runs: the text alone (the configuration's changes undone), saying why; where the text alone
+    does not run at all, the pixels of a trial that runs on the ids (``'text + image'``: the model takes no
+    ``inputs_embeds``, which the check refuses by name)."""
     changed = [(owner, key, getattr(owner, key)) for owner, key, _ in undo]
     for owner, key, value in undo:  # the text alone, as without a vision tower
         setattr(owner, key, value)
-    note = 'text only: no pixel layout runs (' + '; '.join(dict.fromkeys(errors[:3])) + ')'
+    note = 'text only: no pixel layout runs (' + '; '.join(dict.fromkeys(trials.errors[:3])) + ')'
     if fails(inputs) is None or fails(inputs, embeddings=False) is None:
         return note  # the text alone runs (on the embeddings, or on the ids only: refused by name)
     for owner, key, value in changed:  # nothing runs without pixels: pixels on the ids, refused by name
         setattr(owner, key, value)
-    for trial in trials:
+    for trial in trials.tried:
         if fails(trial, embeddings=False) is None:
             inputs.update(trial)
             return 'text + image'
     for owner, key, value in undo:
         setattr(owner, key, value)
     return note
-
-
-def _short(error: BaseException) -> str:
-    return ' '.join(str(error).split())[:400]

@@ -1,0 +1,2 @@
+"""Tools of the repository that do not ship in the wheel: ``supported_models`` writes the documentation's
+supported-models page (``make supported-models``)."""

@@ -1,0 +1,58 @@
+"""The gradient baselines: gradient x input, Integrated Gradients and SmoothGrad (the last two by zennit's
+attributors), at the task's input (word embeddings, pixels)."""
+
+from __future__ import annotations
+
+import torch
+from zennit.attribution import IntegratedGradients, SmoothGrad
+
+from ..inputs.task import Task
+from .selection import Selected, forked_random_state
+
+__all__ = ['input_x_gradient', 'integrated_gradients', 'smoothgrad']
+
+
+def input_x_gradient(task: Task, position=-1, target=None):
+    """Gradient x input (Eq. 11 of the paper's appendix) at the input (word embeddings, pixels). Cost: one forward
+    and one backward pass."""
+    with torch.enable_grad():
+        inputs = task.inputs.clone().requires_grad_(True)
+        logit = task.resolve(task.forward(inputs), position, target)
+        (grad,) = torch.autograd.grad(logit.sum(), inputs)
+    return task.finish(inputs.detach() * grad, logit, 'input_x_gradient')
+
+
+def integrated_gradients(task: Task, position=-1, target=None, steps: int = 20, baseline: float = 0.0):
+    """Integrated Gradients (Sundararajan et al. 2017) from a constant ``baseline`` input (default 0, the zero
+    embedding or a black image), by zennit's :py:class:`zennit.attribution.IntegratedGradients` (right Riemann sum
+    over ``steps`` points, the paper's Eq. of appendix A.1). Cost: ``steps`` forward and backward passes (plus one
+    plain forward)."""
+    logit = task.resolve_plain(position, target)
+    attributor = IntegratedGradients(
+        Selected(task), n_iter=steps, baseline_fn=lambda inputs: torch.full_like(inputs, baseline)
+    )
+    with torch.enable_grad():
+        _, relevance = attributor(task.inputs.clone(), torch.ones_like)
+    return task.finish(relevance, logit, 'integrated_gradients')
+
+
+def smoothgrad(
+    task: Task,
+    position=-1,
+    target=None,
+    sigma: float = 0.1,
+    samples: int = 20,
+    seed: int | None = 0,
+    multiply_input: bool = True,
+):
+    """SmoothGrad (Smilkov et al. 2017) by zennit's :py:class:`zennit.attribution.SmoothGrad`: the mean gradient
+    over ``samples`` inputs with Gaussian noise of standard deviation ``sigma`` times the range (max - min) of each
+    row's input (zennit's ``noise_level``; the paper uses ``sigma=0.1``; zennit's last sample is noise-free). With
+    ``multiply_input`` (default) the mean gradient is multiplied by the input, a signed relevance like gradient x
+    input; otherwise the gradient itself is returned. Cost: ``samples`` forward and backward passes (plus one plain
+    forward)."""
+    logit = task.resolve_plain(position, target)
+    attributor = SmoothGrad(Selected(task), noise_level=sigma, n_iter=samples)
+    with torch.enable_grad(), forked_random_state(seed, task.inputs.device):
+        _, gradient = attributor(task.inputs.clone(), torch.ones_like)
+    return task.finish(gradient * task.inputs if multiply_input else gradient, logit, 'smoothgrad')
