@@ -1,18 +1,32 @@
 """Cost of one ``explain()`` call relative to a plain forward + backward (input x gradient), in time and memory.
 
-Requirement checked: one :py:func:`zennit_attn.explain` call on a Llama-style model takes at most 1.3x the time
-and 1.3x the peak memory of a plain forward + backward on the same model and input. The plain baseline is input x
-gradient written out by hand::
+Two comparisons:
 
-    emb = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
-    logits = model(inputs_embeds=emb, use_cache=False).logits
-    logit = logits[:, -1][torch.arange(len(target)), target]        # same target as explain()
-    grad, = torch.autograd.grad(logit, emb, grad_outputs=torch.ones_like(logit))
-    relevance = (emb * grad).sum(-1)
+- ``--fair`` (the figures of issue 30, and its targets): one ``explain()`` call against the *fair plain pass*, the
+  input x gradient a user of an input attribution runs: the model's weights frozen (``requires_grad=False``: no
+  weight gradient is needed; :py:func:`frozen`, entered outside the clock) and the logits of the explained position only
+  (``logits_to_keep=1``, as ``explain()`` asks decoder models for)::
 
-and the explained call is ``explain(model, input_ids, target=target)`` (AttnLRP, default composite, epsilon 0).
-Parameters keep ``requires_grad`` as loaded (True); both methods differentiate w.r.t. the embeddings only, so
-neither computes weight gradients.
+      with frozen(model):
+          emb = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+          logits = model(inputs_embeds=emb, use_cache=False, logits_to_keep=1).logits
+          logit = logits[:, -1][torch.arange(len(target)), target]        # same target as explain()
+          grad, = torch.autograd.grad(logit, emb, grad_outputs=torch.ones_like(logit))
+          relevance = (emb * grad).sum(-1)
+
+  against ``explain(model, input_ids, target=target)`` with the default composite (``explain``) and with
+  ``AttnLRPEpsilon(general=True)`` (``general``), on the model as loaded. All calls run side by side in one process,
+  in interleaved rounds (fair, explain, general, fair, ...); reported: the median time of each, its ratio to the fair
+  pass's median, the median of the per-round ratios (each call over the fair pass of its round: steadier on a shared
+  machine), the 1-minute load average before and after the timed rounds, and the bytes autograd saved that are still
+  alive when the backward pass begins (the activations the forward pass leaves for the backward pass; see 2. below)
+  with their ratio to the fair pass's. A line per call at 16 and 512 tokens compares the paired time ratio with the
+  targets (:py:data:`TIME_TARGETS`: <= 1.05x at 16 tokens, <= 1.03x at 512) and the activations with
+  :py:data:`MEMORY_TARGET` (<= 1.0x). With trainable weights autograd would save every linear layer's input for a
+  weight gradient that no input attribution computes: that pass is not a fair baseline.
+  ``--checkpointing`` adds ``explain(checkpointing=True)`` to the compared calls (the scaling table of the README).
+- the default tables: ``explain()`` against the plain pass as a user might write it first, all logits computed and
+  the parameters' ``requires_grad`` as loaded (True): time, saved bytes, live peak and RSS (below).
 
 Models
 ------
@@ -74,11 +88,15 @@ Run
 ``python benchmarks/speed.py`` (all models, seq 512, 5 repeats, torch's default thread count) or ``make bench``.
 Options: ``--models random-llama smollm2 ...``, ``--seq 512``, ``--repeats 5``, ``--threads N``
 (``torch.set_num_threads``), ``--rss-repeats 3``, ``--no-rss``, ``--json PATH``. Several lengths
-(``--seq 512 1024 2048 4096 8192``) run one after the other. ``--checkpointing`` replaces the tables by a
-comparison of the fair plain pass (``run_plain(keep_last=True)``: only the explained position's logits,
-``logits_to_keep``), ``explain()`` and ``explain(checkpointing=True)`` at each length: median time of ``--repeats``
-runs, saved bytes and peak live tensor bytes, each with its ratio to the fair plain pass, and the median of the
-per-round time ratios (no RSS).
+(``--seq 512 1024 2048 4096 8192``) run one after the other. ``--fair`` replaces the tables by the comparison with
+the fair plain pass at each length (median time of ``--repeats`` interleaved rounds after ``--warmup`` rounds, the
+paired ratios, saved bytes alive at the backward pass, all saved bytes and peak live tensor bytes, each with its ratio
+to the fair pass; no RSS); ``--compare`` picks the compared calls, ``--checkpointing`` adds the checkpointed call.
+The figures of issue 30 (run alone, ``OMP_NUM_THREADS=1``)::
+
+    python benchmarks/speed.py --fair --models random-llama random-mixtral --seq 16 512 --threads 1 --repeats 25
+
+The fixed cost per call, phase by phase: ``benchmarks/per_call.py``; ``torch.compile``: ``benchmarks/compiled.py``.
 The default run takes about 5 minutes on 2 idle CPU cores (SmolLM2 takes ~17 s to load, in each of its
 subprocesses). On a machine shared with other jobs the times inflate badly with 2 threads (an OpenMP barrier waits
 for a descheduled thread: 28 s instead of 2.7 s per SmolLM2 call was seen at a load average of 4) and the run takes
@@ -88,6 +106,7 @@ for a descheduled thread: 28 s instead of 2.7 s per SmolLM2 call was seen at a l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import functools
 import gc
@@ -101,6 +120,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -254,12 +274,31 @@ def pick_target(model, inputs) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------- methods
 
 
+@contextlib.contextmanager
+def frozen(model: torch.nn.Module) -> Iterator[None]:
+    """The model's parameters frozen (``requires_grad=False``) for the time of the context, then as they were.
+
+    An input attribution needs no weight gradient: with trainable weights autograd saves every linear layer's input
+    for the weight gradient (a pass no user of an input attribution runs), with frozen weights only what the input's
+    gradient needs. ``explain()`` computes an input attribution too (its general mechanism freezes the weights for
+    the time of the composite's context)."""
+    thawed = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    for parameter in thawed:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in thawed:
+            parameter.requires_grad_(True)
+
+
 def run_plain(model, inputs, target, keep_last: bool = False):
     """Input x gradient: the plain forward + backward that ``explain()`` is compared with (for encoder-decoder
     models at the encoder and the decoder embeddings). ``keep_last`` makes it the fair plain pass: the logits of the
     explained (last) position only (``logits_to_keep=1`` for models whose forward takes it, as ``explain()`` does),
     so that neither the LM head's forward and backward at other positions nor the ``[batch, seq, vocab]`` logits
-    count against the plain pass."""
+    count against the plain pass. The fair pass runs on frozen weights (:py:func:`frozen`, entered by the
+    measurements outside the clock: :py:data:`FROZEN`)."""
     input_ids, decoder_ids = _split(inputs)
     keep = keep_last and 'logits_to_keep' in inspect.signature(model.forward).parameters
     with torch.enable_grad():
@@ -293,6 +332,15 @@ RUNNERS = {
     'checkpointing': functools.partial(run_explain, checkpointing=True),
     'general': functools.partial(run_explain, general=True),
 }
+#: the methods that run with the model's weights frozen (:py:func:`frozen`, entered before the clock starts): the fair
+#: plain pass, as an input attribution runs; the others run on the model as loaded (``explain()`` freezes what it
+#: needs itself, inside its call)
+FROZEN = frozenset({'fair'})
+
+
+def setting(model, method: str) -> contextlib.AbstractContextManager:
+    """The context ``method`` runs in: :py:func:`frozen` weights for :py:data:`FROZEN`, none for the others."""
+    return frozen(model) if method in FROZEN else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------------------------- measurements
@@ -305,14 +353,16 @@ def time_interleaved(
     times = {method: {'wall': [], 'cpu': []} for method in methods}
     for _ in range(warmup):
         for method in methods:
-            RUNNERS[method](model, input_ids, target)
+            with setting(model, method):
+                RUNNERS[method](model, input_ids, target)
     for _ in range(repeats):
         for method in methods:
             gc.collect()
-            wall, cpu = time.perf_counter(), time.process_time()
-            RUNNERS[method](model, input_ids, target)
-            times[method]['wall'].append(time.perf_counter() - wall)
-            times[method]['cpu'].append(time.process_time() - cpu)
+            with setting(model, method):
+                wall, cpu = time.perf_counter(), time.process_time()
+                RUNNERS[method](model, input_ids, target)
+                times[method]['wall'].append(time.perf_counter() - wall)
+                times[method]['cpu'].append(time.process_time() - cpu)
     return times
 
 
@@ -364,8 +414,9 @@ def saved_bytes(model, input_ids, target, method: str) -> dict[str, int]:
             size for pointer, (ref, size) in seen.items() if pointer not in model_ptrs and ref() is not None
         )
 
-    with _AtBackward(at_backward), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        RUNNERS[method](model, input_ids, target)
+    with setting(model, method), _AtBackward(at_backward):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            RUNNERS[method](model, input_ids, target)
     return counted
 
 
@@ -406,7 +457,7 @@ def live_bytes(model, input_ids, target, method: str) -> dict[str, int]:
     gc.collect()
     mode = LiveTensorBytes()
     at_backward = {}
-    with _AtBackward(lambda: at_backward.setdefault('live', mode.live)), mode:
+    with setting(model, method), _AtBackward(lambda: at_backward.setdefault('live', mode.live)), mode:
         result = RUNNERS[method](model, input_ids, target)
     del result
     gc.collect()
@@ -457,6 +508,12 @@ def rss_child(name: str, method: str, seq: int, repeats: int, threads: int | Non
         torch.set_num_threads(threads)
     model, input_ids, _ = build(name, seq)
     target = pick_target(model, input_ids)
+    with setting(model, method):
+        return _rss_increases(model, input_ids, target, method, repeats)
+
+
+def _rss_increases(model, input_ids, target, method: str, repeats: int) -> dict:
+    """Peak RSS increase of each of ``repeats`` calls of ``method`` after a warm-up call (:py:func:`rss_child`)."""
     RUNNERS[method](model, input_ids, target)  # warm-up: lazy initialisation, thread pools, kernel selection
     increases, how = [], 'VmHWM'
     for _ in range(repeats):
@@ -656,8 +713,14 @@ def _git_state() -> str | None:
     return commit + ('-dirty' if dirty else '')
 
 
-#: what the ``--checkpointing`` comparison runs
+#: what the comparisons with the fair plain pass can run (``--fair``, ``--checkpointing``; the fair pass always)
 SCALING_METHODS = ('fair', 'explain', 'checkpointing', 'general')
+#: what ``--fair`` compares by default: the default composite and ``AttnLRPEpsilon(general=True)``
+FAIR_METHODS = ('fair', 'explain', 'general')
+#: targets of issue 30 for one ``explain()`` call, 1 thread: the paired time ratio to the fair pass by length, and the
+#: ratio of the activations alive when the backward pass begins (saved bytes) to the fair pass's
+TIME_TARGETS = {16: 1.05, 512: 1.03}
+MEMORY_TARGET = 1.0
 
 
 def scaling(
@@ -668,30 +731,34 @@ def scaling(
     methods: tuple[str, ...] = SCALING_METHODS,
     warmup: int = 1,
 ) -> dict:
-    """Time (median of ``repeats`` interleaved runs), saved bytes and peak live bytes of the fair plain pass,
-    ``explain()`` and ``explain(checkpointing=True)`` (``methods``; the fair pass always) at one length. The saved
-    bytes of the checkpointed call miss the block inputs the checkpoints hold (they never pass the pack hook):
-    compare live bytes for it."""
+    """Time (median of ``repeats`` interleaved rounds, and the median of the per-round ratios), saved bytes and
+    peak live bytes of the fair plain pass and ``methods`` (the fair pass always) at one length, each as a ratio to
+    the fair pass; the 1-minute load average before and after the timed rounds. The saved bytes of the checkpointed
+    call miss the block inputs the checkpoints hold (they never pass the pack hook): compare live bytes for it."""
     methods = ('fair', *(method for method in methods if method != 'fair'))
     model, input_ids, description = build(name, seq, dtype)
     target = pick_target(model, input_ids)
+    load_before = os.getloadavg()[0]
     times = {
         method: value['wall']
         for method, value in time_interleaved(model, input_ids, target, repeats, warmup, methods).items()
     }
+    load_after = os.getloadavg()[0]
     saved = {method: saved_bytes(model, input_ids, target, method) for method in methods}
     result = {
         'model': name,
         'seq': seq,
         'dtype': str(dtype).removeprefix('torch.'),
         'input': description,
+        'repeats': repeats,
         'time_s': {method: statistics.median(times[method]) for method in methods},
+        'time_all_s': times,
         **{
             key: {method: saved[method][field] for method in methods}
             for key, field in (('saved_bytes', 'activations'), ('saved_alive_bytes', 'alive_at_backward'))
         },
         'live_peak_bytes': {method: live_bytes(model, input_ids, target, method)['peak'] for method in methods},
-        'load_average_1min': os.getloadavg()[0],
+        'load_average_1min': [load_before, load_after],  # before and after the timed rounds
     }
     result['ratio'] = {
         key: {method: ratio(result[key][method], result[key]['fair']) for method in methods[1:]}
@@ -711,52 +778,76 @@ def scaling(
     return result
 
 
-def scaling_main(args) -> None:
-    dtype = getattr(torch, args.dtype)
-    results = [
-        scaling(name, seq, args.repeats, dtype, tuple(args.compare), args.warmup)
-        for name in args.models
-        for seq in args.seq
-    ]
-    columns = [
+def _per_method(key: str, methods, scale: float = 1.0, digits: int = 1, ratios: bool = False):
+    """A table cell: ``key``'s value (or ratio to the fair pass) of each of ``methods``, separated by slashes."""
+
+    def cell(result: dict) -> str:
+        values = result['ratio'][key] if ratios else result[key]
+        return ' / '.join(
+            (f'{values[method]:.2f}x' if ratios else f'{values[method] / scale:.{digits}f}')
+            if method in values
+            else '-'
+            for method in methods
+        )
+
+    return cell
+
+
+def scaling_columns(methods: tuple[str, ...]) -> list:
+    """The columns of the comparison with the fair pass: values of the fair pass, ratios of the ``methods``."""
+    names = ' / '.join(methods)
+    return [
         ('model', lambda r: r['model'], '<'),
         ('dtype', lambda r: r['dtype'], '<'),
         ('seq', lambda r: r['seq'], '>'),
+        ('fair ms', lambda r: f'{r["time_s"]["fair"] * 1e3:.1f}', '>'),
+        (f'time ratio {names}', _per_method('time_s', methods, ratios=True), '>'),
+        ('paired ratio', _per_method('time_paired', methods, ratios=True), '>'),
+        ('alive at backward MiB (fair)', lambda r: f'{r["saved_alive_bytes"]["fair"] / MB:.1f}', '>'),
+        ('ratio', _per_method('saved_alive_bytes', methods, ratios=True), '>'),
+        ('saved MiB (fair)', lambda r: f'{r["saved_bytes"]["fair"] / MB:.1f}', '>'),
+        ('ratio', _per_method('saved_bytes', methods, ratios=True), '>'),
+        ('live peak MiB (fair)', lambda r: f'{r["live_peak_bytes"]["fair"] / MB:.1f}', '>'),
+        ('ratio', _per_method('live_peak_bytes', methods, ratios=True), '>'),
+        ('load 1 min', lambda r: '{:.2f} -> {:.2f}'.format(*r['load_average_1min']), '>'),
     ]
-    for key, title, scale, digits in (
-        ('time_s', 'time s', 1.0, 3),
-        ('saved_bytes', 'saved MB', MB, 1),
-        ('saved_alive_bytes', 'saved MB alive at backward', MB, 1),
-        ('live_peak_bytes', 'live peak MB', MB, 1),
-    ):
-        columns.append(
-            (
-                f'{title} fair / explain / checkpointing',
-                lambda r, key=key, scale=scale, digits=digits: ' / '.join(
-                    f'{r[key][method] / scale:.{digits}f}' if method in r[key] else '-' for method in SCALING_METHODS
-                ),
-                '>',
+
+
+def verdicts(results: list[dict], methods: tuple[str, ...]) -> list[str]:
+    """One line per result at a length of :py:data:`TIME_TARGETS` and method: its paired time ratio and its ratio of
+    activations alive at the backward pass against the targets."""
+    lines = []
+    for result in results:
+        limit = TIME_TARGETS.get(result['seq'])
+        for method in methods if limit is not None else ():
+            paired, alive = result['ratio']['time_paired'][method], result['ratio']['saved_alive_bytes'][method]
+            met = paired <= limit and alive <= MEMORY_TARGET
+            lines.append(
+                f'{result["model"]}, seq {result["seq"]}, {method}: time {paired:.3f}x (target <= {limit:.2f}x), '
+                f'alive at backward {alive:.3f}x (target <= {MEMORY_TARGET:.2f}x): {"met" if met else "MISSED"}'
             )
-        )
-        ratios = [(key, 'ratios')] + ([('time_paired', 'paired ratios')] if key == 'time_s' else [])
-        for ratio_key, ratio_title in ratios:
-            columns.append(
-                (
-                    ratio_title,
-                    lambda r, key=ratio_key: ' / '.join(
-                        f'{r["ratio"][key][method]:.2f}x' if method in r['ratio'][key] else '-'
-                        for method in SCALING_METHODS[1:]
-                    ),
-                    '>',
-                )
-            )
+    return lines
+
+
+def scaling_main(args) -> None:
+    dtype = getattr(torch, args.dtype)
+    compare = tuple(args.compare or (SCALING_METHODS if args.checkpointing else FAIR_METHODS))
+    results = [
+        scaling(name, seq, args.repeats, dtype, compare, args.warmup) for name in args.models for seq in args.seq
+    ]
+    methods = tuple(method for method in SCALING_METHODS[1:] if method in compare)
     print(
-        f'fair plain pass (logits_to_keep) vs explain() vs explain(checkpointing=True); median of {args.repeats} '
-        f'runs; torch {torch.__version__}, {torch.get_num_threads()} threads. Paired ratios: median over the rounds '
-        'of each run over the fair run of its round. Saved MB of the checkpointed call miss the block inputs its '
-        'checkpoints hold; live peak MB (TorchDispatchMode) sees them.'
+        f'fair plain pass (input x gradient, frozen weights, logits_to_keep=1) vs {", ".join(methods)} '
+        f'(explain: default composite; general: AttnLRPEpsilon(general=True)); median of {args.repeats} '
+        f'interleaved rounds; torch {torch.__version__}, {torch.get_num_threads()} thread(s); zennit_attn at '
+        f'{_git_state() or "?"}. '
+        'Paired ratio: median over the rounds of each run over the fair run of its round (steadier on a shared '
+        'machine). Alive at backward: bytes autograd saved that are still alive when the backward pass begins. '
+        'Saved MiB of the checkpointed call miss the block inputs its checkpoints hold; live peak MiB '
+        '(TorchDispatchMode) sees them.'
     )
-    print('\n'.join(_table(results, columns)))
+    print('\n'.join(_table(results, scaling_columns(methods))))
+    print('\n'.join(verdicts(results, methods)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
@@ -765,9 +856,11 @@ def scaling_main(args) -> None:
                     'settings': {
                         'seq': args.seq,
                         'repeats': args.repeats,
+                        'warmup': args.warmup,
                         'dtype': args.dtype,
                         'threads': torch.get_num_threads(),
                         'torch': torch.__version__,
+                        'zennit_attn_git': _git_state(),
                     },
                     'results': results,
                 },
@@ -776,7 +869,7 @@ def scaling_main(args) -> None:
         )
 
 
-def main(argv=None):
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -789,32 +882,45 @@ def main(argv=None):
         help='sequence length(s) (default 512); several lengths run one after the other',
     )
     parser.add_argument(
+        '--fair',
+        action='store_true',
+        help='instead of the table above: the fair plain pass (frozen weights, logits_to_keep=1), explain() with '
+        'the default composite and with AttnLRPEpsilon(general=True) at each --seq, interleaved (time of --repeats '
+        'rounds with paired ratios, saved bytes alive at the backward pass, live peak; no RSS), against the targets',
+    )
+    parser.add_argument(
         '--checkpointing',
         action='store_true',
-        help='instead of the table above: the fair plain pass, explain() and explain(checkpointing='
-        'True) at each --seq (time of --repeats runs, saved and live bytes; no RSS)',
+        help='as --fair, with explain(checkpointing=True) among the compared calls',
     )
     parser.add_argument(
         '--compare',
         nargs='+',
         choices=SCALING_METHODS,
-        default=list(SCALING_METHODS),
-        help='with --checkpointing: the calls compared (the fair pass always; e.g. leave out '
+        default=None,
+        help='with --fair or --checkpointing: the calls compared (the fair pass always; e.g. leave out '
         '"explain" at lengths where only the checkpointed call fits in memory)',
     )
     parser.add_argument(
         '--dtype',
         choices=('float32', 'bfloat16'),
         default='float32',
-        help='with --checkpointing: model dtype (default float32)',
+        help='with --fair or --checkpointing: model dtype (default float32)',
     )
-    parser.add_argument('--warmup', type=int, default=1, help='with --checkpointing: warm-up rounds (default 1)')
+    parser.add_argument(
+        '--warmup', type=int, default=1, help='with --fair or --checkpointing: warm-up rounds (default 1)'
+    )
     parser.add_argument('--repeats', type=int, default=5, help='timed repeats per method, median reported (default 5)')
     parser.add_argument('--threads', type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     parser.add_argument('--rss-repeats', type=int, default=3, help='RSS measurements per method (default 3)')
     parser.add_argument('--no-rss', action='store_true', help='skip the RSS subprocesses')
     parser.add_argument('--json', type=Path, default=None, help='also write the numbers to this JSON file')
     parser.add_argument('--rss-child', nargs=2, metavar=('MODEL', 'METHOD'), help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None):
+    parser = make_parser()
     args = parser.parse_args(argv)
 
     if args.rss_child:
@@ -823,7 +929,7 @@ def main(argv=None):
         return
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.checkpointing:
+    if args.fair or args.checkpointing:
         scaling_main(args)
         return
     if len(args.seq) > 1:

@@ -1,9 +1,12 @@
-"""The checks of ``zennit_attn.inputs.checks`` that every explanation request passes: foreign rule hooks on the model, the
-position limit of the model's configuration, causal models told apart from encoders (left padding)."""
+"""The checks of ``zennit_attn.inputs.checks`` that every explanation request passes: foreign rule hooks on the model,
+the position limit of the model's configuration, causal models told apart from encoders (left padding), and the facts
+of a model kept between calls while the model stays the same."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 
 import pytest
 import torch
@@ -13,9 +16,18 @@ from zennit.rules import Epsilon
 
 from tests.models import tiny_model, token_ids
 from zennit_attn import explain
+from zennit_attn.engine.canonizers.quantization import UnsupportedQuantizationError
 from zennit_attn.engine.composites import AttnLRPEpsilon
-from zennit_attn.inputs.checks import check_length, check_model, is_causal, rule_hooks, sees_later_tokens
-from zennit_attn.zoo import tiny_config
+from zennit_attn.inputs.checks import (
+    check_length,
+    check_model,
+    is_causal,
+    model_facts,
+    rule_hooks,
+    sees_later_tokens,
+)
+from zennit_attn.inputs.lookups import id_tables
+from zennit_attn.workflows.architecture_check.configs import tiny_config
 
 
 @pytest.fixture(scope='module')
@@ -121,3 +133,85 @@ def test_encoders_are_not_causal_and_left_padding_is_refused(family, head):
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     with pytest.raises(ValueError, match='is not causal .* would give left-padded rows shifted positions'):
         explain(model, ids, attention_mask=mask, method='input_x_gradient')
+
+
+# ------------------------------------------------------------------------------------------------ facts of a model
+def test_the_causality_probe_runs_once_until_the_model_changes():
+    """The probe is a forward pass of the model: it runs once while the model stays the same, and again after a change
+    of its configuration (BERT's ``is_decoder`` makes its mask causal; the attention implementation) or of a module."""
+    model = tiny_model('bert', 'masked_lm')
+    probes = []
+    model.base_model.register_forward_pre_hook(lambda module, args, kwargs: probes.append(1), with_kwargs=True)
+    answers = [is_causal(model), is_causal(model), sees_later_tokens(model), is_causal(model)]
+    assert answers == [False, False, True, False]
+    assert len(probes) == 1
+    model.config.is_decoder = True
+    assert is_causal(model) and sees_later_tokens(model) is False and len(probes) == 2
+    model.config.is_decoder = False
+    assert not is_causal(model) and len(probes) == 3
+    facts = model_facts(model)
+    assert model_facts(model) is facts
+    model.config._attn_implementation = 'sdpa'
+    assert model_facts(model) is not facts
+    assert not is_causal(model) and len(probes) == 4
+    model.bert.encoder.layer[0].output.dropout = torch.nn.Dropout(0.0).eval()  # a module replaced
+    assert not is_causal(model) and len(probes) == 5
+    assert not is_causal(model) and len(probes) == 5
+
+
+def test_a_weight_changed_in_place_is_checked_again():
+    """Quantized layers and weights on the meta device are checked once per model, and again when a weight is cast in
+    place (as bitsandbytes quantizes on a move: same parameter, new dtype) or replaced."""
+    model = tiny_model('llama', dtype=torch.float32)
+    check_model(model)
+    weight = model.model.layers[0].mlp.down_proj.weight
+    weight.requires_grad_(False)
+    weight.data = weight.data.to(torch.int8)
+    with pytest.raises(
+        UnsupportedQuantizationError, match=r"at model\.layers\.0\.mlp\.down_proj\): its 'weight' holds"
+    ):
+        check_model(model)
+    model = tiny_model('llama', dtype=torch.float32)
+    check_model(model)
+    model.model.norm.weight = torch.nn.Parameter(torch.empty(model.model.norm.weight.shape, device='meta'))
+    with pytest.raises(ValueError, match="tensors on the meta device \\(e.g. 'model.norm.weight'\\)"):
+        check_model(model)
+
+
+def test_a_weight_replaced_while_the_old_one_lives_gives_new_facts():
+    """The key holds each tensor by its id and a weak reference: a weight replaced by an equal one while the old one is
+    alive gives new facts (and compares no tensors: two tensors compare element by element)."""
+    model = tiny_model('llama')
+    facts = check_model(model)
+    kept = [model.model.norm.weight]  # the replaced weights stay alive
+    for replacement in (kept[0].detach().clone(), kept[0].detach()[:1].clone()):  # the same values; one element
+        model.model.norm.weight = torch.nn.Parameter(replacement)
+        assert check_model(model) is not facts
+        facts = check_model(model)
+        assert check_model(model) is facts
+        kept.append(model.model.norm.weight)
+
+
+def test_the_checks_in_every_call_are_not_kept():
+    """Training mode and rule hooks can change without a change of the model's facts: each call checks them."""
+    model = tiny_model('llama')
+    facts = check_model(model)
+    model.model.layers[0].mlp.train()
+    with pytest.raises(ValueError, match="submodule 'model.layers.0.mlp'.*training mode"):
+        check_model(model)
+    model.eval()
+    with NameMapComposite([(['lm_head'], Epsilon(0.5))]).context(model):
+        with pytest.raises(RuntimeError, match=r"\(Epsilon at 'lm_head'\)"):
+            check_model(model)
+    assert check_model(model) is facts
+
+
+def test_the_facts_keep_no_model_alive(ids):
+    """The facts are held by a weak reference to the model and name its modules instead of holding them."""
+    model = tiny_model('llama')
+    explain(model, ids)
+    assert is_causal(model) and id_tables(model, model.get_input_embeddings()) == []
+    reference = weakref.ref(model)
+    del model
+    gc.collect()
+    assert reference() is None

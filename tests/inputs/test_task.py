@@ -1,5 +1,5 @@
-"""What ``explain()`` refuses or accepts before any method runs (``zennit_attn.inputs.task``): the defects a hostile-user
-probe found, each with the behaviour that replaced a silent wrong answer or an obscure error."""
+"""What ``explain()`` refuses or accepts before any method runs (``zennit_attn.inputs.task``): the defects a
+hostile-user probe found, each with the behaviour that replaced a silent wrong answer or an obscure error."""
 
 from __future__ import annotations
 
@@ -262,8 +262,8 @@ def test_tasks_are_the_two_modalities(llama, ids):
 class _Doubled(Readout):
     """A readout of the same run: twice the model's scores."""
 
-    def read(self, task, inputs, rows=None, model=None, seeded=False, **extra):
-        return 2 * super().read(task, inputs, rows, model, seeded, **extra)
+    def read(self, task, inputs, rows=None, model=None, initial_relevance=False, **extra):
+        return 2 * super().read(task, inputs, rows, model, initial_relevance, **extra)
 
 
 def test_a_readout_is_an_object_the_task_receives(llama, ids):
@@ -284,6 +284,31 @@ def test_conservation_still_reports_the_same(llama, ids):
     torch.testing.assert_close(report.logit, explain(llama, ids[:1]).logit)
     encoded = conservation(llama, BatchEncoding({'input_ids': ids[:1], 'attention_mask': torch.ones_like(ids[:1])}))
     torch.testing.assert_close(encoded.sums, report.sums)
+
+
+@pytest.mark.parametrize(
+    'position, target, kept',
+    [(-1, 5, [5]), (2, None, [2]), (None, [(4, 7), (2, 5)], [2, 4])],
+    ids=['last', 'argmax', 'pairs'],
+)
+def test_the_explained_logit_is_read_at_the_kept_positions(llama, ids, position, target, kept):
+    """With ``logits_to_keep`` the model computes the explained positions' logits only (one for all rows, or one
+    per pair); the explained value of each row is the full logits' at its position and target."""
+    with torch.no_grad():
+        full = llama(ids, use_cache=False).logits
+    task = TokenTask(llama, ids)
+    extra = task.keep_logits(position, target)
+    assert extra['logits_to_keep'].tolist() == kept
+    with torch.no_grad():
+        value = task.resolve(llama(inputs_embeds=task.inputs, use_cache=False, **extra).logits, position, target)
+    rows = torch.arange(len(ids))
+    if target is None:
+        expected = full[rows, 2, full[:, 2].argmax(-1)]
+    elif position is None:
+        expected = torch.stack([full[rows, 4, 7], full[rows, 2, 5]], 1)
+    else:
+        expected = full[rows, -1, 5]
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_forward_parameters_keep_no_wrapped_module_alive():

@@ -3,16 +3,21 @@ its weights loaded, no foreign rule hooks), the input (token ids within the voca
 masks, integer arguments) and what a tokenizer returns.
 
 Each check raises with a message that names what is wrong and what to do; none changes its arguments.
-:py:class:`~zennit_attn.inputs.task.Task` runs them (:py:func:`check_model` also :py:func:`~zennit_attn.explain_generation`).
+:py:class:`~zennit_attn.inputs.task.Task` runs them (:py:func:`check_model` also
+:py:func:`~zennit_attn.explain_generation`). What takes a forward pass or an inspection of every module to find out
+about a model (whether it is causal, its quantized layers, its other token tables) is found once per model instance
+and kept while the model stays the same (:py:class:`ModelFacts`).
 """
 
 from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Hashable, Mapping
 
 import torch
+from transformers import PreTrainedConfig
 from zennit.core import Hook
 
 from ..engine.canonizers.quantization import check_quantized
@@ -22,6 +27,8 @@ from ..engine.kinds import UnsupportedModelError
 from ..engine.modules import forward_parameters, output_scores
 
 __all__ = [
+    'ModelFacts',
+    'model_facts',
     'is_causal',
     'sees_later_tokens',
     'is_image_model',
@@ -42,8 +49,90 @@ __all__ = [
 ]
 
 
+# --------------------------------------------------------------------------------------------------- model facts
+class ModelFacts:
+    """What the checks find out about one model instance by walking its modules or running it, kept between calls
+    while the model stays the same (:py:func:`model_facts` returns them).
+
+    A fact is found on its first use (:py:meth:`known`) and kept while the model's :py:attr:`key` is unchanged. The
+    key holds what a user can change in a model between two calls:
+
+    - the module tree: each module's name and a weak reference to it (a module added, removed, replaced or moved
+      changes the key), and whether a ``forward`` or an ``accelerate`` hook (``_hf_hook``) is set on the instance;
+    - each parameter and buffer: a weak reference to it, its class, dtype and device (a weight replaced, cast, moved,
+      quantized in place or offloaded to the ``meta`` device changes the key);
+    - the configuration: a copy of the attributes of ``model.config`` and of the configurations inside it
+      (``text_config``, ...), the attention and experts implementations among them (a copy of the attributes, not of
+      their values: a list or dict of the configuration changed in place is not seen).
+
+    What changes without a change of the key is checked in every call instead (:py:func:`check_model`): the
+    training mode of each module, compilation, zennit rules registered on the model, inference mode. Facts hold no
+    module (the names of modules instead), and the cache holds the model by a weak reference: it keeps nothing alive.
+    """
+
+    def __init__(self, key: tuple):
+        #: what the facts hold for (see the class's description)
+        self.key = key
+        self._known: dict[Hashable, object] = {}
+
+    def known(self, name: Hashable, find: Callable[[], object]):
+        """The fact ``name``: ``find()`` on its first use, afterwards what it returned. A ``find`` that raises keeps
+        nothing: a refusal is repeated in every call."""
+        if name not in self._known:
+            self._known[name] = find()
+        return self._known[name]
+
+
+#: the facts of each model instance (weak keys: an entry goes with its model)
+_FACTS: weakref.WeakKeyDictionary[torch.nn.Module, ModelFacts] = weakref.WeakKeyDictionary()
+
+
+def model_facts(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]] | None = None) -> ModelFacts:
+    """The :py:class:`ModelFacts` of ``model``: those of the earlier calls while its key is unchanged, else new ones.
+
+    Costs one walk over the modules, parameters and buffers (``modules``: ``list(model.named_modules())`` if the
+    caller has it), about 0.1 ms for a model of 100 modules, where the facts cost a forward pass each or a walk with
+    an inspection of every module."""
+    modules = list(model.named_modules()) if modules is None else modules
+    key = _model_key(model, modules)
+    facts = _FACTS.get(model)
+    if facts is None or facts.key != key:
+        facts = _FACTS[model] = ModelFacts(key)
+    return facts
+
+
+def _model_key(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]) -> tuple:
+    """The key of :py:class:`ModelFacts`: the module tree, the parameters and buffers, the configuration.
+
+    An object is in the key as its ``id`` followed by a weak reference to it: keys compare equal where the same
+    objects are alive in both. Two ids differ for two live objects, and where an id is reused by a new object, the
+    reference to the old one is dead and equals no other reference (the referents themselves are never compared: two
+    tensors compare element by element)."""
+    tree = tuple(
+        (name, id(module), weakref.ref(module), 'forward' in module.__dict__, '_hf_hook' in module.__dict__)
+        for name, module in modules
+    )
+    tensors = tuple(
+        (id(tensor), weakref.ref(tensor), type(tensor), tensor.dtype, tensor.device)
+        for _, module in modules
+        for tensor in itertools.chain(module._parameters.values(), module._buffers.values())
+        if tensor is not None
+    )
+    return tree, tensors, _configuration(getattr(model, 'config', None))
+
+
+def _configuration(config) -> dict | None:
+    """The attributes of a Hugging Face configuration, with those of the configurations inside it (None for none)."""
+    if not isinstance(config, PreTrainedConfig):
+        return None
+    return {
+        name: _configuration(value) if isinstance(value, PreTrainedConfig) else value
+        for name, value in vars(config).items()
+    }
+
+
 # --------------------------------------------------------------------------------------------------- the model
-def is_causal(model: torch.nn.Module) -> bool:
+def is_causal(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool:
     """Whether ``model`` has causal (decoder) self-attention: each position sees only the positions before it.
 
     A module whose ``is_causal`` attribute is True says so (transformers' attention modules). Models that mask in
@@ -51,22 +140,38 @@ def is_causal(model: torch.nn.Module) -> bool:
     (:py:func:`sees_later_tokens`): causal if another last token leaves every earlier position's output as it was.
     A model that cannot be asked (an encoder-decoder, no token table, no output per position, a failing forward)
     counts as not causal.
+
+    The answer is a fact of the model (:py:class:`ModelFacts`): found once per model and kept while the model stays
+    the same; ``facts``: the model's facts if the caller has them (:py:func:`check_model` returns them).
     """
+    facts = model_facts(model) if facts is None else facts
+    return facts.known('causal', lambda: _is_causal(model, facts))
+
+
+def _is_causal(model: torch.nn.Module, facts: ModelFacts) -> bool:
     if any(getattr(module, 'is_causal', False) is True for module in model.modules()):
         return True
-    return sees_later_tokens(model) is False
+    return sees_later_tokens(model, facts) is False
 
 
-def sees_later_tokens(model: torch.nn.Module) -> bool | None:
+def sees_later_tokens(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool | None:
     """Whether a position's output depends on the tokens after it, by experiment: the model (without gradients) on
     three tokens and on the same tokens with another last one; True if the outputs at the first two positions differ
     (the last hidden state of a Hugging Face model's ``base_model``, else the model's output scores), False if they
-    are the same. Cost: one forward pass of two rows of three tokens.
+    are the same. Cost: one forward pass of two rows of three tokens, once per model (a fact of the model:
+    :py:class:`ModelFacts`; ``facts`` as for :py:func:`is_causal`).
 
     None where it cannot be told: an encoder-decoder (whose decoder needs inputs of its own), a model without a token
     table (``get_input_embeddings()`` with ``num_embeddings``) or without an output per position, or a forward that
     fails on token ids alone.
     """
+    facts = model_facts(model) if facts is None else facts
+    return facts.known('sees later tokens', lambda: _sees_later_tokens(model))
+
+
+def _probe_ids(model: torch.nn.Module) -> torch.Tensor | None:
+    """The two rows of three tokens :py:func:`sees_later_tokens` runs the model on, None for a model that cannot be
+    asked (an encoder-decoder, no token table)."""
     config = getattr(model, 'config', None)
     getter = getattr(model, 'get_input_embeddings', None)
     if getattr(config, 'is_encoder_decoder', False) or not callable(getter):
@@ -80,7 +185,13 @@ def sees_later_tokens(model: torch.nn.Module) -> bool | None:
     if not isinstance(rows, int) or rows < 8:
         return None
     first = rows // 4 + 4  # ordinary tokens (past the special tokens at the start of most vocabularies)
-    ids = torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=device)
+    return torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=device)
+
+
+def _sees_later_tokens(model: torch.nn.Module) -> bool | None:
+    ids = _probe_ids(model)
+    if ids is None:
+        return None
     base = getattr(model, 'base_model', None)  # Hugging Face: the model without its head (an output per position)
     base = base if isinstance(base, torch.nn.Module) else model
     kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(base) else {}
@@ -120,12 +231,22 @@ def rule_hooks(model: torch.nn.Module) -> list[tuple[str, Hook]]:
     return found
 
 
-def check_model(model: torch.nn.Module) -> None:
-    """Refuse what would give a wrong or no explanation.
+def check_model(model: torch.nn.Module) -> ModelFacts:
+    """Refuse what would give a wrong or no explanation, and return the model's :py:class:`ModelFacts`.
+
+    What a user can change without changing the model's key (:py:class:`ModelFacts`) is checked in every call, in one
+    walk over the modules: inference mode, compilation, rule hooks, training mode. What depends on the key only is a
+    fact of the model, checked once while the model stays the same: quantized layers, weights on the ``meta``
+    device.
 
     Parameters
     ----------
     model: torch.nn.Module
+
+    Returns
+    -------
+    ModelFacts
+        The model's facts, for :py:func:`is_causal` and :py:mod:`zennit_attn.inputs.lookups` in the same call.
 
     Raises
     ------
@@ -148,8 +269,33 @@ def check_model(model: torch.nn.Module) -> None:
             'explain() computes gradients, which torch.inference_mode() forbids: call it outside '
             'the inference_mode block (torch.no_grad() around it is fine)'
         )
-    refuse_compiled(model)
-    check_quantized(model)
+    modules = list(model.named_modules())
+    if any(_may_be_compiled(module) for _, module in modules):
+        refuse_compiled(model)  # names the compiled module and what to explain instead
+    facts = model_facts(model, modules)
+    facts.known('quantization', lambda: check_quantized(model))
+    if any(module._forward_pre_hooks or module._forward_hooks for _, module in modules):
+        _refuse_rule_hooks(model)
+    training = next((name for name, module in modules if module.training), None)
+    if training is not None:
+        where = 'the model' if training == '' else f'submodule {training!r}'
+        raise ValueError(
+            f'{where} of {type(model).__name__} is in training mode (dropout would make every call '
+            'differ): call model.eval() before explaining'
+        )
+    facts.known('weights', lambda: _check_weights(model, modules))
+    return facts
+
+
+def _may_be_compiled(module: torch.nn.Module) -> bool:
+    """Whether ``module`` may be compiled (the wrapper of ``torch.compile(module)`` holds ``_orig_mod``,
+    ``module.compile()`` sets ``_compiled_call_impl``): then :py:func:`~zennit_attn.engine.composites.refuse_compiled`
+    decides."""
+    return '_orig_mod' in module._modules or module.__dict__.get('_compiled_call_impl') is not None
+
+
+def _refuse_rule_hooks(model: torch.nn.Module) -> None:
+    """Raise if zennit rules are registered on the model (see :py:func:`check_model`)."""
     hooks = rule_hooks(model)
     if hooks:
         where = ', '.join(f'{type(hook).__name__} at {name or "the root"!r}' for name, hook in hooks[:3])
@@ -160,18 +306,16 @@ def check_model(model: torch.nn.Module) -> None:
             "needs itself: leave that context (or call the composite's remove()) first, and pass an LRP composite "
             'as explain(..., composite=...)'
         )
-    on_meta = False
-    for name, module in model.named_modules():  # one walk: this runs for every call
-        if module.training:
-            where = 'the model' if name == '' else f'submodule {name!r}'
-            raise ValueError(
-                f'{where} of {type(model).__name__} is in training mode (dropout would make every call '
-                'differ): call model.eval() before explaining'
-            )
-        on_meta = on_meta or any(
-            tensor is not None and tensor.is_meta
-            for tensor in itertools.chain(module._parameters.values(), module._buffers.values())
-        )
+
+
+def _check_weights(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]) -> None:
+    """Raise for tensors on the ``meta`` device that no ``accelerate`` offloading hook loads (see
+    :py:func:`check_model`)."""
+    on_meta = any(
+        tensor is not None and tensor.is_meta
+        for _, module in modules
+        for tensor in itertools.chain(module._parameters.values(), module._buffers.values())
+    )
     if not on_meta:
         return  # the common case, without the names and the offloading walk
     offloaded = offloaded_modules(model)
@@ -275,7 +419,7 @@ def explained_positions(scores: torch.Tensor, position, mask) -> torch.Tensor | 
     if scores.dim() == 2:
         return None
     batch, seq = scores.shape[:2]
-    if position is None or (isinstance(position, int) and position == -1 and mask is not None):
+    if position is None or (isinstance(position, int) and position == -1):
         if mask is None:
             return torch.full((batch,), seq - 1, device=scores.device)
         order = torch.arange(seq, device=scores.device)

@@ -15,6 +15,7 @@ relevance no input token gets (like a bias's; :py:attr:`TokenLookups.own` holds 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from ..engine.devices import input_device
 from ..engine.modules import forward_parameters
 from ..engine.rules.boundary import input_relevance
+from .checks import ModelFacts, model_facts
 
 __all__ = ['id_tables', 'needs_ids', 'TokenLookups']
 
@@ -31,7 +33,9 @@ class _Found(Exception):
     pass is not needed."""
 
 
-def id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tuple[str, torch.nn.Module]]:
+def id_tables(
+    model: torch.nn.Module, word: torch.nn.Module | None, facts: ModelFacts | None = None
+) -> list[tuple[str, torch.nn.Module]]:
     """The tables besides ``word`` that ``model`` looks its token ids up in (Gemma 3n's and Gemma 4's per-layer
     embeddings), recognised by their index, whatever their size.
 
@@ -45,26 +49,48 @@ def id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tupl
     (a model that needs images or a decoder input) ends the search with the tables found before it.
     Encoder-decoder models have none (their decoder's table is the decoder's input).
 
+    The tables are a fact of the model (:py:class:`~zennit_attn.inputs.checks.ModelFacts`, for each ``word``): the
+    search runs once per model and is kept while the model stays the same; ``facts``: the model's facts if the caller
+    has them (:py:func:`~zennit_attn.inputs.checks.check_model` returns them).
+
     Returns
     -------
     list of (str, torch.nn.Module)
         ``(name, module)`` of each such table, in module order.
     """
-    rows = getattr(word, 'num_embeddings', None)
-    if not isinstance(rows, int) or getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
-        return []
+    if not isinstance(word, torch.nn.Module):
+        return _search_id_tables(model, word)
+    facts = model_facts(model) if facts is None else facts
+    # names, not modules: the facts keep no module alive (the key holds each name's module while they are kept)
+    names = facts.known(
+        ('id tables', weakref.ref(word)), lambda: tuple(name for name, _ in _search_id_tables(model, word))
+    )
+    return [(name, model.get_submodule(name)) for name in names]
+
+
+def _candidate_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tuple[str, torch.nn.Module]]:
+    """The modules :py:func:`id_tables` tries: of ``word``'s class or embeddings, not ``word``, not the word
+    embeddings of models inside the model."""
     nested = set()  # the word embeddings of models inside the model (BLT's entropy patcher: another language model)
     for module in model.modules():
         if hasattr(type(module), 'get_input_embeddings'):  # the class: a module's missing attribute costs an exception
             with contextlib.suppress(Exception):
                 nested.add(id(module.get_input_embeddings()))
-    candidates = [
+    return [
         (name, module)
         for name, module in model.named_modules()
         if (isinstance(module, torch.nn.Embedding) or type(module) is type(word))
         and module is not word
         and id(module) not in nested
     ]
+
+
+def _search_id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tuple[str, torch.nn.Module]]:
+    """:py:func:`id_tables` found by running the model (see there)."""
+    rows = getattr(word, 'num_embeddings', None)
+    if not isinstance(rows, int) or getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        return []
+    candidates = _candidate_tables(model, word)
     if not candidates:
         return []
     length = min(8, rows)
@@ -103,7 +129,10 @@ def id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tupl
 
 
 def needs_ids(
-    model: torch.nn.Module, word: torch.nn.Module | None, tables: list[tuple[str, torch.nn.Module]] | None = None
+    model: torch.nn.Module,
+    word: torch.nn.Module | None,
+    tables: list[tuple[str, torch.nn.Module]] | None = None,
+    facts: ModelFacts | None = None,
 ) -> str | None:
     """Why ``model`` must be run on ``input_ids`` rather than on its word embeddings ``word``, None if it need not.
 
@@ -121,6 +150,9 @@ def needs_ids(
         Its word embedding module (``model.get_input_embeddings()``).
     tables: list of (str, torch.nn.Module), optional
         :py:func:`id_tables` of the model if already known (found here otherwise).
+    facts: ModelFacts, optional
+        The model's facts if the caller has them: the walk over the modules' forward signatures runs once per model
+        (a fact of the model, :py:class:`~zennit_attn.inputs.checks.ModelFacts`).
     """
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         return None
@@ -128,9 +160,15 @@ def needs_ids(
         return f'the forward of {type(model).__name__} takes no inputs_embeds'
     if word is None:
         return None
-    tables = id_tables(model, word) if tables is None else tables
+    facts = model_facts(model) if facts is None else facts
+    tables = id_tables(model, word, facts) if tables is None else tables
     if tables:
         return f'it looks the token ids up in {tables[0][0]!r} too'
+    return facts.known('module taking ids', lambda: _module_taking_ids(model))
+
+
+def _module_taking_ids(model: torch.nn.Module) -> str | None:
+    """Why a module inside ``model`` needs the token ids (see :py:func:`needs_ids`), None if none does."""
     for name, module in model.named_modules():
         parameters = forward_parameters(module)
         if (
@@ -173,8 +211,8 @@ class TokenLookups:
 
     def record(self) -> None:
         """Make the next :py:meth:`substituting` an LRP run: the gradient ``g`` of the embeddings becomes the
-        relevance ``x * g`` there (as the root's :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` does for the model's
-        inputs: ids here) and the other tables' lookups become leaves (:py:meth:`recorded`)."""
+        relevance ``x * g`` there (as the root's :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` does for the
+        model's inputs: ids here) and the other tables' lookups become leaves (:py:meth:`recorded`)."""
         self._leaves, self._recording = [], True
 
     def recorded(self) -> list[torch.Tensor]:
@@ -207,6 +245,20 @@ class TokenLookups:
         if self._recording:
             embeddings = input_relevance(embeddings)
         self._recording = False
+        handles = [self.word.register_forward_hook(self._word_hook(ids, embeddings, leaves))]
+        handles += [
+            module.register_forward_hook(self._table_hook(name, ids, leaves, fixed)) for name, module in self.tables
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _word_hook(self, ids: torch.Tensor, embeddings: torch.Tensor, leaves: list | None):
+        """The forward hook of the word embedding module in :py:meth:`substituting`: ``embeddings`` for the lookup of
+        ``ids``; for a lookup of more ids that end with them, the model's own rows of the others (:py:attr:`own`)
+        ahead of ``embeddings``."""
 
         def word(module, args, output):
             index = args[0] if args else None
@@ -219,13 +271,7 @@ class TokenLookups:
                 and index.shape[-1] > count
                 and bool((index[..., -count:] == ids.to(index.device)).all())
             ):
-                # tokens of the model's own ahead of the ids (CPM-Ant's prompt): constants, absorbing relevance like
-                # a bias; the ids' rows are the explained input
-                own = output.narrow(-2, 0, index.shape[-1] - count).detach()
-                if leaves is not None:
-                    self.own = [own.requires_grad_(True)]
-                    own = input_relevance(own)
-                return torch.cat([own, embeddings.to(own.dtype)], dim=-2)
+                return self._own_ahead(output, index.shape[-1] - count, embeddings, leaves)
             shape = tuple(index.shape) if isinstance(index, torch.Tensor) else type(index).__name__
             raise RuntimeError(
                 f'{type(self.model).__name__} embeds ids of shape {shape}, not the explained tokens '
@@ -233,36 +279,45 @@ class TokenLookups:
                 'report the model'
             )
 
-        def table(name):
-            def hook(module, args, output):
-                index = args[0] if args else None
-                if (
-                    not torch.is_grad_enabled()
-                    or not isinstance(index, torch.Tensor)
-                    or index.shape != ids.shape
-                    or 2 * int((index == ids.to(index.device)).sum()) < ids.numel()
-                ):
-                    return None  # not the tokens (positions), or without gradients (carrying no relevance)
-                if leaves is not None:
-                    leaves.append(output.detach().requires_grad_(True))
-                    return input_relevance(leaves[-1])
-                if not fixed:
-                    raise ValueError(
-                        f'{type(self.model).__name__} looks its token ids up in {name!r} besides the word embeddings: '
-                        'only the LRP methods (attnlrp, cplrp) read relevance there; other methods would perturb or '
-                        'differentiate the word embeddings only and keep that table fixed'
-                    )
-                return None
+        return word
 
-            return hook
+    def _own_ahead(
+        self, output: torch.Tensor, own_count: int, embeddings: torch.Tensor, leaves: list | None
+    ) -> torch.Tensor:
+        """The word lookup of tokens of the model's own ahead of the ids (CPM-Ant's prompt): their rows are
+        constants, absorbing relevance like a bias (a leaf of :py:attr:`own` in an LRP run); the ids' rows are the
+        explained input."""
+        own = output.narrow(-2, 0, own_count).detach()
+        if leaves is not None:
+            self.own = [own.requires_grad_(True)]
+            own = input_relevance(own)
+        return torch.cat([own, embeddings.to(own.dtype)], dim=-2)
 
-        handles = [self.word.register_forward_hook(word)]
-        handles += [module.register_forward_hook(table(name)) for name, module in self.tables]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+    def _table_hook(self, name: str, ids: torch.Tensor, leaves: list | None, fixed: bool):
+        """The forward hook of another token table in :py:meth:`substituting`: its lookup of ``ids`` becomes a new
+        leaf of ``leaves`` (an LRP run), stays as the model computes it (``fixed``), or is refused."""
+
+        def hook(module, args, output):
+            index = args[0] if args else None
+            if (
+                not torch.is_grad_enabled()
+                or not isinstance(index, torch.Tensor)
+                or index.shape != ids.shape
+                or 2 * int((index == ids.to(index.device)).sum()) < ids.numel()
+            ):
+                return None  # not the tokens (positions), or without gradients (carrying no relevance)
+            if leaves is not None:
+                leaves.append(output.detach().requires_grad_(True))
+                return input_relevance(leaves[-1])
+            if not fixed:
+                raise ValueError(
+                    f'{type(self.model).__name__} looks its token ids up in {name!r} besides the word embeddings: '
+                    'only the LRP methods (attnlrp, cplrp) read relevance there; other methods would perturb or '
+                    'differentiate the word embeddings only and keep that table fixed'
+                )
+            return None
+
+        return hook
 
     @staticmethod
     def token_relevance(relevances: list[torch.Tensor]) -> torch.Tensor | None:

@@ -1,11 +1,13 @@
 """What one explanation request is: the checked model and input, how the model is called on (perturbed) inputs, what
 its run is read as (:py:class:`Readout`) and which value of each row is explained.
 
-Every attribution method of :py:mod:`zennit_attn.methods.registry` works on a :py:class:`Task`, so that all methods explain
-exactly the same value. The modality decides only how inputs are embedded and read: :py:class:`TokenTask` explains
-the word embeddings of a language model (relevance per token), :py:class:`ImageTask` the pixels of an image
+Every attribution method of :py:mod:`zennit_attn.methods.registry` works on a :py:class:`Task`, so that all methods
+explain exactly the same value. The modality decides only how inputs are embedded and read: :py:class:`TokenTask`
+explains the word embeddings of a language model (relevance per token), :py:class:`ImageTask` the pixels of an image
 classifier (relevance per pixel); :py:func:`make_task` picks one by the model. The input checks are those of
-:py:mod:`zennit_attn.inputs.checks`; the results are the classes of :py:mod:`zennit_attn.results.explanation`.
+:py:mod:`zennit_attn.inputs.checks` (what they find out about the model is kept between calls while the model stays the
+same: :py:class:`~zennit_attn.inputs.checks.ModelFacts`); the results are the classes of
+:py:mod:`zennit_attn.results.explanation`.
 
 What a run of the model is read as is the task's :py:class:`Readout`: by default the model's output scores (logits,
 or the last hidden state of a base model); :py:mod:`zennit_attn.latent.targets` gives a task a readout of a tensor
@@ -17,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Mapping
-from typing import ContextManager
 
 import torch
 
@@ -61,17 +62,18 @@ class Readout:
         inputs: torch.Tensor,
         rows: torch.Tensor | None = None,
         model: torch.nn.Module | None = None,
-        seeded: bool = False,
+        initial_relevance: bool = False,
         **extra,
     ) -> torch.Tensor:
         """The scores of one run of ``model`` (default the task's) on ``inputs`` (:py:meth:`Task.run`).
 
-        ``seeded``: the backward pass from these scores starts with the initial relevance (the explained value)
-        instead of a gradient, as LRP's does (:py:func:`zennit_attn.methods.lrp.attribute`); the model's own output needs no
-        conversion (the composite's :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` at the root does it)."""
+        ``initial_relevance``: the backward pass from these scores starts with the initial relevance (the explained
+        value) instead of a gradient, as LRP's does (:py:func:`zennit_attn.methods.lrp.attribute`); the model's own
+        output needs no conversion (the composite's :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` at the
+        root does it)."""
         return output_scores(task.run(inputs, rows, model, **extra))
 
-    def capturing(self, task: Task) -> ContextManager:
+    def capturing(self, task: Task) -> contextlib.AbstractContextManager:
         """A context for the time of one method's run on ``task`` (hooks the readout needs); none here."""
         return contextlib.nullcontext()
 
@@ -87,7 +89,8 @@ class Task:
     """
 
     def __init__(self, model: torch.nn.Module, model_kwargs: dict | None = None):
-        check_model(model)
+        #: what is known about the model (:py:class:`~zennit_attn.inputs.checks.ModelFacts`: found once per model)
+        self.facts = check_model(model)
         self.model = model
         self.model_kwargs = dict(model_kwargs or {})
         #: what :py:meth:`forward` reads of a run of the model
@@ -144,9 +147,9 @@ class Task:
     def lrp_forward(self, inputs: torch.Tensor, model: torch.nn.Module, **extra) -> torch.Tensor:
         """:py:meth:`forward` for a backward pass that starts with the initial relevance (LRP,
         :py:func:`zennit_attn.methods.lrp.attribute`) through ``model``, the model inside a composite's context."""
-        return self.readout.read(self, inputs, None, model, seeded=True, **extra)
+        return self.readout.read(self, inputs, None, model, initial_relevance=True, **extra)
 
-    def capturing(self) -> ContextManager:
+    def capturing(self) -> contextlib.AbstractContextManager:
         """The context a method runs in (entered before any composite's): what the :py:attr:`readout` hooks."""
         return self.readout.capturing(self)
 
@@ -160,7 +163,8 @@ class Task:
 
     def with_objective(self, objective: Objective) -> Task:
         """A copy of this task whose :py:meth:`select` explains ``objective``
-        (:py:mod:`zennit_attn.inputs.objectives`: a contrast, a function of the scores) instead of the target's logit."""
+        (:py:mod:`zennit_attn.inputs.objectives`: a contrast, a function of the scores) instead of the target's
+        logit."""
         if not isinstance(objective, Objective):
             raise TypeError(
                 f'objective must be a zennit_attn.inputs.objectives.Objective, got {type(objective).__name__}'
@@ -187,44 +191,54 @@ class Task:
         return scores
 
     def resolve(
-        self, scores: torch.Tensor, position=-1, target: TargetLike = None, seeded: bool = False
+        self, scores: torch.Tensor, position=-1, target: TargetLike = None, initial_relevance: bool = False
     ) -> torch.Tensor:
         """Fix the explained position and target of every row (and the :py:attr:`objective`) from the model's
         ``scores`` on the unperturbed input, and return the explained values (``[batch]``, or ``[batch, pairs]`` for
-        several pairs); ``seeded`` as for :py:meth:`select`."""
+        several pairs); ``initial_relevance`` as for :py:meth:`select`."""
         pairs = target_pairs(target)
         if pairs is not None:
             if scores.dim() != 3:
                 raise ValueError('(position, token) pairs need an output per position; this model has one per row')
-            self.positions = explained_positions(
-                self._all_positions(scores), pairs[:, 0].expand(self.batch, -1), self.output_mask
-            )
-            self.targets = target_indices(pairs[:, 1].expand(self.batch, -1), scores)
-        else:
-            self.positions = explained_positions(self._all_positions(scores), position, self.output_mask)
-            self.targets = target_indices(target, self._rows_of(scores, None))
-        self.objective = self.objective.resolve(self._rows_of(scores, None), self.targets)
-        return self.select(scores, reduce=False, seeded=seeded)
+            position, target = pairs[:, 0].expand(self.batch, -1), pairs[:, 1].expand(self.batch, -1)
+        self.positions = explained_positions(self._all_positions(scores), position, self.output_mask)
+        selected = self._rows_of(scores, None)  # the scores at the explained positions (once: indexing costs)
+        self.targets = target_indices(target, selected)
+        self.objective = self.objective.resolve(selected, self.targets)
+        return self._value(selected, None, reduce=False, initial_relevance=initial_relevance)
 
     def select(
-        self, scores: torch.Tensor, rows: torch.Tensor | None = None, reduce: bool = True, seeded: bool = False
+        self,
+        scores: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        reduce: bool = True,
+        initial_relevance: bool = False,
     ) -> torch.Tensor:
         """The explained value (:py:attr:`objective`, by default the target's logit) of every batch element of
         ``scores`` (variants of input ``rows``), ``[batch]``; with several pairs their sum, or ``[batch, pairs]`` if
-        not ``reduce``. ``seeded``: LRP's backward pass starts at the value with the value itself (the initial
-        relevance, :py:meth:`zennit_attn.inputs.objectives.Objective.value`)."""
+        not ``reduce``. ``initial_relevance``: LRP's backward pass starts at the value with the value itself (the
+        initial relevance, :py:meth:`zennit_attn.inputs.objectives.Objective.value`)."""
         if self.targets is None:
             raise RuntimeError('Task.resolve() must be called before select()')
+        return self._value(self._rows_of(scores, rows), rows, reduce, initial_relevance)
+
+    def _value(
+        self, selected: torch.Tensor, rows: torch.Tensor | None, reduce: bool, initial_relevance: bool
+    ) -> torch.Tensor:
+        """:py:meth:`select` of the scores at the explained positions, ``selected``."""
         targets = self.targets if rows is None else self.targets[rows]
-        targets = targets.to(scores.device)
-        values = self.objective.value(self._rows_of(scores, rows), targets, rows, seeded)
+        targets = targets.to(selected.device)
+        values = self.objective.value(selected, targets, rows, initial_relevance)
         return values.sum(1) if reduce and values.dim() == 2 else values
 
     def _rows_of(self, scores, rows):
+        """The scores of each batch element (variants of input ``rows``) at its explained position(s)."""
         if self.positions is None:
             return scores
         positions = (self.positions if rows is None else self.positions[rows]).to(scores.device)
         if self.kept is not None:
+            if positions.dim() == 1 and len(self.kept) == 1 and scores.shape[1] == 1:
+                return scores[:, 0]  # one position kept (logits_to_keep): each row's, as indexing would give it
             positions = torch.searchsorted(self.kept.to(scores.device), positions)
         index = torch.arange(scores.shape[0], device=scores.device).view(-1, *([1] * (positions.dim() - 1)))
         return scores[index, positions]
@@ -327,8 +341,10 @@ class TokenTask(Task):
         with torch.no_grad():
             #: ``[batch, seq, hidden]`` word embeddings of the input (detached)
             self.inputs = embedding_module(self.input_ids).detach()
-        tables = id_tables(model, embedding_module)  # the other tables of the ids (one run of the model, if any)
-        self.ids_reason = needs_ids(model, embedding_module, tables)  #: why it is run on its ids (None: embeddings)
+        # the other tables of the ids (one run of the model, if any, once per model: a fact of the model)
+        tables = id_tables(model, embedding_module, self.facts)
+        #: why the model is run on its ids (None: on the embeddings)
+        self.ids_reason = needs_ids(model, embedding_module, tables, self.facts)
         self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module, tables)
         self._lookup_relevance: torch.Tensor | None = None
         self.decoder_input_ids = self.decoder_embeddings = None
@@ -375,7 +391,7 @@ class TokenTask(Task):
         kwargs['attention_mask'] = mask
         left_padded = bool((mask[:, 0] == 0).any())
         if left_padded and 'position_ids' not in kwargs and 'position_ids' in parameters:
-            if not is_causal(self.model):
+            if not is_causal(self.model, self.facts):
                 raise ValueError(
                     f'{type(self.model).__name__} is not causal (or cannot be run on token ids alone to '
                     'tell) and would give left-padded rows shifted positions: pad on the right, or pass '
@@ -404,8 +420,9 @@ class TokenTask(Task):
             return model(input_ids=ids, **kwargs)
 
     def lrp_forward(self, inputs: torch.Tensor, model: torch.nn.Module, **extra) -> torch.Tensor:
-        """On a model run on its ids, an LRP run of its lookups (:py:meth:`~zennit_attn.inputs.lookups.TokenLookups.record`):
-        the embeddings' gradient becomes their relevance, other tables' lookups leaves (:py:meth:`lookup_leaves`)."""
+        """On a model run on its ids, an LRP run of its lookups
+        (:py:meth:`~zennit_attn.inputs.lookups.TokenLookups.record`): the embeddings' gradient becomes their relevance,
+        other tables' lookups leaves (:py:meth:`lookup_leaves`)."""
         if self.lookups is not None:
             self.lookups.record()
         return super().lrp_forward(inputs, model, **extra)

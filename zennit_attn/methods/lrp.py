@@ -23,7 +23,8 @@ def attribute(
     observe: Callable[[torch.nn.Module, list], list] | None = None,
 ):
     """LRP of the task's explained value with ``composite`` in one forward and one backward pass; the explained
-    value is the initial relevance. The LRP methods of :py:mod:`zennit_attn.methods.registry` choose the default composite.
+    value is the initial relevance. The LRP methods of :py:mod:`zennit_attn.methods.registry` choose the default
+    composite.
 
     ``observe(model, watched)`` is a hook for diagnostics: it is called inside the composite's context before
     the forward pass and returns handles (with ``remove()``) that are removed after the backward pass; tensors
@@ -54,7 +55,9 @@ def attribute(
             watched = []
             handles = observe(modified, watched) if observe is not None else []
             try:
-                logit = task.resolve(task.lrp_forward(leaves[0], modified, **extra), position, target, seeded=True)
+                logit = task.resolve(
+                    task.lrp_forward(leaves[0], modified, **extra), position, target, initial_relevance=True
+                )
                 inner = task.lookup_leaves()  # made during the forward (token tables of a model run on its ids)
                 relevance = torch.autograd.grad(
                     logit, [*leaves, *inner, *watched], grad_outputs=logit.detach(), allow_unused=True
