@@ -1,8 +1,8 @@
 """Composite grid search for the Fashion-MNIST ViT (``--modality vit``, the default) or SmolLM2-135M-Instruct
 (``--modality text``), and the held-out faithfulness of the result next to the paper's default and the baselines.
 
-Text (``--modality text``): the search space :data:`zennit_attn.workflows.evaluation.search.TEXT_GRID` (epsilon values and
-gamma on the MLP / LM-head linears and on the attention projections; 24 composites, one of them the paper's default
+Text (``--modality text``): the search space :data:`zennit_attn.workflows.evaluation.search.TEXT_GRID` (epsilon values
+and gamma on the MLP / LM-head linears and on the attention projections; 24 composites, one of them the paper's default
 for language models, ``AttnLRPEpsilon()``) is scored by the token faithfulness of ``benchmarks/faithfulness.py``
 (whole word embeddings set to 0, 16 flipping steps, ``A_LeRF - A_MoRF`` of the predicted next token's logit, mean
 over ``--val-articles`` validation articles: the articles of the seeded Wikipedia sample that follow the first
@@ -14,8 +14,8 @@ insertion. Outputs in ``docs/results/text_search/``: ``search.csv`` / ``search.m
 Vision (the default):
 
 1. Search (validation split): every combination of the rule options below per layer type
-   (:py:func:`zennit_attn.workflows.evaluation.search.composite_search`) is scored by the pixel faithfulness (flipping single
-   pixels to 0, :data:`STEPS` steps, ``A_LeRF - A_MoRF`` of the predicted class's logit, mean over
+   (:py:func:`zennit_attn.workflows.evaluation.search.composite_search`) is scored by the pixel faithfulness (flipping
+   single pixels to 0, :data:`STEPS` steps, ``A_LeRF - A_MoRF`` of the predicted class's logit, mean over
    :data:`VAL_IMAGES` images of the held-out validation split of ``train_vit.py``). Output:
    ``docs/results/vit/search.csv`` and ``search.md`` (ranked), and the best composite printed as Python.
 2. Test (first :data:`TEST_IMAGES` images of the official test split, never used in the search): the same metric
@@ -35,6 +35,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
@@ -191,8 +192,6 @@ def text_main(args):
             flush=True,
         )
     columns = ['method', 'flipping_score', 'flipping_sem', 'insertion_score', 'insertion_sem', 'explain_seconds']
-    import csv
-
     with (out / 'test_faithfulness.csv').open('w', newline='') as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
@@ -281,23 +280,8 @@ def main():
         rows.append(row)
         relevances[name] = relevance
         print(f'{name:<42} {row["score"]:.4f} +- {row["sem"]:.4f}', flush=True)
-    columns = ['method', 'score', 'sem', 'area_morf', 'area_lerf', 'explain_seconds']
-    import csv
-
-    with (out / 'test_faithfulness.csv').open('w', newline='') as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
     accuracy = float((test_targets == test_labels).float().mean())
-    (out / 'test_faithfulness.md').write_text(
-        f'Pixel flipping on the first {test_count} Fashion-MNIST test images (model accuracy on them: '
-        f'{accuracy:.4f}), {STEPS} steps, single pixels set to 0, logit of the predicted class; score = A_LeRF - '
-        f'A_MoRF (mean +- standard error over images; larger is better).\n\n'
-        + markdown(rows, columns)
-        + '\nBest composite of the search (validation split):\n\n```python\n'
-        + result.best_code()
-        + '\n```\n'
-    )
+    write_vit_results(out, rows, result, accuracy, test_count)
     (out / 'search_meta.json').write_text(
         json.dumps(
             {
@@ -314,7 +298,31 @@ def main():
         )
         + '\n'
     )
+    save_vit_heatmaps(out, test_pixels, relevances)
 
+
+def write_vit_results(out: Path, rows: list[dict], result, accuracy: float, test_count: int) -> None:
+    """``test_faithfulness.csv`` and ``.md``: the pixel flipping score of every method on the test images, and the
+    best composite of the search."""
+    columns = ['method', 'score', 'sem', 'area_morf', 'area_lerf', 'explain_seconds']
+    with (out / 'test_faithfulness.csv').open('w', newline='') as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / 'test_faithfulness.md').write_text(
+        f'Pixel flipping on the first {test_count} Fashion-MNIST test images (model accuracy on them: '
+        f'{accuracy:.4f}), {STEPS} steps, single pixels set to 0, logit of the predicted class; score = A_LeRF - '
+        f'A_MoRF (mean +- standard error over images; larger is better).\n\n'
+        + markdown(rows, columns)
+        + '\nBest composite of the search (validation split):\n\n```python\n'
+        + result.best_code()
+        + '\n```\n'
+    )
+
+
+def save_vit_heatmaps(out: Path, test_pixels: torch.Tensor, relevances: dict) -> None:
+    """``heatmaps/``: a sheet of the first 6 test images with the heatmaps of six methods, and the overlays of the
+    paper's default composite on the first 3."""
     from PIL import Image
 
     from zennit_attn.results.render.image import heatmap, overlay

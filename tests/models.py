@@ -35,6 +35,8 @@ import torch
 import transformers
 from transformers.modeling_outputs import CausalLMOutput
 
+from zennit_attn.workflows.architecture_check.check import zero_biases as zero_parameters_that_absorb
+
 VOCAB = 100
 HIDDEN = 32
 LAYERS = 2
@@ -522,11 +524,9 @@ _TOWER = dict(
 
 
 def zero_multimodal(model: torch.nn.Module) -> torch.nn.Module:
-    """:py:func:`zennit_attn.zoo.zero_biases` (biases, position embeddings) plus the class embeddings of vision
-    towers (a constant token that would absorb relevance): exact conservation for CP-LRP."""
-    from zennit_attn.zoo import zero_biases as zero_all
-
-    zero_all(model)
+    """:py:func:`~zennit_attn.workflows.architecture_check.check.zero_biases` (biases, position embeddings) plus the
+    class embeddings of vision towers (a constant token that would absorb relevance): exact conservation for CP-LRP."""
+    zero_parameters_that_absorb(model)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.rsplit('.', 1)[-1] in ('class_embedding', 'logit_bias'):

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from tests.numbers import assert_close
+from tests.numbers import relative_error as relative_error  # re-exported: the reference tests import it from here
+
 #: The variants of the references: AttnLRP, and CP-LRP (Ali et al. 2022: the attention probabilities and the gates
 #: of gated products are constants).
 ATTNLRP, CPLRP = 'attnlrp', 'cplrp'
@@ -360,15 +363,9 @@ def gated_mlp_rule(x, w_gate, w_up, w_down, relevance, variant, activation=torch
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def relative_error(actual, expected):
-    """``max|a - b| / max|b|`` as a float."""
-    return float((actual - expected).abs().max() / expected.abs().max())
-
-
-def close(actual, expected, tolerance=1e-10):
-    """Assert ``max|a - b| <= tolerance * max|b|`` (detached; ``max|b|`` at least 1e-30)."""
-    scale = expected.detach().abs().max().clamp(min=1e-30)
-    assert float((actual.detach() - expected.detach()).abs().max() / scale) <= tolerance, (actual, expected)
+#: :py:func:`tests.numbers.assert_close` (``max|a - b| <= tol * max|b|``, one shape, ``b`` not all 0) under the name
+#: the rule and reference tests import from here
+close = assert_close
 
 
 def lrp(module, rule, inputs, relevance_out):

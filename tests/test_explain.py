@@ -2,32 +2,18 @@
 
 import pytest
 import torch
-from transformers import (
-    BertConfig,
-    BertForSequenceClassification,
-    BloomConfig,
-    BloomForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-    LlamaModel,
-)
+from transformers import BertConfig, BertForSequenceClassification, BloomConfig, BloomForCausalLM
 from zennit.attribution import Gradient
 
+from tests.models import tiny_model
+from tests.numbers import assert_close
 from zennit_attn import explain
 from zennit_attn.engine.canonizers import UnsupportedModelError, canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 
-LLAMA = dict(
-    vocab_size=50,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
+#: the tiny Llama of these tests: :py:func:`tests.models.tiny_model` with a vocabulary of 50, intermediate size 48,
+#: pad id 0 and SDPA attention (its weights are those of the ``LlamaConfig`` with these sizes built here before)
+LLAMA = dict(vocab_size=50, intermediate_size=48, pad_token_id=0, attn_implementation='sdpa')
 
 
 def build(cls, config_cls, **kwargs):
@@ -37,7 +23,7 @@ def build(cls, config_cls, **kwargs):
 
 @pytest.fixture(scope='module')
 def llama():
-    return build(LlamaForCausalLM, LlamaConfig, **LLAMA)
+    return tiny_model('llama', **LLAMA)
 
 
 @pytest.fixture(scope='module')
@@ -57,10 +43,6 @@ def bert():
 def ids(*shape, seed=1):
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, 50, shape, generator=generator)
-
-
-def assert_close(actual, expected, tol=1e-10):
-    assert float((actual - expected).abs().max()) <= tol * float(expected.abs().max())
 
 
 def test_default_target_is_argmax_logit_at_last_position(llama):
@@ -117,7 +99,7 @@ def test_sequence_classification_is_explained_directly(bert):
 
 
 def test_base_model_explains_a_hidden_unit():
-    model = build(LlamaModel, LlamaConfig, **LLAMA)
+    model = tiny_model('llama', 'base', **LLAMA)
     tokens = ids(1, 5)
     explanation = explain(model, tokens, target=3, position=2)
     assert_close(explanation.logit, model(tokens).last_hidden_state[:, 2, 3].detach())
@@ -191,7 +173,7 @@ def test_unsupported_architecture_names_its_modules():
 
 
 def test_methods_dispatch():
-    model = build(LlamaForCausalLM, LlamaConfig, **LLAMA)
+    model = tiny_model('llama', **LLAMA)
     tokens = ids(2, 5)
     assert_close(
         explain(model, tokens, method='cplrp').relevance, explain(model, tokens, composite=CPLRPEpsilon()).relevance
@@ -262,8 +244,6 @@ def test_composite_without_boundary_is_refused(llama):
 @pytest.fixture(scope='module')
 def text_model():
     """A tiny Llama over the 100 ids of the test tokenizer (SDPA: padded float64 batches stay finite)."""
-    from tests.models import tiny_model
-
     return tiny_model('llama', attn_implementation='sdpa')
 
 

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from tests.models import POSITIONS, VLM_PATCH, tiny_clip, tiny_llava, tiny_model, tiny_qwen2_vl
+from tests.numbers import assert_close, relative_error
 from tests.processors import (
     clip_processor,
     image,
@@ -21,7 +22,7 @@ from tests.processors import (
 )
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
-from zennit_attn.engine.composites import CPLRPEpsilon, CPLRPGamma
+from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon, CPLRPGamma
 from zennit_attn.engine.rules import Gamma
 from zennit_attn.inputs.vision_language import image_layout, text_length
 from zennit_attn.latent import Neuron
@@ -148,10 +149,61 @@ def test_clip_pairs_conserve(clip):
     )
 
 
-def test_clip_attnlrp_is_finite(clip):
+CLIP_TEXTS = ['The ice bear', 'the bear']
+
+
+def clip_images():
+    return [image(), image(seed=2)]
+
+
+def clip_by_hand(model, processor, composite):
+    """Each (text ``i``, image ``i``) pair's score and its text and pixel relevance from a run of ``composite`` on the
+    model by hand, without explain(): the scores on the diagonal of ``logits_per_text`` are the initial relevance
+    (``grad_outputs``); the composite's boundary at the model turns the gradient at the input ``pixel_values`` into
+    relevance; the word embeddings (CLIP's forward takes ids only) are a leaf a forward hook hands the model in
+    place of the embedding's output, where relevance is the leaf times its gradient."""
+    encoding = processor(text=CLIP_TEXTS, images=clip_images(), return_tensors='pt', padding=True)
+    embedding = model.text_model.get_input_embeddings()
+    words = embedding(encoding['input_ids']).detach().requires_grad_(True)
+    pixels = encoding['pixel_values'].double().requires_grad_(True)
+    handle = embedding.register_forward_hook(lambda module, args, output: words)
+    try:
+        with composite.context(model) as modified:
+            scores = modified(
+                input_ids=encoding['input_ids'], attention_mask=encoding['attention_mask'], pixel_values=pixels
+            ).logits_per_text.diagonal()
+            text_grad, pixel_relevance = torch.autograd.grad(scores, (words, pixels), grad_outputs=scores.detach())
+    finally:
+        handle.remove()
+    return scores.detach(), (words.detach() * text_grad).sum(-1), pixel_relevance
+
+
+def test_clip_cplrp_conserves_every_pair(clip):
+    """CP-LRP on CLIP without biases, class and position embeddings (float64): each pair's text + pixel relevance is
+    its score to rounding (a rule that lets relevance leak or grow, e.g. a normaliser not held constant, breaks it);
+    both the text and the image carry a part of it."""
     model, processor = clip
-    exp = explain(model, ['The ice bear', 'the bear'], images=[image(), image(seed=2)], processor=processor)
-    assert bool(torch.isfinite(exp.pixel_relevance).all()) and exp.method == 'attnlrp'
+    exp = explain(model, CLIP_TEXTS, images=clip_images(), processor=processor, method='cplrp')
+    text = exp.relevance.sum(1)
+    pixels = exp.pixel_relevance.flatten(1).sum(1)
+    torch.testing.assert_close(text + pixels, exp.logit, rtol=1e-12, atol=0)
+    assert bool((text.abs() > 1e-3 * exp.logit.abs()).all()) and bool((pixels.abs() > 1e-3 * exp.logit.abs()).all())
+    assert [exp.total(row) for row in range(2)] == pytest.approx(exp.logit.tolist(), rel=1e-12)
+
+
+def test_clip_attnlrp_equals_the_general_composite_run_by_hand(clip):
+    """AttnLRP of explain() with its default composite equals AttnLRPEpsilon(general=True) run on the model by hand
+    (float64, 1e-12): the same scores, text and pixel relevance; it is not CP-LRP's (the softmax rule passes
+    relevance through the attention probabilities)."""
+    model, processor = clip
+    exp = explain(model, CLIP_TEXTS, images=clip_images(), processor=processor)
+    assert exp.method == 'attnlrp'
+    scores, text, pixels = clip_by_hand(model, processor, AttnLRPEpsilon(general=True))
+    torch.testing.assert_close(exp.logit, scores, rtol=1e-12, atol=0)
+    assert_close(exp.relevance, text, tol=1e-12)
+    assert_close(exp.pixel_relevance, pixels, tol=1e-12)
+    _, cp_text, cp_pixels = clip_by_hand(model, processor, CPLRPEpsilon())
+    assert relative_error(cp_text, text) > 0.1 and relative_error(cp_pixels, pixels) > 0.1
 
 
 def test_siglip_conserves():

@@ -160,8 +160,8 @@ def explain(
         classification head's class scores) and returns ``[batch]`` values, e.g. ``lambda logits: (logits /
         2.0).log_softmax(-1)[:, token]`` for a log-probability at temperature 2, or ``logits[:, ids].sum(-1)`` for a
         class of tokens; for LRP its value is the initial relevance. See
-        :py:class:`~zennit_attn.inputs.objectives.OutputFunction` for the paper's notes on explaining softmax outputs and
-        temperature (appendix A.2.4): explaining the logit (the default) does not saturate, a probability does.
+        :py:class:`~zennit_attn.inputs.objectives.OutputFunction` for the paper's notes on explaining softmax outputs
+        and temperature (appendix A.2.4): explaining the logit (the default) does not saturate, a probability does.
     position: int, sequence of int, tensor or None
         For 3-D outputs, the sequence position to explain (a decoder position for encoder-decoder models).
         -1 (default) or None: the last non-padding token of each row. Ignored for 2-D outputs (classification
@@ -174,9 +174,9 @@ def explain(
         :py:class:`~zennit_attn.engine.composites.AttnLRPGamma` (vision transformers) for ``'attnlrp'``, and their
         CP-LRP counterparts for ``'cplrp'``.
     method: str
-        A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default), ``'cplrp'``, ``'input_x_gradient'``,
-        ``'integrated_gradients'``, ``'smoothgrad'``, ``'attention_rollout'``, ``'grad_attention_rollout'``,
-        ``'gradcam'``, ``'atman'``, ``'kernelshap'``, ``'random'``.
+        A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default), ``'cplrp'``,
+        ``'input_x_gradient'``, ``'integrated_gradients'``, ``'smoothgrad'``, ``'attention_rollout'``,
+        ``'grad_attention_rollout'``, ``'gradcam'``, ``'atman'``, ``'kernelshap'``, ``'random'``.
     model_kwargs: dict, optional
         Passed on to the model's forward (e.g. ``token_type_ids``, ``decoder_attention_mask``).
     decoder_input_ids: tensor, optional
@@ -188,11 +188,12 @@ def explain(
         ``tokens``.
     checkpointing: bool
         Recompute each transformer block in the backward pass instead of keeping its activations (non-reentrant
-        :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.engine.checkpointing`): the same
-        relevance, with saved activations growing with layers x sequence x hidden instead of with all activations,
+        :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.engine.checkpointing`): the
+        same relevance, with saved activations growing with layers x sequence x hidden instead of with all activations,
         for about one more forward pass. For the methods with a backward pass (``METHODS[name].backward``, see
         :py:class:`~zennit_attn.methods.registry.Method`); refused for the others and for ``condition=`` and
-        :py:class:`~zennit_attn.latent.Neuron` targets. With ``latent=`` the recorded sites' activations are kept as well.
+        :py:class:`~zennit_attn.latent.Neuron` targets. With ``latent=`` the recorded sites' activations are kept as
+        well.
     latent: str or sequence of str, optional
         Also record latent relevance in the same backward pass (paper section 3.5), at sites of
         :py:data:`zennit_attn.latent.SITES` (``'mlp'``, ``'attention'``, ``'residual'``, ``'query'``, ``'key'``,
@@ -221,8 +222,8 @@ def explain(
         (CLIP) on text and images at once (:py:mod:`zennit_attn.inputs.vision_language`). ``input_ids`` is then the text
         (one text holding the processor's image token once per image; for CLIP one text or several, each paired
         with the image or with its own image). The result is a
-        :py:class:`~zennit_attn.results.explanation.MultimodalExplanation`: relevance per text token and per pixel of each
-        image (and per patch); for LRP the text and image relevance of a row sum to its explained logit minus what
+        :py:class:`~zennit_attn.results.explanation.MultimodalExplanation`: relevance per text token and per pixel of
+        each image (and per patch); for LRP the text and image relevance of a row sum to its explained logit minus what
         biases absorb. CLIP rows explain their own (text, image) similarity score (no ``target`` or ``contrast``),
         each exactly as the pair alone: SigLIP's texts, whose last position it pools, are padded to the length it
         was trained with (64 tokens), alone as in a batch, and their pads keep their relevance. LRP methods only;
@@ -232,9 +233,9 @@ def explain(
         The model's Hugging Face processor (``AutoProcessor.from_pretrained(path)``): turns the text and images
         into ``input_ids``, ``pixel_values`` and the model's further fields, passed to the model except what is not
         an input of the explained forward pass (a loss's ``labels``, fields the forward does not take:
-        :py:func:`~zennit_attn.inputs.vision_language.inputs.model_inputs`); a processor that is not the model's is refused,
-        naming both (:py:func:`~zennit_attn.inputs.vision_language.inputs.check_processor`). Its tokenizer is stored on the
-        explanation. Instead of the text and ``images``, ``input_ids`` may be what the processor
+        :py:func:`~zennit_attn.inputs.vision_language.inputs.model_inputs`); a processor that is not the model's is
+        refused, naming both (:py:func:`~zennit_attn.inputs.vision_language.inputs.check_processor`). Its tokenizer is
+        stored on the explanation. Instead of the text and ``images``, ``input_ids`` may be what the processor
         returned (a mapping with ``pixel_values``, e.g. from ``processor.apply_chat_template(..., tokenize=True,
         return_dict=True)``, or a prefix of a generated answer, as :py:func:`~zennit_attn.explain_generation` passes
         it): it is used as it is (every field passed to the model) and explained as with images; ``processor`` is
@@ -261,13 +262,7 @@ def explain(
         params['composite'] = composite
     params = check_params(method, params)
     entry = METHODS[method]
-    if not isinstance(checkpointing, bool):
-        raise TypeError(f'checkpointing must be True or False, got {checkpointing!r}')
-    if checkpointing and not entry.backward:
-        raise ValueError(
-            f'checkpointing=True saves memory of a backward pass, which {method!r} does not do; it '
-            f'applies to {", ".join(name for name, other in METHODS.items() if other.backward)}'
-        )
+    _check_checkpointing(checkpointing, method, entry)
     if images is not None or processor is not None or has_pixels(input_ids):
         return _explain_multimodal(
             model,
@@ -291,28 +286,13 @@ def explain(
                 contrast=contrast,
             ),
         )
-    chat = None
-    if is_conversation(input_ids):
-        chat = encode_chat(tokenizer, input_ids)
-        input_ids = chat.input_ids
-        if chat.answer:
-            if target is not None:
-                raise ValueError(
-                    "the conversation ends with the assistant's answer, which is explained: leave out "
-                    "target=, or leave out the answer's turn to explain a next token of your choice"
-                )
-            target = chat.answer
-    elif tokenizer is not None and _is_texts(input_ids):
-        input_ids = encode_texts(tokenizer, input_ids)
+    input_ids, target, chat = _text_input(input_ids, target, tokenizer)
     if isinstance(target, Neuron) and contrast is not None:
         raise ValueError(
             'contrast= compares two output tokens; a Neuron target explains an activation inside the '
             'model: leave out contrast=, or explain a token target'
         )
-    target = token_ids(tokenizer, target, 'target')
-    if not (isinstance(contrast, str) and contrast == RUNNER_UP):
-        contrast = token_ids(tokenizer, contrast, 'contrast')
-    target, objective = objective_for(target, contrast)
+    target, objective = _objective(tokenizer, target, contrast)
     task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
     task = task.with_objective(objective)
     latent_request = latent is not None or condition is not None or latent_reduce is not None
@@ -333,6 +313,45 @@ def explain(
     return explanation
 
 
+def _check_checkpointing(checkpointing, method: str, entry) -> None:
+    """Refuse ``checkpointing=`` that is not a bool, or True for a method without a backward pass."""
+    if not isinstance(checkpointing, bool):
+        raise TypeError(f'checkpointing must be True or False, got {checkpointing!r}')
+    if checkpointing and not entry.backward:
+        raise ValueError(
+            f'checkpointing=True saves memory of a backward pass, which {method!r} does not do; it '
+            f'applies to {", ".join(name for name, other in METHODS.items() if other.backward)}'
+        )
+
+
+def _text_input(input_ids, target, tokenizer) -> tuple:
+    """``(input_ids, target, chat)`` of :py:func:`explain` on a language model: a conversation rendered by the chat
+    template (``chat`` its :py:func:`~zennit_attn.inputs.chat.encode_chat`; an answer that ends it becomes the
+    target), texts tokenised by :py:func:`encode_texts`, anything else as it is (``chat`` None)."""
+    if is_conversation(input_ids):
+        chat = encode_chat(tokenizer, input_ids)
+        if chat.answer:
+            if target is not None:
+                raise ValueError(
+                    "the conversation ends with the assistant's answer, which is explained: leave out "
+                    "target=, or leave out the answer's turn to explain a next token of your choice"
+                )
+            target = chat.answer
+        return chat.input_ids, target, chat
+    if tokenizer is not None and _is_texts(input_ids):
+        return encode_texts(tokenizer, input_ids), target, None
+    return input_ids, target, None
+
+
+def _objective(tokenizer, target, contrast) -> tuple:
+    """``(target, objective)``: ``target`` and ``contrast`` as token ids (a one-token text with ``tokenizer``;
+    ``'runner-up'`` stays), and the objective they explain (:py:func:`~zennit_attn.inputs.objectives.objective_for`)."""
+    target = token_ids(tokenizer, target, 'target')
+    if not (isinstance(contrast, str) and contrast == RUNNER_UP):
+        contrast = token_ids(tokenizer, contrast, 'contrast')
+    return objective_for(target, contrast)
+
+
 def _explain_multimodal(
     model, text, images, processor, target, position, method, entry, params, model_kwargs, locals_used: dict
 ) -> MultimodalExplanation:
@@ -345,36 +364,12 @@ def _explain_multimodal(
     encoded = has_pixels(text)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f'model must be a torch.nn.Module, got {type(model).__name__}')
-    name = type(model).__name__
     similarity = is_similarity_model(model)
-    reasons = {
-        'attention_mask': "the processor makes the attention mask (to give your own, pass the processor's output "
-        'with it as input_ids)',
-        'decoder_input_ids': 'it explains decoder-only vision-language models and similarity models, whose text is '
-        'the whole input',
-        'tokenizer': "the processor's tokenizer is the one that encodes the text (processor.tokenizer)",
-    }
-    tokenizer = locals_used['tokenizer']
-    for key, reason in reasons.items():
-        value = locals_used[key]
-        if key == 'tokenizer' and encoded and processor is None:
-            continue  # the tokenizer of a processor's output, for the explanation's tokens
-        if value is not None:
-            raise ValueError(f'{key}= does not apply to explain() with images: {reason}; leave it out')
-    latent = [key for key in ('latent', 'latent_reduce', 'condition') if locals_used[key] is not None]
-    if latent or isinstance(target, Neuron):
-        paths = ', '.join(repr(path) for path, _ in block_stacks(model))
-        asked = ', '.join(f'{key}=' for key in latent) or 'a Neuron target'
-        raise ValueError(
-            f'{asked} with images: latent relevance is read at the sites of one stack of transformer '
-            f"blocks (zennit_attn.latent), and with pixel inputs {name} runs the vision tower's blocks "
-            f"and the text model's (its stacks: {paths}); explain the text alone (tokenizer=) for the "
-            'latent relevance of a language model, or leave it out'
-        )
+    _refuse_with_images(model, processor, encoded, target, locals_used)
     contrast = locals_used['contrast']
     if similarity and (target is not None or contrast is not None):
         raise ValueError(
-            f"{name} scores (text, image) pairs: each row explains its own pair's similarity score; "
+            f"{type(model).__name__} scores (text, image) pairs: each row explains its own pair's similarity score; "
             f'leave out {"target=" if target is not None else "contrast="} (to compare two pairs, '
             'explain both and subtract the explanations: the relevance is linear in the score)'
         )
@@ -393,12 +388,39 @@ def _explain_multimodal(
     else:
         encoding = encode_multimodal(processor, text, images, similarity, text_length(model) if similarity else None)
     task = make_multimodal_task(model, encoding, model_kwargs, processor)
-    tokenizer = processor.tokenizer if processor is not None else tokenizer
-    target = token_ids(tokenizer, target, 'target')
-    if not (isinstance(contrast, str) and contrast == RUNNER_UP):
-        contrast = token_ids(tokenizer, contrast, 'contrast')
-    target, objective = objective_for(target, contrast)
+    tokenizer = processor.tokenizer if processor is not None else locals_used['tokenizer']
+    target, objective = _objective(tokenizer, target, contrast)
     task = task.with_objective(objective)
     with checkpointed(model) if locals_used['checkpointing'] else contextlib.nullcontext():
         explanation = entry.function(task, position=position, target=target, **params)
     return dataclasses.replace(explanation, tokenizer=tokenizer)
+
+
+def _refuse_with_images(model, processor, encoded: bool, target, locals_used: dict) -> None:
+    """Refuse the arguments of :py:func:`explain` that do not apply with images, each with its reason: the
+    attention mask, decoder inputs and a tokenizer (the processor makes the inputs; a tokenizer is taken only for
+    a processor's output given without the processor), and latent relevance or a Neuron target (read in one stack of
+    blocks, where these models run two)."""
+    reasons = {
+        'attention_mask': "the processor makes the attention mask (to give your own, pass the processor's output "
+        'with it as input_ids)',
+        'decoder_input_ids': 'it explains decoder-only vision-language models and similarity models, whose text is '
+        'the whole input',
+        'tokenizer': "the processor's tokenizer is the one that encodes the text (processor.tokenizer)",
+    }
+    for key, reason in reasons.items():
+        value = locals_used[key]
+        if key == 'tokenizer' and encoded and processor is None:
+            continue  # the tokenizer of a processor's output, for the explanation's tokens
+        if value is not None:
+            raise ValueError(f'{key}= does not apply to explain() with images: {reason}; leave it out')
+    latent = [key for key in ('latent', 'latent_reduce', 'condition') if locals_used[key] is not None]
+    if latent or isinstance(target, Neuron):
+        paths = ', '.join(repr(path) for path, _ in block_stacks(model))
+        asked = ', '.join(f'{key}=' for key in latent) or 'a Neuron target'
+        raise ValueError(
+            f'{asked} with images: latent relevance is read at the sites of one stack of transformer '
+            f"blocks (zennit_attn.latent), and with pixel inputs {type(model).__name__} runs the vision tower's "
+            f"blocks and the text model's (its stacks: {paths}); explain the text alone (tokenizer=) for the "
+            'latent relevance of a language model, or leave it out'
+        )

@@ -107,7 +107,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32, attn_implementation: str = 
     Returns
     -------
     tuple
-        ``(model, tokenizer)`` with the model in eval mode.
+        ``(model, tokenizer)`` with the model in eval mode, dequantised to ``dtype``.
     """
     gguf = smollm2_path() / SMOLLM2_FILE
     entry = _cached_smollm2(gguf) if cache else None

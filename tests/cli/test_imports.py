@@ -23,7 +23,10 @@ HEAVY = ('torch', 'transformers', 'captum', 'sklearn', 'zennit', 'numpy', 'PIL',
 MANUALS = [
     ['--help'],
     ['--version'],
-    *([command, '--help'] for command in ('explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness')),
+    *(
+        [command, '--help']
+        for command in ('explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness', 'check')
+    ),
 ]
 
 
@@ -153,6 +156,17 @@ def test_refusals_import_no_torch(tmp_path):
         ],
         'is not a finished explain-dataset output': ['faithfulness', '--explanations', str(tmp_path)],
         '--top must be at least 1': ['demo', '--top', '0'],
+        'is a folder without config.json': ['check', '--model', str(tmp_path)],
+        "--model 'no/such/model': no such file or folder, and not a model_type": ['check', '--model', 'no/such/model'],
+        '--param for method kernelshap: seed must be an integer or None, got 0.5': [
+            'explain',
+            '--prompt',
+            'x',
+            '--method',
+            'kernelshap',
+            '--param',
+            'seed=0.5',
+        ],
     }
     found = heavy_after(list(runs.values()))
     for (message, _), (argv, code, lines, err, heavy) in zip(runs.items(), found):

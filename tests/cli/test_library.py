@@ -1,35 +1,28 @@
 """The facts the command line keeps about the library to check arguments without importing it
-(:py:mod:`zennit_attn.cli.library`) are the library's own: a method added, renamed or given another parameter in
-:py:mod:`zennit_attn.methods.registry` fails here until the copy follows."""
+(:py:mod:`zennit_attn.cli.library`) are the library's own, and the command line's methods are the library's
+declarations (the methods' declarations against their implementations: ``tests/methods/test_declarations.py``)."""
 
 from __future__ import annotations
 
-import inspect
 import types
 
 from zennit_attn import pretrained
-from zennit_attn.cli import library
+from zennit_attn.cli import checks, explain, library, neurons, options
 from zennit_attn.inputs import objectives
+from zennit_attn.methods import declarations
 from zennit_attn.methods import registry as methods
 from zennit_attn.results.render import views
 from zennit_attn.workflows import dataset
 
 
-def test_methods_are_the_librarys():
-    assert list(library.METHODS) == list(methods.METHODS)
-    for name, facts in library.METHODS.items():
-        method = methods.METHODS[name]
-        assert facts.name == name
-        assert dict(facts.params) == dict(method.params), name
-        assert [type(value) for value in facts.params.values()] == [type(value) for value in method.params.values()]
-        assert (facts.backward, facts.latent, facts.lrp) == (method.backward, method.latent, method.lrp), name
-        # the methods that read attention maps (refused for encoder-decoder models) are those that call them
-        assert facts.attention_maps == ('attention_maps(' in inspect.getsource(method.function)), name
-    assert [name for name, facts in library.METHODS.items() if facts.attention_maps] == [
-        'attention_rollout',
-        'grad_attention_rollout',
-        'gradcam',
-    ]
+def test_the_methods_are_the_declarations():
+    """The command line reads the methods from the library's declarations, the same objects the registry is built
+    from: no copy to keep in step."""
+    for module in (options, checks, explain, neurons):
+        assert module.DECLARATIONS is declarations.DECLARATIONS
+    assert list(declarations.DECLARATIONS) == list(methods.METHODS)
+    for name, declaration in declarations.DECLARATIONS.items():
+        assert methods.METHODS[name].params == declaration.params, name
 
 
 def test_constants_are_the_librarys():

@@ -20,13 +20,15 @@ from zennit_attn.methods.registry import METHODS
 def test_help(capsys):
     code, out, err = run(capsys, ['--help'])
     assert code == 0 and err == ''
-    assert list(cli.COMMANDS) == ['explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness']
+    assert list(cli.COMMANDS) == ['explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness', 'check']
     for command in cli.COMMANDS:
         assert command in out
     assert 'examples:' in out
 
 
-@pytest.mark.parametrize('command', ['explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness'])
+@pytest.mark.parametrize(
+    'command', ['explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness', 'check']
+)
 def test_command_help_is_a_manual(capsys, command):
     code, out, err = run(capsys, [command, '--help'])
     assert code == 0 and err == ''

@@ -106,7 +106,8 @@ def test_refusals(llama, chat_tokenizer):
         (
             [{'role': 'user', 'content': [{'type': 'text', 'text': 'hi'}]}],
             ValueError,
-            r"content list; content given as a list of parts \(text, images\) is what a processor's chat template takes",
+            r"content list; content given as a list of parts \(text, images\) is what a processor's chat "
+            r'template takes',
         ),
         ([{'role': 3, 'content': 'hi'}], ValueError, 'got role int and content str'),
         (

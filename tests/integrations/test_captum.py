@@ -6,6 +6,7 @@ import torch
 from captum.attr import LayerGradientXActivation, LLMAttributionResult, LLMGradientAttribution, TextTokenInput
 
 from tests.models import tiny_hf_vit, tiny_model, two_tables
+from tests.numbers import assert_close
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
 from zennit_attn.engine.composites import AttnLRPEpsilon
@@ -23,12 +24,6 @@ def model():
 @pytest.fixture(scope='module')
 def tokenizer():
     return byte_level_tokenizer(bos=True)
-
-
-def assert_close(actual, expected, tol=1e-10):
-    assert actual.shape == expected.shape
-    assert float(expected.abs().max()) > 0
-    assert float((actual - expected).abs().max()) <= tol * float(expected.abs().max())
 
 
 def per_target_explanations(model, tokenizer, method='attnlrp', **kwargs):
@@ -96,16 +91,58 @@ def test_composite(model, tokenizer):
 
 
 def test_plots(model, tokenizer):
-    pytest.importorskip('matplotlib')
-    import matplotlib
-
+    """captum's two plots of an adapter's result show explain()'s numbers, read back from the matplotlib artists: the
+    heatmap's pixels and the value written in each cell are the relevance of every prompt token (columns) for every
+    answer token (rows), and the bars (a positive and a negative part per prompt token) add up to the sequence
+    relevance."""
+    matplotlib = pytest.importorskip('matplotlib')
     matplotlib.use('Agg')
+    pyplot = pytest.importorskip('matplotlib.pyplot')
     result = LLMGradientAttribution(AttnLRP(model), tokenizer).attribute(
         TextTokenInput(PROMPT, tokenizer), target=ANSWER
     )
-    figure, _ = result.plot_token_attr(show=False)
-    figure2, _ = result.plot_seq_attr(show=False)
-    assert figure is not None and figure2 is not None
+    expected, answer = per_target_explanations(model, tokenizer)
+    figure, axes = result.plot_token_attr(show=False)
+    try:
+        assert_token_plot(axes, expected, len(answer))
+    finally:
+        pyplot.close(figure)
+    figure, axes = result.plot_seq_attr(show=False)
+    try:
+        assert_sequence_plot(axes, expected.sum(0))
+    finally:
+        pyplot.close(figure)
+
+
+def assert_token_plot(axes, expected, answer_tokens):
+    """The heatmap of ``plot_token_attr`` holds ``expected`` (answer tokens x prompt tokens) as its pixels, in a
+    colour scale symmetric about 0, and writes each value (4 decimals) at its cell."""
+    (heatmap,) = axes.get_images()
+    assert_close(torch.as_tensor(heatmap.get_array().data), expected)
+    bound = float(expected.abs().max())
+    assert heatmap.norm.vmin == pytest.approx(-bound, rel=1e-12) and heatmap.norm.vmax == pytest.approx(
+        bound, rel=1e-12
+    )
+    assert len(axes.get_yticks()) == answer_tokens and len(axes.get_xticks()) == expected.shape[1]
+    cells = {tuple(text.get_position()): text.get_text() for text in axes.texts}
+    assert cells == {
+        (column, row): f'{float(expected[row, column]):.4f}'
+        for row in range(expected.shape[0])
+        for column in range(expected.shape[1])
+    }
+
+
+def assert_sequence_plot(axes, expected):
+    """The bars of ``plot_seq_attr``: first the positive parts, then the negative parts of ``expected``, one bar of
+    each per prompt token at its position; their heights add up to ``expected``."""
+    bars = axes.patches
+    count = expected.shape[0]
+    assert len(bars) == 2 * count
+    centres = [bar.get_x() + bar.get_width() / 2 for bar in bars]
+    assert centres == pytest.approx([*range(count), *range(count)], abs=1e-12)
+    heights = torch.tensor([bar.get_height() for bar in bars], dtype=torch.float64)
+    assert bool((heights[:count] >= 0).all()) and bool((heights[count:] <= 0).all())
+    assert_close(heights[:count] + heights[count:], expected)
 
 
 # ------------------------------------------------------------------------------------------- the plain captum API

@@ -1,5 +1,5 @@
-"""zennit_attn.integrations.inseq: the inseq methods 'attnlrp' and 'cplrp' equal explain() (in inseq's float32); refusals.
-Skipped where inseq is not installed (pip install zennit-attn[inseq])."""
+"""zennit_attn.integrations.inseq: the inseq methods 'attnlrp' and 'cplrp' equal explain() (in inseq's float32);
+refusals. Skipped where inseq is not installed (pip install zennit-attn[inseq])."""
 
 import pytest
 import torch

@@ -1,32 +1,21 @@
 """conservation(): layer-boundary sums that the rules fix exactly."""
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from tests.models import decoder_ids, tiny_model, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.engine.canonizers import block_stacks
 from zennit_attn.engine.composites import CPLRPEpsilon
 
-
-def tiny_llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return LlamaForCausalLM(config).double().eval()
+#: the tiny Llama of these tests: :py:func:`tests.models.tiny_model` with 3 blocks, a vocabulary of 50, intermediate
+#: size 48 and SDPA attention (the weights of the ``LlamaConfig`` with these sizes built here before)
+LLAMA = dict(vocab_size=50, intermediate_size=48, num_hidden_layers=3, attn_implementation='sdpa')
 
 
 def test_cp_lrp_conserves_at_every_boundary_of_a_bias_free_llama():
     """CP-LRP has no softmax rule and Llama no biases: every boundary carries exactly the logit."""
-    model = tiny_llama()
+    model = tiny_model('llama', **LLAMA)
     report = conservation(model, torch.randint(3, 50, (2, 6)), composite=CPLRPEpsilon())
     assert report.names[:3] == ['output of model.layers.2', 'output of model.layers.1', 'output of model.layers.0']
     assert torch.allclose(report.sums[:-1], report.logit.expand(len(report.names) - 1, -1), rtol=1e-10, atol=0)
@@ -34,7 +23,7 @@ def test_cp_lrp_conserves_at_every_boundary_of_a_bias_free_llama():
 
 
 def test_attnlrp_leaks_only_inside_blocks_and_matches_explain():
-    model = tiny_llama()
+    model = tiny_model('llama', **LLAMA)
     tokens = torch.randint(3, 50, (1, 6))
     report = conservation(model, tokens)
     explanation = explain(model, tokens)

@@ -1,9 +1,10 @@
 """The checks of the options several commands share, run before anything is loaded: each returns the checked
 value or raises :py:class:`~zennit_attn.cli.errors.UsageError` with one line naming the option and what to give.
 
-Most need nothing but the arguments (and the file system). The few that need the library itself, which imports torch
-(the values of ``--param``, an ``--output`` path; :py:func:`check_with_library`), end a command's checks, so that
-every other bad argument is reported without waiting for it.
+Most need nothing but the arguments (and the file system); the methods, their hyperparameters and the checks of their
+values come from the methods' declarations (:py:data:`zennit_attn.methods.declarations.DECLARATIONS`, which import no
+torch). The few that need the library itself, which imports torch (an ``--output`` path), end a command's checks
+(:py:func:`check_with_library`), so that every other bad argument is reported without waiting for it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from ..methods.declarations import DECLARATIONS, lrp_methods
 from .errors import UsageError, one_line
-from .library import METHODS, RUNNER_UP, SUFFIXES, heavy
+from .library import RUNNER_UP, SUFFIXES, heavy
 from .models import check_installed, check_model_options
 from .options import COMPOSITES, DEFAULT_METHOD
 
@@ -27,7 +29,6 @@ __all__ = [
     'parse_contrast',
     'parse_params',
     'check_param_values',
-    'lrp_methods',
     'method_and_composite',
     'check_method',
     'check_method_for_model',
@@ -113,9 +114,10 @@ def parse_contrast(value: str | None) -> int | str | None:
 
 
 def parse_params(items: Sequence[str], method: str) -> dict[str, object]:
-    """``--param NAME=VALUE`` items of ``method``: names it takes (:py:data:`zennit_attn.cli.library.METHODS`),
-    values as Python literals (else strings). The values are checked by :py:func:`check_param_values`."""
-    accepted = METHODS[method].params
+    """``--param NAME=VALUE`` items of ``method``: names it takes (its declaration in
+    :py:data:`~zennit_attn.methods.declarations.DECLARATIONS`), values as Python literals (else strings). The values
+    are checked by :py:func:`check_param_values`."""
+    accepted = DECLARATIONS[method].params
     params = {}
     for item in items:
         name, sep, text = item.partition('=')
@@ -134,19 +136,13 @@ def parse_params(items: Sequence[str], method: str) -> dict[str, object]:
 
 
 def check_param_values(method: str, params: dict[str, object]) -> dict[str, object]:
-    """``params`` of ``method`` checked by :py:func:`zennit_attn.methods.registry.check_params` (imported for it, only where
-    there are any), a value the method would refuse a :py:class:`UsageError`; returns the normalised values."""
-    if not params:
-        return {}
+    """``params`` of ``method`` checked by its declaration
+    (:py:meth:`zennit_attn.methods.declarations.Declaration.check`, the checks :py:func:`zennit_attn.explain` runs; no
+    torch), a value the method would refuse a :py:class:`UsageError`; returns the normalised values."""
     try:
-        return heavy('.methods.registry').check_params(method, params)
+        return DECLARATIONS[method].check(params)
     except (TypeError, ValueError) as error:
         raise UsageError(f'--param for method {method}: {one_line(error)}') from None
-
-
-def lrp_methods() -> tuple[str, ...]:
-    """The methods that take a composite (``--composite`` applies to them)."""
-    return tuple(name for name, method in METHODS.items() if method.lrp)
 
 
 def method_and_composite(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -177,8 +173,8 @@ def check_method_for_model(args: argparse.Namespace) -> None:
     """Refuse a method that reads attention maps for an encoder-decoder model (its ``config.json`` says
     ``is_encoder_decoder``; :py:func:`zennit_attn.methods.attention.attention_maps` refuses it once loaded); after
     :py:func:`check_method` and :py:func:`~zennit_attn.cli.models.check_model_options`."""
-    if args.model_spec.encoder_decoder and METHODS[args.method].attention_maps:
-        others = ', '.join(name for name, method in METHODS.items() if not method.attention_maps)
+    if args.model_spec.encoder_decoder and DECLARATIONS[args.method].attention_maps:
+        others = ', '.join(name for name, method in DECLARATIONS.items() if not method.attention_maps)
         raise UsageError(
             f'--method {args.method} reads attention maps, which are not implemented for '
             f'encoder-decoder models such as {args.model_spec.label} (its config.json says '
@@ -196,9 +192,9 @@ def check_common(args: argparse.Namespace) -> None:
 
 
 def check_with_library(args: argparse.Namespace) -> None:
-    """The last checks of a command, after every other: those that import the library (torch), the values of
-    ``--param`` (``args.params``) and ``--output`` where the command has it; then whether the built-in model is
-    installed (:py:func:`~zennit_attn.cli.models.check_installed`, exit status 1)."""
+    """The last checks of a command, after every other: the values of ``--param`` (``args.params``), ``--output``
+    where the command has it (which imports the library, torch), then whether the built-in model is installed
+    (:py:func:`~zennit_attn.cli.models.check_installed`, exit status 1)."""
     args.params = check_param_values(args.method, args.params)
     args.output = check_output_option(getattr(args, 'output', None))
     check_installed(args.model_spec)

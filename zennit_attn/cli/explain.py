@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .checks import check_common, check_with_library, lrp_methods, parse_contrast, parse_target
+from ..methods.declarations import DECLARATIONS, lrp_methods
+from .checks import check_common, check_with_library, parse_contrast, parse_target
 from .errors import UsageError
-from .library import METHODS, RUNNER_UP, heavy
+from .library import RUNNER_UP, heavy
 from .options import (
     Formatter,
     add_contrast_option,
@@ -114,7 +115,7 @@ def check_images(args: argparse.Namespace) -> None:
         )
     if args.contrast is not None:
         raise UsageError('--contrast does not apply with --image')
-    if not METHODS[args.method].lrp:
+    if not DECLARATIONS[args.method].lrp:
         raise UsageError(
             f'--image explains with the LRP methods ({", ".join(lrp_methods())}), which give text and '
             f'pixel relevance in one backward pass; --method {args.method} is not one'

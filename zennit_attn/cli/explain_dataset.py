@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..methods.declarations import DECLARATIONS
 from .checks import check_method, check_method_for_model, check_param_values, parse_target
 from .errors import UsageError, one_line
-from .library import METHODS, heavy
+from .library import heavy
 from .models import check_installed, check_model_options
 from .options import Formatter, add_debug, add_method_options, add_model_options, add_target_option
 
@@ -101,8 +102,8 @@ def check(args: argparse.Namespace) -> None:
         )
     args.target = parse_target(args.target)
     check_method(args)
-    if args.checkpointing and not METHODS[args.method].backward:
-        backward = [name for name, method in METHODS.items() if method.backward]
+    if args.checkpointing and not DECLARATIONS[args.method].backward:
+        backward = [name for name, method in DECLARATIONS.items() if method.backward]
         raise UsageError(
             f'--checkpointing saves memory of a backward pass, which --method {args.method} does not '
             f'do; it applies to {", ".join(backward)}'

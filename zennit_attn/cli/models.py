@@ -20,6 +20,9 @@ __all__ = [
     'TOKENIZER_FILES',
     'ModelSpec',
     'resolve_model',
+    'folder_model',
+    'file_model',
+    'read_config',
     'check_device',
     'check_model_options',
     'check_installed',
@@ -39,6 +42,8 @@ TOKENIZER_FILES = (
     'vocab.json',
     'vocab.txt',
 )
+#: what ``--model`` takes, for its refusals
+_HINT = f'give a local Hugging Face model folder (with config.json), a .gguf file or {BUILTIN!r}'
 
 
 @dataclass
@@ -83,42 +88,55 @@ def resolve_model(value: str) -> ModelSpec:
     if not value.strip():
         raise UsageError(f'--model is empty; give a Hugging Face model folder, a .gguf file or {BUILTIN!r}')
     path = Path(value).expanduser()
-    hint = f'give a local Hugging Face model folder (with config.json), a .gguf file or {BUILTIN!r}'
     try:
         if path.is_dir():
-            config = path / 'config.json'
-            if config.is_file():
-                try:
-                    settings = json.loads(config.read_text(encoding='utf-8'))
-                except (OSError, UnicodeDecodeError, ValueError) as error:
-                    raise UsageError(f'--model {value!r}: cannot read its config.json: {one_line(error)}') from None
-                if not isinstance(settings, dict):
-                    raise UsageError(f'--model {value!r}: its config.json is not a JSON object')
-                if not any((path / name).is_file() for name in TOKENIZER_FILES):
-                    raise UsageError(
-                        f'--model {value!r} has no tokenizer (none of {", ".join(TOKENIZER_FILES)}); '
-                        f'save it there too: tokenizer.save_pretrained(folder)'
-                    )
-                return ModelSpec('folder', path, encoder_decoder=bool(settings.get('is_encoder_decoder', False)))
-            ggufs = sorted(
-                child.name for child in path.iterdir() if child.suffix.lower() == '.gguf' and child.is_file()
-            )
-            if len(ggufs) == 1:
-                return ModelSpec('gguf', path, ggufs[0])
-            if ggufs:
-                raise UsageError(
-                    f'--model {value!r} holds {len(ggufs)} .gguf files ({", ".join(ggufs)}); give the one to load'
-                )
-            raise UsageError(f'--model {value!r} is a folder without config.json or .gguf file; {hint}')
+            return folder_model(path, value)
         if path.is_file():
-            if path.suffix.lower() == '.gguf':
-                return ModelSpec('gguf', path.parent, path.name)
-            if path.name == 'config.json':
-                return resolve_model(str(path.parent))
-            raise UsageError(f'--model {value!r} is neither a model folder nor a .gguf file; {hint}')
+            return file_model(path, value)
     except OSError as error:
         raise UsageError(f'--model {value!r}: {error.strerror or error}') from None
-    raise UsageError(f'--model {value!r}: no such file or folder (nothing is downloaded); {hint}')
+    raise UsageError(f'--model {value!r}: no such file or folder (nothing is downloaded); {_HINT}')
+
+
+def folder_model(path: Path, value: str) -> ModelSpec:
+    """The model in the folder ``path`` (``--model value``): a Hugging Face folder with ``config.json`` and a
+    tokenizer, or a folder holding exactly one ``.gguf`` file (:py:class:`UsageError` otherwise)."""
+    if (path / 'config.json').is_file():
+        settings = read_config(path / 'config.json', value)
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise UsageError(
+                f'--model {value!r} has no tokenizer (none of {", ".join(TOKENIZER_FILES)}); '
+                f'save it there too: tokenizer.save_pretrained(folder)'
+            )
+        return ModelSpec('folder', path, encoder_decoder=bool(settings.get('is_encoder_decoder', False)))
+    ggufs = sorted(child.name for child in path.iterdir() if child.suffix.lower() == '.gguf' and child.is_file())
+    if len(ggufs) == 1:
+        return ModelSpec('gguf', path, ggufs[0])
+    if ggufs:
+        raise UsageError(f'--model {value!r} holds {len(ggufs)} .gguf files ({", ".join(ggufs)}); give the one to load')
+    raise UsageError(f'--model {value!r} is a folder without config.json or .gguf file; {_HINT}')
+
+
+def file_model(path: Path, value: str) -> ModelSpec:
+    """The model of the file ``path`` (``--model value``): a ``.gguf`` file, or the ``config.json`` of a Hugging
+    Face folder (:py:class:`UsageError` otherwise)."""
+    if path.suffix.lower() == '.gguf':
+        return ModelSpec('gguf', path.parent, path.name)
+    if path.name == 'config.json':
+        return resolve_model(str(path.parent))
+    raise UsageError(f'--model {value!r} is neither a model folder nor a .gguf file; {_HINT}')
+
+
+def read_config(path: Path, value: str) -> dict:
+    """The settings of the ``config.json`` at ``path`` (``--model value``), a JSON object (:py:class:`UsageError`
+    where it cannot be read or is not one)."""
+    try:
+        settings = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UsageError(f'--model {value!r}: cannot read its config.json: {one_line(error)}') from None
+    if not isinstance(settings, dict):
+        raise UsageError(f'--model {value!r}: its config.json is not a JSON object')
+    return settings
 
 
 def check_device(name: str) -> str:

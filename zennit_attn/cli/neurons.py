@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..methods.declarations import DECLARATIONS
 from .checks import check_common, check_with_library, parse_target
 from .errors import UsageError
-from .library import METHODS, heavy
+from .library import heavy
 from .options import Formatter, add_debug, add_method_options, add_model_options, add_prompt_options, add_target_option
 
 __all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'SITES', 'add_parser', 'parse_layers', 'check', 'run']
@@ -110,8 +111,8 @@ def check(args: argparse.Namespace) -> None:
     args.layers = parse_layers(args.layers)
     args.target = parse_target(args.target)
     check_common(args)
-    if not METHODS[args.method].latent:
-        recording = [name for name, method in METHODS.items() if method.latent]
+    if not DECLARATIONS[args.method].latent:
+        recording = [name for name, method in DECLARATIONS.items() if method.latent]
         raise UsageError(f'--method {args.method} does not record latent relevance; use one of {", ".join(recording)}')
     if args.model_spec.encoder_decoder:
         raise UsageError(

@@ -1,8 +1,9 @@
 """The options that several commands share, and the parser pieces they are built from: the help formatter, the
 parser whose errors are :py:class:`~zennit_attn.cli.errors.UsageError`, and one ``add_*`` function per group of
 options (model, prompt, method, output, target, ``--debug``). Their values are checked in
-:py:mod:`zennit_attn.cli.checks` and :py:mod:`zennit_attn.cli.models`. Nothing here imports torch: the methods and
-formats come from :py:mod:`zennit_attn.cli.library`."""
+:py:mod:`zennit_attn.cli.checks` and :py:mod:`zennit_attn.cli.models`. Nothing here imports torch: the methods come
+from their declarations (:py:data:`zennit_attn.methods.declarations.DECLARATIONS`), the formats from
+:py:mod:`zennit_attn.cli.library`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import argparse
 import os
 from pathlib import Path
 
+from ..methods.declarations import DECLARATIONS
 from .errors import PROG, UsageError
-from .library import METHODS, SUFFIXES
+from .library import SUFFIXES
 from .models import BUILTIN, DTYPES
 
 __all__ = [
@@ -63,7 +65,7 @@ class Parser(argparse.ArgumentParser):
 def methods_manual() -> str:
     """The methods with their ``--param`` hyperparameters and defaults, one line each, for a command's manual."""
     lines = []
-    for name, method in METHODS.items():
+    for name, method in DECLARATIONS.items():
         params = ', '.join(f'{key}={value!r}' for key, value in method.params.items())
         if method.lrp:
             params = params or '(none; --composite chooses the rules)'
@@ -111,10 +113,10 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group('attribution')
     group.add_argument(
         '--method',
-        choices=tuple(METHODS),
+        choices=tuple(DECLARATIONS),
         default=None,
         metavar='NAME',
-        help=f'attribution method, one of {", ".join(METHODS)} (default: the --composite if given, '
+        help=f'attribution method, one of {", ".join(DECLARATIONS)} (default: the --composite if given, '
         f'else {DEFAULT_METHOD})',
     )
     group.add_argument(

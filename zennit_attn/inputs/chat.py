@@ -173,6 +173,15 @@ def encode_chat(tokenizer, messages) -> ChatEncoding:
         )
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoding['input_ids'], encoding['offset_mapping']
+    spans = _content_spans(text, messages)
+    template = torch.tensor([[not any(_overlaps(offset, span) for span in spans) for offset in offsets]])
+    answer = _answer_pairs(ids, offsets, spans[-1]) if answered else []
+    return ChatEncoding(input_ids=torch.tensor([ids], dtype=torch.long), template=template, answer=answer, text=text)
+
+
+def _content_spans(text: str, messages) -> list[tuple[int, int] | None]:
+    """The character span of each message's content in the rendered ``text`` (None for an empty content), found in
+    order; a template that does not render a content as it is is refused."""
     spans, cursor = [], 0
     for index, message in enumerate(messages):
         content = message['content']
@@ -187,18 +196,22 @@ def encode_chat(tokenizer, messages) -> ChatEncoding:
             )
         spans.append((start, start + len(content)))
         cursor = start + len(content)
+    return spans
 
-    def overlaps(offset, span) -> bool:
-        return span is not None and offset[0] < span[1] and offset[1] > span[0]
 
-    template = torch.tensor([[not any(overlaps(offset, span) for span in spans) for offset in offsets]])
-    answer = []
-    if answered:
-        positions = [position for position, offset in enumerate(offsets) if overlaps(offset, spans[-1])]
-        answer = [(position - 1, int(ids[position])) for position in positions]
-        if not answer or answer[0][0] < 0:
-            raise ValueError('the final assistant message gives no token after the template to explain')
-    return ChatEncoding(input_ids=torch.tensor([ids], dtype=torch.long), template=template, answer=answer, text=text)
+def _overlaps(offset: tuple[int, int], span: tuple[int, int] | None) -> bool:
+    """Whether a token's character ``offset`` overlaps a content ``span``."""
+    return span is not None and offset[0] < span[1] and offset[1] > span[0]
+
+
+def _answer_pairs(ids: list[int], offsets: list, span: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """``(position, token)`` of every token of the final answer (its content ``span``), each explained at the
+    position before it, which predicts it; an answer without a token after the template is refused."""
+    positions = [position for position, offset in enumerate(offsets) if _overlaps(offset, span)]
+    answer = [(position - 1, int(ids[position])) for position in positions]
+    if not answer or answer[0][0] < 0:
+        raise ValueError('the final assistant message gives no token after the template to explain')
+    return answer
 
 
 def prompt_ids(tokenizer, messages) -> torch.Tensor:

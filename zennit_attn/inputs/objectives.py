@@ -4,8 +4,8 @@
 contrast token's logit ("why ' Paris' rather than ' London'?", ``explain(..., contrast=...)``);
 :py:class:`OutputFunction` any scalar function of the scores (``explain(..., target=callable)``: a
 log-probability with a temperature, the sum of a class's tokens, a KL term). A :py:class:`~zennit_attn.inputs.task.Task`
-holds one objective and reads every explained value through it (:py:meth:`~zennit_attn.inputs.task.Task.select`), so every
-method explains the same value.
+holds one objective and reads every explained value through it (:py:meth:`~zennit_attn.inputs.task.Task.select`), so
+every method explains the same value.
 
 For LRP the explained value ``f`` is the initial relevance. The scores ``y`` receive the relevance ``y_i df/dy_i``
 (the Deep Taylor decomposition of ``f`` at ``y``; the model's output boundary turns it into the gradient ``df/dy``
@@ -22,17 +22,17 @@ import torch
 
 from .checks import as_integers
 
-__all__ = ['RUNNER_UP', 'Objective', 'Logit', 'Contrast', 'OutputFunction', 'objective_for', 'SeedToGradient']
+__all__ = ['RUNNER_UP', 'Objective', 'Logit', 'Contrast', 'OutputFunction', 'objective_for', 'RelevanceToGradient']
 
 #: ``contrast=RUNNER_UP``: at each explained position the most likely token other than the target.
 RUNNER_UP = 'runner-up'
 
 
-class SeedToGradient(torch.autograd.Function):
+class RelevanceToGradient(torch.autograd.Function):
     """Identity whose backward turns the initial relevance ``R`` given at the value ``f`` into the factor ``R / f``,
     and ``fallback`` where ``f == 0`` (1: the limit of ``R / f`` for ``R = f``, for targets whose value may vanish;
-    0: nothing flows from a zero value). ``SeedToGradient.apply(value, fallback)``; used by the objectives here and by
-    the latent targets (:py:mod:`zennit_attn.latent.targets`)."""
+    0: nothing flows from a zero value). ``RelevanceToGradient.apply(value, fallback)``; used by the objectives here and
+    by the latent targets (:py:mod:`zennit_attn.latent.targets`)."""
 
     @staticmethod
     def forward(ctx, value, fallback: float = 1.0):
@@ -90,13 +90,18 @@ class Objective:
         raise NotImplementedError
 
     def value(
-        self, selected: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor | None = None, seeded: bool = False
+        self,
+        selected: torch.Tensor,
+        targets: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        initial_relevance: bool = False,
     ) -> torch.Tensor:
-        """:py:meth:`compute`; ``seeded``: LRP's backward pass starts with the value itself (the initial relevance
-        ``f``), which reaches the scores ``y`` as the relevance ``y * df/dy`` (see the module's documentation)."""
-        if not seeded:
+        """:py:meth:`compute`; ``initial_relevance``: LRP's backward pass starts with the value itself (the initial
+        relevance ``f``), which reaches the scores ``y`` as the relevance ``y * df/dy`` (see the module's
+        documentation)."""
+        if not initial_relevance:
             return self.compute(selected, targets, rows)
-        return SeedToGradient.apply(self.compute(_GradientToRelevance.apply(selected), targets, rows), 1.0)
+        return RelevanceToGradient.apply(self.compute(_GradientToRelevance.apply(selected), targets, rows), 1.0)
 
 
 class Logit(Objective):
@@ -105,7 +110,7 @@ class Logit(Objective):
     def compute(self, selected, targets, rows):
         return _gather(selected, targets)
 
-    def value(self, selected, targets, rows=None, seeded=False):
+    def value(self, selected, targets, rows=None, initial_relevance=False):
         # the logit is a score itself: the model's output boundary turns its relevance into the gradient
         return self.compute(selected, targets, rows)
 

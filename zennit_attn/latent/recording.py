@@ -118,42 +118,49 @@ class Recorder:
         recomputation of checkpointed blocks, :py:func:`zennit_attn.engine.checkpointing.recomputing`, is not recorded:
         the relevance arrives at the first pass's tensors)."""
         handles = []
-
-        def capture(point: SitePoint):
-            key = (point.site, point.layer)
-
-            def function(tensor):
-                if not isinstance(tensor, torch.Tensor) or recomputing():  # checkpointing runs blocks twice
-                    return None
-                if key in self.activations:
-                    raise RuntimeError(
-                        f'latent recording saw a second forward pass through {point.site} layer '
-                        f'{point.layer}: record with a method of one forward and one backward pass'
-                    )
-                detached = tensor.detach()
-                self.activations[key] = self._finish(point.reduce(point.select(detached)))
-                if key in self.keep:
-                    self.tensors[key] = detached
-                if tensor.requires_grad:
-
-                    def read(grad):
-                        self.relevances[key] = self._finish(point.reduce(point.select(detached * grad)))
-                        if key in self.keep:
-                            self.gradients[key] = point.select(grad)
-
-                    tensor.register_hook(read)
-                return None
-
-            return function
-
         try:
             for points in self.points.values():
                 for point in points:
-                    handles.append(point.hook(capture(point)))
+                    handles.append(point.hook(self._capture(point)))
             yield self
         finally:
             for handle in handles:
                 handle.remove()
+
+    def _capture(self, point: SitePoint):
+        """The hook of ``point``: records the activation at the site tensor and hooks its gradient; not in the
+        recomputation of a checkpointed block, and a second forward pass is refused."""
+        key = (point.site, point.layer)
+
+        def function(tensor):
+            if not isinstance(tensor, torch.Tensor) or recomputing():  # checkpointing runs blocks twice
+                return None
+            if key in self.activations:
+                raise RuntimeError(
+                    f'latent recording saw a second forward pass through {point.site} layer '
+                    f'{point.layer}: record with a method of one forward and one backward pass'
+                )
+            detached = tensor.detach()
+            self.activations[key] = self._finish(point.reduce(point.select(detached)))
+            if key in self.keep:
+                self.tensors[key] = detached
+            if tensor.requires_grad:
+                tensor.register_hook(self._reader(point, detached))
+            return None
+
+        return function
+
+    def _reader(self, point: SitePoint, detached: torch.Tensor):
+        """The gradient hook of a recorded site tensor ``x`` (``detached``): its relevance ``x * g`` and, for the
+        sites of a condition (:py:attr:`keep`), the gradient ``g`` itself."""
+        key = (point.site, point.layer)
+
+        def read(grad):
+            self.relevances[key] = self._finish(point.reduce(point.select(detached * grad)))
+            if key in self.keep:
+                self.gradients[key] = point.select(grad)
+
+        return read
 
     def latent(self) -> Latent:
         """The recorded values as :py:class:`Latent` (relevance 0 where no gradient arrived, e.g. query and key

@@ -23,7 +23,7 @@ from ..inputs.task import TokenTask
 from ..methods.registry import METHODS
 from ..results.render import views
 from .recording import Recorder
-from .sites import Neuron, find_sites
+from .sites import Neuron, SitePoint, find_sites
 from .targets import LatentTarget, resolve_point
 
 __all__ = ['Reference', 'References', 'reference_samples', 'BY']
@@ -182,14 +182,31 @@ def reference_samples(
             raise ValueError(f'{name} must be a positive integer, got {value!r}')
     if by not in BY:
         raise ValueError(f'by must be "activation" (ActMax) or "relevance" (RelMax), got {by!r}')
+    neurons = _neuron_list(neurons)
+    if isinstance(texts, str):
+        raise TypeError('texts must be an iterable of texts, not one str')
+    check_model(model)
+    ranking = _Ranking(model, tokenizer, _resolve(model, neurons), by, k, max_length)
+    for batch in tqdm(
+        _batches(texts, batch_size), desc=f'reference samples ({by})', unit='batch', disable=not progress
+    ):
+        ranking.add(batch)
+    return {neuron: References(neuron, by, ranking.references(neuron, explain), tokenizer) for neuron in neurons}
+
+
+def _neuron_list(neurons) -> list[Neuron]:
+    """``neurons`` (one or a sequence) as a list without repeats; anything else than Neurons is refused."""
     if isinstance(neurons, Neuron):
         neurons = [neurons]
     neurons = list(dict.fromkeys(neurons))
     if not neurons or not all(isinstance(neuron, Neuron) for neuron in neurons):
         raise TypeError('neurons must be a non-empty sequence of zennit_attn.latent.Neuron')
-    if isinstance(texts, str):
-        raise TypeError('texts must be an iterable of texts, not one str')
-    check_model(model)
+    return neurons
+
+
+def _resolve(model: torch.nn.Module, neurons: list[Neuron]) -> dict[Neuron, SitePoint]:
+    """The site point of each neuron in ``model``; residual neurons are refused (recorded summed over the hidden
+    dimensions, not per unit)."""
     points = {}
     for neuron in neurons:
         if neuron.site not in points:
@@ -199,79 +216,100 @@ def reference_samples(
             'reference samples are ranked per unit; the residual site is recorded summed over hidden '
             'dimensions: choose "mlp", "attention", "query", "key" or "value" neurons'
         )
-    resolved = {neuron: resolve_point(model, neuron, points) for neuron in neurons}
-    used = {}
-    for point in dict.fromkeys(resolved.values()):  # each point hooked once, however many of its units are asked
-        used.setdefault(point.site, []).append(point)
-    heaps: dict[Neuron, list] = {neuron: [] for neuron in neurons}
-    counter = itertools.count()
-    device = input_device(model)
-    for batch in tqdm(
-        _batches(texts, batch_size), desc=f'reference samples ({by})', unit='batch', disable=not progress
-    ):
+    return {neuron: resolve_point(model, neuron, points) for neuron in neurons}
+
+
+class _Ranking:
+    """The ``k`` best texts of every neuron so far (one heap each; equal scores: the earlier text first), fed batch
+    by batch (:py:meth:`add`), and their references (:py:meth:`references`)."""
+
+    def __init__(self, model, tokenizer, resolved: dict[Neuron, SitePoint], by: str, k: int, max_length: int):
+        self.model, self.tokenizer, self.resolved = model, tokenizer, resolved
+        self.by, self.k, self.max_length = by, k, max_length
+        self.used = {}
+        for point in dict.fromkeys(resolved.values()):  # each point hooked once, however many of its units are asked
+            self.used.setdefault(point.site, []).append(point)
+        self.heaps: dict[Neuron, list] = {neuron: [] for neuron in resolved}
+        self.counter = itertools.count()
+        self.device = input_device(model)
+
+    def add(self, batch: list) -> None:
+        """Score the texts of ``batch`` (those that give tokens) and keep the best of each neuron."""
         bad = [text for text in batch if not isinstance(text, str)]
         if bad:
             raise TypeError(f'texts must be str, got {type(bad[0]).__name__}')
-        kept = [text for text in batch if tokenizer(text, truncation=True, max_length=max_length)['input_ids']]
+        kept = [
+            text for text in batch if self.tokenizer(text, truncation=True, max_length=self.max_length)['input_ids']
+        ]
         if not kept:
-            continue
-        ids, mask = _encode(tokenizer, kept, max_length)
-        ids, mask = ids.to(device), mask.to(device)
-        recorder = Recorder(used, None, mask)
-        if by == 'activation':
-            with torch.no_grad(), recorder.recording(model):
-                model(input_ids=ids, attention_mask=mask, use_cache=False)
-            values = recorder.activations
-        else:
-            task = TokenTask(model, ids, mask)
-            with recorder.recording(model):
-                METHODS['attnlrp'](task, position=-1, target=None)
-            values = {
-                key: recorder.relevances.get(key, torch.zeros_like(value))
-                for key, value in recorder.activations.items()
-            }
-        valid = mask != 0
-        for neuron, point in resolved.items():
-            key = (point.site, point.layer)
-            if neuron.index >= values[key].shape[-1]:
-                raise ValueError(
-                    f'{neuron}: index out of range, {point.site} of layer {point.layer} has '
-                    f'{values[key].shape[-1]} units'
-                )
-            unit = slice(neuron.index, neuron.index + 1)  # recorded per unit (heads summed over the head dimension)
-            score = values[key][..., unit].sum(-1).masked_fill(~valid, float('-inf'))  # [batch, seq]
-            activation = recorder.activations[key][..., unit].sum(-1)
-            best, position = score.max(1)
-            for row, text in enumerate(kept):
-                item = (
-                    float(best[row]),
-                    -next(counter),
-                    text,
-                    ids[row, : int(valid[row].sum())].cpu(),
-                    int(position[row]),
-                    float(activation[row, position[row]]),
-                )
-                heap = heaps[neuron]
-                if len(heap) < k:
-                    heapq.heappush(heap, item)
-                elif item[:2] > heap[0][:2]:
-                    heapq.heapreplace(heap, item)
-    results = {}
-    for neuron in neurons:
+            return
+        ids, mask = _encode(self.tokenizer, kept, self.max_length)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        recorder = Recorder(self.used, None, mask)
+        values = self._record(recorder, ids, mask)
+        for neuron, point in self.resolved.items():
+            self._keep_best(neuron, point, values, recorder.activations, kept, ids, mask != 0)
+
+    def _record(self, recorder: Recorder, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        """The score of every recorded site point: its activation (ActMax), or its relevance (RelMax: AttnLRP of the
+        model's own prediction at the last token; 0 where no gradient arrived)."""
+        if self.by == 'activation':
+            with torch.no_grad(), recorder.recording(self.model):
+                self.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            return recorder.activations
+        task = TokenTask(self.model, ids, mask)
+        with recorder.recording(self.model):
+            METHODS['attnlrp'](task, position=-1, target=None)
+        return {
+            key: recorder.relevances.get(key, torch.zeros_like(value)) for key, value in recorder.activations.items()
+        }
+
+    def _keep_best(self, neuron, point, values: dict, activations: dict, kept: list[str], ids, valid) -> None:
+        """Push each text of the batch with the neuron's largest score over its tokens (padding excluded) into the
+        neuron's heap of ``k``."""
+        key = (point.site, point.layer)
+        if neuron.index >= values[key].shape[-1]:
+            raise ValueError(
+                f'{neuron}: index out of range, {point.site} of layer {point.layer} has {values[key].shape[-1]} units'
+            )
+        unit = slice(neuron.index, neuron.index + 1)  # recorded per unit (heads summed over the head dimension)
+        score = values[key][..., unit].sum(-1).masked_fill(~valid, float('-inf'))  # [batch, seq]
+        activation = activations[key][..., unit].sum(-1)
+        best, position = score.max(1)
+        heap = self.heaps[neuron]
+        for row, text in enumerate(kept):
+            item = (
+                float(best[row]),
+                -next(self.counter),
+                text,
+                ids[row, : int(valid[row].sum())].cpu(),
+                int(position[row]),
+                float(activation[row, position[row]]),
+            )
+            if len(heap) < self.k:
+                heapq.heappush(heap, item)
+            elif item[:2] > heap[0][:2]:
+                heapq.heapreplace(heap, item)
+
+    def references(self, neuron: Neuron, explain: bool) -> list[Reference]:
+        """The kept texts of ``neuron``, best first; with ``explain`` each one's activation at its position explained
+        with AttnLRP."""
         entries = []
         for score, _, text, row_ids, position, activation in sorted(
-            heaps[neuron], key=lambda item: item[:2], reverse=True
+            self.heaps[neuron], key=lambda item: item[:2], reverse=True
         ):
-            explanation = None
-            if explain:
-                task = TokenTask(model, row_ids[None].to(device)).with_readout(
-                    LatentTarget(resolved[neuron], index=neuron.index)
-                )
-                with task.capturing():
-                    explanation = METHODS['attnlrp'](task, position=position, target=0)
-                explanation = dataclasses.replace(
-                    explanation, tokenizer=tokenizer, target=torch.full_like(explanation.target, neuron.index)
-                )
+            explanation = self._explain(neuron, row_ids, position) if explain else None
             entries.append(Reference(text, row_ids, position, score, activation, explanation))
-        results[neuron] = References(neuron, by, entries, tokenizer)
-    return results
+        return entries
+
+    def _explain(self, neuron: Neuron, row_ids: torch.Tensor, position: int):
+        """AttnLRP of the neuron's activation at ``position`` of one text (``explain(model, ids, target=neuron,
+        position=position)``)."""
+        task = TokenTask(self.model, row_ids[None].to(self.device)).with_readout(
+            LatentTarget(self.resolved[neuron], index=neuron.index)
+        )
+        with task.capturing():
+            explanation = METHODS['attnlrp'](task, position=position, target=0)
+        return dataclasses.replace(
+            explanation, tokenizer=self.tokenizer, target=torch.full_like(explanation.target, neuron.index)
+        )

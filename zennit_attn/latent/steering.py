@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from ..engine.composites import refuse_compiled
-from .sites import Neuron, find_sites
+from .sites import Neuron, SitePoint, find_sites
 from .targets import resolve_point
 
 __all__ = ['steer', 'MODES']
@@ -21,6 +21,7 @@ MODES = ('set', 'scale', 'add')
 
 
 def _positions(positions) -> list[int] | None:
+    """``positions`` of :py:func:`steer` as a list of integers (None: all positions)."""
     if positions is None:
         return None
     if isinstance(positions, numbers.Integral) and not isinstance(positions, bool):
@@ -89,6 +90,19 @@ def steer(
     if not isinstance(edits, Mapping) or not edits:
         raise TypeError('edits must be a non-empty mapping {Neuron: value}')
     steps = _positions(positions)
+    handles = []
+    try:
+        for point, items in _edits_by_point(model, edits):
+            handles.append(point.hook(_Editor(point, items, steps, mode)))
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _edits_by_point(model: torch.nn.Module, edits: Mapping[Neuron, float]) -> list[tuple]:
+    """``[(point, [(neuron, value), ...])]``: the edits grouped by the site point of their neuron (one hook each),
+    each value checked (a finite number) and each neuron resolved in ``model``."""
     points: dict = {}
     grouped: dict[int, tuple] = {}
     for neuron, value in edits.items():
@@ -100,46 +114,41 @@ def steer(
             points.update(find_sites(model, (neuron.site,)))
         point = resolve_point(model, neuron, points)
         grouped.setdefault(id(point), (point, []))[1].append((neuron, float(value)))
+    return list(grouped.values())
 
-    def editor(point, items):
-        def edit(tensor):
-            if not isinstance(tensor, torch.Tensor):
-                return None
-            result = tensor.clone()
-            sequence = tensor.shape[1] if tensor.dim() >= 3 else None
-            where = (
-                slice(None)
-                if steps is None or sequence is None
-                else [
-                    position
-                    for position in (step % sequence if -sequence <= step < sequence else None for step in steps)
-                    if position is not None
-                ]
-            )
-            if where == []:
-                return None
-            for neuron, value in items:
-                features = point.hooked_features(neuron.index, tensor.shape[-1], tensor.device)
+
+class _Editor:
+    """The hook of one site point in :py:func:`steer`: edits the units ``items`` (``[(neuron, value)]``) at the
+    positions ``steps`` (None: all) of every forward pass, on a copy of the site tensor (None where nothing is
+    steered: the tensor stays)."""
+
+    def __init__(self, point: SitePoint, items: list[tuple[Neuron, float]], steps: list[int] | None, mode: str):
+        self.point, self.items, self.steps, self.mode = point, items, steps, mode
+
+    def __call__(self, tensor):
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        sequence = tensor.shape[1] if tensor.dim() >= 3 else None
+        where = self._where(sequence)
+        if where == []:
+            return None
+        result = tensor.clone()
+        for neuron, value in self.items:
+            features = self.point.hooked_features(neuron.index, tensor.shape[-1], tensor.device)
+            if isinstance(where, list):
+                rows = torch.tensor(where, device=tensor.device)
+                result[:, rows[:, None], features[None, :]] = _edited(result[:, where][..., features], value, self.mode)
+            else:
                 index = (slice(None), where, features) if sequence is not None else (..., features)
-                if isinstance(where, list):
-                    selected = result[:, where][..., features]
-                    new = _edited(selected, value, mode)
-                    rows = torch.tensor(where, device=tensor.device)
-                    result[:, rows[:, None], features[None, :]] = new
-                else:
-                    result[index] = _edited(result[index], value, mode)
-            return result
+                result[index] = _edited(result[index], value, self.mode)
+        return result
 
-        return edit
-
-    handles = []
-    try:
-        for point, items in grouped.values():
-            handles.append(point.hook(editor(point, items)))
-        yield model
-    finally:
-        for handle in handles:
-            handle.remove()
+    def _where(self, sequence: int | None) -> slice | list[int]:
+        """The positions to steer in a forward pass over ``sequence`` tokens: all (a slice) without ``steps`` or a
+        sequence dimension, else the steps inside the sequence (negative ones counted from its end)."""
+        if self.steps is None or sequence is None:
+            return slice(None)
+        return [step % sequence for step in self.steps if -sequence <= step < sequence]
 
 
 def _edited(values: torch.Tensor, value: float, mode: str) -> torch.Tensor:

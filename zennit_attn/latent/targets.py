@@ -4,9 +4,9 @@ logit (``target=Neuron(...)``), recording latent relevance (``latent=``) and con
 Explaining a neuron (paper section 3.5, the reference-sample heatmaps of the knowledge-neuron appendix): the task
 receives a :py:class:`LatentTarget`, a :py:class:`~zennit_attn.inputs.task.Readout` of the neuron's activation
 (``task.with_readout(...)``; the task's class is unchanged), so every method that reads scores through the
-:py:class:`~zennit_attn.inputs.task.Task` explains it (``Method.neuron`` of :py:class:`~zennit_attn.methods.registry.Method`); for
-LRP the activation is the initial relevance (the model's output boundary, which turns the initial relevance into a
-gradient, is bypassed, so the target does that conversion itself).
+:py:class:`~zennit_attn.inputs.task.Task` explains it (``Method.neuron`` of
+:py:class:`~zennit_attn.methods.registry.Method`); for LRP the activation is the initial relevance (the model's output
+boundary, which turns the initial relevance into a gradient, is bypassed, so the target does that conversion itself).
 
 Conditional relevance (Concept Relevance Propagation, Achtibat et al. 2023, as ``zennit-crp``'s ``CondAttribution``
 with conditions such as ``{'layer': [3948]}``): the input relevance of the prediction that flows through the given
@@ -22,11 +22,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Sequence
-from typing import ContextManager
 
 import torch
 
-from ..inputs.objectives import SeedToGradient
+from ..inputs.objectives import RelevanceToGradient
 from ..inputs.task import ImageTask, Readout, Task, TokenTask
 from ..methods.registry import METHODS, Method
 from .recording import REDUCTIONS, Recorder
@@ -36,8 +35,8 @@ __all__ = ['LatentTarget', 'explain_latent', 'repeat_task', 'resolve_point']
 
 
 class LatentTarget(Readout):
-    """The :py:class:`~zennit_attn.inputs.task.Readout` of a latent target: unit ``index`` of ``point`` (a neuron; scores
-    ``[batch, seq, 1]``, one per position), or the linear target ``sum(x * weights)`` over positions and features
+    """The :py:class:`~zennit_attn.inputs.task.Readout` of a latent target: unit ``index`` of ``point`` (a neuron;
+    scores ``[batch, seq, 1]``, one per position), or the linear target ``sum(x * weights)`` over positions and features
     (scores ``[batch, 1]``), read at the site tensor ``x`` of the model's run. A task explains it with
     ``task.with_readout(LatentTarget(...))``; a method then runs inside ``task.capturing()``.
 
@@ -60,7 +59,7 @@ class LatentTarget(Readout):
         self.hooked = False
         self.captured: list[torch.Tensor] = []
 
-    def capturing(self, task: Task) -> ContextManager:
+    def capturing(self, task: Task) -> contextlib.AbstractContextManager:
         """Hook the target's site for the time of the context, registered before a method enters a composite's
         context (so the target sees the site tensor before the composite's hooks and after any steering)."""
         return self._capturing()
@@ -81,11 +80,11 @@ class LatentTarget(Readout):
         inputs: torch.Tensor,
         rows: torch.Tensor | None = None,
         model: torch.nn.Module | None = None,
-        seeded: bool = False,
+        initial_relevance: bool = False,
         **extra,
     ) -> torch.Tensor:
-        """The target's value in the run of ``model`` on ``inputs``; ``seeded``: LRP's backward pass starts with
-        the value itself (the initial relevance), which the target turns into the gradient (the model's output
+        """The target's value in the run of ``model`` on ``inputs``; ``initial_relevance``: LRP's backward pass starts
+        with the value itself (the initial relevance), which the target turns into the gradient (the model's output
         boundary, which does that for logits, is bypassed)."""
         self.captured = captured = []
         handle = None if self.hooked else self.point.hook(lambda tensor: captured.append(tensor), prepend=True)
@@ -103,8 +102,8 @@ class LatentTarget(Readout):
         else:
             weights = self.weights if rows is None else self.weights[rows]
             scores = (site * weights.to(site.dtype)).flatten(1).sum(1, keepdim=True)  # [batch, 1]
-        if seeded:
-            scores = SeedToGradient.apply(scores, 1.0 if self.weights is not None else 0.0)  # linear targets: 1
+        if initial_relevance:
+            scores = RelevanceToGradient.apply(scores, 1.0 if self.weights is not None else 0.0)  # linear targets: 1
         return scores
 
 
@@ -201,6 +200,31 @@ def explain_latent(
         method that cannot explain it (``Method.neuron`` of :py:class:`~zennit_attn.methods.registry.Method`).
     """
     model = task.model
+    latent = _check_request(method, target, latent, latent_reduce, condition)
+    neuron = target if isinstance(target, Neuron) else None
+    if neuron is not None:
+        task = task.with_readout(LatentTarget(resolve_point(model, neuron), index=neuron.index))
+        target = 0
+    conditions = _conditions(condition, model) if condition is not None else []
+    points = find_sites(model, latent) if latent is not None else {}
+    keep = {(point.site, point.layer) for point, _ in conditions}
+    for point, _ in conditions:
+        points.setdefault(point.site, find_sites(model, (point.site,))[point.site])
+    mask = getattr(task, 'attention_mask', None)
+    recorder = Recorder(points, latent_reduce, mask, keep)
+    with recorder.recording(model), task.capturing():
+        explanation = method.function(task, position=position, target=target, **params)
+    recorded = None if latent is None else _latent_of(recorder, latent)
+    if neuron is not None:
+        explanation = dataclasses.replace(explanation, target=torch.full_like(explanation.target, neuron.index))
+    if conditions:
+        explanation = _conditional(method, task, explanation, recorder, conditions, params)
+    return dataclasses.replace(explanation, latent=recorded)
+
+
+def _check_request(method: Method, target, latent, latent_reduce: str | None, condition) -> tuple[str, ...] | None:
+    """``latent`` as a tuple of sites (None: none asked), after refusing an unknown site or reduction, and a method
+    that cannot do what is asked (see :py:func:`explain_latent`)."""
     if latent_reduce not in REDUCTIONS:
         raise ValueError(
             f'latent_reduce must be None (every position) or "sum" (sum over positions), got {latent_reduce!r}'
@@ -217,79 +241,82 @@ def explain_latent(
             f'latent= and condition= read the relevance of one backward pass, which {method.name!r} does '
             f'not have; use one of {", ".join(name for name, entry in METHODS.items() if entry.latent)}'
         )
-    neuron = target if isinstance(target, Neuron) else None
-    if neuron is not None and not method.neuron:
+    if isinstance(target, Neuron) and not method.neuron:
         raise ValueError(
             f'{method.name!r} cannot explain a Neuron target (it reads attention maps or output '
             'probabilities); use one of '
             f'{", ".join(name for name, entry in METHODS.items() if entry.neuron)}'
         )
-    if neuron is not None:
-        task = task.with_readout(LatentTarget(resolve_point(model, neuron), index=neuron.index))
-        target = 0
-    conditions = _conditions(condition, model) if condition is not None else []
-    points = find_sites(model, latent) if latent is not None else {}
-    keep = {(point.site, point.layer) for point, _ in conditions}
-    for point, _ in conditions:
-        points.setdefault(point.site, find_sites(model, (point.site,))[point.site])
-    mask = getattr(task, 'attention_mask', None)
-    recorder = Recorder(points, latent_reduce, mask, keep)
-    with recorder.recording(model), task.capturing():
-        explanation = method.function(task, position=position, target=target, **params)
-    recorded = None
-    if latent is not None:
-        recorded = recorder.latent()
-        recorded.relevance = {site: value for site, value in recorded.relevance.items() if site in latent}
-        recorded.activation = {site: value for site, value in recorded.activation.items() if site in latent}
-    if neuron is not None:
-        explanation = dataclasses.replace(explanation, target=torch.full_like(explanation.target, neuron.index))
-    if conditions:
-        explanation = _conditional(method, task, explanation, recorder, conditions, params)
-    return dataclasses.replace(explanation, latent=recorded)
+    return latent
+
+
+def _latent_of(recorder: Recorder, latent: tuple[str, ...]):
+    """The recorded :py:class:`~zennit_attn.latent.recording.Latent` of the sites asked for (a condition's site is
+    recorded as well, for the second pass, but not reported)."""
+    recorded = recorder.latent()
+    recorded.relevance = {site: value for site, value in recorded.relevance.items() if site in latent}
+    recorded.activation = {site: value for site, value in recorded.activation.items() if site in latent}
+    return recorded
 
 
 def _conditional(method: Method, task: Task, explanation, recorder: Recorder, conditions, params: dict):
-    """The second pass of conditional relevance: all conditions of one site point as one batch."""
+    """The second pass of conditional relevance: all conditions of one site point as one batch; the result has one
+    row per input row and condition (row ``r * conditions + c``)."""
+    weights = [(point, _condition_weights(point, neurons, recorder)) for point, neurons in conditions]
+    results = _explain_conditions(method, task, weights, params)
     count = len(conditions)
-    rows = []
-    for point, neurons in conditions:
-        key = (point.site, point.layer)
-        if key not in recorder.gradients:
-            gradient = torch.zeros_like(recorder.tensors[key])
-            gradient = point.select(gradient)
-        else:
-            gradient = recorder.gradients[key]
-        mask = torch.zeros(gradient.shape[-1], dtype=gradient.dtype, device=gradient.device)
-        for neuron in neurons:
-            mask[point.unit_features(neuron.index, gradient.shape[-1])] = 1
-        rows.append((point, gradient * mask))
-    results = [None] * count
+    pieces = {}
+    for name in ('relevance', 'embedding_relevance', 'pixel_relevance', 'logit'):
+        if hasattr(explanation, name):
+            pieces[name] = _interleaved(results, name, task.batch)
+    for name in ('target', 'position', 'input_ids', 'attention_mask', 'pixels'):
+        if hasattr(explanation, name):
+            value = getattr(explanation, name)
+            pieces[name] = None if value is None else value.repeat_interleave(count, 0)
+    return dataclasses.replace(explanation, method=method.name, **pieces)
+
+
+def _condition_weights(point: SitePoint, neurons: list[Neuron], recorder: Recorder) -> torch.Tensor:
+    """The weights ``g * m`` of a condition's linear target: the modified gradient ``g`` the prediction sent to the
+    site in the first pass (zeros where none arrived), masked to the condition's units ``m``."""
+    key = (point.site, point.layer)
+    if key not in recorder.gradients:
+        gradient = torch.zeros_like(recorder.tensors[key])
+        gradient = point.select(gradient)
+    else:
+        gradient = recorder.gradients[key]
+    mask = torch.zeros(gradient.shape[-1], dtype=gradient.dtype, device=gradient.device)
+    for neuron in neurons:
+        mask[point.unit_features(neuron.index, gradient.shape[-1])] = 1
+    return gradient * mask
+
+
+def _explain_conditions(method: Method, task: Task, weights: list, params: dict) -> list[tuple]:
+    """Explain the linear target of every condition (``weights``: ``[(point, g * m)]``), the conditions of one site
+    point as one batch of ``task`` repeated; ``(explanation, offset, width)`` per condition: its rows are
+    ``row * width + offset`` of that explanation."""
+    results = [None] * len(weights)
     by_point: dict[int, list[int]] = {}
-    for number, (point, _) in enumerate(rows):
+    for number, (point, _) in enumerate(weights):
         by_point.setdefault(id(point), []).append(number)
     for numbers in by_point.values():
-        point = rows[numbers[0]][0]
+        point = weights[numbers[0]][0]
         repeated = repeat_task(task, len(numbers))
-        weights = torch.stack([rows[number][1] for number in numbers], 1).flatten(0, 1)  # [batch * conditions, ...]
-        conditional = repeated.with_readout(LatentTarget(point, weights=weights.detach()))
+        stacked = torch.stack([weights[number][1] for number in numbers], 1).flatten(0, 1)  # [batch * conditions, ...]
+        conditional = repeated.with_readout(LatentTarget(point, weights=stacked.detach()))
         with conditional.capturing():
             result = method.function(conditional, position=None, target=0, **params)
         for offset, number in enumerate(numbers):
             results[number] = (result, offset, len(numbers))
-    batch = task.batch
-    pieces = {}
-    for name in ('relevance', 'embedding_relevance', 'pixel_relevance', 'logit'):
-        if not hasattr(explanation, name):
-            continue
-        values = []
-        for row in range(batch):
-            for number in range(count):
-                result, offset, width = results[number]
-                value = getattr(result, name)
-                values.append(None if value is None else value[row * width + offset])
-        pieces[name] = None if values[0] is None else torch.stack(values)
-    repeat = lambda value: None if value is None else value.repeat_interleave(count, 0)  # noqa: E731
-    for name in ('target', 'position', 'input_ids', 'attention_mask', 'pixels'):
-        if hasattr(explanation, name):
-            pieces[name] = repeat(getattr(explanation, name))
-    return dataclasses.replace(explanation, method=method.name, **pieces)
+    return results
+
+
+def _interleaved(results: list[tuple], name: str, batch: int) -> torch.Tensor | None:
+    """Field ``name`` of the conditions' explanations as one tensor of row ``r * conditions + c`` (None where the
+    explanations have none)."""
+    values = []
+    for row in range(batch):
+        for result, offset, width in results:
+            value = getattr(result, name)
+            values.append(None if value is None else value[row * width + offset])
+    return None if values[0] is None else torch.stack(values)

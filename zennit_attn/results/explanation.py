@@ -80,20 +80,20 @@ class Explanation:
         function; for a target function ``target`` holds the predicted token, for reference). Not compared and not
         shown in ``repr``.
     template: torch.Tensor or None
-        For a conversation (``explain(model, messages, tokenizer=...)``, :py:mod:`zennit_attn.inputs.chat`): ``[batch, seq]``
-        True for the chat template's tokens. They keep their relevance; the heatmaps leave them out unless
-        ``template=True``.
+        For a conversation (``explain(model, messages, tokenizer=...)``, :py:mod:`zennit_attn.inputs.chat`):
+        ``[batch, seq]`` True for the chat template's tokens. They keep their relevance; the heatmaps leave them out
+        unless ``template=True``.
 
     Notes
     -----
     When several ``(position, token)`` pairs are explained at once, ``target``, ``position`` and ``logit`` are
     ``[batch, pairs]`` and the relevance is that of their sum.
 
-    The heatmap methods show tokens as the tokenizer writes them (:py:func:`zennit_attn.results.render.tokens.token_texts`),
-    optionally merged into words (``words=True``, relevance summed), padding left out, encoder and decoder tokens
-    for encoder-decoder models; colours come from one diverging map centred at 0
-    (:py:func:`zennit_attn.results.render.colors.relevance_to_rgb`). ``scale`` is None (each heatmap its own largest absolute
-    relevance), ``'shared'`` (one scale for all rows drawn together) or a number, e.g.
+    The heatmap methods show tokens as the tokenizer writes them
+    (:py:func:`zennit_attn.results.render.tokens.token_texts`), optionally merged into words (``words=True``, relevance
+    summed), padding left out, encoder and decoder tokens for encoder-decoder models; colours come from one diverging
+    map centred at 0 (:py:func:`zennit_attn.results.render.colors.relevance_to_rgb`). ``scale`` is None (each heatmap
+    its own largest absolute relevance), ``'shared'`` (one scale for all rows drawn together) or a number, e.g.
     :py:func:`zennit_attn.results.render.shared_scale` of several explanations.
     """
 
@@ -183,8 +183,8 @@ class Explanation:
         ----------
         spans: list of (int, int), Template or 'sentences'
             Character spans ``(start, end)`` of ``text`` (not overlapping, in any order), a
-            :py:class:`zennit_attn.results.segments.Template` (its slots; ``text`` is the template's), or ``'sentences'``
-            (:py:func:`zennit_attn.results.segments.sentences`).
+            :py:class:`zennit_attn.results.segments.Template` (its slots; ``text`` is the template's), or
+            ``'sentences'`` (:py:func:`zennit_attn.results.segments.sentences`).
         labels: sequence of str, optional
             One per span (default ``'span 0'``, ... or ``'sentence 1'``, ...); not with a Template.
         text: str, optional
@@ -209,8 +209,8 @@ class Explanation:
     def heatmaps(
         self, rows=None, words: bool = False, tokenizer=None, scale_without_first: bool = False, template: bool = False
     ) -> list:
-        """The :py:class:`~zennit_attn.results.render.layout.Heatmap` of each of ``rows`` (default all), what every format
-        draws (scales not yet resolved); ``template``: show a chat template's tokens too."""
+        """The :py:class:`~zennit_attn.results.render.layout.Heatmap` of each of ``rows`` (default all), what every
+        format draws (scales not yet resolved); ``template``: show a chat template's tokens too."""
         return views.explanation_heatmaps(self, rows, words, tokenizer, scale_without_first, template)
 
     def show(

@@ -135,43 +135,9 @@ class Template:
     def __init__(self, template: str, /, **values: str):
         if not isinstance(template, str):
             raise TypeError(f'the template must be a str, got {type(template).__name__}')
-        try:
-            parsed = list(string.Formatter().parse(template))
-        except ValueError as error:
-            raise ValueError(
-                f'cannot read the template {template!r}: {error} (write a literal brace as {{{{ or }}}})'
-            ) from error
-        names = [name for _, name, _, _ in parsed if name is not None]
-        for _, name, spec, conversion in parsed:
-            if name is None:
-                continue
-            if not name.isidentifier():
-                raise ValueError(f'template slot {{{name}}} is not a name: use named slots such as {{context}}')
-            if spec or conversion:
-                raise ValueError(
-                    f'template slot {{{name}}} has a format spec or conversion; slots take the value as '
-                    'it is: write {' + name + '}'
-                )
-        if not names:
-            raise ValueError(f'the template {template!r} has no slots: write them as {{name}}')
-        twice = sorted({name for name in names if names.count(name) > 1})
-        if twice:
-            raise ValueError(
-                f'template slot(s) {twice} appear more than once; each slot must appear once so that its '
-                'span is one piece of the text (give each place its own name, e.g. {doc1} and {doc2})'
-            )
-        missing = [name for name in names if name not in values]
-        if missing:
-            raise ValueError(
-                f'no value for template slot(s) {missing}: pass them as keywords, e.g. '
-                f'Template(template, {missing[0]}="...")'
-            )
-        unknown = sorted(set(values) - set(names))
-        if unknown:
-            raise ValueError(f'the template has no slot(s) {unknown}; its slots are {names}')
-        for name, value in values.items():
-            if not isinstance(value, str):
-                raise TypeError(f'the value of slot {name!r} must be a str, got {type(value).__name__}')
+        parsed = _parse_template(template)
+        names = _slot_names(parsed, template)
+        _check_slot_values(names, values)
         pieces, spans = [], {}
         length = 0
         for literal, name, _, _ in parsed:
@@ -189,6 +155,59 @@ class Template:
 
     def __repr__(self) -> str:
         return f'Template({self.template!r}, {", ".join(f"{k}={v!r}" for k, v in self.values.items())})'
+
+
+def _parse_template(template: str) -> list[tuple]:
+    """``(literal, name, spec, conversion)`` of each piece of ``template`` (:py:meth:`string.Formatter.parse`); a
+    malformed template (a single brace) is refused."""
+    try:
+        return list(string.Formatter().parse(template))
+    except ValueError as error:
+        raise ValueError(
+            f'cannot read the template {template!r}: {error} (write a literal brace as {{{{ or }}}})'
+        ) from error
+
+
+def _slot_names(parsed: list[tuple], template: str) -> list[str]:
+    """The slot names of a parsed template, in order; refused: no slots, a slot that is not a name (``{}``,
+    ``{0}``, ``{a.b}``), has a format spec or conversion, or appears twice."""
+    names = [name for _, name, _, _ in parsed if name is not None]
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier():
+            raise ValueError(f'template slot {{{name}}} is not a name: use named slots such as {{context}}')
+        if spec or conversion:
+            raise ValueError(
+                f'template slot {{{name}}} has a format spec or conversion; slots take the value as '
+                'it is: write {' + name + '}'
+            )
+    if not names:
+        raise ValueError(f'the template {template!r} has no slots: write them as {{name}}')
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(
+            f'template slot(s) {twice} appear more than once; each slot must appear once so that its '
+            'span is one piece of the text (give each place its own name, e.g. {doc1} and {doc2})'
+        )
+    return names
+
+
+def _check_slot_values(names: list[str], values: dict) -> None:
+    """Refuse a slot without a value, a value for a slot the template does not have, and a value that is not a
+    str."""
+    missing = [name for name in names if name not in values]
+    if missing:
+        raise ValueError(
+            f'no value for template slot(s) {missing}: pass them as keywords, e.g. '
+            f'Template(template, {missing[0]}="...")'
+        )
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f'the template has no slot(s) {unknown}; its slots are {names}')
+    for name, value in values.items():
+        if not isinstance(value, str):
+            raise TypeError(f'the value of slot {name!r} must be a str, got {type(value).__name__}')
 
 
 def sentences(text: str) -> list[tuple[int, int]]:
@@ -494,39 +513,15 @@ def segment_explanation(
     ids = [int(explanation.input_ids[row, position]) for position in positions]
     values = explanation.relevance[row].detach().to('cpu', torch.float64)[positions].tolist()
     if isinstance(spans, Template):
-        if text is not None and text != spans.text:
-            raise ValueError("text= differs from the template's text: leave text= out (the template builds it)")
-        if labels is not None:
-            raise ValueError('labels= is not taken with a Template: its slot names are the labels')
-        empty = [name for name in spans.names if not spans.values[name]]
-        if empty:
-            raise ValueError(
-                f"template slot(s) {empty} are empty (value ''): an empty slot has no characters, "
-                'hence no tokens and no relevance to sum; give it text, or build the template without '
-                'it'
-            )
-        text, labels, spans = spans.text, list(spans.names), [spans.spans[name] for name in spans.names]
+        text, labels, spans = _template_segments(spans, text, labels)
     if text is None:
         text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     if not isinstance(text, str):
         raise TypeError(f'text must be a str, got {type(text).__name__}')
     if isinstance(spans, str):
-        if spans != 'sentences':
-            raise ValueError(
-                f"spans must be a list of (start, end) character spans, a Template or 'sentences', got {spans!r}"
-            )
-        spans = sentences(text)
-        if not spans:
-            raise ValueError('the text has no sentences (it is whitespace only)')
-        labels = [f'sentence {index + 1}' for index in range(len(spans))] if labels is None else labels
+        spans, labels = _sentence_segments(spans, text, labels)
     spans = _check_spans(spans, len(text), labels)
-    labels = [f'span {index}' for index in range(len(spans))] if labels is None else list(labels)
-    if len(labels) != len(spans) or not all(isinstance(label, str) for label in labels):
-        raise ValueError(f'labels must be one str per span: {len(spans)} spans, got {labels!r}')
-    if len(set(labels)) != len(labels) or _OTHER in labels:
-        raise ValueError(
-            f'labels must differ from each other and from {_OTHER!r} (the tokens in no segment), got {labels!r}'
-        )
+    labels = _segment_labels(labels, len(spans))
     assignment = assign_tokens(token_offsets(tokenizer, ids, text), spans, text)
     sums = [
         math.fsum(value for value, segment in zip(values, assignment) if segment == index)
@@ -546,6 +541,49 @@ def segment_explanation(
         title=heatmap.title or '',
         other_text=' | '.join(tokens.tokens[index] for index in other),
     )
+
+
+def _template_segments(template: Template, text: str | None, labels) -> tuple[str, list[str], list[tuple[int, int]]]:
+    """``(text, labels, spans)`` of a :py:class:`Template`'s slots; refused: another ``text``, ``labels`` (the slot
+    names are the labels), and an empty slot (no characters, hence no tokens and no relevance to sum)."""
+    if text is not None and text != template.text:
+        raise ValueError("text= differs from the template's text: leave text= out (the template builds it)")
+    if labels is not None:
+        raise ValueError('labels= is not taken with a Template: its slot names are the labels')
+    empty = [name for name in template.names if not template.values[name]]
+    if empty:
+        raise ValueError(
+            f"template slot(s) {empty} are empty (value ''): an empty slot has no characters, "
+            'hence no tokens and no relevance to sum; give it text, or build the template without '
+            'it'
+        )
+    return template.text, list(template.names), [template.spans[name] for name in template.names]
+
+
+def _sentence_segments(spans: str, text: str, labels) -> tuple[list[tuple[int, int]], list[str]]:
+    """``(spans, labels)`` of ``spans='sentences'``: the :py:func:`sentences` of ``text``, labelled ``sentence 1``,
+    ... unless ``labels`` are given; any other string is refused."""
+    if spans != 'sentences':
+        raise ValueError(
+            f"spans must be a list of (start, end) character spans, a Template or 'sentences', got {spans!r}"
+        )
+    spans = sentences(text)
+    if not spans:
+        raise ValueError('the text has no sentences (it is whitespace only)')
+    return spans, [f'sentence {index + 1}' for index in range(len(spans))] if labels is None else labels
+
+
+def _segment_labels(labels, count: int) -> list[str]:
+    """The labels of ``count`` segments (default ``span 0``, ...): one distinct str per segment, none of them
+    ``other``."""
+    labels = [f'span {index}' for index in range(count)] if labels is None else list(labels)
+    if len(labels) != count or not all(isinstance(label, str) for label in labels):
+        raise ValueError(f'labels must be one str per span: {count} spans, got {labels!r}')
+    if len(set(labels)) != len(labels) or _OTHER in labels:
+        raise ValueError(
+            f'labels must differ from each other and from {_OTHER!r} (the tokens in no segment), got {labels!r}'
+        )
+    return labels
 
 
 def first_token_share(relevance: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

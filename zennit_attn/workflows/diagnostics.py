@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -100,8 +101,8 @@ def conservation(
     With the AttnLRP rules, relevance leaks only through biases (linear layers, LayerNorm), the hidden bias of
     the softmax rule (Prop. 3.1) and the epsilon stabilisers; the report shows how much leaks at each block.
     Arguments are those of :py:func:`~zennit_attn.explain` with ``method='attnlrp'``: ``composite`` defaults to
-    :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`. Rows are explained one at a time, so that embeddings shared
-    by all rows (position embeddings) are reported per row.
+    :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`. Rows are explained one at a time, so that embeddings
+    shared by all rows (position embeddings) are reported per row.
     """
     composite = AttnLRPEpsilon() if composite is None else composite
     input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
@@ -136,45 +137,10 @@ def _select_row(value, row: int, batch: int):
 def _conservation_row(
     model, input_ids, row, target, position, attention_mask, composite, model_kwargs, decoder_input_ids
 ):
-    batch = input_ids.shape[0]
-    pick = lambda value: _select_row(value, row, batch)  # noqa: E731
-    stacks = block_stacks(model)[::-1]  # output side first: the decoder's, then the encoder's
-    word_embeddings = {model.get_input_embeddings()}
-    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
-        word_embeddings.add(model.get_decoder().get_input_embeddings())
-    hidden = model.get_input_embeddings().embedding_dim
-    probes: dict[str, _Probe] = {}
-    names = []
-    for stack_name, stack in stacks:
-        names += [f'output of {stack_name}.{index}' for index in reversed(range(len(stack)))]
-        names.append(f'input of {stack_name}.0')
-
-    def observe(modified, watched):
-        handles = []
-        for stack_name, stack in stacks:
-            for index, block in enumerate(stack):
-                probe = probes.setdefault(f'output of {stack_name}.{index}', _Probe(watched))
-                handles.append(
-                    block.register_forward_hook(lambda module, input, output, probe=probe: probe.watch(output))
-                )
-            first = probes.setdefault(f'input of {stack_name}.0', _Probe(watched))
-            handles.append(
-                stack[0].register_forward_pre_hook(
-                    lambda module, args, probe=first: probe.watch(args[0] if args else None)
-                )
-            )
-        others = probes.setdefault('other embeddings', _Probe(watched))
-
-        def watch_embedding(module, input, output):
-            # position / segment embeddings: one vector per token; not e.g. T5's relative attention bias
-            if output.dim() == 3 and output.shape[-1] == hidden:
-                others.watch(output)
-
-        for module in modified.modules():
-            if isinstance(module, torch.nn.Embedding) and module not in word_embeddings:
-                handles.append(module.register_forward_hook(watch_embedding))
-        return handles
-
+    """``(logit, boundary names, sums)`` of row ``row`` explained alone: the relevance at every layer boundary, then
+    at the word embeddings and at the other embeddings."""
+    pick = functools.partial(_select_row, row=row, batch=input_ids.shape[0])
+    boundaries = _Boundaries(model)
     task = TokenTask(
         model,
         input_ids[row : row + 1],
@@ -182,10 +148,61 @@ def _conservation_row(
         {key: pick(value) for key, value in (model_kwargs or {}).items()},
         pick(decoder_input_ids),
     )
-    explanation = attribute(task, pick(position), pick(target), composite, observe=observe)
+    explanation = attribute(task, pick(position), pick(target), composite, observe=boundaries.observe)
     words = explanation.relevance.double().sum()
     if explanation.decoder_relevance is not None:
         words = words + explanation.decoder_relevance.double().sum()
-    sums = [probes[name].value for name in names] + [words.cpu(), probes['other embeddings'].value]
+    sums = [boundaries.probes[name].value for name in boundaries.names]
+    sums += [words.cpu(), boundaries.probes['other embeddings'].value]
     logit = explanation.logit.double().sum().cpu()
-    return logit, names + ['word embeddings', 'other embeddings'], torch.stack(sums)
+    return logit, boundaries.names + ['word embeddings', 'other embeddings'], torch.stack(sums)
+
+
+class _Boundaries:
+    """The layer boundaries of a model whose relevance :py:func:`conservation` reports for one explained row: the
+    output of every block and the input of each stack's first block (output side first: for encoder-decoder models
+    the decoder's, then the encoder's), and the embeddings other than the word embeddings. :py:meth:`observe` hooks
+    a :py:class:`_Probe` at each of them in the model of the composite's context."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.stacks = block_stacks(model)[::-1]  # output side first: the decoder's, then the encoder's
+        self.word_embeddings = {model.get_input_embeddings()}
+        if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+            self.word_embeddings.add(model.get_decoder().get_input_embeddings())
+        self.hidden = model.get_input_embeddings().embedding_dim
+        self.probes: dict[str, _Probe] = {}
+        #: boundary names, output first
+        self.names = []
+        for stack_name, stack in self.stacks:
+            self.names += [f'output of {stack_name}.{index}' for index in reversed(range(len(stack)))]
+            self.names.append(f'input of {stack_name}.0')
+
+    def observe(self, modified: torch.nn.Module, watched: list) -> list:
+        """Hook the probes into ``modified`` (the ``observe`` of :py:func:`~zennit_attn.methods.lrp.attribute`); the
+        tensors they watch are appended to ``watched``. Returns the hook handles."""
+        handles = []
+        for stack_name, stack in self.stacks:
+            handles += self._watch_stack(stack_name, stack, watched)
+        others = self.probes.setdefault('other embeddings', _Probe(watched))
+
+        def watch_embedding(module, input, output):
+            # position / segment embeddings: one vector per token; not e.g. T5's relative attention bias
+            if output.dim() == 3 and output.shape[-1] == self.hidden:
+                others.watch(output)
+
+        for module in modified.modules():
+            if isinstance(module, torch.nn.Embedding) and module not in self.word_embeddings:
+                handles.append(module.register_forward_hook(watch_embedding))
+        return handles
+
+    def _watch_stack(self, stack_name: str, stack, watched: list) -> list:
+        """Probes at the output of every block of ``stack`` and at the input of its first block."""
+        handles = []
+        for index, block in enumerate(stack):
+            probe = self.probes.setdefault(f'output of {stack_name}.{index}', _Probe(watched))
+            handles.append(block.register_forward_hook(lambda module, input, output, probe=probe: probe.watch(output)))
+        first = self.probes.setdefault(f'input of {stack_name}.0', _Probe(watched))
+        handles.append(
+            stack[0].register_forward_pre_hook(lambda module, args, probe=first: probe.watch(args[0] if args else None))
+        )
+        return handles

@@ -154,8 +154,8 @@ class GenerationExplanation:
         return [text for _, texts, _ in parts for text in texts]
 
     def heatmap(self, token: int | None = None, words: bool = False, tokenizer=None):
-        """The :py:class:`~zennit_attn.results.render.layout.Heatmap` of the whole answer (``token=None``) or of generated
-        token ``token`` (prompt and answer as its two segments)."""
+        """The :py:class:`~zennit_attn.results.render.layout.Heatmap` of the whole answer (``token=None``) or of
+        generated token ``token`` (prompt and answer as its two segments)."""
         return views.generation_heatmap(self, token, words, tokenizer)
 
     def show(
@@ -273,9 +273,9 @@ class GenerationExplanation:
 
         ``.html``: the interactive page (:py:meth:`to_html`); ``.png``, ``.svg``, ``.pdf``, ``.tex``: the heatmap of
         the whole answer (or of generated token ``token``) as a figure or LaTeX snippet (options as for
-        :py:func:`zennit_attn.results.render.views.save_heatmaps`). An answer to images is drawn with the overlay of each
-        image (of the whole answer, or of token ``token``), as :py:func:`zennit_attn.results.render.multimodal.save_multimodal`
-        does, which also takes the overlay options.
+        :py:func:`zennit_attn.results.render.views.save_heatmaps`). An answer to images is drawn with the overlay of
+        each image (of the whole answer, or of token ``token``), as
+        :py:func:`zennit_attn.results.render.multimodal.save_multimodal` does, which also takes the overlay options.
 
         Returns
         -------
@@ -296,6 +296,16 @@ class GenerationExplanation:
 
 def _prompt_ids(tokenizer, prompt) -> torch.Tensor:
     """``[1, seq]`` ids of one prompt (text, ids, the tokenizer's output or a conversation)."""
+    prompt, mask = _ids_and_mask(_tokenized(tokenizer, prompt))
+    ids = _one_sequence(prompt)
+    if mask is not None and not bool((torch.as_tensor(mask) != 0).all()):
+        raise ValueError('the prompt has padding (attention_mask has zeros): pass the one prompt unpadded')
+    return ids
+
+
+def _tokenized(tokenizer, prompt):
+    """``prompt`` with a text tokenised and a conversation put into the chat template (with its generation prompt);
+    ids and the tokenizer's output as they are. A list of texts (several prompts) and an empty prompt are refused."""
     prompt = prompt_ids(tokenizer, prompt) if is_conversation(prompt) else prompt
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(item, str) for item in prompt):
         raise ValueError(
@@ -308,12 +318,21 @@ def _prompt_ids(tokenizer, prompt) -> torch.Tensor:
         if not prompt:
             raise ValueError('the prompt is empty: give the text the model should answer')
         prompt = tokenizer(prompt, return_tensors='pt')
-    mask = None
-    if isinstance(prompt, Mapping):
-        if 'input_ids' not in prompt:
-            raise ValueError(f'the prompt mapping has no input_ids (keys: {sorted(prompt)})')
-        mask = prompt.get('attention_mask')
-        prompt = prompt['input_ids']
+    return prompt
+
+
+def _ids_and_mask(prompt) -> tuple:
+    """``(ids, attention mask or None)`` of a tokenised prompt: the fields of a mapping (the tokenizer's output), or
+    the ids themselves without a mask."""
+    if not isinstance(prompt, Mapping):
+        return prompt, None
+    if 'input_ids' not in prompt:
+        raise ValueError(f'the prompt mapping has no input_ids (keys: {sorted(prompt)})')
+    return prompt['input_ids'], prompt.get('attention_mask')
+
+
+def _one_sequence(prompt) -> torch.Tensor:
+    """``[1, seq]`` long ids of one non-empty sequence given as ``[seq]`` or ``[1, seq]`` integers."""
     ids = torch.as_tensor(prompt)
     if ids.dim() == 1:
         ids = ids[None]
@@ -324,12 +343,12 @@ def _prompt_ids(tokenizer, prompt) -> torch.Tensor:
         )
     if ids.shape[1] == 0:
         raise ValueError('the prompt has no tokens: give the text the model should answer')
-    if mask is not None and not bool((torch.as_tensor(mask) != 0).all()):
-        raise ValueError('the prompt has padding (attention_mask has zeros): pass the one prompt unpadded')
     return ids.long()
 
 
 def _batched(value) -> int | None:
+    """Rows per explain() call of ``batched``: None (one call per generated token on its own prefix), 0 (all rows in
+    one call) or a positive number."""
     if value is False or value is None:
         return None
     if value is True:
@@ -337,6 +356,104 @@ def _batched(value) -> int | None:
     if isinstance(value, numbers.Integral) and value >= 1:
         return int(value)
     raise ValueError(f'batched must be False, True or a positive number of rows per call, got {value!r}')
+
+
+@dataclass
+class _Answer:
+    """An answer that ``model.generate`` returned, laid out in the columns of :py:class:`GenerationExplanation`, and
+    the arguments of :py:func:`~zennit_attn.explain` for the prefix each generated token was generated from.
+
+    For a decoder-only model the columns are the prompt and the generated tokens; for an encoder-decoder model the
+    encoder input (the prompt), the decoder start token and the generated tokens (``decoder_ids``: the decoder start
+    token and the answer).
+    """
+
+    prompt_ids: torch.Tensor
+    columns: torch.Tensor
+    generated: torch.Tensor
+    answer_start: int
+    encoder_decoder: bool = False
+    decoder_ids: torch.Tensor | None = None
+    encoding: dict | None = None
+    processor: object = None
+
+    @classmethod
+    def from_sequences(
+        cls, model: torch.nn.Module, prompt_ids: torch.Tensor, sequences: torch.Tensor, encoding: dict | None, processor
+    ) -> _Answer:
+        """The answer in ``sequences`` (what ``model.generate`` returned for ``prompt_ids``); a sequence that does
+        not start with the prompt, and an answer without tokens, are refused."""
+        prompt_length = prompt_ids.shape[1]
+        encoder_decoder = bool(getattr(getattr(model, 'config', None), 'is_encoder_decoder', False))
+        if encoder_decoder:
+            decoder_ids = sequences[:1]
+            columns, generated = torch.cat([prompt_ids[0], decoder_ids[0]]), decoder_ids[0, 1:]
+            answer_start = prompt_length + 1
+        else:
+            if not torch.equal(sequences[0, :prompt_length], prompt_ids[0]):
+                raise RuntimeError('model.generate returned a sequence that does not start with the prompt')
+            decoder_ids, columns, generated = None, sequences[0], sequences[0, prompt_length:]
+            answer_start = prompt_length
+        if generated.shape[0] == 0:
+            raise RuntimeError(
+                'the model generated no token: nothing to explain (check max_new_tokens and generate_kwargs)'
+            )
+        return cls(prompt_ids, columns, generated, answer_start, encoder_decoder, decoder_ids, encoding, processor)
+
+    @property
+    def prompt_length(self) -> int:
+        """Number of prompt tokens (encoder tokens for encoder-decoders)."""
+        return self.prompt_ids.shape[1]
+
+    @property
+    def count(self) -> int:
+        """Number of generated tokens."""
+        return self.generated.shape[0]
+
+    @property
+    def first(self) -> int:
+        """The position that predicted the first generated token (a decoder position for encoder-decoders)."""
+        return 0 if self.encoder_decoder else self.answer_start - 1
+
+    def target(self, index: int) -> int:
+        """Generated token ``index``."""
+        return int(self.generated[index])
+
+    def inputs(self, index: int) -> dict:
+        """The arguments of explain() for the prefix that generated token ``index`` was generated from."""
+        if self.encoder_decoder:
+            return {'input_ids': self.prompt_ids, 'decoder_input_ids': self.decoder_ids[:, : index + 1]}
+        ids = self.columns[None, : self.prompt_length + index]
+        if self.encoding is None:
+            return {'input_ids': ids}
+        return {'input_ids': extend_encoding(self.encoding, ids), 'processor': self.processor}
+
+
+class _Rows:
+    """The rows of a :py:class:`GenerationExplanation` as the explain() calls fill them in: each generated token's
+    relevance over the columns (zeros after its prefix), its explained logit, its contrast token and, for an answer
+    to images, its pixel relevance and images."""
+
+    def __init__(self, count: int, columns: int):
+        self.relevance = torch.zeros(count, columns, dtype=torch.float64)
+        self.logits = torch.zeros(count, dtype=torch.float64)
+        self.contrasts = torch.zeros(count, dtype=torch.long)
+        self.pixels = [None] * count
+        self.token_images = [None] * count
+
+    def place(self, index: int, explanation, row: int) -> None:
+        """Row ``row`` of ``explanation`` as generated token ``index``'s row (encoder then decoder relevance)."""
+        parts = [explanation.relevance[row]]
+        if explanation.decoder_relevance is not None:
+            parts.append(explanation.decoder_relevance[row])
+        values = torch.cat(parts).detach()
+        self.relevance[index, : values.shape[0]] = values.to('cpu', torch.float64)
+        self.logits[index] = float(explanation.logit[row])
+        if explanation.contrast is not None:
+            self.contrasts[index] = int(explanation.contrast[row])
+        if getattr(explanation, 'pixel_relevance', None) is not None:
+            self.pixels[index] = explanation.pixel_relevance.detach().cpu()
+            self.token_images[index] = [image.cpu() for image in explanation.images]
 
 
 def explain_generation(
@@ -377,11 +494,11 @@ def explain_generation(
     answers ``text`` (holding the processor's image token once per image, as for :py:func:`~zennit_attn.explain`)
     about the images; the second argument is then the model's processor. ``model.generate`` gets the processor's
     output (the image placeholder tokens suppressed: a generated one would stand for no image), and row ``i`` is
-    ``explain(vlm, prefix, processor=processor, target=...)`` on that output with ``input_ids`` the prompt and the first
-    ``i`` generated tokens (the per-token fields extended as ``model.generate`` does:
-    :py:func:`~zennit_attn.inputs.vision_language.extend_encoding`), with pixel relevance for every row and the whole answer;
-    for LRP, a row's text plus pixel relevance is its logit minus what biases absorb. LRP methods only; not with
-    ``batched`` or ``contrast``.
+    ``explain(vlm, prefix, processor=processor, target=...)`` on that output with ``input_ids`` the prompt and the
+    first ``i`` generated tokens (the per-token fields extended as ``model.generate`` does:
+    :py:func:`~zennit_attn.inputs.vision_language.extend_encoding`), with pixel relevance for every row and the whole
+    answer; for LRP, a row's text plus pixel relevance is its logit minus what biases absorb. LRP methods only; not
+    with ``batched`` or ``contrast``.
 
     Parameters
     ----------
@@ -436,6 +553,39 @@ def explain_generation(
         bad prompt or argument.
     """
     check_model(model)
+    processor, tokenizer = _processor_and_tokenizer(model, tokenizer, prompt, images, method, batched, contrast)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise ValueError(f'max_new_tokens must be a positive integer, got {max_new_tokens!r}')
+    rows_per_call = _batched(batched)
+    if not (isinstance(contrast, str) and contrast == RUNNER_UP):
+        contrast = token_ids(tokenizer, contrast, 'contrast')  # a text that is not one token: refused before generating
+    _check_can_generate(model)
+    encoding = None if processor is None else _encode(model, processor, prompt, images)
+    prompt_ids = _prompt_ids(tokenizer, prompt if encoding is None else encoding).to(input_device(model))
+    settings = _generate_settings(model, tokenizer, max_new_tokens, generate_kwargs, encoding)
+    sequences = _generate(model, prompt_ids, encoding, settings)
+    answer = _Answer.from_sequences(model, prompt_ids, sequences, encoding, processor)
+    options = dict(method=method, composite=composite, **params)
+    contrasts = _contrasts(contrast, tokenizer, answer.count)
+    rows = _Rows(answer.count, answer.columns.shape[0])
+    size = rows_per_call or answer.count
+    calls = answer.count if rows_per_call is None else -(-answer.count // size)
+    with tqdm(total=calls + 1, desc='explaining the answer', unit='call', disable=not progress, leave=False) as bar:
+        if rows_per_call is None:
+            _explain_each_prefix(model, answer, rows, contrasts, options, bar)
+        else:
+            _explain_in_batches(model, answer, rows, contrasts, size, options, bar)
+        if contrasts is not None:
+            options['contrast'] = rows.contrasts.tolist()
+        whole = _explain_whole_answer(model, answer, options)
+        bar.update()
+    return _generation_explanation(answer, rows, whole, method, tokenizer, contrasts is not None)
+
+
+def _processor_and_tokenizer(model, tokenizer, prompt, images, method: str, batched, contrast) -> tuple:
+    """``(processor, tokenizer)`` of an :py:func:`explain_generation` call: with images (or the processor's output as
+    the prompt) the model's processor and its tokenizer, else None and the tokenizer (a processor's own for a text
+    prompt); anything that cannot decode tokens is refused."""
     processor = None
     if images is not None or has_pixels(prompt):
         processor = _check_images_request(model, tokenizer, method, batched, contrast)
@@ -447,20 +597,22 @@ def explain_generation(
             "explain_generation(model, tokenizer, prompt): the second argument must be the model's "
             f'tokenizer, got {type(tokenizer).__name__}'
         )
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f'max_new_tokens must be a positive integer, got {max_new_tokens!r}')
-    rows_per_call = _batched(batched)
-    if not (isinstance(contrast, str) and contrast == RUNNER_UP):
-        contrast = token_ids(tokenizer, contrast, 'contrast')  # a text that is not one token: refused before generating
+    return processor, tokenizer
+
+
+def _check_can_generate(model: torch.nn.Module) -> None:
+    """Refuse a model without ``generate``, or one whose ``can_generate()`` says no (e.g. a classifier)."""
     can_generate = getattr(model, 'can_generate', None)
     if not callable(getattr(model, 'generate', None)) or (callable(can_generate) and not can_generate()):
         raise TypeError(
             f'{type(model).__name__} cannot generate text: use a ...ForCausalLM or '
             '...ForConditionalGeneration model (or explain() for a single output)'
         )
-    encoding = None if processor is None else _encode(model, processor, prompt, images)
-    prompt_ids = _prompt_ids(tokenizer, prompt if encoding is None else encoding)
-    prompt_ids = prompt_ids.to(input_device(model))
+
+
+def _check_generate_kwargs(generate_kwargs: dict | None, encoding: dict | None) -> dict:
+    """A copy of ``generate_kwargs``, after refusing what :py:func:`explain_generation` passes itself (the prompt,
+    its mask, ``max_new_tokens``, the processor's fields) and more than one returned sequence."""
     generate_kwargs = dict(generate_kwargs or {})
     for key in ('max_new_tokens', 'input_ids', 'inputs') + tuple(set(encoding or ()) - {'attention_mask'}):
         if key in generate_kwargs:
@@ -473,6 +625,14 @@ def explain_generation(
         )
     if generate_kwargs.get('num_return_sequences', 1) != 1:
         raise ValueError('explain_generation explains one generated sequence: num_return_sequences must be 1')
+    return generate_kwargs
+
+
+def _generate_settings(model, tokenizer, max_new_tokens: int, generate_kwargs: dict | None, encoding) -> dict:
+    """The arguments of ``model.generate`` besides the prompt: greedy, ``max_new_tokens``, the tokenizer's pad token
+    (else its end-of-sequence token), then ``generate_kwargs``; for an answer to images the image placeholder tokens
+    are suppressed (a generated one would stand for no image)."""
+    generate_kwargs = _check_generate_kwargs(generate_kwargs, encoding)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     settings = {'do_sample': False, 'max_new_tokens': int(max_new_tokens)}
     if pad is not None:
@@ -481,6 +641,15 @@ def explain_generation(
     if encoding is not None:
         suppressed = set(settings.get('suppress_tokens') or ()) | set(placeholder_tokens(model))
         settings['suppress_tokens'] = sorted(suppressed)
+    return settings
+
+
+def _generate(model: torch.nn.Module, prompt_ids: torch.Tensor, encoding: dict | None, settings: dict) -> torch.Tensor:
+    """The sequences ``model.generate`` returns (without gradients) for the prompt's ids with an all-ones mask, or
+    for the processor's output of a prompt with images."""
+    if encoding is None:
+        given = {'input_ids': prompt_ids, 'attention_mask': torch.ones_like(prompt_ids)}
+    else:
         dtype = getattr(model, 'dtype', None)  # the pixels in the model's type, as explain() passes them
         given = {
             key: value.to(dtype)
@@ -488,128 +657,95 @@ def explain_generation(
             else value
             for key, value in encoding.items()
         }
-    else:
-        given = {'input_ids': prompt_ids, 'attention_mask': torch.ones_like(prompt_ids)}
     with torch.no_grad():
         sequences = model.generate(**given, **settings)
     if not isinstance(sequences, torch.Tensor):  # return_dict_in_generate=True
         sequences = sequences.sequences
-    encoder_decoder = bool(getattr(getattr(model, 'config', None), 'is_encoder_decoder', False))
-    prompt_length = prompt_ids.shape[1]
-    if encoder_decoder:
-        decoder_ids = sequences[:1]
-        generated = decoder_ids[0, 1:]
-        columns = torch.cat([prompt_ids[0], decoder_ids[0]])
-        answer_start = prompt_length + 1
-    else:
-        if not torch.equal(sequences[0, :prompt_length], prompt_ids[0]):
-            raise RuntimeError('model.generate returned a sequence that does not start with the prompt')
-        columns = sequences[0]
-        generated = sequences[0, prompt_length:]
-        answer_start = prompt_length
-    count = generated.shape[0]
-    if count == 0:
-        raise RuntimeError(
-            'the model generated no token: nothing to explain (check max_new_tokens and generate_kwargs)'
+    return sequences
+
+
+def _explain_each_prefix(model, answer: _Answer, rows: _Rows, contrasts, options: dict, bar) -> None:
+    """``batched=False``: one explain() call per generated token on exactly the prefix it was generated from, so
+    that each row is bit for bit what explain() gives on that prefix."""
+    for index in range(answer.count):
+        step = {} if contrasts is None else {'contrast': contrasts[index] if isinstance(contrasts, list) else contrasts}
+        rows.place(index, explain(model, **answer.inputs(index), target=answer.target(index), **step, **options), 0)
+        bar.update()
+
+
+def _explain_in_batches(model, answer: _Answer, rows: _Rows, contrasts, size: int, options: dict, bar) -> None:
+    """``batched=True`` or ``k``: the rows ``size`` at a time, each call on copies of the full sequence with the
+    explained position and token set per row; the columns from each row's own token on are then set to 0 (they
+    come after its prefix)."""
+    count = answer.count
+    for start in range(0, count, size):
+        indices = list(range(start, min(count, start + size)))
+        targets = [answer.target(index) for index in indices]
+        step = (
+            {}
+            if contrasts is None
+            else {'contrast': [contrasts[index] for index in indices] if isinstance(contrasts, list) else contrasts}
         )
-    options = dict(method=method, composite=composite, **params)
-    contrasts = _contrasts(contrast, tokenizer, count)
-    resolved = torch.zeros(count, dtype=torch.long)
-    relevance = torch.zeros(count, columns.shape[0], dtype=torch.float64)
-    logits = torch.zeros(count, dtype=torch.float64)
-    first = 0 if encoder_decoder else answer_start - 1  # the position that predicted the first generated token
-    pixels, token_images = [None] * count, [None] * count
+        copies = {key: value.expand(len(indices), -1) for key, value in answer.inputs(count - 1).items()}
+        explanation = explain(
+            model, **copies, target=targets, position=[answer.first + index for index in indices], **step, **options
+        )
+        for row, index in enumerate(indices):
+            rows.place(index, explanation, row)
+        bar.update()
+    columns = torch.arange(answer.columns.shape[0])
+    rows.relevance[columns[None, :] >= answer.answer_start + torch.arange(count)[:, None]] = 0.0
 
-    def inputs(index: int) -> dict:
-        """The arguments of explain() for the prefix that generated token ``index`` was generated from."""
-        if encoder_decoder:
-            return {'input_ids': prompt_ids, 'decoder_input_ids': decoder_ids[:, : index + 1]}
-        ids = columns[None, : prompt_length + index]
-        if encoding is None:
-            return {'input_ids': ids}
-        return {'input_ids': extend_encoding(encoding, ids), 'processor': processor}
 
-    def place(index: int, explanation, row: int) -> None:
-        parts = [explanation.relevance[row]]
-        if explanation.decoder_relevance is not None:
-            parts.append(explanation.decoder_relevance[row])
-        values = torch.cat(parts).detach()
-        relevance[index, : values.shape[0]] = values.to('cpu', torch.float64)
-        logits[index] = float(explanation.logit[row])
-        if explanation.contrast is not None:
-            resolved[index] = int(explanation.contrast[row])
-        if getattr(explanation, 'pixel_relevance', None) is not None:
-            pixels[index] = explanation.pixel_relevance.detach().cpu()
-            token_images[index] = [image.cpu() for image in explanation.images]
+def _explain_whole_answer(model, answer: _Answer, options: dict):
+    """One explain() call from the sum of all generated tokens' logits, ``target=[(position, token), ...]`` on the
+    full sequence (up to the last generated token, which no token was generated from)."""
+    targets = [(answer.first + index, answer.target(index)) for index in range(answer.count)]
+    return explain(model, **answer.inputs(answer.count - 1), target=targets, **options)
 
-    size = rows_per_call or count
-    calls = count if rows_per_call is None else -(-count // size)
-    bar = tqdm(total=calls + 1, desc='explaining the answer', unit='call', disable=not progress, leave=False)
-    if rows_per_call is None:
-        for index in range(count):
-            step = (
-                {}
-                if contrasts is None
-                else {'contrast': contrasts[index] if isinstance(contrasts, list) else contrasts}
-            )
-            place(index, explain(model, **inputs(index), target=int(generated[index]), **step, **options), 0)
-            bar.update()
-    else:
-        for start in range(0, count, size):
-            indices = list(range(start, min(count, start + size)))
-            targets = [int(generated[index]) for index in indices]
-            step = (
-                {}
-                if contrasts is None
-                else {'contrast': [contrasts[index] for index in indices] if isinstance(contrasts, list) else contrasts}
-            )
-            rows = {key: value.expand(len(indices), -1) for key, value in inputs(count - 1).items()}
-            explanation = explain(
-                model, **rows, target=targets, position=[first + index for index in indices], **step, **options
-            )
-            for row, index in enumerate(indices):
-                place(index, explanation, row)
-            bar.update()
-        relevance[torch.arange(columns.shape[0])[None, :] >= answer_start + torch.arange(count)[:, None]] = 0.0
 
-    if contrasts is not None:
-        options['contrast'] = resolved.tolist()
-    whole = explain(
-        model, **inputs(count - 1), target=[(first + index, int(generated[index])) for index in range(count)], **options
-    )
-    answer = whole.relevance[0] if not encoder_decoder else torch.cat([whole.relevance[0], whole.decoder_relevance[0]])
-    positions = torch.arange(count) + (prompt_length if encoder_decoder else first)
-    bar.update()
-    bar.close()
-    answer_relevance = torch.zeros(columns.shape[0], dtype=torch.float64)
-    answer_relevance[: answer.shape[0]] = answer.detach().to('cpu', torch.float64)
+def _generation_explanation(
+    answer: _Answer, rows: _Rows, whole, method: str, tokenizer, contrast: bool
+) -> GenerationExplanation:
+    """The :py:class:`GenerationExplanation` of the filled-in ``rows`` and the ``whole`` answer's explanation, in the
+    relevance's dtype (float32 for a method whose relevance is not floating point)."""
+    parts = [whole.relevance[0]] + ([whole.decoder_relevance[0]] if answer.encoder_decoder else [])
+    relevance = torch.cat(parts).detach()
+    answer_relevance = torch.zeros(answer.columns.shape[0], dtype=torch.float64)
+    answer_relevance[: relevance.shape[0]] = relevance.to('cpu', torch.float64)
     dtype = whole.relevance.dtype if whole.relevance.is_floating_point() else torch.float32
-    extra = {}
-    if encoding is not None:
-        placeholders = torch.zeros(columns.shape[0], dtype=torch.bool)
-        if whole.image_tokens is not None:
-            placeholders[: whole.image_tokens.shape[1]] = whole.image_tokens[0].cpu()
-        extra = dict(
-            pixel_relevance=torch.stack(pixels),
-            answer_pixel_relevance=whole.pixel_relevance.detach().cpu(),
-            images=[image.cpu() for image in whole.images],
-            token_images=token_images,
-            image_tokens=placeholders,
-        )
+    first = answer.prompt_length if answer.encoder_decoder else answer.first
     return GenerationExplanation(
-        relevance=relevance.to(dtype),
+        relevance=rows.relevance.to(dtype),
         answer_relevance=answer_relevance.to(dtype),
-        input_ids=columns.cpu(),
-        prompt_length=prompt_length,
-        answer_start=answer_start,
-        target=generated.cpu(),
-        logit=logits.to(dtype),
-        position=positions,
+        input_ids=answer.columns.cpu(),
+        prompt_length=answer.prompt_length,
+        answer_start=answer.answer_start,
+        target=answer.generated.cpu(),
+        logit=rows.logits.to(dtype),
+        position=torch.arange(answer.count) + first,
         method=method,
-        encoder_decoder=encoder_decoder,
+        encoder_decoder=answer.encoder_decoder,
         tokenizer=tokenizer,
-        contrast=None if contrasts is None else resolved,
-        **extra,
+        contrast=rows.contrasts if contrast else None,
+        **_image_fields(answer, rows, whole),
+    )
+
+
+def _image_fields(answer: _Answer, rows: _Rows, whole) -> dict:
+    """The fields of :py:class:`GenerationExplanation` for an answer to images (none for a text prompt): each row's and
+    the whole answer's pixel relevance, the images, and the columns of the image placeholder tokens."""
+    if answer.encoding is None:
+        return {}
+    placeholders = torch.zeros(answer.columns.shape[0], dtype=torch.bool)
+    if whole.image_tokens is not None:
+        placeholders[: whole.image_tokens.shape[1]] = whole.image_tokens[0].cpu()
+    return dict(
+        pixel_relevance=torch.stack(rows.pixels),
+        answer_pixel_relevance=whole.pixel_relevance.detach().cpu(),
+        images=[image.cpu() for image in whole.images],
+        token_images=rows.token_images,
+        image_tokens=placeholders,
     )
 
 

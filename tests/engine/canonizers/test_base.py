@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.numbers import assert_close
 from zennit_attn.engine.canonizers import InlineActivationCanonizer, OperandCanonizer, SettingCanonizer
 from zennit_attn.engine.canonizers.families import separate_qkv
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
@@ -66,10 +67,6 @@ def pair(inline_cls, module_cls, seed=0, dim=6):
     module = module_cls(dim).double()
     module.load_state_dict(inline.state_dict(), strict=False)
     return inline, module
-
-
-def assert_close(actual, expected, tol=1e-10):
-    assert float((actual - expected).abs().max()) <= tol * float(expected.abs().max())
 
 
 @pytest.mark.parametrize('composite_cls', [AttnLRPEpsilon, CPLRPEpsilon])

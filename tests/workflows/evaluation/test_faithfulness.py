@@ -58,8 +58,9 @@ def test_batched_curves_equal_the_core(mode, patch):
     assert len(curves) == 5
     for row in range(5):
         features, values = image_features(pixels[row], relevance[row], patch)
+        target = int(targets[row])
         expected = perturbation_curves(
-            lambda batch: model(features_to_images(batch, 4, 4))[:, int(targets[row])], features, values, 5, mode
+            lambda batch, target=target: model(features_to_images(batch, 4, 4))[:, target], features, values, 5, mode
         )
         torch.testing.assert_close(curves[row].morf, expected.morf)
         torch.testing.assert_close(curves[row].lerf, expected.lerf)

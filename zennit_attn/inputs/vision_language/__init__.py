@@ -7,8 +7,8 @@ PaliGemma's ``token_type_ids``, ...), which are passed on to the model (:py:func
 is not an input of the explained forward pass (:py:func:`~.model_inputs`: the targets of a training loss, such as
 the ``labels`` PaliGemma's processor returns, and fields the model's forward does not take). A processor that is not
 the model's is refused before the model runs, naming both (:py:func:`~.check_processor`). The tasks extend
-:py:class:`~zennit_attn.inputs.task.TokenTask` by a second LRP leaf, the pixels: relevance flows to the word embeddings of
-the text (``inputs_embeds``) and to ``pixel_values`` in one backward pass, and the result is a
+:py:class:`~zennit_attn.inputs.task.TokenTask` by a second LRP leaf, the pixels: relevance flows to the word
+embeddings of the text (``inputs_embeds``) and to ``pixel_values`` in one backward pass, and the result is a
 :py:class:`~zennit_attn.results.explanation.MultimodalExplanation`.
 
 - :py:class:`~.VisionLanguageTask`: a generative VLM explained at the next-token logit, as a language model. The

@@ -1,4 +1,5 @@
-"""What a processor makes of text and images, and what of it a model takes (see :py:mod:`zennit_attn.inputs.vision_language`).
+"""What a processor makes of text and images, and what of it a model takes (see
+:py:mod:`zennit_attn.inputs.vision_language`).
 
 :py:func:`encode_multimodal` runs the processor (SigLIP's texts padded to the length it was trained with,
 :py:func:`text_length`), :py:func:`check_processor` refuses a processor that is not the model's, naming both,
@@ -128,6 +129,26 @@ def encode_multimodal(processor, text, images, similarity: bool = False, length:
     ValueError
         For no images, several texts for a vision-language model, or a number of images that does not match.
     """
+    _check_request(processor, text, images)
+    count = _count(images)
+    if similarity:
+        return _encode_pairs(processor, text, images, count, length)
+    if not isinstance(text, str):
+        raise ValueError('a vision-language model explains one text at a time (with all its images): pass a str')
+    token = getattr(processor, 'image_token', None)
+    if isinstance(token, str):
+        placed = text.count(token)
+        if placed != count:
+            raise ValueError(
+                f'the text holds the image token {token!r} {placed} times for {count} images: put it '
+                "once where each image goes (or apply the processor's chat template)"
+            )
+    return processor(text=text, images=images, return_tensors='pt')
+
+
+def _check_request(processor, text, images) -> None:
+    """Refuse what no processor can encode for :py:func:`encode_multimodal`: no processor or one without an image
+    processor, no images, a text that is neither a str nor a list of str."""
     if processor is None:
         raise TypeError(
             "images= needs processor=: the model's Hugging Face processor (e.g. "
@@ -149,27 +170,19 @@ def encode_multimodal(processor, text, images, similarity: bool = False, length:
         raise TypeError(
             f'with images, the text must be a str (or a list of str for a similarity model), got {type(text).__name__}'
         )
-    count = _count(images)
-    if similarity:
-        texts = _count(text)
-        if count not in (1, texts):
-            raise ValueError(
-                f'{count} images for {texts} texts: give one image (paired with every text) or one image per text'
-            )
-        if length is not None:
-            return processor(text=text, images=images, return_tensors='pt', padding='max_length', max_length=length)
-        return processor(text=text, images=images, return_tensors='pt', padding=True)
-    if not isinstance(text, str):
-        raise ValueError('a vision-language model explains one text at a time (with all its images): pass a str')
-    token = getattr(processor, 'image_token', None)
-    if isinstance(token, str):
-        placed = text.count(token)
-        if placed != count:
-            raise ValueError(
-                f'the text holds the image token {token!r} {placed} times for {count} images: put it '
-                "once where each image goes (or apply the processor's chat template)"
-            )
-    return processor(text=text, images=images, return_tensors='pt')
+
+
+def _encode_pairs(processor, text, images, count: int, length: int | None) -> Mapping:
+    """The processor's output for a similarity model: one image for every text or one per text (``count`` images),
+    the texts padded to the longest, or to ``length`` tokens."""
+    texts = _count(text)
+    if count not in (1, texts):
+        raise ValueError(
+            f'{count} images for {texts} texts: give one image (paired with every text) or one image per text'
+        )
+    if length is not None:
+        return processor(text=text, images=images, return_tensors='pt', padding='max_length', max_length=length)
+    return processor(text=text, images=images, return_tensors='pt', padding=True)
 
 
 def placeholder_tokens(model: torch.nn.Module) -> list[int]:

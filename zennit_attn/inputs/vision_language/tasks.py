@@ -95,23 +95,22 @@ def _images(model, pixels, relevance, layout, fields, rows, mean, std) -> list[I
     for index, (frames, grid_h, grid_w) in enumerate(fields['image_grid_thw'].tolist()):
         count = frames * grid_h * grid_w
         shape = (frames, grid_h // merge, grid_w // merge, merge, merge, channels, temporal, patch, patch)
-
-        def image(flat):  # -> [frames * temporal, channels, height, width]
-            return (
-                flat.reshape(shape)
-                .permute(0, 6, 5, 1, 3, 7, 2, 4, 8)
-                .reshape(frames * temporal, channels, grid_h * patch, grid_w * patch)
-            )
-
+        size = (frames * temporal, channels, grid_h * patch, grid_w * patch)
         flat_pixels, flat_relevance = pixels[offset : offset + count], relevance[offset : offset + count]
         patches = flat_relevance.sum(1).reshape(shape[:5]).permute(0, 1, 3, 2, 4).reshape(frames, grid_h, grid_w)
-        found.append(
-            ImageRelevance(rows[index], image(flat_pixels)[0], image(flat_relevance).sum(0), patches.sum(0), mean, std)
-        )
+        image_pixels, image_relevance = _unflatten(flat_pixels, shape, size), _unflatten(flat_relevance, shape, size)
+        found.append(ImageRelevance(rows[index], image_pixels[0], image_relevance.sum(0), patches.sum(0), mean, std))
         offset += count
     if offset != pixels.shape[0]:
         raise ValueError(f'image_grid_thw covers {offset} patches, pixel_values has {pixels.shape[0]}')
     return found
+
+
+def _unflatten(flat: torch.Tensor, shape: tuple, size: tuple) -> torch.Tensor:
+    """The flattened patches ``flat`` of one image (``[patches, channels * temporal * patch * patch]`` in the order of
+    the Qwen2-VL processor, ``shape`` their grid ``(frames, rows, columns, merge, merge, channels, temporal, patch,
+    patch)``) as pixels ``size``: ``[frames * temporal, channels, height, width]``."""
+    return flat.reshape(shape).permute(0, 6, 5, 1, 3, 7, 2, 4, 8).reshape(size)
 
 
 class _PixelLeaf:
@@ -275,10 +274,10 @@ class SimilarityTask(_PixelLeaf, TokenTask):
 
     Padding: CLIP-like models pool a token before the padding and mask the pads, which get no relevance. SigLIP
     (:py:data:`~.LAST_POSITION_POOLING`) pools the last position, a pad in a padded text: its texts are padded to the
-    length it was trained with (:py:func:`~.text_length`, done by :py:func:`~.encode_multimodal`), alone as in a batch,
-    and the pads are inputs that keep their relevance (the last pad's, the pooled position's own, is in
-    ``relevance`` and :py:meth:`~zennit_attn.results.explanation.MultimodalExplanation.total`; the heatmaps leave padding
-    out). A batch whose padding the model reads otherwise is refused.
+    length it was trained with (:py:func:`~.text_length`, done by :py:func:`~.encode_multimodal`), alone as in a
+    batch, and the pads are inputs that keep their relevance (the last pad's, the pooled position's own, is in
+    ``relevance`` and :py:meth:`~zennit_attn.results.explanation.MultimodalExplanation.total`; the heatmaps leave
+    padding out). A batch whose padding the model reads otherwise is refused.
 
     Parameters
     ----------
@@ -321,13 +320,13 @@ class SimilarityTask(_PixelLeaf, TokenTask):
         output = self.run(inputs, rows, model, **extra)
         return output.logits_per_text
 
-    def resolve(self, scores, position=-1, target=None, seeded: bool = False):
+    def resolve(self, scores, position=-1, target=None, initial_relevance: bool = False):
         if target is not None:
             raise ValueError(
                 f'{type(self.model).__name__} scores (text, image) pairs: each row explains its own pair; '
                 'leave out target='
             )
-        return super().resolve(scores, None, torch.arange(self.batch, device=scores.device), seeded)
+        return super().resolve(scores, None, torch.arange(self.batch, device=scores.device), initial_relevance)
 
     def keep_logits(self, position=-1, target=None) -> dict:
         return {}

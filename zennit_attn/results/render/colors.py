@@ -58,14 +58,15 @@ def _srgb_to_linear(channel: float) -> float:
 
 
 def _oklab_to_rgb(lightness: float, a: float, b: float) -> RGB:
-    l_ = lightness + 0.3963377774 * a + 0.2158037573 * b
-    m_ = lightness - 0.1055613458 * a - 0.0638541728 * b
-    s_ = lightness - 0.0894841775 * a - 1.2914855480 * b
-    l, m, s = l_**3, m_**3, s_**3
+    # the long, medium and short cone responses (OKLab's LMS space), cube roots first
+    long_root = lightness + 0.3963377774 * a + 0.2158037573 * b
+    medium_root = lightness - 0.1055613458 * a - 0.0638541728 * b
+    short_root = lightness - 0.0894841775 * a - 1.2914855480 * b
+    long, medium, short = long_root**3, medium_root**3, short_root**3
     linear = (
-        4.0767416621 * l - 3.3077115913 * m + 0.2309699292 * s,
-        -1.2684380046 * l + 2.6097574011 * m - 0.3413193965 * s,
-        -0.0041960863 * l - 0.7034186147 * m + 1.7076147010 * s,
+        4.0767416621 * long - 3.3077115913 * medium + 0.2309699292 * short,
+        -1.2684380046 * long + 2.6097574011 * medium - 0.3413193965 * short,
+        -0.0041960863 * long - 0.7034186147 * medium + 1.7076147010 * short,
     )
     return tuple(int(round(255 * min(1.0, max(0.0, _linear_to_srgb(c))))) for c in linear)  # type: ignore[return-value]
 
@@ -82,13 +83,14 @@ def oklab(rgb: RGB) -> tuple[float, float, float]:
     tuple of float
     """
     r, g, b = (_srgb_to_linear(channel / 255) for channel in rgb)
-    l = (0.4122214708 * r + 0.5363137098 * g + 0.0514459929 * b) ** (1 / 3)
-    m = (0.2119034982 * r + 0.6806995451 * g + 0.1073969566 * b) ** (1 / 3)
-    s = (0.0883024619 * r + 0.2817188376 * g + 0.6299787005 * b) ** (1 / 3)
+    # cube roots of the long, medium and short cone responses (OKLab's LMS space)
+    long = (0.4122214708 * r + 0.5363137098 * g + 0.0514459929 * b) ** (1 / 3)
+    medium = (0.2119034982 * r + 0.6806995451 * g + 0.1073969566 * b) ** (1 / 3)
+    short = (0.0883024619 * r + 0.2817188376 * g + 0.6299787005 * b) ** (1 / 3)
     return (
-        0.2104542553 * l + 0.7936177850 * m - 0.0040720468 * s,
-        1.9779984951 * l - 2.4285922050 * m + 0.4505937099 * s,
-        0.0259040371 * l + 0.7827717662 * m - 0.8086757660 * s,
+        0.2104542553 * long + 0.7936177850 * medium - 0.0040720468 * short,
+        1.9779984951 * long - 2.4285922050 * medium + 0.4505937099 * short,
+        0.0259040371 * long + 0.7827717662 * medium - 0.8086757660 * short,
     )
 
 

@@ -2,8 +2,8 @@
 ``pip install matplotlib``).
 
 The tokens flow like text in lines of a fixed width, each on a box of its colour from
-:py:func:`~zennit_attn.results.render.colors.relevance_to_rgb` with black or white text; spaces are gaps between the boxes,
-line-break tokens end their line. A colour bar from ``-scale`` to ``+scale`` closes the figure. Only matplotlib's
+:py:func:`~zennit_attn.results.render.colors.relevance_to_rgb` with black or white text; spaces are gaps between the
+boxes, line-break tokens end their line. A colour bar from ``-scale`` to ``+scale`` closes the figure. Only matplotlib's
 object interface is used (no ``pyplot``), so nothing global changes and no display is needed.
 """
 
@@ -76,7 +76,11 @@ def _need_matplotlib() -> None:
 
 
 class _Measure:
+    """Sizes in points of texts in the figure's fonts (token, bold title, small label), measured by matplotlib's Agg
+    renderer, and the glyphs the token font has."""
+
     def __init__(self, font_size: float):
+        self.font_size = font_size
         self.figure = Figure(figsize=(1, 1), dpi=72)
         self.renderer = FigureCanvasAgg(self.figure).get_renderer()
         self.prop = FontProperties(family=_FAMILY, size=font_size)
@@ -130,59 +134,13 @@ def render_figure(
     """
     _need_matplotlib()
     measure = _Measure(font_size)
-    line = measure.ascent + measure.descent + 2 * _PAD_Y + 3.0
-    right = width * 72 - _MARGIN
-    commands = []  # (kind, x, y, payload)
-    boxes: list[Box] = []
-    y = _MARGIN
-    x = _MARGIN
-    for caption, picture in images:
-        box = IMAGE_HEIGHT * picture.shape[1] / picture.shape[0]
-        if x + box > right and x > _MARGIN + 1e-6:
-            x = _MARGIN
-            y += IMAGE_HEIGHT + font_size * 1.6
-        commands.append(('image', x, y, (picture, box, measure.printable(caption))))
-        x += box + 2 * _GAP + font_size
-    if images:
-        y += IMAGE_HEIGHT + font_size * 2.0
+    layout = _Layout(measure, width)
+    layout.add_images(images)
     for number, heatmap in enumerate(heatmaps):
-        if number:
-            y += line * 0.5
-        if heatmap.title:
-            characters = max(20, int((right - _MARGIN) / (measure.width('n', measure.bold) or 6)))
-            for text in textwrap.wrap(heatmap.title, characters) or ['']:
-                y += font_size * 1.25
-                commands.append(('title', _MARGIN, y, measure.printable(text)))
-            y += 4
-        for part, segment in enumerate(heatmap.segments):
-            if segment.label:
-                y += font_size * 1.1
-                commands.append(('label', _MARGIN, y, segment.label.upper()))
-            x = _MARGIN
-            y += line - _PAD_Y - measure.descent - 1.5  # baseline of the first line
-            for index, (token, value) in enumerate(zip(segment.tokens, segment.values)):
-                lead, shown, trail = split_space(token)
-                shown = measure.printable(shown)
-                box = measure.width(shown) + 2 * _PAD_X
-                x += len(lead) * measure.space
-                if x + box > right and x > _MARGIN + 1e-6:
-                    x = _MARGIN
-                    y += line
-                color = relevance_to_rgb(value, heatmap.scale)
-                top = y - measure.ascent - _PAD_Y
-                bottom = y + measure.descent + _PAD_Y
-                commands.append(('token', x, y, (shown, color, top, bottom, box)))
-                boxes.append(Box(number, part, index, x, top, x + box, bottom, hex_rgb(color)))
-                x += box + _GAP + len(trail) * measure.space
-                if '\n' in token:
-                    x = _MARGIN
-                    y += line
-            y += measure.descent + _PAD_Y + 4
+        layout.add_heatmap(number, heatmap)
     if colorbar:
-        y += 10
-        commands.append(('colorbar', _MARGIN, y, heatmaps))
-        y += 22
-    height = y + _MARGIN
+        layout.add_colorbar(heatmaps)
+    height = layout.y + _MARGIN
 
     figure = Figure(figsize=(width, height / 72), dpi=72)
     FigureCanvasAgg(figure)
@@ -190,56 +148,142 @@ def render_figure(
     axes.set_xlim(0, width * 72)
     axes.set_ylim(height, 0)
     axes.axis('off')
-    for kind, x, y, payload in commands:
-        if kind == 'title':
-            axes.text(
-                x, y, payload, fontproperties=measure.bold, va='baseline', ha='left', parse_math=False, color='#222222'
-            )
-        elif kind == 'label':
-            axes.text(
-                x, y, payload, fontproperties=measure.small, va='baseline', ha='left', parse_math=False, color='#555555'
-            )
-        elif kind == 'token':
-            shown, color, top, bottom, box = payload
-            axes.add_patch(
-                FancyBboxPatch(
-                    (x, top),
-                    box,
-                    bottom - top,
-                    boxstyle='round,pad=0,rounding_size=1.6',
-                    facecolor=hex_rgb(color),
-                    edgecolor='none',
-                    linewidth=0,
-                )
-            )
-            axes.text(
-                x + _PAD_X,
-                y,
-                shown,
-                fontproperties=measure.prop,
-                va='baseline',
-                ha='left',
-                parse_math=False,
-                color=hex_rgb(text_color(color)),
-            )
-        elif kind == 'image':
-            picture, box, caption = payload
-            axes.imshow(picture, extent=(x, x + box, y + IMAGE_HEIGHT, y), interpolation='nearest', aspect='auto')
-            axes.text(
-                x,
-                y + IMAGE_HEIGHT + font_size * 1.1,
-                caption,
-                fontproperties=measure.small,
-                va='baseline',
-                ha='left',
-                parse_math=False,
-                color='#555555',
-            )
-        else:
-            _colorbar(axes, measure, x, y, payload)
+    for kind, x, y, payload in layout.commands:
+        _DRAW[kind](axes, measure, x, y, payload)
     axes.set_xlim(0, width * 72)
     axes.set_ylim(height, 0)
-    return figure, boxes
+    return figure, layout.boxes
+
+
+class _Layout:
+    """The first pass of :py:func:`render_figure`: where everything goes (in points from the figure's top-left
+    corner, ``x`` and ``y`` the cursor), as drawing commands ``(kind, x, y, payload)`` in order, and the
+    :py:class:`Box` of every token. Tokens flow like text in lines up to ``width`` inches."""
+
+    def __init__(self, measure: _Measure, width: float):
+        self.measure = measure
+        self.line = measure.ascent + measure.descent + 2 * _PAD_Y + 3.0
+        self.right = width * 72 - _MARGIN
+        self.commands: list[tuple] = []
+        self.boxes: list[Box] = []
+        self.x = _MARGIN
+        self.y = _MARGIN
+
+    def add_images(self, images: Sequence[tuple[str, np.ndarray]]) -> None:
+        """The pictures in rows of :py:data:`IMAGE_HEIGHT` points, each with its caption below."""
+        font_size = self.measure.font_size
+        for caption, picture in images:
+            box = IMAGE_HEIGHT * picture.shape[1] / picture.shape[0]
+            if self.x + box > self.right and self.x > _MARGIN + 1e-6:
+                self.x = _MARGIN
+                self.y += IMAGE_HEIGHT + font_size * 1.6
+            self.commands.append(('image', self.x, self.y, (picture, box, self.measure.printable(caption))))
+            self.x += box + 2 * _GAP + font_size
+        if images:
+            self.y += IMAGE_HEIGHT + font_size * 2.0
+
+    def add_heatmap(self, number: int, heatmap: Heatmap) -> None:
+        """Heatmap ``number``: its title (wrapped) and its segments, each under its label."""
+        if number:
+            self.y += self.line * 0.5
+        if heatmap.title:
+            self._title(heatmap.title)
+        for part, segment in enumerate(heatmap.segments):
+            if segment.label:
+                self.y += self.measure.font_size * 1.1
+                self.commands.append(('label', _MARGIN, self.y, segment.label.upper()))
+            self.x = _MARGIN
+            self.y += self.line - _PAD_Y - self.measure.descent - 1.5  # baseline of the first line
+            for index, (token, value) in enumerate(zip(segment.tokens, segment.values)):
+                self._token((number, part, index), token, value, heatmap.scale)
+            self.y += self.measure.descent + _PAD_Y + 4
+
+    def _title(self, title: str) -> None:
+        """A heatmap's title in bold, wrapped to the figure's width."""
+        characters = max(20, int((self.right - _MARGIN) / (self.measure.width('n', self.measure.bold) or 6)))
+        for text in textwrap.wrap(title, characters) or ['']:
+            self.y += self.measure.font_size * 1.25
+            self.commands.append(('title', _MARGIN, self.y, self.measure.printable(text)))
+        self.y += 4
+
+    def _token(self, where: tuple[int, int, int], token: str, value: float, scale: float) -> None:
+        """One token on its box (``where``: the indices of its heatmap, segment and itself), after the space it
+        leads with; a box that does not fit the line starts the next one, and a line break ends it."""
+        measure = self.measure
+        lead, shown, trail = split_space(token)
+        shown = measure.printable(shown)
+        box = measure.width(shown) + 2 * _PAD_X
+        self.x += len(lead) * measure.space
+        if self.x + box > self.right and self.x > _MARGIN + 1e-6:
+            self.x = _MARGIN
+            self.y += self.line
+        color = relevance_to_rgb(value, scale)
+        top = self.y - measure.ascent - _PAD_Y
+        bottom = self.y + measure.descent + _PAD_Y
+        self.commands.append(('token', self.x, self.y, (shown, color, top, bottom, box)))
+        self.boxes.append(Box(*where, self.x, top, self.x + box, bottom, hex_rgb(color)))
+        self.x += box + _GAP + len(trail) * measure.space
+        if '\n' in token:
+            self.x = _MARGIN
+            self.y += self.line
+
+    def add_colorbar(self, heatmaps: Sequence[Heatmap]) -> None:
+        """The colour bar below everything (:py:func:`_colorbar`)."""
+        self.y += 10
+        self.commands.append(('colorbar', _MARGIN, self.y, heatmaps))
+        self.y += 22
+
+
+def _draw_title(axes, measure: _Measure, x: float, y: float, text: str) -> None:
+    """A line of a heatmap's title, bold, on the baseline ``y``."""
+    axes.text(x, y, text, fontproperties=measure.bold, va='baseline', ha='left', parse_math=False, color='#222222')
+
+
+def _draw_label(axes, measure: _Measure, x: float, y: float, text: str) -> None:
+    """A segment's label, small and grey, on the baseline ``y``."""
+    axes.text(x, y, text, fontproperties=measure.small, va='baseline', ha='left', parse_math=False, color='#555555')
+
+
+def _draw_token(axes, measure: _Measure, x: float, y: float, payload: tuple) -> None:
+    """A token's rounded box in its colour, and its text in black or white on it."""
+    shown, color, top, bottom, box = payload
+    axes.add_patch(
+        FancyBboxPatch(
+            (x, top),
+            box,
+            bottom - top,
+            boxstyle='round,pad=0,rounding_size=1.6',
+            facecolor=hex_rgb(color),
+            edgecolor='none',
+            linewidth=0,
+        )
+    )
+    axes.text(
+        x + _PAD_X,
+        y,
+        shown,
+        fontproperties=measure.prop,
+        va='baseline',
+        ha='left',
+        parse_math=False,
+        color=hex_rgb(text_color(color)),
+    )
+
+
+def _draw_image(axes, measure: _Measure, x: float, y: float, payload: tuple) -> None:
+    """A picture :py:data:`IMAGE_HEIGHT` points high, its caption below it."""
+    picture, box, caption = payload
+    axes.imshow(picture, extent=(x, x + box, y + IMAGE_HEIGHT, y), interpolation='nearest', aspect='auto')
+    axes.text(
+        x,
+        y + IMAGE_HEIGHT + measure.font_size * 1.1,
+        caption,
+        fontproperties=measure.small,
+        va='baseline',
+        ha='left',
+        parse_math=False,
+        color='#555555',
+    )
 
 
 def _colorbar(axes, measure: _Measure, x: float, y: float, heatmaps: Sequence[Heatmap]) -> None:
@@ -289,6 +333,16 @@ def _colorbar(axes, measure: _Measure, x: float, y: float, heatmaps: Sequence[He
         color='#555555',
         parse_math=False,
     )
+
+
+#: How :py:func:`render_figure` draws each kind of command of :py:class:`_Layout`.
+_DRAW = {
+    'title': _draw_title,
+    'label': _draw_label,
+    'token': _draw_token,
+    'image': _draw_image,
+    'colorbar': _colorbar,
+}
 
 
 def save_figure(

@@ -2,8 +2,8 @@
 answer (click or hover a generated token to see what it was generated from).
 
 Everything is inline (CSS, and for the interactive page a short script and its data); nothing is loaded from
-elsewhere. Colours come from :py:func:`~zennit_attn.results.render.colors.relevance_to_rgb`; the interactive page looks up
-the same colour table, so that its colours equal those of every other format. Fragments set no page colours and
+elsewhere. Colours come from :py:func:`~zennit_attn.results.render.colors.relevance_to_rgb`; the interactive page looks
+up the same colour table, so that its colours equal those of every other format. Fragments set no page colours and
 inherit the text colour, so that they read on light and dark notebook themes; standalone pages follow the
 reader's light or dark preference (``prefers-color-scheme``).
 """

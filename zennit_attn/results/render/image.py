@@ -2,8 +2,8 @@
 :py:func:`zennit_attn.results.render.views.save_image`).
 
 By default the heatmap has the colours of every other heatmap of :py:mod:`zennit_attn.results.render`
-(:py:func:`~zennit_attn.results.render.colors.relevance_to_rgb`: light grey for 0, red positive, blue negative, symmetric
-around 0). zennit's colour maps are there by name (``cmap='bwr'``, ``'coldnhot'``, ...), through
+(:py:func:`~zennit_attn.results.render.colors.relevance_to_rgb`: light grey for 0, red positive, blue negative,
+symmetric around 0). zennit's colour maps are there by name (``cmap='bwr'``, ``'coldnhot'``, ...), through
 :py:func:`zennit.image.imgify` and :py:mod:`zennit.cmap` palettes. zennit 0.5.1 hands the palette to Pillow as a
 numpy array, which Pillow 13 refuses (``imgify(...)`` and ``zennit.image.imsave`` fail for 1-channel heatmaps);
 here the image is made without a palette and the palette is set as bytes,

@@ -26,7 +26,8 @@ class Segment:
     Attributes
     ----------
     tokens: list of str
-        Token texts as :py:func:`~zennit_attn.results.render.tokens.token_texts` gives them (spaces and line breaks included).
+        Token texts as :py:func:`~zennit_attn.results.render.tokens.token_texts` gives them (spaces and line breaks
+        included).
     values: list of float
         One relevance per token.
     label: str or None
@@ -108,8 +109,8 @@ def resolve_scales(heatmaps: Sequence[Heatmap], scale: ScaleLike = None) -> None
 
 def split_space(token: str) -> tuple[str, str, str]:
     """``(leading spaces, shown text, trailing spaces)`` of a token: the spaces are drawn between the coloured boxes,
-    the shown text (:py:func:`~zennit_attn.results.render.tokens.display_token`) on its box. A token of spaces only is shown
-    as ``'␣'`` on its box; line breaks are shown as ``'⏎'``.
+    the shown text (:py:func:`~zennit_attn.results.render.tokens.display_token`) on its box. A token of spaces only is
+    shown as ``'␣'`` on its box; line breaks are shown as ``'⏎'``.
 
     Parameters
     ----------

@@ -1,6 +1,6 @@
 """Text and images together: the token heatmaps of a :py:class:`~zennit_attn.MultimodalExplanation` with the overlay
-of each image (:py:func:`~zennit_attn.results.render.image.overlay`), in every format of :py:data:`views.SUFFIXES` and on the
-terminal.
+of each image (:py:func:`~zennit_attn.results.render.image.overlay`), in every format of :py:data:`views.SUFFIXES` and
+on the terminal.
 
 An image is given as ``(caption, pixels, relevance, patch_relevance, mean, std)``: ``pixels`` and ``relevance``
 ``[channels, height, width]`` as the model took the image, ``patch_relevance`` ``[rows, columns]`` (the terminal

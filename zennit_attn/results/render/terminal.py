@@ -1,8 +1,8 @@
 """Token relevance heatmaps for the terminal: 24-bit ANSI colours, or plain ``token[relevance]`` text.
 
-Colours are the diverging map of :py:func:`~zennit_attn.results.render.colors.relevance_to_rgb` (light grey for 0, red for
-positive relevance, blue for negative, symmetric), the same in every format of :py:mod:`zennit_attn.results.render`. By
-default a row is normalised by its largest absolute relevance, so the most relevant token is fully saturated.
+Colours are the diverging map of :py:func:`~zennit_attn.results.render.colors.relevance_to_rgb` (light grey for 0, red
+for positive relevance, blue for negative, symmetric), the same in every format of :py:mod:`zennit_attn.results.render`.
+By default a row is normalised by its largest absolute relevance, so the most relevant token is fully saturated.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def render_terminal(
 
 
 def terminal_heatmap(heatmap: Heatmap, color: bool | None = None, stream: IO | None = None, digits: int = 3) -> str:
-    """A :py:class:`~zennit_attn.results.render.layout.Heatmap` for the terminal: its caption, then each segment (with its
-    label) as :py:func:`render_terminal` draws it, then the colour scale.
+    """A :py:class:`~zennit_attn.results.render.layout.Heatmap` for the terminal: its caption, then each segment (with
+    its label) as :py:func:`render_terminal` draws it, then the colour scale.
 
     Parameters
     ----------

@@ -214,7 +214,7 @@ def merge_words(
     for index, text in enumerate(resolved):
         last[index] = text[-1:] or (last[index - 1] if index else '')
     groups: list[list[int]] = []
-    for index, text in enumerate(texts):
+    for index in range(len(texts)):
         if not groups:
             new = True
         elif special[index] or special[index - 1]:

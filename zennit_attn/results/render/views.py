@@ -422,9 +422,10 @@ def save_heatmaps(
     """Write heatmaps to ``path`` in the format of its suffix (checked by :py:func:`check_output`).
 
     ``.html``: a standalone page (``html`` replaces its content, e.g. the interactive page of a generated answer);
-    ``.png``, ``.svg``, ``.pdf``: a matplotlib figure (:py:func:`~zennit_attn.results.render.figure.save_figure`; options
-    ``width``, ``font_size``, ``dpi``, ``colorbar``); ``.tex``: a LaTeX snippet
-    (:py:func:`~zennit_attn.results.render.latex.save_latex`; options ``document``, ``captions``). Missing folders are made.
+    ``.png``, ``.svg``, ``.pdf``: a matplotlib figure (:py:func:`~zennit_attn.results.render.figure.save_figure`;
+    options ``width``, ``font_size``, ``dpi``, ``colorbar``); ``.tex``: a LaTeX snippet
+    (:py:func:`~zennit_attn.results.render.latex.save_latex`; options ``document``, ``captions``). Missing folders are
+    made.
 
     Parameters
     ----------
@@ -494,8 +495,8 @@ def save_image(image, path: str | os.PathLike) -> Path:
     ----------
     image: PIL.Image.Image or numpy.ndarray
         A Pillow image (e.g. :py:func:`~zennit_attn.results.render.image.heatmap` or
-        :py:func:`~zennit_attn.results.render.image.overlay`), or an ``[H, W]`` (grey), ``[H, W, 3]`` (RGB) or ``[H, W, 4]``
-        (RGBA) array of uint8 or of floats in [0, 1].
+        :py:func:`~zennit_attn.results.render.image.overlay`), or an ``[H, W]`` (grey), ``[H, W, 3]`` (RGB) or
+        ``[H, W, 4]`` (RGBA) array of uint8 or of floats in [0, 1].
     path: str or os.PathLike
 
     Returns
@@ -636,8 +637,8 @@ def generation_views(
     images: Callable[[Sequence[int] | None], list[dict]] | None = None,
 ) -> str:
     """The interactive HTML fragment of a generated answer (see
-    :py:func:`~zennit_attn.results.render.html.generation_fragment`); ``images``, for an answer to images, gives the image
-    overlays of a view from the indices of its generated tokens (None: the whole answer)."""
+    :py:func:`~zennit_attn.results.render.html.generation_fragment`); ``images``, for an answer to images, gives the
+    image overlays of a view from the indices of its generated tokens (None: the whole answer)."""
     tokenizer = resolve_tokenizer(tokenizer, generation)
     parts, groups = generation_columns(generation, tokenizer, words)
     texts = [text for _, part_texts, _ in parts for text in part_texts]

@@ -1,7 +1,8 @@
 """Faithfulness of explanations (appendix B.2): the perturbation curves of every row of an
 :py:class:`~zennit_attn.results.explanation.Explanation` (tokens: whole word-embedding vectors set to the baseline) or
 :py:class:`~zennit_attn.results.explanation.ImageExplanation` (pixels or ``p x p`` patches), by the one engine
-:py:func:`~zennit_attn.workflows.evaluation.perturbation.batched_curves`, with the explained logit of each row as the score.
+:py:func:`~zennit_attn.workflows.evaluation.perturbation.batched_curves`, with the explained logit of each row as the
+score.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def explanation_curves(
     explanation: Explanation or ImageExplanation
         What :py:func:`~zennit_attn.explain` returned.
     steps, mode, baseline
-        As for :py:func:`~zennit_attn.workflows.evaluation.perturbation.batched_curves` (several modes: one ``{mode: Curves}``
-        per row, from shared forward passes).
+        As for :py:func:`~zennit_attn.workflows.evaluation.perturbation.batched_curves` (several modes: one
+        ``{mode: Curves}`` per row, from shared forward passes).
     patch_size: int
         Images: 1 perturbs single pixels, ``p`` perturbs ``p x p`` patches.
     batch_size: int, optional
@@ -107,7 +108,8 @@ def faithfulness(
     return Faithfulness.of(explanation_curves(model, explanation, steps, mode, **options))
 
 
-#: The faithfulness of an :py:class:`~zennit_attn.results.explanation.ImageExplanation` (the same function as for tokens).
+#: The faithfulness of an :py:class:`~zennit_attn.results.explanation.ImageExplanation` (the same function as
+#: for tokens).
 image_faithfulness = faithfulness
 
 
@@ -120,8 +122,8 @@ def token_curves(
     batch_size: int | None = None,
     model_kwargs: dict | None = None,
 ) -> Curves | dict[str, Curves]:
-    """The curves of row ``row`` of a language model's :py:class:`~zennit_attn.results.explanation.Explanation` (several modes:
-    ``{mode: Curves}``)."""
+    """The curves of row ``row`` of a language model's :py:class:`~zennit_attn.results.explanation.Explanation` (several
+    modes: ``{mode: Curves}``)."""
     return explanation_curves(
         model, explanation, steps, mode, batch_size=batch_size, progress=False, model_kwargs=model_kwargs, rows=[row]
     )[0]

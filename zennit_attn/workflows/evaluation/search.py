@@ -6,9 +6,9 @@ of a rule per layer type and rank the composites by an objective, by default the
 Layer types are those of :py:class:`~zennit_attn.engine.composites.AttnLRPGamma`: ``conv`` (patch embedding), ``linear``
 (MLP and head), ``attention_in`` (q/k/v projections), ``attention_out`` (attention output projection) and
 ``softmax`` (the operand rule: AttnLRP or CP). Each grid entry is a list of options, written as Python
-expressions over the rules of :py:mod:`zennit_attn.engine.rules` (``'Gamma(0.25)'``, ``'Epsilon(1e-06)'``, ``'ZPlus()'``,
-``'AlphaBeta(2.0, 1.0)'``, ``'UniformOperand()'``, ``'ConstantOperand()'``, ``'None'``) or as rule instances, so
-that the best composite can be printed as the Python that builds it::
+expressions over the rules of :py:mod:`zennit_attn.engine.rules` (``'Gamma(0.25)'``, ``'Epsilon(1e-06)'``,
+``'ZPlus()'``, ``'AlphaBeta(2.0, 1.0)'``, ``'UniformOperand()'``, ``'ConstantOperand()'``, ``'None'``) or as rule
+instances, so that the best composite can be printed as the Python that builds it::
 
     result = composite_search(model, val_pixels, grid={'conv': ['Gamma(0.25)', 'ZPlus()'], 'linear': [...]})
     result.write('search')               # search.csv and search.md, ranked
@@ -121,8 +121,8 @@ class Candidate:
 def faithfulness_objective(
     steps: int = 16, mode: str = 'flipping', patch_size: int = 1, baseline: float = 0.0, batch_size: int = 512
 ) -> Callable:
-    """The default objective: mean faithfulness score (:py:func:`~zennit_attn.workflows.evaluation.faithfulness`; pixels or
-    ``patch_size`` patches of images, word embeddings of tokens) of the composite's explanations. Returns
+    """The default objective: mean faithfulness score (:py:func:`~zennit_attn.workflows.evaluation.faithfulness`; pixels
+    or ``patch_size`` patches of images, word embeddings of tokens) of the composite's explanations. Returns
     ``objective(model, composite, inputs, targets) -> dict`` with ``score``, ``sem``, ``area_morf``,
     ``area_lerf``."""
 
@@ -171,7 +171,8 @@ class SearchResult:
             {name for option in self.best.labels().values() for name in NAMESPACE if re.search(rf'\b{name}\(', option)}
         )
         return (
-            f'from zennit_attn.engine.composites import {self.base}\nfrom zennit_attn.engine.rules import {", ".join(names)}\n\n'
+            f'from zennit_attn.engine.composites import {self.base}\n'
+            f'from zennit_attn.engine.rules import {", ".join(names)}\n\n'
             f'composite = {self.best.code(self.base)}'
             if names
             else f'composite = {self.best.code(self.base)}'
