@@ -7,7 +7,6 @@ import torch
 
 from tests.test_zoo import check_mapping
 from zennit_attn import zoo
-from zennit_attn.engine.canonizers import canonizers_for
 from zennit_attn.engine.composites import CPLRPEpsilon
 
 
@@ -36,7 +35,7 @@ def test_pixels_take_part_in_conservation(architecture):
     image_token = model.config.image_token_id
     assert 0 <= image_token < model.get_input_embeddings().num_embeddings  # moved into the tiny vocabulary
     assert int((inputs['input_ids'] == image_token).sum()) > 0
-    composite = CPLRPEpsilon(canonizers=canonizers_for(model, constant_gates=True))
+    composite = CPLRPEpsilon()
     relevance, logit = zoo._relevances(model, inputs, composite)
     assert set(relevance) == {'inputs_embeds', 'pixel_values'}
     text, pixels = relevance['inputs_embeds'] * logit, relevance['pixel_values'] * logit

@@ -37,9 +37,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .engine.canonizers import GeneralCanonizer, canonizers_for
 from .engine.composites import AttnLRPEpsilon, CPLRPEpsilon
-from .engine.kinds import UnsupportedModelError
+from .engine.errors import UnsupportedModelError
 from .engine.modules import forward_parameters
 from .inputs.checks import check_word_embeddings
 from .inputs.lookups import TokenLookups, needs_ids
@@ -548,11 +547,10 @@ def check(mapping: str, architecture: str, seed: int = 0) -> Result:
             f'takes no inputs_embeds ({type(error).__name__}: {_short(error)[:120]}): token '
             'relevance needs the embeddings as input',
         )
-    canonizers = canonizers_for(model, constant_gates=True)
-    constants = canonizers[0].constants if canonizers and isinstance(canonizers[0], GeneralCanonizer) else []
+    composite = CPLRPEpsilon()
     try:
         with _default_dtype(dtype):
-            ratio = _explain(model, inputs, CPLRPEpsilon(canonizers=canonizers))
+            ratio = _explain(model, inputs, composite)
             attnlrp = _explain(model, inputs, AttnLRPEpsilon())
     except UnsupportedModelError as error:
         return result('refused', _short(error))
@@ -560,6 +558,7 @@ def check(mapping: str, architecture: str, seed: int = 0) -> Result:
         return result('failed', f'{type(error).__name__}: {_short(error)}')
     exact = abs(ratio - 1) <= 1e-6 and math.isfinite(attnlrp)
     reason = '' if exact else f'CP-LRP relevance / logit = {ratio:.6g}, AttnLRP sum {attnlrp:.4g}'
+    constants = composite.operation_canonizer.constants  # the constants the model added while it ran
     path, value = max(constants, key=lambda item: abs(float(item[1])), default=('', 0.0))
     if not exact and abs(float(value)) >= 1e-4 and math.isfinite(attnlrp):
         # a constant in the model's code is a bias that cannot be zeroed: conservation cannot be exact (a numerical

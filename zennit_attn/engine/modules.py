@@ -1,11 +1,6 @@
-"""Modules that canonizers insert so that AttnLRP rules have something to attach to, and the scores wrapper.
-
-Hugging Face and timm compute the products inside attention and gated MLPs inline, where no module exists
-that a zennit rule could be registered to. The modules here are the hook points: :py:class:`Operand` is an
-identity placed on a tensor that enters such a product; :py:class:`Product` and :py:class:`MatMul` are the
-products themselves, for models written with explicit modules. :py:func:`forward_parameters` reads what a module's
-forward takes.
-"""
+"""Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
+:py:func:`forward_parameters` (what a module's forward takes), :py:func:`output_scores`, and :py:class:`Operand` (the
+roles of the operands of a family's inline products, as the family table declares them)."""
 
 from __future__ import annotations
 
@@ -64,25 +59,6 @@ class Operand(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f'roles={self.roles}' + (f', sections={self.sections}' if self.sections else '')
-
-
-class Product(torch.nn.Module):
-    """Element-wise product of N tensors (broadcasting), the operation of Prop. 3.2."""
-
-    def forward(self, *factors: torch.Tensor) -> torch.Tensor:
-        if not factors:
-            raise ValueError('Product needs at least one factor')
-        result = factors[0]
-        for factor in factors[1:]:
-            result = result * factor
-        return result
-
-
-class MatMul(torch.nn.Module):
-    """Matrix product ``a @ b`` of two tensors, the bilinear operation of Prop. 3.3."""
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(a, b)
 
 
 def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from zennit.core import Hook
 from ..engine.canonizers.quantization import check_quantized
 from ..engine.composites import refuse_compiled
 from ..engine.devices import input_device
-from ..engine.kinds import UnsupportedModelError
+from ..engine.errors import UnsupportedModelError
 from ..engine.modules import forward_parameters, output_scores
 
 __all__ = [

@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from . import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 __all__ = [
     'EXPLAINED_QUANTIZED',
