@@ -31,7 +31,7 @@ Which softmax are the routing weights? (Prop. 3.1 needs a softmax and its inputs
   function.)
 
 In both cases this is exactly the plain gradient of Hugging Face's computation (softmax over all experts, top-k,
-optional renormalisation) times the logits, which is what the library relies on (``UniformOperand``: routing
+optional renormalisation) times the logits, which is what the library relies on (the uniform product rule: routing
 weights keep their gradient); :py:func:`test_unnormalised_routing_is_softmax_over_all_experts` checks that the
 library agrees with the all-experts reading and not with the top-k one.
 
