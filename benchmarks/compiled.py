@@ -23,7 +23,7 @@ model and input of ``benchmarks/speed.py`` (``random-llama`` by default), withou
 Run alone (``OMP_NUM_THREADS=1``; each compilation takes seconds to minutes on a CPU)::
 
     python benchmarks/compiled.py --seq 16 --repeats 15
-    python benchmarks/compiled.py --seq 16 --general   # AttnLRPEpsilon(general=True)
+    python benchmarks/compiled.py --seq 16 --method cplrp   # CPLRPEpsilon()
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed import build, frozen, pick_target  # noqa: E402
 
 from zennit_attn import explain  # noqa: E402
-from zennit_attn.engine.composites import AttnLRPEpsilon  # noqa: E402
+from zennit_attn.engine.composites import AttnLRPEpsilon, CompiledModelError, CPLRPEpsilon  # noqa: E402
 
 
 def fair_pass(module, embeddings: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,9 @@ def main(argv=None) -> None:
     parser.add_argument('--seq', type=int, default=16)
     parser.add_argument('--repeats', type=int, default=15)
     parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--general', action='store_true', help='AttnLRPEpsilon(general=True) (default composite else)')
+    parser.add_argument(
+        '--method', default='attnlrp', choices=('attnlrp', 'cplrp'), help='the composite (default attnlrp)'
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, input_ids, _ = build(args.model, args.seq)
@@ -122,16 +124,16 @@ def main(argv=None) -> None:
     embeddings = model.get_input_embeddings()(input_ids).detach()
 
     def composite():
-        return AttnLRPEpsilon(general=True) if args.general else AttnLRPEpsilon()
+        return CPLRPEpsilon() if args.method == 'cplrp' else AttnLRPEpsilon()
 
     def explained():
         return explain(plain, input_ids, target=target, composite=composite()).relevance
 
     reference = explained()
-    report = {'model': args.model, 'seq': args.seq, 'general': args.general}
+    report = {'model': args.model, 'seq': args.seq, 'method': args.method}
     try:
         explain(torch.compile(plain), input_ids, target=target)
-    except TypeError as error:
+    except CompiledModelError as error:
         report['explain(torch.compile(model))'] = f'{type(error).__name__}: {str(error)[:160]}...'
     compiled_plain = torch.compile(plain)
     with frozen(plain):

@@ -51,7 +51,7 @@ import train_vit  # noqa: E402
 from zennit_attn import explain  # noqa: E402
 from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
 from zennit_attn.engine.modules import output_scores  # noqa: E402
-from zennit_attn.engine.rules import ConstantOperand, Epsilon, UniformOperand  # noqa: E402
+from zennit_attn.engine.rules import ConstantGates, Epsilon, Uniform  # noqa: E402
 from zennit_attn.workflows.evaluation import Faithfulness, explanation_curves, image_curves  # noqa: E402
 from zennit_attn.workflows.evaluation.search import TEXT_GRID, composite_search, faithfulness_objective  # noqa: E402
 
@@ -64,20 +64,20 @@ GRID = {
     'linear': ['Epsilon(1e-06)', 'Gamma(0.01)', 'Gamma(0.05)', 'Gamma(0.25)', 'ZPlus()', 'AlphaBeta(2.0, 1.0)'],
     'attention_in': ['Epsilon(1e-06)', 'Gamma(0.05)'],
     'attention_out': ['Epsilon(1e-06)', 'Gamma(0.05)'],
-    'softmax': ['UniformOperand()', 'ConstantOperand()'],
+    'product': ['Uniform()', 'ConstantGates()'],
 }
 QUICK_GRID = {
     'conv': ['Epsilon(1e-06)', 'Gamma(0.25)'],
     'linear': ['Epsilon(1e-06)', 'Gamma(0.05)'],
-    'softmax': ['UniformOperand()', 'ConstantOperand()'],
+    'product': ['Uniform()', 'ConstantGates()'],
 }
 RESULTS = train_vit.RESULTS
 TEXT_RESULTS = Path(__file__).resolve().parents[1] / 'docs' / 'results' / 'text_search'
 
 
-def epsilon_everywhere(operand=UniformOperand):
+def epsilon_everywhere(product=Uniform):
     eps = Epsilon(1e-6)
-    return AttnLRPGamma(conv=eps, linear=eps, attention_in=eps, attention_out=eps, softmax=operand())
+    return AttnLRPGamma(conv=eps, linear=eps, attention_in=eps, attention_out=eps, product=product())
 
 
 def test_methods(best_composite):
@@ -87,7 +87,7 @@ def test_methods(best_composite):
         'AttnLRP, paper default AttnLRPGamma()': ('attnlrp', AttnLRPGamma(), {}),
         'AttnLRP, epsilon everywhere': ('attnlrp', epsilon_everywhere(), {}),
         'gamma-CP-LRP, CPLRPGamma()': ('cplrp', CPLRPGamma(), {}),
-        'CP-LRP, epsilon everywhere': ('cplrp', epsilon_everywhere(ConstantOperand), {}),
+        'CP-LRP, epsilon everywhere': ('cplrp', epsilon_everywhere(ConstantGates), {}),
         'Input x Gradient': ('input_x_gradient', None, {}),
         'Integrated Gradients (20 steps)': ('integrated_gradients', None, {}),
         'SmoothGrad (sigma 0.1, 20 samples)': ('smoothgrad', None, {}),

@@ -2,9 +2,9 @@
 
 The fixed cost per call (checks of the model and the input, registering and removing the rules, reading the explained
 logit, packaging the result) matters most where the arithmetic is fast: short inputs, GPUs. This script splits one
-``explain(model, input_ids, target=target)`` call (AttnLRP, default composite or ``--general``) into phases and times
-each of them in every call, by wrapping the library's functions for the time of the measurement (the wrappers are
-removed afterwards; nothing else changes):
+``explain(model, input_ids, target=target)`` call (``--method attnlrp``, the default composite, or ``cplrp``) into
+phases and times each of them in every call, by wrapping the library's functions for the time of the measurement (the
+wrappers are removed afterwards; nothing else changes):
 
 - ``task``: :py:func:`zennit_attn.inputs.task.make_task` (checks of the model and the input, the embedding lookup,
   the model facts: :py:mod:`zennit_attn.inputs.checks`, :py:mod:`zennit_attn.inputs.lookups`);
@@ -25,7 +25,7 @@ call over the plain pass of its round); the 1-minute load average before and aft
 Run alone (``OMP_NUM_THREADS=1``)::
 
     python benchmarks/per_call.py --model random-llama --seq 16 --calls 50
-    python benchmarks/per_call.py --model random-llama --seq 16 --general --profile 25
+    python benchmarks/per_call.py --model random-llama --seq 16 --method cplrp --profile 25
 """
 
 from __future__ import annotations
@@ -168,13 +168,13 @@ def plain_phases(model, input_ids, target, clock: PhaseClock) -> None:
     clock.current['plain backward'] += end - middle
 
 
-def measure(model, input_ids, target, general: bool, calls: int, warmup: int) -> dict:
+def measure(model, input_ids, target, method: str, calls: int, warmup: int) -> dict:
     """Per-phase seconds of ``calls`` explained calls and fair plain passes, interleaved."""
     clock = PhaseClock()
     rounds = []
     with wrapped(clock):
         for index in range(warmup + calls):
-            spent = one_round(model, input_ids, target, general, clock)
+            spent = one_round(model, input_ids, target, method, clock)
             if index >= warmup:
                 rounds.append(spent)
     return {
@@ -183,11 +183,11 @@ def measure(model, input_ids, target, general: bool, calls: int, warmup: int) ->
     } | {'paired ratio': statistics.median(spent['explain()'] / spent['plain pass'] for spent in rounds)}
 
 
-def one_round(model, input_ids, target, general: bool, clock: PhaseClock) -> dict[str, float]:
+def one_round(model, input_ids, target, method: str, clock: PhaseClock) -> dict[str, float]:
     """Seconds per phase of one explained call and one fair plain pass after it; ``rest``: the explained call
     outside its phases."""
     start = time.perf_counter()
-    run_explain(model, input_ids, target, general=general or None)
+    run_explain(model, input_ids, target, method=method)
     total = time.perf_counter() - start
     spent = clock.take()
     spent['rest'] = total - sum(spent.values())
@@ -199,12 +199,12 @@ def one_round(model, input_ids, target, general: bool, clock: PhaseClock) -> dic
     return spent
 
 
-def profile(model, input_ids, target, general: bool, calls: int, top: int) -> str:
+def profile(model, input_ids, target, method: str, calls: int, top: int) -> str:
     """cProfile's table of the ``top`` functions of zennit-attn and zennit with the largest own time."""
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
-        run_explain(model, input_ids, target, general=general or None)
+        run_explain(model, input_ids, target, method=method)
     profiler.disable()
     stream = io.StringIO()
     stats = pstats.Stats(profiler, stream=stream)
@@ -216,7 +216,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--model', default='random-llama', choices=('random-llama', 'random-mixtral', 'smollm2'))
     parser.add_argument('--seq', type=int, default=16)
-    parser.add_argument('--general', action='store_true', help='AttnLRPEpsilon(general=True) (default composite else)')
+    parser.add_argument('--method', default='attnlrp', choices=('attnlrp', 'cplrp'), help='default attnlrp')
     parser.add_argument('--calls', type=int, default=50, help='timed rounds (default 50)')
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--threads', type=int, default=1, help='torch.set_num_threads (default 1)')
@@ -227,18 +227,17 @@ def main(argv=None) -> None:
     target = pick_target(model, input_ids)
     run_plain(model, input_ids, target, keep_last=True)
     load_before = os.getloadavg()
-    medians = measure(model, input_ids, target, args.general, args.calls, args.warmup)
+    medians = measure(model, input_ids, target, args.method, args.calls, args.warmup)
     load_after = os.getloadavg()
-    composite = 'AttnLRPEpsilon(general=True)' if args.general else 'default composite'
     print(
-        f'{args.model}, {args.seq} tokens, {composite}, {torch.get_num_threads()} thread(s), median of {args.calls} '
-        f'interleaved rounds; load average (1, 5, 15 min) {", ".join(f"{value:.2f}" for value in load_before)} -> '
-        f'{", ".join(f"{value:.2f}" for value in load_after)}'
+        f'{args.model}, {args.seq} tokens, method {args.method}, {torch.get_num_threads()} thread(s), '
+        f'median of {args.calls} interleaved rounds; load average (1, 5, 15 min) '
+        f'{", ".join(f"{value:.2f}" for value in load_before)} -> {", ".join(f"{value:.2f}" for value in load_after)}'
     )
     for key, value in medians.items():
         print(f'  {key:18s} {value:.3f}x' if key == 'paired ratio' else f'  {key:18s} {value * 1e3:8.3f} ms')
     if args.profile:
-        print(profile(model, input_ids, target, args.general, max(args.calls // 2, 5), args.profile))
+        print(profile(model, input_ids, target, args.method, max(args.calls // 2, 5), args.profile))
 
 
 if __name__ == '__main__':

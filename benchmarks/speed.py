@@ -14,9 +14,9 @@ Two comparisons:
           grad, = torch.autograd.grad(logit, emb, grad_outputs=torch.ones_like(logit))
           relevance = (emb * grad).sum(-1)
 
-  against ``explain(model, input_ids, target=target)`` with the default composite (``explain``) and with
-  ``AttnLRPEpsilon(general=True)`` (``general``), on the model as loaded. All calls run side by side in one process,
-  in interleaved rounds (fair, explain, general, fair, ...); reported: the median time of each, its ratio to the fair
+  against ``explain(model, input_ids, target=target)`` with the default composite (``explain``, AttnLRP) and with
+  ``method='cplrp'`` (``cplrp``), on the model as loaded. All calls run side by side in one process,
+  in interleaved rounds (fair, explain, cplrp, fair, ...); reported: the median time of each, its ratio to the fair
   pass's median, the median of the per-round ratios (each call over the fair pass of its round: steadier on a shared
   machine), the 1-minute load average before and after the timed rounds, and the bytes autograd saved that are still
   alive when the backward pass begins (the activations the forward pass leaves for the backward pass; see 2. below)
@@ -39,8 +39,7 @@ Models
   shorter), batch 1.
 - ``random-mixtral``: ``MixtralForCausalLM`` with 4 layers, hidden 512, 8 heads, 8 experts of intermediate 1376,
   top-2 routing, vocabulary 32000, SDPA, seeded; the plain baseline runs the experts with the implementation
-  transformers loads by default (``grouped_mm``), ``explain()`` through the family table with the plain loop it
-  switches to (part of its cost), the general path (``general``) with ``grouped_mm`` too.
+  transformers loads by default (``grouped_mm``), and so does ``explain()``.
 - ``random-llama-1b``: the same with the shape of TinyLlama-1.1B (22 layers, hidden 2048, 32 heads, 4 key/value
   heads, intermediate 5632; 1.10e9 parameters); for the scaling table (``--checkpointing``, also ``--dtype
   bfloat16``).
@@ -130,7 +129,6 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zennit_attn import explain  # noqa: E402
-from zennit_attn.engine.composites import AttnLRPEpsilon  # noqa: E402
 
 MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b')
 METHODS = ('plain', 'explain')
@@ -280,7 +278,7 @@ def frozen(model: torch.nn.Module) -> Iterator[None]:
 
     An input attribution needs no weight gradient: with trainable weights autograd saves every linear layer's input
     for the weight gradient (a pass no user of an input attribution runs), with frozen weights only what the input's
-    gradient needs. ``explain()`` computes an input attribution too (its general mechanism freezes the weights for
+    gradient needs. ``explain()`` computes an input attribution too (its engine freezes the weights for
     the time of the composite's context)."""
     thawed = [parameter for parameter in model.parameters() if parameter.requires_grad]
     for parameter in thawed:
@@ -314,11 +312,10 @@ def run_plain(model, inputs, target, keep_last: bool = False):
         return torch.cat([(leaf * grad).sum(-1) for leaf, grad in zip(leaves, grads)], 1)
 
 
-def run_explain(model, inputs, target, checkpointing: bool = False, general: bool | None = None):
+def run_explain(model, inputs, target, checkpointing: bool = False, method: str = 'attnlrp'):
     input_ids, decoder_ids = _split(inputs)
-    extra = {} if general is None else {'composite': AttnLRPEpsilon(general=general)}
     explanation = explain(
-        model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=checkpointing, **extra
+        model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=checkpointing, method=method
     )
     if decoder_ids is None:
         return explanation.relevance
@@ -330,7 +327,7 @@ RUNNERS = {
     'explain': run_explain,
     'fair': functools.partial(run_plain, keep_last=True),
     'checkpointing': functools.partial(run_explain, checkpointing=True),
-    'general': functools.partial(run_explain, general=True),
+    'cplrp': functools.partial(run_explain, method='cplrp'),
 }
 #: the methods that run with the model's weights frozen (:py:func:`frozen`, entered before the clock starts): the fair
 #: plain pass, as an input attribution runs; the others run on the model as loaded (``explain()`` freezes what it
@@ -714,9 +711,9 @@ def _git_state() -> str | None:
 
 
 #: what the comparisons with the fair plain pass can run (``--fair``, ``--checkpointing``; the fair pass always)
-SCALING_METHODS = ('fair', 'explain', 'checkpointing', 'general')
-#: what ``--fair`` compares by default: the default composite and ``AttnLRPEpsilon(general=True)``
-FAIR_METHODS = ('fair', 'explain', 'general')
+SCALING_METHODS = ('fair', 'explain', 'checkpointing', 'cplrp')
+#: what ``--fair`` compares by default: AttnLRP (the default composite) and CP-LRP
+FAIR_METHODS = ('fair', 'explain', 'cplrp')
 #: targets of issue 30 for one ``explain()`` call, 1 thread: the paired time ratio to the fair pass by length, and the
 #: ratio of the activations alive when the backward pass begins (saved bytes) to the fair pass's
 TIME_TARGETS = {16: 1.05, 512: 1.03}
@@ -838,7 +835,7 @@ def scaling_main(args) -> None:
     methods = tuple(method for method in SCALING_METHODS[1:] if method in compare)
     print(
         f'fair plain pass (input x gradient, frozen weights, logits_to_keep=1) vs {", ".join(methods)} '
-        f'(explain: default composite; general: AttnLRPEpsilon(general=True)); median of {args.repeats} '
+        f'(explain: default composite, AttnLRP; cplrp: method=cplrp); median of {args.repeats} '
         f'interleaved rounds; torch {torch.__version__}, {torch.get_num_threads()} thread(s); zennit_attn at '
         f'{_git_state() or "?"}. '
         'Paired ratio: median over the rounds of each run over the fair run of its round (steadier on a shared '
@@ -885,7 +882,7 @@ def make_parser() -> argparse.ArgumentParser:
         '--fair',
         action='store_true',
         help='instead of the table above: the fair plain pass (frozen weights, logits_to_keep=1), explain() with '
-        'the default composite and with AttnLRPEpsilon(general=True) at each --seq, interleaved (time of --repeats '
+        'the default composite (AttnLRP) and with method=cplrp at each --seq, interleaved (time of --repeats '
         'rounds with paired ratios, saved bytes alive at the backward pass, live peak; no RSS), against the targets',
     )
     parser.add_argument(

@@ -46,7 +46,7 @@ COPIES.mkdir()
 for notebook in sorted(NOTEBOOKS.glob('*.ipynb')):
     shutil.copy2(notebook, COPIES / notebook.name)
 
-# ------------------------------------------------------------------------------------------------------ MyST / notebooks
+# ---------------------------------------------------------------------------------------------------- MyST / notebooks
 myst_enable_extensions = ['colon_fence', 'deflist', 'dollarmath']
 myst_heading_anchors = 3
 nb_execution_mode = 'off'  # stored without outputs; tests/notebooks/ executes them

@@ -49,8 +49,8 @@ def assert_same_relevance(model, reference, composite, outputs: int):
     x = torch.randn(3, 4, dtype=torch.float64)
     model, reference = model.double(), reference.double()
     reference.load_state_dict(model.state_dict())
-    found = attributed(model, composite(general=True), x)
-    torch.testing.assert_close(found, attributed(reference, composite(general=True), x), rtol=0, atol=1e-12)
+    found = attributed(model, composite(), x)
+    torch.testing.assert_close(found, attributed(reference, composite(), x), rtol=0, atol=1e-12)
     if composite is CPLRPEpsilon:
         torch.testing.assert_close(
             found.sum(), torch.tensor(float(outputs), dtype=torch.float64), rtol=1e-10, atol=1e-12

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from tests.numbers import assert_close
 from tests.numbers import relative_error as relative_error  # re-exported: the reference tests import it from here
 
 #: The variants of the references: AttnLRP, and CP-LRP (Ali et al. 2022: the attention probabilities and the gates
@@ -361,11 +360,6 @@ def gated_mlp_rule(x, w_gate, w_up, w_down, relevance, variant, activation=torch
 # ----------------------------------------------------------------------------------------------------------------
 # Comparison with the library
 # ----------------------------------------------------------------------------------------------------------------
-
-
-#: :py:func:`tests.numbers.assert_close` (``max|a - b| <= tol * max|b|``, one shape, ``b`` not all 0) under the name
-#: the rule and reference tests import from here
-close = assert_close
 
 
 def lrp(module, rule, inputs, relevance_out):

@@ -191,14 +191,14 @@ def test_clip_cplrp_conserves_every_pair(clip):
     assert [exp.total(row) for row in range(2)] == pytest.approx(exp.logit.tolist(), rel=1e-12)
 
 
-def test_clip_attnlrp_equals_the_general_composite_run_by_hand(clip):
-    """AttnLRP of explain() with its default composite equals AttnLRPEpsilon(general=True) run on the model by hand
+def test_clip_attnlrp_equals_the_composite_run_by_hand(clip):
+    """AttnLRP of explain() with its default composite equals AttnLRPEpsilon() run on the model by hand
     (float64, 1e-12): the same scores, text and pixel relevance; it is not CP-LRP's (the softmax rule passes
     relevance through the attention probabilities)."""
     model, processor = clip
     exp = explain(model, CLIP_TEXTS, images=clip_images(), processor=processor)
     assert exp.method == 'attnlrp'
-    scores, text, pixels = clip_by_hand(model, processor, AttnLRPEpsilon(general=True))
+    scores, text, pixels = clip_by_hand(model, processor, AttnLRPEpsilon())
     torch.testing.assert_close(exp.logit, scores, rtol=1e-12, atol=0)
     assert_close(exp.relevance, text, tol=1e-12)
     assert_close(exp.pixel_relevance, pixels, tol=1e-12)

@@ -127,11 +127,11 @@ def test_verdicts_say_what_they_mean():
 
 def test_a_model_that_adds_constants_is_explained_with_the_reason(capsys):
     """Gemma 3n adds a constant 1 in its code (a bias that cannot be zeroed): explained, not exactly conservative,
-    and the verdict says where."""
+    and the verdict says where (the module whose code adds it: AltUp)."""
     code, out, _ = run(capsys, ['check', '--model', 'gemma3n_text', '-q'])
     assert code == 0
     assert out.splitlines()[-1].startswith(
-        "verdict: explained: not exactly conservative by design: the model adds the constant 1 at 'model.layers.0' "
+        "verdict: explained: not exactly conservative by design: the model adds the constant 1 at 'model.layers.0.altup' "
     )
 
 

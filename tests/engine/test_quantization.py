@@ -220,8 +220,8 @@ def test_unknown_quantized_layer_refused_not_skipped(float32, ids):
     with pytest.raises(
         UnsupportedQuantizationError,
         match=(
-            r"  - tests\.engine\.test_quantization\.QuantLinear \(at model\.layers\.0\.mlp\.down_proj\): its 'qweight' holds "
-            r'torch\.int8 values, and no backward pass through it is known'
+            r'  - tests\.engine\.test_quantization\.QuantLinear \(at model\.layers\.0\.mlp\.down_proj\): '
+            r"its 'qweight' holds torch\.int8 values, and no backward pass through it is known"
         ),
     ):
         explain(model, ids, target=TARGET, method='input_x_gradient')

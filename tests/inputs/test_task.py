@@ -14,7 +14,7 @@ from transformers import BatchEncoding
 
 from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn import conservation, explain
-from zennit_attn.engine.kinds import UnsupportedModelError
+from zennit_attn.engine.errors import UnsupportedModelError
 from zennit_attn.engine.modules import forward_parameters
 from zennit_attn.inputs.checks import is_image_model
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask

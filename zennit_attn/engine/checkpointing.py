@@ -24,6 +24,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .canonizers.blocks import NoBlocksError, transformer_blocks
+from .canonizers.operations import active_classifier
 
 __all__ = ['checkpointed', 'recomputing']
 
@@ -43,16 +44,22 @@ def recomputing() -> bool:
 
 
 @contextlib.contextmanager
-def _recomputation() -> Iterator[None]:
+def _recomputation(classifier) -> Iterator[None]:
+    """The context of a block's recomputation in the backward pass: :py:func:`recomputing` is true, and the engine's
+    classifying mode of the forward that ran the block (if any) is entered again, so that the recomputation gets the
+    rules the forward got."""
     token = _RECOMPUTING.set(True)
     try:
-        yield
+        with classifier if classifier is not None else contextlib.nullcontext():
+            yield
     finally:
         _RECOMPUTING.reset(token)
 
 
 def _contexts():
-    return contextlib.nullcontext(), _recomputation()
+    """Called by the checkpoint when the block runs in the forward: nothing for the forward, and for the
+    recomputation the classifying mode active now."""
+    return contextlib.nullcontext(), _recomputation(active_classifier())
 
 
 def _checkpointed_forward(inner):

@@ -77,10 +77,6 @@ RMS_NORM_NAMES = ('RMSNorm', 'T5LayerNorm')
 NORM_NAMES = ('Norm', 'LayerNorm', 'RmsNorm', 'Normalization')
 
 
-class UnsupportedModelError(TypeError):
-    """A model contains modules or operations that zennit-attn has no rule or canonizer for."""
-
-
 #: Class name suffixes of other activation modules (leaves): confirmed element-wise at their first call
 #: (:py:class:`~zennit_attn.engine.rules.Identity`).
 ACTIVATION_NAMES = (

@@ -1,11 +1,5 @@
-"""Modules that canonizers insert so that AttnLRP rules have something to attach to, and the scores wrapper.
-
-Hugging Face and timm compute the products inside attention and gated MLPs inline, where no module exists
-that a zennit rule could be registered to. The modules here are the hook points: :py:class:`Operand` is an
-identity placed on a tensor that enters such a product; :py:class:`Product` and :py:class:`MatMul` are the
-products themselves, for models written with explicit modules. :py:func:`forward_parameters` reads what a module's
-forward takes.
-"""
+"""Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
+:py:func:`forward_parameters` (what a module's forward takes) and :py:func:`output_scores`."""
 
 from __future__ import annotations
 
@@ -13,76 +7,6 @@ import functools
 import inspect
 
 import torch
-
-#: Roles an :py:class:`Operand` may take, with the products each role enters.
-ROLES = {
-    'query': 'attention scores Q K^T (Prop. 3.3), whose softmax enters A V (Prop. 3.3)',
-    'key': 'attention scores Q K^T (Prop. 3.3), whose softmax enters A V (Prop. 3.3)',
-    'value': 'attention output A V (Prop. 3.3)',
-    'gate': 'element-wise product act(gate) * up of a gated MLP (Prop. 3.2)',
-    'up': 'element-wise product act(gate) * up of a gated MLP (Prop. 3.2)',
-    'routing': 'routing weights of a mixture of experts, factors of weight * expert output (Prop. 3.2)',
-    'routed': 'sum over experts of routing weight * expert output (Prop. 3.2 on each product)',
-}
-
-
-class Operand(torch.nn.Module):
-    """Identity on a tensor that is an operand of a product computed inline by the host model.
-
-    Parameters
-    ----------
-    role: str or tuple[str, ...]
-        The role of the tensor (a key of :py:data:`ROLES`), or one role per section of the last dimension
-        for fused projections (e.g. GPT-2's ``c_attn`` producing query, key and value at once).
-    sections: tuple[int, ...], optional
-        Sizes of the sections of the last dimension, one per role; by default equal sizes.
-    """
-
-    def __init__(self, role: str | tuple[str, ...], sections: tuple[int, ...] | None = None):
-        super().__init__()
-        roles = (role,) if isinstance(role, str) else tuple(role)
-        unknown = [name for name in roles if name not in ROLES]
-        if unknown:
-            raise ValueError(f'Unknown operand role(s) {unknown}; known roles: {sorted(ROLES)}')
-        if sections is not None and len(sections) != len(roles):
-            raise ValueError(f'{len(roles)} roles need {len(roles)} sections, got {sections}')
-        self.roles = roles
-        self.sections = None if sections is None else tuple(int(size) for size in sections)
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return input
-
-    def section_sizes(self, size: int) -> tuple[int, ...]:
-        """Sizes of the sections of a last dimension of ``size`` elements, one per role."""
-        if self.sections is not None:
-            if sum(self.sections) != size:
-                raise ValueError(f'Operand sections {self.sections} do not add up to the last dimension {size}')
-            return self.sections
-        if size % len(self.roles):
-            raise ValueError(f'Last dimension {size} cannot be split into {len(self.roles)} equal sections')
-        return (size // len(self.roles),) * len(self.roles)
-
-    def extra_repr(self) -> str:
-        return f'roles={self.roles}' + (f', sections={self.sections}' if self.sections else '')
-
-
-class Product(torch.nn.Module):
-    """Element-wise product of N tensors (broadcasting), the operation of Prop. 3.2."""
-
-    def forward(self, *factors: torch.Tensor) -> torch.Tensor:
-        if not factors:
-            raise ValueError('Product needs at least one factor')
-        result = factors[0]
-        for factor in factors[1:]:
-            result = result * factor
-        return result
-
-
-class MatMul(torch.nn.Module):
-    """Matrix product ``a @ b`` of two tensors, the bilinear operation of Prop. 3.3."""
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(a, b)
 
 
 def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:

@@ -9,8 +9,9 @@ modules, element-wise non-linearities, products of two computed tensors, matrix 
 ``scaled_dot_product_attention``, each with the autograd node that computed it. The hooks and the mode are removed
 when the pass ends (also after an exception), and the hooks on the model other than torch's own (a composite's
 context, steering, latent recording, a user's observers) are set aside for the pass: the structure is the model's own,
-whatever context it is first asked for in, and no one's hook sees the pass. The result is cached per instance (a weak reference: the cache does not
-keep a model alive). What is decided rests on what the model computed, not on the names of its classes:
+whatever context it is first asked for in, and no one's hook sees the pass. The result is cached per instance (a weak
+reference: the cache does not keep a model alive). What is decided rests on what the model computed, not on the
+names of its classes:
 
 - an *attention operation* is ``scaled_dot_product_attention(q, k, v)``, or a matrix product of the attention
   probabilities (a softmax over the last dimension, also cast, sliced or dropped out) with the values, where the

@@ -23,7 +23,7 @@ from zennit.core import Hook
 from ..engine.canonizers.quantization import check_quantized
 from ..engine.composites import refuse_compiled
 from ..engine.devices import input_device
-from ..engine.kinds import UnsupportedModelError
+from ..engine.errors import UnsupportedModelError
 from ..engine.modules import forward_parameters, output_scores
 
 __all__ = [
@@ -251,9 +251,12 @@ def check_model(model: torch.nn.Module) -> ModelFacts:
     Raises
     ------
     TypeError
-        For a model that is not a module, or a compiled one (its hooks are bypassed:
-        :py:func:`zennit_attn.engine.composites.refuse_compiled`); for quantized layers no backward pass goes through
+        For a model that is not a module.
+    UnsupportedQuantizationError
+        For quantized layers no backward pass goes through
         (:py:func:`zennit_attn.engine.canonizers.quantization.check_quantized`).
+    CompiledModelError
+        For a compiled model (its hooks are bypassed: :py:func:`zennit_attn.engine.composites.refuse_compiled`).
     RuntimeError
         Inside :py:func:`torch.inference_mode` (no gradients can be recorded), or where zennit rules are already
         registered on the model (a composite's context that is still open: its hooks would change every
@@ -496,7 +499,7 @@ def check_ids(input_ids, attention_mask, name: str = 'input_ids') -> tuple[torch
 
 def check_word_embeddings(model: torch.nn.Module, embedding) -> None:
     """Refuse a model without input embeddings (``TypeError``) and one that embeds each token with several tables
-    (:py:class:`~zennit_attn.engine.kinds.UnsupportedModelError`): MusicGen's decoder sums one table per audio codebook
+    (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`): MusicGen's decoder sums one table per audio codebook
     over ``num_codebooks`` rows of ``input_ids`` per sequence, which are not the tokens of one sequence."""
     if not isinstance(embedding, torch.nn.Module):
         raise TypeError(

@@ -186,9 +186,13 @@ class _Boundaries:
         others = self.probes.setdefault('other embeddings', _Probe(watched))
 
         def watch_embedding(module, input, output):
-            # position / segment embeddings: one vector per token; not e.g. T5's relative attention bias
+            # position / segment embeddings: one vector per token; not e.g. T5's relative attention bias. The engine
+            # freezes the parameters: the looked-up vectors are made a leaf, whose relevance is read
             if output.dim() == 3 and output.shape[-1] == self.hidden:
-                others.watch(output)
+                leaf = output.detach().requires_grad_()
+                others.watch(leaf)
+                return leaf
+            return None
 
         for module in modified.modules():
             if isinstance(module, torch.nn.Embedding) and module not in self.word_embeddings:

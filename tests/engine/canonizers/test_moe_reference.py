@@ -31,7 +31,7 @@ Which softmax are the routing weights? (Prop. 3.1 needs a softmax and its inputs
   function.)
 
 In both cases this is exactly the plain gradient of Hugging Face's computation (softmax over all experts, top-k,
-optional renormalisation) times the logits, which is what the library relies on (``UniformOperand``: routing
+optional renormalisation) times the logits, which is what the library relies on (the uniform product rule: routing
 weights keep their gradient); :py:func:`test_unnormalised_routing_is_softmax_over_all_experts` checks that the
 library agrees with the all-experts reading and not with the top-k one.
 
@@ -49,10 +49,9 @@ float32 precision there (measured 2e-9 to 4e-8 relative). The strict comparisons
 (float64) logits; the unmodified router is compared at 1e-6 for AttnLRP (and at 1e-8 for CP-LRP, which does not
 differentiate the router).
 
-The composites are registered on the block alone (with canonizers chosen from the whole model); the
-:py:class:`~zennit_attn.engine.canonizers.SettingCanonizer` switches the experts, which hold the model's configuration, to
-the eager loop (float64 needs it anyway: the default ``grouped_mm`` refuses float64), and
-:py:func:`test_block_registration_uses_eager_experts` checks that this happens.
+The composites are registered on the block alone; the engine keeps transformers' grouped and batched experts (it sees
+their products), and :py:func:`test_block_registration_uses_eager_experts` checks that the block's relevance is the
+eager loop's.
 """
 
 from __future__ import annotations
@@ -74,7 +73,6 @@ from tests.naive_rules import (
     sum_rule,
     uniform_rule,
 )
-from zennit_attn.engine.canonizers import canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 
 DTYPE = torch.float64
@@ -295,7 +293,7 @@ def float64_router(block):
 
 def library_relevance(model, block, x, relevance, variant):
     """Relevance at the block's input by the library's composite registered on the block (canonizers of the model)."""
-    composite = COMPOSITES[variant](canonizers=canonizers_for(model))
+    composite = COMPOSITES[variant]()
     with composite.context(block) as modified:
         leaf = x.clone().requires_grad_()
         output = modified(leaf)

@@ -53,7 +53,6 @@ from tests.naive_rules import (
     sum_rule,
 )
 from zennit_attn import explain
-from zennit_attn.engine.canonizers import canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 
 DTYPE = torch.float64
@@ -185,7 +184,7 @@ def make_model(attn_implementation, seed=0):
 def library_relevance(model, layer, variant, inputs, relevance, **kwargs):
     """Relevance at the float64 ``inputs`` (``{name: tensor}``, keyword arguments of the layer) for ``relevance`` at
     the layer's first output, by the library's composite registered on the layer (canonizers of the model)."""
-    composite = COMPOSITES[variant](canonizers=canonizers_for(model))
+    composite = COMPOSITES[variant]()
     with composite.context(layer) as modified:
         leaves = {name: tensor.clone().requires_grad_() for name, tensor in inputs.items()}
         output = modified(**leaves, **kwargs)

@@ -1,8 +1,8 @@
 """Vision transformer families (timm VisionTransformer / DeiT, Hugging Face ViT) on tiny random models.
 
-1. The model check accepts them and refuses variants that are not covered.
-2. Each canonizer (and the whole composite) restores the model exactly: modules, parameters, buffers, hooks,
-   timm's ``fused_attn`` flags, outputs; also when the block raises.
+1. Variants the former family table refused (timm's attention pooling, gated attention) are explained exactly.
+2. The composites restore the model exactly: modules, parameters, buffers, hooks, timm's ``fused_attn`` flags,
+   outputs; also when the block raises.
 3. Conservation with all biases, class/distillation tokens and position embeddings zeroed (float64): CP-LRP with
    the gamma composite gives the logit exactly at the pixels.
 4. timm's fused SDPA path equals its explicit softmax path, and HF's SDPA equals eager.
@@ -28,7 +28,6 @@ from tests.models import (
     tiny_timm_vit,
 )
 from zennit_attn import explain
-from zennit_attn.engine.canonizers import UnsupportedModelError, canonizers_for
 from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPGamma
 from zennit_attn.engine.modules import output_scores
 from zennit_attn.engine.rules import Gamma
@@ -70,22 +69,26 @@ def _assert_same(before, after):
         assert torch.equal(before['state'][key], after['state'][key]), key
 
 
-@pytest.mark.parametrize('kind', VISION_BUILDERS)
-def test_model_check_accepts(kind):
-    canonizers = canonizers_for(VISION_BUILDERS[kind]())
-    assert len(canonizers) == 1  # the operand taps on q/k/v
+def _exact_cplrp_ratio(model, x) -> float:
+    """Pixel relevance over the logit of CP-LRP with exact gamma rules (stabilisers 1e-15) and the plain gradient
+    on the attention projections."""
+    exact = CPLRPGamma(
+        conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None, attention_out=None
+    )
+    explanation = explain(model, x, composite=exact)
+    assert explanation.logit.abs().min() > 1e-6
+    return float(explanation.relevance.sum() / explanation.logit.sum())
 
 
-def test_model_check_refuses_uncovered_variants():
-    with pytest.raises(UnsupportedModelError, match='AttentionPoolLatent'):
-        canonizers_for(tiny_timm_vit(global_pool='map'), general=False)
-    model = tiny_timm_vit()
-    model.blocks[0].attn.gate = torch.nn.Linear(16, 16, dtype=torch.float64)  # gated attention (sigmoid gate)
-    before = _snapshot(model)
-    with pytest.raises(TypeError, match='gated'):
-        with AttnLRPGamma().context(model):
-            pass
-    _assert_same(before, _snapshot(model))
+def test_variants_the_former_table_refused_are_explained():
+    """timm's attention pooling (``global_pool='map'``: a latent query attending to the patches) and gated attention
+    (the attention output times a sigmoid gate), which the former family table refused, are explained at their
+    operations: CP-LRP conserves the logit exactly with the biases, tokens and positions zeroed."""
+    pooled = tiny_timm_vit(global_pool='map', zero_bias=True)
+    assert _exact_cplrp_ratio(pooled, pixels()) == pytest.approx(1.0, abs=1e-8)
+    gated = tiny_timm_vit(zero_bias=True)
+    gated.blocks[0].attn.gate = torch.nn.Linear(16, 16, bias=False, dtype=torch.float64).eval()
+    assert _exact_cplrp_ratio(gated, pixels()) == pytest.approx(1.0, abs=1e-8)
 
 
 @pytest.mark.parametrize('kind', VISION_BUILDERS)
@@ -95,12 +98,6 @@ def test_canonizers_restore_exactly(kind):
     with torch.no_grad():
         reference = output_scores(model(x)).clone()
     before = _snapshot(model)
-    for canonizer in canonizers_for(model):
-        handles = canonizer.apply(model)
-        assert _snapshot(model)['modules'] != before['modules']  # operand taps were added
-        for handle in handles:
-            handle.remove()
-        _assert_same(before, _snapshot(model))
     for composite in (AttnLRPGamma(), CPLRPGamma(attention_in=Gamma(0.1)), AttnLRPEpsilon()):
         with composite.context(model) as modified:
             output_scores(modified(x.clone().requires_grad_()))

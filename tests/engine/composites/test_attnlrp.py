@@ -12,6 +12,7 @@ from tests.models import tiny_model, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
 from zennit_attn.engine.composites.attnlrp import refuse_compiled
+from zennit_attn.engine.errors import CompiledModelError
 
 COMPOSITES = (AttnLRPEpsilon, CPLRPEpsilon, AttnLRPGamma, CPLRPGamma)
 
@@ -62,11 +63,11 @@ def test_refuses_torch_compile_wrapper():
     expected = explain(tiny_model('llama'), ids)
     compiled = torch.compile(tiny_model('llama'), backend='eager')
     for method in ('attnlrp', 'cplrp'):
-        with pytest.raises(TypeError, match=r'LlamaForCausalLM') as info:
+        with pytest.raises(CompiledModelError, match=r'LlamaForCausalLM') as info:
             explain(compiled, ids, method=method)
         message = str(info.value)
         assert 'torch.compile' in message and '_orig_mod' in message, message
-    with pytest.raises(TypeError, match=r'_orig_mod'):
+    with pytest.raises(CompiledModelError, match=r'_orig_mod'):
         conservation(compiled, ids)
     # the advice works: the wrapped model gives exactly the relevance of an uncompiled one
     explanation = explain(compiled._orig_mod, ids)
@@ -79,11 +80,11 @@ def test_refuses_compiled_in_place():
     expected = explain(tiny_model('llama'), ids).relevance
     model = tiny_model('llama')
     model.compile(backend='eager')
-    with pytest.raises(TypeError, match=r'LlamaForCausalLM') as info:
+    with pytest.raises(CompiledModelError, match=r'LlamaForCausalLM') as info:
         explain(model, ids)
     message = str(info.value)
     assert 'in place' in message and 'uncompiled' in message and 'hooks' in message, message
-    with pytest.raises(TypeError, match=r'in place'):
+    with pytest.raises(CompiledModelError, match=r'in place'):
         conservation(model, ids)
     assert _hook_counts(model) == 0
     # the suggested copy.deepcopy drops the in-place compilation and explains correctly
@@ -94,11 +95,11 @@ def test_refuses_compiled_submodule():
     ids = token_ids('llama')
     model = tiny_model('llama')
     model.model.layers[1].compile(backend='eager')
-    with pytest.raises(TypeError, match=r"LlamaForCausalLM.*'model\.layers\.1'.*LlamaDecoderLayer"):
+    with pytest.raises(CompiledModelError, match=r"LlamaForCausalLM.*'model\.layers\.1'.*LlamaDecoderLayer"):
         explain(model, ids)
     wrapped = tiny_model('llama')
     wrapped.model.layers[0] = torch.compile(wrapped.model.layers[0], backend='eager')
-    with pytest.raises(TypeError, match=r"'model\.layers\.0'.*_orig_mod"):
+    with pytest.raises(CompiledModelError, match=r"'model\.layers\.0'.*_orig_mod"):
         explain(wrapped, ids)
 
 
@@ -106,7 +107,7 @@ def test_refuses_compiled_submodule():
 def test_register_refuses_compiled(composite_class):
     model = tiny_model('llama')
     compiled = torch.compile(model, backend='eager')
-    with pytest.raises(TypeError, match='_orig_mod'):
+    with pytest.raises(CompiledModelError, match='_orig_mod'):
         composite_class().register(compiled)
     assert _hook_counts(compiled) == 0
 
@@ -114,12 +115,12 @@ def test_register_refuses_compiled(composite_class):
 def test_refuse_compiled_function():
     model = tiny_model('llama')
     assert refuse_compiled(model) is None
-    with pytest.raises(TypeError, match='_orig_mod'):
+    with pytest.raises(CompiledModelError, match='_orig_mod'):
         refuse_compiled(torch.compile(model, backend='eager'))
     model.model.norm.compile(backend='eager')
-    with pytest.raises(TypeError, match=r"'model\.norm'"):
+    with pytest.raises(CompiledModelError, match=r"'model\.norm'"):
         refuse_compiled(model)
-    with pytest.raises(TypeError, match='in place'):
+    with pytest.raises(CompiledModelError, match='in place'):
         refuse_compiled(model.model.norm)
 
 

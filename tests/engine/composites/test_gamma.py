@@ -20,19 +20,12 @@ from zennit.rules import Gamma as ZennitGamma
 from zennit.rules import ZPlus as ZennitZPlus
 
 from tests.models import CLASSES, pixels, tiny_hf_vit, tiny_llava, tiny_timm_vit
-from tests.naive_rules import close, lrp, stabilize
+from tests.naive_rules import lrp, stabilize
+from tests.numbers import assert_close
 from tests.processors import image, llava_processor
 from zennit_attn import explain
 from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
-from zennit_attn.engine.rules import (
-    AlphaBeta,
-    ConstantOperand,
-    Epsilon,
-    Gamma,
-    RelevanceRule,
-    UniformOperand,
-    ZPlus,
-)
+from zennit_attn.engine.rules import AlphaBeta, ConstantGates, Epsilon, Gamma, RelevanceRule, Uniform, ZPlus
 from zennit_attn.engine.rules.relevance import modified_parameters
 
 STAB = 1e-6
@@ -86,13 +79,13 @@ def test_gamma_linear(linear_case, gamma):
     """R_i = sum_j (z_ij + gamma z_ij^+-) / (z_j + gamma sum_k z_kj^+-) R_j, the sign by z_j's."""
     linear, x, relevance = linear_case
     actual = lrp(linear, Gamma(gamma), x, relevance)
-    close(actual, naive_gamma(linear.weight, linear.bias, x, relevance, gamma))
+    assert_close(actual, naive_gamma(linear.weight, linear.bias, x, relevance, gamma))
     assert actual[0, 0] == 0
 
 
 def test_gamma_zero_is_epsilon(linear_case):
     linear, x, relevance = linear_case
-    close(lrp(linear, Gamma(0.0), x, relevance), lrp(linear, Epsilon(STAB), x, relevance))
+    assert_close(lrp(linear, Gamma(0.0), x, relevance), lrp(linear, Epsilon(STAB), x, relevance))
 
 
 def test_gamma_conserves_without_bias(linear_case):
@@ -104,8 +97,8 @@ def test_gamma_conserves_without_bias(linear_case):
 
 def test_zplus_and_alpha_beta_linear(linear_case):
     linear, x, relevance = linear_case
-    close(lrp(linear, ZPlus(), x, relevance), naive_zplus(linear.weight, linear.bias, x, relevance))
-    close(
+    assert_close(lrp(linear, ZPlus(), x, relevance), naive_zplus(linear.weight, linear.bias, x, relevance))
+    assert_close(
         lrp(linear, AlphaBeta(2.0, 1.0), x, relevance),
         naive_alpha_beta(linear.weight, linear.bias, x, relevance, 2.0, 1.0),
     )
@@ -129,7 +122,7 @@ def test_rules_on_patch_embedding_conv(rule, naive):
     flat_relevance = relevance.flatten(2).transpose(1, 2).reshape(-1, 5)
     expected = naive(conv.weight.reshape(5, 12), conv.bias, patches, flat_relevance)
     expected = torch.nn.functional.fold(expected.reshape(2, 4, 12).transpose(1, 2), (4, 4), 2, stride=2)
-    close(actual, expected)
+    assert_close(actual, expected)
 
 
 def test_rule_adapter_needs_a_zennit_rule():
@@ -186,25 +179,24 @@ def test_layer_types(builder):
         assert kinds['blocks.0.attn.qkv'] == 'attention_in'
         assert kinds['blocks.1.attn.proj'] == 'attention_out'
         assert kinds['blocks.0.mlp.fc1'] == kinds['blocks.0.mlp.fc2'] == kinds['head'] == 'linear'
-        assert kinds['blocks.0.attn.attnlrp_qkv'] == 'softmax'
     else:
         assert kinds['vit.embeddings.patch_embeddings.projection'] == 'conv'
         assert {kinds[f'vit.layers.0.attention.{p}'] for p in ('q_proj', 'k_proj', 'v_proj')} == {'attention_in'}
         assert kinds['vit.layers.0.attention.o_proj'] == 'attention_out'
         assert kinds['vit.layers.0.mlp.fc1'] == kinds['classifier'] == 'linear'
-    assert sorted(set(kinds.values())) == ['attention_in', 'attention_out', 'conv', 'linear', 'softmax']
+    assert sorted(set(kinds.values())) == ['attention_in', 'attention_out', 'conv', 'linear']
 
 
 def test_rules_are_assigned_and_overridable():
     model = tiny_timm_vit()
-    composite = AttnLRPGamma(conv=ZPlus(), linear=None, attention_out=Gamma(0.5), softmax=ConstantOperand())
+    composite = AttnLRPGamma(conv=ZPlus(), linear=None, attention_out=Gamma(0.5), product=ConstantGates())
     with composite.context(model):
         hooks = {type(hook).__name__ for hook in composite.hook_refs}
-    assert {'ZPlus', 'Gamma', 'ConstantOperand', 'Epsilon', 'RelevanceBoundary'} <= hooks
+        assert composite.operation_canonizer.product_rule == ConstantGates()
+    assert {'ZPlus', 'Gamma', 'Epsilon', 'RelevanceBoundary'} <= hooks
     assert composite.rules['linear'] is None
-    assert isinstance(composite.rules['softmax'], ConstantOperand)
-    assert isinstance(AttnLRPGamma().rules['softmax'], UniformOperand)
-    assert isinstance(CPLRPGamma().rules['softmax'], ConstantOperand)
+    assert composite.product == ConstantGates()
+    assert AttnLRPGamma().product == Uniform() and CPLRPGamma().product == ConstantGates()
     assert repr(AttnLRPGamma()).startswith('AttnLRPGamma(conv=Gamma(0.25), linear=Gamma(0.05)')
     x = pixels()
     base = explain(model, x, composite=AttnLRPGamma())
@@ -213,7 +205,7 @@ def test_rules_are_assigned_and_overridable():
         {'linear': Gamma(0.5)},
         {'attention_in': Gamma(0.25)},
         {'attention_out': Gamma(0.25)},
-        {'softmax': ConstantOperand()},
+        {'product': ConstantGates()},
     ):
         other = explain(model, x, target=base.target, composite=AttnLRPGamma(**override))
         assert (other.pixel_relevance - base.pixel_relevance).abs().max() > 1e-4 * base.pixel_relevance.abs().max(), (
@@ -240,23 +232,23 @@ def test_zennit_rules_are_converted():
     assert [(name, id(parameter)) for name, parameter in model.named_parameters()] == parameters
 
 
-def test_gamma_on_fused_qkv_keeps_the_operand_rule():
-    """Gamma(0) on the fused qkv equals epsilon (same stabiliser) only if the 1/4, 1/4, 1/2 operand scaling still
-    applies behind it: the gamma rule's hook must run before the Operand tap's."""
+def test_gamma_on_fused_qkv_keeps_the_product_rule():
+    """Gamma(0) on the fused qkv equals epsilon (same stabiliser) only if the products' shares (1/4, 1/4, 1/2) still
+    apply behind it, for either product rule."""
     model = tiny_timm_vit()
     x = pixels()
-    for softmax in (UniformOperand(), ConstantOperand()):
-        reference = explain(model, x, composite=AttnLRPGamma(attention_in=Epsilon(STAB), softmax=softmax))
+    for product in (Uniform(), ConstantGates()):
+        reference = explain(model, x, composite=AttnLRPGamma(attention_in=Epsilon(STAB), product=product))
         gamma = explain(
-            model, x, target=reference.target, composite=AttnLRPGamma(attention_in=Gamma(0.0), softmax=softmax)
+            model, x, target=reference.target, composite=AttnLRPGamma(attention_in=Gamma(0.0), product=product)
         )
         torch.testing.assert_close(gamma.pixel_relevance, reference.pixel_relevance, rtol=1e-9, atol=1e-12)
 
 
 def _softmax_absorbed(model, x, composite):
     """Run by hand with timm's explicit attention: ``(pixel relevance sum, logit, relevance absorbed by the
-    softmax rule)``; the absorbed part is ``sum R(A) - sum R(q) - sum R(k)``, with ``R(A)`` half of the relevance
-    of ``A V`` (uniform rule) read as ``A * dA`` and ``R(q), R(k)`` read at the raw ``qkv`` output."""
+    softmax rule)``; the absorbed part is ``sum R(A) - sum R(q) - sum R(k)``, with ``R(A)``, half of the relevance
+    of ``A V`` (uniform rule), read as ``A * dA`` and ``R(q), R(k)`` read at the raw ``qkv`` output."""
     for module in model.modules():
         if hasattr(module, 'fused_attn'):
             module.fused_attn = False
@@ -284,7 +276,7 @@ def _softmax_absorbed(model, x, composite):
     finally:
         for handle in handles:
             handle.remove()
-    attention_relevance = sum(0.5 * float((a.detach() * a.grad).sum()) for a in attentions)
+    attention_relevance = sum(float((a.detach() * a.grad).sum()) for a in attentions)
     return float(x.grad.sum()), float(logit.detach().sum()), attention_relevance - sum(query_key)
 
 

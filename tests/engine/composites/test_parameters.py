@@ -67,16 +67,15 @@ def tied_llama():
     return model
 
 
-@pytest.mark.parametrize('general', [None, True], ids=['table', 'general'])
 @pytest.mark.parametrize('raises', [False, True], ids=['returns', 'raises'])
 @pytest.mark.parametrize('composite_class', COMPOSITES, ids=lambda cls: cls.__name__)
-def test_parameters_are_kept(tied_llama, composite_class, raises, general):
+def test_parameters_are_kept(tied_llama, composite_class, raises):
     """Every composite, its rules run (a backward pass inside the context), then the context left normally or by
     an exception: the model holds the same parameter objects with the same flags, the LM head still shares the
     embedding's weight, and the gamma composites did run their relevance rules (on the LM head, among others)."""
     model, ids = tied_llama, token_ids('llama', 6, 2)
     before = parameter_state(model)
-    composite = composite_class(general=general)
+    composite = composite_class()
     with pytest.raises(ZeroDivisionError) if raises else contextlib.nullcontext():
         with composite.context(model):
             hooks = [hook for _, hook in rule_hooks(model)]

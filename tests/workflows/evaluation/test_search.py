@@ -55,18 +55,18 @@ def problem():
 
 def test_finds_the_known_best_composite(problem, tmp_path):
     model, x = problem
-    grid = {'conv': [Negate(), 'None', Scramble()], 'linear': ['Gamma(0.05)'], 'softmax': ['UniformOperand()']}
+    grid = {'conv': [Negate(), 'None', Scramble()], 'linear': ['Gamma(0.05)'], 'product': ['Uniform()']}
     result = composite_search(model, x, grid=grid, objective=faithfulness_objective(steps=8), progress=False)
     scores = {row['conv']: row['score'] for row in result.rows}
     assert [row['conv'] for row in result.rows] == ['None', 'Scramble()', 'Negate()']
     assert scores['None'] > 0
     assert scores['Negate()'] == pytest.approx(-scores['None'], rel=1e-9)
     assert [row['rank'] for row in result.rows] == [1, 2, 3]
-    assert result.best.labels() == {'conv': 'None', 'linear': 'Gamma(0.05)', 'softmax': 'UniformOperand()'}
+    assert result.best.labels() == {'conv': 'None', 'linear': 'Gamma(0.05)', 'product': 'Uniform()'}
 
     # the printed Python builds the best composite, which reproduces the best score
     code = result.best_code()
-    assert 'composite = AttnLRPGamma(conv=None, linear=Gamma(0.05), softmax=UniformOperand())' in code
+    assert 'composite = AttnLRPGamma(conv=None, linear=Gamma(0.05), product=Uniform())' in code
     namespace = {}
     exec(code, namespace)
     composite = namespace['composite']
@@ -79,7 +79,7 @@ def test_finds_the_known_best_composite(problem, tmp_path):
     with csv_path.open() as handle:
         rows = list(csv.DictReader(handle))
     assert [row['conv'] for row in rows] == ['None', 'Scramble()', 'Negate()']
-    assert list(rows[0]) == ['rank', 'conv', 'linear', 'softmax', 'score', 'sem', 'area_morf', 'area_lerf']
+    assert list(rows[0]) == ['rank', 'conv', 'linear', 'product', 'score', 'sem', 'area_morf', 'area_lerf']
     markdown = md_path.read_text()
     assert markdown.startswith('| rank | conv |') and 'composite = AttnLRPGamma(' in markdown
 
@@ -92,18 +92,17 @@ def test_grid_product_and_custom_objective(problem):
     def objective(model, composite, pixels, targets):
         seen.append(composite)
         gamma = composite.rules['linear'].gamma
-        return -abs(gamma - 0.1) - (0.5 if type(composite.rules['softmax']).__name__ == 'ConstantOperand' else 0)
+        return -abs(gamma - 0.1) - (0.5 if type(composite.product).__name__ == 'ConstantGates' else 0)
 
     grid = {
         'linear': [f'Gamma({g})' for g in (0.01, 0.05, 0.1, 0.25)],
-        'softmax': ['UniformOperand()', 'ConstantOperand()'],
+        'product': ['Uniform()', 'ConstantGates()'],
     }
     result = composite_search(model, x, grid=grid, objective=objective, progress=False)
     assert len(seen) == len(result.rows) == 8
-    assert result.best.labels() == {'linear': 'Gamma(0.1)', 'softmax': 'UniformOperand()'}
+    assert result.best.labels() == {'linear': 'Gamma(0.1)', 'product': 'Uniform()'}
     assert (
-        result.rows[-1]['linear'] in ('Gamma(0.25)', 'Gamma(0.01)')
-        and result.rows[-1]['softmax'] == 'ConstantOperand()'
+        result.rows[-1]['linear'] in ('Gamma(0.25)', 'Gamma(0.01)') and result.rows[-1]['product'] == 'ConstantGates()'
     )
     assert isinstance(result.best_composite(CPLRPGamma), CPLRPGamma)
     assert isinstance(result.best_composite().rules['linear'], Gamma)

@@ -3,7 +3,7 @@
 A :py:class:`~torch.overrides.TorchFunctionMode` sees a composite torch function such as
 :py:func:`torch.nn.functional.multi_head_attention_forward` as one call and none of the operations inside it. The
 functions here compute the same result from operations that
-:py:class:`~zennit_attn.engine.canonizers.general.GeneralCanonizer` classifies one by one (linear maps, the attention
+:py:class:`~zennit_attn.engine.canonizers.classifier.Classifier` classifies one by one (linear maps, the attention
 products, the softmax, element-wise non-linearities), so that AttnLRP's rules apply inside them:
 :py:data:`DECOMPOSED` (multi-head attention, GLU, softmin) and :py:data:`STATISTICS` (variances, standard deviations
 and norms, which are normalisers ``g(x)`` where they normalise ``x`` and values elsewhere).
@@ -30,7 +30,23 @@ __all__ = [
     'norm',
     'matrix_norm',
     'linalg_norm',
+    'lerp',
+    'addcdiv',
+    'hypot',
+    'cosine_similarity',
 ]
+
+
+def _refuse_options(arguments: dict) -> None:
+    """Raise NotImplementedError naming the options of ``multi_head_attention_forward`` outside standard softmax
+    attention that ``arguments`` (bound) use."""
+    unsupported = [name for name in ('bias_k', 'bias_v', 'static_k', 'static_v') if arguments[name] is not None]
+    if arguments['add_zero_attn']:
+        unsupported.append('add_zero_attn')
+    if arguments['training'] and arguments['dropout_p'] > 0:
+        unsupported.append('dropout in training mode')
+    if unsupported:
+        raise NotImplementedError(f'multi_head_attention_forward with {", ".join(unsupported)}')
 
 
 def multi_head_attention(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -47,13 +63,7 @@ def multi_head_attention(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | 
     bound = inspect.signature(F.multi_head_attention_forward).bind(*args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
-    unsupported = [name for name in ('bias_k', 'bias_v', 'static_k', 'static_v') if a[name] is not None]
-    if a['add_zero_attn']:
-        unsupported.append('add_zero_attn')
-    if a['training'] and a['dropout_p'] > 0:
-        unsupported.append('dropout in training mode')
-    if unsupported:
-        raise NotImplementedError(f'multi_head_attention_forward with {", ".join(unsupported)}')
+    _refuse_options(a)
     query, key, value = a['query'], a['key'], a['value']
     batched = query.dim() == 3
     if not batched:  # (L, E) -> (L, 1, E)
@@ -218,10 +228,39 @@ def linalg_norm(input: torch.Tensor, ord=None, dim=None, keepdim: bool = False, 
     return norm(input, ord, dim, keepdim, dtype=dtype)
 
 
+def lerp(input: torch.Tensor, end: torch.Tensor, weight) -> torch.Tensor:
+    """:py:func:`torch.lerp`: ``input + weight * (end - input)`` (a product where the weight carries relevance)."""
+    return input + weight * (end - input)
+
+
+def addcdiv(input: torch.Tensor, tensor1: torch.Tensor, tensor2: torch.Tensor, *, value=1) -> torch.Tensor:
+    """:py:func:`torch.addcdiv`: ``input + value * tensor1 / tensor2`` (a division: the divisor is a normaliser)."""
+    return input + value * (tensor1 / tensor2)
+
+
+def hypot(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """:py:func:`torch.hypot`: ``sqrt(input^2 + other^2)`` (a norm of two values)."""
+    return (input.square() + other.square()).sqrt()
+
+
+def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, dim: int = 1, eps: float = 1e-8) -> torch.Tensor:
+    """:py:func:`torch.nn.functional.cosine_similarity`: ``sum(x1 * x2) / max(||x1|| ||x2||, eps)`` along ``dim``
+    (a product of the two, divided by the norms: constants, Prop. 3.4)."""
+    return (x1 * x2).sum(dim) / (x1.norm(dim=dim) * x2.norm(dim=dim)).clamp_min(eps)
+
+
 #: torch functions (by name) -> their decomposition
-DECOMPOSED = {'multi_head_attention_forward': multi_head_attention, 'glu': glu, 'softmin': softmin}
+DECOMPOSED = {
+    'multi_head_attention_forward': multi_head_attention,
+    'glu': glu,
+    'softmin': softmin,
+    'lerp': lerp,
+    'addcdiv': addcdiv,
+    'hypot': hypot,
+    'cosine_similarity': cosine_similarity,
+}
 #: statistics of a tensor (by name) -> their decomposition: the value of a normaliser ``g(x)`` where it is not used
-#: to normalise ``x`` (:py:mod:`~zennit_attn.engine.canonizers.classifier`)
+#: to normalise ``x`` (:py:mod:`~zennit_attn.engine.canonizers.elementwise`)
 STATISTICS = {
     'var': variance,
     'var_mean': variance_mean,

@@ -1,4 +1,4 @@
-"""Reading the autograd graph that :py:mod:`~zennit_attn.engine.canonizers.general` builds while the model runs.
+"""Reading the autograd graph that :py:mod:`~zennit_attn.engine.canonizers.classifier` builds while the model runs.
 
 The general mechanism decides some rules by what a tensor *is*, which the graph tells:
 
@@ -39,7 +39,7 @@ PASS_NODES = re.compile(
 #: Autograd nodes of activation outputs (the identity rule's) and of softmax outputs (softmaxes, sink masses, the
 #: exponential of a log-softmax): the gates, constant factors of CP-LRP.
 ACTIVATION_GATES = re.compile(r'_GateIdentityBackward\d*$')
-SOFTMAX_GATES = re.compile(r'(Softmax|_SoftmaxTaylor|SinkMass|ExpLogSoftmax)Backward\d*$')
+SOFTMAX_GATES = re.compile(r'(Softmax|SinkMass|ExpLogSoftmax)Backward\d*$')
 #: Autograd nodes between a ``logsumexp`` and the sigmoid of a sink mass (constants subtracted, casts, views).
 _LSE_PATH = re.compile(
     r'(Sub|Add|ToCopy|View|Unsqueeze\w*|Squeeze\w*|Expand|Clone|Reshape\w*|Slice|Select|Index|'

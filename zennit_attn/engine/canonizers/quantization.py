@@ -1,6 +1,5 @@
 """Quantized models: which quantized layers explanations pass through, and the refusal of those they cannot (a
-model check like :py:func:`~zennit_attn.engine.canonizers.canonizers_for`, run for every method by
-:py:func:`~zennit_attn.inputs.checks.check_model`).
+model check run for every method by :py:func:`~zennit_attn.inputs.checks.check_model`).
 
 AttnLRP and the gradient methods need a backward pass through every linear layer. A quantized linear layer is
 explained when its forward is the linear map of its dequantized weights and its backward is that map's gradient:
@@ -25,7 +24,7 @@ import functools
 
 import torch
 
-from . import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 __all__ = [
     'EXPLAINED_QUANTIZED',

@@ -1,4 +1,5 @@
-"""What :py:class:`~zennit_attn.engine.canonizers.general.GeneralCanonizer` keeps track of across the operations of one forward.
+"""What :py:class:`~zennit_attn.engine.canonizers.operations.OperationCanonizer` keeps track of across the operations of
+one forward.
 
 - *constants*: non-zero numbers and constant tensors (not additive masks) that the model adds to, or concatenates
   with, tensors that carry relevance: biases written into the model's code (sinusoidal positions computed in the
@@ -18,26 +19,12 @@ import weakref
 
 import torch
 
-_names = str.split
-#: Operations whose outputs pass no relevance (booleans, indices).
-COMPARISONS = frozenset(_names('eq ne lt le gt ge equal isnan isinf isfinite isclose allclose argmax argmin argsort'))
-#: Operations whose output values do not depend on the values of their tensor arguments (only shape, type, device).
-VALUE_FREE = COMPARISONS | frozenset(
-    _names("""
-    zeros_like ones_like empty_like full_like rand_like randn_like randint_like new_zeros new_ones new_empty new_full
-    new_tensor
-""")
-)
-#: Operations whose output values depend only on their first argument (``x.type_as(y)``, ``x.view_as(y)``, ...).
-SELF_VALUED = frozenset(_names('type_as view_as reshape_as expand_as to'))
-#: Operations through which a logit bias stays one: views, selections, masking, casts, and adding it to the logits.
-BIAS_PASS = frozenset(
-    _names("""
-    add sub view view_as reshape reshape_as expand expand_as broadcast_to transpose swapaxes swapdims permute movedim
-    unsqueeze squeeze flatten unflatten getitem select narrow index_select gather masked_fill where contiguous clone to
-    type type_as float double half bfloat16 repeat repeat_interleave tile flip topk sort cat concat stack dropout
-""")
-)
+from .registry import OPERATIONS, keeps
+
+
+def _shape(name: str) -> str | None:
+    entry = OPERATIONS.get(name)
+    return None if entry is None else entry.shape
 
 
 def tensors_of(value, found: list) -> list:
@@ -94,18 +81,23 @@ class ConstantTensor(float):
 
 
 class Tracking:
-    """The bookkeeping of :py:class:`~zennit_attn.engine.canonizers.general.GeneralCanonizer` (see the module's description);
-    the canonizer provides ``path`` (the module path being run), ``constants`` and ``refuse``."""
+    """The bookkeeping of :py:class:`~zennit_attn.engine.canonizers.operations.OperationCanonizer` (see the module's
+    description); the canonizer provides ``module_path()`` (the modules being run), ``constants`` and ``refuse``."""
 
-    path: list
     constants: list
+
+    def here(self) -> str:
+        """The name of the innermost module of the model being run ('' for the model itself)."""
+        path = self.module_path()
+        return path[-1][0] if path else ''
 
     def start_tracking(self) -> None:
         """Forget the tensors of a previous forward (at the start of the model's forward)."""
         #: whether gradients were enabled when the model's forward began
         self.gradients = torch.is_grad_enabled()
         #: cut-off tensors and logit biases, each with the module path where it arose; normalisers ``g(x)`` (Prop. 3.4)
-        #: with the operation that computed them (:py:meth:`~zennit_attn.engine.canonizers.classifier.Classifier.normaliser_use`)
+        #: with the operation that computed them
+        #: (:py:meth:`~zennit_attn.engine.canonizers.elementwise.Elementwise.normaliser_use`)
         self.cut, self.biases, self.normalisers = TensorMarks(), TensorMarks(), TensorMarks()
         #: autograd nodes of contractions of relevance-carrying tensors without a softmax (``k^T v``: see
         #: :py:meth:`~zennit_attn.engine.canonizers.classifier.Classifier.refuse_linear_attention`)
@@ -114,7 +106,6 @@ class Tracking:
     def note_constant(self, name: str, args, kwargs) -> None:
         """Record a non-zero number, or a constant tensor that is not an additive mask (entries 0 or <= -1e4), added to,
         subtracted from or concatenated with tensors that carry relevance."""
-        where = self.path[-1][0] if self.path else ''
         values = (
             list(args[:2]) + [kwargs.get('other')]
             if name in {'add', 'sub'}
@@ -124,7 +115,7 @@ class Tracking:
             value for value in values if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0
         ]
         if numbers:
-            self.constants.append((where, numbers[0]))
+            self.constants.append((self.here(), numbers[0]))
             return
         for tensor in values if not self.constants else ():  # a tensor's check reads its values: the first only
             if (
@@ -136,18 +127,18 @@ class Tracking:
                 data = tensor.detach()
                 bias = data.masked_fill((data == 0) | (data <= -1e4), 0).abs()
                 if bool(bias.any()):
-                    self.constants.append((where, ConstantTensor(float(bias.max()), tensor.shape)))
+                    self.constants.append((self.here(), ConstantTensor(float(bias.max()), tensor.shape)))
                     return
 
     def cut_off(self, name: str, args, output, tensors: list[torch.Tensor]):
         """Mark the floating-point outputs of an operation run without gradients (``torch.no_grad()`` inside the
         model's forward) whose values depend on relevance-carrying tensors: the relevance through them is cut off."""
-        if not self.gradients or name in VALUE_FREE:
+        if not self.gradients or _shape(name) == 'constant':  # values, or booleans and indices, of no relevance
             return output
-        sources = args[:1] if name in SELF_VALUED else tensors
+        sources = args[:1] if _shape(name) == 'view' else tensors  # ``x.view_as(y)``: the values of ``x``
         origin = next(
             (
-                self.cut.get(tensor) or (self.path[-1][0] if self.path else '')
+                self.cut.get(tensor) or self.here()
                 for tensor in sources
                 if isinstance(tensor, torch.Tensor)
                 and tensor.is_floating_point()
@@ -167,7 +158,7 @@ class Tracking:
         is a constant by Prop. 3.4); True for an operation on cut-off tensors alone (its output is cut off too)."""
         # the outputs of autograd functions (computed without gradients inside ``apply``) carry relevance afterwards
         cut = [tensor for tensor in tensors if not tensor.requires_grad and tensor in self.cut]
-        if not cut or name in COMPARISONS:
+        if not cut or _shape(name) == 'constant':  # comparisons, indices: no relevance flows through them
             return False
         if not carrying:
             return True
@@ -185,7 +176,7 @@ class Tracking:
 
     def mark_bias(self, output: torch.Tensor, origin=None) -> torch.Tensor:
         """Mark ``output`` as (part of) an additive bias of attention logits that must end in a softmax."""
-        self.biases[output] = tuple(self.path) if origin is None else origin
+        self.biases[output] = tuple(self.module_path()) if origin is None else origin
         return output
 
     def bias_use(self, name: str, func, args, kwargs, carrying):
@@ -195,7 +186,7 @@ class Tracking:
         origin = next(self.biases[tensor] for tensor in carrying if tensor in self.biases)
         if name in {'softmax', '_softmax', 'scaled_dot_product_attention'}:
             return None
-        if name not in BIAS_PASS:
+        if not keeps('bias', name):
             self.refuse_bias(f'exp (used by {name})', origin)
         output = func(*args, **kwargs)
         for tensor in tensors_of(output if isinstance(output, (list, tuple)) else [output], []):

@@ -1,37 +1,30 @@
-"""The AttnLRP composites for language models (epsilon rule on linear layers)."""
+"""The AttnLRP composites for language models (epsilon rule on linear layers), and their base class.
+
+A composite decides every rule: the zennit rules of modules (:py:meth:`AttnLRPComposite.mapping`: activations,
+normalisations, linear layers) and the rules the engine applies at the operations a model performs
+(:py:class:`~zennit_attn.engine.canonizers.OperationCanonizer`): the product rule of every product
+(:py:attr:`AttnLRPComposite.product_rule`) and the activation rule of element-wise functions computed inline
+(:py:attr:`AttnLRPComposite.activation_rule`). A subclass, or a composite constructed with other rules, changes the
+explanation of every model.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from zennit.core import Composite, Hook
 
-from ..canonizers import GeneralCanonizer, canonizers_for
+from ..canonizers import OperationCanonizer
+from ..errors import CompiledModelError
 from ..kinds import LINEARS, is_activation, norm_kind
-from ..modules import MatMul, Operand, Product
-from ..rules import (
-    BilinearEpsilon,
-    ConstantFactors,
-    ConstantOperand,
-    Epsilon,
-    Identity,
-    NormIdentity,
-    RelevanceBoundary,
-    Softmax,
-    UniformOperand,
-    UniformProduct,
-)
+from ..rules import ConstantGates, Epsilon, Identity, NormIdentity, ProductRule, RelevanceBoundary, Uniform
 
 #: Attribute that marks every module of a model while a zennit-attn composite is registered to it (a weak reference
 #: to the composite); see :py:meth:`AttnLRPComposite.register`.
 REGISTERED_ATTRIBUTE = '_zennit_attn_composite'
-
-
-class CompiledModelError(TypeError):
-    """A model, or one of its submodules, is compiled with ``torch.compile``, which bypasses the hooks of the LRP
-    rules; raised by :py:func:`refuse_compiled`."""
 
 
 def _is_compile_wrapper(module: torch.nn.Module) -> bool:
@@ -73,7 +66,7 @@ def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
     Raises
     ------
     CompiledModelError
-        A :py:class:`TypeError`, if ``model`` or one of its submodules is compiled. The message names the model's
+        If ``model`` or one of its submodules is compiled. The message names the model's
         class, the compiled submodule (if not the root) and what to explain instead.
 
     Examples
@@ -107,12 +100,16 @@ def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
 
 
 class AttnLRPComposite(Composite):
-    """Base of the AttnLRP composites: maps module types to rules and picks canonizers for the model.
+    """Base of the AttnLRP composites: the rules of modules and of operations, applied to any model.
 
     The root module gets a :py:class:`~zennit_attn.engine.rules.RelevanceBoundary`, so that, as with any zennit
     composite, relevance given at the output (``grad_outputs``) comes out as relevance at the floating-point
     inputs. Use as ``with composite.context(model) as modified: ...``; everything is undone on exit, also when
     the block raises.
+
+    Registering applies the engine (:py:class:`~zennit_attn.engine.canonizers.OperationCanonizer`) with the
+    composite's :py:attr:`product_rule` and :py:attr:`activation_rule` (after the ``canonizers`` given), and maps the
+    module rules (:py:meth:`mapping`).
 
     A composite holds one model at a time, and a model takes one zennit-attn composite at a time:
     :py:meth:`register` refuses a second registration (``RuntimeError``) instead of silently moving the rules
@@ -122,55 +119,77 @@ class AttnLRPComposite(Composite):
     Parameters
     ----------
     epsilon: float
-        Stabiliser of the epsilon rule (Eq. 8) on linear layers and of the matmul rule (Prop. 3.3) on
-        :py:class:`~zennit_attn.engine.modules.MatMul` modules. 0 (default) is the exact limit, which needs no
+        Stabiliser of the epsilon rule (Eq. 8) on linear layers. 0 (default) is the exact limit, which needs no
         stabiliser in the gradient formulation and registers nothing on linear layers.
     canonizers: sequence of zennit.canonizers.Canonizer, optional
-        Canonizers to apply. By default :py:func:`~zennit_attn.engine.canonizers.canonizers_for` chooses them for the
-        model at registration: the family table's where it covers the model, else the general mechanism
-        (:py:class:`~zennit_attn.engine.canonizers.general.GeneralCanonizer`).
-    general: bool, optional
-        Passed to :py:func:`~zennit_attn.engine.canonizers.canonizers_for`: True forces the general mechanism, False the
-        family table (refusing models it does not cover).
+        Further canonizers, applied before the engine (e.g. zennit's own).
+    product_rule: ProductRule, optional
+        How products share their relevance (:py:mod:`zennit_attn.engine.rules.products`); default the class's
+        :py:attr:`product_rule`.
     """
 
-    #: see the parameter ``general``
-    general: bool | None = None
-    #: rule for the operands of inline products
-    operand_rule: type = UniformOperand
+    #: the product rule of the engine (:py:mod:`zennit_attn.engine.rules.products`): AttnLRP's uniform rule
+    product_rule: ProductRule = Uniform()
+    #: the rule of activation modules, and of the element-wise functions a model computes inline (the engine calls its
+    #: ``elementwise(input, output, gate)``); None: the plain gradient
+    activation_rule: type | None = Identity
     #: the root module this composite is registered to; None while it is not registered
     registered_module: torch.nn.Module | None = None
+    #: the engine of the last registration (see :py:meth:`register`), None before the first
+    operation_canonizer: OperationCanonizer | None = None
 
-    def __init__(self, epsilon: float = 0.0, canonizers: Sequence | None = None, general: bool | None = None):
+    def __init__(
+        self, epsilon: float = 0.0, canonizers: Sequence | None = None, product_rule: ProductRule | None = None
+    ):
         if epsilon < 0:
             raise ValueError(f'epsilon must be >= 0, got {epsilon}')
+        if product_rule is not None and not isinstance(product_rule, ProductRule):
+            raise TypeError(f'product_rule must be a ProductRule (Uniform(), ConstantGates()), got {product_rule!r}')
         self.epsilon = epsilon
-        self.general = general
-        self.fixed_canonizers = None if canonizers is None else list(canonizers)
-        super().__init__(module_map=self.mapping, canonizers=self.fixed_canonizers)
+        if product_rule is not None:
+            self.product_rule = product_rule
+        self.extra_canonizers = [] if canonizers is None else list(canonizers)
+        super().__init__(module_map=self.mapping, canonizers=self.extra_canonizers)
 
     def register(self, module: torch.nn.Module) -> None:
-        """Apply the canonizers and register the rules to ``module`` and its submodules.
+        """Apply the canonizers and the engine and register the rules to ``module`` and its submodules.
 
-        Raises :py:class:`CompiledModelError` (a ``TypeError``) for a compiled model, and ``RuntimeError`` while
-        this composite is registered (to any model), or while another zennit-attn composite is registered to
+        Raises :py:class:`~zennit_attn.engine.errors.CompiledModelError` for a compiled model, and ``RuntimeError``
+        while this composite is registered (to any model), or while another zennit-attn composite is registered to
         ``module``, one of its submodules or a module containing it; a refused registration changes nothing.
         """
         refuse_compiled(module)
         self.refuse_registered(module)
         self.remove()
-        if self.fixed_canonizers is None:
-            self.canonizers = canonizers_for(
-                module, constant_gates=self.operand_rule.scales['gate'] == 0, general=self.general
-            )
-        else:
-            self.canonizers = self.fixed_canonizers
+        #: the engine applied at the last registration (its ``constants``: the constants the model added to
+        #: relevance, noted while it ran)
+        self.operation_canonizer = self.engine(module)
+        self.canonizers = [*self.extra_canonizers, self.operation_canonizer]
         try:
             super().register(module)  # starts with self.remove(): mark afterwards
             self._mark(module)
         except BaseException:
             self.remove()
             raise
+
+    def engine(self, module: torch.nn.Module) -> OperationCanonizer:
+        """The engine with this composite's rules for ``module`` (subclasses add scopes)."""
+        activation = None if self.activation_rule is None else self.activation_rule()
+        return OperationCanonizer(self.product_rule, activation)
+
+    @contextlib.contextmanager
+    def inactive(self) -> Iterator[AttnLRPComposite]:
+        """zennit's context that switches the gradient modification off (to differentiate the modified gradient),
+        here also the engine: inside it the registered model computes its plain gradient."""
+        engines = [handle for handle in self.handles if isinstance(handle, OperationCanonizer)]
+        with super().inactive():
+            for engine in engines:
+                engine.active = False
+            try:
+                yield self
+            finally:
+                for engine in engines:
+                    engine.active = True
 
     def remove(self) -> None:
         """Remove the hooks, revert the canonizers and the registration marks (a no-op while not registered)."""
@@ -232,38 +251,21 @@ class AttnLRPComposite(Composite):
                 child.__dict__[REGISTERED_ATTRIBUTE] = previous
 
     def mapping(self, ctx: dict, name: str, module: torch.nn.Module) -> Hook | None:
-        """Return the rule for ``module`` (``name`` is its path; '' is the root)."""
+        """Return the rule for ``module`` (``name`` is its path; '' is the root): the relevance boundary at the root,
+        the activation rule on activations, :py:class:`~zennit_attn.engine.rules.NormIdentity` on LayerNorm and
+        RMSNorm modules (Prop. 3.4), :py:class:`~zennit_attn.engine.rules.Epsilon` on linear layers for an epsilon
+        above 0. Modules only named like a normalisation (a channels-first LayerNorm, MobileBERT's element-wise
+        ``NoNorm``) get no rule of their own: the engine classifies the operations inside them, whatever dimension
+        they normalise (a normaliser ``g(x)`` is a constant, Prop. 3.4)."""
         if name == '':
             return RelevanceBoundary()
-        if isinstance(module, Operand):
-            return self.operand_rule()
-        if isinstance(module, Product):
-            return self.product_rule()
-        if isinstance(module, MatMul):
-            return self.matmul_rule()
         if is_activation(module):
-            return Identity()
-        kind = norm_kind(module)
-        if kind is not None and not (kind == 'probe' and self.sees_inside()):
+            return None if self.activation_rule is None else self.activation_rule()
+        if norm_kind(module) in ('layer', 'rms'):
             return NormIdentity()
-        if isinstance(module, torch.nn.Softmax):
-            return Softmax()
         if isinstance(module, LINEARS) and self.epsilon:  # epsilon 0 is the plain gradient: nothing to register
             return Epsilon(self.epsilon)
         return None
-
-    def sees_inside(self) -> bool:
-        """Whether the general mechanism classifies the operations of the registered model: then a module that is
-        only named like a normalisation (``norm_kind`` ``'probe'``: a channels-first LayerNorm, MobileBERT's
-        element-wise affine ``NoNorm``) needs no rule of its own, the operations inside it get theirs (a normaliser
-        ``g(x)`` is a constant, Prop. 3.4), whatever dimension it normalises."""
-        return any(isinstance(canonizer, GeneralCanonizer) for canonizer in self.canonizers or ())
-
-    def product_rule(self) -> Hook:
-        return UniformProduct()
-
-    def matmul_rule(self) -> Hook:
-        return BilinearEpsilon(self.epsilon)
 
 
 def _registered_composite(module: torch.nn.Module) -> AttnLRPComposite | None:
@@ -279,21 +281,13 @@ def _registered_composite(module: torch.nn.Module) -> AttnLRPComposite | None:
 
 class AttnLRPEpsilon(AttnLRPComposite):
     """AttnLRP for language models (Sec. 3): epsilon rule on linear layers, identity rule on activations and
-    normalisations, softmax rule (Prop. 3.1) and uniform/bilinear rules (Props. 3.2, 3.3) in attention and
-    gated MLPs."""
+    normalisations, softmax rule (Prop. 3.1) and the uniform rule (Props. 3.2, 3.3) on every product, in attention,
+    gated MLPs and mixtures of experts alike."""
 
 
 class CPLRPEpsilon(AttnLRPComposite):
     """CP-LRP baseline (Ali et al. 2022), as in the paper's comparisons: the attention probabilities and the
-    non-linear gate of gated MLPs are constants (no relevance through the softmax or the gate); everything
-    else as in :py:class:`AttnLRPEpsilon`. For :py:class:`~zennit_attn.engine.modules.Product` and
-    :py:class:`~zennit_attn.engine.modules.MatMul` modules the first factor is the constant one (gate, attention
-    matrix)."""
+    non-linear gates of gated MLPs (also routing weights) are constants where they enter a product
+    (:py:class:`~zennit_attn.engine.rules.ConstantGates`); everything else as in :py:class:`AttnLRPEpsilon`."""
 
-    operand_rule = ConstantOperand
-
-    def product_rule(self) -> Hook:
-        return ConstantFactors((0,))
-
-    def matmul_rule(self) -> Hook:
-        return ConstantFactors((0,))
+    product_rule = ConstantGates()

@@ -24,12 +24,12 @@ from collections.abc import Mapping, Sequence
 import torch
 from zennit.core import BasicHook, Hook
 
+from ..canonizers import OperationCanonizer
 from ..canonizers.blocks import VISION_TOWER_NAMES, attention_linears, vision_towers
 from ..canonizers.quantization import UnsupportedQuantizationError, quantization_of
 from ..kinds import CONVOLUTIONS, LINEARS
-from ..modules import Operand
-from ..rules import ConstantOperand, Epsilon, Gamma, RelevanceRule, UniformOperand
-from .attnlrp import AttnLRPComposite, CPLRPEpsilon
+from ..rules import ConstantGates, Epsilon, Gamma, ProductRule, RelevanceRule
+from .attnlrp import AttnLRPComposite
 
 
 def attention_projections(
@@ -74,7 +74,8 @@ class AttnLRPGamma(AttnLRPComposite):
     Each layer type's rule is a constructor argument; pass a rule instance (it is copied for every module) or
     None for no rule (the plain gradient, i.e. the epsilon rule with epsilon -> 0). A zennit relevance rule (a
     ``zennit.core.BasicHook`` such as ``zennit.rules.Gamma``, which passes relevance where these rules pass a modified
-    gradient) is wrapped in :py:class:`~zennit_attn.engine.rules.RelevanceRule`, which converts at the module's boundary.
+    gradient) is wrapped in :py:class:`~zennit_attn.engine.rules.RelevanceRule`, which converts at the module's
+    boundary.
 
     Parameters
     ----------
@@ -86,24 +87,23 @@ class AttnLRPGamma(AttnLRPComposite):
         The query, key and value projections (timm's fused ``qkv``); default ``Epsilon(1e-6)``.
     attention_out: Hook or None
         The attention output projection (timm's ``proj``, Hugging Face's ``o_proj``); default ``Epsilon(1e-6)``.
-    softmax: Hook or None
-        Rule of the query/key/value operand taps, which decides how relevance passes the softmax: default
-        :py:class:`~zennit_attn.engine.rules.UniformOperand` (AttnLRP, Prop. 3.1-3.3);
-        :py:class:`~zennit_attn.engine.rules.ConstantOperand` is CP-LRP (no relevance through the softmax).
+    product: ProductRule or None
+        The product rule (how relevance passes the products of attention and so the softmax): default the class's,
+        :py:class:`~zennit_attn.engine.rules.Uniform` (AttnLRP, Prop. 3.1-3.3);
+        :py:class:`~zennit_attn.engine.rules.ConstantGates` is CP-LRP (no relevance through the softmax).
     attention_outputs: mapping, optional
-        ``attention class name -> output projection child``, replacing
-        :py:data:`~zennit_attn.engine.canonizers.families.ATTENTION_OUTPUTS`.
+        ``attention class name -> output projection child``, for attention modules whose output projection the module
+        tree does not tell (:py:func:`attention_projections`).
     epsilon: float
-        Stabiliser of the matmul rule on explicit :py:class:`~zennit_attn.engine.modules.MatMul` modules.
+        Stabiliser of the epsilon rule on the linear layers outside ``within``.
     canonizers: sequence, optional
-        As for :py:class:`~zennit_attn.engine.composites.AttnLRPComposite`.
-    general: bool, optional
         As for :py:class:`~zennit_attn.engine.composites.AttnLRPComposite`.
     within: str or sequence of str, optional
         Where the rules above apply: None (default) the whole model; ``'vision'`` the vision towers of a
-        vision-language or image-text model (:py:func:`~zennit_attn.engine.canonizers.blocks.vision_towers`), so that the
-        language model keeps :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`'s rules; or module names (e.g.
-        ``'model.vision_tower'``). Modules outside get the epsilon composite's rules.
+        vision-language or image-text model (:py:func:`~zennit_attn.engine.canonizers.blocks.vision_towers`), so that
+        the language model keeps :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`'s rules; or module names
+        (e.g. ``'model.vision_tower'``). Modules outside get the epsilon composite's rules and the class's product
+        rule.
 
     Raises
     ------
@@ -111,27 +111,27 @@ class AttnLRPGamma(AttnLRPComposite):
         At registration, if ``within`` names a module the model does not have, or ``'vision'`` finds no vision tower.
     """
 
-    operand_rule = UniformOperand
-
     def __init__(
         self,
         conv: Hook | None = Gamma(0.25),
         linear: Hook | None = Gamma(0.05),
         attention_in: Hook | None = Epsilon(1e-6),
         attention_out: Hook | None = Epsilon(1e-6),
-        softmax: Hook | None = None,
+        product: ProductRule | None = None,
         attention_outputs: Mapping[str, str] | None = None,
         epsilon: float = 0.0,
         canonizers: Sequence | None = None,
-        general: bool | None = None,
         within: str | Sequence[str] | None = None,
     ):
+        if product is not None and not isinstance(product, ProductRule):
+            raise TypeError(f'product= needs a ProductRule (Uniform(), ConstantGates()) or None, got {product!r}')
+        #: the product rule inside ``within`` (everywhere for None)
+        self.product = type(self).product_rule if product is None else product
         self.rules = {
             'conv': conv,
             'linear': linear,
             'attention_in': attention_in,
             'attention_out': attention_out,
-            'softmax': self.operand_rule() if softmax is None else softmax,
         }
         self.rules = {
             kind: RelevanceRule(rule) if isinstance(rule, BasicHook) else rule for kind, rule in self.rules.items()
@@ -149,16 +149,26 @@ class AttnLRPGamma(AttnLRPComposite):
         self._attention_in: set[int] = set()
         self._attention_out: set[int] = set()
         self._scope: set[int] | None = None
-        super().__init__(epsilon=epsilon, canonizers=canonizers, general=general)
+        self._roots: list[torch.nn.Module] = []
+        super().__init__(epsilon=epsilon, canonizers=canonizers)
 
     def register(self, module: torch.nn.Module) -> None:
         self.refuse_registered(module)
         self._attention_in, self._attention_out = attention_projections(module, self.attention_outputs)
-        self._scope = None if self.within is None else self._modules_within(module)
+        self._roots = [] if self.within is None else self._roots_within(module)
+        self._scope = None if self.within is None else {id(inner) for root in self._roots for inner in root.modules()}
         super().register(module)
 
-    def _modules_within(self, model: torch.nn.Module) -> set[int]:
-        """Ids of the modules in the scope ``within``."""
+    def engine(self, module: torch.nn.Module) -> OperationCanonizer:
+        """The engine with :py:attr:`product` as the product rule: of the whole model, or inside ``within`` (the
+        class's product rule outside)."""
+        activation = None if self.activation_rule is None else self.activation_rule()
+        if self.within is None:
+            return OperationCanonizer(self.product, activation)
+        return OperationCanonizer(self.product_rule, activation, scopes=[(root, self.product) for root in self._roots])
+
+    def _roots_within(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The modules that ``within`` names."""
         names = (
             vision_towers(model)
             if self.within == 'vision'
@@ -175,14 +185,12 @@ class AttnLRPGamma(AttnLRPComposite):
         missing = [name for name in names if name not in modules]
         if missing:
             raise ValueError(f'within= names modules that {type(model).__name__} does not have: {missing}')
-        return {id(inner) for name in names for inner in modules[name].modules()}
+        return [modules[name] for name in names]
 
     def layer_type(self, module: torch.nn.Module) -> str | None:
-        """``'conv'``, ``'linear'``, ``'attention_in'``, ``'attention_out'``, ``'softmax'`` or None (other)."""
+        """``'conv'``, ``'linear'``, ``'attention_in'``, ``'attention_out'`` or None (other)."""
         if self._scope is not None and id(module) not in self._scope:
             return None
-        if isinstance(module, Operand):
-            return 'softmax'
         if isinstance(module, CONVOLUTIONS):
             return 'conv'
         if id(module) in self._attention_in:
@@ -208,6 +216,7 @@ class AttnLRPGamma(AttnLRPComposite):
 
     def __repr__(self) -> str:
         arguments = ', '.join(f'{kind}={rule_repr(rule)}' for kind, rule in self.rules.items())
+        arguments += f', product={self.product!r}'
         if self.within is not None:
             arguments += f', within={self.within!r}'
         return f'{type(self).__name__}({arguments})'
@@ -234,13 +243,7 @@ def rule_repr(rule: Hook | None) -> str:
 
 class CPLRPGamma(AttnLRPGamma):
     """gamma-CP-LRP (appendix A.2.3, B): :py:class:`AttnLRPGamma` with the attention probabilities (and gates of
-    gated MLPs) constant, as in CP-LRP (Ali et al. 2022). Same defaults and arguments; ``softmax`` defaults to
-    :py:class:`~zennit_attn.engine.rules.ConstantOperand`."""
+    gated MLPs) constant, as in CP-LRP (Ali et al. 2022). Same defaults and arguments; ``product`` defaults to
+    :py:class:`~zennit_attn.engine.rules.ConstantGates`."""
 
-    operand_rule = ConstantOperand
-
-    def product_rule(self) -> Hook:
-        return CPLRPEpsilon.product_rule(self)
-
-    def matmul_rule(self) -> Hook:
-        return CPLRPEpsilon.matmul_rule(self)
+    product_rule = ConstantGates()

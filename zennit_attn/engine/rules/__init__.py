@@ -16,16 +16,18 @@ operation                     rule                                       class
 linear layer                  epsilon rule, Eq. 8                        :py:class:`Epsilon`
 element-wise non-linearity    identity rule, Eq. 9                       :py:class:`Identity`
 LayerNorm / RMSNorm           identity rule on ``x / g(x)``, Prop. 3.4   :py:class:`NormIdentity`
-softmax                       Taylor decomposition with bias, Prop. 3.1  :py:class:`Softmax`
-product of N factors          uniform rule, Prop. 3.2                    :py:class:`UniformProduct`
-matrix multiplication         epsilon + uniform rule, Prop. 3.3          :py:class:`BilinearEpsilon`
-operands of inline products   Prop. 3.2 / 3.3 at the operand             :py:class:`UniformOperand`
-CP-LRP (Ali et al. 2022)      softmax output and gate constant           :py:class:`ConstantOperand`,
-                                                                         :py:class:`ConstantFactors`
+product of N factors          uniform rule, Prop. 3.2 and 3.3            :py:class:`Uniform`
+CP-LRP (Ali et al. 2022)      softmax outputs and gates constant         :py:class:`ConstantGates`
 linear / convolution in ViTs  gamma, z+, alpha-beta (app. A.2.3)         :py:class:`Gamma`, :py:class:`ZPlus`,
                                                                          :py:class:`AlphaBeta`
 any zennit relevance rule     converted at the module boundary           :py:class:`RelevanceRule`
 ============================  =========================================  =====================================
+
+The rules of modules are zennit hooks that a composite maps to modules; the product rules
+(:py:mod:`~zennit_attn.engine.rules.products`) are not hooks: the engine (:py:mod:`zennit_attn.engine.canonizers`)
+applies a composite's product rule to every product a model computes, and its activation rule (:py:class:`Identity`)
+also to the element-wise functions a model calls inline. The softmax rule (Prop. 3.1) is the plain gradient of the
+softmax in this formulation: the engine leaves it as it is.
 
 :py:class:`RelevanceBoundary`, registered on the root module by the composites, converts at the model's
 boundary so that the outward contract stays zennit's: relevance goes in at the output (``grad_outputs``
@@ -34,18 +36,8 @@ of :py:class:`zennit.attribution.Gradient`) and relevance comes out at the float
 
 from .base import GradientRule, elementwise_identity, gradient_map, layer_norm_identity, scaled_gradient
 from .boundary import OUTPUT_FIELDS, RelevanceBoundary
-from .gradient import (
-    BilinearEpsilon,
-    ConstantFactors,
-    ConstantOperand,
-    Epsilon,
-    Identity,
-    NormIdentity,
-    OperandRule,
-    Softmax,
-    UniformOperand,
-    UniformProduct,
-)
+from .gradient import Epsilon, Identity, NormIdentity
+from .products import ConstantGates, ProductRule, Uniform
 from .relevance import AlphaBeta, Gamma, RelevanceRule, ZPlus
 
 __all__ = [
@@ -57,13 +49,9 @@ __all__ = [
     'Epsilon',
     'Identity',
     'NormIdentity',
-    'Softmax',
-    'OperandRule',
-    'UniformOperand',
-    'ConstantOperand',
-    'UniformProduct',
-    'BilinearEpsilon',
-    'ConstantFactors',
+    'ProductRule',
+    'Uniform',
+    'ConstantGates',
     'RelevanceBoundary',
     'OUTPUT_FIELDS',
     'RelevanceRule',

@@ -9,7 +9,7 @@ import functools
 import torch
 from zennit.core import Hook, RemovableHandle, RemovableHandleList
 
-from ..kinds import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:

@@ -1,23 +1,22 @@
-"""The AttnLRP rules in the gradient convention (see :py:mod:`zennit_attn.engine.rules`): epsilon (Eq. 8), identity
-(Eq. 9), normalisation (Prop. 3.4), softmax (Prop. 3.1), uniform (Prop. 3.2) and bilinear (Prop. 3.3) rules, and
-the CP-LRP baseline's constant factors."""
+"""The AttnLRP rules of modules in the gradient convention (see :py:mod:`zennit_attn.engine.rules`): epsilon (Eq. 8)
+for linear layers, identity (Eq. 9) for activations, identity on ``x / g(x)`` for normalisations (Prop. 3.4). The
+rules of the operations inside models (products, softmaxes) are applied by the engine
+(:py:mod:`zennit_attn.engine.canonizers`) with the composite's product rule
+(:py:mod:`~zennit_attn.engine.rules.products`)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import torch
 from zennit.core import RemovableHandle, RemovableHandleList
 
-from ..kinds import UnsupportedModelError, is_listed_activation, norm_kind
-from ..modules import Operand, forward_parameters
+from ..errors import UnsupportedModelError
+from ..kinds import is_listed_activation, norm_kind
 from .base import (
     GradientRule,
     compute_dtype,
     elementwise_identity,
     gradient_map,
     layer_norm_identity,
-    scaled_gradient,
     tensor_output,
 )
 
@@ -25,25 +24,6 @@ from .base import (
 def _stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
     """``tensor + epsilon * sign(tensor)`` with sign(0) = 1 (the stabiliser of Eq. 5 and Eq. 8)."""
     return tensor + epsilon * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
-
-
-class _SoftmaxTaylor(torch.autograd.Function):
-    """Backward of Prop. 3.1: ``R_in = x (R - s sum(R))`` with ``R = s g``, written as ``g_in = R_in / x``."""
-
-    @staticmethod
-    def forward(ctx, input, output, dim):
-        ctx.save_for_backward(output.detach())
-        ctx.dim = dim
-        return output.detach()
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (output,) = ctx.saved_tensors
-        dtype = compute_dtype(output, grad_output)
-        output, grad = output.to(dtype), grad_output.to(dtype)
-        relevance = output * grad
-        grad_input = relevance - output * relevance.sum(ctx.dim, keepdim=True)
-        return grad_input.to(grad_output.dtype), None, None
 
 
 class Epsilon(GradientRule):
@@ -92,7 +72,7 @@ class Identity(GradientRule):
     The rule needs the module's input after the forward: a module that overwrites it (``torch.nn.SiLU(inplace=True)``)
     runs out of place while the rule is registered (its ``inplace`` flag is set to False and put back by
     :py:meth:`remove`); a module that changes its input in place otherwise is refused
-    (:py:class:`~zennit_attn.engine.kinds.UnsupportedModelError`), never explained from the overwritten values.
+    (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`), never explained from the overwritten values.
     """
 
     confirmed = False
@@ -138,7 +118,14 @@ class Identity(GradientRule):
                     'add a rule for it or report the model.'
                 )
         self.confirmed = True
-        return elementwise_identity(input[0], output, gate=True)
+        return self.elementwise(input[0], output)
+
+    @staticmethod
+    def elementwise(input: torch.Tensor, output: torch.Tensor, gate: bool = True) -> torch.Tensor:
+        """``output``, an element-wise function of ``input``, with the identity rule's gradient (Eq. 9): for the
+        activation modules and, as the composite's activation rule, for the element-wise functions the engine sees
+        (``gate``: the output of a non-linearity, a gate of CP-LRP, not a bound or rounding)."""
+        return elementwise_identity(input, output, gate=gate)
 
     def remove(self) -> None:
         """Put back a module's ``inplace`` flag (see the class description), then remove the hooks."""
@@ -170,7 +157,7 @@ class NormIdentity(GradientRule):
     the input they receive: the output must not change when the input is scaled (a normalisation); if it does not
     change when a constant is added either, the module subtracts the mean (LayerNorm-like: ``y = (x - mean) c w +
     b``, with ``b`` the output for a zero input), otherwise it must be RMSNorm-like (``y / x`` the same profile in
-    every row). A module that fails is refused (:py:class:`~zennit_attn.engine.kinds.UnsupportedModelError`).
+    every row). A module that fails is refused (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`).
     """
 
     def __init__(self):
@@ -273,172 +260,3 @@ class _CenteredRatio(torch.autograd.Function):
         ratio = ((output.to(dtype) - bias.to(dtype)) / centered).nan_to_num_(0.0, 0.0, 0.0)
         scaled = ratio * grad_output.to(dtype)
         return (scaled - scaled.mean(-1, keepdim=True)).to(input.dtype), None, None
-
-
-class Softmax(GradientRule):
-    """Softmax rule (Prop. 3.1): Taylor decomposition at ``x`` with bias, ``R_in = x (R - s sum_j R_j)``.
-
-    For a :py:class:`torch.nn.Softmax` module. The hidden bias absorbs part of the relevance. Inside
-    attention no module exists for the softmax; there the plain softmax gradient between the operand rules
-    is exactly this rule (see :py:class:`UniformOperand`).
-    """
-
-    def forward(self, module, input, output):
-        output = tensor_output(module, output)
-        if not output.requires_grad:
-            return None
-        dim = getattr(module, 'dim', None)
-        if dim is None:
-            raise ValueError(f'{type(module).__name__} has no softmax dimension (attribute "dim")')
-        return _SoftmaxTaylor.apply(input[0], output.detach(), dim)
-
-
-class OperandRule(GradientRule):
-    """Scale the gradient of an :py:class:`~zennit_attn.engine.modules.Operand` by a factor per role.
-
-    A factor of 0 detaches the operand (it is treated as a constant). Subclasses set :py:attr:`scales`.
-    """
-
-    scales: dict[str, float] = {}
-
-    def forward(self, module, input, output):
-        if not isinstance(module, Operand):
-            raise TypeError(
-                f'{type(self).__name__} applies to zennit_attn.engine.modules.Operand, not {type(module).__name__}'
-            )
-        if not output.requires_grad:
-            return None
-        factors = [self.scales[role] for role in module.roles]
-        if len(factors) == 1:
-            (factor,) = factors
-            if factor == 0:
-                return output.detach()
-            if factor == 1:
-                return None
-            scale = factor
-        else:
-            sizes = module.section_sizes(output.shape[-1])
-            scale = torch.cat(
-                [
-                    torch.full((size,), factor, dtype=output.dtype, device=output.device)
-                    for size, factor in zip(sizes, factors)
-                ]
-            )
-        return scaled_gradient(output, scale)
-
-
-class UniformOperand(OperandRule):
-    """AttnLRP at the operands of inline products (Prop. 3.2 and 3.3 with epsilon -> 0).
-
-    - ``value``: enters ``A V``; the uniform rule gives each factor half, so the gradient is halved.
-    - ``query``/``key``: enter ``Q K^T`` (half each) whose softmax (Prop. 3.1, the plain gradient) is the
-      factor ``A`` of ``A V`` (half again): the gradient is multiplied by 1/4.
-    - ``gate``/``up``: the two factors of ``act(gate) * up``: halved. Scaling the gate projection's output
-      equals scaling the activation's output, because the identity rule is linear in the gradient.
-    - ``routed``/``routing``: the output ``sum_k w_k E_k(x)`` of a mixture of experts is halved, which halves
-      the gradient of both factors of every product ``w_k E_k``; the routing weights ``w`` themselves (a
-      softmax over the top-k router logits, Prop. 3.1) keep their gradient.
-    """
-
-    scales = {'query': 0.25, 'key': 0.25, 'value': 0.5, 'gate': 0.5, 'up': 0.5, 'routing': 1.0, 'routed': 0.5}
-
-
-class ConstantOperand(OperandRule):
-    """CP-LRP (Ali et al. 2022) at the operands of inline products.
-
-    The softmax output, the non-linear gate and the routing weights are constants: query, key, gate and
-    routing receive no relevance, and the products become linear in value, up and the experts' outputs,
-    which receive all of it.
-    """
-
-    scales = {'query': 0.0, 'key': 0.0, 'value': 1.0, 'gate': 0.0, 'up': 1.0, 'routing': 0.0, 'routed': 1.0}
-
-
-class UniformProduct(GradientRule):
-    """Uniform rule (Prop. 3.2) for :py:class:`~zennit_attn.engine.modules.Product`: each of N factors gets ``R / N``.
-
-    Each factor's share of ``R = f(x) g`` is ``x_i * (g prod_{k != i} x_k) / N``: the plain gradient over N, which is
-    the plain gradient of the output gradient ``g / N`` (the rule scales the gradient at the output). N counts every
-    factor, also one that does not require a gradient (a constant, or a tensor not explained): its share ``R / N``
-    stays there, and each factor that requires a gradient gets ``R / N`` whatever the others require, so the relevance
-    of a factor does not depend on which inputs are explained.
-    """
-
-    def forward(self, module, input, output):
-        output = tensor_output(module, output)
-        if not output.requires_grad:
-            return None
-        return scaled_gradient(output, 1 / len(input))
-
-
-class BilinearEpsilon(GradientRule):
-    """Epsilon + uniform rule for :py:class:`~zennit_attn.engine.modules.MatMul` ``O = A B`` (Prop. 3.3).
-
-    ``R_A[j, i] = sum_p A_ji B_ip R_jp / (2 O_jp + eps)``, and ``R_B`` by summing over ``j``. In the gradient
-    convention ``g_A = (R / (2 O + eps)) B^T`` and ``g_B = A^T (R / (2 O + eps))`` with ``R = O g``: the plain gradient
-    of the output gradient ``O g / (2 O + eps)`` (``g / 2`` for ``eps = 0``), which the rule puts at the output. Each
-    operand that requires a gradient gets its share, also where the other is a constant (its share stays there). The
-    factor ``O / (2 O + eps)`` is computed in the forward pass (one tensor of the output's shape, float32 for a
-    half-precision output).
-
-    Parameters
-    ----------
-    epsilon: float
-        Stabiliser of the division by ``2 O``; with 0 the rule halves the gradient.
-    """
-
-    def __init__(self, epsilon: float = 1e-6):
-        super().__init__()
-        self.epsilon = epsilon
-
-    def forward(self, module, input, output):
-        output = tensor_output(module, output)
-        if not output.requires_grad:
-            return None
-        if self.epsilon == 0:
-            return scaled_gradient(output, 0.5)
-        dtype = compute_dtype(output)
-        value = output.detach().to(dtype)
-        factor = value / _stabilize(2 * value, self.epsilon)
-        return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
-
-
-class ConstantFactors(GradientRule):
-    """CP-LRP for :py:class:`~zennit_attn.engine.modules.Product` and :py:class:`~zennit_attn.engine.modules.MatMul`.
-
-    The factors at ``indices`` are constants and receive nothing; the operation is then linear in the others,
-    which keep their plain gradient (epsilon rule with epsilon -> 0). The constant factors are detached before the
-    module's forward (positional arguments by index, keyword arguments by the name of the forward's parameter at that
-    index).
-
-    Parameters
-    ----------
-    indices: iterable of int
-        Positions of the constant inputs (e.g. ``(0,)`` for the attention matrix of ``A @ V``).
-    """
-
-    def __init__(self, indices: Iterable[int] = (0,)):
-        super().__init__()
-        self.indices = tuple(indices)
-
-    def register(self, module: torch.nn.Module) -> RemovableHandleList:
-        return RemovableHandleList(
-            [
-                RemovableHandle(self),
-                module.register_forward_pre_hook(self._detach_constants, with_kwargs=True),
-            ]
-        )
-
-    def _detach_constants(self, module, args, kwargs):
-        if not self.active:
-            return None
-        parameters = forward_parameters(module)
-        names = {parameters[index] for index in self.indices if 0 <= index < len(parameters)}
-        args = tuple(_detached(arg) if index in self.indices else arg for index, arg in enumerate(args))
-        kwargs = {key: _detached(value) if key in names else value for key, value in kwargs.items()}
-        return args, kwargs
-
-
-def _detached(value):
-    """``value.detach()`` for a tensor, ``value`` otherwise."""
-    return value.detach() if isinstance(value, torch.Tensor) else value

@@ -47,11 +47,11 @@ class RelevanceRule(GradientRule):
     at ``x == 0`` (flat, w-square, z-box) would lose it there.
 
     The rule applies to modules with one tensor input and output (``torch.nn.Linear``, ``torch.nn.Conv2d``, ...). Its
-    forward hook runs before hooks registered earlier (canonizer taps such as the
-    :py:class:`~zennit_attn.engine.modules.Operand` on a fused ``qkv`` projection), so those still act on the gradient
-    before it reaches the rule. The parameters of the module get no gradient through a hooked module. The modified
-    parameters are computed from the rule's parameter modifiers and passed to the recomputation
-    (:py:meth:`relevance`); the module keeps its own parameter objects, with zennit 0.5.1 and 1.0 alike.
+    forward hook runs before hooks registered earlier (a latent site recorded or steered at the module's output), so
+    those still act on the gradient before it reaches the rule. The parameters of the module get no gradient through
+    a hooked module. The modified parameters are computed from the rule's parameter modifiers and passed to the
+    recomputation (:py:meth:`relevance`); the module keeps its own parameter objects, with zennit 0.5.1 and 1.0
+    alike.
 
     Parameters
     ----------

@@ -5,10 +5,10 @@ of a rule per layer type and rank the composites by an objective, by default the
 
 Layer types are those of :py:class:`~zennit_attn.engine.composites.AttnLRPGamma`: ``conv`` (patch embedding), ``linear``
 (MLP and head), ``attention_in`` (q/k/v projections), ``attention_out`` (attention output projection) and
-``softmax`` (the operand rule: AttnLRP or CP). Each grid entry is a list of options, written as Python
+``product`` (the product rule: AttnLRP or CP). Each grid entry is a list of options, written as Python
 expressions over the rules of :py:mod:`zennit_attn.engine.rules` (``'Gamma(0.25)'``, ``'Epsilon(1e-06)'``,
-``'ZPlus()'``, ``'AlphaBeta(2.0, 1.0)'``, ``'UniformOperand()'``, ``'ConstantOperand()'``, ``'None'``) or as rule
-instances, so that the best composite can be printed as the Python that builds it::
+``'ZPlus()'``, ``'AlphaBeta(2.0, 1.0)'``, ``'Uniform()'``, ``'ConstantGates()'``, ``'None'``) or as rule instances,
+so that the best composite can be printed as the Python that builds it::
 
     result = composite_search(model, val_pixels, grid={'conv': ['Gamma(0.25)', 'ZPlus()'], 'linear': [...]})
     result.write('search')               # search.csv and search.md, ranked
@@ -45,10 +45,10 @@ __all__ = [
 ]
 
 #: Layer types of the search, in table order.
-LAYER_TYPES = ('conv', 'linear', 'attention_in', 'attention_out', 'softmax')
+LAYER_TYPES = ('conv', 'linear', 'attention_in', 'attention_out', 'product')
 
 #: The grid of the paper's search space (appendix B: epsilon, z+, gamma, alpha-beta with alpha 2, beta 1; CP-LRP
-#: or AttnLRP at the softmax). Its product has 7 * 7 * 3 * 3 * 2 = 882 composites: pass a smaller grid for a
+#: or AttnLRP as the product rule). Its product has 7 * 7 * 3 * 3 * 2 = 882 composites: pass a smaller grid for a
 #: quick search.
 DEFAULT_GRID: dict[str, list[str]] = {
     'conv': [
@@ -71,7 +71,7 @@ DEFAULT_GRID: dict[str, list[str]] = {
     ],
     'attention_in': ['Epsilon(1e-06)', 'Gamma(0.05)', 'Gamma(0.25)'],
     'attention_out': ['Epsilon(1e-06)', 'Gamma(0.05)', 'Gamma(0.25)'],
-    'softmax': ['UniformOperand()', 'ConstantOperand()'],
+    'product': ['Uniform()', 'ConstantGates()'],
 }
 
 #: A search space for language models (``benchmarks/composite_search.py --modality text``): epsilon values and gamma

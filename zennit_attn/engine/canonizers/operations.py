@@ -1,0 +1,365 @@
+"""The engine: AttnLRP on any model, applied at the operations the model performs, with the composite's rules.
+
+Every model is explained by :py:class:`OperationCanonizer`, which the composites
+(:py:mod:`zennit_attn.engine.composites`) apply with their rules: while the model's forward runs (and autograd records
+it), the classifying mode (:py:class:`~zennit_attn.engine.canonizers.classifier.Classifier`) sees every torch function
+called on a tensor that carries relevance and applies the rule the operation registry declares for it
+(:py:mod:`~zennit_attn.engine.canonizers.registry`):
+
+- linear, structural and selection operations (add, cat, reshape, index, sum, linear layers on frozen weights, max,
+  top-k, ...): the plain gradient (epsilon rule with epsilon -> 0, Eq. 8), nothing to change;
+- products of several relevance-carrying tensors, of the elements of one or scattered into one, and the two products
+  of ``scaled_dot_product_attention``: the composite's product rule (AttnLRP: the uniform rule, Prop. 3.2 and 3.3;
+  CP-LRP: gates and softmax outputs constant; :py:mod:`~zennit_attn.engine.canonizers.products`); linear attention is
+  refused;
+- softmaxes: their plain gradient, the softmax rule (Prop. 3.1), also where they are written as ``exp`` of a
+  log-softmax or extended by an attention sink (:py:mod:`~zennit_attn.engine.canonizers.softmax`);
+- element-wise non-linearities: the composite's activation rule (the identity rule, Eq. 9); normalisers ``g(x)``
+  constants where they normalise (Prop. 3.4), ``layer_norm``/``rms_norm``/``normalize`` the identity rule on
+  ``x / g(x)`` (:py:mod:`~zennit_attn.engine.canonizers.elementwise`);
+- operations under ``torch.no_grad()`` inside the forward whose results meet relevance again, exponentials outside
+  attention logits, custom autograd functions (kernels), and every operation the registry does not declare: refused,
+  :py:class:`~zennit_attn.engine.errors.UnsupportedModelError` naming the operation, the module and what to do.
+
+Activation, LayerNorm and RMSNorm *modules* get their rules from the composite (the mode leaves their inside alone);
+other modules named like a normalisation are classified inside like any code (a channels-first LayerNorm's variance
+is a normaliser, MobileBERT's ``NoNorm`` is an element-wise affine map). Attention implementations that the mode
+cannot see into (flash attention, flex attention, kernels) run as SDPA for the time of the context (as eager where a
+model has no SDPA path), experts of mixtures of experts that run as kernels as their plain loop (transformers' grouped
+and batched products stay: the mode sees them); the results agree to floating-point rounding. Everything is set on
+the model instance and put back on :py:meth:`OperationCanonizer.remove`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from zennit.canonizers import Canonizer
+
+from ..errors import UnsupportedModelError
+from ..kinds import is_activation, model_configs, norm_kind
+from ..rules.products import ProductRule, Uniform
+from .classifier import Classifier
+from .tracking import Tracking, tensors_of
+
+__all__ = [
+    'OperationCanonizer',
+    'VISIBLE_ATTENTION',
+    'VISIBLE_EXPERTS',
+    'INSTANCE_SETTINGS',
+    'LINEAR_MIXERS',
+    'RECURRENT',
+    'active_classifier',
+]
+
+#: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
+VISIBLE_ATTENTION = ('eager', 'sdpa')
+#: Experts implementations of mixtures of experts whose arithmetic the mode sees: the plain loop, and transformers'
+#: batched and grouped matrix products (``bmm``, ``torch._grouped_mm`` or transformers' ``grouped_mm_fallback``: per
+#: expert, a product of the tokens with the frozen expert weights); the others (kernels) run as the loop.
+VISIBLE_EXPERTS = ('eager', 'batched_mm', 'grouped_mm')
+
+#: The engine's exceptions: per model class, an attribute of its instances set for the context, from a function of the
+#: instance. HRM-Text runs all but the last ``L_bp_cycles`` of its inner cycles under ``no_grad`` (to save training
+#: memory), which would cut relevance off: every cycle is computed with gradients instead.
+INSTANCE_SETTINGS: dict[str, tuple[str, Callable]] = {
+    'transformers.models.hrm_text.modeling_hrm_text.HrmTextModel': (
+        'L_bp_cycles_padded',
+        lambda module: [module.config.L_cycles] * module.config.H_cycles,
+    ),
+}
+
+#: Packages whose autograd functions are trusted (their outputs are the ones the rules produce or plain torch).
+_TRUSTED_FUNCTIONS = ('torch.', 'zennit.', 'zennit_attn.', 'bitsandbytes.')
+
+#: Class names of sequence mixers whose products of relevance-carrying tensors are not softmax attention: state-space
+#: models, linear attention, recurrences (their products are refused until their rules are defined).
+LINEAR_MIXERS = re.compile(
+    r'Mamba|SSM|Ssm|Delta|ForgetGate|LinearAttention|Linear_?Attn|Rwkv|RWKV|Retention|Hyena|'
+    r'Xlstm|xLSTM|LSTM|GRU|Lightning|Recurrent|Mixer'
+)
+#: Class names of sequence mixers that are not softmax attention (named in refusals): also gated short convolutions
+#: (LFM's, whose products of projections are explained by the uniform rule, Prop. 3.2).
+RECURRENT = re.compile(LINEAR_MIXERS.pattern + r'|ShortConv|Lfm2Short')
+
+#: The classifying mode of the forward being run (in this thread and task), for the recomputation of checkpointed
+#: blocks in the backward pass (:py:mod:`zennit_attn.engine.checkpointing`), which must be classified as the forward.
+_ACTIVE: contextvars.ContextVar[Classifier | None] = contextvars.ContextVar('zennit_attn_classifier', default=None)
+
+
+def active_classifier() -> Classifier | None:
+    """The classifying mode of the forward pass being run, or None outside one."""
+    return _ACTIVE.get()
+
+
+class OperationCanonizer(Tracking, Canonizer):
+    """Explain a model at the operations it performs, with a composite's rules (see the module's description).
+
+    Applying it to a model (the composites do) freezes the model's parameters, sets attention implementations the mode
+    cannot see into to SDPA (eager without SDPA), experts implementations it cannot see into
+    (:py:data:`VISIBLE_EXPERTS`) to their plain loop, the attributes of :py:data:`INSTANCE_SETTINGS`, registers forward
+    hooks on the model (to enter the classifying mode for the time of its forward), on its activation and
+    normalisation modules (whose inside is left to their module rules), on modules named like sequence mixers and on
+    the roots of ``scopes``; :py:meth:`remove` puts everything back.
+
+    Parameters
+    ----------
+    product_rule: ProductRule
+        How products share their relevance (:py:mod:`zennit_attn.engine.rules.products`): ``Uniform()`` for AttnLRP,
+        ``ConstantGates()`` for CP-LRP.
+    activation_rule: optional
+        The rule of element-wise non-linearities computed as functions: an object with a method
+        ``elementwise(input, output, gate)`` returning ``output`` with the rule's gradient (the composite's rule of
+        activation modules, :py:class:`~zennit_attn.engine.rules.Identity`: the identity rule, Eq. 9); None: their
+        plain gradient.
+    scopes: sequence of (torch.nn.Module, ProductRule), optional
+        Other product rules inside some modules (a vision tower): the rule of the innermost scope applies.
+    constants: list, optional
+        Where to collect the constants the model adds to relevance (shared with the copies :py:meth:`apply`
+        registers).
+    """
+
+    def __init__(
+        self,
+        product_rule: ProductRule | None = None,
+        activation_rule=None,
+        scopes: Sequence[tuple[torch.nn.Module, ProductRule]] = (),
+        constants: list | None = None,
+    ):
+        super().__init__()
+        self.rules = [Uniform() if product_rule is None else product_rule]
+        self.activation_rule = activation_rule
+        self.scopes = list(scopes)
+        #: ``(module path, value)`` of every non-zero number the model adds to relevance (a bias written into its
+        #: code: it absorbs relevance)
+        self.constants = [] if constants is None else constants
+        self.opaque = 0
+        #: whether the forward computed a ``logsumexp`` or ``log_softmax``
+        #: (:py:meth:`~zennit_attn.engine.canonizers.classifier.Classifier.sink_mass`, ...)
+        self.lse = False
+        self.start_tracking()
+        self.root: torch.nn.Module | None = None
+        #: the names of the root's modules by id, found at the first :py:meth:`module_path`
+        self.names: dict[int, str] | None = None
+        self.depth = 0
+        self.mixers: list[str] = []
+        self.handles: list = []
+        self.frozen: list[torch.nn.Parameter] = []
+        self.settings: list[tuple[object, str, object]] = []
+        self.modes: list[tuple[Classifier, contextvars.Token]] = []
+        #: autograd node classes whose outputs :py:meth:`check_origin` accepted (it runs for every operand)
+        self.trusted_nodes: set[type] = set()
+        #: whether a forward of the model enters the classifying mode (False inside zennit's ``Composite.inactive()``,
+        #: :py:meth:`~zennit_attn.engine.composites.AttnLRPComposite.inactive`: the plain gradient)
+        self.active = True
+
+    @property
+    def product_rule(self) -> ProductRule:
+        """The product rule of the innermost scope being run (the canonizer's own outside every scope)."""
+        return self.rules[-1]
+
+    def copy(self) -> OperationCanonizer:
+        return type(self)(self.rules[0], self.activation_rule, self.scopes, self.constants)
+
+    def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
+        instance = self.copy()
+        try:
+            instance.register(root_module)
+        except BaseException:
+            instance.remove()
+            raise
+        return [instance]
+
+    def register(self, model: torch.nn.Module) -> None:
+        """Apply the canonizer to ``model`` (see the class's description)."""
+        self.root = model
+        self._configure(model)
+        self.handles.append(model.register_forward_pre_hook(self._enter))
+        self.handles.append(model.register_forward_hook(self._leave, always_call=True))
+        for parameter in model.parameters():  # each once: a shared one is frozen at its first module
+            if parameter.requires_grad:
+                parameter.requires_grad_(False)
+                self.frozen.append(parameter)
+        self._hook_modules(model)
+        for module, rule in self.scopes:
+            self._scope(module, rule)
+
+    def _configure(self, model: torch.nn.Module) -> None:
+        """Attention and experts implementations the mode cannot see into run as ones it sees."""
+        for config in model_configs(model):
+            implementation = getattr(config, '_attn_implementation_internal', None)
+            if implementation is not None and implementation not in VISIBLE_ATTENTION:
+                sdpa = getattr(model, '_supports_sdpa', True) is not False
+                self._set(config, '_attn_implementation_internal', 'sdpa' if sdpa else 'eager')
+            if getattr(config, '_experts_implementation_internal', None) not in (None, *VISIBLE_EXPERTS):
+                self._set(config, '_experts_implementation_internal', 'eager')
+
+    def _hook_modules(self, model: torch.nn.Module) -> None:
+        """The instance settings, and the hooks of the opaque modules and of the modules named like sequence mixers
+        (each class looked at once)."""
+        classes: dict[type, tuple[bool, bool, tuple | None]] = {}
+        for module in model.modules():
+            cls = type(module)
+            if cls not in classes:
+                setting = INSTANCE_SETTINGS.get(f'{cls.__module__}.{cls.__qualname__}')
+                classes[cls] = (is_opaque(module), LINEAR_MIXERS.search(cls.__name__) is not None, setting)
+            opaque, mixer, setting = classes[cls]
+            if setting is not None:
+                self._set(module, setting[0], setting[1](module))
+            opaque = opaque and module is not model  # the model's own rule is the relevance boundary
+            if opaque or mixer:
+                self._hook(module, opaque, mixer)
+
+    def _scope(self, module: torch.nn.Module, rule: ProductRule) -> None:
+        """Hooks that make ``rule`` the product rule while ``module`` runs."""
+
+        def enter(module, args):
+            self.rules.append(rule)
+
+        def leave(module, args, output):
+            if len(self.rules) > 1:
+                self.rules.pop()
+
+        self.handles.append(module.register_forward_pre_hook(enter))
+        self.handles.append(module.register_forward_hook(leave, always_call=True))
+
+    def _hook(self, module: torch.nn.Module, opaque: bool, mixer: bool) -> None:
+        """Hooks that count the opaque modules being run and name the sequence mixers being run."""
+        name = type(module).__name__
+
+        def enter(module, args):
+            self.opaque += opaque
+            if mixer:
+                self.mixers.append(name)
+
+        def leave(module, args, output):
+            self.opaque -= opaque
+            if mixer and self.mixers:
+                self.mixers.pop()
+
+        self.handles.append(module.register_forward_pre_hook(enter))
+        self.handles.append(module.register_forward_hook(leave, always_call=True))
+
+    def _set(self, target, attribute: str, value) -> None:
+        self.settings.append((target, attribute, getattr(target, attribute)))
+        setattr(target, attribute, value)
+
+    def _enter(self, module, args) -> None:
+        """Enter the classifying mode at the start of the model's forward (not again in a nested call of it)."""
+        self.depth += 1
+        if self.depth > 1 or not self.active:
+            return
+        self.lse = False
+        self.start_tracking()
+        mode = Classifier(self)
+        mode.__enter__()
+        self.modes.append((mode, _ACTIVE.set(mode)))
+
+    def _leave(self, module, args, output) -> None:
+        """Leave the mode at the end of the model's forward; refuse an output computed by a kernel, or an exponential
+        that never reached a softmax."""
+        self.depth = max(self.depth - 1, 0)
+        if self.depth or not self.modes:  # a nested call, or a forward that ran inactive
+            return
+        self._exit_modes()
+        values = list(output.values()) if isinstance(output, Mapping) else output
+        outputs = [tensor for tensor in tensors_of(values, []) if tensor.requires_grad]
+        for tensor in outputs:
+            self.check_origin(tensor)
+        self.check_biases(outputs)
+
+    def _exit_modes(self) -> None:
+        while self.modes:
+            mode, token = self.modes.pop()
+            mode.__exit__(None, None, None)
+            _ACTIVE.reset(token)
+
+    def check_origin(self, tensor: torch.Tensor) -> None:
+        """Refuse a tensor computed by an autograd function of another package (a custom kernel)."""
+        node = type(tensor.grad_fn)
+        if node in self.trusted_nodes:
+            return
+        forward = getattr(node, '_forward_cls', None)  # a class attribute of the nodes of Python autograd functions
+        if forward is not None and not forward.__module__.startswith(_TRUSTED_FUNCTIONS):
+            self.refuse(f'{forward.__module__}.{forward.__qualname__}', 'a custom autograd function (kernel)')
+        self.trusted_nodes.add(node)
+
+    def activation(self, input: torch.Tensor, output: torch.Tensor, gate: bool = True) -> torch.Tensor:
+        """``output``, an element-wise function of ``input``, with the composite's activation rule (``gate``: the
+        output of a non-linearity, a gate of CP-LRP, as opposed to a bound or rounding)."""
+        if self.activation_rule is None:
+            return output
+        return self.activation_rule.elementwise(input, output, gate=gate)
+
+    def mixer(self, path: list | None = None) -> str | None:
+        """The class name of the innermost sequence mixer that is not softmax attention: being run (named like one of
+        :py:data:`LINEAR_MIXERS`), or on the module ``path`` (named like one of :py:data:`RECURRENT`), else None."""
+        if path is None:
+            return self.mixers[-1] if self.mixers else None
+        return next(
+            (type(module).__name__ for _, module in reversed(path) if RECURRENT.search(type(module).__name__)), None
+        )
+
+    def module_path(self) -> list[tuple[str, torch.nn.Module]]:
+        """The modules of the model whose forward is being run, outermost first, with their names: read from the
+        Python stack (the methods' ``self``), for the messages of refusals and the places of constants."""
+        if self.root is None:
+            return []
+        if self.names is None:
+            self.names = {id(module): name for name, module in self.root.named_modules()}
+        names, path, frame = self.names, [], sys._getframe(1)
+        while frame is not None:
+            module = frame.f_locals.get('self')
+            if isinstance(module, torch.nn.Module) and id(module) in names and (not path or path[-1][1] is not module):
+                path.append((names[id(module)], module))
+            frame = frame.f_back
+        return path[::-1]
+
+    def refuse(self, op: str, what: str | None = None, hint: str | None = None, path: list | None = None):
+        """Raise :py:class:`~zennit_attn.engine.errors.UnsupportedModelError` for the operation ``op``: ``what`` it is,
+        where (the module ``path``, default the one being run) and what to do (``hint``)."""
+        path = self.module_path() if path is None else path
+        name, module = path[-1] if path else ('', self.root)
+        cls = type(module).__name__ if module is not None else '?'
+        where = f"'{name}' ({cls})" if name else f'the model ({cls})'
+        outer = self.mixer(path)
+        description = what or 'an operation without an AttnLRP rule'
+        if hint is None and outer is not None:
+            hint = (
+                f'{outer} is not softmax attention: AttnLRP (Achtibat et al. 2024) defines rules for softmax '
+                'attention, linear layers, element-wise non-linearities, products and normalisations; the '
+                'recurrences of state-space, linear-attention and convolutional sequence mixers are outside '
+                'them, so zennit-attn does not explain this model.'
+            )
+        elif hint is None:
+            hint = (
+                'Route it through a module that the composite has a rule for, declare the operation in the registry '
+                '(zennit_attn.engine.canonizers.registry; docs: Add an operation), or report the model.'
+            )
+        raise UnsupportedModelError(
+            f'zennit-attn cannot explain {op} in {where}: {description}, computed on tensors that carry relevance. '
+            f'{hint}'
+        )
+
+    def remove(self) -> None:
+        self._exit_modes()
+        for handle in self.handles:
+            handle.remove()
+        for parameter in self.frozen:
+            parameter.requires_grad_(True)
+        for target, attribute, value in reversed(self.settings):
+            setattr(target, attribute, value)
+        self.handles, self.frozen, self.settings, self.mixers = [], [], [], []
+        self.opaque, self.depth, self.root, self.names = 0, 0, None, None
+        del self.rules[1:]
+
+
+def is_opaque(module: torch.nn.Module) -> bool:
+    """Modules whose output the composite's rule replaces as a whole (activations, LayerNorm and RMSNorm): the
+    operations inside them are not classified. Other modules named like a normalisation (``norm_kind`` ``'probe'``)
+    are classified inside: the composites give them no rule of their own here."""
+    return is_activation(module) or norm_kind(module) in ('layer', 'rms')
