@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = $(BIN)/python -m pip install -c $(CONSTRAINTS)
 
-.PHONY: install system demo test lint notebooks docs bench clean distclean constraints
+.PHONY: install system demo test lint notebooks docs supported-models readme-figure bench clean distclean constraints
 
 install: $(STAMP)
 
@@ -64,8 +64,9 @@ demo: install
 # two worker processes (pytest-xdist; the tests run torch single-threaded), each with half of the tests in file
 # order, an idle one taking tests from the end of the other's (worksteal: module fixtures are mostly built once, and
 # no long file is left running alone at the end; measured 211 s against 233 s for one file at a time, 249 s for
-# handing out single tests); PYTEST_ARGS='-n 0' runs them in this process (for -x, -s, pdb)
-test: install system
+# handing out single tests); PYTEST_ARGS='-n 0' runs them in this process (for -x, -s, pdb); ruff first (make lint,
+# a few seconds): style and the complexity limit are part of the tests
+test: install system lint
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal $(PYTEST_ARGS)
 
 # ruff's linter (with the complexity limit of pyproject.toml) and its format check, on the package, the tests, the
@@ -91,6 +92,11 @@ docs: install $(DOCS_STAMP)
 # (tools/supported_models.py, a tool of the repository that does not ship in the wheel; one model: zennit-attn check)
 supported-models: install
 	$(BIN)/python -m tools.supported_models docs/supported-models.md
+
+# the picture at the top of README.md: the quickstart's token heatmap (SmolLM2-135M explains " Paris"), drawn by the
+# library's own PNG rendering (tools/readme_figure.py, a tool of the repository); commit docs/results/eiffel.png
+readme-figure: install
+	$(BIN)/python -m tools.readme_figure docs/results/eiffel.png
 
 bench: install
 	$(BIN)/python benchmarks/speed.py

@@ -10,7 +10,7 @@ share says little (there is no learnt sink); it is a check of what the architect
 Prints a Markdown table (share mean, median, min, max over the sentences, and the mean of ``1 / tokens``, the share
 of a token if relevance were spread evenly), the command and the machine's load average.
 
-Example (the README's table)::
+Example (the table of docs/results.md)::
 
     python benchmarks/attention_sinks.py --sentences 20
 """

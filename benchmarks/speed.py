@@ -24,7 +24,7 @@ Two comparisons:
   targets (:py:data:`TIME_TARGETS`: <= 1.05x at 16 tokens, <= 1.03x at 512) and the activations with
   :py:data:`MEMORY_TARGET` (<= 1.0x). With trainable weights autograd would save every linear layer's input for a
   weight gradient that no input attribution computes: that pass is not a fair baseline.
-  ``--checkpointing`` adds ``explain(checkpointing=True)`` to the compared calls (the scaling table of the README).
+  ``--checkpointing`` adds ``explain(checkpointing=True)`` to the compared calls (the scaling table of docs/results.md).
 - the default tables: ``explain()`` against the plain pass as a user might write it first, all logits computed and
   the parameters' ``requires_grad`` as loaded (True): time, saved bytes, live peak and RSS (below).
 

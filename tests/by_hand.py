@@ -1,4 +1,4 @@
-"""The rules of the general mechanism written out by hand in the gradient formulation, on small modules: a forward
+"""The rules of the engine written out by hand in the gradient formulation, on small modules: a forward
 with the rules applied by hand (:py:func:`scaled`, :py:func:`identity`, ``detach``) differentiated plainly
 (:py:func:`by_hand`), against the library's relevance (:py:func:`attributed`)."""
 

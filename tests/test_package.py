@@ -78,7 +78,7 @@ def test_no_import_cycle():
 #: layers, never from a module of its own layer or a later one. Every module of the package is in one layer; each
 #: subpackage is one layer.
 LAYERS = [
-    # the LRP engine (rules, the general mechanism, composites: models and tensors, no tokens), what an explanation
+    # the LRP engine (rules, the operation canonizer, composites: models and tensors, no tokens), what an explanation
     # is and how it looks, the real models that install offline
     ('zennit_attn.engine', 'zennit_attn.results', 'zennit_attn.pretrained'),
     ('zennit_attn.inputs',),  # requests and inputs: ids, texts, chats, images, targets -> a Task

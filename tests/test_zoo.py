@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tools import supported_models
+from zennit_attn.engine.canonizers.operations import UNDECLARED
 from zennit_attn.workflows.architecture_check.check import REFUSALS, Result
 
 #: Architectures whose tiny model builds but is neither explained exactly nor refused: known defects, each with what
@@ -35,6 +36,9 @@ def check_mapping(mapping: str) -> None:
     assert set(failed) == set(KNOWN.get(mapping, {})), failed
     unnamed = [result.reason for result in results if result.status == 'refused' and not named(result.reason)]
     assert unnamed == [], unnamed
+    # every operation the walk meets is declared in the registry, with a rule or refused with its own reason
+    undeclared = [result.reason for result in results if UNDECLARED in (result.reason or '')]
+    assert undeclared == [], undeclared
     for result in results:
         if result.status == 'explained' and not result.reason:
             assert abs(result.ratio - 1) <= 1e-6, result

@@ -131,7 +131,8 @@ def test_a_model_that_adds_constants_is_explained_with_the_reason(capsys):
     code, out, _ = run(capsys, ['check', '--model', 'gemma3n_text', '-q'])
     assert code == 0
     assert out.splitlines()[-1].startswith(
-        "verdict: explained: not exactly conservative by design: the model adds the constant 1 at 'model.layers.0.altup' "
+        'verdict: explained: not exactly conservative by design: the model adds the constant 1 at '
+        "'model.layers.0.altup' "
     )
 
 

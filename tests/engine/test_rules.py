@@ -2,6 +2,9 @@
 1e-10); the product rules, which the engine applies at operations, are tested in
 ``tests/engine/canonizers/test_classifier.py``."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -74,6 +77,65 @@ def test_norm_identity_rms_norm(norm):
     relevance = torch.randn(3, 6, dtype=torch.float64)
     (actual,) = lrp(norm, NormIdentity(), [x], relevance)
     assert_close(actual, relevance)
+
+
+class ScaledRMSNorm(LlamaRMSNorm):
+    """An RMSNorm with a keyword argument that changes its output: a call with it cannot be recomputed from ``x``."""
+
+    def forward(self, hidden_states, scale=1.0):
+        return super().forward(hidden_states) * scale
+
+
+def alive_saved_bytes(module, x) -> tuple[torch.Tensor, int]:
+    """``module(x)`` and the bytes of the distinct storages autograd saved for its backward pass that are still alive
+    after the forward (the module's parameters apart)."""
+    parameters = {parameter.untyped_storage().data_ptr() for parameter in module.parameters()}
+    saved = {}  # address -> (weak reference to the storage, its bytes)
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = (weakref.ref(storage), storage.nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        y = module(x)
+    gc.collect()
+    alive = sum(size for pointer, (reference, size) in saved.items() if pointer not in parameters and reference())
+    return y, alive
+
+
+def test_norm_identity_saves_no_more_than_the_plain_norm():
+    """The RMSNorm rule keeps what a plain pass keeps (the input), not also the output (its backward computes the
+    output again), and the relevance is the hand-computed rule R_x = R_y."""
+    norm = LlamaRMSNorm(64, eps=1e-6).requires_grad_(False)  # frozen, as the engine runs models
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(32, 64, requires_grad=True)
+    relevance = torch.randn(32, 64)
+    _, plain = alive_saved_bytes(norm, x)
+    handles = NormIdentity().register(norm)
+    try:
+        y, explained = alive_saved_bytes(norm, x)
+        (gradient,) = torch.autograd.grad(y, x, relevance / y)
+    finally:
+        handles.remove()
+    assert explained <= plain, (explained, plain)  # saving the output as well: plain + 32 * 64 * 4 bytes
+    assert_close(x * gradient, relevance, 1e-5)
+
+
+def test_norm_identity_with_a_keyword_keeps_its_output():
+    """A normalisation called with a keyword argument is not computed again (the keyword would be missing): the rule
+    saves its output, and the relevance is the rule's (R_x = R_y), not that of the norm without the keyword."""
+    norm = ScaledRMSNorm(6, eps=1e-6).double()
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    relevance = torch.randn(3, 6, dtype=torch.float64)
+    handles = NormIdentity().register(norm)
+    try:
+        y = norm(x, scale=3.0)
+        (gradient,) = torch.autograd.grad(y, x, relevance / y)
+    finally:
+        handles.remove()
+    assert_close(x * gradient, relevance)
 
 
 class ChangedInPlace(torch.nn.Module):

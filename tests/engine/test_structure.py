@@ -342,7 +342,7 @@ def parts(model, structure):
 
 
 def test_first_asked_inside_a_context():
-    """Asked first inside a composite's context (the general mechanism's hooks and mode on the model) and while
+    """Asked first inside a composite's context (the engine's hooks and mode on the model) and while
     steering, the structure is the model's own: the parts found outside on an equal model; the context's hooks are
     as they were."""
     plain = tiny_architecture('bloom')

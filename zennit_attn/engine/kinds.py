@@ -132,7 +132,7 @@ def norm_kind(module: torch.nn.Module) -> str | None:
 
 def _one_input(module: torch.nn.Module) -> bool:
     """Whether ``module.forward`` takes one required argument (a normalisation of one tensor, not e.g. a module that
-    normalises queries and keys together, whose inside the general mechanism then sees)."""
+    normalises queries and keys together, whose inside the engine then sees)."""
     try:
         parameters = inspect.signature(module.forward).parameters.values()
     except (TypeError, ValueError):

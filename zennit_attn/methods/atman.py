@@ -21,7 +21,8 @@ def atman(
     score: ``R_i = s(x) - s(x | i suppressed)``. ``score='log_softmax'`` (default) uses the log-probability of the
     target, since AtMan relies on the softmax (the paper attributes AtMan with it, all other methods without);
     ``'logit'`` uses the logit. ``p=1.0`` is the paper's Wikipedia setting (0.7-0.9 on SQuAD). Keys are scaled
-    by forward hooks on the key projections named in the family table. Tokens that cannot change the explained
+    by forward hooks on the key sites found from what the model computes
+    (:py:func:`~zennit_attn.methods.attention.key_sites`). Tokens that cannot change the explained
     logit (after the explained position of a causal model, padding, an image's class token) get 0 without a pass.
     Cost: one forward pass per token, ``perturbation_batch`` perturbed inputs per forward pass.
 

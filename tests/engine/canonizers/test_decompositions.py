@@ -1,4 +1,4 @@
-"""The decompositions the general mechanism runs instead of composite torch functions equal those functions."""
+"""The decompositions the engine runs instead of composite torch functions equal those functions."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_unsupported_options_are_named():
 
 
 def test_siglip_attention_pooling_head_is_explained():
-    """SigLIP's pooling head runs ``torch.nn.MultiheadAttention``: with the decomposition the general mechanism
+    """SigLIP's pooling head runs ``torch.nn.MultiheadAttention``: with the decomposition the engine
     explains it, and CP-LRP on a bias-free float64 model conserves exactly (the relevance 1 at the pooled feature
     arrives at the pixels); AttnLRP's softmax rule absorbs a part."""
     config = SiglipVisionConfig(

@@ -70,7 +70,7 @@ def test_attention_implementations_agree(family, composite):
 @pytest.mark.parametrize('implementation', ['grouped_mm', 'batched_mm'])
 @pytest.mark.parametrize('family', MOE)
 def test_grouped_experts_equal_the_loop(family, implementation, composite):
-    """The general mechanism keeps transformers' grouped and batched matrix products of the experts (the default
+    """The engine keeps transformers' grouped and batched matrix products of the experts (the default
     ``grouped_mm`` is faster than the loop the table needs): products with frozen expert weights, linear in the
     tokens. Their relevance is the loop's (float32, 1e-5), and the experts run so inside the context."""
     model = tiny_model(family, dtype=torch.float32, experts_implementation=implementation)
@@ -229,7 +229,7 @@ class Transposed(torch.nn.Module):
 
 
 def norm_relevance(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Relevance at ``x`` (general mechanism, AttnLRP) for relevance 1 at three outputs of ``Block(module)``."""
+    """Relevance at ``x`` (the engine, AttnLRP) for relevance 1 at three outputs of ``Block(module)``."""
     leaf = x.detach().clone().requires_grad_(True)
     with AttnLRPEpsilon().context(Block(module)) as modified:
         modified(leaf)[..., :3].sum().backward()
@@ -237,7 +237,7 @@ def norm_relevance(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_modules_named_like_norms_get_the_rules_of_what_they_compute():
-    """Under the general mechanism a module only named like a normalisation is classified inside: a hand-written
+    """Under the engine a module only named like a normalisation is classified inside: a hand-written
     LayerNorm, also over the channels of a channels-first layout, gets the LayerNorm rule (Prop. 3.4: equal to
     torch's LayerNorm under :py:class:`~zennit_attn.engine.rules.NormIdentity`), an element-wise affine ``NoNorm`` and a
     scaling the epsilon rule of a diagonal linear map (``R_i = x_i w_i R_i / z_i``: all of the relevance)."""
@@ -279,7 +279,7 @@ def test_norm_identity_confirms_norms_by_name():
 
 class QKNorm(torch.nn.Module):
     """Named like a normalisation, but of two tensors at once (ZAYA's query/key norm): not a norm module; the
-    general mechanism sees its inside (the norms are normalisers, Prop. 3.4)."""
+    engine sees its inside (the norms are normalisers, Prop. 3.4)."""
 
     def forward(self, query, key):
         return query * (2 / query.norm(dim=-1, keepdim=True)), key / key.norm(dim=-1, keepdim=True)
@@ -764,7 +764,7 @@ def test_product_of_elements_is_the_uniform_rule(dim, outputs, composite):
 
 
 def test_instance_settings_compute_every_cycle_with_gradients():
-    """HRM-Text runs all but its last inner cycles without gradients (truncated backpropagation): the general mechanism
+    """HRM-Text runs all but its last inner cycles without gradients (truncated backpropagation): the engine
     sets its instance to compute every cycle with them
     (:py:data:`~zennit_attn.engine.canonizers.operations.INSTANCE_SETTINGS`),
     so CP-LRP is conservative, and puts the truncation back afterwards."""

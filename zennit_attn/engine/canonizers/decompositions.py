@@ -1,4 +1,4 @@
-"""Torch functions that the general mechanism opens: their arithmetic re-run as plain torch operations.
+"""Torch functions that the engine opens: their arithmetic re-run as plain torch operations.
 
 A :py:class:`~torch.overrides.TorchFunctionMode` sees a composite torch function such as
 :py:func:`torch.nn.functional.multi_head_attention_forward` as one call and none of the operations inside it. The

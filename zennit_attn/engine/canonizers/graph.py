@@ -1,6 +1,6 @@
 """Reading the autograd graph that :py:mod:`~zennit_attn.engine.canonizers.classifier` builds while the model runs.
 
-The general mechanism decides some rules by what a tensor *is*, which the graph tells:
+The engine decides some rules by what a tensor *is*, which the graph tells:
 
 - a *gate* is (a view, selection, concatenation, shift by a constant or rescaling of) the output of an activation or a
   softmax: a constant factor of CP-LRP (Ali et al. 2022) where it enters a product (:py:func:`is_gate`);
@@ -141,7 +141,7 @@ def is_outer_product(first: torch.Tensor, second: torch.Tensor) -> bool:
 
 def reaches(tensor: torch.Tensor, nodes: set, budget: int = 16) -> bool:
     """Whether one of the autograd ``nodes`` computed ``tensor`` (through views, casts, rescalings, masks and
-    cumulative sums): a contraction ``k^T v`` that the general mechanism recorded, used in ``q (k^T v)``."""
+    cumulative sums): a contraction ``k^T v`` that the engine recorded, used in ``q (k^T v)``."""
     node = tensor.grad_fn
     for _ in range(budget):
         if node is None:

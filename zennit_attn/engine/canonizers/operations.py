@@ -53,6 +53,7 @@ __all__ = [
     'INSTANCE_SETTINGS',
     'LINEAR_MIXERS',
     'RECURRENT',
+    'UNDECLARED',
     'active_classifier',
 ]
 
@@ -85,6 +86,10 @@ LINEAR_MIXERS = re.compile(
 #: Class names of sequence mixers that are not softmax attention (named in refusals): also gated short convolutions
 #: (LFM's, whose products of projections are explained by the uniform rule, Prop. 3.2).
 RECURRENT = re.compile(LINEAR_MIXERS.pattern + r'|ShortConv|Lfm2Short')
+
+#: What a refusal says of an operation that the registry does not declare (neither with a rule nor refused with a
+#: reason of its own): the zoo walk checks that no architecture meets one (tests/test_zoo.py).
+UNDECLARED = 'an operation without an AttnLRP rule'
 
 #: The classifying mode of the forward being run (in this thread and task), for the recomputation of checkpointed
 #: blocks in the backward pass (:py:mod:`zennit_attn.engine.checkpointing`), which must be classified as the forward.
@@ -327,7 +332,7 @@ class OperationCanonizer(Tracking, Canonizer):
         cls = type(module).__name__ if module is not None else '?'
         where = f"'{name}' ({cls})" if name else f'the model ({cls})'
         outer = self.mixer(path)
-        description = what or 'an operation without an AttnLRP rule'
+        description = what or UNDECLARED
         if hint is None and outer is not None:
             hint = (
                 f'{outer} is not softmax attention: AttnLRP (Achtibat et al. 2024) defines rules for softmax '

@@ -77,14 +77,47 @@ def scaled_gradient(tensor: torch.Tensor, factor) -> torch.Tensor:
     return gradient_map(tensor, lambda grad: grad * factor)
 
 
+class _RecomputedIdentity(torch.autograd.Function):
+    """:py:class:`_ElementwiseIdentity` for a module ``y = f(x)`` whose output is not kept for the backward pass: only
+    ``input`` is saved (the tensor the module's own graph saves in a plain pass, so that the rule holds no more
+    activations than the plain gradient), and the backward pass runs ``module.forward(input)`` again (without
+    gradients, without hooks: the same operations on the same values, the same output) for ``g_in = g_out f(x) / x``.
+    ``source`` is the first input of a chain of element-wise functions (see :py:func:`elementwise_identity`), from
+    which the ratio is taken."""
+
+    @staticmethod
+    def forward(ctx, source, input, output, module):
+        ctx.save_for_backward(source.detach(), input.detach())
+        ctx.source, ctx.module = source, module
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        source, input = ctx.saved_tensors
+        with torch.no_grad(), loaded_weights(ctx.module):
+            output = ctx.module.forward(input)
+        dtype = compute_dtype(source, output, grad_output)
+        ratio = torch.div(output.to(dtype), source.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
+        return ratio.mul_(grad_output.to(dtype)).to(source.dtype), None, None, None
+
+
+#: The autograd functions of the identity rule, whose nodes hold the ``source`` of a chain of element-wise functions.
+_IDENTITY_FUNCTIONS = (_ElementwiseIdentity, _RecomputedIdentity)
+
+
 class _GateIdentity(_ElementwiseIdentity):
     """:py:class:`_ElementwiseIdentity` for the output of an activation: its autograd node marks the tensor as a gate,
-    a constant factor for CP-LRP (see :py:mod:`zennit_attn.engine.canonizers.general`)."""
+    a constant factor for CP-LRP (see :py:mod:`zennit_attn.engine.canonizers.graph`)."""
 
 
-def elementwise_identity(input: torch.Tensor, output: torch.Tensor, gate: bool = False) -> torch.Tensor:
+def elementwise_identity(
+    input: torch.Tensor, output: torch.Tensor, gate: bool = False, module: torch.nn.Module | None = None
+) -> torch.Tensor:
     """Return ``output`` (computed element-wise from ``input``) such that the identity rule (Eq. 9) applies;
-    ``gate`` marks the output of an activation (as opposed to a normalisation).
+    ``gate`` marks the output of an activation (as opposed to a normalisation). With ``module`` (which computed
+    ``output = module.forward(input)`` and computes it again from the same input), ``output`` is not saved for the
+    backward pass but computed again there (:py:class:`_RecomputedIdentity`; for normalisations, whose output no
+    other operation of a plain pass saves).
 
     Where ``input`` is itself the output of the identity rule on ``x0`` (``f(g(x0))``, unchanged since), the rule
     applies from ``x0`` to ``output`` at once: the identity rule of the composed element-wise function. This is the
@@ -92,10 +125,12 @@ def elementwise_identity(input: torch.Tensor, output: torch.Tensor, gate: bool =
     ``y != 0``, and keeps the relevance ``f(0) g`` where ``y == 0`` (``sigmoid(relu(x))``), which a chain of ratios
     loses.
     """
-    node = input.grad_fn  # the node of a function's output; changed in place since, the output has another one
-    if issubclass(getattr(type(node), '_forward_cls', type(None)), _ElementwiseIdentity):
-        input = node.source
-    return (_GateIdentity if gate else _ElementwiseIdentity).apply(input, output.detach())
+    source, node = input, input.grad_fn  # the node of a function's output; changed in place since, another one
+    if issubclass(getattr(type(node), '_forward_cls', type(None)), _IDENTITY_FUNCTIONS):
+        source = node.source
+    if module is not None:
+        return _RecomputedIdentity.apply(source, input, output.detach(), module)
+    return (_GateIdentity if gate else _ElementwiseIdentity).apply(source, output.detach())
 
 
 def layer_norm_identity(

@@ -68,7 +68,7 @@ class RelevanceBoundary(Hook):
         return RemovableHandleList(
             [
                 RemovableHandle(self),
-                # outermost: before the pre-hooks of the canonizers (the general mechanism's classifying mode)
+                # outermost: before the pre-hooks of the canonizers (the engine's classifying mode)
                 module.register_forward_pre_hook(self._pre_forward, with_kwargs=True, prepend=True),
                 module.register_forward_hook(self._post_forward),
             ]

@@ -158,11 +158,25 @@ class NormIdentity(GradientRule):
     change when a constant is added either, the module subtracts the mean (LayerNorm-like: ``y = (x - mean) c w +
     b``, with ``b`` the output for a zero input), otherwise it must be RMSNorm-like (``y / x`` the same profile in
     every row). A module that fails is refused (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`).
+
+    The RMSNorm-like output is not saved for the backward pass: called as ``module(x)`` (one input, no keyword
+    arguments), the module computes it again there from ``x``, which a plain pass saves as well, so that the rule
+    holds no more activations than the plain gradient (one tensor per normalisation less than saving the output).
     """
 
     def __init__(self):
         super().__init__()
         self.confirmed = None
+        #: whether the module's current call is ``module(x)``, which its backward can run again
+        self.recomputable = False
+
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        handles = super().register(module)
+        handles.append(module.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
+        return handles
+
+    def _pre_forward(self, module, args, kwargs):
+        self.recomputable = len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
 
     def forward(self, module, input, output):
         output = tensor_output(module, output)
@@ -176,7 +190,7 @@ class NormIdentity(GradientRule):
             if kind == 'centered':
                 return _CenteredRatio.apply(input[0], output.detach(), bias)
         if kind == 'rms':
-            return elementwise_identity(input[0], output)
+            return elementwise_identity(input[0], output, module=module if self.recomputable else None)
         if kind == 'layer':
             dims = len(module.normalized_shape)
             return layer_norm_identity(input[0], dims, module.weight, module.bias, module.eps).to(output.dtype)
@@ -187,7 +201,7 @@ class NormIdentity(GradientRule):
 
     def copy(self):
         duplicate = super().copy()
-        duplicate.confirmed = None
+        duplicate.confirmed, duplicate.recomputable = None, False
         return duplicate
 
 
@@ -202,7 +216,7 @@ def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
     def refuse(reason):
         raise UnsupportedModelError(
             f'{name} is named like a normalisation but {reason}, so the normalisation rule (Prop. 3.4) does not '
-            'apply to it; add a rule for it (a Family entry or a composite rule) or report the model.'
+            'apply to it; map it to a rule of the composite (docs: Use a composite) or report the model.'
         )
 
     def run(probe):
