@@ -18,6 +18,14 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
 
 
+def _identity_gradient(input: torch.Tensor, output: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """The identity rule's gradient ``g_in = g_out * f(x) / x`` (0 where the ratio is not finite), computed in
+    float32 at least."""
+    dtype = compute_dtype(input, output, grad_output)
+    ratio = torch.div(output.to(dtype), input.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
+    return ratio.mul_(grad_output.to(dtype)).to(input.dtype)
+
+
 class _ElementwiseIdentity(torch.autograd.Function):
     """Forward: return the precomputed ``output = f(input)``. Backward: ``g_in = g_out * f(x) / x``.
 
@@ -38,9 +46,7 @@ class _ElementwiseIdentity(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         input, output = ctx.saved_tensors
-        dtype = compute_dtype(input, output, grad_output)
-        ratio = torch.div(output.to(dtype), input.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
-        return ratio.mul_(grad_output.to(dtype)).to(input.dtype), None
+        return _identity_gradient(input, output, grad_output), None
 
 
 class _GradientMap(torch.autograd.Function):
@@ -96,9 +102,7 @@ class _RecomputedIdentity(torch.autograd.Function):
         source, input = ctx.saved_tensors
         with torch.no_grad(), loaded_weights(ctx.module):
             output = ctx.module.forward(input)
-        dtype = compute_dtype(source, output, grad_output)
-        ratio = torch.div(output.to(dtype), source.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
-        return ratio.mul_(grad_output.to(dtype)).to(source.dtype), None, None, None
+        return _identity_gradient(source, output, grad_output), None, None, None
 
 
 #: The autograd functions of the identity rule, whose nodes hold the ``source`` of a chain of element-wise functions.
