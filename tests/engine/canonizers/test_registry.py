@@ -490,6 +490,27 @@ def test_a_divisor_is_a_constant(name):
     torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
 
 
+#: a unit lower-triangular matrix (the UT transform of a chunked delta rule)
+TRIANGLE = torch.eye(4, dtype=torch.float64) + torch.linspace(-1, 1, 16, dtype=torch.float64).reshape(4, 4).tril(-1)
+SOLVES = {
+    'linalg_solve_triangular': lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
+    'linalg_solve': torch.linalg.solve,
+}
+
+
+@pytest.mark.parametrize('name', sorted(SOLVES))
+def test_a_solve_is_linear_in_its_right_hand_side(name):
+    """``A^-1 B`` with a constant ``A``: the plain gradient (linear in ``B``, which carries relevance); with a
+    relevance-carrying ``A`` refused."""
+    solve = SOLVES[name]
+    assert OPERATIONS[name].rule == 'solve'
+    found, expected = attributed_by_hand(lambda h, g: solve(TRIANGLE, h.T).T, lambda h, g: solve(TRIANGLE, h.T).T)
+    torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+    assert float(found.sum()) == pytest.approx(float(expected.sum()))
+    with pytest.raises(UnsupportedModelError, match='linear solve with a relevance-carrying matrix'):
+        attributed_by_hand(lambda h, g: solve(TRIANGLE + 0.01 * (g.T @ g).tril(-1), h.T).T, lambda h, g: h)
+
+
 def _log_softmax_by_logsumexp(z):
     return z - torch.logsumexp(z, -1, keepdim=True)
 
@@ -647,6 +668,7 @@ def test_every_operation_has_a_case_or_a_reason():
         | set(DECOMPOSITIONS)
         | set(REFUSED_CASES)
         | {'prod', 'scatter', 'scatter_reduce', 'index_reduce', 'div', 'exp', 'softmax'}
+        | set(SOLVES)
         | {'log_softmax', 'logsumexp', 'scaled_dot_product_attention', 'layer_norm', 'rms_norm', 'normalize'}
         | {name for name, entry in OPERATIONS.items() if entry.rule in ('statistic', 'metadata')}
     )

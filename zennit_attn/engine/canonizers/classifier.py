@@ -7,8 +7,10 @@ each torch function called on a tensor that carries relevance (one that requires
 are frozen for the time of the context, so these are exactly the tensors computed from the explained inputs) it
 
 1. names the operation and looks it up in the registry (:py:mod:`~zennit_attn.engine.canonizers.registry`);
-2. checks where its operands come from: a custom autograd function (a kernel) is refused, a tensor computed without
-   gradients inside the forward must not meet relevance again (:py:mod:`~zennit_attn.engine.canonizers.tracking`);
+2. inside a sequence mixer that is not softmax attention, holds the constants of its recurrence constant
+   (:py:mod:`~zennit_attn.engine.canonizers.recurrences`), and checks where its operands come from: a custom
+   autograd function (a kernel) is refused, a tensor computed without gradients inside the forward must not meet
+   relevance again (:py:mod:`~zennit_attn.engine.canonizers.tracking`);
 3. routes operations on marked tensors (a log-softmax or logsumexp, an attention-logit bias, a normaliser) to the
    handler of that mark;
 4. applies the rule the registry declares, by :py:data:`HANDLERS`: the handlers live in
@@ -25,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 from .elementwise import Elementwise
 from .graph import log_softmax_scores, lse_scores
 from .products import Products
+from .recurrences import Recurrences
 from .registry import OPERATIONS, op_name
 from .softmax import Softmaxes
 from .tracking import tensors_of
@@ -38,6 +41,7 @@ HANDLERS = {
     'elements': 'elements',
     'scatter': 'scatter',
     'division': 'division',
+    'solve': 'solve',
     'elementwise': 'elementwise',
     'bound': 'elementwise',
     'normaliser': 'elementwise',
@@ -54,7 +58,7 @@ HANDLERS = {
 }
 
 
-class Classifier(Products, Elementwise, Softmaxes, TorchFunctionMode):
+class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMode):
     """The torch function mode of :py:class:`~zennit_attn.engine.canonizers.operations.OperationCanonizer` (see the
     module's description); ``canonizer`` holds the composite's rules and what the mode tracks across the operations of
     one forward, and refuses what has no rule."""
@@ -80,6 +84,8 @@ class Classifier(Products, Elementwise, Softmaxes, TorchFunctionMode):
         division = entry is not None and entry.rule == 'division'
         if canonizer.cut and canonizer.meets_cut(name, args, kwargs, tensors, carrying, division):
             return canonizer.cut_off(name, args, func(*args, **kwargs), tensors)
+        if canonizer.runs:  # inside a sequence mixer: the constants of its recurrence
+            args, kwargs, carrying = self.held_constant(args, kwargs, carrying)
         if not carrying:
             return func(*args, **kwargs)
         for tensor in carrying:

@@ -44,6 +44,7 @@ from ..errors import UnsupportedModelError
 from ..kinds import is_activation, model_configs, norm_kind
 from ..rules.products import ProductRule, Uniform
 from .classifier import Classifier
+from .recurrences import RECURRENCES, MixerRun
 from .tracking import Tracking, tensors_of
 
 __all__ = [
@@ -151,7 +152,8 @@ class OperationCanonizer(Tracking, Canonizer):
         #: the names of the root's modules by id, found at the first :py:meth:`module_path`
         self.names: dict[int, str] | None = None
         self.depth = 0
-        self.mixers: list[str] = []
+        #: the sequence mixers that are not softmax attention being run, innermost last
+        self.runs: list[MixerRun] = []
         self.handles: list = []
         self.frozen: list[torch.nn.Parameter] = []
         self.settings: list[tuple[object, str, object]] = []
@@ -239,15 +241,33 @@ class OperationCanonizer(Tracking, Canonizer):
         def enter(module, args):
             self.opaque += opaque
             if mixer:
-                self.mixers.append(name)
+                self.runs.append(MixerRun(name))
 
         def leave(module, args, output):
             self.opaque -= opaque
-            if mixer and self.mixers:
-                self.mixers.pop()
+            if mixer and self.runs:
+                run = self.runs.pop()
+                if self.runs:  # a mixer inside a mixer (a gated norm in a Mamba-2 mixer): the outer one answers for it
+                    self.runs[-1].absorb(run)
+                else:
+                    self._check_run(run, output)
 
         self.handles.append(module.register_forward_pre_hook(enter))
         self.handles.append(module.register_forward_hook(leave, always_call=True))
+
+    def _check_run(self, run: MixerRun, output) -> None:
+        """Refuse a sequence mixer that multiplied relevance-carrying tensors in its own code but ran none of the
+        declared recurrences (:py:mod:`~zennit_attn.engine.canonizers.recurrences`): its products are not gates of a
+        recurrence with a rule (not checked when its forward failed)."""
+        if run.product is None or run.recurrences or output is None:
+            return
+        operation, path = run.product
+        self.refuse(
+            operation,
+            f'a product of relevance-carrying tensors inside {run.name}, a sequence mixer that is not softmax '
+            f'attention and ran none of the recurrences zennit-attn has rules for ({", ".join(sorted(RECURRENCES))})',
+            path=path,
+        )
 
     def _set(self, target, attribute: str, value) -> None:
         self.settings.append((target, attribute, getattr(target, attribute)))
@@ -304,7 +324,7 @@ class OperationCanonizer(Tracking, Canonizer):
         """The class name of the innermost sequence mixer that is not softmax attention: being run (named like one of
         :py:data:`LINEAR_MIXERS`), or on the module ``path`` (named like one of :py:data:`RECURRENT`), else None."""
         if path is None:
-            return self.mixers[-1] if self.mixers else None
+            return self.runs[-1].name if self.runs else None
         return next(
             (type(module).__name__ for _, module in reversed(path) if RECURRENT.search(type(module).__name__)), None
         )
@@ -335,10 +355,11 @@ class OperationCanonizer(Tracking, Canonizer):
         description = what or UNDECLARED
         if hint is None and outer is not None:
             hint = (
-                f'{outer} is not softmax attention: AttnLRP (Achtibat et al. 2024) defines rules for softmax '
-                'attention, linear layers, element-wise non-linearities, products and normalisations; the '
-                'recurrences of state-space, linear-attention and convolutional sequence mixers are outside '
-                'them, so zennit-attn does not explain this model.'
+                f'{outer} is not softmax attention: zennit-attn explains softmax attention (AttnLRP, Achtibat et al. '
+                '2024) and the recurrences declared in zennit_attn.engine.canonizers.recurrences (Mamba, Mamba-2, '
+                'gated delta rules: their discretisation, decay and selection terms held constant, as MambaLRP '
+                'does); this sequence mixer computes its recurrence otherwise, so zennit-attn does not explain this '
+                'model (docs: Rules, Recurrences).'
             )
         elif hint is None:
             hint = (
@@ -358,7 +379,7 @@ class OperationCanonizer(Tracking, Canonizer):
             parameter.requires_grad_(True)
         for target, attribute, value in reversed(self.settings):
             setattr(target, attribute, value)
-        self.handles, self.frozen, self.settings, self.mixers = [], [], [], []
+        self.handles, self.frozen, self.settings, self.runs = [], [], [], []
         self.opaque, self.depth, self.root, self.names = 0, 0, None, None
         del self.rules[1:]
 

@@ -9,9 +9,9 @@ every product of relevance-carrying tensors, whatever its spelling.
 - ``scaled_dot_product_attention``: the rule on its two products, ``q k^T`` and ``softmax(.) V`` (Props. 3.1, 3.3);
 - an attention sink ``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)``: the product of the extended softmax
   ``softmax([z, s])`` with ``[V; 0]`` (see :py:mod:`~zennit_attn.engine.canonizers.graph`);
-- linear attention (a contraction of relevance-carrying factors without a softmax, used in another product) and
-  products inside modules named like state-space or linear-attention mixers are refused: AttnLRP's rules cover
-  softmax attention.
+- linear attention (a contraction of relevance-carrying factors without a softmax, used in another product) is
+  refused; inside modules named like state-space or linear-attention mixers, products are gates of a declared
+  recurrence (:py:mod:`~zennit_attn.engine.canonizers.recurrences`), refused elsewhere.
 """
 
 from __future__ import annotations
@@ -93,20 +93,14 @@ class Products:
         return factors
 
     def refuse_linear_attention(self, name: str, factors: list[torch.Tensor]) -> bool:
-        """Refuse a product of several relevance-carrying tensors inside a sequence mixer that is not softmax
-        attention (by its class name), and a product with a contraction of relevance-carrying tensors none of which
-        is a softmax output (``q (k^T v)``: linear attention): AttnLRP's rules cover softmax attention, the rules of
-        these layers are not defined yet. Returns whether the product is such a contraction itself (a matrix product
-        or a broadcast outer product of factors none of which is a softmax output), which :py:meth:`product`
-        records."""
+        """Check a product of several relevance-carrying tensors inside a sequence mixer that is not softmax
+        attention (:py:meth:`mixer_product`), and refuse a product with a contraction of relevance-carrying tensors
+        none of which is a softmax output (``q (k^T v)``: linear attention outside a declared recurrence). Returns
+        whether the product is such a contraction itself (a matrix product or a broadcast outer product of factors
+        none of which is a softmax output), which :py:meth:`product` records."""
         canonizer = self.canonizer
-        mixer = canonizer.mixer()
-        if mixer is not None:
-            canonizer.refuse(
-                name,
-                f'a product of relevance-carrying tensors inside {mixer}, a sequence mixer that is not softmax '
-                'attention',
-            )
+        if canonizer.runs:
+            self.mixer_product(name, canonizer.runs[-1])
         if canonizer.contractions and any(reaches(tensor, canonizer.contractions) for tensor in factors):
             canonizer.refuse(
                 name,
@@ -119,6 +113,21 @@ class Products:
             name == 'mul' and len(factors) == 2 and is_outer_product(*factors)
         )
         return contraction and all(gate_kind(tensor) != SOFTMAX for tensor in factors)
+
+    def mixer_product(self, name: str, run) -> None:
+        """A product of several relevance-carrying tensors inside a sequence mixer that is not softmax attention
+        (``run``, a :py:class:`~zennit_attn.engine.canonizers.recurrences.MixerRun`): inside a declared recurrence,
+        refused unless the recurrence has gates (the product rule applies to them); in the mixer's own code, noted
+        (the mixer is refused when it returns without having run a declared recurrence)."""
+        recurrence = run.current
+        if recurrence is not None and not recurrence.gates:
+            self.canonizer.refuse(
+                name,
+                f'a product of relevance-carrying tensors inside the recurrence {recurrence.name} '
+                f'({recurrence.layer}), which is linear in its values once its constants are held',
+            )
+        if recurrence is None and run.product is None:
+            run.product = (name, self.canonizer.module_path())
 
     def sink_shares(self, factors: list[torch.Tensor], sinks: list[torch.Tensor]) -> tuple[float, ...]:
         """``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)`` is ``softmax([z, s]) @ [V; 0]`` (an attention sink): the
@@ -138,6 +147,15 @@ class Products:
                 'an attention-sink mass that does not scale the attention output softmax(z) @ V of its own scores z',
             )
         return tuple(share if tensor is sinks[0] else 1.0 for tensor in factors)
+
+    def solve(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
+        """A linear solve ``A^-1 B`` (``linalg.solve_triangular(A, B)``, ``linalg.solve(A, B)``: the UT transform of a
+        chunked delta rule): linear in the right-hand side ``B``, the plain gradient; a relevance-carrying matrix
+        ``A`` (the inverse of a relevance-carrying tensor) is refused."""
+        matrix = args[0] if args else kwargs.get('A', kwargs.get('input'))
+        if isinstance(matrix, torch.Tensor) and matrix.requires_grad:
+            self.canonizer.refuse(name, 'a linear solve with a relevance-carrying matrix (its inverse)')
+        return func(*args, **kwargs)
 
     def elements(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
         """``prod`` of the elements of one tensor along ``dim`` (all without): N factors of one kind, the product

@@ -21,6 +21,8 @@ rule                 backward pass (gradient formulation, :py:mod:`zennit_attn.e
 ``elements``         the product of the elements of one tensor (``prod``): 1/N each (Prop. 3.2)
 ``scatter``          a scatter that may multiply (``reduce='prod'``): the product rule per output
 ``division``         ``a / b``: a relevance-carrying divisor is a constant (Prop. 3.4)
+``solve``            ``A^-1 B`` (a linear solve): linear in ``B``, the plain gradient; a relevance-carrying ``A``
+                     refused
 ``elementwise``      element-wise non-linearity: the composite's activation rule (the identity rule, Eq. 9)
 ``bound``            a bound or rounding (clamp, round, remainder): the activation rule, its output no gate
 ``normaliser``       an element-wise normaliser ``g(x)`` (``rsqrt``, ``sqrt``, ``1 / x``): the activation rule, and
@@ -59,7 +61,7 @@ __all__ = [
 
 #: The rules an operation may have (see the module's table).
 RULES = frozenset(
-    'metadata plain product elements scatter division elementwise bound normaliser power statistic exp softmax '
+    'metadata plain product elements scatter division solve elementwise bound normaliser power statistic exp softmax '
     'log_softmax logsumexp attention normalisation decomposed refused'.split()
 )
 #: What a linear operation does to the positions of its input's values.
@@ -298,6 +300,7 @@ operation(
 operation('elements', 'prod')
 operation('scatter', 'scatter scatter_reduce index_reduce')
 operation('division', 'div')
+operation('solve', 'linalg_solve_triangular linalg_solve')
 
 # ------------------------------------------------------------------------------------------------ element-wise
 operation(

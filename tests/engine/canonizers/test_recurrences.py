@@ -1,0 +1,248 @@
+"""The recurrences of sequence mixers (:py:mod:`zennit_attn.engine.canonizers.recurrences`): Mamba's selective scan
+equals MambaLRP's rules written out by hand, a gated delta rule gives the same relevance chunked and recurrent (and
+equals the rule written out by hand), Mamba-2's chunked scan does not depend on its chunk size, and what the
+declarations do not cover is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers.models.mamba2 import modeling_mamba2
+from transformers.models.qwen3_next import modeling_qwen3_next
+
+from tests.by_hand import attributed, by_hand, identity
+from zennit_attn import explain
+from zennit_attn.engine.canonizers.recurrences import RECURRENCES, Recurrence
+from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.engine.errors import UnsupportedModelError
+
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+
+#: transformers' recurrences compute in float32 (``.float()``, ``.to(torch.float32)``) also for float64 inputs: two of
+#: their algorithms agree to its rounding
+FLOAT32 = 1e-4
+
+
+def tiny_mamba() -> transformers.MambaForCausalLM:
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(
+        vocab_size=40, hidden_size=16, state_size=4, num_hidden_layers=2, conv_kernel=3, expand=2, time_step_rank=4
+    )
+    return transformers.MambaForCausalLM(config).double().eval()
+
+
+def rms_by_hand(hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """RMSNorm with its normaliser constant (Prop. 3.4)."""
+    scale = torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).detach()
+    return norm.weight * hidden * scale
+
+
+def mixer_by_hand(mixer: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Mamba's mixer with MambaLRP's rules (Rezaei Jafari et al. 2024) written out: ``dt``, ``A``-bar, ``B``, ``C``
+    constant, the identity rule on SiLU, half of the relevance of ``y * silu(z)`` to each factor; the recurrence run
+    token by token."""
+    length = hidden.shape[1]
+    x, z = mixer.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)
+    x = mixer.conv1d(x)[..., :length]
+    x = identity(x, F.silu(x))
+    rank, state_size = mixer.time_step_rank, mixer.ssm_state_size
+    dt, b, c = torch.split(mixer.x_proj(x.transpose(1, 2)).detach(), [rank, state_size, state_size], dim=-1)
+    dt = F.softplus(mixer.dt_proj(dt)).transpose(1, 2)
+    a = -torch.exp(mixer.A_log)
+    state = torch.zeros(x.shape[0], x.shape[1], state_size, dtype=x.dtype)
+    outputs = []
+    for t in range(length):
+        state = torch.exp(a * dt[:, :, t, None]) * state + dt[:, :, t, None] * b[:, None, t] * x[:, :, t, None]
+        outputs.append((state @ c[:, t, :, None])[..., 0])
+    y = torch.stack(outputs, -1) + x * mixer.D[None, :, None]
+    gated = y * identity(z, F.silu(z))
+    gated = 0.5 * gated + 0.5 * gated.detach()  # the uniform rule on a product of two (Prop. 3.2)
+    return mixer.out_proj(gated.transpose(1, 2))
+
+
+def mamba_by_hand(model: transformers.MambaForCausalLM, ids: torch.Tensor, target: int) -> torch.Tensor:
+    """Token relevance of ``target``'s logit at the last position, by MambaLRP's rules written out."""
+    embeddings = model.backbone.embeddings(ids).detach().requires_grad_(True)
+    hidden = embeddings
+    for layer in model.backbone.layers:
+        hidden = hidden + mixer_by_hand(layer.mixer, rms_by_hand(hidden, layer.norm))
+    logits = model.lm_head(rms_by_hand(hidden, model.backbone.norm_f))
+    logits[0, -1, target].backward()
+    return (embeddings * embeddings.grad).sum(-1)[0]
+
+
+def test_mamba_equals_mambalrps_rules_by_hand():
+    """transformers' ``MambaForCausalLM`` explained by the engine (AttnLRP) equals MambaLRP's rules written out by
+    hand, token by token (in float64, to the rounding of transformers' scan, which computes in float32;
+    benchmarks/mambalrp_parity.py compares with MambaLRP's own code)."""
+    model = tiny_mamba()
+    ids = torch.randint(0, 40, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        target = int(model(ids).logits[0, -1].argmax())
+    found = torch.as_tensor(explain(model, ids, target=target).relevance).flatten()
+    expected = mamba_by_hand(model, ids, target)
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(found, expected.detach(), rtol=FLOAT32, atol=FLOAT32 * scale)
+    # the constants are held: the relevance is not the plain gradient times the input
+    embeddings = model.backbone.embeddings(ids).detach().requires_grad_(True)
+    model(inputs_embeds=embeddings).logits[0, -1, target].backward()
+    plain = (embeddings * embeddings.grad).sum(-1)[0]
+    assert float((plain - expected).abs().max()) > 0.05 * scale
+
+
+class TinyGatedDeltaNet(torch.nn.Module):
+    """Queries, keys, values, decay and write strength projected from the input, mixed by one of transformers' gated
+    delta rule functions (``recurrence``), optionally with the constants detached by hand."""
+
+    def __init__(self, recurrence, by_hand: bool = False, **options):
+        super().__init__()
+        torch.manual_seed(0)
+        self.heads, self.width = 2, 4
+        self.q, self.k, self.v = (torch.nn.Linear(6, 8, bias=False) for _ in range(3))
+        self.a, self.b = torch.nn.Linear(6, 2, bias=False), torch.nn.Linear(6, 2, bias=False)
+        self.o = torch.nn.Linear(8, 3, bias=False)
+        self.recurrence, self.by_hand, self.options = recurrence, by_hand, options
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (1, x.shape[1], self.heads, self.width)
+        query, key, value = (projection(x).view(shape) for projection in (self.q, self.k, self.v))
+        beta, g = self.b(x).sigmoid(), -F.softplus(self.a(x))
+        if self.by_hand:
+            query, key, beta, g = (tensor.detach() for tensor in (query, key, beta, g))
+        output, _ = self.recurrence(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True, **self.options)
+        return self.o(output.reshape(1, x.shape[1], -1))
+
+
+def delta_inputs() -> torch.Tensor:
+    return torch.randn(1, 10, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_a_delta_rule_chunked_equals_recurrent(composite):
+    """The chunked gated delta rule (3 chunks of 4, the UT transform solved) and the recurrent one are the same
+    linear function of the values once queries, keys, decay and write strength are held: the same relevance, equal
+    to the rule written out by hand, conserved (no biases)."""
+    x = delta_inputs()
+    chunked = TinyGatedDeltaNet(modeling_qwen3_next.torch_chunk_gated_delta_rule, chunk_size=4).double()
+    recurrent = TinyGatedDeltaNet(modeling_qwen3_next.torch_recurrent_gated_delta_rule).double()
+    written = TinyGatedDeltaNet(modeling_qwen3_next.torch_recurrent_gated_delta_rule, by_hand=True).double()
+    found_chunked = attributed(chunked, composite(), x)
+    found_recurrent = attributed(recurrent, composite(), x)
+    torch.testing.assert_close(found_chunked, found_recurrent, rtol=FLOAT32, atol=FLOAT32)
+    torch.testing.assert_close(found_recurrent, by_hand(written, x), rtol=1e-9, atol=1e-12)
+    assert float(found_chunked.sum()) == pytest.approx(3 * 10, rel=1e-6)  # relevance 1 at each output
+
+
+class TinyMamba2Scan(torch.nn.Module):
+    """Mamba-2's chunked scan on projections of the input (4 heads of width 2, one group, state 3)."""
+
+    def __init__(self, chunk_size: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.x, self.dt = torch.nn.Linear(6, 8, bias=False), torch.nn.Linear(6, 4, bias=False)
+        self.b, self.c = torch.nn.Linear(6, 3, bias=False), torch.nn.Linear(6, 3, bias=False)
+        self.A = torch.nn.Parameter(-torch.linspace(0.5, 2, 4))
+        self.chunk_size = chunk_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return modeling_mamba2.mamba2_chunk_scan(
+            self.x(x).view(batch, length, 4, 2),
+            self.dt(x),
+            self.A,
+            self.b(x).view(batch, length, 1, 3),
+            self.c(x).view(batch, length, 1, 3),
+            chunk_size=self.chunk_size,
+            dt_softplus=True,
+        )
+
+
+def test_mamba2_relevance_does_not_depend_on_the_chunk_size():
+    """Mamba-2's state-space duality chunked by 3 (four chunks, states passed between them) and by 16 (one chunk):
+    the same relevance (float64), conserved by CP-LRP."""
+    x = delta_inputs()
+    small, large = TinyMamba2Scan(3).double(), TinyMamba2Scan(16).double()
+    found_small, found_large = attributed(small, CPLRPEpsilon(), x), attributed(large, CPLRPEpsilon(), x)
+    torch.testing.assert_close(found_small, found_large, rtol=FLOAT32, atol=FLOAT32)
+    assert float(found_small.sum()) == pytest.approx(10 * 8, rel=1e-6)  # relevance 1 at each output
+
+
+class ToyMambaMixer(torch.nn.Module):
+    """A module named like a state-space mixer that mixes by a recurrence of its own (undeclared)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(6, 4, bias=False), torch.nn.Linear(6, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gates, values = torch.sigmoid(self.a(x)), self.b(x)
+        state, outputs = torch.zeros_like(values[:, 0]), []
+        for t in range(x.shape[1]):
+            state = gates[:, t] * state + values[:, t]
+            outputs.append(state)
+        return torch.stack(outputs, 1)
+
+
+def test_a_mixer_without_a_declared_recurrence_is_refused():
+    with pytest.raises(UnsupportedModelError, match='ToyMambaMixer.*ran none of the recurrences'):
+        attributed(ToyMambaMixer().double(), AttnLRPEpsilon(), delta_inputs())
+
+
+def toy_scan(values: torch.Tensor, decay: torch.Tensor, other: torch.Tensor | None = None) -> torch.Tensor:
+    """A gated linear recurrence ``s_t = decay_t * s_{t-1} + values_t`` (times ``other`` where given)."""
+    state, outputs = torch.zeros_like(values[:, 0]), []
+    for t in range(values.shape[1]):
+        state = decay[:, t] * state + values[:, t]
+        outputs.append(state if other is None else state * other[:, t])
+    return torch.stack(outputs, 1)
+
+
+class ToyScanMixer(ToyMambaMixer):
+    """A mixer that runs :py:func:`toy_scan` (declared in the tests), optionally with a third relevance-carrying
+    argument."""
+
+    def __init__(self, other: bool = False, by_hand: bool = False):
+        super().__init__()
+        self.other, self.by_hand = other, by_hand
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        decay = torch.sigmoid(self.a(x))
+        decay = decay.detach() if self.by_hand else decay
+        return toy_scan(self.b(x), decay, self.b(x) if self.other else None)
+
+
+@pytest.fixture
+def declared_toy_scan(monkeypatch):
+    """:py:func:`toy_scan` declared as a recurrence for the time of a test: ``values`` carry, ``decay`` constant."""
+    monkeypatch.setitem(
+        RECURRENCES,
+        'toy_scan',
+        Recurrence('toy_scan', 'toy scan', ('values',), ('decay',), modules=(__name__,)),
+    )
+
+
+def test_a_declared_recurrence_holds_its_constants(declared_toy_scan):
+    """A recurrence declared by a user: its constant held (equal to the rule written out by hand), conserved."""
+    x = delta_inputs()
+    found = attributed(ToyScanMixer().double(), CPLRPEpsilon(), x)
+    torch.testing.assert_close(found, by_hand(ToyScanMixer(by_hand=True).double(), x), rtol=1e-10, atol=1e-12)
+    assert float(found.sum()) == pytest.approx(10 * 4, rel=1e-10)  # relevance 1 at each output
+
+
+def test_a_relevance_carrying_argument_without_a_role_is_refused(declared_toy_scan):
+    with pytest.raises(UnsupportedModelError, match="argument 'other', which its declaration gives no role"):
+        attributed(ToyScanMixer(other=True).double(), AttnLRPEpsilon(), delta_inputs())
+
+
+def test_a_product_inside_a_recurrence_without_gates_is_refused(declared_toy_scan, monkeypatch):
+    """``state * other`` inside a recurrence whose declaration has no gates (``other`` given a value's role)."""
+    monkeypatch.setitem(
+        RECURRENCES,
+        'toy_scan',
+        Recurrence('toy_scan', 'toy scan', ('values', 'other'), ('decay',), modules=(__name__,)),
+    )
+    with pytest.raises(UnsupportedModelError, match='inside the recurrence toy_scan .*linear in its values'):
+        attributed(ToyScanMixer(other=True).double(), AttnLRPEpsilon(), delta_inputs())
