@@ -14,7 +14,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next
 
 from tests.by_hand import attributed, by_hand, identity
 from zennit_attn import explain
-from zennit_attn.engine.canonizers.recurrences import RECURRENCES, Recurrence
+from zennit_attn.engine.canonizers.recurrences import GATES, RECURRENCES, Recurrence
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.engine.errors import UnsupportedModelError
 
@@ -246,3 +246,107 @@ def test_a_product_inside_a_recurrence_without_gates_is_refused(declared_toy_sca
     )
     with pytest.raises(UnsupportedModelError, match='inside the recurrence toy_scan .*linear in its values'):
         attributed(ToyScanMixer(other=True).double(), AttnLRPEpsilon(), delta_inputs())
+
+
+class ToyForgetGate(torch.nn.Module):
+    """A decay computed with an exponential (a softplus written as ``log(1 + exp(x))``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(-torch.log(1 + torch.exp(self.a(x))))
+
+
+class ToyGatedScanMixer(ToyMambaMixer):
+    """A mixer whose decay comes from a gate module: passed to :py:func:`toy_scan` as its constant, or (``misused``)
+    also added to the values."""
+
+    def __init__(self, misused: bool = False, by_hand: bool = False):
+        super().__init__()
+        self.gate, self.misused, self.by_hand = ToyForgetGate(), misused, by_hand
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        decay = self.gate(x.detach() if self.by_hand else x).view(x.shape[0], x.shape[1], 4)
+        values = self.b(x) + decay if self.misused else self.b(x)
+        return toy_scan(values, decay)
+
+
+@pytest.fixture
+def declared_toy_gate(declared_toy_scan, monkeypatch):
+    """:py:class:`ToyForgetGate` declared as a gate module for the time of a test."""
+    monkeypatch.setitem(GATES, 'ToyForgetGate', 'a toy decay')
+
+
+def test_a_gate_module_computes_a_constant(declared_toy_gate):
+    """The exponentials inside a declared gate module are not refused; its output, passed to the recurrence as its
+    constant, is held constant (equal to the rule written out by hand), conserved."""
+    x = delta_inputs()
+    found = attributed(ToyGatedScanMixer().double(), CPLRPEpsilon(), x)
+    torch.testing.assert_close(found, by_hand(ToyGatedScanMixer(by_hand=True).double(), x), rtol=1e-10, atol=1e-12)
+    assert float(found.sum()) == pytest.approx(10 * 4, rel=1e-10)
+
+
+def test_a_gate_module_used_otherwise_is_refused(declared_toy_gate):
+    with pytest.raises(UnsupportedModelError, match='a use of the output of ToyForgetGate, a term of a recurrence'):
+        attributed(ToyGatedScanMixer(misused=True).double(), AttnLRPEpsilon(), delta_inputs())
+    with pytest.raises(UnsupportedModelError, match='exp'):  # not declared: its exponential is refused
+        del GATES['ToyForgetGate']
+        attributed(ToyGatedScanMixer().double(), AttnLRPEpsilon(), delta_inputs())
+
+
+class BoundedSqrt(torch.autograd.Function):
+    """A square root with a custom backward (as RG-LRU's ``SqrtBoundDerivative``): a kernel of the tests' own."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sqrt()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad / (2 * x.sqrt().clamp_min(1e-3))
+
+
+class ToyDecayMixer(ToyMambaMixer):
+    """An RG-LRU-like mixer: the decay an exponential of the input, the input scaled by ``sqrt(1 - decay^2)`` (a
+    custom function of the decay), then :py:func:`toy_scan` (``declared``) or the same recurrence written inline."""
+
+    def __init__(self, declared: bool = True, misused: bool = False, by_hand: bool = False):
+        super().__init__()
+        self.declared, self.misused, self.by_hand = declared, misused, by_hand
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        decay = torch.exp(-F.softplus(self.a(x)))
+        multiplier = BoundedSqrt.apply(1 - decay**2)
+        if self.by_hand:
+            decay, multiplier = decay.detach(), multiplier.detach()
+        values = self.b(x) * multiplier + (decay if self.misused else 0)
+        if self.declared:
+            return toy_scan(values, decay)
+        return ToyMambaMixer.forward(self, x) * multiplier
+
+
+def test_decays_computed_in_a_mixer_are_constants(declared_toy_scan):
+    """An exponential inside a mixer and a custom function of it are terms of the recurrence: constant where they
+    scale the values and where the declared recurrence takes them (equal to the rule written out by hand),
+    conserved."""
+    x = delta_inputs()
+    found = attributed(ToyDecayMixer().double(), CPLRPEpsilon(), x)
+    torch.testing.assert_close(found, by_hand(ToyDecayMixer(by_hand=True).double(), x), rtol=1e-10, atol=1e-12)
+    assert float(found.sum()) == pytest.approx(10 * 4, rel=1e-10)
+
+
+@pytest.mark.parametrize(
+    'options, match',
+    [
+        (dict(misused=True), 'a use of an exponential in ToyDecayMixer, a term of a recurrence'),
+        (dict(declared=False), 'ToyDecayMixer.*ran none of the recurrences'),
+    ],
+)
+def test_decays_used_otherwise_are_refused(declared_toy_scan, options, match):
+    """A decay added to the values; a decay that scales the values of a recurrence that is not declared."""
+    with pytest.raises(UnsupportedModelError, match=match):
+        attributed(ToyDecayMixer(**options).double(), AttnLRPEpsilon(), delta_inputs())

@@ -94,7 +94,8 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
 
     def marked(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
         """Route an operation on a tensor with a mark of the engine to the mark's handler (a log-softmax, a logsumexp,
-        an attention-logit bias, a normaliser), else :py:meth:`dispatch` it."""
+        an attention-logit bias, a normaliser, a term of a recurrence), else :py:meth:`dispatch`
+        it."""
         canonizer = self.canonizer
         if canonizer.lse and any(log_softmax_scores(tensor) is not None for tensor in carrying):
             return self.log_softmax_use(name, func, args, kwargs, carrying)
@@ -106,6 +107,8 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
                 return output
         if canonizer.normalisers and any(tensor in canonizer.normalisers for tensor in carrying):
             return self.normaliser_use(name, func, args, kwargs, carrying)
+        if canonizer.terms and any(tensor in canonizer.terms for tensor in carrying):
+            return self.term_use(name, func, args, kwargs, carrying)
         return self.dispatch(name, func, args, kwargs, carrying)
 
     def dispatch(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):

@@ -58,6 +58,9 @@ class Elementwise:
             output = target.copy_(canonizer.activation(source, changed, gate))
         else:
             output = canonizer.activation(args[0], func(*args, **kwargs), gate)
+        if name == 'exp' and canonizer.runs:  # a decay of a sequence mixer that is not softmax attention
+            canonizer.mark_term(output, (canonizer.module_path(), name, f'an exponential in {canonizer.runs[-1].name}'))
+            return output
         if name == 'exp':
             return canonizer.mark_bias(output)
         if rule == 'normaliser' or (rule == 'power' and not _power_at_least_one(args, kwargs)):

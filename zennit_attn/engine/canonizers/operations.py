@@ -44,7 +44,7 @@ from ..errors import UnsupportedModelError
 from ..kinds import is_activation, model_configs, norm_kind
 from ..rules.products import ProductRule, Uniform
 from .classifier import Classifier
-from .recurrences import RECURRENCES, MixerRun
+from .recurrences import GATES, RECURRENCES, MixerRun
 from .tracking import Tracking, tensors_of
 
 __all__ = [
@@ -208,18 +208,19 @@ class OperationCanonizer(Tracking, Canonizer):
     def _hook_modules(self, model: torch.nn.Module) -> None:
         """The instance settings, and the hooks of the opaque modules and of the modules named like sequence mixers
         (each class looked at once)."""
-        classes: dict[type, tuple[bool, bool, tuple | None]] = {}
+        classes: dict[type, tuple[bool, bool, tuple | None, bool]] = {}
         for module in model.modules():
             cls = type(module)
             if cls not in classes:
                 setting = INSTANCE_SETTINGS.get(f'{cls.__module__}.{cls.__qualname__}')
-                classes[cls] = (is_opaque(module), LINEAR_MIXERS.search(cls.__name__) is not None, setting)
-            opaque, mixer, setting = classes[cls]
+                mixer = LINEAR_MIXERS.search(cls.__name__) is not None
+                classes[cls] = (is_opaque(module), mixer, setting, cls.__name__ in GATES)
+            opaque, mixer, setting, gate = classes[cls]
             if setting is not None:
                 self._set(module, setting[0], setting[1](module))
             opaque = opaque and module is not model  # the model's own rule is the relevance boundary
-            if opaque or mixer:
-                self._hook(module, opaque, mixer)
+            if opaque or mixer or gate:
+                self._hook(module, opaque or gate, mixer, gate)
 
     def _scope(self, module: torch.nn.Module, rule: ProductRule) -> None:
         """Hooks that make ``rule`` the product rule while ``module`` runs."""
@@ -234,8 +235,9 @@ class OperationCanonizer(Tracking, Canonizer):
         self.handles.append(module.register_forward_pre_hook(enter))
         self.handles.append(module.register_forward_hook(leave, always_call=True))
 
-    def _hook(self, module: torch.nn.Module, opaque: bool, mixer: bool) -> None:
-        """Hooks that count the opaque modules being run and name the sequence mixers being run."""
+    def _hook(self, module: torch.nn.Module, opaque: bool, mixer: bool, gate: bool = False) -> None:
+        """Hooks that count the opaque modules being run, name the sequence mixers being run and mark the outputs of
+        the gate modules of recurrences (:py:data:`~zennit_attn.engine.canonizers.recurrences.GATES`)."""
         name = type(module).__name__
 
         def enter(module, args):
@@ -245,6 +247,8 @@ class OperationCanonizer(Tracking, Canonizer):
 
         def leave(module, args, output):
             self.opaque -= opaque
+            if gate:
+                self.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
             if mixer and self.runs:
                 run = self.runs.pop()
                 if self.runs:  # a mixer inside a mixer (a gated norm in a Mamba-2 mixer): the outer one answers for it
@@ -295,6 +299,13 @@ class OperationCanonizer(Tracking, Canonizer):
         outputs = [tensor for tensor in tensors_of(values, []) if tensor.requires_grad]
         for tensor in outputs:
             self.check_origin(tensor)
+            if tensor in self.terms:
+                path, operation, what = self.terms[tensor]
+                self.refuse(
+                    operation,
+                    f'{what}, a term of a recurrence (a decay or gate), among the outputs of the model',
+                    path=path,
+                )
         self.check_biases(outputs)
 
     def _exit_modes(self) -> None:
@@ -310,6 +321,9 @@ class OperationCanonizer(Tracking, Canonizer):
             return
         forward = getattr(node, '_forward_cls', None)  # a class attribute of the nodes of Python autograd functions
         if forward is not None and not forward.__module__.startswith(_TRUSTED_FUNCTIONS):
+            if self.term_nodes and self.of_terms(tensor):  # a function of terms of a recurrence: a term itself
+                self.mark_term(tensor, (self.module_path(), forward.__qualname__, 'a custom function of terms'))
+                return
             self.refuse(f'{forward.__module__}.{forward.__qualname__}', 'a custom autograd function (kernel)')
         self.trusted_nodes.add(node)
 

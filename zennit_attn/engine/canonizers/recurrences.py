@@ -39,8 +39,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .products import replaced
+from .registry import OPERATIONS
+from .tracking import tensors_of
 
-__all__ = ['Recurrence', 'RECURRENCES', 'MixerRun', 'Recurrences', 'recurrence', 'recurrence_at']
+__all__ = ['Recurrence', 'RECURRENCES', 'GATES', 'TERM_RULES', 'MixerRun', 'Recurrences', 'recurrence', 'recurrence_at']
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,50 @@ recurrence(
     constants='query key g beta',
 )
 
+# ----------------------------------------------------------------------------------------- gated linear recurrences
+recurrence(
+    '_rnn_scan',
+    'RG-LRU linear recurrence (RecurrentGemma, Griffin)',
+    values='hidden_states recurrent_states',
+    constants='recurrent_gate reset',
+    modules=('transformers.models.recurrent_gemma.',),
+)
+
+# ----------------------------------------------------------------------------------------- gated linear attention
+recurrence(
+    'rwkv_linear_attention_cpu',
+    'RWKV-4 weighted key-value recurrence (RWKV)',
+    values='value state',
+    constants='time_decay time_first key',
+)
+recurrence(
+    'mlstm_chunkwise_native_autograd mlstm_recurrent_sequence_native wrap_chunkwise_arbitrary_sequence_length '
+    'wrap_chunkwise_pad_zeros',
+    'xLSTM matrix memory, chunked and recurrent (xLSTM)',
+    values='value c_initial',
+    constants='query key igate fgate n_initial m_initial',
+)
+recurrence(
+    'mlstm_recurrent_step_native',
+    'xLSTM matrix memory, one step (xLSTM)',
+    values='value cstate',
+    constants='query key igate fgate nstate mstate',
+)
+
+#: Modules that compute only constants of a recurrence (by class name, with what they compute): they run without
+#: rules (their inside, e.g. a softplus written as ``log(1 + exp(x))``, is not classified), and their outputs are
+#: terms of a recurrence (see :py:meth:`Recurrences.term_use`).
+GATES = {
+    'KimiLinearForgetGate': 'the decay g of Kimi delta attention (Kimi Linear)',
+    'Glm5NextTextForgetGate': 'the decay g of Kimi delta attention (GLM-5 Next)',
+}
+
+#: The rules of the registry whose operations compute terms of a recurrence from terms (element-wise, structural,
+#: products): a term's own computation, which no relevance passes through.
+TERM_RULES = frozenset(
+    {'plain', 'product', 'elements', 'division', 'elementwise', 'bound', 'normaliser', 'power', 'exp', 'statistic'}
+)
+
 #: Names of the frames at which a search for a recurrence stops: the call of another module.
 _BOUNDARIES = frozenset({'_call_impl', '_wrapped_call_impl'})
 #: How many frames a search for a recurrence looks at, at most.
@@ -213,6 +259,37 @@ class Recurrences:
         args, kwargs = replaced(args, detached), {key: replaced(value, detached) for key, value in kwargs.items()}
         return args, kwargs, [tensor for tensor in carrying if id(tensor) not in constants]
 
+    def term_use(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
+        """An operation on terms of a recurrence (decays and gates: exponentials inside a sequence mixer, outputs of
+        :py:data:`GATES`, custom autograd functions of terms) outside a declared recurrence (which detaches them
+        first): computed from terms only, a term itself (not classified: its relevance is never asked for); a factor
+        of a product (a divisor) of other relevance-carrying tensors, a constant, and the product one of the mixer's
+        own (which must run a declared recurrence); anything else is refused."""
+        canonizer = self.canonizer
+        terms = [tensor for tensor in carrying if tensor in canonizer.terms]
+        others = [tensor for tensor in carrying if tensor not in canonizer.terms]
+        origin = canonizer.terms[terms[0]]
+        entry = OPERATIONS.get(name)
+        rule = entry.rule if entry is not None else None
+        if not others and rule in TERM_RULES:
+            output = func(*args, **kwargs)
+            canonizer.mark_term(output, origin)
+            return output
+        numerator = args[0] if args else None
+        if others and canonizer.runs and (rule == 'product' or (rule == 'division' and numerator in others)):
+            detached = {id(tensor): tensor.detach() for tensor in terms}
+            args, kwargs = replaced(args, detached), {key: replaced(value, detached) for key, value in kwargs.items()}
+            run = canonizer.runs[-1]
+            run.product = run.product or (name, canonizer.module_path())
+            return self.dispatch(name, func, args, kwargs, others)
+        path, _, what = origin
+        canonizer.refuse(
+            name,
+            f'a use of {what}, a term of a recurrence (a decay or gate), other than in computing terms, as a constant '
+            'factor or as a constant of a declared recurrence',
+            path=path,
+        )
+
     def constants_of(self, frame, declaration: Recurrence) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """The relevance-carrying constant arguments of the recurrence running in ``frame`` (read when its first
         operation runs), with their detached copies; a relevance-carrying argument without a role is refused."""
@@ -227,12 +304,13 @@ class Recurrences:
         roles = set(declaration.values) | set(declaration.gates)
         constants, carried = {}, set()
         for name, value in arguments.items():
-            if not (isinstance(value, torch.Tensor) and value.requires_grad):
+            tensors = [tensor for tensor in tensors_of(value, []) if tensor.requires_grad]
+            if not tensors:
                 continue
             if name in declaration.constants:
-                constants[id(value)] = (value, value.detach())
+                constants.update({id(tensor): (tensor, tensor.detach()) for tensor in tensors})
                 continue
-            carried.add(id(value))
+            carried.update(id(tensor) for tensor in tensors)
             if name not in roles:
                 self.canonizer.refuse(
                     declaration.name,

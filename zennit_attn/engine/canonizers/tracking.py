@@ -99,6 +99,9 @@ class Tracking:
         #: with the operation that computed them
         #: (:py:meth:`~zennit_attn.engine.canonizers.elementwise.Elementwise.normaliser_use`)
         self.cut, self.biases, self.normalisers = TensorMarks(), TensorMarks(), TensorMarks()
+        #: terms of recurrences (decays, gates: constants of the relevance pass) with the module path and what made
+        #: them, and their autograd nodes (:py:meth:`~zennit_attn.engine.canonizers.recurrences.Recurrences.term_use`)
+        self.terms, self.term_nodes = TensorMarks(), set()
         #: autograd nodes of contractions of relevance-carrying tensors without a softmax (``k^T v``: see
         #: :py:meth:`~zennit_attn.engine.canonizers.classifier.Classifier.refuse_linear_attention`)
         self.contractions: set = set()
@@ -173,6 +176,19 @@ class Tracking:
             hint='The model cuts the gradient there (e.g. truncated backpropagation through '
             'a recurrence); explain it with a configuration that computes every step with gradients.',
         )
+
+    def mark_term(self, output, origin) -> None:
+        """Mark the relevance-carrying tensors of ``output`` as terms of a recurrence (``origin``: the module path, the
+        operation and a description of what computed them)."""
+        for tensor in tensors_of(output if isinstance(output, (list, tuple)) else [output], []):
+            if tensor.requires_grad:
+                self.terms[tensor] = origin
+                self.term_nodes.add(tensor.grad_fn)
+
+    def of_terms(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` was computed (by a custom autograd function) from terms of a recurrence only."""
+        inputs = [node for node, _ in tensor.grad_fn.next_functions if node is not None]
+        return bool(inputs) and all(node in self.term_nodes for node in inputs)
 
     def mark_bias(self, output: torch.Tensor, origin=None) -> torch.Tensor:
         """Mark ``output`` as (part of) an additive bias of attention logits that must end in a softmax."""
