@@ -350,3 +350,25 @@ def test_decays_used_otherwise_are_refused(declared_toy_scan, options, match):
     """A decay added to the values; a decay that scales the values of a recurrence that is not declared."""
     with pytest.raises(UnsupportedModelError, match=match):
         attributed(ToyDecayMixer(**options).double(), AttnLRPEpsilon(), delta_inputs())
+
+
+class KernelScan(torch.autograd.Function):
+    """A stand-in for mamba-ssm's selective-scan kernel (its module named like mamba-ssm's)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.cumsum(1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.flip(1).cumsum(1).flip(1)
+
+
+KernelScan.__module__ = 'mamba_ssm.ops.selective_scan_interface'
+
+
+def test_a_kernel_of_a_recurrence_package_is_refused_with_what_to_do():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4)).double()
+    model.register_forward_hook(lambda module, args, output: KernelScan.apply(output))
+    with pytest.raises(UnsupportedModelError, match='KernelScan.*mamba-ssm is installed.*pip uninstall mamba-ssm'):
+        attributed(model, AttnLRPEpsilon(), delta_inputs())

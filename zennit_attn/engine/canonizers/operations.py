@@ -55,6 +55,7 @@ __all__ = [
     'LINEAR_MIXERS',
     'RECURRENT',
     'UNDECLARED',
+    'KERNEL_HINTS',
     'active_classifier',
 ]
 
@@ -77,6 +78,22 @@ INSTANCE_SETTINGS: dict[str, tuple[str, Callable]] = {
 
 #: Packages whose autograd functions are trusted (their outputs are the ones the rules produce or plain torch).
 _TRUSTED_FUNCTIONS = ('torch.', 'zennit.', 'zennit_attn.', 'bitsandbytes.')
+
+#: What to do when transformers calls the kernel of an installed package for a recurrence (by the package's import
+#: name): transformers chooses the kernel when the package is importable, with no per-model switch; its torch path is
+#: the same function, which zennit-attn explains (:py:mod:`~zennit_attn.engine.canonizers.recurrences`).
+KERNEL_HINTS = {
+    package: (
+        f'transformers runs this kernel because {distribution} is installed; zennit-attn explains the torch path of '
+        f'the same recurrence, which transformers runs where {distribution} is not installed: explain in an '
+        f'environment without it (pip uninstall {distribution}).'
+    )
+    for package, distribution in {
+        'mamba_ssm': 'mamba-ssm',
+        'causal_conv1d': 'causal-conv1d',
+        'fla': 'flash-linear-attention',
+    }.items()
+}
 
 #: Class names of sequence mixers whose products of relevance-carrying tensors are not softmax attention: state-space
 #: models, linear attention, recurrences (their products are refused until their rules are defined).
@@ -324,7 +341,12 @@ class OperationCanonizer(Tracking, Canonizer):
             if self.term_nodes and self.of_terms(tensor):  # a function of terms of a recurrence: a term itself
                 self.mark_term(tensor, (self.module_path(), forward.__qualname__, 'a custom function of terms'))
                 return
-            self.refuse(f'{forward.__module__}.{forward.__qualname__}', 'a custom autograd function (kernel)')
+            package = forward.__module__.split('.')[0]
+            self.refuse(
+                f'{forward.__module__}.{forward.__qualname__}',
+                'a custom autograd function (kernel)',
+                hint=KERNEL_HINTS.get(package),
+            )
         self.trusted_nodes.add(node)
 
     def activation(self, input: torch.Tensor, output: torch.Tensor, gate: bool = True) -> torch.Tensor:
