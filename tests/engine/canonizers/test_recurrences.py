@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from transformers.models.mamba import modeling_mamba
 from transformers.models.mamba2 import modeling_mamba2
 from transformers.models.qwen3_next import modeling_qwen3_next
 
@@ -372,3 +373,44 @@ def test_a_kernel_of_a_recurrence_package_is_refused_with_what_to_do():
     model.register_forward_hook(lambda module, args, output: KernelScan.apply(output))
     with pytest.raises(UnsupportedModelError, match='KernelScan.*mamba-ssm is installed.*pip uninstall mamba-ssm'):
         attributed(model, AttnLRPEpsilon(), delta_inputs())
+
+
+class TinyMambaScan(torch.nn.Module):
+    """Mamba's selective scan on projections of the input (8 channels, state 3), over the whole sequence or step by
+    step with a carried state (as generation with a cache runs it)."""
+
+    def __init__(self, steps: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.x, self.z, self.dt = (torch.nn.Linear(6, 8, bias=False) for _ in range(3))
+        self.b, self.c = torch.nn.Linear(6, 3, bias=False), torch.nn.Linear(6, 3, bias=False)
+        self.A = torch.nn.Parameter(-torch.linspace(0.5, 2, 24).view(8, 3))
+        self.steps = steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden, z, dt = (projection(x).transpose(1, 2) for projection in (self.x, self.z, self.dt))
+        b, c = self.b(x), self.c(x)
+        if not self.steps:
+            return modeling_mamba.mamba_selective_scan(
+                hidden, dt, self.A, b.transpose(1, 2), c.transpose(1, 2), z=z, delta_softplus=True
+            )
+        state, outputs = torch.zeros(x.shape[0], 8, 3, dtype=x.dtype), []
+        for t in range(x.shape[1]):
+            outputs.append(
+                modeling_mamba.mamba_selective_state_update(
+                    state, hidden[..., t], dt[..., t], self.A, b[:, t], c[:, t], z=z[..., t], dt_softplus=True
+                )
+            )
+        return torch.stack(outputs, -1)
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_mamba_scan_equals_its_steps(composite):
+    """Mamba's scan over the sequence and its one-token update run token by token with a carried state: the same
+    relevance (to the float32 rounding of the scan)."""
+    x = delta_inputs()
+    found_scan = attributed(TinyMambaScan(steps=False).double(), composite(), x)
+    found_steps = attributed(TinyMambaScan(steps=True).double(), composite(), x)
+    torch.testing.assert_close(found_scan, found_steps, rtol=FLOAT32, atol=FLOAT32)
+    if composite is CPLRPEpsilon:
+        assert float(found_scan.sum()) == pytest.approx(10 * 8, rel=1e-5)  # relevance 1 at each output
