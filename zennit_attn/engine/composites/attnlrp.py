@@ -20,7 +20,16 @@ from zennit.core import Composite, Hook
 from ..canonizers import OperationCanonizer
 from ..errors import CompiledModelError
 from ..kinds import LINEARS, is_activation, norm_kind
-from ..rules import ConstantGates, Epsilon, Identity, NormIdentity, ProductRule, RelevanceBoundary, Uniform
+from ..rules import (
+    ConstantAttention,
+    ConstantGates,
+    Epsilon,
+    Identity,
+    NormIdentity,
+    ProductRule,
+    RelevanceBoundary,
+    Uniform,
+)
 
 #: Attribute that marks every module of a model while a zennit-attn composite is registered to it (a weak reference
 #: to the composite); see :py:meth:`AttnLRPComposite.register`.
@@ -291,3 +300,12 @@ class CPLRPEpsilon(AttnLRPComposite):
     (:py:class:`~zennit_attn.engine.rules.ConstantGates`); everything else as in :py:class:`AttnLRPEpsilon`."""
 
     product_rule = ConstantGates()
+
+
+class RelPEpsilon(AttnLRPComposite):
+    """The rules of relevance patching (RelP, Rezaei Jafari, Eberle, Khakzar, Nanda 2025): the attention probabilities
+    are constants where they enter a product (CP-LRP's attention), the gates of gated MLPs share the half rule
+    (:py:class:`~zennit_attn.engine.rules.ConstantAttention`); identity rules on activations and normalisations, as in
+    :py:class:`AttnLRPEpsilon`."""
+
+    product_rule = ConstantAttention()
