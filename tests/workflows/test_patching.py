@@ -9,10 +9,12 @@ import re
 
 import pytest
 import torch
+from PIL import Image
 
 from tests.models import tiny_model, token_ids
 from zennit_attn.engine.rules import ConstantAttention
 from zennit_attn.engine.rules.products import ACTIVATION, SOFTMAX
+from zennit_attn.results.render.colors import NEGATIVE, POSITIVE
 from zennit_attn.workflows.patching import (
     activation_patching,
     agreement_pairs,
@@ -21,6 +23,7 @@ from zennit_attn.workflows.patching import (
     pair_ids,
     relevance_patching,
 )
+from zennit_attn.workflows.patching.view import CELL, circuit_grid, save_circuit
 
 TIGHT = dict(rtol=1e-9, atol=1e-12)
 ANSWERS, WRONG = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
@@ -209,3 +212,23 @@ def test_tasks_are_deterministic_pairs_of_one_length():
     ids = pair_ids(tokenizer, agreement)
     assert ids['clean'].shape == ids['corrupted'].shape == (8, 5)
     assert ((ids['clean'] != ids['corrupted']).sum(1) == 1).all()
+
+
+def test_circuit_view(llama, pairs, tmp_path):
+    clean, corrupted = pairs
+    scores = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG)
+    columns, grid = circuit_grid(scores)
+    heads = llama.config.num_attention_heads
+    assert columns == ['residual', 'attention', 'mlp', *(f'head {index}' for index in range(heads))]
+    assert grid.shape == (llama.config.num_hidden_layers + 1, 3 + heads)
+    torch.testing.assert_close(grid[:, 0], scores.summed('residual').mean(0)[:, 0], **TIGHT)
+    assert grid[-1, 1:].isnan().all()  # the residual stream has one layer more than the blocks
+    image = Image.open(save_circuit(scores, tmp_path / 'view.png'))
+    largest = grid[~grid.isnan()].abs().argmax()
+    row, column = divmod(int(largest), grid.shape[1])
+    cell = image.getpixel((4 * CELL + column * CELL + CELL // 2, 2 * CELL + row * CELL + CELL // 2))
+    assert cell in (POSITIVE, NEGATIVE)  # the largest score in the saturated colour
+    page = save_circuit(scores, tmp_path / 'view.html', k=3).read_text()
+    assert page.count('<li>') == 3 and str(scores.top(1)[0]) in page
+    with pytest.raises(ValueError):
+        save_circuit(scores, tmp_path / 'view.svg')

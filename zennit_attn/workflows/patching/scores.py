@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -42,6 +43,7 @@ __all__ = [
     'PATCHING_METHODS',
     'DEFAULT_METHOD',
     'PatchingScores',
+    'RankedComponent',
     'relevance_patching',
     'activation_patching',
     'patching_composite',
@@ -58,6 +60,21 @@ PATCHING_METHODS: dict[str, type | None] = {
 
 #: The default method (the best correlation with activation patching measured on SmolLM2, see the guide).
 DEFAULT_METHOD = 'relp'
+
+
+class RankedComponent(NamedTuple):
+    """One entry of :py:meth:`PatchingScores.top`: ``component`` (a key of
+    :py:data:`~.components.COMPONENTS`), ``layer``, ``unit`` (0 for whole outputs, else the head or neuron) and the
+    mean ``score`` over pairs (summed over positions)."""
+
+    component: str
+    layer: int
+    unit: int
+    score: float
+
+    def __str__(self) -> str:
+        unit = {'heads': f' head {self.unit}', 'neurons': f' neuron {self.unit}'}.get(self.component, '')
+        return f'{self.component} layer {self.layer}{unit}: {self.score:+.4f}'
 
 
 @dataclass
@@ -104,6 +121,19 @@ class PatchingScores:
     def mean(self, component: str) -> torch.Tensor:
         """``[layers, units]``: the mean over pairs of :py:meth:`summed`."""
         return self.summed(component).mean(0)
+
+    def top(self, k: int = 10, components: Sequence[str] | None = None) -> list[RankedComponent]:
+        """The ``k`` components with the largest absolute :py:meth:`mean` score, of ``components`` (default: all
+        scored), largest first."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f'k must be a positive integer, got {k!r}')
+        entries = []
+        for component in components if components is not None else list(self.scores):
+            mean = self.mean(component)
+            for layer, unit in torch.cartesian_prod(torch.arange(mean.shape[0]), torch.arange(mean.shape[1])).tolist():
+                entries.append(RankedComponent(component, layer, unit, float(mean[layer, unit])))
+        entries.sort(key=lambda entry: -abs(entry.score))
+        return entries[:k]
 
 
 def patching_composite(method: str | Composite) -> tuple[str, Composite | None]:
