@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from zennit.core import Hook
 
 from zennit_attn.engine.composites import AttnLRPComposite, CPLRPEpsilon, RelPEpsilon
 from zennit_attn.engine.rules import ProductRule, Uniform
@@ -72,6 +73,23 @@ class NoNormRule(RelPEpsilon):
         return None if type(rule).__name__ == 'NormIdentity' else rule
 
 
+class PlainNorm(RelPEpsilon):
+    """Exploration: RelP with the plain gradient through RMSNorm (a rule that changes nothing on norm modules, whose
+    inside the engine leaves to their module rule)."""
+
+    def mapping(self, ctx, name, module):
+        rule = super().mapping(ctx, name, module)
+        return Hook() if type(rule).__name__ == 'NormIdentity' else rule
+
+
+class PlainNormCP(CPLRPEpsilon):
+    """Exploration: CP-LRP with the plain gradient through RMSNorm."""
+
+    def mapping(self, ctx, name, module):
+        rule = super().mapping(ctx, name, module)
+        return Hook() if type(rule).__name__ == 'NormIdentity' else rule
+
+
 def methods(explore: bool) -> dict:
     """name -> method of :py:func:`relevance_patching`."""
     chosen = {'atp': 'atp', 'attnlrp': 'attnlrp', 'cplrp': 'cplrp', 'relp': 'relp'}
@@ -82,6 +100,8 @@ def methods(explore: bool) -> dict:
                 'relp, plain SiLU gradient': PlainActivation(),
                 'cplrp, plain SiLU gradient': PlainActivationCP(),
                 'relp, no RMSNorm module rule': NoNormRule(),
+                'relp, plain RMSNorm gradient': PlainNorm(),
+                'cplrp, plain RMSNorm gradient': PlainNormCP(),
             }
         )
     return chosen

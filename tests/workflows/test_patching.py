@@ -157,6 +157,11 @@ def test_correlation_and_methods_differ(llama, pairs):
     pearson, spearman, count = correlation(exact, exact, 'mlp')
     assert pearson == pytest.approx(1.0, abs=1e-12) and spearman == pytest.approx(1.0, abs=1e-12)
     assert count == int((exact['mlp'] != 0).sum()) > 3  # the last block's MLP before the last position: exactly 0
+    chosen = activation_patching(
+        llama, clean, corrupted, ANSWERS, WRONG, components=('mlp',), progress=False, layers=[-1]
+    )
+    torch.testing.assert_close(chosen['mlp'][:, 1], exact['mlp'][:, 1], **TIGHT)
+    assert (chosen['mlp'][:, 0] == 0).all() and (exact['mlp'][:, 0] != 0).any()
     scores = {
         method: relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('mlp',), method=method)['mlp']
         for method in ('atp', 'relp', 'attnlrp', 'cplrp')

@@ -56,7 +56,7 @@ class Component:
         return COMPONENTS[self.name][1]
 
     @property
-    def key(self) -> tuple[str, int]:
+    def site_key(self) -> tuple[str, int]:
         """The latent site's ``(site, layer)``: the key of its tensors in a
         :py:class:`~zennit_attn.latent.recording.Recorder`."""
         return self.point.site, self.point.layer

@@ -274,9 +274,9 @@ def relevance_patching(
     for kind, layers in components.items():
         per_layer = []
         for component in layers:
-            gradient = recorder.gradients.get(component.key)
-            site = component.point.select(recorder.tensors[component.key])
-            delta = component.point.select(patched[component.key]) - site
+            gradient = recorder.gradients.get(component.site_key)
+            site = component.point.select(recorder.tensors[component.site_key])
+            delta = component.point.select(patched[component.site_key]) - site
             product = delta * (torch.zeros_like(delta) if gradient is None else gradient)
             per_layer.append(component.reduce(product))
         values = torch.stack(per_layer, 1)  # [pairs, layers, seq, units]
@@ -344,6 +344,7 @@ def activation_patching(
     per_position: bool = True,
     batch_size: int = 32,
     progress: bool = True,
+    layers: Sequence[int] | None = None,
 ) -> PatchingScores:
     """Activation patching (Eq. 1), the exact reference of :py:func:`relevance_patching` over the same components:
     one patched forward pass of the clean prompt per component, unit and position, ``batch_size`` of them at a time
@@ -356,6 +357,9 @@ def activation_patching(
         Patched prompts per forward pass.
     progress: bool
         A tqdm bar over the components and layers.
+    layers: sequence of int, optional
+        Patch only the components of these layers (the others score 0), e.g. to check the top components of
+        :py:meth:`PatchingScores.top`; default all.
 
     Returns
     -------
@@ -374,11 +378,23 @@ def activation_patching(
     metric = metric.resolve(clean_logits)
     with torch.no_grad():
         clean_value, corrupted_value = metric.of(clean_logits), metric.of(corrupted_logits)
-    work = [(kind, component) for kind, layers in components.items() for component in layers]
+    work = [(kind, component) for kind, points in components.items() for component in points]
+    chosen = _chosen_layers(layers, max(len(points) for points in components.values()))
     scores = {kind: [] for kind in components}
     for kind, component in tqdm(work, desc='activation patching', disable=not progress):
         scores[kind].append(
-            _patch_component(model, clean, component, base, patched, metric, clean_value, per_position, batch_size)
+            _patch_component(
+                model,
+                clean,
+                component,
+                base,
+                patched,
+                metric,
+                clean_value,
+                per_position,
+                batch_size,
+                skip=component.point.layer not in chosen,
+            )
         )
     scores = {kind: torch.stack(values, 1) for kind, values in scores.items()}
     if not per_position:
@@ -386,12 +402,45 @@ def activation_patching(
     return PatchingScores(scores, clean_value, corrupted_value, 'activation', per_position, time.perf_counter() - start)
 
 
+def _chosen_layers(layers, count: int) -> set[int]:
+    """The layers of ``layers`` (None: all ``count``; negative: from the end).
+
+    Raises
+    ------
+    ValueError
+        For a layer out of range.
+    """
+    if layers is None:
+        return set(range(count))
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    bad = [
+        layer
+        for layer in layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -count <= layer < count
+    ]
+    if bad or not layers:
+        raise ValueError(f'layers must be a non-empty list of layers 0 to {count - 1}, got {bad or layers}')
+    return {layer % count for layer in layers}
+
+
 def _patch_component(
-    model, clean, component: Component, base: Mapping, patched: Mapping, metric, clean_value, per_position, batch_size
+    model,
+    clean,
+    component: Component,
+    base: Mapping,
+    patched: Mapping,
+    metric,
+    clean_value,
+    per_position,
+    batch_size,
+    skip: bool = False,
 ) -> torch.Tensor:
-    """``[pairs, seq or 1, units]`` effects (Eq. 1) of patching ``component``'s units, position by position."""
-    source, reference = patched[component.key], base[component.key]
+    """``[pairs, seq or 1, units]`` effects (Eq. 1) of patching ``component``'s units, position by position (zeros
+    with ``skip``)."""
+    source, reference = patched[component.site_key], base[component.site_key]
     plan = _plan(component, reference, source, per_position)
+    if skip:
+        plan = _Plan(plan.rows[:0], plan.units[:0], plan.positions[:0])
     pairs, seq = clean.shape
     features = component.point.select(reference).shape[-1]
     result = torch.zeros(_scores_shape(component, pairs, seq, features, per_position), dtype=clean_value.dtype)
