@@ -22,8 +22,8 @@ import torch
 from zennit.core import Hook
 
 from zennit_attn.engine.composites import AttnLRPComposite, CPLRPEpsilon, RelPEpsilon
-from zennit_attn.engine.rules import ProductRule, Uniform
-from zennit_attn.engine.rules.products import SOFTMAX
+from zennit_attn.engine.rules import Identity, ProductRule, Uniform
+from zennit_attn.engine.rules.products import ACTIVATION, SOFTMAX
 from zennit_attn.pretrained import load_smollm2
 from zennit_attn.workflows.patching import (
     activation_patching,
@@ -90,6 +90,59 @@ class PlainNormCP(CPLRPEpsilon):
         return Hook() if type(rule).__name__ == 'NormIdentity' else rule
 
 
+class Shares(ProductRule):
+    """Exploration: the shares of attention's products (``A V`` with a softmax factor, ``q k^T``: two plain factors) and
+    of gated products (an activation factor): ``'plain'`` (1 each: the plain gradient), ``'uniform'`` (1/N each),
+    ``'constant'`` (0 for the softmax or the gate, 1 for the rest)."""
+
+    def __init__(self, attention: str, gate: str):
+        self.attention = attention
+        self.gate = gate
+
+    def shares(self, kinds):
+        if SOFTMAX in kinds and len(set(kinds)) > 1:
+            rule, fixed = self.attention, [kind == SOFTMAX for kind in kinds]
+        elif ACTIVATION in kinds and len(set(kinds)) > 1:
+            rule, fixed = self.gate, [kind == ACTIVATION for kind in kinds]
+        else:
+            rule, fixed = (self.attention if self.attention != 'constant' else 'uniform'), [False] * len(kinds)
+        if rule == 'plain':
+            return (1.0,) * len(kinds)
+        if rule == 'uniform' or rule == 'half':
+            return (1.0 / len(kinds),) * len(kinds)
+        free = len(kinds) - sum(fixed)
+        return tuple(0.0 if constant else 1.0 / free for constant in fixed)
+
+
+class Variant(AttnLRPComposite):
+    """Exploration: the rules chosen one by one: attention and gate products (:py:class:`Shares`), the identity rule
+    on SiLU or its plain gradient, the identity rule on RMSNorm or its plain gradient."""
+
+    def __init__(self, attention='plain', gate='plain', silu='plain', norm='plain'):
+        self.activation_rule = Identity if silu == 'identity' else None
+        self.norm = norm
+        super().__init__(product_rule=Shares(attention, gate))
+
+    def mapping(self, ctx, name, module):
+        rule = super().mapping(ctx, name, module)
+        if type(rule).__name__ == 'NormIdentity' and self.norm == 'plain':
+            return Hook()
+        return rule
+
+
+#: one rule at a time on top of the plain gradient, and the plain gradient through the engine (equal to AtP)
+ABLATIONS = {
+    'engine, every rule plain (= atp)': {},
+    'atp + identity SiLU': {'silu': 'identity'},
+    'atp + identity RMSNorm': {'norm': 'identity'},
+    'atp + half rule on gate': {'gate': 'half'},
+    'atp + constant gate': {'gate': 'constant'},
+    'atp + uniform attention': {'attention': 'uniform'},
+    'atp + constant attention': {'attention': 'constant'},
+    'relp rules, plain SiLU and RMSNorm': {'attention': 'constant', 'gate': 'half'},
+}
+
+
 def methods(explore: bool) -> dict:
     """name -> method of :py:func:`relevance_patching`."""
     chosen = {'atp': 'atp', 'attnlrp': 'attnlrp', 'cplrp': 'cplrp', 'relp': 'relp'}
@@ -104,6 +157,7 @@ def methods(explore: bool) -> dict:
                 'cplrp, plain RMSNorm gradient': PlainNormCP(),
             }
         )
+        chosen.update({name: Variant(**choice) for name, choice in ABLATIONS.items()})
     return chosen
 
 
@@ -172,7 +226,10 @@ def main():
     torch.set_num_threads(1)
     model, tokenizer = load_smollm2()
     if args.write_tasks:
-        save_pairs(ioi_pairs(tokenizer, 120) + agreement_pairs(tokenizer, 120), TASKS)
+        pairs = (
+            ioi_pairs(tokenizer, 120) + ioi_pairs(tokenizer, 120, corruption='abc') + agreement_pairs(tokenizer, 120)
+        )
+        save_pairs(pairs, TASKS)
         print(f'wrote {TASKS}')
         return
     threads = os.environ.get('OMP_NUM_THREADS')

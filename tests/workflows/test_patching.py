@@ -212,6 +212,9 @@ def test_tasks_are_deterministic_pairs_of_one_length():
     first = ioi[0]
     assert first.answer in first.clean and first.wrong in first.clean and first.clean.count(first.wrong) == 2
     assert first.corrupted.count(first.wrong) == 1
+    abc = ioi_pairs(tokenizer, 4, corruption='abc')
+    assert all(name not in pair.corrupted for pair in abc for name in (pair.answer, pair.wrong))
+    assert pair_ids(tokenizer, abc)['clean'].shape == pair_ids(tokenizer, abc)['corrupted'].shape
     agreement = agreement_pairs(tokenizer, 8)
     assert {pair.answer for pair in agreement} == {' is', ' are'}
     ids = pair_ids(tokenizer, agreement)

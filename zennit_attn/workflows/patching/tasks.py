@@ -4,7 +4,7 @@ checks every name, noun and answer is one token (so that each corrupted prompt i
 
 - IOI: clean ``"When Mary and John went to the store, John gave a drink to"`` -> ``" Mary"`` (wrong: ``" John"``);
   corrupted: the second mention of the subject replaced by a third name (``", Tom gave"``), which leaves the model
-  no name to exclude.
+  no name to exclude; or (``corruption='abc'``) all three names replaced by three others.
 - Agreement: clean ``"The key near the tables"`` -> ``" is"`` (wrong: ``" are"``); corrupted: the subject's other
   number (``"The keys near the tables"``), so the verb's number flips.
 """
@@ -22,6 +22,7 @@ __all__ = [
     'PromptPair',
     'IOI_TEMPLATES',
     'IOI_NAMES',
+    'IOI_CORRUPTIONS',
     'AGREEMENT_TEMPLATES',
     'AGREEMENT_NOUNS',
     'ioi_pairs',
@@ -93,24 +94,36 @@ def _check(tokenizer, pairs: list[PromptPair]) -> list[PromptPair]:
     return pairs
 
 
-def ioi_pairs(tokenizer, count: int = 120, seed: int = 0) -> list[PromptPair]:
+#: ``corruption`` of :py:func:`ioi_pairs`: the second mention of the subject replaced by a third name (``'s2'``), or
+#: all three names by three others (``'abc'``, the ABC distribution of Wang et al. 2023)
+IOI_CORRUPTIONS = ('s2', 'abc')
+
+
+def ioi_pairs(tokenizer, count: int = 120, seed: int = 0, corruption: str = 's2') -> list[PromptPair]:
     """``count`` IOI prompt pairs (templates :py:data:`IOI_TEMPLATES`, names :py:data:`IOI_NAMES`, half with the
-    indirect object named first), the same for the same ``seed``.
+    indirect object named first), the same for the same ``seed``; ``corruption`` one of :py:data:`IOI_CORRUPTIONS`
+    (task name ``'ioi'`` or ``'ioi_abc'``).
 
     Raises
     ------
     ValueError
-        Where the tokenizer splits a name or the prompts of a pair differ in length.
+        For an unknown corruption, where the tokenizer splits a name or the prompts of a pair differ in length.
     """
+    if corruption not in IOI_CORRUPTIONS:
+        raise ValueError(f'unknown IOI corruption {corruption!r}; known: {", ".join(IOI_CORRUPTIONS)}')
     rng = random.Random(seed)
     pairs = []
     for index in range(count):
         template = IOI_TEMPLATES[index % len(IOI_TEMPLATES)]
-        io, s, other = rng.sample(IOI_NAMES, 3)
+        if corruption == 's2':
+            io, s, other = rng.sample(IOI_NAMES, 3)
+            others = (io, s, other) if index % 2 == 0 else (s, io, other)
+        else:
+            io, s, *others = rng.sample(IOI_NAMES, 5)
         a, b = (io, s) if index % 2 == 0 else (s, io)
         clean = template.format(a=a, b=b, s2=s)
-        corrupted = template.format(a=a, b=b, s2=other)
-        pairs.append(PromptPair('ioi', clean, corrupted, io, s))
+        corrupted = template.format(a=others[0], b=others[1], s2=others[2])
+        pairs.append(PromptPair('ioi' if corruption == 's2' else 'ioi_abc', clean, corrupted, io, s))
     return _check(tokenizer, pairs)
 
 
