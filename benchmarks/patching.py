@@ -140,12 +140,16 @@ ABLATIONS = {
     'atp + uniform attention': {'attention': 'uniform'},
     'atp + constant attention': {'attention': 'constant'},
     'relp rules, plain SiLU and RMSNorm': {'attention': 'constant', 'gate': 'half'},
+    'atp + identity SiLU + half rule on gate': {'silu': 'identity', 'gate': 'half'},
+    'atp + identity SiLU + constant gate': {'silu': 'identity', 'gate': 'constant'},
+    'atp + identity SiLU + identity RMSNorm': {'silu': 'identity', 'norm': 'identity'},
+    'attnlrp rules, plain RMSNorm': {'attention': 'uniform', 'gate': 'half', 'silu': 'identity'},
 }
 
 
 def methods(explore: bool) -> dict:
     """name -> method of :py:func:`relevance_patching`."""
-    chosen = {'atp': 'atp', 'attnlrp': 'attnlrp', 'cplrp': 'cplrp', 'relp': 'relp'}
+    chosen = {'atp': 'atp', 'attnlrp': 'attnlrp', 'cplrp': 'cplrp', 'relp': 'relp', 'mlp_rules': 'mlp_rules'}
     if explore:
         chosen.update(
             {
@@ -165,7 +169,7 @@ def reference(model, ids, cache: Path, task: str, count: int) -> dict:
     """Activation patching of the first ``count`` pairs (kept in ``cache``)."""
     path = cache / f'{task}_{count}.pt'
     if path.exists():
-        return torch.load(path)
+        return torch.load(path, weights_only=False)  # our own cache of PatchingScores
     result = {}
     for per_position in (True, False):
         components = [name for name, where in REFERENCE.items() if per_position == where]
@@ -219,6 +223,7 @@ def main():
     parser.add_argument('--pairs', type=int, default=16)
     parser.add_argument('--tasks', nargs='+', default=['ioi', 'agreement'])
     parser.add_argument('--explore', action='store_true')
+    parser.add_argument('--methods', nargs='+', default=None, help='only these methods (names of the table)')
     parser.add_argument('--write-tasks', action='store_true')
     parser.add_argument('--cache', type=Path, default=Path('/tmp/zennit_attn_patching'))
     parser.add_argument('--out', type=Path, default=None)
@@ -238,7 +243,8 @@ def main():
     for task in args.tasks:
         ids = pair_ids(tokenizer, load_pairs(TASKS, task)[: args.pairs])
         exact = reference(model, ids, args.cache, task, args.pairs)
-        results = {name: score(model, ids, exact, method) for name, method in methods(args.explore).items()}
+        chosen = {name: method for name, method in methods(args.explore).items() if name in (args.methods or [name])}
+        results = {name: score(model, ids, exact, method) for name, method in chosen.items()}
         fb = min(forward_backward(model, ids) for _ in range(3))
         clean, corrupted = exact[True].clean, exact[True].corrupted
         lines += ['', *table(results, task, args.pairs), '']

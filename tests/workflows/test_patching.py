@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from tests.models import tiny_model, token_ids
-from zennit_attn.engine.rules import ConstantAttention
+from zennit_attn.engine.composites import MLPRules
+from zennit_attn.engine.rules import ConstantAttention, HalfGates
 from zennit_attn.engine.rules.products import ACTIVATION, SOFTMAX
 from zennit_attn.results.render.colors import NEGATIVE, POSITIVE
 from zennit_attn.workflows.patching import (
@@ -116,7 +117,7 @@ def test_atp_is_the_plain_gradient_by_hand(llama, pairs):
     torch.testing.assert_close(result.clean, _difference(llama(clean).logits).detach(), **TIGHT)
 
 
-@pytest.mark.parametrize('method', ['atp', 'relp', 'attnlrp', 'cplrp'])
+@pytest.mark.parametrize('method', ['atp', 'mlp_rules', 'relp', 'attnlrp', 'cplrp'])
 def test_exact_where_the_model_is_linear_in_the_activation(method):
     model = tiny_model('llama')
     model.model.norm = torch.nn.Identity().eval()  # the last residual stream -> logits is the linear head only
@@ -164,11 +165,13 @@ def test_correlation_and_methods_differ(llama, pairs):
     assert (chosen['mlp'][:, 0] == 0).all() and (exact['mlp'][:, 0] != 0).any()
     scores = {
         method: relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('mlp',), method=method)['mlp']
-        for method in ('atp', 'relp', 'attnlrp', 'cplrp')
+        for method in ('atp', 'mlp_rules', 'relp', 'attnlrp', 'cplrp')
     }
     assert not torch.allclose(scores['atp'], scores['relp'])
     assert not torch.allclose(scores['relp'], scores['attnlrp'])
     assert not torch.allclose(scores['relp'], scores['cplrp'])
+    assert not torch.allclose(scores['mlp_rules'], scores['atp'])
+    assert not torch.allclose(scores['mlp_rules'], scores['attnlrp'])
 
 
 def test_refusals(llama, pairs):
@@ -185,6 +188,22 @@ def test_refusals(llama, pairs):
         activation_patching(llama, clean, corrupted, ANSWERS[:2], WRONG[:2])
     with pytest.raises(ValueError, match='no "mlp" site'):
         relevance_patching(tiny_model('mixtral'), clean, corrupted, ANSWERS, WRONG, components=('mlp',))
+
+
+def test_half_gates_rule_and_the_plain_engine_is_atp(llama, pairs):
+    rule = HalfGates()
+    assert rule.shares([ACTIVATION, None]) == (0.5, 0.5)  # silu(gate) * up
+    assert rule.shares([SOFTMAX, None]) == (1.0, 1.0) and rule.shares([None, None]) == (1.0, 1.0)  # the gradient
+    clean, corrupted = pairs
+    components = ('residual', 'heads', 'mlp')
+    atp = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=components, method='atp')
+
+    class Plain(MLPRules):  # every rule off: the engine passes the plain gradient
+        activation_rule = None
+
+    plain = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=components, method=Plain())
+    for component in components:
+        torch.testing.assert_close(plain[component], atp[component], **TIGHT)
 
 
 def test_constant_attention_rule():

@@ -18,9 +18,9 @@ __all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'TASKS', 'METHODS', 'COMPONENTS', 'a
 
 NAME = 'patching'
 #: ``--task`` values: the tasks of :py:mod:`zennit_attn.workflows.patching.tasks`
-TASKS = ('ioi', 'agreement')
+TASKS = ('ioi', 'ioi_abc', 'agreement')
 #: ``--method`` values: :py:data:`zennit_attn.workflows.patching.PATCHING_METHODS`
-METHODS = ('relp', 'attnlrp', 'cplrp', 'atp')
+METHODS = ('attnlrp', 'relp', 'mlp_rules', 'cplrp', 'atp')
 #: ``--components`` values: :py:data:`zennit_attn.workflows.patching.COMPONENTS`
 COMPONENTS = ('residual', 'attention', 'heads', 'mlp', 'neurons')
 
@@ -31,9 +31,11 @@ For each pair of a clean and a corrupted prompt (IOI: "When Mary and John went t
 -> " Mary", corrupted with a third name; agreement: "The key near the tables" -> " is", corrupted with the plural
 subject) it estimates, for every residual stream, attention output, MLP output and head, how much the logit
 difference of the right and the wrong answer changes when that component takes its corrupted value: (a' - a) . g,
-with g the AttnLRP-modified gradient (relp: constant attention weights as RelP; attnlrp, cplrp; atp: the plain
-gradient), in one forward and backward pass. Prints the top components; --reference also runs activation patching
-(one forward pass per component and position: slow) and prints the correlation per component type."""
+with g a modified gradient (attnlrp: AttnLRP's; relp: RelP's rules, constant attention weights; mlp_rules: AttnLRP's
+rules in the MLP, the plain gradient elsewhere; cplrp; atp: the plain gradient), in one forward and backward pass.
+Prints the top components; --reference also runs activation patching (one forward pass per component and position:
+slow) and prints the correlation per component type. ioi_abc: IOI with all three names replaced in the corrupted
+prompt."""
 
 EPILOG = """\
 examples:
@@ -67,7 +69,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     group = parser.add_argument_group('patching')
     group.add_argument(
-        '--method', choices=METHODS, default='relp', help='the gradient of the estimate (default: %(default)s)'
+        '--method', choices=METHODS, default='attnlrp', help='the gradient of the estimate (default: %(default)s)'
     )
     group.add_argument(
         '--components',

@@ -27,8 +27,9 @@ __all__ = ['read_pairs', 'run']
 def read_pairs(args: argparse.Namespace, tokenizer) -> list[PromptPair]:
     """The first ``--pairs`` pairs of ``--pairs-file`` or of ``--task``."""
     if args.pairs_file is None:
-        make = ioi_pairs if args.task == 'ioi' else agreement_pairs
-        return make(tokenizer, args.pairs, seed=args.seed)
+        if args.task == 'agreement':
+            return agreement_pairs(tokenizer, args.pairs, seed=args.seed)
+        return ioi_pairs(tokenizer, args.pairs, seed=args.seed, corruption='abc' if args.task == 'ioi_abc' else 's2')
     try:
         entries = json.loads(args.pairs_file.read_text(encoding='utf-8'))
         pairs = [

@@ -1,6 +1,14 @@
 """Named composites for AttnLRP and its CP-LRP baseline, used like any zennit composite."""
 
-from .attnlrp import AttnLRPComposite, AttnLRPEpsilon, CompiledModelError, CPLRPEpsilon, RelPEpsilon, refuse_compiled
+from .attnlrp import (
+    AttnLRPComposite,
+    AttnLRPEpsilon,
+    CompiledModelError,
+    CPLRPEpsilon,
+    MLPRules,
+    RelPEpsilon,
+    refuse_compiled,
+)
 from .gamma import AttnLRPGamma, CPLRPGamma, rule_repr
 
 __all__ = [
@@ -8,6 +16,7 @@ __all__ = [
     'AttnLRPEpsilon',
     'CPLRPEpsilon',
     'RelPEpsilon',
+    'MLPRules',
     'AttnLRPGamma',
     'CPLRPGamma',
     'CompiledModelError',

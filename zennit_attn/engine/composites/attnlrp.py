@@ -24,6 +24,7 @@ from ..rules import (
     ConstantAttention,
     ConstantGates,
     Epsilon,
+    HalfGates,
     Identity,
     NormIdentity,
     ProductRule,
@@ -309,3 +310,26 @@ class RelPEpsilon(AttnLRPComposite):
     :py:class:`AttnLRPEpsilon`."""
 
     product_rule = ConstantAttention()
+
+
+class MLPRules(AttnLRPComposite):
+    """The LRP rules of the gated MLP only, the plain gradient elsewhere: the identity rule on activations (Eq. 9)
+    and the half rule on ``act(gate) * up`` (Prop. 3.2, :py:class:`~zennit_attn.engine.rules.HalfGates`); attention
+    products, softmax and normalisations pass their plain gradient (no
+    :py:class:`~zennit_attn.engine.rules.NormIdentity`).
+
+    A method of relevance patching (:py:func:`zennit_attn.workflows.patching.relevance_patching`, ``'mlp_rules'``):
+    of the rule choices measured against activation patching on SmolLM2-135M it has the highest Pearson correlation
+    where the corrupted prompt differs in one token (IOI with the subject's second mention replaced, subject-verb
+    agreement), and fails like the plain gradient on residual streams and MLP outputs where it differs in three (IOI's
+    ABC corruption), where the rules on attention and normalisation are needed. Not conservative: not an explanation
+    method.
+    """
+
+    product_rule = HalfGates()
+
+    def mapping(self, ctx: dict, name: str, module: torch.nn.Module) -> Hook | None:
+        """:py:meth:`AttnLRPComposite.mapping` without a rule on normalisation modules (their plain gradient)."""
+        if name and norm_kind(module) in ('layer', 'rms'):
+            return None
+        return super().mapping(ctx, name, module)

@@ -15,14 +15,16 @@ relevance of the product, and a share of 0 makes the factor a constant of the ex
 - :py:class:`ConstantGates` (CP-LRP, Ali et al. 2022): gates and softmax outputs are constants, the product is linear
   in the other factors;
 - :py:class:`ConstantAttention` (RelP, Rezaei Jafari et al. 2025): softmax outputs are constants (CP-LRP's attention),
-  every other product shares uniformly (AttnLRP's half rule on gates).
+  every other product shares uniformly (AttnLRP's half rule on gates);
+- :py:class:`HalfGates` (a relevance patching method): the half rule on gated products only, the plain gradient
+  (share 1 for every factor) on every other product, attention included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ['ProductRule', 'Uniform', 'ConstantGates', 'ConstantAttention', 'SOFTMAX', 'ACTIVATION']
+__all__ = ['ProductRule', 'Uniform', 'ConstantGates', 'ConstantAttention', 'HalfGates', 'SOFTMAX', 'ACTIVATION']
 
 #: The kind of a factor that is (a selection, rescaling or join of) softmax outputs.
 SOFTMAX = 'softmax'
@@ -110,3 +112,22 @@ class ConstantAttention(ProductRule):
             return (1.0 / len(kinds),) * len(kinds)
         free = len(kinds) - sum(constant)
         return tuple(0.0 if fixed else 1.0 / free for fixed in constant)
+
+
+class HalfGates(ProductRule):
+    """AttnLRP's rule on gated products only: a product with a gate (an activation output, ``act(gate) * up``) and
+    no softmax output shares uniformly (Prop. 3.2: half each); every other product, the attention's ``q k^T`` and
+    ``A V`` included, passes the plain gradient (share 1 for every factor: no rule).
+
+    Together with the identity rule on the activation and the plain gradient through normalisations
+    (:py:class:`~zennit_attn.engine.composites.attnlrp.MLPRules`) this estimates activation patching best on
+    SmolLM2 where the corrupted prompt differs in one token (see the guide "From heatmaps to circuits"): the LRP
+    rules where the MLP's non-linearity is, the first-order gradient elsewhere.
+    """
+
+    needs_kinds = True
+
+    def shares(self, kinds: Sequence[str | None]) -> tuple[float, ...]:
+        if ACTIVATION in kinds and SOFTMAX not in kinds:
+            return (1.0 / len(kinds),) * len(kinds)
+        return (1.0,) * len(kinds)

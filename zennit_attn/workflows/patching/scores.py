@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 from zennit.core import Composite
 
-from ...engine.composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon, RelPEpsilon
+from ...engine.composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon, MLPRules, RelPEpsilon
 from ...engine.devices import input_device
 from ...inputs.checks import check_model
 from ...latent.recording import Recorder
@@ -52,14 +52,16 @@ __all__ = [
 
 #: The methods of :py:func:`relevance_patching`: name -> composite class (None: the plain gradient, AtP).
 PATCHING_METHODS: dict[str, type | None] = {
-    'relp': RelPEpsilon,
     'attnlrp': AttnLRPEpsilon,
+    'relp': RelPEpsilon,
+    'mlp_rules': MLPRules,
     'cplrp': CPLRPEpsilon,
     'atp': None,
 }
 
-#: The default method (the best correlation with activation patching measured on SmolLM2, see the guide).
-DEFAULT_METHOD = 'relp'
+#: The default method: AttnLRP's modified gradient, of the methods measured on SmolLM2 against activation patching the
+#: highest mean and the highest lowest Pearson correlation over three tasks and four component types (see the guide).
+DEFAULT_METHOD = 'attnlrp'
 
 
 class RankedComponent(NamedTuple):
@@ -247,8 +249,12 @@ def relevance_patching(
     components: sequence of str
         Keys of :py:data:`~.components.COMPONENTS`.
     method: str or AttnLRPComposite
-        ``'relp'`` (default: constant attention weights, the half rule on gates, identity rules), ``'attnlrp'``,
-        ``'cplrp'``, ``'atp'`` (the plain gradient) or a composite instance.
+        ``'attnlrp'`` (default: :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`), ``'relp'`` (RelP's
+        rules, :py:class:`~zennit_attn.engine.composites.attnlrp.RelPEpsilon`: constant attention weights, the half
+        rule on gates, identity rules on activations and normalisations), ``'mlp_rules'``
+        (:py:class:`~zennit_attn.engine.composites.attnlrp.MLPRules`: the identity rule on activations and the half
+        rule on gates, the plain gradient elsewhere), ``'cplrp'``, ``'atp'`` (the plain gradient) or a composite
+        instance.
     per_position: bool
         A score per position, or one per component patched at every position.
 
