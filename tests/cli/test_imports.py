@@ -25,7 +25,16 @@ MANUALS = [
     ['--version'],
     *(
         [command, '--help']
-        for command in ('explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness', 'check')
+        for command in (
+            'explain',
+            'generate',
+            'demo',
+            'explain-dataset',
+            'neurons',
+            'patching',
+            'faithfulness',
+            'check',
+        )
     ),
 ]
 

@@ -20,14 +20,23 @@ from zennit_attn.methods.registry import METHODS
 def test_help(capsys):
     code, out, err = run(capsys, ['--help'])
     assert code == 0 and err == ''
-    assert list(cli.COMMANDS) == ['explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness', 'check']
+    assert list(cli.COMMANDS) == [
+        'explain',
+        'generate',
+        'demo',
+        'explain-dataset',
+        'neurons',
+        'patching',
+        'faithfulness',
+        'check',
+    ]
     for command in cli.COMMANDS:
         assert command in out
     assert 'examples:' in out
 
 
 @pytest.mark.parametrize(
-    'command', ['explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'faithfulness', 'check']
+    'command', ['explain', 'generate', 'demo', 'explain-dataset', 'neurons', 'patching', 'faithfulness', 'check']
 )
 def test_command_help_is_a_manual(capsys, command):
     code, out, err = run(capsys, [command, '--help'])

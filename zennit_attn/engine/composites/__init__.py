@@ -1,12 +1,22 @@
 """Named composites for AttnLRP and its CP-LRP baseline, used like any zennit composite."""
 
-from .attnlrp import AttnLRPComposite, AttnLRPEpsilon, CompiledModelError, CPLRPEpsilon, refuse_compiled
+from .attnlrp import (
+    AttnLRPComposite,
+    AttnLRPEpsilon,
+    CompiledModelError,
+    CPLRPEpsilon,
+    MLPRules,
+    RelPEpsilon,
+    refuse_compiled,
+)
 from .gamma import AttnLRPGamma, CPLRPGamma, rule_repr
 
 __all__ = [
     'AttnLRPComposite',
     'AttnLRPEpsilon',
     'CPLRPEpsilon',
+    'RelPEpsilon',
+    'MLPRules',
     'AttnLRPGamma',
     'CPLRPGamma',
     'CompiledModelError',

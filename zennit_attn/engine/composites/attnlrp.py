@@ -20,7 +20,17 @@ from zennit.core import Composite, Hook
 from ..canonizers import OperationCanonizer
 from ..errors import CompiledModelError
 from ..kinds import LINEARS, is_activation, norm_kind
-from ..rules import ConstantGates, Epsilon, Identity, NormIdentity, ProductRule, RelevanceBoundary, Uniform
+from ..rules import (
+    ConstantAttention,
+    ConstantGates,
+    Epsilon,
+    HalfGates,
+    Identity,
+    NormIdentity,
+    ProductRule,
+    RelevanceBoundary,
+    Uniform,
+)
 
 #: Attribute that marks every module of a model while a zennit-attn composite is registered to it (a weak reference
 #: to the composite); see :py:meth:`AttnLRPComposite.register`.
@@ -291,3 +301,35 @@ class CPLRPEpsilon(AttnLRPComposite):
     (:py:class:`~zennit_attn.engine.rules.ConstantGates`); everything else as in :py:class:`AttnLRPEpsilon`."""
 
     product_rule = ConstantGates()
+
+
+class RelPEpsilon(AttnLRPComposite):
+    """The rules of relevance patching (RelP, Rezaei Jafari, Eberle, Khakzar, Nanda 2025): the attention probabilities
+    are constants where they enter a product (CP-LRP's attention), the gates of gated MLPs share the half rule
+    (:py:class:`~zennit_attn.engine.rules.ConstantAttention`); identity rules on activations and normalisations, as in
+    :py:class:`AttnLRPEpsilon`."""
+
+    product_rule = ConstantAttention()
+
+
+class MLPRules(AttnLRPComposite):
+    """The LRP rules of the gated MLP only, the plain gradient elsewhere: the identity rule on activations (Eq. 9)
+    and the half rule on ``act(gate) * up`` (Prop. 3.2, :py:class:`~zennit_attn.engine.rules.HalfGates`); attention
+    products, softmax and normalisations pass their plain gradient (no
+    :py:class:`~zennit_attn.engine.rules.NormIdentity`).
+
+    A method of relevance patching (:py:func:`zennit_attn.workflows.patching.relevance_patching`, ``'mlp_rules'``):
+    of the rule choices measured against activation patching on SmolLM2-135M it has the highest Pearson correlation
+    where the corrupted prompt differs in one token (IOI with the subject's second mention replaced, subject-verb
+    agreement), and fails like the plain gradient on residual streams and MLP outputs where it differs in three (IOI's
+    ABC corruption), where the rules on attention and normalisation are needed. Not conservative: not an explanation
+    method.
+    """
+
+    product_rule = HalfGates()
+
+    def mapping(self, ctx: dict, name: str, module: torch.nn.Module) -> Hook | None:
+        """:py:meth:`AttnLRPComposite.mapping` without a rule on normalisation modules (their plain gradient)."""
+        if name and norm_kind(module) in ('layer', 'rms'):
+            return None
+        return super().mapping(ctx, name, module)

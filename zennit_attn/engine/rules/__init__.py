@@ -18,6 +18,8 @@ element-wise non-linearity    identity rule, Eq. 9                       :py:cla
 LayerNorm / RMSNorm           identity rule on ``x / g(x)``, Prop. 3.4   :py:class:`NormIdentity`
 product of N factors          uniform rule, Prop. 3.2 and 3.3            :py:class:`Uniform`
 CP-LRP (Ali et al. 2022)      softmax outputs and gates constant         :py:class:`ConstantGates`
+RelP (Rezaei Jafari 2025)     softmax outputs constant, gates 1/2        :py:class:`ConstantAttention`
+relevance patching variant    gates 1/2, other products plain gradient   :py:class:`HalfGates`
 linear / convolution in ViTs  gamma, z+, alpha-beta (app. A.2.3)         :py:class:`Gamma`, :py:class:`ZPlus`,
                                                                          :py:class:`AlphaBeta`
 any zennit relevance rule     converted at the module boundary           :py:class:`RelevanceRule`
@@ -37,7 +39,7 @@ of :py:class:`zennit.attribution.Gradient`) and relevance comes out at the float
 from .base import GradientRule, elementwise_identity, gradient_map, layer_norm_identity, scaled_gradient
 from .boundary import OUTPUT_FIELDS, RelevanceBoundary
 from .gradient import Epsilon, Identity, NormIdentity
-from .products import ConstantGates, ProductRule, Uniform
+from .products import ConstantAttention, ConstantGates, HalfGates, ProductRule, Uniform
 from .relevance import AlphaBeta, Gamma, RelevanceRule, ZPlus
 
 __all__ = [
@@ -52,6 +54,8 @@ __all__ = [
     'ProductRule',
     'Uniform',
     'ConstantGates',
+    'ConstantAttention',
+    'HalfGates',
     'RelevanceBoundary',
     'OUTPUT_FIELDS',
     'RelevanceRule',

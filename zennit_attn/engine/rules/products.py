@@ -13,14 +13,18 @@ relevance of the product, and a share of 0 makes the factor a constant of the ex
 
 - :py:class:`Uniform` (AttnLRP): ``1/N`` each (Prop. 3.2; for matrix products Prop. 3.3 with epsilon -> 0);
 - :py:class:`ConstantGates` (CP-LRP, Ali et al. 2022): gates and softmax outputs are constants, the product is linear
-  in the other factors.
+  in the other factors;
+- :py:class:`ConstantAttention` (RelP, Rezaei Jafari et al. 2025): softmax outputs are constants (CP-LRP's attention),
+  every other product shares uniformly (AttnLRP's half rule on gates);
+- :py:class:`HalfGates` (a relevance patching method): the half rule on gated products only, the plain gradient
+  (share 1 for every factor) on every other product, attention included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ['ProductRule', 'Uniform', 'ConstantGates', 'SOFTMAX', 'ACTIVATION']
+__all__ = ['ProductRule', 'Uniform', 'ConstantGates', 'ConstantAttention', 'HalfGates', 'SOFTMAX', 'ACTIVATION']
 
 #: The kind of a factor that is (a selection, rescaling or join of) softmax outputs.
 SOFTMAX = 'softmax'
@@ -89,3 +93,41 @@ class ConstantGates(ProductRule):
             constant = [False] * len(kinds)
         free = len(kinds) - sum(constant)
         return tuple(0.0 if fixed else 1.0 / free for fixed in constant)
+
+
+class ConstantAttention(ProductRule):
+    """RelP's rules for products (Rezaei Jafari, Eberle, Khakzar, Nanda 2025): the attention probabilities are
+    constants where they enter a product with other factors (CP-LRP's attention: ``A V`` is linear in ``V``, no
+    relevance reaches query and key), and every other product shares uniformly (Prop. 3.2: the half rule on
+    ``act(gate) * up``).
+
+    - Where some factor is a softmax output and some is not, the softmax outputs get 0 and the others share
+      uniformly.
+    - Otherwise the uniform rule (Prop. 3.2, 3.3).
+    """
+
+    def shares(self, kinds: Sequence[str | None]) -> tuple[float, ...]:
+        constant = [kind == SOFTMAX for kind in kinds]
+        if all(constant) or not any(constant):
+            return (1.0 / len(kinds),) * len(kinds)
+        free = len(kinds) - sum(constant)
+        return tuple(0.0 if fixed else 1.0 / free for fixed in constant)
+
+
+class HalfGates(ProductRule):
+    """AttnLRP's rule on gated products only: a product with a gate (an activation output, ``act(gate) * up``) and
+    no softmax output shares uniformly (Prop. 3.2: half each); every other product, the attention's ``q k^T`` and
+    ``A V`` included, passes the plain gradient (share 1 for every factor: no rule).
+
+    Together with the identity rule on the activation and the plain gradient through normalisations
+    (:py:class:`~zennit_attn.engine.composites.attnlrp.MLPRules`) this estimates activation patching best on
+    SmolLM2 where the corrupted prompt differs in one token (see the guide "From heatmaps to circuits"): the LRP
+    rules where the MLP's non-linearity is, the first-order gradient elsewhere.
+    """
+
+    needs_kinds = True
+
+    def shares(self, kinds: Sequence[str | None]) -> tuple[float, ...]:
+        if ACTIVATION in kinds and SOFTMAX not in kinds:
+            return (1.0 / len(kinds),) * len(kinds)
+        return (1.0,) * len(kinds)

@@ -1,0 +1,269 @@
+"""Relevance patching against activation patching on SmolLM2-135M-Instruct (issue 32).
+
+For IOI and subject-verb agreement (the prompt pairs of ``benchmarks/patching_tasks.json``, written by
+``--write-tasks`` from :py:mod:`zennit_attn.workflows.patching.tasks`), activation patching of every residual stream,
+attention output and MLP output per position and of every head at all positions is the reference; relevance patching
+with each method (and each rule choice of ``--explore``) is scored by its Pearson and Spearman correlation with it, per
+component type, and timed against one forward and backward pass and against activation patching.
+
+    OMP_NUM_THREADS=1 python benchmarks/patching.py --pairs 16 --explore
+    OMP_NUM_THREADS=1 python benchmarks/patching.py --write-tasks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from zennit.core import Hook
+
+from zennit_attn.engine.composites import AttnLRPComposite, CPLRPEpsilon, RelPEpsilon
+from zennit_attn.engine.rules import Identity, ProductRule, Uniform
+from zennit_attn.engine.rules.products import ACTIVATION, SOFTMAX
+from zennit_attn.pretrained import load_smollm2
+from zennit_attn.workflows.patching import (
+    activation_patching,
+    agreement_pairs,
+    correlation,
+    ioi_pairs,
+    load_pairs,
+    pair_ids,
+    relevance_patching,
+    save_pairs,
+)
+
+HERE = Path(__file__).parent
+TASKS = HERE / 'patching_tasks.json'
+#: component -> per_position of its activation patching reference (heads: patched at all positions, as in RelP)
+REFERENCE = {'residual': True, 'attention': True, 'mlp': True, 'heads': False}
+
+
+class ConstantGatesOnly(ProductRule):
+    """Exploration: gates constant (``up`` gets all of ``act(gate) * up``), attention uniform (AttnLRP)."""
+
+    def shares(self, kinds):
+        gates = [kind is not None and kind != SOFTMAX for kind in kinds]
+        if any(gates) and not all(gates):
+            free = len(kinds) - sum(gates)
+            return tuple(0.0 if gate else 1.0 / free for gate in gates)
+        return Uniform().shares(kinds)
+
+
+class PlainActivation(RelPEpsilon):
+    """Exploration: RelP with the plain gradient through SiLU instead of the identity rule."""
+
+    activation_rule = None
+
+
+class PlainActivationCP(CPLRPEpsilon):
+    """Exploration: CP-LRP with the plain gradient through SiLU."""
+
+    activation_rule = None
+
+
+class NoNormRule(RelPEpsilon):
+    """Exploration: RelP without the module rule on RMSNorm (what the engine does inside it instead)."""
+
+    def mapping(self, ctx, name, module):
+        rule = super().mapping(ctx, name, module)
+        return None if type(rule).__name__ == 'NormIdentity' else rule
+
+
+class PlainNorm(RelPEpsilon):
+    """Exploration: RelP with the plain gradient through RMSNorm (a rule that changes nothing on norm modules, whose
+    inside the engine leaves to their module rule)."""
+
+    def mapping(self, ctx, name, module):
+        rule = super().mapping(ctx, name, module)
+        return Hook() if type(rule).__name__ == 'NormIdentity' else rule
+
+
+class PlainNormCP(CPLRPEpsilon):
+    """Exploration: CP-LRP with the plain gradient through RMSNorm."""
+
+    def mapping(self, ctx, name, module):
+        rule = super().mapping(ctx, name, module)
+        return Hook() if type(rule).__name__ == 'NormIdentity' else rule
+
+
+class Shares(ProductRule):
+    """Exploration: the shares of attention's products (``A V`` with a softmax factor, ``q k^T``: two plain factors) and
+    of gated products (an activation factor): ``'plain'`` (1 each: the plain gradient), ``'uniform'`` (1/N each),
+    ``'constant'`` (0 for the softmax or the gate, 1 for the rest)."""
+
+    def __init__(self, attention: str, gate: str):
+        self.attention = attention
+        self.gate = gate
+
+    def shares(self, kinds):
+        if SOFTMAX in kinds and len(set(kinds)) > 1:
+            rule, fixed = self.attention, [kind == SOFTMAX for kind in kinds]
+        elif ACTIVATION in kinds and len(set(kinds)) > 1:
+            rule, fixed = self.gate, [kind == ACTIVATION for kind in kinds]
+        else:
+            rule, fixed = (self.attention if self.attention != 'constant' else 'uniform'), [False] * len(kinds)
+        if rule == 'plain':
+            return (1.0,) * len(kinds)
+        if rule == 'uniform' or rule == 'half':
+            return (1.0 / len(kinds),) * len(kinds)
+        free = len(kinds) - sum(fixed)
+        return tuple(0.0 if constant else 1.0 / free for constant in fixed)
+
+
+class Variant(AttnLRPComposite):
+    """Exploration: the rules chosen one by one: attention and gate products (:py:class:`Shares`), the identity rule
+    on SiLU or its plain gradient, the identity rule on RMSNorm or its plain gradient."""
+
+    def __init__(self, attention='plain', gate='plain', silu='plain', norm='plain'):
+        self.activation_rule = Identity if silu == 'identity' else None
+        self.norm = norm
+        super().__init__(product_rule=Shares(attention, gate))
+
+    def mapping(self, ctx, name, module):
+        rule = super().mapping(ctx, name, module)
+        if type(rule).__name__ == 'NormIdentity' and self.norm == 'plain':
+            return Hook()
+        return rule
+
+
+#: one rule at a time on top of the plain gradient, and the plain gradient through the engine (equal to AtP)
+ABLATIONS = {
+    'engine, every rule plain (= atp)': {},
+    'atp + identity SiLU': {'silu': 'identity'},
+    'atp + identity RMSNorm': {'norm': 'identity'},
+    'atp + half rule on gate': {'gate': 'half'},
+    'atp + constant gate': {'gate': 'constant'},
+    'atp + uniform attention': {'attention': 'uniform'},
+    'atp + constant attention': {'attention': 'constant'},
+    'relp rules, plain SiLU and RMSNorm': {'attention': 'constant', 'gate': 'half'},
+    'atp + identity SiLU + half rule on gate': {'silu': 'identity', 'gate': 'half'},
+    'atp + identity SiLU + constant gate': {'silu': 'identity', 'gate': 'constant'},
+    'atp + identity SiLU + identity RMSNorm': {'silu': 'identity', 'norm': 'identity'},
+    'attnlrp rules, plain RMSNorm': {'attention': 'uniform', 'gate': 'half', 'silu': 'identity'},
+}
+
+
+def methods(explore: bool) -> dict:
+    """name -> method of :py:func:`relevance_patching`."""
+    chosen = {'atp': 'atp', 'attnlrp': 'attnlrp', 'cplrp': 'cplrp', 'relp': 'relp', 'mlp_rules': 'mlp_rules'}
+    if explore:
+        chosen.update(
+            {
+                'uniform attention, constant gates': AttnLRPComposite(product_rule=ConstantGatesOnly()),
+                'relp, plain SiLU gradient': PlainActivation(),
+                'cplrp, plain SiLU gradient': PlainActivationCP(),
+                'relp, no RMSNorm module rule': NoNormRule(),
+                'relp, plain RMSNorm gradient': PlainNorm(),
+                'cplrp, plain RMSNorm gradient': PlainNormCP(),
+            }
+        )
+        chosen.update({name: Variant(**choice) for name, choice in ABLATIONS.items()})
+    return chosen
+
+
+def reference(model, ids, cache: Path, task: str, count: int) -> dict:
+    """Activation patching of the first ``count`` pairs (kept in ``cache``)."""
+    path = cache / f'{task}_{count}.pt'
+    if path.exists():
+        return torch.load(path, weights_only=False)  # our own cache of PatchingScores
+    result = {}
+    for per_position in (True, False):
+        components = [name for name, where in REFERENCE.items() if per_position == where]
+        if not per_position:
+            components += ['residual', 'attention', 'mlp']
+        result[per_position] = activation_patching(
+            model, components=components, per_position=per_position, batch_size=64, **ids
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save(result, path)
+    return result
+
+
+def score(model, ids, exact: dict, method) -> dict:
+    """Correlations of relevance patching with ``method`` per component and granularity, and its time."""
+    rows = {}
+    seconds = 0.0
+    for per_position, reference_scores in exact.items():
+        estimate = relevance_patching(
+            model, components=list(reference_scores.scores), method=method, per_position=per_position, **ids
+        )
+        seconds = estimate.seconds if per_position else seconds
+        for component in reference_scores.scores:
+            rows[(component, per_position)] = correlation(estimate, reference_scores, component)
+    return {'rows': rows, 'seconds': seconds}
+
+
+def forward_backward(model, ids) -> float:
+    """Seconds of one forward and one plain backward pass of the clean prompts."""
+    embeddings = model.get_input_embeddings()(ids['clean']).detach().requires_grad_(True)
+    start = time.perf_counter()
+    logits = model(inputs_embeds=embeddings).logits[:, -1]
+    torch.autograd.grad(logits.sum(), embeddings)
+    return time.perf_counter() - start
+
+
+def table(results: dict, task: str, count: int) -> list[str]:
+    """Markdown rows: method x component (Pearson / Spearman)."""
+    components = [('residual', True), ('attention', True), ('heads', False), ('mlp', True)]
+    components += [('residual', False), ('attention', False), ('mlp', False)]
+    head = ' | '.join(f'{name}{"" if where else " (all pos.)"}' for name, where in components)
+    lines = [f'### {task}, {count} pairs', '', f'| method | {head} | seconds |', '|---' * (len(components) + 2) + '|']
+    for name, result in results.items():
+        cells = ' | '.join('{:.3f} / {:.3f}'.format(*result['rows'][key][:2]) for key in components)
+        lines.append(f'| {name} | {cells} | {result["seconds"]:.2f} |')
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--pairs', type=int, default=16)
+    parser.add_argument('--tasks', nargs='+', default=['ioi', 'agreement'])
+    parser.add_argument('--explore', action='store_true')
+    parser.add_argument('--methods', nargs='+', default=None, help='only these methods (names of the table)')
+    parser.add_argument('--write-tasks', action='store_true')
+    parser.add_argument('--cache', type=Path, default=Path('/tmp/zennit_attn_patching'))
+    parser.add_argument('--out', type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model, tokenizer = load_smollm2()
+    if args.write_tasks:
+        pairs = (
+            ioi_pairs(tokenizer, 120) + ioi_pairs(tokenizer, 120, corruption='abc') + agreement_pairs(tokenizer, 120)
+        )
+        save_pairs(pairs, TASKS)
+        print(f'wrote {TASKS}')
+        return
+    threads = os.environ.get('OMP_NUM_THREADS')
+    lines = [f'load average: {open("/proc/loadavg").read().split()[:3]}, OMP_NUM_THREADS={threads}']
+    summary = {}
+    for task in args.tasks:
+        ids = pair_ids(tokenizer, load_pairs(TASKS, task)[: args.pairs])
+        exact = reference(model, ids, args.cache, task, args.pairs)
+        chosen = {name: method for name, method in methods(args.explore).items() if name in (args.methods or [name])}
+        results = {name: score(model, ids, exact, method) for name, method in chosen.items()}
+        fb = min(forward_backward(model, ids) for _ in range(3))
+        clean, corrupted = exact[True].clean, exact[True].corrupted
+        lines += ['', *table(results, task, args.pairs), '']
+        lines.append(
+            f'clean metric mean {clean.mean():.2f} (min {clean.min():.2f}), corrupted {corrupted.mean():.2f}; '
+            f'one forward+backward {fb:.2f} s; activation patching {exact[True].seconds + exact[False].seconds:.1f} s'
+        )
+        summary[task] = {
+            name: {f'{c}{"" if p else "_all"}': v for (c, p), v in r['rows'].items()} | {'seconds': r['seconds']}
+            for name, r in results.items()
+        } | {'forward_backward': fb, 'activation_seconds': exact[True].seconds + exact[False].seconds}
+        print('\n'.join(lines), flush=True)
+    lines.append(f'load average after: {open("/proc/loadavg").read().split()[:3]}')
+    print(lines[-1])
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / 'patching.md').write_text('\n'.join(lines) + '\n')
+        (args.out / 'patching.json').write_text(json.dumps(summary, indent=1) + '\n')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,52 @@
+"""``zennit-attn patching`` (:py:mod:`zennit_attn.cli.patching`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.conftest import refused, run
+
+PAIRS = [
+    {'clean': 'The bear lives in the', 'corrupted': 'the bear lives in the', 'answer': ' Arctic', 'wrong': ' the'},
+    {'clean': 'The ice bear lives in', 'corrupted': 'The ice bear lives the', 'answer': ' the', 'wrong': ' bear'},
+]
+
+
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['--pairs', '0'], '--pairs must be at least 1'),
+        (['--top', '0'], '--top must be at least 1'),
+        (['--pairs-file', 'missing.json'], "--pairs-file 'missing.json' is not a file"),
+        (['--components', 'mlp', 'mlp'], '--components names a component twice'),
+        (['--output', 'view.svg'], '--output'),
+        (['--method', 'gradient'], "argument --method: invalid choice: 'gradient'"),
+    ],
+)
+def test_patching_refusals(capsys, argv, message):
+    assert message in refused(capsys, ['patching', *argv])
+
+
+def test_patching_with_a_model_folder(capsys, tiny_folder, tmp_path):
+    """The printed top components are those of relevance_patching of the same pairs; the view is written."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from zennit_attn.cli.runs.patching import PromptPair
+    from zennit_attn.workflows.patching import pair_ids, relevance_patching
+
+    path = tmp_path / 'pairs.json'
+    path.write_text(json.dumps(PAIRS))
+    view = tmp_path / 'view.html'
+    argv = ['patching', '--pairs-file', str(path), '--model', str(tiny_folder['llama']), '--top', '3']
+    code, out, err = run(capsys, [*argv, '--output', str(view), '--reference', '-q'])
+    assert code == 0, err
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder['llama']).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder['llama'])
+    ids = pair_ids(tokenizer, [PromptPair('file', **pair) for pair in PAIRS])
+    top = relevance_patching(model, **ids).top(3)
+    assert [line.split('. ', 1)[1] for line in out.splitlines() if line.startswith('    ') and '. ' in line] == [
+        str(entry) for entry in top
+    ]
+    assert 'Pearson / Spearman' in out and view.read_text().count('<td style') > 0

@@ -1,0 +1,261 @@
+"""Relevance and activation patching (zennit_attn.workflows.patching) against hand computations on a tiny random
+float64 Llama: activation patching is the metric change of a hand-patched forward pass, relevance patching with the
+plain gradient is AtP from torch.autograd.grad, both agree exactly where the model is linear in the activation, and
+batches give what pairs give one by one."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.models import tiny_model, token_ids
+from zennit_attn.engine.composites import MLPRules
+from zennit_attn.engine.rules import ConstantAttention, HalfGates
+from zennit_attn.engine.rules.products import ACTIVATION, SOFTMAX
+from zennit_attn.results.render.colors import NEGATIVE, POSITIVE
+from zennit_attn.workflows.patching import (
+    activation_patching,
+    agreement_pairs,
+    correlation,
+    ioi_pairs,
+    pair_ids,
+    relevance_patching,
+)
+from zennit_attn.workflows.patching.view import CELL, circuit_grid, save_circuit
+
+TIGHT = dict(rtol=1e-9, atol=1e-12)
+ANSWERS, WRONG = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+
+
+@pytest.fixture(scope='module')
+def llama():
+    return tiny_model('llama')
+
+
+@pytest.fixture(scope='module')
+def pairs(llama):
+    clean = token_ids('llama', 6, 3)
+    corrupted = clean.clone()
+    corrupted[:, 2] = (corrupted[:, 2] + 7) % llama.config.vocab_size
+    return clean, corrupted
+
+
+def _difference(logits, rows=slice(None)):
+    return logits[:, -1].gather(1, ANSWERS[rows, None])[:, 0] - logits[:, -1].gather(1, WRONG[rows, None])[:, 0]
+
+
+def _o_proj_inputs(model, ids, grad=False):
+    """The inputs of each layer's attention output projection (and their plain gradients of the metric)."""
+    kept = []
+    handles = [
+        layer.self_attn.o_proj.register_forward_pre_hook(lambda module, args: kept.append(args[0]))
+        for layer in model.model.layers
+    ]
+    try:
+        with torch.set_grad_enabled(grad):
+            embeds = model.get_input_embeddings()(ids).detach().requires_grad_(grad)
+            value = _difference(model(inputs_embeds=embeds).logits)
+            grads = torch.autograd.grad(value.sum(), kept) if grad else None
+    finally:
+        for handle in handles:
+            handle.remove()
+    return kept, grads
+
+
+@pytest.mark.parametrize('metric', ['logit_difference', 'log_probability'])
+def test_activation_patching_is_the_metric_change_by_hand(llama, pairs, metric):
+    clean, corrupted = pairs
+    wrong = WRONG if metric == 'logit_difference' else None
+    result = activation_patching(
+        llama, clean, corrupted, ANSWERS, wrong, metric, components=('attention', 'heads'), progress=False
+    )
+    source, _ = _o_proj_inputs(llama, corrupted)
+    layer, position, head = 1, 4, 2
+    width = llama.config.hidden_size // llama.config.num_attention_heads
+
+    def measure(features):
+        def patch(module, args):
+            patched = args[0].clone()
+            patched[:, position, features] = source[layer][:, position, features]
+            return (patched,)
+
+        handle = llama.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(patch)
+        try:
+            with torch.no_grad():
+                logits = llama(clean).logits[:, -1]
+        finally:
+            handle.remove()
+        if metric == 'logit_difference':
+            return logits.gather(1, ANSWERS[:, None])[:, 0] - logits.gather(1, WRONG[:, None])[:, 0]
+        return logits.log_softmax(-1).gather(1, ANSWERS[:, None])[:, 0]
+
+    torch.testing.assert_close(result['attention'][:, layer, position, 0], measure(slice(None)) - result.clean, **TIGHT)
+    head_features = slice(head * width, (head + 1) * width)
+    torch.testing.assert_close(
+        result['heads'][:, layer, position, head], measure(head_features) - result.clean, **TIGHT
+    )
+    assert (result['attention'][:, :, :2] == 0).all()  # before the corrupted token nothing differs
+    assert result['attention'][:, :, 2:].abs().sum() > 0
+
+
+def test_atp_is_the_plain_gradient_by_hand(llama, pairs):
+    clean, corrupted = pairs
+    result = relevance_patching(
+        llama, clean, corrupted, ANSWERS, WRONG, components=('attention', 'heads'), method='atp'
+    )
+    sites, grads = _o_proj_inputs(llama, clean, grad=True)
+    source, _ = _o_proj_inputs(llama, corrupted)
+    for layer in range(len(sites)):
+        product = (source[layer] - sites[layer]) * grads[layer]
+        torch.testing.assert_close(result['attention'][:, layer, :, 0], product.sum(-1), **TIGHT)
+        heads = product.unflatten(-1, (llama.config.num_attention_heads, -1)).sum(-1)
+        torch.testing.assert_close(result['heads'][:, layer], heads, **TIGHT)
+    assert result.method == 'atp'
+    torch.testing.assert_close(result.clean, _difference(llama(clean).logits).detach(), **TIGHT)
+
+
+@pytest.mark.parametrize('method', ['atp', 'mlp_rules', 'relp', 'attnlrp', 'cplrp'])
+def test_exact_where_the_model_is_linear_in_the_activation(method):
+    model = tiny_model('llama')
+    model.model.norm = torch.nn.Identity().eval()  # the last residual stream -> logits is the linear head only
+    clean = token_ids('llama', 6, 3)
+    corrupted = clean.flip(1)
+    exact = activation_patching(model, clean, corrupted, ANSWERS, WRONG, components=('residual',), progress=False)
+    estimate = relevance_patching(model, clean, corrupted, ANSWERS, WRONG, components=('residual',), method=method)
+    torch.testing.assert_close(estimate['residual'][:, -1, -1], exact['residual'][:, -1, -1], **TIGHT)
+    assert not torch.allclose(estimate['residual'][:, 1], exact['residual'][:, 1])  # non-linear in between
+
+
+@pytest.mark.parametrize('per_position', [True, False])
+def test_batches_give_what_pairs_give_one_by_one(llama, pairs, per_position):
+    clean, corrupted = pairs
+    components = ('residual', 'attention', 'heads', 'mlp')
+    together = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=components + ('neurons',))
+    exact = activation_patching(
+        llama, clean, corrupted, ANSWERS, WRONG, components=components, per_position=per_position, batch_size=5
+    )
+    for row in range(clean.shape[0]):
+        alone = relevance_patching(
+            llama, clean[row], corrupted[row], ANSWERS[row], WRONG[row], components=components + ('neurons',)
+        )
+        single = activation_patching(
+            llama, clean[row], corrupted[row], ANSWERS[row], WRONG[row], components=components,
+            per_position=per_position, batch_size=1, progress=False,
+        )  # fmt: skip
+        for component in components:
+            torch.testing.assert_close(together[component][row], alone[component][0], **TIGHT)
+            torch.testing.assert_close(exact[component][row], single[component][0], **TIGHT)
+    # the FFN neurons of a bias-free down projection sum to the MLP output
+    torch.testing.assert_close(together['neurons'].sum(-1), together['mlp'][..., 0], **TIGHT)
+
+
+def test_correlation_and_methods_differ(llama, pairs):
+    clean, corrupted = pairs
+    exact = activation_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('mlp',), progress=False)
+    pearson, spearman, count = correlation(exact, exact, 'mlp')
+    assert pearson == pytest.approx(1.0, abs=1e-12) and spearman == pytest.approx(1.0, abs=1e-12)
+    assert count == int((exact['mlp'] != 0).sum()) > 3  # the last block's MLP before the last position: exactly 0
+    chosen = activation_patching(
+        llama, clean, corrupted, ANSWERS, WRONG, components=('mlp',), progress=False, layers=[-1]
+    )
+    torch.testing.assert_close(chosen['mlp'][:, 1], exact['mlp'][:, 1], **TIGHT)
+    assert (chosen['mlp'][:, 0] == 0).all() and (exact['mlp'][:, 0] != 0).any()
+    scores = {
+        method: relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('mlp',), method=method)['mlp']
+        for method in ('atp', 'mlp_rules', 'relp', 'attnlrp', 'cplrp')
+    }
+    assert not torch.allclose(scores['atp'], scores['relp'])
+    assert not torch.allclose(scores['relp'], scores['attnlrp'])
+    assert not torch.allclose(scores['relp'], scores['cplrp'])
+    assert not torch.allclose(scores['mlp_rules'], scores['atp'])
+    assert not torch.allclose(scores['mlp_rules'], scores['attnlrp'])
+
+
+def test_refusals(llama, pairs):
+    clean, corrupted = pairs
+    with pytest.raises(ValueError, match='same shape'):
+        relevance_patching(llama, clean, corrupted[:, :-1], ANSWERS, WRONG)
+    with pytest.raises(ValueError, match='unknown relevance patching method'):
+        relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, method='gradient')
+    with pytest.raises(ValueError, match='needs wrong='):
+        relevance_patching(llama, clean, corrupted, ANSWERS)
+    with pytest.raises(ValueError, match='unknown component'):
+        activation_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('edges',))
+    with pytest.raises(ValueError, match='one token id per prompt pair'):
+        activation_patching(llama, clean, corrupted, ANSWERS[:2], WRONG[:2])
+    with pytest.raises(ValueError, match='no "mlp" site'):
+        relevance_patching(tiny_model('mixtral'), clean, corrupted, ANSWERS, WRONG, components=('mlp',))
+
+
+def test_half_gates_rule_and_the_plain_engine_is_atp(llama, pairs):
+    rule = HalfGates()
+    assert rule.shares([ACTIVATION, None]) == (0.5, 0.5)  # silu(gate) * up
+    assert rule.shares([SOFTMAX, None]) == (1.0, 1.0) and rule.shares([None, None]) == (1.0, 1.0)  # the gradient
+    clean, corrupted = pairs
+    components = ('residual', 'heads', 'mlp')
+    atp = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=components, method='atp')
+
+    class Plain(MLPRules):  # every rule off: the engine passes the plain gradient
+        activation_rule = None
+
+    plain = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=components, method=Plain())
+    for component in components:
+        torch.testing.assert_close(plain[component], atp[component], **TIGHT)
+
+
+def test_constant_attention_rule():
+    rule = ConstantAttention()
+    assert rule.shares([SOFTMAX, None]) == (0.0, 1.0)  # A V: linear in V
+    assert rule.shares([ACTIVATION, None]) == (0.5, 0.5)  # silu(gate) * up: the half rule
+    assert rule.shares([None, None]) == (0.5, 0.5)  # q k^T
+    assert rule.shares([SOFTMAX, SOFTMAX]) == (0.5, 0.5)
+
+
+class WordTokenizer:
+    """Words with their leading space and punctuation as tokens (ids from a growing table)."""
+
+    def __init__(self):
+        self.table = {}
+
+    def encode(self, text, add_special_tokens=False):
+        return [self.table.setdefault(piece, len(self.table)) for piece in re.findall(r' ?\w+|[^\w\s]', text)]
+
+
+def test_tasks_are_deterministic_pairs_of_one_length():
+    tokenizer = WordTokenizer()
+    ioi = ioi_pairs(tokenizer, 24, seed=3)
+    assert ioi == ioi_pairs(tokenizer, 24, seed=3) != ioi_pairs(tokenizer, 24, seed=4)
+    first = ioi[0]
+    assert first.answer in first.clean and first.wrong in first.clean and first.clean.count(first.wrong) == 2
+    assert first.corrupted.count(first.wrong) == 1
+    abc = ioi_pairs(tokenizer, 4, corruption='abc')
+    assert all(name not in pair.corrupted for pair in abc for name in (pair.answer, pair.wrong))
+    assert pair_ids(tokenizer, abc)['clean'].shape == pair_ids(tokenizer, abc)['corrupted'].shape
+    agreement = agreement_pairs(tokenizer, 8)
+    assert {pair.answer for pair in agreement} == {' is', ' are'}
+    ids = pair_ids(tokenizer, agreement)
+    assert ids['clean'].shape == ids['corrupted'].shape == (8, 5)
+    assert ((ids['clean'] != ids['corrupted']).sum(1) == 1).all()
+
+
+def test_circuit_view(llama, pairs, tmp_path):
+    clean, corrupted = pairs
+    scores = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG)
+    columns, grid = circuit_grid(scores)
+    heads = llama.config.num_attention_heads
+    assert columns == ['residual', 'attention', 'mlp', *(f'head {index}' for index in range(heads))]
+    assert grid.shape == (llama.config.num_hidden_layers + 1, 3 + heads)
+    torch.testing.assert_close(grid[:, 0], scores.summed('residual').mean(0)[:, 0], **TIGHT)
+    assert grid[-1, 1:].isnan().all()  # the residual stream has one layer more than the blocks
+    image = Image.open(save_circuit(scores, tmp_path / 'view.png'))
+    largest = grid[~grid.isnan()].abs().argmax()
+    row, column = divmod(int(largest), grid.shape[1])
+    cell = image.getpixel((4 * CELL + column * CELL + CELL // 2, 2 * CELL + row * CELL + CELL // 2))
+    assert cell in (POSITIVE, NEGATIVE)  # the largest score in the saturated colour
+    page = save_circuit(scores, tmp_path / 'view.html', k=3).read_text()
+    assert page.count('<li>') == 3 and str(scores.top(1)[0]) in page
+    with pytest.raises(ValueError):
+        save_circuit(scores, tmp_path / 'view.svg')

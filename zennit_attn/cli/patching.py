@@ -1,0 +1,114 @@
+"""``zennit-attn patching``: find the components (residual stream, attention and MLP outputs, heads) that carry a
+behaviour, by relevance patching of prompt pairs (IOI, subject-verb agreement or a file of pairs), optionally checked
+against activation patching. The manual, the parser and the checks; the run step is
+:py:mod:`zennit_attn.cli.runs.patching`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .checks import check_output_option
+from .errors import UsageError
+from .library import heavy
+from .models import check_installed, check_model_options
+from .options import Formatter, add_debug, add_model_options
+
+__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'TASKS', 'METHODS', 'COMPONENTS', 'add_parser', 'check', 'run']
+
+NAME = 'patching'
+#: ``--task`` values: the tasks of :py:mod:`zennit_attn.workflows.patching.tasks`
+TASKS = ('ioi', 'ioi_abc', 'agreement')
+#: ``--method`` values: :py:data:`zennit_attn.workflows.patching.PATCHING_METHODS`
+METHODS = ('attnlrp', 'relp', 'mlp_rules', 'cplrp', 'atp')
+#: ``--components`` values: :py:data:`zennit_attn.workflows.patching.COMPONENTS`
+COMPONENTS = ('residual', 'attention', 'heads', 'mlp', 'neurons')
+
+DESCRIPTION = """\
+Find the components of the model that carry a behaviour (a circuit), by relevance patching of prompt pairs.
+
+For each pair of a clean and a corrupted prompt (IOI: "When Mary and John went to the store, John gave a drink to"
+-> " Mary", corrupted with a third name; agreement: "The key near the tables" -> " is", corrupted with the plural
+subject) it estimates, for every residual stream, attention output, MLP output and head, how much the logit
+difference of the right and the wrong answer changes when that component takes its corrupted value: (a' - a) . g,
+with g a modified gradient (attnlrp: AttnLRP's; relp: RelP's rules, constant attention weights; mlp_rules: AttnLRP's
+rules in the MLP, the plain gradient elsewhere; cplrp; atp: the plain gradient), in one forward and backward pass.
+Prints the top components; --reference also runs activation patching (one forward pass per component and position:
+slow) and prints the correlation per component type. ioi_abc: IOI with all three names replaced in the corrupted
+prompt."""
+
+EPILOG = """\
+examples:
+  zennit-attn patching --task ioi --pairs 16 --output ioi.html
+  zennit-attn patching --task agreement --pairs 8 --reference --output agreement.png
+  zennit-attn patching --pairs-file pairs.json --method atp
+
+A pairs file is a JSON list of {"clean", "corrupted", "answer", "wrong"} (answers one token each, each corrupted
+prompt as long as its clean one in tokens). In Python: zennit_attn.workflows.patching.
+
+exit status: 0 done, 1 the run failed, 2 a bad argument (reported before the model is loaded)."""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``patching`` command to ``subparsers``; returns its parser."""
+    parser = subparsers.add_parser(
+        NAME,
+        help='find the components (heads, MLPs, residual streams) of a behaviour by relevance patching',
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=Formatter,
+    )
+    group = parser.add_argument_group('prompt pairs')
+    group.add_argument('--task', choices=TASKS, default='ioi', help='the task of the pairs (default: %(default)s)')
+    group.add_argument(
+        '--pairs', type=int, default=16, metavar='N', help='the first N pairs of the task (default: %(default)s)'
+    )
+    group.add_argument('--seed', type=int, default=0, help='the seed of the task generator (default: %(default)s)')
+    group.add_argument(
+        '--pairs-file', type=Path, default=None, metavar='FILE.json', help='read the pairs from FILE.json instead'
+    )
+    group = parser.add_argument_group('patching')
+    group.add_argument(
+        '--method', choices=METHODS, default='attnlrp', help='the gradient of the estimate (default: %(default)s)'
+    )
+    group.add_argument(
+        '--components',
+        nargs='+',
+        choices=COMPONENTS,
+        default=['residual', 'attention', 'heads', 'mlp'],
+        help='the components scored (default: residual attention heads mlp)',
+    )
+    group.add_argument('--top', type=int, default=10, metavar='K', help='list the K top components (default: 10)')
+    group.add_argument(
+        '--reference', action='store_true', help='also run activation patching and print the correlations'
+    )
+    group = parser.add_argument_group('output')
+    group.add_argument(
+        '--output', type=Path, default=None, metavar='FILE', help='write the circuit view to FILE (.html or .png)'
+    )
+    group.add_argument('--quiet', '-q', action='store_true', help='no progress messages on stderr')
+    add_model_options(parser)
+    add_debug(parser)
+    parser.set_defaults(run=run, check=check)
+    return parser
+
+
+def check(args: argparse.Namespace) -> None:
+    """Check the arguments before anything is loaded (:py:class:`~zennit_attn.cli.errors.UsageError`)."""
+    if args.pairs < 1:
+        raise UsageError(f'--pairs must be at least 1, got {args.pairs}')
+    if args.top < 1:
+        raise UsageError(f'--top must be at least 1, got {args.top}')
+    if args.pairs_file is not None and not args.pairs_file.is_file():
+        raise UsageError(f'--pairs-file {str(args.pairs_file)!r} is not a file')
+    if len(set(args.components)) != len(args.components):
+        raise UsageError(f'--components names a component twice: {" ".join(args.components)}')
+    check_model_options(args)
+    args.output = check_output_option(args.output, '--output', ('.html', '.png'))
+    check_installed(args.model_spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``patching`` with checked arguments (:py:func:`zennit_attn.cli.runs.patching.run`); returns the exit
+    status."""
+    return heavy('.cli.runs.patching').run(args)

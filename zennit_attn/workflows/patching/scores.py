@@ -1,0 +1,506 @@
+"""Relevance patching and activation patching of prompt pairs.
+
+For a clean prompt ``x``, a corrupted prompt ``x'`` and a metric ``m`` of the last position's logits, activation
+patching (Vig et al. 2020; Meng et al. 2022; Wang et al. 2023) puts one component's corrupted activation ``a'`` into
+the clean run and measures
+
+.. math:: \\Delta m = m(x \\mid a \\leftarrow a') - m(x),                                          \\qquad (1)
+
+one forward pass per component. Attribution patching (AtP, Nanda 2023; Syed et al. 2023) takes its first-order
+approximation at the clean run, and relevance patching (RelP, Rezaei Jafari et al. 2025) replaces the gradient by
+LRP's propagation coefficients, the modified gradient ``g`` of the gradient x input formulation (DESIGN section 2:
+``R = a * g`` at every tensor ``a``):
+
+.. math:: \\widehat{\\Delta m} = (a' - a) \\cdot g,                                                 \\qquad (2)
+
+summed over the component's features (and positions, where patched at all of them). ``g`` of every site comes out
+of one forward and one backward pass of the clean prompts in a composite's context
+(:py:class:`~zennit_attn.engine.composites.AttnLRPComposite`), read with the latent recorder
+(:py:class:`~zennit_attn.latent.recording.Recorder`); the plain gradient gives AtP. Where the model is linear in the
+activation between the site and the metric (the output of the last block under a logit difference), (2) equals (1)
+for the plain gradient.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from tqdm.auto import tqdm
+from zennit.core import Composite
+
+from ...engine.composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon, MLPRules, RelPEpsilon
+from ...engine.devices import input_device
+from ...inputs.checks import check_model
+from ...latent.recording import Recorder
+from .components import DEFAULT_COMPONENTS, Component, component_points, site_points
+from .metrics import Metric, make_metric
+
+__all__ = [
+    'PATCHING_METHODS',
+    'DEFAULT_METHOD',
+    'PatchingScores',
+    'RankedComponent',
+    'relevance_patching',
+    'activation_patching',
+    'patching_composite',
+    'correlation',
+]
+
+#: The methods of :py:func:`relevance_patching`: name -> composite class (None: the plain gradient, AtP).
+PATCHING_METHODS: dict[str, type | None] = {
+    'attnlrp': AttnLRPEpsilon,
+    'relp': RelPEpsilon,
+    'mlp_rules': MLPRules,
+    'cplrp': CPLRPEpsilon,
+    'atp': None,
+}
+
+#: The default method: AttnLRP's modified gradient, of the methods measured on SmolLM2 against activation patching the
+#: highest mean and the highest lowest Pearson correlation over three tasks and four component types (see the guide).
+DEFAULT_METHOD = 'attnlrp'
+
+
+class RankedComponent(NamedTuple):
+    """One entry of :py:meth:`PatchingScores.top`: ``component`` (a key of
+    :py:data:`~.components.COMPONENTS`), ``layer``, ``unit`` (0 for whole outputs, else the head or neuron) and the
+    mean ``score`` over pairs (summed over positions)."""
+
+    component: str
+    layer: int
+    unit: int
+    score: float
+
+    def __str__(self) -> str:
+        unit = {'heads': f' head {self.unit}', 'neurons': f' neuron {self.unit}'}.get(self.component, '')
+        return f'{self.component} layer {self.layer}{unit}: {self.score:+.4f}'
+
+
+@dataclass
+class PatchingScores:
+    """Scores of components for prompt pairs: :py:func:`relevance_patching` (Eq. 2) or :py:func:`activation_patching`
+    (Eq. 1).
+
+    Attributes
+    ----------
+    scores: dict of str to torch.Tensor
+        ``component -> [pairs, layers, seq, units]`` (``per_position``) or ``[pairs, layers, units]`` (patched at
+        every position at once): the estimated or measured change of the metric. ``layers`` is the number of blocks
+        (``+ 1`` for ``residual``), ``units`` 1 for whole outputs, the heads, the FFN neurons.
+    clean: torch.Tensor
+        ``[pairs]`` metric of the clean prompts.
+    corrupted: torch.Tensor
+        ``[pairs]`` metric of the corrupted prompts.
+    method: str
+        ``'activation'`` or the relevance patching method.
+    per_position: bool
+    seconds: float
+        Wall time of the computation.
+    """
+
+    scores: dict[str, torch.Tensor]
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    method: str
+    per_position: bool = True
+    seconds: float = 0.0
+    tokens: list[list[str]] | None = field(default=None, repr=False)
+
+    def __getitem__(self, component: str) -> torch.Tensor:
+        if component not in self.scores:
+            raise KeyError(f'component {component!r} was not scored; scored: {", ".join(self.scores)}')
+        return self.scores[component]
+
+    def summed(self, component: str) -> torch.Tensor:
+        """``[pairs, layers, units]``: the scores of ``component`` summed over positions (unchanged if patched at
+        every position at once)."""
+        values = self[component]
+        return values.sum(2) if self.per_position else values
+
+    def mean(self, component: str) -> torch.Tensor:
+        """``[layers, units]``: the mean over pairs of :py:meth:`summed`."""
+        return self.summed(component).mean(0)
+
+    def top(self, k: int = 10, components: Sequence[str] | None = None) -> list[RankedComponent]:
+        """The ``k`` components with the largest absolute :py:meth:`mean` score, of ``components`` (default: all
+        scored), largest first."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f'k must be a positive integer, got {k!r}')
+        entries = []
+        for component in components if components is not None else list(self.scores):
+            mean = self.mean(component)
+            for layer, unit in torch.cartesian_prod(torch.arange(mean.shape[0]), torch.arange(mean.shape[1])).tolist():
+                entries.append(RankedComponent(component, layer, unit, float(mean[layer, unit])))
+        entries.sort(key=lambda entry: -abs(entry.score))
+        return entries[:k]
+
+
+def patching_composite(method: str | Composite) -> tuple[str, Composite | None]:
+    """``(name, composite)`` of a relevance patching ``method``: a key of :py:data:`PATCHING_METHODS` or a
+    zennit-attn composite instance (its class name is the name).
+
+    Raises
+    ------
+    ValueError
+        For an unknown method.
+    """
+    if isinstance(method, AttnLRPComposite):
+        return type(method).__name__, method
+    if isinstance(method, str) and method in PATCHING_METHODS:
+        composite = PATCHING_METHODS[method]
+        return method, None if composite is None else composite()
+    raise ValueError(
+        f'unknown relevance patching method {method!r}; known: {", ".join(PATCHING_METHODS)}, or an '
+        'AttnLRPComposite instance'
+    )
+
+
+def _check_pairs(model: torch.nn.Module, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor]:
+    """``clean`` and ``corrupted`` token ids as ``[pairs, seq]`` tensors on the model's input device."""
+    check_model(model)
+    clean, corrupted = torch.as_tensor(clean), torch.as_tensor(corrupted)
+    if clean.dim() == 1:
+        clean, corrupted = clean[None], corrupted[None] if corrupted.dim() == 1 else corrupted
+    if clean.dim() != 2 or clean.shape != corrupted.shape:
+        raise ValueError(
+            'clean and corrupted must be token ids of the same shape [pairs, seq] (prompts of one length, no '
+            f'padding: the components are compared position by position), got {tuple(clean.shape)} and '
+            f'{tuple(corrupted.shape)}'
+        )
+    if clean.is_floating_point() or corrupted.is_floating_point():
+        raise ValueError('clean and corrupted must be token ids (integers)')
+    device = input_device(model)
+    return clean.long().to(device), corrupted.long().to(device)
+
+
+def _last_logits(output) -> torch.Tensor:
+    """``[batch, vocab]`` logits at the last position of a causal language model's output."""
+    logits = getattr(output, 'logits', None)
+    if logits is None or logits.dim() != 3:
+        raise ValueError(
+            'patching measures a metric of the next-token logits: the model must return logits [batch, seq, vocab] '
+            f'(a causal language model), got {type(output).__name__}'
+        )
+    return logits[:, -1]
+
+
+def _capture(model: torch.nn.Module, points, ids: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """The hooked site tensors ``(site, layer) -> [pairs, seq, features]`` and the last logits of a plain forward
+    pass of ``ids``."""
+    recorder = Recorder(points, keep={(point.site, point.layer) for layer in points.values() for point in layer})
+    with torch.no_grad(), recorder.recording(model):
+        logits = _last_logits(model(input_ids=ids))
+    return recorder.tensors, logits
+
+
+def _modified_gradients(model, ids, points, metric: Metric, composite) -> tuple[Recorder, torch.Tensor, Metric]:
+    """One forward and one backward pass of the clean prompts: the recorder holding each site's tensor and its
+    (modified) gradient of the metric, the clean metric and the resolved metric."""
+    recorder = Recorder(points, keep={(point.site, point.layer) for layer in points.values() for point in layer})
+    embeddings = model.get_input_embeddings()
+    if embeddings is None:
+        raise ValueError(f'{type(model).__name__} has no input embedding: relevance patching runs on embeddings')
+    with torch.enable_grad(), recorder.recording(model):
+        leaf = embeddings(ids).detach().requires_grad_(True)
+        if composite is None:
+            logits = _last_logits(model(inputs_embeds=leaf))
+            metric = metric.resolve(logits.detach())
+            value = metric.of(logits)
+            torch.autograd.grad(value, leaf, grad_outputs=torch.ones_like(value))
+        else:
+            with composite.context(model) as modified:
+                logits = _last_logits(modified(inputs_embeds=leaf))
+                metric = metric.resolve(logits.detach())
+                value = metric.of(logits, initial_relevance=True)
+                # the initial relevance f with grad_outputs f: the backward starts with df/dy at the logits
+                torch.autograd.grad(value, leaf, grad_outputs=value.detach())
+    return recorder, value.detach(), metric
+
+
+def relevance_patching(
+    model: torch.nn.Module,
+    clean,
+    corrupted,
+    answers=None,
+    wrong=None,
+    metric: str | Callable = 'logit_difference',
+    components: Sequence[str] = DEFAULT_COMPONENTS,
+    method: str | Composite = DEFAULT_METHOD,
+    per_position: bool = True,
+) -> PatchingScores:
+    """Relevance patching (Eq. 2): ``(a' - a) . g`` of every component, ``g`` the modified gradient of the metric at
+    the component in the clean run, for all components in one forward and one backward pass (plus one forward pass
+    of the corrupted prompts for ``a'``).
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+        A causal language model (in eval mode) whose latent sites are found
+        (:py:func:`~zennit_attn.latent.find_sites`).
+    clean, corrupted: tensor or nested sequence of int
+        ``[pairs, seq]`` token ids, each corrupted prompt as long as its clean one (no padding).
+    answers, wrong: int, sequence or tensor, optional
+        Token ids of the right and the wrong answer per pair (see :py:mod:`~.metrics`).
+    metric: str or callable
+        ``'logit_difference'`` (default), ``'log_probability'``, ``'logit'`` or ``f(logits [n, vocab]) -> [n]``.
+    components: sequence of str
+        Keys of :py:data:`~.components.COMPONENTS`.
+    method: str or AttnLRPComposite
+        ``'attnlrp'`` (default: :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`), ``'relp'`` (RelP's
+        rules, :py:class:`~zennit_attn.engine.composites.attnlrp.RelPEpsilon`: constant attention weights, the half
+        rule on gates, identity rules on activations and normalisations), ``'mlp_rules'``
+        (:py:class:`~zennit_attn.engine.composites.attnlrp.MLPRules`: the identity rule on activations and the half
+        rule on gates, the plain gradient elsewhere), ``'cplrp'``, ``'atp'`` (the plain gradient) or a composite
+        instance.
+    per_position: bool
+        A score per position, or one per component patched at every position.
+
+    Returns
+    -------
+    PatchingScores
+
+    Raises
+    ------
+    ValueError
+        For prompts of different shapes, an unknown method, metric or component, a model without a site
+        (e.g. ``'mlp'`` in a routed mixture of experts).
+    """
+    start = time.perf_counter()
+    name, composite = patching_composite(method)
+    clean, corrupted = _check_pairs(model, clean, corrupted)
+    metric = make_metric(metric, answers, wrong, clean.shape[0])
+    components = component_points(model, components)
+    points = site_points(components)
+    patched, corrupted_logits = _capture(model, points, corrupted)
+    recorder, value, metric = _modified_gradients(model, clean, points, metric, composite)
+    scores = {}
+    for kind, layers in components.items():
+        per_layer = []
+        for component in layers:
+            gradient = recorder.gradients.get(component.site_key)
+            site = component.point.select(recorder.tensors[component.site_key])
+            delta = component.point.select(patched[component.site_key]) - site
+            product = delta * (torch.zeros_like(delta) if gradient is None else gradient)
+            per_layer.append(component.reduce(product))
+        values = torch.stack(per_layer, 1)  # [pairs, layers, seq, units]
+        scores[kind] = values if per_position else values.sum(2)
+    with torch.no_grad():
+        corrupted_value = metric.of(corrupted_logits)
+    # the composites change the backward pass only: value is the clean metric
+    return PatchingScores(scores, value, corrupted_value, name, per_position, time.perf_counter() - start)
+
+
+@dataclass
+class _Plan:
+    """The variants of one component in one layer: ``rows`` (the prompt of each), ``units``, ``positions`` (-1:
+    every position)."""
+
+    rows: torch.Tensor
+    units: torch.Tensor
+    positions: torch.Tensor
+
+
+def _plan(component: Component, clean: torch.Tensor, patched: torch.Tensor, per_position: bool) -> _Plan:
+    """The variants whose activations differ between the runs; the others change nothing (Eq. 1 is exactly 0)."""
+    site_clean, site_patched = component.point.select(clean), component.point.select(patched)
+    differs = component.reduce((site_clean != site_patched).to(torch.float32)) != 0  # [pairs, seq, units]
+    if not per_position:
+        differs = differs.any(1, keepdim=True)
+    rows, positions, units = differs.nonzero(as_tuple=True)
+    if not per_position:
+        positions = torch.full_like(positions, -1)
+    return _Plan(rows, units, positions)
+
+
+def _patch_hook(component: Component, source: torch.Tensor, plan: _Plan, chunk: slice):
+    """The hook that puts the corrupted activation of each variant of ``chunk`` into its row of the batch."""
+    rows, units, positions = plan.rows[chunk], plan.units[chunk], plan.positions[chunk]
+    size = source.shape[-1]
+    mask = torch.zeros((len(rows), *source.shape[1:]), dtype=torch.bool, device=source.device)
+    for index, (unit, position) in enumerate(zip(units.tolist(), positions.tolist())):
+        features = component.feature_mask(unit, size, source.device)
+        if position < 0:
+            mask[index, :, features] = True
+        else:
+            mask[index, position, features] = True
+    values = source[rows.to(source.device)]
+
+    def patch(tensor):
+        return torch.where(mask, values.to(tensor.dtype), tensor)
+
+    return patch
+
+
+def _scores_shape(component: Component, pairs: int, seq: int, features: int, per_position: bool) -> tuple:
+    units = component.units(features)
+    return (pairs, seq, units) if per_position else (pairs, 1, units)
+
+
+def activation_patching(
+    model: torch.nn.Module,
+    clean,
+    corrupted,
+    answers=None,
+    wrong=None,
+    metric: str | Callable = 'logit_difference',
+    components: Sequence[str] = DEFAULT_COMPONENTS,
+    per_position: bool = True,
+    batch_size: int = 32,
+    progress: bool = True,
+    layers: Sequence[int] | None = None,
+) -> PatchingScores:
+    """Activation patching (Eq. 1), the exact reference of :py:func:`relevance_patching` over the same components:
+    one patched forward pass of the clean prompt per component, unit and position, ``batch_size`` of them at a time
+    (variants of several pairs and units in one batch). A variant whose corrupted activation equals the clean one
+    is not run: its effect is exactly 0.
+
+    Parameters are those of :py:func:`relevance_patching`, and
+
+    batch_size: int
+        Patched prompts per forward pass.
+    progress: bool
+        A tqdm bar over the components and layers.
+    layers: sequence of int, optional
+        Patch only the components of these layers (the others score 0), e.g. to check the top components of
+        :py:meth:`PatchingScores.top`; default all.
+
+    Returns
+    -------
+    PatchingScores
+        ``method='activation'``.
+    """
+    start = time.perf_counter()
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f'batch_size must be a positive integer, got {batch_size!r}')
+    clean, corrupted = _check_pairs(model, clean, corrupted)
+    metric = make_metric(metric, answers, wrong, clean.shape[0])
+    components = component_points(model, components)
+    points = site_points(components)
+    base, clean_logits = _capture(model, points, clean)
+    patched, corrupted_logits = _capture(model, points, corrupted)
+    metric = metric.resolve(clean_logits)
+    with torch.no_grad():
+        clean_value, corrupted_value = metric.of(clean_logits), metric.of(corrupted_logits)
+    work = [(kind, component) for kind, points in components.items() for component in points]
+    chosen = _chosen_layers(layers, max(len(points) for points in components.values()))
+    scores = {kind: [] for kind in components}
+    for kind, component in tqdm(work, desc='activation patching', disable=not progress):
+        scores[kind].append(
+            _patch_component(
+                model,
+                clean,
+                component,
+                base,
+                patched,
+                metric,
+                clean_value,
+                per_position,
+                batch_size,
+                skip=component.point.layer not in chosen,
+            )
+        )
+    scores = {kind: torch.stack(values, 1) for kind, values in scores.items()}
+    if not per_position:
+        scores = {kind: values[:, :, 0] for kind, values in scores.items()}
+    return PatchingScores(scores, clean_value, corrupted_value, 'activation', per_position, time.perf_counter() - start)
+
+
+def _chosen_layers(layers, count: int) -> set[int]:
+    """The layers of ``layers`` (None: all ``count``; negative: from the end).
+
+    Raises
+    ------
+    ValueError
+        For a layer out of range.
+    """
+    if layers is None:
+        return set(range(count))
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    bad = [
+        layer
+        for layer in layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -count <= layer < count
+    ]
+    if bad or not layers:
+        raise ValueError(f'layers must be a non-empty list of layers 0 to {count - 1}, got {bad or layers}')
+    return {layer % count for layer in layers}
+
+
+def _patch_component(
+    model,
+    clean,
+    component: Component,
+    base: Mapping,
+    patched: Mapping,
+    metric,
+    clean_value,
+    per_position,
+    batch_size,
+    skip: bool = False,
+) -> torch.Tensor:
+    """``[pairs, seq or 1, units]`` effects (Eq. 1) of patching ``component``'s units, position by position (zeros
+    with ``skip``)."""
+    source, reference = patched[component.site_key], base[component.site_key]
+    plan = _plan(component, reference, source, per_position)
+    if skip:
+        plan = _Plan(plan.rows[:0], plan.units[:0], plan.positions[:0])
+    pairs, seq = clean.shape
+    features = component.point.select(reference).shape[-1]
+    result = torch.zeros(_scores_shape(component, pairs, seq, features, per_position), dtype=clean_value.dtype)
+    for begin in range(0, len(plan.rows), batch_size):
+        chunk = slice(begin, begin + batch_size)
+        rows = plan.rows[chunk]
+        handle = component.point.hook(_patch_hook(component, source, plan, chunk))
+        try:
+            with torch.no_grad():
+                effect = metric.of(_last_logits(model(input_ids=clean[rows])), rows) - clean_value[rows]
+        finally:
+            handle.remove()
+        positions = plan.positions[chunk].clamp(min=0)
+        result[rows.cpu(), positions.cpu(), plan.units[chunk].cpu()] = effect.detach().cpu().to(result.dtype)
+    return result
+
+
+def _ranks(values: torch.Tensor) -> torch.Tensor:
+    """Ranks of ``values`` (ties get the mean of their ranks)."""
+    order = values.argsort()
+    ranks = torch.empty_like(values, dtype=torch.float64)
+    ranks[order] = torch.arange(len(values), dtype=torch.float64)
+    unique, inverse = values.unique(return_inverse=True)
+    if len(unique) < len(values):
+        sums = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, ranks)
+        counts = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(ranks))
+        ranks = (sums / counts)[inverse]
+    return ranks
+
+
+def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a - a.mean(), b - b.mean()
+    denominator = (a.norm() * b.norm()).item()
+    return float('nan') if denominator == 0 else float((a * b).sum() / denominator)
+
+
+def correlation(estimate: PatchingScores, reference: PatchingScores, component: str) -> tuple[float, float, int]:
+    """``(pearson, spearman, count)`` of the scores of ``component`` in ``estimate`` (relevance patching) and
+    ``reference`` (activation patching) over every pair, layer, position and unit where either is not 0 (a
+    component whose corrupted activation equals its clean one scores exactly 0 in both).
+
+    Raises
+    ------
+    ValueError
+        Where the two were computed at different granularities or shapes.
+    """
+    a, b = estimate[component].double().cpu(), reference[component].double().cpu()
+    if a.shape != b.shape:
+        raise ValueError(
+            f'{component}: the scores have shapes {tuple(a.shape)} and {tuple(b.shape)}; compare scores of the same '
+            'prompt pairs and per_position'
+        )
+    used = (a != 0) | (b != 0)
+    a, b = a[used], b[used]
+    if len(a) < 2:
+        return float('nan'), float('nan'), int(len(a))
+    return _pearson(a, b), _pearson(_ranks(a), _ranks(b)), int(len(a))

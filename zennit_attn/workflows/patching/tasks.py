@@ -1,0 +1,185 @@
+"""Prompt-pair tasks built from templates: indirect-object identification (IOI, Wang et al. 2023) and subject-verb
+agreement (Linzen et al. 2016; Arras et al. 2025), generated deterministically from a seed with a tokenizer that
+checks every name, noun and answer is one token (so that each corrupted prompt is as long as its clean one).
+
+- IOI: clean ``"When Mary and John went to the store, John gave a drink to"`` -> ``" Mary"`` (wrong: ``" John"``);
+  corrupted: the second mention of the subject replaced by a third name (``", Tom gave"``), which leaves the model
+  no name to exclude; or (``corruption='abc'``) all three names replaced by three others.
+- Agreement: clean ``"The key near the tables"`` -> ``" is"`` (wrong: ``" are"``); corrupted: the subject's other
+  number (``"The keys near the tables"``), so the verb's number flips.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    'PromptPair',
+    'IOI_TEMPLATES',
+    'IOI_NAMES',
+    'IOI_CORRUPTIONS',
+    'AGREEMENT_TEMPLATES',
+    'AGREEMENT_NOUNS',
+    'ioi_pairs',
+    'agreement_pairs',
+    'save_pairs',
+    'load_pairs',
+    'pair_ids',
+]
+
+#: IOI templates: ``{io}``, ``{s}`` and the second mention ``{s2}`` (the subject in clean prompts).
+IOI_TEMPLATES = (
+    'When{a} and{b} went to the store,{s2} gave a drink to',
+    'When{a} and{b} went to the park,{s2} gave a ball to',
+    'When{a} and{b} went to the office,{s2} gave a book to',
+    'After{a} and{b} went to the school,{s2} gave a gift to',
+)
+#: Single-token names of SmolLM2's tokenizer (DESIGN section 8).
+IOI_NAMES = (' Mary', ' John', ' Tom', ' Sarah', ' James', ' Anna', ' David', ' Emma', ' Paul', ' Lisa')
+
+#: Agreement templates: subject ``{n}``, attractor ``{m}``; the answer is the verb's form.
+AGREEMENT_TEMPLATES = ('The{n} near the{m}', 'The{n} behind the{m}', 'The{n} with the{m}', 'The{n} beside the{m}')
+#: (singular, plural) nouns, each one token.
+AGREEMENT_NOUNS = (
+    (' key', ' keys'),
+    (' dog', ' dogs'),
+    (' boy', ' boys'),
+    (' girl', ' girls'),
+    (' author', ' authors'),
+    (' teacher', ' teachers'),
+    (' doctor', ' doctors'),
+    (' farmer', ' farmers'),
+    (' student', ' students'),
+    (' cat', ' cats'),
+    (' friend', ' friends'),
+)
+#: (singular, plural) verb forms: the answers.
+AGREEMENT_VERBS = ((' is', ' are'),)
+#: Attractor nouns (singular, plural).
+ATTRACTORS = ((' table', ' tables'), (' house', ' houses'), (' car', ' cars'), (' book', ' books'))
+
+
+@dataclass(frozen=True)
+class PromptPair:
+    """A clean and a corrupted prompt of one task, the right and the wrong answer (texts of one token each)."""
+
+    task: str
+    clean: str
+    corrupted: str
+    answer: str
+    wrong: str
+
+
+def _one_token(tokenizer, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f'{text!r} is {len(ids)} tokens for this tokenizer: the tasks need single-token words')
+    return ids[0]
+
+
+def _check(tokenizer, pairs: list[PromptPair]) -> list[PromptPair]:
+    """Refuse pairs whose answers are not one token each or whose prompts differ in length."""
+    for pair in pairs:
+        _one_token(tokenizer, pair.answer)
+        _one_token(tokenizer, pair.wrong)
+        clean = tokenizer.encode(pair.clean, add_special_tokens=False)
+        corrupted = tokenizer.encode(pair.corrupted, add_special_tokens=False)
+        if len(clean) != len(corrupted):
+            raise ValueError(f'{pair.clean!r} and {pair.corrupted!r} differ in length ({len(clean)}, {len(corrupted)})')
+    return pairs
+
+
+#: ``corruption`` of :py:func:`ioi_pairs`: the second mention of the subject replaced by a third name (``'s2'``), or
+#: all three names by three others (``'abc'``, the ABC distribution of Wang et al. 2023)
+IOI_CORRUPTIONS = ('s2', 'abc')
+
+
+def ioi_pairs(tokenizer, count: int = 120, seed: int = 0, corruption: str = 's2') -> list[PromptPair]:
+    """``count`` IOI prompt pairs (templates :py:data:`IOI_TEMPLATES`, names :py:data:`IOI_NAMES`, half with the
+    indirect object named first), the same for the same ``seed``; ``corruption`` one of :py:data:`IOI_CORRUPTIONS`
+    (task name ``'ioi'`` or ``'ioi_abc'``).
+
+    Raises
+    ------
+    ValueError
+        For an unknown corruption, where the tokenizer splits a name or the prompts of a pair differ in length.
+    """
+    if corruption not in IOI_CORRUPTIONS:
+        raise ValueError(f'unknown IOI corruption {corruption!r}; known: {", ".join(IOI_CORRUPTIONS)}')
+    rng = random.Random(seed)
+    pairs = []
+    for index in range(count):
+        template = IOI_TEMPLATES[index % len(IOI_TEMPLATES)]
+        if corruption == 's2':
+            io, s, other = rng.sample(IOI_NAMES, 3)
+            others = (io, s, other) if index % 2 == 0 else (s, io, other)
+        else:
+            io, s, *others = rng.sample(IOI_NAMES, 5)
+        a, b = (io, s) if index % 2 == 0 else (s, io)
+        clean = template.format(a=a, b=b, s2=s)
+        corrupted = template.format(a=others[0], b=others[1], s2=others[2])
+        pairs.append(PromptPair('ioi' if corruption == 's2' else 'ioi_abc', clean, corrupted, io, s))
+    return _check(tokenizer, pairs)
+
+
+def agreement_pairs(tokenizer, count: int = 120, seed: int = 0) -> list[PromptPair]:
+    """``count`` subject-verb agreement prompt pairs (templates :py:data:`AGREEMENT_TEMPLATES`, nouns
+    :py:data:`AGREEMENT_NOUNS`, the attractor of either number, half of the clean subjects singular).
+
+    Raises
+    ------
+    ValueError
+        Where the tokenizer splits a word or the prompts of a pair differ in length.
+    """
+    rng = random.Random(seed)
+    pairs = []
+    for index in range(count):
+        template = AGREEMENT_TEMPLATES[index % len(AGREEMENT_TEMPLATES)]
+        noun = rng.choice(AGREEMENT_NOUNS)
+        attractor = rng.choice(ATTRACTORS)[rng.randrange(2)]
+        verb = rng.choice(AGREEMENT_VERBS)
+        number = index % 2  # 0: singular clean subject
+        clean = template.format(n=noun[number], m=attractor)
+        corrupted = template.format(n=noun[1 - number], m=attractor)
+        pairs.append(PromptPair('agreement', clean, corrupted, verb[number], verb[1 - number]))
+    return _check(tokenizer, pairs)
+
+
+def save_pairs(pairs: list[PromptPair], path) -> Path:
+    """Write ``pairs`` as JSON (a list of objects with the fields of :py:class:`PromptPair`)."""
+    path = Path(path)
+    path.write_text(json.dumps([asdict(pair) for pair in pairs], indent=1) + '\n')
+    return path
+
+
+def load_pairs(path, task: str | None = None) -> list[PromptPair]:
+    """The pairs of a file of :py:func:`save_pairs` (only those of ``task``, if given)."""
+    pairs = [PromptPair(**entry) for entry in json.loads(Path(path).read_text())]
+    return [pair for pair in pairs if task is None or pair.task == task]
+
+
+def pair_ids(tokenizer, pairs: list[PromptPair]) -> dict[str, torch.Tensor]:
+    """Token ids of ``pairs`` (all of one length): ``clean`` and ``corrupted`` ``[pairs, seq]``, ``answers`` and
+    ``wrong`` ``[pairs]``, the arguments of :py:func:`~.scores.relevance_patching`.
+
+    Raises
+    ------
+    ValueError
+        For prompts of different lengths.
+    """
+    clean = [tokenizer.encode(pair.clean, add_special_tokens=False) for pair in pairs]
+    corrupted = [tokenizer.encode(pair.corrupted, add_special_tokens=False) for pair in pairs]
+    lengths = {len(ids) for ids in clean + corrupted}
+    if len(lengths) != 1:
+        raise ValueError(f'the prompts have {len(lengths)} lengths ({sorted(lengths)}): patch pairs of one length')
+    return {
+        'clean': torch.tensor(clean),
+        'corrupted': torch.tensor(corrupted),
+        'answers': torch.tensor([_one_token(tokenizer, pair.answer) for pair in pairs]),
+        'wrong': torch.tensor([_one_token(tokenizer, pair.wrong) for pair in pairs]),
+    }
