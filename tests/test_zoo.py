@@ -16,7 +16,14 @@ from zennit_attn.workflows.architecture_check.check import REFUSALS, Result
 
 #: Architectures whose tiny model builds but is neither explained exactly nor refused: known defects, each with what
 #: was found (a new entry here needs a reason; a fixed one must be removed: the test fails for both).
-KNOWN: dict[str, dict[str, str]] = {}
+KNOWN: dict[str, dict[str, str]] = {
+    'image-text-to-text': {
+        # fed its processor's pixels (issue 31): its visual tokenizer turns each patch into a softmax over a visual
+        # vocabulary (not attention), which gets the softmax rule (Prop. 3.1) and loses relevance to its bias term
+        # (CP-LRP relevance / logit = 1.00042), a loss the engine does not record as a constant
+        'ovis2': 'CP-LRP relevance / logit',
+    }
+}
 #: Share of the built architectures that must be explained (issue 17 asks for 0.85 of the causal LMs and 0.70 of the
 #: vision-language models); with transformers 5.24: causal 163 of 192 = 0.849 (MiniMax's lightning attention, linear
 #: attention without rules yet, is refused since issue 29: 164 before), image-text-to-text 78 of 87 = 0.897, masked
@@ -34,6 +41,8 @@ def check_mapping(mapping: str) -> None:
     results = supported_models.walk([mapping], progress=False)
     failed = {result.architecture: result.reason for result in results if result.status == 'failed'}
     assert set(failed) == set(KNOWN.get(mapping, {})), failed
+    for architecture, found in KNOWN.get(mapping, {}).items():
+        assert failed[architecture].startswith(found), failed
     unnamed = [result.reason for result in results if result.status == 'refused' and not named(result.reason)]
     assert unnamed == [], unnamed
     # every operation the walk meets is declared in the registry, with a rule or refused with its own reason

@@ -355,6 +355,12 @@ operation(
 )
 operation(
     'refused',
+    'batch_norm',
+    reason='a batch normalisation (convolutional vision towers: FastViT), whose running statistics and affine map '
+    'zennit-attn has no rule for yet',
+)
+operation(
+    'refused',
     'cdist pdist dist',
     reason='a distance between relevance-carrying tensors (a norm of differences), which AttnLRP has no rule for',
 )
