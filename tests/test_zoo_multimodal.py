@@ -29,9 +29,10 @@ def _tiny(architecture: str, mapping: str = 'image-text-to-text'):
     return model, inputs, fed
 
 
-@pytest.mark.parametrize('architecture', ['llava', 'qwen3_vl'])
+@pytest.mark.parametrize('architecture', ['llava', 'qwen3_vl', 'got_ocr2'])
 def test_pixels_take_part_in_conservation(architecture):
-    """LLaVA ([1, C, H, W] pixels) and Qwen3-VL (flattened patches with image_grid_thw) are walked with an image:
+    """LLaVA ([1, C, H, W] pixels), Qwen3-VL (flattened patches with image_grid_thw) and GOT-OCR 2 (a SAM tower
+    initialised with weights of 1e-10, drawn anew: its pixels carried 1e-20 of the logit) are walked with an image:
     the pixels carry relevance, and text plus pixel relevance (not the text alone) sums to the explained logit."""
     model, inputs, fed = _tiny(architecture)
     assert fed.startswith('text + image')

@@ -76,6 +76,8 @@ REFUSALS = (
 FLOAT64_DEFAULT = "run with float64 as torch's default dtype"
 #: What :py:func:`check_architecture` notes where the pixels that were fed carry no relevance.
 NO_PIXEL_SHARE = "the pixels carry no relevance (CP-LRP's share at the pixel inputs is 0)"
+#: The largest entry of a weight that :py:func:`randomize_zero_weights` draws anew (an initialisation of almost zeros).
+NEGLIGIBLE = 1e-6
 #: The largest share of the explained logit at the pixel inputs that counts as none (rounding: 1e-36 in a tower that
 #: attenuates them).
 NO_SHARE = 1e-9
@@ -261,13 +263,14 @@ def added_constants(composite) -> list[tuple[str, float]]:
 
 
 def randomize_zero_weights(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """Draw every floating-point weight that is zero throughout (an initialisation of zeros: Gemma 3's image
-    projection, Llama 3.2 Vision's cross-attention gates) from a normal distribution (standard deviation 0.1), so that
-    the pixels reach the output of the random model; biases and position tables are zeroed after it
-    (:py:func:`zero_biases`)."""
+    """Draw every floating-point weight that is zero throughout, or negligible (every entry at most
+    :py:data:`NEGLIGIBLE`: an initialisation of zeros, as Gemma 3's image projection and Llama 3.2 Vision's
+    cross-attention gates, or of 1e-10, as the SAM towers of GOT-OCR 2 and DeepSeek-OCR), from a normal distribution
+    (standard deviation 0.1), so that the pixels reach the output of the random model; biases and position tables are
+    zeroed after it (:py:func:`zero_biases`)."""
     with torch.no_grad():
         for _, parameter in model.named_parameters():
-            if parameter.is_floating_point() and parameter.numel() > 0 and not parameter.any():
+            if parameter.is_floating_point() and parameter.numel() > 0 and parameter.abs().max() <= NEGLIGIBLE:
                 noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float64)
                 parameter.copy_(0.1 * noise)
 
