@@ -1,13 +1,17 @@
 """Pixel inputs for the architecture check (:py:mod:`~zennit_attn.workflows.architecture_check.check`): what a
 vision tower of a tiny configuration takes.
 
-:py:func:`pixel_inputs` completes the check's text inputs of a model with a vision tower by pixels in a layout that the
-model's forward runs, and by as many image placeholder tokens as the model's ``get_image_features`` gives for them
-(or its error message names): ``[1, C, H, W]`` from ``vision_config.image_size`` / ``num_channels`` (LLaVA,
-PaliGemma), flattened patches with ``image_grid_thw`` (Qwen2-VL), ``[1, 1, C, H, W]`` with ``pixel_attention_mask``
-(Idefics), LLaVA-NeXT tiles with ``image_sizes``, patches with ``spatial_shapes`` (SigLIP2). Special token ids that lie
-outside the shrunk vocabulary (the image placeholder) are moved into it. Where no layout runs, the text alone is
-checked and the note says why.
+:py:func:`pixel_inputs` completes the check's text inputs of a model with a vision tower by the outputs of the
+architecture's own processor (:py:mod:`~zennit_attn.workflows.architecture_check.processors`: tiling, aspect-ratio
+ids, cross-attention masks, patches and crops as the processor lays them out; noted :py:data:`VIA_PROCESSOR`) where
+the model's forward runs on them. Otherwise, it tries pixels in a layout guessed from the configuration, with as many
+image placeholder tokens as the model's ``get_image_features`` gives for them (or its error message names), noted
+:py:data:`VIA_LAYOUT` with why the processor was not used: ``[1, C, H, W]`` from ``vision_config.image_size`` /
+``num_channels`` (LLaVA, PaliGemma), flattened patches with ``image_grid_thw`` (Qwen2-VL), ``[1, 1, C, H, W]`` with
+``pixel_attention_mask`` (Idefics), LLaVA-NeXT tiles with ``image_sizes``, patches with ``spatial_shapes`` (SigLIP2).
+Special token ids that lie outside the shrunk vocabulary (the image placeholder; also lists of ids) are moved into it.
+Where nothing runs, the text alone is checked and the note says why. The check verifies the pixels either way: they
+must carry relevance, and text plus pixel relevance must be the explained logit.
 """
 
 from __future__ import annotations
@@ -213,11 +217,11 @@ def _feature_rows(model, pixels: dict, width: int) -> tuple[int | None, Exceptio
 
 
 def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator, fails) -> str:
-    """Put pixels and ``n`` image placeholder tokens into ``inputs`` (in place) where a layout of
-    :py:func:`_pixel_layouts` runs the model's plain forward; ``n`` is what the model's ``get_image_features`` gives
-    (or what its error message names). The text only where none runs, saying why; where nothing runs on the
-    embeddings and the text alone not even on ``input_ids`` (BLIP: pixels required), the pixels that run on
-    ``input_ids`` (the model takes no ``inputs_embeds``: the check refuses it by name).
+    """Put the processor's ids and pixels into ``inputs`` (in place) where the model's plain forward runs on them;
+    else pixels and ``n`` image placeholder tokens where a layout of :py:func:`_pixel_layouts` runs it; ``n`` is what
+    the model's ``get_image_features`` gives (or what its error message names). The text only where none runs, saying
+    why; where nothing runs on the embeddings and the text alone not even on ``input_ids`` (BLIP: pixels required),
+    the pixels that run on ``input_ids`` (the model takes no ``inputs_embeds``: the check refuses it by name).
 
     Parameters
     ----------
@@ -236,7 +240,7 @@ def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator
     Returns
     -------
     str
-        ``'text + image'`` or ``'text only: <why>'``.
+        :py:data:`VIA_PROCESSOR`, ``VIA_LAYOUT + '; the processor: <why not>)'`` or ``'text only: <why>'``.
     """
     if not set(PIXEL_INPUTS) & set(params):
         return 'text only: the forward takes no pixel_values'
