@@ -20,7 +20,7 @@ KNOWN: dict[str, dict[str, str]] = {
     'image-text-to-text': {
         # fed its processor's pixels (issue 31): its visual tokenizer turns each patch into a softmax over a visual
         # vocabulary (not attention), which gets the softmax rule (Prop. 3.1) and loses relevance to its bias term
-        # (CP-LRP relevance / logit = 1.017), a loss the engine does not record as a constant
+        # (CP-LRP relevance / logit = 1.00042), a loss the engine does not record as a constant
         'ovis2': 'CP-LRP relevance / logit',
     }
 }

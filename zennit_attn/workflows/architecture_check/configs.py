@@ -250,6 +250,9 @@ OVERRIDES = {
     'deepseek_vl_hybrid': {'high_res_vision_config.global_attn_indexes': [0]},  # its features after the first layer
     'kimi_k25': {'projection_hidden_size': 32},  # the tiny vision width
     'inkling_mm_model': {'vision_config.text_hidden_size': 32},  # the tiny text width
+    # Molmo 2: a 32-pixel tower of 4 x 4 patches, its features from the 2 layers, projected to the tiny text width
+    'molmo2_vision': {'image_size': [32, 32], 'num_position_embeddings': 16},
+    'molmo2_adapter': {'vision_feature_layer': [-1, -2], 'text_hidden_size': 32},
     'mllama_text_model': {'cross_attention_layers': [1]},  # the defaults (3, 8, ...) lie beyond the 2 layers
     'mllama_vision_model': {'intermediate_layers_indices': [0, 1], 'vision_output_dim': 96, 'num_global_layers': 2},
     'paddleocr_vl_text': {'ignore_keys_at_rope_validation': {'mrope_section'}},  # mrope, undeclared by the config

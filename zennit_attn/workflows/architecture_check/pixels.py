@@ -49,6 +49,13 @@ def short_message(error: BaseException) -> str:
 _TOKEN_FIELD = re.compile(r'_token_(id|index|ids)$')
 
 
+def _token_aliases(owner) -> set[str]:
+    """The fields that a configuration's ``attribute_map`` names as token ids (Molmo 2's ``image_patch_id``, read as
+    ``image_token_id``)."""
+    aliases = getattr(type(owner), 'attribute_map', None) or {}
+    return {field for name, field in aliases.items() if _TOKEN_FIELD.search(name)}
+
+
 def _ids(value) -> tuple[int, ...]:
     """The token ids of a configuration field's value (an id, or a list or tuple of ids; none for anything else)."""
     if type(value) is int:
@@ -83,7 +90,7 @@ def _special_tokens(model, vocab: int) -> tuple[int | None, set[int], list]:
         (owner, key, value)
         for owner in [*configs.values(), *model.modules()]
         for key, value in list(vars(owner).items())
-        if _TOKEN_FIELD.search(key) and _ids(value)
+        if (_TOKEN_FIELD.search(key) or key in _token_aliases(owner)) and _ids(value)
     ]
     used = {index for _, _, value in fields for index in _ids(value) if 0 <= index < vocab}
     moved, free, undo = {}, (index for index in range(vocab - 1, 3, -1) if index not in used), []

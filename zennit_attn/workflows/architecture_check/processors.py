@@ -34,6 +34,7 @@ __all__ = [
     'PROCESSOR_ARGS',
     'TOKENS',
     'PROMPTS',
+    'PLACEHOLDERS',
     'CALLS',
     'PREFIXED',
     'PREFIX',
@@ -108,6 +109,7 @@ def vision_sizes(config) -> Vision:
 
 
 def _square(side: int) -> dict:
+    """A square size of ``side`` pixels, as image processors take it."""
     return {'height': side, 'width': side}
 
 
@@ -145,12 +147,18 @@ IMAGE_SIZES: dict[str, Callable[[Vision], dict]] = {
     },
     'MllamaImageProcessor': lambda v: {'size': _square(v.side), 'max_image_tiles': v.tiles},
     'Llama4ImageProcessor': lambda v: {'size': _square(v.side), 'max_patches': 2},
-    'Molmo2ImageProcessor': lambda v: {'size': _square(v.side), 'patch_size': v.patch, 'max_crops': 2},
+    'Molmo2ImageProcessor': lambda v: {
+        'size': _square(v.side),
+        'patch_size': v.patch,
+        'max_crops': 2,
+        'overlap_margins': [1, 1],  # patches of overlap between crops (4 + 4 of the default exceed a tiny crop)
+    },
     'LlavaNextImageProcessor': lambda v: {
         'size': {'shortest_edge': v.side},
         'crop_size': _square(v.side),
         'image_grid_pinpoints': [[v.side, v.side]],
     },
+    'InklingImageProcessor': lambda v: {'size': _square(v.patch)},  # its size is the patch of the vision tower
     'AriaImageProcessor': lambda v: {'max_image_size': v.side, 'min_image_size': v.side},
     'DeepseekVLHybridImageProcessor': lambda v: {'size': _square(v.side), 'high_res_size': _square(v.high)},
 }
@@ -183,9 +191,23 @@ PROCESSOR_ARGS: dict[str, Callable[[object, Vision], dict]] = {
 TOKENS: dict[str, dict[str, str]] = {
     'fuyu': {'|SPEAKER|': 'image_token_id', '|NEWLINE|': 'image_newline_token_id'},
     'ovis2': {'<IMG_ATOM>': 'image_token_id'},
+    'molmo2': {
+        '<im_patch>': 'image_patch_id',
+        '<im_start>': 'image_start_token_id',
+        '<low_res_im_start>': 'low_res_image_start_token_id',
+        '<im_end>': 'image_end_token_id',
+        '<frame_start>': 'frame_start_token_id',
+        '<frame_end>': 'frame_end_token_id',
+        '<im_col>': 'image_col_token_id',
+        '<im_low>': 'image_low_token_id',
+    },
 }
-#: The text of the processor's call per ``model_type`` where it is not ``w4 w5 <image placeholder> w6 w7`` (Fuyu's
-#: processor puts the image in front of the text itself).
+#: Named tokens that are placeholders the processor replaces, per ``model_type``, with a free id each (Molmo 2's
+#: ``image_token`` is ``'<|image|>'``, which its processor expands into ``'<im_patch>'`` tokens, the id its
+#: configuration names as ``image_token_id``).
+PLACEHOLDERS: dict[str, dict[str, str]] = {'molmo2': {'image_token': '<|image|>', 'video_token': '<|video|>'}}
+#: The text of the processor's call per ``model_type`` where it is not ``'{first} {image} {second}'`` (two words of the
+#: tokenizer, the processor's image placeholder, two more words; Fuyu's processor puts the image ahead itself).
 PROMPTS: dict[str, str] = {'fuyu': '{first} {second}'}
 #: Arguments of the processor's call per ``model_type`` (Fuyu's gives ``image_patches`` by default, not the
 #: ``pixel_values`` its model takes).
@@ -298,9 +320,11 @@ def build_processor(model, config, vocab: int, special: set[int]):
     literal = dict(TOKENS.get(model_type, {}))
     # a literal token is the named token of its field (Fuyu's '|SPEAKER|' is its image_token): one string per id
     named.update({field.removesuffix('_id'): string for string, field in literal.items()})
+    placeholders = PLACEHOLDERS.get(model_type, {})
+    named.update(placeholders)
     processor = None
     for _ in range(2):  # again with the tokens the processor names in its own attributes (a literal in its code)
-        ids = _token_ids(model, vocab, special, named, literal)
+        ids = _token_ids(model, vocab, special, {**named, **placeholders}, literal, set(placeholders))
         tokenizer = offline_tokenizer(vocab, ids, special, named, prefix=model_type in PREFIXED)
         processor = processor_class(image_processor=images, tokenizer=tokenizer, **kwargs)
         own = {
@@ -315,10 +339,13 @@ def build_processor(model, config, vocab: int, special: set[int]):
     return processor
 
 
-def _token_ids(model, vocab: int, special: set[int], named: dict, literal: dict) -> dict[str, int]:
-    """``{token string: id}``: the configuration's id of each named token (``named``: ``{name: string}``) and of
-    each literal token (``literal``: ``{string: configuration field}``), a free id where the configuration has none."""
-    ids = {string: _config_id(model, name) for name, string in named.items()}
+def _token_ids(
+    model, vocab: int, special: set[int], named: dict, literal: dict, free_names: set[str]
+) -> dict[str, int]:
+    """``{token string: id}``: the configuration's id of each named token (``named``: ``{name: string}``; none for
+    the names of ``free_names``) and of each literal token (``literal``: ``{string: configuration field}``), a free
+    id where the configuration has none."""
+    ids = {string: None if name in free_names else _config_id(model, name) for name, string in named.items()}
     for string, field in literal.items():
         ids[string] = _config_id(model, field.removesuffix('_id'))
     taken = special | {index for index in ids.values() if index is not None}
@@ -400,9 +427,9 @@ def small_image(height: int = 40, width: int = 48) -> np.ndarray:
 
 
 def processor_inputs(model, config, vocab: int, special: set[int], params) -> dict:
-    """The forward inputs of the processor's outputs for :py:func:`small_image` and the text ``w4 w5 <image> w6 w7``
-    (floating-point tensors in float64; only what the forward takes, ``params``), with the processor of
-    :py:func:`build_processor`.
+    """The forward inputs of the processor's outputs for :py:func:`small_image` and a text of four words of the
+    tokenizer with the image placeholder in the middle (:py:data:`PROMPTS`), with the processor of
+    :py:func:`build_processor`: what the forward takes of them (``params``), floating-point tensors in float64.
 
     Raises
     ------
