@@ -60,17 +60,20 @@ def test_walk_records_what_was_fed():
 
 #: Architectures whose pixel inputs only their processor lays out, and the fields of that layout: Gemma 3's image
 #: tokens between its begin- and end-of-image tokens, Llama 3.2 Vision's tiles with aspect-ratio ids and
-#: cross-attention masks, Fuyu's flattened patches ``[patches, 3 * 8 * 8]``; with the shape of the pixels.
+#: cross-attention masks, Fuyu's flattened patches ``[patches, 3 * 8 * 8]``, Idefics' image attention mask (its
+#: processor pads images it finds no ``<image>`` token for with zeros: pixels without relevance); with the shape of
+#: the pixels.
 PROCESSED = {
     'gemma3': ({'pixel_values', 'token_type_ids'}, (1, 3, 32, 32)),
     'mllama': ({'pixel_values', 'aspect_ratio_ids', 'aspect_ratio_mask', 'cross_attention_mask'}, (1, 1, 4, 3, 32, 32)),
     'fuyu': ({'pixel_values'}, (16, 192)),
+    'idefics': ({'pixel_values', 'image_attention_mask'}, (1, 1, 3, 32, 32)),
 }
 
 
 @pytest.mark.parametrize('architecture', sorted(PROCESSED))
 def test_processor_pixels_conserve(architecture):
-    """The walk feeds Gemma 3, Llama 3.2 Vision and Fuyu the outputs of their own processors (built offline and
+    """The walk feeds Gemma 3, Llama 3.2 Vision, Fuyu and Idefics the outputs of their own processors (built offline and
     fitted to the tiny configuration; guessed layouts ran none of them): the pixels carry relevance, and text plus
     pixels is exactly the explained logit."""
     model, inputs, fed = _tiny(architecture)

@@ -175,7 +175,7 @@ def _default_sizes(processor: type, vision: Vision) -> dict:
         kwargs['crop_size'] = _square(vision.side)
     if type(defaults.get('patch_size')) is int:
         kwargs['patch_size'] = vision.patch
-    for key in ('tile_size', 'min_size'):
+    for key in ('tile_size', 'min_size', 'image_size'):
         if type(defaults.get(key)) is int:
             kwargs[key] = vision.side
     return kwargs
@@ -191,6 +191,7 @@ PROCESSOR_ARGS: dict[str, Callable[[object, Vision], dict]] = {
 TOKENS: dict[str, dict[str, str]] = {
     'fuyu': {'|SPEAKER|': 'image_token_id', '|NEWLINE|': 'image_newline_token_id'},
     'ovis2': {'<IMG_ATOM>': 'image_token_id'},
+    'idefics': {'<image>': 'image_token_id', '<fake_token_around_image>': 'fake_image_token_id'},
     'molmo2': {
         '<im_patch>': 'image_patch_id',
         '<im_start>': 'image_start_token_id',
