@@ -27,6 +27,7 @@ from zennit_attn.engine.rules import Gamma
 from zennit_attn.inputs.vision_language import image_layout, text_length
 from zennit_attn.latent import Neuron
 from zennit_attn.results.explanation import MultimodalExplanation
+from zennit_attn.workflows.architecture_check import configs, processors
 
 LLAVA_TEXT = '<image>The ice bear lives'
 QWEN_TEXT = '<|vision_start|><|image_pad|><|vision_end|>The ice bear lives'
@@ -536,3 +537,22 @@ def test_processor_of_another_model(case, llava, qwen, clip):
         f'processor of {type(model).__name__} \\(model_type {model_type!r}\\)',
     ):
         explain(model, texts[processor_name], images=[image()], processor=processor)
+
+
+def test_second_pixel_input_is_refused():
+    """DeepSeek-VL hybrid takes the image twice (``pixel_values`` and ``high_res_pixel_values`` for its second tower):
+    explain() reads pixel relevance from ``pixel_values`` only, so it refuses by name rather than lose the
+    high-resolution tower's share (before: the forward failed on the second input's dtype, or, in float32, the text
+    and pixel relevance fell short of the logit)."""
+    model_class, config_class = configs.model_class('image-text-to-text', 'deepseek_vl_hybrid')
+    config = configs.tiny_config(config_class)
+    torch.manual_seed(0)
+    model = model_class(config).double().eval()
+    vocab = model.get_input_embeddings().num_embeddings
+    model.config.image_token_id = vocab - 1  # the placeholder into the tiny vocabulary (the walk moves it so)
+    processor = processors.build_processor(model, config, vocab, {vocab - 1})
+    text = f'w10 {processor.image_token} w11'
+    encoding = processor(text=text, images=[processors.small_image()], return_tensors='pt')
+    assert {'pixel_values', 'high_res_pixel_values'} <= set(encoding)
+    with pytest.raises(ValueError, match='takes the image also as high_res_pixel_values'):
+        explain(model, text, images=[processors.small_image()], processor=processor)

@@ -16,12 +16,19 @@ from zennit_attn.workflows.architecture_check.check import REFUSALS, Result
 
 #: Architectures whose tiny model builds but is neither explained exactly nor refused: known defects, each with what
 #: was found (a new entry here needs a reason; a fixed one must be removed: the test fails for both).
-KNOWN: dict[str, dict[str, str]] = {}
+KNOWN: dict[str, dict[str, str]] = {
+    'image-text-to-text': {
+        # fed its processor's pixels (issue 31): its visual tokenizer turns each patch into a softmax over a visual
+        # vocabulary (not attention), which gets the softmax rule (Prop. 3.1) and loses relevance to its bias term
+        # (CP-LRP relevance / logit = 1.00042), a loss the engine does not record as a constant
+        'ovis2': 'CP-LRP relevance / logit',
+    }
+}
 #: Share of the built architectures that must be explained (issue 17 asks for 0.85 of the causal LMs and 0.70 of the
 #: vision-language models, issue 31 for 0.97 of the causal LMs); with transformers 5.24: causal 187 of 192 = 0.974
 #: (the recurrences of state-space and hybrid models since issue 31; MiniMax's lightning attention, linear attention
-#: written inline, is refused), masked 44 of 50 = 0.88, seq2seq 35 of 36, the rest refused by name (see
-#: docs/supported-models.md).
+#: written inline, is refused), image-text-to-text (with pixels through each architecture's processor since issue 31)
+#: see docs/supported-models.md, masked 44 of 50 = 0.88, seq2seq 35 of 36, the rest refused by name.
 TARGETS = {'causal-lm': 0.97, 'image-text-to-text': 0.85, 'masked-lm': 0.85, 'seq2seq-lm': 0.90}
 
 
@@ -35,6 +42,8 @@ def check_mapping(mapping: str) -> None:
     results = supported_models.walk([mapping], progress=False)
     failed = {result.architecture: result.reason for result in results if result.status == 'failed'}
     assert set(failed) == set(KNOWN.get(mapping, {})), failed
+    for architecture, found in KNOWN.get(mapping, {}).items():
+        assert failed[architecture].startswith(found), failed
     unnamed = [result.reason for result in results if result.status == 'refused' and not named(result.reason)]
     assert unnamed == [], unnamed
     # every operation the walk meets is declared in the registry, with a rule or refused with its own reason

@@ -8,7 +8,8 @@ import torch
 from tests.test_zoo import check_mapping
 from tools import supported_models
 from zennit_attn.engine.composites import CPLRPEpsilon
-from zennit_attn.workflows.architecture_check import check, configs
+from zennit_attn.workflows.architecture_check import check, configs, processors
+from zennit_attn.workflows.architecture_check.pixels import VIA_PROCESSOR
 
 
 @pytest.mark.parametrize('mapping', ['image-text-to-text', 'masked-lm'])
@@ -22,17 +23,19 @@ def _tiny(architecture: str, mapping: str = 'image-text-to-text'):
     config = configs.tiny_config(config_class)
     torch.manual_seed(0)
     model = model_class(config).to(torch.float64).eval()
+    check.randomize_zero_weights(model, torch.Generator().manual_seed(0))
     check.zero_biases(model)
     inputs, fed = check.check_inputs(model, config, mapping, torch.Generator().manual_seed(0))
     return model, inputs, fed
 
 
-@pytest.mark.parametrize('architecture', ['llava', 'qwen3_vl'])
+@pytest.mark.parametrize('architecture', ['llava', 'qwen3_vl', 'got_ocr2'])
 def test_pixels_take_part_in_conservation(architecture):
-    """LLaVA ([1, C, H, W] pixels) and Qwen3-VL (flattened patches with image_grid_thw) are walked with an image:
+    """LLaVA ([1, C, H, W] pixels), Qwen3-VL (flattened patches with image_grid_thw) and GOT-OCR 2 (a SAM tower
+    initialised with weights of 1e-10, drawn anew: its pixels carried 1e-20 of the logit) are walked with an image:
     the pixels carry relevance, and text plus pixel relevance (not the text alone) sums to the explained logit."""
     model, inputs, fed = _tiny(architecture)
-    assert fed == 'text + image'
+    assert fed.startswith('text + image')
     image_token = model.config.image_token_id
     assert 0 <= image_token < model.get_input_embeddings().num_embeddings  # moved into the tiny vocabulary
     assert int((inputs['input_ids'] == image_token).sum()) > 0
@@ -46,10 +49,47 @@ def test_pixels_take_part_in_conservation(architecture):
 
 def test_walk_records_what_was_fed():
     result = check.check_architecture('image-text-to-text', 'llava')
-    assert (result.status, result.inputs) == ('explained', 'text + image'), result
+    assert result.status == 'explained' and result.inputs.startswith(f'{VIA_PROCESSOR}, pixel share '), result
     assert abs(result.ratio - 1) <= 1e-6
     text = check.check_architecture('image-text-to-text', 'evolla')  # a protein-text model: no pixels, the page says so
     assert text.inputs.startswith('text only: '), text
     page = supported_models.page([result, text])
-    assert '| `llava` | explained | text + image |' in page
+    assert f'| `llava` | explained | {result.inputs} |' in page
     assert '| `evolla` | explained | text only: the forward takes no pixel_values |' in page
+
+
+#: Architectures whose pixel inputs only their processor lays out, and the fields of that layout: Gemma 3's image
+#: tokens between its begin- and end-of-image tokens, Llama 3.2 Vision's tiles with aspect-ratio ids and
+#: cross-attention masks, Fuyu's flattened patches ``[patches, 3 * 8 * 8]``, Idefics' image attention mask (its
+#: processor pads images it finds no ``<image>`` token for with zeros: pixels without relevance); with the shape of
+#: the pixels.
+PROCESSED = {
+    'gemma3': ({'pixel_values', 'token_type_ids'}, (1, 3, 32, 32)),
+    'mllama': ({'pixel_values', 'aspect_ratio_ids', 'aspect_ratio_mask', 'cross_attention_mask'}, (1, 1, 4, 3, 32, 32)),
+    'fuyu': ({'pixel_values'}, (16, 192)),
+    'idefics': ({'pixel_values', 'image_attention_mask'}, (1, 1, 3, 32, 32)),
+}
+
+
+@pytest.mark.parametrize('architecture', sorted(PROCESSED))
+def test_processor_pixels_conserve(architecture):
+    """The walk feeds Gemma 3, Llama 3.2 Vision, Fuyu and Idefics the outputs of their own processors (built offline and
+    fitted to the tiny configuration; guessed layouts ran none of them): the pixels carry relevance, and text plus
+    pixels is exactly the explained logit."""
+    model, inputs, fed = _tiny(architecture)
+    assert fed == VIA_PROCESSOR
+    fields, shape = PROCESSED[architecture]
+    assert fields <= set(inputs) and tuple(inputs['pixel_values'].shape) == shape, inputs
+    relevance, logit = check.input_relevances(model, inputs, CPLRPEpsilon())
+    pixels = relevance['pixel_values'] * logit
+    assert abs(pixels) > 1e-5 * abs(logit)
+    assert abs(sum(relevance.values()) * logit - logit) <= 1e-6 * abs(logit)
+
+
+def test_offline_tokenizer_has_the_model_ids():
+    """The tokenizer made in memory splits off each special token wherever it stands, with the id it is given, and
+    names the model-specific tokens (what processors read of it)."""
+    tokenizer = processors.offline_tokenizer(96, {'<image>': 95, '<boi>': 93}, {1, 2, 95}, {'image_token': '<image>'})
+    assert tokenizer('w10 <boi><image><image> w11')['input_ids'] == [10, 93, 95, 95, 11]
+    assert (tokenizer.image_token, tokenizer.image_token_id) == ('<image>', 95)
+    assert {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}.isdisjoint({1, 2, 93, 95})

@@ -23,8 +23,12 @@ from transformers.models.auto import modeling_auto
 
 from zennit_attn.workflows.architecture_check.check import STATUSES, Result, check_architecture
 from zennit_attn.workflows.architecture_check.configs import MAPPINGS
+from zennit_attn.workflows.architecture_check.pixels import VIA_LAYOUT, VIA_PROCESSOR
 
-__all__ = ['architectures', 'walk', 'counts', 'page', 'main']
+__all__ = ['architectures', 'walk', 'counts', 'fed_counts', 'page', 'main']
+
+#: How the explained vision-language architectures were fed, as :py:func:`fed_counts` counts them.
+FED = ('pixels via processor', 'pixels via layout', 'text only')
 
 #: How the page says it was made.
 COMMAND = 'make supported-models'
@@ -50,6 +54,25 @@ def counts(results: Iterable[Result]) -> dict[str, dict[str, int]]:
     return table
 
 
+def fed_counts(results: Iterable[Result]) -> dict[str, dict[str, int]]:
+    """``{mapping: {how: count}}`` of the explained architectures with a vision tower (a note of what was fed): with
+    pixels made by their processor, with pixels in a layout the check guessed, or with the text only (:py:data:`FED`).
+    """
+    table: dict[str, dict[str, int]] = {}
+    for result in results:
+        if result.status != 'explained' or not result.inputs.startswith(('text + image', 'text only')):
+            continue
+        how = (
+            FED[0]
+            if result.inputs.startswith(VIA_PROCESSOR)
+            else FED[1]
+            if result.inputs.startswith(VIA_LAYOUT)
+            else FED[2]
+        )
+        table.setdefault(result.mapping, dict.fromkeys(FED, 0))[how] += 1
+    return table
+
+
 def page(results: list[Result]) -> str:
     """The supported-models page (Markdown): counts per mapping, then one table row per architecture."""
     version = transformers.__version__
@@ -63,8 +86,12 @@ def page(results: list[Result]) -> str:
         'explained logit within 1e-6 and AttnLRP runs; *refused*: zennit-attn raises `UnsupportedModelError` with the',
         'reason shown; *not built*: the tiny configuration did not build or run a plain forward pass (a limit of the',
         'check, not of the library); *failed*: a defect, to be fixed. For a model with a vision tower the note says',
-        'what was fed: *text + image* (pixels in the layout the tiny configuration implies, relevance summed over text',
-        'and pixels) or *text only* and why.',
+        "what was fed: *text + image (pixels via processor)*: the outputs of the architecture's own processor, built",
+        "from transformers' classes with sizes fitted to the tiny configuration and a tokenizer made offline, for a",
+        'small image and a text with its image placeholder; *text + image (pixels via layout ...)*: pixels in a layout',
+        'the check guesses from the configuration, where the processor cannot be built or the model does not run on',
+        'its outputs (the note says why); the relevance is summed over text and pixels, and the note gives the',
+        "pixels' share of the explained logit; *text only* and why (no pixel input, pixels that carry no relevance).",
         '',
         '| mapping | explained | refused | not built | failed | explained of built |',
         '|---|---|---|---|---|---|',
@@ -75,6 +102,12 @@ def page(results: list[Result]) -> str:
         lines.append(
             f'| {mapping} | {row["explained"]} | {row["refused"]} | {row["not built"]} | {row["failed"]} | {share} |'
         )
+    fed = fed_counts(results)
+    if fed:
+        lines += ['', '| mapping | explained with a vision tower | ' + ' | '.join(FED) + ' |', '|---|---|---|---|---|']
+        for mapping, row in fed.items():
+            counted = ' | '.join(str(row[how]) for how in FED)
+            lines.append(f'| {mapping} | {sum(row.values())} | {counted} |')
     for mapping in dict.fromkeys(result.mapping for result in results):
         lines += ['', f'## {mapping}', '', '| architecture | status | note |', '|---|---|---|']
         for result in results:
@@ -94,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = walk(args.mapping or tuple(MAPPINGS))
     for mapping, row in counts(results).items():
         print(mapping, row)
+    for mapping, row in fed_counts(results).items():
+        print(mapping, 'with a vision tower:', row)
     for result in results:
         if result.status == 'failed':
             print(f'FAILED {result.mapping} {result.architecture}: {result.reason}', file=sys.stderr)

@@ -511,6 +511,26 @@ def test_a_solve_is_linear_in_its_right_hand_side(name):
         attributed_by_hand(lambda h, g: solve(TRIANGLE + 0.01 * (g.T @ g).tril(-1), h.T).T, lambda h, g: h)
 
 
+def test_batch_norm_with_running_statistics_is_affine():
+    """``batch_norm`` in evaluation (running statistics): the plain gradient of its affine map per channel; by the
+    statistics of the batch, or ``instance_norm``, refused."""
+    mean, variance = torch.linspace(-0.5, 0.5, 4, dtype=torch.float64), torch.linspace(0.5, 2, 4, dtype=torch.float64)
+    weight = torch.linspace(0.5, 1.5, 4, dtype=torch.float64)
+
+    def normalised(h, g):
+        return F.batch_norm(h, mean, variance, weight, None, False)
+
+    found, expected = attributed_by_hand(normalised, normalised)
+    torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+    assert OPERATIONS['batch_norm'].rule == OPERATIONS['instance_norm'].rule == 'running_norm'
+    for refused in (
+        lambda h, g: F.batch_norm(h, mean, variance, training=True),
+        lambda h, g: F.instance_norm(h[None]).squeeze(0),
+    ):
+        with pytest.raises(UnsupportedModelError, match='normalisation by the statistics of the batch'):
+            attributed_by_hand(refused, lambda h, g: h)
+
+
 def _log_softmax_by_logsumexp(z):
     return z - torch.logsumexp(z, -1, keepdim=True)
 
@@ -669,6 +689,7 @@ def test_every_operation_has_a_case_or_a_reason():
         | set(REFUSED_CASES)
         | {'prod', 'scatter', 'scatter_reduce', 'index_reduce', 'div', 'exp', 'softmax'}
         | set(SOLVES)
+        | {'batch_norm', 'instance_norm'}
         | {'log_softmax', 'logsumexp', 'scaled_dot_product_attention', 'layer_norm', 'rms_norm', 'normalize'}
         | {name for name, entry in OPERATIONS.items() if entry.rule in ('statistic', 'metadata')}
     )

@@ -53,6 +53,7 @@ HANDLERS = {
     'logsumexp': 'logsumexp',
     'attention': 'attention',
     'normalisation': 'normalisation',
+    'running_norm': 'running_norm',
     'decomposed': 'decomposed',
     'refused': 'refused',
 }

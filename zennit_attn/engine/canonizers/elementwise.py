@@ -23,7 +23,7 @@ from .decompositions import DECOMPOSED, STATISTICS
 from .graph import is_gate, normalises
 from .products import replaced
 from .registry import NORMALISER_RULES, OPERATIONS, in_place, keeps
-from .tracking import tensors_of
+from .tracking import ConstantTensor, tensors_of
 
 __all__ = ['Elementwise']
 
@@ -137,6 +137,28 @@ class Elementwise:
         if any(tensor.requires_grad for tensor in tensors_of(list(args[1:]) + list(kwargs.values()), [])):
             self.canonizer.refuse(name, 'a normalisation whose weight carries relevance')
         return elementwise_identity(input, output)
+
+    def running_norm(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
+        """``batch_norm(x, running_mean, running_var, weight, bias, training=False)``: with running statistics an
+        affine map per channel, ``x w / sqrt(var + eps) + (b - mean w / sqrt(var + eps))``, linear in ``x`` (the
+        plain gradient, Eq. 8), its shift a constant that absorbs relevance (noted); normalised by the statistics of
+        the batch (``training=True``, or no running statistics; ``instance_norm``) it is a normalisation over
+        positions, refused."""
+        names = ('input', 'running_mean', 'running_var', 'weight', 'bias', 'training', 'momentum', 'eps')
+        bound = dict(zip(names, args)) | kwargs
+        mean, variance = bound.get('running_mean'), bound.get('running_var')
+        if name != 'batch_norm' or bound.get('training', False) or mean is None or variance is None:
+            self.canonizer.refuse(name, 'a normalisation by the statistics of the batch or of the positions')
+        others = [value for key, value in bound.items() if key != 'input']
+        if any(isinstance(value, torch.Tensor) and value.requires_grad for value in others):
+            self.canonizer.refuse(name, 'a batch normalisation whose statistics or weight carry relevance')
+        output = func(*args, **kwargs)
+        with torch.no_grad():
+            shift = func(torch.zeros_like(bound['input'][:1]), *list(args[1:]), **kwargs)
+        if bool(shift.any()):
+            constant = ConstantTensor(float(shift.abs().max()), shift.shape)
+            self.canonizer.constants.append((self.canonizer.here(), constant))
+        return output
 
     def decomposed(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
         """A composite function (:py:data:`~.decompositions.DECOMPOSED`): its arithmetic, with the mode classifying

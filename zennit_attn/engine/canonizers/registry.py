@@ -35,6 +35,8 @@ rule                 backward pass (gradient formulation, :py:mod:`zennit_attn.e
 ``logsumexp``        only as the normaliser of a log-softmax or the mass of an attention sink
 ``attention``        ``scaled_dot_product_attention``: the product rule on its two products (Props. 3.1, 3.3)
 ``normalisation``    ``layer_norm``, ``rms_norm``, ``normalize``: the identity rule on ``x / g(x)`` (Prop. 3.4)
+``running_norm``     ``batch_norm`` with running statistics (evaluation: convolutional vision towers): an affine map
+                     per channel, the plain gradient, its shift a constant; with batch statistics refused
 ``decomposed``       a composite function, run as the operations it consists of
 ``refused``          no AttnLRP rule: refused with the reason given
 ===================  ==================================================================================================
@@ -62,7 +64,7 @@ __all__ = [
 #: The rules an operation may have (see the module's table).
 RULES = frozenset(
     'metadata plain product elements scatter division solve elementwise bound normaliser power statistic exp softmax '
-    'log_softmax logsumexp attention normalisation decomposed refused'.split()
+    'log_softmax logsumexp attention normalisation running_norm decomposed refused'.split()
 )
 #: What a linear operation does to the positions of its input's values.
 SHAPES = frozenset(
@@ -325,6 +327,7 @@ operation('log_softmax', 'log_softmax _log_softmax')
 operation('logsumexp', 'logsumexp')
 operation('attention', 'scaled_dot_product_attention')
 operation('normalisation', 'layer_norm rms_norm normalize')
+operation('running_norm', 'batch_norm instance_norm')
 operation('decomposed', 'multi_head_attention_forward glu softmin lerp addcdiv hypot cosine_similarity')
 
 # ------------------------------------------------------------------------------------------------ refused

@@ -113,6 +113,22 @@ def _unflatten(flat: torch.Tensor, shape: tuple, size: tuple) -> torch.Tensor:
     return flat.reshape(shape).permute(0, 6, 5, 1, 3, 7, 2, 4, 8).reshape(size)
 
 
+def _refuse_other_pixels(model: torch.nn.Module, encoding: Mapping) -> None:
+    """Refuse a floating-point input of the model besides ``pixel_values`` that is not a mask (DeepSeek-VL hybrid's
+    ``high_res_pixel_values``: the image again, at the resolution of a second tower): its share of the relevance would
+    be lost (text + pixel relevance would not be the explained logit), or the forward fail on its dtype."""
+    others = [
+        key
+        for key, value in encoding.items()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and 'mask' not in key
+    ]
+    if others:
+        raise ValueError(
+            f'{type(model).__name__} takes the image also as {", ".join(others)}: zennit-attn reads pixel relevance '
+            'from pixel_values alone, and would lose the share of the other pixel inputs'
+        )
+
+
 class _PixelLeaf:
     """The second LRP leaf of the multimodal tasks: the pixels, passed as ``pixel_values``.
 
@@ -127,6 +143,7 @@ class _PixelLeaf:
         pixels = encoding.pop('pixel_values', None)
         if pixels is None:
             raise ValueError('the encoding has no pixel_values: pass images to the processor')
+        _refuse_other_pixels(model, encoding)
         super().__init__(model, encoding, None, model_kwargs)
         self.processor = processor
         self.pixels = self._check_pixels(pixels)

@@ -7,7 +7,10 @@ refused with the reason, not built with why).
   ``zennit-attn check --model FOLDER_OR_MODEL_TYPE`` on the command line);
 - :py:mod:`~zennit_attn.workflows.architecture_check.configs`: the tiny configurations and the model class of an
   architecture;
-- :py:mod:`~zennit_attn.workflows.architecture_check.pixels`: the pixels a vision tower of a tiny configuration takes.
+- :py:mod:`~zennit_attn.workflows.architecture_check.processors`: an architecture's own processor, built offline from
+  transformers' classes and fitted to the tiny configuration;
+- :py:mod:`~zennit_attn.workflows.architecture_check.pixels`: the pixels a vision tower of a tiny configuration takes
+  (its processor's outputs, else a layout guessed from the configuration).
 
 The walk over every architecture of the installed transformers, which writes the documentation's supported-models
 page, is a tool of the repository (``tools/supported_models.py``, ``make supported-models``), not part of the package.

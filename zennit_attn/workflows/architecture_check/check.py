@@ -40,7 +40,7 @@ from ...engine.errors import UnsupportedModelError
 from ...inputs.checks import check_word_embeddings
 from ...inputs.lookups import TokenLookups, needs_ids
 from .configs import model_class, model_class_for, tiny_config, tiny_copy
-from .pixels import pixel_inputs, short_message
+from .pixels import PIXEL_INPUTS, pixel_inputs, short_message
 
 __all__ = [
     'STATUSES',
@@ -49,6 +49,7 @@ __all__ = [
     'check_architecture',
     'check_config',
     'zero_biases',
+    'randomize_zero_weights',
     'check_inputs',
     'input_relevances',
     'added_constants',
@@ -73,6 +74,13 @@ REFUSALS = (
 #: torch's default dtype float64: its code makes tensors of the default dtype from float64 values (an overflow in
 #: float32).
 FLOAT64_DEFAULT = "run with float64 as torch's default dtype"
+#: What :py:func:`check_architecture` notes where the pixels that were fed carry no relevance.
+NO_PIXEL_SHARE = "the pixels carry no relevance (CP-LRP's share at the pixel inputs is 0)"
+#: The largest entry of a weight that :py:func:`randomize_zero_weights` draws anew (an initialisation of almost zeros).
+NEGLIGIBLE = 1e-6
+#: The largest share of the explained logit at the pixel inputs that counts as none (rounding: 1e-36 in a tower that
+#: attenuates them).
+NO_SHARE = 1e-9
 
 #: Names of biases, and of learned or fixed position and token-type embeddings (added to the tokens: biases too).
 _BIAS = re.compile(r'bias')
@@ -80,7 +88,7 @@ _POSITIONS = re.compile(
     r'(^|\.)(wpe|positions_embed|pos_encoding|pos_embed|position_embeddings?|embed_positions|positional_embedding|'
     r'token_type_embeddings|pos_emb(edding)?|embed_pos|position_embedding|abs_pos|'
     r'type_embeddings|segment_embeddings?|language_embeddings|lang_embeddings|[xyhw]_position_embeddings|'
-    r'token_type_embeddings_\d+|class_embedding)(\.|$)'
+    r'token_type_embeddings_\d+|class_embedding|\w+_positional_embedding)(\.|$)'
 )
 
 
@@ -164,6 +172,8 @@ def _built(mapping: str, build: Callable, seed: int, generator: torch.Generator)
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter('ignore')
         model = model_class(config).to(torch.float64).eval()
+        if mapping == 'image-text-to-text' or set(PIXEL_INPUTS) & set(_forward_parameters(model)):
+            randomize_zero_weights(model, torch.Generator().manual_seed(seed))
         zero_biases(model)
         inputs, fed = check_inputs(model, config, mapping, generator)
     return model, inputs, fed
@@ -171,12 +181,18 @@ def _built(mapping: str, build: Callable, seed: int, generator: torch.Generator)
 
 def _verdict(model: torch.nn.Module, inputs: dict, fed: str) -> tuple[str, str, float, str]:
     """``(status, reason, ratio, what was fed)`` of the built model: its plain forward on the embeddings as
-    :py:func:`~zennit_attn.explain` runs it, then CP-LRP's conservation and AttnLRP."""
+    :py:func:`~zennit_attn.explain` runs it, then CP-LRP's conservation and AttnLRP; pixels that carry no relevance
+    (CP-LRP's share at the pixel inputs is zero) are noted as text only (:py:data:`NO_PIXEL_SHARE`)."""
     error, dtype, fed = _plain_forward(model, inputs, fed)
     if error is not None:
         status, reason = _plain_forward_verdict(model, inputs, error)
         return status, reason, math.nan, fed
-    return (*_explained(model, inputs, dtype), fed)
+    status, reason, ratio, share = _explained(model, inputs, dtype)
+    if fed.startswith('text + image') and abs(share) <= NO_SHARE:
+        fed = f'text only: {NO_PIXEL_SHARE} ({fed})'
+    elif fed.startswith('text + image') and math.isfinite(share):
+        fed = f'{fed}, pixel share {share:.3g}'
+    return status, reason, ratio, fed
 
 
 def _plain_forward(model: torch.nn.Module, inputs: dict, fed: str) -> tuple[Exception | None, torch.dtype, str]:
@@ -207,18 +223,22 @@ def _plain_forward_verdict(model: torch.nn.Module, inputs: dict, error: Exceptio
     )
 
 
-def _explained(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tuple[str, str, float]:
-    """``(status, reason, ratio)`` of CP-LRP's conservation and AttnLRP's run on the model (with torch's default
-    dtype ``dtype``)."""
+def _explained(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tuple[str, str, float, float]:
+    """``(status, reason, ratio, pixel share)`` of CP-LRP's conservation and AttnLRP's run on the model (with torch's
+    default dtype ``dtype``); the pixel share is CP-LRP's relevance at the pixel inputs (every input but the text
+    embeddings) over the explained logit (NaN where none is fed or it did not run)."""
     composite = CPLRPEpsilon()
     try:
         with default_dtype(dtype):
-            ratio = relevance_sum(model, inputs, composite)
+            sums, _ = input_relevances(model, inputs, composite)
             attnlrp = relevance_sum(model, inputs, AttnLRPEpsilon())
     except UnsupportedModelError as error:
-        return 'refused', short_message(error), math.nan
+        return 'refused', short_message(error), math.nan, math.nan
     except Exception as error:
-        return 'failed', f'{type(error).__name__}: {short_message(error)}', math.nan
+        return 'failed', f'{type(error).__name__}: {short_message(error)}', math.nan, math.nan
+    ratio = float(sum(sums.values()))
+    pixels = [key for key in inputs if key.endswith(PIXEL_INPUTS)]  # none where the pixels got no gradient
+    share = float(sum(sums.get(key, 0.0) for key in pixels)) if pixels else math.nan
     exact = abs(ratio - 1) <= 1e-6 and math.isfinite(attnlrp)
     reason = '' if exact else f'CP-LRP relevance / logit = {ratio:.6g}, AttnLRP sum {attnlrp:.4g}'
     path, value = max(added_constants(composite), key=lambda item: abs(float(item[1])), default=('', 0.0))
@@ -229,8 +249,9 @@ def _explained(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tupl
             'explained',
             f'not exactly conservative by design: the model adds the constant {value:g} at {path!r} ({reason})',
             ratio,
+            share,
         )
-    return ('explained' if exact else 'failed'), reason, ratio
+    return ('explained' if exact else 'failed'), reason, ratio, share
 
 
 def added_constants(composite) -> list[tuple[str, float]]:
@@ -239,6 +260,19 @@ def added_constants(composite) -> list[tuple[str, float]]:
     (:py:attr:`~zennit_attn.engine.canonizers.OperationCanonizer.constants`); none where it did not run."""
     engine = getattr(composite, 'operation_canonizer', None)
     return [] if engine is None else list(engine.constants)
+
+
+def randomize_zero_weights(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Draw every floating-point weight that is zero throughout, or negligible (every entry at most
+    :py:data:`NEGLIGIBLE`: an initialisation of zeros, as Gemma 3's image projection and Llama 3.2 Vision's
+    cross-attention gates, or of 1e-10, as the SAM towers of GOT-OCR 2 and DeepSeek-OCR), from a normal distribution
+    (standard deviation 0.1), so that the pixels reach the output of the random model; biases and position tables are
+    zeroed after it (:py:func:`zero_biases`)."""
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():
+            if parameter.is_floating_point() and parameter.numel() > 0 and parameter.abs().max() <= NEGLIGIBLE:
+                noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float64)
+                parameter.copy_(0.1 * noise)
 
 
 def zero_biases(model: torch.nn.Module) -> None:
@@ -264,7 +298,7 @@ def check_inputs(model: torch.nn.Module, config, mapping: str, generator: torch.
     if mapping == 'seq2seq-lm' or getattr(config, 'is_encoder_decoder', False):
         inputs['decoder_input_ids'] = torch.randint(4, min(int(vocab), 90), (1, 4), generator=generator)
     params = _forward_parameters(model)
-    if mapping == 'image-text-to-text' or 'pixel_values' in params:
+    if mapping == 'image-text-to-text' or set(PIXEL_INPUTS) & set(params):
         return inputs, pixel_inputs(model, config, inputs, params, generator, functools.partial(_fails, model))
     return inputs, ''
 

@@ -177,7 +177,12 @@ TIED = (
     ('linear_num_value_heads', 'linear_num_key_heads'),
 )
 #: Constructor arguments per mapping and architecture (``functools.partial`` of the config class).
-INIT = {('causal-lm', 'reformer'): {'is_decoder': True}}  # its language-model head asserts a decoder
+INIT = {
+    ('causal-lm', 'reformer'): {'is_decoder': True},  # its language-model head asserts a decoder
+    # no vision tower by default (None): the class's default vision configuration
+    ('image-text-to-text', 'gemma4'): {'vision_config': {}},
+    ('image-text-to-text', 'gemma4_unified'): {'vision_config': {}},
+}
 #: Fields that no general rule of :py:func:`shrink` derives, per ``model_type`` (``'sub_config.field'``: set after
 #: the sub-configuration's own shrinking); each with the reason.
 OVERRIDES = {
@@ -199,6 +204,7 @@ OVERRIDES = {
         'deepstack_layer_map': [(-2, 0)],
         'spatial_target_layers': [0, 0, 1, 1],
         'downsample_rate': '1/2',
+        'qformer_config.encoder_hidden_size': 32,  # the tiny vision width
     },
     # a timm tower whose embed_dim the projector reads (a tiny perception-encoder ViT, not resnet50 without one)
     'perception_lm': {
@@ -225,12 +231,36 @@ OVERRIDES = {
     'blt_local_decoder': {'hidden_size_global': 64},
     # the model needs a full-attention layer, and 2D rotary pairs in the rotary quarter of a head
     'neomme': {'layer_types': ['sliding_attention', 'full_attention'], 'head_dim': 16},
+    # Gemma 3's image tokens pool the patch grid of the vision tower (4 x 4 patches of the tiny one: 2 x 2 tokens)
+    'gemma3': {'mm_tokens_per_image': 4},
+    'shieldgemma2': {'mm_tokens_per_image': 4},
+    't5gemma2_encoder': {'mm_tokens_per_image': 4},
+    # widths of the vision-language projectors: the tiny vision width (32) times the patches merged into one token
+    'dots3_note': {'vision_config.adapter_in_dim': 32, 'vision_config.adapter_out_dim': 32},
+    'muse_glimmer': {'out_hidden_size': 128},
+    'muse_spark': {'out_hidden_size': 128},
+    'minimax_m3_vl': {'merged_hidden_size': 128},
+    # feature layers among the tiny tower's 3 hidden states (the defaults index a 24-layer tower)
+    'vipllava': {'vision_feature_layers': [-2, -1]},
+    # the SAM tower's last channels meet the query encoder's width (the tiny 32)
+    'deepseek_ocr2_sam_vision_model': {'downsample_channels': [16, 32]},
+    'unlimited_ocr_sam_vision_model': {'downsample_channels': [16, 32]},
+    # Aria's image processor takes 490 or 980 pixels only: 7 x 7 patches of 70 pixels, pooled to 4 queries
+    'aria': {'vision_config.image_size': 490, 'vision_config.patch_size': 70, 'projector_patch_to_query_dict': {49: 4}},
+    'deepseek_vl_hybrid': {'high_res_vision_config.global_attn_indexes': [0]},  # its features after the first layer
+    'kimi_k25': {'projection_hidden_size': 32},  # the tiny vision width
+    'inkling_mm_model': {'vision_config.text_hidden_size': 32},  # the tiny text width
+    # Molmo 2: a 32-pixel tower of 4 x 4 patches, its features from the 2 layers, projected to the tiny text width
+    'molmo2_vision': {'image_size': [32, 32], 'num_position_embeddings': 16},
+    'molmo2_adapter': {'vision_feature_layer': [-1, -2], 'text_hidden_size': 32},
+    'mllama_text_model': {'cross_attention_layers': [1]},  # the defaults (3, 8, ...) lie beyond the 2 layers
+    'mllama_vision_model': {'intermediate_layers_indices': [0, 1], 'vision_output_dim': 96, 'num_global_layers': 2},
     'paddleocr_vl_text': {'ignore_keys_at_rope_validation': {'mrope_section'}},  # mrope, undeclared by the config
     # large image towers: a 300M-parameter timm tower (:py:func:`tiny_mobilenet`; its output width stays 2048), a
     # 125M one (its family's smallest, 11M), VQ-VAEs of 240M and 27M (32 channels: group norms of 32)
     'gemma3n_vision': {'model_args': lambda: tiny_mobilenet(), 'hidden_size': 2048},
     'gemma3n': {'vision_soft_tokens_per_image': 4},
-    'fast_vlm': {'vision_config.architecture': 'fastvit_mci0'},
+    'fast_vlm': {'vision_config.architecture': 'fastvit_mci0', 'vision_config.hidden_size': 1024},  # its width
     'emu3_vqgan': {'base_channels': 32, 'hidden_size': 128, 'num_res_blocks': 1, 'codebook_size': 32},
     'chameleon_vqgan': {'base_channels': 32, 'num_res_blocks': 1, 'num_embeddings': 32},
     # defaults that fail the class's own validation (an assistant's text model has no per-layer inputs): set when

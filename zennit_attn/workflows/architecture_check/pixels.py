@@ -1,13 +1,17 @@
 """Pixel inputs for the architecture check (:py:mod:`~zennit_attn.workflows.architecture_check.check`): what a
 vision tower of a tiny configuration takes.
 
-:py:func:`pixel_inputs` completes the check's text inputs of a model with a vision tower by pixels in a layout that the
-model's forward runs, and by as many image placeholder tokens as the model's ``get_image_features`` gives for them
-(or its error message names): ``[1, C, H, W]`` from ``vision_config.image_size`` / ``num_channels`` (LLaVA,
-PaliGemma), flattened patches with ``image_grid_thw`` (Qwen2-VL), ``[1, 1, C, H, W]`` with ``pixel_attention_mask``
-(Idefics), LLaVA-NeXT tiles with ``image_sizes``, patches with ``spatial_shapes`` (SigLIP2). Special token ids that lie
-outside the shrunk vocabulary (the image placeholder) are moved into it. Where no layout runs, the text alone is
-checked and the note says why.
+:py:func:`pixel_inputs` completes the check's text inputs of a model with a vision tower by the outputs of the
+architecture's own processor (:py:mod:`~zennit_attn.workflows.architecture_check.processors`: tiling, aspect-ratio
+ids, cross-attention masks, patches and crops as the processor lays them out; noted :py:data:`VIA_PROCESSOR`) where
+the model's forward runs on them. Otherwise, it tries pixels in a layout guessed from the configuration, with as many
+image placeholder tokens as the model's ``get_image_features`` gives for them (or its error message names), noted
+:py:data:`VIA_LAYOUT` with why the processor was not used: ``[1, C, H, W]`` from ``vision_config.image_size`` /
+``num_channels`` (LLaVA, PaliGemma), flattened patches with ``image_grid_thw`` (Qwen2-VL), ``[1, 1, C, H, W]`` with
+``pixel_attention_mask`` (Idefics), LLaVA-NeXT tiles with ``image_sizes``, patches with ``spatial_shapes`` (SigLIP2).
+Special token ids that lie outside the shrunk vocabulary (the image placeholder; also lists of ids) are moved into it.
+Where nothing runs, the text alone is checked and the note says why. The check verifies the pixels either way: they
+must carry relevance, and text plus pixel relevance must be the explained logit.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ from collections.abc import Callable
 import torch
 import transformers
 
-__all__ = ['pixel_inputs', 'short_message']
+from .processors import processor_inputs, vision_field
+
+__all__ = ['pixel_inputs', 'short_message', 'VIA_PROCESSOR', 'VIA_LAYOUT', 'PIXEL_INPUTS']
+
+#: The names under which a forward takes an image's pixels (not Kosmos-2.5's and Pix2Struct's ``flattened_patches``:
+#: their columns of row and column ids are read as integers, which the engine refuses on relevance-carrying tensors).
+PIXEL_INPUTS = ('pixel_values',)
+
+#: What the check notes for pixels made by the architecture's processor, and for pixels in a layout it guesses.
+VIA_PROCESSOR = 'text + image (pixels via processor)'
+VIA_LAYOUT = 'text + image (pixels via layout'
 
 #: A layout of pixel inputs: ``(name, forward inputs, get_image_features inputs)``.
 Layout = tuple[str, dict, dict]
@@ -32,7 +46,34 @@ def short_message(error: BaseException) -> str:
 
 
 #: Configuration fields that name a special token (image placeholder, vision start and end, ...).
-_TOKEN_FIELD = re.compile(r'_token_(id|index)$')
+_TOKEN_FIELD = re.compile(r'_token_(id|index|ids)$')
+
+
+def _token_aliases(owner) -> set[str]:
+    """The fields that a configuration's ``attribute_map`` names as token ids (Molmo 2's ``image_patch_id``, read as
+    ``image_token_id``)."""
+    aliases = getattr(type(owner), 'attribute_map', None) or {}
+    return {field for name, field in aliases.items() if _TOKEN_FIELD.search(name)}
+
+
+def _ids(value) -> tuple[int, ...]:
+    """The token ids of a configuration field's value (an id, or a list or tuple of ids; none for anything else)."""
+    if type(value) is int:
+        return (value,)
+    if isinstance(value, (list, tuple)) and value and all(type(item) is int for item in value):
+        return tuple(value)
+    return ()
+
+
+def _moved(value, vocab: int, moved: dict, free):
+    """``value`` (an id, or a list or tuple of ids) with each id outside the vocabulary of ``vocab`` ids replaced by
+    its new id (``moved``: the moves so far, extended from the free ids ``free``)."""
+    for index in _ids(value):
+        if index >= vocab:
+            moved.setdefault(index, next(free))
+    if type(value) is int:
+        return moved.get(value, value)
+    return type(value)(moved.get(index, index) for index in value)
 
 
 def _special_tokens(model, vocab: int) -> tuple[int | None, set[int], list]:
@@ -49,15 +90,14 @@ def _special_tokens(model, vocab: int) -> tuple[int | None, set[int], list]:
         (owner, key, value)
         for owner in [*configs.values(), *model.modules()]
         for key, value in list(vars(owner).items())
-        if _TOKEN_FIELD.search(key) and type(value) is int
+        if (_TOKEN_FIELD.search(key) or key in _token_aliases(owner)) and _ids(value)
     ]
-    used = {value for _, _, value in fields if 0 <= value < vocab}
+    used = {index for _, _, value in fields for index in _ids(value) if 0 <= index < vocab}
     moved, free, undo = {}, (index for index in range(vocab - 1, 3, -1) if index not in used), []
     for owner, key, value in fields:
-        if value >= vocab:
-            moved.setdefault(value, next(free))
+        if any(index >= vocab for index in _ids(value)):
             with contextlib.suppress(Exception):
-                setattr(owner, key, moved[value])
+                setattr(owner, key, _moved(value, vocab, moved, free))
                 undo.append((owner, key, value))
     image = None
     for name in ('image_token_id', 'image_token_index'):
@@ -68,20 +108,6 @@ def _special_tokens(model, vocab: int) -> tuple[int | None, set[int], list]:
     return image, used | set(moved.values()), undo
 
 
-def _vision_field(vision, *names, default=None):
-    """The first positive integer among the fields ``names`` of the vision configuration ``vision`` (a size given as
-    a dict or a list: its height, shortest edge or first entry), else ``default``."""
-    for name in names:
-        value = getattr(vision, name, None)
-        if isinstance(value, dict):
-            value = value.get('height', value.get('shortest_edge'))
-        if isinstance(value, (list, tuple)) and value:
-            value = value[0]
-        if type(value) is int and value > 0:
-            return value
-    return default
-
-
 def _pixel_layouts(model, config, params, generator, undo: list) -> list[Layout]:
     """Pixel inputs consistent with the vision configuration, in the layouts the forward may take, each as
     ``(name, forward inputs, get_image_features inputs)``: flattened patches with ``image_grid_thw`` (Qwen2-VL),
@@ -90,10 +116,10 @@ def _pixel_layouts(model, config, params, generator, undo: list) -> list[Layout]
     the configuration (LLaVA-NeXT's tile grid) is recorded in ``undo`` as ``(owner, field, old value)``. The pixels are
     drawn from ``generator`` in the order of the layouts."""
     vision = getattr(config, 'vision_config', None) or getattr(config, 'encoder', None) or config
-    channels = _vision_field(vision, 'num_channels', 'in_channels', 'in_chans', default=3)
-    patch = _vision_field(vision, 'patch_size', default=8)
-    side = _vision_field(vision, 'image_size', default=4 * patch)
-    merge = _vision_field(vision, 'spatial_merge_size', 'merge_size', default=1)
+    channels = vision_field(vision, 'num_channels', 'in_channels', 'in_chans', default=3)
+    patch = vision_field(vision, 'patch_size', default=8)
+    side = vision_field(vision, 'image_size', default=4 * patch)
+    merge = vision_field(vision, 'spatial_merge_size', 'merge_size', default=1)
 
     def noise(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
@@ -125,7 +151,7 @@ def _grid_layouts(vision, params, patch_values: int, merge: int, noise: Callable
     if 'image_grid_thw' not in params:
         return layouts
     grid = 2 * merge
-    frames = _vision_field(vision, 'temporal_patch_size', 'patch_temporal', default=1)
+    frames = vision_field(vision, 'temporal_patch_size', 'patch_temporal', default=1)
     for temporal in dict.fromkeys((frames, 2, 1)):
         pixels = {
             'pixel_values': noise(grid * grid, temporal * patch_values),
@@ -144,7 +170,7 @@ def _image(config, params, channels: int, side: int, noise: Callable) -> dict:
     for name in params:
         if name.endswith('_pixel_values'):
             other = getattr(config, name[: -len('pixel_values')] + 'vision_config', None)
-            size = _vision_field(other, 'image_size', default=side)
+            size = vision_field(other, 'image_size', default=side)
             image[name] = noise(1, channels, size, size)
     return image
 
@@ -198,11 +224,11 @@ def _feature_rows(model, pixels: dict, width: int) -> tuple[int | None, Exceptio
 
 
 def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator, fails) -> str:
-    """Put pixels and ``n`` image placeholder tokens into ``inputs`` (in place) where a layout of
-    :py:func:`_pixel_layouts` runs the model's plain forward; ``n`` is what the model's ``get_image_features`` gives
-    (or what its error message names). The text only where none runs, saying why; where nothing runs on the
-    embeddings and the text alone not even on ``input_ids`` (BLIP: pixels required), the pixels that run on
-    ``input_ids`` (the model takes no ``inputs_embeds``: the check refuses it by name).
+    """Put the processor's ids and pixels into ``inputs`` (in place) where the model's plain forward runs on them;
+    else pixels and ``n`` image placeholder tokens where a layout of :py:func:`_pixel_layouts` runs it; ``n`` is what
+    the model's ``get_image_features`` gives (or what its error message names). The text only where none runs, saying
+    why; where nothing runs on the embeddings and the text alone not even on ``input_ids`` (BLIP: pixels required),
+    the pixels that run on ``input_ids`` (the model takes no ``inputs_embeds``: the check refuses it by name).
 
     Parameters
     ----------
@@ -221,22 +247,42 @@ def pixel_inputs(model, config, inputs: dict, params, generator: torch.Generator
     Returns
     -------
     str
-        ``'text + image'`` or ``'text only: <why>'``.
+        :py:data:`VIA_PROCESSOR`, ``VIA_LAYOUT + '; the processor: <why not>)'`` or ``'text only: <why>'``.
     """
-    if 'pixel_values' not in params:
+    if not set(PIXEL_INPUTS) & set(params):
         return 'text only: the forward takes no pixel_values'
     embeddings = model.get_input_embeddings()
     if embeddings is None or not hasattr(embeddings, 'weight'):
         return 'text only: no input embeddings'
     vocab, width = embeddings.weight.shape
     image, special, undo = _special_tokens(model, vocab)
+    processed = _via_processor(model, config, inputs, (vocab, special, params), fails)
+    if processed is None:
+        return VIA_PROCESSOR
     pool = torch.tensor([index for index in range(4, min(vocab, 90)) if index not in special])
     text = pool[torch.randint(len(pool), (6,), generator=generator)][None]
     trials = _Trials(model, inputs, text, image, width, fails)
     for layout in _pixel_layouts(model, config, params, generator, undo):
         if trials.run(*layout):
-            return 'text + image'
-    return _without_a_layout(inputs, trials, undo, fails)
+            return f'{VIA_LAYOUT}; the processor: {processed})'
+    return _without_a_layout(inputs, trials, undo, fails, processed)
+
+
+def _via_processor(model, config, inputs: dict, tokens: tuple, fails) -> str | None:
+    """Put the pixels and ids of the architecture's own processor
+    (:py:func:`~zennit_attn.workflows.architecture_check.processors.processor_inputs`) into ``inputs`` where the
+    model's plain forward runs on them; None then, else why not (``'<error type>: <message>'``). ``tokens``:
+    ``(vocabulary size, the reserved special ids, the forward's parameter names)``."""
+    vocab, special, params = tokens
+    try:
+        trial = {**inputs, **processor_inputs(model, config, vocab, special, params)}
+    except Exception as error:  # no processor, or one that the tiny configuration does not fit
+        return f'{type(error).__name__}: {short_message(error)[:160]}'
+    error = fails(trial)
+    if error is not None:
+        return f'the forward on its outputs: {type(error).__name__}: {short_message(error)[:160]}'
+    inputs.update(trial)
+    return None
 
 
 class _Trials:
@@ -292,14 +338,18 @@ class _Trials:
         return False
 
 
-def _without_a_layout(inputs: dict, trials: _Trials, undo: list, fails) -> str:
+def _without_a_layout(inputs: dict, trials: _Trials, undo: list, fails, processed: str) -> str:
     """Where no layout runs: the text alone (the configuration's changes undone), saying why; where the text alone
     does not run at all, the pixels of a trial that runs on the ids (``'text + image'``: the model takes no
-    ``inputs_embeds``, which the check refuses by name)."""
+    ``inputs_embeds``, which the check refuses by name); ``processed``: why the processor's pixels did not run."""
     changed = [(owner, key, getattr(owner, key)) for owner, key, _ in undo]
     for owner, key, value in undo:  # the text alone, as without a vision tower
         setattr(owner, key, value)
-    note = 'text only: no pixel layout runs (' + '; '.join(dict.fromkeys(trials.errors[:3])) + ')'
+    note = (
+        f'text only: the processor: {processed}; no pixel layout runs ('
+        + '; '.join(dict.fromkeys(trials.errors[:2]))
+        + ')'
+    )
     if fails(inputs) is None or fails(inputs, embeddings=False) is None:
         return note  # the text alone runs (on the embeddings, or on the ids only: refused by name)
     for owner, key, value in changed:  # nothing runs without pixels: pixels on the ids, refused by name
@@ -307,7 +357,7 @@ def _without_a_layout(inputs: dict, trials: _Trials, undo: list, fails) -> str:
     for trial in trials.tried:
         if fails(trial, embeddings=False) is None:
             inputs.update(trial)
-            return 'text + image'
+            return f'{VIA_LAYOUT}; the processor: {processed})'
     for owner, key, value in undo:
         setattr(owner, key, value)
     return note
