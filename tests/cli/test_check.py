@@ -40,10 +40,11 @@ def test_a_model_type_is_explained(capsys):
 
 
 def test_a_refusal_names_the_operation_and_the_module(capsys):
-    code, out, err = run(capsys, ['check', '--model', 'mamba', '--quiet'])
+    code, out, err = run(capsys, ['check', '--model', 'minimax', '--quiet'])
     assert code == 1 and err == ''
     assert out.splitlines()[-1].startswith(
-        "verdict: refused: zennit-attn cannot explain mul in 'backbone.layers.0.mixer' (MambaMixer): "
+        "verdict: refused: zennit-attn cannot explain matmul in 'model.layers.1.self_attn' "
+        '(MiniMaxLightningAttention): '
     )
 
 

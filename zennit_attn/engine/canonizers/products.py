@@ -106,8 +106,9 @@ class Products:
                 name,
                 'a product with a contraction of relevance-carrying tensors that has no softmax (q (k^T v): linear '
                 'attention, not softmax attention)',
-                hint='AttnLRP (Achtibat et al. 2024) defines rules for softmax attention; linear attention and other '
-                'sequence mixers are not explained yet.',
+                hint='AttnLRP (Achtibat et al. 2024) defines rules for softmax attention; zennit-attn explains '
+                'linear attention where a declared recurrence computes it (zennit_attn.engine.canonizers.recurrences: '
+                'its keys and queries held constant), not written inline.',
             )
         contraction = OPERATIONS[name].contraction or (
             name == 'mul' and len(factors) == 2 and is_outer_product(*factors)
