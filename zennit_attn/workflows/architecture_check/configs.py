@@ -211,6 +211,10 @@ OVERRIDES = {
         'vision_config.architecture': 'vit_pe_core_tiny_patch16_384',
         'vision_config.model_args': {'embed_dim': 32, 'depth': 2, 'num_heads': 4, 'img_size': 32, 'patch_size': 8},
     },
+    # no image placeholder id by default (None): the model then never merges the image features into the text
+    'minicpmv4_6': {'image_token_id': 95},
+    'minicpmv4_7': {'image_token_id': 95},
+    'minicpm_ocr': {'image_token_id': 95},
     # sizes that depend on each other
     # a 686M-parameter audio tokenizer (2048 channels at its last stage): one block per stage, 4 base filters
     'vibevoice_acoustic_tokenizer_encoder': {'depths': [1] * 7, 'num_filters': 4},
