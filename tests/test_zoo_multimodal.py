@@ -18,22 +18,27 @@ def test_zoo(mapping):
 
 
 def _tiny(architecture: str, mapping: str = 'image-text-to-text'):
-    """The model and inputs of :py:func:`check.check_architecture` for ``architecture``, and what was fed."""
-    model_class, config_class = configs.model_class(mapping, architecture)
-    config = configs.tiny_config(config_class)
-    torch.manual_seed(0)
-    model = model_class(config).to(torch.float64).eval()
-    check.randomize_zero_weights(model, torch.Generator().manual_seed(0))
-    check.zero_biases(model)
-    inputs, fed = check.check_inputs(model, config, mapping, torch.Generator().manual_seed(0))
-    return model, inputs, fed
+    """The model and inputs of :py:func:`check.check_architecture` for ``architecture``, and what was fed (as the
+    check builds them: eager experts, which float64 needs, weights drawn anew, zero biases)."""
+
+    def build():
+        model_class, config_class = configs.model_class(mapping, architecture)
+        return model_class, configs.tiny_config(config_class)
+
+    return check._built(mapping, build, 0, torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize('architecture', ['llava', 'qwen3_vl', 'got_ocr2'])
+@pytest.mark.parametrize(
+    'architecture', ['llava', 'qwen3_vl', 'got_ocr2', 'minicpmv4_6', 'fast_vlm', 'nemotron_h_omni']
+)
 def test_pixels_take_part_in_conservation(architecture):
-    """LLaVA ([1, C, H, W] pixels), Qwen3-VL (flattened patches with image_grid_thw) and GOT-OCR 2 (a SAM tower
-    initialised with weights of 1e-10, drawn anew: its pixels carried 1e-20 of the logit) are walked with an image:
-    the pixels carry relevance, and text plus pixel relevance (not the text alone) sums to the explained logit."""
+    """LLaVA ([1, C, H, W] pixels), Qwen3-VL (flattened patches with image_grid_thw), GOT-OCR 2 (a SAM tower
+    initialised with weights of 1e-10, drawn anew: its pixels carried 1e-20 of the logit), MiniCPM-V 4.6 (no image
+    placeholder id by default: its image features were never merged) and FastVLM (a FastViT tower whose conditional
+    position encoding was zeroed as a position table, and whose std 0.02 shrank the pixels to 1e-40) and Nemotron-H
+    Omni (a processor that requires an audio feature extractor no mapping names; RADIO's class and register tokens
+    zeroed) are walked with an image: the pixels carry relevance, and text plus pixel relevance (not the text alone)
+    sums to the explained logit."""
     model, inputs, fed = _tiny(architecture)
     assert fed.startswith('text + image')
     image_token = model.config.image_token_id
@@ -45,6 +50,19 @@ def test_pixels_take_part_in_conservation(architecture):
     assert abs(pixels) > 1e-3 * abs(logit)  # the pixel part matters ...
     assert abs(text + pixels - logit) <= 1e-6 * abs(logit)  # ... text + pixels is the logit
     assert abs(text - logit) > 1e-4 * abs(logit)  # and the text alone is not
+
+
+def test_zero_biases_keeps_convolutions_named_as_positions():
+    """A convolution named as a position embedding (FastViT's conditional position encoding ``pos_emb``) is a
+    function of its input, not a constant: its weight is kept (zeroed, it cut FastVLM's pixels off), its bias and a
+    position table are zeroed."""
+    model = torch.nn.Module()
+    model.pos_emb = torch.nn.Conv2d(2, 2, 3, padding=1)
+    model.position_embeddings = torch.nn.Embedding(4, 2)
+    weight = model.pos_emb.weight.detach().clone()
+    check.zero_biases(model)
+    assert torch.equal(model.pos_emb.weight, weight)
+    assert not model.pos_emb.bias.any() and not model.position_embeddings.weight.any()
 
 
 def test_walk_records_what_was_fed():

@@ -82,13 +82,14 @@ NEGLIGIBLE = 1e-6
 #: attenuates them).
 NO_SHARE = 1e-9
 
-#: Names of biases, and of learned or fixed position and token-type embeddings (added to the tokens: biases too).
+#: Names of biases, and of learned or fixed position and token-type embeddings (added to the tokens: biases too),
+#: and of learned tokens put ahead of the patches (CLIP's class embedding, RADIO's class and register tokens).
 _BIAS = re.compile(r'bias')
 _POSITIONS = re.compile(
     r'(^|\.)(wpe|positions_embed|pos_encoding|pos_embed|position_embeddings?|embed_positions|positional_embedding|'
     r'token_type_embeddings|pos_emb(edding)?|embed_pos|position_embedding|abs_pos|'
     r'type_embeddings|segment_embeddings?|language_embeddings|lang_embeddings|[xyhw]_position_embeddings|'
-    r'token_type_embeddings_\d+|class_embedding|\w+_positional_embedding)(\.|$)'
+    r'token_type_embeddings_\d+|class_embedding|cls_register_token|\w+_positional_embedding)(\.|$)'
 )
 
 
@@ -276,10 +277,15 @@ def randomize_zero_weights(model: torch.nn.Module, generator: torch.Generator) -
 
 
 def zero_biases(model: torch.nn.Module) -> None:
-    """Set every bias and every learned position embedding to zero (exact conservation needs no biases)."""
+    """Set every bias and every learned position embedding to zero (exact conservation needs no biases); not the
+    weights of a convolution named as a position embedding (a conditional position encoding, FastViT's: a function
+    of its input, no constant; zeroed, it cuts the pixels off)."""
+    convolutions = {name for name, module in model.named_modules() if isinstance(module, torch.nn.modules.conv._ConvNd)}
     with torch.no_grad():
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-            if tensor.is_floating_point() and (_BIAS.search(name.rsplit('.', 1)[-1]) or _POSITIONS.search(name)):
+            owner, _, field = name.rpartition('.')
+            position = _POSITIONS.search(name) and not (owner in convolutions and field == 'weight')
+            if tensor.is_floating_point() and (_BIAS.search(field) or position):
                 tensor.zero_()
 
 

@@ -211,6 +211,18 @@ OVERRIDES = {
         'vision_config.architecture': 'vit_pe_core_tiny_patch16_384',
         'vision_config.model_args': {'embed_dim': 32, 'depth': 2, 'num_heads': 4, 'img_size': 32, 'patch_size': 8},
     },
+    # no image placeholder id by default (None): the model then never merges the image features into the text
+    'minicpmv4_6': {'image_token_id': 95},
+    'minicpmv4_7': {'image_token_id': 95},
+    'minicpm_ocr': {'image_token_id': 95},
+    # and RADIO's patch widths, set from the default patch of 16 (3 channels x 16 x 16, 2 frames a tubelet), and the
+    # tiny vision width that the projector takes
+    'nemotron_h_omni': {
+        'image_token_id': 95,
+        'vision_hidden_size': 32,
+        'vision_config.patch_dim': 3 * 8 * 8,
+        'vision_config.video_patch_dim': 2 * 3 * 8 * 8,
+    },
     # sizes that depend on each other
     # a 686M-parameter audio tokenizer (2048 channels at its last stage): one block per stage, 4 base filters
     'vibevoice_acoustic_tokenizer_encoder': {'depths': [1] * 7, 'num_filters': 4},
@@ -260,7 +272,13 @@ OVERRIDES = {
     # 125M one (its family's smallest, 11M), VQ-VAEs of 240M and 27M (32 channels: group norms of 32)
     'gemma3n_vision': {'model_args': lambda: tiny_mobilenet(), 'hidden_size': 2048},
     'gemma3n': {'vision_soft_tokens_per_image': 4},
-    'fast_vlm': {'vision_config.architecture': 'fastvit_mci0', 'vision_config.hidden_size': 1024},  # its width
+    # its width; FastViT in inference mode has no skip connections nor norms: transformers' initialisation (std
+    # 0.02) shrinks the pixels to 1e-40 over its convolutions (a pixel share of 0), std 0.5 keeps them in scale
+    'fast_vlm': {
+        'vision_config.architecture': 'fastvit_mci0',
+        'vision_config.hidden_size': 1024,
+        'vision_config.initializer_range': 0.5,
+    },
     'emu3_vqgan': {'base_channels': 32, 'hidden_size': 128, 'num_res_blocks': 1, 'codebook_size': 32},
     'chameleon_vqgan': {'base_channels': 32, 'num_res_blocks': 1, 'num_embeddings': 32},
     # defaults that fail the class's own validation (an assistant's text model has no per-layer inputs): set when

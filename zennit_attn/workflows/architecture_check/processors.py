@@ -36,6 +36,7 @@ __all__ = [
     'PROMPTS',
     'PLACEHOLDERS',
     'CALLS',
+    'PARTS',
     'PREFIXED',
     'PREFIX',
     'vision_field',
@@ -213,6 +214,9 @@ PROMPTS: dict[str, str] = {'fuyu': '{first} {second}'}
 #: Arguments of the processor's call per ``model_type`` (Fuyu's gives ``image_patches`` by default, not the
 #: ``pixel_values`` its model takes).
 CALLS: dict[str, dict] = {'fuyu': {'return_legacy_image_output': False}}
+#: Parts of a processor (``feature_extractor``, ``video_processor``: the class name) per ``model_type`` where
+#: transformers' mappings name none but the processor requires one (Nemotron-H Omni's audio: Parakeet's features).
+PARTS: dict[str, dict[str, str]] = {'nemotron_h_omni': {'feature_extractor': 'ParakeetFeatureExtractor'}}
 
 #: Vision towers (``vision_config.model_type``) that put a class token ahead of the patch tokens.
 CLASS_TOKEN_TOWERS = ('clip_vision_model',)
@@ -356,13 +360,14 @@ def _token_ids(
 
 def _other_parts(model_type: str, vision: Vision) -> dict:
     """The video processor (sized as the image processor where it takes the sizes) and the feature extractor that
-    the processor of ``model_type`` also takes, with their classes' defaults otherwise."""
+    the processor of ``model_type`` also takes (transformers' mappings, else :py:data:`PARTS`), with their classes'
+    defaults otherwise."""
     parts = {}
     for key, mapping in (
         ('video_processor', VIDEO_PROCESSOR_MAPPING_NAMES),
         ('feature_extractor', FEATURE_EXTRACTOR_MAPPING_NAMES),
     ):
-        name = mapping.get(model_type)
+        name = mapping.get(model_type) or PARTS.get(model_type, {}).get(key)
         if name is None:
             continue
         name = name.get('torchvision') or name.get('pil') if isinstance(name, dict) else name
