@@ -202,9 +202,10 @@ def main(argv=None) -> None:
     embedding = TextEmbedding(model, 'mean')
     generator = random.Random(args.seed)
     start_load = os.getloadavg()[0]
+    pairs = sentence_pairs(tokenizer, args.pairs, args.seed)
     rows = [
-        evaluate_pair(embedding, tokenizer, pair, args, generator)
-        for pair in tqdm(sentence_pairs(tokenizer, args.pairs, args.seed), desc='pairs')
+        evaluate_pair(embedding, tokenizer, pair, index, args, generator)
+        for index, pair in enumerate(tqdm(pairs, desc='pairs'))
     ]
     Path(args.out).write_text(report(rows, args, (start_load, os.getloadavg()[0])))
     print(Path(args.out).read_text())
