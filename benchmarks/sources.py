@@ -177,6 +177,10 @@ def run_choices(model, tokenizer, items, out: Path) -> None:
     done = done_ids(path)
     for item in tqdm([item for item in items if item['id'] not in done], desc='choices'):
         item = with_answer(model, tokenizer, with_answer(model, tokenizer, item, 'plain'), 'chat')
+        empty = [kind for kind, text in item['answers'].items() if not text.strip()]
+        if empty:  # the model ended its answer at once (the plain prompt, often): recorded, left out of the tables
+            append(path, {'id': item['id'], 'skipped': f'empty answer with the {" and ".join(empty)} prompt'})
+            continue
         row = {'id': item['id'], 'sources': len(item['spans']), 'answers': item['answers'], 'drops': {}}
         ablations = {}
         for kind in ('plain', 'chat'):
@@ -310,7 +314,8 @@ def paired_table(rows: list[dict], reference: str = 'contextcite-64') -> list[st
 
 
 def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [row for row in rows if 'skipped' not in row]
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -318,6 +323,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument('step', choices=('items', 'choices', 'bench', 'report'))
     parser.add_argument('--count', type=int, default=100, help='items to make')
     parser.add_argument('--items', type=int, default=100, help='items to run (the first ones)')
+    parser.add_argument('--first', type=int, default=0, help='the first item to run')
     parser.add_argument('--seed', type=int, default=33)
     parser.add_argument('--items-file', type=Path, default=ITEMS, help='the items (JSON)')
     parser.add_argument('--answers', action='store_true', help='items: generate the missing answers')
@@ -343,7 +349,7 @@ def main(argv=None) -> None:
         return
     model, tokenizer = load_smollm2()
     shard, shards = (int(value) for value in args.shard.split('/'))
-    items = json.loads(args.items_file.read_text())[: args.items][shard::shards]
+    items = json.loads(args.items_file.read_text())[args.first : args.items][shard::shards]
     if args.step == 'choices':
         run_choices(model, tokenizer, items, args.out)
     else:
