@@ -121,6 +121,7 @@ def explain(
     contrast=None,
     images=None,
     processor=None,
+    objective: str = 'logit',
     **params,
 ) -> Explanation | ImageExplanation | MultimodalExplanation:
     """Explain a model's output: relevance per input token (language models) or pixel (vision transformers), by
@@ -241,6 +242,12 @@ def explain(
         it): it is used as it is (every field passed to the model) and explained as with images; ``processor`` is
         then optional (it gives the tokenizer and the image normalisation of the overlays; without it,
         ``tokenizer=`` may give the tokenizer).
+    objective: str
+        What is explained of the target's scores: ``'logit'`` (default) or ``'log_probability'``, the target's
+        log-softmax (of every ``(position, token)`` pair: a whole answer's log-probability, as context attribution
+        measures it, :py:func:`~zennit_attn.workflows.sources.explain_sources`); for LRP its relevance sums to the
+        log-probability plus the prediction's entropy (:py:class:`~zennit_attn.inputs.objectives.LogProbability`).
+        Language models' text only; not with ``contrast``, a callable or a Neuron target.
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods.registry`), checked by
         :py:func:`~zennit_attn.methods.registry.check_params` before the model is run.
@@ -263,6 +270,8 @@ def explain(
     params = check_params(method, params)
     entry = METHODS[method]
     _check_checkpointing(checkpointing, method, entry)
+    if objective != 'logit' and (images is not None or processor is not None or has_pixels(input_ids)):
+        raise ValueError(f'objective={objective!r} is for text: text and images explain the logit')
     if images is not None or processor is not None or has_pixels(input_ids):
         return _explain_multimodal(
             model,
@@ -287,12 +296,14 @@ def explain(
             ),
         )
     input_ids, target, chat = _text_input(input_ids, target, tokenizer)
+    if isinstance(target, Neuron) and objective != 'logit':
+        raise ValueError(f'objective={objective!r} is a function of the logits; a Neuron target explains an activation')
     if isinstance(target, Neuron) and contrast is not None:
         raise ValueError(
             'contrast= compares two output tokens; a Neuron target explains an activation inside the '
             'model: leave out contrast=, or explain a token target'
         )
-    target, objective = _objective(tokenizer, target, contrast)
+    target, objective = _objective(tokenizer, target, contrast, objective)
     task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
     task = task.with_objective(objective)
     latent_request = latent is not None or condition is not None or latent_reduce is not None
@@ -343,13 +354,13 @@ def _text_input(input_ids, target, tokenizer) -> tuple:
     return input_ids, target, None
 
 
-def _objective(tokenizer, target, contrast) -> tuple:
+def _objective(tokenizer, target, contrast, objective: str = 'logit') -> tuple:
     """``(target, objective)``: ``target`` and ``contrast`` as token ids (a one-token text with ``tokenizer``;
     ``'runner-up'`` stays), and the objective they explain (:py:func:`~zennit_attn.inputs.objectives.objective_for`)."""
     target = token_ids(tokenizer, target, 'target')
     if not (isinstance(contrast, str) and contrast == RUNNER_UP):
         contrast = token_ids(tokenizer, contrast, 'contrast')
-    return objective_for(target, contrast)
+    return objective_for(target, contrast, objective)
 
 
 def _explain_multimodal(

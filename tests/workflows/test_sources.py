@@ -1,0 +1,126 @@
+"""Context attribution (:py:mod:`zennit_attn.workflows.sources`): source scores partition the explained quantity's
+relevance, prompts with sources left out, chat templates, the views, the refusals."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from tests.models import tiny_model
+from tests.text_tokenizer import byte_level_tokenizer
+from zennit_attn import explain
+from zennit_attn.workflows.sources import SourcePrompt, explain_sources, source_spans
+
+CONTEXT = 'The ice bear lives in the Arctic. The penguin lives in the south. A bear is big.'
+QUERY = 'where does the ice bear live?'
+RESPONSE = ' in the Arctic.'
+#: a ChatML-like template in the special tokens of the test tokenizer (as tests/inputs/test_chat.py)
+TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    '{% if add_generation_prompt %}<s>assistant\n{% endif %}'
+)
+
+
+@pytest.fixture(scope='module')
+def zero_llama():
+    return tiny_model('llama', zero_bias=True)
+
+
+@pytest.fixture(scope='module')
+def chat_tokenizer():
+    tokenizer = byte_level_tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def test_logit_scores_and_other_sum_to_the_response_logits(zero_llama, tokenizer):
+    """CP-LRP without biases: the sources' scores and the rest (template, query, response) are exactly the sum of the
+    response tokens' logits."""
+    result = explain_sources(zero_llama, tokenizer, CONTEXT, QUERY, RESPONSE, method='cplrp', objective='logit')
+    ids = torch.tensor([result.prompt.ids() + result.response_ids])
+    with torch.no_grad():
+        logits = zero_llama(ids).logits[0]
+    start = ids.shape[1] - len(result.response_ids)
+    expected = math.fsum(float(logits[start - 1 + i, t]) for i, t in enumerate(result.response_ids))
+    assert len(result.scores) == 3
+    assert result.value == pytest.approx(expected, abs=1e-10)
+    assert float(result.scores.sum()) + result.segments.other == pytest.approx(expected, abs=1e-9)
+
+
+def test_log_probability_scores_sum_to_log_probability_plus_entropy(zero_llama, tokenizer):
+    result = explain_sources(zero_llama, tokenizer, CONTEXT, QUERY, RESPONSE, method='cplrp')
+    ids = torch.tensor([result.prompt.ids() + result.response_ids])
+    start = ids.shape[1] - len(result.response_ids)
+    with torch.no_grad():
+        log_p = zero_llama(ids).logits[0, start - 1 : -1].log_softmax(-1)
+    chosen = log_p.gather(-1, torch.tensor(result.response_ids)[:, None])[:, 0]
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    assert result.objective == 'log_probability'
+    assert result.value == pytest.approx(float(chosen.sum()), abs=1e-10)
+    assert float(result.scores.sum()) + result.segments.other == pytest.approx(
+        float((chosen + entropy).sum()), abs=1e-9
+    )
+
+
+def test_reductions_by_hand(llama, tokenizer):
+    total = explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE)
+    relevance = total.explanation.relevance[0].to(torch.float64)
+    segments = total.segments
+    for reduce in ('positive', 'mean'):
+        scores = explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE, reduce=reduce).scores
+        for index in range(3):
+            values = [float(relevance[p]) for p, s in zip(segments.positions, segments.token_segment) if s == index]
+            expected = sum(v for v in values if v > 0) if reduce == 'positive' else sum(values) / len(values)
+            assert float(scores[index]) == pytest.approx(expected, abs=1e-12)
+    assert [index for index, _, _ in total.sorted()] == sorted(range(3), key=lambda i: -float(total.scores[i]))
+    assert total.top(1)[0][2] == total.sources[total.top(1)[0][0]]
+
+
+def test_kept_context_and_spans(tokenizer):
+    context, spans = source_spans(CONTEXT, 'sentences')
+    prompt = SourcePrompt(context, spans, QUERY, 'Context: {context}\nQuestion: {query}\nAnswer:', False, tokenizer)
+    assert prompt.kept_context([True, False, True])[0] == 'The ice bear lives in the Arctic. A bear is big.'
+    assert prompt.kept_context([False, True, False])[0] == 'The penguin lives in the south. '
+    text, spans = prompt.text([True, False, True])
+    assert spans[1] is None and [text[a:b] for a, b in (spans[0], spans[2])] == [prompt.sources[0], prompt.sources[2]]
+    joined, spans = source_spans(['doc one.', 'doc two.'], 'documents')
+    assert joined == 'doc one.\n\ndoc two.' and [joined[a:b] for a, b in spans] == ['doc one.', 'doc two.']
+
+
+def test_chat_template_sources_and_generated_response(llama, chat_tokenizer):
+    result = explain_sources(
+        llama, chat_tokenizer, 'A bear. The ice bear lives. A penguin.', 'where?', max_new_tokens=3
+    )
+    assert result.prompt.chat
+    text, spans = result.prompt.text()
+    assert text.startswith('<s>user\nContext: ') and [text[a:b] for a, b in spans] == result.sources
+    assert len(result.response_ids) >= 1
+    ids = explain(llama, [{'role': 'user', 'content': 'x'}], tokenizer=chat_tokenizer).input_ids
+    assert int(ids[0, 0]) == 1  # the template's <s>, as the prompt's ids have it
+    assert result.prompt.ids()[0] == 1
+
+
+def test_views(llama, tokenizer):
+    result = explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE)
+    stream = io.StringIO()
+    result.show(color=False, stream=stream)
+    assert 'The penguin lives in the south.' in stream.getvalue()
+    assert 'A bear is big.' in result.to_html()
+
+
+def test_refusals(llama, tokenizer):
+    with pytest.raises(ValueError, match='objective'):
+        explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE, objective='probability')
+    with pytest.raises(ValueError, match='reduce'):
+        explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE, reduce='max')
+    with pytest.raises(ValueError, match='list of documents'):
+        explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE, sources='documents')
+    with pytest.raises(ValueError, match='chat template'):
+        explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE, chat=True)
+    with pytest.raises(ValueError, match='in order'):
+        explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE, sources=[(10, 20), (5, 8)])
+    with pytest.raises(ValueError, match='contrast'):
+        explain(llama, torch.tensor([[5, 6, 7]]), contrast=4, objective='log_probability')
