@@ -215,7 +215,9 @@ class MixerRun:
     recurrences: set of str
         The declared recurrences it ran.
     frames: dict
-        The frames of the recurrences being run, by id: ``(frame, {id(constant): (constant, detached copy)})``.
+        The frames of the recurrences being run, by id: ``(frame, {id(constant): (constant, detached copy)},
+        {id(constant): detached copy})`` (the constants kept alive, so that their ids are not reused while the frame
+        runs).
     current: Recurrence or None
         The recurrence in which the operation being classified runs.
     product: tuple or None
@@ -251,13 +253,13 @@ class Recurrences:
         run.recurrences.add(declaration.name)
         entry = run.frames.get(id(frame))
         if entry is None:
-            entry = run.frames[id(frame)] = (frame, self.constants_of(frame, declaration))
-        constants = entry[1]
-        if not any(id(tensor) in constants for tensor in carrying):
+            constants = self.constants_of(frame, declaration)
+            entry = run.frames[id(frame)] = (frame, constants, {key: pair[1] for key, pair in constants.items()})
+        detached = entry[2]
+        if not any(id(tensor) in detached for tensor in carrying):
             return args, kwargs, carrying
-        detached = {key: pair[1] for key, pair in constants.items()}
         args, kwargs = replaced(args, detached), {key: replaced(value, detached) for key, value in kwargs.items()}
-        return args, kwargs, [tensor for tensor in carrying if id(tensor) not in constants]
+        return args, kwargs, [tensor for tensor in carrying if id(tensor) not in detached]
 
     def term_use(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
         """An operation on terms of a recurrence (decays and gates: exponentials inside a sequence mixer, outputs of
