@@ -204,14 +204,68 @@ def run_choices(model, tokenizer, items, out: Path) -> None:
         append(path, row)
 
 
-def attention_scores(model, tokenizer, item, kind) -> tuple:
-    return explained(model, tokenizer, item, kind, 'attention_rollout', 'logit', 'sum')
+def explanation_scorer(method: str, objective: str, reduce: str = 'sum'):
+    """A scorer of :data:`SCORERS`: ``explain_sources``' scores of ``method`` (one forward and one backward pass)."""
+
+    def score(model, tokenizer, item, kind, ablation) -> tuple:
+        backward = 0 if method == 'attention_rollout' else 1
+        result, seconds = explained(model, tokenizer, item, kind, method, objective, reduce)
+        return result.scores.numpy(), {'forward': 1, 'backward': backward, 'seconds': seconds}
+
+    return score
 
 
-def run_bench(model, tokenizer, items, out: Path, kind: str, objective: str, reduce: str) -> None:
+#: ContextCite's ablations of the benchmark; fewer are the first of these (the masks ContextCite draws for fewer)
+CONTEXT_CITE_ABLATIONS = 64
+#: item id -> (ContextCite on CONTEXT_CITE_ABLATIONS, seconds): one run serves every ablation count of an item
+CONTEXT_CITE_RUNS: dict = {}
+
+
+def context_cite_scorer(ablations: int):
+    """A scorer of :data:`SCORERS`: ContextCite on the first ``ablations`` of its :data:`CONTEXT_CITE_ABLATIONS`
+    ablations (cost: its share of their forward passes and seconds)."""
+
+    def score(model, tokenizer, item, kind, ablation) -> tuple:
+        if item['id'] not in CONTEXT_CITE_RUNS:
+            start = time.perf_counter()
+            cc = context_cite(ablation, ablation.sources, CONTEXT_CITE_ABLATIONS, progress=False)
+            CONTEXT_CITE_RUNS[item['id']] = cc, time.perf_counter() - start
+        cc, seconds = CONTEXT_CITE_RUNS[item['id']]
+        log_probabilities = cc.log_probabilities[:ablations]
+        scores = fit_lasso(cc.masks[:ablations], response_target(log_probabilities), log_probabilities.shape[-1])[0]
+        share = ablations / CONTEXT_CITE_ABLATIONS
+        return scores, {'forward': ablations, 'backward': 0, 'seconds': seconds * share}
+
+    return score
+
+
+def random_scorer(model, tokenizer, item, kind, ablation) -> tuple:
+    """A scorer of :data:`SCORERS`: uniform scores seeded by the item."""
+    return np.random.RandomState(item['id']).rand(ablation.sources), {'forward': 0, 'backward': 0, 'seconds': 0.0}
+
+
+#: the scorers of the benchmark by name; ``bench`` runs those an item's rows lack (a new scorer runs on the items
+#: done before it, in rows of its own)
+SCORERS = {
+    'attnlrp/log_odds': explanation_scorer('attnlrp', 'log_odds'),
+    'attnlrp/log_probability': explanation_scorer('attnlrp', 'log_probability'),
+    'cplrp/log_odds': explanation_scorer('cplrp', 'log_odds'),
+    'cplrp/log_probability': explanation_scorer('cplrp', 'log_probability'),
+    'input_x_gradient': explanation_scorer('input_x_gradient', 'log_probability'),
+    'attention_rollout': explanation_scorer('attention_rollout', 'logit'),
+    f'contextcite-{CONTEXT_CITE_ABLATIONS}': context_cite_scorer(CONTEXT_CITE_ABLATIONS),
+    'contextcite-32': context_cite_scorer(32),
+    'random': random_scorer,
+}
+
+
+def run_bench(model, tokenizer, items, out: Path, kind: str) -> None:
+    """Every scorer of :data:`SCORERS` on ``items``: top-k drop, LDS on the held-out ablations, cost; appended per item
+    as one row of the scorers its earlier rows lack."""
     path = out / 'bench.jsonl'
-    done = done_ids(path)
-    for item in tqdm([item for item in items if item['id'] not in done], desc='bench'):
+    done = {row['id']: row['methods'] for row in read_rows(path)}
+    missing = {item['id']: [name for name in SCORERS if name not in done.get(item['id'], {})] for item in items}
+    for item in tqdm([item for item in items if missing[item['id']]], desc='bench'):
         item = with_answer(model, tokenizer, item, kind)
         prompt = prompt_of(item, tokenizer, kind)
         ablation = SourceAblation(model, prompt, prompt.response_ids(item['answers'][kind]))
@@ -219,30 +273,13 @@ def run_bench(model, tokenizer, items, out: Path, kind: str, objective: str, red
         full = float(ablation(np.ones((1, sources), dtype=bool)).sum())
         held = ablation_masks(HELD_OUT, sources, 0.5, HELD_OUT_SEED)
         held_lp = ablation(held)
-        scores, cost = {}, {}
-        for method in ('attnlrp', 'cplrp', 'input_x_gradient'):
-            result, seconds = explained(model, tokenizer, item, kind, method, objective, reduce)
-            scores[method], cost[method] = result.scores.numpy(), {'forward': 1, 'backward': 1, 'seconds': seconds}
-        result, seconds = attention_scores(model, tokenizer, item, kind)
-        scores['attention_rollout'] = result.scores.numpy()
-        cost['attention_rollout'] = {'forward': 1, 'backward': 0, 'seconds': seconds}
-        start = time.perf_counter()
-        cc = context_cite(ablation, sources, 64, progress=False)
-        seconds = time.perf_counter() - start
-        scores['contextcite-64'] = cc.scores
-        cost['contextcite-64'] = {'forward': 64, 'backward': 0, 'seconds': seconds}
-        # ContextCite on 32 ablations: its first 32 (the seeds it draws for 32)
-        lp32 = cc.log_probabilities[:32]
-        scores['contextcite-32'] = fit_lasso(cc.masks[:32], response_target(lp32), lp32.shape[-1])[0]
-        cost['contextcite-32'] = {'forward': 32, 'backward': 0, 'seconds': seconds / 2}
-        scores['random'] = np.random.RandomState(item['id']).rand(sources)
-        cost['random'] = {'forward': 0, 'backward': 0, 'seconds': 0.0}
         row = {'id': item['id'], 'sources': sources, 'full': full, 'answer': item['answers'][kind], 'methods': {}}
-        for name, values in scores.items():
+        for name in missing[item['id']]:
+            scores, cost = SCORERS[name](model, tokenizer, item, kind, ablation)
             row['methods'][name] = {
-                'drop': top_k_drop(ablation, values, sources, full=full),
-                'lds': lds(values, held, held_lp),
-                **cost[name],
+                'drop': top_k_drop(ablation, scores, sources, full=full),
+                'lds': lds(scores, held, held_lp),
+                **cost,
             }
         append(path, row)
 
@@ -273,7 +310,7 @@ def choices_table(rows: list[dict]) -> list[str]:
 
 
 def bench_table(rows: list[dict]) -> list[str]:
-    names = list(rows[0]['methods'])
+    names = list(SCORERS)
     lines = [
         f'{len(rows)} items; top-k log-probability drop and LDS (mean ± standard error), cost per item (mean)',
         '',
@@ -299,7 +336,7 @@ def paired_table(rows: list[dict], reference: str = 'contextcite-64') -> list[st
         '| scorer | top-1 | top-3 | top-5 | passes | seconds |',
         '|---|---|---|---|---|---|',
     ]
-    for name in rows[0]['methods']:
+    for name in SCORERS:
         cells = [
             mean_sem([row['methods'][name]['drop'][str(k)] - row['methods'][reference]['drop'][str(k)] for row in rows])
             for k in TOP_K
@@ -313,9 +350,19 @@ def paired_table(rows: list[dict], reference: str = 'contextcite-64') -> list[st
     return lines
 
 
-def read_rows(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [row for row in rows if 'skipped' not in row]
+def read_rows(path: Path, complete: bool = False) -> list[dict]:
+    """The rows of ``path`` (items recorded as skipped left out), the rows of one item merged (their ``methods``);
+    ``complete``: only the items with every scorer of :data:`SCORERS` (the bench tables)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    merged = {}
+    for row in (json.loads(line) for line in lines if line.strip()):
+        if 'skipped' in row:
+            continue
+        if row['id'] in merged and 'methods' in row:
+            merged[row['id']]['methods'].update(row['methods'])
+        else:
+            merged[row['id']] = row
+    return [row for row in merged.values() if not complete or set(SCORERS) <= set(row['methods'])]
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -330,8 +377,6 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument('--shard', default='0/1', help='i/n: run every n-th item from the i-th (parallel runs)')
     parser.add_argument('--out', type=Path, default=OUT)
     parser.add_argument('--prompt', choices=('chat', 'plain'), default='chat', help='prompt of the benchmark')
-    parser.add_argument('--objective', choices=('log_probability', 'logit'), default='log_probability')
-    parser.add_argument('--reduce', choices=('sum', 'positive', 'mean'), default='sum')
     return parser
 
 
@@ -340,7 +385,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     if args.step == 'report':
         for name, table in (('choices', choices_table), ('bench', bench_table), ('bench', paired_table)):
-            rows = read_rows(args.out / f'{name}.jsonl')
+            rows = read_rows(args.out / f'{name}.jsonl', complete=name == 'bench')
             if rows:
                 print('\n'.join([f'## {name}', '', *table(rows), '']))
         return
@@ -353,7 +398,7 @@ def main(argv=None) -> None:
     if args.step == 'choices':
         run_choices(model, tokenizer, items, args.out)
     else:
-        run_bench(model, tokenizer, items, args.out, args.prompt, args.objective, args.reduce)
+        run_bench(model, tokenizer, items, args.out, args.prompt)
 
 
 if __name__ == '__main__':

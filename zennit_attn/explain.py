@@ -243,11 +243,14 @@ def explain(
         then optional (it gives the tokenizer and the image normalisation of the overlays; without it,
         ``tokenizer=`` may give the tokenizer).
     objective: str
-        What is explained of the target's scores: ``'logit'`` (default) or ``'log_probability'``, the target's
-        log-softmax (of every ``(position, token)`` pair: a whole answer's log-probability, as context attribution
-        measures it, :py:func:`~zennit_attn.workflows.sources.explain_sources`); for LRP its relevance sums to the
-        log-probability plus the prediction's entropy (:py:class:`~zennit_attn.inputs.objectives.LogProbability`).
-        Language models' text only; not with ``contrast``, a callable or a Neuron target.
+        What is explained of the target's scores (:py:data:`~zennit_attn.inputs.objectives.OBJECTIVES`):
+        ``'logit'`` (default), ``'log_probability'``, the target's log-softmax (of every ``(position, token)`` pair:
+        a whole answer's log-probability, as context attribution measures it,
+        :py:func:`~zennit_attn.workflows.sources.explain_sources`; for LRP its relevance sums to the log-probability
+        plus the prediction's entropy and vanishes as the probability approaches 1,
+        :py:class:`~zennit_attn.inputs.objectives.LogProbability`), or ``'log_odds'``, ``log(p / (1 - p))``, which
+        does not saturate (:py:class:`~zennit_attn.inputs.objectives.LogOdds`). Language models' text only; not with
+        ``contrast``, a callable or a Neuron target.
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods.registry`), checked by
         :py:func:`~zennit_attn.methods.registry.check_params` before the model is run.

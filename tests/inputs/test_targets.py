@@ -130,6 +130,26 @@ def test_callable_target(gpt2):
     assert relative(lrp.embedding_relevance, x.detach() * gradient) < 1e-13
 
 
+def test_log_odds_objective_is_the_function_by_hand(gpt2):
+    """objective='log_odds' explains log(p / (1 - p)) of the target, with the relevance of the same function given as a
+    target function (two implementations: a scatter of -inf and log p - log1p(-p))."""
+    ids = token_ids('gpt2', 5)
+
+    def log_odds(scores):
+        log_p = scores.log_softmax(-1)[:, TARGET]
+        return log_p - torch.log1p(-log_p.exp())
+
+    for method in ('attnlrp', 'input_x_gradient'):
+        named = explain(gpt2, ids, target=TARGET, objective='log_odds', method=method)
+        by_hand = explain(gpt2, ids, target=log_odds, method=method)
+        assert torch.allclose(named.logit, by_hand.logit, rtol=1e-12, atol=0)
+        assert relative(named.relevance, by_hand.relevance) < 1e-10
+    with pytest.raises(ValueError, match="objective='log_odds'.*contrast"):
+        explain(gpt2, ids, target=TARGET, contrast=3, objective='log_odds')
+    with pytest.raises(ValueError, match="'logit', 'log_probability', 'log_odds'"):
+        explain(gpt2, ids, objective='odds')
+
+
 def test_atman_with_a_target_function_needs_logits(gpt2):
     ids = token_ids('gpt2', 5)
     with pytest.raises(ValueError, match="atman with a target function.*score='logit'"):

@@ -51,7 +51,9 @@ def test_logit_scores_and_other_sum_to_the_response_logits(zero_llama, tokenizer
 
 
 def test_log_probability_scores_sum_to_log_probability_plus_entropy(zero_llama, tokenizer):
-    result = explain_sources(zero_llama, tokenizer, CONTEXT, QUERY, RESPONSE, method='cplrp')
+    result = explain_sources(
+        zero_llama, tokenizer, CONTEXT, QUERY, RESPONSE, method='cplrp', objective='log_probability'
+    )
     ids = torch.tensor([result.prompt.ids() + result.response_ids])
     start = ids.shape[1] - len(result.response_ids)
     with torch.no_grad():
@@ -62,6 +64,25 @@ def test_log_probability_scores_sum_to_log_probability_plus_entropy(zero_llama, 
     assert result.value == pytest.approx(float(chosen.sum()), abs=1e-10)
     assert float(result.scores.sum()) + result.segments.other == pytest.approx(
         float((chosen + entropy).sum()), abs=1e-9
+    )
+
+
+def test_log_odds_scores_sum_to_log_odds_plus_entropy_of_the_others(zero_llama, tokenizer):
+    """The default objective: per token the logits receive y_i (delta_it - q_i), q the softmax over the other tokens;
+    CP-LRP without biases sums to log(p_t / (1 - p_t)) + H(q) exactly."""
+    result = explain_sources(zero_llama, tokenizer, CONTEXT, QUERY, RESPONSE, method='cplrp')
+    ids = torch.tensor([result.prompt.ids() + result.response_ids])
+    start = ids.shape[1] - len(result.response_ids)
+    targets = torch.tensor(result.response_ids)[:, None]
+    with torch.no_grad():
+        logits = zero_llama(ids).logits[0, start - 1 : -1].to(torch.float64)
+    log_p = logits.log_softmax(-1).gather(-1, targets)[:, 0]
+    log_q = logits.scatter(-1, targets, -math.inf).log_softmax(-1)
+    entropy = -(log_q.exp() * log_q.nan_to_num(neginf=0.0)).sum(-1)
+    assert result.objective == 'log_odds'
+    assert result.value == pytest.approx(float((log_p - torch.log1p(-log_p.exp())).sum()), abs=1e-9)
+    assert float(result.scores.sum()) + result.segments.other == pytest.approx(
+        float((log_p - torch.log1p(-log_p.exp()) + entropy).sum()), abs=1e-9
     )
 
 

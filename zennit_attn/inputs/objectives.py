@@ -28,6 +28,7 @@ __all__ = [
     'Objective',
     'Logit',
     'LogProbability',
+    'LogOdds',
     'Contrast',
     'OutputFunction',
     'objective_for',
@@ -36,9 +37,6 @@ __all__ = [
 
 #: ``contrast=RUNNER_UP``: at each explained position the most likely token other than the target.
 RUNNER_UP = 'runner-up'
-
-#: ``explain(..., objective=...)``: what is explained of the target's scores, the logit (default) or log-probability.
-OBJECTIVES = ('logit', 'log_probability')
 
 
 class RelevanceToGradient(torch.autograd.Function):
@@ -139,6 +137,25 @@ class LogProbability(Objective):
 
     def compute(self, selected, targets, rows):
         return _gather(selected.log_softmax(-1), targets)
+
+
+class LogOdds(Objective):
+    """The target's log-odds ``log (p_t / (1 - p_t)) = y_t - log sum_{i != t} exp(y_i)`` (``explain(...,
+    objective='log_odds')``; ContextCite's "logit-probability"), per row or per ``(position, token)`` pair (a whole
+    answer: the sum over its tokens).
+
+    For LRP the logits receive ``y_i (delta_it - q_i)`` with ``q`` the softmax over the other tokens (``q_t = 0``), so
+    the relevance sums to ``y_t - sum_{i != t} q_i y_i`` per token: the target's logit against the expected logit of
+    its competitors, the log-odds plus their entropy ``H(q)`` (absorbed as a bias). Unlike the log-probability, whose
+    gradient ``delta_it - p_i`` vanishes as ``p_t`` approaches 1 (a token the context makes certain gets next to no
+    relevance, and what remains is dominated by the tail of the distribution), the log-odds do not saturate: they grow
+    without bound with the target's margin over its competitors.
+    """
+
+    def compute(self, selected, targets, rows):
+        ids = targets.to(selected.device)[..., None]
+        others = selected.scatter(-1, ids, float('-inf')).logsumexp(-1)
+        return selected.gather(-1, ids)[..., 0] - others
 
 
 class Contrast(Objective):
@@ -273,27 +290,32 @@ class OutputFunction(Objective):
         return self
 
 
+#: ``explain(..., objective=...)``: what is explained of the target's scores, by name: its logit (the default), its
+#: log-probability or its log-odds (the logit of its probability).
+OBJECTIVES = {'logit': Logit, 'log_probability': LogProbability, 'log_odds': LogOdds}
+
+
 def objective_for(target, contrast=None, objective: str = 'logit') -> tuple[object, Objective]:
     """``(token_target, objective)`` of ``explain()``'s ``target``, ``contrast`` (token ids, not text) and
     ``objective``: a callable target becomes an :py:class:`OutputFunction` (its token target None, the argmax, for
-    reference), a contrast a :py:class:`Contrast`, ``objective='log_probability'`` a :py:class:`LogProbability`, else
-    the :py:class:`Logit`.
+    reference), a contrast a :py:class:`Contrast`, a named ``objective`` other than ``'logit'`` its class of
+    :py:data:`OBJECTIVES` (:py:class:`LogProbability`, :py:class:`LogOdds`), else the :py:class:`Logit`.
 
     Raises
     ------
     ValueError
-        For a contrast with a callable target, an ``objective`` not in :py:data:`OBJECTIVES`, or the log-probability
-        with a callable target or a contrast.
+        For a contrast with a callable target, an ``objective`` not in :py:data:`OBJECTIVES`, or an objective other
+        than the logit with a callable target or a contrast.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f'objective must be one of {", ".join(map(repr, OBJECTIVES))}, got {objective!r}')
-    if objective == 'log_probability':
+    if objective != 'logit':
         if contrast is not None or (callable(target) and not isinstance(target, torch.Tensor)):
             raise ValueError(
-                "objective='log_probability' explains the target's log-probability: it takes neither a contrast "
-                'nor a target function (a function explains itself: return the log-probability from it)'
+                f"objective={objective!r} explains a function of the target's scores: it takes neither a contrast "
+                'nor a target function (a function explains itself: return the value from it)'
             )
-        return target, LogProbability()
+        return target, OBJECTIVES[objective]()
     if callable(target) and not isinstance(target, torch.Tensor):
         if contrast is not None:
             raise ValueError(

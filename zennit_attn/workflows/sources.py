@@ -2,7 +2,7 @@
 
 :py:func:`explain_sources` puts a context (a text, or a list of documents) and a query into a prompt (plain, or the
 model's chat template), lets the model answer (greedy) unless a response is given, explains the whole response (the
-sum of its tokens' log-probabilities, or of their logits) by :py:func:`~zennit_attn.explain` in one backward pass, and
+sum of its tokens' log-odds, log-probabilities or logits) by :py:func:`~zennit_attn.explain` in one backward pass, and
 sums the relevance of the context's tokens per source (sentences, documents or character spans) with
 :py:meth:`zennit_attn.Explanation.segments`. The result, a :py:class:`SourceExplanation`, lists the sources by score
 and shows the context with each source coloured by its score (terminal, HTML, figures).
@@ -164,8 +164,8 @@ class SourceExplanation:
     scores: torch.Tensor
         ``[sources]`` float64: each source's score (its tokens' relevance reduced by ``reduce``).
     value: float
-        The explained quantity: the sum of the response tokens' log-probabilities (``objective='log_probability'``)
-        or logits.
+        The explained quantity: the sum over the response's tokens of their log-odds (``objective='log_odds'``),
+        log-probabilities (``'log_probability'``) or logits (``'logit'``).
     method: str
     objective: str
     reduce: str
@@ -286,7 +286,7 @@ def explain_sources(
     response: str | None = None,
     sources: str | Sequence[tuple[int, int]] = 'sentences',
     method: str = 'attnlrp',
-    objective: str = 'log_probability',
+    objective: str = 'log_odds',
     reduce: str = 'sum',
     chat: bool | None = None,
     template: str | None = None,
@@ -315,8 +315,11 @@ def explain_sources(
         A method of :py:func:`~zennit_attn.explain` with ``(position, token)`` targets (``'attnlrp'``,
         ``'cplrp'``, ``'input_x_gradient'``, ...).
     objective: str
-        ``'log_probability'`` (default: the sum of the response tokens' log-probabilities, what the ablations of
-        ContextCite and of the metrics measure) or ``'logit'`` (the sum of their logits).
+        What is explained of each response token, summed over the response: ``'log_odds'`` (default:
+        ``log(p / (1 - p))``, ContextCite's logit-probability; :py:class:`~zennit_attn.inputs.objectives.LogOdds`),
+        ``'log_probability'`` (what the ablations of the metrics measure, but its relevance vanishes for the tokens the
+        context makes certain: the gradient ``delta_it - p_i`` goes to 0 as ``p_t`` goes to 1) or ``'logit'``.
+        docs/results/sources.md measures the three.
     reduce: str
         How a source's tokens give its score (:py:data:`REDUCTIONS`): ``'sum'`` (default), ``'positive'``,
         ``'mean'``.
@@ -364,7 +367,7 @@ def explain_response(
     response: str,
     response_ids: Sequence[int],
     method: str = 'attnlrp',
-    objective: str = 'log_probability',
+    objective: str = 'log_odds',
     reduce: str = 'sum',
     **params,
 ) -> SourceExplanation:

@@ -65,7 +65,14 @@ def test_context_cite_recovers_linear_weights():
 
 
 def test_source_ablation_equals_the_prompt_without_the_sources(llama, tokenizer):
-    result = explain_sources(llama, tokenizer, 'A bear. The ice bear lives. A penguin.', 'where?', ' in the Arctic.')
+    result = explain_sources(
+        llama,
+        tokenizer,
+        'A bear. The ice bear lives. A penguin.',
+        'where?',
+        ' in the Arctic.',
+        objective='log_probability',
+    )
     ablation = SourceAblation(llama, result.prompt, result.response_ids)
     keep = [True, False, True]
     ids = torch.tensor([result.prompt.ids(keep) + result.response_ids])
