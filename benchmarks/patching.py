@@ -4,9 +4,13 @@ For IOI and subject-verb agreement (the prompt pairs of ``benchmarks/patching_ta
 ``--write-tasks`` from :py:mod:`zennit_attn.workflows.patching.tasks`), activation patching of every residual stream,
 attention output and MLP output per position and of every head at all positions is the reference; relevance patching
 with each method (and each rule choice of ``--explore``) is scored by its Pearson and Spearman correlation with it, per
-component type, and timed against one forward and backward pass and against activation patching.
+component type, and timed against one forward and backward pass and against activation patching; ``--steps``: the
+points of the path from the clean to the corrupted prompt at which the gradient is averaged (Eq. 3 of
+:py:mod:`zennit_attn.workflows.patching.scores`; 1: the clean run alone, AtP and RelP).
 
-    OMP_NUM_THREADS=1 python benchmarks/patching.py --pairs 16 --explore
+    OMP_NUM_THREADS=1 python benchmarks/patching.py --pairs 16 --tasks ioi agreement ioi_abc --steps 1 2 4 8
+    OMP_NUM_THREADS=1 python benchmarks/patching.py --pairs 16 --explore --steps 1
+    python benchmarks/patching.py --summary docs/results/patching/steps.json docs/results/patching/steps_ioi_abc.json
     OMP_NUM_THREADS=1 python benchmarks/patching.py --write-tasks
 """
 
@@ -183,13 +187,19 @@ def reference(model, ids, cache: Path, task: str, count: int) -> dict:
     return result
 
 
-def score(model, ids, exact: dict, method) -> dict:
-    """Correlations of relevance patching with ``method`` per component and granularity, and its time."""
+def score(model, ids, exact: dict, method, steps: int) -> dict:
+    """Correlations of relevance patching with ``method`` on ``steps`` path points per component and granularity, and
+    its time."""
     rows = {}
     seconds = 0.0
     for per_position, reference_scores in exact.items():
         estimate = relevance_patching(
-            model, components=list(reference_scores.scores), method=method, per_position=per_position, **ids
+            model,
+            components=list(reference_scores.scores),
+            method=method,
+            per_position=per_position,
+            steps=steps,
+            **ids,
         )
         seconds = estimate.seconds if per_position else seconds
         for component in reference_scores.scores:
@@ -218,16 +228,44 @@ def table(results: dict, task: str, count: int) -> list[str]:
     return lines
 
 
+#: the component types of the summary (per position; heads at all positions, as their reference)
+SUMMARY = ('residual', 'attention', 'heads_all', 'mlp')
+
+
+def summary_table(paths: list[Path]) -> list[str]:
+    """Markdown table over the tasks of the JSON files ``paths`` (written by ``--out``): per method, the Pearson
+    correlation per task and component type, their mean and their lowest value, best mean first."""
+    tasks = {task: rows for path in paths for task, rows in json.loads(path.read_text()).items()}
+    names = [name for name in next(iter(tasks.values())) if name not in ('forward_backward', 'activation_seconds')]
+    names = [name for name in names if all(name in rows for rows in tasks.values())]
+    head = ' | '.join(f'{task} {component.removesuffix("_all")}' for task in tasks for component in SUMMARY)
+    lines = [f'| method | {head} | mean | lowest |', '|---' * (len(tasks) * len(SUMMARY) + 3) + '|']
+    values = {name: [tasks[task][name][component][0] for task in tasks for component in SUMMARY] for name in names}
+    for name in sorted(names, key=lambda name: -sum(values[name])):
+        cells = ' | '.join(f'{value:.2f}' for value in values[name])
+        mean = sum(values[name]) / len(values[name])
+        lines.append(f'| {name} | {cells} | {mean:.3f} | {min(values[name]):.2f} |')
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--pairs', type=int, default=16)
     parser.add_argument('--tasks', nargs='+', default=['ioi', 'agreement'])
     parser.add_argument('--explore', action='store_true')
     parser.add_argument('--methods', nargs='+', default=None, help='only these methods (names of the table)')
+    parser.add_argument(
+        '--steps', type=int, nargs='+', default=[4, 1], help='path points of relevance patching (each a table row)'
+    )
     parser.add_argument('--write-tasks', action='store_true')
     parser.add_argument('--cache', type=Path, default=Path('/tmp/zennit_attn_patching'))
-    parser.add_argument('--out', type=Path, default=None)
+    parser.add_argument('--out', type=Path, default=None, help='write STEM.md and STEM.json to this folder')
+    parser.add_argument('--stem', default='patching', help='the name of the files written to --out')
+    parser.add_argument('--summary', type=Path, nargs='+', default=None, help='print the summary of these JSON files')
     args = parser.parse_args()
+    if args.summary:
+        print('\n'.join(summary_table(args.summary)))
+        return
     torch.set_num_threads(1)
     model, tokenizer = load_smollm2()
     if args.write_tasks:
@@ -244,7 +282,11 @@ def main():
         ids = pair_ids(tokenizer, load_pairs(TASKS, task)[: args.pairs])
         exact = reference(model, ids, args.cache, task, args.pairs)
         chosen = {name: method for name, method in methods(args.explore).items() if name in (args.methods or [name])}
-        results = {name: score(model, ids, exact, method) for name, method in chosen.items()}
+        results = {
+            f'{name}, {steps} step{"s" * (steps > 1)}': score(model, ids, exact, method, steps)
+            for steps in args.steps
+            for name, method in chosen.items()
+        }
         fb = min(forward_backward(model, ids) for _ in range(3))
         clean, corrupted = exact[True].clean, exact[True].corrupted
         lines += ['', *table(results, task, args.pairs), '']
@@ -261,8 +303,8 @@ def main():
     print(lines[-1])
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / 'patching.md').write_text('\n'.join(lines) + '\n')
-        (args.out / 'patching.json').write_text(json.dumps(summary, indent=1) + '\n')
+        (args.out / f'{args.stem}.md').write_text('\n'.join(lines) + '\n')
+        (args.out / f'{args.stem}.json').write_text(json.dumps(summary, indent=1) + '\n')
 
 
 if __name__ == '__main__':

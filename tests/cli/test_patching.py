@@ -23,10 +23,21 @@ PAIRS = [
         (['--components', 'mlp', 'mlp'], '--components names a component twice'),
         (['--output', 'view.svg'], '--output'),
         (['--method', 'gradient'], "argument --method: invalid choice: 'gradient'"),
+        (['--steps', '0'], '--steps must be at least 1'),
+        (['--edges', '-1'], '--edges must be at least 0'),
     ],
 )
 def test_patching_refusals(capsys, argv, message):
     assert message in refused(capsys, ['patching', *argv])
+
+
+def test_patching_options_are_the_library_s():
+    """The CLI names the methods and defaults without importing the library: they must be the library's."""
+    from zennit_attn.cli import patching
+    from zennit_attn.workflows.patching import DEFAULT_METHOD, DEFAULT_STEPS, PATCHING_METHODS
+
+    assert set(patching.METHODS) == set(PATCHING_METHODS)
+    assert (patching.DEFAULT_METHOD, patching.DEFAULT_STEPS) == (DEFAULT_METHOD, DEFAULT_STEPS)
 
 
 def test_patching_with_a_model_folder(capsys, tiny_folder, tmp_path):
@@ -34,19 +45,21 @@ def test_patching_with_a_model_folder(capsys, tiny_folder, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zennit_attn.cli.runs.patching import PromptPair
-    from zennit_attn.workflows.patching import pair_ids, relevance_patching
+    from zennit_attn.workflows.patching import edge_patching, pair_ids, relevance_patching
 
     path = tmp_path / 'pairs.json'
     path.write_text(json.dumps(PAIRS))
     view = tmp_path / 'view.html'
     argv = ['patching', '--pairs-file', str(path), '--model', str(tiny_folder['llama']), '--top', '3']
-    code, out, err = run(capsys, [*argv, '--output', str(view), '--reference', '-q'])
+    code, out, err = run(capsys, [*argv, '--output', str(view), '--reference', '--edges', '4', '-q'])
     assert code == 0, err
     model = AutoModelForCausalLM.from_pretrained(tiny_folder['llama']).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_folder['llama'])
     ids = pair_ids(tokenizer, [PromptPair('file', **pair) for pair in PAIRS])
     top = relevance_patching(model, **ids).top(3)
+    edges = edge_patching(model, **ids).top(4)
     assert [line.split('. ', 1)[1] for line in out.splitlines() if line.startswith('    ') and '. ' in line] == [
-        str(entry) for entry in top
+        str(entry) for entry in [*top, *edges]
     ]
     assert 'Pearson / Spearman' in out and view.read_text().count('<td style') > 0
+    assert (tmp_path / 'view-edges.html').read_text().count('<line ') == 4

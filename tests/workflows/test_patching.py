@@ -22,6 +22,7 @@ from zennit_attn.workflows.patching import (
     correlation,
     ioi_pairs,
     pair_ids,
+    path_weights,
     relevance_patching,
 )
 from zennit_attn.workflows.patching.view import CELL, circuit_grid, save_circuit
@@ -104,7 +105,7 @@ def test_activation_patching_is_the_metric_change_by_hand(llama, pairs, metric):
 def test_atp_is_the_plain_gradient_by_hand(llama, pairs):
     clean, corrupted = pairs
     result = relevance_patching(
-        llama, clean, corrupted, ANSWERS, WRONG, components=('attention', 'heads'), method='atp'
+        llama, clean, corrupted, ANSWERS, WRONG, components=('attention', 'heads'), method='atp', steps=1
     )
     sites, grads = _o_proj_inputs(llama, clean, grad=True)
     source, _ = _o_proj_inputs(llama, corrupted)
@@ -127,6 +128,25 @@ def test_exact_where_the_model_is_linear_in_the_activation(method):
     estimate = relevance_patching(model, clean, corrupted, ANSWERS, WRONG, components=('residual',), method=method)
     torch.testing.assert_close(estimate['residual'][:, -1, -1], exact['residual'][:, -1, -1], **TIGHT)
     assert not torch.allclose(estimate['residual'][:, 1], exact['residual'][:, 1])  # non-linear in between
+
+
+def test_path_integral_converges_to_patching_the_embeddings(llama, pairs):
+    """Eq. 3 with the plain gradient: the residual stream before the first block, at the one position where the
+    prompts differ, patched is the corrupted run itself, and the path of the input embeddings moves exactly that
+    activation: the Riemann sum of path_weights converges to activation patching (error O(1 / steps))."""
+    clean, corrupted = pairs
+    exact = activation_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('residual',), progress=False)
+    errors = []
+    for steps in (1, 8, 64):
+        estimate = relevance_patching(
+            llama, clean, corrupted, ANSWERS, WRONG, components=('residual',), method='atp', steps=steps
+        )
+        errors.append(float((estimate['residual'][:, 0, 2, 0] - exact['residual'][:, 0, 2, 0]).abs().max()))
+    assert errors[2] < errors[1] / 4 < errors[0] / 4
+    assert errors[2] < 0.01 * float(exact['residual'][:, 0, 2, 0].abs().max())
+    assert path_weights(4) == [(0.0, 0.25), (0.25, 0.25), (0.5, 0.25), (0.75, 0.25)]
+    with pytest.raises(ValueError, match='steps must be a positive integer'):
+        relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, steps=0)
 
 
 @pytest.mark.parametrize('per_position', [True, False])

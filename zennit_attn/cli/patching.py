@@ -20,7 +20,10 @@ NAME = 'patching'
 #: ``--task`` values: the tasks of :py:mod:`zennit_attn.workflows.patching.tasks`
 TASKS = ('ioi', 'ioi_abc', 'agreement')
 #: ``--method`` values: :py:data:`zennit_attn.workflows.patching.PATCHING_METHODS`
-METHODS = ('attnlrp', 'relp', 'mlp_rules', 'cplrp', 'atp')
+METHODS = ('atp', 'attnlrp', 'relp', 'mlp_rules', 'cplrp')
+#: ``--method`` and ``--steps`` defaults: :py:data:`zennit_attn.workflows.patching.scores.DEFAULT_METHOD` and
+#: ``DEFAULT_STEPS`` (the CLI does not import the library before its arguments are checked)
+DEFAULT_METHOD, DEFAULT_STEPS = 'atp', 4
 #: ``--components`` values: :py:data:`zennit_attn.workflows.patching.COMPONENTS`
 COMPONENTS = ('residual', 'attention', 'heads', 'mlp', 'neurons')
 
@@ -31,8 +34,10 @@ For each pair of a clean and a corrupted prompt (IOI: "When Mary and John went t
 -> " Mary", corrupted with a third name; agreement: "The key near the tables" -> " is", corrupted with the plural
 subject) it estimates, for every residual stream, attention output, MLP output and head, how much the logit
 difference of the right and the wrong answer changes when that component takes its corrupted value: (a' - a) . g,
-with g a modified gradient (attnlrp: AttnLRP's; relp: RelP's rules, constant attention weights; mlp_rules: AttnLRP's
-rules in the MLP, the plain gradient elsewhere; cplrp; atp: the plain gradient), in one forward and backward pass.
+with g a gradient (atp: the plain gradient; attnlrp: AttnLRP's modified gradient; relp: RelP's rules, constant
+attention weights; mlp_rules: AttnLRP's rules in the MLP, the plain gradient elsewhere; cplrp) averaged over --steps
+points between the clean and the corrupted prompt, one forward and backward pass each (--steps 1: the clean run
+alone, AtP and RelP).
 Prints the top components; --reference also runs activation patching (one forward pass per component and position:
 slow) and prints the correlation per component type. ioi_abc: IOI with all three names replaced in the corrupted
 prompt."""
@@ -41,7 +46,8 @@ EPILOG = """\
 examples:
   zennit-attn patching --task ioi --pairs 16 --output ioi.html
   zennit-attn patching --task agreement --pairs 8 --reference --output agreement.png
-  zennit-attn patching --pairs-file pairs.json --method atp
+  zennit-attn patching --pairs-file pairs.json --method attnlrp --steps 1
+  zennit-attn patching --task ioi --pairs 8 --edges 20 --output ioi.png
 
 A pairs file is a JSON list of {"clean", "corrupted", "answer", "wrong"} (answers one token each, each corrupted
 prompt as long as its clean one in tokens). In Python: zennit_attn.workflows.patching.
@@ -69,7 +75,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     group = parser.add_argument_group('patching')
     group.add_argument(
-        '--method', choices=METHODS, default='attnlrp', help='the gradient of the estimate (default: %(default)s)'
+        '--method', choices=METHODS, default=DEFAULT_METHOD, help='the gradient of the estimate (default: %(default)s)'
+    )
+    group.add_argument(
+        '--steps',
+        type=int,
+        default=DEFAULT_STEPS,
+        metavar='N',
+        help='points of the path from the clean to the corrupted prompt (default: %(default)s)',
     )
     group.add_argument(
         '--components',
@@ -79,6 +92,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help='the components scored (default: residual attention heads mlp)',
     )
     group.add_argument('--top', type=int, default=10, metavar='K', help='list the K top components (default: 10)')
+    group.add_argument(
+        '--edges',
+        type=int,
+        default=0,
+        metavar='K',
+        help="also score the edges between heads, MLPs and the heads' queries, keys and values and list the K top "
+        'ones (with --output: their graph in FILE-edges.html or .png)',
+    )
     group.add_argument(
         '--reference', action='store_true', help='also run activation patching and print the correlations'
     )
@@ -99,6 +120,10 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f'--pairs must be at least 1, got {args.pairs}')
     if args.top < 1:
         raise UsageError(f'--top must be at least 1, got {args.top}')
+    if args.edges < 0:
+        raise UsageError(f'--edges must be at least 0, got {args.edges}')
+    if args.steps < 1:
+        raise UsageError(f'--steps must be at least 1, got {args.steps}')
     if args.pairs_file is not None and not args.pairs_file.is_file():
         raise UsageError(f'--pairs-file {str(args.pairs_file)!r} is not a file')
     if len(set(args.components)) != len(args.components):

@@ -12,11 +12,12 @@ from ...workflows.patching import (
     activation_patching,
     agreement_pairs,
     correlation,
+    edge_patching,
     ioi_pairs,
     pair_ids,
     relevance_patching,
 )
-from ...workflows.patching.view import save_circuit
+from ...workflows.patching.view import save_circuit, save_edges
 from ..errors import CommandError
 from ..loading import load
 from ..progress import status
@@ -56,15 +57,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error)) from None
     ids = {key: value.to(args.device) for key, value in ids.items()}
-    with status(f'relevance patching ({args.method})', not args.quiet):
-        scores = relevance_patching(model, components=args.components, method=args.method, **ids)
+    with status(f'relevance patching ({args.method}, {args.steps} steps)', not args.quiet):
+        scores = relevance_patching(model, components=args.components, method=args.method, steps=args.steps, **ids)
     pairs = ids['clean'].shape[0]
     print(f'Model:       {args.model_spec.label}')
     source = args.task if args.pairs_file is None else args.pairs_file
     clean, corrupted = float(scores.clean.mean()), float(scores.corrupted.mean())
     print(f'Pairs:       {pairs} ({source}), {ids["clean"].shape[1]} tokens')
     print(f'Metric:      logit difference, clean {clean:+.3f}, corrupted {corrupted:+.3f}')
-    print(f'Method:      {args.method} ({scores.seconds:.2f} s)')
+    print(f'Method:      {args.method}, {args.steps} steps ({scores.seconds:.2f} s)')
     print()
     print(f'Top-{args.top} components (mean over pairs of the estimated change of the metric, summed over positions):')
     for rank, entry in enumerate(scores.top(args.top), start=1):
@@ -76,8 +77,19 @@ def run(args: argparse.Namespace) -> int:
         for component in args.components:
             pearson, spearman, count = correlation(scores, exact, component)
             print(f'  {component:<10} {pearson:+.3f} / {spearman:+.3f}  ({count} scores)')
+    edges = None
+    if args.edges:
+        with status(f'edge patching ({args.method}, {args.steps} steps)', not args.quiet):
+            edges = edge_patching(model, method=args.method, steps=args.steps, **ids)
+        print()
+        print(f'Top-{args.edges} edges ({edges.seconds:.2f} s; mean over pairs, summed over positions):')
+        for rank, entry in enumerate(edges.top(args.edges), start=1):
+            print(f'  {rank:>3}. {entry}')
     if args.output is not None:
         save_circuit(scores, args.output, k=args.top)
         print()
         print(f'Wrote {args.output}')
+        if edges is not None:
+            path = save_edges(edges, args.output.with_name(f'{args.output.stem}-edges{args.output.suffix}'), args.edges)
+            print(f'Wrote {path}')
     return 0
