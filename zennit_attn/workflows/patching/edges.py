@@ -25,6 +25,7 @@ implemented.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,9 @@ from .scores import (
     DEFAULT_STEPS,
     check_pairs,
     last_logits,
+    metric_forward,
     patching_composite,
+    path_inputs,
     path_weights,
 )
 
@@ -157,8 +160,10 @@ def _layout(model: torch.nn.Module) -> _Layout:
     return _Layout(points, first.heads, width // first.heads)
 
 
-def _capture(layout: _Layout, keep_graph: bool) -> tuple[dict, list]:
-    """Hooks that keep every site tensor (with its graph if ``keep_graph``): ``(tensors, hooks to register)``."""
+@contextlib.contextmanager
+def _kept(model: torch.nn.Module, layout: _Layout, keep_graph: bool):
+    """Hooks on ``model`` for the time of the context that keep every site tensor (with its graph if ``keep_graph``);
+    yields the dictionary ``(site, layer) -> tensor`` they fill."""
     tensors: dict = {}
 
     def keeper(point: SitePoint):
@@ -167,17 +172,9 @@ def _capture(layout: _Layout, keep_graph: bool) -> tuple[dict, list]:
 
         return keep
 
-    return tensors, [(point, keeper(point)) for points in layout.points.values() for point in points]
-
-
-def _run(model, leaf, layout: _Layout, keep_graph: bool, composite=None) -> tuple[dict, torch.Tensor]:
-    tensors, hooks = _capture(layout, keep_graph)
-    handles = [point.hook(function) for point, function in hooks]
+    handles = [point.hook(keeper(point)) for points in layout.points.values() for point in points]
     try:
-        if composite is None:
-            return tensors, last_logits(model(inputs_embeds=leaf))
-        with composite.context(model) as modified:
-            return tensors, last_logits(modified(inputs_embeds=leaf))
+        yield tensors
     finally:
         for handle in handles:
             handle.remove()
@@ -221,20 +218,11 @@ def _products_at(model, leaf, layout, metric: Metric, composite, resolve: bool) 
     """One forward and backward pass at the input embeddings ``leaf``: the receivers, their products (Eq. 4), the
     metric's value and the (resolved) metric."""
     leaf = leaf.detach().requires_grad_(True)
-    with torch.enable_grad():
-        if composite is None:
-            tensors, logits = _run(model, leaf, layout, True)
-            metric = metric.resolve(logits.detach()) if resolve else metric
-            value, start = metric.of(logits), None
-        else:
-            with composite.context(model) as modified:
-                tensors, logits = _run(modified, leaf, layout, True)
-                metric = metric.resolve(logits.detach()) if resolve else metric
-                value = metric.of(logits, initial_relevance=True)
-                start = value.detach()
-        start = torch.ones_like(value) if start is None else start
-        keys = [(site, layer) for site in RECEIVERS for layer in range(layout.layers)]
-        keys.append(('residual', layout.layers))
+    keys = [(site, layer) for site in RECEIVERS for layer in range(layout.layers)] + [('residual', layout.layers)]
+    with (
+        _kept(model, layout, keep_graph=True) as tensors,
+        metric_forward(model, leaf, metric, composite, resolve) as (value, start, metric),
+    ):
         found = torch.autograd.grad(value, [tensors[key] for key in keys], start, retain_graph=True, allow_unused=True)
         gradients = {key: gradient for key, gradient in zip(keys, found) if gradient is not None}
         receivers, products = _receiver_products(tensors, gradients, layout)
@@ -244,10 +232,11 @@ def _products_at(model, leaf, layout, metric: Metric, composite, resolve: bool) 
 def _sender_writes(model, layout: _Layout, clean: torch.Tensor, corrupted: torch.Tensor) -> tuple:
     """``[senders, pairs, seq, hidden]``: what each sender's corrupted value changes in the residual stream; and the
     corrupted prompts' last logits."""
-    embeddings = model.get_input_embeddings()
     with torch.no_grad():
-        base, _ = _run(model, embeddings(clean), layout, False)
-        patched, corrupted_logits = _run(model, embeddings(corrupted), layout, False)
+        with _kept(model, layout, keep_graph=False) as base:
+            model(input_ids=clean)
+        with _kept(model, layout, keep_graph=False) as patched:
+            corrupted_logits = last_logits(model(input_ids=corrupted))
         writes = [patched[('residual', 0)] - base[('residual', 0)]]
         mlps = []
         for layer in range(layout.layers):
@@ -303,17 +292,13 @@ def edge_patching(
     """
     start = time.perf_counter()
     name, composite = patching_composite(method)
-    weights = path_weights(steps)
+    path_weights(steps)
     clean, corrupted = check_pairs(model, clean, corrupted)
     metric = make_metric(metric, answers, wrong, clean.shape[0])
     layout = _layout(model)
     writes, corrupted_logits = _sender_writes(model, layout, clean, corrupted)
-    embeddings = model.get_input_embeddings()
-    with torch.no_grad():
-        begin, end = embeddings(clean), embeddings(corrupted)
     products, value = None, None
-    for alpha, weight in weights:
-        leaf = begin if alpha == 0 else torch.lerp(begin, end, alpha)
+    for leaf, weight in path_inputs(model, clean, corrupted, steps):
         receivers, found, at, resolved = _products_at(model, leaf, layout, metric, composite, resolve=value is None)
         if value is None:
             value, metric = at, resolved

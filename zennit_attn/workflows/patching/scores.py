@@ -29,8 +29,9 @@ with the points and weights of :py:func:`path_weights`:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -58,6 +59,8 @@ __all__ = [
     'correlation',
     'check_pairs',
     'last_logits',
+    'metric_forward',
+    'path_inputs',
 ]
 
 #: The methods of :py:func:`relevance_patching`: name -> composite class (None: the plain gradient, AtP).
@@ -210,25 +213,33 @@ def _capture(model: torch.nn.Module, points, ids: torch.Tensor) -> tuple[dict, t
     return recorder.tensors, logits
 
 
+@contextlib.contextmanager
+def metric_forward(model, leaf: torch.Tensor, metric: Metric, composite, resolve: bool):
+    """A forward pass of the input embeddings ``leaf`` (in the composite's context, if any) with gradients enabled;
+    yields ``(value, start, metric)``: the metric's value (for a composite the initial relevance, see
+    :py:meth:`~zennit_attn.inputs.objectives.Objective.value`), the ``grad_outputs`` its backward pass starts with (for
+    a composite ``f`` itself: the backward starts with ``df/dy`` at the logits) and the metric, resolved on these
+    logits if ``resolve``. Run the backward pass inside the context."""
+    context = contextlib.nullcontext(model) if composite is None else composite.context(model)
+    with torch.enable_grad(), context as modified:
+        logits = last_logits(modified(inputs_embeds=leaf))
+        metric = metric.resolve(logits.detach()) if resolve else metric
+        if composite is None:
+            value = metric.of(logits)
+            yield value, torch.ones_like(value), metric
+        else:
+            value = metric.of(logits, initial_relevance=True)
+            yield value, value.detach(), metric
+
+
 def _modified_gradients(model, leaf, points, metric: Metric, composite, resolve: bool) -> tuple:
     """One forward and one backward pass of the input embeddings ``leaf``: the recorder holding each site's tensor and
     its (modified) gradient of the metric, the metric's value and the metric (resolved on these logits if
     ``resolve``)."""
     recorder = Recorder(points, keep={(point.site, point.layer) for layer in points.values() for point in layer})
     leaf = leaf.detach().requires_grad_(True)
-    with torch.enable_grad(), recorder.recording(model):
-        if composite is None:
-            logits = last_logits(model(inputs_embeds=leaf))
-            metric = metric.resolve(logits.detach()) if resolve else metric
-            value = metric.of(logits)
-            torch.autograd.grad(value, leaf, grad_outputs=torch.ones_like(value))
-        else:
-            with composite.context(model) as modified:
-                logits = last_logits(modified(inputs_embeds=leaf))
-                metric = metric.resolve(logits.detach()) if resolve else metric
-                value = metric.of(logits, initial_relevance=True)
-                # the initial relevance f with grad_outputs f: the backward starts with df/dy at the logits
-                torch.autograd.grad(value, leaf, grad_outputs=value.detach())
+    with recorder.recording(model), metric_forward(model, leaf, metric, composite, resolve) as (value, start, metric):
+        torch.autograd.grad(value, leaf, grad_outputs=start)
     return recorder, value.detach(), metric
 
 
@@ -247,25 +258,39 @@ def path_weights(steps: int) -> list[tuple[float, float]]:
     return [(index / steps, 1.0 / steps) for index in range(steps)]
 
 
-def _path_gradients(model, clean, corrupted, points, metric: Metric, composite, steps: int) -> tuple:
-    """The clean run's recorder (site tensors), the (modified) gradient at every site averaged along the path of the
-    input embeddings from the clean to the corrupted prompts (:py:func:`path_weights`), the clean metric and the
-    metric resolved on the clean run."""
+def path_inputs(
+    model, clean: torch.Tensor, corrupted: torch.Tensor, steps: int
+) -> Iterator[tuple[torch.Tensor, float]]:
+    """The input embeddings ``x + alpha (x' - x)`` of the points of Eq. 3 (:py:func:`path_weights`) and their weights,
+    the clean run first.
+
+    Raises
+    ------
+    ValueError
+        For a model without input embeddings.
+    """
     embeddings = model.get_input_embeddings()
     if embeddings is None:
         raise ValueError(f'{type(model).__name__} has no input embedding: relevance patching runs on embeddings')
+    weights = path_weights(steps)
     with torch.no_grad():
         start, end = embeddings(clean), embeddings(corrupted)
+    for alpha, weight in weights:
+        yield (start if alpha == 0 else torch.lerp(start, end, alpha)), weight
+
+
+def _path_gradients(model, clean, corrupted, points, metric: Metric, composite, steps: int) -> tuple:
+    """The clean run's recorder (site tensors), the (modified) gradient at every site averaged along the path of the
+    input embeddings from the clean to the corrupted prompts (:py:func:`path_inputs`), the clean metric and the
+    metric resolved on the clean run."""
     gradients, first = {}, None
-    for alpha, weight in path_weights(steps):
-        leaf = start if alpha == 0 else torch.lerp(start, end, alpha)
+    for leaf, weight in path_inputs(model, clean, corrupted, steps):
         recorder, value, resolved = _modified_gradients(model, leaf, points, metric, composite, resolve=first is None)
         if first is None:
             first, metric = (recorder, value, resolved), resolved
         for key, gradient in recorder.gradients.items():
             gradients[key] = gradients[key] + weight * gradient if key in gradients else weight * gradient
-    recorder, value, metric = first
-    return recorder, gradients, value, metric
+    return first[0], gradients, first[1], first[2]
 
 
 def relevance_patching(
