@@ -11,9 +11,12 @@ sentence's relevance is computed per embedding dimension (the mean-pooled embedd
 - the first-order relevance of each input for the cosine with the other embedding fixed,
   ``r_a = sum_k R_a^(k) e_b,k / (|e_a| |e_b|)`` (and ``r_b``).
 
-Pair perturbation: the token pairs (special tokens excluded) are ranked by BiLRP's ``R_ij``, by the product of the
-first-order relevances ``r_a,i r_b,j`` or at random (seeded); step by step the next pair of two tokens not removed yet
-is removed from both sentences (deleted) and the cosine recomputed. Lower is better: the mean cosine over
+Pair perturbation: the token pairs (special tokens excluded) are ranked by BiLRP's ``R_ij``, by the drop of the
+similarity BiLRP predicts for removing them (``row_i + col_j - R_ij`` of what remains: removing token ``i`` of one
+input removes all its pairs; greedily, :py:func:`greedy_pairs`), by the product of the first-order relevances
+``r_a,i r_b,j``, by their sum (the drop first-order relevance predicts: each input's tokens by decreasing relevance,
+paired in order) or at random (seeded); step by step the next pair of two tokens not removed yet is removed from both
+sentences (deleted) and the cosine recomputed. Lower is better: the mean cosine over
 ``--steps`` steps (the area under the curve) and the drop after the last step, mean +- s.e. over the pairs.
 
 Example (the committed run; run it alone on the machine)::
@@ -51,7 +54,7 @@ from zennit_attn.workflows.similarity import (  # noqa: E402
 )
 
 COMPOSITES = {'AttnLRP': AttnLRPEpsilon, 'CP-LRP': CPLRPEpsilon}
-ORDERS = ('BiLRP', 'first-order product', 'random')
+ORDERS = ('BiLRP', 'BiLRP, rows and columns', 'first-order product', 'first-order sum', 'random')
 
 
 def sentence_pairs(tokenizer, count: int, seed: int) -> list[tuple[str, str]]:
@@ -112,9 +115,47 @@ def removal_curve(embedding, a: dict, b: dict, pairs: list[tuple[int, int]], ste
     return curve
 
 
-def orders(bilrp, first_a, first_b, generator: random.Random) -> dict[str, torch.Tensor]:
+def greedy_pairs(scores: torch.Tensor, special_a: set, special_b: set, steps: int) -> list[tuple[int, int]]:
+    """Token pairs ``(i, j)`` by the drop of the similarity that ``scores`` (an additive decomposition ``R_ij``)
+    predicts for removing them: removing token ``i`` of ``a`` and ``j`` of ``b`` removes row ``i`` and column ``j``
+    of what remains, ``row_i + col_j - R_ij``; greedily, each pair removed before the next is chosen."""
+    scores = scores.double()
+    rows, columns = torch.ones(scores.shape[0], dtype=torch.float64), torch.ones(scores.shape[1], dtype=torch.float64)
+    blocked = torch.zeros(scores.shape, dtype=torch.bool)
+    blocked[list(special_a)] = True
+    blocked[:, list(special_b)] = True
+    pairs = []
+    for _ in range(steps):
+        live = scores * rows[:, None] * columns[None, :]
+        gain = (live.sum(1)[:, None] + live.sum(0)[None, :] - live).masked_fill(blocked, -float('inf'))
+        if bool(torch.isinf(gain).all()):
+            break
+        i, j = divmod(int(gain.argmax()), scores.shape[1])
+        pairs.append((i, j))
+        rows[i], columns[j] = 0, 0
+        blocked[i] = True
+        blocked[:, j] = True
+    return pairs
+
+
+def first_order_pairs(first_a: torch.Tensor, first_b: torch.Tensor, special_a: set, special_b: set) -> list:
+    """Token pairs by the drop the first-order relevances predict for removing them, ``r_a,i + r_b,j``: the tokens of
+    each input by decreasing relevance, paired in that order."""
+    tokens_a = [i for i in first_a.argsort(descending=True).tolist() if i not in special_a]
+    tokens_b = [j for j in first_b.argsort(descending=True).tolist() if j not in special_b]
+    return list(zip(tokens_a, tokens_b))
+
+
+def orders(bilrp, first_a, first_b, special: list, steps: int, generator: random.Random) -> dict[str, list]:
+    """The order of the token pairs removed, per :data:`ORDERS`."""
     noise = torch.tensor([[generator.random() for _ in range(bilrp.shape[1])] for _ in range(bilrp.shape[0])])
-    return {'BiLRP': bilrp, 'first-order product': first_a[:, None] * first_b[None, :], 'random': noise}
+    return {
+        'BiLRP': ranked_pairs(bilrp, *special),
+        'BiLRP, rows and columns': greedy_pairs(bilrp, *special, steps),
+        'first-order product': ranked_pairs(first_a[:, None] * first_b[None, :], *special),
+        'first-order sum': first_order_pairs(first_a, first_b, *special),
+        'random': ranked_pairs(noise, *special),
+    }
 
 
 def evaluate_pair(embedding, tokenizer, pair, index: int, args, generator) -> dict:
@@ -140,8 +181,8 @@ def evaluate_pair(embedding, tokenizer, pair, index: int, args, generator) -> di
         if name == 'AttnLRP':
             first_a, first_b = relevance_a.T @ values_b * scale, relevance_b[-1] * scale
             row['curves'] = {
-                order: removal_curve(embedding, a, b, ranked_pairs(scores, *special), args.steps)
-                for order, scores in orders(bilrp, first_a, first_b, generator).items()
+                order: removal_curve(embedding, a, b, pairs, args.steps)
+                for order, pairs in orders(bilrp, first_a, first_b, special, args.steps, generator).items()
             }
     return row
 
@@ -161,6 +202,8 @@ def report(rows: list[dict], args, load: tuple[float, float]) -> str:
     ]
     for name in COMPOSITES:
         done = [row[name] | {'score': row['score']} for row in rows if name in row]
+        if not done:
+            continue
         ratio = mean_sem([row['sum'] / row['score'] for row in done])
         seconds = sum(row['seconds'] for row in done) / len(done)
         lines.append(f'| {name} | {ratio[0]:.3f} +- {ratio[1]:.3f} ({len(done)} pairs) | {seconds:.1f} |')
