@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -108,7 +108,7 @@ class EdgeScores:
     corrupted: torch.Tensor
     method: str
     steps: int
-    seconds: float = field(default=0.0)
+    seconds: float = 0.0
 
     def mean(self) -> torch.Tensor:
         """``[senders, receivers]``: the mean score over pairs."""

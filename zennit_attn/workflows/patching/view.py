@@ -11,6 +11,7 @@ where patching the component raises the metric, blue where it lowers it, scaled 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -128,8 +129,8 @@ def circuit_html(scores: PatchingScores, k: int = 20, title: str = 'Circuit') ->
     return page(body, title=title)
 
 
-def save_circuit(scores: PatchingScores, path, k: int = 20) -> Path:
-    """Write the circuit view to ``path``: ``.png`` (:py:func:`circuit_png`) or ``.html`` (:py:func:`circuit_html`).
+def _write(path, png: Callable[[], Image.Image], page_html: Callable[[], str]) -> Path:
+    """Write the image of ``png()`` or the page of ``page_html()`` to ``path`` (by its suffix, ``.png`` or ``.html``).
 
     Raises
     ------
@@ -139,10 +140,21 @@ def save_circuit(scores: PatchingScores, path, k: int = 20) -> Path:
     path = check_output(path, ('.png', '.html'))
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix.lower() == '.png':
-        circuit_png(scores).save(path)
+        png().save(path)
     else:
-        path.write_text(circuit_html(scores, k), encoding='utf-8')
+        path.write_text(page_html(), encoding='utf-8')
     return path
+
+
+def save_circuit(scores: PatchingScores, path, k: int = 20) -> Path:
+    """Write the circuit view to ``path``: ``.png`` (:py:func:`circuit_png`) or ``.html`` (:py:func:`circuit_html`).
+
+    Raises
+    ------
+    ValueError
+        For another suffix or a path that cannot be written.
+    """
+    return _write(path, lambda: circuit_png(scores), lambda: circuit_html(scores, k))
 
 
 def edge_graph(edges: EdgeScores, k: int = 20) -> tuple[dict[Node, tuple[int, int]], list[RankedEdge], float]:
@@ -230,10 +242,4 @@ def save_edges(edges: EdgeScores, path, k: int = 20) -> Path:
     ValueError
         For another suffix or a path that cannot be written.
     """
-    path = check_output(path, ('.png', '.html'))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() == '.png':
-        edges_png(edges, k).save(path)
-    else:
-        path.write_text(edges_html(edges, k), encoding='utf-8')
-    return path
+    return _write(path, lambda: edges_png(edges, k), lambda: edges_html(edges, k))
