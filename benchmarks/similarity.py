@@ -13,10 +13,11 @@ sentence's relevance is computed per embedding dimension (the mean-pooled embedd
 
 Pair perturbation: the token pairs (special tokens excluded) are ranked by BiLRP's ``R_ij``, by the drop of the
 similarity BiLRP predicts for removing them (``row_i + col_j - R_ij`` of what remains: removing token ``i`` of one
-input removes all its pairs; greedily, :py:func:`greedy_pairs`), by the product of the first-order relevances
-``r_a,i r_b,j``, by their sum (the drop first-order relevance predicts: each input's tokens by decreasing relevance,
-paired in order) or at random (seeded); step by step the next pair of two tokens not removed yet is removed from both
-sentences (deleted) and the cosine recomputed. Lower is better: the mean cosine over
+input removes all its pairs; greedily,
+:py:meth:`~zennit_attn.results.similarity.SimilarityExplanation.removal_pairs`), by the product of the first-order
+relevances ``r_a,i r_b,j``, by their sum (the drop first-order relevance predicts: each input's tokens by decreasing
+relevance, paired in order) or at random (seeded); step by step the next pair of two tokens not removed yet is removed
+from both sentences (deleted) and the cosine recomputed. Lower is better: the mean cosine over
 ``--steps`` steps (the area under the curve) and the drop after the last step, mean +- s.e. over the pairs.
 
 Example (the committed run; run it alone on the machine)::
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon  # noqa: E402
 from zennit_attn.latent.corpus import wikipedia_path  # noqa: E402
 from zennit_attn.pretrained import load_minilm  # noqa: E402
+from zennit_attn.results.similarity import SimilarityExplanation  # noqa: E402
 from zennit_attn.workflows.evaluation import mean_sem  # noqa: E402
 from zennit_attn.workflows.similarity import (  # noqa: E402
     TextEmbedding,
@@ -115,29 +117,6 @@ def removal_curve(embedding, a: dict, b: dict, pairs: list[tuple[int, int]], ste
     return curve
 
 
-def greedy_pairs(scores: torch.Tensor, special_a: set, special_b: set, steps: int) -> list[tuple[int, int]]:
-    """Token pairs ``(i, j)`` by the drop of the similarity that ``scores`` (an additive decomposition ``R_ij``)
-    predicts for removing them: removing token ``i`` of ``a`` and ``j`` of ``b`` removes row ``i`` and column ``j``
-    of what remains, ``row_i + col_j - R_ij``; greedily, each pair removed before the next is chosen."""
-    scores = scores.double()
-    rows, columns = torch.ones(scores.shape[0], dtype=torch.float64), torch.ones(scores.shape[1], dtype=torch.float64)
-    blocked = torch.zeros(scores.shape, dtype=torch.bool)
-    blocked[list(special_a)] = True
-    blocked[:, list(special_b)] = True
-    pairs = []
-    for _ in range(steps):
-        live = scores * rows[:, None] * columns[None, :]
-        gain = (live.sum(1)[:, None] + live.sum(0)[None, :] - live).masked_fill(blocked, -float('inf'))
-        if bool(torch.isinf(gain).all()):
-            break
-        i, j = divmod(int(gain.argmax()), scores.shape[1])
-        pairs.append((i, j))
-        rows[i], columns[j] = 0, 0
-        blocked[i] = True
-        blocked[:, j] = True
-    return pairs
-
-
 def first_order_pairs(first_a: torch.Tensor, first_b: torch.Tensor, special_a: set, special_b: set) -> list:
     """Token pairs by the drop the first-order relevances predict for removing them, ``r_a,i + r_b,j``: the tokens of
     each input by decreasing relevance, paired in that order."""
@@ -149,9 +128,10 @@ def first_order_pairs(first_a: torch.Tensor, first_b: torch.Tensor, special_a: s
 def orders(bilrp, first_a, first_b, special: list, steps: int, generator: random.Random) -> dict[str, list]:
     """The order of the token pairs removed, per :data:`ORDERS`."""
     noise = torch.tensor([[generator.random() for _ in range(bilrp.shape[1])] for _ in range(bilrp.shape[0])])
+    explanation = SimilarityExplanation(bilrp, float(bilrp.sum()), [''] * bilrp.shape[0], [''] * bilrp.shape[1])
     return {
         'BiLRP': ranked_pairs(bilrp, *special),
-        'BiLRP, rows and columns': greedy_pairs(bilrp, *special, steps),
+        'BiLRP, rows and columns': [(i, j) for i, j, _ in explanation.removal_pairs(steps, *special)],
         'first-order product': ranked_pairs(first_a[:, None] * first_b[None, :], *special),
         'first-order sum': first_order_pairs(first_a, first_b, *special),
         'random': ranked_pairs(noise, *special),
