@@ -6,10 +6,13 @@ attention output and MLP output per position and of every head at all positions 
 with each method (and each rule choice of ``--explore``) is scored by its Pearson and Spearman correlation with it, per
 component type, and timed against one forward and backward pass and against activation patching; ``--steps``: the
 points of the path from the clean to the corrupted prompt at which the gradient is averaged (Eq. 3 of
-:py:mod:`zennit_attn.workflows.patching.scores`; 1: the clean run alone, AtP and RelP).
+:py:mod:`zennit_attn.workflows.patching.scores`; 1: the clean run alone, AtP and RelP); ``--span``: how far along the
+path the points go (1: the whole way).
 
     OMP_NUM_THREADS=1 python benchmarks/patching.py --pairs 16 --tasks ioi agreement ioi_abc --steps 1 2 4 8
     OMP_NUM_THREADS=1 python benchmarks/patching.py --pairs 16 --explore --steps 1
+    OMP_NUM_THREADS=1 python benchmarks/patching.py --pairs 16 --tasks ioi agreement --methods atp --steps 1 2 4 8 \
+        --span 1 0.5 --out docs/results/patching --stem span    (and --pairs 6 --tasks ioi_abc --stem span_ioi_abc)
     python benchmarks/patching.py --summary docs/results/patching/steps.json docs/results/patching/steps_ioi_abc.json
     OMP_NUM_THREADS=1 python benchmarks/patching.py --write-tasks
 """
@@ -187,9 +190,9 @@ def reference(model, ids, cache: Path, task: str, count: int) -> dict:
     return result
 
 
-def score(model, ids, exact: dict, method, steps: int) -> dict:
-    """Correlations of relevance patching with ``method`` on ``steps`` path points per component and granularity, and
-    its time."""
+def score(model, ids, exact: dict, method, steps: int, span: float = 1.0) -> dict:
+    """Correlations of relevance patching with ``method`` on ``steps`` path points (up to ``span`` of the way) per
+    component and granularity, and its time."""
     rows = {}
     seconds = 0.0
     for per_position, reference_scores in exact.items():
@@ -199,6 +202,7 @@ def score(model, ids, exact: dict, method, steps: int) -> dict:
             method=method,
             per_position=per_position,
             steps=steps,
+            span=span,
             **ids,
         )
         seconds = estimate.seconds if per_position else seconds
@@ -257,6 +261,9 @@ def main():
     parser.add_argument(
         '--steps', type=int, nargs='+', default=[4, 1], help='path points of relevance patching (each a table row)'
     )
+    parser.add_argument(
+        '--span', type=float, nargs='+', default=[1.0], help='how far along the path the points go (each a table row)'
+    )
     parser.add_argument('--write-tasks', action='store_true')
     parser.add_argument('--cache', type=Path, default=Path('/tmp/zennit_attn_patching'))
     parser.add_argument('--out', type=Path, default=None, help='write STEM.md and STEM.json to this folder')
@@ -283,9 +290,13 @@ def main():
         exact = reference(model, ids, args.cache, task, args.pairs)
         chosen = {name: method for name, method in methods(args.explore).items() if name in (args.methods or [name])}
         results = {
-            f'{name}, {steps} step{"s" * (steps > 1)}': score(model, ids, exact, method, steps)
+            f'{name}, {steps} step{"s" * (steps > 1)}{f", span {span:g}" * (span != 1)}': score(
+                model, ids, exact, method, steps, span
+            )
+            for span in args.span
             for steps in args.steps
             for name, method in chosen.items()
+            if steps > 1 or span == args.span[0]
         }
         fb = min(forward_backward(model, ids) for _ in range(3))
         clean, corrupted = exact[True].clean, exact[True].corrupted

@@ -24,6 +24,8 @@ PAIRS = [
         (['--output', 'view.svg'], '--output'),
         (['--method', 'gradient'], "argument --method: invalid choice: 'gradient'"),
         (['--steps', '0'], '--steps must be at least 1'),
+        (['--span', '0'], '--span must be in (0, 1]'),
+        (['--span', '1.5'], '--span must be in (0, 1]'),
         (['--edges', '-1'], '--edges must be at least 0'),
     ],
 )
@@ -34,10 +36,11 @@ def test_patching_refusals(capsys, argv, message):
 def test_patching_options_are_the_library_s():
     """The CLI names the methods and defaults without importing the library: they must be the library's."""
     from zennit_attn.cli import patching
-    from zennit_attn.workflows.patching import DEFAULT_METHOD, DEFAULT_STEPS, PATCHING_METHODS
+    from zennit_attn.workflows.patching import DEFAULT_METHOD, DEFAULT_SPAN, DEFAULT_STEPS, PATCHING_METHODS
 
     assert set(patching.METHODS) == set(PATCHING_METHODS)
-    assert (patching.DEFAULT_METHOD, patching.DEFAULT_STEPS) == (DEFAULT_METHOD, DEFAULT_STEPS)
+    defaults = (patching.DEFAULT_METHOD, patching.DEFAULT_STEPS, patching.DEFAULT_SPAN)
+    assert defaults == (DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN)
 
 
 def test_patching_with_a_model_folder(capsys, tiny_folder, tmp_path):

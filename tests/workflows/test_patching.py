@@ -149,6 +149,37 @@ def test_path_integral_converges_to_patching_the_embeddings(llama, pairs):
         relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, steps=0)
 
 
+def test_span_stops_the_path_short(llama, pairs):
+    """With ``span=s`` the points are ``alpha = s k / steps``: for the embeddings at the one changed position (the only
+    input the path moves) the score is the Riemann sum of the plain gradients at those points by hand, and it
+    approaches ``(m(x + s (x' - x)) - m(x)) / s`` as the steps grow."""
+    clean, corrupted = pairs
+    assert path_weights(4, span=0.5) == [(0.0, 0.25), (0.125, 0.25), (0.25, 0.25), (0.375, 0.25)]
+    start, end = (llama.get_input_embeddings()(ids).detach() for ids in (clean, corrupted))
+    by_hand = 0
+    for alpha, weight in path_weights(4, span=0.5):
+        point = torch.lerp(start, end, alpha).requires_grad_(True)
+        (gradient,) = torch.autograd.grad(_difference(llama(inputs_embeds=point).logits).sum(), point)
+        by_hand = by_hand + weight * ((end - start) * gradient)[:, 2].sum(-1)
+    estimate = relevance_patching(
+        llama, clean, corrupted, ANSWERS, WRONG, components=('residual',), method='atp', steps=4, span=0.5
+    )
+    torch.testing.assert_close(estimate['residual'][:, 0, 2, 0], by_hand, **TIGHT)
+    with torch.no_grad():
+        halfway = _difference(llama(inputs_embeds=torch.lerp(start, end, 0.5)).logits)
+        limit = (halfway - _difference(llama(inputs_embeds=start).logits)) / 0.5
+    errors = [
+        float((relevance_patching(
+            llama, clean, corrupted, ANSWERS, WRONG, components=('residual',), steps=steps, span=0.5
+        )['residual'][:, 0, 2, 0] - limit).abs().max())
+        for steps in (4, 64)
+    ]  # fmt: skip
+    assert errors[1] < errors[0] / 8
+    for span in (0, 1.5, True, '1'):
+        with pytest.raises(ValueError, match='span must be a number in'):
+            relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, span=span)
+
+
 @pytest.mark.parametrize('per_position', [True, False])
 def test_batches_give_what_pairs_give_one_by_one(llama, pairs, per_position):
     clean, corrupted = pairs

@@ -105,15 +105,17 @@ def test_plain_edges_are_the_derivative_of_one_receiver_reading_the_change(llama
 def test_edges_into_the_logits_sum_to_the_last_residual_node(family, method):
     """The change of the residual stream after the last block is the embeddings' plus every head's and MLP's write
     (output biases cancel): the edges into the logits sum to relevance patching of that residual stream, for every
-    method; GPT-2 and Phi-3 compute queries, keys and values in one fused projection."""
+    method and path; GPT-2 and Phi-3 compute queries, keys and values in one fused projection."""
     model = tiny_model(family)
     clean = token_ids(family, 6, 3)
     corrupted = clean.clone()
     corrupted[:, 2] = (corrupted[:, 2] + 7) % model.config.vocab_size
-    edges = edge_patching(model, clean, corrupted, ANSWERS, WRONG, method=method, steps=2)
+    span = 0.5 if method == 'attnlrp' else 1.0  # a path that stops halfway for one of the methods
+    edges = edge_patching(model, clean, corrupted, ANSWERS, WRONG, method=method, steps=2, span=span)
     nodes = relevance_patching(
-        model, clean, corrupted, ANSWERS, WRONG, components=('residual',), method=method, steps=2
+        model, clean, corrupted, ANSWERS, WRONG, components=('residual',), method=method, steps=2, span=span
     )
+    assert edges.path == ('2 steps, span 0.5' if method == 'attnlrp' else '2 steps')
     logits = edges.receivers.index(Node('logits', model.config.num_hidden_layers))
     torch.testing.assert_close(edges.scores[:, :, logits].sum(1), nodes.summed('residual')[:, -1, 0], **TIGHT)
     torch.testing.assert_close(edges.clean, nodes.clean, **TIGHT)
@@ -154,5 +156,6 @@ def test_edge_view(llama, pairs, tmp_path):
         assert positions[entry.sender][1] < positions[entry.receiver][1]
     page = save_edges(edges, tmp_path / 'edges.html', k=6).read_text()
     assert page.count('<line ') == 6 and all(html.escape(str(entry)) in page for entry in top)
+    assert 'atp, 1 step;' in page
     image = Image.open(save_edges(edges, tmp_path / 'edges.png', k=6))
     assert image.size[1] == max(y for _, y in positions.values()) + ROW

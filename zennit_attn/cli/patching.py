@@ -21,9 +21,9 @@ NAME = 'patching'
 TASKS = ('ioi', 'ioi_abc', 'agreement')
 #: ``--method`` values: :py:data:`zennit_attn.workflows.patching.PATCHING_METHODS`
 METHODS = ('atp', 'attnlrp', 'relp', 'mlp_rules', 'cplrp')
-#: ``--method`` and ``--steps`` defaults: :py:data:`zennit_attn.workflows.patching.scores.DEFAULT_METHOD` and
-#: ``DEFAULT_STEPS`` (the CLI does not import the library before its arguments are checked)
-DEFAULT_METHOD, DEFAULT_STEPS = 'atp', 4
+#: ``--method``, ``--steps`` and ``--span`` defaults: :py:data:`zennit_attn.workflows.patching.scores.DEFAULT_METHOD`,
+#: ``DEFAULT_STEPS`` and ``DEFAULT_SPAN`` (the CLI does not import the library before its arguments are checked)
+DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN = 'atp', 4, 1.0
 #: ``--components`` values: :py:data:`zennit_attn.workflows.patching.COMPONENTS`
 COMPONENTS = ('residual', 'attention', 'heads', 'mlp', 'neurons')
 
@@ -37,7 +37,8 @@ difference of the right and the wrong answer changes when that component takes i
 with g a gradient (atp: the plain gradient; attnlrp: AttnLRP's modified gradient; relp: RelP's rules, constant
 attention weights; mlp_rules: AttnLRP's rules in the MLP, the plain gradient elsewhere; cplrp) averaged over --steps
 points between the clean and the corrupted prompt, one forward and backward pass each (--steps 1: the clean run
-alone, AtP and RelP).
+alone, AtP and RelP); --span 0.5 stops the points halfway (closer to activation patching for attention outputs and
+heads, further for residual streams and MLP outputs).
 Prints the top components; --reference also runs activation patching (one forward pass per component and position:
 slow) and prints the correlation per component type. ioi_abc: IOI with all three names replaced in the corrupted
 prompt."""
@@ -85,6 +86,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help='points of the path from the clean to the corrupted prompt (default: %(default)s)',
     )
     group.add_argument(
+        '--span',
+        type=float,
+        default=DEFAULT_SPAN,
+        metavar='S',
+        help='how far the points go towards the corrupted prompt, in (0, 1] (default: %(default)s)',
+    )
+    group.add_argument(
         '--components',
         nargs='+',
         choices=COMPONENTS,
@@ -124,6 +132,8 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f'--edges must be at least 0, got {args.edges}')
     if args.steps < 1:
         raise UsageError(f'--steps must be at least 1, got {args.steps}')
+    if not 0 < args.span <= 1:
+        raise UsageError(f'--span must be in (0, 1], got {args.span}')
     if args.pairs_file is not None and not args.pairs_file.is_file():
         raise UsageError(f'--pairs-file {str(args.pairs_file)!r} is not a file')
     if len(set(args.components)) != len(args.components):

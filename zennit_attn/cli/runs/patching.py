@@ -57,15 +57,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error)) from None
     ids = {key: value.to(args.device) for key, value in ids.items()}
-    with status(f'relevance patching ({args.method}, {args.steps} steps)', not args.quiet):
-        scores = relevance_patching(model, components=args.components, method=args.method, steps=args.steps, **ids)
+    options = {'method': args.method, 'steps': args.steps, 'span': args.span}
+    with status(f'relevance patching ({args.method}, {args.steps} steps, span {args.span:g})', not args.quiet):
+        scores = relevance_patching(model, components=args.components, **options, **ids)
     pairs = ids['clean'].shape[0]
     print(f'Model:       {args.model_spec.label}')
     source = args.task if args.pairs_file is None else args.pairs_file
     clean, corrupted = float(scores.clean.mean()), float(scores.corrupted.mean())
     print(f'Pairs:       {pairs} ({source}), {ids["clean"].shape[1]} tokens')
     print(f'Metric:      logit difference, clean {clean:+.3f}, corrupted {corrupted:+.3f}')
-    print(f'Method:      {args.method}, {args.steps} steps ({scores.seconds:.2f} s)')
+    print(f'Method:      {args.method}, {args.steps} steps, span {args.span:g} ({scores.seconds:.2f} s)')
     print()
     print(f'Top-{args.top} components (mean over pairs of the estimated change of the metric, summed over positions):')
     for rank, entry in enumerate(scores.top(args.top), start=1):
@@ -79,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
             print(f'  {component:<10} {pearson:+.3f} / {spearman:+.3f}  ({count} scores)')
     edges = None
     if args.edges:
-        with status(f'edge patching ({args.method}, {args.steps} steps)', not args.quiet):
-            edges = edge_patching(model, method=args.method, steps=args.steps, **ids)
+        with status(f'edge patching ({args.method}, {args.steps} steps, span {args.span:g})', not args.quiet):
+            edges = edge_patching(model, **options, **ids)
         print()
         print(f'Top-{args.edges} edges ({edges.seconds:.2f} s; mean over pairs, summed over positions):')
         for rank, entry in enumerate(edges.top(args.edges), start=1):

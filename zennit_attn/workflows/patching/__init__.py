@@ -7,6 +7,7 @@ from .edges import RECEIVERS, EdgeScores, Node, RankedEdge, edge_patching
 from .metrics import METRICS, Metric, make_metric
 from .scores import (
     DEFAULT_METHOD,
+    DEFAULT_SPAN,
     DEFAULT_STEPS,
     PATCHING_METHODS,
     PatchingScores,
@@ -32,6 +33,7 @@ __all__ = [
     'Metric',
     'make_metric',
     'DEFAULT_METHOD',
+    'DEFAULT_SPAN',
     'DEFAULT_STEPS',
     'PATCHING_METHODS',
     'PatchingScores',

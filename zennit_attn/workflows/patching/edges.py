@@ -38,6 +38,7 @@ from ...latent.sites import SitePoint, find_sites
 from .metrics import Metric, make_metric
 from .scores import (
     DEFAULT_METHOD,
+    DEFAULT_SPAN,
     DEFAULT_STEPS,
     check_pairs,
     last_logits,
@@ -98,6 +99,8 @@ class EdgeScores:
     method: str
     steps: int
     seconds: float
+    span: float
+        How far the path's points went towards the corrupted input (:py:func:`~.scores.path_weights`).
     """
 
     scores: torch.Tensor
@@ -109,6 +112,12 @@ class EdgeScores:
     method: str
     steps: int
     seconds: float = 0.0
+    span: float = DEFAULT_SPAN
+
+    @property
+    def path(self) -> str:
+        """The path's points in words: ``'4 steps'``, ``'4 steps, span 0.5'``."""
+        return f'{self.steps} step{"s" * (self.steps != 1)}' + (f', span {self.span:g}' if self.span != 1 else '')
 
     def mean(self) -> torch.Tensor:
         """``[senders, receivers]``: the mean score over pairs."""
@@ -268,6 +277,7 @@ def edge_patching(
     metric: str | Callable = 'logit_difference',
     method: str | Composite = DEFAULT_METHOD,
     steps: int = DEFAULT_STEPS,
+    span: float = DEFAULT_SPAN,
 ) -> EdgeScores:
     """Edge patching (Eq. 4) of every sender and receiver for prompt pairs: the receivers' products averaged over the
     ``steps`` points of the path from the clean to the corrupted input embeddings (as
@@ -277,7 +287,7 @@ def edge_patching(
 
     Parameters
     ----------
-    model, clean, corrupted, answers, wrong, metric, method, steps
+    model, clean, corrupted, answers, wrong, metric, method, steps, span
         As for :py:func:`~.scores.relevance_patching`.
 
     Returns
@@ -292,13 +302,13 @@ def edge_patching(
     """
     start = time.perf_counter()
     name, composite = patching_composite(method)
-    path_weights(steps)
+    path_weights(steps, span)
     clean, corrupted = check_pairs(model, clean, corrupted)
     metric = make_metric(metric, answers, wrong, clean.shape[0])
     layout = _layout(model)
     writes, corrupted_logits = _sender_writes(model, layout, clean, corrupted)
     products, value = None, None
-    for leaf, weight in path_inputs(model, clean, corrupted, steps):
+    for leaf, weight in path_inputs(model, clean, corrupted, steps, span):
         receivers, found, at, resolved = _products_at(model, leaf, layout, metric, composite, resolve=value is None)
         if value is None:
             value, metric = at, resolved
@@ -311,5 +321,5 @@ def edge_patching(
         corrupted_value = metric.of(corrupted_logits)
     scores = scores * valid.to(scores.dtype)
     return EdgeScores(
-        scores, senders, receivers, valid, value, corrupted_value, name, steps, time.perf_counter() - start
+        scores, senders, receivers, valid, value, corrupted_value, name, steps, time.perf_counter() - start, span
     )

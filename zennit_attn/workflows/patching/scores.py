@@ -25,6 +25,12 @@ With ``steps > 1`` the gradient is averaged along the straight path of the input
 with the points and weights of :py:func:`path_weights`:
 
 .. math:: \\widehat{\\Delta m} = (a' - a) \\cdot \\sum_k w_k\\, g(x + \\alpha_k (x' - x)).              \\qquad (3)
+
+The points may stop short of the corrupted end (``span < 1``, ``alpha_k = span * k / steps``): at the corrupted end
+every component is corrupted, while activation patching corrupts one; for components that carry a small part of the
+change (attention outputs, heads) the first half of the path is closer to activation patching, for those that carry
+most of it (the residual stream, early MLP outputs at the changed position) the whole path
+(``docs/results/patching/span.md``).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ __all__ = [
     'PATCHING_METHODS',
     'DEFAULT_METHOD',
     'DEFAULT_STEPS',
+    'DEFAULT_SPAN',
     'path_weights',
     'PatchingScores',
     'RankedComponent',
@@ -79,6 +86,10 @@ PATCHING_METHODS: dict[str, type | None] = {
 #: modified gradients are not gradients of a function, and integrating them along the path does not improve them.
 DEFAULT_METHOD = 'atp'
 DEFAULT_STEPS = 4
+#: How far the path's points go towards the corrupted input (Eq. 3): the whole way. Half of it (0.5) is closer to
+#: activation patching of attention outputs and heads on the three tasks measured, and further from it for the
+#: residual stream and MLP outputs (docs/results/patching/span.md).
+DEFAULT_SPAN = 1.0
 
 
 class RankedComponent(NamedTuple):
@@ -243,23 +254,26 @@ def _modified_gradients(model, leaf, points, metric: Metric, composite, resolve:
     return recorder, value.detach(), metric
 
 
-def path_weights(steps: int) -> list[tuple[float, float]]:
-    """``(alpha, weight)`` of the ``steps`` points of Eq. 3: ``alpha = k / steps`` for ``k = 0 .. steps - 1``, each of
-    weight ``1 / steps`` (EAP-IG's Riemann sum: the clean end of the path included, the corrupted end left out, whose
-    gradient is that of a run in which every component is corrupted, not one); one step: the clean run alone (Eq. 2).
+def path_weights(steps: int, span: float = DEFAULT_SPAN) -> list[tuple[float, float]]:
+    """``(alpha, weight)`` of the ``steps`` points of Eq. 3: ``alpha = span * k / steps`` for ``k = 0 .. steps - 1``,
+    each of weight ``1 / steps`` (EAP-IG's Riemann sum for ``span=1``: the clean end of the path included, the
+    corrupted end left out, whose gradient is that of a run in which every component is corrupted, not one; ``span <
+    1`` stops the points short of it); one step: the clean run alone (Eq. 2).
 
     Raises
     ------
     ValueError
-        For ``steps`` not a positive integer.
+        For ``steps`` not a positive integer, ``span`` not in ``(0, 1]``.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f'steps must be a positive integer, got {steps!r}')
-    return [(index / steps, 1.0 / steps) for index in range(steps)]
+    if isinstance(span, bool) or not isinstance(span, (int, float)) or not 0 < span <= 1:
+        raise ValueError(f'span must be a number in (0, 1], got {span!r}')
+    return [(span * index / steps, 1.0 / steps) for index in range(steps)]
 
 
 def path_inputs(
-    model, clean: torch.Tensor, corrupted: torch.Tensor, steps: int
+    model, clean: torch.Tensor, corrupted: torch.Tensor, steps: int, span: float = DEFAULT_SPAN
 ) -> Iterator[tuple[torch.Tensor, float]]:
     """The input embeddings ``x + alpha (x' - x)`` of the points of Eq. 3 (:py:func:`path_weights`) and their weights,
     the clean run first.
@@ -272,19 +286,19 @@ def path_inputs(
     embeddings = model.get_input_embeddings()
     if embeddings is None:
         raise ValueError(f'{type(model).__name__} has no input embedding: relevance patching runs on embeddings')
-    weights = path_weights(steps)
+    weights = path_weights(steps, span)
     with torch.no_grad():
         start, end = embeddings(clean), embeddings(corrupted)
     for alpha, weight in weights:
         yield (start if alpha == 0 else torch.lerp(start, end, alpha)), weight
 
 
-def _path_gradients(model, clean, corrupted, points, metric: Metric, composite, steps: int) -> tuple:
+def _path_gradients(model, clean, corrupted, points, metric: Metric, composite, steps: int, span: float) -> tuple:
     """The clean run's recorder (site tensors), the (modified) gradient at every site averaged along the path of the
     input embeddings from the clean to the corrupted prompts (:py:func:`path_inputs`), the clean metric and the
     metric resolved on the clean run."""
     gradients, first = {}, None
-    for leaf, weight in path_inputs(model, clean, corrupted, steps):
+    for leaf, weight in path_inputs(model, clean, corrupted, steps, span):
         recorder, value, resolved = _modified_gradients(model, leaf, points, metric, composite, resolve=first is None)
         if first is None:
             first, metric = (recorder, value, resolved), resolved
@@ -304,6 +318,7 @@ def relevance_patching(
     method: str | Composite = DEFAULT_METHOD,
     per_position: bool = True,
     steps: int = DEFAULT_STEPS,
+    span: float = DEFAULT_SPAN,
 ) -> PatchingScores:
     """Relevance patching (Eq. 2, 3): ``(a' - a) . g`` of every component, ``g`` the (modified) gradient of the metric
     at the component averaged over ``steps`` points of the path from the clean to the corrupted input embeddings, for
@@ -335,6 +350,9 @@ def relevance_patching(
     steps: int
         Points of the path (:py:func:`path_weights`): 1 the clean run alone (AtP, RelP: one backward pass), 4 by
         default (:py:data:`DEFAULT_STEPS`); each step one forward and one backward pass.
+    span: float
+        How far the points go towards the corrupted input, in ``(0, 1]`` (:py:func:`path_weights`; 1 by default,
+        :py:data:`DEFAULT_SPAN`); 0.5 is closer to activation patching of attention outputs and heads on SmolLM2.
 
     Returns
     -------
@@ -344,17 +362,19 @@ def relevance_patching(
     ------
     ValueError
         For prompts of different shapes, an unknown method, metric or component, a model without a site
-        (e.g. ``'mlp'`` in a routed mixture of experts), ``steps`` not a positive integer.
+        (e.g. ``'mlp'`` in a routed mixture of experts), ``steps`` not a positive integer, ``span`` not in ``(0, 1]``.
     """
     start = time.perf_counter()
     name, composite = patching_composite(method)
-    path_weights(steps)
+    path_weights(steps, span)
     clean, corrupted = check_pairs(model, clean, corrupted)
     metric = make_metric(metric, answers, wrong, clean.shape[0])
     components = component_points(model, components)
     points = site_points(components)
     patched, corrupted_logits = _capture(model, points, corrupted)
-    recorder, gradients, value, metric = _path_gradients(model, clean, corrupted, points, metric, composite, steps)
+    recorder, gradients, value, metric = _path_gradients(
+        model, clean, corrupted, points, metric, composite, steps, span
+    )
     scores = {}
     for kind, layers in components.items():
         per_layer = []

@@ -196,7 +196,7 @@ def edges_png(edges: EdgeScores, k: int = 20) -> Image.Image:
     height = max((y for _, y in positions.values()), default=0) + ROW
     image = Image.new('RGB', (max(width, 320), height), 'white')
     draw = ImageDraw.Draw(image)
-    draw.text((4, 4), f'{edges.method}, {edges.steps} steps: top {len(top)} edges, scale {scale:.3g}', fill='black')
+    draw.text((4, 4), f'{edges.method}, {edges.path}: top {len(top)} edges, scale {scale:.3g}', fill='black')
     for entry in top:
         color = relevance_to_rgb(entry.score, scale or 1.0)
         draw.line([positions[entry.sender], positions[entry.receiver]], fill=color, width=_width(entry.score, scale))
@@ -225,7 +225,7 @@ def edges_html(edges: EdgeScores, k: int = 20, title: str = 'Circuit edges') -> 
         lines.append(f'<text x="{x + 6}" y="{y - 6}" font-size="11">{html.escape(str(node))}</text>')
     listed = ''.join(f'<li>{html.escape(str(entry))}</li>' for entry in top)
     body = (
-        f'<p>{html.escape(edges.method)}, {edges.steps} steps; {edges.clean.numel()} prompt pairs; the mean change of '
+        f'<p>{html.escape(edges.method)}, {edges.path}; {edges.clean.numel()} prompt pairs; the mean change of '
         f"the metric when the receiver alone reads the sender's corrupted output (red: up, blue: down; scale "
         f'{scale:.4g}).</p>'
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{"".join(lines)}</svg>'
