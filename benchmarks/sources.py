@@ -10,15 +10,18 @@ ContextCite's prompt) and once with a plain ``Context: ... Question: ... Answer:
 negative relevance) for AttnLRP and CP-LRP (:data:`CHOICES`), scored by the top-k log-probability drop (k = 1, 3,
 5) against ContextCite with 32 ablations (plain prompt; chat: ``bench``) on the same items; ``bench``: every scorer
 (AttnLRP, CP-LRP, input x gradient, attention rollout, ContextCite with 32 and 64 ablations, random) with the top-k
-drop, the LDS on 32 held-out random ablations and the cost (forward and backward passes, seconds) per item. Each
-item's numbers are appended to a JSON-lines file in ``--out`` (an interrupted run resumes); ``report`` prints the
-tables of ``docs/results/sources.md`` from them.
+drop, the LDS on 32 held-out random ablations and the cost (forward and backward passes, seconds) per item;
+``rounds``: greedy rounds of AttnLRP (explain, remove the top source, explain the reduced context again; the rest of
+the sources by the last round's scores), the top-k drop on the answers of ``bench`` against its one-pass AttnLRP and
+ContextCite rows. Each item's numbers are appended to a JSON-lines file in ``--out`` (an interrupted run resumes);
+``report`` prints the tables of ``docs/results/sources.md`` from them.
 
 Examples::
 
     python benchmarks/sources.py items --count 100
     python benchmarks/sources.py choices --items 9
     python benchmarks/sources.py bench --items 100
+    python benchmarks/sources.py rounds --rounds 3
     python benchmarks/sources.py report
 """
 
@@ -284,6 +287,68 @@ def run_bench(model, tokenizer, items, out: Path, kind: str) -> None:
         append(path, row)
 
 
+def greedy_order(model, tokenizer, item: dict, kind: str, rounds: int) -> list[int]:
+    """The sources of ``item`` in the order of ``rounds`` greedy rounds: each round explains the response's log-odds
+    with AttnLRP on the context without the sources taken so far and takes its top source; the sources left follow
+    by the last round's scores."""
+    prompt = prompt_of(item, tokenizer, kind)
+    response = item['answers'][kind]
+    keep, order = [True] * len(prompt.spans), []
+    for _ in range(rounds):
+        context, spans = prompt.kept_context(keep)
+        live = [index for index, span in enumerate(spans) if span is not None]
+        reduced = SourcePrompt(context, [spans[index] for index in live], prompt.query, prompt.template, prompt.chat,
+                               tokenizer)  # fmt: skip
+        result = explain_response(model, reduced, response, reduced.response_ids(response), 'attnlrp', 'log_odds')
+        ranked = [live[index] for index in np.argsort(-result.scores.numpy(), kind='stable')]
+        order.append(ranked[0])
+        keep[ranked[0]] = False
+    return order + ranked[1:]
+
+
+def run_rounds(model, tokenizer, items, out: Path, kind: str, rounds: int) -> None:
+    """The top-k drop of :func:`greedy_order` on the items of ``bench`` (its answers), appended per item."""
+    path = out / f'rounds_{rounds}.jsonl'
+    done = done_ids(path)
+    answers = {row['id']: row['answer'] for row in read_rows(out / 'bench.jsonl', complete=True)}
+    for item in tqdm([item for item in items if item['id'] in answers and item['id'] not in done], desc='rounds'):
+        item['answers'][kind] = answers[item['id']]
+        prompt = prompt_of(item, tokenizer, kind)
+        ablation = SourceAblation(model, prompt, prompt.response_ids(answers[item['id']]))
+        start = time.perf_counter()
+        order = greedy_order(model, tokenizer, item, kind, rounds)
+        seconds = time.perf_counter() - start
+        ranking = np.empty(ablation.sources)
+        ranking[order] = np.arange(ablation.sources, 0, -1)  # the first source of the order scores highest
+        full = float(ablation(np.ones((1, ablation.sources), dtype=bool)).sum())
+        drops = top_k_drop(ablation, ranking, ablation.sources, full=full)
+        append(path, {'id': item['id'], 'drop': drops, 'forward': rounds, 'backward': rounds, 'seconds': seconds})
+
+
+def rounds_table(rows: list[dict], bench: list[dict]) -> list[str]:
+    """The top-k drop of the greedy rounds, and paired against one pass of AttnLRP and against ContextCite-64."""
+    methods = {row['id']: row['methods'] for row in bench}
+    rows = [row for row in rows if row['id'] in methods]
+    drop = {k: [row['drop'][str(k)] for row in rows] for k in TOP_K}
+    lines = [
+        f'{len(rows)} items; top-k drop (mean ± standard error) of the greedy rounds, and minus that of another scorer '
+        'on the same item',
+        '',
+        '| | top-1 | top-3 | top-5 | passes of contextcite-64 |',
+        '|---|---|---|---|---|',
+    ]
+    passes = sum(row['forward'] + 2 * row['backward'] for row in rows)
+    reference = sum(methods[row['id']]['contextcite-64']['forward'] for row in rows)
+    lines.append('| greedy rounds | ' + ' | '.join(mean_sem(drop[k]) for k in TOP_K) + f' | {passes / reference:.3f} |')
+    for name in ('attnlrp/log_odds', 'contextcite-64', 'contextcite-32'):
+        cells = [
+            mean_sem([value - methods[row['id']][name]['drop'][str(k)] for value, row in zip(drop[k], rows)])
+            for k in TOP_K
+        ]
+        lines.append(f'| minus {name} | ' + ' | '.join(cells) + ' | |')
+    return lines
+
+
 def mean_sem(values) -> str:
     values = np.asarray([value for value in values if value == value], dtype=np.float64)
     if len(values) == 0:
@@ -367,7 +432,7 @@ def read_rows(path: Path, complete: bool = False) -> list[dict]:
 
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('step', choices=('items', 'choices', 'bench', 'report'))
+    parser.add_argument('step', choices=('items', 'choices', 'bench', 'rounds', 'report'))
     parser.add_argument('--count', type=int, default=100, help='items to make')
     parser.add_argument('--items', type=int, default=100, help='items to run (the first ones)')
     parser.add_argument('--first', type=int, default=0, help='the first item to run')
@@ -377,6 +442,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument('--shard', default='0/1', help='i/n: run every n-th item from the i-th (parallel runs)')
     parser.add_argument('--out', type=Path, default=OUT)
     parser.add_argument('--prompt', choices=('chat', 'plain'), default='chat', help='prompt of the benchmark')
+    parser.add_argument('--rounds', type=int, default=3, help='rounds: explanations of the greedy order')
     return parser
 
 
@@ -388,6 +454,9 @@ def main(argv=None) -> None:
             rows = read_rows(args.out / f'{name}.jsonl', complete=name == 'bench')
             if rows:
                 print('\n'.join([f'## {name}', '', *table(rows), '']))
+        bench = read_rows(args.out / 'bench.jsonl', complete=True)
+        for path in sorted(args.out.glob('rounds_*.jsonl')):
+            print('\n'.join([f'## {path.stem}', '', *rounds_table(read_rows(path), bench), '']))
         return
     if args.step == 'items':
         make_items(args.count, args.seed, args.items_file, *(load_smollm2() if args.answers else ()))
@@ -397,6 +466,8 @@ def main(argv=None) -> None:
     items = json.loads(args.items_file.read_text())[args.first : args.items][shard::shards]
     if args.step == 'choices':
         run_choices(model, tokenizer, items, args.out)
+    elif args.step == 'rounds':
+        run_rounds(model, tokenizer, items, args.out, args.prompt, args.rounds)
     else:
         run_bench(model, tokenizer, items, args.out, args.prompt)
 
