@@ -37,8 +37,8 @@ difference of the right and the wrong answer changes when that component takes i
 with g a gradient (atp: the plain gradient; attnlrp: AttnLRP's modified gradient; relp: RelP's rules, constant
 attention weights; mlp_rules: AttnLRP's rules in the MLP, the plain gradient elsewhere; cplrp) averaged over --steps
 points between the clean and the corrupted prompt, one forward and backward pass each (--steps 1: the clean run
-alone, AtP and RelP); --span 0.5 stops the points halfway (closer to activation patching for attention outputs and
-heads, further for residual streams and MLP outputs).
+alone, AtP and RelP); --span 0.5 stops the points halfway (closer to activation patching for heads, further for
+residual streams and MLP outputs).
 Prints the top components; --reference also runs activation patching (one forward pass per component and position:
 slow) and prints the correlation per component type. ioi_abc: IOI with all three names replaced in the corrupted
 prompt."""

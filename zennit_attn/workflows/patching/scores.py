@@ -27,10 +27,10 @@ with the points and weights of :py:func:`path_weights`:
 .. math:: \\widehat{\\Delta m} = (a' - a) \\cdot \\sum_k w_k\\, g(x + \\alpha_k (x' - x)).              \\qquad (3)
 
 The points may stop short of the corrupted end (``span < 1``, ``alpha_k = span * k / steps``): at the corrupted end
-every component is corrupted, while activation patching corrupts one; for components that carry a small part of the
-change (attention outputs, heads) the first half of the path is closer to activation patching, for those that carry
-most of it (the residual stream, early MLP outputs at the changed position) the whole path
-(``docs/results/patching/span.md``).
+every component is corrupted, while activation patching corrupts one. On SmolLM2 the first half of the path is closer
+to activation patching for the heads (and the attention outputs but for one task), components that carry a small part
+of the change; the whole path is closer for those that carry most of it (the residual stream, early MLP outputs at
+the changed position; ``docs/results/patching/span.md``).
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ PATCHING_METHODS: dict[str, type | None] = {
 DEFAULT_METHOD = 'atp'
 DEFAULT_STEPS = 4
 #: How far the path's points go towards the corrupted input (Eq. 3): the whole way. Half of it (0.5) is closer to
-#: activation patching of attention outputs and heads on the three tasks measured, and further from it for the
-#: residual stream and MLP outputs (docs/results/patching/span.md).
+#: activation patching of the heads on the three tasks measured (of the attention outputs on two of them), and
+#: further from it for the residual stream and MLP outputs (docs/results/patching/span.md).
 DEFAULT_SPAN = 1.0
 
 
@@ -352,7 +352,7 @@ def relevance_patching(
         default (:py:data:`DEFAULT_STEPS`); each step one forward and one backward pass.
     span: float
         How far the points go towards the corrupted input, in ``(0, 1]`` (:py:func:`path_weights`; 1 by default,
-        :py:data:`DEFAULT_SPAN`); 0.5 is closer to activation patching of attention outputs and heads on SmolLM2.
+        :py:data:`DEFAULT_SPAN`); 0.5 is closer to activation patching of the heads on SmolLM2.
 
     Returns
     -------
