@@ -31,19 +31,6 @@ TIGHT = dict(rtol=1e-9, atol=1e-12)
 ANSWERS, WRONG = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
 
 
-@pytest.fixture(scope='module')
-def llama():
-    return tiny_model('llama')
-
-
-@pytest.fixture(scope='module')
-def pairs(llama):
-    clean = token_ids('llama', 6, 3)
-    corrupted = clean.clone()
-    corrupted[:, 2] = (corrupted[:, 2] + 7) % llama.config.vocab_size
-    return clean, corrupted
-
-
 def _difference(logits, rows=slice(None)):
     return logits[:, -1].gather(1, ANSWERS[rows, None])[:, 0] - logits[:, -1].gather(1, WRONG[rows, None])[:, 0]
 

@@ -21,21 +21,6 @@ TIGHT = dict(rtol=1e-9, atol=1e-12)
 ANSWERS, WRONG = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
 
 
-@pytest.fixture(scope='module')
-def llama():
-    model = tiny_model('llama')
-    assert model.config.num_key_value_heads < model.config.num_attention_heads  # keys and values per kv head
-    return model
-
-
-@pytest.fixture(scope='module')
-def pairs(llama):
-    clean = token_ids('llama', 6, 3)
-    corrupted = clean.clone()
-    corrupted[:, 2] = (corrupted[:, 2] + 7) % llama.config.vocab_size
-    return clean, corrupted
-
-
 def _difference(logits):
     last = logits[:, -1]
     return last.gather(1, ANSWERS[:, None])[:, 0] - last.gather(1, WRONG[:, None])[:, 0]

@@ -35,17 +35,15 @@ import torch
 from zennit.core import Composite
 
 from ...latent.sites import SitePoint, find_sites
-from .metrics import Metric, make_metric
+from .metrics import Metric
 from .scores import (
     DEFAULT_METHOD,
     DEFAULT_SPAN,
     DEFAULT_STEPS,
-    check_pairs,
     last_logits,
     metric_forward,
-    patching_composite,
     path_inputs,
-    path_weights,
+    path_run,
 )
 
 __all__ = ['RECEIVERS', 'Node', 'RankedEdge', 'EdgeScores', 'edge_patching']
@@ -301,10 +299,9 @@ def edge_patching(
         that are not one linear layer each) or without an MLP site.
     """
     start = time.perf_counter()
-    name, composite = patching_composite(method)
-    path_weights(steps, span)
-    clean, corrupted = check_pairs(model, clean, corrupted)
-    metric = make_metric(metric, answers, wrong, clean.shape[0])
+    name, composite, clean, corrupted, metric = path_run(
+        model, clean, corrupted, answers, wrong, metric, method, steps, span
+    )
     layout = _layout(model)
     writes, corrupted_logits = _sender_writes(model, layout, clean, corrupted)
     products, value = None, None

@@ -65,6 +65,8 @@ __all__ = [
     'patching_composite',
     'correlation',
     'check_pairs',
+    'PathRun',
+    'path_run',
     'last_logits',
     'metric_forward',
     'path_inputs',
@@ -202,6 +204,34 @@ def check_pairs(model: torch.nn.Module, clean, corrupted) -> tuple[torch.Tensor,
         raise ValueError('clean and corrupted must be token ids (integers)')
     device = input_device(model)
     return clean.long().to(device), corrupted.long().to(device)
+
+
+class PathRun(NamedTuple):
+    """The checked arguments of a patching run along the path (Eq. 3): the method's ``name`` and ``composite``
+    (None: the plain gradient), the ``clean`` and ``corrupted`` token ids and the ``metric``."""
+
+    name: str
+    composite: Composite | None
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    metric: Metric
+
+
+def path_run(
+    model: torch.nn.Module, clean, corrupted, answers, wrong, metric, method, steps: int, span: float
+) -> PathRun:
+    """Check the arguments shared by :py:func:`relevance_patching` and
+    :py:func:`~.edges.edge_patching` before anything runs.
+
+    Raises
+    ------
+    ValueError
+        For an unknown method or metric, ``steps`` or ``span`` out of range, prompts of different shapes.
+    """
+    name, composite = patching_composite(method)
+    path_weights(steps, span)
+    clean, corrupted = check_pairs(model, clean, corrupted)
+    return PathRun(name, composite, clean, corrupted, make_metric(metric, answers, wrong, clean.shape[0]))
 
 
 def last_logits(output) -> torch.Tensor:
@@ -365,10 +395,9 @@ def relevance_patching(
         (e.g. ``'mlp'`` in a routed mixture of experts), ``steps`` not a positive integer, ``span`` not in ``(0, 1]``.
     """
     start = time.perf_counter()
-    name, composite = patching_composite(method)
-    path_weights(steps, span)
-    clean, corrupted = check_pairs(model, clean, corrupted)
-    metric = make_metric(metric, answers, wrong, clean.shape[0])
+    name, composite, clean, corrupted, metric = path_run(
+        model, clean, corrupted, answers, wrong, metric, method, steps, span
+    )
     components = component_points(model, components)
     points = site_points(components)
     patched, corrupted_logits = _capture(model, points, corrupted)
