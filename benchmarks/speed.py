@@ -109,6 +109,7 @@ import contextlib
 import ctypes
 import functools
 import gc
+import importlib.metadata
 import inspect
 import json
 import os
@@ -129,8 +130,52 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zennit_attn import explain  # noqa: E402
+from zennit_attn.engine.checkpointing import checkpointed  # noqa: E402
 
-MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b')
+#: The shapes of the paper's models (random weights, SDPA attention), built on ``--device`` in ``--dtype`` (issue 44:
+#: a GPU in bfloat16); ``--layers`` keeps fewer blocks (a Mixtral-8x7B shape of as many layers as fit).
+PAPER_SHAPES = {
+    # Llama-2-7B: 32 layers, hidden 4096, 32 heads, no grouped-query attention, SwiGLU 11008; 6.74e9 parameters
+    'llama2-7b': (
+        'LlamaForCausalLM',
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+        ),
+    ),
+    # Llama-3-8B: 8 key/value heads, SwiGLU 14336, vocabulary 128256, rope theta 500000; 8.03e9 parameters
+    'llama3-8b': (
+        'LlamaForCausalLM',
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            rope_parameters={'rope_type': 'default', 'rope_theta': 5e5},
+        ),
+    ),
+    # Mixtral-8x7B: 32 layers of 8 experts (SwiGLU 14336), top-2 routing, 8 key/value heads; 46.7e9 parameters
+    'mixtral-8x7b': (
+        'MixtralForCausalLM',
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+    ),
+}
+MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b', *PAPER_SHAPES)
 METHODS = ('plain', 'explain')
 MB = 1024**2
 
@@ -169,8 +214,41 @@ TEXT = (
 # ----------------------------------------------------------------------------------------------------- models
 
 
-def build(name: str, seq: int, dtype: torch.dtype = torch.float32):
-    """Return ``(model, input_ids, description)`` for a benchmark model (``dtype``: the scaling table only)."""
+def build(name: str, seq: int, dtype: torch.dtype = torch.float32, device: str = 'cpu', layers: int | None = None):
+    """Return ``(model, input_ids, description)`` for a benchmark model on ``device`` (``dtype``: the scaling table
+    only; ``layers``: the paper's shapes only)."""
+    if name in PAPER_SHAPES:
+        return build_paper_shape(name, seq, dtype, device, layers)
+    model, input_ids, description = _build_small(name, seq, dtype)
+    move = (
+        (lambda ids: ids.to(device))
+        if not isinstance(input_ids, tuple)
+        else (lambda ids: tuple(i.to(device) for i in ids))
+    )
+    return model.to(device), move(input_ids), description
+
+
+def build_paper_shape(name: str, seq: int, dtype: torch.dtype, device: str, layers: int | None = None):
+    """A model of one of :py:data:`PAPER_SHAPES` with random weights (transformers' initialisation, seeded), built
+    directly on ``device`` in ``dtype`` (a 7B model in bfloat16 takes seconds there), SDPA attention, the experts of a
+    mixture with transformers' default implementation; ``seq`` random ids on ``device``."""
+    import transformers
+
+    class_name, shape = PAPER_SHAPES[name]
+    config_class = getattr(transformers, class_name).config_class
+    shape = dict(shape, num_hidden_layers=layers or shape['num_hidden_layers'])
+    config = config_class(max_position_embeddings=max(4096, seq), attn_implementation='sdpa', **shape)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = getattr(transformers, class_name)._from_config(config, dtype=dtype).eval()
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator).to(device)
+    count = sum(parameter.numel() for parameter in model.parameters())
+    return model, input_ids, f'random ids (seeded), {shape["num_hidden_layers"]} layers, {count / 1e9:.2f}e9 parameters'
+
+
+def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
+    """The CPU benchmark models (see the module's description), on the CPU."""
     if name in ('random-llama', 'random-llama-1b'):
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -322,17 +400,26 @@ def run_explain(model, inputs, target, checkpointing: bool = False, method: str 
     return torch.cat([explanation.relevance, explanation.decoder_relevance], 1)
 
 
+def run_fair_checkpointed(model, inputs, target):
+    """The fair plain pass with each transformer block recomputed in the backward pass (non-reentrant activation
+    checkpointing of the same blocks as ``explain(checkpointing=True)``, :py:func:`checkpointed`): the baseline of
+    the checkpointed call."""
+    with checkpointed(model):
+        return run_plain(model, inputs, target, keep_last=True)
+
+
 RUNNERS = {
     'plain': run_plain,
     'explain': run_explain,
     'fair': functools.partial(run_plain, keep_last=True),
+    'fair-checkpointing': run_fair_checkpointed,
     'checkpointing': functools.partial(run_explain, checkpointing=True),
     'cplrp': functools.partial(run_explain, method='cplrp'),
 }
 #: the methods that run with the model's weights frozen (:py:func:`frozen`, entered before the clock starts): the fair
 #: plain pass, as an input attribution runs; the others run on the model as loaded (``explain()`` freezes what it
 #: needs itself, inside its call)
-FROZEN = frozenset({'fair'})
+FROZEN = frozenset({'fair', 'fair-checkpointing'})
 
 
 def setting(model, method: str) -> contextlib.AbstractContextManager:
@@ -343,11 +430,22 @@ def setting(model, method: str) -> contextlib.AbstractContextManager:
 # ----------------------------------------------------------------------------------------------- measurements
 
 
+def synchronize(inputs) -> torch.device:
+    """Wait for the work queued on the device of ``inputs`` (a CUDA GPU computes asynchronously: a wall-clock time
+    read without waiting measures only the launches); the device."""
+    device = _split(inputs)[0].device
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+    return device
+
+
 def time_interleaved(
     model, input_ids, target, repeats: int, warmup: int = 1, methods: tuple[str, ...] = METHODS
 ) -> dict[str, dict[str, list[float]]]:
-    """Wall-clock and process CPU seconds of each of ``methods``, run alternately after ``warmup`` rounds."""
-    times = {method: {'wall': [], 'cpu': []} for method in methods}
+    """Wall-clock and process CPU seconds of each of ``methods``, run alternately after ``warmup`` rounds; on a CUDA
+    device also the peak of the memory allocated during each call above what was allocated before it (``peak``,
+    bytes: ``torch.cuda.max_memory_allocated``, the figure to compare with the plain pass's)."""
+    times = {method: {'wall': [], 'cpu': [], 'peak': []} for method in methods}
     for _ in range(warmup):
         for method in methods:
             with setting(model, method):
@@ -356,10 +454,17 @@ def time_interleaved(
         for method in methods:
             gc.collect()
             with setting(model, method):
+                device = synchronize(input_ids)
+                if device.type == 'cuda':
+                    torch.cuda.reset_peak_memory_stats(device)
+                    allocated = torch.cuda.memory_allocated(device)
                 wall, cpu = time.perf_counter(), time.process_time()
                 RUNNERS[method](model, input_ids, target)
+                synchronize(input_ids)
                 times[method]['wall'].append(time.perf_counter() - wall)
                 times[method]['cpu'].append(time.process_time() - cpu)
+                if device.type == 'cuda':
+                    times[method]['peak'].append(torch.cuda.max_memory_allocated(device) - allocated)
     return times
 
 
@@ -711,7 +816,7 @@ def _git_state() -> str | None:
 
 
 #: what the comparisons with the fair plain pass can run (``--fair``, ``--checkpointing``; the fair pass always)
-SCALING_METHODS = ('fair', 'explain', 'checkpointing', 'cplrp')
+SCALING_METHODS = ('fair', 'explain', 'checkpointing', 'cplrp', 'fair-checkpointing')
 #: what ``--fair`` compares by default: AttnLRP (the default composite) and CP-LRP
 FAIR_METHODS = ('fair', 'explain', 'cplrp')
 #: targets of issue 30 for one ``explain()`` call, 1 thread: the paired time ratio to the fair pass by length, and the
@@ -727,52 +832,79 @@ def scaling(
     dtype: torch.dtype = torch.float32,
     methods: tuple[str, ...] = SCALING_METHODS,
     warmup: int = 1,
+    device: str = 'cpu',
+    layers: int | None = None,
+    built: tuple | None = None,
 ) -> dict:
     """Time (median of ``repeats`` interleaved rounds, and the median of the per-round ratios), saved bytes and
     peak live bytes of the fair plain pass and ``methods`` (the fair pass always) at one length, each as a ratio to
     the fair pass; the 1-minute load average before and after the timed rounds. The saved bytes of the checkpointed
-    call miss the block inputs the checkpoints hold (they never pass the pack hook): compare live bytes for it."""
-    methods = ('fair', *(method for method in methods if method != 'fair'))
-    model, input_ids, description = build(name, seq, dtype)
+    call miss the block inputs its checkpoints hold (they never pass the pack hook): compare live bytes for it.
+
+    On a CUDA ``device`` the memory is the peak of ``torch.cuda.max_memory_allocated`` above what was allocated before
+    each timed call (``cuda_peak_bytes``, the median over the rounds), and the separate runs of the saved and live
+    bytes are left out (each would cost as much as a timed call). ``built``: ``(model, input_ids, description)`` of
+    :py:func:`build` to reuse (a 7B model is built once for all lengths)."""
+    if not {'fair', 'fair-checkpointing'} & set(methods):
+        methods = ('fair', *methods)
+    compared = [method for method in methods if baseline(method, methods) != method]
+    model, input_ids, description = built or build(name, seq, dtype, device, layers)
     target = pick_target(model, input_ids)
     load_before = os.getloadavg()[0]
-    times = {
-        method: value['wall']
-        for method, value in time_interleaved(model, input_ids, target, repeats, warmup, methods).items()
-    }
+    timed = time_interleaved(model, input_ids, target, repeats, warmup, methods)
+    times = {method: value['wall'] for method, value in timed.items()}
     load_after = os.getloadavg()[0]
-    saved = {method: saved_bytes(model, input_ids, target, method) for method in methods}
     result = {
         'model': name,
         'seq': seq,
         'dtype': str(dtype).removeprefix('torch.'),
+        'device': device_name(input_ids),
         'input': description,
         'repeats': repeats,
         'time_s': {method: statistics.median(times[method]) for method in methods},
         'time_all_s': times,
-        **{
-            key: {method: saved[method][field] for method in methods}
-            for key, field in (('saved_bytes', 'activations'), ('saved_alive_bytes', 'alive_at_backward'))
-        },
-        'live_peak_bytes': {method: live_bytes(model, input_ids, target, method)['peak'] for method in methods},
         'load_average_1min': [load_before, load_after],  # before and after the timed rounds
     }
+    if timed[methods[0]]['peak']:
+        result['cuda_peak_bytes'] = {method: statistics.median(timed[method]['peak']) for method in methods}
+        memory = ('cuda_peak_bytes',)
+    else:
+        saved = {method: saved_bytes(model, input_ids, target, method) for method in methods}
+        for key, field in (('saved_bytes', 'activations'), ('saved_alive_bytes', 'alive_at_backward')):
+            result[key] = {method: saved[method][field] for method in methods}
+        result['live_peak_bytes'] = {method: live_bytes(model, input_ids, target, method)['peak'] for method in methods}
+        memory = ('saved_bytes', 'saved_alive_bytes', 'live_peak_bytes')
+    result['baseline'] = {method: baseline(method, methods) for method in compared}
     result['ratio'] = {
-        key: {method: ratio(result[key][method], result[key]['fair']) for method in methods[1:]}
-        for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes')
+        key: {method: ratio(result[key][method], result[key][baseline(method, methods)]) for method in compared}
+        for key in ('time_s', *memory)
     }
-    # each run over the fair run of its round (robust to the slow drifts of a shared machine's speed)
+    # each run over the baseline's run of its round (robust to the slow drifts of a shared machine's speed)
     result['ratio']['time_paired'] = {
-        method: statistics.median(run / fair for fair, run in zip(times['fair'], times[method]))
-        for method in methods[1:]
+        method: statistics.median(run / base for base, run in zip(times[baseline(method, methods)], times[method]))
+        for method in compared
     }
     # the row at once (a longer length may not fit in memory: a run cut short keeps what it measured)
-    row = {
-        key: result[key]
-        for key in ('time_s', 'saved_bytes', 'saved_alive_bytes', 'live_peak_bytes', 'ratio', 'load_average_1min')
-    }
+    row = {key: result[key] for key in ('time_s', *memory, 'ratio', 'load_average_1min')}
     print(f'[{name}, {result["dtype"]}] seq {seq} done: ' + json.dumps(row), file=sys.stderr, flush=True)
     return result
+
+
+def baseline(method: str, methods: tuple[str, ...]) -> str:
+    """The plain pass ``method`` is compared with among ``methods``: the checkpointed fair pass for the checkpointed
+    call where it ran, else the fair pass, else (at lengths where only checkpointed calls fit) the checkpointed fair
+    pass."""
+    if method == 'checkpointing' and 'fair-checkpointing' in methods:
+        return 'fair-checkpointing'
+    return 'fair' if 'fair' in methods else 'fair-checkpointing'
+
+
+def device_name(inputs) -> str:
+    """The device the benchmark ran on, in words (the GPU's name on CUDA)."""
+    device = _split(inputs)[0].device
+    if device.type == 'cuda':
+        return torch.cuda.get_device_name(device)
+    return f'{platform.machine()} CPU, {torch.get_num_threads()} thread(s)'
 
 
 def _per_method(key: str, methods, scale: float = 1.0, digits: int = 1, ratios: bool = False):
@@ -790,80 +922,134 @@ def _per_method(key: str, methods, scale: float = 1.0, digits: int = 1, ratios: 
     return cell
 
 
-def scaling_columns(methods: tuple[str, ...]) -> list:
-    """The columns of the comparison with the fair pass: values of the fair pass, ratios of the ``methods``."""
+def _base(result: dict) -> str:
+    """The plain pass the ratios of ``result`` are relative to (the fair pass, else its checkpointed form)."""
+    return 'fair' if 'fair' in result['time_s'] else 'fair-checkpointing'
+
+
+def scaling_columns(methods: tuple[str, ...], memory: str) -> list:
+    """The columns of the comparison with the fair pass: values of the fair pass (or, where only checkpointed calls
+    ran, of the checkpointed fair pass), ratios of the ``methods``; ``memory``: ``'cuda'`` (peak CUDA memory) or
+    ``'cpu'`` (saved and live bytes)."""
     names = ' / '.join(methods)
-    return [
+    columns = [
         ('model', lambda r: r['model'], '<'),
         ('dtype', lambda r: r['dtype'], '<'),
         ('seq', lambda r: r['seq'], '>'),
-        ('fair ms', lambda r: f'{r["time_s"]["fair"] * 1e3:.1f}', '>'),
+        ('base', _base, '<'),
+        ('base ms', lambda r: f'{r["time_s"][_base(r)] * 1e3:.1f}', '>'),
         (f'time ratio {names}', _per_method('time_s', methods, ratios=True), '>'),
         ('paired ratio', _per_method('time_paired', methods, ratios=True), '>'),
-        ('alive at backward MiB (fair)', lambda r: f'{r["saved_alive_bytes"]["fair"] / MB:.1f}', '>'),
+    ]
+    if memory == 'cuda':
+        return columns + [
+            ('peak MiB (base)', lambda r: f'{r["cuda_peak_bytes"][_base(r)] / MB:.0f}', '>'),
+            ('peak MiB', _per_method('cuda_peak_bytes', methods, scale=MB, digits=0), '>'),
+            ('ratio', _per_method('cuda_peak_bytes', methods, ratios=True), '>'),
+        ]
+    return columns + [
+        ('alive at backward MiB (base)', lambda r: f'{r["saved_alive_bytes"][_base(r)] / MB:.1f}', '>'),
         ('ratio', _per_method('saved_alive_bytes', methods, ratios=True), '>'),
-        ('saved MiB (fair)', lambda r: f'{r["saved_bytes"]["fair"] / MB:.1f}', '>'),
+        ('saved MiB (base)', lambda r: f'{r["saved_bytes"][_base(r)] / MB:.1f}', '>'),
         ('ratio', _per_method('saved_bytes', methods, ratios=True), '>'),
-        ('live peak MiB (fair)', lambda r: f'{r["live_peak_bytes"]["fair"] / MB:.1f}', '>'),
+        ('live peak MiB (base)', lambda r: f'{r["live_peak_bytes"][_base(r)] / MB:.1f}', '>'),
         ('ratio', _per_method('live_peak_bytes', methods, ratios=True), '>'),
         ('load 1 min', lambda r: '{:.2f} -> {:.2f}'.format(*r['load_average_1min']), '>'),
     ]
 
 
+#: targets of issue 44 for one ``explain()`` call on a GPU without checkpointing: time and peak CUDA memory over the
+#: fair plain pass's, at every length
+CUDA_TIME_TARGET, CUDA_MEMORY_TARGET = 1.05, 1.0
+
+
 def verdicts(results: list[dict], methods: tuple[str, ...]) -> list[str]:
-    """One line per result at a length of :py:data:`TIME_TARGETS` and method: its paired time ratio and its ratio of
-    activations alive at the backward pass against the targets."""
+    """One line per result and method against its targets: on the CPU at a length of :py:data:`TIME_TARGETS`, the
+    paired time ratio and the ratio of activations alive at the backward pass (issue 30); on a GPU, every length's
+    paired time ratio and peak memory ratio (issue 44, :py:data:`CUDA_TIME_TARGET`)."""
     lines = []
     for result in results:
-        limit = TIME_TARGETS.get(result['seq'])
+        cuda = 'cuda_peak_bytes' in result
+        limit = CUDA_TIME_TARGET if cuda else TIME_TARGETS.get(result['seq'])
+        memory_key, memory_limit = (
+            ('cuda_peak_bytes', CUDA_MEMORY_TARGET) if cuda else ('saved_alive_bytes', MEMORY_TARGET)
+        )
         for method in methods if limit is not None else ():
-            paired, alive = result['ratio']['time_paired'][method], result['ratio']['saved_alive_bytes'][method]
-            met = paired <= limit and alive <= MEMORY_TARGET
+            if method not in result['ratio']['time_paired']:
+                continue
+            paired, memory = result['ratio']['time_paired'][method], result['ratio'][memory_key][method]
+            met = paired <= limit and memory <= memory_limit
             lines.append(
-                f'{result["model"]}, seq {result["seq"]}, {method}: time {paired:.3f}x (target <= {limit:.2f}x), '
-                f'alive at backward {alive:.3f}x (target <= {MEMORY_TARGET:.2f}x): {"met" if met else "MISSED"}'
+                f'{result["model"]}, seq {result["seq"]}, {method} vs {result["baseline"][method]}: time {paired:.3f}x '
+                f'(target <= {limit:.2f}x), {memory_key} {memory:.3f}x (target <= {memory_limit:.2f}x): '
+                f'{"met" if met else "MISSED"}'
             )
     return lines
 
 
+#: the calls that run at a length of ``--checkpointed-from`` or more (where only checkpointed calls fit in memory)
+CHECKPOINTED_METHODS = ('fair-checkpointing', 'checkpointing')
+
+
 def scaling_main(args) -> None:
     dtype = getattr(torch, args.dtype)
-    compare = tuple(args.compare or (SCALING_METHODS if args.checkpointing else FAIR_METHODS))
-    results = [
-        scaling(name, seq, args.repeats, dtype, compare, args.warmup) for name in args.models for seq in args.seq
-    ]
-    methods = tuple(method for method in SCALING_METHODS[1:] if method in compare)
+    compare = tuple(args.compare or (SCALING_METHODS[:4] if args.checkpointing else FAIR_METHODS))
+    results = []
+    for name in args.models:
+        built = None
+        if name in PAPER_SHAPES:  # built once (seconds on a GPU), its ids cut to each length
+            model, ids, description = build(name, max(args.seq), dtype, args.device, args.layers)
+        for seq in args.seq:
+            long = args.checkpointed_from is not None and seq >= args.checkpointed_from
+            methods = CHECKPOINTED_METHODS if long else compare
+            if name in PAPER_SHAPES:
+                built = (model, ids[:, :seq].contiguous(), description)
+            results.append(
+                scaling(name, seq, args.repeats, dtype, methods, args.warmup, args.device, args.layers, built)
+            )
+            write_scaling_json(args, results)
+    methods = tuple(method for method in SCALING_METHODS[1:] if any(method in r['ratio']['time_s'] for r in results))
+    memory = 'cuda' if 'cuda_peak_bytes' in results[0] else 'cpu'
     print(
         f'fair plain pass (input x gradient, frozen weights, logits_to_keep=1) vs {", ".join(methods)} '
         f'(explain: default composite, AttnLRP; cplrp: method=cplrp); median of {args.repeats} '
-        f'interleaved rounds; torch {torch.__version__}, {torch.get_num_threads()} thread(s); zennit_attn at '
-        f'{_git_state() or "?"}. '
-        'Paired ratio: median over the rounds of each run over the fair run of its round (steadier on a shared '
-        'machine). Alive at backward: bytes autograd saved that are still alive when the backward pass begins. '
-        'Saved MiB of the checkpointed call miss the block inputs its checkpoints hold; live peak MiB '
-        '(TorchDispatchMode) sees them.'
-    )
-    print('\n'.join(_table(results, scaling_columns(methods))))
-    print('\n'.join(verdicts(results, methods)))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    'settings': {
-                        'seq': args.seq,
-                        'repeats': args.repeats,
-                        'warmup': args.warmup,
-                        'dtype': args.dtype,
-                        'threads': torch.get_num_threads(),
-                        'torch': torch.__version__,
-                        'zennit_attn_git': _git_state(),
-                    },
-                    'results': results,
-                },
-                indent=2,
-            )
+        f'interleaved rounds; {results[0]["device"]}; torch {torch.__version__}'
+        f'{f", CUDA {torch.version.cuda}" if memory == "cuda" else ""}; zennit_attn at {_git_state() or "?"}. '
+        'Paired ratio: median over the rounds of each run over the base run of its round (steadier on a shared '
+        'machine). The checkpointed call is compared with the checkpointed fair pass where it ran. '
+        + (
+            'Peak MiB: torch.cuda.max_memory_allocated during the call above what was allocated before it.'
+            if memory == 'cuda'
+            else 'Alive at backward: bytes autograd saved that are still alive when the backward pass begins. Saved '
+            'MiB of the checkpointed call miss the block inputs its checkpoints hold; live peak MiB '
+            '(TorchDispatchMode) sees them.'
         )
+    )
+    print('\n'.join(_table(results, scaling_columns(methods, memory))))
+    print('\n'.join(verdicts(results, methods)))
+
+
+def write_scaling_json(args, results: list[dict]) -> None:
+    """The settings and ``results`` to ``--json`` (written after each length: a run cut short keeps what it
+    measured)."""
+    if not args.json:
+        return
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    cuda = args.device.startswith('cuda')
+    settings = {
+        'seq': args.seq,
+        'repeats': args.repeats,
+        'warmup': args.warmup,
+        'dtype': args.dtype,
+        'device': results[0]['device'] if results else args.device,
+        'layers': args.layers,
+        'threads': torch.get_num_threads(),
+        'torch': torch.__version__,
+        'cuda': torch.version.cuda if cuda else None,
+        'transformers': importlib.metadata.version('transformers'),
+        'zennit_attn_git': _git_state(),
+    }
+    args.json.write_text(json.dumps({'settings': settings, 'results': results}, indent=2))
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -897,6 +1083,25 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help='with --fair or --checkpointing: the calls compared (the fair pass always; e.g. leave out '
         '"explain" at lengths where only the checkpointed call fits in memory)',
+    )
+    parser.add_argument(
+        '--device',
+        default='cpu',
+        help='with --fair or --checkpointing: where the model runs (e.g. cuda: time with synchronisation, memory as '
+        'the peak of torch.cuda.max_memory_allocated; default cpu)',
+    )
+    parser.add_argument(
+        '--layers',
+        type=int,
+        default=None,
+        help="the paper's shapes (llama2-7b, llama3-8b, mixtral-8x7b): keep this many layers (default all)",
+    )
+    parser.add_argument(
+        '--checkpointed-from',
+        type=int,
+        default=None,
+        help='with --fair or --checkpointing: at this length and longer, only the checkpointed fair pass and '
+        'explain(checkpointing=True) run (the lengths at which nothing else fits in memory)',
     )
     parser.add_argument(
         '--dtype',

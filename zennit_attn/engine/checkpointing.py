@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .canonizers.blocks import NoBlocksError, transformer_blocks
 from .canonizers.operations import active_classifier
+from .rules.base import released_sources
 
 __all__ = ['checkpointed', 'recomputing']
 
@@ -66,7 +67,8 @@ def _checkpointed_forward(inner):
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
-        return checkpoint(inner, *args, use_reentrant=False, context_fn=_contexts, **kwargs)
+        with released_sources():  # the rules' nodes keep nothing of the block beyond its saved tensors
+            return checkpoint(inner, *args, use_reentrant=False, context_fn=_contexts, **kwargs)
 
     setattr(forward, WRAPPED_ATTRIBUTE, True)
     return forward

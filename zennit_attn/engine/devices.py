@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ['input_device']
+__all__ = ['input_device', 'to_device']
 
 
 def _execution_device(hook) -> torch.device | None:
@@ -19,6 +19,15 @@ def _execution_device(hook) -> torch.device | None:
         if device is not None:
             return device
     return None
+
+
+def _input_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
+    """``model.get_input_embeddings()``, None where the model has none (CLIP's two towers raise)."""
+    getter = getattr(model, 'get_input_embeddings', None)
+    try:
+        return getter() if callable(getter) else None
+    except NotImplementedError:
+        return None
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
@@ -36,8 +45,7 @@ def input_device(model: torch.nn.Module) -> torch.device:
     -------
     torch.device
     """
-    getter = getattr(model, 'get_input_embeddings', None)
-    embedding = getter() if callable(getter) else None
+    embedding = _input_embeddings(model)
     for module in (embedding, model):
         device = _execution_device(getattr(module, '_hf_hook', None))
         if device is not None:
@@ -49,3 +57,26 @@ def input_device(model: torch.nn.Module) -> torch.device:
         if not tensor.is_meta:
             return tensor.device
     return torch.device('cpu')
+
+
+def to_device(value, device: torch.device):
+    """``value`` with every tensor in it (also inside dicts, lists and tuples) on ``device``; other values as they
+    are. Inputs given on the CPU (a tokenizer's output) go to the device the model computes on
+    (:py:func:`input_device`).
+
+    Parameters
+    ----------
+    value: tensor, dict, list, tuple or any other value
+    device: torch.device
+
+    Returns
+    -------
+    The same structure, its tensors moved (a tensor already on ``device`` is returned as it is).
+    """
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return type(value)((key, to_device(item, device)) for key, item in value.items())
+    if isinstance(value, (list, tuple)) and not hasattr(value, '_fields'):
+        return type(value)(to_device(item, device) for item in value)
+    return value

@@ -464,9 +464,12 @@ def target_indices(target, selected: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------------- token input
-def check_ids(input_ids, attention_mask, name: str = 'input_ids') -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(input_ids, attention_mask)`` as ``[batch, seq]`` tensors; text, other shapes and dtypes, empty input, a
-    mask of another shape and a row without any token are refused."""
+def check_ids(
+    input_ids, attention_mask, name: str = 'input_ids', device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(input_ids, attention_mask)`` as ``[batch, seq]`` tensors (on ``device``, where given: the model's input
+    device); text, other shapes and dtypes, empty input, a mask of another shape and a row without any token are
+    refused."""
     if isinstance(input_ids, str) or (
         isinstance(input_ids, (list, tuple)) and input_ids and isinstance(input_ids[0], str)
     ):
@@ -475,7 +478,7 @@ def check_ids(input_ids, attention_mask, name: str = 'input_ids') -> tuple[torch
             'tokenizer=tokenizer), or tokenize it first, explain(model, tokenizer(text, '
             "return_tensors='pt'))"
         )
-    input_ids = torch.as_tensor(input_ids)
+    input_ids = torch.as_tensor(input_ids, device=device)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):

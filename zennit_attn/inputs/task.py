@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..engine.devices import input_device, to_device
 from ..engine.modules import forward_parameters, output_scores
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
@@ -92,7 +93,9 @@ class Task:
         #: what is known about the model (:py:class:`~zennit_attn.inputs.checks.ModelFacts`: found once per model)
         self.facts = check_model(model)
         self.model = model
-        self.model_kwargs = dict(model_kwargs or {})
+        #: where the model computes (:py:func:`~zennit_attn.engine.devices.input_device`): the inputs go there
+        self.device = input_device(model)
+        self.model_kwargs = to_device(dict(model_kwargs or {}), self.device)
         #: what :py:meth:`forward` reads of a run of the model
         self.readout: Readout = Readout()
         #: what :py:meth:`select` explains of the scores at the explained positions (resolved by :py:meth:`resolve`)
@@ -334,7 +337,7 @@ class TokenTask(Task):
     ):
         input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
         super().__init__(model, model_kwargs)
-        self.input_ids, self.attention_mask = check_ids(input_ids, attention_mask)
+        self.input_ids, self.attention_mask = check_ids(input_ids, attention_mask, device=self.device)
         embedding_module = self.word_embeddings(model)
         check_word_embeddings(model, embedding_module)
         check_vocabulary(self.input_ids, embedding_module, 'input_ids')
@@ -354,7 +357,9 @@ class TokenTask(Task):
                 start = model.config.decoder_start_token_id
                 decoder_input_ids = torch.full((self.batch, 1), start, device=self.input_ids.device)
             decoder_mask = self.model_kwargs.get('decoder_attention_mask')
-            self.decoder_input_ids, self._output_mask = check_ids(decoder_input_ids, decoder_mask, 'decoder_input_ids')
+            self.decoder_input_ids, self._output_mask = check_ids(
+                decoder_input_ids, decoder_mask, 'decoder_input_ids', self.device
+            )
             if self.decoder_input_ids.shape[0] != self.batch:
                 raise ValueError('decoder_input_ids must have as many rows as input_ids')
             decoder_embedding = model.get_decoder().get_input_embeddings() or embedding_module
@@ -583,7 +588,7 @@ class ImageTask(Task):
                 f'{type(model).__name__} takes pixels: pass a float tensor [batch, channels, height, '
                 f'width], got {type(pixels).__name__}'
             )
-        pixels = torch.as_tensor(pixels)
+        pixels = torch.as_tensor(pixels, device=self.device)
         if pixels.dim() == 3:
             pixels = pixels[None]
         if pixels.dim() != 4:

@@ -116,7 +116,7 @@ def _mask(attn_mask, key_padding_mask, is_causal, scores, batch, heads, length, 
         mask = mask.to(scores.dtype)
         total = mask if total is None else total + mask
     if total is None and is_causal:
-        total = torch.full((length, source), float('-inf'), dtype=scores.dtype).triu(1)
+        total = torch.full((length, source), float('-inf'), dtype=scores.dtype, device=scores.device).triu(1)
     return total
 
 

@@ -262,22 +262,23 @@ def attention_scores(tensor: torch.Tensor) -> list:
 
 
 class SoftmaxInput(torch.autograd.Function):
-    """The input of a softmax, unchanged; backward: the gradient, zero in the rows where the softmax's output
-    (``ctx.output``, set after the softmax ran) is NaN (rows of ``-inf`` logits, which models replace by a constant:
-    no relevance flows through them)."""
+    """The input of a softmax, unchanged; backward: the gradient, zero in the rows where the softmax's output is NaN
+    (rows of ``-inf`` logits, which models replace by a constant: no relevance flows through them). The node's
+    ``nan_rows`` (set after the softmax ran: a boolean mask that broadcasts along the softmax's dimension) says
+    which."""
 
     @staticmethod
     def forward(ctx, input):
-        """``input`` unchanged; the softmax's output is set on the node afterwards."""
-        ctx.output = None
+        """``input`` unchanged; the mask of NaN rows is set on the node afterwards."""
+        ctx.nan_rows = None
         return input.view_as(input)
 
     @staticmethod
     def backward(ctx, grad_output):
         """The gradient, zero in the rows where the softmax's output is NaN."""
-        if ctx.output is None:
+        if ctx.nan_rows is None:
             return grad_output
-        return torch.where(torch.isnan(ctx.output), 0.0, grad_output)
+        return torch.where(ctx.nan_rows, 0.0, grad_output)
 
 
 def _skip_casts(node):

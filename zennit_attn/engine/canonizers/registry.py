@@ -240,7 +240,7 @@ operation(
     'metadata',
     """
     get detach numel dim size stride storage_offset data_ptr element_size is_contiguous is_floating_point is_complex
-    item tolist bool len format repr hash requires_grad retain_grad register_hook untyped_storage
+    item tolist bool len format repr hash requires_grad retain_grad register_hook untyped_storage get_device
     """,
 )
 

@@ -44,7 +44,10 @@ class Softmaxes:
         input = args[0] if args else kwargs.pop('input')
         alias = SoftmaxInput.apply(input)
         output = func(alias, *args[1:], **kwargs)
-        alias.grad_fn.output = output.detach()
+        dim = args[1] if len(args) > 1 else kwargs.get('dim')
+        # a row of a softmax is NaN everywhere or nowhere (its normaliser is NaN): its first entry tells, and the node
+        # keeps that mask instead of the output (which a checkpointed block must not keep alive)
+        alias.grad_fn.nan_rows = torch.isnan(output.detach() if dim is None else output.detach().narrow(dim, 0, 1))
         return output
 
     def log_softmax(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import functools
 
@@ -40,7 +41,7 @@ class _ElementwiseIdentity(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, output):
         ctx.save_for_backward(input.detach(), output.detach())
-        ctx.source = input
+        _hold_source(ctx, input)
         return output.detach()
 
     @staticmethod
@@ -94,7 +95,8 @@ class _RecomputedIdentity(torch.autograd.Function):
     @staticmethod
     def forward(ctx, source, input, output, module):
         ctx.save_for_backward(source.detach(), input.detach())
-        ctx.source, ctx.module = source, module
+        ctx.module = module
+        _hold_source(ctx, source)
         return output.detach()
 
     @staticmethod
@@ -107,6 +109,40 @@ class _RecomputedIdentity(torch.autograd.Function):
 
 #: The autograd functions of the identity rule, whose nodes hold the ``source`` of a chain of element-wise functions.
 _IDENTITY_FUNCTIONS = (_ElementwiseIdentity, _RecomputedIdentity)
+
+#: The identity nodes made inside a :py:func:`released_sources` context (per thread and task), None outside one.
+_HOLDERS: contextvars.ContextVar[list | None] = contextvars.ContextVar('zennit_attn_identity_sources', default=None)
+
+
+def _hold_source(ctx, source: torch.Tensor) -> None:
+    """Keep ``source`` on the identity node ``ctx`` for the chains of :py:func:`elementwise_identity` (noted for
+    :py:func:`released_sources` inside one)."""
+    ctx.source = source
+    holders = _HOLDERS.get()
+    if holders is not None:
+        holders.append(ctx)
+
+
+@contextlib.contextmanager
+def released_sources():
+    """Let the identity rule's autograd nodes made inside the context drop their reference to the first input of
+    their chain (``source``) when it exits.
+
+    The reference is needed only while the forward pass builds the chain (:py:func:`elementwise_identity`); the
+    backward pass reads the tensors the nodes saved. Activation checkpointing
+    (:py:func:`~zennit_attn.engine.checkpointing.checkpointed`) discards a block's saved tensors after its forward and
+    recomputes them, but an attribute of a node would keep the tensor alive until the backward pass: the context
+    around a checkpointed block's forward releases them, so that the block keeps no more than its inputs, as in a
+    plain pass.
+    """
+    holders = []
+    token = _HOLDERS.set(holders)
+    try:
+        yield
+    finally:
+        _HOLDERS.reset(token)
+        for ctx in holders:
+            ctx.source = None
 
 
 class _GateIdentity(_ElementwiseIdentity):
@@ -130,7 +166,7 @@ def elementwise_identity(
     loses.
     """
     source, node = input, input.grad_fn  # the node of a function's output; changed in place since, another one
-    if issubclass(getattr(type(node), '_forward_cls', type(None)), _IDENTITY_FUNCTIONS):
+    if issubclass(getattr(type(node), '_forward_cls', type(None)), _IDENTITY_FUNCTIONS) and node.source is not None:
         source = node.source
     if module is not None:
         return _RecomputedIdentity.apply(source, input, output.detach(), module)

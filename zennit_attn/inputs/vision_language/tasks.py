@@ -155,7 +155,7 @@ class _PixelLeaf:
             )
         if not bool(torch.isfinite(pixels).all()):
             raise ValueError('pixel_values are NaN or infinite: a faulty image or normalisation')
-        return pixels.detach().to(self.inputs.dtype)
+        return pixels.detach().to(self.inputs.device, self.inputs.dtype)
 
     def base_kwargs(self) -> dict:
         kwargs = super().base_kwargs()
