@@ -46,6 +46,9 @@ Models
 - ``random-t5``: ``T5ForConditionalGeneration`` shaped like Flan-T5-small (8 + 8 layers, d_model 512, 6 heads of
   64, gated-GELU FFN 1024, vocabulary 32128), SDPA, seeded; ``--seq`` random encoder tokens and
   :py:data:`DECODER_LENGTH` decoder tokens; both methods attribute encoder and decoder embeddings.
+- ``llama2-7b``, ``llama3-8b``, ``mixtral-8x7b`` (:py:data:`PAPER_SHAPES`): random weights of the shapes of the
+  paper's models, built directly on ``--device`` in ``--dtype`` (``--layers``: fewer blocks), SDPA attention, the
+  experts of Mixtral with transformers' default (grouped matrix products); for a GPU (issue 44).
 The target of all methods is the model's argmax prediction at the last (decoder) position.
 
 What is measured
@@ -95,7 +98,21 @@ The figures of issue 30 (run alone, ``OMP_NUM_THREADS=1``)::
 
     python benchmarks/speed.py --fair --models random-llama random-mixtral --seq 16 512 --threads 1 --repeats 25
 
-The fixed cost per call, phase by phase: ``benchmarks/per_call.py``; ``torch.compile``: ``benchmarks/compiled.py``.
+On a GPU (issue 44: ``docs/results/speed/README.md``), ``--device cuda`` times each call between synchronisations
+with the device and measures its memory as the peak of ``torch.cuda.max_memory_allocated`` above what was allocated
+before it (the saved and live bytes are not measured there: each would cost a call), e.g.::
+
+    python benchmarks/speed.py --fair --models llama2-7b --device cuda --dtype bfloat16 --seq 512 2048 8192 \
+        --compare fair explain cplrp fair-checkpointing checkpointing --repeats 5
+    python benchmarks/speed.py --fair --models llama2-7b --device cuda --dtype bfloat16 --seq 32768 65536 \
+        --checkpointed-from 32768 --warmup 0 --repeats 1
+
+``fair-checkpointing`` is the fair pass with the same blocks checkpointed, the baseline of ``checkpointing`` where both
+run; ``--checkpointed-from N`` runs only those two at N tokens and more.
+
+The fixed cost per call, phase by phase: ``benchmarks/per_call.py``; ``torch.compile``: ``benchmarks/compiled.py``;
+the authors' LXT against the same fair pass: ``benchmarks/lxt_speed.py``; ``explain_dataset``'s throughput:
+``benchmarks/dataset_speed.py``.
 The default run takes about 5 minutes on 2 idle CPU cores (SmolLM2 takes ~17 s to load, in each of its
 subprocesses). On a machine shared with other jobs the times inflate badly with 2 threads (an OpenMP barrier waits
 for a descheduled thread: 28 s instead of 2.7 s per SmolLM2 call was seen at a load average of 4) and the run takes
