@@ -348,8 +348,8 @@ def explain_sources(
         tokenizer has one.
     template: str, optional
         With ``{context}`` and ``{query}`` once each (filled once: other text, braces included, is literal, and a
-        context or query holding a slot's name stays as it is): the user's message (:py:data:`CHAT_TEMPLATE`) or the plain prompt
-        (:py:data:`PLAIN_TEMPLATE`).
+        context or query holding a slot's name stays as it is): the user's message (:py:data:`CHAT_TEMPLATE`) or
+        the plain prompt (:py:data:`PLAIN_TEMPLATE`).
     max_new_tokens: int
         The length of a generated response.
     **params
@@ -382,9 +382,10 @@ def explain_sources(
 
 
 def _generated_response(model: torch.nn.Module, prompt: SourcePrompt, max_new_tokens: int) -> list[int]:
-    """The ids the model generates after ``prompt`` (greedy, :py:func:`~zennit_attn.workflows.generation.generate_answer`),
-    less the end-of-sequence tokens it ends with (the tokenizer's and the model's generation configuration's): the ids
-    explained, as generated (decoding and tokenising them again may give other ids).
+    """The ids the model generates after ``prompt`` (greedy,
+    :py:func:`~zennit_attn.workflows.generation.generate_answer`), less the end-of-sequence tokens it ends with (the
+    tokenizer's and the model's generation configuration's): the ids explained, as generated (decoding and tokenising
+    them again may give other ids).
 
     Raises
     ------
