@@ -173,7 +173,9 @@ def explain(
     composite: zennit.core.Composite, optional
         For the LRP methods: default :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon` (language models) or
         :py:class:`~zennit_attn.engine.composites.AttnLRPGamma` (vision transformers) for ``'attnlrp'``, and their
-        CP-LRP counterparts for ``'cplrp'``.
+        CP-LRP counterparts for ``'cplrp'``. A zennit-attn composite that applies the other method's product rule
+        is refused (:py:func:`~zennit_attn.methods.propagation.check_composite`): pass ``method='cplrp'`` with
+        ``CPLRPEpsilon()``.
     method: str
         A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default), ``'cplrp'``,
         ``'input_x_gradient'``, ``'integrated_gradients'``, ``'smoothgrad'``, ``'attention_rollout'``,
@@ -262,7 +264,8 @@ def explain(
     Raises
     ------
     ValueError
-        For an unknown method, a parameter value out of its range, ``composite=`` for a method that is not LRP,
+        For an unknown method, a parameter value out of its range, ``composite=`` for a method that is not LRP or
+        one that applies another LRP method's product rule,
         ``checkpointing=True`` for a method without a backward pass, and bad input (see
         :py:mod:`zennit_attn.inputs.checks`).
     TypeError
