@@ -49,6 +49,7 @@ from ...engine.composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon,
 from ...engine.devices import input_device
 from ...inputs.checks import check_model, check_vocabulary
 from ...latent.recording import Recorder
+from ..statistics import pearson, spearman
 from .components import DEFAULT_COMPONENTS, Component, component_points, site_points
 from .metrics import Metric, make_metric
 
@@ -623,25 +624,6 @@ def _patch_component(
     return result
 
 
-def _ranks(values: torch.Tensor) -> torch.Tensor:
-    """Ranks of ``values`` (ties get the mean of their ranks)."""
-    order = values.argsort()
-    ranks = torch.empty_like(values, dtype=torch.float64)
-    ranks[order] = torch.arange(len(values), dtype=torch.float64)
-    unique, inverse = values.unique(return_inverse=True)
-    if len(unique) < len(values):
-        sums = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, ranks)
-        counts = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(ranks))
-        ranks = (sums / counts)[inverse]
-    return ranks
-
-
-def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a - a.mean(), b - b.mean()
-    denominator = (a.norm() * b.norm()).item()
-    return float('nan') if denominator == 0 else float((a * b).sum() / denominator)
-
-
 def correlation(estimate: PatchingScores, reference: PatchingScores, component: str) -> tuple[float, float, int]:
     """``(pearson, spearman, count)`` of the scores of ``component`` in ``estimate`` (relevance patching) and
     ``reference`` (activation patching) over every pair, layer, position and unit where either is not 0 (a
@@ -662,4 +644,4 @@ def correlation(estimate: PatchingScores, reference: PatchingScores, component: 
     a, b = a[used], b[used]
     if len(a) < 2:
         return float('nan'), float('nan'), int(len(a))
-    return _pearson(a, b), _pearson(_ranks(a), _ranks(b)), int(len(a))
+    return pearson(a, b), spearman(a, b), int(len(a))
