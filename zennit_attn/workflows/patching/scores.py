@@ -8,8 +8,8 @@ the clean run and measures
 
 one forward pass per component. Attribution patching (AtP, Nanda 2023; Syed et al. 2023) takes its first-order
 approximation at the clean run, and relevance patching (RelP, Rezaei Jafari et al. 2025) replaces the gradient by
-LRP's propagation coefficients, the modified gradient ``g`` of the gradient x input formulation (DESIGN section 2:
-``R = a * g`` at every tensor ``a``):
+LRP's propagation coefficients, the modified gradient ``g`` of the gradient x input formulation, in which the
+relevance of every tensor ``a`` is ``R = a * g``:
 
 .. math:: \\widehat{\\Delta m} = (a' - a) \\cdot g,                                                 \\qquad (2)
 
