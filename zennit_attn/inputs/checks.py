@@ -218,16 +218,18 @@ _ROUNDING = 64
 def keeps_left_padding(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool | None:
     """Whether a left-padded row gives the model's outputs of the row alone, by experiment: the model (without
     gradients) on three tokens, and on the same tokens after two pads masked by the ``attention_mask`` (with the
-    ``position_ids`` :py:class:`~zennit_attn.inputs.task.TokenTask` passes for left padding: 0 from the first token);
-    True if the outputs at the three tokens are the same (to the square root of the precision of their dtype), False
-    if the pads reach them. The pads are an ordinary token, not the table's ``padding_idx`` (whose embedding is often
-    zero and would hide a model that mixes the pads' embeddings into the tokens after them).
+    ``position_ids`` :py:class:`~zennit_attn.inputs.task.TokenTask` passes for left padding: 0 from the first token),
+    once with each of two pad tokens. False if the two padded runs differ at the three tokens beyond rounding (the
+    pads reach the row), or if they differ from the row alone beyond the square root of float32's precision
+    (transformers' recurrences compute in float32 also for float64 models); True otherwise. The pads are ordinary
+    tokens, not the table's ``padding_idx`` (whose embedding is often zero and would hide a model that mixes the pads'
+    embeddings into the tokens after them).
 
     Softmax attention masks the pads' keys, and the scans of Mamba, Mamba-2 and the gated delta rules of transformers
     zero the padded inputs; a recurrence or a convolution that does not read the mask carries the pads into the row
     (transformers' RWKV, xLSTM and RecurrentGemma): its left-padded rows are other inputs than the rows alone. Cost:
-    two forward passes of a few tokens, once per model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as for
-    :py:func:`is_causal`). None where it cannot be told (as for :py:func:`sees_later_tokens`).
+    three forward passes of a few tokens, once per model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as
+    for :py:func:`is_causal`). None where it cannot be told (as for :py:func:`sees_later_tokens`).
     """
     facts = model_facts(model) if facts is None else facts
     return facts.known('keeps left padding', lambda: _keeps_left_padding(model))

@@ -46,9 +46,9 @@ def id_tables(
     ids if its index has their shape and equals them at at least half of the entries (a table indexed by a tensor
     computed from the ids, such as Gemma 3n's ``where(ids < rows, ids, 0)``, counts; positions and token types rise
     or stay constant, so they equal falling ids at one entry at most), and it returns a row per id
-    (:py:func:`_looks_up`). A forward pass that fails on the ids alone
-    (a model that needs images or a decoder input) ends the search with the tables found before it.
-    Encoder-decoder models have none (their decoder's table is the decoder's input).
+    (:py:func:`_looks_up`). A forward pass that fails on the ids alone (a model that needs images or a decoder input)
+    ends the search with the tables found before it. Encoder-decoder models have none (their decoder's table is the
+    decoder's input).
 
     The tables are a fact of the model (:py:class:`~zennit_attn.inputs.checks.ModelFacts`, for each ``word``): the
     search runs once per model and is kept while the model stays the same; ``facts``: the model's facts if the caller
@@ -237,11 +237,10 @@ class TokenLookups:
         """Within the context, the word embedding of ``ids`` is ``embeddings``; after :py:meth:`record`, the
         embeddings and every other table's lookup of the ids (a new leaf) pass ``x * g`` as their gradient (their
         relevance, read with LRP). Otherwise the other tables' lookups are kept as the model computes them, if
-        ``fixed`` allows it. A table's lookup is one
-        of the ids as :py:func:`id_tables` tells it (:py:func:`_looks_up`); other lookups of the tables (positions)
-        are left alone. A word lookup
-        of more ids that end with the explained ones (tokens the model puts ahead of them) keeps the model's rows for
-        the others (:py:attr:`own`).
+        ``fixed`` allows it. A table's lookup is one of the ids as :py:func:`id_tables` tells it
+        (:py:func:`_looks_up`); other lookups of the tables (positions) are left alone. A word lookup of more ids that
+        end with the explained ones (tokens the model puts ahead of them) keeps the model's rows for the others
+        (:py:attr:`own`).
 
         Raises
         ------
