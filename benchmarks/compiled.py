@@ -127,7 +127,7 @@ def main(argv=None) -> None:
         return CPLRPEpsilon() if args.method == 'cplrp' else AttnLRPEpsilon()
 
     def explained():
-        return explain(plain, input_ids, target=target, composite=composite()).relevance
+        return explain(plain, input_ids, target=target, method=args.method, composite=composite()).relevance
 
     reference = explained()
     report = {'model': args.model, 'seq': args.seq, 'method': args.method}

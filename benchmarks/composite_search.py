@@ -52,6 +52,7 @@ from zennit_attn import explain  # noqa: E402
 from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
 from zennit_attn.engine.modules import output_scores  # noqa: E402
 from zennit_attn.engine.rules import ConstantGates, Epsilon, Uniform  # noqa: E402
+from zennit_attn.methods.propagation import lrp_method  # noqa: E402
 from zennit_attn.workflows.evaluation import Faithfulness, explanation_curves, image_curves  # noqa: E402
 from zennit_attn.workflows.evaluation.search import TEXT_GRID, composite_search, faithfulness_objective  # noqa: E402
 
@@ -83,7 +84,7 @@ def epsilon_everywhere(product=Uniform):
 def test_methods(best_composite):
     """``name -> (method, composite or None, params)`` of the test comparison."""
     return {
-        'AttnLRP, best composite of the search': ('attnlrp', best_composite, {}),
+        'AttnLRP, best composite of the search': (lrp_method(best_composite), best_composite, {}),
         'AttnLRP, paper default AttnLRPGamma()': ('attnlrp', AttnLRPGamma(), {}),
         'AttnLRP, epsilon everywhere': ('attnlrp', epsilon_everywhere(), {}),
         'gamma-CP-LRP, CPLRPGamma()': ('cplrp', CPLRPGamma(), {}),
@@ -175,7 +176,7 @@ def text_main(args):
     print('Best composite:\n' + result.best_code())
 
     compared = {
-        'AttnLRP, best composite of the search': ('attnlrp', result.best_composite()),
+        'AttnLRP, best composite of the search': (result.best_method(), result.best_composite()),
         'AttnLRP, paper default AttnLRPEpsilon()': ('attnlrp', AttnLRPEpsilon()),
         'CP-LRP, CPLRPEpsilon()': ('cplrp', CPLRPEpsilon()),
     }

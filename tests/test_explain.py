@@ -164,7 +164,8 @@ def test_methods_dispatch():
     model = tiny_model('llama', **LLAMA)
     tokens = ids(2, 5)
     assert_close(
-        explain(model, tokens, method='cplrp').relevance, explain(model, tokens, composite=CPLRPEpsilon()).relevance
+        explain(model, tokens, method='cplrp').relevance,
+        explain(model, tokens, method='cplrp', composite=CPLRPEpsilon()).relevance,
     )
     leaf = model.get_input_embeddings()(tokens).detach().requires_grad_()
     logits = model(inputs_embeds=leaf).logits[:, -1]

@@ -13,6 +13,7 @@ from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
 from zennit_attn.engine.modules import Logits, output_scores
 from zennit_attn.inputs.task import ImageTask
 from zennit_attn.methods.attention import attention_maps
+from zennit_attn.methods.propagation import lrp_method
 from zennit_attn.methods.registry import METHODS
 
 BASELINES = [method for method in METHODS if method not in ('attnlrp', 'cplrp')]
@@ -26,7 +27,7 @@ def test_gradient_attributor_equals_explain(kind, composite):
     pixel relevance; with the logit as output relevance it equals explain()."""
     model = VISION_BUILDERS[kind]()
     x = pixels()
-    explanation = explain(model, x, composite=composite())
+    explanation = explain(model, x, method=lrp_method(composite()), composite=composite())
     assert isinstance(explanation, ImageExplanation)
     if kind == 'hf':  # zennit's Gradient needs a tensor output: read the logits
         model = Logits(model)
@@ -49,7 +50,8 @@ def test_explain_dispatch_and_arguments():
     assert single.relevance.shape == (1, IMAGE, IMAGE)
     assert explain(model, x, method='cplrp').method == 'cplrp'
     torch.testing.assert_close(
-        explain(model, x, method='cplrp').pixel_relevance, explain(model, x, composite=CPLRPGamma()).pixel_relevance
+        explain(model, x, method='cplrp').pixel_relevance,
+        explain(model, x, method='cplrp', composite=CPLRPGamma()).pixel_relevance,
     )
     with pytest.raises(ValueError, match='Unknown method'):
         explain(model, x, method='nope')

@@ -278,6 +278,7 @@ def test_gamma_on_the_vision_tower(family, request):
         images=[image()],
         processor=processor,
         target=base.target,
+        method='cplrp',
         composite=CPLRPGamma(
             within='vision', conv=Gamma(0.25, 1e-30), linear=Gamma(0.5, 1e-30), attention_in=None, attention_out=None
         ),
@@ -291,6 +292,7 @@ def test_gamma_on_the_vision_tower(family, request):
         images=[image()],
         processor=processor,
         target=base.target,
+        method='cplrp',
         composite=CPLRPGamma(conv=Gamma(0.25, 1e-30), linear=Gamma(0.5, 1e-30), attention_in=None, attention_out=None),
     )
     assert (whole.relevance - gamma.relevance).abs().max() > 1e-3 * gamma.relevance.abs().max()  # the LM is outside
@@ -300,6 +302,7 @@ def test_gamma_on_the_vision_tower(family, request):
         images=[image()],
         processor=processor,
         target=base.target,
+        method='cplrp',
         composite=CPLRPGamma(
             within='vision', conv=Gamma(0.0, 1e-30), linear=Gamma(0.0, 1e-30), attention_in=None, attention_out=None
         ),

@@ -75,7 +75,7 @@ def test_top3_is_the_readme_ranking(smollm2, prompt_ids):
 
 def test_cplrp_differs_from_attnlrp(smollm2, prompt_ids, attnlrp):
     model, _ = smollm2
-    cplrp = explain(model, prompt_ids, composite=CPLRPEpsilon())
+    cplrp = explain(model, prompt_ids, method='cplrp', composite=CPLRPEpsilon())
     assert torch.equal(cplrp.target, attnlrp.target)
     torch.testing.assert_close(cplrp.logit, attnlrp.logit)
     assert torch.isfinite(cplrp.relevance).all()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the names as static tools see them; at run time __getattr__
     from .workflows.diagnostics import ConservationReport, conservation
     from .workflows.generation import GenerationExplanation, explain_generation
     from .workflows.similarity import explain_similarity
+    from .workflows.sources import SourceExplanation, explain_sources
 
 __version__ = '0.1.0'
 
@@ -34,6 +35,8 @@ _NAMES = {
     'GenerationExplanation': 'workflows.generation',
     'explain_similarity': 'workflows.similarity',
     'SimilarityExplanation': 'results.similarity',
+    'explain_sources': 'workflows.sources',
+    'SourceExplanation': 'workflows.sources',
     'conservation': 'workflows.diagnostics',
     'ConservationReport': 'workflows.diagnostics',
 }
@@ -47,6 +50,8 @@ __all__ = [
     'GenerationExplanation',
     'explain_similarity',
     'SimilarityExplanation',
+    'explain_sources',
+    'SourceExplanation',
     'conservation',
     'ConservationReport',
     '__version__',

@@ -173,7 +173,9 @@ def explain(
     composite: zennit.core.Composite, optional
         For the LRP methods: default :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon` (language models) or
         :py:class:`~zennit_attn.engine.composites.AttnLRPGamma` (vision transformers) for ``'attnlrp'``, and their
-        CP-LRP counterparts for ``'cplrp'``.
+        CP-LRP counterparts for ``'cplrp'``. A zennit-attn composite that applies the other method's product rule
+        is refused (:py:func:`~zennit_attn.methods.propagation.check_composite`): pass ``method='cplrp'`` with
+        ``CPLRPEpsilon()``.
     method: str
         A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default), ``'cplrp'``,
         ``'input_x_gradient'``, ``'integrated_gradients'``, ``'smoothgrad'``, ``'attention_rollout'``,
@@ -262,43 +264,62 @@ def explain(
     Raises
     ------
     ValueError
-        For an unknown method, a parameter value out of its range, ``composite=`` for a method that is not LRP,
+        For an unknown method, a parameter value out of its range, ``composite=`` for a method that is not LRP or
+        one that applies another LRP method's product rule,
         ``checkpointing=True`` for a method without a backward pass, and bad input (see
         :py:mod:`zennit_attn.inputs.checks`).
     TypeError
         For a parameter the method does not take.
     """
+    entry, params = _checked_method(method, composite, checkpointing, params)
+    if _with_images(input_ids, images, processor):
+        if objective != 'logit':
+            raise ValueError(f'objective={objective!r} is for text: text and images explain the logit')
+        text_arguments = dict(
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            tokenizer=tokenizer,
+            checkpointing=checkpointing,
+            latent=latent,
+            latent_reduce=latent_reduce,
+            condition=condition,
+            contrast=contrast,
+        )
+        return _explain_multimodal(
+            model, input_ids, images, processor, target, position, method, entry, params, model_kwargs, text_arguments
+        )
+    input_ids, target, chat = _text_input(input_ids, target, tokenizer)
+    _check_inside_target(target, objective, contrast, condition, checkpointing)
+    target, objective = _objective(tokenizer, target, contrast, objective)
+    task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
+    task = task.with_objective(objective)
+    latent_request = _LatentRequest(latent, latent_reduce, condition)
+    explanation = _run(entry, task, position, target, params, latent_request, checkpointing)
+    return _with_text(explanation, tokenizer, chat)
+
+
+def _checked_method(method: str, composite, checkpointing, params: dict) -> tuple:
+    """``(entry, params)``: the method's registry entry and its checked parameters (``composite`` among them), after
+    refusing an unknown method, a parameter it does not take or out of its range, and ``checkpointing=`` that it does
+    not support (:py:func:`_check_checkpointing`)."""
     if composite is not None:
         params['composite'] = composite
     params = check_params(method, params)
     entry = METHODS[method]
     _check_checkpointing(checkpointing, method, entry)
-    if objective != 'logit' and (images is not None or processor is not None or has_pixels(input_ids)):
-        raise ValueError(f'objective={objective!r} is for text: text and images explain the logit')
-    if images is not None or processor is not None or has_pixels(input_ids):
-        return _explain_multimodal(
-            model,
-            input_ids,
-            images,
-            processor,
-            target,
-            position,
-            method,
-            entry,
-            params,
-            model_kwargs,
-            locals_used=dict(
-                attention_mask=attention_mask,
-                decoder_input_ids=decoder_input_ids,
-                tokenizer=tokenizer,
-                checkpointing=checkpointing,
-                latent=latent,
-                latent_reduce=latent_reduce,
-                condition=condition,
-                contrast=contrast,
-            ),
-        )
-    input_ids, target, chat = _text_input(input_ids, target, tokenizer)
+    return entry, params
+
+
+def _with_images(input_ids, images, processor) -> bool:
+    """Whether :py:func:`explain` explains text and images (``images=``, ``processor=`` or a processor's output with
+    ``pixel_values``)."""
+    return images is not None or processor is not None or has_pixels(input_ids)
+
+
+def _check_inside_target(target, objective: str, contrast, condition, checkpointing: bool) -> None:
+    """Refuse what does not combine with a backward pass that starts inside the model: a Neuron target with an
+    objective other than the logit or with ``contrast=``, and a Neuron target or ``condition=`` with
+    ``checkpointing=True``."""
     if isinstance(target, Neuron) and objective != 'logit':
         raise ValueError(f'objective={objective!r} is a function of the logits; a Neuron target explains an activation')
     if isinstance(target, Neuron) and contrast is not None:
@@ -306,20 +327,37 @@ def explain(
             'contrast= compares two output tokens; a Neuron target explains an activation inside the '
             'model: leave out contrast=, or explain a token target'
         )
-    target, objective = _objective(tokenizer, target, contrast, objective)
-    task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
-    task = task.with_objective(objective)
-    latent_request = latent is not None or condition is not None or latent_reduce is not None
     if checkpointing and (condition is not None or isinstance(target, Neuron)):
         raise ValueError(
             'condition= and Neuron targets start the backward pass inside the model, at tensors that '
             'checkpointing=True recomputes: use one or the other (latent= works with checkpointing)'
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class _LatentRequest:
+    """``latent=``, ``latent_reduce=`` and ``condition=`` of :py:func:`explain`."""
+
+    sites: object = None
+    reduce: str | None = None
+    condition: object = None
+
+    @property
+    def asked(self) -> bool:
+        return self.sites is not None or self.reduce is not None or self.condition is not None
+
+
+def _run(entry, task, position, target, params: dict, latent: _LatentRequest, checkpointing: bool):
+    """The method on the task (with per-block checkpointing if asked): through
+    :py:func:`~zennit_attn.latent.targets.explain_latent` for latent relevance, conditions and Neuron targets."""
     with checkpointed(task.model) if checkpointing else contextlib.nullcontext():
-        if latent_request or isinstance(target, Neuron):
-            explanation = explain_latent(entry, task, position, target, params, latent, latent_reduce, condition)
-        else:
-            explanation = entry.function(task, position=position, target=target, **params)
+        if latent.asked or isinstance(target, Neuron):
+            return explain_latent(entry, task, position, target, params, latent.sites, latent.reduce, latent.condition)
+        return entry.function(task, position=position, target=target, **params)
+
+
+def _with_text(explanation, tokenizer, chat):
+    """The explanation with the tokenizer stored (for its tokens and views) and a chat template's tokens marked."""
     if tokenizer is not None and isinstance(explanation, Explanation):
         explanation = dataclasses.replace(explanation, tokenizer=tokenizer)
     if chat is not None:
@@ -367,7 +405,7 @@ def _objective(tokenizer, target, contrast, objective: str = 'logit') -> tuple:
 
 
 def _explain_multimodal(
-    model, text, images, processor, target, position, method, entry, params, model_kwargs, locals_used: dict
+    model, text, images, processor, target, position, method, entry, params, model_kwargs, text_arguments: dict
 ) -> MultimodalExplanation:
     """:py:func:`explain` on text and images (see its ``images`` and ``processor``), or on what the processor
     returned for them (a mapping with ``pixel_values``).
@@ -379,8 +417,8 @@ def _explain_multimodal(
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f'model must be a torch.nn.Module, got {type(model).__name__}')
     similarity = is_similarity_model(model)
-    _refuse_with_images(model, processor, encoded, target, locals_used)
-    contrast = locals_used['contrast']
+    _refuse_with_images(model, processor, encoded, target, text_arguments)
+    contrast = text_arguments['contrast']
     if similarity and (target is not None or contrast is not None):
         raise ValueError(
             f"{type(model).__name__} scores (text, image) pairs: each row explains its own pair's similarity score; "
@@ -402,15 +440,15 @@ def _explain_multimodal(
     else:
         encoding = encode_multimodal(processor, text, images, similarity, text_length(model) if similarity else None)
     task = make_multimodal_task(model, encoding, model_kwargs, processor)
-    tokenizer = processor.tokenizer if processor is not None else locals_used['tokenizer']
+    tokenizer = processor.tokenizer if processor is not None else text_arguments['tokenizer']
     target, objective = _objective(tokenizer, target, contrast)
     task = task.with_objective(objective)
-    with checkpointed(model) if locals_used['checkpointing'] else contextlib.nullcontext():
+    with checkpointed(model) if text_arguments['checkpointing'] else contextlib.nullcontext():
         explanation = entry.function(task, position=position, target=target, **params)
     return dataclasses.replace(explanation, tokenizer=tokenizer)
 
 
-def _refuse_with_images(model, processor, encoded: bool, target, locals_used: dict) -> None:
+def _refuse_with_images(model, processor, encoded: bool, target, text_arguments: dict) -> None:
     """Refuse the arguments of :py:func:`explain` that do not apply with images, each with its reason: the
     attention mask, decoder inputs and a tokenizer (the processor makes the inputs; a tokenizer is taken only for
     a processor's output given without the processor), and latent relevance or a Neuron target (read in one stack of
@@ -423,12 +461,12 @@ def _refuse_with_images(model, processor, encoded: bool, target, locals_used: di
         'tokenizer': "the processor's tokenizer is the one that encodes the text (processor.tokenizer)",
     }
     for key, reason in reasons.items():
-        value = locals_used[key]
+        value = text_arguments[key]
         if key == 'tokenizer' and encoded and processor is None:
             continue  # the tokenizer of a processor's output, for the explanation's tokens
         if value is not None:
             raise ValueError(f'{key}= does not apply to explain() with images: {reason}; leave it out')
-    latent = [key for key in ('latent', 'latent_reduce', 'condition') if locals_used[key] is not None]
+    latent = [key for key in ('latent', 'latent_reduce', 'condition') if text_arguments[key] is not None]
     if latent or isinstance(target, Neuron):
         paths = ', '.join(repr(path) for path, _ in block_stacks(model))
         asked = ', '.join(f'{key}=' for key in latent) or 'a Neuron target'

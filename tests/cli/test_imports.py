@@ -226,7 +226,8 @@ def test_public_names_in_this_process():
     resolves on first use, and an unknown name is an AttributeError."""
     from zennit_attn import explain as function
     from zennit_attn.results import explanation
-    from zennit_attn.workflows import dataset, diagnostics, generation
+    from zennit_attn.results import similarity as similarity_result
+    from zennit_attn.workflows import dataset, diagnostics, generation, similarity, sources
 
     modules = {
         'explain_dataset': dataset,
@@ -237,6 +238,10 @@ def test_public_names_in_this_process():
         'GenerationExplanation': generation,
         'conservation': diagnostics,
         'ConservationReport': diagnostics,
+        'explain_similarity': similarity,
+        'SimilarityExplanation': similarity_result,
+        'explain_sources': sources,
+        'SourceExplanation': sources,
     }
     for name, module in modules.items():
         assert getattr(zennit_attn, name) is getattr(module, name)

@@ -33,12 +33,38 @@ def test_patching_refusals(capsys, argv, message):
     assert message in refused(capsys, ['patching', *argv])
 
 
+@pytest.mark.parametrize(
+    'text, message',
+    [
+        ('{not json', 'is not JSON (Expecting property name'),
+        ('{"clean": "a"}', 'holds dict'),
+        ('[]', 'holds list [], not a JSON list of'),
+        ('[{"clean": "a", "corrupted": "b", "answer": " c"}]', "pair 0 ({'clean': 'a'"),
+        ('[{"clean": "a", "corrupted": "b", "answer": " c", "wrong": 3}]', 'is not one of a JSON list of'),
+    ],
+)
+def test_a_pairs_file_that_is_not_pairs_is_refused_before_the_model_is_loaded(capsys, tmp_path, text, message):
+    """Before, a file that is not JSON failed with exit status 1 after the model was loaded; the manual promises 2
+    before loading (the model folder here does not exist: a load would fail otherwise)."""
+    path = tmp_path / 'pairs.json'
+    path.write_text(text)
+    line = refused(capsys, ['patching', '--pairs-file', str(path), '--model', str(tmp_path / 'no-model')])
+    assert f"--pairs-file '{path}'" in line and message in line
+
+
 def test_patching_options_are_the_library_s():
     """The CLI names the methods and defaults without importing the library: they must be the library's."""
     from zennit_attn.cli import patching
-    from zennit_attn.workflows.patching import DEFAULT_METHOD, DEFAULT_SPAN, DEFAULT_STEPS, PATCHING_METHODS
+    from zennit_attn.workflows.patching import (
+        DEFAULT_METHOD,
+        DEFAULT_SPAN,
+        DEFAULT_STEPS,
+        PATCHING_METHODS,
+        PromptPair,
+    )
 
     assert set(patching.METHODS) == set(PATCHING_METHODS)
+    assert ('task', *patching.PAIR_FIELDS) == tuple(PromptPair.__dataclass_fields__)
     defaults = (patching.DEFAULT_METHOD, patching.DEFAULT_STEPS, patching.DEFAULT_SPAN)
     assert defaults == (DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN)
 

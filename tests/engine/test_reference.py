@@ -358,7 +358,7 @@ def run_both(setup, target, position, variant, softmax_dtype=torch.float32):
     """
     model, ids = setup
     reference = ReferenceLlama(model, softmax_dtype)
-    exp = explain(model, ids, target=target, position=position, composite=COMPOSITES[variant]())
+    exp = explain(model, ids, target=target, position=position, method=variant, composite=COMPOSITES[variant]())
     positions = torch.as_tensor(SEQ - 1 if position == -1 else position).expand(len(ids)) % SEQ
     if target is None:
         targets = torch.stack([reference.forward(row).logits[p].argmax() for row, p in zip(ids, positions)])

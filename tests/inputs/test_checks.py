@@ -14,6 +14,7 @@ import transformers
 from zennit.composites import EpsilonPlusFlat, NameMapComposite
 from zennit.rules import Epsilon
 
+from tests.engine.architectures import tiny_architecture
 from tests.models import tiny_model, token_ids
 from zennit_attn import explain
 from zennit_attn.engine.canonizers.quantization import UnsupportedQuantizationError
@@ -22,6 +23,7 @@ from zennit_attn.inputs.checks import (
     check_length,
     check_model,
     is_causal,
+    keeps_left_padding,
     model_facts,
     rule_hooks,
     sees_later_tokens,
@@ -133,6 +135,104 @@ def test_encoders_are_not_causal_and_left_padding_is_refused(family, head):
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     with pytest.raises(ValueError, match='is not causal .* would give left-padded rows shifted positions'):
         explain(model, ids, attention_mask=mask, method='input_x_gradient')
+
+
+#: recurrent and hybrid architectures whose sequence mixing reads the attention mask: a left-padded row equals the
+#: row alone, to this share of its largest relevance (the gated delta rules compute in float32 also in float64)
+KEEPS_LEFT_PADDING = {
+    'mamba': 1e-10,
+    'falcon_mamba': 1e-10,
+    'mamba2': 1e-10,
+    'jamba': 1e-10,
+    'zamba': 1e-10,
+    'zamba2': 1e-10,
+    'bamba': 1e-10,
+    'falcon_h1': 1e-10,
+    'nemotron_h': 1e-10,
+    'lfm2': 1e-10,
+    'qwen3_next': 1e-6,
+    'qwen3_5': 1e-6,
+    'kimi_linear': 1e-6,
+    'olmo_hybrid': 1e-6,
+}
+#: recurrent architectures whose sequence mixing does not read the attention mask: RWKV's and xLSTM's recurrences,
+#: RecurrentGemma's convolution before its RG-LRU (which resets at position 0)
+MIXES_LEFT_PADDING = ('rwkv', 'xlstm', 'recurrent_gemma')
+
+
+def _recurrent(architecture: str) -> torch.nn.Module:
+    model = tiny_architecture(architecture)
+    model.config._experts_implementation = 'eager'  # grouped-mm kernels refuse float64
+    return model
+
+
+def _padded(rows: list[torch.Tensor], left: bool, pad: int = 5) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
+    """``(ids, attention_mask, spans)`` of ``rows`` padded with ``pad`` (an ordinary token: its embedding is not zero)
+    on the left or right."""
+    width = max(len(tokens) for tokens in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    spans = [slice(width - len(tokens), width) if left else slice(0, len(tokens)) for tokens in rows]
+    for row, (tokens, span) in enumerate(zip(rows, spans)):
+        ids[row, span], mask[row, span] = tokens, 1
+    return ids, mask, spans
+
+
+def _rows_equal_alone(model, rows: list[torch.Tensor], left: bool, tolerance: float) -> None:
+    """Each row of a padded batch explains as the row alone (CP-LRP, the same target), and the pads get 0."""
+    ids, mask, spans = _padded(rows, left)
+    batch = explain(model, ids, attention_mask=mask, method='cplrp', target=7)
+    for row, (tokens, span) in enumerate(zip(rows, spans)):
+        alone = explain(model, tokens[None], method='cplrp', target=7)
+        scale = float(alone.relevance.abs().max())
+        assert abs(float(batch.logit[row] - alone.logit[0])) <= tolerance * abs(float(alone.logit[0]))
+        assert float((batch.relevance[row, span] - alone.relevance[0]).abs().max()) <= tolerance * scale
+        pads = torch.ones(ids.shape[1], dtype=torch.bool)
+        pads[span] = False
+        assert bool((batch.relevance[row, pads] == 0).all())
+
+
+def _rows(seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(10, 90, (length,), generator=generator) for length in (6, 4, 3)]
+
+
+@pytest.mark.parametrize('architecture', KEEPS_LEFT_PADDING)
+def test_left_padded_rows_of_recurrences_that_read_the_mask_equal_the_rows_alone(architecture):
+    model = _recurrent(architecture)
+    assert keeps_left_padding(model) is True
+    _rows_equal_alone(model, _rows(), left=True, tolerance=KEEPS_LEFT_PADDING[architecture])
+
+
+@pytest.mark.parametrize('architecture', MIXES_LEFT_PADDING)
+def test_left_padding_is_refused_where_the_recurrence_mixes_the_pads_into_the_row(architecture):
+    """Before, RWKV's left-padded row had the logit 1.263 where the row alone has 1.378, and its relevance summed to
+    1.110; right padding (after the explained token) gives each row's own explanation."""
+    model = _recurrent(architecture)
+    assert keeps_left_padding(model) is False
+    ids, mask, _ = _padded(_rows(), left=True)
+    name = type(model).__name__
+    with pytest.raises(
+        ValueError,
+        match=f'pads rows on the left, and {name} does not keep the pads out .* one at a '
+        'time, or pad them on the right',
+    ):
+        explain(model, ids, attention_mask=mask, method='cplrp')
+    with pytest.raises(ValueError, match=f'{name} does not keep the pads out'):
+        explain(model, ids, attention_mask=mask, method='input_x_gradient')
+    _rows_equal_alone(model, _rows(), left=False, tolerance=1e-10)
+
+
+def test_the_left_padding_probe_pads_with_an_ordinary_token():
+    """RecurrentGemma's padding_idx 0 has a zero embedding, which its convolution would carry into the row unseen: the
+    probe pads with other tokens; the facts keep its answer (one probe per model)."""
+    model = _recurrent('recurrent_gemma')
+    assert model.get_input_embeddings().padding_idx == 0
+    probes = []
+    model.base_model.register_forward_pre_hook(lambda module, args, kwargs: probes.append(kwargs), with_kwargs=True)
+    assert keeps_left_padding(model) is False and keeps_left_padding(model) is False
+    assert len(probes) == 3
+    assert all(int(kwargs['input_ids'][0, 0]) != 0 for kwargs in probes[1:])
 
 
 # ------------------------------------------------------------------------------------------------ facts of a model

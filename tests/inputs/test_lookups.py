@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from tests.engine.architectures import tiny_architecture
 from tests.models import tiny_model, two_tables
 from zennit_attn import explain
 from zennit_attn.inputs.lookups import TokenLookups, id_tables, needs_ids
@@ -212,3 +213,18 @@ def test_tables_are_told_apart_by_their_index_not_their_size():
         rows = (model.embed(ids) + model.per_token(ids)) * model.scale
         expected = (rows * model.head.weight[target]).sum(-1)[0]
     torch.testing.assert_close(explanation.relevance[0], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_a_table_given_the_ids_that_looks_up_positions_is_not_a_table_of_the_ids():
+    """BigBird-Pegasus's decoder passes ``input_ids`` to its learned positions, which look up ``arange(seq)`` (one
+    ``[seq, hidden]`` row per position, not per token): before, that table was taken for a second table of the ids
+    and CP-LRP crashed on its 2-D relevance (``IndexError: Dimension out of range``). It is a constant of the model
+    (zero here, with the biases), and the word embeddings carry all relevance: CP-LRP conserves the logit exactly."""
+    model = tiny_architecture('bigbird_pegasus')
+    assert id_tables(model, model.get_input_embeddings()) == []
+    ids = torch.tensor([[15, 27, 33, 8, 61, 42]])
+    explanation = explain(model, ids, method='cplrp')
+    assert float(explanation.relevance.sum()) == pytest.approx(float(explanation.logit[0]), rel=1e-12)
+    torch.testing.assert_close(explanation.relevance, explanation.embedding_relevance.sum(-1), rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(explanation.logit[0], model(ids).logits[0, -1, explanation.target[0]])

@@ -133,4 +133,5 @@ def test_method_on_family(family, method):
 @pytest.mark.parametrize('family', GRID)
 def test_composite_on_family(family, composite):
     model, kwargs, plain = build(family)
-    check(composite, model, kwargs, plain, explain(model, composite=COMPOSITES[composite](), **kwargs))
+    method = 'cplrp' if composite.startswith('CPLRP') else 'attnlrp'
+    check(composite, model, kwargs, plain, explain(model, method=method, composite=COMPOSITES[composite](), **kwargs))

@@ -13,10 +13,13 @@ from transformers import AttentionInterface
 from tests.models import tiny_model, token_ids
 from tests.numbers import assert_close, relative_error
 from zennit_attn import explain
-from zennit_attn.engine.composites import CPLRPEpsilon
+from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma, RelPEpsilon
+from zennit_attn.engine.rules import ConstantGates, Uniform
 from zennit_attn.inputs.task import TokenTask as Task
 from zennit_attn.latent import Neuron
 from zennit_attn.methods.attention import attention_maps
+from zennit_attn.methods.lrp import attribute
+from zennit_attn.methods.propagation import lrp_method
 from zennit_attn.methods.registry import METHODS, check_params
 
 FAST = {'kernelshap': dict(samples=32), 'integrated_gradients': dict(steps=2), 'smoothgrad': dict(samples=2)}
@@ -97,14 +100,52 @@ def test_metadata_says_what_the_method_does(llama, ids, name):
     else:
         with pytest.raises(ValueError, match='cannot explain a Neuron target'):
             explain(llama, ids, method=name, target=neuron, **params)
-    if entry.lrp:
+    if entry.lrp:  # a composite of the method's own product rule replaces the default
+        composite = CPLRPEpsilon(epsilon=0.5) if name == 'cplrp' else AttnLRPEpsilon(epsilon=0.5)
         torch.testing.assert_close(
-            explain(llama, ids, method=name, composite=CPLRPEpsilon()).relevance,
-            explain(llama, ids, method='cplrp').relevance,
+            explain(llama, ids, method=name, composite=composite).relevance,
+            attribute(Task(llama, ids), -1, None, composite, name).relevance,
         )
     else:
         with pytest.raises(ValueError, match='composite= applies to the LRP methods'):
             explain(llama, ids, method=name, composite=CPLRPEpsilon(), **params)
+
+
+@pytest.mark.parametrize(
+    'method, composite, rule',
+    [
+        ('cplrp', AttnLRPEpsilon(), 'Uniform'),
+        ('attnlrp', CPLRPEpsilon(), 'ConstantGates'),
+        ('attnlrp', AttnLRPEpsilon(product_rule=ConstantGates()), 'ConstantGates'),
+        ('cplrp', CPLRPGamma(product=Uniform()), 'Uniform'),
+        ('attnlrp', AttnLRPGamma(product=ConstantGates()), 'ConstantGates'),
+    ],
+)
+def test_a_composite_of_the_other_methods_rule_is_refused(llama, ids, method, composite, rule):
+    """Before, ``explain(method='cplrp', composite=AttnLRPEpsilon())`` returned AttnLRP's relevance labelled 'cplrp'."""
+    name = type(composite).__name__
+    with pytest.raises(
+        ValueError,
+        match=rf"method='{method}' and composite={name}\(\) conflict: the composite applies "
+        rf"{rule}, the product rule of '{lrp_method(composite)}'.* pass method=",
+    ):
+        explain(llama, ids, method=method, composite=composite)
+
+
+def test_composites_of_the_methods_rule_or_of_other_rules_are_taken(llama, ids):
+    """The CP-LRP composites under 'cplrp' give CP-LRP's relevance, labelled so; RelP's rules are neither method's
+    and are taken under either name (the composite a user passes)."""
+    for method, composite in (('cplrp', CPLRPEpsilon()), ('attnlrp', AttnLRPEpsilon())):
+        given = explain(llama, ids, method=method, composite=composite)
+        assert given.method == method
+        assert torch.equal(given.relevance, explain(llama, ids, method=method).relevance)
+    assert [lrp_method(composite) for composite in (CPLRPGamma(), AttnLRPGamma(), RelPEpsilon())] == [
+        'cplrp',
+        'attnlrp',
+        'attnlrp',
+    ]
+    relp = explain(llama, ids, method='cplrp', composite=RelPEpsilon())
+    torch.testing.assert_close(relp.relevance, explain(llama, ids, composite=RelPEpsilon()).relevance)
 
 
 @pytest.mark.parametrize(

@@ -228,6 +228,68 @@ def test_refusals(llama, pairs):
         relevance_patching(tiny_model('mixtral'), clean, corrupted, ANSWERS, WRONG, components=('mlp',))
 
 
+@pytest.mark.parametrize('patching', [relevance_patching, activation_patching])
+@pytest.mark.parametrize(
+    'arguments, match',
+    [
+        (dict(clean=[], corrupted=[]), r'clean holds no token ids \(shape \(0,\)\)'),
+        (dict(clean=torch.zeros(0, 4, dtype=torch.long)), r'clean holds no token ids \(shape \(0, 4\)\)'),
+        (dict(clean=torch.zeros(3, 0, dtype=torch.long)), r'clean holds no token ids \(shape \(3, 0\)\)'),
+        (dict(corrupted=torch.full((3, 6), 100)), 'corrupted holds ids from 100 to 100, but the vocabulary'),
+        (dict(answers=torch.tensor([1, 100, 3])), r"answers= holds the token id 100, outside the model's 100 logits"),
+        (dict(wrong=torch.tensor([4, 5, 1000])), r"wrong= holds the token id 1000, outside the model's 100 logits"),
+        (dict(answers=-1), 'answers= holds the negative token id -1'),
+    ],
+)
+def test_empty_pairs_and_ids_outside_the_vocabulary_are_refused(llama, pairs, patching, arguments, match):
+    """Before: raw reshape and index errors (``cannot reshape tensor of 0 elements``, ``index 100 is out of
+    bounds``)."""
+    clean, corrupted = pairs
+    given = dict(clean=clean, corrupted=corrupted, answers=ANSWERS, wrong=WRONG)
+    given.update(arguments)
+    extra = {'progress': False} if patching is activation_patching else {}
+    with pytest.raises(ValueError, match=match):
+        patching(llama, **given, **extra)
+
+
+def test_layers_have_one_numbering_for_every_component(llama, pairs):
+    """Layer l is block l for every component (the residual stream entering it), -1 the last block; the residual
+    stream's extra layer L (leaving the last block) is refused with components that do not have it. Before,
+    ``layers=[2]`` of 2 blocks was refused for ``('attention',)`` but accepted with ``('residual', 'attention')``,
+    where the attention scores came back all 0."""
+    clean, corrupted = pairs
+    blocks = llama.config.num_hidden_layers
+    both = ('residual', 'attention')
+    full = activation_patching(llama, clean, corrupted, ANSWERS, WRONG, components=both, progress=False)
+    for layers, patched in (([1], 1), ([-1], blocks - 1), ([0], 0)):
+        chosen = activation_patching(
+            llama, clean, corrupted, ANSWERS, WRONG, components=both, progress=False, layers=layers
+        )
+        for component in both:
+            torch.testing.assert_close(chosen[component][:, patched], full[component][:, patched], **TIGHT)
+            others = [layer for layer in range(chosen[component].shape[1]) if layer != patched]
+            assert (chosen[component][:, others] == 0).all()
+    last = activation_patching(
+        llama, clean, corrupted, ANSWERS, WRONG, components=('residual',), progress=False, layers=[blocks]
+    )
+    torch.testing.assert_close(last['residual'][:, blocks], full['residual'][:, blocks], **TIGHT)
+    for components in (('attention',), both, ('attention', 'residual')):
+        with pytest.raises(
+            ValueError,
+            match=rf"layers=\[{blocks}\]: 'attention' has no layer {blocks} \(of {blocks} "
+            rf'blocks\); its layers are 0 to {blocks - 1}',
+        ):
+            activation_patching(
+                llama, clean, corrupted, ANSWERS, WRONG, components=components, progress=False, layers=[blocks]
+            )
+    with pytest.raises(ValueError, match=rf"layers=\[{-blocks - 1}\]: 'residual' has no layer {-blocks - 1}"):
+        activation_patching(
+            llama, clean, corrupted, ANSWERS, WRONG, components=both, progress=False, layers=[-blocks - 1]
+        )
+    with pytest.raises(ValueError, match='layers must be a non-empty list of integers'):
+        activation_patching(llama, clean, corrupted, ANSWERS, WRONG, components=both, progress=False, layers=[])
+
+
 def test_half_gates_rule_and_the_plain_engine_is_atp(llama, pairs):
     rule = HalfGates()
     assert rule.shares([ACTIVATION, None]) == (0.5, 0.5)  # silu(gate) * up

@@ -47,6 +47,26 @@ def test_batching_and_order_do_not_change_the_relevance():
     assert swapped.score == pytest.approx(whole.score)
 
 
+@pytest.mark.parametrize(
+    'arguments, match',
+    [
+        (dict(a=[A, B]), r'a= is a list of 2 items: explain_similarity compares one input with one other'),
+        (dict(b=None), 'b= is None: explain_similarity compares two inputs'),
+        (dict(batch_size=0), 'batch_size must be a positive integer .* got 0'),
+        (dict(batch_size=2.5), 'batch_size must be a positive integer .* got 2.5'),
+        (dict(a=''), "a='' gives no tokens: nothing to explain"),
+        (dict(b=torch.zeros(3, 8, 8).numpy()), 'b= is an image \\(ndarray\\), which needs the processor'),
+    ],
+)
+def test_arguments_are_refused_by_name(arguments, match):
+    """Before: "an image needs the processor" for a list of texts or None, ``range()`` and reshape errors."""
+    given = dict(a=A, b=B, batch_size=64) | arguments
+    with pytest.raises(ValueError, match=match):
+        explain_similarity(
+            tiny_encoder(), given['a'], given['b'], byte_level_tokenizer(), batch_size=given['batch_size']
+        )
+
+
 class Output:
     def __init__(self, last_hidden_state):
         self.last_hidden_state = last_hidden_state
@@ -96,7 +116,7 @@ def test_refusals():
     model, tokenizer = tiny_encoder(), byte_level_tokenizer()
     with pytest.raises(ValueError, match='similarity must be one of'):
         explain_similarity(model, A, B, tokenizer, similarity='euclidean')
-    with pytest.raises(ValueError, match='a text needs its tokenizer'):
+    with pytest.raises(ValueError, match='a= is a text, which needs its tokenizer'):
         explain_similarity(model, A, B)
     with pytest.raises(ValueError, match="pooling='features' needs a model with get_text_features"):
         explain_similarity(model, A, B, tokenizer, pooling='features')

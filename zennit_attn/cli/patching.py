@@ -6,6 +6,7 @@ against activation patching. The manual, the parser and the checks; the run step
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from .checks import check_output_option
@@ -14,7 +15,19 @@ from .library import heavy
 from .models import check_installed, check_model_options
 from .options import Formatter, add_debug, add_model_options
 
-__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'TASKS', 'METHODS', 'COMPONENTS', 'add_parser', 'check', 'run']
+__all__ = [
+    'NAME',
+    'DESCRIPTION',
+    'EPILOG',
+    'TASKS',
+    'METHODS',
+    'COMPONENTS',
+    'PAIR_FIELDS',
+    'add_parser',
+    'check',
+    'read_pairs_file',
+    'run',
+]
 
 NAME = 'patching'
 #: ``--task`` values: the tasks of :py:mod:`zennit_attn.workflows.patching.tasks`
@@ -26,6 +39,9 @@ METHODS = ('atp', 'attnlrp', 'relp', 'mlp_rules', 'cplrp')
 DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN = 'atp', 4, 1.0
 #: ``--components`` values: :py:data:`zennit_attn.workflows.patching.COMPONENTS`
 COMPONENTS = ('residual', 'attention', 'heads', 'mlp', 'neurons')
+#: the texts of a pair in a ``--pairs-file``: the fields of :py:class:`zennit_attn.workflows.patching.PromptPair` (its
+#: ``task`` optional)
+PAIR_FIELDS = ('clean', 'corrupted', 'answer', 'wrong')
 
 DESCRIPTION = """\
 Find the components of the model that carry a behaviour (a circuit), by relevance patching of prompt pairs.
@@ -134,13 +150,31 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f'--steps must be at least 1, got {args.steps}')
     if not 0 < args.span <= 1:
         raise UsageError(f'--span must be in (0, 1], got {args.span}')
-    if args.pairs_file is not None and not args.pairs_file.is_file():
-        raise UsageError(f'--pairs-file {str(args.pairs_file)!r} is not a file')
+    args.pair_entries = None if args.pairs_file is None else read_pairs_file(args.pairs_file)
     if len(set(args.components)) != len(args.components):
         raise UsageError(f'--components names a component twice: {" ".join(args.components)}')
     check_model_options(args)
     args.output = check_output_option(args.output, '--output', ('.html', '.png'))
     check_installed(args.model_spec)
+
+
+def read_pairs_file(path: Path) -> list[dict]:
+    """The pairs of a ``--pairs-file``: a JSON list of objects with the texts :py:data:`PAIR_FIELDS` (and optionally
+    a ``task`` name), checked before the model is loaded (:py:class:`~zennit_attn.cli.errors.UsageError`, exit 2)."""
+    if not path.is_file():
+        raise UsageError(f'--pairs-file {str(path)!r} is not a file')
+    try:
+        entries = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UsageError(f'--pairs-file {str(path)!r} is not JSON ({error})') from None
+    expected = f'a JSON list of {{{", ".join(map(repr, PAIR_FIELDS))}}} objects (texts)'
+    if not isinstance(entries, list) or not entries:
+        raise UsageError(f'--pairs-file {str(path)!r} holds {type(entries).__name__} {entries!r:.60}, not {expected}')
+    for index, entry in enumerate(entries):
+        texts = isinstance(entry, dict) and all(isinstance(entry.get(key), str) for key in PAIR_FIELDS)
+        if not texts or not isinstance(entry.get('task', ''), str):
+            raise UsageError(f'--pairs-file {str(path)!r}: pair {index} ({entry!r:.60}) is not one of {expected}')
+    return entries
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,6 +31,8 @@ __all__ = [
     'model_facts',
     'is_causal',
     'sees_later_tokens',
+    'keeps_left_padding',
+    'check_left_padding',
     'is_image_model',
     'check_model',
     'offloaded_modules',
@@ -205,6 +207,89 @@ def _sees_later_tokens(model: torch.nn.Module) -> bool | None:
     earlier = states[:, :2].double()
     change = float((earlier[0] - earlier[1]).abs().max())
     return change > 1e-6 * max(float(earlier.abs().max()), torch.finfo(torch.float64).tiny)
+
+
+#: Pad tokens the probe of :py:func:`keeps_left_padding` puts before its row
+_PROBE_PADS = 2
+#: How many units of rounding two padded rows of :py:func:`keeps_left_padding` may differ by
+_ROUNDING = 64
+
+
+def keeps_left_padding(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool | None:
+    """Whether a left-padded row gives the model's outputs of the row alone, by experiment: the model (without
+    gradients) on three tokens, and on the same tokens after two pads masked by the ``attention_mask`` (with the
+    ``position_ids`` :py:class:`~zennit_attn.inputs.task.TokenTask` passes for left padding: 0 from the first token),
+    once with each of two pad tokens. False if the two padded runs differ at the three tokens beyond rounding (the
+    pads reach the row), or if they differ from the row alone beyond the square root of float32's precision
+    (transformers' recurrences compute in float32 also for float64 models); True otherwise. The pads are ordinary
+    tokens, not the table's ``padding_idx`` (whose embedding is often zero and would hide a model that mixes the pads'
+    embeddings into the tokens after them).
+
+    Softmax attention masks the pads' keys, and the scans of Mamba, Mamba-2 and the gated delta rules of transformers
+    zero the padded inputs; a recurrence or a convolution that does not read the mask carries the pads into the row
+    (transformers' RWKV, xLSTM and RecurrentGemma): its left-padded rows are other inputs than the rows alone. Cost:
+    three forward passes of a few tokens, once per model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as
+    for :py:func:`is_causal`). None where it cannot be told (as for :py:func:`sees_later_tokens`).
+    """
+    facts = model_facts(model) if facts is None else facts
+    return facts.known('keeps left padding', lambda: _keeps_left_padding(model))
+
+
+def _keeps_left_padding(model: torch.nn.Module) -> bool | None:
+    ids = _probe_ids(model)
+    if ids is None:
+        return None
+    row = ids[:1]
+    padding_idx = getattr(model.get_input_embeddings(), 'padding_idx', None)
+    pads = [pad for pad in range(int(row.max()) + 1, int(row.max()) + 4) if pad != padding_idx][:2]
+    mask = torch.ones(1, _PROBE_PADS + row.shape[1], dtype=torch.long, device=row.device)
+    mask[:, :_PROBE_PADS] = 0
+    base = getattr(model, 'base_model', None)
+    base = base if isinstance(base, torch.nn.Module) else model
+    parameters = forward_parameters(base)
+    kwargs = {'use_cache': False} if 'use_cache' in parameters else {}
+    positions = {'position_ids': (mask.cumsum(-1) - 1).clamp(min=0)} if 'position_ids' in parameters else {}
+    try:
+        with torch.no_grad():
+            outputs = [output_scores(base(input_ids=row, attention_mask=torch.ones_like(row), **kwargs))]
+            for pad in pads:
+                padded = torch.cat([torch.full_like(mask[:, :_PROBE_PADS], pad), row], -1)
+                outputs.append(output_scores(base(input_ids=padded, attention_mask=mask, **positions, **kwargs)))
+    except Exception:  # a model that needs more than token ids (images, a decoder input): not decided here
+        return None
+    if not all(isinstance(output, torch.Tensor) and output.dim() >= 3 for output in outputs):
+        return None
+    if outputs[1].shape[1] != mask.shape[1]:
+        return None
+    eps = torch.finfo(outputs[0].dtype).eps
+    alone, first, second = (output[:, -row.shape[1] :].double() for output in outputs)
+    scale = max(float(alone.abs().max()), torch.finfo(torch.float64).tiny)
+    # the pads reach the row: two pad tokens give two outputs (where the mask is read, the same to rounding)
+    if float((first - second).abs().max()) > _ROUNDING * eps * scale:
+        return False
+    # the row changes otherwise (shifted positions); transformers' recurrences compute in float32 also in float64
+    tolerance = max(eps, torch.finfo(torch.float32).eps) ** 0.5
+    return float((alone - first).abs().max()) <= tolerance * scale
+
+
+def check_left_padding(model: torch.nn.Module, attention_mask: torch.Tensor, facts: ModelFacts | None = None) -> None:
+    """Refuse a left-padded batch (a row whose ``attention_mask`` starts with 0) for a model whose left-padded rows
+    are not the rows alone (:py:func:`keeps_left_padding`): its explanation of such a row would be that of another
+    input, pads included.
+
+    Raises
+    ------
+    ValueError
+        Naming the model and what to do: explain the rows one at a time, or pad on the right.
+    """
+    if not bool((attention_mask[:, 0] == 0).any()) or keeps_left_padding(model, facts) is not False:
+        return
+    raise ValueError(
+        f'attention_mask pads rows on the left, and {type(model).__name__} does not keep the pads out of the tokens '
+        'after them (its sequence mixing does not read the attention mask: a left-padded row gives other outputs '
+        "than the row alone, so its explanation would not be the row's own): explain the rows one at a time, or pad "
+        "them on the right (tokenizer.padding_side = 'right')"
+    )
 
 
 def is_image_model(model: torch.nn.Module) -> bool:

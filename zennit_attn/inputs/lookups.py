@@ -45,9 +45,10 @@ def id_tables(
     falling order (``input_ids`` only) until each candidate has been looked up once: a table is looked up with the
     ids if its index has their shape and equals them at at least half of the entries (a table indexed by a tensor
     computed from the ids, such as Gemma 3n's ``where(ids < rows, ids, 0)``, counts; positions and token types rise
-    or stay constant, so they equal falling ids at one entry at most). A forward pass that fails on the ids alone
-    (a model that needs images or a decoder input) ends the search with the tables found before it.
-    Encoder-decoder models have none (their decoder's table is the decoder's input).
+    or stay constant, so they equal falling ids at one entry at most), and it returns a row per id
+    (:py:func:`_looks_up`). A forward pass that fails on the ids alone (a model that needs images or a decoder input)
+    ends the search with the tables found before it. Encoder-decoder models have none (their decoder's table is the
+    decoder's input).
 
     The tables are a fact of the model (:py:class:`~zennit_attn.inputs.checks.ModelFacts`, for each ``word``): the
     search runs once per model and is kept while the model stays the same; ``facts``: the model's facts if the caller
@@ -102,12 +103,7 @@ def _search_id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> l
 
     def hook(name):
         def record(module, args, output):
-            index = args[0] if args else None
-            if (
-                isinstance(index, torch.Tensor)
-                and index.shape == ids.shape
-                and 2 * int((index == ids.to(index.device)).sum()) >= ids.numel()
-            ):
+            if _looks_up(args, output, ids):
                 found.add(name)
             seen.add(name)
             if len(seen) == len(candidates):
@@ -126,6 +122,22 @@ def _search_id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> l
         for handle in handles:
             handle.remove()
     return [(name, module) for name, module in candidates if name in found]
+
+
+def _looks_up(args: tuple, output, ids: torch.Tensor) -> bool:
+    """Whether a table's call (its positional ``args`` and ``output``) is a lookup of the token ids ``ids``: its index
+    (the first argument) has their shape and equals them at at least half of the entries (a model may replace some,
+    e.g. image placeholders), and the output has a row per id (``[*ids.shape, ...]``). A table called with the ids
+    that looks up something else in them is not (BigBird-Pegasus's decoder passes ``input_ids`` to its learned
+    positions, which look up ``arange(seq)``: ``[seq, hidden]``, a constant of the model like a bias)."""
+    index = args[0] if args else None
+    return (
+        isinstance(index, torch.Tensor)
+        and index.shape == ids.shape
+        and isinstance(output, torch.Tensor)
+        and output.shape[: ids.dim()] == ids.shape
+        and 2 * int((index == ids.to(index.device)).sum()) >= ids.numel()
+    )
 
 
 def needs_ids(
@@ -225,11 +237,10 @@ class TokenLookups:
         """Within the context, the word embedding of ``ids`` is ``embeddings``; after :py:meth:`record`, the
         embeddings and every other table's lookup of the ids (a new leaf) pass ``x * g`` as their gradient (their
         relevance, read with LRP). Otherwise the other tables' lookups are kept as the model computes them, if
-        ``fixed`` allows it. A table's lookup is one
-        of the ids if its index has their shape and equals them at at least half of the entries (a model may
-        replace some, e.g. image placeholders); other lookups of the tables (positions) are left alone. A word lookup
-        of more ids that end with the explained ones (tokens the model puts ahead of them) keeps the model's rows for
-        the others (:py:attr:`own`).
+        ``fixed`` allows it. A table's lookup is one of the ids as :py:func:`id_tables` tells it
+        (:py:func:`_looks_up`); other lookups of the tables (positions) are left alone. A word lookup of more ids that
+        end with the explained ones (tokens the model puts ahead of them) keeps the model's rows for the others
+        (:py:attr:`own`).
 
         Raises
         ------
@@ -298,13 +309,7 @@ class TokenLookups:
         leaf of ``leaves`` (an LRP run), stays as the model computes it (``fixed``), or is refused."""
 
         def hook(module, args, output):
-            index = args[0] if args else None
-            if (
-                not torch.is_grad_enabled()
-                or not isinstance(index, torch.Tensor)
-                or index.shape != ids.shape
-                or 2 * int((index == ids.to(index.device)).sum()) < ids.numel()
-            ):
+            if not torch.is_grad_enabled() or not _looks_up(args, output, ids):
                 return None  # not the tokens (positions), or without gradients (carrying no relevance)
             if leaves is not None:
                 leaves.append(output.detach().requires_grad_(True))
@@ -323,5 +328,5 @@ class TokenLookups:
     def token_relevance(relevances: list[torch.Tensor]) -> torch.Tensor | None:
         """``[batch, seq]`` the relevance of the other tables' lookups (``[batch, seq, ...]`` each) per token, None
         for none."""
-        sums = [relevance.flatten(2).sum(-1) for relevance in relevances]
+        sums = [relevance.reshape(*relevance.shape[:2], -1).sum(-1) for relevance in relevances]
         return sum(sums[1:], sums[0]) if sums else None

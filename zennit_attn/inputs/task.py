@@ -27,6 +27,7 @@ from ..engine.modules import forward_parameters, output_scores
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
     check_ids,
+    check_left_padding,
     check_length,
     check_model,
     check_vocabulary,
@@ -403,6 +404,7 @@ class TokenTask(Task):
                     'position_ids'
                 )
             kwargs['position_ids'] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        check_left_padding(self.model, mask, self.facts)
 
     def base_kwargs(self) -> dict:
         kwargs = dict(self.model_kwargs)

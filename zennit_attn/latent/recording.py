@@ -1,8 +1,8 @@
 """Recording latent relevance during the one backward pass of an explanation, and ranking neurons by it.
 
-Under the gradient x input formulation the engine uses (DESIGN section 2; paper section 3.5: "we obtain relevance
-values for each latent neuron as a by-product"), the relevance of any tensor ``x`` on the relevance path is
-``x * g``, ``g`` the modified gradient reaching it. Recording a site is a forward hook that keeps the tensor and a
+Under the gradient x input formulation the engine uses (paper section 3.5: "we obtain relevance values for each
+latent neuron as a by-product"), the relevance of any tensor ``x`` on the relevance path is ``x * g``, ``g`` the
+modified gradient reaching it. Recording a site is a forward hook that keeps the tensor and a
 tensor hook that reads its gradient; neither changes the forward or the backward pass, so the token relevance is
 bit-identical with and without recording. The relevance of the neurons of a bias-free FFN down projection sums
 to the relevance of the MLP output (the epsilon rule of Eq. 8 with zero bias conserves), the heads' to the

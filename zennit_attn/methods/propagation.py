@@ -5,11 +5,51 @@ from __future__ import annotations
 
 from zennit.core import Composite
 
-from ..engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
+from ..engine.composites import AttnLRPComposite, AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
+from ..engine.rules import ConstantGates, ProductRule, Uniform
 from ..inputs.task import ImageTask, Task
 from .lrp import attribute
 
-__all__ = ['attnlrp', 'cplrp']
+__all__ = ['attnlrp', 'cplrp', 'METHOD_RULES', 'check_composite', 'lrp_method']
+
+#: The product rule each LRP method names (the paper's distinction between AttnLRP and CP-LRP: relevance through the
+#: attention probabilities and gates, or none): a zennit-attn composite that applies the other method's rule is
+#: refused under this method's name.
+METHOD_RULES: dict[str, type[ProductRule]] = {'attnlrp': Uniform, 'cplrp': ConstantGates}
+
+
+def lrp_method(composite: Composite) -> str:
+    """The LRP method whose product rule (:py:data:`METHOD_RULES`) ``composite`` applies: ``'cplrp'`` for a
+    composite with :py:class:`~zennit_attn.engine.rules.ConstantGates`, else ``'attnlrp'`` (for composites of other
+    rules, too: :py:func:`check_composite` takes them under either name)."""
+    rules = composite.product_rules() if isinstance(composite, AttnLRPComposite) else ()
+    return next((name for name, cls in METHOD_RULES.items() if any(isinstance(rule, cls) for rule in rules)), 'attnlrp')
+
+
+def check_composite(composite: Composite, method: str) -> None:
+    """Refuse a zennit-attn composite whose product rules (:py:meth:`~zennit_attn.engine.composites.AttnLRPComposite.
+    product_rules`) include another LRP method's (:py:data:`METHOD_RULES`): ``explain(method='cplrp',
+    composite=AttnLRPEpsilon())`` would return AttnLRP's relevance labelled ``'cplrp'``. Composites with other rules
+    (RelP's, a user's own, zennit's composites) are taken as they are.
+
+    Raises
+    ------
+    ValueError
+        Naming the method, the composite and its rule, and what to do.
+    """
+    if not isinstance(composite, AttnLRPComposite):
+        return
+    own = METHOD_RULES[method]
+    for rule in composite.product_rules():
+        other = next(
+            (name for name, cls in METHOD_RULES.items() if isinstance(rule, cls) and not isinstance(rule, own)), None
+        )
+        if other is not None:
+            raise ValueError(
+                f'method={method!r} and composite={type(composite).__name__}() conflict: the composite applies '
+                f'{type(rule).__name__}, the product rule of {other!r}, so its relevance is not {method!r}; pass '
+                f"method={other!r} with this composite, or leave composite= out for {method!r}'s own"
+            )
 
 
 def attnlrp(task: Task, position=-1, target=None, composite: Composite | None = None):
@@ -19,6 +59,7 @@ def attnlrp(task: Task, position=-1, target=None, composite: Composite | None = 
     Cost: one forward and one backward pass."""
     if composite is None:
         composite = AttnLRPGamma() if isinstance(task, ImageTask) else AttnLRPEpsilon()
+    check_composite(composite, 'attnlrp')
     return attribute(task, position, target, composite, 'attnlrp')
 
 
@@ -29,4 +70,5 @@ def cplrp(task: Task, position=-1, target=None, composite: Composite | None = No
     pass."""
     if composite is None:
         composite = CPLRPGamma() if isinstance(task, ImageTask) else CPLRPEpsilon()
+    check_composite(composite, 'cplrp')
     return attribute(task, position, target, composite, 'cplrp')

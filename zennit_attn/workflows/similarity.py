@@ -183,18 +183,42 @@ def _image_relevance(embedding, batch: dict, composite: Composite, seed: torch.T
     return gradient.sum(1)
 
 
-def _prepared(model, item, tokenizer, processor, pooling: str) -> tuple[torch.nn.Module, dict, list[str]]:
-    """The embedding module, its inputs and the labels of the relevance's positions for one input (a text, or an
-    image for a CLIP-like model with ``processor``)."""
+def _check_arguments(a, b, batch_size) -> None:
+    """Refuse what :py:func:`explain_similarity` cannot compare (no input, several inputs for one side) and a
+    ``batch_size`` that is not a positive integer, each naming the argument."""
+    for name, item in (('a', a), ('b', b)):
+        if item is None:
+            raise ValueError(f'{name}= is None: explain_similarity compares two inputs, a text or an image each')
+        if isinstance(item, (list, tuple)):
+            raise ValueError(
+                f'{name}= is a {type(item).__name__} of {len(item)} items: explain_similarity compares one input with '
+                'one other (a text or an image each); call it once per pair'
+            )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f'batch_size must be a positive integer (embedding dimensions per backward pass), got {batch_size!r}'
+        )
+
+
+def _prepared(model, item, tokenizer, processor, pooling: str, name: str) -> tuple[torch.nn.Module, dict, list[str]]:
+    """The embedding module, its inputs and the labels of the relevance's positions for one input ``name`` (a text,
+    or an image for a CLIP-like model with ``processor``)."""
     if isinstance(item, str):
         if tokenizer is None:
-            raise ValueError('a text needs its tokenizer (tokenizer=..., or processor=... for CLIP-like models)')
+            raise ValueError(
+                f'{name}= is a text, which needs its tokenizer (tokenizer=..., or processor=... for CLIP-like models)'
+            )
         encoded = tokenizer(item, return_tensors='pt')
+        if encoded['input_ids'].shape[-1] == 0:
+            raise ValueError(f'{name}={item!r} gives no tokens: nothing to explain')
         inputs = {'input_ids': encoded['input_ids'], 'attention_mask': encoded['attention_mask']}
         labels = tokenizer.convert_ids_to_tokens(encoded['input_ids'][0].tolist())
         return TextEmbedding(model, pooling), inputs, labels
     if not torch.is_tensor(item) and processor is None:
-        raise ValueError('an image needs the processor of its model (processor=...), or pass its pixel_values')
+        raise ValueError(
+            f'{name}= is an image ({type(item).__name__}), which needs the processor of its model (processor=...), or '
+            'pass its pixel_values'
+        )
     pixels = item if torch.is_tensor(item) else processor(images=item, return_tensors='pt')['pixel_values']
     dtype = next(model.parameters()).dtype
     return ImageEmbedding(model), {'pixel_values': pixels.to(dtype)}, []
@@ -221,7 +245,8 @@ def explain_similarity(
         A sentence encoder (e.g. all-MiniLM-L6-v2's ``BertModel``) or a CLIP-like model, in eval mode.
     a, b: str or image
         The two inputs: texts (tokenized with ``tokenizer``, or ``processor.tokenizer``), or images (a PIL image or
-        array prepared by ``processor``, or ``pixel_values`` of batch 1).
+        array prepared by ``processor``, or ``pixel_values`` of batch 1); one each (a list is refused: call it per
+        pair).
     tokenizer, processor: optional
         The model's tokenizer; the processor of a CLIP-like model (its tokenizer is used for texts).
     pooling: str, optional
@@ -233,7 +258,7 @@ def explain_similarity(
         The rules (default :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`; ``CPLRPEpsilon()`` conserves
         exactly without biases).
     batch_size: int
-        Embedding dimensions explained per backward pass.
+        Embedding dimensions explained per backward pass (a positive integer).
     progress: bool
         Show a progress bar over the dimensions.
 
@@ -241,15 +266,22 @@ def explain_similarity(
     -------
     SimilarityExplanation
         ``relevance[i, j]`` of token (or patch) ``i`` of ``a`` and ``j`` of ``b``, the score, the labels.
+
+    Raises
+    ------
+    ValueError
+        For ``a`` or ``b`` None or a list, a text without tokenizer or that gives no tokens, an image without
+        processor, ``batch_size`` not a positive integer, an unknown ``similarity``, a model in training mode.
     """
     if similarity not in SIMILARITIES:
         raise ValueError(f'similarity must be one of {SIMILARITIES}, got {similarity!r}')
+    _check_arguments(a, b, batch_size)
     if model.training:
         raise ValueError('explain_similarity() needs the model in eval mode (model.eval())')
     pooling = pooling or ('features' if hasattr(model, 'get_text_features') else 'mean')
     tokenizer = tokenizer if tokenizer is not None else getattr(processor, 'tokenizer', None)
     composite = composite if composite is not None else AttnLRPEpsilon()
-    prepared = [_prepared(model, item, tokenizer, processor, pooling) for item in (a, b)]
+    prepared = [_prepared(model, item, tokenizer, processor, pooling, name) for name, item in (('a', a), ('b', b))]
     values = [embedding_of(embedding, inputs) for embedding, inputs, _ in prepared]
     # every dimension explained on the input of fewer positions, its columns of the pair relevance on the other
     full = 0 if _positions(prepared[0], model) <= _positions(prepared[1], model) else 1

@@ -13,8 +13,10 @@ and of the metrics in :py:mod:`zennit_attn.workflows.evaluation.sources` remove 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,8 @@ CHAT_TEMPLATE = 'Context: {context}\n\nQuery: {query}'
 PLAIN_TEMPLATE = 'Context: {context}\nQuestion: {query}\nAnswer:'
 #: How the relevance of a source's tokens gives its score: their sum (default), the sum of the positive ones, the mean.
 REDUCTIONS = ('sum', 'positive', 'mean')
+#: The slots of a template (any other text of it, braces included, is literal).
+_SLOTS = re.compile(r'\{(context|query)\}')
 
 
 @dataclass
@@ -76,9 +80,10 @@ class SourcePrompt:
     tokenizer: object = field(repr=False, compare=False)
 
     def __post_init__(self):
-        for slot in ('{context}', '{query}'):
-            if self.template.count(slot) != 1:
-                raise ValueError(f'the template must hold {slot} once: {self.template!r}')
+        slots = _SLOTS.findall(self.template)
+        for slot in ('context', 'query'):
+            if slots.count(slot) != 1:
+                raise ValueError(f'the template must hold {{{slot}}} once: {self.template!r}')
         if self.chat and not getattr(self.tokenizer, 'chat_template', None):
             raise ValueError(
                 f'{type(self.tokenizer).__name__} has no chat template: use chat=False (a plain prompt) or set '
@@ -120,8 +125,7 @@ class SourcePrompt:
         """The rendered prompt with the sources where ``keep`` is True, and each source's span in it (None where
         left out)."""
         context, spans = self.kept_context(keep)
-        message = self.template.replace('{context}', context).replace('{query}', self.query)
-        before = self.template.split('{context}')[0].replace('{query}', self.query)
+        message, before = self.message(context)
         text = message
         if self.chat:
             text = self.tokenizer.apply_chat_template(
@@ -130,8 +134,24 @@ class SourcePrompt:
         found = text.find(message)
         if found < 0:
             raise ValueError("the chat template does not render the user's message as it is: cannot find the sources")
-        start = found + len(before)
+        start = found + before
         return text, [None if span is None else (start + span[0], start + span[1]) for span in spans]
+
+    def message(self, context: str) -> tuple[str, int]:
+        """The template with its slots filled by ``context`` and the query (each slot once, in the template's text
+        only: a context or query holding ``{query}`` or ``{context}`` is not filled again), and where the context
+        starts in it."""
+        pieces = _SLOTS.split(self.template)  # literal, slot name, literal, slot name, literal
+        filled, start = [], 0
+        for index, piece in enumerate(pieces):
+            if index % 2 == 0:
+                filled.append(piece)
+            elif piece == 'context':
+                start = sum(map(len, filled))
+                filled.append(context)
+            else:
+                filled.append(self.query)
+        return ''.join(filled), start
 
     def ids(self, keep: Sequence[bool] | None = None) -> list[int]:
         """The prompt's token ids (the chat template's special tokens as the template writes them)."""
@@ -306,8 +326,8 @@ def explain_sources(
         The context, or a list of documents (joined by blank lines).
     query: str
     response: str, optional
-        The response to explain; None lets the model generate it (greedy, ``max_new_tokens``; the end-of-sequence
-        token is not part of it).
+        The response to explain (tokenised after the prompt); None lets the model generate it (greedy,
+        ``max_new_tokens``; the end-of-sequence token is not part of it) and explains the ids it generated.
     sources: 'sentences', 'documents' or list of (int, int)
         The sources: the context's sentences (:py:func:`~zennit_attn.results.segments.sentences`), its documents (a
         list of documents), or character spans of the context (of the documents joined by blank lines).
@@ -327,8 +347,9 @@ def explain_sources(
         Render the prompt with the tokenizer's chat template (the user's message: ``template``); default: where the
         tokenizer has one.
     template: str, optional
-        With ``{context}`` and ``{query}``: the user's message (:py:data:`CHAT_TEMPLATE`) or the plain prompt
-        (:py:data:`PLAIN_TEMPLATE`).
+        With ``{context}`` and ``{query}`` once each (filled once: other text, braces included, is literal, and a
+        context or query holding a slot's name stays as it is): the user's message (:py:data:`CHAT_TEMPLATE`) or
+        the plain prompt (:py:data:`PLAIN_TEMPLATE`).
     max_new_tokens: int
         The length of a generated response.
     **params
@@ -353,12 +374,34 @@ def explain_sources(
     template = template or (CHAT_TEMPLATE if chat else PLAIN_TEMPLATE)
     prompt = SourcePrompt(context, spans, query, template, chat, tokenizer)
     if response is None:
-        generated = generate_answer(model, tokenizer, torch.tensor([prompt.ids()]), max_new_tokens)
-        response = tokenizer.decode(generated, skip_special_tokens=True)
-        if not response.strip():
-            raise ValueError('the model generated an empty response: nothing to explain')
-    response_ids = prompt.response_ids(response)
+        response_ids = _generated_response(model, prompt, max_new_tokens)
+        response = tokenizer.decode(response_ids, skip_special_tokens=True)
+    else:
+        response_ids = prompt.response_ids(response)
     return explain_response(model, prompt, response, response_ids, method, objective, reduce, **params)
+
+
+def _generated_response(model: torch.nn.Module, prompt: SourcePrompt, max_new_tokens: int) -> list[int]:
+    """The ids the model generates after ``prompt`` (greedy,
+    :py:func:`~zennit_attn.workflows.generation.generate_answer`), less the end-of-sequence tokens it ends with (the
+    tokenizer's and the model's generation configuration's): the ids explained, as generated (decoding and tokenising
+    them again may give other ids).
+
+    Raises
+    ------
+    ValueError
+        For an empty response (the model ended at once, or generated only white space).
+    """
+    tokenizer = prompt.tokenizer
+    ids = [int(token) for token in generate_answer(model, tokenizer, torch.tensor([prompt.ids()]), max_new_tokens)]
+    ends = {getattr(tokenizer, 'eos_token_id', None)}
+    configured = getattr(getattr(model, 'generation_config', None), 'eos_token_id', None)
+    ends.update(configured if isinstance(configured, (list, tuple)) else [configured])
+    while ids and ids[-1] in ends:
+        ids.pop()
+    if not ids or not tokenizer.decode(ids, skip_special_tokens=True).strip():
+        raise ValueError('the model generated an empty response: nothing to explain')
+    return ids
 
 
 def explain_response(
@@ -385,10 +428,7 @@ def explain_response(
         tokenizer=prompt.tokenizer,
         **params,
     )
-    text, spans = prompt.text()
-    segments = explanation.segments(
-        spans, labels=[f'source {index}' for index in range(len(spans))], text=text + response
-    )
+    segments = _response_segments(explanation, prompt, response, start)
     return SourceExplanation(
         prompt=prompt,
         response=response,
@@ -400,4 +440,29 @@ def explain_response(
         reduce=reduce,
         explanation=explanation,
         segments=segments,
+    )
+
+
+def _response_segments(explanation, prompt: SourcePrompt, response: str, start: int) -> SegmentExplanation:
+    """The relevance of the explained row (the prompt's ids, then the response's from ``start``) summed per source.
+
+    The prompt's tokens are matched to the prompt's text (:py:meth:`zennit_attn.Explanation.segments`); the
+    response's tokens are ``other``, without being matched to ``response`` (a generated response is explained as the
+    ids the model generated, which its text tokenised again need not give)."""
+    text, spans = prompt.text()
+    mask = torch.zeros_like(explanation.input_ids)
+    mask[:, :start] = 1
+    segments = dataclasses.replace(explanation, attention_mask=mask).segments(
+        spans, labels=[f'source {index}' for index in range(len(spans))], text=text
+    )
+    values = explanation.relevance[0, start:].detach().to('cpu', torch.float64).tolist()
+    pieces = [prompt.tokenizer.decode([int(token)]) for token in explanation.input_ids[0, start:]]
+    return dataclasses.replace(
+        segments,
+        text=text + response,
+        other=math.fsum([segments.other, *values]),
+        total=math.fsum([segments.total, *values]),
+        token_segment=segments.token_segment + [-1] * len(values),
+        positions=segments.positions + list(range(start, start + len(values))),
+        other_text=' | '.join(filter(None, [segments.other_text, *pieces])),
     )

@@ -44,6 +44,7 @@ from tests.models import (
 from zennit_attn import conservation, explain
 from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.engine.rules import Identity
+from zennit_attn.methods.propagation import lrp_method
 
 SEQ = 12
 #: decoder tokens of encoder-decoder models (the start token and 3 more)
@@ -411,7 +412,7 @@ def _conservation_runs(family, head):
             'target': target,
             'explain': {
                 'attnlrp': attn,
-                'cplrp': explain(model, ids, target=target, composite=CPLRPEpsilon(), **extra),
+                'cplrp': explain(model, ids, target=target, method='cplrp', composite=CPLRPEpsilon(), **extra),
             },
             'manual': {
                 name: _manual_run(model, family, ids, target, composite())
@@ -579,7 +580,14 @@ def test_eager_equals_sdpa(family, head):
         for attention_mask in (None, mask):
             with float64_softmax():
                 eager, sdpa = (
-                    explain(models[impl], ids, attention_mask=attention_mask, composite=composite(), **extra)
+                    explain(
+                        models[impl],
+                        ids,
+                        attention_mask=attention_mask,
+                        method=lrp_method(composite()),
+                        composite=composite(),
+                        **extra,
+                    )
                     for impl in ('eager', 'sdpa')
                 )
             assert torch.equal(eager.target, sdpa.target)
@@ -726,7 +734,13 @@ class TestRestore:
     def test_after_explain(self, family, head, composite):
         model = _restore_model(family, head)
         before = _snapshot(model, family)
-        explain(model, token_ids(family, SEQ), composite=composite(), **_decoder_kwargs(family))
+        explain(
+            model,
+            token_ids(family, SEQ),
+            method=lrp_method(composite()),
+            composite=composite(),
+            **_decoder_kwargs(family),
+        )
         _assert_restored(model, family, before)
 
     def test_inside_context_changes_model(self, family, head, composite):
@@ -768,7 +782,13 @@ class TestRestore:
         handle = last.register_forward_hook(fail)
         try:
             with pytest.raises(KeyError, match='raised in the forward'):
-                explain(model, token_ids(family, SEQ), composite=composite(), **_decoder_kwargs(family))
+                explain(
+                    model,
+                    token_ids(family, SEQ),
+                    method=lrp_method(composite()),
+                    composite=composite(),
+                    **_decoder_kwargs(family),
+                )
         finally:
             handle.remove()
         _assert_restored(model, family, before)
@@ -800,7 +820,7 @@ def test_explaining_another_model_in_between_changes_nothing():
     ids = token_ids('llama', SEQ)
     first = explain(llama, ids)
     between = explain(bert, token_ids('bert', SEQ))
-    explain(roberta, token_ids('roberta', SEQ), composite=CPLRPEpsilon())
+    explain(roberta, token_ids('roberta', SEQ), method='cplrp', composite=CPLRPEpsilon())
     second = explain(llama, ids)
     assert torch.equal(first.relevance, second.relevance)
     assert torch.equal(first.embedding_relevance, second.embedding_relevance)

@@ -192,6 +192,50 @@ def test_a_mixer_without_a_declared_recurrence_is_refused():
         attributed(ToyMambaMixer().double(), AttnLRPEpsilon(), delta_inputs())
 
 
+class SelfAttention(torch.nn.Module):
+    """Softmax attention over the sequence (one head)."""
+
+    def __init__(self, width: int = 6):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = (torch.nn.Linear(width, width, bias=False) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / x.shape[-1] ** 0.5
+        return scores.softmax(-1) @ self.v(x)
+
+
+class AttentionMixer(SelfAttention):
+    """:py:class:`SelfAttention` under a name of a sequence mixer."""
+
+
+class TokenMixer(SelfAttention):
+    """:py:class:`SelfAttention` under another name of a sequence mixer."""
+
+
+class GatedTokenMixer(SelfAttention):
+    """A mixer named like :py:class:`TokenMixer` whose product takes no softmax output: ``q * k * v``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q(x) * self.k(x) * self.v(x)
+
+
+@pytest.mark.parametrize('mixer', [AttentionMixer, TokenMixer])
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_softmax_attention_named_like_a_mixer_is_softmax_attention(mixer, composite):
+    """What a module computes decides, not its name: before, softmax attention in a class named ``AttentionMixer``
+    or ``TokenMixer`` was refused as "a sequence mixer that is not softmax attention"; it gets the relevance of the
+    same module named ``SelfAttention`` (CP-LRP conserving each output's relevance 1), and a mixer without a softmax
+    is still refused."""
+    x = delta_inputs()
+    found = attributed(mixer().double(), composite(), x)
+    torch.testing.assert_close(found, attributed(SelfAttention().double(), composite(), x), rtol=0, atol=0)
+    if composite is CPLRPEpsilon:
+        assert float(found.sum()) == pytest.approx(x.shape[1] * x.shape[2], rel=1e-12)
+    with pytest.raises(UnsupportedModelError, match='GatedTokenMixer.*ran none of the recurrences'):
+        attributed(GatedTokenMixer().double(), composite(), x)
+
+
 def toy_scan(values: torch.Tensor, decay: torch.Tensor, other: torch.Tensor | None = None) -> torch.Tensor:
     """A gated linear recurrence ``s_t = decay_t * s_{t-1} + values_t`` (times ``other`` where given)."""
     state, outputs = torch.zeros_like(values[:, 0]), []

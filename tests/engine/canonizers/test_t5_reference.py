@@ -316,7 +316,7 @@ def test_explain_cplrp_conserves(model):
     decoder_input_ids = torch.cat(
         [torch.zeros(1, 1, dtype=torch.long), torch.randint(2, VOCAB, (1, DECODER_TOKENS - 1), generator=generator)], 1
     )
-    result = explain(model, input_ids, decoder_input_ids=decoder_input_ids, composite=CPLRPEpsilon())
+    result = explain(model, input_ids, decoder_input_ids=decoder_input_ids, method='cplrp', composite=CPLRPEpsilon())
     logit = float(result.logit.sum())
     total = float(result.relevance.sum() + result.decoder_relevance.sum())
     assert result.relevance.shape == (1, ENCODER_TOKENS) and result.decoder_relevance.shape == (1, DECODER_TOKENS)

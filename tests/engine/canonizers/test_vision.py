@@ -31,6 +31,7 @@ from zennit_attn import explain
 from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPGamma
 from zennit_attn.engine.modules import output_scores
 from zennit_attn.engine.rules import Gamma
+from zennit_attn.methods.propagation import lrp_method
 
 HOOK_ATTRIBUTES = (
     '_forward_hooks',
@@ -75,7 +76,7 @@ def _exact_cplrp_ratio(model, x) -> float:
     exact = CPLRPGamma(
         conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None, attention_out=None
     )
-    explanation = explain(model, x, composite=exact)
+    explanation = explain(model, x, method='cplrp', composite=exact)
     assert explanation.logit.abs().min() > 1e-6
     return float(explanation.relevance.sum() / explanation.logit.sum())
 
@@ -128,11 +129,11 @@ def test_cp_gamma_conserves_the_logit(kind):
     exact = CPLRPGamma(
         conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None, attention_out=None
     )
-    explanation = explain(model, x, composite=exact)
+    explanation = explain(model, x, method='cplrp', composite=exact)
     assert explanation.logit.abs().min() > 1e-3
     torch.testing.assert_close(explanation.relevance.sum((1, 2)), explanation.logit, rtol=1e-8, atol=0)
     # the default composite's stabilisers (1e-6) absorb a little
-    default = explain(model, x, target=explanation.target, composite=CPLRPGamma())
+    default = explain(model, x, target=explanation.target, method='cplrp', composite=CPLRPGamma())
     torch.testing.assert_close(default.relevance.sum((1, 2)), explanation.logit, rtol=1e-2, atol=0)
 
 
@@ -143,11 +144,11 @@ def test_timm_fused_equals_explicit_attention():
         for module in model.modules():
             if hasattr(module, 'fused_attn'):
                 module.fused_attn = True
-        fused = explain(model, x, composite=composite())
+        fused = explain(model, x, method=lrp_method(composite()), composite=composite())
         for module in model.modules():
             if hasattr(module, 'fused_attn'):
                 module.fused_attn = False
-        explicit = explain(model, x, target=fused.target, composite=composite())
+        explicit = explain(model, x, target=fused.target, method=fused.method, composite=composite())
         torch.testing.assert_close(fused.pixel_relevance, explicit.pixel_relevance, rtol=1e-9, atol=1e-12)
 
 
@@ -191,8 +192,8 @@ def test_timm_and_hf_with_the_same_weights_agree():
     with torch.no_grad():
         torch.testing.assert_close(output_scores(hf(x)), timm_model(x), rtol=1e-9, atol=1e-12)
     for composite in (AttnLRPGamma, CPLRPGamma):
-        a = explain(timm_model, x, composite=composite())
-        b = explain(hf, x, target=a.target, composite=composite())
+        a = explain(timm_model, x, method=lrp_method(composite()), composite=composite())
+        b = explain(hf, x, target=a.target, method=a.method, composite=composite())
         torch.testing.assert_close(a.pixel_relevance, b.pixel_relevance, rtol=1e-7, atol=1e-10)
 
 

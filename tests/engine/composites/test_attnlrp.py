@@ -164,7 +164,7 @@ def test_same_composite_on_two_models():
     with composite.context(second):
         assert composite.registered_module is second
     assert composite.registered_module is None
-    torch.testing.assert_close(explain(first, ids, composite=composite).relevance, plain_cplrp)
+    torch.testing.assert_close(explain(first, ids, method='cplrp', composite=composite).relevance, plain_cplrp)
 
 
 def test_two_composites_on_one_model():

@@ -27,6 +27,7 @@ from zennit_attn import explain
 from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
 from zennit_attn.engine.rules import AlphaBeta, ConstantGates, Epsilon, Gamma, RelevanceRule, Uniform, ZPlus
 from zennit_attn.engine.rules.relevance import modified_parameters
+from zennit_attn.methods.propagation import lrp_method
 
 STAB = 1e-6
 
@@ -207,7 +208,8 @@ def test_rules_are_assigned_and_overridable():
         {'attention_out': Gamma(0.25)},
         {'product': ConstantGates()},
     ):
-        other = explain(model, x, target=base.target, composite=AttnLRPGamma(**override))
+        composite = AttnLRPGamma(**override)
+        other = explain(model, x, target=base.target, method=lrp_method(composite), composite=composite)
         assert (other.pixel_relevance - base.pixel_relevance).abs().max() > 1e-4 * base.pixel_relevance.abs().max(), (
             override
         )
@@ -223,11 +225,11 @@ def test_zennit_rules_are_converted():
     model = tiny_timm_vit(zero_bias=True, pos_embed='none')
     parameters = [(name, id(parameter)) for name, parameter in model.named_parameters()]
     x = pixels()
-    ours = explain(model, x, target=0, composite=CPLRPGamma(linear=Gamma(0.05)))
+    ours = explain(model, x, target=0, method='cplrp', composite=CPLRPGamma(linear=Gamma(0.05)))
     composite = CPLRPGamma(linear=ZennitGamma(gamma=0.05))
     assert isinstance(composite.rules['linear'], RelevanceRule)
     assert repr(composite.rules['linear']) == 'RelevanceRule(zennit.rules.Gamma(...))'
-    theirs = explain(model, x, target=0, composite=composite)
+    theirs = explain(model, x, target=0, method='cplrp', composite=composite)
     torch.testing.assert_close(theirs.relevance, ours.relevance, rtol=1e-10, atol=1e-12)
     assert [(name, id(parameter)) for name, parameter in model.named_parameters()] == parameters
 
@@ -238,9 +240,16 @@ def test_gamma_on_fused_qkv_keeps_the_product_rule():
     model = tiny_timm_vit()
     x = pixels()
     for product in (Uniform(), ConstantGates()):
-        reference = explain(model, x, composite=AttnLRPGamma(attention_in=Epsilon(STAB), product=product))
+        method = lrp_method(AttnLRPGamma(product=product))
+        reference = explain(
+            model, x, method=method, composite=AttnLRPGamma(attention_in=Epsilon(STAB), product=product)
+        )
         gamma = explain(
-            model, x, target=reference.target, composite=AttnLRPGamma(attention_in=Gamma(0.0), product=product)
+            model,
+            x,
+            target=reference.target,
+            method=method,
+            composite=AttnLRPGamma(attention_in=Gamma(0.0), product=product),
         )
         torch.testing.assert_close(gamma.pixel_relevance, reference.pixel_relevance, rtol=1e-9, atol=1e-12)
 
@@ -287,7 +296,7 @@ def test_conservation_bias_free_vit():
     exact = dict(
         conv=Gamma(0.25, stabilizer=1e-15), linear=Gamma(0.05, stabilizer=1e-15), attention_in=None, attention_out=None
     )
-    cp = explain(model, x, target=0, composite=CPLRPGamma(**exact))
+    cp = explain(model, x, target=0, method='cplrp', composite=CPLRPGamma(**exact))
     torch.testing.assert_close(cp.relevance.sum((1, 2)), cp.logit, rtol=1e-8, atol=0)
 
     total, logit, absorbed = _softmax_absorbed(model, x, AttnLRPGamma(**exact))
@@ -316,7 +325,7 @@ def test_vision_tower_gap_is_what_the_stabilisers_absorb():
             attention_in=attention,
             attention_out=attention,
         )
-        exp = explain(model, text, images=[image()], processor=processor, composite=composite)
+        exp = explain(model, text, images=[image()], processor=processor, method='cplrp', composite=composite)
         return float(exp.relevance.sum()) + float(exp.pixel_relevance.sum()) - float(exp.logit), float(exp.logit)
 
     default, logit = gap(composite=CPLRPGamma(within='vision'))

@@ -5,7 +5,6 @@ top components and write the circuit view."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from ...workflows.patching import (
     PromptPair,
@@ -20,32 +19,21 @@ from ...workflows.patching import (
 from ...workflows.patching.view import save_circuit, save_edges
 from ..errors import CommandError
 from ..loading import load
+from ..patching import PAIR_FIELDS
 from ..progress import status
 
 __all__ = ['read_pairs', 'run']
 
 
 def read_pairs(args: argparse.Namespace, tokenizer) -> list[PromptPair]:
-    """The first ``--pairs`` pairs of ``--pairs-file`` or of ``--task``."""
-    if args.pairs_file is None:
+    """The first ``--pairs`` pairs of ``--pairs-file`` (read and checked by
+    :py:func:`zennit_attn.cli.patching.read_pairs_file` before the model was loaded) or of ``--task``."""
+    if args.pair_entries is None:
         if args.task == 'agreement':
             return agreement_pairs(tokenizer, args.pairs, seed=args.seed)
         return ioi_pairs(tokenizer, args.pairs, seed=args.seed, corruption='abc' if args.task == 'ioi_abc' else 's2')
-    try:
-        entries = json.loads(args.pairs_file.read_text(encoding='utf-8'))
-        pairs = [
-            PromptPair(
-                entry.get('task', 'file'),
-                **{key: entry[key] for key in PromptPair.__dataclass_fields__ if key != 'task'},
-            )
-            for entry in entries
-        ]
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise CommandError(
-            f'--pairs-file {str(args.pairs_file)!r}: not a JSON list of {{"clean", "corrupted", "answer", "wrong"}} '
-            f'objects ({error})'
-        ) from None
-    return pairs[: args.pairs]
+    entries = args.pair_entries[: args.pairs]
+    return [PromptPair(entry.get('task', 'file'), *(entry[key] for key in PAIR_FIELDS)) for entry in entries]
 
 
 def run(args: argparse.Namespace) -> int:

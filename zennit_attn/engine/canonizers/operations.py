@@ -279,8 +279,10 @@ class OperationCanonizer(Tracking, Canonizer):
     def _check_run(self, run: MixerRun, output) -> None:
         """Refuse a sequence mixer that multiplied relevance-carrying tensors in its own code but ran none of the
         declared recurrences (:py:mod:`~zennit_attn.engine.canonizers.recurrences`): its products are not gates of a
-        recurrence with a rule (not checked when its forward failed)."""
-        if run.product is None or run.recurrences or output is None:
+        recurrence with a rule (not checked when its forward failed). A module named like a mixer whose products
+        take a softmax output (``softmax(q k^T) @ v``) computes softmax attention: its products have AttnLRP's rules
+        (Props. 3.2, 3.3), as under any other name."""
+        if run.product is None or run.recurrences or run.softmax or output is None:
             return
         operation, path = run.product
         self.refuse(

@@ -100,7 +100,7 @@ class Products:
         none of which is a softmax output), which :py:meth:`product` records."""
         canonizer = self.canonizer
         if canonizer.runs:
-            self.mixer_product(name, canonizer.runs[-1])
+            self.mixer_product(name, canonizer.runs[-1], factors)
         if canonizer.contractions and any(reaches(tensor, canonizer.contractions) for tensor in factors):
             canonizer.refuse(
                 name,
@@ -115,11 +115,13 @@ class Products:
         )
         return contraction and all(gate_kind(tensor) != SOFTMAX for tensor in factors)
 
-    def mixer_product(self, name: str, run) -> None:
-        """A product of several relevance-carrying tensors inside a sequence mixer that is not softmax attention
+    def mixer_product(self, name: str, run, factors: list[torch.Tensor]) -> None:
+        """A product of several relevance-carrying tensors (``factors``) inside a module named like a sequence mixer
         (``run``, a :py:class:`~zennit_attn.engine.canonizers.recurrences.MixerRun`): inside a declared recurrence,
         refused unless the recurrence has gates (the product rule applies to them); in the mixer's own code, noted
-        (the mixer is refused when it returns without having run a declared recurrence)."""
+        (the mixer is refused when it returns without having run a declared recurrence, unless a softmax output was
+        a factor of one of its products: then it computes softmax attention, whatever its name)."""
+        run.softmax = run.softmax or any(gate_kind(tensor) == SOFTMAX for tensor in factors)
         recurrence = run.current
         if recurrence is not None and not recurrence.gates:
             self.canonizer.refuse(

@@ -222,6 +222,8 @@ class MixerRun:
         The recurrence in which the operation being classified runs.
     product: tuple or None
         ``(operation, module path)`` of its first product of relevance-carrying tensors outside a recurrence.
+    softmax: bool
+        Whether a softmax output was a factor of one of its products (``softmax(q k^T) @ v``): softmax attention.
     """
 
     name: str
@@ -229,11 +231,13 @@ class MixerRun:
     frames: dict = field(default_factory=dict)
     current: Recurrence | None = None
     product: tuple | None = None
+    softmax: bool = False
 
     def absorb(self, inner: MixerRun) -> None:
-        """Take over what a mixer run inside this one did (its recurrences, its first product)."""
+        """Take over what a mixer run inside this one did (its recurrences, its first product, its softmax)."""
         self.recurrences |= inner.recurrences
         self.product = self.product or inner.product
+        self.softmax = self.softmax or inner.softmax
 
 
 class Recurrences:

@@ -182,6 +182,10 @@ class AttnLRPComposite(Composite):
             self.remove()
             raise
 
+    def product_rules(self) -> tuple[ProductRule, ...]:
+        """The product rules the engine applies with this composite (one, or one per scope of a subclass)."""
+        return (self.product_rule,)
+
     def engine(self, module: torch.nn.Module) -> OperationCanonizer:
         """The engine with this composite's rules for ``module`` (subclasses add scopes)."""
         activation = None if self.activation_rule is None else self.activation_rule()

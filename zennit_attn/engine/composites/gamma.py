@@ -159,6 +159,10 @@ class AttnLRPGamma(AttnLRPComposite):
         self._scope = None if self.within is None else {id(inner) for root in self._roots for inner in root.modules()}
         super().register(module)
 
+    def product_rules(self) -> tuple[ProductRule, ...]:
+        """:py:attr:`product` (of the whole model, or inside ``within``, with the class's product rule outside)."""
+        return (self.product,) if self.within is None else (self.product, self.product_rule)
+
     def engine(self, module: torch.nn.Module) -> OperationCanonizer:
         """The engine with :py:attr:`product` as the product rule: of the whole model, or inside ``within`` (the
         class's product rule outside)."""

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from ...engine import rules
 from ...engine.composites import AttnLRPGamma, rule_repr
 from ...explain import explain
+from ...methods.propagation import lrp_method
 from .faithfulness import faithfulness
 
 __all__ = [
@@ -127,7 +128,7 @@ def faithfulness_objective(
     ``area_lerf``."""
 
     def objective(model, composite, inputs, targets):
-        explanation = explain(model, inputs, target=targets, composite=composite)
+        explanation = explain(model, inputs, target=targets, method=lrp_method(composite), composite=composite)
         summary = faithfulness(
             model,
             explanation,
@@ -164,6 +165,11 @@ class SearchResult:
 
     def best_composite(self, base: type | None = None):
         return self.best.composite(base)
+
+    def best_method(self) -> str:
+        """The LRP method the best composite computes (its product rule's: ``'attnlrp'`` or ``'cplrp'``), the
+        ``method=`` of :py:func:`~zennit_attn.explain` with :py:meth:`best_composite`."""
+        return lrp_method(self.best_composite())
 
     def best_code(self) -> str:
         """The Python that builds the best composite."""

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ...engine.devices import input_device
 from ..sources import SourcePrompt
+from ..statistics import spearman
 
 __all__ = ['SourceAblation', 'ablation_masks', 'top_k_drop', 'lds', 'spearman', 'TOP_K']
 
@@ -139,23 +140,6 @@ def top_k_drop(
     totals = ablation(masks).sum(-1)
     full = float(totals[-1]) if full is None else float(full)
     return {k: full - float(total) for k, total in zip(ks, totals)}
-
-
-def spearman(a, b) -> float:
-    """The Spearman rank correlation of ``a`` and ``b`` (ties get their mean rank); NaN where one is constant."""
-    ranks = [_ranks(np.asarray(values, dtype=np.float64)) for values in (a, b)]
-    ranks = [values - values.mean() for values in ranks]
-    norm = float(np.sqrt((ranks[0] ** 2).sum() * (ranks[1] ** 2).sum()))
-    return float((ranks[0] * ranks[1]).sum() / norm) if norm > 0 else float('nan')
-
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    order = np.argsort(values, kind='stable')
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values), dtype=np.float64)
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    sums = np.bincount(inverse, weights=ranks)
-    return sums[inverse] / counts[inverse]
 
 
 def lds(scores, masks: np.ndarray, log_probabilities: np.ndarray) -> float:

@@ -30,14 +30,30 @@ class Metric:
     zeros for a callable metric). :py:meth:`resolve` fixes it on the clean logits; :py:meth:`of` reads it for rows
     of the batch (variants of the prompt ``rows``)."""
 
-    def __init__(self, objective: Objective, targets: torch.Tensor):
+    def __init__(self, objective: Objective, targets: torch.Tensor, tokens: dict[str, torch.Tensor] | None = None):
         self.objective = objective
         self.targets = targets
+        #: the token ids the metric reads, by argument name (``answers``, ``wrong``), checked against the logits
+        self.tokens = tokens or {}
 
     def resolve(self, logits: torch.Tensor) -> Metric:
-        """The metric resolved on the clean run's ``[batch, vocab]`` last-position logits."""
+        """The metric resolved on the clean run's ``[batch, vocab]`` last-position logits.
+
+        Raises
+        ------
+        ValueError
+            For a token id of ``answers=`` or ``wrong=`` outside the logits.
+        """
+        size = logits.shape[-1]
+        for name, ids in self.tokens.items():
+            outside = ids[ids >= size]
+            if outside.numel():
+                raise ValueError(
+                    f"{name}= holds the token id {int(outside[0])}, outside the model's {size} logits "
+                    f'(0 to {size - 1}): was it tokenized for another model?'
+                )
         targets = self.targets.to(logits.device)
-        return Metric(self.objective.resolve(logits, targets), targets)
+        return Metric(self.objective.resolve(logits, targets), targets, self.tokens)
 
     def of(self, logits: torch.Tensor, rows: torch.Tensor | None = None, initial_relevance: bool = False):
         """``[n]`` metric of ``[n, vocab]`` logits of the prompts ``rows`` (None: all, in order); with
@@ -63,16 +79,19 @@ def make_metric(metric: str | Callable, answers, wrong, batch: int) -> Metric:
         raise ValueError(f'unknown metric {metric!r}; known: {", ".join(METRICS)}, or a callable of the logits')
     targets = _per_prompt(answers, 'answers', batch, metric)
     if metric == 'logit_difference':
-        return Metric(Contrast(_per_prompt(wrong, 'wrong', batch, metric)), targets)
+        others = _per_prompt(wrong, 'wrong', batch, metric)
+        return Metric(Contrast(others), targets, {'answers': targets, 'wrong': others})
     if wrong is not None:
         raise ValueError(f'the metric {metric!r} reads no wrong answer: pass wrong= only with "logit_difference"')
-    return Metric(LogProbability() if metric == 'log_probability' else Logit(), targets)
+    return Metric(LogProbability() if metric == 'log_probability' else Logit(), targets, {'answers': targets})
 
 
 def _per_prompt(ids, name: str, batch: int, metric: str) -> torch.Tensor:
     if ids is None:
         raise ValueError(f'the metric {metric!r} needs {name}= (one token id per prompt pair)')
     ids = as_integers(ids, name).reshape(-1)
+    if bool((ids < 0).any()):
+        raise ValueError(f'{name}= holds the negative token id {int(ids.min())}: token ids are 0 or more')
     if ids.numel() == 1:
         ids = ids.expand(batch)
     if ids.numel() != batch:

@@ -8,8 +8,8 @@ the clean run and measures
 
 one forward pass per component. Attribution patching (AtP, Nanda 2023; Syed et al. 2023) takes its first-order
 approximation at the clean run, and relevance patching (RelP, Rezaei Jafari et al. 2025) replaces the gradient by
-LRP's propagation coefficients, the modified gradient ``g`` of the gradient x input formulation (DESIGN section 2:
-``R = a * g`` at every tensor ``a``):
+LRP's propagation coefficients, the modified gradient ``g`` of the gradient x input formulation, in which the
+relevance of every tensor ``a`` is ``R = a * g``:
 
 .. math:: \\widehat{\\Delta m} = (a' - a) \\cdot g,                                                 \\qquad (2)
 
@@ -47,8 +47,9 @@ from zennit.core import Composite
 
 from ...engine.composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon, MLPRules, RelPEpsilon
 from ...engine.devices import input_device
-from ...inputs.checks import check_model
+from ...inputs.checks import check_model, check_vocabulary
 from ...latent.recording import Recorder
+from ..statistics import pearson, spearman
 from .components import DEFAULT_COMPONENTS, Component, component_points, site_points
 from .metrics import Metric, make_metric
 
@@ -189,9 +190,22 @@ def patching_composite(method: str | Composite) -> tuple[str, Composite | None]:
 
 
 def check_pairs(model: torch.nn.Module, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor]:
-    """``clean`` and ``corrupted`` token ids as ``[pairs, seq]`` tensors on the model's input device."""
+    """``clean`` and ``corrupted`` token ids as ``[pairs, seq]`` tensors on the model's input device.
+
+    Raises
+    ------
+    ValueError
+        For no pairs or empty prompts, prompts of different shapes, ids that are not integers or outside the model's
+        vocabulary.
+    """
     check_model(model)
     clean, corrupted = torch.as_tensor(clean), torch.as_tensor(corrupted)
+    for name, ids in (('clean', clean), ('corrupted', corrupted)):
+        if ids.numel() == 0:
+            raise ValueError(
+                f'{name} holds no token ids (shape {tuple(ids.shape)}): patching needs at least one prompt pair of '
+                'at least one token'
+            )
     if clean.dim() == 1:
         clean, corrupted = clean[None], corrupted[None] if corrupted.dim() == 1 else corrupted
     if clean.dim() != 2 or clean.shape != corrupted.shape:
@@ -202,6 +216,10 @@ def check_pairs(model: torch.nn.Module, clean, corrupted) -> tuple[torch.Tensor,
         )
     if clean.is_floating_point() or corrupted.is_floating_point():
         raise ValueError('clean and corrupted must be token ids (integers)')
+    embedding = model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
+    if embedding is not None:
+        check_vocabulary(clean, embedding, 'clean')
+        check_vocabulary(corrupted, embedding, 'corrupted')
     device = input_device(model)
     return clean.long().to(device), corrupted.long().to(device)
 
@@ -493,7 +511,11 @@ def activation_patching(
         A tqdm bar over the components and layers.
     layers: sequence of int, optional
         Patch only the components of these layers (the others score 0), e.g. to check the top components of
-        :py:meth:`PatchingScores.top`; default all.
+        :py:meth:`PatchingScores.top`; default all. One numbering for every component, that of the scores' layer axis
+        and of :py:attr:`RankedComponent.layer`: layer ``l`` is block ``l`` (its attention, heads, MLP, neurons; for
+        ``'residual'`` the residual stream entering it), negative layers count blocks from the end (-1: the last
+        block); the residual stream has one more layer, ``L`` for ``L`` blocks (leaving the last block). A layer that
+        one of ``components`` does not have is refused.
 
     Returns
     -------
@@ -512,10 +534,10 @@ def activation_patching(
     metric = metric.resolve(clean_logits)
     with torch.no_grad():
         clean_value, corrupted_value = metric.of(clean_logits), metric.of(corrupted_logits)
-    work = [(kind, component) for kind, points in components.items() for component in points]
-    chosen = _chosen_layers(layers, max(len(points) for points in components.values()))
+    work = [(kind, layer, component) for kind, points in components.items() for layer, component in enumerate(points)]
+    chosen = _chosen_layers(layers, components)
     scores = {kind: [] for kind in components}
-    for kind, component in tqdm(work, desc='activation patching', disable=not progress):
+    for kind, layer, component in tqdm(work, desc='activation patching', disable=not progress):
         scores[kind].append(
             _patch_component(
                 model,
@@ -527,7 +549,7 @@ def activation_patching(
                 clean_value,
                 per_position,
                 batch_size,
-                skip=component.point.layer not in chosen,
+                skip=chosen is not None and layer not in chosen,
             )
         )
     scores = {kind: torch.stack(values, 1) for kind, values in scores.items()}
@@ -536,25 +558,35 @@ def activation_patching(
     return PatchingScores(scores, clean_value, corrupted_value, 'activation', per_position, time.perf_counter() - start)
 
 
-def _chosen_layers(layers, count: int) -> set[int]:
-    """The layers of ``layers`` (None: all ``count``; negative: from the end).
+def _chosen_layers(layers, components: Mapping[str, list[Component]]) -> set[int] | None:
+    """The layers of ``layers`` in the numbering of :py:func:`activation_patching` (negative: blocks from the end),
+    None for all.
 
     Raises
     ------
     ValueError
-        For a layer out of range.
+        For no layers, a layer that is not an integer, or one that a component does not have.
     """
     if layers is None:
-        return set(range(count))
+        return None
+    counts = {kind: len(points) for kind, points in components.items()}
+    blocks = max(count - (kind == 'residual') for kind, count in counts.items())
     layers = [layers] if isinstance(layers, int) else list(layers)
-    bad = [
-        layer
-        for layer in layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not -count <= layer < count
-    ]
-    if bad or not layers:
-        raise ValueError(f'layers must be a non-empty list of layers 0 to {count - 1}, got {bad or layers}')
-    return {layer % count for layer in layers}
+    if not layers or any(isinstance(layer, bool) or not isinstance(layer, int) for layer in layers):
+        raise ValueError(f'layers must be a non-empty list of integers (layer l: block l), got {layers!r}')
+    resolved = {layer: layer + blocks if layer < 0 else layer for layer in layers}
+    for kind, count in counts.items():
+        outside = [layer for layer, index in resolved.items() if not 0 <= index < count]
+        if outside:
+            own = 'block l'
+            if kind == 'residual':
+                own = 'the residual stream entering block l, and leaving the last block'
+            raise ValueError(
+                f'layers={layers!r}: {kind!r} has no layer {outside[0]} (of {blocks} blocks); its layers are 0 to '
+                f'{count - 1} (layer l: {own}; negative layers count blocks from the end): give layers that every '
+                'component of components= has'
+            )
+    return set(resolved.values())
 
 
 def _patch_component(
@@ -592,25 +624,6 @@ def _patch_component(
     return result
 
 
-def _ranks(values: torch.Tensor) -> torch.Tensor:
-    """Ranks of ``values`` (ties get the mean of their ranks)."""
-    order = values.argsort()
-    ranks = torch.empty_like(values, dtype=torch.float64)
-    ranks[order] = torch.arange(len(values), dtype=torch.float64)
-    unique, inverse = values.unique(return_inverse=True)
-    if len(unique) < len(values):
-        sums = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, ranks)
-        counts = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(ranks))
-        ranks = (sums / counts)[inverse]
-    return ranks
-
-
-def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a - a.mean(), b - b.mean()
-    denominator = (a.norm() * b.norm()).item()
-    return float('nan') if denominator == 0 else float((a * b).sum() / denominator)
-
-
 def correlation(estimate: PatchingScores, reference: PatchingScores, component: str) -> tuple[float, float, int]:
     """``(pearson, spearman, count)`` of the scores of ``component`` in ``estimate`` (relevance patching) and
     ``reference`` (activation patching) over every pair, layer, position and unit where either is not 0 (a
@@ -631,4 +644,4 @@ def correlation(estimate: PatchingScores, reference: PatchingScores, component: 
     a, b = a[used], b[used]
     if len(a) < 2:
         return float('nan'), float('nan'), int(len(a))
-    return _pearson(a, b), _pearson(_ranks(a), _ranks(b)), int(len(a))
+    return pearson(a, b), spearman(a, b), int(len(a))

@@ -39,7 +39,7 @@ IOI_TEMPLATES = (
     'When{a} and{b} went to the office,{s2} gave a book to',
     'After{a} and{b} went to the school,{s2} gave a gift to',
 )
-#: Single-token names of SmolLM2's tokenizer (DESIGN section 8).
+#: Names that SmolLM2's tokenizer encodes as one token each (with their leading space).
 IOI_NAMES = (' Mary', ' John', ' Tom', ' Sarah', ' James', ' Anna', ' David', ' Emma', ' Paul', ' Lisa')
 
 #: Agreement templates: subject ``{n}``, attractor ``{m}``; the answer is the verb's form.

@@ -1,0 +1,47 @@
+"""Correlations of scores, in one place for every workflow: Pearson's, and Spearman's rank correlation (Pearson's of
+the ranks, ties ranked by their mean rank), as :py:func:`scipy.stats.spearmanr` defines it.
+
+Patching compares relevance patching with activation patching by both
+(:py:func:`~zennit_attn.workflows.patching.correlation`); context attribution's linear datamodeling score is the
+rank correlation of predicted and actual log-probabilities (:py:func:`~zennit_attn.workflows.evaluation.sources.lds`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ['ranks', 'pearson', 'spearman']
+
+
+def _values(values) -> torch.Tensor:
+    """``values`` (a tensor, array or sequence of numbers) as a flat float64 tensor on the CPU."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().to('cpu', torch.float64).reshape(-1)
+    return torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+
+
+def ranks(values) -> torch.Tensor:
+    """``[n]`` float64 ranks (0 for the smallest) of ``values``; tied values get the mean of their ranks."""
+    values = _values(values)
+    order = values.argsort(stable=True)
+    result = torch.empty_like(values)
+    result[order] = torch.arange(len(values), dtype=torch.float64)
+    _, inverse, counts = values.unique(return_inverse=True, return_counts=True)
+    sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, result)
+    return sums[inverse] / counts[inverse]
+
+
+def pearson(a, b) -> float:
+    """Pearson's correlation of ``a`` and ``b`` (same length); NaN where one is constant."""
+    a, b = _values(a), _values(b)
+    if a.shape != b.shape:
+        raise ValueError(f'a correlation needs values of the same length, got {len(a)} and {len(b)}')
+    a, b = a - a.mean(), b - b.mean()
+    denominator = float(a.norm() * b.norm())
+    return float((a * b).sum() / denominator) if denominator > 0 else float('nan')
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation of ``a`` and ``b``: :py:func:`pearson` of their :py:func:`ranks`; NaN where one is
+    constant."""
+    return pearson(ranks(a), ranks(b))
