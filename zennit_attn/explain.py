@@ -25,6 +25,7 @@ from .inputs.vision_language import (
 )
 from .latent.sites import Neuron
 from .latent.targets import explain_latent
+from .methods.propagation import method_of
 from .methods.registry import METHODS, check_params
 from .results.explanation import Explanation, ImageExplanation, MultimodalExplanation, TargetLike
 
@@ -110,7 +111,7 @@ def explain(
     position: int | Sequence[int] | torch.Tensor | None = -1,
     attention_mask=None,
     composite: Composite | None = None,
-    method: str = 'attnlrp',
+    method: str | None = None,
     model_kwargs: dict | None = None,
     decoder_input_ids=None,
     tokenizer=None,
@@ -173,11 +174,13 @@ def explain(
     composite: zennit.core.Composite, optional
         For the LRP methods: default :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon` (language models) or
         :py:class:`~zennit_attn.engine.composites.AttnLRPGamma` (vision transformers) for ``'attnlrp'``, and their
-        CP-LRP counterparts for ``'cplrp'``. A zennit-attn composite that applies the other method's product rule
-        is refused (:py:func:`~zennit_attn.methods.propagation.check_composite`): pass ``method='cplrp'`` with
-        ``CPLRPEpsilon()``.
-    method: str
-        A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default), ``'cplrp'``,
+        CP-LRP counterparts for ``'cplrp'``. Without ``method=`` the composite's own method runs
+        (:py:func:`~zennit_attn.methods.propagation.method_of`: CP-LRP for ``CPLRPEpsilon()``); a zennit-attn
+        composite that applies the other method's product rule than the ``method`` given is refused
+        (:py:func:`~zennit_attn.methods.propagation.check_composite`).
+    method: str, optional
+        A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default without ``composite=``),
+        ``'cplrp'``,
         ``'input_x_gradient'``, ``'integrated_gradients'``, ``'smoothgrad'``, ``'attention_rollout'``,
         ``'grad_attention_rollout'``, ``'gradcam'``, ``'atman'``, ``'kernelshap'``, ``'random'``.
     model_kwargs: dict, optional
@@ -271,6 +274,7 @@ def explain(
     TypeError
         For a parameter the method does not take.
     """
+    method = method_of(method, composite)
     entry, params = _checked_method(method, composite, checkpointing, params)
     if _with_images(input_ids, images, processor):
         if objective != 'logit':

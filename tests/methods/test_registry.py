@@ -12,7 +12,7 @@ from transformers import AttentionInterface
 
 from tests.models import tiny_model, token_ids
 from tests.numbers import assert_close, relative_error
-from zennit_attn import explain
+from zennit_attn import explain, explain_generation, explain_sources
 from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma, RelPEpsilon
 from zennit_attn.engine.rules import ConstantGates, Uniform
 from zennit_attn.inputs.task import TokenTask as Task
@@ -589,3 +589,19 @@ def test_runs_leave_the_input_as_it_was(ctrl):
         first = task.forward(task.inputs)
         second = task.forward(task.inputs)
     assert torch.equal(task.inputs, before) and torch.equal(first, second)
+
+
+@pytest.mark.parametrize(
+    'composite, method',
+    [(CPLRPEpsilon(), 'cplrp'), (AttnLRPEpsilon(), 'attnlrp'), (AttnLRPEpsilon(product_rule=ConstantGates()), 'cplrp')],
+)
+def test_without_a_method_the_composite_decides(llama, ids, tokenizer, composite, method):
+    """``explain(model, ids, composite=CPLRPEpsilon())`` (zennit's idiom: the composite says the rules) runs CP-LRP
+    and labels it so, with the relevance of ``method='cplrp'``; so do the workflows that take a composite."""
+    given = explain(llama, ids, composite=composite)
+    assert given.method == method
+    assert torch.equal(given.relevance, explain(llama, ids, method=method, composite=composite).relevance)
+    generated = explain_generation(llama, tokenizer, 'the bear', max_new_tokens=2, composite=composite)
+    assert generated.method == method
+    sources = explain_sources(llama, tokenizer, 'A bear. A cat.', 'which?', ' a bear', composite=composite)
+    assert sources.method == method

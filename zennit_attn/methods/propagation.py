@@ -10,7 +10,7 @@ from ..engine.rules import ConstantGates, ProductRule, Uniform
 from ..inputs.task import ImageTask, Task
 from .lrp import attribute
 
-__all__ = ['attnlrp', 'cplrp', 'METHOD_RULES', 'check_composite', 'lrp_method']
+__all__ = ['attnlrp', 'cplrp', 'METHOD_RULES', 'check_composite', 'lrp_method', 'method_of']
 
 #: The product rule each LRP method names (the paper's distinction between AttnLRP and CP-LRP: relevance through the
 #: attention probabilities and gates, or none): a zennit-attn composite that applies the other method's rule is
@@ -24,6 +24,14 @@ def lrp_method(composite: Composite) -> str:
     rules, too: :py:func:`check_composite` takes them under either name)."""
     rules = composite.product_rules() if isinstance(composite, AttnLRPComposite) else ()
     return next((name for name, cls in METHOD_RULES.items() if any(isinstance(rule, cls) for rule in rules)), 'attnlrp')
+
+
+def method_of(method: str | None, composite: Composite | None) -> str:
+    """The method a call runs: ``method`` where it is given, else the LRP method of ``composite``
+    (:py:func:`lrp_method`: ``explain(model, ids, composite=CPLRPEpsilon())`` runs CP-LRP), else ``'attnlrp'``."""
+    if method is not None:
+        return method
+    return 'attnlrp' if composite is None else lrp_method(composite)
 
 
 def check_composite(composite: Composite, method: str) -> None:

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from ..explain import encode_texts, explain
 from ..methods.declarations import positive
+from ..methods.propagation import method_of
 from ..methods.registry import check_params
 from ..results.explanation import Explanation
 
@@ -553,7 +554,7 @@ def explain_dataset(
     texts,
     output_dir: str | os.PathLike,
     batch_size: int = 8,
-    method: str = 'attnlrp',
+    method: str | None = None,
     target=None,
     position: int = -1,
     shard_size: int = 256,
@@ -583,8 +584,8 @@ def explain_dataset(
         Created if missing.
     batch_size: int
         Texts per :py:func:`~zennit_attn.explain` call.
-    method: str
-        As for :py:func:`~zennit_attn.explain`.
+    method: str, optional
+        As for :py:func:`~zennit_attn.explain` (default the LRP method of ``composite=``, ``'attnlrp'`` without one).
     target: None, int or sequence of int
         None: the argmax; an int for every text, or one per text (in input order).
     position: int
@@ -618,6 +619,7 @@ def explain_dataset(
     if isinstance(position, bool) or not isinstance(position, numbers.Integral):
         raise ValueError(f"position must be an integer (counted in each text's tokens), got {position!r}")
     position = int(position)
+    method = method_of(method, params.get('composite'))
     params = check_params(method, params)  # names and values, before any work
     directory = check_output_dir(output_dir)
     texts = read_texts(texts)

@@ -34,6 +34,7 @@ from ..inputs.vision_language import (
     is_similarity_model,
     placeholder_tokens,
 )
+from ..methods.propagation import method_of
 from ..methods.registry import METHODS
 from ..results.render import multimodal as multimodal_views
 from ..results.render import views
@@ -461,7 +462,7 @@ def explain_generation(
     tokenizer,
     prompt,
     max_new_tokens: int = 20,
-    method: str = 'attnlrp',
+    method: str | None = None,
     composite: Composite | None = None,
     generate_kwargs: dict | None = None,
     batched: bool | int = False,
@@ -516,8 +517,9 @@ def explain_generation(
         return_dict=True)``; ``images`` is then left out).
     max_new_tokens: int
         Most tokens to generate (fewer if the model ends the answer).
-    method: str
-        Attribution method (a key of :py:data:`zennit_attn.methods.registry.METHODS`).
+    method: str, optional
+        Attribution method (a key of :py:data:`zennit_attn.methods.registry.METHODS`); default the composite's LRP
+        method, ``'attnlrp'`` without one (as for :py:func:`~zennit_attn.explain`).
     composite: zennit.core.Composite, optional
         For the LRP methods (see :py:func:`~zennit_attn.explain`).
     generate_kwargs: dict, optional
@@ -553,6 +555,7 @@ def explain_generation(
         bad prompt or argument.
     """
     check_model(model)
+    method = method_of(method, composite)
     processor, tokenizer = _processor_and_tokenizer(model, tokenizer, prompt, images, method, batched, contrast)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f'max_new_tokens must be a positive integer, got {max_new_tokens!r}')

@@ -26,6 +26,7 @@ import torch
 
 from ..explain import explain
 from ..inputs.objectives import OBJECTIVES
+from ..methods.propagation import method_of
 from ..results.render.layout import Heatmap, ScaleLike, Segment, format_relevance
 from ..results.render.views import heatmaps_html, save_heatmaps, show_heatmaps
 from ..results.segments import SegmentExplanation, sentences
@@ -305,7 +306,7 @@ def explain_sources(
     query: str,
     response: str | None = None,
     sources: str | Sequence[tuple[int, int]] = 'sentences',
-    method: str = 'attnlrp',
+    method: str | None = None,
     objective: str = 'log_odds',
     reduce: str = 'sum',
     chat: bool | None = None,
@@ -331,9 +332,10 @@ def explain_sources(
     sources: 'sentences', 'documents' or list of (int, int)
         The sources: the context's sentences (:py:func:`~zennit_attn.results.segments.sentences`), its documents (a
         list of documents), or character spans of the context (of the documents joined by blank lines).
-    method: str
+    method: str, optional
         A method of :py:func:`~zennit_attn.explain` with ``(position, token)`` targets (``'attnlrp'``,
-        ``'cplrp'``, ``'input_x_gradient'``, ...).
+        ``'cplrp'``, ``'input_x_gradient'``, ...); default the LRP method of ``composite=`` among ``params``,
+        ``'attnlrp'`` without one.
     objective: str
         What is explained of each response token, summed over the response: ``'log_odds'`` (default:
         ``log(p / (1 - p))``, ContextCite's logit-probability; :py:class:`~zennit_attn.inputs.objectives.LogOdds`),
@@ -365,6 +367,7 @@ def explain_sources(
         For an unknown ``objective`` or ``reduce``, bad sources, a chat prompt without chat template, a template
         without its slots, an empty generated response, a response that does not tokenise apart from the prompt.
     """
+    method = method_of(method, params.get('composite'))
     if objective not in OBJECTIVES:
         raise ValueError(f'objective must be one of {", ".join(map(repr, OBJECTIVES))}, got {objective!r}')
     if reduce not in REDUCTIONS:
@@ -409,13 +412,14 @@ def explain_response(
     prompt: SourcePrompt,
     response: str,
     response_ids: Sequence[int],
-    method: str = 'attnlrp',
+    method: str | None = None,
     objective: str = 'log_odds',
     reduce: str = 'sum',
     **params,
 ) -> SourceExplanation:
     """:py:func:`explain_sources` for a prompt and a tokenised response: one call of :py:func:`~zennit_attn.explain`
     with the response's ``(position, token)`` pairs, summed per source."""
+    method = method_of(method, params.get('composite'))
     ids = prompt.ids() + list(response_ids)
     start = len(ids) - len(response_ids)
     pairs = [(start - 1 + index, int(token)) for index, token in enumerate(response_ids)]
