@@ -16,7 +16,9 @@ are frozen for the time of the context, so these are exactly the tensors compute
 4. applies the rule the registry declares, by :py:data:`HANDLERS`: the handlers live in
    :py:mod:`~zennit_attn.engine.canonizers.products`, :py:mod:`~zennit_attn.engine.canonizers.elementwise` and
    :py:mod:`~zennit_attn.engine.canonizers.softmax`; an operation the registry does not know, or declares refused, is
-   refused by name (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`).
+   refused by name (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`);
+5. audits it (:py:mod:`zennit_attn.engine.audit`): each relevance-carrying operand must have been produced or
+   sanctioned by the engine (or be an explained input), and the output is recorded as produced.
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..audit import Audit, guarded_hook
 from .elementwise import Elementwise
 from .graph import log_softmax_scores, lse_scores
 from .products import Products
 from .recurrences import Recurrences
-from .registry import OPERATIONS, op_name
+from .registry import OPERATIONS, in_place, op_name
 from .softmax import Softmaxes
 from .tracking import tensors_of
 
-__all__ = ['Classifier', 'HANDLERS']
+__all__ = ['Classifier', 'HANDLERS', 'AUDITED_METADATA']
 
 #: The handler (a method of :py:class:`Classifier`) of each rule of the registry; ``metadata`` is not dispatched.
 HANDLERS = {
@@ -57,6 +60,10 @@ HANDLERS = {
     'decomposed': 'decomposed',
     'refused': 'refused',
 }
+#: Operations of the rule ``metadata`` that the audit looks at: properties that return views (``x.T``, ``x.mT``),
+#: gradient hooks registered inside the forward (:py:func:`~zennit_attn.engine.audit.guarded_hook`) and tensors made
+#: leaves inside it (``x.detach().requires_grad_()``: an input whose relevance the caller reads).
+AUDITED_METADATA = frozenset({'get', 'register_hook', 'requires_grad'})
 
 
 class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMode):
@@ -67,6 +74,8 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
     def __init__(self, canonizer):
         super().__init__()
         self.canonizer = canonizer
+        #: what the engine produced or sanctioned in this forward (:py:mod:`zennit_attn.engine.audit`)
+        self.audit = Audit(canonizer.root)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -74,13 +83,15 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
         name = op_name(func)
         entry = OPERATIONS.get(name)
         if entry is not None and entry.rule == 'metadata':
+            if name in AUDITED_METADATA and self.audit.open:
+                return self.audited_metadata(name, func, args, kwargs)
             return func(*args, **kwargs)
         gradients = torch.is_grad_enabled()
         if gradients and canonizer.opaque:
             return func(*args, **kwargs)
         tensors = tensors_of(args, tensors_of(list(kwargs.values()), []) if kwargs else [])
         if not gradients:
-            return canonizer.cut_off(name, args, func(*args, **kwargs), tensors)
+            return canonizer.cut_off(name, args, self.without_gradients(name, func, args, kwargs), tensors)
         carrying = [tensor for tensor in tensors if tensor.requires_grad]
         division = entry is not None and entry.rule == 'division'
         if canonizer.cut and canonizer.meets_cut(name, args, kwargs, tensors, carrying, division):
@@ -91,7 +102,58 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
             return func(*args, **kwargs)
         for tensor in carrying:
             canonizer.check_origin(tensor)
-        return self.marked(name, func, args, kwargs, carrying)
+        return self.audited(name, func, args, kwargs, tensors, carrying)
+
+    def audited(self, name: str, func, args, kwargs, tensors: list[torch.Tensor], carrying: list[torch.Tensor]):
+        """Refuse an operand the engine did not produce or sanction
+        (:py:meth:`~zennit_attn.engine.audit.Audit.refusal`), classify the operation (:py:meth:`marked`) and record
+        its outputs, and the tensors it changed in place, as produced by the engine."""
+        refusal = self.audit.refusal(carrying)
+        if refusal is not None:
+            self.canonizer.refuse(name, *refusal)
+        output = self.marked(name, func, args, kwargs, carrying)
+        self.audit.record(output)
+        if name == 'setitem' or in_place(func, kwargs):
+            self.audit.record_changed(tensors)
+        return output
+
+    def without_gradients(self, name: str, func, args, kwargs):
+        """Run an operation without gradients (``torch.no_grad()`` inside the forward); refuse one that changes a
+        relevance-carrying tensor in place: the backward pass would not know the change."""
+        target = args[0] if args else None
+        if (
+            self.audit.open
+            and self.canonizer.gradients
+            and isinstance(target, torch.Tensor)
+            and target.requires_grad
+            and (name == 'setitem' or in_place(func, kwargs))
+        ):
+            self.canonizer.refuse(
+                name,
+                'an in-place change of a relevance-carrying tensor without gradients (torch.no_grad()): the backward '
+                'pass would not know the change, and the relevance would be that of the unchanged tensor',
+                hint='Make the change with gradients (outside torch.no_grad()), or on a copy (x = x * 2 instead of '
+                'x.mul_(2)).',
+            )
+        return func(*args, **kwargs)
+
+    def audited_metadata(self, name: str, func, args, kwargs):
+        """A gradient hook registered inside the forward, guarded against changing the gradient (unless a rule of a
+        module registers it); a leaf made inside the forward (``requires_grad_()``), an explained input; a property
+        that returns a view of a relevance-carrying tensor (``x.T``), audited as an operation."""
+        if name == 'register_hook':
+            if not self.audit.ruling:
+                args = (args[0], guarded_hook(args[1] if len(args) > 1 else kwargs.pop('hook')))
+            return func(*args, **kwargs)
+        output = func(*args, **kwargs)
+        if name == 'requires_grad':
+            self.audit.admit(output)
+        elif isinstance(output, torch.Tensor) and output.grad_fn is not None:
+            refusal = self.audit.refusal(tensors_of(args, []))
+            if refusal is not None:
+                self.canonizer.refuse(name, *refusal)
+            self.audit.record(output)
+        return output
 
     def marked(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
         """Route an operation on a tensor with a mark of the engine to the mark's handler (a log-softmax, a logsumexp,
