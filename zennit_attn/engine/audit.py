@@ -278,7 +278,7 @@ def unexplained(
         return (
             f'{role} computed by the custom autograd function {forward.__module__}.{forward.__qualname__} (a kernel, '
             'whose backward pass the engine does not know)',
-            'Compute it with torch operations inside the context (the function\'s forward as plain PyTorch), or '
+            "Compute it with torch operations inside the context (the function's forward as plain PyTorch), or "
             'report the model.',
         )
     modules = model.named_modules() if model is not None else ()
