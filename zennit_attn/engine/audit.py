@@ -215,8 +215,11 @@ def sanction(result, *sources) -> None:
     engine, where each relevance-carrying tensor of ``sources`` (what the rule computed it from) is known to the audit
     of the forward being run; nothing outside a forward."""
     audit = current()
-    if audit is not None and all(audit.knows(tensor) for tensor in _tensors(sources, []) if tensor.requires_grad):
-        audit.record(result)
+    if audit is None:
+        return
+    with torch._C.DisableTorchFunction():  # from hooks inside the mode: its reads are not the model's
+        if all(audit.knows(tensor) for tensor in _tensors(sources, []) if tensor.requires_grad):
+            audit.record(result)
 
 
 _CHECKPOINT = (

@@ -140,7 +140,8 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
     def audited_metadata(self, name: str, func, args, kwargs):
         """A gradient hook registered inside the forward, guarded against changing the gradient (unless a rule of a
         module registers it); a leaf made inside the forward (``requires_grad_()``), an explained input; a property
-        that returns a view of a relevance-carrying tensor (``x.T``), audited as an operation."""
+        that returns a view of a relevance-carrying tensor (``x.T``), audited as an operation (not inside an opaque
+        module, which is audited as a whole)."""
         if name == 'register_hook':
             if not self.audit.ruling:
                 args = (args[0], guarded_hook(args[1] if len(args) > 1 else kwargs.pop('hook')))
@@ -148,7 +149,7 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
         output = func(*args, **kwargs)
         if name == 'requires_grad':
             self.audit.admit(output)
-        elif isinstance(output, torch.Tensor) and output.grad_fn is not None:
+        elif isinstance(output, torch.Tensor) and output.grad_fn is not None and not self.canonizer.opaque:
             refusal = self.audit.refusal(tensors_of(args, []))
             if refusal is not None:
                 self.canonizer.refuse(name, *refusal)

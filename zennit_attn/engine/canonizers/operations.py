@@ -272,7 +272,8 @@ class OperationCanonizer(Tracking, Canonizer):
 
         def leave(module, args, output):
             self.opaque -= opaque
-            if opaque and not self.opaque and self.modes and torch.is_grad_enabled():  # the outermost, with gradients
+            # the outermost opaque module, with gradients, whose forward returned
+            if opaque and not self.opaque and self.modes and output is not None and torch.is_grad_enabled():
                 self._audit_module(name, args, output)
             if gate:
                 self.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
@@ -291,13 +292,14 @@ class OperationCanonizer(Tracking, Canonizer):
         an input the engine did not produce or sanction (changed by a forward pre-hook registered after the
         composite, which runs in the module), record the output (the rule's) as produced."""
         audit = self.modes[-1][0].audit
-        inputs = [tensor for tensor in tensors_of(args, []) if tensor.requires_grad]
-        for tensor in inputs:
-            self.check_origin(tensor)
-        refusal = audit.refusal(inputs, 'an input')
-        if refusal is not None:
-            self.refuse(name, *refusal)
-        audit.record(output)
+        with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
+            inputs = [tensor for tensor in tensors_of(args, []) if tensor.requires_grad]
+            for tensor in inputs:
+                self.check_origin(tensor)
+            refusal = audit.refusal(inputs, 'an input')
+            if refusal is not None:
+                self.refuse(name, *refusal)
+            audit.record(output)
 
     def _check_run(self, run: MixerRun, output) -> None:
         """Refuse a sequence mixer that multiplied relevance-carrying tensors in its own code but ran none of the
@@ -340,11 +342,12 @@ class OperationCanonizer(Tracking, Canonizer):
         values = list(output.values()) if isinstance(output, Mapping) else output
         outputs = [tensor for tensor in tensors_of(values, []) if tensor.requires_grad]
         try:
-            for tensor in outputs:
-                self.check_origin(tensor)
-            refusal = audit.refusal(outputs, 'an output')
-            if refusal is not None:
-                self.refuse('forward', *refusal, path=[])
+            with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
+                for tensor in outputs:
+                    self.check_origin(tensor)
+                refusal = audit.refusal(outputs, 'an output')
+                if refusal is not None:
+                    self.refuse('forward', *refusal, path=[])
         finally:
             self._exit_modes()
         for tensor in outputs:
