@@ -461,7 +461,8 @@ def test_steering_hook_on_llamas_final_norm_explained():
 
 def test_in_place_change_without_gradients_is_refused():
     """A relevance-carrying tensor changed in place under ``torch.no_grad()`` inside the forward: the backward pass
-    does not know the change (relevance half the logit before)."""
+    does not know the change (relevance half the logit before); refused where the tensor is used next (its version
+    changed)."""
 
     class Unseen(Model):
         def forward(self, x):
@@ -470,4 +471,19 @@ def test_in_place_change_without_gradients_is_refused():
                 x[..., :4] *= 2
             return self.head(self.norm(self.blocks[1](x)))
 
-    refused(build(Unseen), 'an in-place change of a relevance-carrying tensor without gradients', 'torch.no_grad()')
+    refused(build(Unseen), 'changed in place after the engine saw it', 'torch.no_grad()', "'blocks.1.norm1'")
+
+
+@pytest.mark.parametrize('alias', ['detach', 'data'])
+def test_change_through_an_alias_is_refused(alias):
+    """A relevance-carrying tensor changed in place through ``x.detach()`` (relevance half the logit before: seen by
+    its version) or ``x.data`` (refused where it is read)."""
+
+    class Aliased(Model):
+        def forward(self, x):
+            x = self.blocks[0](x)
+            (x.detach() if alias == 'detach' else x.data).mul_(2)
+            return self.head(self.norm(self.blocks[1](x)))
+
+    words = ('changed in place after the engine saw it', "LayerNorm in 'blocks.1.norm1'")
+    refused(build(Aliased), *(words if alias == 'detach' else ('x.data of a relevance-carrying tensor',)))

@@ -83,10 +83,11 @@ class Audit:
     def __init__(self, model: torch.nn.Module | None = None):
         #: the model being explained (its TorchScript modules are named in refusals)
         self.model = model
-        #: the autograd nodes produced or sanctioned (held, so that their identity stays theirs while the audit runs)
-        self.known: set = set()
-        #: the explained inputs that are leaves, by id (held)
-        self.leaves: dict[int, torch.Tensor] = {}
+        #: the autograd nodes produced or sanctioned (held, so that their identity stays theirs while the audit runs),
+        #: with the version of their tensor then (a change in place that the engine did not see changes it)
+        self.known: dict = {}
+        #: the explained inputs that are leaves, by id, with their versions (held)
+        self.leaves: dict[int, tuple[torch.Tensor, int]] = {}
         #: the pack functions of checkpoints the engine runs (:py:mod:`zennit_attn.engine.checkpointing`)
         self.checkpoints: set = set()
         #: the pack function of the saved-tensor hooks around the model's call (the caller's own)
@@ -106,7 +107,7 @@ class Audit:
     def close(self) -> None:
         """End the audit (at the end of the model's forward, also after an exception): it forgets what it held."""
         self.open = False
-        self.known, self.leaves, self.checkpoints = set(), {}, set()
+        self.known, self.leaves, self.checkpoints = {}, {}, set()
         if self.token is not None:
             _CURRENT.reset(self.token)
             self.token = None
@@ -116,38 +117,45 @@ class Audit:
         if not (isinstance(tensor, torch.Tensor) and tensor.requires_grad):
             return
         if tensor.grad_fn is None:
-            self.leaves[id(tensor)] = tensor
+            self.leaves[id(tensor)] = (tensor, tensor._version)
         else:
-            self.known.add(tensor.grad_fn)
+            self.known[tensor.grad_fn] = tensor._version
 
     def knows(self, tensor: torch.Tensor) -> bool:
         """Whether the relevance-carrying ``tensor`` was produced or sanctioned by the engine, or is an explained
-        input."""
+        input, and has not been changed in place since but by operations the engine saw."""
         node = tensor.grad_fn
         if node is None:
-            return self.leaves.get(id(tensor)) is tensor
-        if node in self.known or getattr(type(node), '_forward_cls', None) in INPUTS:
+            leaf = self.leaves.get(id(tensor))
+            return leaf is not None and leaf[0] is tensor and leaf[1] == tensor._version
+        version = self.known.get(node)
+        if version is not None:
+            return version == tensor._version
+        if getattr(type(node), '_forward_cls', None) in INPUTS:
             return True
         # a view whose node torch made anew (as_strided of its base) after its base was changed in place
         base = tensor._base
         if base is not None and type(node).__name__.startswith('AsStridedBackward') and self.knows(base):
             inputs = node.next_functions
             if inputs and inputs[0][0] is base.grad_fn:
-                self.known.add(node)
+                self.known[node] = tensor._version
                 return True
         return False
 
     def refusal(self, tensors, role: str = 'an operand') -> tuple[str, str] | None:
         """``(what, hint)`` of a refusal (:py:func:`unexplained`, ``role``) of the first of the relevance-carrying
-        ``tensors`` that the engine did not produce or sanction, or that is of a tensor subclass with a
-        ``__torch_function__`` of its own (whose operations the mode does not see), or of torch's checkpoint being run
-        (not the engine's: its code would be run again in the backward pass outside the mode); None if there is none
-        (also once closed)."""
+        ``tensors`` that the engine did not produce or sanction (or that was changed in place since, out of its
+        sight), or that is of a tensor subclass with a ``__torch_function__`` of its own (whose operations the mode
+        does not see), or of torch's checkpoint being run (not the engine's: its code would be run again in the
+        backward pass outside the mode); None if there is none (also once closed)."""
         if not self.open:
             return None
         for tensor in tensors:
-            if tensor.requires_grad and (not self.knows(tensor) or _own_function(tensor)):
-                return unexplained(tensor, self.model, role)
+            if not tensor.requires_grad or (self.knows(tensor) and not _own_function(tensor)):
+                continue
+            if not _own_function(tensor) and (tensor.grad_fn in self.known or id(tensor) in self.leaves):
+                return f'{role} {_CHANGED[0]}', _CHANGED[1]
+            return unexplained(tensor, self.model, role)
         pack = _saved_tensors_pack()
         if pack is not None and pack is not self.outer and pack not in self.checkpoints:
             if getattr(pack, '__qualname__', '') == CHECKPOINT_HOOK:
@@ -156,16 +164,16 @@ class Audit:
 
     def record(self, output) -> None:
         """Record the autograd nodes of the relevance-carrying tensors of ``output`` (a tensor, or lists and tuples of
-        them) as produced by the engine."""
+        them) as produced by the engine, with their versions."""
         if not self.open:
             return
         if isinstance(output, torch.Tensor):
             if output.grad_fn is not None:
-                self.known.add(output.grad_fn)
+                self.known[output.grad_fn] = output._version
             return
         for tensor in _tensors(output, []):
             if tensor.grad_fn is not None:
-                self.known.add(tensor.grad_fn)
+                self.known[tensor.grad_fn] = tensor._version
 
     def record_changed(self, tensors) -> None:
         """Record the nodes of ``tensors`` and of their bases after an operation that changed them in place (a write
@@ -175,7 +183,7 @@ class Audit:
         for tensor in tensors:
             for changed in (tensor, tensor._base):
                 if changed is not None and changed.grad_fn is not None:
-                    self.known.add(changed.grad_fn)
+                    self.known[changed.grad_fn] = changed._version
 
     def checkpointing(self) -> None:
         """Accept the checkpoint being entered now (the engine's own: its recomputation is classified as the
@@ -221,6 +229,12 @@ def sanction(result, *sources) -> None:
         if all(audit.knows(tensor) for tensor in _tensors(sources, []) if tensor.requires_grad):
             audit.record(result)
 
+
+_CHANGED = (
+    'changed in place after the engine saw it, by an operation it did not see (through an alias without gradients: '
+    'x.detach() or x.data, or under torch.no_grad()): the backward pass would not know the change',
+    'Make the change with gradients on the tensor itself (x.mul_(2) or x = x * 2), not through an alias.',
+)
 
 _CHECKPOINT = (
     'an operation run under torch.utils.checkpoint with use_reentrant=False (the checkpointed code is run again in '

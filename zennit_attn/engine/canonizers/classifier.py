@@ -60,10 +60,16 @@ HANDLERS = {
     'decomposed': 'decomposed',
     'refused': 'refused',
 }
-#: Operations of the rule ``metadata`` that the audit looks at: properties that return views (``x.T``, ``x.mT``),
-#: gradient hooks registered inside the forward (:py:func:`~zennit_attn.engine.audit.guarded_hook`) and tensors made
-#: leaves inside it (``x.detach().requires_grad_()``: an input whose relevance the caller reads).
-AUDITED_METADATA = frozenset({'get', 'register_hook', 'requires_grad'})
+#: Operations of the rule ``metadata`` that the audit looks at: gradient hooks registered inside the forward
+#: (:py:func:`~zennit_attn.engine.audit.guarded_hook`) and tensors made leaves inside it
+#: (``x.detach().requires_grad_()``: an input whose relevance the caller reads).
+AUDITED_METADATA = frozenset({'register_hook', 'requires_grad'})
+#: Properties of tensors (their getters, operation ``get``) that the audit looks at: views (``x.T``, ``x.mT``, ...),
+#: audited as operations, and ``x.data`` (an alias whose changes neither autograd nor the audit sees).
+DATA = torch.Tensor.data.__get__
+AUDITED_GETTERS = frozenset(
+    {DATA} | {getattr(torch.Tensor, name).__get__ for name in ('T', 'mT', 'H', 'mH', 'real', 'imag')}
+)
 
 
 class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMode):
@@ -83,7 +89,7 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
         name = op_name(func)
         entry = OPERATIONS.get(name)
         if entry is not None and entry.rule == 'metadata':
-            if name in AUDITED_METADATA and self.audit.open:
+            if self.audit.open and (name in AUDITED_METADATA or (name == 'get' and func in AUDITED_GETTERS)):
                 return self.audited_metadata(name, func, args, kwargs)
             return func(*args, **kwargs)
         gradients = torch.is_grad_enabled()
@@ -91,7 +97,7 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
             return func(*args, **kwargs)
         tensors = tensors_of(args, tensors_of(list(kwargs.values()), []) if kwargs else [])
         if not gradients:
-            return canonizer.cut_off(name, args, self.without_gradients(name, func, args, kwargs), tensors)
+            return canonizer.cut_off(name, args, func(*args, **kwargs), tensors)
         carrying = [tensor for tensor in tensors if tensor.requires_grad]
         division = entry is not None and entry.rule == 'division'
         if canonizer.cut and canonizer.meets_cut(name, args, kwargs, tensors, carrying, division):
@@ -117,39 +123,30 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
             self.audit.record_changed(tensors)
         return output
 
-    def without_gradients(self, name: str, func, args, kwargs):
-        """Run an operation without gradients (``torch.no_grad()`` inside the forward); refuse one that changes a
-        relevance-carrying tensor in place: the backward pass would not know the change."""
-        target = args[0] if args else None
-        if (
-            self.audit.open
-            and self.canonizer.gradients
-            and isinstance(target, torch.Tensor)
-            and target.requires_grad
-            and (name == 'setitem' or in_place(func, kwargs))
-        ):
-            self.canonizer.refuse(
-                name,
-                'an in-place change of a relevance-carrying tensor without gradients (torch.no_grad()): the backward '
-                'pass would not know the change, and the relevance would be that of the unchanged tensor',
-                hint='Make the change with gradients (outside torch.no_grad()), or on a copy (x = x * 2 instead of '
-                'x.mul_(2)).',
-            )
-        return func(*args, **kwargs)
-
     def audited_metadata(self, name: str, func, args, kwargs):
         """A gradient hook registered inside the forward, guarded against changing the gradient (unless a rule of a
         module registers it); a leaf made inside the forward (``requires_grad_()``), an explained input; a property
-        that returns a view of a relevance-carrying tensor (``x.T``), audited as an operation (not inside an opaque
-        module, which is audited as a whole)."""
+        that returns a view of a relevance-carrying tensor (``x.T``), audited as an operation, and ``x.data`` of one,
+        refused (not inside an opaque module, which is audited as a whole)."""
         if name == 'register_hook':
             if not self.audit.ruling:
                 args = (args[0], guarded_hook(args[1] if len(args) > 1 else kwargs.pop('hook')))
             return func(*args, **kwargs)
-        output = func(*args, **kwargs)
         if name == 'requires_grad':
+            output = func(*args, **kwargs)
             self.audit.admit(output)
-        elif isinstance(output, torch.Tensor) and output.grad_fn is not None and not self.canonizer.opaque:
+            return output
+        if self.canonizer.opaque and torch.is_grad_enabled():
+            return func(*args, **kwargs)
+        if func == DATA and args[0].requires_grad:
+            self.canonizer.refuse(
+                'data',
+                'x.data of a relevance-carrying tensor (an alias whose changes in place neither autograd nor '
+                'zennit-attn sees)',
+                hint='Use x.detach() (whose changes in place zennit-attn sees and refuses), or report the model.',
+            )
+        output = func(*args, **kwargs)
+        if isinstance(output, torch.Tensor) and output.grad_fn is not None:
             refusal = self.audit.refusal(tensors_of(args, []))
             if refusal is not None:
                 self.canonizer.refuse(name, *refusal)
