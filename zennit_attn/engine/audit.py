@@ -3,27 +3,29 @@
 The engine explains what passes through its classifying mode (:py:mod:`zennit_attn.engine.canonizers`): every torch
 operation on tensors that carry relevance gets its rule there. What is computed outside the mode would get its plain
 gradient, silently: code compiled by TorchScript (``torch.jit.script``, ``torch.jit.trace``), functions transformed
-by ``torch.vmap``, blocks run under ``torch.utils.checkpoint`` (reentrant: recomputed outside the mode), code under
-``torch._C.DisableTorchFunction``, the zennit hooks of another composite, a hook's change of a module's output that
-the module's rule recomputes, a tensor that requires a gradient without being a registered parameter (it would be
-taken for a relevance-carrying factor).
+by ``torch.vmap``, blocks run under ``torch.utils.checkpoint`` (run again in the backward pass outside the mode), code
+under ``torch._C.DisableTorchFunction``, the zennit hooks of another composite, a tensor changed in place where the
+engine does not see it (``torch.no_grad()``, ``x.detach()``), a tensor that requires a gradient without being a
+registered parameter (it would be taken for a relevance-carrying factor).
 
 :py:class:`Audit` therefore keeps, for one forward of the model, the autograd nodes that the engine produced or
-sanctioned:
+sanctioned, each with the version of its tensor at the time:
 
-- the outputs of every operation the mode classified (the nodes a rule creates inside an operation are not walked:
-  the operation's output stands for them);
+- the outputs of every operation the mode classified (the nodes a rule creates inside an operation are not checked:
+  the operation's output stands for them), and the tensors it changed in place;
 - the outputs of the modules whose rules replace their inside (activations, LayerNorm and RMSNorm, the gate modules
-  of recurrences, explained quantized layers), and of the rules of modules (:py:func:`sanction`);
-- the explained inputs: the tensors the model is called with, and the tensors :py:func:`admit` makes inputs inside
-  the forward (the relevance boundary of token tables looked up in the forward).
+  of recurrences, quantized layers of bitsandbytes), and of the rules of modules (:py:func:`sanction`);
+- the explained inputs: the tensors the model is called with, tensors made leaves inside the forward
+  (``requires_grad_()``, where a caller reads relevance), and the outputs of the relevance boundary's autograd
+  function wherever the model meets them (:py:data:`INPUTS`: the token tables' lookups of
+  :py:mod:`zennit_attn.inputs.lookups`).
 
-Every operation the mode classifies checks that each relevance-carrying operand comes from one of these
-(:py:meth:`Audit.unknown`), and so does every module whose inside is left to its rule, for its inputs, and the model
+Every operation the mode classifies checks that each relevance-carrying operand is one of these, unchanged since
+(:py:meth:`Audit.refusal`), and so does every module whose inside is left to its rule, for its inputs, and the model
 for its outputs; by induction, the graph between the output and the explained inputs consists of nodes the engine
 produced or sanctioned. Anything else is refused by name
-(:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`, :py:func:`unexplained`). The audit costs a set lookup
-per operand and one per output: it is linear in the number of classified operations.
+(:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`, :py:func:`unexplained`). The audit costs a dictionary
+lookup per operand and one entry per output: it is linear in the number of classified operations.
 
 Not seen by the audit: hooks registered directly on autograd nodes (``tensor.grad_fn.register_hook``) inside the
 forward; a gradient hook registered on a tensor with ``tensor.register_hook`` inside the forward is checked when it
@@ -40,9 +42,9 @@ import torch
 
 from .errors import UnsupportedModelError
 
-__all__ = ['Audit', 'INPUTS', 'admit', 'sanction', 'unexplained', 'guarded_hook', 'CHECKPOINT_HOOK']
+__all__ = ['Audit', 'INPUTS', 'CHECKPOINT_HOOK', 'sanction', 'ruling', 'unexplained', 'guarded_hook']
 
-#: The audit of the forward being run (in this thread and task), for the rules of modules and :py:func:`admit`.
+#: The audit of the forward being run (in this thread and task), for the rules of modules (:py:func:`sanction`).
 _CURRENT: contextvars.ContextVar[Audit | None] = contextvars.ContextVar('zennit_attn_audit', default=None)
 
 #: The engine's autograd functions whose outputs are explained inputs wherever the model meets them: the relevance
@@ -150,7 +152,11 @@ class Audit:
         backward pass outside the mode); None if there is none (also once closed)."""
         if not self.open:
             return None
+        known = self.known
         for tensor in tensors:
+            node = tensor.grad_fn
+            if node is not None and known.get(node) == tensor._version and type(tensor) is torch.Tensor:
+                continue  # the common case, at the cost of one lookup
             if not tensor.requires_grad or (self.knows(tensor) and not _own_function(tensor)):
                 continue
             if not _own_function(tensor) and (tensor.grad_fn in self.known or id(tensor) in self.leaves):
@@ -207,15 +213,6 @@ def current() -> Audit | None:
     """The open audit of the forward being run, or None."""
     audit = _CURRENT.get()
     return audit if audit is not None and audit.open else None
-
-
-def admit(tensor: torch.Tensor) -> None:
-    """Make ``tensor``, created inside the model's forward, an explained input of the forward being run (a token
-    table's lookup whose relevance is read, :py:func:`zennit_attn.engine.rules.boundary.input_relevance`); nothing
-    outside a forward."""
-    audit = current()
-    if audit is not None:
-        audit.admit(tensor)
 
 
 def sanction(result, *sources) -> None:
