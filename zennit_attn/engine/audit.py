@@ -70,9 +70,14 @@ def _tensors(value, found: list) -> list:
     return found
 
 
+#: ``(pack, unpack)`` of the innermost ``saved_tensors_hooks`` being run, or None (its argument: whether to ignore the
+#: hooks while tracing, False)
+_top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+
 def _saved_tensors_pack():
     """The pack function of the innermost ``saved_tensors_hooks`` being run, or None."""
-    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    hooks = _top_saved_tensors_hooks(False)
     return None if hooks is None else hooks[0]
 
 
@@ -154,19 +159,23 @@ class Audit:
             return None
         known = self.known
         for tensor in tensors:
-            node = tensor.grad_fn
-            if node is not None and known.get(node) == tensor._version and type(tensor) is torch.Tensor:
-                continue  # the common case, at the cost of one lookup
-            if not tensor.requires_grad or (self.knows(tensor) and not _own_function(tensor)):
-                continue
-            if not _own_function(tensor) and (tensor.grad_fn in self.known or id(tensor) in self.leaves):
-                return f'{role} {_CHANGED[0]}', _CHANGED[1]
-            return unexplained(tensor, self.model, role)
-        pack = _saved_tensors_pack()
-        if pack is not None and pack is not self.outer and pack not in self.checkpoints:
-            if getattr(pack, '__qualname__', '') == CHECKPOINT_HOOK:
+            if known.get(tensor.grad_fn) != tensor._version or type(tensor) is not torch.Tensor:  # not the common case
+                refusal = self._refusal(tensor, role)
+                if refusal is not None:
+                    return refusal
+        hooks = _top_saved_tensors_hooks(False)
+        if hooks is not None and hooks[0] is not self.outer and hooks[0] not in self.checkpoints:
+            if getattr(hooks[0], '__qualname__', '') == CHECKPOINT_HOOK:
                 return _CHECKPOINT
         return None
+
+    def _refusal(self, tensor: torch.Tensor, role: str) -> tuple[str, str] | None:
+        """:py:meth:`refusal` of one tensor that is not a plain tensor known at its version."""
+        if not tensor.requires_grad or (self.knows(tensor) and not _own_function(tensor)):
+            return None
+        if not _own_function(tensor) and (tensor.grad_fn in self.known or id(tensor) in self.leaves):
+            return f'{role} {_CHANGED[0]}', _CHANGED[1]
+        return unexplained(tensor, self.model, role)
 
     def record(self, output) -> None:
         """Record the autograd nodes of the relevance-carrying tensors of ``output`` (a tensor, or lists and tuples of
@@ -174,8 +183,9 @@ class Audit:
         if not self.open:
             return
         if isinstance(output, torch.Tensor):
-            if output.grad_fn is not None:
-                self.known[output.grad_fn] = output._version
+            node = output.grad_fn
+            if node is not None:
+                self.known[node] = output._version
             return
         for tensor in _tensors(output, []):
             if tensor.grad_fn is not None:

@@ -119,7 +119,7 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
             self.canonizer.refuse(name, *refusal)
         output = self.marked(name, func, args, kwargs, carrying)
         self.audit.record(output)
-        if name == 'setitem' or in_place(func, kwargs):
+        if name == 'setitem' or _writes(func, kwargs):
             self.audit.record_changed(tensors)
         return output
 
@@ -191,3 +191,20 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
     def refused(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
         """An operation the registry refuses, with its reason."""
         self.canonizer.refuse(name, OPERATIONS[name].reason)
+
+
+#: Whether each function changes its first argument in place (by its name: ``mul_``, ``__imul__``), by function: the
+#: audit asks for every classified operation.
+_IN_PLACE: dict = {}
+
+
+def _writes(func, kwargs: dict) -> bool:
+    """Whether ``func`` called with ``kwargs`` changes its first argument in place
+    (:py:func:`~.registry.in_place`)."""
+    try:
+        changes = _IN_PLACE[func]
+    except KeyError:
+        changes = _IN_PLACE[func] = in_place(func)
+    except TypeError:  # an unhashable callable
+        changes = in_place(func)
+    return changes or kwargs.get('inplace') is True
