@@ -264,7 +264,7 @@ _FUNCTIONS = {
         'it passes relevance where the rules of this composite pass their modified gradient',
         'Register one composite at a time (leave the context of the other composite, or call its remove()); to map '
         "one of zennit's relevance rules in a zennit-attn composite, wrap it: RelevanceRule(rule) "
-        '(zennit_attn.engine.rules; docs: Use a composite).',
+        '(zennit_attn.engine.rules; docs: Rules).',
     ),
 }
 
