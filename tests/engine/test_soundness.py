@@ -3,10 +3,13 @@ by name, or explained exactly; never the plain gradient in silence.
 
 Each model is a tiny transformer written here (float64, no biases), explained by CP-LRP for the relevance of its
 largest last-position logit: the input relevance must sum to that logit (1e-10), or the model is refused. Before the
-audit (issue 40) these models were explained wrongly without a word: a reentrant checkpoint 3.2% off, a TorchScript
-MLP 7.9%, heads run by ``torch.vmap`` 5.4%, a hook on the final LayerNorm dropped (the model without it explained), a
-hook on an RMSNorm halving the relevance, zennit's own rules beside CP-LRP 405 times the logit, layer scales held in a
-Python list 11% off; a non-reentrant checkpoint crashed with torch's ``CheckpointError``.
+audit (issue 40; relevance / logit on these models) they were explained wrongly without a word: blocks under a
+reentrant checkpoint 1.032, a TorchScript MLP 1.079, heads run by ``torch.vmap`` 1.054, zennit's own rules beside
+CP-LRP -405, layer scales held in a Python list 1.272, a temperature attribute 0.5, a tanh under
+``DisableTorchFunction`` 0.54, a tensor changed in place under ``torch.no_grad()`` 1.263 or through ``x.detach()`` or
+``x.data`` 0.5, a pre-hook inside a norm 0.443, a gradient hook that doubles the gradient 2.0; a hook on the final
+LayerNorm was dropped (the model without it explained) and one on an RMSNorm halved the relevance; a non-reentrant
+checkpoint raised torch's ``CheckpointError``.
 """
 
 from __future__ import annotations
@@ -273,7 +276,7 @@ def test_gradient_hook_inside_the_forward():
 
 
 def test_zennit_rules_beside_the_composite_are_refused():
-    """zennit's own rules registered beside CP-LRP (405 times the logit before): refused when registered first (at
+    """zennit's own rules registered beside CP-LRP (-405 times the logit before): refused when registered first (at
     the composite's registration) and when registered inside its context (when the model runs)."""
     model = build()
     rules = zennit.composites.LayerMapComposite([(nn.Linear, zennit.rules.Epsilon())])
@@ -311,7 +314,7 @@ class Tempered(Model):
 @pytest.mark.parametrize('model_class', [ListScaled, Tempered])
 def test_unregistered_gradient_tensors_are_refused(model_class):
     """Tensors that require a gradient without being registered parameters were taken for relevance-carrying factors
-    (11% and 50% lost before): refused, saying how to register them."""
+    (relevance 1.272 and 0.5 times the logit before): refused, saying how to register them."""
     refused(build(model_class), 'neither an input of the model nor computed from one', 'nn.ParameterList')
 
 
@@ -369,7 +372,7 @@ class Functional(Model):
         super().__init__()
         self.fast = (
             [
-                {name: value.detach().clone().requires_grad_() for name, value in block.mlp.named_parameters()}
+                {name: value.detach().double().requires_grad_() for name, value in block.mlp.named_parameters()}
                 for block in self.blocks
             ]
             if fast
