@@ -42,7 +42,18 @@ import torch
 
 from .errors import UnsupportedModelError
 
-__all__ = ['Audit', 'INPUTS', 'CHECKPOINT_HOOK', 'sanction', 'ruling', 'unexplained', 'guarded_hook']
+__all__ = [
+    'Audit',
+    'INPUTS',
+    'CHECKPOINT_HOOK',
+    'AUDITED_METADATA',
+    'AUDITED_GETTERS',
+    'DATA',
+    'sanction',
+    'ruling',
+    'unexplained',
+    'guarded_hook',
+]
 
 #: The audit of the forward being run (in this thread and task), for the rules of modules (:py:func:`sanction`).
 _CURRENT: contextvars.ContextVar[Audit | None] = contextvars.ContextVar('zennit_attn_audit', default=None)
@@ -55,6 +66,19 @@ INPUTS: set[type] = set()
 #: The qualified name of the function that torch's non-reentrant ``torch.utils.checkpoint`` packs saved tensors with
 #: (``torch.utils.checkpoint._checkpoint_hook``): its block is recomputed in the backward pass.
 CHECKPOINT_HOOK = '_checkpoint_hook.__init__.<locals>.pack_hook'
+
+
+#: Operations of the rule ``metadata`` (:py:mod:`~zennit_attn.engine.canonizers.registry`) that the audit looks at
+#: (:py:meth:`Audit.metadata`): gradient hooks registered inside the forward (:py:func:`guarded_hook`) and tensors made
+#: leaves inside it (``x.detach().requires_grad_()``: an input whose relevance the caller reads).
+AUDITED_METADATA = frozenset({'register_hook', 'requires_grad'})
+#: ``x.data``'s getter: an alias whose changes in place neither autograd nor the audit sees.
+DATA = torch.Tensor.data.__get__
+#: Getters of properties of tensors (operation ``get``) that the audit looks at: views (``x.T``, ``x.mT``, ...),
+#: audited as operations, and :py:data:`DATA`.
+AUDITED_GETTERS = frozenset(
+    {DATA} | {getattr(torch.Tensor, name).__get__ for name in ('T', 'mT', 'H', 'mH', 'real', 'imag')}
+)
 
 
 def _tensors(value, found: list) -> list:
@@ -200,6 +224,38 @@ class Audit:
             for changed in (tensor, tensor._base):
                 if changed is not None and changed.grad_fn is not None:
                     self.known[changed.grad_fn] = changed._version
+
+    def metadata(self, canonizer, name: str, func, args, kwargs):
+        """Run an operation of :py:data:`AUDITED_METADATA` or a getter of :py:data:`AUDITED_GETTERS` that
+        ``canonizer`` (the engine: its ``refuse`` and ``opaque``) met in the mode: a gradient hook registered inside
+        the forward is guarded against changing the gradient (unless a rule of a module registers it,
+        :py:func:`ruling`); a leaf made inside the forward (``requires_grad_()``) is an explained input; a property
+        that returns a view of a relevance-carrying tensor (``x.T``) is audited as an operation, and ``x.data`` of one
+        is refused (not inside an opaque module, which is audited as a whole)."""
+        if name == 'register_hook':
+            if not self.ruling:
+                args = (args[0], guarded_hook(args[1] if len(args) > 1 else kwargs.pop('hook')))
+            return func(*args, **kwargs)
+        if name == 'requires_grad':
+            output = func(*args, **kwargs)
+            self.admit(output)
+            return output
+        if canonizer.opaque and torch.is_grad_enabled():
+            return func(*args, **kwargs)
+        if func == DATA and args[0].requires_grad:
+            canonizer.refuse(
+                'data',
+                'x.data of a relevance-carrying tensor (an alias whose changes in place neither autograd nor '
+                'zennit-attn sees)',
+                hint='Use x.detach() (whose changes in place zennit-attn sees and refuses), or report the model.',
+            )
+        output = func(*args, **kwargs)
+        if isinstance(output, torch.Tensor) and output.grad_fn is not None:
+            refusal = self.refusal(_tensors(args, []))
+            if refusal is not None:
+                canonizer.refuse(name, *refusal)
+            self.record(output)
+        return output
 
     def checkpointing(self) -> None:
         """Accept the checkpoint being entered now (the engine's own: its recomputation is classified as the

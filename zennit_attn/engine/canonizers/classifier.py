@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..audit import Audit, guarded_hook
+from ..audit import AUDITED_GETTERS, AUDITED_METADATA, Audit
 from .elementwise import Elementwise
 from .graph import log_softmax_scores, lse_scores
 from .products import Products
@@ -35,7 +35,7 @@ from .registry import OPERATIONS, in_place, op_name
 from .softmax import Softmaxes
 from .tracking import tensors_of
 
-__all__ = ['Classifier', 'HANDLERS', 'AUDITED_METADATA']
+__all__ = ['Classifier', 'HANDLERS']
 
 #: The handler (a method of :py:class:`Classifier`) of each rule of the registry; ``metadata`` is not dispatched.
 HANDLERS = {
@@ -60,16 +60,6 @@ HANDLERS = {
     'decomposed': 'decomposed',
     'refused': 'refused',
 }
-#: Operations of the rule ``metadata`` that the audit looks at: gradient hooks registered inside the forward
-#: (:py:func:`~zennit_attn.engine.audit.guarded_hook`) and tensors made leaves inside it
-#: (``x.detach().requires_grad_()``: an input whose relevance the caller reads).
-AUDITED_METADATA = frozenset({'register_hook', 'requires_grad'})
-#: Properties of tensors (their getters, operation ``get``) that the audit looks at: views (``x.T``, ``x.mT``, ...),
-#: audited as operations, and ``x.data`` (an alias whose changes neither autograd nor the audit sees).
-DATA = torch.Tensor.data.__get__
-AUDITED_GETTERS = frozenset(
-    {DATA} | {getattr(torch.Tensor, name).__get__ for name in ('T', 'mT', 'H', 'mH', 'real', 'imag')}
-)
 
 
 class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMode):
@@ -90,7 +80,7 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
         entry = OPERATIONS.get(name)
         if entry is not None and entry.rule == 'metadata':
             if self.audit.open and (name in AUDITED_METADATA or (name == 'get' and func in AUDITED_GETTERS)):
-                return self.audited_metadata(name, func, args, kwargs)
+                return self.audit.metadata(canonizer, name, func, args, kwargs)
             return func(*args, **kwargs)
         gradients = torch.is_grad_enabled()
         if gradients and canonizer.opaque:
@@ -121,36 +111,6 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
         self.audit.record(output)
         if name == 'setitem' or _writes(func, kwargs):
             self.audit.record_changed(tensors)
-        return output
-
-    def audited_metadata(self, name: str, func, args, kwargs):
-        """A gradient hook registered inside the forward, guarded against changing the gradient (unless a rule of a
-        module registers it); a leaf made inside the forward (``requires_grad_()``), an explained input; a property
-        that returns a view of a relevance-carrying tensor (``x.T``), audited as an operation, and ``x.data`` of one,
-        refused (not inside an opaque module, which is audited as a whole)."""
-        if name == 'register_hook':
-            if not self.audit.ruling:
-                args = (args[0], guarded_hook(args[1] if len(args) > 1 else kwargs.pop('hook')))
-            return func(*args, **kwargs)
-        if name == 'requires_grad':
-            output = func(*args, **kwargs)
-            self.audit.admit(output)
-            return output
-        if self.canonizer.opaque and torch.is_grad_enabled():
-            return func(*args, **kwargs)
-        if func == DATA and args[0].requires_grad:
-            self.canonizer.refuse(
-                'data',
-                'x.data of a relevance-carrying tensor (an alias whose changes in place neither autograd nor '
-                'zennit-attn sees)',
-                hint='Use x.detach() (whose changes in place zennit-attn sees and refuses), or report the model.',
-            )
-        output = func(*args, **kwargs)
-        if isinstance(output, torch.Tensor) and output.grad_fn is not None:
-            refusal = self.audit.refusal(tensors_of(args, []))
-            if refusal is not None:
-                self.canonizer.refuse(name, *refusal)
-            self.audit.record(output)
         return output
 
     def marked(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
