@@ -161,18 +161,21 @@ def clip_by_hand(model, processor, composite):
     """Each (text ``i``, image ``i``) pair's score and its text and pixel relevance from a run of ``composite`` on the
     model by hand, without explain(): the scores on the diagonal of ``logits_per_text`` are the initial relevance
     (``grad_outputs``); the composite's boundary at the model turns the gradient at the input ``pixel_values`` into
-    relevance; the word embeddings (CLIP's forward takes ids only) are a leaf a forward hook hands the model in
-    place of the embedding's output, where relevance is the leaf times its gradient."""
+    relevance; the word embeddings (CLIP's forward takes ids only) are a leaf a forward hook makes of the embedding's
+    output (inside the forward: an explained input of the engine), where relevance is the leaf times its gradient."""
     encoding = processor(text=CLIP_TEXTS, images=clip_images(), return_tensors='pt', padding=True)
     embedding = model.text_model.get_input_embeddings()
-    words = embedding(encoding['input_ids']).detach().requires_grad_(True)
     pixels = encoding['pixel_values'].double().requires_grad_(True)
-    handle = embedding.register_forward_hook(lambda module, args, output: words)
+    leaves = []
+    handle = embedding.register_forward_hook(
+        lambda module, args, output: leaves.append(output.detach().requires_grad_(True)) or leaves[-1]
+    )
     try:
         with composite.context(model) as modified:
             scores = modified(
                 input_ids=encoding['input_ids'], attention_mask=encoding['attention_mask'], pixel_values=pixels
             ).logits_per_text.diagonal()
+            (words,) = leaves
             text_grad, pixel_relevance = torch.autograd.grad(scores, (words, pixels), grad_outputs=scores.detach())
     finally:
         handle.remove()

@@ -57,10 +57,20 @@ def _recomputation(classifier) -> Iterator[None]:
         _RECOMPUTING.reset(token)
 
 
+@contextlib.contextmanager
+def _forward(classifier) -> Iterator[None]:
+    """The context of a checkpointed block in the forward: the engine's audit accepts this checkpoint (its
+    recomputation is classified as the forward, :py:func:`_recomputation`)."""
+    if classifier is not None:
+        classifier.audit.checkpointing()
+    yield
+
+
 def _contexts():
-    """Called by the checkpoint when the block runs in the forward: nothing for the forward, and for the
-    recomputation the classifying mode active now."""
-    return contextlib.nullcontext(), _recomputation(active_classifier())
+    """Called by the checkpoint when the block runs in the forward: for the forward, the audit's acceptance of the
+    checkpoint, and for the recomputation the classifying mode active now."""
+    classifier = active_classifier()
+    return _forward(classifier), _recomputation(classifier)
 
 
 def _checkpointed_forward(inner):

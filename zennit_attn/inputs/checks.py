@@ -18,10 +18,9 @@ from collections.abc import Callable, Hashable, Mapping
 
 import torch
 from transformers import PreTrainedConfig
-from zennit.core import Hook
 
 from ..engine.canonizers.quantization import check_quantized
-from ..engine.composites import refuse_compiled
+from ..engine.composites import refuse_compiled, rule_hooks
 from ..engine.devices import input_device
 from ..engine.errors import UnsupportedModelError
 from ..engine.modules import forward_parameters, output_scores
@@ -300,20 +299,6 @@ def is_image_model(model: torch.nn.Module) -> bool:
         return main_input == 'pixel_values'
     getter = getattr(model, 'get_input_embeddings', None)
     return not (callable(getter) and isinstance(getter(), torch.nn.Embedding))
-
-
-def rule_hooks(model: torch.nn.Module) -> list[tuple[str, Hook]]:
-    """``(module name, hook)`` of every zennit rule (:py:class:`zennit.core.Hook`, e.g. ``Epsilon``, ``ZPlus`` or
-    a zennit-attn rule) registered on ``model`` or its submodules, as a composite's ``context`` or
-    ``register`` leaves them; each hook once, in module order."""
-    found, seen = [], set()
-    for name, module in model.named_modules():
-        for function in [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]:
-            hook = getattr(function, '__self__', None)
-            if isinstance(hook, Hook) and id(hook) not in seen:
-                seen.add(id(hook))
-                found.append((name, hook))
-    return found
 
 
 def check_model(model: torch.nn.Module) -> ModelFacts:

@@ -16,7 +16,9 @@ are frozen for the time of the context, so these are exactly the tensors compute
 4. applies the rule the registry declares, by :py:data:`HANDLERS`: the handlers live in
    :py:mod:`~zennit_attn.engine.canonizers.products`, :py:mod:`~zennit_attn.engine.canonizers.elementwise` and
    :py:mod:`~zennit_attn.engine.canonizers.softmax`; an operation the registry does not know, or declares refused, is
-   refused by name (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`).
+   refused by name (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`);
+5. audits it (:py:mod:`zennit_attn.engine.audit`): each relevance-carrying operand must have been produced or
+   sanctioned by the engine (or be an explained input), and the output is recorded as produced.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..audit import AUDITED_GETTERS, AUDITED_METADATA, Audit
 from .elementwise import Elementwise
 from .graph import log_softmax_scores, lse_scores
 from .products import Products
 from .recurrences import Recurrences
-from .registry import OPERATIONS, op_name
+from .registry import OPERATIONS, in_place, op_name
 from .softmax import Softmaxes
 from .tracking import tensors_of
 
@@ -67,6 +70,8 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
     def __init__(self, canonizer):
         super().__init__()
         self.canonizer = canonizer
+        #: what the engine produced or sanctioned in this forward (:py:mod:`zennit_attn.engine.audit`)
+        self.audit = Audit(canonizer.root)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -74,6 +79,8 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
         name = op_name(func)
         entry = OPERATIONS.get(name)
         if entry is not None and entry.rule == 'metadata':
+            if self.audit.open and (name in AUDITED_METADATA or (name == 'get' and func in AUDITED_GETTERS)):
+                return self.audit.metadata(canonizer, name, func, args, kwargs)
             return func(*args, **kwargs)
         gradients = torch.is_grad_enabled()
         if gradients and canonizer.opaque:
@@ -91,7 +98,20 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
             return func(*args, **kwargs)
         for tensor in carrying:
             canonizer.check_origin(tensor)
-        return self.marked(name, func, args, kwargs, carrying)
+        return self.audited(name, func, args, kwargs, tensors, carrying)
+
+    def audited(self, name: str, func, args, kwargs, tensors: list[torch.Tensor], carrying: list[torch.Tensor]):
+        """Refuse an operand the engine did not produce or sanction
+        (:py:meth:`~zennit_attn.engine.audit.Audit.refusal`), classify the operation (:py:meth:`marked`) and record
+        its outputs, and the tensors it changed in place, as produced by the engine."""
+        refusal = self.audit.refusal(carrying)
+        if refusal is not None:
+            self.canonizer.refuse(name, *refusal)
+        output = self.marked(name, func, args, kwargs, carrying)
+        self.audit.record(output)
+        if name == 'setitem' or _writes(func, kwargs):
+            self.audit.record_changed(tensors)
+        return output
 
     def marked(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
         """Route an operation on a tensor with a mark of the engine to the mark's handler (a log-softmax, a logsumexp,
@@ -131,3 +151,20 @@ class Classifier(Products, Elementwise, Softmaxes, Recurrences, TorchFunctionMod
     def refused(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
         """An operation the registry refuses, with its reason."""
         self.canonizer.refuse(name, OPERATIONS[name].reason)
+
+
+#: Whether each function changes its first argument in place (by its name: ``mul_``, ``__imul__``), by function: the
+#: audit asks for every classified operation.
+_IN_PLACE: dict = {}
+
+
+def _writes(func, kwargs: dict) -> bool:
+    """Whether ``func`` called with ``kwargs`` changes its first argument in place
+    (:py:func:`~.registry.in_place`)."""
+    try:
+        changes = _IN_PLACE[func]
+    except KeyError:
+        changes = _IN_PLACE[func] = in_place(func)
+    except TypeError:  # an unhashable callable
+        changes = in_place(func)
+    return changes or kwargs.get('inplace') is True

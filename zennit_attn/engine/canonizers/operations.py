@@ -40,10 +40,12 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from zennit.canonizers import Canonizer
 
+from ..audit import sanction
 from ..errors import UnsupportedModelError
 from ..kinds import is_activation, model_configs, norm_kind
 from ..rules.products import ProductRule, Uniform
 from .classifier import Classifier
+from .quantization import quantization_of
 from .recurrences import GATES, RECURRENCES, MixerRun
 from .tracking import Tracking, tensors_of
 
@@ -202,7 +204,9 @@ class OperationCanonizer(Tracking, Canonizer):
         """Apply the canonizer to ``model`` (see the class's description)."""
         self.root = model
         self._configure(model)
-        self.handles.append(model.register_forward_pre_hook(self._enter))
+        # first (after the relevance boundary, which the composites register later, also first): the pre-hooks that
+        # change the model's inputs run in the mode
+        self.handles.append(model.register_forward_pre_hook(self._enter, with_kwargs=True, prepend=True))
         self.handles.append(model.register_forward_hook(self._leave, always_call=True))
         for parameter in model.parameters():  # each once: a shared one is frozen at its first module
             if parameter.requires_grad:
@@ -254,7 +258,11 @@ class OperationCanonizer(Tracking, Canonizer):
 
     def _hook(self, module: torch.nn.Module, opaque: bool, mixer: bool, gate: bool = False) -> None:
         """Hooks that count the opaque modules being run, name the sequence mixers being run and mark the outputs of
-        the gate modules of recurrences (:py:data:`~zennit_attn.engine.canonizers.recurrences.GATES`)."""
+        the gate modules of recurrences (:py:data:`~zennit_attn.engine.canonizers.recurrences.GATES`).
+
+        The output of an opaque module is audited as one operation (:py:meth:`_audit_module`): its hook runs after the
+        module's rule (the composites register their rules of modules first) and before any other forward hook, whose
+        change of the output the mode then sees (a user's hook on a norm: a change the rule does not recompute away)."""
         name = type(module).__name__
 
         def enter(module, args):
@@ -264,6 +272,9 @@ class OperationCanonizer(Tracking, Canonizer):
 
         def leave(module, args, output):
             self.opaque -= opaque
+            # the outermost opaque module, with gradients, whose forward returned
+            if opaque and not self.opaque and self.modes and output is not None and torch.is_grad_enabled():
+                self._audit_module(name, args, output)
             if gate:
                 self.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
             if mixer and self.runs:
@@ -274,7 +285,21 @@ class OperationCanonizer(Tracking, Canonizer):
                     self._check_run(run, output)
 
         self.handles.append(module.register_forward_pre_hook(enter))
-        self.handles.append(module.register_forward_hook(leave, always_call=True))
+        self.handles.append(module.register_forward_hook(leave, always_call=True, prepend=opaque))
+
+    def _audit_module(self, name: str, args, output) -> None:
+        """Audit the call of an opaque module (whose inside its rule replaces, unclassified) as one operation: refuse
+        an input the engine did not produce or sanction (changed by a forward pre-hook registered after the
+        composite, which runs in the module), record the output (the rule's) as produced."""
+        audit = self.modes[-1][0].audit
+        with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
+            inputs = [tensor for tensor in tensors_of(args, []) if tensor.requires_grad]
+            for tensor in inputs:
+                self.check_origin(tensor)
+            refusal = audit.refusal(inputs, 'an input')
+            if refusal is not None:
+                self.refuse(name, *refusal)
+            audit.record(output)
 
     def _check_run(self, run: MixerRun, output) -> None:
         """Refuse a sequence mixer that multiplied relevance-carrying tensors in its own code but ran none of the
@@ -296,28 +321,38 @@ class OperationCanonizer(Tracking, Canonizer):
         self.settings.append((target, attribute, getattr(target, attribute)))
         setattr(target, attribute, value)
 
-    def _enter(self, module, args) -> None:
-        """Enter the classifying mode at the start of the model's forward (not again in a nested call of it)."""
+    def _enter(self, module, args, kwargs) -> None:
+        """Enter the classifying mode at the start of the model's forward (not again in a nested call of it); the
+        tensors it is called with are the explained inputs of its audit."""
         self.depth += 1
         if self.depth > 1 or not self.active:
             return
         self.lse = False
         self.start_tracking()
         mode = Classifier(self)
+        mode.audit.enter((args, kwargs))
         mode.__enter__()
         self.modes.append((mode, _ACTIVE.set(mode)))
 
     def _leave(self, module, args, output) -> None:
-        """Leave the mode at the end of the model's forward; refuse an output computed by a kernel, or an exponential
-        that never reached a softmax."""
+        """Leave the mode at the end of the model's forward; refuse an output computed by a kernel or outside the
+        engine (its audit), or an exponential that never reached a softmax."""
         self.depth = max(self.depth - 1, 0)
         if self.depth or not self.modes:  # a nested call, or a forward that ran inactive
             return
-        self._exit_modes()
+        audit = self.modes[-1][0].audit
         values = list(output.values()) if isinstance(output, Mapping) else output
         outputs = [tensor for tensor in tensors_of(values, []) if tensor.requires_grad]
+        try:
+            with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
+                for tensor in outputs:
+                    self.check_origin(tensor)
+                refusal = audit.refusal(outputs, 'an output')
+                if refusal is not None:
+                    self.refuse('forward', *refusal, path=[])
+        finally:
+            self._exit_modes()
         for tensor in outputs:
-            self.check_origin(tensor)
             if tensor in self.terms:
                 path, operation, what = self.terms[tensor]
                 self.refuse(
@@ -331,6 +366,7 @@ class OperationCanonizer(Tracking, Canonizer):
         while self.modes:
             mode, token = self.modes.pop()
             mode.__exit__(None, None, None)
+            mode.audit.close()
             _ACTIVE.reset(token)
 
     def check_origin(self, tensor: torch.Tensor) -> None:
@@ -342,6 +378,7 @@ class OperationCanonizer(Tracking, Canonizer):
         if forward is not None and not forward.__module__.startswith(_TRUSTED_FUNCTIONS):
             if self.term_nodes and self.of_terms(tensor):  # a function of terms of a recurrence: a term itself
                 self.mark_term(tensor, (self.module_path(), forward.__qualname__, 'a custom function of terms'))
+                sanction(tensor)
                 return
             package = forward.__module__.split('.')[0]
             self.refuse(
@@ -422,8 +459,15 @@ class OperationCanonizer(Tracking, Canonizer):
         del self.rules[1:]
 
 
+#: Kinds of explained quantized layers (:py:func:`~.quantization.quantization_of`) that compute their linear map in
+#: autograd functions of their own: the mode leaves their inside alone (the linear map of the dequantized weights,
+#: whose backward is its gradient: the plain gradient, Eq. 8 with epsilon -> 0).
+OPAQUE_QUANTIZED = frozenset({'bitsandbytes 8-bit', 'bitsandbytes 4-bit'})
+
+
 def is_opaque(module: torch.nn.Module) -> bool:
-    """Modules whose output the composite's rule replaces as a whole (activations, LayerNorm and RMSNorm): the
-    operations inside them are not classified. Other modules named like a normalisation (``norm_kind`` ``'probe'``)
-    are classified inside: the composites give them no rule of their own here."""
-    return is_activation(module) or norm_kind(module) in ('layer', 'rms')
+    """Modules whose output the composite's rule replaces as a whole (activations, LayerNorm and RMSNorm), and the
+    quantized layers of :py:data:`OPAQUE_QUANTIZED`: the operations inside them are not classified, the module is
+    audited as one operation. Other modules named like a normalisation (``norm_kind`` ``'probe'``) are classified
+    inside: the composites give them no rule of their own here."""
+    return is_activation(module) or norm_kind(module) in ('layer', 'rms') or quantization_of(module) in OPAQUE_QUANTIZED

@@ -8,6 +8,7 @@ from .attnlrp import (
     MLPRules,
     RelPEpsilon,
     refuse_compiled,
+    rule_hooks,
 )
 from .gamma import AttnLRPGamma, CPLRPGamma, rule_repr
 
@@ -21,5 +22,6 @@ __all__ = [
     'CPLRPGamma',
     'CompiledModelError',
     'refuse_compiled',
+    'rule_hooks',
     'rule_repr',
 ]

@@ -109,6 +109,20 @@ def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
             )
 
 
+def rule_hooks(model: torch.nn.Module) -> list[tuple[str, Hook]]:
+    """``(module name, hook)`` of every zennit rule (:py:class:`zennit.core.Hook`, e.g. ``Epsilon``, ``ZPlus`` or
+    a zennit-attn rule) registered on ``model`` or its submodules, as a composite's ``context`` or
+    ``register`` leaves them; each hook once, in module order."""
+    found, seen = [], set()
+    for name, module in model.named_modules():
+        for function in [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]:
+            hook = getattr(function, '__self__', None)
+            if isinstance(hook, Hook) and id(hook) not in seen:
+                seen.add(id(hook))
+                found.append((name, hook))
+    return found
+
+
 class AttnLRPComposite(Composite):
     """Base of the AttnLRP composites: the rules of modules and of operations, applied to any model.
 
@@ -165,11 +179,13 @@ class AttnLRPComposite(Composite):
         """Apply the canonizers and the engine and register the rules to ``module`` and its submodules.
 
         Raises :py:class:`~zennit_attn.engine.errors.CompiledModelError` for a compiled model, and ``RuntimeError``
-        while this composite is registered (to any model), or while another zennit-attn composite is registered to
-        ``module``, one of its submodules or a module containing it; a refused registration changes nothing.
+        while this composite is registered (to any model), while another zennit-attn composite is registered to
+        ``module``, one of its submodules or a module containing it, or while other zennit rules are registered to
+        ``module`` or its submodules (:py:meth:`refuse_rules`); a refused registration changes nothing.
         """
         refuse_compiled(module)
         self.refuse_registered(module)
+        self.refuse_rules(module)
         self.remove()
         #: the engine applied at the last registration (its ``constants``: the constants the model added to
         #: relevance, noted while it ran)
@@ -241,6 +257,23 @@ class AttnLRPComposite(Composite):
                     'a second set of rules, which changes the relevance. Leave the context of that '
                     f'{type(other).__name__} (or call its remove()) first.'
                 )
+
+    @staticmethod
+    def refuse_rules(module: torch.nn.Module) -> None:
+        """Raise ``RuntimeError`` if zennit rules are registered on ``module`` or its submodules (another zennit
+        composite's context: its hooks would change the gradient the rules of this composite pass; checked by
+        :py:meth:`register`). Rules registered afterwards, inside this composite's context, are refused when the
+        model runs (:py:mod:`zennit_attn.engine.audit`)."""
+        hooks = rule_hooks(module)
+        if hooks:
+            where = ', '.join(f'{type(hook).__name__} at {name or "the root"!r}' for name, hook in hooks[:3])
+            more = f' and {len(hooks) - 3} more' if len(hooks) > 3 else ''
+            raise RuntimeError(
+                f'{type(module).__name__} already has zennit rules registered ({where}{more}), e.g. inside the '
+                'context of a zennit composite: they would change the gradient that the rules of this composite '
+                "pass, and the relevance with it. Leave that context (or call that composite's remove()) first, or "
+                'map the rules you need in this composite (docs: Use a composite).'
+            )
 
     def _mark(self, module: torch.nn.Module) -> None:
         """Record ``module`` as the registered root and mark it and its submodules with a weak reference to this

@@ -10,6 +10,7 @@ import functools
 import torch
 from zennit.core import Hook, RemovableHandle, RemovableHandleList
 
+from ..audit import ruling, sanction
 from ..errors import UnsupportedModelError
 
 
@@ -215,22 +216,28 @@ class GradientRule(Hook):
 
     Subclasses implement :py:meth:`forward` and return a replacement output (or None to keep the output).
     Registering needs no input wrapping, so these rules add no memory to the backward pass beyond what they
-    state.
+    state. The hook runs before the forward hooks registered earlier (a user's hook on a normalisation, a latent site
+    recorded or steered at the module's output): the rule replaces the module's own output, and what those hooks
+    change afterwards the engine sees (:py:mod:`zennit_attn.engine.audit`). The replacement is sanctioned to the
+    engine's audit as computed from the module's output.
     """
 
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
         return RemovableHandleList(
             [
                 RemovableHandle(self),
-                module.register_forward_hook(self._forward_hook),
+                module.register_forward_hook(self._forward_hook, prepend=True),
             ]
         )
 
     def _forward_hook(self, module, input, output):
         if not self.active:
             return None
-        with loaded_weights(module):
-            return self.forward(module, input, output)
+        with loaded_weights(module), ruling():
+            result = self.forward(module, input, output)
+        if result is not None:
+            sanction(result, output)
+        return result
 
     def forward(self, module, input, output):
         """Return a replacement output with the rule's backward, or None."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from zennit.core import Hook, RemovableHandle, RemovableHandleList
 
+from ..audit import INPUTS
 from .base import gradient_map
 
 
@@ -23,8 +24,13 @@ class _InputRelevance(torch.autograd.Function):
         return grad * input
 
 
+INPUTS.add(_InputRelevance)
+
+
 def input_relevance(tensor):
-    """Input side of the boundary: the gradient reaching ``x`` becomes the relevance ``x * g``."""
+    """Input side of the boundary: the gradient reaching ``x`` becomes the relevance ``x * g``. The result is an
+    explained input of the engine's audit wherever the model meets it (:py:data:`~zennit_attn.engine.audit.INPUTS`:
+    a token table's lookup replaced inside the forward, :py:mod:`zennit_attn.inputs.lookups`)."""
     if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.requires_grad):
         return tensor
     return _InputRelevance.apply(tensor)
