@@ -114,6 +114,23 @@ class _GateIdentity(_ElementwiseIdentity):
     a constant factor for CP-LRP (see :py:mod:`zennit_attn.engine.canonizers.graph`)."""
 
 
+#: How the engine reads the autograd nodes of the rules' own functions (by function): ``'gate'`` for the output of an
+#: activation's identity rule (a gate of CP-LRP), ``'values'`` for a function whose output has the values of its first
+#: input (another gradient, the same tensor: :py:func:`gradient_map`), ``'rescaled'`` for an element-wise rule whose
+#: output is its input times a constant of the relevance pass (a normalisation's identity rule, Prop. 3.4, or a bound).
+RULE_NODES = {
+    _GateIdentity: 'gate',
+    _GradientMap: 'values',
+    _ElementwiseIdentity: 'rescaled',
+    _RecomputedIdentity: 'rescaled',
+}
+
+
+def rule_node(node) -> str | None:
+    """What the autograd ``node`` is among :py:data:`RULE_NODES` (None for any other node)."""
+    return RULE_NODES.get(getattr(type(node), '_forward_cls', None))
+
+
 def elementwise_identity(
     input: torch.Tensor, output: torch.Tensor, gate: bool = False, module: torch.nn.Module | None = None
 ) -> torch.Tensor:
