@@ -10,16 +10,16 @@ gate, a rescaling by a constant of the relevance pass keeps the marks of its inp
 
 - *gate* (:py:attr:`Mark.gate`): ``'softmax'`` for a softmax output (also written as ``exp`` of a log-softmax, or the
   mass of an attention sink), ``'activation'`` for the output of an element-wise non-linearity: a constant factor of
-  CP-LRP (Ali et al. 2022) where it enters a product. What moves, selects, sums or combines the values of gates keeps
-  them gates (views, selections, joins, writes into a constant tensor, masks, shifts and rescalings by constants, sums
-  over positions and of gates of the same shape: combined attention weights ``p1 - 0.3 p2``, routing weights summed,
-  scattered into a dense matrix or renormalised by a divisor), ``'softmax'`` where made of softmax outputs only. What
-  contracts gates with other values (``silu(h) @ W``, a linear layer, and so also ``(silu(h)[..., None] * W).sum(-2)``:
-  a product that broadcasts a gate against a constant to more elements is the first half of a contraction) is
-  ``'mixed'``: a value for the product rules (an MLP's output), a gate only as the divisor of gates (``w /
-  w.norm()``, a renormalised softmax). A function of a gate and another relevance-carrying tensor is not a gate, nor
-  is anything a declared recurrence computes (its values mixed with input-dependent coefficients, which it holds
-  constant: :py:mod:`~zennit_attn.engine.canonizers.recurrences`);
+  CP-LRP (Ali et al. 2022) where it enters a product. A linear function of softmax outputs alone, with constant
+  coefficients, is a softmax gate however it is written (views, selections, joins, writes into a constant tensor,
+  masks, sums, rescalings, contractions with constants: combined or mixed attention weights ``p1 - 0.3 p2``, routing
+  weights summed, scattered into a dense matrix or renormalised). What moves or combines outputs of activations
+  element by element keeps them gates (views, selections, joins, writes, masks, shifts and rescalings by constants,
+  products of gates); what sums them over positions or contracts them (``sum``, ``silu(h) @ W``, a linear layer, and
+  so also ``(silu(h)[..., None] * W).sum(-2)``) is ``'mixed'``: a value for the product rules (an MLP's output), a
+  gate only as the divisor of gates (``w / w.sum()``: a renormalisation). A function of a gate and another
+  relevance-carrying tensor is not a gate, nor is anything a declared recurrence computes (its values mixed with
+  input-dependent coefficients, which it holds constant: :py:mod:`~zennit_attn.engine.canonizers.recurrences`);
 - *scores* of a softmax gate: the logits its softmaxes were computed from (their autograd nodes, casts looked
   through), and *attention*: the scores of the softmax factors of a matrix product (an attention output), *sink*:
   the scores of an attention sink's mass ``sigmoid(logsumexp(z) - s)``
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..rules.base import rule_node
+from ..rules.base import rule_input, rule_node
 from ..rules.products import ACTIVATION, SOFTMAX
 
 __all__ = ['Mark', 'Marks', 'ROUTES', 'ACTIVATED', 'MIXED', 'join_gates', 'kind', 'produced', 'passed']
@@ -119,9 +119,9 @@ _RESCALED = ('gate', 'scores')
 
 def join_gates(marks, mixes: bool = False) -> Mark | None:
     """The gate of a linear or multilinear function of tensors with ``marks`` (one per relevance-carrying input): a
-    gate where every input is one, ``'softmax'`` where all are softmax outputs (their scores joined), ``'mixed'`` where
-    the function sums or contracts them (``mixes``) or some input is mixed, else ``'activation'``; None where some
-    input is not a gate."""
+    gate where every input is one: ``'softmax'`` where all are softmax outputs (their scores joined), ``'mixed'``
+    where the function sums or contracts outputs of activations (``mixes``) or some input is mixed, else
+    ``'activation'``; None where some input is not a gate."""
     if len(marks) == 1 and not mixes:
         mark = marks[0]
         if mark is None or mark.gate is None:
@@ -135,10 +135,10 @@ def join_gates(marks, mixes: bool = False) -> Mark | None:
             return None
         kinds.add(mark.gate)
         scores |= mark.scores
-    if mixes or MIXED in kinds:
-        return _MIXED
     if kinds == {SOFTMAX}:
         return Mark(gate=SOFTMAX, scores=frozenset(scores))
+    if mixes or MIXED in kinds:
+        return _MIXED
     return ACTIVATED
 
 
@@ -237,8 +237,7 @@ class Marks:
         if kind == 'gate':
             mark = ACTIVATED
         else:
-            inputs = node.next_functions
-            mark = self.get(inputs[0][0]) if inputs else None
+            mark = self.get(rule_input(node))
             if mark is not None and kind == 'rescaled':
                 mark = Mark(gate=mark.gate, scores=mark.scores) if mark.gate is not None else None
         self.nodes[node] = mark
@@ -290,6 +289,9 @@ class Marks:
                 break
             node = origin[0]
             found.add(node)
+        for node in list(found):  # an identity rule's output: a function of its chain's first input
+            if rule_node(node) in ('gate', 'rescaled') and node.next_functions:
+                found.add(node.next_functions[0][0])
         return found
 
     def scores(self, tensor: torch.Tensor):

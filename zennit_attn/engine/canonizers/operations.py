@@ -45,9 +45,10 @@ from ..kinds import is_activation, model_configs, norm_kind
 from ..rules.products import ProductRule, Uniform
 from .calls import tensors_of
 from .classifier import Classifier
+from .marks import ACTIVATED, Mark
 from .recurrences import GATES, RECURRENCES, MixerRun
 from .registry import check_overrides
-from .tracking import KERNEL_HINTS, RuleTable, State
+from .tracking import KERNEL_HINTS, RuleTable, State, produced_tensors
 
 __all__ = [
     'OperationCanonizer',
@@ -264,6 +265,8 @@ class OperationCanonizer(Canonizer):
             state.opaque -= opaque
             if gate:
                 state.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
+            elif opaque:
+                self._mark_opaque(module, args, output)
             if mixer and state.runs:
                 run = state.runs.pop()
                 if state.runs:  # a mixer inside a mixer (a gated norm in a Mamba-2 mixer): the outer one answers for it
@@ -273,6 +276,22 @@ class OperationCanonizer(Canonizer):
 
         self.handles.append(module.register_forward_pre_hook(enter))
         self.handles.append(module.register_forward_hook(leave, always_call=True))
+
+    def _mark_opaque(self, module: torch.nn.Module, args, output) -> None:
+        """Mark the output of a module whose inside the mode leaves to the module's rule, as it would mark the
+        operations inside: an activation's output is a gate, a normalisation's (a rescaling of its input by a constant
+        of the relevance pass, Prop. 3.4) the gate its input is (the rule's output, which replaces it, is read through:
+        :py:mod:`~zennit_attn.engine.canonizers.marks`)."""
+        outputs = produced_tensors(output)
+        if not outputs:
+            return
+        if is_activation(module):
+            self.state.marks.set(outputs, ACTIVATED)
+            return
+        first = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad else None
+        mark = self.state.marks.of(first) if first is not None else None
+        if mark is not None and mark.gate is not None:
+            self.state.marks.set(outputs, Mark(gate=mark.gate, scores=mark.scores))
 
     def _check_run(self, run: MixerRun, output) -> None:
         """Refuse a sequence mixer that multiplied relevance-carrying tensors in its own code but ran none of the

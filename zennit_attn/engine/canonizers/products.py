@@ -27,7 +27,7 @@ from ..rules import scaled_gradient
 from ..rules.products import SOFTMAX
 from .calls import Call, in_place, replaced
 from .graph import is_outer_product
-from .marks import MIXED, Mark, kind, passed, produced
+from .marks import Mark, join_gates, kind, passed, produced
 from .tracking import State
 
 __all__ = ['product', 'elements', 'scatter', 'solve', 'attention', 'multiplied', 'factors']
@@ -262,21 +262,13 @@ def _refuse_bias(state: State, op: str, origin) -> None:
 def multiplied(call: Call, output, state: State) -> None:
     """The marks of a product (rules ``product``, ``elements``, ``scatter``): those of a linear operation
     (:py:func:`~zennit_attn.engine.canonizers.marks.passed`: a gate where every relevance-carrying input is one, mixed
-    where it contracts them, also where it broadcasts one against a constant to more elements); a contraction of
+    where it contracts outputs of activations); a contraction of
     relevance-carrying factors none of which is a softmax output (a matrix product or a broadcast outer product:
     ``k^T v``) is marked a contraction, a matrix product with softmax factors an attention output (the logits of its
     softmaxes)."""
-    entry = call.entry
     if len(call.carrying) < 2 and call.marks[0] is None:
         return
-    expands = (
-        entry.rule == 'product'
-        and not entry.mixes
-        and len(call.carrying) == 1
-        and isinstance(output, torch.Tensor)
-        and output.numel() > call.carrying[0].numel()
-    )
-    passed(call, output, state, mixes=entry.mixes or expands)
+    passed(call, output, state)
     if call.entry.rule != 'product' or len(call.carrying) < 2:
         return
     found, marks = factors(call)
@@ -294,9 +286,11 @@ def multiplied(call: Call, output, state: State) -> None:
 
 
 def attended(call: Call, output, state: State) -> None:
-    """The marks of ``scaled_dot_product_attention``: ``softmax(q k^T) V`` is a mixed gate where the values are a gate
-    or constant (a contraction of gates)."""
+    """The marks of ``scaled_dot_product_attention``: ``softmax(q k^T) V``, a contraction of the softmax with the
+    values, is a gate where they are a gate or constant (a softmax gate where they are softmax outputs or constant,
+    else mixed)."""
     value = call.argument('value')
-    mark = state.marks.of(value) if isinstance(value, torch.Tensor) and value.requires_grad else Mark(gate=SOFTMAX)
-    if mark is not None and mark.gate is not None and not state.in_recurrence:
-        state.marks.set(produced(call, output), Mark(gate=MIXED))
+    softmax = Mark(gate=SOFTMAX)
+    mark = state.marks.of(value) if isinstance(value, torch.Tensor) and value.requires_grad else softmax
+    if not state.in_recurrence:
+        state.marks.set(produced(call, output), join_gates([softmax, mark], mixes=True))

@@ -277,8 +277,9 @@ class Operation:
     layer: bool
         A product of a layer's input with its weight (``linear``, the convolutions, grouped expert products).
     mixes: bool
-        Whether it contracts the values of its inputs with other values (matrix products, layers, the product of the
-        elements of a tensor, a solve): gates become mixed (:py:mod:`~zennit_attn.engine.canonizers.marks`).
+        Whether it sums or contracts the values of its inputs over positions (reductions, matrix products, layers, the
+        product of the elements of a tensor, a solve): outputs of activations become mixed gates
+        (:py:mod:`~zennit_attn.engine.canonizers.marks`).
     reason: str or None
         For ``refused``: why no rule applies, as the refusal says it.
     params: tuple of str
@@ -334,7 +335,7 @@ def operation(
         raise ValueError(f'{names.split()[0]}: a refused operation needs a reason, and only a refused one has one')
     kind = RULE_TABLE[rule]
     keeps = kind.keeps | SHAPE_KEEPS.get(shape, frozenset())
-    mixes = contraction or layer or rule in ('elements', 'solve', 'attention')
+    mixes = shape == 'reduction' or contraction or layer or rule in ('elements', 'solve', 'attention')
     if rule == 'product' and not (contraction or layer):  # a rescaling by a constant keeps what a view keeps
         keeps |= {'sink', 'attention', 'contraction'}
     for name in names.split():

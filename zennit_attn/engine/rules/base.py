@@ -131,6 +131,16 @@ def rule_node(node) -> str | None:
     return RULE_NODES.get(getattr(type(node), '_forward_cls', None))
 
 
+def rule_input(node):
+    """The autograd node of the tensor that the output of a rule's function (``node``, see :py:data:`RULE_NODES`) was
+    computed from: its input, also where an identity rule applies from the first input of a chain of element-wise
+    functions (:py:func:`elementwise_identity`, whose first argument is that chain's input)."""
+    inputs = node.next_functions
+    if issubclass(getattr(type(node), '_forward_cls', type(None)), _RecomputedIdentity):
+        return inputs[1][0]
+    return getattr(node, 'immediate', None) or (inputs[0][0] if inputs else None)
+
+
 def elementwise_identity(
     input: torch.Tensor, output: torch.Tensor, gate: bool = False, module: torch.nn.Module | None = None
 ) -> torch.Tensor:
@@ -151,7 +161,10 @@ def elementwise_identity(
         source = node.source
     if module is not None:
         return _RecomputedIdentity.apply(source, input, output.detach(), module)
-    return (_GateIdentity if gate else _ElementwiseIdentity).apply(source, output.detach())
+    result = (_GateIdentity if gate else _ElementwiseIdentity).apply(source, output.detach())
+    if source is not input and result.requires_grad:  # what it is computed from in the chain (the engine's marks)
+        result.grad_fn.immediate = input.grad_fn
+    return result
 
 
 def layer_norm_identity(
