@@ -509,10 +509,10 @@ operation(
     'elementwise',
     """
     tanh sigmoid log_sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardsigmoid erf
-    abs square sign softsign softshrink hardshrink tanhshrink rrelu prelu threshold
+    abs square sign softsign softshrink hardshrink tanhshrink rrelu prelu threshold hardtanh
     """,
 )
-operation('bound', 'clamp clamp_min clamp_max hardtanh round floor ceil trunc frac remainder fmod')
+operation('bound', 'clamp clamp_min clamp_max round floor ceil trunc frac remainder fmod')
 operation('normaliser', 'rsqrt sqrt reciprocal reciprocal_scaled')
 operation('power', 'pow', params='input exponent')
 operation(
