@@ -130,6 +130,13 @@ SPELLINGS = {
         lambda m, x: torch.bmm(probabilities(m, x)[None], m.c(x)[None])[0],
         lambda m, x: F.scaled_dot_product_attention(m.a(x)[None], m.b(x)[None], m.c(x)[None], scale=1.0)[0],
     ],
+    'transposed attention weights (a property, a function, a method)': [
+        lambda m, x: probabilities(m, x).T @ m.c(x),
+        lambda m, x: probabilities(m, x).mT @ m.c(x),
+        lambda m, x: torch.t(probabilities(m, x)) @ m.c(x),
+        lambda m, x: probabilities(m, x).transpose(0, 1) @ m.c(x),
+        lambda m, x: probabilities(m, x).permute(1, 0) @ m.c(x),
+    ],
     'combined attention weights': [
         lambda m, x: (0.7 * probabilities(m, x) + 0.3 * probabilities(m, x, m.b, m.a)) @ m.c(x),
         lambda m, x: torch.lerp(probabilities(m, x), probabilities(m, x, m.b, m.a), 0.3) @ m.c(x),

@@ -169,6 +169,8 @@ class Classifier(TorchFunctionMode):
         else:
             rule = entry.rule
         how = call.note or (RULE_TABLE[entry.rule].summary if entry is not None else '')
+        if state.in_recurrence:
+            how = f'inside the recurrence {state.runs[-1].current.name}, its constants held: {how}'
         state.table.record(state.here(), call.name, rule, how)
 
 

@@ -86,6 +86,7 @@ __all__ = [
     'SHAPE_KEEPS',
     'MARKS',
     'ALIASES',
+    'PROPERTIES',
     'operation',
     'op_name',
     'in_place',
@@ -412,8 +413,15 @@ def op_name(func: Callable) -> str:
         return _name_of(func)
 
 
+#: Properties of tensors that compute a tensor (read through ``__get__``), by the operation they are; every other
+#: property (``shape``, ``grad_fn``, ``data``, ...) is ``get``, metadata.
+PROPERTIES = {'T': 't', 'mT': 'transpose', 'H': 't', 'mH': 'transpose', 'real': 'real', 'imag': 'imag'}
+
+
 def _name_of(func: Callable) -> str:
     name = getattr(func, '__name__', '') or ''
+    if name == '__get__':  # a property of tensors
+        return PROPERTIES.get(getattr(getattr(func, '__self__', None), '__name__', ''), 'get')
     if name.startswith('__') and name.endswith('__'):
         name = name[2:-2]
         if name in _REFLECTED:
@@ -607,6 +615,9 @@ def check_overrides(overrides: Mapping | None) -> dict[str, Override]:
     """
     checked = {}
     for key, rule in dict(overrides or {}).items():
+        if isinstance(rule, Override):  # checked before
+            checked[rule.name] = rule
+            continue
         name = ALIASES.get(key, key) if isinstance(key, str) else None
         entry = OPERATIONS.get(name)
         if entry is None or entry.rule == 'metadata':

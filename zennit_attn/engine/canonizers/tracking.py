@@ -134,7 +134,7 @@ class RuleRow:
 
 
 #: Indices of a stack of modules in a module path (``model.layers.3.mlp``): merged in a rule table.
-_INDEX = re.compile(r'(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)')
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$|')|^\d+(?=\.|$)")
 
 
 @dataclass
@@ -168,7 +168,8 @@ class RuleTable:
         self.counts[(_INDEX.sub('*', module), operation, rule, how)] += 1
 
     def refuse(self, message: str) -> None:
-        """Note a refusal (each message once)."""
+        """Note a refusal (each once, the layers of a stack merged)."""
+        message = _INDEX.sub('*', message)
         if message not in self.refusals:
             self.refusals.append(message)
 
