@@ -105,7 +105,7 @@ MUTANTS = [
         'operations on normalisers are not routed to their handler',
         f'{CANONIZERS}/classifier.py',
         "    'normaliser': normaliser_use,",
-        "    'normaliser': dispatch,",
+        "    'normaliser': lambda call, state: dispatch(call, state),",
     ),
     Mutant(
         'outputs of module rules are not read through',

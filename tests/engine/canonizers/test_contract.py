@@ -134,6 +134,37 @@ def test_each_composite_shares_products_as_its_rule_says(composite):
     torch.testing.assert_close(attributed(model, composite(), x), expected, rtol=1e-10, atol=1e-12)
 
 
+class CombinedGate(torch.nn.Module):
+    """An expert ``c(x)`` times the product of a routing weight (a softmax) and an activated gate."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(4, 4, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        return (torch.softmax(self.a(x), -1) * torch.sigmoid(self.b(x))) * self.c(x)
+
+
+#: composite: (the softmax's share, the activation's share of their product; that product's share, the expert's)
+COMBINED = {RelPEpsilon: (0.0, 1.0, 0.5, 0.5), MLPRules: (1.0, 1.0, 0.5, 0.5), CPLRPEpsilon: (0.0, 1.0, 0.0, 1.0)}
+
+
+@pytest.mark.parametrize('composite', COMBINED, ids=lambda composite: composite.__name__)
+def test_a_product_of_a_softmax_and_an_activation_is_an_activation_gate(composite):
+    """``softmax(a) * sigmoid(b)`` is a gate of the kind activation (not softmax: the product has an activation's
+    values), so that RelP and the MLP rules give the expert and the combined gate half each (by hand)."""
+    torch.manual_seed(0)
+    model, x = CombinedGate().double(), inputs()
+    softmax_share, activation_share, gate_share, value_share = COMBINED[composite]
+
+    def forward(xx):
+        activated = identity(model.b(xx), torch.sigmoid(model.b(xx)))
+        combined = scaled(torch.softmax(model.a(xx), -1), softmax_share) * scaled(activated, activation_share)
+        return scaled(combined, gate_share) * scaled(model.c(xx), value_share)
+
+    torch.testing.assert_close(attributed(model, composite(), x), by_hand(forward, x), rtol=1e-10, atol=1e-12)
+
+
 # ------------------------------------------------------------------------------------------------ overrides
 def halves_to_first(func, args, kwargs):
     """A rule of one's own for a product of two factors: 0.8 of its relevance to the first, 0.2 to the second."""
