@@ -99,13 +99,13 @@ class Classifier(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        state = self.state
         try:
-            name, entry, changes, quiet = _FUNCTIONS[func]
+            name, entry, changes, fast = _FUNCTIONS[func]
         except (KeyError, TypeError):  # TypeError: an unhashable callable
-            name, entry, changes, quiet = _function(func)
-        if entry is not None and entry.rule == 'metadata':
+            name, entry, changes, fast = _function(func)
+        if fast is _METADATA:
             return func(*args, **kwargs)
+        state = self.state
         gradients = torch.is_grad_enabled()
         if gradients and state.opaque:
             return func(*args, **kwargs)
@@ -120,8 +120,8 @@ class Classifier(TorchFunctionMode):
         if not carrying:
             return func(*args, **kwargs)
         found = _operand_marks(state, carrying)
-        if quiet and not any(found) and not state.overrides and state.table is None:
-            return func(*args, **kwargs)  # the plain gradient, nothing to mark
+        if fast is not None and not any(found) and not state.overrides and state.table is None:
+            return _unmarked(state, fast, Call(func, name, entry, args, kwargs, carrying, found))
         call = Call(func, name, entry, args, kwargs, carrying, found)
         if changes or state.marks.routed or state.table is not None or (kwargs and in_place(func, kwargs)):
             return self.handle(call)
@@ -176,22 +176,33 @@ class Classifier(TorchFunctionMode):
 
 _ORDER = list(ROUTES)
 _MISSING = object()
-#: ``(name, declaration, whether it changes its first argument, whether it is quiet)`` of each function the mode has
-#: seen (:py:func:`_function`).
+#: ``(name, declaration, whether it changes its first argument, its fast path)`` of each function the mode has seen
+#: (:py:func:`_function`).
 _FUNCTIONS: dict = {}
+#: The fast path of metadata (not classified at all).
+_METADATA = 'metadata'
 #: The shapes of linear operations that note nothing and mark nothing where no operand is marked.
 _QUIET = frozenset({'selection', 'mask', 'write', 'reduction', 'dropout', 'constant'})
 
 
 def _function(func) -> tuple:
-    """``(name, declaration, whether it changes its first argument in place, whether it is quiet)`` of ``func``, kept
-    in :py:data:`_FUNCTIONS`: a quiet operation is a linear one that notes nothing and marks nothing where no operand
-    is marked (the plain gradient, run directly)."""
+    """``(name, declaration, whether it changes its first argument in place, its fast path)`` of ``func``, kept in
+    :py:data:`_FUNCTIONS`. The fast path of an operation where no operand is marked (:py:func:`_unmarked`):
+    ``'quiet'`` for a linear one that notes and marks nothing, ``'view'`` for a view or cast, which notes what it is a
+    view of, ``'product'`` for a product (linear where one factor carries relevance), None for none."""
     name = op_name(func)
     entry = OPERATIONS.get(name)
     changes = name == 'setitem' or in_place(func)
-    quiet = entry is not None and entry.rule == 'plain' and entry.shape in _QUIET and not changes
-    found = (name, entry, changes, quiet)
+    fast = None
+    if entry is not None and entry.rule == 'metadata':
+        fast = _METADATA
+    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in _QUIET:
+        fast = 'quiet'
+    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape == 'view':
+        fast = 'view'
+    elif entry is not None and not changes and entry.rule == 'product':
+        fast = 'product'
+    found = (name, entry, changes, fast)
     try:
         _FUNCTIONS[func] = found
     except TypeError:  # an unhashable callable
@@ -201,6 +212,21 @@ def _function(func) -> tuple:
 
 #: The mark of a tensor that carried no relevance before an in-place change of a view of it (its values constants).
 _CONSTANT = Mark()
+
+
+def _unmarked(state: State, fast: str, call: Call):
+    """Run a ``call`` none of whose operands is marked, on its fast path (see :py:func:`_function`): the plain gradient
+    for a linear operation, and for a product with one relevance-carrying factor (its rule among several factors
+    otherwise: :py:func:`dispatch`); the output of a view notes what it is a view of
+    (:py:meth:`~zennit_attn.engine.canonizers.marks.Marks.sources`); nothing to mark."""
+    carrying = call.carrying
+    if fast == 'product' and len(carrying) > 1:
+        return dispatch(call, state)
+    output = call.func(*call.args, **call.kwargs)
+    if fast == 'view' and isinstance(output, torch.Tensor) and output.requires_grad:
+        first = carrying[0] if len(carrying) == 1 else call.args[0]  # ``x.type_as(y)``: the values of ``x``
+        state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
+    return output
 
 
 def _operand_marks(state: State, carrying: list[torch.Tensor]) -> list:

@@ -35,7 +35,12 @@ def normalises(normaliser: torch.Tensor, sources: set, budget: int = 64) -> bool
 def is_outer_product(first: torch.Tensor, second: torch.Tensor) -> bool:
     """Whether the element-wise product of ``first`` and ``second`` has more elements than either (a broadcast outer
     product ``k[..., :, None] * v[..., None, :]``, not an element-wise product or a broadcast scale)."""
-    size = torch.Size(torch.broadcast_shapes(first.shape, second.shape)).numel()
+    rank = max(first.dim(), second.dim())
+    size = 1
+    for one, other in zip(
+        (1,) * (rank - first.dim()) + tuple(first.shape), (1,) * (rank - second.dim()) + tuple(second.shape)
+    ):
+        size *= other if one == 1 else one  # the product ran: the shapes broadcast (torch.broadcast_shapes is slow)
     return size > max(first.numel(), second.numel())
 
 

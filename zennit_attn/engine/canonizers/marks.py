@@ -39,23 +39,25 @@ from which the engine tells whether a normaliser normalises a tensor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..rules.base import rule_input, rule_node
 from ..rules.products import ACTIVATION, SOFTMAX
 
-__all__ = ['Mark', 'Marks', 'ROUTES', 'ACTIVATED', 'MIXED', 'join_gates', 'kind', 'produced', 'passed']
+__all__ = ['Mark', 'Marks', 'ROUTES', 'ACTIVATED', 'SOFTMAXED', 'MIXED', 'join_gates', 'kind', 'produced', 'passed']
 
 #: The marks whose tensors go to a handler of their own, in the order in which one is chosen where the operands of an
 #: operation carry several.
 ROUTES = ('log_softmax', 'lse', 'bias', 'normaliser', 'term')
 
 
-@dataclass(frozen=True, slots=True)
+#: The fields of a :py:class:`Mark`.
+_FIELDS = ('gate', 'scores', 'sink', 'attention', 'contraction', 'log_softmax', 'lse', 'bias', 'normaliser', 'term')
+
+
 class Mark:
-    """The marks of one tensor (see the module's description).
+    """The marks of one tensor (see the module's description); not changed once made (:py:meth:`with_` makes
+    another).
 
     Attributes
     ----------
@@ -83,21 +85,34 @@ class Mark:
         The first of :py:data:`ROUTES` it carries (set from the fields).
     """
 
-    gate: str | None = None
-    scores: frozenset = frozenset()
-    sink: object = None
-    attention: frozenset = frozenset()
-    contraction: bool = False
-    log_softmax: object = None
-    lse: tuple | None = None
-    bias: tuple | None = None
-    normaliser: str | None = None
-    term: tuple | None = None
-    route: str | None = None
+    __slots__ = _FIELDS + ('route',)
 
-    def __post_init__(self):
-        route = next((name for name in ROUTES if getattr(self, name) is not None), None)
-        object.__setattr__(self, 'route', route)
+    def __init__(
+        self,
+        gate: str | None = None,
+        scores: frozenset = frozenset(),
+        sink=None,
+        attention: frozenset = frozenset(),
+        contraction: bool = False,
+        log_softmax=None,
+        lse: tuple | None = None,
+        bias: tuple | None = None,
+        normaliser: str | None = None,
+        term: tuple | None = None,
+    ):
+        self.gate, self.scores, self.sink, self.attention, self.contraction = gate, scores, sink, attention, contraction
+        self.log_softmax, self.lse, self.bias, self.normaliser, self.term = log_softmax, lse, bias, normaliser, term
+        self.route = (
+            next((name for name in ROUTES if getattr(self, name) is not None), None)
+            if (
+                log_softmax is not None
+                or lse is not None
+                or bias is not None
+                or normaliser is not None
+                or term is not None
+            )
+            else None
+        )
 
     def with_(self, **fields) -> Mark:
         """This mark with ``fields`` changed."""
@@ -105,13 +120,25 @@ class Mark:
         values.update(fields)
         return Mark(**values)
 
+    def __eq__(self, other) -> bool:
+        return type(other) is Mark and all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, name) for name in _FIELDS))
+
+    def __repr__(self) -> str:
+        fields = ', '.join(f'{name}={getattr(self, name)!r}' for name in _FIELDS if getattr(self, name) != _EMPTY[name])
+        return f'Mark({fields})'
+
 
 #: The gate of a sum or contraction of gates (see the module's description).
 MIXED = 'mixed'
-_FIELDS = ('gate', 'scores', 'sink', 'attention', 'contraction', 'log_softmax', 'lse', 'bias', 'normaliser', 'term')
 #: The mark of an activation's output.
 ACTIVATED = Mark(gate=ACTIVATION)
 _MIXED = Mark(gate=MIXED)
+#: The mark of a softmax output.
+SOFTMAXED = Mark(gate=SOFTMAX)
+_EMPTY = {name: getattr(Mark(), name) for name in _FIELDS}
 _MISSING = object()
 #: The parts of a mark that a rescaling of a tensor by a constant of the relevance pass keeps.
 _RESCALED = ('gate', 'scores')

@@ -253,6 +253,7 @@ class OperationCanonizer(Canonizer):
         """Hooks that count the opaque modules being run, name the sequence mixers being run and mark the outputs of
         the gate modules of recurrences (:py:data:`~zennit_attn.engine.canonizers.recurrences.GATES`)."""
         name = type(module).__name__
+        activation = opaque and is_activation(module)
 
         def enter(module, args):
             state = self.state
@@ -266,7 +267,7 @@ class OperationCanonizer(Canonizer):
             if gate:
                 state.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
             elif opaque:
-                self._mark_opaque(module, args, output)
+                self._mark_opaque(activation, args, output)
             if mixer and state.runs:
                 run = state.runs.pop()
                 if state.runs:  # a mixer inside a mixer (a gated norm in a Mamba-2 mixer): the outer one answers for it
@@ -277,21 +278,20 @@ class OperationCanonizer(Canonizer):
         self.handles.append(module.register_forward_pre_hook(enter))
         self.handles.append(module.register_forward_hook(leave, always_call=True))
 
-    def _mark_opaque(self, module: torch.nn.Module, args, output) -> None:
-        """Mark the output of a module whose inside the mode leaves to the module's rule, as it would mark the
-        operations inside: an activation's output is a gate, a normalisation's (a rescaling of its input by a constant
-        of the relevance pass, Prop. 3.4) the gate its input is (the rule's output, which replaces it, is read through:
-        :py:mod:`~zennit_attn.engine.canonizers.marks`)."""
-        outputs = produced_tensors(output)
-        if not outputs:
+    def _mark_opaque(self, activation: bool, args, output) -> None:
+        """Mark the output of a module whose inside the mode leaves to the module's rule (an ``activation``, or a
+        normalisation), as it would mark the operations inside: an activation's output is a gate, a normalisation's (a
+        rescaling of its input by a constant of the relevance pass, Prop. 3.4) the gate its input is. The output of a
+        rule that replaces it is read through instead (:py:mod:`~zennit_attn.engine.canonizers.marks`): an activation
+        with the composite's activation rule needs nothing here."""
+        if activation:
+            if self.activation_rule is None:
+                self.state.marks.set(produced_tensors(output), ACTIVATED)
             return
-        if is_activation(module):
-            self.state.marks.set(outputs, ACTIVATED)
-            return
-        first = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad else None
-        mark = self.state.marks.of(first) if first is not None else None
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        mark = self.state.marks.nodes.get(first.grad_fn) if first is not None else None
         if mark is not None and mark.gate is not None:
-            self.state.marks.set(outputs, Mark(gate=mark.gate, scores=mark.scores))
+            self.state.marks.set(produced_tensors(output), Mark(gate=mark.gate, scores=mark.scores))
 
     def _check_run(self, run: MixerRun, output) -> None:
         """Refuse a sequence mixer that multiplied relevance-carrying tensors in its own code but ran none of the

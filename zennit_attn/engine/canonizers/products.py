@@ -27,7 +27,7 @@ from ..rules import scaled_gradient
 from ..rules.products import SOFTMAX
 from .calls import Call, in_place, replaced
 from .graph import is_outer_product
-from .marks import Mark, join_gates, kind, passed, produced
+from .marks import SOFTMAXED, join_gates, kind, passed, produced
 from .tracking import State
 
 __all__ = ['product', 'elements', 'scatter', 'solve', 'attention', 'multiplied', 'factors']
@@ -290,7 +290,6 @@ def attended(call: Call, output, state: State) -> None:
     values, is a gate where they are a gate or constant (a softmax gate where they are softmax outputs or constant,
     else mixed)."""
     value = call.argument('value')
-    softmax = Mark(gate=SOFTMAX)
-    mark = state.marks.of(value) if isinstance(value, torch.Tensor) and value.requires_grad else softmax
-    if not state.in_recurrence:
-        state.marks.set(produced(call, output), join_gates([softmax, mark], mixes=True))
+    mark = state.marks.of(value) if isinstance(value, torch.Tensor) and value.requires_grad else SOFTMAXED
+    if mark is not None and mark.gate is not None and not state.in_recurrence:
+        state.marks.set(produced(call, output), join_gates([SOFTMAXED, mark], mixes=True))
