@@ -102,29 +102,14 @@ class Mark:
     ):
         self.gate, self.scores, self.sink, self.attention, self.contraction = gate, scores, sink, attention, contraction
         self.log_softmax, self.lse, self.bias, self.normaliser, self.term = log_softmax, lse, bias, normaliser, term
-        self.route = (
-            next((name for name in ROUTES if getattr(self, name) is not None), None)
-            if (
-                log_softmax is not None
-                or lse is not None
-                or bias is not None
-                or normaliser is not None
-                or term is not None
-            )
-            else None
-        )
+        routes = (log_softmax, lse, bias, normaliser, term)  # in the order of ROUTES
+        self.route = next((name for name, value in zip(ROUTES, routes) if value is not None), None)
 
     def with_(self, **fields) -> Mark:
         """This mark with ``fields`` changed."""
         values = {name: getattr(self, name) for name in _FIELDS}
         values.update(fields)
         return Mark(**values)
-
-    def __eq__(self, other) -> bool:
-        return type(other) is Mark and all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
-
-    def __hash__(self) -> int:
-        return hash(tuple(getattr(self, name) for name in _FIELDS))
 
     def __repr__(self) -> str:
         fields = ', '.join(f'{name}={getattr(self, name)!r}' for name in _FIELDS if getattr(self, name) != _EMPTY[name])
@@ -140,8 +125,6 @@ _MIXED = Mark(gate=MIXED)
 SOFTMAXED = Mark(gate=SOFTMAX)
 _EMPTY = {name: getattr(Mark(), name) for name in _FIELDS}
 _MISSING = object()
-#: The parts of a mark that a rescaling of a tensor by a constant of the relevance pass keeps.
-_RESCALED = ('gate', 'scores')
 
 
 def join_gates(marks, mixes: bool = False) -> Mark | None:
@@ -212,7 +195,7 @@ def passed(call, output, state, mixes: bool | None = None) -> None:
         for tensor in outputs:
             origins[tensor.grad_fn] = found
     elif shape == 'shift':
-        state.marks.derive(outputs, carrying, shape)
+        state.marks.derive(outputs, carrying)
     if any(marks):
         mark = _passed(call, marks, state, call.entry.mixes if mixes is None else mixes)
         if mark is not None:
@@ -290,17 +273,12 @@ class Marks:
             mark = self.of(tensor)
             self.set([tensor], Mark(**fields) if mark is None else mark.with_(**fields))
 
-    def derive(self, outputs, inputs, shape: str) -> None:
-        """Note what ``outputs`` were computed from: for a view or cast of one tensor (``shape`` ``'view'``) its node
-        (and whether the shape stayed: a cast or copy), for a shift (a centring ``x - mean(x)``) the nodes of the
-        ``inputs``."""
-        if shape == 'view':
-            found = (inputs[0].grad_fn, outputs[0].shape == inputs[0].shape)
-        else:
-            found = (None, tuple(tensor.grad_fn for tensor in inputs))
-        origins = self.origins
+    def derive(self, outputs, inputs) -> None:
+        """Note that ``outputs`` are a shift of ``inputs`` (a centring ``x - mean(x)``); views and casts note what they
+        view where they run (``(node, same shape)``)."""
+        found = (None, tuple(tensor.grad_fn for tensor in inputs))
         for tensor in outputs:
-            origins[tensor.grad_fn] = found
+            self.origins[tensor.grad_fn] = found
 
     def sources(self, tensor: torch.Tensor) -> set:
         """The nodes ``tensor`` is (a view, cast or centring of): its own and those of what it was derived from (up to
