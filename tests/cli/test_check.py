@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import transformers
@@ -46,6 +47,41 @@ def test_a_refusal_names_the_operation_and_the_module(capsys):
         "verdict: refused: zennit-attn cannot explain matmul in 'model.layers.1.self_attn' "
         '(MiniMaxLightningAttention): '
     )
+
+
+def test_the_rules_of_each_operation(capsys):
+    """``--rules cplrp``: after the verdict, the dry run's table of the tiny model: module by module the operation, its
+    rule and what the engine does (CP-LRP's shares by the kinds of the factors), nothing refused."""
+    code, out, err = run(capsys, ['check', '--model', 'llama', '--rules', 'cplrp', '--quiet'])
+    assert code == 0 and err == ''
+    lines = out.splitlines()
+    assert lines[1].startswith('verdict: explained') and lines[2] == ''
+    assert (
+        lines[3]
+        == 'rules of LlamaForCausalLM under CPLRPEpsilon (products: ConstantGates()) (dry run: no backward pass)'
+    )
+    assert lines[4].split() == ['module', 'operation', 'rule', 'what', 'the', 'engine', 'does', 'count']
+    rows = [re.split(r'\s{2,}', line.strip()) for line in lines[5:-1]]
+    assert [
+        'model.layers.*.mlp',
+        'mul',
+        'product',
+        'ConstantGates(): shares (0, 1) of the factors (activation, value)',
+        '2',
+    ] in rows
+    assert ['model.layers.*.mlp.act_fn', 'SiLUActivation (module)', 'module rule', 'Identity', '2'] in rows
+    assert lines[-1] == 'refused: nothing'
+
+
+def test_the_rules_of_a_refused_model_list_the_refusal(capsys):
+    """``--rules`` (AttnLRP by default) on a model that is refused: the table goes on past the refusal and lists it."""
+    code, out, _ = run(capsys, ['check', '--model', 'minimax', '--rules', '--quiet'])
+    assert code == 1
+    assert '\nrules of MiniMaxForCausalLM under AttnLRPEpsilon (products: Uniform())' in out
+    assert (
+        "\nrefused: zennit-attn cannot explain matmul in 'model.layers.*.self_attn' (MiniMaxLightningAttention)" in out
+    )
+    assert 'refused (see below)' in out
 
 
 def test_vision_language_models_are_fed_pixels(capsys):
@@ -102,6 +138,11 @@ def test_an_unknown_model_type_is_refused_with_the_closest(capsys):
 def test_bad_values_are_refused(capsys, value, message):
     line = refused(capsys, ['check', '--model', value])
     assert message in line and line.endswith("; see 'zennit-attn check --help'")
+
+
+def test_an_unknown_method_of_the_rules_is_refused(capsys):
+    line = refused(capsys, ['check', '--model', 'llama', '--rules', 'gamma'])
+    assert "argument --rules: invalid choice: 'gamma' (choose from 'attnlrp', 'cplrp')" in line
 
 
 def test_bad_paths_are_refused(capsys, tmp_path):

@@ -13,7 +13,7 @@ from PIL import Image
 
 from tests.models import tiny_model, token_ids
 from zennit_attn.engine.composites import MLPRules
-from zennit_attn.engine.rules import ConstantAttention, HalfGates
+from zennit_attn.engine.rules import ConstantAttention, HalfGates, ProductRule
 from zennit_attn.engine.rules.products import ACTIVATION, SOFTMAX
 from zennit_attn.results.render.colors import NEGATIVE, POSITIVE
 from zennit_attn.workflows.patching import (
@@ -298,8 +298,15 @@ def test_half_gates_rule_and_the_plain_engine_is_atp(llama, pairs):
     components = ('residual', 'heads', 'mlp')
     atp = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=components, method='atp')
 
-    class Plain(MLPRules):  # every rule off: the engine passes the plain gradient
+    class Gradient(ProductRule):  # every factor its whole gradient
+        needs_kinds = False
+
+        def shares(self, kinds):
+            return (1.0,) * len(kinds)
+
+    class Plain(MLPRules):  # every rule off (an activation's output is a gate still: it is one, whatever its rule)
         activation_rule = None
+        product_rule = Gradient()
 
     plain = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=components, method=Plain())
     for component in components:

@@ -14,7 +14,17 @@ from .library import heavy
 from .models import read_config
 from .options import Formatter, add_debug
 
-__all__ = ['NAME', 'DESCRIPTION', 'EPILOG', 'Architecture', 'add_parser', 'resolve_architecture', 'check', 'run']
+__all__ = [
+    'NAME',
+    'DESCRIPTION',
+    'EPILOG',
+    'RULE_METHODS',
+    'Architecture',
+    'add_parser',
+    'resolve_architecture',
+    'check',
+    'run',
+]
 
 NAME = 'check'
 
@@ -26,7 +36,12 @@ small vocabulary; its weights are not read) in float64, with every bias and lear
 explains its prediction and checks that CP-LRP's relevance at the inputs sums to the explained logit (exact
 conservation, which a missed non-linearity breaks) and that AttnLRP runs. Prints the verdict: explained, refused
 (naming the operation or the module zennit-attn has no rule for), not built (the tiny model could not be built or run,
-and why: a limit of the check, not necessarily of zennit-attn) or failed (a defect of zennit-attn)."""
+and why: a limit of the check, not necessarily of zennit-attn) or failed (a defect of zennit-attn).
+
+With --rules, also prints which rule each operation of the tiny model gets, and why (a dry run of one forward pass, no
+backward pass): module by module (the layers of a stack merged), the operation, the rule the operation registry
+declares for it and what the engine does there (a product's shares of its factors, a normaliser held constant, ...),
+and what an explanation would refuse."""
 
 EPILOG = """\
 examples:
@@ -34,11 +49,14 @@ examples:
   zennit-attn check --model ./my-llama/config.json
   zennit-attn check --model qwen3_moe
   zennit-attn check --model mamba
+  zennit-attn check --model qwen3_next --rules cplrp
 
 docs/supported-models.md lists the verdict for every architecture of the installed transformers.
 
 exit status: 0 explained, 1 refused, not built or failed (or the configuration does not load), 2 a bad argument."""
 
+#: The methods whose rules ``--rules`` prints (their default composites for language models).
+RULE_METHODS = ('attnlrp', 'cplrp')
 #: A transformers ``model_type`` as ``--model`` may name it (checked against transformers when the command runs).
 MODEL_TYPE = re.compile(r'[A-Za-z0-9][A-Za-z0-9_\-]*')
 
@@ -74,6 +92,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         'or a transformers model_type such as llama, qwen3_moe, llava',
     )
     group = parser.add_argument_group('output')
+    group.add_argument(
+        '--rules',
+        nargs='?',
+        const='attnlrp',
+        choices=RULE_METHODS,
+        metavar='METHOD',
+        help='also print which rule each operation of the tiny model gets under METHOD '
+        f'({", ".join(RULE_METHODS)}; default attnlrp), and why: a dry run, no backward pass',
+    )
     group.add_argument('--quiet', '-q', action='store_true', help='no progress messages on stderr')
     add_debug(parser)
     parser.set_defaults(run=run, check=check)

@@ -111,7 +111,7 @@ class Audit:
     (:py:meth:`close`); closed, it checks and records nothing (the recomputation of a checkpointed block in the
     backward pass)."""
 
-    def __init__(self, model: torch.nn.Module | None = None):
+    def __init__(self, model: torch.nn.Module | None = None, open: bool = True):
         #: the model being explained (its TorchScript modules are named in refusals)
         self.model = model
         #: the autograd nodes produced or sanctioned (held, so that their identity stays theirs while the audit runs),
@@ -123,7 +123,8 @@ class Audit:
         self.checkpoints: set = set()
         #: the pack function of the saved-tensor hooks around the model's call (the caller's own)
         self.outer = _saved_tensors_pack()
-        self.open = True
+        #: whether it checks and records (from the start of the model's forward to its end)
+        self.open = open
         #: how many rules of modules are being run (:py:func:`ruling`)
         self.ruling = 0
         self.token: contextvars.Token | None = None

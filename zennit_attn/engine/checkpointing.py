@@ -62,7 +62,7 @@ def _forward(classifier) -> Iterator[None]:
     """The context of a checkpointed block in the forward: the engine's audit accepts this checkpoint (its
     recomputation is classified as the forward, :py:func:`_recomputation`)."""
     if classifier is not None:
-        classifier.audit.checkpointing()
+        classifier.state.audit.checkpointing()
     yield
 
 

@@ -6,7 +6,8 @@ are the FFN neurons of the paper's section 3.5.
 tokens; an image of the size the model takes) during which forward hooks of this module on the instance's modules
 and a :py:class:`torch.overrides.TorchFunctionMode` record the outputs of linear layers, normalisation and activation
 modules, element-wise non-linearities, products of two computed tensors, matrix products, softmaxes and
-``scaled_dot_product_attention``, each with the autograd node that computed it. The hooks and the mode are removed
+``scaled_dot_product_attention`` (the operations are told apart by their declarations in the operation registry,
+:py:data:`RECORDED`), each with the autograd node that computed it. The hooks and the mode are removed
 when the pass ends (also after an exception), and the hooks on the model other than torch's own (a composite's
 context, steering, latent recording, a user's observers) are set aside for the pass: the structure is the model's own,
 whatever context it is first asked for in, and no one's hook sees the pass. The result is cached per instance (a weak
@@ -48,10 +49,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from .canonizers.blocks import NoBlocksError, block_stacks
+from .canonizers.calls import signature, tensors_of
+from .canonizers.registry import OPERATIONS, op_name
 from .devices import input_device
 from .kinds import LINEARS, is_activation, model_configs, norm_kind
 
@@ -81,54 +83,30 @@ _LOGITS = frozenset({'linear', 'norm', 'attention', 'matmul', 'softmax'})
 #: Where the search for the linear layers behind an FFN activation or product stops.
 _FEEDS = frozenset({'linear', 'norm', 'attention', 'matmul', 'softmax'})
 
-#: Torch functions the discovery pass records, by kind.
-_FUNCTIONS = {
-    'attention': (F.scaled_dot_product_attention,),
-    'softmax': (F.softmax, torch.softmax, torch.Tensor.softmax),
-    'matmul': (
-        torch.matmul,
-        torch.Tensor.matmul,
-        torch.Tensor.__matmul__,
-        torch.Tensor.__rmatmul__,
-        torch.bmm,
-        torch.Tensor.bmm,
-        torch.baddbmm,
-        torch.Tensor.baddbmm,
-        torch.einsum,
-    ),
-    'product': (torch.mul, torch.multiply, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, F.glu),
-    'activation': (
-        F.gelu,
-        F.silu,
-        F.relu,
-        torch.relu,
-        torch.Tensor.relu,
-        F.relu6,
-        F.elu,
-        F.selu,
-        F.celu,
-        F.leaky_relu,
-        F.mish,
-        F.softplus,
-        F.hardswish,
-        F.hardsigmoid,
-        F.hardtanh,
-        F.tanh,
-        torch.tanh,
-        torch.Tensor.tanh,
-        F.sigmoid,
-        torch.sigmoid,
-        torch.Tensor.sigmoid,
-        torch.pow,
-        torch.Tensor.pow,
-        torch.Tensor.__pow__,
-        torch.square,
-        torch.Tensor.square,
-    ),
+
+def _record_kind(entry) -> str | None:
+    """The kind of record (:py:data:`KINDS`) of an operation of the registry
+    (:py:class:`~zennit_attn.engine.canonizers.registry.Operation`): what its rule says it computes."""
+    if entry.rule in ('attention', 'softmax'):
+        return entry.rule
+    if entry.rule == 'product' and entry.contraction:
+        return 'matmul'
+    if entry.rule == 'product' and not entry.layer:  # an element-wise product (a layer's is recorded as its module)
+        return 'product'
+    if entry.rule in ('elementwise', 'power'):  # element-wise non-linearities (not bounds: a clip of projections)
+        return 'activation'
+    return None
+
+
+#: The operations the discovery pass records (by the name of the registry,
+#: :py:func:`~zennit_attn.engine.canonizers.registry.op_name`), with the kind of their records: derived from their
+#: declarations in the registry, the one home of what an operation is.
+RECORDED = {
+    name: kind for name, kind in ((name, _record_kind(entry)) for name, entry in OPERATIONS.items()) if kind is not None
 }
-_KIND_OF = {function: kind for kind, functions in _FUNCTIONS.items() for function in functions}
-#: Torch functions that select a few of many (experts) by computed scores: a block that calls them routes its tokens.
-_ROUTING = (torch.topk, torch.Tensor.topk, torch.argmax, torch.Tensor.argmax)
+#: Operations that select a few of many by computed scores (a router's choice of experts): a block that runs one on
+#: computed scores routes its tokens.
+ROUTING = frozenset({'topk', 'argmax'})
 #: Packages whose hooks on a model the discovery pass keeps: torch's own (``weight_norm``, ``spectral_norm``,
 #: pruning), which compute the weights the model runs with. Every other hook (zennit's rules, zennit-attn's
 #: composites, steering and recording, a user's observers and interventions) is set aside: the structure is that of
@@ -322,17 +300,16 @@ class Trace:
         self.records.append(record)
         self.by_node.setdefault(output.grad_fn, []).append(record)
 
-    def function(self, kind: str, func, output, args: tuple, kwargs: dict) -> None:
-        """Record the result of a torch function of :py:data:`_FUNCTIONS`."""
+    def function(self, kind: str, name: str, func, output, args: tuple, kwargs: dict) -> None:
+        """Record the result of a torch function of :py:data:`RECORDED` (the operation ``name`` of the registry)."""
+        entry = OPERATIONS[name]
+        arguments = signature(func, entry.params).bind(args, kwargs)
         if kind == 'attention':
-            names = ('query', 'key', 'value')
-            operands = [args[index] if index < len(args) else kwargs.get(name) for index, name in enumerate(names)]
-            self.add(kind, output, operands)
+            self.add(kind, output, [arguments.get(key) for key in ('query', 'key', 'value')])
         elif kind == 'softmax':
-            dim = args[1] if len(args) > 1 else kwargs.get('dim')
-            self.add(kind, output, args[:1], dim=dim)
+            self.add(kind, output, [arguments.get('input')], dim=arguments.get('dim'))
         elif kind in ('matmul', 'product'):
-            operands = _factors(func, args, kwargs)
+            operands = _factors(func, entry, arguments, args, kwargs)
             if operands is not None and all(_computed(operand) for operand in operands):
                 self.add(kind, output, operands)
         elif args and isinstance(args[0], torch.Tensor):
@@ -364,26 +341,18 @@ def _computed(value) -> bool:
     return isinstance(value, torch.Tensor) and value.grad_fn is not None and value.dim() > 0
 
 
-def _factors(func, args: tuple, kwargs: dict) -> tuple | None:
-    """The two factors of a recorded product or matrix product, in the order of the product; None for other forms."""
-    if func in (torch.baddbmm, torch.Tensor.baddbmm):
-        factors = (
-            args[1] if len(args) > 1 else kwargs.get('batch1'),
-            args[2] if len(args) > 2 else kwargs.get('batch2'),
-        )
-    elif func is torch.einsum:
-        factors = tuple(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else tuple(args[1:])
-    elif func is F.glu:
-        return None
-    else:
-        factors = (args[0], args[1] if len(args) > 1 else kwargs.get('other'))
-    if func is torch.Tensor.__rmatmul__:
+def _factors(func, entry, arguments: dict, args: tuple, kwargs: dict) -> tuple | None:
+    """The two factors of a recorded product or matrix product, in the order of the product (without the additive
+    term of ``addmm`` and its kind: the declaration's ``additive``); None for other forms."""
+    additive = arguments.get(entry.additive) if entry.additive is not None else None
+    factors = [tensor for tensor in tensors_of(list(args) + list(kwargs.values()), []) if tensor is not additive]
+    if getattr(func, '__name__', '').startswith('__r'):  # ``x.__rmatmul__(y)`` is ``y @ x``
         factors = factors[::-1]
-    return factors if len(factors) == 2 else None
+    return tuple(factors) if len(factors) == 2 else None
 
 
 class _Recording(TorchFunctionMode):
-    """Record the torch functions of :py:data:`_FUNCTIONS` in ``trace`` while it is entered."""
+    """Record the torch functions of :py:data:`RECORDED` in ``trace`` while it is entered."""
 
     def __init__(self, trace: Trace):
         super().__init__()
@@ -392,10 +361,11 @@ class _Recording(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         output = func(*args, **kwargs)
-        kind = _KIND_OF.get(func)
+        name = op_name(func)
+        kind = RECORDED.get(name)
         if kind is not None:
-            self.trace.function(kind, func, output, args, kwargs)
-        elif func in _ROUTING and args and _computed(args[0]) and self.trace.blocks:
+            self.trace.function(kind, name, func, output, args, kwargs)
+        elif name in ROUTING and args and _computed(args[0]) and self.trace.blocks:
             self.trace.routing.add(id(self.trace.blocks[-1]))
         return output
 

@@ -277,6 +277,30 @@ def test_a_declared_recurrence_holds_its_constants(declared_toy_scan):
     assert float(found.sum()) == pytest.approx(10 * 4, rel=1e-10)  # relevance 1 at each output
 
 
+class ActivatedScanMixer(ToyMambaMixer):
+    """:py:func:`toy_scan` of activated values (``silu``), its output times a gate (``sigmoid``)."""
+
+    def __init__(self, by_hand: bool = False):
+        super().__init__()
+        self.c, self.by_hand = torch.nn.Linear(6, 4, bias=False), by_hand
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        decay, values, gate = torch.sigmoid(self.a(x)), F.silu(self.b(x)), torch.sigmoid(self.c(x))
+        if self.by_hand:
+            decay, values, gate = decay.detach(), identity(self.b(x), values), gate.detach()
+        return toy_scan(values, decay) * gate
+
+
+def test_the_output_of_a_recurrence_is_a_value(declared_toy_scan):
+    """A recurrence mixes its values with coefficients it holds constant: its output is a value, not a gate, even
+    where its values are outputs of activations and it only rescales and adds them; CP-LRP holds the gate it is
+    multiplied with constant (by hand) and conserves."""
+    x = delta_inputs()
+    found = attributed(ActivatedScanMixer().double(), CPLRPEpsilon(), x)
+    torch.testing.assert_close(found, by_hand(ActivatedScanMixer(by_hand=True).double(), x), rtol=1e-10, atol=1e-12)
+    assert float(found.sum()) == pytest.approx(10 * 4, rel=1e-10)
+
+
 def test_a_relevance_carrying_argument_without_a_role_is_refused(declared_toy_scan):
     with pytest.raises(UnsupportedModelError, match="argument 'other', which its declaration gives no role"):
         attributed(ToyScanMixer(other=True).double(), AttnLRPEpsilon(), delta_inputs())

@@ -13,14 +13,25 @@ import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
+from ...engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 from ...workflows.architecture_check.check import Result, check_architecture, check_config
 from ...workflows.architecture_check.configs import MAPPINGS, mappings_of
 from ..check import Architecture
 from ..errors import CommandError, UsageError, one_line
 from ..progress import status
 
-__all__ = ['run', 'quiet_transformers', 'check_model_type', 'model_type_result', 'load_config', 'verdict']
+__all__ = [
+    'run',
+    'quiet_transformers',
+    'check_model_type',
+    'model_type_result',
+    'load_config',
+    'verdict',
+    'RULE_COMPOSITES',
+]
 
+#: The composite whose rules ``--rules`` prints, by method (:py:data:`zennit_attn.cli.check.RULE_METHODS`).
+RULE_COMPOSITES = {'attnlrp': AttnLRPEpsilon, 'cplrp': CPLRPEpsilon}
 #: What each verdict means, after its reason.
 MEANINGS = {
     'not built': (
@@ -36,12 +47,15 @@ def run(args: argparse.Namespace) -> int:
     architecture: Architecture = args.architecture
     if architecture.model_type is not None:
         check_model_type(architecture.model_type)
+    rules = RULE_COMPOSITES[args.rules]() if getattr(args, 'rules', None) else None
     with status(f'checking {architecture.label} on a tiny random model', not args.quiet), quiet_transformers():
         if architecture.folder is not None:
-            result = check_config(load_config(architecture))
+            result = check_config(load_config(architecture), rules=rules)
         else:
-            result = model_type_result(architecture.model_type)
+            result = model_type_result(architecture.model_type, rules)
     print('\n'.join(verdict(architecture, result)))
+    if rules is not None:
+        print(f'\n{result.rules}' if result.rules is not None else '\nno rules: the tiny model was not built')
     return 0 if result.status == 'explained' else 1
 
 
@@ -72,17 +86,18 @@ def check_model_type(model_type: str) -> None:
     )
 
 
-def model_type_result(model_type: str) -> Result:
+def model_type_result(model_type: str, rules=None) -> Result:
     """The verdict on ``model_type``: checked as the first mapping that holds it (as the supported-models page lists
-    it); a type in none of them is checked from its configuration's defaults, which says that it is not built."""
+    it); a type in none of them is checked from its configuration's defaults, which says that it is not built. With
+    a composite ``rules``, also the rule table of the tiny model under it."""
     mappings = mappings_of(model_type)
     if mappings:
-        return check_architecture(mappings[0], model_type)
+        return check_architecture(mappings[0], model_type, rules=rules)
     try:
         config = transformers.AutoConfig.for_model(model_type)
     except (ValueError, TypeError, KeyError) as error:
         raise CommandError(f'cannot make the configuration of model_type {model_type!r}: {one_line(error)}') from error
-    return check_config(config)
+    return check_config(config, rules=rules)
 
 
 def load_config(architecture: Architecture):

@@ -12,12 +12,16 @@ from __future__ import annotations
 from ..errors import UnsupportedModelError
 from .blocks import NoBlocksError, attention_linears, block_stacks, transformer_blocks, vision_towers
 from .operations import OperationCanonizer
-from .registry import OPERATIONS, Operation
+from .registry import OPERATIONS, Operation, check_overrides
+from .tracking import RuleRow, RuleTable
 
 __all__ = [
     'OperationCanonizer',
     'OPERATIONS',
     'Operation',
+    'check_overrides',
+    'RuleTable',
+    'RuleRow',
     'UnsupportedModelError',
     'block_stacks',
     'transformer_blocks',

@@ -40,14 +40,17 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from zennit.canonizers import Canonizer
 
-from ..audit import sanction
+from ..audit import Audit
 from ..errors import UnsupportedModelError
 from ..kinds import is_activation, model_configs, norm_kind
 from ..rules.products import ProductRule, Uniform
+from .calls import tensors_of
 from .classifier import Classifier
+from .marks import ACTIVATED, Mark
 from .quantization import quantization_of
 from .recurrences import GATES, RECURRENCES, MixerRun
-from .tracking import Tracking, tensors_of
+from .registry import check_overrides
+from .tracking import KERNEL_HINTS, RuleTable, State, produced_tensors
 
 __all__ = [
     'OperationCanonizer',
@@ -78,25 +81,6 @@ INSTANCE_SETTINGS: dict[str, tuple[str, Callable]] = {
     ),
 }
 
-#: Packages whose autograd functions are trusted (their outputs are the ones the rules produce or plain torch).
-_TRUSTED_FUNCTIONS = ('torch.', 'zennit.', 'zennit_attn.', 'bitsandbytes.')
-
-#: What to do when transformers calls the kernel of an installed package for a recurrence (by the package's import
-#: name): transformers chooses the kernel when the package is importable, with no per-model switch; its torch path is
-#: the same function, which zennit-attn explains (:py:mod:`~zennit_attn.engine.canonizers.recurrences`).
-KERNEL_HINTS = {
-    package: (
-        f'transformers runs this kernel because {distribution} is installed; zennit-attn explains the torch path of '
-        f'the same recurrence, which transformers runs where {distribution} is not installed: explain in an '
-        f'environment without it (pip uninstall {distribution}).'
-    )
-    for package, distribution in {
-        'mamba_ssm': 'mamba-ssm',
-        'causal_conv1d': 'causal-conv1d',
-        'fla': 'flash-linear-attention',
-    }.items()
-}
-
 #: Class names of sequence mixers whose products of relevance-carrying tensors are not softmax attention: state-space
 #: models, linear attention, recurrences (their products are refused until their rules are defined).
 LINEAR_MIXERS = re.compile(
@@ -121,7 +105,7 @@ def active_classifier() -> Classifier | None:
     return _ACTIVE.get()
 
 
-class OperationCanonizer(Tracking, Canonizer):
+class OperationCanonizer(Canonizer):
     """Explain a model at the operations it performs, with a composite's rules (see the module's description).
 
     Applying it to a model (the composites do) freezes the model's parameters, sets attention implementations the mode
@@ -146,6 +130,9 @@ class OperationCanonizer(Tracking, Canonizer):
     constants: list, optional
         Where to collect the constants the model adds to relevance (shared with the copies :py:meth:`apply`
         registers).
+    overrides: mapping of str to rule, optional
+        The rules of single operations instead of the engine's, by operation name
+        (:py:func:`~zennit_attn.engine.canonizers.registry.check_overrides`).
     """
 
     def __init__(
@@ -154,31 +141,27 @@ class OperationCanonizer(Tracking, Canonizer):
         activation_rule=None,
         scopes: Sequence[tuple[torch.nn.Module, ProductRule]] = (),
         constants: list | None = None,
+        overrides: Mapping | None = None,
     ):
         super().__init__()
         self.rules = [Uniform() if product_rule is None else product_rule]
         self.activation_rule = activation_rule
         self.scopes = list(scopes)
+        self.overrides = check_overrides(overrides)
         #: ``(module path, value)`` of every non-zero number the model adds to relevance (a bias written into its
         #: code: it absorbs relevance)
         self.constants = [] if constants is None else constants
-        self.opaque = 0
-        #: whether the forward computed a ``logsumexp`` or ``log_softmax``
-        #: (:py:meth:`~zennit_attn.engine.canonizers.classifier.Classifier.sink_mass`, ...)
-        self.lse = False
-        self.start_tracking()
+        #: where a dry run records the rule of each operation (:py:class:`~.tracking.RuleTable`), None otherwise
+        self.table: RuleTable | None = None
+        self.state = self.start()
         self.root: torch.nn.Module | None = None
         #: the names of the root's modules by id, found at the first :py:meth:`module_path`
         self.names: dict[int, str] | None = None
         self.depth = 0
-        #: the sequence mixers that are not softmax attention being run, innermost last
-        self.runs: list[MixerRun] = []
         self.handles: list = []
         self.frozen: list[torch.nn.Parameter] = []
         self.settings: list[tuple[object, str, object]] = []
         self.modes: list[tuple[Classifier, contextvars.Token]] = []
-        #: autograd node classes whose outputs :py:meth:`check_origin` accepted (it runs for every operand)
-        self.trusted_nodes: set[type] = set()
         #: whether a forward of the model enters the classifying mode (False inside zennit's ``Composite.inactive()``,
         #: :py:meth:`~zennit_attn.engine.composites.AttnLRPComposite.inactive`: the plain gradient)
         self.active = True
@@ -188,8 +171,23 @@ class OperationCanonizer(Tracking, Canonizer):
         """The product rule of the innermost scope being run (the canonizer's own outside every scope)."""
         return self.rules[-1]
 
+    def start(self, audit: Audit | None = None) -> State:
+        """The state of a new forward (:py:class:`~zennit_attn.engine.canonizers.tracking.State`): the rules, nothing
+        marked or tracked yet, its ``audit`` (none outside a forward)."""
+        return State(
+            rules=self.rules,
+            activation_rule=self.activation_rule,
+            overrides=self.overrides,
+            constants=self.constants,
+            refuse=self.refuse,
+            module_path=self.module_path,
+            gradients=torch.is_grad_enabled(),
+            table=self.table,
+            audit=Audit(open=False) if audit is None else audit,
+        )
+
     def copy(self) -> OperationCanonizer:
-        return type(self)(self.rules[0], self.activation_rule, self.scopes, self.constants)
+        return type(self)(self.rules[0], self.activation_rule, self.scopes, self.constants, self.overrides)
 
     def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
         instance = self.copy()
@@ -264,25 +262,30 @@ class OperationCanonizer(Tracking, Canonizer):
         module's rule (the composites register their rules of modules first) and before any other forward hook, whose
         change of the output the mode then sees (a user's hook on a norm: a change the rule does not recompute away)."""
         name = type(module).__name__
+        activation = opaque and is_activation(module)
 
         def enter(module, args):
-            self.opaque += opaque
+            state = self.state
+            state.opaque += opaque
             if mixer:
-                self.runs.append(MixerRun(name))
+                state.runs.append(MixerRun(name))
 
         def leave(module, args, output):
-            self.opaque -= opaque
+            state = self.state
+            state.opaque -= opaque
             # the outermost opaque module, with gradients, whose forward returned
-            if opaque and not self.opaque and self.modes and output is not None and torch.is_grad_enabled():
+            if opaque and not state.opaque and self.modes and output is not None and torch.is_grad_enabled():
                 self._audit_module(name, args, output)
             if gate:
-                self.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
-            if mixer and self.runs:
-                run = self.runs.pop()
-                if self.runs:  # a mixer inside a mixer (a gated norm in a Mamba-2 mixer): the outer one answers for it
-                    self.runs[-1].absorb(run)
+                state.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
+            elif opaque:
+                self._mark_opaque(activation, args, output)
+            if mixer and state.runs:
+                run = state.runs.pop()
+                if state.runs:  # a mixer inside a mixer (a gated norm in a Mamba-2 mixer): the outer one answers for it
+                    state.runs[-1].absorb(run)
                 else:
-                    self._check_run(run, output)
+                    self._recorded(self._check_run, run, output)
 
         self.handles.append(module.register_forward_pre_hook(enter))
         self.handles.append(module.register_forward_hook(leave, always_call=True, prepend=opaque))
@@ -291,15 +294,30 @@ class OperationCanonizer(Tracking, Canonizer):
         """Audit the call of an opaque module (whose inside its rule replaces, unclassified) as one operation: refuse
         an input the engine did not produce or sanction (changed by a forward pre-hook registered after the
         composite, which runs in the module), record the output (the rule's) as produced."""
-        audit = self.modes[-1][0].audit
+        state = self.state
         with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
-            inputs = [tensor for tensor in tensors_of(args, []) if tensor.requires_grad]
+            inputs = produced_tensors(args)
             for tensor in inputs:
-                self.check_origin(tensor)
-            refusal = audit.refusal(inputs, 'an input')
+                state.check_origin(tensor)
+            refusal = state.audit.refusal(inputs, 'an input')
             if refusal is not None:
-                self.refuse(name, *refusal)
-            audit.record(output)
+                self._recorded(self.refuse, name, *refusal)
+            state.audit.record(output)
+
+    def _mark_opaque(self, activation: bool, args, output) -> None:
+        """Mark the output of a module whose inside the mode leaves to the module's rule (an ``activation``, or a
+        normalisation), as it would mark the operations inside: an activation's output is a gate, a normalisation's (a
+        rescaling of its input by a constant of the relevance pass, Prop. 3.4) the gate its input is. The output of a
+        rule that replaces it is read through instead (:py:mod:`~zennit_attn.engine.canonizers.marks`): an activation
+        with the composite's activation rule needs nothing here."""
+        if activation:
+            if self.activation_rule is None:
+                self.state.marks.set(produced_tensors(output), ACTIVATED)
+            return
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        mark = self.state.marks.nodes.get(first.grad_fn) if first is not None else None
+        if mark is not None and mark.gate is not None:
+            self.state.marks.set(produced_tensors(output), Mark(gate=mark.gate, scores=mark.scores))
 
     def _check_run(self, run: MixerRun, output) -> None:
         """Refuse a sequence mixer that multiplied relevance-carrying tensors in its own code but ran none of the
@@ -317,6 +335,16 @@ class OperationCanonizer(Tracking, Canonizer):
             path=path,
         )
 
+    def _recorded(self, check: Callable, *args) -> None:
+        """Run ``check``; in a dry run a refusal is recorded instead of raised."""
+        if self.state.table is None:
+            check(*args)
+            return
+        try:
+            check(*args)
+        except UnsupportedModelError as error:
+            self.state.table.refuse(str(error))
+
     def _set(self, target, attribute: str, value) -> None:
         self.settings.append((target, attribute, getattr(target, attribute)))
         setattr(target, attribute, value)
@@ -327,79 +355,63 @@ class OperationCanonizer(Tracking, Canonizer):
         self.depth += 1
         if self.depth > 1 or not self.active:
             return
-        self.lse = False
-        self.start_tracking()
-        mode = Classifier(self)
-        mode.audit.enter((args, kwargs))
+        self.state = self.start(Audit(self.root))
+        self.state.audit.enter((args, kwargs))
+        mode = Classifier(self.state)
         mode.__enter__()
         self.modes.append((mode, _ACTIVE.set(mode)))
 
     def _leave(self, module, args, output) -> None:
         """Leave the mode at the end of the model's forward; refuse an output computed by a kernel or outside the
-        engine (its audit), or an exponential that never reached a softmax."""
+        engine (its audit), a term of a recurrence, or an exponential that never reached a softmax."""
         self.depth = max(self.depth - 1, 0)
         if self.depth or not self.modes:  # a nested call, or a forward that ran inactive
             return
-        audit = self.modes[-1][0].audit
         values = list(output.values()) if isinstance(output, Mapping) else output
         outputs = [tensor for tensor in tensors_of(values, []) if tensor.requires_grad]
         try:
             with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
-                for tensor in outputs:
-                    self.check_origin(tensor)
-                refusal = audit.refusal(outputs, 'an output')
-                if refusal is not None:
-                    self.refuse('forward', *refusal, path=[])
+                self._recorded(self._check_audit, outputs)
         finally:
             self._exit_modes()
+        self._recorded(self._check_outputs, outputs)
+
+    def _check_audit(self, outputs: list[torch.Tensor]) -> None:
+        """Refuse an output of the model computed by a kernel, or by operations the engine did not see (its audit)."""
+        state = self.state
         for tensor in outputs:
-            if tensor in self.terms:
-                path, operation, what = self.terms[tensor]
+            state.check_origin(tensor)
+        refusal = state.audit.refusal(outputs, 'an output')
+        if refusal is not None:
+            self.refuse('forward', *refusal, path=[])
+
+    def _check_outputs(self, outputs: list[torch.Tensor]) -> None:
+        """Refuse an output of the model computed by a kernel, a term of a recurrence or an exponential that never
+        reached a softmax."""
+        state = self.state
+        for tensor in outputs:
+            mark = state.marks.of(tensor)
+            if mark is not None and mark.term is not None:
+                path, operation, what = mark.term
                 self.refuse(
                     operation,
                     f'{what}, a term of a recurrence (a decay or gate), among the outputs of the model',
                     path=path,
                 )
-        self.check_biases(outputs)
+        state.check_biases(outputs)
 
     def _exit_modes(self) -> None:
         while self.modes:
             mode, token = self.modes.pop()
             mode.__exit__(None, None, None)
-            mode.audit.close()
+            mode.state.audit.close()
             _ACTIVE.reset(token)
-
-    def check_origin(self, tensor: torch.Tensor) -> None:
-        """Refuse a tensor computed by an autograd function of another package (a custom kernel)."""
-        node = type(tensor.grad_fn)
-        if node in self.trusted_nodes:
-            return
-        forward = getattr(node, '_forward_cls', None)  # a class attribute of the nodes of Python autograd functions
-        if forward is not None and not forward.__module__.startswith(_TRUSTED_FUNCTIONS):
-            if self.term_nodes and self.of_terms(tensor):  # a function of terms of a recurrence: a term itself
-                self.mark_term(tensor, (self.module_path(), forward.__qualname__, 'a custom function of terms'))
-                sanction(tensor)
-                return
-            package = forward.__module__.split('.')[0]
-            self.refuse(
-                f'{forward.__module__}.{forward.__qualname__}',
-                'a custom autograd function (kernel)',
-                hint=KERNEL_HINTS.get(package),
-            )
-        self.trusted_nodes.add(node)
-
-    def activation(self, input: torch.Tensor, output: torch.Tensor, gate: bool = True) -> torch.Tensor:
-        """``output``, an element-wise function of ``input``, with the composite's activation rule (``gate``: the
-        output of a non-linearity, a gate of CP-LRP, as opposed to a bound or rounding)."""
-        if self.activation_rule is None:
-            return output
-        return self.activation_rule.elementwise(input, output, gate=gate)
 
     def mixer(self, path: list | None = None) -> str | None:
         """The class name of the innermost sequence mixer that is not softmax attention: being run (named like one of
         :py:data:`LINEAR_MIXERS`), or on the module ``path`` (named like one of :py:data:`RECURRENT`), else None."""
         if path is None:
-            return self.runs[-1].name if self.runs else None
+            return self.state.runs[-1].name if self.state.runs else None
         return next(
             (type(module).__name__ for _, module in reversed(path) if RECURRENT.search(type(module).__name__)), None
         )
@@ -454,8 +466,9 @@ class OperationCanonizer(Tracking, Canonizer):
             parameter.requires_grad_(True)
         for target, attribute, value in reversed(self.settings):
             setattr(target, attribute, value)
-        self.handles, self.frozen, self.settings, self.runs = [], [], [], []
-        self.opaque, self.depth, self.root, self.names = 0, 0, None, None
+        self.handles, self.frozen, self.settings = [], [], []
+        self.depth, self.root, self.names = 0, None, None
+        self.state = self.start()
         del self.rules[1:]
 
 

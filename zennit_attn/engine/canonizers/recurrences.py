@@ -22,8 +22,8 @@ declared here (:py:data:`RECURRENCES`) with the role of each of its arguments:
     multiplicative output gates (Mamba's ``y * silu(z)``): a product of relevance-carrying tensors, the composite's
     product rule (AttnLRP: the uniform rule, Prop. 3.2, MambaLRP's half rule).
 
-While a declared function runs inside a mixer (:py:class:`MixerRun`), :py:class:`Recurrences` (a mixin of the
-classifying mode) replaces each constant argument by its detached copy wherever the function (or a helper it calls)
+While a declared function runs inside a mixer (:py:class:`MixerRun`), the classifying mode (:py:func:`held_constant`)
+replaces each constant argument by its detached copy wherever the function (or a helper it calls)
 first uses it, so that everything computed from the constants is constant; a relevance-carrying argument the
 declaration does not name is refused, and so is a product of several relevance-carrying tensors inside a recurrence
 without gates. Products inside a mixer's own code (a gated normalisation ``norm(y) * silu(z)``) get the composite's
@@ -38,11 +38,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .products import replaced
-from .registry import OPERATIONS
-from .tracking import tensors_of
+from .calls import Call, replaced, tensors_of
+from .tracking import State
 
-__all__ = ['Recurrence', 'RECURRENCES', 'GATES', 'TERM_RULES', 'MixerRun', 'Recurrences', 'recurrence', 'recurrence_at']
+__all__ = [
+    'Recurrence',
+    'RECURRENCES',
+    'GATES',
+    'MixerRun',
+    'recurrence',
+    'recurrence_at',
+    'held_constant',
+    'term_use',
+]
 
 
 @dataclass(frozen=True)
@@ -170,17 +178,11 @@ recurrence(
 
 #: Modules that compute only constants of a recurrence (by class name, with what they compute): they run without
 #: rules (their inside, e.g. a softplus written as ``log(1 + exp(x))``, is not classified), and their outputs are
-#: terms of a recurrence (see :py:meth:`Recurrences.term_use`).
+#: terms of a recurrence (see :py:func:`term_use`).
 GATES = {
     'KimiLinearForgetGate': 'the decay g of Kimi delta attention (Kimi Linear)',
     'Glm5NextTextForgetGate': 'the decay g of Kimi delta attention (GLM-5 Next)',
 }
-
-#: The rules of the registry whose operations compute terms of a recurrence from terms (element-wise, structural,
-#: products): a term's own computation, which no relevance passes through.
-TERM_RULES = frozenset(
-    {'plain', 'product', 'elements', 'division', 'elementwise', 'bound', 'normaliser', 'power', 'exp', 'statistic'}
-)
 
 #: Names of the frames at which a search for a recurrence stops: the call of another module.
 _BOUNDARIES = frozenset({'_call_impl', '_wrapped_call_impl'})
@@ -240,94 +242,95 @@ class MixerRun:
         self.softmax = self.softmax or inner.softmax
 
 
-class Recurrences:
-    """The recurrence handling of :py:class:`~zennit_attn.engine.canonizers.classifier.Classifier` (a mixin: it reads
-    ``self.canonizer``, whose ``runs`` are the mixers being run)."""
+def held_constant(state: State, args, kwargs, carrying: list[torch.Tensor]):
+    """``args``, ``kwargs`` and ``carrying`` of an operation inside a mixer, with the constants of the recurrence it
+    runs in (if any) replaced by their detached copies (called by the classifying mode's ``__torch_function__``: the
+    frame two up is the code that called the operation)."""
+    run = state.runs[-1]
+    frame, declaration = recurrence_at(sys._getframe(2))
+    run.current = declaration
+    if frame is None:
+        return args, kwargs, carrying
+    run.recurrences.add(declaration.name)
+    entry = run.frames.get(id(frame))
+    if entry is None:
+        constants = _constants_of(state, frame, declaration)
+        entry = run.frames[id(frame)] = (frame, constants, {key: pair[1] for key, pair in constants.items()})
+    detached = entry[2]
+    if not any(id(tensor) in detached for tensor in carrying):
+        return args, kwargs, carrying
+    args, kwargs = replaced(args, detached), {key: replaced(value, detached) for key, value in kwargs.items()}
+    return args, kwargs, [tensor for tensor in carrying if id(tensor) not in detached]
 
-    canonizer: object
 
-    def held_constant(self, args, kwargs, carrying: list[torch.Tensor]):
-        """``args``, ``kwargs`` and ``carrying`` of an operation inside a mixer, with the constants of the recurrence
-        it runs in (if any) replaced by their detached copies."""
-        run = self.canonizer.runs[-1]
-        frame, declaration = recurrence_at(sys._getframe(2))
-        run.current = declaration
-        if frame is None:
-            return args, kwargs, carrying
-        run.recurrences.add(declaration.name)
-        entry = run.frames.get(id(frame))
-        if entry is None:
-            constants = self.constants_of(frame, declaration)
-            entry = run.frames[id(frame)] = (frame, constants, {key: pair[1] for key, pair in constants.items()})
-        detached = entry[2]
-        if not any(id(tensor) in detached for tensor in carrying):
-            return args, kwargs, carrying
-        args, kwargs = replaced(args, detached), {key: replaced(value, detached) for key, value in kwargs.items()}
-        return args, kwargs, [tensor for tensor in carrying if id(tensor) not in detached]
+def term_use(call: Call, state: State):
+    """An operation on terms of a recurrence (decays and gates: exponentials inside a sequence mixer, outputs of
+    :py:data:`GATES`, custom autograd functions of terms) outside a declared recurrence (which detaches them first):
+    computed from terms only, a term itself (not classified: its relevance is never asked for; an operation that
+    keeps terms, its declaration's ``keeps``); a factor of a product (a divisor) of other relevance-carrying tensors,
+    a constant, and the product one of the mixer's own (which must run a declared recurrence); anything else is
+    refused."""
+    terms = [mark is not None and mark.term is not None for mark in call.marks]
+    origin = next(mark.term for mark, term in zip(call.marks, terms) if term)
+    entry = call.entry
+    if all(terms) and entry is not None and 'term' in entry.keeps:
+        output = call.run()
+        state.mark_term(output, origin)
+        call.note = 'a function of terms of a recurrence: a term (constant)'
+        return output
+    rule = entry.rule if entry is not None else None
+    numerator = call.args[0] if call.args else None
+    others = [tensor for tensor, term in zip(call.carrying, terms) if not term]
+    division = rule == 'division' and any(tensor is numerator for tensor in others)
+    if others and state.runs and (rule == 'product' or division):
+        constants = {id(tensor): tensor.detach() for tensor, term in zip(call.carrying, terms) if term}
+        inner = call.without(constants, held=True)
+        run = state.runs[-1]
+        run.product = run.product or (call.name, state.module_path())
+        output = state.dispatch(inner, state)
+        call.note = f'the terms of a recurrence constant; {inner.note or "linear"}'
+        return output
+    path, _, what = origin
+    state.refuse(
+        call.name,
+        f'a use of {what}, a term of a recurrence (a decay or gate), other than in computing terms, as a constant '
+        'factor or as a constant of a declared recurrence',
+        path=path,
+    )
 
-    def term_use(self, name: str, func, args, kwargs, carrying: list[torch.Tensor]):
-        """An operation on terms of a recurrence (decays and gates: exponentials inside a sequence mixer, outputs of
-        :py:data:`GATES`, custom autograd functions of terms) outside a declared recurrence (which detaches them
-        first): computed from terms only, a term itself (not classified: its relevance is never asked for); a factor
-        of a product (a divisor) of other relevance-carrying tensors, a constant, and the product one of the mixer's
-        own (which must run a declared recurrence); anything else is refused."""
-        canonizer = self.canonizer
-        terms = [tensor for tensor in carrying if tensor in canonizer.terms]
-        others = [tensor for tensor in carrying if tensor not in canonizer.terms]
-        origin = canonizer.terms[terms[0]]
-        entry = OPERATIONS.get(name)
-        rule = entry.rule if entry is not None else None
-        if not others and rule in TERM_RULES:
-            output = func(*args, **kwargs)
-            canonizer.mark_term(output, origin)
-            return output
-        numerator = args[0] if args else None
-        if others and canonizer.runs and (rule == 'product' or (rule == 'division' and numerator in others)):
-            detached = {id(tensor): tensor.detach() for tensor in terms}
-            args, kwargs = replaced(args, detached), {key: replaced(value, detached) for key, value in kwargs.items()}
-            run = canonizer.runs[-1]
-            run.product = run.product or (name, canonizer.module_path())
-            return self.dispatch(name, func, args, kwargs, others)
-        path, _, what = origin
-        canonizer.refuse(
-            name,
-            f'a use of {what}, a term of a recurrence (a decay or gate), other than in computing terms, as a constant '
-            'factor or as a constant of a declared recurrence',
-            path=path,
-        )
 
-    def constants_of(self, frame, declaration: Recurrence) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """The relevance-carrying constant arguments of the recurrence running in ``frame`` (read when its first
-        operation runs), with their detached copies; a relevance-carrying argument without a role is refused."""
-        code, local = frame.f_code, frame.f_locals
-        count = code.co_argcount + code.co_kwonlyargcount
-        arguments = {name: local.get(name) for name in code.co_varnames[:count]}
-        if code.co_flags & inspect.CO_VARARGS:
-            arguments.update({f'*{index}': value for index, value in enumerate(local[code.co_varnames[count]])})
-            count += 1
-        if code.co_flags & inspect.CO_VARKEYWORDS:
-            arguments.update({f'**{key}': value for key, value in local[code.co_varnames[count]].items()})
-        roles = set(declaration.values) | set(declaration.gates)
-        constants, carried = {}, set()
-        for name, value in arguments.items():
-            tensors = [tensor for tensor in tensors_of(value, []) if tensor.requires_grad]
-            if not tensors:
-                continue
-            if name in declaration.constants:
-                constants.update({id(tensor): (tensor, tensor.detach()) for tensor in tensors})
-                continue
-            carried.update(id(tensor) for tensor in tensors)
-            if name not in roles:
-                self.canonizer.refuse(
-                    declaration.name,
-                    f'a recurrence ({declaration.layer}) with the relevance-carrying argument {name!r}, which its '
-                    'declaration gives no role',
-                    hint='Declare the role of the argument (zennit_attn.engine.canonizers.recurrences), or report the '
-                    'model.',
-                )
-        if carried & constants.keys():
-            self.canonizer.refuse(
+def _constants_of(state: State, frame, declaration: Recurrence) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The relevance-carrying constant arguments of the recurrence running in ``frame`` (read when its first
+    operation runs), with their detached copies; a relevance-carrying argument without a role is refused."""
+    code, local = frame.f_code, frame.f_locals
+    count = code.co_argcount + code.co_kwonlyargcount
+    arguments = {name: local.get(name) for name in code.co_varnames[:count]}
+    if code.co_flags & inspect.CO_VARARGS:
+        arguments.update({f'*{index}': value for index, value in enumerate(local[code.co_varnames[count]])})
+        count += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        arguments.update({f'**{key}': value for key, value in local[code.co_varnames[count]].items()})
+    roles = set(declaration.values) | set(declaration.gates)
+    constants, carried = {}, set()
+    for name, value in arguments.items():
+        tensors = [tensor for tensor in tensors_of(value, []) if tensor.requires_grad]
+        if not tensors:
+            continue
+        if name in declaration.constants:
+            constants.update({id(tensor): (tensor, tensor.detach()) for tensor in tensors})
+            continue
+        carried.update(id(tensor) for tensor in tensors)
+        if name not in roles:
+            state.refuse(
                 declaration.name,
-                f'a recurrence ({declaration.layer}) given one tensor both as a value or gate and as a constant',
+                f'a recurrence ({declaration.layer}) with the relevance-carrying argument {name!r}, which its '
+                'declaration gives no role',
+                hint='Declare the role of the argument (zennit_attn.engine.canonizers.recurrences), or report the '
+                'model.',
             )
-        return constants
+    if carried & constants.keys():
+        state.refuse(
+            declaration.name,
+            f'a recurrence ({declaration.layer}) given one tensor both as a value or gate and as a constant',
+        )
+    return constants

@@ -1,15 +1,20 @@
-"""The operation registry: every torch operation the engine knows, declared once with its rule.
+"""The operation registry: every torch operation the engine knows, declared once: its rule, the handler that applies
+it, how the engine's marks pass through it.
 
 The classifying mode (:py:mod:`~zennit_attn.engine.canonizers.classifier`) names each torch function a model calls on
-tensors that carry relevance (:py:func:`~zennit_attn.engine.canonizers.classifier.op_name`: ``torch.mul``,
-``Tensor.__rmul__`` and ``Tensor.mul_`` are all ``'mul'``), looks the name up in :py:data:`OPERATIONS` and applies the
-rule declared there. An operation that is not declared is refused by name
+tensors that carry relevance (:py:func:`op_name`: ``torch.mul``, ``Tensor.__rmul__`` and ``Tensor.mul_`` are all
+``'mul'``), looks the name up in :py:data:`OPERATIONS` and calls the declared handler with the call
+(:py:class:`~zennit_attn.engine.canonizers.calls.Call`: its arguments bound by name) and the state of the forward
+(:py:class:`~zennit_attn.engine.canonizers.tracking.State`); then the declared marks function marks its outputs
+(:py:mod:`~zennit_attn.engine.canonizers.marks`: gates, softmax logits, log-softmaxes, logsumexps, attention-logit
+biases, normalisers, terms of recurrences). An operation that is not declared is refused by name
 (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`), never passed with its plain gradient by default: a
-silent wrong answer is worse than a refusal. This is where an operation is added (docs: *Add an operation*).
+silent wrong answer is worse than a refusal. This is where an operation is added (docs: *Add an operation*): one
+declaration, :py:func:`operation`.
 
-Each :py:class:`Operation` has a *rule* (what its backward pass becomes) and, for the linear ones, a *shape* (what it
-does to the positions of its input's values), from which the marks of the engine pass through it (a log-softmax, a
-logsumexp, an attention logit bias, a normaliser: :py:data:`KEEPS`):
+Each :py:class:`Operation` has a *rule* (:py:data:`RULE_TABLE`: its handler, what its outputs are, which marks of its
+inputs it keeps) and, for the linear ones, a *shape* (what it does to the positions of its input's values, which
+decides the marks it keeps: :py:data:`SHAPE_KEEPS`):
 
 ===================  ==================================================================================================
 rule                 backward pass (gradient formulation, :py:mod:`zennit_attn.engine.rules`)
@@ -24,7 +29,8 @@ rule                 backward pass (gradient formulation, :py:mod:`zennit_attn.e
 ``solve``            ``A^-1 B`` (a linear solve): linear in ``B``, the plain gradient; a relevance-carrying ``A``
                      refused
 ``elementwise``      element-wise non-linearity: the composite's activation rule (the identity rule, Eq. 9)
-``bound``            a bound or rounding (clamp, round, remainder): the activation rule, its output no gate
+``bound``            a bound or rounding (clamp, round, remainder): the activation rule, its output a gate only where
+                     its input is one
 ``normaliser``       an element-wise normaliser ``g(x)`` (``rsqrt``, ``sqrt``, ``1 / x``): the activation rule, and
                      a constant (Prop. 3.4) where it multiplies the tensor it is computed from
 ``power``            ``x ** p``: the activation rule; a normaliser for ``p < 1``
@@ -40,70 +46,212 @@ rule                 backward pass (gradient formulation, :py:mod:`zennit_attn.e
 ``decomposed``       a composite function, run as the operations it consists of
 ``refused``          no AttnLRP rule: refused with the reason given
 ===================  ==================================================================================================
+
+The rules of single operations can be replaced per composite (``overrides``, checked by :py:func:`check_overrides`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ..rules.products import ProductRule
+from .calls import SWAPPABLE, Call, in_place
+from .decompositions import DECOMPOSED, STATISTICS
+from .elementwise import (
+    activated,
+    bounded,
+    decomposed,
+    divided,
+    division,
+    elementwise,
+    exponentiated,
+    normalisation,
+    normalising,
+    running_norm,
+    statistic,
+)
+from .marks import passed
+from .products import attended, attention, elements, multiplied, product, scatter, solve
+from .softmax import log_softmax, log_softmaxed, logsumexp, softmax, softmaxed, summed_exponentials
+from .tracking import Override, State
+
 __all__ = [
+    'Rule',
     'Operation',
     'OPERATIONS',
     'RULES',
+    'RULE_TABLE',
     'SHAPES',
-    'KEEPS',
-    'NORMALISER_RULES',
-    'ADDITIVE',
+    'SHAPE_KEEPS',
+    'MARKS',
+    'ALIASES',
+    'PROPERTIES',
     'operation',
-    'keeps',
     'op_name',
     'in_place',
+    'check_overrides',
 ]
 
-#: The rules an operation may have (see the module's table).
-RULES = frozenset(
-    'metadata plain product elements scatter division solve elementwise bound normaliser power statistic exp softmax '
-    'log_softmax logsumexp attention normalisation running_norm decomposed refused'.split()
-)
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule of the registry: what the backward pass of its operations becomes and what their outputs are.
+
+    Attributes
+    ----------
+    name: str
+        Its name (see the module's table).
+    handler: callable or None
+        ``handler(call, state)``: runs the operation with the rule's gradient and returns its output (None for
+        ``metadata``, which is not dispatched).
+    marks: callable or None
+        ``marks(call, output, state)``: marks the outputs (:py:mod:`~zennit_attn.engine.canonizers.marks`); None:
+        nothing.
+    keeps: frozenset of str
+        The marks of its inputs that its operations keep (:py:data:`MARKS`), besides those of their shape
+        (:py:data:`SHAPE_KEEPS`).
+    summary: str
+        What the engine does, in words (the dry run of the rules, the documentation).
+    accepts: str or None
+        Which rule object an override of its operations may give besides a function: ``'product'`` (a
+        :py:class:`~zennit_attn.engine.rules.products.ProductRule`), ``'activation'`` (an activation rule), None
+        (functions only).
+    """
+
+    name: str
+    handler: Callable | None
+    marks: Callable | None
+    keeps: frozenset
+    summary: str
+    accepts: str | None = None
+
+
+def _refused(call: Call, state: State):
+    """An operation the registry refuses, with its reason."""
+    state.refuse(call.name, call.entry.reason)
+
+
+def _plain(call: Call, state: State):
+    """The plain gradient (linear, structural, selection and constant-valued operations: Eq. 8 with epsilon -> 0); a
+    constant the model adds to, or joins with, relevance-carrying tensors is noted (it absorbs relevance, like a
+    bias: :py:meth:`~zennit_attn.engine.canonizers.tracking.State.note_constant`)."""
+    if call.entry.shape in _ADDING:
+        state.note_constant(call)
+    return call.func(*call.args, **call.kwargs)
+
+
+_ADDING = frozenset({'shift', 'join'})
+
+
+#: The marks of the engine (:py:class:`~zennit_attn.engine.canonizers.marks.Mark`).
+MARKS = frozenset({'gate', 'sink', 'attention', 'contraction', 'log_softmax', 'lse', 'bias', 'normaliser', 'term'})
+_MOVED = frozenset({'gate', 'sink', 'attention', 'term'})  # what any move of values keeps
+#: Which marks a linear operation of each shape keeps (a log-softmax stays one through views and selections: ``exp``
+#: of a selected log-softmax is a selected softmax; a logsumexp through views, selections and constant shifts, a sink's
+#: ``logsumexp(z) - s``; a logit bias through everything that moves or masks values until it is added to the logits;
+#: a normaliser through structural operations and sums of normalisers; a contraction through views, selections,
+#: masks and sums; a gate through every linear operation of gates; a term of a recurrence through everything).
+SHAPE_KEEPS = {
+    'view': MARKS,
+    'selection': MARKS,
+    'join': _MOVED | {'bias'},
+    'shift': _MOVED | {'lse', 'bias', 'normaliser'},
+    'mask': _MOVED | {'contraction', 'bias'},
+    'write': _MOVED,
+    'reduction': _MOVED | {'contraction', 'normaliser'},
+    'dropout': _MOVED | {'bias'},
+    'constant': frozenset({'term'}),
+}
 #: What a linear operation does to the positions of its input's values.
-SHAPES = frozenset(
-    [
-        'view',  # the same values, another shape or dtype (reshape, permute, cast, clone)
-        'selection',  # a selection or rearrangement of the values (indexing, top-k, split, flip, repeat, maximum)
-        'join',  # values of several tensors side by side (cat, stack)
-        'shift',  # a sum of tensors or with constants (add, sub, neg)
-        'mask',  # values replaced by constants at some positions (masked_fill, where, tril, nan_to_num)
-        'write',  # values written into another tensor (index_put, scatter_add, copy_)
-        'reduction',  # sums and means over positions (sum, mean, cumsum, pooling, interpolation)
-        'dropout',  # the identity in evaluation mode
-        'constant',  # an output that carries no gradient (comparisons, indices, new tensors of a given shape)
-    ]
-)
-#: Which shapes keep each mark of the engine: a log-softmax stays one through views and selections (``exp`` of a
-#: selected log-softmax is a selected softmax), a logsumexp through views, selections and constant shifts (a sink's
-#: ``logsumexp(z) - s``), a logit bias through everything that moves or masks values until it is added to the logits,
-#: a normaliser through element-wise and structural operations on normalisers only.
-KEEPS = {
-    'log_softmax': frozenset({'view', 'selection'}),
-    'logsumexp': frozenset({'view', 'selection', 'shift'}),
-    'bias': frozenset({'view', 'selection', 'join', 'shift', 'mask', 'dropout'}),
-    'normaliser': frozenset({'view', 'selection', 'shift', 'reduction'}),
+SHAPES = frozenset(SHAPE_KEEPS)
+
+_FUNCTIONS_OF_TERMS = frozenset({'normaliser', 'term'})
+#: The rules of the registry, by name (see the module's table).
+RULE_TABLE = {
+    rule.name: rule
+    for rule in (
+        Rule('metadata', None, None, frozenset(), 'nothing computed'),
+        Rule('plain', _plain, passed, frozenset(), 'the plain gradient (linear: Eq. 8, epsilon -> 0)'),
+        Rule(
+            'product',
+            product,
+            multiplied,
+            frozenset({'gate', 'normaliser', 'term'}),
+            'the product rule among its relevance-carrying factors (Prop. 3.2, 3.3)',
+            'product',
+        ),
+        Rule(
+            'elements',
+            elements,
+            multiplied,
+            frozenset({'gate', 'normaliser', 'term'}),
+            'the product rule, 1/N of N factors (Prop. 3.2)',
+            'product',
+        ),
+        Rule('scatter', scatter, multiplied, frozenset({'gate', 'term'}), 'the product rule per output', 'product'),
+        Rule(
+            'division',
+            division,
+            divided,
+            frozenset({'gate', 'sink', 'attention', 'contraction', 'normaliser', 'term'}),
+            'the divisor a constant (Prop. 3.4)',
+        ),
+        Rule('solve', solve, passed, frozenset({'gate'}), 'linear in its right-hand side: the plain gradient'),
+        Rule('elementwise', elementwise, activated, _FUNCTIONS_OF_TERMS, 'the activation rule (Eq. 9)', 'activation'),
+        Rule('bound', elementwise, bounded, _FUNCTIONS_OF_TERMS, 'the activation rule (Eq. 9)', 'activation'),
+        Rule(
+            'normaliser',
+            elementwise,
+            activated,
+            _FUNCTIONS_OF_TERMS,
+            'the activation rule (Eq. 9); a constant where it normalises (Prop. 3.4)',
+            'activation',
+        ),
+        Rule(
+            'power',
+            elementwise,
+            activated,
+            _FUNCTIONS_OF_TERMS,
+            'the activation rule (Eq. 9); below 1 a normaliser',
+            'activation',
+        ),
+        Rule('statistic', statistic, normalising, _FUNCTIONS_OF_TERMS, 'its decomposition; a normaliser'),
+        Rule(
+            'exp',
+            elementwise,
+            exponentiated,
+            frozenset({'term'}),
+            'the activation rule (Eq. 9) of an attention-logit bias; in a sequence mixer a term of its recurrence',
+            'activation',
+        ),
+        Rule('softmax', softmax, softmaxed, frozenset(), 'the softmax rule (Prop. 3.1): its plain gradient'),
+        Rule('log_softmax', log_softmax, log_softmaxed, frozenset(), 'a log-softmax: only exponentiated (Prop. 3.1)'),
+        Rule(
+            'logsumexp',
+            logsumexp,
+            summed_exponentials,
+            frozenset(),
+            'only the normaliser of a log-softmax or a sink mass',
+        ),
+        Rule(
+            'attention',
+            attention,
+            attended,
+            frozenset(),
+            'the product rule on its two products (Props. 3.1, 3.3)',
+            'product',
+        ),
+        Rule('normalisation', normalisation, passed, frozenset({'gate'}), 'the identity rule on x / g(x) (Prop. 3.4)'),
+        Rule(
+            'running_norm', running_norm, passed, frozenset({'gate'}), 'an affine map per channel: the plain gradient'
+        ),
+        Rule('decomposed', decomposed, None, frozenset(), 'its decomposition, each operation with its own rule'),
+        Rule('refused', _refused, None, frozenset(), 'refused'),
+    )
 }
-#: The rules whose outputs stay normalisers where every relevance-carrying input is one (``rsqrt(var + eps)``,
-#: ``norm.clamp_min(eps)``, ``2 * rsqrt(v)``), besides the shapes of :py:data:`KEEPS`.
-NORMALISER_RULES = frozenset({'product', 'division', 'elementwise', 'bound', 'normaliser', 'power', 'statistic'})
-#: Products with an additive term (position, keyword): ``addmm(input, a, b) = input + a @ b``, the bias of ``linear``
-#: and of the convolutions; it keeps its plain gradient, only the factors share the product's relevance.
-ADDITIVE = {
-    **dict.fromkeys(['addmm', 'addbmm', 'baddbmm', 'addmv', 'addcmul'], (0, 'input')),
-    **dict.fromkeys(
-        ['linear', 'conv1d', 'conv2d', 'conv3d', 'conv_transpose1d', 'conv_transpose2d', 'conv_transpose3d'],
-        (2, 'bias'),
-    ),
-    'bilinear': (3, 'bias'),
-    '_grouped_mm': (3, 'bias'),
-}
+#: The rules an operation may have (see the module's table).
+RULES = frozenset(RULE_TABLE)
 
 
 @dataclass(frozen=True)
@@ -113,50 +261,107 @@ class Operation:
     Attributes
     ----------
     name: str
-        The operation's name as :py:func:`~zennit_attn.engine.canonizers.classifier.op_name` gives it.
+        The operation's name as :py:func:`op_name` gives it.
     rule: str
-        What its backward pass becomes (a key of :py:data:`RULES`, see the module's table).
+        What its backward pass becomes (a key of :py:data:`RULE_TABLE`, see the module's table).
+    handler: callable or None
+        The rule's handler, ``handler(call, state)`` (see :py:class:`Rule`).
+    marks: callable or None
+        What its outputs are, ``marks(call, output, state)`` (see :py:class:`Rule`).
+    keeps: frozenset of str
+        The marks of its relevance-carrying inputs it keeps (those of its rule and of its shape).
     shape: str or None
         For linear operations, what they do to the positions of the values (:py:data:`SHAPES`).
     contraction: bool
         A product that sums over an index of its factors (matrix products, ``einsum``): a contraction of
         relevance-carrying factors without a softmax among them, used in another product, is linear attention.
+    layer: bool
+        A product of a layer's input with its weight (``linear``, the convolutions, grouped expert products).
+    mixes: bool
+        Whether it sums or contracts the values of its inputs over positions (reductions, matrix products, layers, the
+        product of the elements of a tensor, a solve): outputs of activations become mixed gates
+        (:py:mod:`~zennit_attn.engine.canonizers.marks`).
     reason: str or None
         For ``refused``: why no rule applies, as the refusal says it.
+    params: tuple of str
+        The names of its positional parameters, in the order of ``torch.<name>`` (a tensor method's ``self`` first),
+        where a handler reads its arguments and the function has no signature of its own
+        (:py:func:`~zennit_attn.engine.canonizers.calls.signature`).
+    additive: str or None
+        For a product with an additive term (``addmm(input, a, b) = input + a @ b``, the bias of ``linear``): the name
+        of that parameter, which keeps its plain gradient (only the factors share the product's relevance).
+    decomposition: callable or None
+        For ``decomposed`` and ``statistic``: the function made of operations with rules that computes it
+        (:py:mod:`~zennit_attn.engine.canonizers.decompositions`).
     """
 
     name: str
     rule: str
+    handler: Callable | None = None
+    marks: Callable | None = None
+    keeps: frozenset = frozenset()
     shape: str | None = None
     contraction: bool = False
+    layer: bool = False
+    mixes: bool = False
     reason: str | None = None
-
-    def __post_init__(self):
-        if self.rule not in RULES:
-            raise ValueError(f'{self.name}: unknown rule {self.rule!r} (known: {sorted(RULES)})')
-        if self.shape is not None and self.shape not in SHAPES:
-            raise ValueError(f'{self.name}: unknown shape {self.shape!r} (known: {sorted(SHAPES)})')
-        if (self.rule == 'refused') != (self.reason is not None):
-            raise ValueError(f'{self.name}: a refused operation needs a reason, and only a refused one has one')
+    params: tuple[str, ...] = ()
+    additive: str | None = None
+    decomposition: Callable | None = None
 
 
 #: Every operation the engine knows, by name.
 OPERATIONS: dict[str, Operation] = {}
 
 
-def operation(rule: str, names: str, shape: str | None = None, contraction: bool = False, reason: str | None = None):
-    """Declare the operations ``names`` (separated by white space) with ``rule`` (and ``shape``, ``contraction``,
-    ``reason``, see :py:class:`Operation`) in :py:data:`OPERATIONS`; each name is declared once."""
+def operation(
+    rule: str,
+    names: str,
+    shape: str | None = None,
+    contraction: bool = False,
+    layer: bool = False,
+    reason: str | None = None,
+    params: str = '',
+    additive: str | None = None,
+) -> None:
+    """Declare the operations ``names`` (separated by white space) with ``rule`` (a key of :py:data:`RULE_TABLE`) and
+    ``shape``, ``contraction``, ``layer``, ``reason``, ``params`` (separated by white space) and ``additive`` (see
+    :py:class:`Operation`) in :py:data:`OPERATIONS`; each name is declared once. Its handler, marks and the marks it
+    keeps follow from the rule and the shape."""
+    if rule not in RULE_TABLE:
+        raise ValueError(f'{names.split()[0]}: unknown rule {rule!r} (known: {sorted(RULE_TABLE)})')
+    if shape is not None and shape not in SHAPE_KEEPS:
+        raise ValueError(f'{names.split()[0]}: unknown shape {shape!r} (known: {sorted(SHAPE_KEEPS)})')
+    if (rule == 'refused') != (reason is not None):
+        raise ValueError(f'{names.split()[0]}: a refused operation needs a reason, and only a refused one has one')
+    kind = RULE_TABLE[rule]
+    keeps = kind.keeps | SHAPE_KEEPS.get(shape, frozenset())
+    mixes = shape == 'reduction' or contraction or layer or rule in ('elements', 'solve', 'attention')
+    if rule == 'product' and not (contraction or layer):  # a rescaling by a constant keeps what a view keeps
+        keeps |= {'sink', 'attention', 'contraction'}
     for name in names.split():
         if name in OPERATIONS:
             raise ValueError(f'{name} is declared twice: as {OPERATIONS[name].rule} and as {rule}')
-        OPERATIONS[name] = Operation(name, rule, shape, contraction, reason)
+        decomposition = DECOMPOSED.get(name) if rule == 'decomposed' else STATISTICS.get(name)
+        OPERATIONS[name] = Operation(
+            name,
+            rule,
+            kind.handler,
+            kind.marks,
+            frozenset(keeps),
+            shape,
+            contraction,
+            layer,
+            mixes,
+            reason,
+            tuple(params.split()),
+            additive,
+            decomposition if rule in ('decomposed', 'statistic') else None,
+        )
 
 
 #: Reflected operators whose operand order changes what they compute (``c - x``, ``c / x``, ``c ** x``).
 _REFLECTED = {'rsub': 'sub', 'rtruediv': 'reciprocal_scaled', 'rdiv': 'reciprocal_scaled', 'rpow': 'rpow'}
-#: Operators whose reflected (``__rmul__``) and in-place (``__imul__``) forms compute the same as the plain one.
-_SWAPPABLE = frozenset('add sub mul matmul truediv floordiv pow mod and or xor'.split())
 #: Other names of the same operation (operators, ``torch.special``, NumPy-style names).
 ALIASES = {
     'truediv': 'div',
@@ -208,31 +413,23 @@ def op_name(func: Callable) -> str:
         return _name_of(func)
 
 
-def in_place(func: Callable, kwargs: dict | None = None) -> bool:
-    """Whether ``func`` changes its first argument in place: by its name (``mul_``, ``__imul__``, not ``__mul__``) or
-    by its argument ``inplace=True`` (``F.silu(x, inplace=True)``)."""
-    name = getattr(func, '__name__', '') or ''
-    if name.startswith('__i') and name.endswith('__') and name[3:-2] in _SWAPPABLE:
-        return True
-    return (name.endswith('_') and not name.startswith('__')) or bool(kwargs and kwargs.get('inplace') is True)
+#: Properties of tensors that compute a tensor (read through ``__get__``), by the operation they are; every other
+#: property (``shape``, ``grad_fn``, ``data``, ...) is ``get``, metadata.
+PROPERTIES = {'T': 't', 'mT': 'transpose', 'H': 't', 'mH': 'transpose', 'real': 'real', 'imag': 'imag'}
 
 
 def _name_of(func: Callable) -> str:
     name = getattr(func, '__name__', '') or ''
+    if name == '__get__':  # a property of tensors
+        return PROPERTIES.get(getattr(getattr(func, '__self__', None), '__name__', ''), 'get')
     if name.startswith('__') and name.endswith('__'):
         name = name[2:-2]
         if name in _REFLECTED:
             return _REFLECTED[name]
-        if name[:1] in ('r', 'i') and name[1:] in _SWAPPABLE:
+        if name[:1] in ('r', 'i') and name[1:] in SWAPPABLE:
             name = name[1:]
     name = name.rstrip('_') or name
     return ALIASES.get(name, name)
-
-
-def keeps(mark: str, name: str) -> bool:
-    """Whether the operation ``name`` keeps ``mark`` (a key of :py:data:`KEEPS`) on a tensor that has it."""
-    entry = OPERATIONS.get(name)
-    return entry is not None and entry.shape in KEEPS[mark]
 
 
 # ------------------------------------------------------------------------------------------------ metadata
@@ -266,8 +463,10 @@ operation(
     """,
     shape='selection',
 )
-operation('plain', 'cat stack hstack vstack dstack complex', shape='join')
-operation('plain', 'add sub rsub neg positive', shape='shift')
+operation('plain', 'cat stack hstack vstack dstack', shape='join', params='tensors dim')
+operation('plain', 'complex', shape='join', params='real imag')
+operation('plain', 'add sub rsub', shape='shift', params='input other alpha')
+operation('plain', 'neg positive', shape='shift', params='input')
 operation('plain', 'masked_fill where tril triu nan_to_num index_fill zero fill pad constant_pad_nd', shape='mask')
 operation('plain', 'setitem copy index_put index_copy index_add scatter_add masked_scatter diag_embed', shape='write')
 operation(
@@ -291,30 +490,39 @@ operation(
 )
 
 # ------------------------------------------------------------------------------------------------ products
-operation('product', 'matmul mm bmm einsum tensordot inner dot vdot outer addmm addbmm baddbmm addmv', contraction=True)
+operation('product', 'matmul mm bmm einsum tensordot inner dot vdot outer', contraction=True)
+operation('product', 'addmm', contraction=True, params='input mat1 mat2', additive='input')
+operation('product', 'addbmm baddbmm', contraction=True, params='input batch1 batch2', additive='input')
+operation('product', 'addmv', contraction=True, params='input mat vec', additive='input')
+operation('product', 'mul kron', params='input other')
+operation('product', 'addcmul', params='input tensor1 tensor2', additive='input')
 operation(
     'product',
-    """
-    mul linear bilinear conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d addcmul kron
-    _grouped_mm grouped_mm_fallback
-    """,
+    'linear conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d',
+    layer=True,
+    params='input weight bias',
+    additive='bias',
 )
-operation('elements', 'prod')
-operation('scatter', 'scatter scatter_reduce index_reduce')
-operation('division', 'div')
-operation('solve', 'linalg_solve_triangular linalg_solve')
+operation('product', 'bilinear', layer=True, params='input1 input2 weight bias', additive='bias')
+operation('product', '_grouped_mm', layer=True, params='mat_a mat_b offs bias', additive='bias')
+operation('product', 'grouped_mm_fallback', layer=True)
+operation('elements', 'prod', params='input dim keepdim')
+operation('scatter', 'scatter scatter_reduce', params='input dim index src reduce include_self')
+operation('scatter', 'index_reduce', params='input dim index source reduce include_self')
+operation('division', 'div', params='input other')
+operation('solve', 'linalg_solve_triangular linalg_solve', params='A B')
 
 # ------------------------------------------------------------------------------------------------ element-wise
 operation(
     'elementwise',
     """
     tanh sigmoid log_sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardsigmoid erf
-    abs square sign softsign softshrink hardshrink tanhshrink rrelu prelu threshold
+    abs square sign softsign softshrink hardshrink tanhshrink rrelu prelu threshold hardtanh
     """,
 )
-operation('bound', 'clamp clamp_min clamp_max hardtanh round floor ceil trunc frac remainder fmod')
+operation('bound', 'clamp clamp_min clamp_max round floor ceil trunc frac remainder fmod')
 operation('normaliser', 'rsqrt sqrt reciprocal reciprocal_scaled')
-operation('power', 'pow')
+operation('power', 'pow', params='input exponent')
 operation(
     'statistic',
     'var var_mean std std_mean norm vector_norm linalg_vector_norm linalg_norm matrix_norm linalg_matrix_norm',
@@ -322,12 +530,21 @@ operation(
 operation('exp', 'exp')
 
 # ------------------------------------------------------------------------------------------------ softmax, attention
-operation('softmax', 'softmax _softmax')
-operation('log_softmax', 'log_softmax _log_softmax')
-operation('logsumexp', 'logsumexp')
-operation('attention', 'scaled_dot_product_attention')
-operation('normalisation', 'layer_norm rms_norm normalize')
-operation('running_norm', 'batch_norm instance_norm')
+operation('softmax', 'softmax _softmax', params='input dim')
+operation('log_softmax', 'log_softmax _log_softmax', params='input dim')
+operation('logsumexp', 'logsumexp', params='input dim keepdim')
+operation(
+    'attention',
+    'scaled_dot_product_attention',
+    params='query key value attn_mask dropout_p is_causal scale enable_gqa',
+)
+operation('normalisation', 'layer_norm', params='input normalized_shape weight bias eps')
+operation('normalisation', 'rms_norm', params='input normalized_shape weight eps')
+operation('normalisation', 'normalize', params='input p dim eps')
+operation('running_norm', 'batch_norm', params='input weight bias running_mean running_var training momentum eps')
+operation(
+    'running_norm', 'instance_norm', params='input weight bias running_mean running_var use_input_stats momentum eps'
+)
 operation('decomposed', 'multi_head_attention_forward glu softmin lerp addcdiv hypot cosine_similarity')
 
 # ------------------------------------------------------------------------------------------------ refused
@@ -364,3 +581,78 @@ operation(
     'cdist pdist dist',
     reason='a distance between relevance-carrying tensors (a norm of differences), which AttnLRP has no rule for',
 )
+
+
+def check_overrides(overrides: Mapping | None) -> dict[str, Override]:
+    """The rules of single operations that a composite gives instead of the engine's, checked against the registry.
+
+    Parameters
+    ----------
+    overrides: mapping of str to rule, optional
+        Operation name (as :py:func:`op_name` gives it, or an alias: ``'multiply'`` is ``'mul'``) -> its rule: a
+        :py:class:`~zennit_attn.engine.rules.products.ProductRule` for a product (rules ``product``, ``elements``,
+        ``scatter``, ``attention``: how the product shares its relevance among its relevance-carrying factors), an
+        activation rule for an element-wise function (rules ``elementwise``, ``bound``, ``normaliser``, ``power``,
+        ``exp``: an object, or a class of objects, with ``elementwise(input, output, gate)`` returning ``output`` with
+        the rule's gradient, e.g. :py:class:`~zennit_attn.engine.rules.gradient.Identity`), or for any operation a
+        function ``function(func, args, kwargs)`` that returns the operation's output ``func(*args, **kwargs)``
+        computed with the gradient of the rule (e.g. with
+        :py:func:`~zennit_attn.engine.rules.base.scaled_gradient` or
+        :py:func:`~zennit_attn.engine.rules.base.gradient_map`); the relevance-carrying tensors among ``args`` and
+        ``kwargs`` are those that require gradients.
+
+    Returns
+    -------
+    dict of str to Override
+
+    Raises
+    ------
+    ValueError
+        For an operation the registry does not know (naming the known ones), or a rule object that does not fit the
+        operation (a product rule for an element-wise function).
+    TypeError
+        For a rule that is neither a product rule, an activation rule nor a callable.
+    """
+    checked = {}
+    for key, rule in dict(overrides or {}).items():
+        if isinstance(rule, Override):  # checked before
+            checked[rule.name] = rule
+            continue
+        name = ALIASES.get(key, key) if isinstance(key, str) else None
+        entry = OPERATIONS.get(name)
+        if entry is None or entry.rule == 'metadata':
+            known = ', '.join(sorted(name for name, entry in OPERATIONS.items() if entry.rule != 'metadata'))
+            raise ValueError(f'overrides: {key!r} is not an operation of the registry; known operations: {known}')
+        checked[name] = _override(name, entry, rule)
+    return checked
+
+
+def _override(name: str, entry: Operation, rule) -> Override:
+    accepts = RULE_TABLE[entry.rule].accepts
+    if isinstance(rule, ProductRule) or (isinstance(rule, type) and issubclass(rule, ProductRule)):
+        if accepts != 'product':
+            raise ValueError(
+                f'overrides: {name} is not a product (rule {entry.rule!r}); a ProductRule applies to products: give '
+                f'{_fitting(accepts)} or a function'
+            )
+        return Override(name, product_rule=rule() if isinstance(rule, type) else rule)
+    if hasattr(rule, 'elementwise'):
+        if accepts != 'activation':
+            raise ValueError(
+                f'overrides: {name} is not an element-wise function (rule {entry.rule!r}); an activation rule applies '
+                f'to element-wise functions: give {_fitting(accepts)} or a function'
+            )
+        return Override(name, activation_rule=rule() if isinstance(rule, type) else rule)
+    if callable(rule):
+        return Override(name, function=rule)
+    raise TypeError(
+        f'overrides: the rule of {name} must be {_fitting(accepts)} or a function function(func, args, kwargs), got '
+        f'{rule!r}'
+    )
+
+
+def _fitting(accepts: str | None) -> str:
+    return {
+        'product': 'a ProductRule (Uniform(), ConstantGates(), ...)',
+        'activation': 'an activation rule (an object with elementwise(input, output, gate), e.g. Identity())',
+    }.get(accepts, 'no rule object')

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from zennit.core import Composite, Hook
 
-from ..canonizers import OperationCanonizer
+from ..canonizers import OperationCanonizer, RuleTable, check_overrides
 from ..errors import CompiledModelError
 from ..kinds import LINEARS, is_activation, norm_kind
 from ..rules import (
@@ -150,6 +150,25 @@ class AttnLRPComposite(Composite):
     product_rule: ProductRule, optional
         How products share their relevance (:py:mod:`zennit_attn.engine.rules.products`); default the class's
         :py:attr:`product_rule`.
+    overrides: mapping of str to rule, optional
+        The rules of single operations instead of the engine's, by the operation's name in the registry (``'mul'``,
+        ``'silu'``, ``'matmul'``, ...; the names of :py:meth:`rule_table`): a
+        :py:class:`~zennit_attn.engine.rules.products.ProductRule` for a product, an activation rule (such as
+        :py:class:`~zennit_attn.engine.rules.Identity`) for an element-wise function, or for any operation a function
+        ``function(func, args, kwargs)`` that returns ``func(*args, **kwargs)`` computed with the gradient of its rule
+        (:py:func:`~zennit_attn.engine.canonizers.registry.check_overrides`; docs: Use a composite). Checked here:
+        an unknown operation is refused with the known ones. The marks of the operation (what its output is, e.g. a
+        gate) stay the registry's.
+
+    Examples
+    --------
+    The half rule on every element-wise product, AttnLRP's rules elsewhere, and an operation's rule of one's own::
+
+        def halves(func, args, kwargs):  # the uniform rule on a product of two relevance-carrying factors
+            first, second = (scaled_gradient(tensor, 0.5) for tensor in args[:2])
+            return func(first, second, *args[2:], **kwargs)
+
+        composite = AttnLRPEpsilon(overrides={'mul': ConstantGates(), 'matmul': halves})
     """
 
     #: the product rule of the engine (:py:mod:`zennit_attn.engine.rules.products`): AttnLRP's uniform rule
@@ -163,13 +182,19 @@ class AttnLRPComposite(Composite):
     operation_canonizer: OperationCanonizer | None = None
 
     def __init__(
-        self, epsilon: float = 0.0, canonizers: Sequence | None = None, product_rule: ProductRule | None = None
+        self,
+        epsilon: float = 0.0,
+        canonizers: Sequence | None = None,
+        product_rule: ProductRule | None = None,
+        overrides: Mapping | None = None,
     ):
         if epsilon < 0:
             raise ValueError(f'epsilon must be >= 0, got {epsilon}')
         if product_rule is not None and not isinstance(product_rule, ProductRule):
             raise TypeError(f'product_rule must be a ProductRule (Uniform(), ConstantGates()), got {product_rule!r}')
         self.epsilon = epsilon
+        #: the rules of single operations instead of the engine's, by operation name (checked against the registry)
+        self.overrides = check_overrides(overrides)
         if product_rule is not None:
             self.product_rule = product_rule
         self.extra_canonizers = [] if canonizers is None else list(canonizers)
@@ -205,7 +230,55 @@ class AttnLRPComposite(Composite):
     def engine(self, module: torch.nn.Module) -> OperationCanonizer:
         """The engine with this composite's rules for ``module`` (subclasses add scopes)."""
         activation = None if self.activation_rule is None else self.activation_rule()
-        return OperationCanonizer(self.product_rule, activation)
+        return OperationCanonizer(self.product_rule, activation, overrides=self.overrides)
+
+    def rule_table(self, model: torch.nn.Module, *args, **kwargs) -> RuleTable:
+        """Which rule each operation of ``model`` gets under this composite, and why: a dry run of one forward pass of
+        the model on ``args`` and ``kwargs``, with no backward pass.
+
+        The floating-point tensors among ``args`` and ``kwargs`` carry relevance (as zennit's attributors make the
+        input require gradients); a language model's token ids (``input_ids``) are looked up in its input embeddings
+        first (``inputs_embeds``), as :py:func:`zennit_attn.explain` does. Every operation on relevance-carrying
+        tensors is recorded with the rule the registry declares for it (or the composite's override) and what the
+        engine does there (a product's shares of its factors by their kinds, a normaliser held constant, ...), and
+        every module rule of the composite; where the explanation would be refused, the refusal is recorded and the
+        operation passed with its plain gradient, so that the table covers the whole model.
+
+        Returns
+        -------
+        RuleTable
+            Its rows (:py:class:`~zennit_attn.engine.canonizers.tracking.RuleRow`: module, operation, rule, what the
+            engine does, count; the layers of a stack merged), its refusals; ``str()`` prints it as a table.
+
+        Raises
+        ------
+        ValueError
+            If no input carries relevance (no floating-point tensor, no token ids of a model with input embeddings).
+        """
+        args, kwargs = _carrying(model, args, kwargs)
+        table = RuleTable(type(model).__name__, self.describe())
+        with self.context(model) as modified:
+            for name, module in model.named_modules():
+                rule = self.mapping({}, name, module)
+                if rule is not None:
+                    table.record(name, f'{type(module).__name__} (module)', 'module rule', rule_label(rule))
+            engines = [handle for handle in self.handles if isinstance(handle, OperationCanonizer)]
+            for engine in engines:
+                engine.table = table
+            try:
+                with torch.enable_grad():
+                    modified(*args, **kwargs)
+            finally:
+                for engine in engines:
+                    engine.table = None
+        return table
+
+    def describe(self) -> str:
+        """The composite in words: its class, product rule and overrides."""
+        overrides = ', '.join(f'{name}: {override}' for name, override in self.overrides.items())
+        return f'{type(self).__name__} (products: {self.product_rule!r}' + (
+            f'; overrides: {overrides})' if overrides else ')'
+        )
 
     @contextlib.contextmanager
     def inactive(self) -> Iterator[AttnLRPComposite]:
@@ -313,6 +386,43 @@ class AttnLRPComposite(Composite):
         if isinstance(module, LINEARS) and self.epsilon:  # epsilon 0 is the plain gradient: nothing to register
             return Epsilon(self.epsilon)
         return None
+
+
+def rule_label(rule) -> str:
+    """A module rule in words (its class, and epsilon or gamma where it has one)."""
+    inner = getattr(rule, 'rule', None)  # a zennit rule converted at the module's boundary
+    name = type(rule).__name__ if inner is None else f'{type(rule).__name__}({type(inner).__name__})'
+    for field in ('epsilon', 'gamma'):
+        value = getattr(rule if inner is None else inner, field, None)
+        if isinstance(value, (int, float)):
+            return f'{name}({field}={value:g})'
+    return name
+
+
+def _carrying(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with their floating-point tensors made leaves that carry relevance, and a language
+    model's ``input_ids`` looked up in its input embeddings (``inputs_embeds``)."""
+    kwargs = dict(kwargs)
+    ids = kwargs.get('input_ids')
+    if ids is None and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
+        ids, args = args[0], args[1:]
+        kwargs['input_ids'] = ids
+    embeddings = getattr(model, 'get_input_embeddings', lambda: None)() if ids is not None else None
+    if embeddings is not None:
+        kwargs['inputs_embeds'] = embeddings(kwargs.pop('input_ids'))
+
+    def leaf(value):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.detach().clone().requires_grad_(True)
+        return value
+
+    args, kwargs = tuple(leaf(value) for value in args), {key: leaf(value) for key, value in kwargs.items()}
+    if not any(isinstance(value, torch.Tensor) and value.requires_grad for value in (*args, *kwargs.values())):
+        raise ValueError(
+            f'rule_table: no input of {type(model).__name__} carries relevance; pass the floating-point input (e.g. '
+            'inputs_embeds or pixel_values) or the token ids of a model with input embeddings'
+        )
+    return args, kwargs
 
 
 def _registered_composite(module: torch.nn.Module) -> AttnLRPComposite | None:

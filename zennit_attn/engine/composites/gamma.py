@@ -104,6 +104,9 @@ class AttnLRPGamma(AttnLRPComposite):
         the language model keeps :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`'s rules; or module names
         (e.g. ``'model.vision_tower'``). Modules outside get the epsilon composite's rules and the class's product
         rule.
+    overrides: mapping of str to rule, optional
+        The rules of single operations instead of the engine's, as for
+        :py:class:`~zennit_attn.engine.composites.AttnLRPComposite`.
 
     Raises
     ------
@@ -122,6 +125,7 @@ class AttnLRPGamma(AttnLRPComposite):
         epsilon: float = 0.0,
         canonizers: Sequence | None = None,
         within: str | Sequence[str] | None = None,
+        overrides: Mapping | None = None,
     ):
         if product is not None and not isinstance(product, ProductRule):
             raise TypeError(f'product= needs a ProductRule (Uniform(), ConstantGates()) or None, got {product!r}')
@@ -150,7 +154,7 @@ class AttnLRPGamma(AttnLRPComposite):
         self._attention_out: set[int] = set()
         self._scope: set[int] | None = None
         self._roots: list[torch.nn.Module] = []
-        super().__init__(epsilon=epsilon, canonizers=canonizers)
+        super().__init__(epsilon=epsilon, canonizers=canonizers, overrides=overrides)
 
     def register(self, module: torch.nn.Module) -> None:
         self.refuse_registered(module)
@@ -168,8 +172,9 @@ class AttnLRPGamma(AttnLRPComposite):
         class's product rule outside)."""
         activation = None if self.activation_rule is None else self.activation_rule()
         if self.within is None:
-            return OperationCanonizer(self.product, activation)
-        return OperationCanonizer(self.product_rule, activation, scopes=[(root, self.product) for root in self._roots])
+            return OperationCanonizer(self.product, activation, overrides=self.overrides)
+        scopes = [(root, self.product) for root in self._roots]
+        return OperationCanonizer(self.product_rule, activation, scopes=scopes, overrides=self.overrides)
 
     def _roots_within(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The modules that ``within`` names."""

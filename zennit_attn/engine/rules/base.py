@@ -151,6 +151,33 @@ class _GateIdentity(_ElementwiseIdentity):
     a constant factor for CP-LRP (see :py:mod:`zennit_attn.engine.canonizers.graph`)."""
 
 
+#: How the engine reads the autograd nodes of the rules' own functions (by function): ``'gate'`` for the output of an
+#: activation's identity rule (a gate of CP-LRP), ``'values'`` for a function whose output has the values of its first
+#: input (another gradient, the same tensor: :py:func:`gradient_map`), ``'rescaled'`` for an element-wise rule whose
+#: output is its input times a constant of the relevance pass (a normalisation's identity rule, Prop. 3.4, or a bound).
+RULE_NODES = {
+    _GateIdentity: 'gate',
+    _GradientMap: 'values',
+    _ElementwiseIdentity: 'rescaled',
+    _RecomputedIdentity: 'rescaled',
+}
+
+
+def rule_node(node) -> str | None:
+    """What the autograd ``node`` is among :py:data:`RULE_NODES` (None for any other node)."""
+    return RULE_NODES.get(getattr(type(node), '_forward_cls', None))
+
+
+def rule_input(node):
+    """The autograd node of the tensor that the output of a rule's function (``node``, see :py:data:`RULE_NODES`) was
+    computed from: its input, also where an identity rule applies from the first input of a chain of element-wise
+    functions (:py:func:`elementwise_identity`, whose first argument is that chain's input)."""
+    inputs = node.next_functions
+    if issubclass(getattr(type(node), '_forward_cls', type(None)), _RecomputedIdentity):
+        return inputs[1][0]
+    return getattr(node, 'immediate', None) or (inputs[0][0] if inputs else None)
+
+
 def elementwise_identity(
     input: torch.Tensor, output: torch.Tensor, gate: bool = False, module: torch.nn.Module | None = None
 ) -> torch.Tensor:
@@ -171,7 +198,10 @@ def elementwise_identity(
         source = node.source
     if module is not None:
         return _RecomputedIdentity.apply(source, input, output.detach(), module)
-    return (_GateIdentity if gate else _ElementwiseIdentity).apply(source, output.detach())
+    result = (_GateIdentity if gate else _ElementwiseIdentity).apply(source, output.detach())
+    if source is not input and result.requires_grad:  # what it is computed from in the chain (the engine's marks)
+        result.grad_fn.immediate = input.grad_fn
+    return result
 
 
 def layer_norm_identity(

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ...engine.canonizers import RuleTable
 from ...engine.composites import AttnLRPEpsilon, CPLRPEpsilon
 from ...engine.errors import UnsupportedModelError
 from ...inputs.checks import check_word_embeddings
@@ -114,6 +115,9 @@ class Result:
     inputs: str
         What was fed, for a model with a vision tower: ``'text + image'`` or ``'text only: <why>'`` (``''`` without
         one), and :py:data:`FLOAT64_DEFAULT` for a model that runs in float64 only so.
+    rules: RuleTable or None
+        Where asked for (``rules=``) and the model was built: the rule each of its operations gets under the
+        composite asked for (:py:meth:`~zennit_attn.engine.composites.AttnLRPComposite.rule_table`, a dry run).
     """
 
     mapping: str
@@ -123,45 +127,54 @@ class Result:
     ratio: float = math.nan
     seconds: float = 0.0
     inputs: str = ''
+    rules: RuleTable | None = None
 
 
-def check_architecture(mapping: str, architecture: str, seed: int = 0) -> Result:
+def check_architecture(mapping: str, architecture: str, seed: int = 0, rules=None) -> Result:
     """Build the architecture ``architecture`` (a ``model_type``) of the auto mapping ``mapping`` from a tiny
     configuration of its config class's defaults
     (:py:func:`~zennit_attn.workflows.architecture_check.configs.tiny_config`) and check it (see the module's
-    description)."""
+    description); with a composite ``rules``, also the rule each operation of the model gets under it
+    (:py:attr:`Result.rules`)."""
     start = time.perf_counter()
 
     def build():
         model, config_class = model_class(mapping, architecture)
         return model, tiny_config(config_class)
 
-    return _check(mapping, architecture, build, seed, start)
+    return _check(mapping, architecture, build, seed, start, rules)
 
 
-def check_config(config, seed: int = 0) -> Result:
+def check_config(config, seed: int = 0, rules=None) -> Result:
     """Build a model from a tiny copy of a model's own configuration ``config`` (a ``PretrainedConfig``, e.g. read
     from its ``config.json``; :py:func:`~zennit_attn.workflows.architecture_check.configs.tiny_copy`), of the class of
     :py:func:`~zennit_attn.workflows.architecture_check.configs.model_class_for`, and check it (see the module's
-    description). ``config`` itself is not changed."""
+    description; ``rules`` as for :py:func:`check_architecture`). ``config`` itself is not changed."""
     start = time.perf_counter()
     architecture = getattr(config, 'model_type', '') or ''
     try:
         mapping, model, own = model_class_for(tiny_copy(config))
     except Exception as error:  # no model class in the mappings, or a configuration that does not copy
         return Result('', architecture, 'not built', short_message(error), seconds=time.perf_counter() - start)
-    return _check(mapping, architecture, lambda: (model, own), seed, start)
+    return _check(mapping, architecture, lambda: (model, own), seed, start, rules)
 
 
-def _check(mapping: str, architecture: str, build: Callable, seed: int, start: float) -> Result:
-    """Build the model of ``build() -> (model class, tiny configuration)`` and give the verdict."""
+def _check(mapping: str, architecture: str, build: Callable, seed: int, start: float, rules=None) -> Result:
+    """Build the model of ``build() -> (model class, tiny configuration)`` and give the verdict (and the rule table
+    under the composite ``rules``)."""
     generator = torch.Generator().manual_seed(seed)
     try:
         model, inputs, fed = _built(mapping, build, seed, generator)
     except Exception as error:  # a limit of the tiny configurations
         return Result(mapping, architecture, 'not built', short_message(error), seconds=time.perf_counter() - start)
     status, reason, ratio, fed = _verdict(model, inputs, fed)
-    return Result(mapping, architecture, status, reason, ratio, time.perf_counter() - start, fed)
+    table = None
+    if rules is not None:
+        leaves, kwargs = _leaves(model, model.get_input_embeddings(), inputs)
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter('ignore')
+            table = rules.rule_table(model, **leaves, **kwargs)
+    return Result(mapping, architecture, status, reason, ratio, time.perf_counter() - start, fed, table)
 
 
 def _built(mapping: str, build: Callable, seed: int, generator: torch.Generator) -> tuple[torch.nn.Module, dict, str]:
