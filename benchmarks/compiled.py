@@ -1,6 +1,6 @@
 """``explain()`` and ``torch.compile``: what works, and its time against the compiled fair plain pass (CPU, inductor).
 
-``explain()`` refuses a compiled model (:py:func:`zennit_attn.engine.composites.refuse_compiled`: compiled code would
+``explain()`` refuses a compiled model (:py:func:`zennit_attn.composites.refuse_compiled`: compiled code would
 bypass hooks registered after it was traced). This script measures the ways around that the library could take, on the
 model and input of ``benchmarks/speed.py`` (``random-llama`` by default), without changing the library:
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed import build, frozen, pick_target  # noqa: E402
 
 from zennit_attn import explain  # noqa: E402
-from zennit_attn.engine.composites import AttnLRPEpsilon, CompiledModelError, CPLRPEpsilon  # noqa: E402
+from zennit_attn.composites import AttnLRPEpsilon, CompiledModelError, CPLRPEpsilon  # noqa: E402
 
 
 def fair_pass(module, embeddings: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -49,10 +49,10 @@ import faithfulness as study  # noqa: E402  (the language model and the article 
 import train_vit  # noqa: E402
 
 from zennit_attn import explain  # noqa: E402
-from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
-from zennit_attn.engine.modules import output_scores  # noqa: E402
-from zennit_attn.engine.rules import ConstantGates, Epsilon, Uniform  # noqa: E402
+from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma  # noqa: E402
+from zennit_attn.core.modules import output_scores  # noqa: E402
 from zennit_attn.methods.propagation import lrp_method  # noqa: E402
+from zennit_attn.rules import ConstantGates, Epsilon, Uniform  # noqa: E402
 from zennit_attn.workflows.evaluation import Faithfulness, explanation_curves, image_curves  # noqa: E402
 from zennit_attn.workflows.evaluation.search import TEXT_GRID, composite_search, faithfulness_objective  # noqa: E402
 

@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 from zennit.core import Hook
 
-from zennit_attn.engine.composites import AttnLRPComposite, CPLRPEpsilon, RelPEpsilon
-from zennit_attn.engine.rules import Identity, ProductRule, Uniform
-from zennit_attn.engine.rules.products import ACTIVATION, SOFTMAX
+from zennit_attn.composites import AttnLRPComposite, CPLRPEpsilon, RelPEpsilon
 from zennit_attn.pretrained import load_smollm2
+from zennit_attn.rules import Identity, ProductRule, Uniform
+from zennit_attn.rules.products import ACTIVATION, SOFTMAX
 from zennit_attn.workflows.patching import (
     activation_patching,
     agreement_pairs,

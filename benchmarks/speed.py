@@ -147,7 +147,7 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zennit_attn import explain  # noqa: E402
-from zennit_attn.engine.checkpointing import checkpointed  # noqa: E402
+from zennit_attn.canonizers.checkpointing import checkpointed  # noqa: E402
 
 #: The shapes of the paper's models (random weights, SDPA attention), built on ``--device`` in ``--dtype`` (issue 44:
 #: a GPU in bfloat16); ``--layers`` keeps fewer blocks (a Mixtral-8x7B shape of as many layers as fit).

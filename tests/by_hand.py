@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from zennit_attn.engine.composites import CPLRPEpsilon
+from zennit_attn.composites import CPLRPEpsilon
 
 
 def scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:

@@ -15,7 +15,7 @@ Text models (Hugging Face):
   :py:func:`decoder_ids` ``(family, length, batch, seed)``: decoder input ids of encoder-decoder models (the
   decoder start token, then random ids).
 
-Family names are those of the former family table (:py:mod:`tests.engine.family_table`), except ``t5_relu``: T5 as
+Family names are those of the former family table (:py:mod:`tests.family_table`), except ``t5_relu``: T5 as
 originally published (``feed_forward_proj='relu'``, decoder output scaled by ``d_model ** -0.5`` before the LM
 head), where ``t5`` is the Flan-T5 / T5 v1.1 layout (``'gated-gelu'``, ``tie_word_embeddings=False``, which in
 transformers 5 only turns that scaling off: the LM head shares the embedding weight in both).
@@ -74,7 +74,7 @@ ENCODERS = ('bert', 'roberta', 'distilbert')
 #: Encoder-decoder families (``t5``: gated GELU as in Flan-T5; ``t5_relu``: the original T5, see above).
 ENCODER_DECODERS = ('t5', 't5_relu')
 FAMILIES = DECODERS + ENCODERS + ENCODER_DECODERS
-#: family name here -> family of the former table (:py:mod:`tests.engine.family_table`; the same but for ``t5_relu``)
+#: family name here -> family of the former table (:py:mod:`tests.family_table`; the same but for ``t5_relu``)
 TABLE_FAMILY = {family: 't5' if family == 't5_relu' else family for family in FAMILIES}
 #: Families whose attention has no SDPA implementation in transformers (Gemma 2: soft-capping).
 EAGER_ONLY = ('gemma2',)

@@ -6,7 +6,7 @@ them on the CPU against the CPU (a check of the tests themselves). Each test com
 with a result computed independently on the CPU:
 
 1. rules against the naive formulas: explain() on the device equals the explicit AttnLRP and CP-LRP reference of
-   ``tests/engine/test_reference.py`` (Llama written out in relevance form, computed on the CPU) in float64 to
+   ``tests/composites/test_reference.py`` (Llama written out in relevance form, computed on the CPU) in float64 to
    :py:data:`FLOAT64`;
 2. conservation: CP-LRP in float64 with biases zeroed conserves the logit exactly on the device (:py:data:`EXACT`),
    for every family and head of ``tests/models.py``;
@@ -33,12 +33,12 @@ import pytest
 import torch
 import transformers
 
-from tests.engine.test_reference import COMPOSITES, QUERIES, float64_softmax, make_model, run_both
+from tests.composites.test_reference import COMPOSITES, QUERIES, float64_softmax, make_model, run_both
 from tests.models import ENCODER_DECODERS, FAMILY_HEADS, MOE, decoder_ids, tiny_model, token_ids
 from tests.naive_rules import ATTNLRP, CPLRP
 from tests.numbers import assert_close, relative_error
 from zennit_attn import explain, explain_generation
-from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.workflows.architecture_check.check import check_inputs, randomize_zero_weights, zero_biases
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 from zennit_attn.workflows.patching.scores import relevance_patching
@@ -56,7 +56,7 @@ FLOAT32 = 1e-4
 #: 8-bit mantissa; on the CPU the same models give errors of 0.001-0.025 in bfloat16)
 BFLOAT16 = 0.05
 SEQ = 10
-#: the fixture of tests/engine/test_reference.py (softmax in float64), used by the reference test here
+#: the fixture of tests/composites/test_reference.py (softmax in float64), used by the reference test here
 __all__ = ['float64_softmax']
 
 

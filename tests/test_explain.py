@@ -8,7 +8,7 @@ from zennit.attribution import Gradient
 from tests.models import tiny_model
 from tests.numbers import assert_close
 from zennit_attn import explain
-from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 
 #: the tiny Llama of these tests: :py:func:`tests.models.tiny_model` with a vocabulary of 50, intermediate size 48,
 #: pad id 0 and SDPA attention (its weights are those of the ``LlamaConfig`` with these sizes built here before)
@@ -222,7 +222,7 @@ def test_composite_without_boundary_is_refused(llama):
     """A composite without the root RelevanceBoundary would return gradients, not relevance."""
     from zennit.composites import LayerMapComposite
 
-    from zennit_attn.engine.rules import Identity
+    from zennit_attn.rules import Identity
 
     with pytest.raises(TypeError, match='RelevanceBoundary'):
         explain(llama, ids(1, 4), composite=LayerMapComposite([(torch.nn.SiLU, Identity())]))

@@ -9,8 +9,8 @@ from zennit.attribution import Gradient
 
 from tests.models import CHANNELS, CLASSES, IMAGE, VISION_BUILDERS, pixels, tiny_hf_vit, tiny_timm_vit
 from zennit_attn import ImageExplanation, explain
-from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
-from zennit_attn.engine.modules import Logits, output_scores
+from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
+from zennit_attn.core.modules import Logits, output_scores
 from zennit_attn.inputs.task import ImageTask
 from zennit_attn.methods.attention import attention_maps
 from zennit_attn.methods.propagation import lrp_method

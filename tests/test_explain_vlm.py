@@ -22,11 +22,11 @@ from tests.processors import (
 )
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
-from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon, CPLRPGamma
-from zennit_attn.engine.rules import Gamma
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon, CPLRPGamma
 from zennit_attn.inputs.vision_language import image_layout, text_length
 from zennit_attn.latent import Neuron
 from zennit_attn.results.explanation import MultimodalExplanation
+from zennit_attn.rules import Gamma
 from zennit_attn.workflows.architecture_check import configs, processors
 
 LLAVA_TEXT = '<image>The ice bear lives'

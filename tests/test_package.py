@@ -78,9 +78,13 @@ def test_no_import_cycle():
 #: layers, never from a module of its own layer or a later one. Every module of the package is in one layer; each
 #: subpackage is one layer.
 LAYERS = [
-    # the LRP engine (rules, the operation canonizer, composites: models and tensors, no tokens), what an explanation
-    # is and how it looks, the real models that install offline
-    ('zennit_attn.engine', 'zennit_attn.results', 'zennit_attn.pretrained'),
+    # what zennit-attn knows of models and tensors below its rules (errors, module kinds, blocks, quantization,
+    # devices, the audit of a forward), what an explanation is and how it looks, the real models that install offline
+    ('zennit_attn.core', 'zennit_attn.results', 'zennit_attn.pretrained'),
+    ('zennit_attn.rules',),  # the rules of modules and the product rules (zennit hooks)
+    ('zennit_attn.operations',),  # the operation machinery: registry, classifying mode, marks, handlers
+    ('zennit_attn.canonizers',),  # the zennit canonizers that apply it (and checkpointing) on a model instance
+    ('zennit_attn.composites', 'zennit_attn.structure'),  # the named composites; what a transformer is made of
     ('zennit_attn.inputs',),  # requests and inputs: ids, texts, chats, images, targets -> a Task
     ('zennit_attn.methods',),  # the attribution methods
     ('zennit_attn.latent', 'zennit_attn.integrations'),  # neurons and concepts; captum and inseq
@@ -109,9 +113,9 @@ def test_every_module_has_a_layer():
 
 
 def test_layers_run_one_way():
-    """engine, results, pretrained -> inputs -> methods -> latent, integrations -> explain -> workflows -> the
-    package's names -> cli -> demo: no module imports from another subpackage of its own layer or from a later layer
-    (``engine`` thus imports neither ``methods``, ``explain`` nor ``workflows``), without exemptions."""
+    """core, results, pretrained -> rules -> operations -> canonizers -> composites, structure -> inputs -> methods
+    -> latent, integrations -> explain -> workflows -> the package's names -> cli -> demo: no module imports from
+    another subpackage of its own layer or from a later layer, without exemptions."""
     wrong = []
     for source, targets in graph().items():
         layer, prefix = home(source)
@@ -122,17 +126,45 @@ def test_layers_run_one_way():
     assert sorted(wrong) == []
 
 
+#: The LRP engine: it knows models and tensors, not tokens or texts.
+ENGINE = (
+    'zennit_attn.core',
+    'zennit_attn.rules',
+    'zennit_attn.operations',
+    'zennit_attn.canonizers',
+    'zennit_attn.composites',
+    'zennit_attn.structure',
+)
+
+
 def test_engine_imports_no_consumer():
     """The engine knows models and tensors: nothing of the inputs, methods or workflows built on it."""
     consumers = ('zennit_attn.explain', 'zennit_attn.inputs', 'zennit_attn.methods', 'zennit_attn.workflows')
     found = [
         (source, target)
         for source, targets in graph().items()
-        if source.startswith('zennit_attn.engine')
+        if source.startswith(ENGINE)
         for target in targets
         if target.startswith(consumers)
     ]
     assert found == []
+
+
+def test_the_public_homes_are_zennits():
+    """A zennit user's imports, one package further: ``zennit_attn.composites``, ``.canonizers``, ``.rules``."""
+    from zennit.canonizers import Canonizer
+    from zennit.core import Composite, Hook
+
+    from zennit_attn.canonizers import OperationCanonizer
+    from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
+    from zennit_attn.rules import Epsilon, Identity, NormIdentity, Uniform
+
+    assert all(issubclass(cls, Composite) for cls in (AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma))
+    assert issubclass(OperationCanonizer, Canonizer)
+    assert (
+        all(issubclass(cls, Hook) for cls in (Epsilon, Identity, NormIdentity))
+        and Uniform().shares([None] * 4) == (0.25,) * 4
+    )
 
 
 def test_no_private_name_is_imported_across_modules():

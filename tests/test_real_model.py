@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from zennit_attn import conservation, explain
-from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tools import supported_models
-from zennit_attn.engine.canonizers.operations import UNDECLARED
+from zennit_attn.canonizers.operations import UNDECLARED
 from zennit_attn.workflows.architecture_check.check import REFUSALS, Result
 
 #: Architectures whose tiny model builds but is neither explained exactly nor refused: known defects, each with what

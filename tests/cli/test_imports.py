@@ -227,7 +227,7 @@ def test_public_names_in_this_process():
     from zennit_attn import explain as function
     from zennit_attn.results import explanation
     from zennit_attn.results import similarity as similarity_result
-    from zennit_attn.workflows import dataset, diagnostics, generation, similarity, sources
+    from zennit_attn.workflows import bilrp, dataset, diagnostics, generation, sources
 
     modules = {
         'explain_dataset': dataset,
@@ -238,7 +238,7 @@ def test_public_names_in_this_process():
         'GenerationExplanation': generation,
         'conservation': diagnostics,
         'ConservationReport': diagnostics,
-        'explain_similarity': similarity,
+        'explain_similarity': bilrp,
         'SimilarityExplanation': similarity_result,
         'explain_sources': sources,
         'SourceExplanation': sources,

@@ -14,11 +14,11 @@ import transformers
 from zennit.composites import EpsilonPlusFlat, NameMapComposite
 from zennit.rules import Epsilon
 
-from tests.engine.architectures import tiny_architecture
+from tests.architectures import tiny_architecture
 from tests.models import tiny_model, token_ids
 from zennit_attn import explain
-from zennit_attn.engine.canonizers.quantization import UnsupportedQuantizationError
-from zennit_attn.engine.composites import AttnLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon
+from zennit_attn.core.quantization import UnsupportedQuantizationError
 from zennit_attn.inputs.checks import (
     check_length,
     check_model,

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from tests.engine.architectures import tiny_architecture
+from tests.architectures import tiny_architecture
 from tests.models import tiny_model, two_tables
 from zennit_attn import explain
 from zennit_attn.inputs.lookups import TokenLookups, id_tables, needs_ids
@@ -125,7 +125,7 @@ def test_tokens_a_model_puts_ahead_of_the_ids_absorb_relevance_of_their_own():
     """CPM-Ant embeds prompt tokens of its own ahead of the ids: the ids' rows are the explained input, the prompt's
     rows a leaf of their own (:py:attr:`~zennit_attn.inputs.lookups.TokenLookups.own`) whose relevance no token gets;
     with the tokens' relevance, CP-LRP conserves the logit exactly."""
-    from zennit_attn.engine.composites import CPLRPEpsilon
+    from zennit_attn.composites import CPLRPEpsilon
 
     model = tiny('cpmant')
     ids = torch.tensor([[5, 17, 33, 8, 61, 2]])

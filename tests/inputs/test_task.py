@@ -14,8 +14,8 @@ from transformers import BatchEncoding
 
 from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn import conservation, explain
-from zennit_attn.engine.errors import UnsupportedModelError
-from zennit_attn.engine.modules import forward_parameters
+from zennit_attn.core.errors import UnsupportedModelError
+from zennit_attn.core.modules import forward_parameters
 from zennit_attn.inputs.checks import is_image_model
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
 
@@ -99,7 +99,7 @@ def test_unknown_parameters_and_composites_for_baselines(llama, ids):
     with pytest.raises(TypeError, match='takes no parameter'):
         explain(llama, ids, method='smoothgrad', steps=3)
     with pytest.raises(ValueError, match='composite= applies to the LRP methods'):
-        from zennit_attn.engine.composites import AttnLRPEpsilon
+        from zennit_attn.composites import AttnLRPEpsilon
 
         explain(llama, ids, method='random', composite=AttnLRPEpsilon())
 

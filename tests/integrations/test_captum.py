@@ -9,7 +9,7 @@ from tests.models import tiny_hf_vit, tiny_model, two_tables
 from tests.numbers import assert_close
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
-from zennit_attn.engine.composites import AttnLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon
 from zennit_attn.integrations.captum import CPLRP, AttnLRP
 
 PROMPT = 'The ice bear lives in the'

@@ -1,8 +1,8 @@
 """The latent workflow beyond the former family table: latent relevance, Neuron targets, conditions (CRP), steering
-and reference samples on architectures the table never listed (:py:data:`tests.engine.architectures.ARCHITECTURES`,
+and reference samples on architectures the table never listed (:py:data:`tests.architectures.ARCHITECTURES`,
 tiny random float64 models with zero biases) and on a vision-language model's language model (LLaVA), checked as the
 tests of the table's families check them: sums the math fixes, read with plain hooks at the modules the models' code
-names (:py:data:`tests.engine.architectures.PARTS`), independently of the package's site code.
+names (:py:data:`tests.architectures.PARTS`), independently of the package's site code.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.architectures import ARCHITECTURES, HEADS, PARTS, tiny_architecture
+from tests.architectures import ARCHITECTURES, HEADS, PARTS, tiny_architecture
 from tests.latent.helpers import TIGHT
 from tests.models import LAYERS, tiny_llava, token_ids
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import conservation, explain
-from zennit_attn.engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.latent import Neuron, reference_samples, steer
 
 SAMPLE = ARCHITECTURES + ('llava',)

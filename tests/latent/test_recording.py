@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.family_table import TABLE
+from tests.family_table import TABLE
 from tests.latent.helpers import TIGHT, build, llama, watch
 from tests.models import MOE, tiny_model, token_ids
 from zennit_attn import conservation, explain

@@ -10,7 +10,7 @@ import torch
 from tests.latent.helpers import llama
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
-from zennit_attn.engine.composites import CompiledModelError
+from zennit_attn.composites import CompiledModelError
 from zennit_attn.latent import Neuron, reference_samples, steer
 from zennit_attn.latent.references import BY
 

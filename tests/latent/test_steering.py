@@ -10,7 +10,7 @@ import torch
 from tests.latent.helpers import TIGHT, llama, watch
 from tests.models import token_ids
 from zennit_attn import explain
-from zennit_attn.engine.composites import CompiledModelError
+from zennit_attn.composites import CompiledModelError
 from zennit_attn.latent import Neuron, steer
 
 

@@ -1,8 +1,8 @@
 """Every method and every composite on every family of the tiny test models (tests/models.py), with the numbers each
 must give: the explained logit is the model's own (a plain forward pass), the model is left as it was, and
 
-- CP-LRP (``method='cplrp'`` on the language models, :py:class:`~zennit_attn.engine.composites.CPLRPEpsilon`, and
-  :py:class:`~zennit_attn.engine.composites.CPLRPGamma` with exact stabilisers) conserves the logit exactly on the
+- CP-LRP (``method='cplrp'`` on the language models, :py:class:`~zennit_attn.composites.CPLRPEpsilon`, and
+  :py:class:`~zennit_attn.composites.CPLRPGamma` with exact stabilisers) conserves the logit exactly on the
   models with biases, positions and token types zeroed (float64, 1e-8);
 - input x gradient equals ``x * d logit / d x`` computed by plain autograd, without the library;
 - the other methods give finite relevance that is not all zero (their formulas are checked by hand in their own
@@ -25,10 +25,10 @@ from tests.models import (
     token_ids,
 )
 from zennit_attn import explain
-from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
-from zennit_attn.engine.modules import output_scores
-from zennit_attn.engine.rules import Gamma
+from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
+from zennit_attn.core.modules import output_scores
 from zennit_attn.methods.registry import METHODS
+from zennit_attn.rules import Gamma
 
 HEADS = {'bert': 'seq_cls', 'roberta': 'masked_lm', 'distilbert': 'seq_cls', 't5': 'seq2seq', 't5_relu': 'seq2seq'}
 VISION = {'timm-vit': tiny_timm_vit, 'vit': tiny_hf_vit}

@@ -13,14 +13,14 @@ from transformers import AttentionInterface
 from tests.models import tiny_model, token_ids
 from tests.numbers import assert_close, relative_error
 from zennit_attn import explain, explain_generation, explain_sources
-from zennit_attn.engine.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma, RelPEpsilon
-from zennit_attn.engine.rules import ConstantGates, Uniform
+from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma, RelPEpsilon
 from zennit_attn.inputs.task import TokenTask as Task
 from zennit_attn.latent import Neuron
 from zennit_attn.methods.attention import attention_maps
 from zennit_attn.methods.lrp import attribute
 from zennit_attn.methods.propagation import lrp_method
 from zennit_attn.methods.registry import METHODS, check_params
+from zennit_attn.rules import ConstantGates, Uniform
 
 FAST = {'kernelshap': dict(samples=32), 'integrated_gradients': dict(steps=2), 'smoothgrad': dict(samples=2)}
 

@@ -5,8 +5,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from tests.models import decoder_ids, tiny_model, token_ids
 from zennit_attn import conservation, explain
-from zennit_attn.engine.canonizers import block_stacks
-from zennit_attn.engine.composites import CPLRPEpsilon
+from zennit_attn.composites import CPLRPEpsilon
+from zennit_attn.core import block_stacks
 
 #: the tiny Llama of these tests: :py:func:`tests.models.tiny_model` with 3 blocks, a vocabulary of 50, intermediate
 #: size 48 and SDPA attention (the weights of the ``LlamaConfig`` with these sizes built here before)

@@ -12,10 +12,10 @@ import torch
 from PIL import Image
 
 from tests.models import tiny_model, token_ids
-from zennit_attn.engine.composites import MLPRules
-from zennit_attn.engine.rules import ConstantAttention, HalfGates, ProductRule
-from zennit_attn.engine.rules.products import ACTIVATION, SOFTMAX
+from zennit_attn.composites import MLPRules
 from zennit_attn.results.render.colors import NEGATIVE, POSITIVE
+from zennit_attn.rules import ConstantAttention, HalfGates, ProductRule
+from zennit_attn.rules.products import ACTIVATION, SOFTMAX
 from zennit_attn.workflows.patching import (
     activation_patching,
     agreement_pairs,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from zennit_attn.workflows.evaluation.sources import spearman as lds_spearman
+from zennit_attn.workflows.evaluation.source_ablation import spearman as lds_spearman
 from zennit_attn.workflows.patching.scores import spearman as patching_spearman
 from zennit_attn.workflows.statistics import pearson, ranks, spearman
 

@@ -26,7 +26,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from .. import pretrained
-from ..engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from ..composites import AttnLRPEpsilon, CPLRPEpsilon
 from ..inputs.checks import token_id
 from .errors import CommandError, UsageError, one_line
 from .library import RUNNER_UP

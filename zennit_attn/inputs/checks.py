@@ -19,11 +19,11 @@ from collections.abc import Callable, Hashable, Mapping
 import torch
 from transformers import PreTrainedConfig
 
-from ..engine.canonizers.quantization import check_quantized
-from ..engine.composites import refuse_compiled, rule_hooks
-from ..engine.devices import input_device
-from ..engine.errors import UnsupportedModelError
-from ..engine.modules import forward_parameters, output_scores
+from ..composites import refuse_compiled, rule_hooks
+from ..core.devices import input_device
+from ..core.errors import UnsupportedModelError
+from ..core.modules import forward_parameters, output_scores
+from ..core.quantization import check_quantized
 
 __all__ = [
     'ModelFacts',
@@ -324,9 +324,9 @@ def check_model(model: torch.nn.Module) -> ModelFacts:
         For a model that is not a module.
     UnsupportedQuantizationError
         For quantized layers no backward pass goes through
-        (:py:func:`zennit_attn.engine.canonizers.quantization.check_quantized`).
+        (:py:func:`zennit_attn.core.quantization.check_quantized`).
     CompiledModelError
-        For a compiled model (its hooks are bypassed: :py:func:`zennit_attn.engine.composites.refuse_compiled`).
+        For a compiled model (its hooks are bypassed: :py:func:`zennit_attn.composites.refuse_compiled`).
     RuntimeError
         Inside :py:func:`torch.inference_mode` (no gradients can be recorded), or where zennit rules are already
         registered on the model (a composite's context that is still open: its hooks would change every
@@ -362,7 +362,7 @@ def check_model(model: torch.nn.Module) -> ModelFacts:
 
 def _may_be_compiled(module: torch.nn.Module) -> bool:
     """Whether ``module`` may be compiled (the wrapper of ``torch.compile(module)`` holds ``_orig_mod``,
-    ``module.compile()`` sets ``_compiled_call_impl``): then :py:func:`~zennit_attn.engine.composites.refuse_compiled`
+    ``module.compile()`` sets ``_compiled_call_impl``): then :py:func:`~zennit_attn.composites.refuse_compiled`
     decides."""
     return '_orig_mod' in module._modules or module.__dict__.get('_compiled_call_impl') is not None
 
@@ -572,7 +572,7 @@ def check_ids(
 
 def check_word_embeddings(model: torch.nn.Module, embedding) -> None:
     """Refuse a model without input embeddings (``TypeError``) and one that embeds each token with several tables
-    (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`): MusicGen's decoder sums one table per audio codebook
+    (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`): MusicGen's decoder sums one table per audio codebook
     over ``num_codebooks`` rows of ``input_ids`` per sequence, which are not the tokens of one sequence."""
     if not isinstance(embedding, torch.nn.Module):
         raise TypeError(

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 
 import torch
 
-from ..engine.devices import input_device
-from ..engine.modules import forward_parameters
-from ..engine.rules.boundary import input_relevance
+from ..core.devices import input_device
+from ..core.modules import forward_parameters
+from ..rules.boundary import input_relevance
 from .checks import ModelFacts, model_facts
 
 __all__ = ['id_tables', 'needs_ids', 'TokenLookups']
@@ -223,7 +223,7 @@ class TokenLookups:
 
     def record(self) -> None:
         """Make the next :py:meth:`substituting` an LRP run: the gradient ``g`` of the embeddings becomes the
-        relevance ``x * g`` there (as the root's :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` does for the
+        relevance ``x * g`` there (as the root's :py:class:`~zennit_attn.rules.RelevanceBoundary` does for the
         model's inputs: ids here) and the other tables' lookups become leaves (:py:meth:`recorded`)."""
         self._leaves, self._recording = [], True
 

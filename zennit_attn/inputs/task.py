@@ -22,8 +22,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..engine.devices import input_device, to_device
-from ..engine.modules import forward_parameters, output_scores
+from ..core.devices import input_device, to_device
+from ..core.modules import forward_parameters, output_scores
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
     check_ids,
@@ -47,7 +47,7 @@ __all__ = ['Readout', 'Task', 'TokenTask', 'ImageTask', 'make_task']
 
 class Readout:
     """What a task's :py:meth:`Task.forward` returns from a run of the model: here the model's output scores
-    (:py:func:`zennit_attn.engine.modules.output_scores`: logits, or the last hidden state of a base model).
+    (:py:func:`zennit_attn.core.modules.output_scores`: logits, or the last hidden state of a base model).
 
     A subclass reads something else of the same run (:py:class:`zennit_attn.latent.targets.LatentTarget`: a
     neuron's activation or a linear target at a site inside the model); a task holds one readout
@@ -71,7 +71,7 @@ class Readout:
 
         ``initial_relevance``: the backward pass from these scores starts with the initial relevance (the explained
         value) instead of a gradient, as LRP's does (:py:func:`zennit_attn.methods.lrp.attribute`); the model's own
-        output needs no conversion (the composite's :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` at the
+        output needs no conversion (the composite's :py:class:`~zennit_attn.rules.RelevanceBoundary` at the
         root does it)."""
         return output_scores(task.run(inputs, rows, model, **extra))
 
@@ -94,7 +94,7 @@ class Task:
         #: what is known about the model (:py:class:`~zennit_attn.inputs.checks.ModelFacts`: found once per model)
         self.facts = check_model(model)
         self.model = model
-        #: where the model computes (:py:func:`~zennit_attn.engine.devices.input_device`): the inputs go there
+        #: where the model computes (:py:func:`~zennit_attn.core.devices.input_device`): the inputs go there
         self.device = input_device(model)
         self.model_kwargs = to_device(dict(model_kwargs or {}), self.device)
         #: what :py:meth:`forward` reads of a run of the model

@@ -39,7 +39,7 @@ except ImportError as error:  # the extra, named: a bare "No module named 'captu
         "zennit_attn.integrations.captum needs captum: pip install 'zennit-attn[captum]' (or pip install captum)"
     ) from error
 
-from ..engine.modules import forward_parameters
+from ..core.modules import forward_parameters
 from ..inputs.checks import is_image_model
 from ..inputs.task import TokenTask
 from ..methods.registry import METHODS
@@ -93,8 +93,8 @@ class LRPAttribution(LayerGradientXActivation):
         A Hugging Face language model in eval mode (``...ForCausalLM``, ``...ForSequenceClassification``,
         ``...ForMaskedLM`` or a base model), as :py:func:`~zennit_attn.explain` takes it.
     composite: zennit.core.Composite, optional
-        The LRP composite (default: that of the method, :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon` or
-        :py:class:`~zennit_attn.engine.composites.CPLRPEpsilon`).
+        The LRP composite (default: that of the method, :py:class:`~zennit_attn.composites.AttnLRPEpsilon` or
+        :py:class:`~zennit_attn.composites.CPLRPEpsilon`).
 
     Raises
     ------

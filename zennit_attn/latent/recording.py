@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..engine.checkpointing import recomputing
+from ..canonizers.checkpointing import recomputing
 from .sites import SitePoint
 
 __all__ = ['Latent', 'Recorder', 'RankedNeuron', 'top_neurons', 'REDUCTIONS']
@@ -115,8 +115,8 @@ class Recorder:
     def recording(self, model: torch.nn.Module):
         """Hooks on the instance for the time of the context (removed also after an exception). A second forward
         pass in the context is refused: latent relevance is defined for one forward and one backward pass (the
-        recomputation of checkpointed blocks, :py:func:`zennit_attn.engine.checkpointing.recomputing`, is not recorded:
-        the relevance arrives at the first pass's tensors)."""
+        recomputation of checkpointed blocks, :py:func:`zennit_attn.canonizers.checkpointing.recomputing`, is not
+        recorded: the relevance arrives at the first pass's tensors)."""
         handles = []
         try:
             for points in self.points.values():

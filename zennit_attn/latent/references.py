@@ -17,7 +17,7 @@ from typing import IO
 import torch
 from tqdm.auto import tqdm
 
-from ..engine.devices import input_device
+from ..core.devices import input_device
 from ..inputs.checks import check_model
 from ..inputs.task import TokenTask
 from ..methods.registry import METHODS

@@ -1,5 +1,5 @@
 """Where latent relevance is read: the sites of a transformer, found from what the model computes
-(:py:func:`~zennit_attn.engine.structure.model_structure`), and :py:class:`Neuron`.
+(:py:func:`~zennit_attn.structure.model_structure`), and :py:class:`Neuron`.
 
 A *site* is a tensor inside every transformer block (paper section 3.5, "Understanding latent features"):
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.canonizers.blocks import block_stacks
-from ..engine.structure import AttentionOp, ModelStructure, StructureError, model_structure
+from ..core.blocks import block_stacks
+from ..structure import AttentionOp, ModelStructure, StructureError, model_structure
 
 __all__ = ['SITES', 'Neuron', 'SitePoint', 'find_sites']
 
@@ -248,7 +248,7 @@ def _unflattening(function, tokens: dict):
 
 
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.engine.canonizers.blocks.
+    """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.core.blocks.
     block_stacks`); of several, the one the model's text input runs (a vision-language model's language model)."""
     if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
         raise ValueError(
@@ -331,7 +331,7 @@ def _points(site: str, blocks: list[torch.nn.Module], model) -> list[SitePoint]:
 
 def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]]:
     """The :py:class:`SitePoint` of every layer of each of ``sites`` in ``model``, from what the model computes
-    (:py:func:`~zennit_attn.engine.structure.model_structure`: one discovery pass per model instance, cached).
+    (:py:func:`~zennit_attn.structure.model_structure`: one discovery pass per model instance, cached).
 
     Parameters
     ----------
@@ -350,7 +350,7 @@ def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]
     ------
     ValueError
         For an unknown site, a model without it (e.g. ``'mlp'`` in a routed mixture of experts; a
-        :py:class:`~zennit_attn.engine.structure.StructureError` where what the model computes does not show it), or
+        :py:class:`~zennit_attn.structure.StructureError` where what the model computes does not show it), or
         an encoder-decoder model.
     """
     if isinstance(sites, str):

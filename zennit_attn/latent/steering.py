@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from ..engine.composites import refuse_compiled
+from ..composites import refuse_compiled
 from .sites import Neuron, SitePoint, find_sites
 from .targets import resolve_point
 

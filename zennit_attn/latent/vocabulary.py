@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.rules.base import loaded_weights
+from ..rules.base import loaded_weights
 from .sites import Neuron
 from .targets import resolve_point
 

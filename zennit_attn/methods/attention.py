@@ -7,7 +7,7 @@ product itself, and the key scaling of AtMan, for language models and vision tra
 - :py:func:`rollout` multiplies ``(I + A_l)`` over the layers (appendix A.1), :py:func:`discard` drops the largest
   entries of a map.
 - :py:func:`key_sites` finds the modules whose output holds the attention keys, from what the model computes
-  (:py:func:`~zennit_attn.engine.structure.model_structure`), and :py:func:`suppress_keys` scales the key of chosen
+  (:py:func:`~zennit_attn.structure.model_structure`), and :py:func:`suppress_keys` scales the key of chosen
   tokens in every layer.
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..engine.kinds import model_configs
-from ..engine.modules import output_scores
-from ..engine.structure import model_structure
+from ..core.kinds import model_configs
+from ..core.modules import output_scores
 from ..inputs.task import Task
+from ..structure import model_structure
 
 __all__ = ['eager_attention', 'attention_maps', 'rollout', 'discard', 'key_sites', 'suppress_keys']
 
@@ -157,7 +157,7 @@ def rollout(maps: list[torch.Tensor] | tuple[torch.Tensor, ...], normalize: bool
 def key_sites(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable[[int], torch.Tensor]]]:
     """Modules whose output holds the attention keys over the input tokens, in every attention operation (in
     encoder-decoder models those of the encoder and of the cross-attention), found from what the model computes
-    (:py:meth:`~zennit_attn.engine.structure.ModelStructure.key_sites`): ``(module, mask)`` where ``mask(size)`` marks
+    (:py:meth:`~zennit_attn.structure.ModelStructure.key_sites`): ``(module, mask)`` where ``mask(size)`` marks
     the key entries of an output's last dimension of ``size`` (fused projections such as GPT-2's ``c_attn`` or
     GPT-NeoX's per-head ``query_key_value``). Where an attention module normalises its keys after the projection
     (``k_norm`` of Qwen3, Gemma 3, OLMo 2: a normalisation that would undo a scaling of the projection), the
@@ -166,7 +166,7 @@ def key_sites(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable[[i
 
     Raises
     ------
-    zennit_attn.engine.structure.StructureError
+    zennit_attn.structure.StructureError
         If the model computes no attention operation, or one whose keys no module's output scales exactly (keys
         normalised inline, or computed from several kinds of tensors): AtMan cannot suppress tokens in it.
     """

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 from zennit.core import Composite
 
-from ..engine.rules import RelevanceBoundary
 from ..inputs.task import Task
 from ..results.explanation import TargetLike
+from ..rules import RelevanceBoundary
 
 __all__ = ['attribute']
 
@@ -35,11 +35,11 @@ def attribute(
     ------
     TypeError
         If ``composite`` is not a zennit composite, or registers no
-        :py:class:`~zennit_attn.engine.rules.RelevanceBoundary` on the model.
+        :py:class:`~zennit_attn.rules.RelevanceBoundary` on the model.
     """
     if not isinstance(composite, Composite):
         raise TypeError(
-            f'composite must be a zennit Composite (e.g. zennit_attn.engine.composites.AttnLRPEpsilon()), got '
+            f'composite must be a zennit Composite (e.g. zennit_attn.composites.AttnLRPEpsilon()), got '
             f'{type(composite).__name__}'
         )
     with torch.enable_grad():
@@ -50,7 +50,7 @@ def attribute(
                 raise TypeError(
                     f'{type(composite).__name__} registered no RelevanceBoundary on the model: explain() reads '
                     'relevance at the input, which needs the boundary of the zennit-attn composites '
-                    '(or a composite that maps the root module to zennit_attn.engine.rules.RelevanceBoundary)'
+                    '(or a composite that maps the root module to zennit_attn.rules.RelevanceBoundary)'
                 )
             watched = []
             handles = observe(modified, watched) if observe is not None else []

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from zennit.core import Composite
 
-from ..engine.composites import AttnLRPComposite, AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
-from ..engine.rules import ConstantGates, ProductRule, Uniform
+from ..composites import AttnLRPComposite, AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
 from ..inputs.task import ImageTask, Task
+from ..rules import ConstantGates, ProductRule, Uniform
 from .lrp import attribute
 
 __all__ = ['attnlrp', 'cplrp', 'METHOD_RULES', 'check_composite', 'lrp_method', 'method_of']
@@ -20,7 +20,7 @@ METHOD_RULES: dict[str, type[ProductRule]] = {'attnlrp': Uniform, 'cplrp': Const
 
 def lrp_method(composite: Composite) -> str:
     """The LRP method whose product rule (:py:data:`METHOD_RULES`) ``composite`` applies: ``'cplrp'`` for a
-    composite with :py:class:`~zennit_attn.engine.rules.ConstantGates`, else ``'attnlrp'`` (for composites of other
+    composite with :py:class:`~zennit_attn.rules.ConstantGates`, else ``'attnlrp'`` (for composites of other
     rules, too: :py:func:`check_composite` takes them under either name)."""
     rules = composite.product_rules() if isinstance(composite, AttnLRPComposite) else ()
     return next((name for name, cls in METHOD_RULES.items() if any(isinstance(rule, cls) for rule in rules)), 'attnlrp')
@@ -35,7 +35,7 @@ def method_of(method: str | None, composite: Composite | None) -> str:
 
 
 def check_composite(composite: Composite, method: str) -> None:
-    """Refuse a zennit-attn composite whose product rules (:py:meth:`~zennit_attn.engine.composites.AttnLRPComposite.
+    """Refuse a zennit-attn composite whose product rules (:py:meth:`~zennit_attn.composites.AttnLRPComposite.
     product_rules`) include another LRP method's (:py:data:`METHOD_RULES`): ``explain(method='cplrp',
     composite=AttnLRPEpsilon())`` would return AttnLRP's relevance labelled ``'cplrp'``. Composites with other rules
     (RelP's, a user's own, zennit's composites) are taken as they are.
@@ -62,8 +62,8 @@ def check_composite(composite: Composite, method: str) -> None:
 
 def attnlrp(task: Task, position=-1, target=None, composite: Composite | None = None):
     """AttnLRP (the paper's method): LRP with ``composite``, by default
-    :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon` for language models and
-    :py:class:`~zennit_attn.engine.composites.AttnLRPGamma` (the paper's ViT composite) for vision transformers.
+    :py:class:`~zennit_attn.composites.AttnLRPEpsilon` for language models and
+    :py:class:`~zennit_attn.composites.AttnLRPGamma` (the paper's ViT composite) for vision transformers.
     Cost: one forward and one backward pass."""
     if composite is None:
         composite = AttnLRPGamma() if isinstance(task, ImageTask) else AttnLRPEpsilon()
@@ -73,8 +73,8 @@ def attnlrp(task: Task, position=-1, target=None, composite: Composite | None = 
 
 def cplrp(task: Task, position=-1, target=None, composite: Composite | None = None):
     """CP-LRP (Ali et al. 2022): LRP with the attention probabilities and gates constant, by default
-    :py:class:`~zennit_attn.engine.composites.CPLRPEpsilon` (language models) or
-    :py:class:`~zennit_attn.engine.composites.CPLRPGamma` (vision transformers). Cost: one forward and one backward
+    :py:class:`~zennit_attn.composites.CPLRPEpsilon` (language models) or
+    :py:class:`~zennit_attn.composites.CPLRPGamma` (vision transformers). Cost: one forward and one backward
     pass."""
     if composite is None:
         composite = CPLRPGamma() if isinstance(task, ImageTask) else CPLRPEpsilon()

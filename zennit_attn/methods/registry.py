@@ -84,7 +84,7 @@ class Method(Declaration):
         composite = checked.get('composite')
         if composite is not None and not isinstance(composite, Composite):
             raise TypeError(
-                f'composite must be a zennit Composite (e.g. zennit_attn.engine.composites.AttnLRPEpsilon()), '
+                f'composite must be a zennit Composite (e.g. zennit_attn.composites.AttnLRPEpsilon()), '
                 f'got {type(composite).__name__}'
             )
         return checked

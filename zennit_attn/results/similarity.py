@@ -1,4 +1,4 @@
-"""The result of :py:func:`~zennit_attn.workflows.similarity.explain_similarity`: the relevance of every token pair of
+"""The result of :py:func:`~zennit_attn.workflows.bilrp.explain_similarity`: the relevance of every token pair of
 two inputs for their similarity."""
 
 from __future__ import annotations

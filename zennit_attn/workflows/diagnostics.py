@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from zennit.core import Composite
 
-from ..engine.canonizers.blocks import block_stacks
-from ..engine.composites import AttnLRPEpsilon
+from ..composites import AttnLRPEpsilon
+from ..core.blocks import block_stacks
 from ..inputs.checks import split_encoding
 from ..inputs.task import TokenTask
 from ..methods.lrp import attribute
@@ -101,7 +101,7 @@ def conservation(
     With the AttnLRP rules, relevance leaks only through biases (linear layers, LayerNorm), the hidden bias of
     the softmax rule (Prop. 3.1) and the epsilon stabilisers; the report shows how much leaks at each block.
     Arguments are those of :py:func:`~zennit_attn.explain` with ``method='attnlrp'``: ``composite`` defaults to
-    :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`. Rows are explained one at a time, so that embeddings
+    :py:class:`~zennit_attn.composites.AttnLRPEpsilon`. Rows are explained one at a time, so that embeddings
     shared by all rows (position embeddings) are reported per row.
     """
     composite = AttnLRPEpsilon() if composite is None else composite

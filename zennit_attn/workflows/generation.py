@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from zennit.core import Composite
 
-from ..engine.devices import input_device
+from ..core.devices import input_device
 from ..explain import explain
 from ..inputs.chat import is_conversation, prompt_ids
 from ..inputs.checks import as_integer, check_model, token_ids

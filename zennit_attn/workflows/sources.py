@@ -8,7 +8,7 @@ sums the relevance of the context's tokens per source (sentences, documents or c
 and shows the context with each source coloured by its score (terminal, HTML, figures).
 
 :py:class:`SourcePrompt` is the prompt with the sources as parts that can be left out: the ablations of ContextCite
-and of the metrics in :py:mod:`zennit_attn.workflows.evaluation.sources` remove sources from the same prompt.
+and of the metrics in :py:mod:`zennit_attn.workflows.evaluation.source_ablation` remove sources from the same prompt.
 """
 
 from __future__ import annotations

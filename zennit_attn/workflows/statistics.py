@@ -3,7 +3,8 @@ the ranks, ties ranked by their mean rank), as :py:func:`scipy.stats.spearmanr` 
 
 Patching compares relevance patching with activation patching by both
 (:py:func:`~zennit_attn.workflows.patching.correlation`); context attribution's linear datamodeling score is the
-rank correlation of predicted and actual log-probabilities (:py:func:`~zennit_attn.workflows.evaluation.sources.lds`).
+rank correlation of predicted and actual log-probabilities
+(:py:func:`~zennit_attn.workflows.evaluation.source_ablation.lds`).
 """
 
 from __future__ import annotations

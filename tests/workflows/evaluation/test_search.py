@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.models import pixels, tiny_timm_vit
-from zennit_attn.engine.composites import AttnLRPGamma, CPLRPGamma
-from zennit_attn.engine.rules import Gamma, GradientRule
+from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
+from zennit_attn.rules import Gamma, GradientRule
 from zennit_attn.workflows.evaluation.search import (
     DEFAULT_GRID,
     LAYER_TYPES,
@@ -123,7 +123,7 @@ def test_language_model_search_contains_the_paper_default():
     default to the model's predictions, and gamma on the linear layers changes the score."""
     from tests.models import tiny_model
     from zennit_attn import explain
-    from zennit_attn.engine.composites import AttnLRPEpsilon
+    from zennit_attn.composites import AttnLRPEpsilon
     from zennit_attn.workflows.evaluation import faithfulness
 
     model = tiny_model('llama')

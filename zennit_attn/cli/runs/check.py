@@ -13,7 +13,7 @@ import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
-from ...engine.composites import AttnLRPEpsilon, CPLRPEpsilon
+from ...composites import AttnLRPEpsilon, CPLRPEpsilon
 from ...workflows.architecture_check.check import Result, check_architecture, check_config
 from ...workflows.architecture_check.configs import MAPPINGS, mappings_of
 from ..check import Architecture

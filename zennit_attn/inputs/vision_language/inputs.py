@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...engine.modules import forward_parameters
+from ...core.modules import forward_parameters
 
 __all__ = [
     'LAST_POSITION_POOLING',

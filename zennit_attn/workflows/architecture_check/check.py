@@ -10,7 +10,7 @@ set to zero (:py:func:`zero_biases`), and fed token ids (and pixels where it has
   relevance; or the model adds a constant in its code (a bias that cannot be zeroed), so that conservation cannot be
   exact by design, which the reason says;
 - ``refused``: zennit-attn refuses the model with a reason that names the operation or the module
-  (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`; the forms of :py:data:`REFUSALS`);
+  (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`; the forms of :py:data:`REFUSALS`);
 - ``not built``: the tiny configuration does not build or run a plain forward pass (a limit of the check, not of the
   library);
 - ``failed``: anything else (a conservation error, another exception): a defect.
@@ -35,11 +35,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ...engine.canonizers import RuleTable
-from ...engine.composites import AttnLRPEpsilon, CPLRPEpsilon
-from ...engine.errors import UnsupportedModelError
+from ...composites import AttnLRPEpsilon, CPLRPEpsilon
+from ...core.errors import UnsupportedModelError
 from ...inputs.checks import check_word_embeddings
 from ...inputs.lookups import TokenLookups, needs_ids
+from ...operations import RuleTable
 from .configs import model_class, model_class_for, tiny_config, tiny_copy
 from .pixels import PIXEL_INPUTS, pixel_inputs, short_message
 
@@ -117,7 +117,7 @@ class Result:
         one), and :py:data:`FLOAT64_DEFAULT` for a model that runs in float64 only so.
     rules: RuleTable or None
         Where asked for (``rules=``) and the model was built: the rule each of its operations gets under the
-        composite asked for (:py:meth:`~zennit_attn.engine.composites.AttnLRPComposite.rule_table`, a dry run).
+        composite asked for (:py:meth:`~zennit_attn.composites.AttnLRPComposite.rule_table`, a dry run).
     """
 
     mapping: str
@@ -224,7 +224,7 @@ def _plain_forward(model: torch.nn.Module, inputs: dict, fed: str) -> tuple[Exce
 
 def _plain_forward_verdict(model: torch.nn.Module, inputs: dict, error: Exception) -> tuple[str, str]:
     """``(status, reason)`` of a model whose plain forward on the embeddings raised ``error``: refused where
-    zennit-attn refused it (:py:class:`~zennit_attn.engine.errors.UnsupportedModelError`) or where it runs on the ids
+    zennit-attn refused it (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`) or where it runs on the ids
     only (:py:data:`NO_EMBEDDINGS`), not built where it does not run at all."""
     if isinstance(error, UnsupportedModelError):
         return 'refused', short_message(error)
@@ -271,7 +271,7 @@ def _explained(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tupl
 def added_constants(composite) -> list[tuple[str, float]]:
     """``(module path, value)`` of every non-zero number the model added to relevance in the composite's last run (a
     bias written into its code), as the engine recorded them
-    (:py:attr:`~zennit_attn.engine.canonizers.OperationCanonizer.constants`); none where it did not run."""
+    (:py:attr:`~zennit_attn.canonizers.OperationCanonizer.constants`); none where it did not run."""
     engine = getattr(composite, 'operation_canonizer', None)
     return [] if engine is None else list(engine.constants)
 

@@ -3,7 +3,7 @@ algorithm (``context-cite`` 0.0.4, whose sentence splitting needs downloads of s
 scikit-learn's Lasso (the ``baselines`` extra).
 
 The context's sources are removed at random (each kept with probability 0.5, 64 ablations by default, the masks drawn
-as the package draws them: :py:func:`~zennit_attn.workflows.evaluation.sources.ablation_masks`); the response's
+as the package draws them: :py:func:`~zennit_attn.workflows.evaluation.source_ablation.ablation_masks`); the response's
 log-probability is computed for each, turned into its logit ``log p - log(1 - p)`` and divided by the number of
 response tokens; a Lasso (alpha 0.01, standardised masks, with intercept) fitted to it gives one weight per source,
 rescaled to the masks and multiplied back by the number of tokens.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sources import Ablation, ablation_masks
+from .source_ablation import Ablation, ablation_masks
 
 try:
     from sklearn.linear_model import Lasso
@@ -96,7 +96,7 @@ def context_cite(
     ----------
     ablation: SourceAblation or callable
         ``(masks, progress) -> [n, tokens]`` the response tokens' log-probabilities
-        (:py:class:`~zennit_attn.workflows.evaluation.sources.SourceAblation`).
+        (:py:class:`~zennit_attn.workflows.evaluation.source_ablation.SourceAblation`).
     sources: int
         The number of sources.
     ablations: int

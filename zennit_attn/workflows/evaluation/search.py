@@ -3,10 +3,10 @@ of a rule per layer type and rank the composites by an objective, by default the
 (pixels of images, tokens of texts: language models take the same layer types, without ``conv``; see
 :py:data:`TEXT_GRID`).
 
-Layer types are those of :py:class:`~zennit_attn.engine.composites.AttnLRPGamma`: ``conv`` (patch embedding), ``linear``
+Layer types are those of :py:class:`~zennit_attn.composites.AttnLRPGamma`: ``conv`` (patch embedding), ``linear``
 (MLP and head), ``attention_in`` (q/k/v projections), ``attention_out`` (attention output projection) and
 ``product`` (the product rule: AttnLRP or CP). Each grid entry is a list of options, written as Python
-expressions over the rules of :py:mod:`zennit_attn.engine.rules` (``'Gamma(0.25)'``, ``'Epsilon(1e-06)'``,
+expressions over the rules of :py:mod:`zennit_attn.rules` (``'Gamma(0.25)'``, ``'Epsilon(1e-06)'``,
 ``'ZPlus()'``, ``'AlphaBeta(2.0, 1.0)'``, ``'Uniform()'``, ``'ConstantGates()'``, ``'None'``) or as rule instances,
 so that the best composite can be printed as the Python that builds it::
 
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ...engine import rules
-from ...engine.composites import AttnLRPGamma, rule_repr
+from ... import rules
+from ...composites import AttnLRPGamma, rule_repr
 from ...explain import explain
 from ...methods.propagation import lrp_method
 from .faithfulness import faithfulness
@@ -78,7 +78,7 @@ DEFAULT_GRID: dict[str, list[str]] = {
 #: A search space for language models (``benchmarks/composite_search.py --modality text``): epsilon values and gamma
 #: on the linear layers outside attention (the MLP and the LM head) and on the attention projections; ``None`` is
 #: the paper's default for language models (the epsilon rule with epsilon -> 0: all ``None`` is
-#: :py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`). 6 * 2 * 2 = 24 composites.
+#: :py:class:`~zennit_attn.composites.AttnLRPEpsilon`). 6 * 2 * 2 = 24 composites.
 TEXT_GRID: dict[str, list[str]] = {
     'linear': ['None', 'Epsilon(0.01)', 'Epsilon(0.1)', 'Gamma(0.01)', 'Gamma(0.05)', 'Gamma(0.25)'],
     'attention_in': ['None', 'Gamma(0.05)'],
@@ -111,7 +111,7 @@ class Candidate:
         return f'{composite}({arguments})'
 
     def composite(self, base: type | None = None):
-        """A new composite instance (``base`` default :py:class:`~zennit_attn.engine.composites.AttnLRPGamma`)."""
+        """A new composite instance (``base`` default :py:class:`~zennit_attn.composites.AttnLRPGamma`)."""
         base = AttnLRPGamma if base is None else base
         return base(**{kind: _rule(option) for kind, option in self.options.items()})
 
@@ -177,8 +177,8 @@ class SearchResult:
             {name for option in self.best.labels().values() for name in NAMESPACE if re.search(rf'\b{name}\(', option)}
         )
         return (
-            f'from zennit_attn.engine.composites import {self.base}\n'
-            f'from zennit_attn.engine.rules import {", ".join(names)}\n\n'
+            f'from zennit_attn.composites import {self.base}\n'
+            f'from zennit_attn.rules import {", ".join(names)}\n\n'
             f'composite = {self.best.code(self.base)}'
             if names
             else f'composite = {self.best.code(self.base)}'
@@ -246,7 +246,7 @@ def composite_search(
         ``(model, composite, inputs, targets) -> float or dict with 'score'``; default
         :py:func:`faithfulness_objective` ``()`` (16 flipping steps on single pixels or tokens).
     base: type, optional
-        The composite class (default :py:class:`~zennit_attn.engine.composites.AttnLRPGamma`); its constructor takes the
+        The composite class (default :py:class:`~zennit_attn.composites.AttnLRPGamma`); its constructor takes the
         layer types as keyword arguments.
     progress: bool
         tqdm progress bar over the composites.

@@ -15,7 +15,7 @@ relevance of every tensor ``a`` is ``R = a * g``:
 
 summed over the component's features (and positions, where patched at all of them). ``g`` of every site comes out
 of one forward and one backward pass of the clean prompts in a composite's context
-(:py:class:`~zennit_attn.engine.composites.AttnLRPComposite`), read with the latent recorder
+(:py:class:`~zennit_attn.composites.AttnLRPComposite`), read with the latent recorder
 (:py:class:`~zennit_attn.latent.recording.Recorder`); the plain gradient gives AtP. Where the model is linear in the
 activation between the site and the metric (the output of the last block under a logit difference), (2) equals (1)
 for the plain gradient.
@@ -45,8 +45,8 @@ import torch
 from tqdm.auto import tqdm
 from zennit.core import Composite
 
-from ...engine.composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon, MLPRules, RelPEpsilon
-from ...engine.devices import input_device
+from ...composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon, MLPRules, RelPEpsilon
+from ...core.devices import input_device
 from ...inputs.checks import check_model, check_vocabulary
 from ...latent.recording import Recorder
 from ..statistics import pearson, spearman
@@ -388,10 +388,10 @@ def relevance_patching(
         Keys of :py:data:`~.components.COMPONENTS`.
     method: str or AttnLRPComposite
         ``'atp'`` (default: the plain gradient, :py:data:`DEFAULT_METHOD`), ``'attnlrp'``
-        (:py:class:`~zennit_attn.engine.composites.AttnLRPEpsilon`), ``'relp'`` (RelP's
-        rules, :py:class:`~zennit_attn.engine.composites.attnlrp.RelPEpsilon`: constant attention weights, the half
+        (:py:class:`~zennit_attn.composites.AttnLRPEpsilon`), ``'relp'`` (RelP's
+        rules, :py:class:`~zennit_attn.composites.attnlrp.RelPEpsilon`: constant attention weights, the half
         rule on gates, identity rules on activations and normalisations), ``'mlp_rules'``
-        (:py:class:`~zennit_attn.engine.composites.attnlrp.MLPRules`: the identity rule on activations and the half
+        (:py:class:`~zennit_attn.composites.attnlrp.MLPRules`: the identity rule on activations and the half
         rule on gates, the plain gradient elsewhere), ``'cplrp'`` or a composite instance.
     per_position: bool
         A score per position, or one per component patched at every position.

@@ -1,0 +1,285 @@
+"""The classifying mode of the engine: the rule of every torch operation a model performs on tensors that carry
+relevance.
+
+:py:class:`Classifier` is a :py:class:`torch.overrides.TorchFunctionMode` that the
+:py:class:`~zennit_attn.canonizers.operations.OperationCanonizer` enters for the time of a model's forward. For
+each torch function called on a tensor that carries relevance (one that requires a gradient: the model's parameters
+are frozen for the time of the context, so these are exactly the tensors computed from the explained inputs) it
+
+1. names the operation and looks it up in the registry (:py:mod:`~zennit_attn.operations.registry`);
+2. inside a sequence mixer that is not softmax attention, holds the constants of its recurrence constant
+   (:py:mod:`~zennit_attn.operations.recurrences`), and checks where its operands come from: a custom
+   autograd function (a kernel) is refused, a tensor computed without gradients inside the forward must not meet
+   relevance again (:py:mod:`~zennit_attn.operations.tracking`);
+3. binds the call once (:py:class:`~zennit_attn.operations.calls.Call`) with the marks of its operands
+   (:py:mod:`~zennit_attn.operations.marks`), and routes an operation on a tensor with a mark that has a
+   handler of its own (a log-softmax, a logsumexp, an attention-logit bias, a normaliser, a term of a recurrence:
+   :py:data:`ROUTES`) to that handler;
+4. applies the rule the registry declares (:py:func:`dispatch`: its handler, or the composite's override of the
+   operation), and marks the outputs as the registry declares; an operation the registry does not know, or declares
+   refused, is refused by name (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`);
+5. audits it (:py:mod:`zennit_attn.core.audit`): each relevance-carrying operand must have been produced or
+   sanctioned by the engine (or be an explained input), and the outputs, and the tensors it changed in place, are
+   recorded as produced.
+
+With a rule table (:py:attr:`~zennit_attn.operations.tracking.State.table`: a dry run) each operation is
+recorded with its rule and what the handler decided, and a refusal is recorded and passed with the plain gradient, so
+that the table covers the whole model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..core.audit import AUDITED_GETTERS, AUDITED_METADATA
+from ..core.errors import UnsupportedModelError
+from .calls import Call, in_place, tensors_of
+from .elementwise import normaliser_use
+from .marks import Mark, join_gates, produced
+from .recurrences import held_constant, term_use
+from .registry import OPERATIONS, RULE_TABLE, op_name
+from .softmax import log_softmax_use, sink_mass
+from .tracking import State, refuse_bias
+
+__all__ = ['Classifier', 'ROUTES', 'dispatch']
+
+
+def _bias_use(call: Call, state: State):
+    """An operation on a logit bias: views, selections, masking and adding keep it one (marked), a softmax or
+    ``scaled_dot_product_attention`` consumes it (their rules apply); anything else is refused."""
+    origin = next(mark.bias for mark in call.marks if mark is not None and mark.bias is not None)
+    if call.entry is not None and call.entry.rule in ('softmax', 'attention'):
+        return dispatch(call, state)
+    if call.entry is None or 'bias' not in call.entry.keeps:
+        refuse_bias(state, f'exp (used by {call.name})', origin)
+    output = call.run()
+    state.mark_bias(output, origin)
+    call.note = 'an attention-logit bias, moved'
+    return output
+
+
+#: The handler of each mark that routes the operations on its tensors, in the order in which one is chosen where the
+#: operands carry several (:py:data:`~zennit_attn.operations.marks.ROUTES`).
+ROUTES = {
+    'log_softmax': log_softmax_use,
+    'lse': sink_mass,
+    'bias': _bias_use,
+    'normaliser': normaliser_use,
+    'term': term_use,
+}
+
+
+def dispatch(call: Call, state: State):
+    """Apply the rule the registry declares for ``call`` (or the composite's override of the operation) and mark its
+    outputs; refuse an operation the registry does not declare."""
+    entry = call.entry
+    if entry is None:
+        state.refuse(call.name)
+    override = state.overrides.get(call.name) if state.overrides else None
+    if override is None:
+        output = entry.handler(call, state)
+    elif override.function is not None:
+        output = override.function(call.func, call.args, call.kwargs)
+        call.note = f'overridden: {override}'
+    else:
+        call.product_rule, call.activation_rule = override.product_rule, override.activation_rule
+        output = entry.handler(call, state)
+        call.note = f'overridden: {call.note}'
+    if entry.marks is not None:
+        entry.marks(call, output, state)
+    return output
+
+
+class Classifier(TorchFunctionMode):
+    """The torch function mode of :py:class:`~zennit_attn.canonizers.operations.OperationCanonizer` (see the
+    module's description); ``state`` holds the composite's rules and what the mode tracks across the operations of
+    one forward, and refuses what has no rule."""
+
+    def __init__(self, state: State):
+        super().__init__()
+        self.state = state
+        state.mode, state.dispatch = self, dispatch
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            name, entry, changes, fast = _FUNCTIONS[func]
+        except (KeyError, TypeError):  # TypeError: an unhashable callable
+            name, entry, changes, fast = _function(func)
+        state = self.state
+        if fast is _METADATA:
+            return self.metadata(name, func, args, kwargs)
+        gradients = torch.is_grad_enabled()
+        if gradients and state.opaque:
+            return func(*args, **kwargs)
+        tensors = tensors_of(args, tensors_of(list(kwargs.values()), []) if kwargs else [])
+        if not gradients:
+            return state.cut_off(entry, args, func(*args, **kwargs), tensors)
+        carrying = [tensor for tensor in tensors if tensor.requires_grad]
+        if state.cut and state.meets_cut(name, entry, args, kwargs, tensors, carrying):
+            return state.cut_off(entry, args, func(*args, **kwargs), tensors)
+        if state.runs:  # inside a sequence mixer: the constants of its recurrence
+            args, kwargs, carrying = held_constant(state, args, kwargs, carrying)
+        if not carrying:
+            return func(*args, **kwargs)
+        call = Call(func, name, entry, args, kwargs, carrying, _operand_marks(state, carrying))
+        return self.classified(call, fast, changes or bool(kwargs and in_place(func, kwargs)), tensors)
+
+    def metadata(self, name: str, func, args, kwargs):
+        """Run an operation of the rule ``metadata``: unclassified, those the audit looks at audited
+        (:py:meth:`~zennit_attn.core.audit.Audit.metadata`)."""
+        audit = self.state.audit
+        if audit.open and (name in AUDITED_METADATA or (name == 'get' and func in AUDITED_GETTERS)):
+            return audit.metadata(self.state, name, func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def classified(self, call: Call, fast: str | None, changes: bool, tensors: list[torch.Tensor]):
+        """Audit the operands of ``call`` (:py:meth:`unaudited`), apply its rule (on its fast path where no operand is
+        marked, :py:func:`_unmarked`; routed by marks, :py:meth:`handle`, or dispatched) and record its outputs, and
+        the ``tensors`` it ``changes`` in place, as produced by the engine."""
+        state = self.state
+        refusal = state.audit.refusal(call.carrying)
+        if refusal is not None:
+            self.unaudited(call.name, refusal)
+        if fast is not None and not any(call.marks) and not state.overrides and state.table is None:
+            output = _unmarked(state, fast, call)
+        elif changes or state.marks.routed or state.table is not None:
+            output = self.handle(call)
+        else:
+            output = dispatch(call, state)
+        state.audit.record(output)
+        if changes:
+            state.audit.record_changed(tensors)
+        return output
+
+    def unaudited(self, name: str, refusal: tuple[str, str]) -> None:
+        """Refuse the operation ``name`` on an operand the engine did not produce or sanction (``refusal``: what it is
+        and what to do, :py:meth:`~zennit_attn.core.audit.Audit.refusal`); in a dry run, record the refusal."""
+        if self.state.table is None:
+            self.state.refuse(name, *refusal)
+        try:
+            self.state.refuse(name, *refusal)
+        except UnsupportedModelError as error:
+            self.state.table.refuse(str(error))
+
+    def handle(self, call: Call):
+        """Route ``call`` to the handler of a mark of its operands (:py:data:`ROUTES`), else :py:func:`dispatch` it;
+        an in-place change of a view gives the tensor it views the marks of both. In a dry run the call is recorded
+        in the rule table, and a refusal is recorded and the operation passed with its plain gradient."""
+        if self.state.table is None:
+            return self.routed(call)
+        try:
+            return self.routed(call)
+        except UnsupportedModelError as error:
+            self.state.table.refuse(str(error))
+            self.state.table.record(self.state.here(), call.name, 'refused', 'refused (see below)')
+            return call.run()
+
+    def routed(self, call: Call):
+        """:py:meth:`handle` outside a dry run."""
+        state = self.state
+        base = _base(call) if call.name == 'setitem' or in_place(call.func, call.kwargs) else None
+        before = (state.marks.of(base) if base.requires_grad else _CONSTANT) if base is not None else None
+        route = None
+        if state.marks.routed:
+            routes = [mark.route for mark in call.marks if mark is not None and mark.route is not None]
+            route = min(routes, key=_ORDER.index) if routes else None
+        output = ROUTES[route](call, state) if route is not None else dispatch(call, state)
+        if base is not None and base.requires_grad:
+            changed = produced(call, output)
+            after = state.marks.of(changed[0]) if changed else None
+            marks = [after] if before is _CONSTANT else [before, after]
+            state.marks.set([base], join_gates(marks) if all(marks) else None)
+        if state.table is not None:
+            self.record(call, route)
+        return output
+
+    def record(self, call: Call, route: str | None) -> None:
+        """Record ``call`` in the rule table: its rule (or the mark that routed it, or the override), what was done."""
+        state, entry = self.state, call.entry
+        if route is not None:
+            rule = f'{route} mark'
+        elif state.overrides and call.name in state.overrides:
+            rule = 'override'
+        else:
+            rule = entry.rule
+        how = call.note or (RULE_TABLE[entry.rule].summary if entry is not None else '')
+        if state.in_recurrence:
+            how = f'inside the recurrence {state.runs[-1].current.name}, its constants held: {how}'
+        state.table.record(state.here(), call.name, rule, how)
+
+
+_ORDER = list(ROUTES)
+_MISSING = object()
+#: ``(name, declaration, whether it changes its first argument, its fast path)`` of each function the mode has seen
+#: (:py:func:`_function`).
+_FUNCTIONS: dict = {}
+#: The fast path of metadata (not classified at all).
+_METADATA = 'metadata'
+#: The shapes of linear operations that note nothing and mark nothing where no operand is marked.
+_QUIET = frozenset({'selection', 'mask', 'write', 'reduction', 'dropout', 'constant'})
+
+
+def _function(func) -> tuple:
+    """``(name, declaration, whether it changes its first argument in place, its fast path)`` of ``func``, kept in
+    :py:data:`_FUNCTIONS`. The fast path of an operation where no operand is marked (:py:func:`_unmarked`):
+    ``'quiet'`` for a linear one that notes and marks nothing, ``'view'`` for a view or cast, which notes what it is a
+    view of, ``'product'`` for a product (linear where one factor carries relevance), None for none."""
+    name = op_name(func)
+    entry = OPERATIONS.get(name)
+    changes = name == 'setitem' or in_place(func)
+    fast = None
+    if entry is not None and entry.rule == 'metadata':
+        fast = _METADATA
+    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in _QUIET:
+        fast = 'quiet'
+    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape == 'view':
+        fast = 'view'
+    elif entry is not None and not changes and entry.rule == 'product':
+        fast = 'product'
+    found = (name, entry, changes, fast)
+    try:
+        _FUNCTIONS[func] = found
+    except TypeError:  # an unhashable callable
+        pass
+    return found
+
+
+#: The mark of a tensor that carried no relevance before an in-place change of a view of it (its values constants).
+_CONSTANT = Mark()
+
+
+def _unmarked(state: State, fast: str, call: Call):
+    """Run a ``call`` none of whose operands is marked, on its fast path (see :py:func:`_function`): the plain gradient
+    for a linear operation, and for a product with one relevance-carrying factor (its rule among several factors
+    otherwise: :py:func:`dispatch`); the output of a view notes what it is a view of
+    (:py:meth:`~zennit_attn.operations.marks.Marks.sources`); nothing to mark."""
+    carrying = call.carrying
+    if fast == 'product' and len(carrying) > 1:
+        return dispatch(call, state)
+    output = call.func(*call.args, **call.kwargs)
+    if fast == 'view' and isinstance(output, torch.Tensor) and output.requires_grad:
+        first = carrying[0] if len(carrying) == 1 else call.args[0]  # ``x.type_as(y)``: the values of ``x``
+        state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
+    return output
+
+
+def _operand_marks(state: State, carrying: list[torch.Tensor]) -> list:
+    """The marks of the relevance-carrying operands ``carrying`` (their origin checked: no kernel's output)."""
+    marks, trusted = state.marks, state.trusted
+    found, known = [], marks.nodes
+    for tensor in carrying:
+        node = tensor.grad_fn
+        kind = type(node)
+        if kind not in trusted:
+            state.check_origin(tensor)
+        mark = known.get(node, _MISSING)
+        found.append(mark if mark is not _MISSING else (marks.get(node) if kind in marks.rule_nodes else None))
+    return found
+
+
+def _base(call: Call) -> torch.Tensor | None:
+    """The tensor that the first argument of an in-place operation views (its base), if it is a view."""
+    first = call.args[0] if call.args else None
+    return first._base if isinstance(first, torch.Tensor) else None

@@ -1,0 +1,232 @@
+"""Element-wise functions, normalisers and normalisations in the classifying mode: the handlers of the registry's
+rules ``elementwise``, ``bound``, ``normaliser``, ``power``, ``exp``, ``statistic``, ``division``, ``normalisation``,
+``running_norm`` and ``decomposed``, and of the normaliser mark.
+
+- element-wise non-linearities (tanh, SiLU, GELU, sigmoid, clamp, ``x ** 2``, sign, roundings, remainders, ...): the
+  composite's activation rule (the identity rule, Eq. 9, not their zero or unit gradient), from the first input of a
+  chain of them (``sigmoid(relu(x))`` keeps ``sigmoid(0)``: :py:func:`~zennit_attn.rules.elementwise_identity`),
+  also where the model computes them in place (``x.tanh_()``, ``F.silu(x, inplace=True)``); their outputs are gates
+  (CP-LRP), a bound or rounding only where its input is one; ``exp`` is an attention-logit bias
+  (:py:mod:`~zennit_attn.operations.tracking`), inside a sequence mixer a term of its recurrence;
+- normalisers ``g(x)`` (``rsqrt``, ``sqrt``, ``1 / x``, powers below 1, variances and norms): constants (Prop. 3.4)
+  where they multiply the tensor they are computed from (``x * rsqrt(mean(x^2))``, :py:func:`normaliser_use`) or
+  divide anything (:py:func:`division`); anywhere else values, with the activation rule (element-wise) or the rules
+  of their decomposition (variances, norms: :py:data:`~.decompositions.STATISTICS`);
+- ``layer_norm``, ``rms_norm`` and ``normalize``: the identity rule on ``x / g(x)`` (Prop. 3.4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..rules import elementwise_identity, layer_norm_identity
+from .calls import Call, in_place, tensors_of
+from .graph import normalises
+from .marks import ACTIVATED, Mark, kind, passed, produced
+from .tracking import ConstantTensor, State
+
+__all__ = [
+    'elementwise',
+    'statistic',
+    'normaliser_use',
+    'division',
+    'normalisation',
+    'running_norm',
+    'decomposed',
+    'activated',
+    'bounded',
+    'exponentiated',
+    'normalising',
+    'divided',
+]
+
+
+def elementwise(call: Call, state: State):
+    """An element-wise function of one relevance-carrying tensor (rules ``elementwise``, ``bound``,
+    ``normaliser``, ``power``, ``exp``): the activation rule, in place on a copy where the model computes it in
+    place (the result copied back)."""
+    args, carrying = call.args, call.carrying
+    if len(carrying) != 1 or not isinstance(args[0], torch.Tensor) or args[0] is not carrying[0]:
+        what = (
+            'a power with a relevance-carrying exponent'
+            if call.name == 'pow'
+            else 'an element-wise non-linearity of more than one relevance-carrying tensor'
+        )
+        state.refuse(call.name, what)
+    gate = call.entry.rule != 'bound' or kind(call.marks[0]) is not None
+    rule = call.activation_rule if call.activation_rule is not None else state.activation_rule
+    call.note = f'{type(rule).__name__} (Eq. 9)' if rule is not None else 'the plain gradient (no activation rule)'
+    if in_place(call.func, call.kwargs):
+        if call.name == 'exp':
+            state.refuse(call.func.__name__, 'an exponential computed in place')
+        target, source = args[0], args[0].clone()  # the input's values, kept for the rule
+        changed = source.clone()
+        call.func(changed, *args[1:], **call.kwargs)
+        return target.copy_(state.activation(call, source, changed, gate))
+    return state.activation(call, args[0], call.run(), gate)
+
+
+def activated(call: Call, output, state: State) -> None:
+    """The marks of an element-wise non-linearity (rules ``elementwise``, ``normaliser``, ``power``): its output is a
+    gate; a normaliser (``rsqrt``, ``sqrt``, ``1 / x``, a power below 1) is marked as one."""
+    outputs = produced(call, output)
+    rule = call.entry.rule
+    if rule == 'normaliser' or (rule == 'power' and not _power_at_least_one(call)):
+        state.marks.set(outputs, Mark(gate=ACTIVATED.gate, normaliser=call.name))
+    else:
+        state.marks.set(outputs, ACTIVATED)
+
+
+def bounded(call: Call, output, state: State) -> None:
+    """The marks of a bound or rounding: a gate where its input is one, mixed where it is mixed (``clamp(w.sum(),
+    eps)``)."""
+    mark = call.marks[0] if len(call.marks) == 1 else None
+    if mark is not None and mark.gate is not None:
+        state.marks.set(produced(call, output), ACTIVATED if kind(mark) is not None else Mark(gate=mark.gate))
+
+
+def exponentiated(call: Call, output, state: State) -> None:
+    """The marks of ``exp``: inside a sequence mixer that is not softmax attention a term of its recurrence (a
+    decay), elsewhere an additive bias of attention logits, which must end in a softmax."""
+    if state.runs:
+        state.mark_term(output, (state.module_path(), call.name, f'an exponential in {state.runs[-1].name}'))
+    else:
+        state.mark_bias(output)
+
+
+def statistic(call: Call, state: State):
+    """A variance, standard deviation or norm (:py:data:`~.decompositions.STATISTICS`): its decomposition into
+    operations with rules."""
+    try:
+        with state.mode:
+            output = call.entry.decomposition(*call.args, **call.kwargs)
+    except NotImplementedError as error:
+        state.refuse(call.name, f'{error} of relevance-carrying tensors')
+    call.note = 'its decomposition (the square by the identity rule, the sums linear); a normaliser'
+    return output
+
+
+def normalising(call: Call, output, state: State) -> None:
+    """The marks of a variance, standard deviation or norm: a normaliser (its first output)."""
+    first = output[0] if isinstance(output, tuple) else output
+    state.marks.add(produced(call, first), normaliser=call.name)
+
+
+def normaliser_use(call: Call, state: State):
+    """An operation on normalisers ``g(x)`` (marked by :py:func:`activated` and :py:func:`normalising`).
+
+    A function of normalisers alone (``rsqrt(var + eps)``: an operation that keeps normalisers, its declaration's
+    ``keeps``) is a normaliser too. A product of ``x`` with a normaliser computed from ``x``
+    (:py:func:`~zennit_attn.operations.graph.normalises`) is a normalisation ``x / g'(x)``: the normaliser is a
+    constant (Prop. 3.4); so is a divisor (see :py:func:`division`). Anywhere else a normaliser is a value, with the
+    rules its operations got (the identity rule of ``sqrt``, the decomposition of a variance): ``sqrt(softplus(h))``,
+    ``h + var(h)``."""
+    marked = [mark is not None and mark.normaliser is not None for mark in call.marks]
+    if all(marked):
+        output = state.dispatch(call, state)
+        if call.entry is not None and 'normaliser' in call.entry.keeps:
+            state.marks.add(produced(call, output), normaliser=call.name)
+        return output
+    if call.entry is None or call.entry.rule != 'product':
+        return state.dispatch(call, state)
+    others = [state.marks.sources(tensor) for tensor, found in zip(call.carrying, marked) if not found]
+    constants = {
+        id(tensor): tensor.detach()
+        for tensor, found in zip(call.carrying, marked)
+        if found and any(normalises(tensor, sources) for sources in others)
+    }
+    if not constants:
+        return state.dispatch(call, state)
+    inner = call.without(constants)
+    output = state.dispatch(inner, state)
+    call.note = f'the normaliser g(x) of the other factor a constant (Prop. 3.4); {inner.note or "linear"}'
+    return output
+
+
+def division(call: Call, state: State):
+    """``a / b``: a relevance-carrying divisor ``b`` is a constant (the normaliser ``g(x)`` of Prop. 3.4), except
+    where both are gates (a renormalised softmax: the softmax of the selected logits, Prop. 3.1)."""
+    numerator, denominator = call.argument('input'), call.argument('other')
+    if not (isinstance(denominator, torch.Tensor) and denominator.requires_grad):
+        call.note = 'a constant divisor: linear, the plain gradient'
+        return call.run()
+    if _gate(state, denominator) and isinstance(numerator, torch.Tensor) and _gate(state, numerator):
+        call.note = 'gates divided by gates (a renormalised softmax): the plain gradient (Prop. 3.1)'
+        return call.run()
+    call.note = 'the divisor a constant (Prop. 3.4)'
+    return call.run(other=denominator.detach())
+
+
+def _gate(state: State, tensor: torch.Tensor) -> bool:
+    mark = state.marks.of(tensor)
+    return mark is not None and mark.gate is not None
+
+
+def divided(call: Call, output, state: State) -> None:
+    """The marks of ``a / b``: those of a linear function of ``a`` (the divisor a constant, also where it is kept as a
+    gate: a renormalisation)."""
+    numerator = call.argument('input')
+    index = next((index for index, tensor in enumerate(call.carrying) if tensor is numerator), None)
+    if index is None:
+        return
+    reduced = Call(call.func, call.name, call.entry, call.args, call.kwargs, [numerator], [call.marks[index]])
+    reduced.held = call.held
+    passed(reduced, output, state)
+
+
+def normalisation(call: Call, state: State):
+    """``layer_norm``, ``rms_norm``, ``normalize``: the identity rule on ``x / g(x)`` (Prop. 3.4), the weight and
+    bias (constants) linear."""
+    input = call.argument('input')
+    others = [value for name, value in call.arguments.items() if name != 'input']
+    if any(tensor.requires_grad for tensor in tensors_of(others, [])):
+        state.refuse(call.name, 'a normalisation whose weight carries relevance')
+    call.note = 'the identity rule on x / g(x), g constant (Prop. 3.4)'
+    if call.name == 'layer_norm':
+        shape = call.argument('normalized_shape')
+        weight, bias, eps = call.argument('weight'), call.argument('bias'), call.argument('eps', 1e-5)
+        return layer_norm_identity(input, len(shape), weight, bias, eps)
+    with torch.no_grad():
+        output = call.run()
+    return elementwise_identity(input, output)
+
+
+def running_norm(call: Call, state: State):
+    """``batch_norm(x, running_mean, running_var, weight, bias, training=False)``: with running statistics an
+    affine map per channel, ``x w / sqrt(var + eps) + (b - mean w / sqrt(var + eps))``, linear in ``x`` (the
+    plain gradient, Eq. 8), its shift a constant that absorbs relevance (noted); normalised by the statistics of
+    the batch (``training=True``, or no running statistics; ``instance_norm``) it is a normalisation over
+    positions, refused."""
+    mean, variance = call.argument('running_mean'), call.argument('running_var')
+    if call.name != 'batch_norm' or call.argument('training', False) or mean is None or variance is None:
+        state.refuse(call.name, 'a normalisation by the statistics of the batch or of the positions')
+    others = [value for name, value in call.arguments.items() if name != 'input']
+    if any(isinstance(value, torch.Tensor) and value.requires_grad for value in others):
+        state.refuse(call.name, 'a batch normalisation whose statistics or weight carry relevance')
+    call.note = 'an affine map per channel: the plain gradient (Eq. 8), its shift a constant'
+    output = call.run()
+    with torch.no_grad():
+        shift = call.run(input=torch.zeros_like(call.argument('input')[:1]))
+    if bool(shift.any()):
+        state.constants.append((state.here(), ConstantTensor(float(shift.abs().max()), shift.shape)))
+    return output
+
+
+def decomposed(call: Call, state: State):
+    """A composite function (:py:data:`~.decompositions.DECOMPOSED`): its arithmetic, with the mode classifying
+    each operation of it."""
+    call.note = 'its decomposition, each operation with its own rule'
+    try:
+        with state.mode:
+            return call.entry.decomposition(*call.args, **call.kwargs)
+    except NotImplementedError as error:
+        state.refuse(call.name, f'{error}, which is not softmax attention')
+
+
+def _power_at_least_one(call: Call) -> bool:
+    """Whether the exponent of ``pow`` is at least 1 (everywhere, for a tensor of exponents): below 1 a power can be a
+    normaliser (``x ** -0.5``)."""
+    exponent = call.argument('exponent')
+    if isinstance(exponent, torch.Tensor):
+        return bool((exponent >= 1).all())
+    return isinstance(exponent, (int, float)) and exponent >= 1

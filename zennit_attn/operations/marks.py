@@ -1,0 +1,310 @@
+"""What the engine knows of a tensor that carries relevance: its *marks*, set by the classifying mode on the outputs of
+the operations it classifies, as the registry declares them (:py:mod:`~zennit_attn.operations.registry`: each
+operation's rule says which marks it produces, and its ``keeps`` which marks of its inputs it passes on), whatever
+the spelling of the operations in between.
+
+Marks are kept per autograd node (the ``grad_fn`` of the tensor: a tensor changed in place has a new one) for one
+forward pass (:py:class:`Marks`). The outputs of the composite's own module rules, which the mode does not classify,
+are read from their nodes (:py:func:`~zennit_attn.rules.base.rule_node`): an activation's identity rule makes a
+gate, a rescaling by a constant of the relevance pass keeps the marks of its input.
+
+- *gate* (:py:attr:`Mark.gate`): ``'softmax'`` for a softmax output (also written as ``exp`` of a log-softmax, or the
+  mass of an attention sink), ``'activation'`` for the output of an element-wise non-linearity: a constant factor of
+  CP-LRP (Ali et al. 2022) where it enters a product. A linear function of softmax outputs alone, with constant
+  coefficients, is a softmax gate however it is written (views, selections, joins, writes into a constant tensor,
+  masks, sums, rescalings, contractions with constants: combined or mixed attention weights ``p1 - 0.3 p2``, routing
+  weights summed, scattered into a dense matrix or renormalised). What moves or combines outputs of activations
+  element by element keeps them gates (views, selections, joins, writes, masks, shifts and rescalings by constants,
+  products of gates); what sums them over positions or contracts them (``sum``, ``silu(h) @ W``, a linear layer, and
+  so also ``(silu(h)[..., None] * W).sum(-2)``) is ``'mixed'``: a value for the product rules (an MLP's output), a
+  gate only as the divisor of gates (``w / w.sum()``: a renormalisation). A function of a gate and another
+  relevance-carrying tensor is not a gate, nor is anything a declared recurrence computes (its values mixed with
+  input-dependent coefficients, which it holds constant: :py:mod:`~zennit_attn.operations.recurrences`);
+- *scores* of a softmax gate: the logits its softmaxes were computed from (their autograd nodes, casts looked
+  through), and *attention*: the scores of the softmax factors of a matrix product (an attention output), *sink*:
+  the scores of an attention sink's mass ``sigmoid(logsumexp(z) - s)``
+  (:py:mod:`~zennit_attn.operations.softmax`);
+- *contraction*: a contraction of relevance-carrying tensors without a softmax (``k^T v``), which must not meet
+  another product (linear attention: :py:mod:`~zennit_attn.operations.products`);
+- *log-softmax*, *logsumexp* (:py:mod:`~zennit_attn.operations.softmax`), *bias* (an exponential that must
+  end in attention logits), *normaliser* ``g(x)`` (:py:mod:`~zennit_attn.operations.elementwise`) and *term*
+  of a recurrence (:py:mod:`~zennit_attn.operations.recurrences`): an operation on a tensor with one of these
+  marks goes to the mark's handler (:py:data:`ROUTES`), which decides what the use is.
+
+Besides the marks, :py:class:`Marks` keeps what a tensor is a view, cast or centring of (:py:meth:`Marks.sources`),
+from which the engine tells whether a normaliser normalises a tensor
+(:py:func:`~zennit_attn.operations.graph.normalises`), and the logits a cast of logits stands for
+(:py:meth:`Marks.scores`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..rules.base import rule_input, rule_node
+from ..rules.products import ACTIVATION, SOFTMAX
+
+__all__ = ['Mark', 'Marks', 'ROUTES', 'ACTIVATED', 'SOFTMAXED', 'MIXED', 'join_gates', 'kind', 'produced', 'passed']
+
+#: The marks whose tensors go to a handler of their own, in the order in which one is chosen where the operands of an
+#: operation carry several.
+ROUTES = ('log_softmax', 'lse', 'bias', 'normaliser', 'term')
+
+
+#: The fields of a :py:class:`Mark`.
+_FIELDS = ('gate', 'scores', 'sink', 'attention', 'contraction', 'log_softmax', 'lse', 'bias', 'normaliser', 'term')
+
+
+class Mark:
+    """The marks of one tensor (see the module's description); not changed once made (:py:meth:`with_` makes
+    another).
+
+    Attributes
+    ----------
+    gate: str or None
+        ``'softmax'`` or ``'activation'`` for a gate, ``'mixed'`` for a sum or contraction of gates, else None.
+    scores: frozenset
+        For a softmax gate: the autograd nodes of the logits of its softmaxes.
+    sink: object
+        For the mass of an attention sink: the node of its logits.
+    attention: frozenset
+        For a matrix product with softmax factors: the nodes of their logits.
+    contraction: bool
+        A contraction of relevance-carrying tensors without a softmax.
+    log_softmax: object
+        For a log-softmax: the node of its logits.
+    lse: tuple or None
+        For a logsumexp ``logsumexp(z)``: ``(node of z, dimensions reduced, whether shifted by a constant)``.
+    bias: tuple or None
+        For an exponential that must end in attention logits: the module path where it was computed.
+    normaliser: str or None
+        For a normaliser ``g(x)``: the operation that computed it.
+    term: tuple or None
+        For a term of a recurrence: ``(module path, operation, what computed it)``.
+    route: str or None
+        The first of :py:data:`ROUTES` it carries (set from the fields).
+    """
+
+    __slots__ = _FIELDS + ('route',)
+
+    def __init__(
+        self,
+        gate: str | None = None,
+        scores: frozenset = frozenset(),
+        sink=None,
+        attention: frozenset = frozenset(),
+        contraction: bool = False,
+        log_softmax=None,
+        lse: tuple | None = None,
+        bias: tuple | None = None,
+        normaliser: str | None = None,
+        term: tuple | None = None,
+    ):
+        self.gate, self.scores, self.sink, self.attention, self.contraction = gate, scores, sink, attention, contraction
+        self.log_softmax, self.lse, self.bias, self.normaliser, self.term = log_softmax, lse, bias, normaliser, term
+        routes = (log_softmax, lse, bias, normaliser, term)  # in the order of ROUTES
+        self.route = next((name for name, value in zip(ROUTES, routes) if value is not None), None)
+
+    def with_(self, **fields) -> Mark:
+        """This mark with ``fields`` changed."""
+        values = {name: getattr(self, name) for name in _FIELDS}
+        values.update(fields)
+        return Mark(**values)
+
+    def __repr__(self) -> str:
+        fields = ', '.join(f'{name}={getattr(self, name)!r}' for name in _FIELDS if getattr(self, name) != _EMPTY[name])
+        return f'Mark({fields})'
+
+
+#: The gate of a sum or contraction of gates (see the module's description).
+MIXED = 'mixed'
+#: The mark of an activation's output.
+ACTIVATED = Mark(gate=ACTIVATION)
+_MIXED = Mark(gate=MIXED)
+#: The mark of a softmax output.
+SOFTMAXED = Mark(gate=SOFTMAX)
+_EMPTY = {name: getattr(Mark(), name) for name in _FIELDS}
+_MISSING = object()
+
+
+def join_gates(marks, mixes: bool = False) -> Mark | None:
+    """The gate of a linear or multilinear function of tensors with ``marks`` (one per relevance-carrying input): a
+    gate where every input is one: ``'softmax'`` where all are softmax outputs (their scores joined), ``'mixed'``
+    where the function sums or contracts outputs of activations (``mixes``) or some input is mixed, else
+    ``'activation'``; None where some input is not a gate."""
+    if len(marks) == 1 and not mixes:
+        mark = marks[0]
+        if mark is None or mark.gate is None:
+            return None
+        if mark.sink is None and not mark.attention and not mark.contraction and mark.route is None:
+            return mark
+        return Mark(gate=mark.gate, scores=mark.scores)
+    kinds, scores = set(), set()
+    for mark in marks:
+        if mark is None or mark.gate is None:
+            return None
+        kinds.add(mark.gate)
+        scores |= mark.scores
+    if kinds == {SOFTMAX}:
+        return Mark(gate=SOFTMAX, scores=frozenset(scores))
+    if mixes or MIXED in kinds:
+        return _MIXED
+    return ACTIVATED
+
+
+def kind(mark: Mark | None) -> str | None:
+    """The kind of a factor with ``mark`` as the product rules read it: ``'softmax'``, ``'activation'``, else None (a
+    value, also a mixed gate)."""
+    if mark is None or mark.gate == MIXED:
+        return None
+    return mark.gate
+
+
+def produced(call, output) -> list[torch.Tensor]:
+    """The relevance-carrying tensors an operation produced: those of its output, or its first argument where it
+    changes that in place and returns nothing (``x[i] = y``)."""
+    if output is None:
+        first = call.args[0] if call.args else None
+        return [first] if isinstance(first, torch.Tensor) and first.requires_grad else []
+    if isinstance(output, torch.Tensor):
+        return [output] if output.requires_grad else []
+    if isinstance(output, (list, tuple)):
+        return [item for item in output if isinstance(item, torch.Tensor) and item.requires_grad]
+    return []
+
+
+def passed(call, output, state, mixes: bool | None = None) -> None:
+    """The marks of a linear operation (by its declaration's ``keeps`` and ``mixes``): a gate where every
+    relevance-carrying input is one and the operation keeps gates (:py:func:`join_gates`, mixed where it ``mixes``;
+    not inside a declared recurrence, nor where the engine holds relevance-carrying factors constant); where one input
+    carries relevance, its sink mass, attention output and contraction where the operation keeps them. A view or cast
+    of one tensor, and a shift, note what they are computed from (:py:meth:`Marks.derive`). ``mixes``: whether it
+    contracts its inputs (default: its declaration's)."""
+    shape, marks, carrying = call.entry.shape, call.marks, call.carrying
+    if shape != 'view' and shape != 'shift' and not any(marks):
+        return
+    outputs = produced(call, output)
+    if not outputs:
+        return
+    if shape == 'view' and len(carrying) > 1:  # ``x.type_as(y)``, ``x.view_as(y)``: the values of ``x``
+        first = call.args[0] if call.args else None
+        marks = [mark for tensor, mark in zip(carrying, marks) if tensor is first] or marks
+        carrying = [tensor for tensor in carrying if tensor is first] or carrying
+    if shape == 'view' and len(carrying) == 1:  # what ``outputs`` are a view of (:py:meth:`Marks.sources`)
+        found, origins = (carrying[0].grad_fn, outputs[0].shape == carrying[0].shape), state.marks.origins
+        for tensor in outputs:
+            origins[tensor.grad_fn] = found
+    elif shape == 'shift':
+        state.marks.derive(outputs, carrying)
+    if any(marks):
+        mark = _passed(call, marks, state, call.entry.mixes if mixes is None else mixes)
+        if mark is not None:
+            state.marks.set(outputs, mark)
+
+
+def _passed(call, marks: list, state, mixes: bool) -> Mark | None:
+    """The mark a linear operation passes from its inputs' ``marks`` (see :py:func:`passed`)."""
+    keeps = call.entry.keeps
+    gate = None
+    if 'gate' in keeps and not call.held and not state.in_recurrence:
+        gate = join_gates(marks, mixes)
+    single = marks[0] if len(marks) == 1 else None
+    if single is None or not (single.sink is not None or single.attention or single.contraction):
+        return gate
+    sink = single.sink if 'sink' in keeps and gate is not None else None
+    attention = single.attention if 'attention' in keeps else frozenset()
+    contraction = single.contraction and 'contraction' in keeps
+    if gate is None and not attention and not contraction:
+        return None
+    fields = {'gate': gate.gate, 'scores': gate.scores} if gate is not None else {}
+    return Mark(sink=sink, attention=attention, contraction=contraction, **fields)
+
+
+class Marks:
+    """The marks of one forward pass, by autograd node (see the module's description)."""
+
+    def __init__(self):
+        #: the marks by autograd node (None: read through a rule's function, unmarked)
+        self.nodes: dict = {}
+        #: what a view, cast or centring was computed from, by the node of its output: ``(node, same shape)`` for a
+        #: view or cast, ``(None, nodes of the inputs)`` for a shift
+        self.origins: dict = {}
+        #: whether a log-softmax, a logsumexp, an attention-logit bias, a normaliser or a term was marked
+        self.routed = False
+        #: the classes of the autograd nodes of the rules' own functions met (:py:func:`~..rules.base.rule_node`)
+        self.rule_nodes: set = set()
+
+    def get(self, node) -> Mark | None:
+        """The mark of the tensor computed by ``node`` (None for an unmarked one); the mark of an output of the rules'
+        own functions is read through them and kept."""
+        mark = self.nodes.get(node, _MISSING)
+        if mark is not _MISSING or node is None:
+            return None if mark is _MISSING else mark
+        kind = rule_node(node)
+        if kind is None:
+            return None
+        self.rule_nodes.add(type(node))
+        if kind == 'gate':
+            mark = ACTIVATED
+        else:
+            mark = self.get(rule_input(node))
+            if mark is not None and kind == 'rescaled':
+                mark = Mark(gate=mark.gate, scores=mark.scores) if mark.gate is not None else None
+        self.nodes[node] = mark
+        return mark
+
+    def of(self, tensor: torch.Tensor) -> Mark | None:
+        """The mark of ``tensor``."""
+        return self.get(tensor.grad_fn)
+
+    def set(self, tensors, mark: Mark | None) -> None:
+        """Set ``mark`` on ``tensors`` (a list), replacing what they had; None removes their marks."""
+        for tensor in tensors:
+            if mark is None:
+                self.nodes.pop(tensor.grad_fn, None)
+            else:
+                self.nodes[tensor.grad_fn] = mark
+        if mark is not None and mark.route is not None:
+            self.routed = True
+
+    def add(self, tensors, **fields) -> None:
+        """Add the marks ``fields`` to those ``tensors`` (a list) have."""
+        for tensor in tensors:
+            mark = self.of(tensor)
+            self.set([tensor], Mark(**fields) if mark is None else mark.with_(**fields))
+
+    def derive(self, outputs, inputs) -> None:
+        """Note that ``outputs`` are a shift of ``inputs`` (a centring ``x - mean(x)``); views and casts note what they
+        view where they run (``(node, same shape)``)."""
+        found = (None, tuple(tensor.grad_fn for tensor in inputs))
+        for tensor in outputs:
+            self.origins[tensor.grad_fn] = found
+
+    def sources(self, tensor: torch.Tensor) -> set:
+        """The nodes ``tensor`` is (a view, cast or centring of): its own and those of what it was derived from (up to
+        16 views and casts, then the inputs of a centring)."""
+        node = tensor.grad_fn
+        found = {node}
+        for _ in range(16):
+            origin = self.origins.get(node)
+            if origin is None:
+                break
+            if origin[0] is None:  # a shift: its inputs
+                found.update(origin[1])
+                break
+            node = origin[0]
+            found.add(node)
+        for node in list(found):  # an identity rule's output: a function of its chain's first input
+            if rule_node(node) in ('gate', 'rescaled') and node.next_functions:
+                found.add(node.next_functions[0][0])
+        return found
+
+    def scores(self, tensor: torch.Tensor):
+        """The node of the logits that ``tensor`` (logits, cast or copied) stands for."""
+        node = tensor.grad_fn
+        for _ in range(16):
+            origin = self.origins.get(node)
+            if origin is None or origin[1] is not True:
+                break
+            node = origin[0]
+        return node

@@ -1,0 +1,297 @@
+"""Products in the classifying mode: the product rule (:py:mod:`zennit_attn.rules.products`) on every product of
+relevance-carrying tensors, whatever its spelling; the handlers of the registry's rules ``product``, ``elements``,
+``scatter``, ``solve`` and ``attention``.
+
+- multilinear operations (``a * b``, ``q @ k^T``, ``einsum``, ``linear`` with a relevance-carrying weight): the rule's
+  share for each relevance-carrying factor (Prop. 3.2; Prop. 3.3 for matrix products), an additive term (``addmm``'s
+  input, ``linear``'s bias) keeping its plain gradient; one relevance-carrying factor: linear, the plain gradient;
+- the product of the elements of one tensor (``prod``): the rule's share for N factors of one kind;
+- scatters that multiply (``scatter_reduce(..., 'prod')``): the rule per output, over the factors scattered to it;
+- ``scaled_dot_product_attention``: the rule on its two products, ``q k^T`` and ``softmax(.) V`` (Props. 3.1, 3.3);
+- an attention sink ``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)``: the product of the extended softmax
+  ``softmax([z, s])`` with ``[V; 0]`` (see :py:mod:`~zennit_attn.operations.softmax`);
+- linear attention (a contraction of relevance-carrying factors without a softmax, used in another product) is
+  refused; inside modules named like state-space or linear-attention mixers, products are gates of a declared
+  recurrence (:py:mod:`~zennit_attn.operations.recurrences`), refused elsewhere.
+
+The marks of a product (:py:func:`multiplied`): a gate where every relevance-carrying input is one
+(:py:func:`~zennit_attn.operations.marks.join_gates`), a contraction where it contracts relevance-carrying
+factors without a softmax among them, an attention output where it contracts softmax outputs with values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..rules import scaled_gradient
+from ..rules.products import SOFTMAX
+from .calls import Call, in_place, replaced
+from .graph import is_outer_product
+from .marks import SOFTMAXED, join_gates, kind, passed, produced
+from .tracking import State
+
+__all__ = ['product', 'elements', 'scatter', 'solve', 'attention', 'multiplied', 'factors']
+
+
+def _kinds(rule, marks: list) -> list[str | None]:
+    """The kinds of factors with ``marks`` (softmax outputs, activation outputs or values) where the product ``rule``
+    reads them, else Nones."""
+    if not rule.needs_kinds:
+        return [None] * len(marks)
+    return [kind(mark) for mark in marks]
+
+
+def factors(call: Call) -> tuple[list[torch.Tensor], list]:
+    """The relevance-carrying factors of a product and their marks: without the additive term of ``addmm`` and its
+    kind and the bias of ``linear`` and the convolutions (the declaration's ``additive``), which keeps its plain
+    gradient; a tensor that is both refused."""
+    additive = call.entry.additive
+    term = call.argument(additive) if additive is not None else None
+    if not (isinstance(term, torch.Tensor) and term.requires_grad):
+        return call.carrying, call.marks
+    index = next(index for index, tensor in enumerate(call.carrying) if tensor is term)
+    found = call.carrying[:index] + call.carrying[index + 1 :]
+    if any(tensor is term for tensor in found):
+        return None, None
+    return found, call.marks[:index] + call.marks[index + 1 :]
+
+
+def product(call: Call, state: State):
+    """A multilinear operation: the product rule on its relevance-carrying factors (see the module's list)."""
+    if len(call.carrying) < 2:
+        call.note = 'one relevance-carrying factor: linear, the plain gradient (Eq. 8)'
+        return call.func(*call.args, **call.kwargs)
+    found, marks = factors(call)
+    if found is None:
+        state.refuse(call.name, 'a product with a relevance-carrying tensor that is also its additive term')
+    if len(found) < 2:
+        call.note = 'one relevance-carrying factor: linear, the plain gradient (Eq. 8)'
+        return call.run()
+    if in_place(call.func, call.kwargs):
+        state.refuse(call.func.__name__, 'an in-place product of relevance-carrying tensors')
+    _refuse_linear_attention(call, state, marks)
+    rule = state.product_rule_of(call)
+    sinks = [index for index, mark in enumerate(marks) if mark is not None and mark.sink is not None]
+    kinds = _kinds(rule, marks)
+    shares = _sink_shares(rule, state, found, marks, sinks) if sinks else rule.shares(kinds)
+    call.note = f'{rule!r}: shares {_rounded(shares)} of the factors {_named(kinds, sinks)}'
+    return _shared(call, found, shares)
+
+
+def _rounded(shares) -> str:
+    return '(' + ', '.join(f'{share:.3g}' for share in shares) + ')'
+
+
+def _named(kinds, sinks=()) -> str:
+    names = ['sink mass' if index in sinks else (kind or 'value') for index, kind in enumerate(kinds)]
+    return '(' + ', '.join(names) + ')'
+
+
+def _shared(call: Call, found: list[torch.Tensor], shares):
+    """Run the product with each factor's gradient scaled by its share; where every relevance-carrying tensor is a
+    factor with one share, the output's gradient is scaled once instead (one pass over the output in the backward
+    instead of one per factor)."""
+    if len(set(shares)) == 1 and len(found) == len(call.carrying):
+        return scaled_gradient(call.run(), shares[0])
+    scales, scaled = {}, {}
+    for tensor, share in zip(found, shares):
+        scales[id(tensor)] = share
+
+    def swap(value):
+        # each distinct tensor scaled once: ``x * x`` gives x the gradient 2 x g / 2, its relevance x^2 g
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            if id(value) not in scaled:
+                scaled[id(value)] = scaled_gradient(value, scales.get(id(value), 1.0))
+            return scaled[id(value)]
+        if isinstance(value, (list, tuple)):
+            return type(value)(swap(item) for item in value)
+        return value
+
+    return call.func(*swap(tuple(call.args)), **{key: swap(value) for key, value in call.kwargs.items()})
+
+
+def _refuse_linear_attention(call: Call, state: State, marks: list) -> None:
+    """Check a product of several relevance-carrying tensors inside a sequence mixer that is not softmax attention
+    (:py:func:`_mixer_product`), and refuse a product with a contraction of relevance-carrying tensors none of which
+    is a softmax output (``q (k^T v)``: linear attention outside a declared recurrence)."""
+    if state.runs:
+        _mixer_product(call, state, state.runs[-1], marks)
+    if any(mark is not None and mark.contraction for mark in marks):
+        state.refuse(
+            call.name,
+            'a product with a contraction of relevance-carrying tensors that has no softmax (q (k^T v): linear '
+            'attention, not softmax attention)',
+            hint='AttnLRP (Achtibat et al. 2024) defines rules for softmax attention; zennit-attn explains '
+            'linear attention where a declared recurrence computes it (zennit_attn.operations.recurrences: '
+            'its keys and queries held constant), not written inline.',
+        )
+
+
+def _mixer_product(call: Call, state: State, run, marks: list) -> None:
+    """A product of several relevance-carrying tensors (with ``marks``) inside a module named like a sequence mixer
+    (``run``, a :py:class:`~zennit_attn.operations.recurrences.MixerRun`): inside a declared recurrence,
+    refused unless the recurrence has gates (the product rule applies to them); in the mixer's own code, noted (the
+    mixer is refused when it returns without having run a declared recurrence, unless a softmax output was a factor
+    of one of its products: then it computes softmax attention, whatever its name)."""
+    run.softmax = run.softmax or any(kind(mark) == SOFTMAX for mark in marks)
+    recurrence = run.current
+    if recurrence is not None and not recurrence.gates:
+        state.refuse(
+            call.name,
+            f'a product of relevance-carrying tensors inside the recurrence {recurrence.name} '
+            f'({recurrence.layer}), which is linear in its values once its constants are held',
+        )
+    if recurrence is None and run.product is None:
+        run.product = (call.name, state.module_path())
+
+
+def _sink_shares(rule, state: State, found: list, marks: list, sinks: list[int]) -> tuple[float, ...]:
+    """``(softmax(z) @ V) * sigmoid(logsumexp(z) - s)`` is ``softmax([z, s]) @ [V; 0]`` (an attention sink): the
+    product rule on that one product gives the extended softmax its share of the attention (AttnLRP 1/2, CP-LRP
+    0), which the sink mass passes on, and the attention output its full gradient (its matrix product already
+    shared it)."""
+    share = rule.shares([SOFTMAX, None])[0]
+    others = [mark for index, mark in enumerate(marks) if index not in sinks]
+    if (
+        len(sinks) != 1
+        or len(others) != 1
+        or not (share == 0 or (others[0] is not None and marks[sinks[0]].sink in others[0].attention))
+    ):
+        state.refuse(
+            'sigmoid(logsumexp)',
+            'an attention-sink mass that does not scale the attention output softmax(z) @ V of its own scores z',
+        )
+    return tuple(share if index == sinks[0] else 1.0 for index in range(len(found)))
+
+
+def solve(call: Call, state: State):
+    """A linear solve ``A^-1 B`` (``linalg.solve_triangular(A, B)``, ``linalg.solve(A, B)``: the UT transform of a
+    chunked delta rule): linear in the right-hand side ``B``, the plain gradient; a relevance-carrying matrix
+    ``A`` (the inverse of a relevance-carrying tensor) is refused."""
+    matrix = call.argument('A', call.argument('input'))
+    if isinstance(matrix, torch.Tensor) and matrix.requires_grad:
+        state.refuse(call.name, 'a linear solve with a relevance-carrying matrix (its inverse)')
+    return call.run()
+
+
+def elements(call: Call, state: State):
+    """``prod`` of the elements of one tensor along ``dim`` (all without): N factors of one kind, the product
+    rule's share for N (1/N: Prop. 3.2)."""
+    dim = call.argument('dim')
+    count = call.carrying[0].numel() if dim is None else call.carrying[0].shape[dim]
+    rule = state.product_rule_of(call)
+    share = rule.shares(_kinds(rule, call.marks[:1]) * max(count, 1))[0]
+    call.note = f'{rule!r}: share {share:.3g} of each of its {count} factors'
+    return scaled_gradient(call.run(), share)
+
+
+def scatter(call: Call, state: State):
+    """A scatter: the plain gradient for sums, means, maxima and minima; for a product (``reduce='prod'``,
+    ``'multiply'``) each output is the product of the input's entry (unless ``include_self=False``) and the
+    source entries scattered to it: a factor the product rule makes constant (CP-LRP: a gate among input and
+    source) is detached, and the output's gradient is divided by the number of its other relevance-carrying
+    factors (Prop. 3.2)."""
+    if call.argument('reduce') not in ('prod', 'multiply'):
+        return call.run()
+    if in_place(call.func, call.kwargs):
+        state.refuse(call.func.__name__, 'an in-place product of relevance-carrying tensors')
+    input, dim, index = call.argument('input'), call.argument('dim'), call.argument('index')
+    source = next(call.argument(key) for key in ('src', 'source', 'value') if call.given(key))
+    found = [tensor for tensor in (input, source) if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
+    marks = [state.marks.of(tensor) for tensor in found]
+    rule = state.product_rule_of(call)
+    shares = rule.shares(_kinds(rule, marks)) if len(found) > 1 else (1.0,)
+    detached = {id(tensor): tensor.detach() for tensor, share in zip(found, shares) if share == 0}
+    call.note = f'{rule!r}: a constant factor where its share is 0, else 1/N per output'
+    if detached:
+        call = call.without(detached)
+        input, source = (replaced(item, detached) for item in (input, source))
+    output = call.run()
+    with torch.no_grad():
+        counts = torch.zeros_like(output)
+        if input.requires_grad and call.argument('include_self', True):
+            counts += 1
+        if isinstance(source, torch.Tensor) and source.requires_grad:
+            if call.name == 'index_reduce':
+                counts = counts.index_add(dim, index, torch.ones_like(source, dtype=output.dtype))
+            else:
+                counts = counts.scatter_add(
+                    dim, index, torch.ones(index.shape, dtype=output.dtype, device=output.device)
+                )
+    return scaled_gradient(output, 1 / counts.clamp_min(1))
+
+
+def attention(call: Call, state: State):
+    """``scaled_dot_product_attention(q, k, v, mask)``: the product rule on ``q k^T`` and on ``softmax(.) V``,
+    the softmax between them passing its share by its plain gradient (Prop. 3.1): query and key get their share
+    of the scores' share (AttnLRP: 1/4 each), the values their share of the attention (AttnLRP: 1/2); a float mask
+    that carries relevance is an additive term of the logits, the scores' share (CP-LRP: query, key and mask
+    constant)."""
+    names = ('query', 'key', 'value')
+    operands = [call.argument(name) for name in names]
+    marks = [state.marks.of(tensor) if isinstance(tensor, torch.Tensor) else None for tensor in operands]
+    biased = [mark for mark in marks if mark is not None and mark.bias is not None]
+    if biased:  # an exponential in query, key or value
+        _refuse_bias(state, 'exp (used by scaled_dot_product_attention)', biased[0].bias)
+    rule = state.product_rule_of(call)
+    kinds = _kinds(rule, marks)
+    scores_share, value_share = rule.shares([SOFTMAX, kinds[2]])
+    query_share, key_share = rule.shares(kinds[:2])
+    scales = {'query': query_share * scores_share, 'key': key_share * scores_share, 'value': value_share}
+    values = {}
+    for name, tensor in zip(names, operands):
+        if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+            values[name] = scaled_gradient(tensor, scales[name])
+    mask = call.argument('attn_mask')
+    if isinstance(mask, torch.Tensor) and mask.requires_grad:
+        values['attn_mask'] = scaled_gradient(mask, scores_share)
+    call.note = (
+        f'{rule!r}: query {scales["query"]:.3g}, key {scales["key"]:.3g}, value {scales["value"]:.3g} '
+        f'(softmax rule between, Prop. 3.1)'
+    )
+    return call.run(**values)
+
+
+def _refuse_bias(state: State, op: str, origin) -> None:
+    state.refuse(
+        op,
+        'an exponential that does not only enter attention logits additively (such a bias of the '
+        'logits gets its share of the softmax rule, Prop. 3.1; any other use of exp has no AttnLRP rule)',
+        path=list(origin),
+    )
+
+
+def multiplied(call: Call, output, state: State) -> None:
+    """The marks of a product (rules ``product``, ``elements``, ``scatter``): those of a linear operation
+    (:py:func:`~zennit_attn.operations.marks.passed`: a gate where every relevance-carrying input is one, mixed
+    where it contracts outputs of activations); a contraction of
+    relevance-carrying factors none of which is a softmax output (a matrix product or a broadcast outer product:
+    ``k^T v``) is marked a contraction, a matrix product with softmax factors an attention output (the logits of its
+    softmaxes)."""
+    if len(call.carrying) < 2 and call.marks[0] is None:
+        return
+    passed(call, output, state)
+    if call.entry.rule != 'product' or len(call.carrying) < 2:
+        return
+    found, marks = factors(call)
+    if found is None or len(found) < 2:
+        return
+    outer = call.name == 'mul' and len(found) == 2 and is_outer_product(*found)
+    if not (call.entry.contraction or outer):
+        return
+    softmax = [mark for mark in marks if kind(mark) == SOFTMAX]
+    outputs = produced(call, output)
+    if not softmax:
+        state.marks.add(outputs, contraction=True)
+    elif call.entry.contraction:
+        state.marks.add(outputs, attention=frozenset().union(*(mark.scores for mark in softmax)))
+
+
+def attended(call: Call, output, state: State) -> None:
+    """The marks of ``scaled_dot_product_attention``: ``softmax(q k^T) V``, a contraction of the softmax with the
+    values, is a gate where they are a gate or constant (a softmax gate where they are softmax outputs or constant,
+    else mixed)."""
+    value = call.argument('value')
+    mark = state.marks.of(value) if isinstance(value, torch.Tensor) and value.requires_grad else SOFTMAXED
+    if mark is not None and mark.gate is not None and not state.in_recurrence:
+        state.marks.set(produced(call, output), join_gates([SOFTMAXED, mark], mixes=True))

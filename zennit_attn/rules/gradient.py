@@ -1,0 +1,276 @@
+"""The AttnLRP rules of modules in the gradient convention (see :py:mod:`zennit_attn.rules`): epsilon (Eq. 8)
+for linear layers, identity (Eq. 9) for activations, identity on ``x / g(x)`` for normalisations (Prop. 3.4). The
+rules of the operations inside models (products, softmaxes) are applied by the engine
+(:py:mod:`zennit_attn.operations`) with the composite's product rule
+(:py:mod:`~zennit_attn.rules.products`)."""
+
+from __future__ import annotations
+
+import torch
+from zennit.core import RemovableHandle, RemovableHandleList
+
+from ..core.errors import UnsupportedModelError
+from ..core.kinds import is_listed_activation, norm_kind
+from .base import (
+    GradientRule,
+    compute_dtype,
+    elementwise_identity,
+    gradient_map,
+    layer_norm_identity,
+    tensor_output,
+)
+
+
+def _stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``tensor + epsilon * sign(tensor)`` with sign(0) = 1 (the stabiliser of Eq. 5 and Eq. 8)."""
+    return tensor + epsilon * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
+
+
+class Epsilon(GradientRule):
+    """Epsilon rule (Eq. 8) for linear layers: ``R_i = sum_j W_ji x_i R_j / (z_j + eps sign(z_j))``.
+
+    In the gradient convention this multiplies the output gradient by ``z / (z + eps sign(z))``; the bias
+    and epsilon absorb their share of the relevance. With ``epsilon = 0`` (the default of the LLM composites)
+    the rule is the plain gradient: no division happens in this formulation, so no stabiliser is needed, and
+    nothing is registered. The factor is computed in the forward pass (one tensor of the output's shape, float32 for
+    a half-precision output, kept for the backward pass), so that a model that changes the layer's output in place
+    (Falcon adds the attention output to the MLP's, LED and RoCBert their embeddings) keeps the rule.
+
+    Parameters
+    ----------
+    epsilon: float
+        The stabiliser; 0 gives the exact Eq. 8 limit.
+    """
+
+    def __init__(self, epsilon: float = 1e-6):
+        super().__init__()
+        if epsilon < 0:
+            raise ValueError(f'epsilon must be >= 0, got {epsilon}')
+        self.epsilon = epsilon
+
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        if self.epsilon == 0:
+            return RemovableHandleList([RemovableHandle(self)])
+        return super().register(module)
+
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad:
+            return None
+        dtype = compute_dtype(output)
+        value = output.detach().to(dtype)
+        factor = value / _stabilize(value, self.epsilon)
+        return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
+
+
+class Identity(GradientRule):
+    """Identity rule (Eq. 9) for element-wise non-linearities (GELU, SiLU, tanh, ...): ``R_in = R_out``.
+
+    Modules recognised by their class name only (not in :py:data:`~zennit_attn.core.kinds.ACTIVATIONS`) are
+    confirmed element-wise at their first call: reordering the features of the input reorders the output.
+
+    The rule needs the module's input after the forward: a module that overwrites it (``torch.nn.SiLU(inplace=True)``)
+    runs out of place while the rule is registered (its ``inplace`` flag is set to False and put back by
+    :py:meth:`remove`); a module that changes its input in place otherwise is refused
+    (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`), never explained from the overwritten values.
+    """
+
+    confirmed = False
+    #: ``(module, whether it held its own ``inplace`` attribute)`` while its flag is switched off
+    switched: tuple[torch.nn.Module, bool] | None = None
+    #: the version counter of the module's input when its forward began
+    version: int | None = None
+
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        handles = super().register(module)
+        handles.append(module.register_forward_pre_hook(self._pre_forward))
+        if getattr(module, 'inplace', None) is True:
+            self.switched = (module, 'inplace' in module.__dict__)
+            module.inplace = False
+        return handles
+
+    def _pre_forward(self, module, input):
+        first = input[0] if input else None
+        self.version = first._version if isinstance(first, torch.Tensor) else None
+
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad or not input or not isinstance(input[0], torch.Tensor):
+            return None
+        if self.version is not None and input[0]._version != self.version:
+            raise UnsupportedModelError(
+                f'{type(module).__name__} changes its input in place, so the identity rule (Eq. 9) cannot read the '
+                'input it computed its output from; make it compute out of place (e.g. inplace=False) or report the '
+                'model.'
+            )
+        if input[0].shape != output.shape:
+            raise ValueError(
+                f'The identity rule needs an element-wise module, but {type(module).__name__} maps '
+                f'{tuple(input[0].shape)} to {tuple(output.shape)}'
+            )
+        if not self.confirmed and not is_listed_activation(module):
+            with torch.no_grad():
+                flipped = module.forward(input[0].detach().flip(-1))
+            if not torch.allclose(flipped, output.detach().flip(-1), equal_nan=True):
+                raise UnsupportedModelError(
+                    f'{type(module).__name__} is named like an activation but is not element-wise (its output '
+                    'changes when the features are reordered), so the identity rule (Eq. 9) does not apply to it; '
+                    'add a rule for it or report the model.'
+                )
+        self.confirmed = True
+        return self.elementwise(input[0], output)
+
+    @staticmethod
+    def elementwise(input: torch.Tensor, output: torch.Tensor, gate: bool = True) -> torch.Tensor:
+        """``output``, an element-wise function of ``input``, with the identity rule's gradient (Eq. 9): for the
+        activation modules and, as the composite's activation rule, for the element-wise functions the engine sees
+        (``gate``: the output of a non-linearity, a gate of CP-LRP, not a bound or rounding)."""
+        return elementwise_identity(input, output, gate=gate)
+
+    def remove(self) -> None:
+        """Put back a module's ``inplace`` flag (see the class description), then remove the hooks."""
+        if self.switched is not None:
+            module, own = self.switched
+            if own:
+                module.inplace = True
+            else:
+                del module.inplace
+            self.switched = None
+        super().remove()
+
+    def copy(self):
+        duplicate = super().copy()
+        duplicate.confirmed, duplicate.switched, duplicate.version = False, None, None
+        return duplicate
+
+
+class NormIdentity(GradientRule):
+    """Identity rule on the normalisation ``x / g(x)`` of LayerNorm and RMSNorm (Prop. 3.4).
+
+    ``g(x)`` is treated as a constant; the affine parts (mean subtraction, weight, bias) are linear and keep
+    their epsilon-rule gradient. For RMSNorm the output is ``x_i c w_i`` with a per-row constant ``c``, so the
+    rule is the element-wise ratio ``g_in = g_out y / x``, valid for every RMSNorm variant (Gemma's
+    ``1 + w``, float32 up-casting, ...). For LayerNorm the output is recomputed with the standard deviation
+    detached.
+
+    Other modules named like a normalisation (``norm_kind`` ``'probe'``) are confirmed at their first call, on
+    the input they receive: the output must not change when the input is scaled (a normalisation); if it does not
+    change when a constant is added either, the module subtracts the mean (LayerNorm-like: ``y = (x - mean) c w +
+    b``, with ``b`` the output for a zero input), otherwise it must be RMSNorm-like (``y / x`` the same profile in
+    every row). A module that fails is refused (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`).
+
+    The RMSNorm-like output is not saved for the backward pass: called as ``module(x)`` (one input, no keyword
+    arguments), the module computes it again there from ``x``, which a plain pass saves as well, so that the rule
+    holds no more activations than the plain gradient (one tensor per normalisation less than saving the output).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.confirmed = None
+        #: whether the module's current call is ``module(x)``, which its backward can run again
+        self.recomputable = False
+
+    def register(self, module: torch.nn.Module) -> RemovableHandleList:
+        handles = super().register(module)
+        handles.append(module.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
+        return handles
+
+    def _pre_forward(self, module, args, kwargs):
+        self.recomputable = len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
+
+    def forward(self, module, input, output):
+        output = tensor_output(module, output)
+        if not output.requires_grad or not input[0].requires_grad:
+            return None
+        kind = norm_kind(module)
+        if kind == 'probe':
+            if self.confirmed is None:
+                self.confirmed = _confirm_norm(module, input[0].detach(), output.detach())
+            kind, bias = self.confirmed
+            if kind == 'centered':
+                return _CenteredRatio.apply(input[0], output.detach(), bias)
+        if kind == 'rms':
+            return elementwise_identity(input[0], output, module=module if self.recomputable else None)
+        if kind == 'layer':
+            dims = len(module.normalized_shape)
+            return layer_norm_identity(input[0], dims, module.weight, module.bias, module.eps).to(output.dtype)
+        raise TypeError(
+            f'NormIdentity does not know how {type(module).__name__} normalises; supported are torch.nn.LayerNorm, '
+            'torch.nn.RMSNorm and Hugging Face *RMSNorm modules'
+        )
+
+    def copy(self):
+        duplicate = super().copy()
+        duplicate.confirmed, duplicate.recomputable = None, False
+        return duplicate
+
+
+def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """``('rms', None)`` or ``('centered', bias)`` for a module that normalises the last dimension of ``x``."""
+    name = type(module).__name__
+    tolerance = 5e-2 if torch.finfo(y.dtype).bits < 32 else 1e-3
+
+    def close(a, b):
+        return bool(((a - b).abs().max() <= tolerance * b.abs().max().clamp_min(1e-12)).item())
+
+    def refuse(reason):
+        raise UnsupportedModelError(
+            f'{name} is named like a normalisation but {reason}, so the normalisation rule (Prop. 3.4) does not '
+            'apply to it; map it to a rule of the composite (docs: Use a composite) or report the model.'
+        )
+
+    def run(probe):
+        try:
+            return module.forward(probe)
+        except Exception as error:  # e.g. a channels-first layout that a one-row probe does not have
+            refuse(f'it does not run on a probe of shape {tuple(probe.shape)} ({type(error).__name__}: {error})')
+
+    with torch.no_grad():
+        if y.shape != x.shape:
+            refuse(f'maps {tuple(x.shape)} to {tuple(y.shape)}')
+        # random probes (the input received can be degenerate: equal rows), far above any epsilon of the
+        # normalisation: rows scaled to an RMS of 1e3 each (a normalisation over another dimension is not invariant)
+        generator = torch.Generator(device=x.device).manual_seed(0)
+        probe = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        probe = probe / probe.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30) * 1e3
+        reference = run(probe)
+        if not close(
+            run(
+                2
+                * probe
+                * torch.rand(probe.shape[:-1] + (1,), generator=generator, dtype=x.dtype, device=x.device).add(0.5)
+            ),
+            reference,
+        ):
+            refuse('its output changes when a row of its input (along the last dimension) is scaled')
+        if close(run(probe + probe.abs().amax(-1, keepdim=True)), reference):
+            return 'centered', run(torch.zeros_like(x[..., :1, :] if x.dim() > 1 else x))
+        profile = run(torch.full_like(x[..., :1, :] if x.dim() > 1 else x, 1e3)) / 1e3
+        scale = probe * profile
+        ratio = reference / scale
+        valid = scale.abs() > 1e-6 * scale.abs().amax()
+        low = torch.where(valid, ratio, float('inf')).amin(-1)
+        high = torch.where(valid, ratio, float('-inf')).amax(-1)
+        if not bool((high - low <= tolerance * high.abs().clamp_min(1e-12)).all()):
+            refuse('it neither subtracts the mean nor scales every feature of a row by one factor')
+    return 'rms', None
+
+
+class _CenteredRatio(torch.autograd.Function):
+    """Backward of a mean-subtracting normalisation ``y = (x - mean) c w + b`` with ``c`` constant (Prop. 3.4):
+    ``g_in = h - mean(h)`` with ``h = g_out (y - b) / (x - mean)``, so that ``sum x g_in = sum (y - b) g_out``."""
+
+    @staticmethod
+    def forward(ctx, input, output, bias):
+        ctx.save_for_backward(input.detach(), output.detach(), bias)
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, output, bias = ctx.saved_tensors
+        dtype = compute_dtype(input, output, grad_output)
+        x = input.to(dtype)
+        centered = x - x.mean(-1, keepdim=True)
+        ratio = ((output.to(dtype) - bias.to(dtype)) / centered).nan_to_num_(0.0, 0.0, 0.0)
+        scaled = ratio * grad_output.to(dtype)
+        return (scaled - scaled.mean(-1, keepdim=True)).to(input.dtype), None, None
