@@ -118,6 +118,17 @@ _BERT_LIKE = dict(
     attention_probs_dropout_prob=0.0,
 )
 
+#: The hook dictionaries of a module: empty again after a composite's context.
+HOOK_ATTRIBUTES = (
+    '_forward_hooks',
+    '_forward_pre_hooks',
+    '_backward_hooks',
+    '_backward_pre_hooks',
+    '_forward_hooks_with_kwargs',
+    '_forward_pre_hooks_with_kwargs',
+    '_forward_hooks_always_called',
+)
+
 
 _GEMMA_LIKE = dict(  # one sliding-window layer with a window shorter than the test sequences, one global layer
     _LLAMA_LIKE,

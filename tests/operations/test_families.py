@@ -33,6 +33,7 @@ from tests.models import (
     FAMILY_HEADS,
     GEMMA2_ATTN_SOFTCAP,
     GEMMA2_FINAL_SOFTCAP,
+    HOOK_ATTRIBUTES,
     LAYERS,
     MOE,
     decoder_ids,
@@ -59,15 +60,6 @@ GATED_MLPS = {
     family: LAYERS
     for family in ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3', 'olmo2', 'granite', 'gemma2', 'phi3', 'qwen2_moe')
 } | {'t5': 2 * LAYERS}
-HOOK_ATTRIBUTES = (
-    '_forward_hooks',
-    '_forward_pre_hooks',
-    '_backward_hooks',
-    '_backward_pre_hooks',
-    '_forward_hooks_with_kwargs',
-    '_forward_pre_hooks_with_kwargs',
-    '_forward_hooks_always_called',
-)
 #: measured fractions, printed at the end of the module (run with -s to see them)
 INPUT_FRACTIONS: dict[str, float] = {}
 #: mixtures of experts: the fraction of the logit that the routers' softmax absorbs

@@ -21,6 +21,7 @@ from zennit.attribution import Gradient
 # IMAGE, CHANNELS, pixels, tiny_*: still imported from here by other test files (import them from tests.models)
 from tests.models import (
     CLASSES,
+    HOOK_ATTRIBUTES,
     VISION_BUILDERS,
     pixels,
     tiny_deit,
@@ -32,16 +33,6 @@ from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPGamma
 from zennit_attn.core.modules import output_scores
 from zennit_attn.methods.propagation import lrp_method
 from zennit_attn.rules import Gamma
-
-HOOK_ATTRIBUTES = (
-    '_forward_hooks',
-    '_forward_pre_hooks',
-    '_backward_hooks',
-    '_backward_pre_hooks',
-    '_forward_hooks_with_kwargs',
-    '_forward_pre_hooks_with_kwargs',
-    '_forward_hooks_always_called',
-)
 
 
 def _snapshot(model):

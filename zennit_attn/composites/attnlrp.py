@@ -333,11 +333,15 @@ class AttnLRPComposite(Composite):
                 )
 
     @staticmethod
-    def refuse_rules(module: torch.nn.Module) -> None:
+    def refuse_rules(
+        module: torch.nn.Module,
+        hint: str = "Leave that context (or call that composite's remove()) first, or map the rules you need in this "
+        'composite (docs: Use a composite).',
+    ) -> None:
         """Raise ``RuntimeError`` if zennit rules are registered on ``module`` or its submodules (another zennit
         composite's context: its hooks would change the gradient the rules of this composite pass; checked by
-        :py:meth:`register`). Rules registered afterwards, inside this composite's context, are refused when the
-        model runs (:py:mod:`zennit_attn.core.audit`)."""
+        :py:meth:`register`), with ``hint``: what to do. Rules registered afterwards, inside this composite's context,
+        are refused when the model runs (:py:mod:`zennit_attn.core.audit`)."""
         hooks = rule_hooks(module)
         if hooks:
             where = ', '.join(f'{type(hook).__name__} at {name or "the root"!r}' for name, hook in hooks[:3])
@@ -345,8 +349,7 @@ class AttnLRPComposite(Composite):
             raise RuntimeError(
                 f'{type(module).__name__} already has zennit rules registered ({where}{more}), e.g. inside the '
                 'context of a zennit composite: they would change the gradient that the rules of this composite '
-                "pass, and the relevance with it. Leave that context (or call that composite's remove()) first, or "
-                'map the rules you need in this composite (docs: Use a composite).'
+                f'pass, and the relevance with it. {hint}'
             )
 
     def _mark(self, module: torch.nn.Module) -> None:

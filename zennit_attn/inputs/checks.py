@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Mapping
 import torch
 from transformers import PreTrainedConfig
 
-from ..composites import refuse_compiled, rule_hooks
+from ..composites import AttnLRPComposite, refuse_compiled, rule_hooks
 from ..core.devices import input_device
 from ..core.errors import UnsupportedModelError
 from ..core.modules import forward_parameters, output_scores
@@ -369,16 +369,11 @@ def _may_be_compiled(module: torch.nn.Module) -> bool:
 
 def _refuse_rule_hooks(model: torch.nn.Module) -> None:
     """Raise if zennit rules are registered on the model (see :py:func:`check_model`)."""
-    hooks = rule_hooks(model)
-    if hooks:
-        where = ', '.join(f'{type(hook).__name__} at {name or "the root"!r}' for name, hook in hooks[:3])
-        more = f' and {len(hooks) - 3} more' if len(hooks) > 3 else ''
-        raise RuntimeError(
-            f'{type(model).__name__} already has zennit rules registered ({where}{more}), e.g. inside the context of '
-            'a zennit composite: they would change the relevance of every method. explain() registers the rules it '
-            "needs itself: leave that context (or call the composite's remove()) first, and pass an LRP composite "
-            'as explain(..., composite=...)'
-        )
+    AttnLRPComposite.refuse_rules(
+        model,
+        hint="explain() registers the rules it needs itself: leave that context (or call the composite's remove()) "
+        'first, and pass an LRP composite as explain(..., composite=...)',
+    )
 
 
 def _check_weights(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]) -> None:
