@@ -119,8 +119,14 @@ MUTANTS = [
     Mutant(
         'the fast path of quiet operations ignores marks',
         f'{OPERATIONS}/classifier.py',
-        '        if quiet and not any(found) and not state.overrides and state.table is None:',
-        '        if quiet and not state.overrides and state.table is None:',
+        '        if fast is not None and not any(call.marks) and not state.overrides and state.table is None:',
+        '        if fast is not None and not state.overrides and state.table is None:',
+    ),
+    Mutant(
+        "an operand outside the engine's sight passes (the audit's refusal ignored)",
+        f'{OPERATIONS}/classifier.py',
+        '        if refusal is not None:\n            self.unaudited(call.name, refusal)\n',
+        '',
     ),
     Mutant(
         'overrides of rule objects are ignored',
