@@ -1,7 +1,11 @@
-"""explain(): what is explained, batches with padding, the zennit attributor path, and bad input."""
+"""explain(): what is explained, batches with padding, the zennit attributor path, bad input, and the host
+synchronisations of one call."""
+
+import collections
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import BertConfig, BertForSequenceClassification
 from zennit.attribution import Gradient
 
@@ -310,3 +314,54 @@ def test_text_refusals(text_model, tokenizer):
 
     with pytest.raises(ValueError, match='no pad token and no end-of-sequence token'):
         explain(text_model, TEXTS, tokenizer=NoPad())
+
+
+#: Tensor functions that wait for the device's result on an accelerator (a host synchronisation): values read on the
+#: host, and outputs whose shape depends on the values.
+SYNCHRONISING = frozenset(
+    {
+        'item',
+        'tolist',
+        '__bool__',
+        '__int__',
+        '__float__',
+        '__index__',
+        'nonzero',
+        'argwhere',
+        'masked_select',
+        'unique',
+        'unique_consecutive',
+        'bincount',
+        'repeat_interleave',
+    }
+)
+
+
+class Synchronisations(TorchFunctionMode):
+    """Counts the calls of :py:data:`SYNCHRONISING` functions made through torch's function dispatch (by the model,
+    the engine under its classifying mode and the library around it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, '__name__', '')
+        if name in SYNCHRONISING:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('method', ['attnlrp', 'cplrp'])
+def test_host_synchronisations_do_not_grow_with_the_layers(method):
+    """On an accelerator each synchronisation stalls the host until the device is done: an explanation forces a few
+    per call (reading the target and the position, checking the input ids), none per layer."""
+    found = {}
+    for layers in (2, 6):
+        model = tiny_model('llama', num_hidden_layers=layers, **LLAMA)
+        tokens = ids(1, 12)
+        explain(model, tokens, target=5, method=method)  # the first call finds the model's facts once
+        with Synchronisations() as counter:
+            explain(model, tokens, target=5, method=method)
+        found[layers] = counter.counts
+    assert found[2] == found[6] and sum(found[6].values()) <= 8, found
