@@ -362,8 +362,7 @@ def unexplained(
             "Compute it with torch operations inside the context (the function's forward as plain PyTorch), or "
             'report the model.',
         )
-    modules = model.named_modules() if model is not None else ()
-    scripted = [repr(path) if path else 'the model' for path, module in modules if _scripted(module)]
+    scripted = _scripted_modules(model)
     where = f' (TorchScript modules of this model: {", ".join(scripted[:3])})' if scripted else ''
     return (
         f'{role} computed outside the engine (its autograd node {type(tensor.grad_fn).__name__} was made by no '
@@ -391,6 +390,19 @@ def _function_of(node, depth: int = 4) -> str | None:
             return None
         node = inputs[0]
     return None
+
+
+def _scripted_modules(model: torch.nn.Module | None) -> list[str]:
+    """The outermost TorchScript modules of ``model`` (their paths; not the submodules of a scripted one)."""
+    if model is None:
+        return []
+    if _scripted(model):
+        return ['the model']
+    found: list[str] = []
+    for path, module in model.named_modules():
+        if _scripted(module) and not any(path.startswith(f'{outer}.') for outer in found):
+            found.append(path)
+    return [repr(path) for path in found]
 
 
 def _scripted(module: torch.nn.Module) -> bool:
