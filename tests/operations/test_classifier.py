@@ -254,6 +254,35 @@ def test_normalisers_of_the_normalised_tensor_are_constants(name, composite):
     check(model, expected, composite)
 
 
+#: activations divided by activations: element-wise functions (or normalisations) of values, not a renormalised softmax
+ACTIVATION_QUOTIENTS = {
+    'x**2 / (|x| + 1)': lambda h: h**2 / (h.abs() + 1),
+    'sigmoid(x) / sigmoid(x).sum()': lambda h: torch.sigmoid(h) / torch.sigmoid(h).sum(-1, keepdim=True),
+}
+
+
+@pytest.mark.parametrize('composite', COMPOSITES)
+@pytest.mark.parametrize('name', ACTIVATION_QUOTIENTS)
+def test_activations_divided_by_activations_are_normalised(name, composite):
+    """A quotient of activations (sigmoid routing scores renormalised by their sum) times a gate: the divisor is a
+    constant (Prop. 3.4), the numerator's activations pass their relevance by the identity rule; the two gates share
+    the product uniformly (also CP-LRP: every factor is a gate). Before, the quotient was taken for a renormalised
+    softmax and passed its plain gradient: CP-LRP kept 78% of the logit with ``x**2 / (|x| + 1)``."""
+    function = ACTIVATION_QUOTIENTS[name]
+    model = projected(lambda module, x: module.c(function(module.a(x)) * torch.sigmoid(module.b(x))))
+
+    def expected(xx):
+        h = model.a(xx)
+        if name.startswith('x**2'):  # the identity rule on the whole element-wise function
+            quotient = identity(h, function(h))
+        else:  # the identity rule on the sigmoid, its sum a constant
+            quotient = identity(h, torch.sigmoid(h)) / torch.sigmoid(h).sum(-1, keepdim=True).detach()
+        gate = identity(model.b(xx), torch.sigmoid(model.b(xx)))
+        return model.c(scaled(quotient, 0.5) * scaled(gate, 0.5))
+
+    check(model, expected, composite)
+
+
 @pytest.mark.parametrize('composite', COMPOSITES)
 def test_a_root_of_another_tensor_is_a_factor(composite):
     """``sqrt(softplus(a(x))) * b(x)``: the root is not computed from ``b(x)``, so it does not normalise it: a product

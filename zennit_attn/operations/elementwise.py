@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..rules import elementwise_identity, layer_norm_identity
+from ..rules.products import SOFTMAX
 from .calls import Call, in_place, tensors_of
 from .graph import normalises
 from .marks import ACTIVATED, Mark, kind, passed, produced
@@ -145,21 +146,23 @@ def normaliser_use(call: Call, state: State):
 
 def division(call: Call, state: State):
     """``a / b``: a relevance-carrying divisor ``b`` is a constant (the normaliser ``g(x)`` of Prop. 3.4), except
-    where both are gates (a renormalised softmax: the softmax of the selected logits, Prop. 3.1)."""
+    where both are softmax gates (a renormalised softmax: the softmax of the selected logits, Prop. 3.1). Activations
+    divided by activations (``s / s.sum()`` of sigmoid scores, ``x**2 / (|x| + 1)``) are normalised: the divisor a
+    constant, so that the element-wise function they compute passes its relevance as the identity rule does."""
     numerator, denominator = call.argument('input'), call.argument('other')
     if not (isinstance(denominator, torch.Tensor) and denominator.requires_grad):
         call.note = 'a constant divisor: linear, the plain gradient'
         return call.run()
-    if _gate(state, denominator) and isinstance(numerator, torch.Tensor) and _gate(state, numerator):
-        call.note = 'gates divided by gates (a renormalised softmax): the plain gradient (Prop. 3.1)'
+    if _softmax(state, denominator) and isinstance(numerator, torch.Tensor) and _softmax(state, numerator):
+        call.note = 'softmax gates divided by softmax gates (a renormalised softmax): the plain gradient (Prop. 3.1)'
         return call.run()
     call.note = 'the divisor a constant (Prop. 3.4)'
     return call.run(other=denominator.detach())
 
 
-def _gate(state: State, tensor: torch.Tensor) -> bool:
-    mark = state.marks.of(tensor)
-    return mark is not None and mark.gate is not None
+def _softmax(state: State, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a softmax gate (a linear function of softmax outputs)."""
+    return kind(state.marks.of(tensor)) == SOFTMAX
 
 
 def divided(call: Call, output, state: State) -> None:
