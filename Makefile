@@ -1,12 +1,14 @@
 # zennit-attn: install, demo, tests, benchmarks.
 # Needs only python3 (>= 3.11), pip and access to PyPI. Override the interpreter or the environment folder with
 # `make PYTHON=python3.11 VENV=/path/to/venv ...`; pass demo options with `make demo ARGS='--composite cplrp'`
-# and pytest options with `make test PYTEST_ARGS='-m "not slow"'`.
+# and pytest options with `make test PYTEST_ARGS='-x'`. `make test` runs the suite without its end-to-end tier (under
+# 4 minutes on 2 cores), `make test-slow` that tier (the marker slow).
 # `make docs` builds the documentation site into docs/_build/html (warnings are errors); `make notebooks` executes
-# the notebooks of notebooks/ with small settings (tests/notebooks/, also part of `make test`).
+# the notebooks of notebooks/ with small settings (tests/notebooks/, also part of `make test-slow`).
 # `make system` installs the system programs some tests use (see SYSTEM_PACKAGES); `make test` runs it first.
 # Every install takes the tested versions of constraints.txt (pip -c); `make constraints` rewrites that file from fresh
-# installs on Python 3.11 and 3.12 (update it on purpose: see its header). CI (.ci/run) runs `make test` on both
+# installs on Python 3.11 and 3.12 (update it on purpose: see its header). CI (.ci/run) runs `make test` and
+# `make test-slow` on both
 # interpreters of the tested matrix, each in its own environment: `make test PYTHON=python3.12 VENV=.ci/py3.12/.venv`.
 
 PYTHON ?= python3
@@ -21,7 +23,7 @@ PYTEST_ARGS ?=
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = $(BIN)/python -m pip install -c $(CONSTRAINTS)
 
-.PHONY: install system demo test lint notebooks docs supported-models readme-figure bench clean distclean constraints
+.PHONY: install system demo test test-slow lint notebooks docs supported-models readme-figure bench clean distclean constraints
 
 install: $(STAMP)
 
@@ -64,11 +66,15 @@ demo: install
 
 # two worker processes (pytest-xdist; the tests run torch single-threaded), each with half of the tests in file
 # order, an idle one taking tests from the end of the other's (worksteal: module fixtures are mostly built once, and
-# no long file is left running alone at the end; measured 211 s against 233 s for one file at a time, 249 s for
-# handing out single tests); PYTEST_ARGS='-n 0' runs them in this process (for -x, -s, pdb); ruff first (make lint,
-# a few seconds): style and the complexity limit are part of the tests
+# no long file is left running alone at the end); PYTEST_ARGS='-n 0' runs them in this process (for -x, -s, pdb);
+# ruff first (make lint, a few seconds): style and the complexity limit are part of the tests. `make test` leaves out
+# the end-to-end tier (the marker slow: the real SmolLM2-135M, the notebooks, fresh interpreters and worker
+# processes, every vision-language architecture), which `make test-slow` runs; CI runs both
 test: install system lint
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow" $(PYTEST_ARGS)
+
+test-slow: install system
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m slow $(PYTEST_ARGS)
 
 # ruff's linter (with the complexity limit of pyproject.toml) and its format check, on the package, the tests, the
 # benchmarks and the tools; `ruff format .` and `ruff check --fix .` mend most of what it finds

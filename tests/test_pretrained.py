@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from zennit_attn.pretrained import cache_folder, load_smollm2
 
 
+@pytest.mark.slow  # the real SmolLM2-135M, dequantised from its GGUF file again (about 60 s)
 def test_cached_model_equals_the_gguf_model(smollm2):
     cached, cached_tokenizer = smollm2
     model, tokenizer = load_smollm2(cache=False)

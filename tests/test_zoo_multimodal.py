@@ -12,7 +12,14 @@ from zennit_attn.workflows.architecture_check import check, configs, processors
 from zennit_attn.workflows.architecture_check.pixels import VIA_PROCESSOR
 
 
-@pytest.mark.parametrize('mapping', ['image-text-to-text', 'masked-lm'])
+@pytest.mark.parametrize(
+    'mapping',
+    [
+        # every vision-language architecture of transformers, each explained twice (about 90 s)
+        pytest.param('image-text-to-text', marks=pytest.mark.slow),
+        'masked-lm',
+    ],
+)
 def test_zoo(mapping):
     check_mapping(mapping)
 

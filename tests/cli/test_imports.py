@@ -185,6 +185,7 @@ def test_refusals_import_no_torch(tmp_path):
     assert not (tmp_path / 'out').exists()
 
 
+@pytest.mark.slow  # fresh interpreters (about 20 s)
 def test_import_zennit_attn_loads_names_on_first_use():
     found = python("""
         import json, sys
@@ -207,6 +208,7 @@ def test_import_zennit_attn_loads_names_on_first_use():
     assert found['explain'] == ['zennit_attn.explain', True, True, True]
 
 
+@pytest.mark.slow  # fresh interpreters (about 20 s)
 def test_the_submodule_explain_first():
     """``zennit_attn.explain`` is the function also where the submodule was imported before the name was used (as
     the command line's run step does)."""

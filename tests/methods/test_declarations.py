@@ -137,6 +137,7 @@ def test_the_declarations_import_no_torch():
     assert found == []
 
 
+@pytest.mark.slow  # fresh interpreters (about 25 s)
 def test_the_core_methods_need_neither_captum_nor_sklearn():
     """With captum and scikit-learn not importable (as after ``pip install zennit-attn`` without extras), explain()
     runs AttnLRP, CP-LRP and the gradient baselines, and KernelSHAP is an ImportError that names the extra."""

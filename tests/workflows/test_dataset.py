@@ -134,6 +134,7 @@ assert torch.distributed.is_available() and not torch.distributed.is_initialized
 """
 
 
+@pytest.mark.slow  # two worker processes, each a fresh interpreter (about 30 s)
 def test_two_processes_equal_one(setup, tmp_path):
     model, tokenizer = setup
     script = tmp_path / 'worker.py'
@@ -327,6 +328,7 @@ except SettingsMismatchError as error:
 """
 
 
+@pytest.mark.slow  # two worker processes, each a fresh interpreter (about 20 s)
 def test_a_refused_directory_stops_every_rank(setup, tmp_path):
     """Rank 0 refuses a directory made with other settings; the other rank gets the refusal instead of waiting for
     rank 0 at a barrier (the run would hang until torchrun's timeout)."""
