@@ -46,7 +46,7 @@ from ..core.kinds import is_activation, model_configs, norm_kind
 from ..core.quantization import quantization_of
 from ..operations.calls import tensors_of
 from ..operations.classifier import Classifier
-from ..operations.marks import ACTIVATED, Mark
+from ..operations.marks import ACTIVATED, Mark, Marks
 from ..operations.recurrences import GATES, RECURRENCES, MixerRun
 from ..operations.registry import check_overrides
 from ..operations.tracking import KERNEL_HINTS, RuleTable, State, produced_tensors
@@ -370,12 +370,18 @@ class OperationCanonizer(Canonizer):
             return
         values = list(output.values()) if isinstance(output, Mapping) else output
         outputs = [tensor for tensor in tensors_of(values, []) if tensor.requires_grad]
+        state = self.state
+        recomputed = bool(state.audit.checkpoints)  # blocks that the engine classifies again in the backward pass
         try:
             with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
                 self._recorded(self._check_audit, outputs)
         finally:
             self._exit_modes()
         self._recorded(self._check_outputs, outputs)
+        if not recomputed:
+            # the marks hold the autograd nodes they were set on: let go of them (and of what those nodes saved, on
+            # the branches the rules cut off, e.g. CP-LRP's constant gates) before the backward pass
+            state.marks = Marks()
 
     def _check_audit(self, outputs: list[torch.Tensor]) -> None:
         """Refuse an output of the model computed by a kernel, or by operations the engine did not see (its audit)."""
