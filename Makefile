@@ -77,10 +77,10 @@ test-slow: install system
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m slow $(PYTEST_ARGS)
 
 # ruff's linter (with the complexity limit of pyproject.toml) and its format check, on the package, the tests, the
-# benchmarks and the tools; `ruff format .` and `ruff check --fix .` mend most of what it finds
+# benchmarks, the tools and the notebooks; `ruff format .` and `ruff check --fix .` mend most of what it finds
 lint: install
-	$(BIN)/ruff check zennit_attn tests benchmarks tools docs/conf.py
-	$(BIN)/ruff format --check zennit_attn tests benchmarks tools docs/conf.py
+	$(BIN)/ruff check zennit_attn tests benchmarks tools notebooks docs/conf.py
+	$(BIN)/ruff format --check zennit_attn tests benchmarks tools notebooks docs/conf.py
 
 # the notebooks run top to bottom in fresh kernels (nbclient, ipykernel: in the dev extra)
 notebooks: install

@@ -14,6 +14,7 @@ Usage (from the repository root, after ``apt-get install dataset-fashion-mnist``
 
     python notebooks/data/make_fashion_samples.py
 """
+
 from __future__ import annotations
 
 import sys
