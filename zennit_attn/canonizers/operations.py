@@ -286,7 +286,7 @@ class OperationCanonizer(Canonizer):
                 if state.runs:  # a mixer inside a mixer (a gated norm in a Mamba-2 mixer): the outer one answers for it
                     state.runs[-1].absorb(run)
                 else:
-                    self._recorded(self._check_run, run, output)
+                    self.state.recorded(self._check_run, run, output)
 
         self.handles.append(module.register_forward_pre_hook(enter))
         self.handles.append(module.register_forward_hook(leave, always_call=True, prepend=opaque))
@@ -295,15 +295,9 @@ class OperationCanonizer(Canonizer):
         """Audit the call of an opaque module (whose inside its rule replaces, unclassified) as one operation: refuse
         an input the engine did not produce or sanction (changed by a forward pre-hook registered after the
         composite, which runs in the module), record the output (the rule's) as produced."""
-        state = self.state
         with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
-            inputs = produced_tensors(args)
-            for tensor in inputs:
-                state.check_origin(tensor)
-            refusal = state.audit.refusal(inputs, 'an input')
-            if refusal is not None:
-                self._recorded(self.refuse, name, *refusal)
-            state.audit.record(output)
+            self.state.recorded(self._check_audit, name, produced_tensors(args), 'an input')
+            self.state.audit.record(output)
 
     def _mark_opaque(self, activation: bool, args, output) -> None:
         """Mark the output of a module whose inside the mode leaves to the module's rule (an ``activation``, or a
@@ -336,16 +330,6 @@ class OperationCanonizer(Canonizer):
             path=path,
         )
 
-    def _recorded(self, check: Callable, *args) -> None:
-        """Run ``check``; in a dry run a refusal is recorded instead of raised."""
-        if self.state.table is None:
-            check(*args)
-            return
-        try:
-            check(*args)
-        except UnsupportedModelError as error:
-            self.state.table.refuse(str(error))
-
     def _set(self, target, attribute: str, value) -> None:
         self.settings.append((target, attribute, getattr(target, attribute)))
         setattr(target, attribute, value)
@@ -374,27 +358,28 @@ class OperationCanonizer(Canonizer):
         recomputed = bool(state.audit.checkpoints)  # blocks that the engine classifies again in the backward pass
         try:
             with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
-                self._recorded(self._check_audit, outputs)
+                state.recorded(self._check_audit, 'forward', outputs, 'an output', [])
         finally:
             self._exit_modes()
-        self._recorded(self._check_outputs, outputs)
+        state.recorded(self._check_outputs, outputs)
         if not recomputed:
             # the marks hold the autograd nodes they were set on: let go of them (and of what those nodes saved, on
             # the branches the rules cut off, e.g. CP-LRP's constant gates) before the backward pass
             state.marks = Marks()
 
-    def _check_audit(self, outputs: list[torch.Tensor]) -> None:
-        """Refuse an output of the model computed by a kernel, or by operations the engine did not see (its audit)."""
+    def _check_audit(self, op: str, tensors: list[torch.Tensor], role: str, path: list | None = None) -> None:
+        """Refuse ``op`` where one of the relevance-carrying ``tensors`` (its ``role``: an input of an opaque module, an
+        output of the model) was computed by a kernel or by operations the engine did not see (its audit)."""
         state = self.state
-        for tensor in outputs:
+        for tensor in tensors:
             state.check_origin(tensor)
-        refusal = state.audit.refusal(outputs, 'an output')
+        refusal = state.audit.refusal(tensors, role)
         if refusal is not None:
-            self.refuse('forward', *refusal, path=[])
+            self.refuse(op, *refusal, path=path)
 
     def _check_outputs(self, outputs: list[torch.Tensor]) -> None:
-        """Refuse an output of the model computed by a kernel, a term of a recurrence or an exponential that never
-        reached a softmax."""
+        """Refuse an output of the model that is a term of a recurrence or an exponential that never reached a
+        softmax."""
         state = self.state
         for tensor in outputs:
             mark = state.marks.of(tensor)

@@ -135,13 +135,14 @@ class Classifier(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def classified(self, call: Call, fast: str | None, changes: bool, tensors: list[torch.Tensor]):
-        """Audit the operands of ``call`` (:py:meth:`unaudited`), apply its rule (on its fast path where no operand is
-        marked, :py:func:`_unmarked`; routed by marks, :py:meth:`handle`, or dispatched) and record its outputs, and
-        the ``tensors`` it ``changes`` in place, as produced by the engine."""
+        """Audit the operands of ``call`` (:py:meth:`~zennit_attn.core.audit.Audit.refusal`; in a dry run a refusal is
+        recorded), apply its rule (on its fast path where no operand is marked, :py:func:`_unmarked`; routed by marks,
+        :py:meth:`handle`, or dispatched) and record its outputs, and the ``tensors`` it ``changes`` in place, as
+        produced by the engine."""
         state = self.state
         refusal = state.audit.refusal(call.carrying)
-        if refusal is not None:
-            self.unaudited(call.name, refusal)
+        if refusal is not None:  # an operand the engine did not produce or sanction
+            state.recorded(state.refuse, call.name, *refusal)
         if fast is not None and not any(call.marks) and not state.overrides and state.table is None:
             output = _unmarked(state, fast, call)
         elif changes or state.marks.routed or state.table is not None:
@@ -152,16 +153,6 @@ class Classifier(TorchFunctionMode):
         if changes:
             state.audit.record_changed(tensors)
         return output
-
-    def unaudited(self, name: str, refusal: tuple[str, str]) -> None:
-        """Refuse the operation ``name`` on an operand the engine did not produce or sanction (``refusal``: what it is
-        and what to do, :py:meth:`~zennit_attn.core.audit.Audit.refusal`); in a dry run, record the refusal."""
-        if self.state.table is None:
-            self.state.refuse(name, *refusal)
-        try:
-            self.state.refuse(name, *refusal)
-        except UnsupportedModelError as error:
-            self.state.table.refuse(str(error))
 
     def handle(self, call: Call):
         """Route ``call`` to the handler of a mark of its operands (:py:data:`ROUTES`), else :py:func:`dispatch` it;

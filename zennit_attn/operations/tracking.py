@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.audit import Audit, sanction
+from ..core.errors import UnsupportedModelError
 from ..rules.base import rule_node
 from ..rules.products import ProductRule
 from .calls import Call, tensors_of
@@ -266,6 +267,16 @@ class State:
     def in_recurrence(self) -> bool:
         """Whether the operation being classified runs inside a declared recurrence."""
         return bool(self.runs) and self.runs[-1].current is not None
+
+    def recorded(self, check: Callable, *args) -> None:
+        """Run ``check(*args)``; in a dry run (:py:attr:`table`) a refusal it raises is recorded instead."""
+        if self.table is None:
+            check(*args)
+            return
+        try:
+            check(*args)
+        except UnsupportedModelError as error:
+            self.table.refuse(str(error))
 
     def here(self) -> str:
         """The name of the innermost module of the model being run ('' for the model itself)."""
