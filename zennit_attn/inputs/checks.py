@@ -189,20 +189,36 @@ def _probe_ids(model: torch.nn.Module) -> torch.Tensor | None:
     return torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=device)
 
 
+def _probe_base(model: torch.nn.Module) -> torch.nn.Module:
+    """The module the probes run: a Hugging Face model's ``base_model`` (without its head: an output per position),
+    else the model."""
+    base = getattr(model, 'base_model', None)
+    return base if isinstance(base, torch.nn.Module) else model
+
+
+def _probe_outputs(base: torch.nn.Module, runs: list[dict]) -> list[torch.Tensor] | None:
+    """The output scores of ``base`` called (without gradients, without a cache where it takes ``use_cache``) with
+    each of ``runs`` (keyword arguments); None where a call fails (a model that needs more than token ids: images, a
+    decoder input) or an output is not a tensor with an output per position."""
+    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(base) else {}
+    try:
+        with torch.no_grad():
+            outputs = [output_scores(base(**run, **kwargs)) for run in runs]
+    except Exception:  # not decided here
+        return None
+    if not all(isinstance(output, torch.Tensor) and output.dim() >= 3 for output in outputs):
+        return None
+    return outputs
+
+
 def _sees_later_tokens(model: torch.nn.Module) -> bool | None:
     ids = _probe_ids(model)
     if ids is None:
         return None
-    base = getattr(model, 'base_model', None)  # Hugging Face: the model without its head (an output per position)
-    base = base if isinstance(base, torch.nn.Module) else model
-    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(base) else {}
-    try:
-        with torch.no_grad():
-            states = output_scores(base(input_ids=ids, **kwargs))
-    except Exception:  # a model that needs more than token ids (images, a decoder input): not decided here
+    outputs = _probe_outputs(_probe_base(model), [{'input_ids': ids}])
+    if outputs is None or outputs[0].shape[:2] != ids.shape:
         return None
-    if not isinstance(states, torch.Tensor) or states.dim() < 3 or states.shape[:2] != ids.shape:
-        return None
+    states = outputs[0]
     earlier = states[:, :2].double()
     change = float((earlier[0] - earlier[1]).abs().max())
     return change > 1e-6 * max(float(earlier.abs().max()), torch.finfo(torch.float64).tiny)
@@ -243,22 +259,16 @@ def _keeps_left_padding(model: torch.nn.Module) -> bool | None:
     pads = [pad for pad in range(int(row.max()) + 1, int(row.max()) + 4) if pad != padding_idx][:2]
     mask = torch.ones(1, _PROBE_PADS + row.shape[1], dtype=torch.long, device=row.device)
     mask[:, :_PROBE_PADS] = 0
-    base = getattr(model, 'base_model', None)
-    base = base if isinstance(base, torch.nn.Module) else model
-    parameters = forward_parameters(base)
-    kwargs = {'use_cache': False} if 'use_cache' in parameters else {}
-    positions = {'position_ids': (mask.cumsum(-1) - 1).clamp(min=0)} if 'position_ids' in parameters else {}
-    try:
-        with torch.no_grad():
-            outputs = [output_scores(base(input_ids=row, attention_mask=torch.ones_like(row), **kwargs))]
-            for pad in pads:
-                padded = torch.cat([torch.full_like(mask[:, :_PROBE_PADS], pad), row], -1)
-                outputs.append(output_scores(base(input_ids=padded, attention_mask=mask, **positions, **kwargs)))
-    except Exception:  # a model that needs more than token ids (images, a decoder input): not decided here
-        return None
-    if not all(isinstance(output, torch.Tensor) and output.dim() >= 3 for output in outputs):
-        return None
-    if outputs[1].shape[1] != mask.shape[1]:
+    base = _probe_base(model)
+    positions = (
+        {'position_ids': (mask.cumsum(-1) - 1).clamp(min=0)} if 'position_ids' in forward_parameters(base) else {}
+    )
+    runs = [{'input_ids': row, 'attention_mask': torch.ones_like(row)}]
+    for pad in pads:
+        padded = torch.cat([torch.full_like(mask[:, :_PROBE_PADS], pad), row], -1)
+        runs.append({'input_ids': padded, 'attention_mask': mask, **positions})
+    outputs = _probe_outputs(base, runs)
+    if outputs is None or outputs[1].shape[1] != mask.shape[1]:
         return None
     eps = torch.finfo(outputs[0].dtype).eps
     alone, first, second = (output[:, -row.shape[1] :].double() for output in outputs)
