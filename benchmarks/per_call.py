@@ -214,7 +214,9 @@ def profile(model, input_ids, target, method: str, calls: int, top: int) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--model', default='random-llama', choices=('random-llama', 'random-mixtral', 'smollm2'))
+    parser.add_argument(
+        '--model', default='random-llama', choices=('random-llama', 'python-bound', 'random-mixtral', 'smollm2')
+    )
     parser.add_argument('--seq', type=int, default=16)
     parser.add_argument('--method', default='attnlrp', choices=('attnlrp', 'cplrp'), help='default attnlrp')
     parser.add_argument('--calls', type=int, default=50, help='timed rounds (default 50)')

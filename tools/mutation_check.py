@@ -119,13 +119,14 @@ MUTANTS = [
     Mutant(
         'the fast path of quiet operations ignores marks',
         f'{OPERATIONS}/classifier.py',
-        '        if fast is not None and not any(call.marks) and not state.overrides and state.table is None:',
+        '        if fast is not None and not any(marks) and not state.overrides and state.table is None:',
         '        if fast is not None and not state.overrides and state.table is None:',
     ),
     Mutant(
         "an operand outside the engine's sight passes (the audit's refusal ignored)",
         f'{OPERATIONS}/classifier.py',
-        '        if refusal is not None:\n            self.unaudited(call.name, refusal)\n',
+        '        if refusal is not None:  # an operand the engine did not produce or sanction\n'
+        '            state.recorded(state.refuse, name, *refusal)\n',
         '',
     ),
     Mutant(

@@ -43,6 +43,7 @@ from zennit.canonizers import Canonizer
 from ..core.audit import Audit
 from ..core.errors import UnsupportedModelError
 from ..core.kinds import is_activation, model_configs, norm_kind
+from ..core.modules import Modules
 from ..core.quantization import quantization_of
 from ..operations.calls import tensors_of
 from ..operations.classifier import Classifier
@@ -190,34 +191,38 @@ class OperationCanonizer(Canonizer):
     def copy(self) -> OperationCanonizer:
         return type(self)(self.rules[0], self.activation_rule, self.scopes, self.constants, self.overrides)
 
-    def apply(self, root_module: torch.nn.Module) -> list[Canonizer]:
+    def apply(self, root_module: torch.nn.Module, modules: Modules | None = None) -> list[Canonizer]:
+        """Register a copy of this canonizer to ``root_module`` (``modules``: its walk, where the caller has it)."""
         instance = self.copy()
         try:
-            instance.register(root_module)
+            instance.register(root_module, modules)
         except BaseException:
             instance.remove()
             raise
         return [instance]
 
-    def register(self, model: torch.nn.Module) -> None:
-        """Apply the canonizer to ``model`` (see the class's description)."""
+    def register(self, model: torch.nn.Module, modules: Modules | None = None) -> None:
+        """Apply the canonizer to ``model`` (see the class's description) in one walk over its modules (``modules``:
+        ``list(model.named_modules())`` where the caller has walked them)."""
         self.root = model
-        self._configure(model)
+        modules = list(model.named_modules()) if modules is None else modules
+        self._configure(model, modules)
         # first (after the relevance boundary, which the composites register later, also first): the pre-hooks that
         # change the model's inputs run in the mode
         self.handles.append(model.register_forward_pre_hook(self._enter, with_kwargs=True, prepend=True))
         self.handles.append(model.register_forward_hook(self._leave, always_call=True))
-        for parameter in model.parameters():  # each once: a shared one is frozen at its first module
-            if parameter.requires_grad:
-                parameter.requires_grad_(False)
-                self.frozen.append(parameter)
-        self._hook_modules(model)
+        for _, module in modules:  # each parameter once: a shared one is frozen at its first module
+            for parameter in module._parameters.values():
+                if parameter is not None and parameter.requires_grad:
+                    parameter.requires_grad_(False)
+                    self.frozen.append(parameter)
+        self._hook_modules(model, modules)
         for module, rule in self.scopes:
             self._scope(module, rule)
 
-    def _configure(self, model: torch.nn.Module) -> None:
+    def _configure(self, model: torch.nn.Module, modules: Modules) -> None:
         """Attention and experts implementations the mode cannot see into run as ones it sees."""
-        for config in model_configs(model):
+        for config in model_configs(model, [module for _, module in modules]):
             implementation = getattr(config, '_attn_implementation_internal', None)
             if implementation is not None and implementation not in VISIBLE_ATTENTION:
                 sdpa = getattr(model, '_supports_sdpa', True) is not False
@@ -225,11 +230,11 @@ class OperationCanonizer(Canonizer):
             if getattr(config, '_experts_implementation_internal', None) not in (None, *VISIBLE_EXPERTS):
                 self._set(config, '_experts_implementation_internal', 'eager')
 
-    def _hook_modules(self, model: torch.nn.Module) -> None:
+    def _hook_modules(self, model: torch.nn.Module, modules: Modules) -> None:
         """The instance settings, and the hooks of the opaque modules and of the modules named like sequence mixers
         (each class looked at once)."""
         classes: dict[type, tuple[bool, bool, tuple | None, bool]] = {}
-        for module in model.modules():
+        for _, module in modules:
             cls = type(module)
             if cls not in classes:
                 setting = INSTANCE_SETTINGS.get(f'{cls.__module__}.{cls.__qualname__}')
@@ -274,13 +279,14 @@ class OperationCanonizer(Canonizer):
         def leave(module, args, output):
             state = self.state
             state.opaque -= opaque
-            # the outermost opaque module, with gradients, whose forward returned
-            if opaque and not state.opaque and self.modes and output is not None and torch.is_grad_enabled():
-                self._audit_module(name, args, output)
-            if gate:
-                state.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
-            elif opaque:
-                self._mark_opaque(activation, args, output)
+            with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
+                # the outermost opaque module, with gradients, whose forward returned
+                if opaque and not state.opaque and self.modes and output is not None and torch.is_grad_enabled():
+                    self._audit_module(name, args, output)
+                if gate:
+                    state.mark_term(output, (self.module_path(), 'forward', f'the output of {name}'))
+                elif opaque:
+                    self._mark_opaque(activation, args, output)
             if mixer and state.runs:
                 run = state.runs.pop()
                 if state.runs:  # a mixer inside a mixer (a gated norm in a Mamba-2 mixer): the outer one answers for it
@@ -295,9 +301,8 @@ class OperationCanonizer(Canonizer):
         """Audit the call of an opaque module (whose inside its rule replaces, unclassified) as one operation: refuse
         an input the engine did not produce or sanction (changed by a forward pre-hook registered after the
         composite, which runs in the module), record the output (the rule's) as produced."""
-        with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
-            self.state.recorded(self._check_audit, name, produced_tensors(args), 'an input')
-            self.state.audit.record(output)
+        self.state.recorded(self._check_audit, name, produced_tensors(args), 'an input')
+        self.state.audit.record(output)
 
     def _mark_opaque(self, activation: bool, args, output) -> None:
         """Mark the output of a module whose inside the mode leaves to the module's rule (an ``activation``, or a

@@ -15,11 +15,12 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
-from zennit.core import Composite, Hook
+from zennit.core import Composite, CompositeContext, Hook
 
 from ..canonizers import OperationCanonizer
 from ..core.errors import CompiledModelError
 from ..core.kinds import LINEARS, is_activation, norm_kind
+from ..core.modules import Modules
 from ..operations import RuleTable, check_overrides
 from ..rules import (
     ConstantAttention,
@@ -51,7 +52,7 @@ COMPILED_USES = {
 }
 
 
-def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
+def refuse_compiled(model: torch.nn.Module, use: str = 'explain', modules: Modules | None = None) -> None:
     """Raise if ``model`` or any of its submodules is compiled with ``torch.compile``.
 
     The LRP rules act through forward hooks and canonizers that change the model's modules. A compiled module
@@ -73,6 +74,8 @@ def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
         The model to check, before registering hooks to it.
     use: str
         What the hooks are for, a key of :py:data:`COMPILED_USES` (``'explain'``, ``'steer'``): the message says so.
+    modules: list of (str, torch.nn.Module), optional
+        ``list(model.named_modules())`` where the caller has walked the model already.
 
     Raises
     ------
@@ -86,7 +89,7 @@ def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
     >>> refuse_compiled(torch.compile(model))   # raises CompiledModelError: pass compiled._orig_mod
     """
     hooks, effect, verb, lower = COMPILED_USES[use]
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if modules is None else modules:
         if _is_compile_wrapper(module):
             inner = type(module._orig_mod).__name__
             if name == '':
@@ -110,12 +113,12 @@ def refuse_compiled(model: torch.nn.Module, use: str = 'explain') -> None:
             )
 
 
-def rule_hooks(model: torch.nn.Module) -> list[tuple[str, Hook]]:
+def rule_hooks(model: torch.nn.Module, modules: Modules | None = None) -> list[tuple[str, Hook]]:
     """``(module name, hook)`` of every zennit rule (:py:class:`zennit.core.Hook`, e.g. ``Epsilon``, ``ZPlus`` or
-    a zennit-attn rule) registered on ``model`` or its submodules, as a composite's ``context`` or
-    ``register`` leaves them; each hook once, in module order."""
+    a zennit-attn rule) registered on ``model`` or its submodules (``modules``: ``list(model.named_modules())`` where
+    the caller has it), as a composite's ``context`` or ``register`` leaves them; each hook once, in module order."""
     found, seen = [], set()
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if modules is None else modules:
         for function in [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]:
             hook = getattr(function, '__self__', None)
             if isinstance(hook, Hook) and id(hook) not in seen:
@@ -201,28 +204,52 @@ class AttnLRPComposite(Composite):
         self.extra_canonizers = [] if canonizers is None else list(canonizers)
         super().__init__(module_map=self.mapping, canonizers=self.extra_canonizers)
 
-    def register(self, module: torch.nn.Module) -> None:
-        """Apply the canonizers and the engine and register the rules to ``module`` and its submodules.
+    def register(self, module: torch.nn.Module, modules: Modules | None = None) -> None:
+        """Apply the canonizers and the engine and register the rules to ``module`` and its submodules, in one walk
+        over the modules (``modules``: ``list(module.named_modules())`` where the caller has walked it already).
 
         Raises :py:class:`~zennit_attn.core.errors.CompiledModelError` for a compiled model, and ``RuntimeError``
         while this composite is registered (to any model), while another zennit-attn composite is registered to
         ``module``, one of its submodules or a module containing it, or while other zennit rules are registered to
         ``module`` or its submodules (:py:meth:`refuse_rules`); a refused registration changes nothing.
         """
-        refuse_compiled(module)
-        self.refuse_registered(module)
-        self.refuse_rules(module)
+        modules = list(module.named_modules()) if modules is None else modules
+        refuse_compiled(module, modules=modules)
+        self.refuse_registered(module, modules)
+        self.refuse_rules(module, modules=modules)
         self.remove()
         #: the engine applied at the last registration (its ``constants``: the constants the model added to
         #: relevance, noted while it ran)
         self.operation_canonizer = self.engine(module)
         self.canonizers = [*self.extra_canonizers, self.operation_canonizer]
         try:
-            super().register(module)  # starts with self.remove(): mark afterwards
-            self._mark(module)
+            self._apply(module, modules)
+            self._mark(module, modules)
         except BaseException:
             self.remove()
             raise
+
+    def context(self, module: torch.nn.Module, modules: Modules | None = None) -> CompositeContext:
+        """zennit's context: registered to ``module`` on entering (on its walk ``modules`` where the caller has
+        it: :py:meth:`register`), removed on exit, also when the block raises."""
+        return CompositeContext(module, self) if modules is None else _WalkedContext(module, self, modules)
+
+    def _apply(self, module: torch.nn.Module, modules: Modules) -> None:
+        """zennit's ``Composite.register`` (after :py:meth:`remove`) on the walk ``modules``: the canonizers, then a
+        copy of the rule :py:meth:`mapping` gives each module. Canonizers other than the engine may replace modules:
+        the model is walked again after them."""
+        for canonizer in self.extra_canonizers:
+            self.handles += canonizer.apply(module)
+        if self.extra_canonizers:
+            modules = list(module.named_modules())
+        self.handles += self.operation_canonizer.apply(module, modules)
+        ctx = {}
+        for name, child in modules:
+            template = self.module_map(ctx, name, child)
+            if template is not None:
+                hook = template.copy()
+                self.hook_refs.add(hook)
+                self.handles.append(hook.register(child))
 
     def product_rules(self) -> tuple[ProductRule, ...]:
         """The product rules the engine applies with this composite (one, or one per scope of a subclass)."""
@@ -259,7 +286,7 @@ class AttnLRPComposite(Composite):
         args, kwargs = _carrying(model, args, kwargs)
         table = RuleTable(type(model).__name__, self.describe())
         with self.context(model) as modified:
-            for name, module in model.named_modules():
+            for name, module in self._walked:
                 rule = self.mapping({}, name, module)
                 if rule is not None:
                     table.record(name, f'{type(module).__name__} (module)', 'module rule', rule_label(rule))
@@ -302,9 +329,10 @@ class AttnLRPComposite(Composite):
         finally:
             self._unmark()
 
-    def refuse_registered(self, module: torch.nn.Module) -> None:
+    def refuse_registered(self, module: torch.nn.Module, modules: Modules | None = None) -> None:
         """Raise ``RuntimeError`` if this composite is registered, or a zennit-attn composite is registered to
-        ``module`` or to a module it shares a submodule with (checked by :py:meth:`register`)."""
+        ``module`` or to a module it shares a submodule with (checked by :py:meth:`register`; ``modules``:
+        ``list(module.named_modules())`` where the caller has it)."""
         current = self.registered_module
         name = type(self).__name__
         if current is module:
@@ -319,7 +347,7 @@ class AttnLRPComposite(Composite):
                 'and registering it again would silently remove the rules from the first one. Leave the first '
                 f'context (or call remove()) first, or use a second instance, e.g. {name}().'
             )
-        for path, child in module.named_modules():
+        for path, child in module.named_modules() if modules is None else modules:
             other = _registered_composite(child)
             if other is not None:
                 where = '' if path == '' else f" at '{path}'"
@@ -337,12 +365,14 @@ class AttnLRPComposite(Composite):
         module: torch.nn.Module,
         hint: str = "Leave that context (or call that composite's remove()) first, or map the rules you need in this "
         'composite (docs: Use a composite).',
+        modules: Modules | None = None,
     ) -> None:
         """Raise ``RuntimeError`` if zennit rules are registered on ``module`` or its submodules (another zennit
         composite's context: its hooks would change the gradient the rules of this composite pass; checked by
         :py:meth:`register`), with ``hint``: what to do. Rules registered afterwards, inside this composite's context,
-        are refused when the model runs (:py:mod:`zennit_attn.core.audit`)."""
-        hooks = rule_hooks(module)
+        are refused when the model runs (:py:mod:`zennit_attn.core.audit`); ``modules``:
+        ``list(module.named_modules())`` where the caller has it."""
+        hooks = rule_hooks(module, modules)
         if hooks:
             where = ', '.join(f'{type(hook).__name__} at {name or "the root"!r}' for name, hook in hooks[:3])
             more = f' and {len(hooks) - 3} more' if len(hooks) > 3 else ''
@@ -352,19 +382,21 @@ class AttnLRPComposite(Composite):
                 f'pass, and the relevance with it. {hint}'
             )
 
-    def _mark(self, module: torch.nn.Module) -> None:
-        """Record ``module`` as the registered root and mark it and its submodules with a weak reference to this
-        composite (restored by :py:meth:`_unmark`)."""
+    def _mark(self, module: torch.nn.Module, modules: Modules) -> None:
+        """Record ``module`` as the registered root (and its walk ``modules``) and mark it and its submodules with a
+        weak reference to this composite (restored by :py:meth:`_unmark`)."""
         self.registered_module = module
+        self._walked = modules
         reference = weakref.ref(self)
         self._marked = {}
-        for child in module.modules():
+        for _, child in modules:
             self._marked[id(child)] = (child, child.__dict__.get(REGISTERED_ATTRIBUTE))
             child.__dict__[REGISTERED_ATTRIBUTE] = reference
 
     def _unmark(self) -> None:
         marked = self.__dict__.pop('_marked', {})
         self.__dict__.pop('registered_module', None)
+        self.__dict__.pop('_walked', None)
         for child, previous in marked.values():
             reference = child.__dict__.get(REGISTERED_ATTRIBUTE)
             if reference is None or reference() is not self:
@@ -390,6 +422,19 @@ class AttnLRPComposite(Composite):
         if isinstance(module, LINEARS) and self.epsilon:  # epsilon 0 is the plain gradient: nothing to register
             return Epsilon(self.epsilon)
         return None
+
+
+class _WalkedContext(CompositeContext):
+    """zennit's context of a composite that registers on a walk of the module the caller has
+    (:py:meth:`AttnLRPComposite.context`)."""
+
+    def __init__(self, module: torch.nn.Module, composite: AttnLRPComposite, modules: Modules):
+        super().__init__(module, composite)
+        self.modules = modules
+
+    def __enter__(self) -> torch.nn.Module:
+        self.composite.register(self.module, self.modules)
+        return self.module
 
 
 def rule_label(rule) -> str:

@@ -27,6 +27,7 @@ from zennit.core import BasicHook, Hook
 from ..canonizers import OperationCanonizer
 from ..core.blocks import VISION_TOWER_NAMES, attention_linears, vision_towers
 from ..core.kinds import CONVOLUTIONS, LINEARS
+from ..core.modules import Modules
 from ..core.quantization import UnsupportedQuantizationError, quantization_of
 from ..rules import ConstantGates, Epsilon, Gamma, ProductRule, RelevanceRule
 from .attnlrp import AttnLRPComposite
@@ -156,12 +157,13 @@ class AttnLRPGamma(AttnLRPComposite):
         self._roots: list[torch.nn.Module] = []
         super().__init__(epsilon=epsilon, canonizers=canonizers, overrides=overrides)
 
-    def register(self, module: torch.nn.Module) -> None:
-        self.refuse_registered(module)
+    def register(self, module: torch.nn.Module, modules: Modules | None = None) -> None:
+        modules = list(module.named_modules()) if modules is None else modules
+        self.refuse_registered(module, modules)
         self._attention_in, self._attention_out = attention_projections(module, self.attention_outputs)
-        self._roots = [] if self.within is None else self._roots_within(module)
+        self._roots = [] if self.within is None else self._roots_within(module, modules)
         self._scope = None if self.within is None else {id(inner) for root in self._roots for inner in root.modules()}
-        super().register(module)
+        super().register(module, modules)
 
     def product_rules(self) -> tuple[ProductRule, ...]:
         """:py:attr:`product` (of the whole model, or inside ``within``, with the class's product rule outside)."""
@@ -176,8 +178,8 @@ class AttnLRPGamma(AttnLRPComposite):
         scopes = [(root, self.product) for root in self._roots]
         return OperationCanonizer(self.product_rule, activation, scopes=scopes, overrides=self.overrides)
 
-    def _roots_within(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        """The modules that ``within`` names."""
+    def _roots_within(self, model: torch.nn.Module, modules: Modules) -> list[torch.nn.Module]:
+        """The modules that ``within`` names (``modules``: the model's walk)."""
         names = (
             vision_towers(model)
             if self.within == 'vision'
@@ -190,11 +192,11 @@ class AttnLRPGamma(AttnLRPComposite):
                 f"within='vision': {type(model).__name__} has no vision tower (a child named one of "
                 f'{sorted(VISION_TOWER_NAMES)} or a *Vision*Model class); name the modules instead'
             )
-        modules = dict(model.named_modules())
-        missing = [name for name in names if name not in modules]
+        named = dict(modules)
+        missing = [name for name in names if name not in named]
         if missing:
             raise ValueError(f'within= names modules that {type(model).__name__} does not have: {missing}')
-        return [modules[name] for name in names]
+        return [named[name] for name in names]
 
     def layer_type(self, module: torch.nn.Module) -> str | None:
         """``'conv'``, ``'linear'``, ``'attention_in'``, ``'attention_out'`` or None (other)."""

@@ -34,9 +34,7 @@ runs (:py:func:`guarded_hook`).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 
 import torch
 
@@ -50,7 +48,6 @@ __all__ = [
     'AUDITED_GETTERS',
     'DATA',
     'sanction',
-    'ruling',
     'unexplained',
     'guarded_hook',
 ]
@@ -125,8 +122,6 @@ class Audit:
         self.outer = _saved_tensors_pack()
         #: whether it checks and records (from the start of the model's forward to its end)
         self.open = open
-        #: how many rules of modules are being run (:py:func:`ruling`)
-        self.ruling = 0
         self.token: contextvars.Token | None = None
 
     def enter(self, inputs) -> None:
@@ -229,13 +224,12 @@ class Audit:
     def metadata(self, canonizer, name: str, func, args, kwargs):
         """Run an operation of :py:data:`AUDITED_METADATA` or a getter of :py:data:`AUDITED_GETTERS` that
         ``canonizer`` (the engine: its ``refuse`` and ``opaque``) met in the mode: a gradient hook registered inside
-        the forward is guarded against changing the gradient (unless a rule of a module registers it,
-        :py:func:`ruling`); a leaf made inside the forward (``requires_grad_()``) is an explained input; a property
-        that returns a view of a relevance-carrying tensor (``x.T``) is audited as an operation, and ``x.data`` of one
-        is refused (not inside an opaque module, which is audited as a whole)."""
+        the forward is guarded against changing the gradient (the rules of modules run outside the mode:
+        :py:class:`~zennit_attn.rules.base.GradientRule`); a leaf made inside the forward (``requires_grad_()``) is
+        an explained input; a property that returns a view of a relevance-carrying tensor (``x.T``) is audited as an
+        operation, and ``x.data`` of one is refused (not inside an opaque module, which is audited as a whole)."""
         if name == 'register_hook':
-            if not self.ruling:
-                args = (args[0], guarded_hook(args[1] if len(args) > 1 else kwargs.pop('hook')))
+            args = (args[0], guarded_hook(args[1] if len(args) > 1 else kwargs.pop('hook')))
             return func(*args, **kwargs)
         if name == 'requires_grad':
             output = func(*args, **kwargs)
@@ -407,21 +401,6 @@ def _scripted_modules(model: torch.nn.Module | None) -> list[str]:
 
 def _scripted(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
-
-
-@contextlib.contextmanager
-def ruling() -> Iterator[None]:
-    """The context of a rule of a module being run (:py:class:`zennit_attn.rules.GradientRule`): the gradient
-    hooks it registers are the rule's (not guarded, :py:func:`guarded_hook`)."""
-    audit = current()
-    if audit is None:
-        yield
-        return
-    audit.ruling += 1
-    try:
-        yield
-    finally:
-        audit.ruling -= 1
 
 
 def guarded_hook(hook):

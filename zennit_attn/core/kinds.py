@@ -5,6 +5,7 @@ the configurations a model's modules hold (:py:func:`model_configs`)."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 
 import torch
 from transformers import activations as hf_activations
@@ -150,9 +151,10 @@ def _one_input(module: torch.nn.Module) -> bool:
 _OTHER_NORMS = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LocalResponseNorm)
 
 
-def model_configs(model: torch.nn.Module) -> list:
-    """Every Hugging Face configuration of ``model`` (one with an attention implementation): of its modules, and
-    their sub-configurations (text, vision, audio, ...), each once."""
+def model_configs(model: torch.nn.Module, modules: Iterable[torch.nn.Module] | None = None) -> list:
+    """Every Hugging Face configuration of ``model`` (one with an attention implementation): of its modules
+    (``modules``: ``model.modules()`` where the caller has walked them), and their sub-configurations (text, vision,
+    audio, ...), each once."""
     found = {}
 
     def add(config):
@@ -162,7 +164,7 @@ def model_configs(model: torch.nn.Module) -> list:
         for key in getattr(config, 'sub_configs', {}) or {}:
             add(getattr(config, key, None))
 
-    for module in model.modules():
+    for module in model.modules() if modules is None else modules:
         # read where it is set (a module's missing attribute costs an exception): the instance, or a class property
         add(
             module.__dict__['config']

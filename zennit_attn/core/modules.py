@@ -1,5 +1,6 @@
 """Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
-:py:func:`forward_parameters` (what a module's forward takes) and :py:func:`output_scores`."""
+:py:func:`forward_parameters` (what a module's forward takes), :py:func:`output_scores` and :py:data:`Modules` (one
+walk over a model's modules, shared by what a call does with them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import functools
 import inspect
 
 import torch
+
+#: ``list(model.named_modules())``: one walk over a model's modules, which the functions that take it share instead of
+#: walking the model again (a walk costs a generator frame per module and level: about 1 ms for 400 modules)
+Modules = list[tuple[str, torch.nn.Module]]
 
 
 def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from transformers import PreTrainedConfig
 from ..composites import AttnLRPComposite, refuse_compiled, rule_hooks
 from ..core.devices import input_device
 from ..core.errors import UnsupportedModelError
-from ..core.modules import forward_parameters, output_scores
+from ..core.modules import Modules, forward_parameters, output_scores
 from ..core.quantization import check_quantized
 
 __all__ = [
@@ -311,7 +311,7 @@ def is_image_model(model: torch.nn.Module) -> bool:
     return not (callable(getter) and isinstance(getter(), torch.nn.Embedding))
 
 
-def check_model(model: torch.nn.Module) -> ModelFacts:
+def check_model(model: torch.nn.Module, modules: Modules | None = None) -> ModelFacts:
     """Refuse what would give a wrong or no explanation, and return the model's :py:class:`ModelFacts`.
 
     What a user can change without changing the model's key (:py:class:`ModelFacts`) is checked in every call, in one
@@ -322,6 +322,8 @@ def check_model(model: torch.nn.Module) -> ModelFacts:
     Parameters
     ----------
     model: torch.nn.Module
+    modules: list of (str, torch.nn.Module), optional
+        ``list(model.named_modules())`` where the caller has walked the model (for the rest of its call).
 
     Returns
     -------
@@ -352,9 +354,9 @@ def check_model(model: torch.nn.Module) -> ModelFacts:
             'explain() computes gradients, which torch.inference_mode() forbids: call it outside '
             'the inference_mode block (torch.no_grad() around it is fine)'
         )
-    modules = list(model.named_modules())
+    modules = list(model.named_modules()) if modules is None else modules
     if any(_may_be_compiled(module) for _, module in modules):
-        refuse_compiled(model)  # names the compiled module and what to explain instead
+        refuse_compiled(model, modules=modules)  # names the compiled module and what to explain instead
     facts = model_facts(model, modules)
     facts.known('quantization', lambda: check_quantized(model))
     if any(module._forward_pre_hooks or module._forward_hooks for _, module in modules):

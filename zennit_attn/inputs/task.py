@@ -91,8 +91,10 @@ class Task:
     """
 
     def __init__(self, model: torch.nn.Module, model_kwargs: dict | None = None):
+        #: the model's modules (``list(model.named_modules())``): the one walk over them of the call
+        self.modules = list(model.named_modules())
         #: what is known about the model (:py:class:`~zennit_attn.inputs.checks.ModelFacts`: found once per model)
-        self.facts = check_model(model)
+        self.facts = check_model(model, self.modules)
         self.model = model
         #: where the model computes (:py:func:`~zennit_attn.core.devices.input_device`): the inputs go there
         self.device = input_device(model)

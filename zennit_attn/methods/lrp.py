@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from zennit.core import Composite
 
+from ..composites import AttnLRPComposite
 from ..inputs.task import Task
 from ..results.explanation import TargetLike
 from ..rules import RelevanceBoundary
@@ -45,7 +46,8 @@ def attribute(
     with torch.enable_grad():
         leaves, extra = task.lrp_leaves()
         extra.update(task.keep_logits(position, target))
-        with composite.context(task.model) as modified:
+        walked = isinstance(composite, AttnLRPComposite)  # registers on the task's walk of the model
+        with composite.context(task.model, task.modules) if walked else composite.context(task.model) as modified:
             if not any(isinstance(hook, RelevanceBoundary) for hook in getattr(composite, 'hook_refs', ())):
                 raise TypeError(
                     f'{type(composite).__name__} registered no RelevanceBoundary on the model: explain() reads '

@@ -123,8 +123,13 @@ class Classifier(TorchFunctionMode):
             args, kwargs, carrying = held_constant(state, args, kwargs, carrying)
         if not carrying:
             return func(*args, **kwargs)
-        call = Call(func, name, entry, args, kwargs, carrying, _operand_marks(state, carrying))
-        return self.classified(call, fast, changes or bool(kwargs and in_place(func, kwargs)), tensors)
+        marks = _operand_marks(state, carrying)
+        changes = changes or bool(kwargs and in_place(func, kwargs))
+        if fast is not None and not any(marks) and not state.overrides and state.table is None:
+            if fast != 'product' or len(carrying) == 1:  # linear where no operand is marked: its fast path
+                return self.unmarked(func, name, args, kwargs, carrying, fast == 'view', changes, tensors)
+        call = Call(func, name, entry, args, kwargs, carrying, marks)
+        return self.classified(call, changes, tensors)
 
     def metadata(self, name: str, func, args, kwargs):
         """Run an operation of the rule ``metadata``: unclassified, those the audit looks at audited
@@ -134,18 +139,34 @@ class Classifier(TorchFunctionMode):
             return audit.metadata(self.state, name, func, args, kwargs)
         return func(*args, **kwargs)
 
-    def classified(self, call: Call, fast: str | None, changes: bool, tensors: list[torch.Tensor]):
+    def unmarked(self, func, name: str, args, kwargs, carrying: list, view: bool, changes: bool, tensors: list):
+        """An operation on its fast path (see :py:func:`_function`): linear (its plain gradient, Eq. 8 with epsilon
+        -> 0), none of whose relevance-carrying operands (``carrying``) is marked, so that it marks nothing: audited
+        and recorded as :py:meth:`classified` does, without binding a :py:class:`~.calls.Call`. The output of a
+        ``view`` notes what it is a view of (:py:meth:`~zennit_attn.operations.marks.Marks.sources`)."""
+        state = self.state
+        audit = state.audit
+        refusal = audit.refusal(carrying)
+        if refusal is not None:  # an operand the engine did not produce or sanction
+            state.recorded(state.refuse, name, *refusal)
+        output = func(*args, **kwargs)
+        if view and isinstance(output, torch.Tensor) and output.requires_grad:
+            first = carrying[0] if len(carrying) == 1 else args[0]  # ``x.type_as(y)``: the values of ``x``
+            state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
+        audit.record(output)
+        if changes:
+            audit.record_changed(tensors)
+        return output
+
+    def classified(self, call: Call, changes: bool, tensors: list[torch.Tensor]):
         """Audit the operands of ``call`` (:py:meth:`~zennit_attn.core.audit.Audit.refusal`; in a dry run a refusal is
-        recorded), apply its rule (on its fast path where no operand is marked, :py:func:`_unmarked`; routed by marks,
-        :py:meth:`handle`, or dispatched) and record its outputs, and the ``tensors`` it ``changes`` in place, as
-        produced by the engine."""
+        recorded), apply its rule (routed by marks, :py:meth:`handle`, or dispatched) and record its outputs, and the
+        ``tensors`` it ``changes`` in place, as produced by the engine."""
         state = self.state
         refusal = state.audit.refusal(call.carrying)
         if refusal is not None:  # an operand the engine did not produce or sanction
             state.recorded(state.refuse, call.name, *refusal)
-        if fast is not None and not any(call.marks) and not state.overrides and state.table is None:
-            output = _unmarked(state, fast, call)
-        elif changes or state.marks.routed or state.table is not None:
+        if changes or state.marks.routed or state.table is not None:
             output = self.handle(call)
         else:
             output = dispatch(call, state)
@@ -214,7 +235,7 @@ _QUIET = frozenset({'selection', 'mask', 'write', 'reduction', 'dropout', 'const
 
 def _function(func) -> tuple:
     """``(name, declaration, whether it changes its first argument in place, its fast path)`` of ``func``, kept in
-    :py:data:`_FUNCTIONS`. The fast path of an operation where no operand is marked (:py:func:`_unmarked`):
+    :py:data:`_FUNCTIONS`. The fast path of an operation where no operand is marked (:py:meth:`Classifier.unmarked`):
     ``'quiet'`` for a linear one that notes and marks nothing, ``'view'`` for a view or cast, which notes what it is a
     view of, ``'product'`` for a product (linear where one factor carries relevance), None for none."""
     name = op_name(func)
@@ -239,21 +260,6 @@ def _function(func) -> tuple:
 
 #: The mark of a tensor that carried no relevance before an in-place change of a view of it (its values constants).
 _CONSTANT = Mark()
-
-
-def _unmarked(state: State, fast: str, call: Call):
-    """Run a ``call`` none of whose operands is marked, on its fast path (see :py:func:`_function`): the plain gradient
-    for a linear operation, and for a product with one relevance-carrying factor (its rule among several factors
-    otherwise: :py:func:`dispatch`); the output of a view notes what it is a view of
-    (:py:meth:`~zennit_attn.operations.marks.Marks.sources`); nothing to mark."""
-    carrying = call.carrying
-    if fast == 'product' and len(carrying) > 1:
-        return dispatch(call, state)
-    output = call.func(*call.args, **call.kwargs)
-    if fast == 'view' and isinstance(output, torch.Tensor) and output.requires_grad:
-        first = carrying[0] if len(carrying) == 1 else call.args[0]  # ``x.type_as(y)``: the values of ``x``
-        state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
-    return output
 
 
 def _operand_marks(state: State, carrying: list[torch.Tensor]) -> list:

@@ -91,7 +91,8 @@ class Identity(GradientRule):
 
     def _pre_forward(self, module, input):
         first = input[0] if input else None
-        self.version = first._version if isinstance(first, torch.Tensor) else None
+        with torch._C.DisableTorchFunction():  # the rule's read, not the model's: the classifying mode need not see it
+            self.version = first._version if isinstance(first, torch.Tensor) else None
 
     def forward(self, module, input, output):
         output = tensor_output(module, output)
