@@ -86,7 +86,8 @@ What is measured
    memory freed by earlier calls does not hide the new peak), resets the kernel's high-water mark
    (``/proc/self/clear_refs`` <- 5) and reads ``VmHWM - VmRSS(before)`` from ``/proc/self/status`` after the call
    (falling back to a background thread sampling ``/proc/self/statm`` every millisecond where ``clear_refs`` is
-   not writable). Median over ``--rss-repeats`` calls.
+   not writable). Median over ``--rss-repeats`` calls (the steady state), and apart the first call of the process
+   (measured the same way: what a first call imports, initialises and caches besides its tensors).
 
 Run
 ---
@@ -645,10 +646,10 @@ def rss_child(name: str, method: str, seq: int, repeats: int, threads: int | Non
 
 
 def _rss_increases(model, input_ids, target, method: str, repeats: int) -> dict:
-    """Peak RSS increase of each of ``repeats`` calls of ``method`` after a warm-up call (:py:func:`rss_child`)."""
-    RUNNERS[method](model, input_ids, target)  # warm-up: lazy initialisation, thread pools, kernel selection
+    """Peak RSS increase of the first call of ``method`` in the process (lazy initialisation, thread pools, kernel
+    selection, what the library caches) and of each of ``repeats`` calls after it (:py:func:`rss_child`)."""
     increases, how = [], 'VmHWM'
-    for _ in range(repeats):
+    for _ in range(repeats + 1):
         _trim()
         before = _status_kb('VmRSS')
         sampler = None
@@ -668,7 +669,7 @@ def _rss_increases(model, input_ids, target, method: str, repeats: int) -> dict:
             sampler.join()
             peak = max(sampler.peak, sampler.read())
         increases.append(peak - before)
-    return {'increases': increases, 'how': how}
+    return {'first': increases[0], 'increases': increases[1:], 'how': how}
 
 
 def rss_in_subprocess(name: str, method: str, seq: int, repeats: int, threads: int | None) -> dict:
@@ -764,6 +765,10 @@ def benchmark(name: str, args) -> dict:
     if rss is not None:
         result['rss_increase_bytes'] = {method: statistics.median(rss[method]['increases']) for method in METHODS}
         result['rss_increase_all_bytes'] = {method: rss[method]['increases'] for method in METHODS}
+        result['rss_first_increase_bytes'] = {method: rss[method]['first'] for method in METHODS}
+        result['ratio']['rss_first_increase'] = ratio(
+            result['rss_first_increase_bytes']['explain'], result['rss_first_increase_bytes']['plain']
+        )
         result['rss_method'] = rss['plain']['how']
         result['ratio']['rss_increase'] = ratio(
             result['rss_increase_bytes']['explain'], result['rss_increase_bytes']['plain']
@@ -813,6 +818,8 @@ def print_table(results: list[dict]):
         columns += [
             ('RSS peak +MB plain / explain', lambda r: _pair(r, 'rss_increase_bytes', MB), '>'),
             ('ratio', lambda r: f'{r["ratio"]["rss_increase"]:.2f}x', '>'),
+            ('RSS first call +MB plain / explain', lambda r: _pair(r, 'rss_first_increase_bytes', MB), '>'),
+            ('ratio', lambda r: f'{r["ratio"]["rss_first_increase"]:.2f}x', '>'),
         ]
     print('\n'.join(_table(results, columns)))
     print()
