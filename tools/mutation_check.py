@@ -225,9 +225,10 @@ MUTANTS = [
     ),
     Mutant(
         'constants added to relevance are not noted',
-        f'{OPERATIONS}/registry.py',
-        '    if call.entry.shape in _ADDING:\n        state.note_constant(call)\n',
-        '',
+        f'{OPERATIONS}/tracking.py',
+        '        if all(isinstance(value, torch.Tensor) and value.requires_grad for value in values):\n'
+        '            return  # relevance-carrying tensors only (a residual connection): nothing added\n',
+        '        return\n',
     ),
     # ---------------------------------------------------------------------------------------------- recurrences
     Mutant(

@@ -38,9 +38,9 @@ from .calls import Call, in_place, tensors_of
 from .elementwise import normaliser_use
 from .marks import Mark, join_gates, produced
 from .recurrences import held_constant, term_use
-from .registry import OPERATIONS, RULE_TABLE, op_name
+from .registry import ADDING, OPERATIONS, RULE_TABLE, op_name
 from .softmax import log_softmax_use, sink_mass
-from .tracking import State, refuse_bias
+from .tracking import State, produced_tensors, refuse_bias
 
 __all__ = ['Classifier', 'ROUTES', 'dispatch']
 
@@ -127,7 +127,7 @@ class Classifier(TorchFunctionMode):
         changes = changes or bool(kwargs and in_place(func, kwargs))
         if fast is not None and not any(marks) and not state.overrides and state.table is None:
             if fast != 'product' or len(carrying) == 1:  # linear where no operand is marked: its fast path
-                return self.unmarked(func, name, args, kwargs, carrying, fast == 'view', changes, tensors)
+                return self.unmarked(func, name, args, kwargs, carrying, fast, changes, tensors)
         call = Call(func, name, entry, args, kwargs, carrying, marks)
         return self.classified(call, changes, tensors)
 
@@ -139,20 +139,26 @@ class Classifier(TorchFunctionMode):
             return audit.metadata(self.state, name, func, args, kwargs)
         return func(*args, **kwargs)
 
-    def unmarked(self, func, name: str, args, kwargs, carrying: list, view: bool, changes: bool, tensors: list):
-        """An operation on its fast path (see :py:func:`_function`): linear (its plain gradient, Eq. 8 with epsilon
-        -> 0), none of whose relevance-carrying operands (``carrying``) is marked, so that it marks nothing: audited
-        and recorded as :py:meth:`classified` does, without binding a :py:class:`~.calls.Call`. The output of a
-        ``view`` notes what it is a view of (:py:meth:`~zennit_attn.operations.marks.Marks.sources`)."""
+    def unmarked(self, func, name: str, args, kwargs, carrying: list, fast: str, changes: bool, tensors: list):
+        """An operation on its ``fast`` path (see :py:func:`_function`): linear (its plain gradient, Eq. 8 with
+        epsilon -> 0), none of whose relevance-carrying operands (``carrying``) is marked, so that it marks nothing:
+        audited and recorded as :py:meth:`classified` does, without binding a :py:class:`~.calls.Call`. A shift or
+        join notes the constants it adds (:py:meth:`~.tracking.State.note_constant`), and the output of a view what it
+        is a view of, that of a shift what it shifts (:py:meth:`~zennit_attn.operations.marks.Marks.sources`), as
+        their rule's handler and marks do (:py:func:`~.registry.passed`)."""
         state = self.state
         audit = state.audit
         refusal = audit.refusal(carrying)
         if refusal is not None:  # an operand the engine did not produce or sanction
             state.recorded(state.refuse, name, *refusal)
+        if fast in ADDING:
+            state.note_constant(fast, args, kwargs)
         output = func(*args, **kwargs)
-        if view and isinstance(output, torch.Tensor) and output.requires_grad:
+        if fast == 'view' and isinstance(output, torch.Tensor) and output.requires_grad:
             first = carrying[0] if len(carrying) == 1 else args[0]  # ``x.type_as(y)``: the values of ``x``
             state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
+        elif fast == 'shift':
+            state.marks.derive(produced_tensors(output), carrying)
         audit.record(output)
         if changes:
             audit.record_changed(tensors)
@@ -237,7 +243,8 @@ def _function(func) -> tuple:
     """``(name, declaration, whether it changes its first argument in place, its fast path)`` of ``func``, kept in
     :py:data:`_FUNCTIONS`. The fast path of an operation where no operand is marked (:py:meth:`Classifier.unmarked`):
     ``'quiet'`` for a linear one that notes and marks nothing, ``'view'`` for a view or cast, which notes what it is a
-    view of, ``'product'`` for a product (linear where one factor carries relevance), None for none."""
+    view of, ``'shift'`` and ``'join'`` for one that may add constants (``x + c``, ``cat``), which it notes,
+    ``'product'`` for a product (linear where one factor carries relevance), None for none."""
     name = op_name(func)
     entry = OPERATIONS.get(name)
     changes = name == 'setitem' or in_place(func)
@@ -246,8 +253,8 @@ def _function(func) -> tuple:
         fast = _METADATA
     elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in _QUIET:
         fast = 'quiet'
-    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape == 'view':
-        fast = 'view'
+    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in ('view', *ADDING):
+        fast = entry.shape
     elif entry is not None and not changes and entry.rule == 'product':
         fast = 'product'
     found = (name, entry, changes, fast)

@@ -84,6 +84,7 @@ __all__ = [
     'RULE_TABLE',
     'SHAPES',
     'SHAPE_KEEPS',
+    'ADDING',
     'MARKS',
     'ALIASES',
     'PROPERTIES',
@@ -136,12 +137,13 @@ def _plain(call: Call, state: State):
     """The plain gradient (linear, structural, selection and constant-valued operations: Eq. 8 with epsilon -> 0); a
     constant the model adds to, or joins with, relevance-carrying tensors is noted (it absorbs relevance, like a
     bias: :py:meth:`~zennit_attn.operations.tracking.State.note_constant`)."""
-    if call.entry.shape in _ADDING:
-        state.note_constant(call)
+    if call.entry.shape in ADDING:
+        state.note_constant(call.entry.shape, call.args, call.kwargs)
     return call.func(*call.args, **call.kwargs)
 
 
-_ADDING = frozenset({'shift', 'join'})
+#: The shapes of linear operations that may add constants to relevance (:py:func:`_plain`).
+ADDING = frozenset({'shift', 'join'})
 
 
 #: The marks of the engine (:py:class:`~zennit_attn.operations.marks.Mark`).

@@ -86,6 +86,9 @@ class ConstantTensor(float):
         return f'tensor of shape {list(self.shape)} (largest |value| {float(self):{spec or "g"}})'
 
 
+#: The arguments of a shift (``add``, ``sub``, ``neg``, ...) that it adds, by name (:py:meth:`State.note_constant`).
+_ADDED = ('input', 'other')
+
 #: Packages whose autograd functions are trusted (their outputs are the ones the rules produce or plain torch).
 TRUSTED_FUNCTIONS = ('torch.', 'zennit.', 'zennit_attn.', 'bitsandbytes.')
 
@@ -312,13 +315,16 @@ class State:
         self.trusted.add(node)
 
     # ---------------------------------------------------------------------------------------------- constants
-    def note_constant(self, call: Call) -> None:
-        """Record a non-zero number, or a constant tensor that is not an additive mask (entries 0 or <= -1e4), added to,
-        subtracted from or concatenated with tensors that carry relevance."""
-        if call.entry.shape == 'shift':
-            values = [call.argument('input'), call.argument('other')]
+    def note_constant(self, shape: str, args: tuple, kwargs: dict) -> None:
+        """Record a non-zero number, or a constant tensor that is not an additive mask (entries 0 or <= -1e4), added to
+        or subtracted from (``shape`` ``'shift'``: the arguments ``input`` and ``other``, the first two) or concatenated
+        with (``'join'``: the tensors of the first argument, ``tensors``) tensors that carry relevance."""
+        if shape == 'shift':
+            values = [*args[:2], *(value for key, value in kwargs.items() if key in _ADDED)]
         else:
-            values = tensors_of([call.argument('tensors', call.args[:1])], [])
+            values = tensors_of([kwargs.get('tensors', args[:1])], [])
+        if all(isinstance(value, torch.Tensor) and value.requires_grad for value in values):
+            return  # relevance-carrying tensors only (a residual connection): nothing added
         numbers = [
             value for value in values if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0
         ]
