@@ -130,6 +130,18 @@ MUTANTS = [
         '',
     ),
     Mutant(
+        'shifts and joins on the fast path note no constants',
+        f'{OPERATIONS}/classifier.py',
+        '        if fast in ADDING:\n            state.note_constant(fast, args, kwargs)\n',
+        '',
+    ),
+    Mutant(
+        'shifts on the fast path note nothing of what they shift',
+        f'{OPERATIONS}/classifier.py',
+        '        elif fast == \'shift\':\n            state.marks.derive(produced_tensors(output), carrying)\n',
+        '',
+    ),
+    Mutant(
         'overrides of rule objects are ignored',
         f'{OPERATIONS}/classifier.py',
         '        call.product_rule, call.activation_rule = override.product_rule, override.activation_rule\n',
