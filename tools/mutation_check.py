@@ -138,7 +138,7 @@ MUTANTS = [
     Mutant(
         'shifts on the fast path note nothing of what they shift',
         f'{OPERATIONS}/classifier.py',
-        '        elif fast == \'shift\':\n            state.marks.derive(produced_tensors(output), carrying)\n',
+        "        elif fast == 'shift':\n            state.marks.derive(produced_tensors(output), carrying)\n",
         '',
     ),
     Mutant(
