@@ -200,10 +200,10 @@ MUTANTS = [
         '        return (0.5,) * len(kinds)\n\n\nclass ConstantGates',
     ),
     Mutant(
-        'a divisor that is a gate is kept even where the numerator is not one',
+        'a softmax divisor is kept even where the numerator is not a softmax gate',
         f'{OPERATIONS}/elementwise.py',
-        '    if _gate(state, denominator) and isinstance(numerator, torch.Tensor) and _gate(state, numerator):',
-        '    if _gate(state, denominator):',
+        '    if _softmax(state, denominator) and isinstance(numerator, torch.Tensor) and _softmax(state, numerator):',
+        '    if _softmax(state, denominator):',
     ),
     Mutant(
         'a normaliser of the normalised tensor is not held constant',
