@@ -284,6 +284,20 @@ def test_activations_divided_by_activations_are_normalised(name, composite):
 
 
 @pytest.mark.parametrize('composite', COMPOSITES)
+def test_a_softmax_divisor_of_another_tensor_is_a_constant(composite):
+    """``a(x) / (softmax(b(x))[..., :1] + 1)``: the divisor is a softmax gate, the numerator is not: a normaliser of
+    the numerator, constant (Prop. 3.4). Only softmax gates divided by softmax gates (a renormalised softmax, Prop.
+    3.1) keep their plain gradient."""
+    model = projected(lambda module, x: module.c(module.a(x) / (torch.softmax(module.b(x), -1)[..., :1] + 1)))
+
+    def expected(xx):
+        divisor = torch.softmax(model.b(xx), -1)[..., :1] + 1
+        return model.c(model.a(xx) / divisor.detach())
+
+    check(model, expected, composite)
+
+
+@pytest.mark.parametrize('composite', COMPOSITES)
 def test_a_root_of_another_tensor_is_a_factor(composite):
     """``sqrt(softplus(a(x))) * b(x)``: the root is not computed from ``b(x)``, so it does not normalise it: a product
     of two factors (AttnLRP: 1/2 each; CP-LRP: the root of an activation is a gate, constant)."""
