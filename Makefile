@@ -8,8 +8,8 @@
 # `make system` installs the system programs some tests use (see SYSTEM_PACKAGES); `make test` runs it first.
 # Every install takes the tested versions of constraints.txt (pip -c); `make constraints` rewrites that file from fresh
 # installs on Python 3.11 and 3.12 (update it on purpose: see its header). CI (.ci/run) runs `make test` and
-# `make test-slow` on both
-# interpreters of the tested matrix, each in its own environment: `make test PYTHON=python3.12 VENV=.ci/py3.12/.venv`.
+# `make test-slow` on both interpreters of the tested matrix, each in its own environment:
+# `make test PYTHON=python3.12 VENV=.ci/py3.12/.venv`.
 
 PYTHON ?= python3
 VENV ?= .venv

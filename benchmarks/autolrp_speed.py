@@ -24,15 +24,10 @@ import autolrp
 import speed
 import torch
 from autolrp import ATTNLRP, BASE, LRPConfig
-from speed import build, frozen, pick_target, run_plain, time_interleaved
+from speed import build, frozen, pick_target, time_interleaved
 
 #: autoLRP's AttnLRP preset on its base table, as its documentation writes it
 CONFIG = LRPConfig(rule={**BASE, **ATTNLRP})
-
-
-def fair(model, ids, target):
-    """The fair plain pass (``speed.py``)."""
-    return run_plain(model, ids, target, keep_last=True)
 
 
 def autolrp_call(model, ids, target):
@@ -54,7 +49,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    speed.RUNNERS.update({'fair': fair, 'autolrp': autolrp_call})  # speed.py's loop looks its runners up there
+    speed.RUNNERS['autolrp'] = autolrp_call  # speed.py's loop looks its runners up there (the fair pass among them)
     for name in args.models:
         model, ids, _ = build(name, max(args.seq))
         for seq in args.seq:

@@ -119,8 +119,8 @@ MUTANTS = [
     Mutant(
         'the fast path of quiet operations ignores marks',
         f'{OPERATIONS}/classifier.py',
-        '        if fast is not None and not any(marks) and not state.overrides and state.table is None:',
-        '        if fast is not None and not state.overrides and state.table is None:',
+        '        and not any(marks)\n        and not state.overrides',
+        '        and not state.overrides',
     ),
     Mutant(
         "an operand outside the engine's sight passes (the audit's refusal ignored)",

@@ -88,7 +88,7 @@ class ModelFacts:
 _FACTS: weakref.WeakKeyDictionary[torch.nn.Module, ModelFacts] = weakref.WeakKeyDictionary()
 
 
-def model_facts(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]] | None = None) -> ModelFacts:
+def model_facts(model: torch.nn.Module, modules: Modules | None = None) -> ModelFacts:
     """The :py:class:`ModelFacts` of ``model``: those of the earlier calls while its key is unchanged, else new ones.
 
     Costs one walk over the modules, parameters and buffers (``modules``: ``list(model.named_modules())`` if the
@@ -102,7 +102,7 @@ def model_facts(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module
     return facts
 
 
-def _model_key(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]) -> tuple:
+def _model_key(model: torch.nn.Module, modules: Modules) -> tuple:
     """The key of :py:class:`ModelFacts`: the module tree, the parameters and buffers, the configuration.
 
     An object is in the key as its ``id`` followed by a weak reference to it: keys compare equal where the same
@@ -360,7 +360,7 @@ def check_model(model: torch.nn.Module, modules: Modules | None = None) -> Model
     facts = model_facts(model, modules)
     facts.known('quantization', lambda: check_quantized(model))
     if any(module._forward_pre_hooks or module._forward_hooks for _, module in modules):
-        _refuse_rule_hooks(model)
+        _refuse_rule_hooks(model, modules)
     training = next((name for name, module in modules if module.training), None)
     if training is not None:
         where = 'the model' if training == '' else f'submodule {training!r}'
@@ -379,16 +379,17 @@ def _may_be_compiled(module: torch.nn.Module) -> bool:
     return '_orig_mod' in module._modules or module.__dict__.get('_compiled_call_impl') is not None
 
 
-def _refuse_rule_hooks(model: torch.nn.Module) -> None:
-    """Raise if zennit rules are registered on the model (see :py:func:`check_model`)."""
+def _refuse_rule_hooks(model: torch.nn.Module, modules: Modules) -> None:
+    """Raise if zennit rules are registered on the model (see :py:func:`check_model`; ``modules``: its walk)."""
     AttnLRPComposite.refuse_rules(
         model,
         hint="explain() registers the rules it needs itself: leave that context (or call the composite's remove()) "
         'first, and pass an LRP composite as explain(..., composite=...)',
+        modules=modules,
     )
 
 
-def _check_weights(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]) -> None:
+def _check_weights(model: torch.nn.Module, modules: Modules) -> None:
     """Raise for tensors on the ``meta`` device that no ``accelerate`` offloading hook loads (see
     :py:func:`check_model`)."""
     on_meta = any(

@@ -123,13 +123,8 @@ class Classifier(TorchFunctionMode):
             args, kwargs, carrying = held_constant(state, args, kwargs, carrying)
         if not carrying:
             return func(*args, **kwargs)
-        marks = _operand_marks(state, carrying)
         changes = changes or bool(kwargs and in_place(func, kwargs))
-        if fast is not None and not any(marks) and not state.overrides and state.table is None:
-            if fast != 'product' or len(carrying) == 1:  # linear where no operand is marked: its fast path
-                return self.unmarked(func, name, args, kwargs, carrying, fast, changes, tensors)
-        call = Call(func, name, entry, args, kwargs, carrying, marks)
-        return self.classified(call, changes, tensors)
+        return self.classified(func, name, entry, args, kwargs, carrying, fast, changes, tensors)
 
     def metadata(self, name: str, func, args, kwargs):
         """Run an operation of the rule ``metadata``: unclassified, those the audit looks at audited
@@ -139,18 +134,36 @@ class Classifier(TorchFunctionMode):
             return audit.metadata(self.state, name, func, args, kwargs)
         return func(*args, **kwargs)
 
-    def unmarked(self, func, name: str, args, kwargs, carrying: list, fast: str, changes: bool, tensors: list):
-        """An operation on its ``fast`` path (see :py:func:`_function`): linear (its plain gradient, Eq. 8 with
-        epsilon -> 0), none of whose relevance-carrying operands (``carrying``) is marked, so that it marks nothing:
-        audited and recorded as :py:meth:`classified` does, without binding a :py:class:`~.calls.Call`. A shift or
-        join notes the constants it adds (:py:meth:`~.tracking.State.note_constant`), and the output of a view what it
-        is a view of, that of a shift what it shifts (:py:meth:`~zennit_attn.operations.marks.Marks.sources`), as
-        their rule's handler and marks do (:py:func:`~.registry.passed`)."""
+    def classified(self, func, name: str, entry, args, kwargs, carrying: list, fast, changes: bool, tensors: list):
+        """Audit the relevance-carrying operands (``carrying``) of an operation (their origins,
+        :py:meth:`~zennit_attn.core.audit.Audit.refusal`; in a dry run a refusal is recorded), apply its rule (on its
+        ``fast`` path where no operand is marked, :py:meth:`unmarked`; else bound once, routed by marks,
+        :py:meth:`handle`, or dispatched) and record its outputs, and the ``tensors`` it ``changes`` in place, as
+        produced by the engine."""
         state = self.state
-        audit = state.audit
-        refusal = audit.refusal(carrying)
+        marks = _operand_marks(state, carrying)
+        refusal = state.audit.refusal(carrying)
         if refusal is not None:  # an operand the engine did not produce or sanction
             state.recorded(state.refuse, name, *refusal)
+        if _fast(fast, marks, carrying, state):
+            output = self.unmarked(func, args, kwargs, carrying, fast)
+        else:
+            call = Call(func, name, entry, args, kwargs, carrying, marks)
+            routed = changes or state.marks.routed or state.table is not None
+            output = self.handle(call) if routed else dispatch(call, state)
+        state.audit.record(output)
+        if changes:
+            state.audit.record_changed(tensors)
+        return output
+
+    def unmarked(self, func, args, kwargs, carrying: list, fast: str):
+        """Run an operation on its ``fast`` path (see :py:func:`_function`): linear (its plain gradient, Eq. 8 with
+        epsilon -> 0), none of whose relevance-carrying operands (``carrying``) is marked, so that it marks nothing,
+        without binding a :py:class:`~.calls.Call`. A shift or join notes the constants it adds
+        (:py:meth:`~.tracking.State.note_constant`), and the output of a view what it is a view of, that of a shift
+        what it shifts (:py:meth:`~zennit_attn.operations.marks.Marks.sources`), as their rule's handler and marks do
+        (:py:func:`~.registry.passed`)."""
+        state = self.state
         if fast in ADDING:
             state.note_constant(fast, args, kwargs)
         output = func(*args, **kwargs)
@@ -159,26 +172,6 @@ class Classifier(TorchFunctionMode):
             state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
         elif fast == 'shift':
             state.marks.derive(produced_tensors(output), carrying)
-        audit.record(output)
-        if changes:
-            audit.record_changed(tensors)
-        return output
-
-    def classified(self, call: Call, changes: bool, tensors: list[torch.Tensor]):
-        """Audit the operands of ``call`` (:py:meth:`~zennit_attn.core.audit.Audit.refusal`; in a dry run a refusal is
-        recorded), apply its rule (routed by marks, :py:meth:`handle`, or dispatched) and record its outputs, and the
-        ``tensors`` it ``changes`` in place, as produced by the engine."""
-        state = self.state
-        refusal = state.audit.refusal(call.carrying)
-        if refusal is not None:  # an operand the engine did not produce or sanction
-            state.recorded(state.refuse, call.name, *refusal)
-        if changes or state.marks.routed or state.table is not None:
-            output = self.handle(call)
-        else:
-            output = dispatch(call, state)
-        state.audit.record(output)
-        if changes:
-            state.audit.record_changed(tensors)
         return output
 
     def handle(self, call: Call):
@@ -267,6 +260,19 @@ def _function(func) -> tuple:
 
 #: The mark of a tensor that carried no relevance before an in-place change of a view of it (its values constants).
 _CONSTANT = Mark()
+
+
+def _fast(fast: str | None, marks: list, carrying: list, state: State) -> bool:
+    """Whether an operation with the fast path ``fast`` (:py:func:`_function`) takes it: none of its operands is marked
+    (``marks``), no override and no dry run ask for its rule, and a product has one relevance-carrying factor (its
+    rule among several factors otherwise)."""
+    return (
+        fast is not None
+        and not any(marks)
+        and not state.overrides
+        and state.table is None
+        and (fast != 'product' or len(carrying) == 1)
+    )
 
 
 def _operand_marks(state: State, carrying: list[torch.Tensor]) -> list:
