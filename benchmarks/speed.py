@@ -67,7 +67,9 @@ What is measured
    ``torch.autograd.graph.saved_tensors_hooks(pack, unpack)`` around the whole call, each saved tensor's untyped
    storage counted once (by data pointer, while that storage is alive). Storages of the model's parameters and
    buffers (saved by linear layers for their backward, identical for both methods and not allocated by the call)
-   are left out of the reported figure and listed separately in the JSON output; the second table also gives the
+   are left out of the reported figure and listed separately in the JSON output, as are the leaves the call reads
+   gradients at (explain()'s input boundary keeps the input for ``x * g``; the plain pass holds it as well, as the
+   leaf it differentiates with respect to); the second table also gives the
    bytes of the saved storages still alive when ``torch.autograd.grad`` is entered.
    Blind spots: tensors a custom ``autograd.Function`` keeps as ``ctx`` attributes instead of
    ``ctx.save_for_backward``, or that tensor-hook closures keep alive, never pass the pack hook; tensors saved by a
@@ -500,7 +502,8 @@ def time_interleaved(
 
 
 class _AtBackward:
-    """Call ``callback()`` each time ``torch.autograd.grad`` is entered (both methods call it exactly once)."""
+    """Call ``callback(*args, **kwargs)`` with the arguments of ``torch.autograd.grad`` each time it is entered (both
+    methods call it exactly once)."""
 
     def __init__(self, callback):
         self.callback = callback
@@ -508,7 +511,7 @@ class _AtBackward:
 
     def __enter__(self):
         def grad(*args, **kwargs):
-            self.callback()
+            self.callback(*args, **kwargs)
             return self.original(*args, **kwargs)
 
         torch.autograd.grad = grad
@@ -526,10 +529,13 @@ def saved_bytes(model, input_ids, target, method: str) -> dict[str, int]:
     """Bytes autograd saves for the backward pass during one call: each storage once, parameters apart.
 
     ``activations``: every storage packed during the call (also those of graphs that are discarded before the
-    backward pass); ``alive_at_backward``: those of them still alive when ``torch.autograd.grad`` is entered.
+    backward pass); ``inputs``: those of the leaves the call differentiates with respect to (the ``inputs`` of
+    ``torch.autograd.grad``: alive in any call as the caller's tensors, so not counted as activations, whether the
+    model's first operation or the relevance boundary's ``x * g`` keeps them); ``alive_at_backward``: the other
+    saved storages still alive when ``torch.autograd.grad`` is entered.
     """
     seen: dict[int, tuple[weakref.ref, int]] = {}
-    counted = {'activations': 0, 'parameters': 0, 'tensors': 0, 'alive_at_backward': 0}
+    counted = {'activations': 0, 'parameters': 0, 'inputs': 0, 'tensors': 0, 'alive_at_backward': 0}
     model_ptrs = _model_storages(model)
 
     def pack(tensor):
@@ -542,10 +548,11 @@ def saved_bytes(model, input_ids, target, method: str) -> dict[str, int]:
             counted['parameters' if pointer in model_ptrs else 'activations'] += storage.nbytes()
         return tensor
 
-    def at_backward():
-        counted['alive_at_backward'] = sum(
-            size for pointer, (ref, size) in seen.items() if pointer not in model_ptrs and ref() is not None
-        )
+    def at_backward(outputs, inputs, *args, **kwargs):
+        leaves = {leaf.untyped_storage().data_ptr() for leaf in ([inputs] if torch.is_tensor(inputs) else inputs)}
+        alive = {pointer: size for pointer, (ref, size) in seen.items() if pointer not in model_ptrs and ref()}
+        counted['inputs'] = sum(size for pointer, size in alive.items() if pointer in leaves)
+        counted['alive_at_backward'] = sum(size for pointer, size in alive.items() if pointer not in leaves)
 
     with setting(model, method), _AtBackward(at_backward):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
@@ -590,7 +597,7 @@ def live_bytes(model, input_ids, target, method: str) -> dict[str, int]:
     gc.collect()
     mode = LiveTensorBytes()
     at_backward = {}
-    with setting(model, method), _AtBackward(lambda: at_backward.setdefault('live', mode.live)), mode:
+    with setting(model, method), _AtBackward(lambda *args, **kwargs: at_backward.setdefault('live', mode.live)), mode:
         result = RUNNERS[method](model, input_ids, target)
     del result
     gc.collect()

@@ -367,6 +367,26 @@ def test_host_synchronisations_do_not_grow_with_the_layers(method):
     assert found[2] == found[6] and sum(found[6].values()) <= 8, found
 
 
+@pytest.mark.parametrize(('method', 'contrast'), [('attnlrp', None), ('cplrp', None), ('attnlrp', 7)])
+def test_the_explained_logits_are_not_kept_for_the_backward_pass(method, contrast):
+    """The plain pass keeps no logits for its backward pass (the explained logit is read by indexing); nor may an
+    explanation of a logit or a contrast of two: neither the boundary's conversion of relevance at the outputs nor the
+    reading of the explained entry may keep a row of the vocabulary (``[..., vocab]``) alive until the backward."""
+    vocab = 4099  # no other dimension of the model has this size
+    model = tiny_model('llama', **{**LLAMA, 'vocab_size': vocab})
+    weights = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
+    kept = []
+
+    def pack(tensor):
+        if tensor.shape and tensor.shape[-1] == vocab and tensor.untyped_storage().data_ptr() not in weights:
+            kept.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        explain(model, ids(1, 12), target=5, contrast=contrast, method=method)
+    assert kept == []  # the values: test_zennit_gradient_attributor_gives_the_same_relevance, the objectives' tests
+
+
 class _CountedWalks(torch.nn.Module):
     """Counts the walks over its modules (``named_modules``, which ``modules`` and ``parameters`` call too)."""
 

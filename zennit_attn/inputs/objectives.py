@@ -8,8 +8,11 @@ holds one objective and reads every explained value through it (:py:meth:`~zenni
 every method explains the same value.
 
 For LRP the explained value ``f`` is the initial relevance. The scores ``y`` receive the relevance ``y_i df/dy_i``
-(the Deep Taylor decomposition of ``f`` at ``y``; the model's output boundary turns it into the gradient ``df/dy``
-that the AttnLRP rules propagate): for a logit or a difference of logits this is ``f`` itself, split exactly
+(the Deep Taylor decomposition of ``f`` at ``y``), which the AttnLRP rules propagate as the gradient ``df/dy``: the
+backward pass starts with ``f`` converted to the gradient ``f / f`` (:py:class:`RelevanceToGradient`) and reaches the
+scores as ``df/dy``, the model's output boundary passing gradients
+(:py:func:`~zennit_attn.rules.boundary.gradient_outputs`: no row of the scores is kept for a conversion that would
+multiply by ``y`` and divide by it again): for a logit or a difference of logits this is ``f`` itself, split exactly
 (relevance is linear in it: a contrast's relevance is the target's minus the contrast's); for a softmax probability
 it is the paper's softmax rule (Proposition 3.1), for which see the notes of :py:class:`OutputFunction`.
 """
@@ -62,23 +65,13 @@ class RelevanceToGradient(torch.autograd.Function):
         ), None
 
 
-class _GradientToRelevance(torch.autograd.Function):
-    """Identity whose backward turns the gradient ``g`` at the scores ``y`` into the relevance ``y * g`` (which the
-    model's output boundary turns back into a gradient by dividing by ``y``)."""
-
-    @staticmethod
-    def forward(ctx, scores):
-        ctx.save_for_backward(scores)
-        return scores.view_as(scores)
-
-    @staticmethod
-    def backward(ctx, gradient):
-        (scores,) = ctx.saved_tensors
-        return gradient * scores
-
-
 def _gather(selected: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    return selected.gather(-1, ids.to(selected.device)[..., None])[..., 0]
+    """``selected[..., ids]``, one entry of the last dimension per leading index (``ids``: ``selected.shape[:-1]``), by
+    advanced indexing: its backward pass keeps the indices only (``gather`` keeps all of ``selected``, a row of the
+    vocabulary per explained position, alive until the backward pass)."""
+    rows = selected.reshape(-1, selected.shape[-1])
+    ids = ids.to(selected.device).expand(selected.shape[:-1]).reshape(-1)
+    return rows[torch.arange(rows.shape[0], device=rows.device), ids].reshape(selected.shape[:-1])
 
 
 class Objective:
@@ -91,6 +84,9 @@ class Objective:
 
     #: ``[batch]`` (or ``[batch, pairs]``) contrast token ids, None for no contrast
     contrast: torch.Tensor | None = None
+    #: The gradient of a zero initial relevance ``f`` (:py:class:`RelevanceToGradient`): 1, the limit of ``f / f``, for
+    #: values that may vanish where the scores do not (a difference, a log-probability)
+    fallback: float = 1.0
 
     def resolve(self, selected: torch.Tensor, targets: torch.Tensor) -> Objective:
         """The objective for the scores ``selected`` of the unperturbed input and the resolved ``targets``."""
@@ -108,22 +104,20 @@ class Objective:
         initial_relevance: bool = False,
     ) -> torch.Tensor:
         """:py:meth:`compute`; ``initial_relevance``: LRP's backward pass starts with the value itself (the initial
-        relevance ``f``), which reaches the scores ``y`` as the relevance ``y * df/dy`` (see the module's
-        documentation)."""
-        if not initial_relevance:
-            return self.compute(selected, targets, rows)
-        return RelevanceToGradient.apply(self.compute(_GradientToRelevance.apply(selected), targets, rows), 1.0)
+        relevance ``f``), which reaches the scores ``y`` as the gradient ``df/dy`` (the relevance ``y * df/dy``; see the
+        module's documentation: the model's output boundary passes gradients)."""
+        value = self.compute(selected, targets, rows)
+        return RelevanceToGradient.apply(value, self.fallback) if initial_relevance else value
 
 
 class Logit(Objective):
     """The target's logit (score): the default."""
 
+    #: a logit of exactly 0 passes no relevance (as any zero output, :py:class:`~zennit_attn.rules.RelevanceBoundary`)
+    fallback = 0.0
+
     def compute(self, selected, targets, rows):
         return _gather(selected, targets)
-
-    def value(self, selected, targets, rows=None, initial_relevance=False):
-        # the logit is a score itself: the model's output boundary turns its relevance into the gradient
-        return self.compute(selected, targets, rows)
 
 
 class LogProbability(Objective):
@@ -155,7 +149,7 @@ class LogOdds(Objective):
     def compute(self, selected, targets, rows):
         ids = targets.to(selected.device)[..., None]
         others = selected.scatter(-1, ids, float('-inf')).logsumexp(-1)
-        return selected.gather(-1, ids)[..., 0] - others
+        return _gather(selected, targets) - others
 
 
 class Contrast(Objective):

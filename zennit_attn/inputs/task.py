@@ -55,7 +55,8 @@ class Readout:
     """
 
     #: Whether the scores are the model's output, so that the model may compute them at the explained positions
-    #: only (:py:meth:`TokenTask.keep_logits`).
+    #: only (:py:meth:`TokenTask.keep_logits`), and the objective converts the initial relevance of its value (a
+    #: readout inside the model converts its scores itself).
     model_output: bool = True
 
     def read(
@@ -71,8 +72,10 @@ class Readout:
 
         ``initial_relevance``: the backward pass from these scores starts with the initial relevance (the explained
         value) instead of a gradient, as LRP's does (:py:func:`zennit_attn.methods.lrp.attribute`); the model's own
-        output needs no conversion (the composite's :py:class:`~zennit_attn.rules.RelevanceBoundary` at the
-        root does it)."""
+        output needs no conversion (the objective converts the value,
+        :py:class:`~zennit_attn.inputs.objectives.RelevanceToGradient`, and the composite's
+        :py:class:`~zennit_attn.rules.RelevanceBoundary` passes gradients at the outputs,
+        :py:func:`~zennit_attn.rules.boundary.gradient_outputs`)."""
         return output_scores(task.run(inputs, rows, model, **extra))
 
     def capturing(self, task: Task) -> contextlib.AbstractContextManager:
@@ -234,7 +237,8 @@ class Task:
         """:py:meth:`select` of the scores at the explained positions, ``selected``."""
         targets = self.targets if rows is None else self.targets[rows]
         targets = targets.to(selected.device)
-        values = self.objective.value(selected, targets, rows, initial_relevance)
+        # a readout inside the model converts its scores itself (:py:class:`~zennit_attn.latent.targets.LatentTarget`)
+        values = self.objective.value(selected, targets, rows, initial_relevance and self.readout.model_output)
         return values.sum(1) if reduce and values.dim() == 2 else values
 
     def _rows_of(self, scores, rows):
@@ -414,14 +418,19 @@ class TokenTask(Task):
             kwargs['decoder_inputs_embeds'] = self.decoder_embeddings
         return kwargs
 
-    def run(self, inputs, rows=None, model=None, **extra):
+    def run(self, inputs, rows=None, model=None, copy: bool = True, **extra):
+        """:py:meth:`Task.run`; ``copy``: run the model on copies of the embeddings, as a model may change them in
+        place (CTRL scales ``inputs_embeds``, GIT adds to them: a leaf refuses it, the task's input would change).
+        An LRP run needs none (:py:meth:`lrp_forward`): the relevance boundary's input side copies
+        (:py:func:`~zennit_attn.rules.boundary.input_relevance`)."""
         kwargs = self.call_kwargs(rows)
         kwargs.update(extra)
         model = self.model if model is None else model
-        # copies: CTRL scales inputs_embeds in place, GIT adds to them (a leaf refuses it, the task's input changes)
-        fixed, inputs = inputs is self.inputs, inputs.clone()
-        if isinstance(kwargs.get('decoder_inputs_embeds'), torch.Tensor):
-            kwargs['decoder_inputs_embeds'] = kwargs['decoder_inputs_embeds'].clone()
+        fixed = inputs is self.inputs
+        if copy:
+            inputs = inputs.clone()
+            if isinstance(kwargs.get('decoder_inputs_embeds'), torch.Tensor):
+                kwargs['decoder_inputs_embeds'] = kwargs['decoder_inputs_embeds'].clone()
         if self.lookups is None:
             return model(inputs_embeds=inputs, **kwargs)
         ids = (self.input_ids if rows is None else self.input_ids[rows]).to(inputs.device)
@@ -434,7 +443,7 @@ class TokenTask(Task):
         other tables' lookups leaves (:py:meth:`lookup_leaves`)."""
         if self.lookups is not None:
             self.lookups.record()
-        return super().lrp_forward(inputs, model, **extra)
+        return super().lrp_forward(inputs, model, copy=False, **extra)
 
     def lookup_leaves(self) -> list[torch.Tensor]:
         """The other token tables' lookups in the last :py:meth:`lrp_forward` (for :py:meth:`add_lookup_relevance`)."""

@@ -10,7 +10,7 @@ from zennit.core import Composite
 from ..composites import AttnLRPComposite
 from ..inputs.task import Task
 from ..results.explanation import TargetLike
-from ..rules import RelevanceBoundary
+from ..rules.boundary import gradient_outputs
 
 __all__ = ['attribute']
 
@@ -48,12 +48,7 @@ def attribute(
         extra.update(task.keep_logits(position, target))
         walked = isinstance(composite, AttnLRPComposite)  # registers on the task's walk of the model
         with composite.context(task.model, task.modules) if walked else composite.context(task.model) as modified:
-            if not any(isinstance(hook, RelevanceBoundary) for hook in getattr(composite, 'hook_refs', ())):
-                raise TypeError(
-                    f'{type(composite).__name__} registered no RelevanceBoundary on the model: explain() reads '
-                    'relevance at the input, which needs the boundary of the zennit-attn composites '
-                    '(or a composite that maps the root module to zennit_attn.rules.RelevanceBoundary)'
-                )
+            gradient_outputs(composite)  # the explained value converts its initial relevance itself
             watched = []
             handles = observe(modified, watched) if observe is not None else []
             try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from zennit.core import Hook, RemovableHandle, RemovableHandleList
+from zennit.core import Composite, Hook, RemovableHandle, RemovableHandleList
 
 from ..core.audit import INPUTS
 from .base import gradient_map
@@ -15,7 +15,7 @@ class _InputRelevance(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input):
-        ctx.save_for_backward(input.detach())
+        ctx.save_for_backward(input)  # the input itself (alive as the caller's leaf): nothing allocated
         return input.clone()
 
     @staticmethod
@@ -68,7 +68,18 @@ class RelevanceBoundary(Hook):
     positional or keyword argument, e.g. ``pixel_values`` or ``inputs_embeds``) to ``x * g``. Outputs are
     tensors, tuples (their first element) or Hugging Face model outputs (the fields in
     :py:data:`OUTPUT_FIELDS`).
+
+    Parameters
+    ----------
+    outputs: bool
+        Whether the outputs take relevance (zennit's contract, the default). False: they take the gradient itself, and
+        nothing of them is kept for the backward pass (the division needs the outputs); :py:func:`gradient_outputs`
+        sets it where the caller starts the backward pass from a value whose gradient is known (explain()).
     """
+
+    def __init__(self, outputs: bool = True):
+        super().__init__()
+        self.outputs = outputs
 
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
         return RemovableHandleList(
@@ -86,7 +97,7 @@ class RelevanceBoundary(Hook):
         return tuple(input_relevance(arg) for arg in args), {key: input_relevance(val) for key, val in kwargs.items()}
 
     def _post_forward(self, module, input, output):
-        if not self.active:
+        if not (self.active and self.outputs):
             return None
         if isinstance(output, torch.Tensor):
             return output_gradient(output)
@@ -100,4 +111,27 @@ class RelevanceBoundary(Hook):
         raise TypeError(f'{type(module).__name__} returned {type(output).__name__}, which has no tensor to explain')
 
     def copy(self):
-        return type(self)()
+        return type(self)(self.outputs)
+
+
+def gradient_outputs(composite: Composite) -> RelevanceBoundary:
+    """Switch the :py:class:`RelevanceBoundary` that ``composite`` registered (inside its context) to take the gradient
+    at the model's outputs, and return it: for a backward pass that starts from a value whose gradient is its own
+    conversion of the initial relevance (:py:class:`~zennit_attn.inputs.objectives.RelevanceToGradient`: ``f`` becomes
+    ``f / f``), which keeps no row of the outputs alive for the division ``R / y`` that would undo a multiplication
+    ``y * df/dy``.
+
+    Raises
+    ------
+    TypeError
+        If ``composite`` registered no :py:class:`RelevanceBoundary`.
+    """
+    for hook in getattr(composite, 'hook_refs', ()):
+        if isinstance(hook, RelevanceBoundary):
+            hook.outputs = False
+            return hook
+    raise TypeError(
+        f'{type(composite).__name__} registered no RelevanceBoundary on the model: explanations read relevance at '
+        'the input, which needs the boundary of the zennit-attn composites (or a composite that maps the root module '
+        'to zennit_attn.rules.RelevanceBoundary)'
+    )

@@ -49,6 +49,7 @@ from ...composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon, MLPRul
 from ...core.devices import input_device
 from ...inputs.checks import check_model, check_vocabulary
 from ...latent.recording import Recorder
+from ...rules.boundary import gradient_outputs
 from ..statistics import pearson, spearman
 from .components import DEFAULT_COMPONENTS, Component, component_points, site_points
 from .metrics import Metric, make_metric
@@ -281,6 +282,8 @@ def metric_forward(model, leaf: torch.Tensor, metric: Metric, composite, resolve
     logits if ``resolve``. Run the backward pass inside the context."""
     context = contextlib.nullcontext(model) if composite is None else composite.context(model)
     with torch.enable_grad(), context as modified:
+        if composite is not None:
+            gradient_outputs(composite)  # the metric converts its initial relevance itself
         logits = last_logits(modified(inputs_embeds=leaf))
         metric = metric.resolve(logits.detach()) if resolve else metric
         if composite is None:
