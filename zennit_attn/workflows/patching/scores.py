@@ -54,7 +54,7 @@ from ...core.devices import input_device
 from ...inputs.checks import check_model, check_vocabulary
 from ...latent.recording import Recorder
 from ..statistics import pearson, spearman
-from .components import DEFAULT_COMPONENTS, Component, component_points, site_points
+from .components import DEFAULT_COMPONENTS, Component, block_count, component_points, site_points
 from .metrics import FullLogits, Metric, make_metric, output_logits
 
 __all__ = [
@@ -109,6 +109,10 @@ DIRECTIONS: dict[str, tuple[str, str]] = {'noising': ('clean', 'corrupted'), 'de
 DEFAULT_DIRECTION = 'noising'
 
 
+#: How :py:class:`RankedComponent` names the units of the components patched per unit.
+UNIT_NAMES: dict[str, str] = {'heads': 'head', 'z': 'head', 'neurons': 'neuron'}
+
+
 class RankedComponent(NamedTuple):
     """One entry of :py:meth:`PatchingScores.top`: ``component`` (a key of
     :py:data:`~.components.COMPONENTS`), ``layer``, ``unit`` (0 for whole outputs, else the head or neuron) and the
@@ -120,7 +124,8 @@ class RankedComponent(NamedTuple):
     score: float
 
     def __str__(self) -> str:
-        unit = {'heads': f' head {self.unit}', 'neurons': f' neuron {self.unit}'}.get(self.component, '')
+        unit = UNIT_NAMES.get(self.component)
+        unit = f' {unit} {self.unit}' if unit else ''
         return f'{self.component} layer {self.layer}{unit}: {self.score:+.4f}'
 
 
@@ -147,6 +152,9 @@ class PatchingScores:
     direction: str
         ``'noising'`` (the corrupted activation into the clean run: the change from ``clean``) or ``'denoising'``
         (the clean activation into the corrupted run: the change from ``corrupted``), :py:data:`DIRECTIONS`.
+    layers: dict of str to list of int, optional
+        ``component -> `` the layer (block) number of each entry of its layer axis, where it is not the entry's
+        index (``resid_post``, a TransformerLens hook name such as ``'blocks.3.hook_z'``; None for a module path).
     """
 
     scores: dict[str, torch.Tensor]
@@ -157,6 +165,7 @@ class PatchingScores:
     seconds: float = 0.0
     tokens: list[list[str]] | None = field(default=None, repr=False)
     direction: str = DEFAULT_DIRECTION
+    layers: dict[str, list[int | None]] | None = field(default=None, repr=False)
 
     def __getitem__(self, component: str) -> torch.Tensor:
         if component not in self.scores:
@@ -181,8 +190,10 @@ class PatchingScores:
         entries = []
         for component in components if components is not None else list(self.scores):
             mean = self.mean(component)
+            numbers = (self.layers or {}).get(component) or list(range(mean.shape[0]))
             for layer, unit in torch.cartesian_prod(torch.arange(mean.shape[0]), torch.arange(mean.shape[1])).tolist():
-                entries.append(RankedComponent(component, layer, unit, float(mean[layer, unit])))
+                number = layer if numbers[layer] is None else numbers[layer]
+                entries.append(RankedComponent(component, number, unit, float(mean[layer, unit])))
         entries.sort(key=lambda entry: -abs(entry.score))
         return entries[:k]
 
@@ -295,9 +306,17 @@ def last_logits(output) -> torch.Tensor:
 def _capture(model: torch.nn.Module, points, ids: torch.Tensor, metric: Metric) -> tuple[dict, torch.Tensor]:
     """The hooked site tensors ``(site, layer) -> [pairs, seq, features]`` and the logits the metric reads of a plain
     forward pass of ``ids``."""
-    recorder = Recorder(points, keep={(point.site, point.layer) for layer in points.values() for point in layer})
+    keys = {(point.site, point.layer) for layer in points.values() for point in layer}
+    recorder = Recorder(points, keep=keys)
     with torch.no_grad(), recorder.recording(model):
         logits = metric.logits(model(input_ids=ids))
+    missing = sorted(keys - set(recorder.tensors))
+    if missing:
+        raise ValueError(
+            f'the forward pass did not give {missing[0][0]!r} (layer {missing[0][1]}) a tensor: a module path must '
+            'name a module the forward pass runs that returns a tensor [batch, seq, features] (or a tuple starting '
+            'with one)'
+        )
     return recorder.tensors, logits
 
 
@@ -488,6 +507,7 @@ def relevance_patching(
         per_position,
         time.perf_counter() - start,
         direction=direction,
+        layers=_layer_numbers(components),
     )
 
 
@@ -595,10 +615,10 @@ def activation_patching(
     with torch.no_grad():
         values = {name: metric.of(logits) for name, (_, logits) in captured.items()}
     prompts, base, patched = {'clean': clean, 'corrupted': corrupted}[run], captured[run][0], captured[source][0]
-    work = [(kind, layer, component) for kind, points in components.items() for layer, component in enumerate(points)]
-    chosen = _chosen_layers(layers, components)
+    work = [(kind, component) for kind, points in components.items() for component in points]
+    chosen = _chosen_layers(layers, components, block_count(model))
     scores = {kind: [] for kind in components}
-    for kind, layer, component in tqdm(work, desc='activation patching', disable=not progress):
+    for kind, component in tqdm(work, desc='activation patching', disable=not progress):
         scores[kind].append(
             _patch_component(
                 model,
@@ -610,7 +630,7 @@ def activation_patching(
                 values[run],
                 per_position,
                 batch_size,
-                skip=chosen is not None and layer not in chosen,
+                skip=chosen is not None and component.layer not in chosen,
             )
         )
     scores = {kind: torch.stack(values, 1) for kind, values in scores.items()}
@@ -624,35 +644,37 @@ def activation_patching(
         per_position,
         time.perf_counter() - start,
         direction=direction,
+        layers=_layer_numbers(components),
     )
 
 
-def _chosen_layers(layers, components: Mapping[str, list[Component]]) -> set[int] | None:
-    """The layers of ``layers`` in the numbering of :py:func:`activation_patching` (negative: blocks from the end),
-    None for all.
+def _chosen_layers(layers, components: Mapping[str, list[Component]], blocks: int) -> set[int] | None:
+    """The layers of ``layers`` in the numbering of :py:func:`activation_patching` (negative: blocks from the end, of
+    ``blocks``), None for all.
 
     Raises
     ------
     ValueError
-        For no layers, a layer that is not an integer, or one that a component does not have.
+        For no layers, a layer that is not an integer, or one that a component does not have (a module path has
+        none).
     """
     if layers is None:
         return None
-    counts = {kind: len(points) for kind, points in components.items()}
-    blocks = max(count - (kind == 'residual') for kind, count in counts.items())
     layers = [layers] if isinstance(layers, int) else list(layers)
     if not layers or any(isinstance(layer, bool) or not isinstance(layer, int) for layer in layers):
         raise ValueError(f'layers must be a non-empty list of integers (layer l: block l), got {layers!r}')
     resolved = {layer: layer + blocks if layer < 0 else layer for layer in layers}
-    for kind, count in counts.items():
-        outside = [layer for layer, index in resolved.items() if not 0 <= index < count]
+    for kind, points in components.items():
+        own = [component.layer for component in points]
+        outside = [layer for layer, index in resolved.items() if index not in own]
         if outside:
-            own = 'block l'
+            numbers = 'none (a module path)' if None in own else f'{own[0]} to {own[-1]}'
+            meaning = 'block l'
             if kind == 'residual':
-                own = 'the residual stream entering block l, and leaving the last block'
+                meaning = 'the residual stream entering block l, and leaving the last block'
             raise ValueError(
-                f'layers={layers!r}: {kind!r} has no layer {outside[0]} (of {blocks} blocks); its layers are 0 to '
-                f'{count - 1} (layer l: {own}; negative layers count blocks from the end): give layers that every '
+                f'layers={layers!r}: {kind!r} has no layer {outside[0]} (of {blocks} blocks); its layers are '
+                f'{numbers} (layer l: {meaning}; negative layers count blocks from the end): give layers that every '
                 'component of components= has'
             )
     return set(resolved.values())
@@ -691,6 +713,11 @@ def _patch_component(
         positions = plan.positions[chunk].clamp(min=0)
         result[rows.cpu(), positions.cpu(), plan.units[chunk].cpu()] = effect.detach().cpu().to(result.dtype)
     return result
+
+
+def _layer_numbers(components: Mapping[str, list[Component]]) -> dict[str, list[int | None]]:
+    """``component -> `` the layer number of each entry of its layer axis."""
+    return {kind: [component.layer for component in points] for kind, points in components.items()}
 
 
 def correlation(estimate: PatchingScores, reference: PatchingScores, component: str) -> tuple[float, float, int]:
