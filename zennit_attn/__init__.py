@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the names as static tools see them; at run time __getattr__
     from .workflows.dataset import explain_dataset, load_explanations
     from .workflows.diagnostics import ConservationReport, conservation
     from .workflows.generation import GenerationExplanation, explain_generation
-    from .workflows.sources import SourceExplanation, explain_sources
+    from .workflows.sources import SourceCiter, SourceExplanation, explain_sources
 
 __version__ = '0.1.0'
 
@@ -37,6 +37,7 @@ _NAMES = {
     'SimilarityExplanation': 'results.similarity',
     'explain_sources': 'workflows.sources',
     'SourceExplanation': 'workflows.sources',
+    'SourceCiter': 'workflows.sources',
     'conservation': 'workflows.diagnostics',
     'ConservationReport': 'workflows.diagnostics',
 }
@@ -52,6 +53,7 @@ __all__ = [
     'SimilarityExplanation',
     'explain_sources',
     'SourceExplanation',
+    'SourceCiter',
     'conservation',
     'ConservationReport',
     '__version__',

@@ -244,6 +244,7 @@ def test_public_names_in_this_process():
         'SimilarityExplanation': similarity_result,
         'explain_sources': sources,
         'SourceExplanation': sources,
+        'SourceCiter': sources,
     }
     for name, module in modules.items():
         assert getattr(zennit_attn, name) is getattr(module, name)

@@ -27,6 +27,8 @@ PAIRS = [
         (['--span', '0'], '--span must be in (0, 1]'),
         (['--span', '1.5'], '--span must be in (0, 1]'),
         (['--edges', '-1'], '--edges must be at least 0'),
+        (['--direction', 'clean'], "argument --direction: invalid choice: 'clean'"),
+        (['--components', 'hook_z'], "argument --components: invalid choice: 'hook_z'"),
     ],
 )
 def test_patching_refusals(capsys, argv, message):
@@ -56,14 +58,20 @@ def test_patching_options_are_the_library_s():
     """The CLI names the methods and defaults without importing the library: they must be the library's."""
     from zennit_attn.cli import patching
     from zennit_attn.workflows.patching import (
+        COMPONENTS,
+        DEFAULT_DIRECTION,
         DEFAULT_METHOD,
         DEFAULT_SPAN,
         DEFAULT_STEPS,
+        DIRECTIONS,
         PATCHING_METHODS,
         PromptPair,
     )
+    from zennit_attn.workflows.patching.components import ALIASES
 
     assert set(patching.METHODS) == set(PATCHING_METHODS)
+    assert set(patching.COMPONENTS) == set(COMPONENTS) | set(ALIASES)
+    assert (set(patching.DIRECTIONS), patching.DEFAULT_DIRECTION) == (set(DIRECTIONS), DEFAULT_DIRECTION)
     assert ('task', *patching.PAIR_FIELDS) == tuple(PromptPair.__dataclass_fields__)
     defaults = (patching.DEFAULT_METHOD, patching.DEFAULT_STEPS, patching.DEFAULT_SPAN)
     assert defaults == (DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN)
@@ -92,3 +100,26 @@ def test_patching_with_a_model_folder(capsys, tiny_folder, tmp_path):
     ]
     assert 'Pearson / Spearman' in out and view.read_text().count('<td style') > 0
     assert (tmp_path / 'view-edges.html').read_text().count('<line ') == 4
+
+
+def test_patching_denoising_under_transformer_lens_names(capsys, tiny_folder, tmp_path):
+    """--direction and TransformerLens's names reach relevance_patching: the printed top components are its."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from zennit_attn.cli.runs.patching import PromptPair
+    from zennit_attn.workflows.patching import pair_ids, relevance_patching
+
+    path = tmp_path / 'pairs.json'
+    path.write_text(json.dumps(PAIRS))
+    names = ['resid_post', 'z', 'mlp_out']
+    argv = ['patching', '--pairs-file', str(path), '--model', str(tiny_folder['llama']), '--top', '4', '-q']
+    code, out, err = run(capsys, [*argv, '--direction', 'denoising', '--components', *names])
+    assert code == 0, err
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder['llama']).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder['llama'])
+    ids = pair_ids(tokenizer, [PromptPair('file', **pair) for pair in PAIRS])
+    top = relevance_patching(model, components=names, direction='denoising', **ids).top(4)
+    noising = relevance_patching(model, components=names, **ids).top(4)
+    printed = [line.split('. ', 1)[1] for line in out.splitlines() if line.startswith('    ') and '. ' in line]
+    assert printed == [str(entry) for entry in top] != [str(entry) for entry in noising]
+    assert 'Direction:   denoising' in out

@@ -13,7 +13,7 @@ from tests.models import tiny_model
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
 from zennit_attn.workflows import sources
-from zennit_attn.workflows.sources import SourcePrompt, explain_sources, source_spans
+from zennit_attn.workflows.sources import SourceCiter, SourcePrompt, explain_sources, source_spans
 
 CONTEXT = 'The ice bear lives in the Arctic. The penguin lives in the south. A bear is big.'
 QUERY = 'where does the ice bear live?'
@@ -187,3 +187,29 @@ def test_refusals(llama, tokenizer):
         explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE, sources=[(10, 20), (5, 8)])
     with pytest.raises(ValueError, match='contrast'):
         explain(llama, torch.tensor([[5, 6, 7]]), contrast=4, objective='log_probability')
+
+
+def test_the_citer_gives_the_function_s_numbers_once(llama, tokenizer, monkeypatch):
+    """SourceCiter (ContextCite's shape): the scores of explain_sources with the same arguments, computed on first use
+    and kept; top_k lists the highest-scored sources as SourceExplanation.top does."""
+    direct = explain_sources(llama, tokenizer, CONTEXT, QUERY, RESPONSE, reduce='positive')
+    calls = []
+    original = sources.explain_sources
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sources, 'explain_sources', counted)
+    citer = SourceCiter(llama, tokenizer, CONTEXT, QUERY, RESPONSE, reduce='positive')
+    assert calls == []
+    scores = citer.get_attributions()
+    assert torch.equal(scores, direct.scores) and scores.dtype == torch.float64
+    assert bool((scores != 0).any()) and len(set(scores.tolist())) > 1
+    assert citer.get_attributions(top_k=2) == direct.top(2) == direct.sorted()[:2]
+    assert citer.sources == direct.sources and citer.response == RESPONSE
+    assert len(calls) == 1
+    scores[0] = 1e9  # a copy: the kept attributions do not change
+    assert torch.equal(citer.get_attributions(), direct.scores)
+    with pytest.raises(ValueError, match='top_k must be a positive integer'):
+        citer.get_attributions(top_k=0)

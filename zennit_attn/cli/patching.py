@@ -22,6 +22,8 @@ __all__ = [
     'TASKS',
     'METHODS',
     'COMPONENTS',
+    'DIRECTIONS',
+    'DEFAULT_DIRECTION',
     'PAIR_FIELDS',
     'add_parser',
     'check',
@@ -37,8 +39,24 @@ METHODS = ('atp', 'attnlrp', 'relp', 'mlp_rules', 'cplrp')
 #: ``--method``, ``--steps`` and ``--span`` defaults: :py:data:`zennit_attn.workflows.patching.scores.DEFAULT_METHOD`,
 #: ``DEFAULT_STEPS`` and ``DEFAULT_SPAN`` (the CLI does not import the library before its arguments are checked)
 DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN = 'atp', 4, 1.0
-#: ``--components`` values: :py:data:`zennit_attn.workflows.patching.COMPONENTS`
-COMPONENTS = ('residual', 'attention', 'heads', 'mlp', 'neurons')
+#: ``--components`` values: :py:data:`zennit_attn.workflows.patching.COMPONENTS` and TransformerLens's site names
+#: that name their layers (:py:data:`zennit_attn.workflows.patching.components.ALIASES`)
+COMPONENTS = (
+    'residual',
+    'resid_mid',
+    'attention',
+    'heads',
+    'attn_out',
+    'mlp',
+    'neurons',
+    'mlp_out',
+    'resid_pre',
+    'resid_post',
+    'z',
+    'mlp_post',
+)
+#: ``--direction`` values and default: :py:data:`zennit_attn.workflows.patching.DIRECTIONS`, ``DEFAULT_DIRECTION``
+DIRECTIONS, DEFAULT_DIRECTION = ('noising', 'denoising'), 'noising'
 #: the texts of a pair in a ``--pairs-file``: the fields of :py:class:`zennit_attn.workflows.patching.PromptPair` (its
 #: ``task`` optional)
 PAIR_FIELDS = ('clean', 'corrupted', 'answer', 'wrong')
@@ -113,7 +131,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs='+',
         choices=COMPONENTS,
         default=['residual', 'attention', 'heads', 'mlp'],
-        help='the components scored (default: residual attention heads mlp)',
+        help="the components scored (default: residual attention heads mlp); TransformerLens's names: resid_pre, "
+        'resid_mid, resid_post, attn_out, z (per head), mlp_out, mlp_post',
+    )
+    group.add_argument(
+        '--direction',
+        choices=DIRECTIONS,
+        default=DEFAULT_DIRECTION,
+        help='noising: the corrupted activations into the clean run; denoising: the clean activations into the '
+        'corrupted run (default: %(default)s)',
     )
     group.add_argument('--top', type=int, default=10, metavar='K', help='list the K top components (default: 10)')
     group.add_argument(

@@ -236,6 +236,9 @@ class OutputFunction(Objective):
     logits nothing of this applies: the relevance sums to the value (up to what biases absorb).
     """
 
+    #: the dimensions of the scores the function receives: ``[batch, outputs]`` (subclasses may take more)
+    dims = 2
+
     def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]):
         if not callable(function):
             raise TypeError(f'the target function must be callable, got {type(function).__name__}')
@@ -246,10 +249,11 @@ class OutputFunction(Objective):
         return getattr(self.function, '__name__', type(self.function).__name__)
 
     def compute(self, selected, targets, rows):
-        if selected.dim() != 2:
+        if selected.dim() != self.dims:
             raise ValueError(
-                'a target function explains one position per row: it cannot be combined with several '
-                '(position, token) pairs'
+                f'the target function {self.name} takes scores of {self.dims} dimensions, got shape '
+                f'{tuple(selected.shape)}: a target function explains one position per row and cannot be combined '
+                'with several (position, token) pairs'
             )
         value = self.function(selected)
         if not isinstance(value, torch.Tensor):

@@ -5,7 +5,9 @@ model's chat template), lets the model answer (greedy) unless a response is give
 sum of its tokens' log-odds, log-probabilities or logits) by :py:func:`~zennit_attn.explain` in one backward pass, and
 sums the relevance of the context's tokens per source (sentences, documents or character spans) with
 :py:meth:`zennit_attn.Explanation.segments`. The result, a :py:class:`SourceExplanation`, lists the sources by score
-and shows the context with each source coloured by its score (terminal, HTML, figures).
+and shows the context with each source coloured by its score (terminal, HTML, figures). :py:class:`SourceCiter` is
+the same in ContextCite's shape: an object that holds the model, the tokenizer, the context and the query, computes
+the attributions once and hands them out with ``get_attributions(top_k=)``.
 
 :py:class:`SourcePrompt` is the prompt with the sources as parts that can be left out: the ablations of ContextCite
 and of the metrics in :py:mod:`zennit_attn.workflows.evaluation.source_ablation` remove sources from the same prompt.
@@ -38,6 +40,7 @@ __all__ = [
     'REDUCTIONS',
     'SourcePrompt',
     'SourceExplanation',
+    'SourceCiter',
     'explain_sources',
     'explain_response',
     'source_scores',
@@ -382,6 +385,77 @@ def explain_sources(
     else:
         response_ids = prompt.response_ids(response)
     return explain_response(model, prompt, response, response_ids, method, objective, reduce, **params)
+
+
+class SourceCiter:
+    """The sources of a context cited for the model's response to a query, in ContextCite's shape (its
+    ``ContextCiter``): constructed from the model, the tokenizer, the context and the query; the attributions
+    (:py:func:`explain_sources`, one backward pass) are computed on first use and kept.
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+    tokenizer
+    context: str or sequence of str
+    query: str
+    response: str, optional
+        None: the model's greedy response (generated on first use).
+    **options
+        The other arguments of :py:func:`explain_sources` (``sources=``, ``method=``, ``objective=``, ``reduce=``,
+        ``chat=``, ``template=``, ``max_new_tokens=``, ``composite=``, ...).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        context: str | Sequence[str],
+        query: str,
+        response: str | None = None,
+        **options,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.context = context
+        self.query = query
+        self.options = dict(options)
+        self._response = response
+        self._explanation: SourceExplanation | None = None
+
+    @property
+    def explanation(self) -> SourceExplanation:
+        """The attributions (:py:func:`explain_sources`), computed on first use and kept."""
+        if self._explanation is None:
+            self._explanation = explain_sources(
+                self.model, self.tokenizer, self.context, self.query, self._response, **self.options
+            )
+        return self._explanation
+
+    @property
+    def response(self) -> str:
+        """The response cited for (the model's own where none was given)."""
+        return self.explanation.response
+
+    @property
+    def sources(self) -> list[str]:
+        """The text of each source."""
+        return self.explanation.sources
+
+    def get_attributions(self, top_k: int | None = None) -> torch.Tensor | list[tuple[int, float, str]]:
+        """The score of every source, ``[sources]`` float64 in the order of :py:attr:`sources` (as ContextCite's
+        array); with ``top_k``, the ``top_k`` highest-scored sources as ``(index, score, text)``, the highest first
+        (:py:meth:`SourceExplanation.top`; ContextCite shows them as a data frame).
+
+        Raises
+        ------
+        ValueError
+            For ``top_k`` not a positive integer.
+        """
+        if top_k is None:
+            return self.explanation.scores.clone()
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f'top_k must be a positive integer or None, got {top_k!r}')
+        return self.explanation.top(top_k)
 
 
 def _generated_response(model: torch.nn.Module, prompt: SourcePrompt, max_new_tokens: int) -> list[int]:

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     ids = {key: value.to(args.device) for key, value in ids.items()}
     options = {'method': args.method, 'steps': args.steps, 'span': args.span}
     with status(f'relevance patching ({args.method}, {args.steps} steps, span {args.span:g})', not args.quiet):
-        scores = relevance_patching(model, components=args.components, **options, **ids)
+        scores = relevance_patching(model, components=args.components, direction=args.direction, **options, **ids)
     pairs = ids['clean'].shape[0]
     print(f'Model:       {args.model_spec.label}')
     source = args.task if args.pairs_file is None else args.pairs_file
@@ -55,12 +55,15 @@ def run(args: argparse.Namespace) -> int:
     print(f'Pairs:       {pairs} ({source}), {ids["clean"].shape[1]} tokens')
     print(f'Metric:      logit difference, clean {clean:+.3f}, corrupted {corrupted:+.3f}')
     print(f'Method:      {args.method}, {args.steps} steps, span {args.span:g} ({scores.seconds:.2f} s)')
+    print(f'Direction:   {args.direction}')
     print()
     print(f'Top-{args.top} components (mean over pairs of the estimated change of the metric, summed over positions):')
     for rank, entry in enumerate(scores.top(args.top), start=1):
         print(f'  {rank:>3}. {entry}')
     if args.reference:
-        exact = activation_patching(model, components=args.components, progress=not args.quiet, **ids)
+        exact = activation_patching(
+            model, components=args.components, progress=not args.quiet, direction=args.direction, **ids
+        )
         print()
         print(f'Against activation patching ({exact.seconds:.1f} s): Pearson / Spearman per component type')
         for component in args.components:

@@ -6,11 +6,13 @@ The context's sources are removed at random (each kept with probability 0.5, 64 
 as the package draws them: :py:func:`~zennit_attn.workflows.evaluation.source_ablation.ablation_masks`); the response's
 log-probability is computed for each, turned into its logit ``log p - log(1 - p)`` and divided by the number of
 response tokens; a Lasso (alpha 0.01, standardised masks, with intercept) fitted to it gives one weight per source,
-rescaled to the masks and multiplied back by the number of tokens.
+rescaled to the masks and multiplied back by the number of tokens. The result, a :py:class:`LassoSurrogate`, is named
+for what it holds (``ContextCite``, its former name, is a deprecated alias).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,15 +27,15 @@ except ImportError as error:  # an optional extra: named, not skipped
         'ContextCite fits a Lasso with scikit-learn: pip install "zennit-attn[baselines]" (or scikit-learn)'
     ) from error
 
-__all__ = ['ContextCite', 'context_cite', 'fit_lasso', 'response_target', 'TARGETS']
+__all__ = ['LassoSurrogate', 'context_cite', 'fit_lasso', 'response_target', 'TARGETS']
 
 #: What the Lasso is fitted to: the logit of the response's probability (ContextCite's default) or its log-probability.
 TARGETS = ('logit_probability', 'log_probability')
 
 
 @dataclass
-class ContextCite:
-    """ContextCite's surrogate of one response.
+class LassoSurrogate:
+    """ContextCite's surrogate of one response: what :py:func:`context_cite` returns.
 
     Attributes
     ----------
@@ -88,7 +90,7 @@ def context_cite(
     seed: int = 0,
     target: str = 'logit_probability',
     progress: bool = True,
-) -> ContextCite:
+) -> LassoSurrogate:
     """ContextCite's scores of the sources: ``ablations`` random ablations, a Lasso fitted to the response's
     (logit-)probability.
 
@@ -114,11 +116,29 @@ def context_cite(
 
     Returns
     -------
-    ContextCite
+    LassoSurrogate
     """
     if target not in TARGETS:
         raise ValueError(f'target must be one of {", ".join(map(repr, TARGETS))}, got {target!r}')
     masks = ablation_masks(ablations, sources, keep, seed)
     log_probabilities = np.asarray(ablation(masks, progress=progress), dtype=np.float64)
     weights, bias = fit_lasso(masks, response_target(log_probabilities, target), log_probabilities.shape[-1], alpha)
-    return ContextCite(weights, bias, masks, log_probabilities, forward_passes=ablations)
+    return LassoSurrogate(weights, bias, masks, log_probabilities, forward_passes=ablations)
+
+
+#: deprecated name -> (the current name, its object)
+_DEPRECATED = {'ContextCite': ('LassoSurrogate', LassoSurrogate)}
+
+
+def __getattr__(name: str):
+    """A deprecated name, with a :py:class:`DeprecationWarning` naming the current one."""
+    if name in _DEPRECATED:
+        current, value = _DEPRECATED[name]
+        warnings.warn(
+            f'{__name__}.{name} is deprecated (the result is named for what it holds, not like the method): use '
+            f'{current}',
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return value
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -4,11 +4,13 @@ them, the prompt-pair tasks (IOI, subject-verb agreement) and the circuit view."
 
 from .components import COMPONENTS, DEFAULT_COMPONENTS, Component, component_points
 from .edges import RECEIVERS, EdgeScores, Node, RankedEdge, edge_patching
-from .metrics import METRICS, Metric, make_metric
+from .metrics import METRICS, FullLogits, Metric, make_metric
 from .scores import (
+    DEFAULT_DIRECTION,
     DEFAULT_METHOD,
     DEFAULT_SPAN,
     DEFAULT_STEPS,
+    DIRECTIONS,
     PATCHING_METHODS,
     PatchingScores,
     activation_patching,
@@ -30,11 +32,14 @@ __all__ = [
     'RankedEdge',
     'edge_patching',
     'METRICS',
+    'FullLogits',
     'Metric',
     'make_metric',
+    'DEFAULT_DIRECTION',
     'DEFAULT_METHOD',
     'DEFAULT_SPAN',
     'DEFAULT_STEPS',
+    'DIRECTIONS',
     'PATCHING_METHODS',
     'PatchingScores',
     'activation_patching',

@@ -35,12 +35,11 @@ import torch
 from zennit.core import Composite
 
 from ...latent.sites import SitePoint, find_sites
-from .metrics import Metric
+from .metrics import FullLogits, Metric
 from .scores import (
     DEFAULT_METHOD,
     DEFAULT_SPAN,
     DEFAULT_STEPS,
-    last_logits,
     metric_forward,
     path_inputs,
     path_run,
@@ -236,14 +235,14 @@ def _products_at(model, leaf, layout, metric: Metric, composite, resolve: bool) 
     return receivers, [product.detach() for product in products], value.detach(), metric
 
 
-def _sender_writes(model, layout: _Layout, clean: torch.Tensor, corrupted: torch.Tensor) -> tuple:
+def _sender_writes(model, layout: _Layout, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric) -> tuple:
     """``[senders, pairs, seq, hidden]``: what each sender's corrupted value changes in the residual stream; and the
-    corrupted prompts' last logits."""
+    corrupted prompts' logits the metric reads."""
     with torch.no_grad():
         with _kept(model, layout, keep_graph=False) as base:
             model(input_ids=clean)
         with _kept(model, layout, keep_graph=False) as patched:
-            corrupted_logits = last_logits(model(input_ids=corrupted))
+            corrupted_logits = metric.logits(model(input_ids=corrupted))
         writes = [patched[('residual', 0)] - base[('residual', 0)]]
         mlps = []
         for layer in range(layout.layers):
@@ -272,7 +271,7 @@ def edge_patching(
     corrupted,
     answers=None,
     wrong=None,
-    metric: str | Callable = 'logit_difference',
+    metric: str | Callable | FullLogits = 'logit_difference',
     method: str | Composite = DEFAULT_METHOD,
     steps: int = DEFAULT_STEPS,
     span: float = DEFAULT_SPAN,
@@ -303,7 +302,7 @@ def edge_patching(
         model, clean, corrupted, answers, wrong, metric, method, steps, span
     )
     layout = _layout(model)
-    writes, corrupted_logits = _sender_writes(model, layout, clean, corrupted)
+    writes, corrupted_logits = _sender_writes(model, layout, clean, corrupted, metric)
     products, value = None, None
     for leaf, weight in path_inputs(model, clean, corrupted, steps, span):
         receivers, found, at, resolved = _products_at(model, leaf, layout, metric, composite, resolve=value is None)

@@ -1,12 +1,16 @@
 """Relevance patching and activation patching of prompt pairs.
 
-For a clean prompt ``x``, a corrupted prompt ``x'`` and a metric ``m`` of the last position's logits, activation
-patching (Vig et al. 2020; Meng et al. 2022; Wang et al. 2023) puts one component's corrupted activation ``a'`` into
-the clean run and measures
+For a clean prompt ``x``, a corrupted prompt ``x'`` and a metric ``m`` of the logits, activation patching (Vig et al.
+2020; Meng et al. 2022; Wang et al. 2023) puts one component's corrupted activation ``a'`` into the clean run and
+measures
 
 .. math:: \\Delta m = m(x \\mid a \\leftarrow a') - m(x),                                          \\qquad (1)
 
-one forward pass per component. Attribution patching (AtP, Nanda 2023; Syed et al. 2023) takes its first-order
+one forward pass per component. This is the *noising* direction (the default, :py:data:`DIRECTIONS`); *denoising*
+puts the clean activation into the corrupted run, ``m(x' | a' <- a) - m(x')``, with ``x`` and ``x'`` exchanged in
+(1) to (3) (the terms of Heimersheim and Nanda 2024, "How to use and interpret activation patching", arXiv
+2404.15255: denoising, clean into corrupted, tests whether a component is sufficient; noising, corrupted into clean,
+whether it is necessary). Attribution patching (AtP, Nanda 2023; Syed et al. 2023) takes its first-order
 approximation at the clean run, and relevance patching (RelP, Rezaei Jafari et al. 2025) replaces the gradient by
 LRP's propagation coefficients, the modified gradient ``g`` of the gradient x input formulation, in which the
 relevance of every tensor ``a`` is ``R = a * g``:
@@ -51,8 +55,8 @@ from ...inputs.checks import check_model, check_vocabulary
 from ...latent.recording import Recorder
 from ...rules.boundary import gradient_outputs
 from ..statistics import pearson, spearman
-from .components import DEFAULT_COMPONENTS, Component, component_points, site_points
-from .metrics import Metric, make_metric
+from .components import DEFAULT_COMPONENTS, Component, block_count, component_points, site_points
+from .metrics import FullLogits, Metric, make_metric, output_logits
 
 __all__ = [
     'PATCHING_METHODS',
@@ -62,6 +66,9 @@ __all__ = [
     'path_weights',
     'PatchingScores',
     'RankedComponent',
+    'DIRECTIONS',
+    'DEFAULT_DIRECTION',
+    'check_direction',
     'relevance_patching',
     'activation_patching',
     'patching_composite',
@@ -95,6 +102,17 @@ DEFAULT_STEPS = 4
 #: further from it for the residual stream and MLP outputs (docs/results/patching/span.md).
 DEFAULT_SPAN = 1.0
 
+#: The directions of patching: name -> (the prompts of the patched runs, the prompts whose activations are patched
+#: in). ``'noising'`` puts the corrupted activations into the clean run (Eq. 1; the default), ``'denoising'`` the clean
+#: activations into the corrupted run (Heimersheim and Nanda 2024).
+DIRECTIONS: dict[str, tuple[str, str]] = {'noising': ('clean', 'corrupted'), 'denoising': ('corrupted', 'clean')}
+#: The default direction, what patching computed before the directions were named.
+DEFAULT_DIRECTION = 'noising'
+
+
+#: How :py:class:`RankedComponent` names the units of the components patched per unit.
+UNIT_NAMES: dict[str, str] = {'heads': 'head', 'z': 'head', 'neurons': 'neuron'}
+
 
 class RankedComponent(NamedTuple):
     """One entry of :py:meth:`PatchingScores.top`: ``component`` (a key of
@@ -107,7 +125,8 @@ class RankedComponent(NamedTuple):
     score: float
 
     def __str__(self) -> str:
-        unit = {'heads': f' head {self.unit}', 'neurons': f' neuron {self.unit}'}.get(self.component, '')
+        unit = UNIT_NAMES.get(self.component)
+        unit = f' {unit} {self.unit}' if unit else ''
         return f'{self.component} layer {self.layer}{unit}: {self.score:+.4f}'
 
 
@@ -131,6 +150,12 @@ class PatchingScores:
     per_position: bool
     seconds: float
         Wall time of the computation.
+    direction: str
+        ``'noising'`` (the corrupted activation into the clean run: the change from ``clean``) or ``'denoising'``
+        (the clean activation into the corrupted run: the change from ``corrupted``), :py:data:`DIRECTIONS`.
+    layers: dict of str to list of int, optional
+        ``component -> `` the layer (block) number of each entry of its layer axis, where it is not the entry's
+        index (``resid_post``, a TransformerLens hook name such as ``'blocks.3.hook_z'``; None for a module path).
     """
 
     scores: dict[str, torch.Tensor]
@@ -140,6 +165,8 @@ class PatchingScores:
     per_position: bool = True
     seconds: float = 0.0
     tokens: list[list[str]] | None = field(default=None, repr=False)
+    direction: str = DEFAULT_DIRECTION
+    layers: dict[str, list[int | None]] | None = field(default=None, repr=False)
 
     def __getitem__(self, component: str) -> torch.Tensor:
         if component not in self.scores:
@@ -164,8 +191,10 @@ class PatchingScores:
         entries = []
         for component in components if components is not None else list(self.scores):
             mean = self.mean(component)
+            numbers = (self.layers or {}).get(component) or list(range(mean.shape[0]))
             for layer, unit in torch.cartesian_prod(torch.arange(mean.shape[0]), torch.arange(mean.shape[1])).tolist():
-                entries.append(RankedComponent(component, layer, unit, float(mean[layer, unit])))
+                number = layer if numbers[layer] is None else numbers[layer]
+                entries.append(RankedComponent(component, number, unit, float(mean[layer, unit])))
         entries.sort(key=lambda entry: -abs(entry.score))
         return entries[:k]
 
@@ -188,6 +217,23 @@ def patching_composite(method: str | Composite) -> tuple[str, Composite | None]:
         f'unknown relevance patching method {method!r}; known: {", ".join(PATCHING_METHODS)}, or an '
         'AttnLRPComposite instance'
     )
+
+
+def check_direction(direction: str) -> tuple[str, str]:
+    """``(run, source)`` of a patching ``direction`` (:py:data:`DIRECTIONS`): ``'clean'`` or ``'corrupted'``, the
+    prompts of the patched runs and those whose activations are patched in.
+
+    Raises
+    ------
+    ValueError
+        For an unknown direction.
+    """
+    if not isinstance(direction, str) or direction not in DIRECTIONS:
+        raise ValueError(
+            f'unknown patching direction {direction!r}; known: {", ".join(DIRECTIONS)} ("noising": the corrupted '
+            'activations into the clean run, the default; "denoising": the clean activations into the corrupted run)'
+        )
+    return DIRECTIONS[direction]
 
 
 def check_pairs(model: torch.nn.Module, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,21 +301,23 @@ def path_run(
 
 def last_logits(output) -> torch.Tensor:
     """``[batch, vocab]`` logits at the last position of a causal language model's output."""
-    logits = getattr(output, 'logits', None)
-    if logits is None or logits.dim() != 3:
-        raise ValueError(
-            'patching measures a metric of the next-token logits: the model must return logits [batch, seq, vocab] '
-            f'(a causal language model), got {type(output).__name__}'
-        )
-    return logits[:, -1]
+    return output_logits(output)[:, -1]
 
 
-def _capture(model: torch.nn.Module, points, ids: torch.Tensor) -> tuple[dict, torch.Tensor]:
-    """The hooked site tensors ``(site, layer) -> [pairs, seq, features]`` and the last logits of a plain forward
-    pass of ``ids``."""
-    recorder = Recorder(points, keep={(point.site, point.layer) for layer in points.values() for point in layer})
+def _capture(model: torch.nn.Module, points, ids: torch.Tensor, metric: Metric) -> tuple[dict, torch.Tensor]:
+    """The hooked site tensors ``(site, layer) -> [pairs, seq, features]`` and the logits the metric reads of a plain
+    forward pass of ``ids``."""
+    keys = {(point.site, point.layer) for layer in points.values() for point in layer}
+    recorder = Recorder(points, keep=keys)
     with torch.no_grad(), recorder.recording(model):
-        logits = last_logits(model(input_ids=ids))
+        logits = metric.logits(model(input_ids=ids))
+    missing = sorted(keys - set(recorder.tensors))
+    if missing:
+        raise ValueError(
+            f'the forward pass did not give {missing[0][0]!r} (layer {missing[0][1]}) a tensor: a module path must '
+            'name a module the forward pass runs that returns a tensor [batch, seq, features] (or a tuple starting '
+            'with one)'
+        )
     return recorder.tensors, logits
 
 
@@ -284,7 +332,7 @@ def metric_forward(model, leaf: torch.Tensor, metric: Metric, composite, resolve
     with torch.enable_grad(), context as modified:
         if composite is not None:
             gradient_outputs(composite)  # the metric converts its initial relevance itself
-        logits = last_logits(modified(inputs_embeds=leaf))
+        logits = metric.logits(modified(inputs_embeds=leaf))
         metric = metric.resolve(logits.detach()) if resolve else metric
         if composite is None:
             value = metric.of(logits)
@@ -344,13 +392,17 @@ def path_inputs(
         yield (start if alpha == 0 else torch.lerp(start, end, alpha)), weight
 
 
-def _path_gradients(model, clean, corrupted, points, metric: Metric, composite, steps: int, span: float) -> tuple:
-    """The clean run's recorder (site tensors), the (modified) gradient at every site averaged along the path of the
-    input embeddings from the clean to the corrupted prompts (:py:func:`path_inputs`), the clean metric and the
-    metric resolved on the clean run."""
+def _path_gradients(
+    model, clean, corrupted, points, metric: Metric, composite, steps: int, span: float, resolve: bool = True
+) -> tuple:
+    """The ``clean`` run's recorder (site tensors), the (modified) gradient at every site averaged along the path of
+    the input embeddings from the ``clean`` to the ``corrupted`` prompts (:py:func:`path_inputs`), the metric of the
+    ``clean`` run and the metric (resolved on that run if ``resolve``)."""
     gradients, first = {}, None
     for leaf, weight in path_inputs(model, clean, corrupted, steps, span):
-        recorder, value, resolved = _modified_gradients(model, leaf, points, metric, composite, resolve=first is None)
+        recorder, value, resolved = _modified_gradients(
+            model, leaf, points, metric, composite, resolve=resolve and first is None
+        )
         if first is None:
             first, metric = (recorder, value, resolved), resolved
         for key, gradient in recorder.gradients.items():
@@ -364,12 +416,13 @@ def relevance_patching(
     corrupted,
     answers=None,
     wrong=None,
-    metric: str | Callable = 'logit_difference',
+    metric: str | Callable | FullLogits = 'logit_difference',
     components: Sequence[str] = DEFAULT_COMPONENTS,
     method: str | Composite = DEFAULT_METHOD,
     per_position: bool = True,
     steps: int = DEFAULT_STEPS,
     span: float = DEFAULT_SPAN,
+    direction: str = DEFAULT_DIRECTION,
 ) -> PatchingScores:
     """Relevance patching (Eq. 2, 3): ``(a' - a) . g`` of every component, ``g`` the (modified) gradient of the metric
     at the component averaged over ``steps`` points of the path from the clean to the corrupted input embeddings, for
@@ -386,7 +439,9 @@ def relevance_patching(
     answers, wrong: int, sequence or tensor, optional
         Token ids of the right and the wrong answer per pair (see :py:mod:`~.metrics`).
     metric: str or callable
-        ``'logit_difference'`` (default), ``'log_probability'``, ``'logit'`` or ``f(logits [n, vocab]) -> [n]``.
+        ``'logit_difference'`` (default), ``'log_probability'``, ``'logit'``, ``f(logits [n, vocab]) -> [n]`` of
+        the last position's logits, or :py:class:`~.metrics.FullLogits` ``(f)`` with ``f(logits [n, seq, vocab]) ->
+        [n]`` of the logits at every position (:py:mod:`~.metrics`).
     components: sequence of str
         Keys of :py:data:`~.components.COMPONENTS`.
     method: str or AttnLRPComposite
@@ -404,6 +459,10 @@ def relevance_patching(
     span: float
         How far the points go towards the corrupted input, in ``(0, 1]`` (:py:func:`path_weights`; 1 by default,
         :py:data:`DEFAULT_SPAN`); 0.5 is closer to activation patching of the heads on SmolLM2.
+    direction: str
+        ``'noising'`` (default: the corrupted activations into the clean run, the gradient at the clean run) or
+        ``'denoising'`` (the clean activations into the corrupted run: the gradient at the corrupted run, the path
+        from the corrupted to the clean input), :py:data:`DIRECTIONS`.
 
     Returns
     -------
@@ -416,14 +475,18 @@ def relevance_patching(
         (e.g. ``'mlp'`` in a routed mixture of experts), ``steps`` not a positive integer, ``span`` not in ``(0, 1]``.
     """
     start = time.perf_counter()
+    run, source = check_direction(direction)
     name, composite, clean, corrupted, metric = path_run(
         model, clean, corrupted, answers, wrong, metric, method, steps, span
     )
+    prompts = {'clean': clean, 'corrupted': corrupted}
     components = component_points(model, components)
     points = site_points(components)
-    patched, corrupted_logits = _capture(model, points, corrupted)
+    patched, source_logits = _capture(model, points, prompts[source], metric)
+    if source == 'clean':  # the metric is resolved on the clean logits
+        metric = metric.resolve(source_logits)
     recorder, gradients, value, metric = _path_gradients(
-        model, clean, corrupted, points, metric, composite, steps, span
+        model, prompts[run], prompts[source], points, metric, composite, steps, span, resolve=run == 'clean'
     )
     scores = {}
     for kind, layers in components.items():
@@ -437,9 +500,18 @@ def relevance_patching(
         values = torch.stack(per_layer, 1)  # [pairs, layers, seq, units]
         scores[kind] = values if per_position else values.sum(2)
     with torch.no_grad():
-        corrupted_value = metric.of(corrupted_logits)
-    # the composites change the backward pass only: value is the clean metric
-    return PatchingScores(scores, value, corrupted_value, name, per_position, time.perf_counter() - start)
+        # the composites change the backward pass only: value is the metric of the run
+        values = {run: value, source: metric.of(source_logits)}
+    return PatchingScores(
+        scores,
+        values['clean'],
+        values['corrupted'],
+        name,
+        per_position,
+        time.perf_counter() - start,
+        direction=direction,
+        layers=_layer_numbers(components),
+    )
 
 
 @dataclass
@@ -494,15 +566,17 @@ def activation_patching(
     corrupted,
     answers=None,
     wrong=None,
-    metric: str | Callable = 'logit_difference',
+    metric: str | Callable | FullLogits = 'logit_difference',
     components: Sequence[str] = DEFAULT_COMPONENTS,
     per_position: bool = True,
     batch_size: int = 32,
     progress: bool = True,
     layers: Sequence[int] | None = None,
+    direction: str = DEFAULT_DIRECTION,
 ) -> PatchingScores:
     """Activation patching (Eq. 1), the exact reference of :py:func:`relevance_patching` over the same components:
-    one patched forward pass of the clean prompt per component, unit and position, ``batch_size`` of them at a time
+    one patched forward pass of the clean prompt (noising; of the corrupted prompt for denoising) per component, unit
+    and position, ``batch_size`` of them at a time
     (variants of several pairs and units in one batch). A variant whose corrupted activation equals the clean one
     is not run: its effect is exactly 0.
 
@@ -519,6 +593,10 @@ def activation_patching(
         ``'residual'`` the residual stream entering it), negative layers count blocks from the end (-1: the last
         block); the residual stream has one more layer, ``L`` for ``L`` blocks (leaving the last block). A layer that
         one of ``components`` does not have is refused.
+    direction: str
+        ``'noising'`` (default: the corrupted activations into the clean run, the change from the clean metric) or
+        ``'denoising'`` (the clean activations into the corrupted run, the change from the corrupted metric),
+        :py:data:`DIRECTIONS`.
 
     Returns
     -------
@@ -528,65 +606,78 @@ def activation_patching(
     start = time.perf_counter()
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f'batch_size must be a positive integer, got {batch_size!r}')
+    run, source = check_direction(direction)
     clean, corrupted = check_pairs(model, clean, corrupted)
     metric = make_metric(metric, answers, wrong, clean.shape[0])
     components = component_points(model, components)
     points = site_points(components)
-    base, clean_logits = _capture(model, points, clean)
-    patched, corrupted_logits = _capture(model, points, corrupted)
-    metric = metric.resolve(clean_logits)
+    captured = {
+        name: _capture(model, points, ids, metric) for name, ids in (('clean', clean), ('corrupted', corrupted))
+    }
+    metric = metric.resolve(captured['clean'][1])
     with torch.no_grad():
-        clean_value, corrupted_value = metric.of(clean_logits), metric.of(corrupted_logits)
-    work = [(kind, layer, component) for kind, points in components.items() for layer, component in enumerate(points)]
-    chosen = _chosen_layers(layers, components)
+        values = {name: metric.of(logits) for name, (_, logits) in captured.items()}
+    prompts, base, patched = {'clean': clean, 'corrupted': corrupted}[run], captured[run][0], captured[source][0]
+    work = [(kind, component) for kind, points in components.items() for component in points]
+    chosen = _chosen_layers(layers, components, block_count(model))
     scores = {kind: [] for kind in components}
-    for kind, layer, component in tqdm(work, desc='activation patching', disable=not progress):
+    for kind, component in tqdm(work, desc='activation patching', disable=not progress):
         scores[kind].append(
             _patch_component(
                 model,
-                clean,
+                prompts,
                 component,
                 base,
                 patched,
                 metric,
-                clean_value,
+                values[run],
                 per_position,
                 batch_size,
-                skip=chosen is not None and layer not in chosen,
+                skip=chosen is not None and component.layer not in chosen,
             )
         )
     scores = {kind: torch.stack(values, 1) for kind, values in scores.items()}
     if not per_position:
         scores = {kind: values[:, :, 0] for kind, values in scores.items()}
-    return PatchingScores(scores, clean_value, corrupted_value, 'activation', per_position, time.perf_counter() - start)
+    return PatchingScores(
+        scores,
+        values['clean'],
+        values['corrupted'],
+        'activation',
+        per_position,
+        time.perf_counter() - start,
+        direction=direction,
+        layers=_layer_numbers(components),
+    )
 
 
-def _chosen_layers(layers, components: Mapping[str, list[Component]]) -> set[int] | None:
-    """The layers of ``layers`` in the numbering of :py:func:`activation_patching` (negative: blocks from the end),
-    None for all.
+def _chosen_layers(layers, components: Mapping[str, list[Component]], blocks: int) -> set[int] | None:
+    """The layers of ``layers`` in the numbering of :py:func:`activation_patching` (negative: blocks from the end, of
+    ``blocks``), None for all.
 
     Raises
     ------
     ValueError
-        For no layers, a layer that is not an integer, or one that a component does not have.
+        For no layers, a layer that is not an integer, or one that a component does not have (a module path has
+        none).
     """
     if layers is None:
         return None
-    counts = {kind: len(points) for kind, points in components.items()}
-    blocks = max(count - (kind == 'residual') for kind, count in counts.items())
     layers = [layers] if isinstance(layers, int) else list(layers)
     if not layers or any(isinstance(layer, bool) or not isinstance(layer, int) for layer in layers):
         raise ValueError(f'layers must be a non-empty list of integers (layer l: block l), got {layers!r}')
     resolved = {layer: layer + blocks if layer < 0 else layer for layer in layers}
-    for kind, count in counts.items():
-        outside = [layer for layer, index in resolved.items() if not 0 <= index < count]
+    for kind, points in components.items():
+        own = [component.layer for component in points]
+        outside = [layer for layer, index in resolved.items() if index not in own]
         if outside:
-            own = 'block l'
+            numbers = 'none (a module path)' if None in own else f'{own[0]} to {own[-1]}'
+            meaning = 'block l'
             if kind == 'residual':
-                own = 'the residual stream entering block l, and leaving the last block'
+                meaning = 'the residual stream entering block l, and leaving the last block'
             raise ValueError(
-                f'layers={layers!r}: {kind!r} has no layer {outside[0]} (of {blocks} blocks); its layers are 0 to '
-                f'{count - 1} (layer l: {own}; negative layers count blocks from the end): give layers that every '
+                f'layers={layers!r}: {kind!r} has no layer {outside[0]} (of {blocks} blocks); its layers are '
+                f'{numbers} (layer l: {meaning}; negative layers count blocks from the end): give layers that every '
                 'component of components= has'
             )
     return set(resolved.values())
@@ -619,12 +710,17 @@ def _patch_component(
         handle = component.point.hook(_patch_hook(component, source, plan, chunk))
         try:
             with torch.no_grad():
-                effect = metric.of(last_logits(model(input_ids=clean[rows])), rows) - clean_value[rows]
+                effect = metric.of(metric.logits(model(input_ids=clean[rows])), rows) - clean_value[rows]
         finally:
             handle.remove()
         positions = plan.positions[chunk].clamp(min=0)
         result[rows.cpu(), positions.cpu(), plan.units[chunk].cpu()] = effect.detach().cpu().to(result.dtype)
     return result
+
+
+def _layer_numbers(components: Mapping[str, list[Component]]) -> dict[str, list[int | None]]:
+    """``component -> `` the layer number of each entry of its layer axis."""
+    return {kind: [component.layer for component in points] for kind, points in components.items()}
 
 
 def correlation(estimate: PatchingScores, reference: PatchingScores, component: str) -> tuple[float, float, int]:
@@ -635,8 +731,13 @@ def correlation(estimate: PatchingScores, reference: PatchingScores, component: 
     Raises
     ------
     ValueError
-        Where the two were computed at different granularities or shapes.
+        Where the two were computed at different granularities, shapes or directions.
     """
+    if estimate.direction != reference.direction:
+        raise ValueError(
+            f'the scores were computed in different directions ({estimate.direction!r} and {reference.direction!r}): '
+            'compare scores of one direction'
+        )
     a, b = estimate[component].double().cpu(), reference[component].double().cpu()
     if a.shape != b.shape:
         raise ValueError(
