@@ -29,7 +29,7 @@ def test_unknown_method_and_composite(capsys):
 @pytest.mark.parametrize('method', ['gradcam', 'integrated_gradients', 'random'])
 def test_composite_with_a_method_that_is_not_lrp(capsys, method):
     line = refused(capsys, ['explain', '--prompt', PROMPT, '--method', method, '--composite', 'attnlrp'])
-    assert '--composite applies to the LRP methods (attnlrp, cplrp)' in line and method in line
+    assert '--composite applies to the LRP methods (attnlrp, cplrp, palrp)' in line and method in line
     refused(capsys, ['generate', '--prompt', PROMPT, '--method', method, '--composite', 'cplrp'])
 
 
@@ -211,7 +211,7 @@ def test_encoder_decoder_refusals(capsys, tmp_path):
             line = refused(capsys, [*argv, '--model', str(folder), '--method', method])
             assert (
                 f'--method {method} reads attention maps, which are not implemented for encoder-decoder models '
-                f'such as {folder} (its config.json says is_encoder_decoder); use one of attnlrp, cplrp, '
+                f'such as {folder} (its config.json says is_encoder_decoder); use one of attnlrp, cplrp, palrp, '
                 'input_x_gradient, integrated_gradients, smoothgrad, atman, kernelshap, random' in line
             )
     line = refused(capsys, ['neurons', '--prompt', PROMPT, '--model', str(folder)])

@@ -93,7 +93,7 @@ def test_refusals(capsys, tmp_path, monkeypatch):
                 capsys, [command, '--prompt', 'x', '--image', str(picture), '--model', str(folder), '--method', method]
             )
             assert (
-                f'--image explains with the LRP methods (attnlrp, cplrp), which give text and pixel relevance in '
+                f'--image explains with the LRP methods (attnlrp, cplrp, palrp), which give text and pixel relevance in '
                 f'one backward pass; --method {method} is not one' in line
             )
         line = refused(

@@ -42,6 +42,8 @@ FAST = {
 }
 #: Methods that read attention maps: not defined for encoder-decoder models (a clear NotImplementedError).
 ATTENTION_MAPS = ('attention_rollout', 'grad_attention_rollout', 'gradcam')
+#: Families whose positions are no input PA-LRP knows (T5's relative attention bias, the ViTs' position parameters)
+NO_POSITIONS = ('t5', 't5_relu', 'vit', 'timm-vit')
 #: CPLRPGamma with stabilisers far below the arithmetic's precision and the plain gradient on attention projections:
 #: exactly conservative on bias-free models
 EXACT_GAMMA = dict(
@@ -125,6 +127,10 @@ def test_method_on_family(family, method):
     if method in ATTENTION_MAPS and family in ENCODER_DECODERS:
         with pytest.raises(NotImplementedError, match='encoder-decoder'):
             explain(model, method=method, **kwargs, **FAST.get(method, {}))
+        return
+    if method == 'palrp' and family in NO_POSITIONS:
+        with pytest.raises(ValueError, match='no position encoding that PA-LRP gives relevance'):
+            explain(model, method=method, **kwargs)
         return
     check(method, model, kwargs, plain, explain(model, method=method, **kwargs, **FAST.get(method, {})))
 

@@ -34,6 +34,7 @@ def test_registry_lists_every_method():
     assert list(METHODS) == [
         'attnlrp',
         'cplrp',
+        'palrp',
         'input_x_gradient',
         'integrated_gradients',
         'smoothgrad',
@@ -101,7 +102,11 @@ def test_metadata_says_what_the_method_does(llama, ids, name):
         with pytest.raises(ValueError, match='cannot explain a Neuron target'):
             explain(llama, ids, method=name, target=neuron, **params)
     if entry.lrp:  # a composite of the method's own product rule replaces the default
-        composite = CPLRPEpsilon(epsilon=0.5) if name == 'cplrp' else AttnLRPEpsilon(epsilon=0.5)
+        composite = (
+            CPLRPEpsilon(epsilon=0.5)
+            if name == 'cplrp'
+            else AttnLRPEpsilon(epsilon=0.5, positions=name == 'palrp')
+        )
         torch.testing.assert_close(
             explain(llama, ids, method=name, composite=composite).relevance,
             attribute(Task(llama, ids), -1, None, composite, name).relevance,

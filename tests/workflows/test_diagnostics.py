@@ -4,8 +4,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from tests.models import decoder_ids, tiny_model, token_ids
+from tests.numbers import assert_close
 from zennit_attn import conservation, explain
-from zennit_attn.composites import CPLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.core import block_stacks
 
 #: the tiny Llama of these tests: :py:func:`tests.models.tiny_model` with 3 blocks, a vocabulary of 50, intermediate
@@ -86,3 +87,18 @@ def test_encoder_decoder_boundaries_decoder_first():
         'word embeddings',
         'other embeddings',
     ]
+
+
+def test_positions_of_pa_lrp_are_a_row_of_their_own():
+    """With PA-LRP's positions GPT-2's learned table is an input of the explanation: the relevance it absorbs as one of
+    the other embeddings is reported as the positions', and what reaches the input is unchanged."""
+    model = tiny_model('gpt2')
+    ids = torch.tensor([[5, 17, 3, 28, 9, 14, 22]])
+    plain = conservation(model, ids)
+    positions = conservation(model, ids, composite=AttnLRPEpsilon(positions=True))
+    assert positions.names == [*plain.names, 'positions']
+    other, row = plain.names.index('other embeddings'), positions.names.index('positions')
+    assert abs(float(plain.sums[other, 0])) > 1e-3
+    assert_close(positions.sums[row], plain.sums[other], 1e-10)
+    assert float(positions.sums[other, 0]) == 0
+    assert_close(positions.input_fraction, plain.input_fraction, 1e-10)

@@ -33,6 +33,7 @@ from ..rules import (
     RelevanceBoundary,
     Uniform,
 )
+from ..rules.positions import PositionInputs
 
 #: Attribute that marks every module of a model while a zennit-attn composite is registered to it (a weak reference
 #: to the composite); see :py:meth:`AttnLRPComposite.register`.
@@ -163,6 +164,12 @@ class AttnLRPComposite(Composite):
         (:py:func:`~zennit_attn.operations.registry.check_overrides`; docs: Use a composite). Checked here:
         an unknown operation is refused with the known ones. The marks of the operation (what its output is, e.g. a
         gate) stay the registry's.
+    positions: bool
+        PA-LRP (Bakish et al. 2025, :py:mod:`zennit_attn.rules.positions`): the outputs of the model's position
+        encodings (rotary, learned, sinusoidal) become inputs of the explanation, next to its own inputs, so that the
+        relevance they absorb as constants is the positions' (:py:attr:`position_inputs` holds their leaves;
+        :py:func:`zennit_attn.explain` returns it per position, ``Explanation.position_relevance``). A model without
+        such an encoding is refused on registering (``ValueError``).
 
     Examples
     --------
@@ -191,6 +198,7 @@ class AttnLRPComposite(Composite):
         canonizers: Sequence | None = None,
         product_rule: ProductRule | None = None,
         overrides: Mapping | None = None,
+        positions: bool = False,
     ):
         if epsilon < 0:
             raise ValueError(f'epsilon must be >= 0, got {epsilon}')
@@ -202,6 +210,9 @@ class AttnLRPComposite(Composite):
         if product_rule is not None:
             self.product_rule = product_rule
         self.extra_canonizers = [] if canonizers is None else list(canonizers)
+        self.positions = bool(positions)
+        #: the position encodings as explained inputs while registered with ``positions=True`` (PA-LRP), else None
+        self.position_inputs: PositionInputs | None = None
         super().__init__(module_map=self.mapping, canonizers=self.extra_canonizers)
 
     def register(self, module: torch.nn.Module, modules: Modules | None = None) -> None:
@@ -243,6 +254,9 @@ class AttnLRPComposite(Composite):
         if self.extra_canonizers:
             modules = list(module.named_modules())
         self.handles += self.operation_canonizer.apply(module, modules)
+        if self.positions:
+            self.position_inputs = PositionInputs()
+            self.handles.append(self.position_inputs.register(module, modules))
         ctx = {}
         for name, child in modules:
             template = self.module_map(ctx, name, child)
@@ -304,8 +318,11 @@ class AttnLRPComposite(Composite):
     def describe(self) -> str:
         """The composite in words: its class, product rule and overrides."""
         overrides = ', '.join(f'{name}: {override}' for name, override in self.overrides.items())
-        return f'{type(self).__name__} (products: {self.product_rule!r}' + (
-            f'; overrides: {overrides})' if overrides else ')'
+        return (
+            f'{type(self).__name__} (products: {self.product_rule!r}'
+            + (f'; overrides: {overrides}' if overrides else '')
+            + ('; positions: PA-LRP' if self.positions else '')
+            + ')'
         )
 
     @contextlib.contextmanager

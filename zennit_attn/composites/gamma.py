@@ -108,6 +108,9 @@ class AttnLRPGamma(AttnLRPComposite):
     overrides: mapping of str to rule, optional
         The rules of single operations instead of the engine's, as for
         :py:class:`~zennit_attn.composites.AttnLRPComposite`.
+    positions: bool
+        PA-LRP's positions (the position encodings as explained inputs), as for
+        :py:class:`~zennit_attn.composites.AttnLRPComposite`.
 
     Raises
     ------
@@ -127,6 +130,7 @@ class AttnLRPGamma(AttnLRPComposite):
         canonizers: Sequence | None = None,
         within: str | Sequence[str] | None = None,
         overrides: Mapping | None = None,
+        positions: bool = False,
     ):
         if product is not None and not isinstance(product, ProductRule):
             raise TypeError(f'product= needs a ProductRule (Uniform(), ConstantGates()) or None, got {product!r}')
@@ -155,7 +159,7 @@ class AttnLRPGamma(AttnLRPComposite):
         self._attention_out: set[int] = set()
         self._scope: set[int] | None = None
         self._roots: list[torch.nn.Module] = []
-        super().__init__(epsilon=epsilon, canonizers=canonizers, overrides=overrides)
+        super().__init__(epsilon=epsilon, canonizers=canonizers, overrides=overrides, positions=positions)
 
     def register(self, module: torch.nn.Module, modules: Modules | None = None) -> None:
         modules = list(module.named_modules()) if modules is None else modules

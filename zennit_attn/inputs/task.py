@@ -319,6 +319,20 @@ class Task:
     def package(self, relevance, logit, method, decoder_relevance):
         raise NotImplementedError
 
+    def add_position_relevance(self, relevance: torch.Tensor) -> None:
+        """The ``[batch, positions]`` relevance of the position encodings (PA-LRP,
+        :py:mod:`zennit_attn.rules.positions`), packaged by :py:meth:`package`; read for token inputs only.
+
+        Raises
+        ------
+        ValueError
+            Here: the modality does not read it.
+        """
+        raise ValueError(
+            f"PA-LRP's position relevance is read per input token; {type(self).__name__} explains another input: "
+            'explain without positions=True'
+        )
+
 
 class TokenTask(Task):
     """A language model explained at its word embeddings (relevance per token).
@@ -357,6 +371,7 @@ class TokenTask(Task):
         self.ids_reason = needs_ids(model, embedding_module, tables, self.facts)
         self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module, tables)
         self._lookup_relevance: torch.Tensor | None = None
+        self._position_relevance: torch.Tensor | None = None
         self.decoder_input_ids = self.decoder_embeddings = None
         self._output_mask = self.attention_mask
         if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
@@ -453,6 +468,15 @@ class TokenTask(Task):
         """The relevance of :py:meth:`lookup_leaves`, added to the tokens' by :py:meth:`package`."""
         self._lookup_relevance = TokenLookups.token_relevance(relevances)
 
+    def add_position_relevance(self, relevance: torch.Tensor) -> None:
+        seq = self.input_ids.shape[1]
+        if relevance.shape != (self.batch, seq):
+            raise ValueError(
+                f'the position encodings gave relevance of shape {list(relevance.shape)} for an input of {self.batch} '
+                f'row(s) of {seq} tokens: PA-LRP reads one relevance per input position'
+            )
+        self._position_relevance = relevance
+
     def keep_logits(self, position=-1, target: TargetLike = None) -> dict:
         """Restrict the model's language-model head to the explained positions: ``{'logits_to_keep': positions}``
         for models whose forward takes ``logits_to_keep`` (Hugging Face ``...ForCausalLM``), ``{}`` otherwise.
@@ -544,6 +568,7 @@ class TokenTask(Task):
         tokens, embedding = per_token(relevance, self.attention_mask)
         if self._lookup_relevance is not None:  # the other token tables' lookups (a model run on its ids)
             tokens, self._lookup_relevance = tokens + per_token(self._lookup_relevance, self.attention_mask)[0], None
+        positions, self._position_relevance = per_token(self._position_relevance, self.attention_mask)[0], None
         decoder_mask = self._output_mask if self.decoder_embeddings is not None else None
         decoder, decoder_embedding = per_token(decoder_relevance, decoder_mask)
         return Explanation(
@@ -560,6 +585,7 @@ class TokenTask(Task):
             method=method,
             contrast=self.objective.contrast,
             objective=self.objective,
+            position_relevance=positions,
         )
 
     def non_finite_hint(self) -> str:

@@ -243,6 +243,7 @@ DECLARATIONS: dict[str, Declaration] = {
     for declaration in (
         Declaration('attnlrp', 'propagation:attnlrp', backward=True, latent=True, neuron=True, lrp=True),
         Declaration('cplrp', 'propagation:cplrp', backward=True, latent=True, neuron=True, lrp=True),
+        Declaration('palrp', 'propagation:palrp', backward=True, latent=True, neuron=True, lrp=True),
         Declaration('input_x_gradient', 'gradients:input_x_gradient', backward=True, latent=True, neuron=True),
         Declaration(
             'integrated_gradients',

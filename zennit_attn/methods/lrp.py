@@ -56,14 +56,25 @@ def attribute(
                     task.lrp_forward(leaves[0], modified, **extra), position, target, initial_relevance=True
                 )
                 inner = task.lookup_leaves()  # made during the forward (token tables of a model run on its ids)
+                positions = _position_leaves(composite)
+                inputs = [*leaves, *inner, *positions]
                 relevance = torch.autograd.grad(
-                    logit, [*leaves, *inner, *watched], grad_outputs=logit.detach(), allow_unused=True
-                )[: len(leaves) + len(inner)]
+                    logit, [*inputs, *watched], grad_outputs=logit.detach(), allow_unused=True
+                )[: len(inputs)]
             finally:
                 for handle in handles:
                     handle.remove()
-    relevance = [torch.zeros_like(leaf) if value is None else value for leaf, value in zip(leaves + inner, relevance)]
+    relevance = [torch.zeros_like(leaf) if value is None else value for leaf, value in zip(inputs, relevance)]
+    if positions:
+        task.add_position_relevance(composite.position_inputs.per_position(relevance[-len(positions) :]))
     if inner:
-        task.add_lookup_relevance(relevance[len(leaves) :])
+        task.add_lookup_relevance(relevance[len(leaves) : len(leaves) + len(inner)])
     relevance = relevance[: len(leaves)]
     return task.finish(relevance[0], logit, method, *relevance[1:])
+
+
+def _position_leaves(composite: Composite) -> list[torch.Tensor]:
+    """The position inputs of the last forward pass of a composite with PA-LRP's positions
+    (:py:class:`~zennit_attn.rules.positions.PositionInputs`), none otherwise."""
+    position_inputs = getattr(composite, 'position_inputs', None) if getattr(composite, 'positions', False) else None
+    return [] if position_inputs is None else [leaf for _, _, leaf in position_inputs.leaves]

@@ -1,5 +1,5 @@
-"""The LRP methods ``'attnlrp'`` and ``'cplrp'``: LRP (:py:func:`~zennit_attn.methods.lrp.attribute`) with the
-composite a user passes, or by default the one of the paper for the task's modality."""
+"""The LRP methods ``'attnlrp'``, ``'cplrp'`` and ``'palrp'``: LRP (:py:func:`~zennit_attn.methods.lrp.attribute`) with
+the composite a user passes, or by default the one of the paper for the task's modality."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..inputs.task import ImageTask, Task
 from ..rules import ConstantGates, ProductRule, Uniform
 from .lrp import attribute
 
-__all__ = ['attnlrp', 'cplrp', 'METHOD_RULES', 'check_composite', 'lrp_method', 'method_of']
+__all__ = ['attnlrp', 'cplrp', 'palrp', 'METHOD_RULES', 'check_composite', 'lrp_method', 'method_of']
 
 #: The product rule each LRP method names (the paper's distinction between AttnLRP and CP-LRP: relevance through the
 #: attention probabilities and gates, or none): a zennit-attn composite that applies the other method's rule is
@@ -80,3 +80,25 @@ def cplrp(task: Task, position=-1, target=None, composite: Composite | None = No
         composite = CPLRPGamma() if isinstance(task, ImageTask) else CPLRPEpsilon()
     check_composite(composite, 'cplrp')
     return attribute(task, position, target, composite, 'cplrp')
+
+
+def palrp(task: Task, position=-1, target=None, composite: Composite | None = None):
+    """PA-LRP (Bakish et al. 2025, :py:mod:`zennit_attn.rules.positions`): AttnLRP with the position encodings as
+    inputs of the explanation, by default :py:class:`~zennit_attn.composites.AttnLRPEpsilon` with
+    ``positions=True``; the explanation's ``position_relevance`` holds the positions' relevance. Cost: one forward
+    and one backward pass.
+
+    Raises
+    ------
+    ValueError
+        For a composite without ``positions=True``, or a model without a position encoding PA-LRP knows.
+    """
+    if composite is None:
+        composite = AttnLRPEpsilon(positions=True)
+    if not getattr(composite, 'positions', False):
+        raise ValueError(
+            f"method='palrp' reads the relevance of the positions: {type(composite).__name__}() needs positions=True "
+            "(or leave composite= out for PA-LRP's own)"
+        )
+    check_composite(composite, 'attnlrp')
+    return attribute(task, position, target, composite, 'palrp')

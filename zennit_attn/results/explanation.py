@@ -83,6 +83,11 @@ class Explanation:
         For a conversation (``explain(model, messages, tokenizer=...)``, :py:mod:`zennit_attn.inputs.chat`):
         ``[batch, seq]`` True for the chat template's tokens. They keep their relevance; the heatmaps leave them out
         unless ``template=True``.
+    position_relevance: torch.Tensor or None
+        With PA-LRP (``method='palrp'``, or a composite with ``positions=True``: :py:mod:`zennit_attn.rules.positions`):
+        ``[batch, seq]`` relevance of the positions, that of the position encodings' outputs (rotary ``cos`` and
+        ``sin`` of every layer, learned or sinusoidal tables) summed over their features; 0 at padding. The token
+        relevance and it together are what the relevance of an input of position-token pairs sums to. None otherwise.
 
     Notes
     -----
@@ -113,6 +118,7 @@ class Explanation:
     contrast: torch.Tensor | None = None
     objective: object = field(default=None, repr=False, compare=False)
     template: torch.Tensor | None = None
+    position_relevance: torch.Tensor | None = None
 
     def tokens(self, tokenizer=None, row: int = 0, words: bool = False) -> list[str]:
         """The tokens of ``row`` as the tokenizer writes them (``'Ġ'``, ``'▁'`` and byte fallbacks decoded), padding

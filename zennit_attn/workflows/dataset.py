@@ -7,8 +7,9 @@ On disk an output directory holds
   class, dtype and configuration, a hash of the texts); a later run on the directory must use the same settings;
 - ``shard-NNNNN.safetensors``: the explanations of up to ``shard_size`` texts, each tensor named
   ``<input index>.<field>`` (fields ``input_ids``, ``relevance``, ``target``, ``logit``, and where they apply
-  ``position``, ``decoder_input_ids``, ``decoder_relevance``), written to a temporary name, then renamed; before it
-  ``shard-NNNNN.safetensors.sha256``, the SHA-256 of its bytes (``sha256sum`` format: ``sha256sum -c`` checks it);
+  ``position``, ``decoder_input_ids``, ``decoder_relevance``, ``position_relevance``), written to a temporary name,
+  then renamed; before it ``shard-NNNNN.safetensors.sha256``, the SHA-256 of its bytes (``sha256sum`` format:
+  ``sha256sum -c`` checks it);
 - ``index.json``: written when every shard is done: the settings, the number of texts and each shard's file, size,
   SHA-256 and input indices.
 
@@ -427,6 +428,9 @@ def _row(explanation: Explanation, row: int, index: int) -> dict[str, torch.Tens
     if explanation.decoder_relevance is not None:
         tensors[f'{index}.decoder_input_ids'] = explanation.decoder_input_ids[row]
         tensors[f'{index}.decoder_relevance'] = explanation.decoder_relevance[row]
+    if explanation.position_relevance is not None:  # PA-LRP
+        positions = explanation.position_relevance[row]
+        tensors[f'{index}.position_relevance'] = positions[keep.to(positions.device)]
     return {key: value.detach().cpu().contiguous() for key, value in tensors.items()}
 
 
@@ -774,4 +778,5 @@ def _item_explanation(handle, keys: set[str], item: int, file: str, method: str,
         decoder_input_ids=get('decoder_input_ids'),
         method=method,
         tokenizer=tokenizer,
+        position_relevance=get('position_relevance'),
     )

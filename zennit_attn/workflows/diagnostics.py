@@ -14,6 +14,12 @@ from ..inputs.checks import split_encoding
 from ..inputs.task import TokenTask
 from ..methods.lrp import attribute
 from ..results.explanation import TargetLike
+from ..rules.positions import position_encodings
+
+
+#: The rows of a :py:class:`ConservationReport` at the input, in their order: the word embeddings, the others, and
+#: PA-LRP's positions.
+INPUT_ROWS = ('word embeddings', 'other embeddings', 'positions')
 
 
 @dataclass
@@ -28,7 +34,9 @@ class ConservationReport:
         Boundary names, output first: ``output of <block path>`` for every block of each stack (for
         encoder-decoder models the decoder's, then the encoder's), ``input of <first block>``, then
         ``word embeddings`` (all input tokens, encoder and decoder) and ``other embeddings`` (position /
-        segment embeddings, where the model has them).
+        segment embeddings, where the model has them), and with PA-LRP's positions (a composite with
+        ``positions=True``, :py:mod:`zennit_attn.rules.positions`) ``positions`` (the position encodings' relevance,
+        rotary ones included; position tables are counted there, not among the other embeddings).
     sums: torch.Tensor
         ``[len(names), batch]`` relevance summed over positions and hidden units at each boundary.
 
@@ -47,8 +55,9 @@ class ConservationReport:
 
     @property
     def input_fraction(self) -> torch.Tensor:
-        """``[batch]`` fraction of the logit that reaches the input (word + other embeddings)."""
-        return self.sums[-2:].sum(0) / self.logit
+        """``[batch]`` fraction of the logit that reaches the input (word and other embeddings, positions)."""
+        rows = [index for index, name in enumerate(self.names) if name in INPUT_ROWS]
+        return self.sums[rows].sum(0) / self.logit
 
     def __str__(self) -> str:
         lines = [
@@ -58,7 +67,7 @@ class ConservationReport:
         previous = float(self.logit[0])
         for index, name in enumerate(self.names):
             value = float(self.sums[index, 0])
-            leak = '' if name == 'other embeddings' else f'{previous - value:>10.5f}'
+            leak = '' if name in INPUT_ROWS[1:] else f'{previous - value:>10.5f}'
             lines.append(f'{name:<40} {value:>12.5f} {value / float(self.logit[0]):>9.4f} {leak}')
             if name != 'word embeddings':
                 previous = value
@@ -140,7 +149,8 @@ def _conservation_row(
     """``(logit, boundary names, sums)`` of row ``row`` explained alone: the relevance at every layer boundary, then
     at the word embeddings and at the other embeddings."""
     pick = functools.partial(_select_row, row=row, batch=input_ids.shape[0])
-    boundaries = _Boundaries(model)
+    positions = getattr(composite, 'positions', False)
+    boundaries = _Boundaries(model, position_encodings(model.named_modules()) if positions else [])
     task = TokenTask(
         model,
         input_ids[row : row + 1],
@@ -154,8 +164,10 @@ def _conservation_row(
         words = words + explanation.decoder_relevance.double().sum()
     sums = [boundaries.probes[name].value for name in boundaries.names]
     sums += [words.cpu(), boundaries.probes['other embeddings'].value]
+    if explanation.position_relevance is not None:
+        sums.append(explanation.position_relevance.double().sum().cpu())
     logit = explanation.logit.double().sum().cpu()
-    return logit, boundaries.names + ['word embeddings', 'other embeddings'], torch.stack(sums)
+    return logit, boundaries.names + list(INPUT_ROWS[: len(sums) - len(boundaries.names)]), torch.stack(sums)
 
 
 class _Boundaries:
@@ -164,8 +176,10 @@ class _Boundaries:
     the decoder's, then the encoder's), and the embeddings other than the word embeddings. :py:meth:`observe` hooks
     a :py:class:`_Probe` at each of them in the model of the composite's context."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, positions: list | None = None):
         self.stacks = block_stacks(model)[::-1]  # output side first: the decoder's, then the encoder's
+        #: the position encodings that are inputs of the explanation (PA-LRP): not watched as other embeddings
+        self.positions = {module for _, module, _ in positions or []}
         self.word_embeddings = {model.get_input_embeddings()}
         if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
             self.word_embeddings.add(model.get_decoder().get_input_embeddings())
@@ -195,7 +209,7 @@ class _Boundaries:
             return None
 
         for module in modified.modules():
-            if isinstance(module, torch.nn.Embedding) and module not in self.word_embeddings:
+            if isinstance(module, torch.nn.Embedding) and module not in self.word_embeddings | self.positions:
                 handles.append(module.register_forward_hook(watch_embedding))
         return handles
 

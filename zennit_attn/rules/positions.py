@@ -1,0 +1,197 @@
+"""Position encodings as inputs that take relevance: PA-LRP (Bakish, Zimerman, Chefer and Wolf 2025, "Revisiting LRP:
+Positional Attribution as the Missing Ingredient for Transformer Explainability", arXiv 2506.02138).
+
+AttnLRP gives a model's position encodings no relevance: they are constants of the forward pass (computed from the
+positions, not from the explained input), and the relevance that enters them is absorbed, like a bias's. PA-LRP takes
+the input as position-token pairs: the outputs of the position encodings become inputs of the explanation, next to the
+word embeddings, and the relevance that reaches them is the positions' (per position, summed over the encoding's
+features). The rules on the way are the ones the engine applies already:
+
+- a rotary embedding (RoPE: ``q cos + rotate_half(q) sin``, likewise for the keys) is a product of the token path
+  with the position-dependent factors ``cos`` and ``sin``; with both carrying relevance the composite's product rule
+  shares it (AttnLRP's uniform rule: half to each factor, Prop. 3.2; CP-LRP's rule gives the queries and keys, and so
+  the rotations, no relevance at all);
+- a learned or sinusoidal absolute position embedding is added to the word embeddings: the sum's relevance is shared
+  in proportion to the addends (Eq. 8 with epsilon -> 0), so that the word embeddings keep the relevance they have
+  without PA-LRP and the positions get what a bias would absorb.
+
+The position encodings are found by declaration (:py:data:`POSITION_ENCODINGS`: modules of Hugging Face's naming
+conventions); :py:class:`PositionInputs` makes their floating-point outputs explained inputs (as the
+:py:class:`~zennit_attn.rules.RelevanceBoundary` does with the model's inputs,
+:py:func:`~zennit_attn.rules.boundary.input_relevance`) for the time of a composite's registration, and keeps the
+leaves of the last forward pass, at which the relevance is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from zennit.core import RemovableHandleList
+
+from .boundary import input_relevance
+
+__all__ = ['PositionEncoding', 'POSITION_ENCODINGS', 'PositionInputs', 'position_encodings']
+
+
+@dataclass(frozen=True)
+class PositionEncoding:
+    """A kind of position encoding: how its modules are recognised (``matches(name, module)``, the module's path in the
+    model and the module) and what it is."""
+
+    kind: str
+    matches: Callable[[str, torch.nn.Module], bool]
+    description: str
+
+
+#: Attribute names of learned (or fixed sinusoidal) absolute position tables held as embedding modules.
+_TABLE_NAMES = frozenset({'wpe', 'position_embeddings', 'position_embedding', 'embed_positions'})
+
+
+def _rotary(name: str, module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith('RotaryEmbedding')
+
+
+def _learned(name: str, module: torch.nn.Module) -> bool:
+    cls = type(module).__name__
+    if 'Sinusoidal' in cls:
+        return False
+    return cls.endswith('LearnedPositionalEmbedding') or (
+        isinstance(module, torch.nn.Embedding) and name.rsplit('.', 1)[-1] in _TABLE_NAMES
+    )
+
+
+def _sinusoidal(name: str, module: torch.nn.Module) -> bool:
+    return 'SinusoidalPositionalEmbedding' in type(module).__name__
+
+
+#: The position encodings PA-LRP gives relevance, by kind: the modules whose outputs become explained inputs.
+POSITION_ENCODINGS: dict[str, PositionEncoding] = {
+    encoding.kind: encoding
+    for encoding in (
+        PositionEncoding(
+            'rotary', _rotary, 'rotary embeddings (modules named *RotaryEmbedding returning cos and sin: Llama, ...)'
+        ),
+        PositionEncoding(
+            'learned',
+            _learned,
+            'learned absolute position tables (embedding modules named wpe, position_embeddings, '
+            'position_embedding or embed_positions, *LearnedPositionalEmbedding: GPT-2, BERT, OPT, CLIP, ...)',
+        ),
+        PositionEncoding(
+            'sinusoidal', _sinusoidal, 'fixed sinusoidal tables (modules named *SinusoidalPositionalEmbedding: Marian)'
+        ),
+    )
+}
+
+
+def position_encodings(modules) -> list[tuple[str, torch.nn.Module, str]]:
+    """``(name, module, kind)`` of every position encoding among ``modules`` (``model.named_modules()``), by
+    :py:data:`POSITION_ENCODINGS`; a module inside a matched one is not matched again."""
+    found = []
+    for name, module in modules:
+        if any(name.startswith(f'{outer}.') for outer, _, _ in found if outer):
+            continue
+        kind = next((kind for kind, encoding in POSITION_ENCODINGS.items() if encoding.matches(name, module)), None)
+        if kind is not None:
+            found.append((name, module, kind))
+    return found
+
+
+class PositionInputs:
+    """The position encodings of a model as explained inputs (PA-LRP, see the module's description), for the time of
+    a composite's registration.
+
+    :py:meth:`register` hooks the encodings (refusing a model that has none), and the root module to learn the batch
+    size of each forward pass; each forward pass then replaces every floating-point output of an encoding by a leaf
+    (its values, repeated over the batch where the encoding computes them once for all rows) passed through the input
+    side of the relevance boundary, and keeps the leaves (:py:attr:`leaves`). After the backward pass their gradient
+    is their relevance (``x * g``); :py:meth:`per_position` sums it per row and position.
+    """
+
+    def __init__(self):
+        #: ``(module name, kind, leaf)`` of the position inputs of the last forward pass
+        self.leaves: list[tuple[str, str, torch.Tensor]] = []
+        self._batch: int | None = None
+
+    def register(self, model: torch.nn.Module, modules) -> RemovableHandleList:
+        """Hook the position encodings among ``modules`` (the walk of ``model``) and ``model`` itself.
+
+        Raises
+        ------
+        ValueError
+            If the model has no position encoding of :py:data:`POSITION_ENCODINGS`.
+        """
+        found = position_encodings(modules)
+        if not found:
+            kinds = '; '.join(encoding.description for encoding in POSITION_ENCODINGS.values())
+            raise ValueError(
+                f'{type(model).__name__} has no position encoding that PA-LRP gives relevance ({kinds}): positions '
+                'held as parameters (ViT position tables), attention biases (ALiBi, T5) and encodings computed '
+                'inline are not inputs of the explanation; explain without positions=True'
+            )
+        handles = [model.register_forward_pre_hook(self._batch_size, with_kwargs=True, prepend=True)]
+        handles += [module.register_forward_hook(self._hook(name, kind)) for name, module, kind in found]
+        return RemovableHandleList(handles)
+
+    def _batch_size(self, module, args, kwargs) -> None:
+        """The number of rows of the forward pass: the first dimension of the model's first tensor argument."""
+        self.leaves = []
+        first = next((value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)), None)
+        self._batch = None if first is None or first.dim() == 0 else first.shape[0]
+
+    def _hook(self, name: str, kind: str):
+        def hook(module, args, output):
+            if not torch.is_grad_enabled():
+                return None
+            if isinstance(output, torch.Tensor):
+                return self._input(name, kind, output)
+            if isinstance(output, tuple):
+                return type(output)(self._input(name, kind, item) for item in output)
+            raise TypeError(
+                f'the position encoding {name} ({type(module).__name__}) returned {type(output).__name__}: PA-LRP '
+                'takes a tensor or a tuple of tensors'
+            )
+
+        return hook
+
+    def _input(self, name: str, kind: str, output):
+        """``output`` as an explained input (a leaf, kept), or as it is where it is not a floating-point tensor."""
+        if not (isinstance(output, torch.Tensor) and output.is_floating_point()):
+            return output
+        values = output.detach()
+        if values.dim() >= 3 and values.shape[0] == 1 and (self._batch or 1) > 1:
+            values = values.expand(self._batch, *values.shape[1:])  # one row of positions per row of the batch
+        elif values.dim() < 3 and (self._batch or 1) > 1:
+            raise ValueError(
+                f'the position encoding {name} returns one {list(values.shape)} tensor for all rows of the batch: '
+                'PA-LRP cannot tell the rows apart; explain one row at a time'
+            )
+        leaf = values.clone().requires_grad_(True)
+        self.leaves.append((name, kind, leaf))
+        return input_relevance(leaf)
+
+    def per_position(self, relevances: list[torch.Tensor]) -> torch.Tensor:
+        """``[batch, positions]`` relevance of the positions: the relevance of each leaf (``relevances``, in the order
+        of :py:attr:`leaves`) summed over its features, over the encodings and (for encodings run once per layer)
+        over the layers.
+
+        Raises
+        ------
+        ValueError
+            If the encodings disagree on the number of positions (an encoder-decoder model's two sequences).
+        """
+        total = None
+        for (name, _, leaf), relevance in zip(self.leaves, relevances):
+            summed = (relevance.unsqueeze(0) if leaf.dim() < 3 else relevance).flatten(2).sum(-1)
+            if total is not None and summed.shape != total.shape:
+                raise ValueError(
+                    f'the position encodings of the model run over {total.shape[1]} and {summed.shape[1]} positions '
+                    f'({name}): PA-LRP reads one relevance per position of one sequence (an encoder-decoder model '
+                    'has two); explain without positions=True'
+                )
+            total = summed if total is None else total + summed
+        if total is None:
+            raise RuntimeError('no position encoding ran in the forward pass: nothing to read')
+        return total
