@@ -9,6 +9,7 @@ from .faithfulness import (
     image_faithfulness,
     token_curves,
 )
+from .invariance import INVARIANCE_METHODS, REWRITES, Invariance, implementation_invariance
 from .leave_one_out import LOO_MODES, Agreement, LeaveOneOutAgreement, TokenDrops, leave_one_out, token_drops
 from .perturbation import (
     MODES,
@@ -47,6 +48,10 @@ __all__ = [
     'features_to_images',
     'explained_task',
     'LOO_MODES',
+    'REWRITES',
+    'INVARIANCE_METHODS',
+    'Invariance',
+    'implementation_invariance',
     'Agreement',
     'LeaveOneOutAgreement',
     'TokenDrops',
