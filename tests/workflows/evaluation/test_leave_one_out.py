@@ -147,3 +147,26 @@ def test_invariance_of_gradient_x_input_and_of_the_lrp_rules(small_llama):
         implementation_invariance(tiny_model('llama', dtype=torch.float32), token_ids('llama', 4))
     with pytest.raises(TypeError, match='Llama-style'):
         implementation_invariance(tiny_model('gpt2'), token_ids('gpt2', 4), rewrites=['folded_scaling'])
+
+
+def test_encoder_deletion_keeps_the_explained_position_and_reindexes_token_types():
+    """A BERT encoder explained at [CLS] (position 0) by a function of its last hidden state: every other token takes
+    part (no causal mask), the explained position is never deleted, and per-token arguments (token_type_ids) lose the
+    deleted token's entry."""
+    model = tiny_model('bert', head='base')
+    ids = token_ids('bert', 6)
+    types = torch.tensor([[0, 0, 0, 1, 1, 1]])
+    direction = torch.linspace(-1, 1, model.config.hidden_size, dtype=torch.float64)
+
+    def score(hidden):
+        return hidden @ direction
+
+    explanation = explain(model, ids, target=score, position=0, method='random', model_kwargs={'token_type_ids': types})
+    drops = token_drops(model, explanation, progress=False, model_kwargs={'token_type_ids': types})[0]
+    with torch.no_grad():
+        full = model(input_ids=ids, token_type_ids=types).last_hidden_state[0, 0] @ direction
+        for token in range(1, 6):
+            keep = [index for index in range(6) if index != token]
+            shorter = model(input_ids=ids[:, keep], token_type_ids=types[:, keep]).last_hidden_state[0, 0] @ direction
+            assert float(drops.drops['deleted'][token]) == pytest.approx(float(full - shorter), abs=1e-12)
+    assert math.isnan(drops.drops['deleted'][0]) and bool(drops.drops['zeroed'].isfinite().all())

@@ -82,7 +82,7 @@ class TokenDrops:
         part (padding, tokens after the explained position of a causal model, and for ``'deleted'`` the explained
         position).
     input_ids: torch.Tensor
-        ``[seq]`` the row's token ids.
+        ``[seq]`` the row's token ids, padding as -1.
     target: torch.Tensor
         The row's explained target.
     """
