@@ -8,9 +8,11 @@ import math
 
 import pytest
 import torch
+from zennit.attribution import Gradient
 
 from tests.models import tiny_model, token_ids
 from zennit_attn import explain
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.workflows.evaluation import LeaveOneOutAgreement, leave_one_out, mean_sem, token_drops
 from zennit_attn.workflows.evaluation.invariance import (
     fused_projections,
@@ -170,3 +172,30 @@ def test_encoder_deletion_keeps_the_explained_position_and_reindexes_token_types
             shorter = model(input_ids=ids[:, keep], token_type_ids=types[:, keep]).last_hidden_state[0, 0] @ direction
             assert float(drops.drops['deleted'][token]) == pytest.approx(float(full - shorter), abs=1e-12)
     assert math.isnan(drops.drops['deleted'][0]) and bool(drops.drops['zeroed'].isfinite().all())
+
+
+class Product(torch.nn.Module):
+    """``x1 x2 x3``, associated to the left ``(x1 x2) x3`` or to the right ``x1 (x2 x3)``."""
+
+    def __init__(self, left: bool):
+        super().__init__()
+        self.left = left
+
+    def forward(self, x):
+        first, second, third = x.unbind(-1)
+        return ((first * second) * third if self.left else first * (second * third))[:, None]
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_the_papers_three_factor_product_is_not_invariant(composite):
+    """Figure 1 of arXiv 2510.18810: the uniform rule halves the relevance at each product of two input-dependent
+    factors, so y = 24 at x = (2, 3, 4) gives (6, 6, 12) associated to the left and (12, 6, 6) to the right. CP-LRP
+    keeps the uniform rule for products that are no softmax gate: neither rule is invariant to re-association (the
+    rewrites of a softmax attention above have none)."""
+    x = torch.tensor([[2.0, 3.0, 4.0]], dtype=torch.float64)
+    relevance = {}
+    for left in (True, False):
+        with Gradient(Product(left), composite()) as attributor:
+            _, relevance[left] = attributor(x.clone().requires_grad_(True), lambda output: output)
+    torch.testing.assert_close(relevance[True], torch.tensor([[6.0, 6.0, 12.0]], dtype=torch.float64))
+    torch.testing.assert_close(relevance[False], torch.tensor([[12.0, 6.0, 6.0]], dtype=torch.float64))

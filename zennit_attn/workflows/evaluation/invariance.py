@@ -26,7 +26,9 @@ terms as ``q . k``), so AttnLRP and CP-LRP are invariant to them up to rounding,
 exact rewrite (it depends on the function alone). The paper's violation needs a product of three input-dependent
 factors associated differently (``(x1 x2) x3`` against ``x1 (x2 x3)``: the uniform rule gives ``x1`` a quarter of the
 relevance in one and a half in the other), which linear attention admits (``(Q K^T) V = Q (K^T V)``) and softmax
-attention does not.
+attention does not. Where such a product is written both ways, neither AttnLRP nor CP-LRP is invariant: both apply
+the uniform rule to products other than the softmax's inputs and the MLP's gate (the tests reproduce the paper's
+Figure 1, relevance ``(6, 6, 12)`` against ``(12, 6, 6)`` for ``x = (2, 3, 4)``, with both composites).
 """
 
 from __future__ import annotations
