@@ -71,7 +71,8 @@ def agreement_rows(model, samples, methods, args, explain_options) -> dict[str, 
         explanations = {}
         for method in methods:
             start = time.perf_counter()
-            target = explanations[methods[0]].target if explanations else options.get('target')
+            # every method explains the first one's target (a callable target of the sample: itself)
+            target = options.get('target', explanations[methods[0]].target if explanations else None)
             explanations[method] = explain(
                 model, ids, method=method, **{**explain_options, **options, 'target': target}, **params.get(method, {})
             )

@@ -110,6 +110,9 @@ def test_other_explanations_and_refusals(llama, padded):
     wrong = explain(llama, padded.input_ids[:1], target=int(padded.target[0]) + 1, method='random')
     with pytest.raises(ValueError, match='target'):
         drops[0].agreement_of(wrong)
+    contrast = explain(llama, padded.input_ids[:1], target=int(padded.target[0]), contrast=3, method='random')
+    with pytest.raises(ValueError, match='objective'):
+        drops[0].agreement_of(contrast)
     with pytest.raises(ValueError, match='modes'):
         token_drops(llama, padded, modes='removed', progress=False)
     pairs = explain(llama, padded.input_ids[:1], target=[(4, 5), (6, 7)], method='random')

@@ -39,6 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...core.modules import forward_parameters
+from ...inputs.objectives import Logit, Objective
 from ...inputs.task import TokenTask
 from ...results.explanation import Explanation
 from ..statistics import pearson, spearman
@@ -85,12 +86,18 @@ class TokenDrops:
         ``[seq]`` the row's token ids, padding as -1.
     target: torch.Tensor
         The row's explained target.
+    objective: Objective or None
+        What was explained of the scores (:py:mod:`zennit_attn.inputs.objectives`); not compared.
+    row: int
+        The row of the explanation the drops are of (for the objective's contrast).
     """
 
     score: dict[str, float]
     drops: dict[str, torch.Tensor]
     input_ids: torch.Tensor
     target: torch.Tensor
+    objective: Objective | None = field(default=None, repr=False, compare=False)
+    row: int = 0
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -138,10 +145,33 @@ class TokenDrops:
                 f'the explanation explains target {explanation.target[row].tolist()}, these drops target '
                 f"{self.target.tolist()}: explain the same target (e.g. target= the drops' target)"
             )
+        if not _same_objective(explanation.objective, row, self.objective, self.row):
+            raise ValueError(
+                f'the explanation explains {_objective_name(explanation.objective)}, these drops '
+                f'{_objective_name(self.objective)}: explain the same objective (target function, contrast)'
+            )
         # the explanation's tokens in the places of the drops' (padding takes no part: 0 there)
         relevance = torch.zeros(self.input_ids.numel(), dtype=torch.float64)
         relevance[own] = explanation.relevance[row].detach().to('cpu', torch.float64)[present]
         return self.agreement(relevance)
+
+
+def _objective_name(objective: Objective | None) -> str:
+    if objective is None:
+        return 'the logit'
+    function = getattr(objective, 'function', None)
+    return type(objective).__name__ + ('' if function is None else f' of {getattr(function, "__name__", function)}')
+
+
+def _same_objective(a: Objective | None, row_a: int, b: Objective | None, row_b: int) -> bool:
+    """Whether two objectives explain the same value of rows ``row_a`` and ``row_b``: the same kind, target function
+    and contrast (None counts as the logit)."""
+    a, b = a or Logit(), b or Logit()
+    if type(a) is not type(b) or getattr(a, 'function', None) is not getattr(b, 'function', None):
+        return False
+    if a.contrast is None or b.contrast is None:
+        return a.contrast is None and b.contrast is None
+    return torch.equal(a.contrast[row_a].cpu(), b.contrast[row_b].cpu())
 
 
 @dataclass
@@ -367,7 +397,7 @@ def token_drops(
                 ids = task.input_ids[row].cpu()
                 if task.attention_mask is not None:  # padding marked -1: the row's own tokens are what is compared
                     ids = torch.where(task.attention_mask[row].cpu() != 0, ids, torch.full_like(ids, -1))
-                results.append(TokenDrops(score=scores, drops=drops, input_ids=ids, target=task.targets[row].cpu()))
+                results.append(TokenDrops(scores, drops, ids, task.targets[row].cpu(), explanation.objective, row))
                 bar.update(1)
     return results
 
