@@ -25,6 +25,7 @@ Example (the committed run, 1 thread)::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shlex
@@ -33,11 +34,13 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.faithfulness import sample_articles  # noqa: E402
+from tests.models import tiny_model, token_ids  # noqa: E402
 from zennit_attn import explain  # noqa: E402
 from zennit_attn.latent.corpus import wikipedia_path  # noqa: E402
 from zennit_attn.pretrained import load_minilm, load_smollm2  # noqa: E402
@@ -62,8 +65,6 @@ def method_params(args) -> dict[str, dict]:
 def agreement_rows(model, samples, methods, args, explain_options) -> dict[str, tuple[LeaveOneOutAgreement, float]]:
     """Method -> (agreement over the samples, seconds of explanation per sample); ``samples`` are
     ``(input_ids, options)`` with the per-sample arguments of ``explain``."""
-    from tqdm.auto import tqdm
-
     agreements = {method: [] for method in methods}
     seconds = {method: 0.0 for method in methods}
     params = method_params(args)
@@ -134,8 +135,6 @@ def smollm2_samples(tokenizer, args):
 def minilm_samples(model, tokenizer, args):
     """``[CLS] first tokens [SEP]`` of each article and the callable target: the [CLS] state projected onto the unit
     sentence embedding of the title."""
-    import json
-
     titles = json.loads(Path(args.data or wikipedia_path()).read_text())
     articles = sample_articles(args.data, tokenizer, args.minilm_articles, args.context, args.seed)
     embedding = TextEmbedding(model, 'mean')
@@ -199,8 +198,6 @@ def main(argv=None):
         )
         print('\n'.join(lines[-len(rows) - 5 :]), flush=True)
     if 'invariance' not in args.skip:
-        from tests.models import tiny_model, token_ids
-
         tiny = implementation_invariance(tiny_model('llama'), token_ids('llama', args.invariance_tokens), factor=3.0)
         lines += invariance_table('Implementation invariance, tiny random Llama (float64)', tiny)
         if first is None:
