@@ -15,8 +15,10 @@ from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.workflows.evaluation import LeaveOneOutAgreement, leave_one_out, mean_sem, token_drops
 from zennit_attn.workflows.evaluation.invariance import (
+    REWRITES,
     fused_projections,
     implementation_invariance,
+    repeated_key_value_heads,
     scaled_query_key,
 )
 
@@ -132,10 +134,16 @@ def test_rewrites_are_exact_and_change_the_weights(small_llama):
     torch.testing.assert_close(other.k_proj.weight, original.k_proj.weight * (1 / 3.0), rtol=0, atol=0)
     fused = fused_projections(small_llama)
     assert type(fused).__name__ == 'Phi3ForCausalLM'
+    repeated = repeated_key_value_heads(small_llama)
+    heads, shared = small_llama.config.num_attention_heads, small_llama.config.num_key_value_heads
+    assert repeated.config.num_key_value_heads == heads > shared
+    value = small_llama.model.layers[1].self_attn.v_proj.weight.reshape(shared, -1, small_llama.config.hidden_size)
+    repeated_value = repeated.model.layers[1].self_attn.v_proj.weight.reshape(heads, -1, small_llama.config.hidden_size)
+    assert torch.equal(repeated_value[heads // shared], value[1])  # query head 2's key/value head is shared head 1
     ids = token_ids('llama', 6)
     with torch.no_grad():
         reference = small_llama(ids).logits
-        for model in (scaled, fused):
+        for model in (scaled, fused, repeated):
             torch.testing.assert_close(model(ids).logits, reference, rtol=0, atol=1e-10)
 
 
@@ -143,7 +151,7 @@ def test_invariance_of_gradient_x_input_and_of_the_lrp_rules(small_llama):
     """Input x gradient depends on the function alone: no difference under any exact rewrite. The rewrites change
     linear maps only, which zennit-attn's LRP passes by the plain gradient: AttnLRP and CP-LRP are invariant too."""
     results = implementation_invariance(small_llama, token_ids('llama', 6), factor=3.0)
-    assert [result.rewrite for result in results] == ['scaled_query_key', 'folded_scaling', 'fused_projections']
+    assert [result.rewrite for result in results] == list(REWRITES) and len(REWRITES) == 4
     for result in results:
         assert result.output_difference <= 1e-10
         assert result.difference['input_x_gradient'] <= 1e-12 * result.scale['input_x_gradient']

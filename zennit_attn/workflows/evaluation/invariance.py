@@ -11,7 +11,9 @@ The rewrites of a Llama-style model (attention modules with ``q_proj``, ``k_proj
   projection, the attention run with scaling 1;
 - ``'fused_projections'`` (:py:func:`fused_projections`): a ``LlamaForCausalLM`` rewritten as Transformers'
   ``Phi3ForCausalLM``, the same architecture with one fused query/key/value projection and one fused gate/up
-  projection (weights concatenated), which the engine explains as another model.
+  projection (weights concatenated), which the engine explains as another model;
+- ``'repeated_key_value_heads'`` (:py:func:`repeated_key_value_heads`): a ``LlamaForCausalLM`` with grouped-query
+  attention as the same model with one key/value head per query head (each shared head's projection repeated).
 
 :py:func:`implementation_invariance` checks that each rewrite gives the same output (float64, ``atol``; a rewrite that
 does not is refused) and reports, per method, the largest difference of the token relevance from the original's.
@@ -21,7 +23,7 @@ only (the product rule's ``1 / N`` at each product of ``N`` input-dependent fact
 element-wise non-linearities, normalisers detached; CP-LRP detaches the softmax's inputs and the MLP's gate): linear
 operations (projections, constant scalings, concatenation and slicing of fused projections) pass the plain gradient,
 and the relevance at the input is a function of which products and non-linearities there are, not of how the linear
-maps around them are written. All three rewrites change linear maps only (a product ``(c q) . (k / c)`` has the same
+maps around them are written. All four rewrites change linear maps only (a product ``(c q) . (k / c)`` has the same
 terms as ``q . k``), so AttnLRP and CP-LRP are invariant to them up to rounding, as input x gradient is under any
 exact rewrite (it depends on the function alone). The paper's violation needs a product of three input-dependent
 factors associated differently (``(x1 x2) x3`` against ``x1 (x2 x3)``: the uniform rule gives ``x1`` a quarter of the
@@ -51,12 +53,13 @@ __all__ = [
     'scaled_query_key',
     'folded_scaling',
     'fused_projections',
+    'repeated_key_value_heads',
     'rewritten',
     'implementation_invariance',
 ]
 
 #: The rewrites of :py:func:`implementation_invariance`, by name.
-REWRITES = ('scaled_query_key', 'folded_scaling', 'fused_projections')
+REWRITES = ('scaled_query_key', 'folded_scaling', 'fused_projections', 'repeated_key_value_heads')
 #: The methods it compares by default.
 INVARIANCE_METHODS = ('attnlrp', 'cplrp', 'input_x_gradient')
 _PROJECTIONS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
@@ -226,6 +229,41 @@ def fused_projections(model: torch.nn.Module) -> torch.nn.Module:
     return rewritten
 
 
+def repeated_key_value_heads(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``, a ``LlamaForCausalLM`` with grouped-query attention (fewer key/value heads than query heads), as the
+    same model with one key/value head per query head: the key and value projections of each shared head repeated for
+    every query head of its group (as Transformers' ``repeat_kv`` repeats their outputs).
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a ``LlamaForCausalLM``, or already has one key/value head per query head.
+    """
+    if type(model) is not transformers.LlamaForCausalLM:
+        raise TypeError(
+            f'repeated_key_value_heads rewrites a LlamaForCausalLM, got {type(model).__name__}: leave out '
+            "'repeated_key_value_heads'"
+        )
+    config = copy.deepcopy(model.config)
+    groups = config.num_attention_heads // config.num_key_value_heads
+    if groups == 1:
+        raise TypeError(
+            f'{type(model).__name__} has one key/value head per query head already: there is nothing to repeat; '
+            "leave out 'repeated_key_value_heads'"
+        )
+    config.num_key_value_heads = config.num_attention_heads
+    parameter = next(model.parameters())
+    rewritten = transformers.LlamaForCausalLM(config).to(parameter.dtype).to(parameter.device).eval()
+    weights = {}
+    for name, value in model.state_dict().items():
+        if name.rpartition('.self_attn.')[2] in ('k_proj.weight', 'k_proj.bias', 'v_proj.weight', 'v_proj.bias'):
+            heads = value.reshape(model.config.num_key_value_heads, -1, *value.shape[1:])
+            value = heads.repeat_interleave(groups, 0).reshape(-1, *value.shape[1:])
+        weights[name] = value
+    rewritten.load_state_dict(weights, strict=True)
+    return rewritten
+
+
 def rewritten(model: torch.nn.Module, rewrite: str, factor: float = 2.0) -> torch.nn.Module:
     """The rewrite ``rewrite`` (:py:data:`REWRITES`) of ``model``; ``factor`` of ``'scaled_query_key'``."""
     if rewrite == 'scaled_query_key':
@@ -234,6 +272,8 @@ def rewritten(model: torch.nn.Module, rewrite: str, factor: float = 2.0) -> torc
         return folded_scaling(model)
     if rewrite == 'fused_projections':
         return fused_projections(model)
+    if rewrite == 'repeated_key_value_heads':
+        return repeated_key_value_heads(model)
     raise ValueError(f'unknown rewrite {rewrite!r}; known: {REWRITES}')
 
 
