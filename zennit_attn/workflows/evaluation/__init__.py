@@ -1,6 +1,16 @@
-"""Evaluation of attributions: faithfulness by input perturbation and plausibility against a token mask."""
+"""Evaluation of attributions: faithfulness by input perturbation, agreement with leave-one-out, implementation
+invariance, and plausibility against a token mask."""
 
-from .faithfulness import explanation_curves, faithfulness, image_curves, image_faithfulness, token_curves
+from .faithfulness import (
+    explained_task,
+    explanation_curves,
+    faithfulness,
+    image_curves,
+    image_faithfulness,
+    token_curves,
+)
+from .invariance import INVARIANCE_METHODS, REWRITES, Invariance, implementation_invariance
+from .leave_one_out import LOO_MODES, Agreement, LeaveOneOutAgreement, TokenDrops, leave_one_out, token_drops
 from .perturbation import (
     MODES,
     Curves,
@@ -36,6 +46,17 @@ __all__ = [
     'image_faithfulness',
     'image_features',
     'features_to_images',
+    'explained_task',
+    'LOO_MODES',
+    'REWRITES',
+    'INVARIANCE_METHODS',
+    'Invariance',
+    'implementation_invariance',
+    'Agreement',
+    'LeaveOneOutAgreement',
+    'TokenDrops',
+    'leave_one_out',
+    'token_drops',
     'Plausibility',
     'plausibility',
 ]

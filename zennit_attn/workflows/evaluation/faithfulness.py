@@ -12,11 +12,46 @@ from collections.abc import Sequence
 import torch
 
 from ...inputs.task import ImageTask, TokenTask
-from ...results.explanation import ImageExplanation
+from ...results.explanation import Explanation, ImageExplanation
 from .perturbation import Curves, Faithfulness, Sample, batched_curves
 from .pixels import features_to_images, image_features
 
-__all__ = ['explanation_curves', 'faithfulness', 'token_curves', 'image_curves', 'image_faithfulness']
+__all__ = ['explained_task', 'explanation_curves', 'faithfulness', 'token_curves', 'image_curves', 'image_faithfulness']
+
+
+def explained_task(
+    model: torch.nn.Module, explanation: Explanation, model_kwargs: dict | None = None
+) -> tuple[TokenTask, dict]:
+    """The :py:class:`~zennit_attn.inputs.task.TokenTask` of a language model's ``explanation``, resolved to what it
+    explains (its positions, targets and objective), so that ``task.select(task.forward(inputs, rows, **extra), rows)``
+    is the explained value of (perturbed) word embeddings ``inputs`` that are variants of the rows ``rows``.
+
+    Parameters
+    ----------
+    model: torch.nn.Module
+        The explained model, in eval mode.
+    explanation: Explanation
+        What :py:func:`~zennit_attn.explain` returned for ``model``.
+    model_kwargs: dict, optional
+        Further arguments of the model's forward, as given to ``explain``.
+
+    Returns
+    -------
+    tuple
+        ``(task, extra)``: the task and the keyword arguments of its forward that restrict the model's output to the
+        explained positions (:py:meth:`~zennit_attn.inputs.task.TokenTask.keep_logits`; empty where it has none).
+    """
+    if not isinstance(explanation, Explanation):
+        raise TypeError(f'explanation must be an Explanation of a language model, got {type(explanation).__name__}')
+    task = TokenTask(
+        model, explanation.input_ids, explanation.attention_mask, model_kwargs, explanation.decoder_input_ids
+    )
+    extra = {} if explanation.position is None else task.keep_logits(explanation.position)
+    task.positions = None if explanation.position is None else explanation.position.to(task.inputs.device)
+    task.targets = explanation.target.to(task.inputs.device)
+    if explanation.objective is not None:  # a contrast or a function of the scores
+        task.objective = explanation.objective
+    return task, extra
 
 
 def explanation_curves(
@@ -60,6 +95,9 @@ def explanation_curves(
         task = ImageTask(model, explanation.pixels, model_kwargs)
         height, width = task.inputs.shape[2:]
         extra = {}
+        task.targets = explanation.target.to(task.inputs.device)
+        if explanation.objective is not None:  # a contrast or a function of the scores
+            task.objective = explanation.objective
 
         def sample(row):
             features, values = image_features(task.inputs[row], explanation.relevance[row], patch_size)
@@ -68,11 +106,7 @@ def explanation_curves(
         def inputs(batch):
             return features_to_images(batch, height, width)
     else:
-        task = TokenTask(
-            model, explanation.input_ids, explanation.attention_mask, model_kwargs, explanation.decoder_input_ids
-        )
-        extra = {} if explanation.position is None else task.keep_logits(explanation.position)
-        task.positions = None if explanation.position is None else explanation.position.to(task.inputs.device)
+        task, extra = explained_task(model, explanation, model_kwargs)
         valid = task.attributable_tokens()
 
         def sample(row):
@@ -81,9 +115,6 @@ def explanation_curves(
         def inputs(batch):
             return batch
 
-    task.targets = explanation.target.to(task.inputs.device)
-    if getattr(explanation, 'objective', None) is not None:  # a contrast or a function of the scores
-        task.objective = explanation.objective
     rows = list(range(task.batch)) if rows is None else list(rows)
     owner_rows = torch.tensor(rows, dtype=torch.long, device=task.inputs.device)
 
