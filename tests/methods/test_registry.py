@@ -103,9 +103,7 @@ def test_metadata_says_what_the_method_does(llama, ids, name):
             explain(llama, ids, method=name, target=neuron, **params)
     if entry.lrp:  # a composite of the method's own product rule replaces the default
         composite = (
-            CPLRPEpsilon(epsilon=0.5)
-            if name == 'cplrp'
-            else AttnLRPEpsilon(epsilon=0.5, positions=name == 'palrp')
+            CPLRPEpsilon(epsilon=0.5) if name == 'cplrp' else AttnLRPEpsilon(epsilon=0.5, positions=name == 'palrp')
         )
         torch.testing.assert_close(
             explain(llama, ids, method=name, composite=composite).relevance,

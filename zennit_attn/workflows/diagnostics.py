@@ -16,7 +16,6 @@ from ..methods.lrp import attribute
 from ..results.explanation import TargetLike
 from ..rules.positions import position_encodings
 
-
 #: The rows of a :py:class:`ConservationReport` at the input, in their order: the word embeddings, the others, and
 #: PA-LRP's positions.
 INPUT_ROWS = ('word embeddings', 'other embeddings', 'positions')
