@@ -180,7 +180,8 @@ def explain(
         (:py:func:`~zennit_attn.methods.propagation.check_composite`).
     method: str, optional
         A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default without ``composite=``),
-        ``'cplrp'``,
+        ``'cplrp'``, ``'palrp'`` (PA-LRP: AttnLRP with the position encodings as inputs, their relevance in
+        ``explanation.position_relevance``, :py:mod:`zennit_attn.rules.positions`),
         ``'input_x_gradient'``, ``'integrated_gradients'``, ``'smoothgrad'``, ``'attention_rollout'``,
         ``'grad_attention_rollout'``, ``'gradcam'``, ``'atman'``, ``'kernelshap'``, ``'random'``.
     model_kwargs: dict, optional

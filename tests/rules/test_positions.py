@@ -7,6 +7,7 @@ from tests.models import tiny_model
 from tests.numbers import assert_close
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.rules.positions import PositionInputs
 
 TOKENS = torch.tensor([[5, 17, 3, 28, 9, 14, 22], [30, 4, 11, 7, 25, 6, 19]])
 
@@ -39,7 +40,7 @@ def test_learned_positions_take_what_a_constant_absorbed(family, table):
     attnlrp = explain(model, TOKENS, method='attnlrp')
     palrp = explain(model, TOKENS, method='palrp')
     assert_close(palrp.relevance, attnlrp.relevance, 1e-12)
-    embeddings = model.get_input_embeddings()(TOKENS)
+    embeddings = model.get_input_embeddings()(TOKENS).detach()
     gradient = palrp.embedding_relevance / embeddings
     expected = (table(model).weight.detach()[: TOKENS.shape[1]] * gradient).sum(-1)
     assert_close(palrp.position_relevance, expected, 1e-9)
@@ -83,3 +84,31 @@ def test_the_encodings_are_restored_after_the_explanation():
     explain(model, TOKENS, composite=composite, method='palrp')
     assert (dict(rotary._forward_hooks), dict(model._forward_pre_hooks)) == before
     assert 'positions: PA-LRP' in composite.describe()
+
+
+class _SharedTable(torch.nn.Module):
+    """A toy model whose position table gives one ``[seq, hidden]`` tensor for all rows (no batch dimension)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wpe = torch.nn.Embedding(8, 4)
+
+    def forward(self, embeddings):
+        return embeddings + self.wpe(torch.arange(embeddings.shape[1]))
+
+
+def test_a_table_without_rows_is_read_for_one_row_and_refused_for_several():
+    model = _SharedTable().double()
+    positions = PositionInputs()
+    handles = positions.register(model, list(model.named_modules()))
+    try:
+        embeddings = torch.randn(1, 5, 4, dtype=torch.float64, requires_grad=True)
+        output = model(embeddings)
+        (leaf,) = [leaf for _, _, leaf in positions.leaves]
+        (relevance,) = torch.autograd.grad(output, [leaf], torch.ones_like(output))
+        assert_close(positions.per_position([relevance]), model.wpe.weight[:5].detach().sum(-1)[None], 1e-12)
+        with pytest.raises(ValueError, match=r'one \[5, 4\] tensor for all rows of the batch'):
+            model(torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True))
+    finally:
+        handles.remove()
+    assert not model.wpe._forward_hooks and not model._forward_pre_hooks

@@ -182,16 +182,17 @@ class PositionInputs:
         ValueError
             If the encodings disagree on the number of positions (an encoder-decoder model's two sequences).
         """
-        total = None
+        total, first = None, None
         for (name, _, leaf), relevance in zip(self.leaves, relevances):
             summed = (relevance.unsqueeze(0) if leaf.dim() < 3 else relevance).flatten(2).sum(-1)
             if total is not None and summed.shape != total.shape:
                 raise ValueError(
-                    f'the position encodings of the model run over {total.shape[1]} and {summed.shape[1]} positions '
-                    f'({name}): PA-LRP reads one relevance per position of one sequence (an encoder-decoder model '
-                    'has two); explain without positions=True'
+                    f'the position encodings of the model run over sequences of {total.shape[1]} ({first}) and '
+                    f'{summed.shape[1]} positions ({name}): PA-LRP reads one relevance per position of one sequence '
+                    '(encoder-decoder models, and vision-language models whose vision tower has positions of its own, '
+                    'have two); explain without positions=True'
                 )
-            total = summed if total is None else total + summed
+            total, first = (summed, name) if total is None else (total + summed, first)
         if total is None:
             raise RuntimeError('no position encoding ran in the forward pass: nothing to read')
         return total
