@@ -112,3 +112,13 @@ def test_a_table_without_rows_is_read_for_one_row_and_refused_for_several():
     finally:
         handles.remove()
     assert not model.wpe._forward_hooks and not model._forward_pre_hooks
+
+
+def test_views_of_position_token_pairs():
+    model = tiny_model('llama')
+    explanation = explain(model, TOKENS, method='palrp')
+    pairs = explanation.with_positions()
+    assert torch.equal(pairs.relevance, explanation.relevance + explanation.position_relevance)
+    assert pairs.top(1)[0][0] == int(pairs.relevance[0].argmax())
+    with pytest.raises(ValueError, match="has no position relevance: explain with method='palrp'"):
+        explain(model, TOKENS, method='attnlrp').with_positions()

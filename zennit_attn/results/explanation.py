@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -138,6 +138,25 @@ class Explanation:
         list of str
         """
         return views.explanation_tokens(self, tokenizer, row, words)
+
+    def with_positions(self) -> Explanation:
+        """The explanation of the input as position-token pairs (PA-LRP, :py:mod:`zennit_attn.rules.positions`): a copy
+        whose ``relevance`` is each token's plus its position's (:py:attr:`position_relevance`), for every view
+        (:py:meth:`show`, :py:meth:`to_html`, :py:meth:`save`, :py:meth:`top`); ``embedding_relevance`` and
+        ``position_relevance`` are kept as they are.
+
+        Raises
+        ------
+        ValueError
+            For an explanation without position relevance (a method other than ``'palrp'``, a composite without
+            ``positions=True``).
+        """
+        if self.position_relevance is None:
+            raise ValueError(
+                f"this {self.method} explanation has no position relevance: explain with method='palrp' (or a "
+                'composite with positions=True)'
+            )
+        return replace(self, relevance=self.relevance + self.position_relevance)
 
     def top(self, k: int, tokenizer=None, row: int = 0) -> list[tuple[int, float, str | None]]:
         """The ``k`` most relevant positions of ``row`` as ``(position, relevance, token)``; padding excluded. The
