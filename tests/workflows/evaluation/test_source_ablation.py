@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from zennit_attn.workflows.evaluation import context_cite as context_cite_module
 from zennit_attn.workflows.evaluation.context_cite import context_cite
 from zennit_attn.workflows.evaluation.source_ablation import SourceAblation, ablation_masks, lds, spearman, top_k_drop
 from zennit_attn.workflows.sources import explain_sources
@@ -84,10 +83,3 @@ def test_source_ablation_equals_the_prompt_without_the_sources(llama, tokenizer)
     full = ablation(np.ones((1, 3), dtype=bool)).sum()
     assert full == pytest.approx(result.value, abs=1e-10)
     assert ablation.forward_passes == 2
-
-
-def test_the_result_is_named_for_what_it_holds():
-    with pytest.warns(DeprecationWarning, match='use LassoSurrogate'):
-        assert context_cite_module.ContextCite is context_cite_module.LassoSurrogate
-    with pytest.raises(AttributeError, match="has no attribute 'Citer'"):
-        context_cite_module.Citer  # noqa: B018

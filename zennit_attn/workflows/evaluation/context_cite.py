@@ -7,12 +7,11 @@ as the package draws them: :py:func:`~zennit_attn.workflows.evaluation.source_ab
 log-probability is computed for each, turned into its logit ``log p - log(1 - p)`` and divided by the number of
 response tokens; a Lasso (alpha 0.01, standardised masks, with intercept) fitted to it gives one weight per source,
 rescaled to the masks and multiplied back by the number of tokens. The result, a :py:class:`LassoSurrogate`, is named
-for what it holds (``ContextCite``, its former name, is a deprecated alias).
+for what it holds (formerly ``ContextCite``).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,21 +123,3 @@ def context_cite(
     log_probabilities = np.asarray(ablation(masks, progress=progress), dtype=np.float64)
     weights, bias = fit_lasso(masks, response_target(log_probabilities, target), log_probabilities.shape[-1], alpha)
     return LassoSurrogate(weights, bias, masks, log_probabilities, forward_passes=ablations)
-
-
-#: deprecated name -> (the current name, its object)
-_DEPRECATED = {'ContextCite': ('LassoSurrogate', LassoSurrogate)}
-
-
-def __getattr__(name: str):
-    """A deprecated name, with a :py:class:`DeprecationWarning` naming the current one."""
-    if name in _DEPRECATED:
-        current, value = _DEPRECATED[name]
-        warnings.warn(
-            f'{__name__}.{name} is deprecated (the result is named for what it holds, not like the method): use '
-            f'{current}',
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return value
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
