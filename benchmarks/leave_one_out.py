@@ -6,7 +6,8 @@ token budget of ``benchmarks/faithfulness.py``: each article's first ``--context
 every method explains the same target, and the drop of the explained value is measured for every token left out
 (:py:func:`zennit_attn.workflows.evaluation.token_drops`: its embedding zeroed, and the token deleted); Spearman's and
 Pearson's correlation of each method's token relevance with the drops (per article), mean +- standard error over the
-articles. The drops are measured once per article and scored against every method.
+articles. The drops are measured once per article and scored against every method; PA-LRP also with each token's
+relevance plus its position's (``palrp + positions``, :py:meth:`zennit_attn.Explanation.with_positions`).
 
 - SmolLM2-135M-Instruct: the model's predicted next token after the text, its logit (for deletion the last token,
   the explained position, is never deleted);
@@ -52,7 +53,9 @@ from zennit_attn.workflows.evaluation import (  # noqa: E402
     token_drops,
 )
 
-METHODS = ('attnlrp', 'cplrp', 'input_x_gradient', 'integrated_gradients', 'random')
+METHODS = ('attnlrp', 'cplrp', 'palrp', 'input_x_gradient', 'integrated_gradients', 'random')
+#: Relevance read otherwise from a method's explanation: variant -> (method, the explanation scored)
+VARIANTS = {'palrp + positions': ('palrp', lambda explanation: explanation.with_positions())}
 
 
 def method_params(args) -> dict[str, dict]:
@@ -65,7 +68,8 @@ def method_params(args) -> dict[str, dict]:
 def agreement_rows(model, samples, methods, args, explain_options) -> dict[str, tuple[LeaveOneOutAgreement, float]]:
     """Method -> (agreement over the samples, seconds of explanation per sample); ``samples`` are
     ``(input_ids, options)`` with the per-sample arguments of ``explain``."""
-    agreements = {method: [] for method in methods}
+    variants = {variant: found for variant, found in VARIANTS.items() if found[0] in methods}
+    agreements = {method: [] for method in (*methods, *variants)}
     seconds = {method: 0.0 for method in methods}
     params = method_params(args)
     for ids, options in tqdm(samples, desc='articles', mininterval=10):
@@ -81,9 +85,12 @@ def agreement_rows(model, samples, methods, args, explain_options) -> dict[str, 
         drops = token_drops(model, explanations[methods[0]], progress=False)[0]
         for method in methods:
             agreements[method].append(drops.agreement_of(explanations[method]))
+        for variant, (method, scored) in variants.items():
+            agreements[variant].append(drops.agreement_of(scored(explanations[method])))
+    seconds.update({variant: seconds[method] for variant, (method, _) in variants.items()})
     return {
         method: (LeaveOneOutAgreement.of(agreements[method]), seconds[method] / max(1, len(samples)))
-        for method in methods
+        for method in agreements
     }
 
 
