@@ -129,7 +129,8 @@ def table(rows: list[dict], reference: dict, titles: list[str]) -> list[str]:
         mean, sem = mean_sem(differences)
         wins = sum(difference > 0 for difference in differences)
         cells.append(f'{mean:+.2f} +- {sem:.2f} (higher on {wins} of {len(titles)})')
-        lines.append(f'| {variant} | ' + ' | '.join(cells) + ' |')
+        label = variant.replace('|', '\\|')  # a bar of the name would end the cell
+        lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
     return lines
 
 
