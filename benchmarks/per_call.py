@@ -215,7 +215,9 @@ def profile(model, input_ids, target, method: str, calls: int, top: int) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument(
-        '--model', default='random-llama', choices=('random-llama', 'python-bound', 'random-mixtral', 'smollm2')
+        '--model',
+        default='random-llama',
+        choices=('random-llama', 'python-bound', 'random-mixtral', 'random-hybrid', 'smollm2'),
     )
     parser.add_argument('--seq', type=int, default=16)
     parser.add_argument('--method', default='attnlrp', choices=('attnlrp', 'cplrp'), help='default attnlrp')

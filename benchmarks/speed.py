@@ -43,6 +43,10 @@ Models
 - ``random-mixtral``: ``MixtralForCausalLM`` with 4 layers, hidden 512, 8 heads, 8 experts of intermediate 1376,
   top-2 routing, vocabulary 32000, SDPA, seeded; the plain baseline runs the experts with the implementation
   transformers loads by default (``grouped_mm``), and so does ``explain()``.
+- ``random-hybrid``: ``Qwen3NextForCausalLM`` (the hybrid of Qwen3.5: three gated delta net layers to one attention
+  layer) with 8 layers, hidden 512, 8 heads (2 key/value heads, head size 64), linear attention with 4 key and 8
+  value heads of size 64, 8 experts of intermediate 344 (top 2) and a shared expert, vocabulary 32000, SDPA, seeded;
+  the recurrences run transformers' torch path (no ``flash-linear-attention`` or ``causal-conv1d`` here).
 - ``random-llama-1b``: the same with the shape of TinyLlama-1.1B (22 layers, hidden 2048, 32 heads, 4 key/value
   heads, intermediate 5632; 1.10e9 parameters); for the scaling table (``--checkpointing``, also ``--dtype
   bfloat16``).
@@ -198,7 +202,16 @@ PAPER_SHAPES = {
         ),
     ),
 }
-MODELS = ('random-llama', 'python-bound', 'smollm2', 'random-mixtral', 'random-t5', 'random-llama-1b', *PAPER_SHAPES)
+MODELS = (
+    'random-llama',
+    'python-bound',
+    'smollm2',
+    'random-mixtral',
+    'random-hybrid',
+    'random-t5',
+    'random-llama-1b',
+    *PAPER_SHAPES,
+)
 METHODS = ('plain', 'explain')
 MB = 1024**2
 
@@ -338,6 +351,33 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
         generator = torch.Generator().manual_seed(0)
         input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
         return model, input_ids, f'random ids (seeded), experts implementation {config._experts_implementation!r}'
+    if name == 'random-hybrid':
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        config = Qwen3NextConfig(
+            vocab_size=32000,
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+            linear_num_key_heads=4,
+            linear_num_value_heads=8,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=344,
+            shared_expert_intermediate_size=344,
+            max_position_embeddings=max(2048, seq),
+            attn_implementation='sdpa',
+        )
+        torch.manual_seed(0)
+        model = Qwen3NextForCausalLM(config).eval()
+        generator = torch.Generator().manual_seed(0)
+        input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
+        return model, input_ids, 'random ids (seeded), gated delta net and attention layers 3:1'
     if name == 'random-t5':
         from transformers import T5Config, T5ForConditionalGeneration
 

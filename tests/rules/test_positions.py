@@ -104,7 +104,7 @@ def test_a_table_without_rows_is_read_for_one_row_and_refused_for_several():
     try:
         embeddings = torch.randn(1, 5, 4, dtype=torch.float64, requires_grad=True)
         output = model(embeddings)
-        (leaf,) = [leaf for _, _, leaf in positions.leaves]
+        (leaf,) = [leaf for _, _, leaf in positions.recorded]
         (relevance,) = torch.autograd.grad(output, [leaf], torch.ones_like(output))
         assert_close(positions.per_position([relevance]), model.wpe.weight[:5].detach().sum(-1)[None], 1e-12)
         with pytest.raises(ValueError, match=r'one \[5, 4\] tensor for all rows of the batch'):

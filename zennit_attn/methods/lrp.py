@@ -77,4 +77,4 @@ def _position_leaves(composite: Composite) -> list[torch.Tensor]:
     """The position inputs of the last forward pass of a composite with PA-LRP's positions
     (:py:class:`~zennit_attn.rules.positions.PositionInputs`), none otherwise."""
     position_inputs = getattr(composite, 'position_inputs', None) if getattr(composite, 'positions', False) else None
-    return [] if position_inputs is None else [leaf for _, _, leaf in position_inputs.leaves]
+    return [] if position_inputs is None else [leaf for _, _, leaf in position_inputs.recorded]

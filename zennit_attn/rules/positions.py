@@ -106,13 +106,13 @@ class PositionInputs:
     :py:meth:`register` hooks the encodings (refusing a model that has none), and the root module to learn the batch
     size of each forward pass; each forward pass then replaces every floating-point output of an encoding by a leaf
     (its values, repeated over the batch where the encoding computes them once for all rows) passed through the input
-    side of the relevance boundary, and keeps the leaves (:py:attr:`leaves`). After the backward pass their gradient
+    side of the relevance boundary, and keeps the leaves (:py:attr:`recorded`). After the backward pass their gradient
     is their relevance (``x * g``); :py:meth:`per_position` sums it per row and position.
     """
 
     def __init__(self):
         #: ``(module name, kind, leaf)`` of the position inputs of the last forward pass
-        self.leaves: list[tuple[str, str, torch.Tensor]] = []
+        self.recorded: list[tuple[str, str, torch.Tensor]] = []
         self._batch: int | None = None
 
     def register(self, model: torch.nn.Module, modules) -> RemovableHandleList:
@@ -137,7 +137,7 @@ class PositionInputs:
 
     def _batch_size(self, module, args, kwargs) -> None:
         """The number of rows of the forward pass: the first dimension of the model's first tensor argument."""
-        self.leaves = []
+        self.recorded = []
         first = next((value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)), None)
         self._batch = None if first is None or first.dim() == 0 else first.shape[0]
 
@@ -169,12 +169,12 @@ class PositionInputs:
                 'PA-LRP cannot tell the rows apart; explain one row at a time'
             )
         leaf = values.clone().requires_grad_(True)
-        self.leaves.append((name, kind, leaf))
+        self.recorded.append((name, kind, leaf))
         return input_relevance(leaf)
 
     def per_position(self, relevances: list[torch.Tensor]) -> torch.Tensor:
         """``[batch, positions]`` relevance of the positions: the relevance of each leaf (``relevances``, in the order
-        of :py:attr:`leaves`) summed over its features, over the encodings and (for encodings run once per layer)
+        of :py:attr:`recorded`) summed over its features, over the encodings and (for encodings run once per layer)
         over the layers.
 
         Raises
@@ -183,7 +183,7 @@ class PositionInputs:
             If the encodings disagree on the number of positions (an encoder-decoder model's two sequences).
         """
         total, first = None, None
-        for (name, _, leaf), relevance in zip(self.leaves, relevances):
+        for (name, _, leaf), relevance in zip(self.recorded, relevances):
             summed = (relevance.unsqueeze(0) if leaf.dim() < 3 else relevance).flatten(2).sum(-1)
             if total is not None and summed.shape != total.shape:
                 raise ValueError(
