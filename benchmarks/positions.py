@@ -57,7 +57,7 @@ def _tokens(explanation):
 
 
 def _pairs(explanation):
-    return explanation.relevance + explanation.position_relevance
+    return explanation.with_positions().relevance
 
 
 def _magnitudes(explanation):

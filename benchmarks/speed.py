@@ -283,6 +283,15 @@ def build_paper_shape(name: str, seq: int, dtype: torch.dtype, device: str, laye
     return model, input_ids, f'random ids (seeded), {shape["num_hidden_layers"]} layers, {count / 1e9:.2f}e9 parameters'
 
 
+def _seeded(model_class, config, seq: int, dtype: torch.dtype = torch.float32) -> tuple:
+    """``(model, input_ids)``: a causal language model of ``model_class`` with ``config`` and random weights (seed 0),
+    in ``dtype`` and eval mode, and ``seq`` random ids of its vocabulary (their own seed 0), batch 1."""
+    torch.manual_seed(0)
+    model = model_class(config).to(dtype).eval()
+    generator = torch.Generator().manual_seed(0)
+    return model, torch.randint(3, config.vocab_size, (1, seq), generator=generator)
+
+
 def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
     """The CPU benchmark models (see the module's description), on the CPU."""
     if name in ('random-llama', 'python-bound', 'random-llama-1b'):
@@ -317,11 +326,7 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
         config = LlamaConfig(
             vocab_size=vocabulary, max_position_embeddings=max(2048, seq), attn_implementation='sdpa', **shape
         )
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(dtype).eval()
-        generator = torch.Generator().manual_seed(0)
-        input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
-        return model, input_ids, 'random ids (seeded)'
+        return *_seeded(LlamaForCausalLM, config, seq, dtype), 'random ids (seeded)'
     if name == 'smollm2':
         from zennit_attn.pretrained import load_smollm2
 
@@ -346,10 +351,7 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
             max_position_embeddings=max(2048, seq),
             attn_implementation='sdpa',
         )
-        torch.manual_seed(0)
-        model = MixtralForCausalLM(config).eval()
-        generator = torch.Generator().manual_seed(0)
-        input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
+        model, input_ids = _seeded(MixtralForCausalLM, config, seq)  # the model sets the experts implementation
         return model, input_ids, f'random ids (seeded), experts implementation {config._experts_implementation!r}'
     if name == 'random-hybrid':
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -373,11 +375,9 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
             max_position_embeddings=max(2048, seq),
             attn_implementation='sdpa',
         )
-        torch.manual_seed(0)
-        model = Qwen3NextForCausalLM(config).eval()
-        generator = torch.Generator().manual_seed(0)
-        input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
-        return model, input_ids, 'random ids (seeded), gated delta net and attention layers 3:1'
+        return *_seeded(
+            Qwen3NextForCausalLM, config, seq
+        ), 'random ids (seeded), gated delta net and attention layers 3:1'
     if name == 'random-t5':
         from transformers import T5Config, T5ForConditionalGeneration
 

@@ -92,17 +92,11 @@ def test_a_metric_of_the_full_logits_reads_any_position(llama, pairs):
     exact = activation_patching(llama, clean, corrupted, metric=metric, components=('residual',), progress=False)
     estimate = relevance_patching(llama, clean, corrupted, metric=metric, components=('residual',), steps=1)
     block = llama.model.layers[1]
-    kept = {}
-    handle = block.register_forward_pre_hook(lambda module, args: kept.setdefault('source', args[0]))
-    try:
-        with torch.no_grad():
-            llama(corrupted)
-    finally:
-        handle.remove()
+    source = block_input(llama, corrupted, block)
 
     def patch(module, args):
         patched = args[0].clone()
-        patched[:, 2] = kept['source'][:, 2]
+        patched[:, 2] = source[:, 2]
         return (patched,)
 
     handle = block.register_forward_pre_hook(patch)
@@ -116,7 +110,7 @@ def test_a_metric_of_the_full_logits_reads_any_position(llama, pairs):
     torch.testing.assert_close(exact['residual'][:, 1, 2, 0], patched - reference, **TIGHT)
     torch.testing.assert_close(exact.clean, reference, **TIGHT)
     assert bool((exact['residual'][:, 1, 2, 0].abs() > 1e-6).all())
-    assert bool((kept['source'][:, 3:] != clean_site(llama, clean, block)[:, 3:]).any())
+    assert bool((source[:, 3:] != block_input(llama, clean, block)[:, 3:]).any())
     assert bool((exact['residual'][:, 1, 3:, 0] == 0).all())  # position 2 does not see later positions
     # AtP by hand: the gradient of the metric at the input of block 1
     inputs = {}
@@ -126,11 +120,11 @@ def test_a_metric_of_the_full_logits_reads_any_position(llama, pairs):
         (gradient,) = torch.autograd.grad(value.sum(), inputs['site'])
     finally:
         handle.remove()
-    by_hand = ((kept['source'] - inputs['site']) * gradient).sum(-1)
+    by_hand = ((source - inputs['site']) * gradient).sum(-1)
     torch.testing.assert_close(estimate['residual'][:, 1, :, 0], by_hand, **TIGHT)
 
 
-def clean_site(model, ids, block):
+def block_input(model, ids, block):
     """The input of ``block`` in the forward pass of ``ids``."""
     kept = {}
     handle = block.register_forward_pre_hook(lambda module, args: kept.setdefault('site', args[0]))

@@ -168,7 +168,7 @@ class PositionInputs:
                 f'the position encoding {name} returns one {list(values.shape)} tensor for all rows of the batch: '
                 'PA-LRP cannot tell the rows apart; explain one row at a time'
             )
-        leaf = values.clone().requires_grad_(True)
+        leaf = values.requires_grad_(True)  # detached: a leaf of its own (the boundary's input side copies it)
         self.recorded.append((name, kind, leaf))
         return input_relevance(leaf)
 
