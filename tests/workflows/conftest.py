@@ -1,5 +1,5 @@
-"""Fixtures of the patching tests (test_patching.py, test_patching_edges.py): a tiny random float64 Llama and prompt
-pairs that differ in one token."""
+"""Fixtures of the patching tests (test_patching.py, test_patching_edges.py, test_patching_names.py): a tiny random
+float64 Llama and prompt pairs that differ in one token."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from tests.models import tiny_model, token_ids
+from tests.workflows.patching_helpers import ANSWERS, TIGHT, WRONG, difference
 from zennit_attn.composites import MLPRules
 from zennit_attn.results.render.colors import NEGATIVE, POSITIVE
 from zennit_attn.rules import ConstantAttention, HalfGates, ProductRule
@@ -27,13 +28,6 @@ from zennit_attn.workflows.patching import (
 )
 from zennit_attn.workflows.patching.view import CELL, circuit_grid, save_circuit
 
-TIGHT = dict(rtol=1e-9, atol=1e-12)
-ANSWERS, WRONG = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
-
-
-def _difference(logits, rows=slice(None)):
-    return logits[:, -1].gather(1, ANSWERS[rows, None])[:, 0] - logits[:, -1].gather(1, WRONG[rows, None])[:, 0]
-
 
 def _o_proj_inputs(model, ids, grad=False):
     """The inputs of each layer's attention output projection (and their plain gradients of the metric)."""
@@ -45,7 +39,7 @@ def _o_proj_inputs(model, ids, grad=False):
     try:
         with torch.set_grad_enabled(grad):
             embeds = model.get_input_embeddings()(ids).detach().requires_grad_(grad)
-            value = _difference(model(inputs_embeds=embeds).logits)
+            value = difference(model(inputs_embeds=embeds).logits)
             grads = torch.autograd.grad(value.sum(), kept) if grad else None
     finally:
         for handle in handles:
@@ -102,7 +96,7 @@ def test_atp_is_the_plain_gradient_by_hand(llama, pairs):
         heads = product.unflatten(-1, (llama.config.num_attention_heads, -1)).sum(-1)
         torch.testing.assert_close(result['heads'][:, layer], heads, **TIGHT)
     assert result.method == 'atp'
-    torch.testing.assert_close(result.clean, _difference(llama(clean).logits).detach(), **TIGHT)
+    torch.testing.assert_close(result.clean, difference(llama(clean).logits).detach(), **TIGHT)
 
 
 @pytest.mark.parametrize('method', ['atp', 'mlp_rules', 'relp', 'attnlrp', 'cplrp'])
@@ -146,15 +140,15 @@ def test_span_stops_the_path_short(llama, pairs):
     by_hand = 0
     for alpha, weight in path_weights(4, span=0.5):
         point = torch.lerp(start, end, alpha).requires_grad_(True)
-        (gradient,) = torch.autograd.grad(_difference(llama(inputs_embeds=point).logits).sum(), point)
+        (gradient,) = torch.autograd.grad(difference(llama(inputs_embeds=point).logits).sum(), point)
         by_hand = by_hand + weight * ((end - start) * gradient)[:, 2].sum(-1)
     estimate = relevance_patching(
         llama, clean, corrupted, ANSWERS, WRONG, components=('residual',), method='atp', steps=4, span=0.5
     )
     torch.testing.assert_close(estimate['residual'][:, 0, 2, 0], by_hand, **TIGHT)
     with torch.no_grad():
-        halfway = _difference(llama(inputs_embeds=torch.lerp(start, end, 0.5)).logits)
-        limit = (halfway - _difference(llama(inputs_embeds=start).logits)) / 0.5
+        halfway = difference(llama(inputs_embeds=torch.lerp(start, end, 0.5)).logits)
+        limit = (halfway - difference(llama(inputs_embeds=start).logits)) / 0.5
     errors = [
         float((relevance_patching(
             llama, clean, corrupted, ANSWERS, WRONG, components=('residual',), steps=steps, span=0.5

@@ -13,17 +13,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from tests.models import tiny_model, token_ids
+from tests.workflows.patching_helpers import ANSWERS, TIGHT, WRONG, difference
 from zennit_attn.workflows.patching import relevance_patching
 from zennit_attn.workflows.patching.edges import Node, edge_patching
 from zennit_attn.workflows.patching.view import ROW, edge_graph, save_edges
-
-TIGHT = dict(rtol=1e-9, atol=1e-12)
-ANSWERS, WRONG = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
-
-
-def _difference(logits):
-    last = logits[:, -1]
-    return last.gather(1, ANSWERS[:, None])[:, 0] - last.gather(1, WRONG[:, None])[:, 0]
 
 
 def _head_write(model, clean, corrupted, layer, head):
@@ -66,7 +59,7 @@ def _receiver_derivative(model, clean, write, layer, site, unit):
         projection.register_forward_hook(shift),
     ]
     try:
-        value = _difference(model(clean).logits)
+        value = difference(model(clean).logits)
         (gradient,) = torch.autograd.grad(value.sum(), t)
     finally:
         for handle in handles:

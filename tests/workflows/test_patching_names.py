@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.models import tiny_model, token_ids
+from tests.workflows.patching_helpers import ANSWERS, TIGHT, WRONG
 from zennit_attn.composites import AttnLRPEpsilon
 from zennit_attn.latent.recording import Recorder
 from zennit_attn.workflows.patching import (
@@ -20,9 +21,6 @@ from zennit_attn.workflows.patching import (
     relevance_patching,
 )
 from zennit_attn.workflows.patching.components import site_points
-
-TIGHT = dict(rtol=1e-9, atol=1e-12)
-ANSWERS, WRONG = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
 
 
 # ------------------------------------------------------------------------------------------------ directions
