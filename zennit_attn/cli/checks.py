@@ -169,15 +169,30 @@ def check_method(args: argparse.Namespace) -> None:
     args.params = parse_params(args.param, args.method)
 
 
+#: Why a method cannot explain an encoder-decoder model, by the flag of its declaration that says so.
+ENCODER_DECODER_REFUSALS = {
+    'attention_maps': 'reads attention maps, which are not implemented for encoder-decoder models',
+    'one_sequence': 'reads the positions of one sequence, and encoder-decoder models have two',
+}
+
+
 def check_method_for_model(args: argparse.Namespace) -> None:
-    """Refuse a method that reads attention maps for an encoder-decoder model (its ``config.json`` says
-    ``is_encoder_decoder``; :py:func:`zennit_attn.methods.attention.attention_maps` refuses it once loaded); after
-    :py:func:`check_method` and :py:func:`~zennit_attn.cli.models.check_model_options`."""
-    if args.model_spec.encoder_decoder and DECLARATIONS[args.method].attention_maps:
-        others = ', '.join(name for name, method in DECLARATIONS.items() if not method.attention_maps)
+    """Refuse a method that cannot explain an encoder-decoder model (its ``config.json`` says ``is_encoder_decoder``):
+    one that reads attention maps (:py:func:`zennit_attn.methods.attention.attention_maps` refuses it once loaded) or
+    the positions of one sequence (PA-LRP, refused once loaded); after :py:func:`check_method` and
+    :py:func:`~zennit_attn.cli.models.check_model_options`."""
+    if not args.model_spec.encoder_decoder:
+        return
+    declaration = DECLARATIONS[args.method]
+    reasons = [reason for flag, reason in ENCODER_DECODER_REFUSALS.items() if getattr(declaration, flag)]
+    if reasons:
+        others = ', '.join(
+            name
+            for name, method in DECLARATIONS.items()
+            if not any(getattr(method, flag) for flag in ENCODER_DECODER_REFUSALS)
+        )
         raise UsageError(
-            f'--method {args.method} reads attention maps, which are not implemented for '
-            f'encoder-decoder models such as {args.model_spec.label} (its config.json says '
+            f'--method {args.method} {" and ".join(reasons)} such as {args.model_spec.label} (its config.json says '
             f'is_encoder_decoder); use one of {others}'
         )
 
