@@ -139,15 +139,18 @@ def smollm2_samples(tokenizer, args):
     return [(torch.tensor([ids]), {}) for _, ids in articles], articles
 
 
-def minilm_samples(model, tokenizer, args):
-    """``[CLS] first tokens [SEP]`` of each article and the callable target: the [CLS] state projected onto the unit
-    sentence embedding of the title."""
-    titles = json.loads(Path(args.data or wikipedia_path()).read_text())
-    articles = sample_articles(args.data, tokenizer, args.minilm_articles, args.context, args.seed)
+def minilm_samples(
+    model, tokenizer, data: str | None, count: int, context: int, seed: int
+) -> list[tuple[str, torch.Tensor, dict]]:
+    """``(article, ids, options)`` of ``count`` articles of the seeded sample: ``[CLS] first tokens [SEP]``
+    (``context`` tokens in all) and the options of ``explain`` with the callable target, the [CLS] state projected
+    onto the unit sentence embedding of the title, at position 0."""
+    titles = json.loads(Path(data or wikipedia_path()).read_text())
+    articles = sample_articles(data, tokenizer, count, context, seed)
     embedding = TextEmbedding(model, 'mean')
     samples = []
     for title, ids in articles:
-        ids = [tokenizer.cls_token_id, *ids[: args.context - 2], tokenizer.sep_token_id]
+        ids = [tokenizer.cls_token_id, *ids[: context - 2], tokenizer.sep_token_id]
         encoded = tokenizer(titles[title]['title'], return_tensors='pt')
         direction = embedding_of(embedding, {key: encoded[key] for key in ('input_ids', 'attention_mask')})
         direction = direction / direction.norm()
@@ -155,7 +158,7 @@ def minilm_samples(model, tokenizer, args):
         def score(hidden, direction=direction):
             return hidden @ direction.to(hidden.dtype)
 
-        samples.append((torch.tensor([ids]), {'target': score, 'position': 0}))
+        samples.append((title, torch.tensor([ids]), {'target': score, 'position': 0}))
     return samples
 
 
@@ -198,7 +201,12 @@ def main(argv=None):
         print('\n'.join(lines), flush=True)
     if 'minilm' not in args.skip:
         encoder, encoder_tokenizer = load_minilm()
-        samples = minilm_samples(encoder, encoder_tokenizer, args)
+        samples = [
+            (ids, options)
+            for _, ids, options in minilm_samples(
+                encoder, encoder_tokenizer, args.data, args.minilm_articles, args.context, args.seed
+            )
+        ]
         rows = agreement_rows(encoder, samples, methods, args, {})
         lines += table(
             f'all-MiniLM-L6-v2, {len(samples)} articles of {args.context} tokens, [CLS] state . title embedding', rows
