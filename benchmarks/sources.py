@@ -46,6 +46,7 @@ from zennit_attn.latent.corpus import wikipedia_path  # noqa: E402
 from zennit_attn.pretrained import load_smollm2  # noqa: E402
 from zennit_attn.results.segments import sentences  # noqa: E402
 from zennit_attn.workflows.evaluation.context_cite import context_cite, fit_lasso, response_target  # noqa: E402
+from zennit_attn.workflows.evaluation.prior_surrogate import fit_prior_surrogate, prior_surrogate  # noqa: E402
 from zennit_attn.workflows.evaluation.source_ablation import (  # noqa: E402
     TOP_K,
     SourceAblation,
@@ -242,13 +243,41 @@ def context_cite_scorer(ablations: int):
     return score
 
 
+#: ablations of the surrogate with the relevance as prior; fewer are the first of these
+PRIOR_ABLATIONS = 8
+#: item id -> (PriorSurrogate on PRIOR_ABLATIONS, seconds of the explanation, seconds of the ablations): one run
+#: serves every ablation count of an item
+PRIOR_RUNS: dict = {}
+
+
+def prior_scorer(ablations: int):
+    """A scorer of :data:`SCORERS`: AttnLRP's log-odds scores as the prior of a surrogate fitted on the first
+    ``ablations`` of :data:`PRIOR_ABLATIONS` random ablations
+    (:py:func:`zennit_attn.workflows.evaluation.prior_surrogate.prior_surrogate`, ridge 1; ContextCite's masks)."""
+
+    def score(model, tokenizer, item, kind, ablation) -> tuple:
+        if item['id'] not in PRIOR_RUNS:
+            result, explained_seconds = explained(model, tokenizer, item, kind, 'attnlrp', 'log_odds', 'sum')
+            start = time.perf_counter()
+            surrogate = prior_surrogate(model, result, PRIOR_ABLATIONS)
+            PRIOR_RUNS[item['id']] = surrogate, explained_seconds, time.perf_counter() - start
+        surrogate, explained_seconds, seconds = PRIOR_RUNS[item['id']]
+        outputs = surrogate.log_probabilities[:ablations].sum(-1)
+        scores = fit_prior_surrogate(surrogate.relevance, surrogate.masks[:ablations], outputs, surrogate.full)[0]
+        cost = explained_seconds + seconds * ablations / PRIOR_ABLATIONS
+        return scores, {'forward': 1 + ablations, 'backward': 1, 'seconds': cost}
+
+    return score
+
+
 def random_scorer(model, tokenizer, item, kind, ablation) -> tuple:
     """A scorer of :data:`SCORERS`: uniform scores seeded by the item."""
     return np.random.RandomState(item['id']).rand(ablation.sources), {'forward': 0, 'backward': 0, 'seconds': 0.0}
 
 
 #: the scorers of the benchmark by name; ``bench`` runs those an item's rows lack (a new scorer runs on the items
-#: done before it, in rows of its own)
+#: done before it, in rows of its own); the tables of ``report`` are over the items with every one of
+#: :data:`BASE_SCORERS`, and again over those with every scorer
 SCORERS = {
     'attnlrp/log_odds': explanation_scorer('attnlrp', 'log_odds'),
     'attnlrp/log_probability': explanation_scorer('attnlrp', 'log_probability'),
@@ -259,7 +288,11 @@ SCORERS = {
     f'contextcite-{CONTEXT_CITE_ABLATIONS}': context_cite_scorer(CONTEXT_CITE_ABLATIONS),
     'contextcite-32': context_cite_scorer(32),
     'random': random_scorer,
+    'attnlrp/prior-4': prior_scorer(4),
+    f'attnlrp/prior-{PRIOR_ABLATIONS}': prior_scorer(PRIOR_ABLATIONS),
 }
+#: the scorers of the first 100-item run (issue 33)
+BASE_SCORERS = tuple(name for name in SCORERS if '/prior-' not in name)
 
 
 def run_bench(model, tokenizer, items, out: Path, kind: str) -> None:
@@ -374,8 +407,13 @@ def choices_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def scored(rows: list[dict]) -> list[str]:
+    """The scorers of :data:`SCORERS` that every row has."""
+    return [name for name in SCORERS if all(name in row['methods'] for row in rows)]
+
+
 def bench_table(rows: list[dict]) -> list[str]:
-    names = list(SCORERS)
+    names = scored(rows)
     lines = [
         f'{len(rows)} items; top-k log-probability drop and LDS (mean ± standard error), cost per item (mean)',
         '',
@@ -401,7 +439,7 @@ def paired_table(rows: list[dict], reference: str = 'contextcite-64') -> list[st
         '| scorer | top-1 | top-3 | top-5 | passes | seconds |',
         '|---|---|---|---|---|---|',
     ]
-    for name in SCORERS:
+    for name in scored(rows):
         cells = [
             mean_sem([row['methods'][name]['drop'][str(k)] - row['methods'][reference]['drop'][str(k)] for row in rows])
             for k in TOP_K
@@ -417,7 +455,7 @@ def paired_table(rows: list[dict], reference: str = 'contextcite-64') -> list[st
 
 def read_rows(path: Path, complete: bool = False) -> list[dict]:
     """The rows of ``path`` (items recorded as skipped left out), the rows of one item merged (their ``methods``);
-    ``complete``: only the items with every scorer of :data:`SCORERS` (the bench tables)."""
+    ``complete``: only the items with every scorer of :data:`BASE_SCORERS` (the bench tables)."""
     lines = path.read_text().splitlines() if path.exists() else []
     merged = {}
     for row in (json.loads(line) for line in lines if line.strip()):
@@ -427,7 +465,7 @@ def read_rows(path: Path, complete: bool = False) -> list[dict]:
             merged[row['id']]['methods'].update(row['methods'])
         else:
             merged[row['id']] = row
-    return [row for row in merged.values() if not complete or set(SCORERS) <= set(row['methods'])]
+    return [row for row in merged.values() if not complete or set(BASE_SCORERS) <= set(row['methods'])]
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -455,6 +493,10 @@ def main(argv=None) -> None:
             if rows:
                 print('\n'.join([f'## {name}', '', *table(rows), '']))
         bench = read_rows(args.out / 'bench.jsonl', complete=True)
+        every = [row for row in bench if set(SCORERS) <= set(row['methods'])]
+        if every and len(every) < len(bench):
+            tables = [*bench_table(every), '', *paired_table(every)]
+            print('\n'.join(['## bench, the items with every scorer', '', *tables, '']))
         for path in sorted(args.out.glob('rounds_*.jsonl')):
             print('\n'.join([f'## {path.stem}', '', *rounds_table(read_rows(path), bench), '']))
         return
