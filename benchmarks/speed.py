@@ -53,10 +53,15 @@ Models
 - ``random-t5``: ``T5ForConditionalGeneration`` shaped like Flan-T5-small (8 + 8 layers, d_model 512, 6 heads of
   64, gated-GELU FFN 1024, vocabulary 32128), SDPA, seeded; ``--seq`` random encoder tokens and
   :py:data:`DECODER_LENGTH` decoder tokens; both methods attribute encoder and decoder embeddings.
+- ``random-vit``: ``ViTForImageClassification`` with the shape of ViT-B/16 (12 layers, hidden 768, 12 heads,
+  intermediate 3072, 224 x 224 pixels in patches of 16: 197 tokens; 1000 classes), SDPA, seeded, one seeded random
+  image (``--seq`` is ignored); the plain pass is input x gradient at the pixels, ``explain()`` the paper's ViT
+  composite (:py:class:`~zennit_attn.composites.AttnLRPGamma`) at the pixels, both of the predicted class's logit.
 - ``llama2-7b``, ``llama3-8b``, ``mixtral-8x7b`` (:py:data:`PAPER_SHAPES`): random weights of the shapes of the
   paper's models, built directly on ``--device`` in ``--dtype`` (``--layers``: fewer blocks), SDPA attention, the
   experts of Mixtral with transformers' default (grouped matrix products); for a GPU (issue 44).
-The target of all methods is the model's argmax prediction at the last (decoder) position.
+The target of all methods is the model's argmax prediction at the last (decoder) position (the ViT's predicted
+class).
 
 What is measured
 ----------------
@@ -134,6 +139,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import gc
 import importlib.metadata
@@ -209,6 +215,7 @@ MODELS = (
     'random-mixtral',
     'random-hybrid',
     'random-t5',
+    'random-vit',
     'random-llama-1b',
     *PAPER_SHAPES,
 )
@@ -260,7 +267,7 @@ def build(name: str, seq: int, dtype: torch.dtype = torch.float32, device: str =
         (lambda ids: ids.to(device))
         if not isinstance(input_ids, tuple)
         else (lambda ids: tuple(i.to(device) for i in ids))
-    )
+    )  # ids, a pair of them, or Pixels
     return model.to(device), move(input_ids), description
 
 
@@ -400,11 +407,34 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
         input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
         decoder_ids = torch.randint(3, config.vocab_size, (1, DECODER_LENGTH), generator=generator)
         return model, (input_ids, decoder_ids), f'random ids (seeded), {DECODER_LENGTH} decoder tokens'
+    if name == 'random-vit':
+        from transformers import ViTConfig, ViTForImageClassification
+
+        config = ViTConfig(num_labels=1000, attn_implementation='sdpa')  # ViT-B/16's shape: transformers' defaults
+        torch.manual_seed(0)
+        model = ViTForImageClassification(config).to(dtype).eval()
+        generator = torch.Generator().manual_seed(0)
+        pixels = torch.randn(1, 3, config.image_size, config.image_size, generator=generator, dtype=dtype)
+        return model, Pixels(pixels), f'one random image (seeded), {config.image_size} x {config.image_size} pixels'
     raise ValueError(f'unknown model {name!r}; known: {MODELS}')
 
 
 #: decoder tokens of the encoder-decoder benchmark (the encoder gets ``--seq``)
 DECODER_LENGTH = 32
+
+
+@dataclasses.dataclass
+class Pixels:
+    """The input of an image model (``random-vit``): ``[batch, channels, height, width]`` pixel values."""
+
+    values: torch.Tensor
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def to(self, device) -> Pixels:
+        return Pixels(self.values.to(device))
 
 
 def _split(inputs):
@@ -414,6 +444,9 @@ def _split(inputs):
 
 def pick_target(model, inputs) -> torch.Tensor:
     """The model's argmax prediction at the last position (computed without grad, outside all measurements)."""
+    if isinstance(inputs, Pixels):
+        with torch.no_grad():
+            return model(pixel_values=inputs.values).logits.argmax(-1)
     input_ids, decoder_ids = _split(inputs)
     extra = {} if decoder_ids is None else {'decoder_input_ids': decoder_ids}
     with torch.no_grad():
@@ -447,7 +480,14 @@ def run_plain(model, inputs, target, keep_last: bool = False):
     explained (last) position only (``logits_to_keep=1`` for models whose forward takes it, as ``explain()`` does),
     so that neither the LM head's forward and backward at other positions nor the ``[batch, seq, vocab]`` logits
     count against the plain pass. The fair pass runs on frozen weights (:py:func:`frozen`, entered by the
-    measurements outside the clock: :py:data:`FROZEN`)."""
+    measurements outside the clock: :py:data:`FROZEN`). An image model's plain pass is input x gradient at the pixels
+    (summed over the channels), of the class logit."""
+    if isinstance(inputs, Pixels):
+        with torch.enable_grad():
+            leaf = inputs.values.detach().requires_grad_(True)
+            logits = model(pixel_values=leaf).logits
+            (grad,) = torch.autograd.grad(logits[torch.arange(len(target)), target].sum(), leaf)
+            return (leaf * grad).sum(1)
     input_ids, decoder_ids = _split(inputs)
     keep = keep_last and 'logits_to_keep' in inspect.signature(model.forward).parameters
     with torch.enable_grad():
@@ -464,6 +504,8 @@ def run_plain(model, inputs, target, keep_last: bool = False):
 
 
 def run_explain(model, inputs, target, checkpointing: bool = False, method: str = 'attnlrp'):
+    if isinstance(inputs, Pixels):
+        return explain(model, inputs.values, target=target, checkpointing=checkpointing, method=method).relevance
     input_ids, decoder_ids = _split(inputs)
     explanation = explain(
         model, input_ids, target=target, decoder_input_ids=decoder_ids, checkpointing=checkpointing, method=method
