@@ -84,6 +84,21 @@ def test_gamma_linear(linear_case, gamma):
     assert actual[0, 0] == 0
 
 
+@pytest.mark.parametrize('bias', [True, False])
+@pytest.mark.parametrize('gamma', [0.0, 0.05, 0.25, 3.0])
+def test_gamma_closed_form_is_zennits(gamma, bias):
+    """The closed form of the gamma rule on ``torch.nn.Linear`` equals zennit's Gamma run through the adapter (the
+    module once per modifier), also on inputs with more dimensions, exact zeros and outputs of both signs."""
+    linear = torch.nn.Linear(6, 5, bias=bias).double()
+    x = torch.randn(2, 3, 6, dtype=torch.float64)
+    x[0, 0, :2] = 0.0
+    relevance = torch.randn(2, 3, 5, dtype=torch.float64)
+    closed = Gamma(gamma).relevance(linear, x, relevance)
+    zennit = RelevanceRule(ZennitGamma(gamma=gamma, stabilizer=STAB)).relevance(linear, x, relevance)
+    torch.testing.assert_close(closed, zennit, rtol=1e-12, atol=1e-14)
+    assert (closed[0, 0, :2] == 0).all()
+
+
 def test_gamma_zero_is_epsilon(linear_case):
     linear, x, relevance = linear_case
     assert_close(lrp(linear, Gamma(0.0), x, relevance), lrp(linear, Epsilon(STAB), x, relevance))

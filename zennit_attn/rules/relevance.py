@@ -17,6 +17,11 @@ def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Te
     return torch.where(denominator == 0, torch.zeros_like(numerator), numerator / denominator)
 
 
+def _stabilize(tensor: torch.Tensor, stabilizer: float) -> torch.Tensor:
+    """``tensor + stabilizer * sign(tensor)`` with sign(0) = 1, as zennit's ``Stabilizer`` of a float."""
+    return tensor + stabilizer * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
+
+
 class _RelevanceRuleFunction(torch.autograd.Function):
     """Forward: return the module's precomputed output. Backward: ``g_in = rule(module, x, z * g_out) / x``."""
 
@@ -181,7 +186,8 @@ class Gamma(RelevanceRule):
 
     with ``(.)^+ = max(., 0)``, ``(.)^- = min(., 0)`` and the denominator stabilised by ``stabilizer * sign``
     (``z_j == 0`` passes nothing). Without bias the rule conserves relevance. ``gamma = 0`` is the epsilon rule,
-    ``gamma -> inf`` the z+ rule. Computed by zennit's ``zennit.rules.Gamma`` through :py:class:`RelevanceRule`.
+    ``gamma -> inf`` the z+ rule. On a ``torch.nn.Linear`` in closed form (:py:meth:`relevance`), on other modules by
+    zennit's ``zennit.rules.Gamma`` through :py:class:`RelevanceRule`.
 
     Parameters
     ----------
@@ -196,6 +202,34 @@ class Gamma(RelevanceRule):
             raise ValueError(f'gamma must be >= 0, got {gamma}')
         super().__init__(ZennitGamma(gamma=gamma, stabilizer=stabilizer))
         self.gamma, self.stabilizer = gamma, stabilizer
+
+    def relevance(self, module: torch.nn.Module, input: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+        """The input relevance: in closed form for a ``torch.nn.Linear`` (its forward, ``F.linear``), by zennit's
+        rule (:py:meth:`RelevanceRule.relevance`, the module run once per modifier) for other modules.
+
+        With ``|W| |x| + |b| = z^+ - z^-`` and ``z = z^+ + z^-`` (``z^+ = W^+ x^+ + W^- x^- + b^+``, ``z^-`` the
+        rest), the two cases of the rule are ``s^+ = [z > 0] R / (z + gamma z^+)`` and ``s^- = [z < 0] R / (z + gamma
+        z^-)`` (stabilised), and
+
+            ``R_in = (1 + gamma / 2) x * W^T (s^+ + s^-) + (gamma / 2) |x| * |W|^T (s^+ - s^-)``
+
+        (``x^+ W^+ + x^- W^-`` and ``x^+ W^- + x^- W^+`` written with ``x``, ``|x|``, ``W``, ``|W|``): four matrix
+        products instead of zennit's five forward passes and their backward pass; equal to zennit's to rounding
+        (``tests/composites/test_gamma.py``).
+        """
+        if type(module).forward is not torch.nn.Linear.forward:
+            return super().relevance(module, input, relevance)
+        weight, bias = module.weight.detach(), None if module.bias is None else module.bias.detach()
+        output = torch.nn.functional.linear(input, weight, bias)
+        magnitude = torch.nn.functional.linear(input.abs(), weight.abs(), None if bias is None else bias.abs())
+        positive = (output + magnitude) / 2
+        negative = output - positive
+        zero = torch.zeros((), dtype=output.dtype, device=output.device)
+        above = torch.where(output > 0, relevance / _stabilize(output + self.gamma * positive, self.stabilizer), zero)
+        below = torch.where(output < 0, relevance / _stabilize(output + self.gamma * negative, self.stabilizer), zero)
+        plain = input * torch.matmul(above + below, weight)
+        signed = input.abs() * torch.matmul(above - below, weight.abs())
+        return (1 + self.gamma / 2) * plain + (self.gamma / 2) * signed
 
     def __repr__(self) -> str:
         return (
