@@ -20,6 +20,12 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
 
 
+def stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``tensor + epsilon * sign(tensor)`` with sign(0) = 1: the stabiliser of Eq. 5 and Eq. 8 (zennit's
+    ``Stabilizer`` of a float)."""
+    return tensor + epsilon * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
+
+
 def _identity_gradient(input: torch.Tensor, output: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
     """The identity rule's gradient ``g_in = g_out * f(x) / x`` (0 where the ratio is not finite), computed in
     float32 at least."""

@@ -17,13 +17,9 @@ from .base import (
     elementwise_identity,
     gradient_map,
     layer_norm_identity,
+    stabilize,
     tensor_output,
 )
-
-
-def _stabilize(tensor: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """``tensor + epsilon * sign(tensor)`` with sign(0) = 1 (the stabiliser of Eq. 5 and Eq. 8)."""
-    return tensor + epsilon * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
 
 
 class Epsilon(GradientRule):
@@ -59,7 +55,7 @@ class Epsilon(GradientRule):
             return None
         dtype = compute_dtype(output)
         value = output.detach().to(dtype)
-        factor = value / _stabilize(value, self.epsilon)
+        factor = value / stabilize(value, self.epsilon)
         return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
 
 

@@ -9,17 +9,12 @@ from zennit.rules import AlphaBeta as ZennitAlphaBeta
 from zennit.rules import Gamma as ZennitGamma
 from zennit.rules import ZPlus as ZennitZPlus
 
-from .base import GradientRule, tensor_output
+from .base import GradientRule, stabilize, tensor_output
 
 
 def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     """``numerator / denominator``, and 0 where the denominator is exactly 0."""
     return torch.where(denominator == 0, torch.zeros_like(numerator), numerator / denominator)
-
-
-def _stabilize(tensor: torch.Tensor, stabilizer: float) -> torch.Tensor:
-    """``tensor + stabilizer * sign(tensor)`` with sign(0) = 1, as zennit's ``Stabilizer`` of a float."""
-    return tensor + stabilizer * torch.where(tensor >= 0, 1.0, -1.0).to(tensor.dtype)
 
 
 class _RelevanceRuleFunction(torch.autograd.Function):
@@ -225,8 +220,8 @@ class Gamma(RelevanceRule):
         positive = (output + magnitude) / 2
         negative = output - positive
         zero = torch.zeros((), dtype=output.dtype, device=output.device)
-        above = torch.where(output > 0, relevance / _stabilize(output + self.gamma * positive, self.stabilizer), zero)
-        below = torch.where(output < 0, relevance / _stabilize(output + self.gamma * negative, self.stabilizer), zero)
+        above = torch.where(output > 0, relevance / stabilize(output + self.gamma * positive, self.stabilizer), zero)
+        below = torch.where(output < 0, relevance / stabilize(output + self.gamma * negative, self.stabilizer), zero)
         plain = input * torch.matmul(above + below, weight)
         signed = input.abs() * torch.matmul(above - below, weight.abs())
         return (1 + self.gamma / 2) * plain + (self.gamma / 2) * signed
