@@ -29,8 +29,8 @@ class _RelevanceRuleFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         input, output = ctx.saved_tensors
-        relevance_out = output.to(input.dtype) * grad_output.to(input.dtype)
-        relevance_in = ctx.rule.relevance(ctx.module, input, relevance_out)
+        output = output.to(input.dtype)
+        relevance_in = ctx.rule.relevance(ctx.module, input, output, output * grad_output.to(input.dtype))
         return _safe_divide(relevance_in, input).to(input.dtype), None, None, None
 
 
@@ -91,8 +91,11 @@ class RelevanceRule(GradientRule):
             return None
         return _RelevanceRuleFunction.apply(input[0], output, module, self)
 
-    def relevance(self, module: torch.nn.Module, input: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
-        """The zennit rule's input relevance of ``module`` at ``input`` for the output ``relevance``.
+    def relevance(
+        self, module: torch.nn.Module, input: torch.Tensor, output: torch.Tensor, relevance: torch.Tensor
+    ) -> torch.Tensor:
+        """The zennit rule's input relevance of ``module`` at ``input`` (its ``output`` there, kept from the forward
+        pass) for the output ``relevance``.
 
         The module's forward runs once per input modifier of the rule, with the parameters that the matching
         parameter modifier gives (:py:func:`modified_parameters`), passed to :py:func:`torch.func.functional_call`:
@@ -198,7 +201,9 @@ class Gamma(RelevanceRule):
         super().__init__(ZennitGamma(gamma=gamma, stabilizer=stabilizer))
         self.gamma, self.stabilizer = gamma, stabilizer
 
-    def relevance(self, module: torch.nn.Module, input: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    def relevance(
+        self, module: torch.nn.Module, input: torch.Tensor, output: torch.Tensor, relevance: torch.Tensor
+    ) -> torch.Tensor:
         """The input relevance: in closed form for a ``torch.nn.Linear`` (its forward, ``F.linear``), by zennit's
         rule (:py:meth:`RelevanceRule.relevance`, the module run once per modifier) for other modules.
 
@@ -208,14 +213,14 @@ class Gamma(RelevanceRule):
 
             ``R_in = (1 + gamma / 2) x * W^T (s^+ + s^-) + (gamma / 2) |x| * |W|^T (s^+ - s^-)``
 
-        (``x^+ W^+ + x^- W^-`` and ``x^+ W^- + x^- W^+`` written with ``x``, ``|x|``, ``W``, ``|W|``): four matrix
-        products instead of zennit's five forward passes and their backward pass; equal to zennit's to rounding
+        (``x^+ W^+ + x^- W^-`` and ``x^+ W^- + x^- W^+`` written with ``x``, ``|x|``, ``W``, ``|W|``): three matrix
+        products (the output is the forward pass's) instead of zennit's five forward passes and their backward pass;
+        equal to zennit's to rounding
         (``tests/composites/test_gamma.py``).
         """
         if type(module).forward is not torch.nn.Linear.forward:
-            return super().relevance(module, input, relevance)
+            return super().relevance(module, input, output, relevance)
         weight, bias = module.weight.detach(), None if module.bias is None else module.bias.detach()
-        output = torch.nn.functional.linear(input, weight, bias)
         magnitude = torch.nn.functional.linear(input.abs(), weight.abs(), None if bias is None else bias.abs())
         positive = (output + magnitude) / 2
         negative = output - positive
