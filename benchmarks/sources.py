@@ -203,7 +203,7 @@ def run_choices(model, tokenizer, items, out: Path) -> None:
         for method, kind, objective, reduce in CHOICES:
             result, _ = explained(model, tokenizer, item, kind, method, objective, reduce)
             ablation, full = ablations[kind]
-            drops = top_k_drop(ablation, result.scores.numpy(), ablation.sources, full=full)
+            drops = top_k_drop(ablation, result.scores, ablation.sources, full=full)
             row['drops'][f'{method}/{kind}/{objective}/{reduce}'] = drops
         append(path, row)
 
@@ -214,7 +214,7 @@ def explanation_scorer(method: str, objective: str, reduce: str = 'sum'):
     def score(model, tokenizer, item, kind, ablation) -> tuple:
         backward = 0 if method == 'attention_rollout' else 1
         result, seconds = explained(model, tokenizer, item, kind, method, objective, reduce)
-        return result.scores.numpy(), {'forward': 1, 'backward': backward, 'seconds': seconds}
+        return result.scores, {'forward': 1, 'backward': backward, 'seconds': seconds}
 
     return score
 

@@ -7,7 +7,8 @@ as the package draws them: :py:func:`~zennit_attn.workflows.evaluation.source_ab
 log-probability is computed for each, turned into its logit ``log p - log(1 - p)`` and divided by the number of
 response tokens; a Lasso (alpha 0.01, standardised masks, with intercept) fitted to it gives one weight per source,
 rescaled to the masks and multiplied back by the number of tokens. The result, a :py:class:`LassoSurrogate`, is named
-for what it holds (formerly ``ContextCite``).
+for what it holds (formerly ``ContextCite``); its arrays are torch tensors, as the sources' scores of an explanation
+are (scikit-learn's Lasso is fitted on NumPy copies).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from .source_ablation import Ablation, ablation_masks
+from .source_ablation import Ablation, ablated, ablation_masks, as_masks, as_values
 
 try:
     from sklearn.linear_model import Lasso
@@ -38,46 +40,47 @@ class LassoSurrogate:
 
     Attributes
     ----------
-    scores: np.ndarray
-        ``[sources]`` the Lasso's weight of each source (ContextCite's attribution scores).
+    scores: torch.Tensor
+        ``[sources]`` float64: the Lasso's weight of each source (ContextCite's attribution scores).
     bias: float
         Its intercept.
-    masks: np.ndarray
-        ``[ablations, sources]`` the ablations it was fitted on (True: kept).
-    log_probabilities: np.ndarray
-        ``[ablations, tokens]`` the response tokens' log-probabilities under each.
+    masks: torch.Tensor
+        ``[ablations, sources]`` booleans: the ablations it was fitted on (True: kept).
+    log_probabilities: torch.Tensor
+        ``[ablations, tokens]`` float64: the response tokens' log-probabilities under each.
     forward_passes: int
         The forward passes it took (one per ablation).
     """
 
-    scores: np.ndarray
+    scores: torch.Tensor
     bias: float
-    masks: np.ndarray
-    log_probabilities: np.ndarray
+    masks: torch.Tensor
+    log_probabilities: torch.Tensor
     forward_passes: int
 
 
-def response_target(log_probabilities: np.ndarray, target: str = 'logit_probability') -> np.ndarray:
-    """``[n]``: the response's log-probability (the sum over its tokens), or its logit ``log p - log(1 - p)``."""
+def response_target(log_probabilities, target: str = 'logit_probability') -> torch.Tensor:
+    """``[n]`` float64: the response's log-probability (the sum over its tokens of ``[n, tokens]``), or its logit
+    ``log p - log(1 - p)``."""
     if target not in TARGETS:
         raise ValueError(f'target must be one of {", ".join(map(repr, TARGETS))}, got {target!r}')
-    total = np.asarray(log_probabilities, dtype=np.float64).sum(-1)
+    total = as_values(log_probabilities, 'log_probabilities').sum(-1)
     if target == 'log_probability':
         return total
-    return total - np.log1p(-np.exp(np.minimum(total, -1e-12)))
+    return total - torch.log1p(-torch.exp(total.clamp(max=-1e-12)))
 
 
-def fit_lasso(masks: np.ndarray, outputs: np.ndarray, tokens: int, alpha: float = 0.01) -> tuple[np.ndarray, float]:
+def fit_lasso(masks, outputs, tokens: int, alpha: float = 0.01) -> tuple[torch.Tensor, float]:
     """``(weights, bias)`` of ContextCite's solver: a Lasso on the standardised masks, fitted to ``outputs / tokens``,
-    its weights rescaled to the masks' scale and multiplied by ``tokens``."""
-    masks = np.asarray(masks, dtype=np.float64)
+    its weights rescaled to the masks' scale and multiplied by ``tokens``; the weights ``[sources]`` float64."""
+    masks = as_masks(masks).numpy().astype(np.float64)
     scaler = StandardScaler()
     standard = scaler.fit_transform(masks)
     lasso = Lasso(alpha=alpha, random_state=0, fit_intercept=True)
-    lasso.fit(standard, np.asarray(outputs, dtype=np.float64) / tokens)
+    lasso.fit(standard, as_values(outputs, 'outputs').numpy() / tokens)
     weights = lasso.coef_ / scaler.scale_
     bias = lasso.intercept_ - (scaler.mean_ / scaler.scale_) @ lasso.coef_
-    return weights * tokens, float(bias * tokens)
+    return torch.from_numpy(weights * tokens), float(bias * tokens)
 
 
 def context_cite(
@@ -120,6 +123,6 @@ def context_cite(
     if target not in TARGETS:
         raise ValueError(f'target must be one of {", ".join(map(repr, TARGETS))}, got {target!r}')
     masks = ablation_masks(ablations, sources, keep, seed)
-    log_probabilities = np.asarray(ablation(masks, progress=progress), dtype=np.float64)
+    log_probabilities = ablated(ablation, masks, progress)
     weights, bias = fit_lasso(masks, response_target(log_probabilities, target), log_probabilities.shape[-1], alpha)
     return LassoSurrogate(weights, bias, masks, log_probabilities, forward_passes=ablations)

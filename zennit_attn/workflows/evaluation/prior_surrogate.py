@@ -11,7 +11,8 @@ log-probability ``y_j``, and
 
 is fitted by least squares with the ridge penalty ``ridge * |d|^2`` on the corrections ``d`` only, ``r`` the
 explanation's source scores: with few ablations the weights stay near the relevance (scaled by ``a`` to the
-log-probability's units), with many they follow the ablations. The sources' scores are ``a r + d``.
+log-probability's units), with many they follow the ablations. The sources' scores are ``a r + d``. Its arrays are
+torch tensors (float64; the masks boolean), as the explanation's scores are.
 
 ``benchmarks/sources_variants.py`` measures it (docs/results/sources.md): on SmolLM2-135M-Instruct the LDS rises from
 0.69-0.70 (the explanation) to 0.73 with 4 ablations and 0.75 with 8, where a Lasso on the same ablations alone reaches
@@ -22,11 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..sources import SourceExplanation
-from .source_ablation import SourceAblation, ablation_masks
+from .source_ablation import SourceAblation, ablation_masks, as_values, check_masks
 
 __all__ = ['PriorSurrogate', 'fit_prior_surrogate', 'prior_surrogate']
 
@@ -45,64 +45,64 @@ class PriorSurrogate:
 
     Attributes
     ----------
-    scores: np.ndarray
-        ``[sources]`` ``a r + d``: each source's weight (the sources' attribution scores).
+    scores: torch.Tensor
+        ``[sources]`` float64 ``a r + d``: each source's weight (the sources' attribution scores).
     bias: float
         The intercept ``b``.
     scale: float
         ``a``: the log-probability per unit of relevance.
-    relevance: np.ndarray
-        ``[sources]`` ``r``, the explanation's scores.
+    relevance: torch.Tensor
+        ``[sources]`` float64 ``r``, the explanation's scores.
     full: float
         The response's log-probability with every source.
-    masks: np.ndarray
-        ``[ablations, sources]`` the ablations (True: kept).
-    log_probabilities: np.ndarray
-        ``[ablations, tokens]`` the response tokens' log-probabilities under each.
+    masks: torch.Tensor
+        ``[ablations, sources]`` booleans: the ablations (True: kept).
+    log_probabilities: torch.Tensor
+        ``[ablations, tokens]`` float64: the response tokens' log-probabilities under each.
     forward_passes: int
         The forward passes the ablations took (and the full context's, where the explanation did not give it).
     """
 
-    scores: np.ndarray
+    scores: torch.Tensor
     bias: float
     scale: float
-    relevance: np.ndarray
+    relevance: torch.Tensor
     full: float
-    masks: np.ndarray
-    log_probabilities: np.ndarray
+    masks: torch.Tensor
+    log_probabilities: torch.Tensor
     forward_passes: int
 
 
 def fit_prior_surrogate(
-    relevance, masks: np.ndarray, outputs, full: float, ridge: float = 1.0
-) -> tuple[np.ndarray, float, float]:
+    relevance, masks, outputs, full: float, ridge: float = 1.0
+) -> tuple[torch.Tensor, float, float]:
     """``(scores, b, a)`` of ``y = b + a (m . r) + m . d`` fitted to the ablations and the full context, with the
     penalty ``ridge * |d|^2``; ``scores = a r + d``.
 
     Parameters
     ----------
-    relevance: array-like
+    relevance: tensor or array-like
         ``[sources]`` ``r``.
-    masks: np.ndarray
+    masks: tensor or array-like
         ``[ablations, sources]`` booleans (True: kept).
-    outputs: array-like
+    outputs: tensor or array-like
         ``[ablations]`` the response's log-probability under each.
     full: float
         Its log-probability with every source.
     ridge: float
         The penalty on the corrections (0: least squares, for as many ablations as sources and more).
     """
-    relevance = np.asarray(relevance, dtype=np.float64)
-    masks = np.asarray(masks, dtype=bool)
-    if masks.ndim != 2 or masks.shape[1] != relevance.shape[0]:
-        raise ValueError(f'masks must be [ablations, {relevance.shape[0]}], got shape {masks.shape}')
+    relevance = as_values(relevance, 'relevance').reshape(-1)
+    masks = check_masks(masks, len(relevance))
     if ridge < 0:
         raise ValueError(f'ridge must be >= 0, got {ridge}')
-    kept = np.vstack([np.ones(relevance.shape[0]), masks]).astype(np.float64)
-    outputs = np.concatenate([[float(full)], np.asarray(outputs, dtype=np.float64)])
-    design = np.hstack([(kept @ relevance)[:, None], np.ones((kept.shape[0], 1)), kept])
-    penalty = np.diag([0.0, 0.0] + [float(ridge)] * relevance.shape[0])
-    solution = np.linalg.lstsq(design.T @ design + penalty, design.T @ outputs, rcond=None)[0]
+    kept = torch.cat([torch.ones(1, len(relevance), dtype=torch.bool), masks]).to(torch.float64)
+    outputs = torch.cat([torch.tensor([float(full)], dtype=torch.float64), as_values(outputs, 'outputs').reshape(-1)])
+    design = torch.cat([(kept @ relevance)[:, None], torch.ones(len(kept), 1, dtype=torch.float64), kept], dim=1)
+    penalty = torch.diag(torch.tensor([0.0, 0.0] + [float(ridge)] * len(relevance), dtype=torch.float64))
+    # the least-squares solution of smallest norm (SVD), as NumPy's lstsq finds it, also where the system is singular
+    normal = design.T @ design + penalty
+    solution = torch.linalg.lstsq(normal, (design.T @ outputs)[:, None], driver='gelsd').solution[:, 0]
     scale, bias, corrections = solution[0], solution[1], solution[2:]
     return scale * relevance + corrections, float(bias), float(scale)
 
@@ -144,12 +144,12 @@ def prior_surrogate(
     """
     ablation = SourceAblation(model, explanation.prompt, explanation.response_ids)
     masks = ablation_masks(ablations, ablation.sources, keep, seed)
-    log_probabilities = np.asarray(ablation(masks, progress=progress), dtype=np.float64)
+    log_probabilities = ablation(masks, progress=progress)
     if explanation.objective in _LOG_PROBABILITY:
         values = explanation.explanation.logit.detach().to('cpu', torch.float64)
         full = float(_LOG_PROBABILITY[explanation.objective](values).sum())
     else:
-        full = float(ablation(np.ones((1, ablation.sources), dtype=bool)).sum())
-    relevance = explanation.scores.numpy()
+        full = float(ablation(torch.ones(1, ablation.sources, dtype=torch.bool)).sum())
+    relevance = explanation.scores.detach().to('cpu', torch.float64)
     scores, bias, scale = fit_prior_surrogate(relevance, masks, log_probabilities.sum(-1), full, ridge)
     return PriorSurrogate(scores, bias, scale, relevance, full, masks, log_probabilities, ablation.forward_passes)
