@@ -445,6 +445,53 @@ def tiny_timm_vit(
     return _zero(model) if zero_bias else model
 
 
+def tiny_torchvision_vit(dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.nn.Module:
+    """torchvision's ``VisionTransformer`` (its attention a ``torch.nn.MultiheadAttention``) of the shape of
+    :py:func:`tiny_timm_vit`, every parameter drawn from N(0, 0.3) (torchvision zeroes the head)."""
+    from torchvision.models.vision_transformer import VisionTransformer  # timm's dependency (the vision extra)
+
+    torch.manual_seed(seed)
+    model = VisionTransformer(
+        image_size=IMAGE, patch_size=PATCH, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=CLASSES
+    )
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    return model.to(dtype).eval()
+
+
+def timm_twin(torchvision_vit: torch.nn.Module) -> torch.nn.Module:
+    """The timm ``VisionTransformer`` that computes the same function as ``torchvision_vit``
+    (:py:func:`tiny_torchvision_vit`): its weights copied (the packed ``in_proj`` as timm's fused ``qkv``)."""
+    source = torchvision_vit
+    twin = tiny_timm_vit(next(source.parameters()).dtype, mlp_ratio=2.0)
+    state = {
+        'patch_embed.proj.weight': source.conv_proj.weight,
+        'patch_embed.proj.bias': source.conv_proj.bias,
+        'cls_token': source.class_token,
+        'pos_embed': source.encoder.pos_embedding,
+        'norm.weight': source.encoder.ln.weight,
+        'norm.bias': source.encoder.ln.bias,
+        'head.weight': source.heads.head.weight,
+        'head.bias': source.heads.head.bias,
+    }
+    for index, layer in enumerate(source.encoder.layers):
+        attention, block = layer.self_attention, f'blocks.{index}.'
+        pairs = {
+            'norm1': layer.ln_1,
+            'attn.proj': attention.out_proj,
+            'norm2': layer.ln_2,
+            'mlp.fc1': layer.mlp[0],
+            'mlp.fc2': layer.mlp[3],
+        }
+        for name, module in pairs.items():
+            state[f'{block}{name}.weight'], state[f'{block}{name}.bias'] = module.weight, module.bias
+        state[f'{block}attn.qkv.weight'] = attention.in_proj_weight
+        state[f'{block}attn.qkv.bias'] = attention.in_proj_bias
+    twin.load_state_dict({name: tensor.detach().clone() for name, tensor in state.items()}, strict=True)
+    return twin
+
+
 def tiny_deit(dtype: torch.dtype = torch.float64, zero_bias: bool = False, seed: int = 0) -> torch.nn.Module:
     """timm DeiT (``VisionTransformerDistilled``: distillation token, LayerScale), otherwise as
     :py:func:`tiny_timm_vit`."""

@@ -8,6 +8,8 @@
 3. Conservation on a bias-free ViT: CP-LRP exact, AttnLRP exactly up to what the softmax rule absorbs, computed
    independently from the attention probabilities and the q/k relevance; on a bias-free LLaVA with gamma on the
    vision tower, CP-LRP misses the logit by what the stabilisers absorb, and by nothing else.
+4. torchvision's ViT (``torch.nn.MultiheadAttention``, projections by ``F.linear``) equals timm's with the same
+   weights where the projections' rule is the plain gradient; a projection rule that would not reach them is refused.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from zennit.rules import AlphaBeta as ZennitAlphaBeta
 from zennit.rules import Gamma as ZennitGamma
 from zennit.rules import ZPlus as ZennitZPlus
 
-from tests.models import CLASSES, pixels, tiny_hf_vit, tiny_llava, tiny_timm_vit
+from tests.models import CLASSES, pixels, timm_twin, tiny_hf_vit, tiny_llava, tiny_timm_vit, tiny_torchvision_vit
 from tests.naive_rules import lrp, stabilize
 from tests.numbers import assert_close
 from tests.processors import image, llava_processor
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
+from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.methods.propagation import lrp_method
 from zennit_attn.rules import AlphaBeta, ConstantGates, Epsilon, Gamma, RelevanceRule, Uniform, ZPlus
 from zennit_attn.rules.relevance import modified_parameters
@@ -352,3 +355,30 @@ def test_vision_tower_gap_is_what_the_stabilisers_absorb():
     assert gamma_only != 0 and epsilon_only != 0
     assert default == pytest.approx(gamma_only + epsilon_only, rel=1e-4)
     assert gap(gamma_stabilizer=1e-5, epsilon=1e-5)[0] == pytest.approx(10 * default, rel=1e-3)
+
+
+def test_multihead_attention_projections_get_what_is_declared_or_a_refusal():
+    """torchvision's ViT computes its attention projections with ``F.linear`` on the parameters of its
+    ``torch.nn.MultiheadAttention``, which no rule of a module reaches. Its relevance equals that of the timm ViT with
+    the same weights (two implementations of one function) where the composite gives the projections the plain
+    gradient, and the default ``Epsilon(1e-6)`` stands in for it; a rule that would change them is refused, and the
+    model is left as it was."""
+    torchvision_vit = tiny_torchvision_vit()
+    twin = timm_twin(torchvision_vit)
+    x = pixels()
+    assert_close(torchvision_vit(x), twin(x), tol=1e-12)
+    target = torchvision_vit(x).argmax(-1)
+    plain = {'attention_in': None, 'attention_out': None}
+    expected = explain(twin, x, target=target, composite=AttnLRPGamma(**plain)).relevance
+    for composite in (AttnLRPGamma(), AttnLRPGamma(**plain)):
+        relevance = explain(torchvision_vit, x, target=target, composite=composite).relevance
+        assert_close(relevance, expected, tol=1e-12)
+    assert float(expected.abs().sum()) > 1e-3
+    with_default = explain(twin, x, target=target, composite=AttnLRPGamma()).relevance
+    assert float((with_default - expected).abs().max()) > 0  # the stabiliser is a rule of its own on timm's modules
+    for rules in ({'attention_in': Gamma(0.25)}, {'attention_out': Epsilon(0.1)}, {'attention_in': ZennitGamma(0.1)}):
+        with pytest.raises(UnsupportedModelError, match=r'MultiheadAttention .*would not be applied'):
+            explain(torchvision_vit, x, target=target, composite=AttnLRPGamma(**rules))
+        assert all(not module._forward_hooks and not module._forward_pre_hooks for module in torchvision_vit.modules())
+        assert all(parameter.requires_grad for parameter in torchvision_vit.parameters())
+        explain(twin, x, target=target, composite=AttnLRPGamma(**rules))  # timm calls its projection modules
