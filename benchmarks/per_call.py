@@ -22,10 +22,31 @@ phase over ``--calls`` rounds after ``--warmup`` rounds, and the paired ratio (m
 call over the plain pass of its round); the 1-minute load average before and after. ``--profile N`` also prints the
 ``N`` functions with the largest own time (cProfile, in separate calls) of zennit-attn and zennit.
 
+``--forward-layers`` splits the explained forward pass (the phase ``forward`` above) into the layers of the engine
+that each add their cost, by timing the same forward pass (no backward pass, no relevance: the explained model in one
+composite context, entered once) in five settings in interleaved rounds (:py:data:`FORWARD_LAYERS`):
+
+- ``plain``: the fair plain forward pass (a frozen copy of the model, no composite);
+- ``empty mode``: the same under a :py:class:`torch.overrides.TorchFunctionMode` that only calls each function (the
+  price of seeing every torch function call in Python at all);
+- ``module hooks``: the explained model with the classifying mode's ``__torch_function__`` a pass-through: the rules
+  of modules (normalisations, activations) and the engine's hooks of modules run, no operation is classified (the
+  audit's refusals are off: it would refuse the unclassified operations' outputs);
+- ``mode preamble``: the mode's ``__torch_function__`` as it is up to the classification (the function's entry, the
+  tensors among the arguments, which of them carry relevance, the checks of the forward's state), then each
+  relevance-carrying operation run and its output recorded without being classified (no marks, no audit of its
+  operands, no rule): what a replayed plan of the classification would still have to do to stay sound;
+- ``full``: the engine as it is.
+
+Each setting's median over the rounds, and its difference to the one before it (wrong relevance in the middle
+settings does not matter: no backward pass is run). The library's classes are patched for the time of a setting
+and restored after it.
+
 Run alone (``OMP_NUM_THREADS=1``)::
 
     python benchmarks/per_call.py --model random-llama --seq 16 --calls 50
     python benchmarks/per_call.py --model random-llama --seq 16 --method cplrp --profile 25
+    python benchmarks/per_call.py --model python-bound --seq 16 --calls 30 --forward-layers
 """
 
 from __future__ import annotations
@@ -33,6 +54,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import copy
 import cProfile
 import functools
 import importlib
@@ -47,12 +69,16 @@ from pathlib import Path
 
 import torch
 import zennit.core
+from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed import build, frozen, pick_target, run_explain, run_plain  # noqa: E402
 
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon  # noqa: E402
+from zennit_attn.core.audit import Audit  # noqa: E402
 from zennit_attn.inputs.task import TokenTask  # noqa: E402
+from zennit_attn.operations.classifier import Classifier  # noqa: E402
 
 #: the module of :py:func:`zennit_attn.explain` (the package exports the function under the same name)
 EXPLAIN_MODULE = importlib.import_module('zennit_attn.explain')
@@ -212,6 +238,87 @@ def profile(model, input_ids, target, method: str, calls: int, top: int) -> str:
     return stream.getvalue()
 
 
+#: the settings of ``--forward-layers``, each adding one layer of the engine to the one before it
+FORWARD_LAYERS = ('plain', 'empty mode', 'module hooks', 'mode preamble', 'full')
+#: the composite of each ``--method``
+COMPOSITES = {'attnlrp': AttnLRPEpsilon, 'cplrp': CPLRPEpsilon}
+
+
+class EmptyMode(TorchFunctionMode):
+    """A torch function mode that only calls each function."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _pass_through(mode, func, types, args=(), kwargs=None):
+    """The classifying mode's ``__torch_function__`` made a pass-through (setting ``module hooks``)."""
+    return func(*args, **(kwargs or {}))
+
+
+def _unclassified(mode, func, name, entry, args, kwargs, carrying, fast, changes, tensors):
+    """The classifying mode's ``classified`` without the classification (setting ``mode preamble``): the function
+    run, its output recorded as the engine's."""
+    output = func(*args, **kwargs)
+    mode.state.audit.record(output)
+    return output
+
+
+def _unchecked(audit, *args, **kwargs) -> None:
+    """The audit's refusal of operands it did not see produced, off (the operations are not classified)."""
+
+
+#: setting -> the library's class attributes replaced for its time
+FORWARD_PATCHES = {
+    'module hooks': {
+        (Classifier, '__torch_function__'): _pass_through,
+        (Audit, 'refusal'): _unchecked,
+    },
+    'mode preamble': {(Classifier, 'classified'): _unclassified, (Audit, 'refusal'): _unchecked},
+}
+
+
+@contextlib.contextmanager
+def patched(setting: str) -> Iterator[None]:
+    """The class attributes of :py:data:`FORWARD_PATCHES` of ``setting`` replaced for the time of the context."""
+    replaced = FORWARD_PATCHES.get(setting, {})
+    saved = {key: vars(key[0])[key[1]] for key in replaced}
+    try:
+        for (owner, name), value in replaced.items():
+            setattr(owner, name, value)
+        yield
+    finally:
+        for (owner, name), value in saved.items():
+            setattr(owner, name, value)
+
+
+def forward_layers(model, input_ids, method: str, calls: int, warmup: int) -> dict[str, float]:
+    """Median seconds of the explained forward pass in each setting of :py:data:`FORWARD_LAYERS` over ``calls``
+    interleaved rounds after ``warmup`` (see the module's description)."""
+    plain = copy.deepcopy(model)
+    plain.requires_grad_(False)
+    embeddings = model.get_input_embeddings()(input_ids).detach()
+
+    def forward(module, mode) -> None:
+        leaf = embeddings.clone().requires_grad_(True)
+        with mode:
+            module(inputs_embeds=leaf, use_cache=False, logits_to_keep=1)
+
+    spent: dict[str, list[float]] = {setting: [] for setting in FORWARD_LAYERS}
+    with torch.enable_grad(), COMPOSITES[method]().context(model) as explained:
+        for index in range(warmup + calls):
+            for setting in FORWARD_LAYERS:
+                module = plain if setting in ('plain', 'empty mode') else explained
+                mode = EmptyMode() if setting == 'empty mode' else contextlib.nullcontext()
+                with patched(setting):
+                    start = time.perf_counter()
+                    forward(module, mode)
+                    took = time.perf_counter() - start
+                if index >= warmup:
+                    spent[setting].append(took)
+    return {setting: statistics.median(times) for setting, times in spent.items()}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument(
@@ -225,6 +332,9 @@ def main(argv=None) -> None:
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--threads', type=int, default=1, help='torch.set_num_threads (default 1)')
     parser.add_argument('--profile', type=int, default=0, metavar='N', help='also print cProfile top N (own time)')
+    parser.add_argument(
+        '--forward-layers', action='store_true', help="also split the explained forward pass into the engine's layers"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, input_ids, _ = build(args.model, args.seq)
@@ -240,6 +350,19 @@ def main(argv=None) -> None:
     )
     for key, value in medians.items():
         print(f'  {key:18s} {value:.3f}x' if key == 'paired ratio' else f'  {key:18s} {value * 1e3:8.3f} ms')
+    if args.forward_layers:
+        load_before = os.getloadavg()
+        layers = forward_layers(model, input_ids, args.method, args.calls, args.warmup)
+        load_after = os.getloadavg()
+        print(
+            f'the explained forward pass in layers ({args.calls} interleaved rounds; load average '
+            f'{load_before[0]:.2f} -> {load_after[0]:.2f}): median, and its difference to the setting before it'
+        )
+        previous = None
+        for setting, value in layers.items():
+            added = '' if previous is None else f'  {(value - previous) * 1e3:+8.3f} ms'
+            print(f'  {setting:18s} {value * 1e3:8.3f} ms{added}')
+            previous = value
     if args.profile:
         print(profile(model, input_ids, target, args.method, max(args.calls // 2, 5), args.profile))
 

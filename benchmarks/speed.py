@@ -57,6 +57,9 @@ Models
   intermediate 3072, 224 x 224 pixels in patches of 16: 197 tokens; 1000 classes), SDPA, seeded, one seeded random
   image (``--seq`` is ignored); the plain pass is input x gradient at the pixels, ``explain()`` the paper's ViT
   composite (:py:class:`~zennit_attn.composites.AttnLRPGamma`) at the pixels, both of the predicted class's logit.
+- ``torchvision-vit``: torchvision's ``vit_b_16`` (the same shape; the model of LXT's ViT example, for
+  ``benchmarks/lxt_speed.py``) with torchvision's random initialisation (the zero-initialised head drawn at random),
+  seeded, the same image and calls as ``random-vit``.
 - ``llama2-7b``, ``llama3-8b``, ``mixtral-8x7b`` (:py:data:`PAPER_SHAPES`): random weights of the shapes of the
   paper's models, built directly on ``--device`` in ``--dtype`` (``--layers``: fewer blocks), SDPA attention, the
   experts of Mixtral with transformers' default (grouped matrix products); for a GPU (issue 44).
@@ -159,6 +162,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from transformers import PreTrainedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -216,6 +220,7 @@ MODELS = (
     'random-hybrid',
     'random-t5',
     'random-vit',
+    'torchvision-vit',
     'random-llama-1b',
     *PAPER_SHAPES,
 )
@@ -407,6 +412,13 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
         input_ids = torch.randint(3, config.vocab_size, (1, seq), generator=generator)
         decoder_ids = torch.randint(3, config.vocab_size, (1, DECODER_LENGTH), generator=generator)
         return model, (input_ids, decoder_ids), f'random ids (seeded), {DECODER_LENGTH} decoder tokens'
+    if name in ('random-vit', 'torchvision-vit'):
+        return _build_image(name, dtype)
+    raise ValueError(f'unknown model {name!r}; known: {MODELS}')
+
+
+def _build_image(name: str, dtype: torch.dtype = torch.float32):
+    """The image models of the CPU benchmark (``random-vit``, ``torchvision-vit``) and their image."""
     if name == 'random-vit':
         from transformers import ViTConfig, ViTForImageClassification
 
@@ -416,16 +428,33 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
         generator = torch.Generator().manual_seed(0)
         pixels = torch.randn(1, 3, config.image_size, config.image_size, generator=generator, dtype=dtype)
         return model, Pixels(pixels), f'one random image (seeded), {config.image_size} x {config.image_size} pixels'
-    raise ValueError(f'unknown model {name!r}; known: {MODELS}')
+    from torchvision.models import vit_b_16
+
+    torch.manual_seed(0)
+    model = vit_b_16().to(dtype).eval()
+    # torchvision initialises the classification head with zeros (every logit 0): random, as the rest
+    torch.nn.init.normal_(model.heads.head.weight, std=0.02)
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randn(1, 3, 224, 224, generator=generator, dtype=dtype)
+    return model, Pixels(pixels), 'one random image (seeded), 224 x 224 pixels'
 
 
 #: decoder tokens of the encoder-decoder benchmark (the encoder gets ``--seq``)
 DECODER_LENGTH = 32
 
 
+def image_logits(model, pixels: torch.Tensor) -> torch.Tensor:
+    """``[batch, classes]`` logits of an image model: a Hugging Face model's (``pixel_values=``, ``.logits``) or a
+    torchvision model's (the output itself)."""
+    if isinstance(model, PreTrainedModel):
+        return model(pixel_values=pixels).logits
+    return model(pixels)
+
+
 @dataclasses.dataclass
 class Pixels:
-    """The input of an image model (``random-vit``): ``[batch, channels, height, width]`` pixel values."""
+    """The input of an image model (``random-vit``, ``torchvision-vit``): ``[batch, channels, height, width]`` pixel
+    values."""
 
     values: torch.Tensor
 
@@ -446,7 +475,7 @@ def pick_target(model, inputs) -> torch.Tensor:
     """The model's argmax prediction at the last position (computed without grad, outside all measurements)."""
     if isinstance(inputs, Pixels):
         with torch.no_grad():
-            return model(pixel_values=inputs.values).logits.argmax(-1)
+            return image_logits(model, inputs.values).argmax(-1)
     input_ids, decoder_ids = _split(inputs)
     extra = {} if decoder_ids is None else {'decoder_input_ids': decoder_ids}
     with torch.no_grad():
@@ -485,7 +514,7 @@ def run_plain(model, inputs, target, keep_last: bool = False):
     if isinstance(inputs, Pixels):
         with torch.enable_grad():
             leaf = inputs.values.detach().requires_grad_(True)
-            logits = model(pixel_values=leaf).logits
+            logits = image_logits(model, leaf)
             (grad,) = torch.autograd.grad(logits[torch.arange(len(target)), target].sum(), leaf)
             return (leaf * grad).sum(1)
     input_ids, decoder_ids = _split(inputs)
