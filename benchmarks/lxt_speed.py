@@ -1,16 +1,17 @@
 """The authors' AttnLRP code (LXT, efficient mode) against the fair plain pass of ``benchmarks/speed.py``.
 
 LXT's efficient mode (``lxt.efficient.monkey_patch``; github rachtibat/LRP-eXplains-Transformers, not a dependency of
-zennit-attn) replaces the forward methods of transformers' Llama classes and the attention functions of
-transformers' registry, process-wide; for a ViT (``--models torchvision-vit``: torchvision's ``vit_b_16``, the model
-LXT's ViT example explains) it replaces the forward methods of ``torch.nn``'s GELU, LayerNorm and MultiheadAttention
-and zennit's ``BasicHook``, and its example registers zennit's ``Gamma`` on the linear layers (0.05) and the patch
-convolution (0.25) for each call (:py:func:`vit_patch`, :py:func:`runners`). This script runs it in a process of
-its own (never beside zennit-attn) on a model built as ``speed.py`` builds it (a Llama shape of
-:py:data:`speed.PAPER_SHAPES`, ``random-llama``, ``python-bound`` or ``torchvision-vit``, seeded), and times it against
-the fair plain pass (frozen weights, ``logits_to_keep=1``, input x gradient) in interleaved rounds: the patched and the
-original methods are kept side by side and put in place before each call
-(:py:class:`Patched`), so that both passes run in the same process on the same model, round after round.
+zennit-attn) replaces the forward methods of transformers' Llama classes and the attention functions of transformers'
+registry, process-wide (``random-qwen3-moe``: those of Qwen3-MoE, its experts run in a loop of its own); for a ViT
+(``--models torchvision-vit``: torchvision's ``vit_b_16``, the model LXT's ViT example explains) it replaces the forward
+methods of ``torch.nn``'s GELU, LayerNorm and MultiheadAttention and zennit's ``BasicHook``, and its example registers
+zennit's ``Gamma`` on the linear layers (0.05) and the patch convolution (0.25) for each call (:py:func:`vit_patch`,
+:py:func:`runners`). This script runs it in a process of its own (never beside zennit-attn) on a model built as
+``speed.py`` builds it (a Llama shape of :py:data:`speed.PAPER_SHAPES`, ``random-llama``, ``python-bound``,
+``random-qwen3-moe`` or ``torchvision-vit``, seeded), and times it against the fair plain pass (frozen weights,
+``logits_to_keep=1``, input x gradient) in interleaved rounds: the patched and the original methods are kept side by
+side and put in place before each call (:py:class:`Patched`), so that both passes run in the same process on the same
+model, round after round.
 
 LXT's call is what its documentation shows for the efficient mode: the embeddings as a leaf, the forward, the
 backward of the logit, relevance ``(embeddings * gradient).sum(-1)``, here with the same frozen weights and
@@ -43,6 +44,7 @@ from lxt.efficient import monkey_patch, monkey_patch_zennit
 from speed import build, frozen, pick_target, run_plain, synchronize, time_interleaved
 from torchvision.models import vision_transformer
 from transformers.models.llama import modeling_llama
+from transformers.models.qwen3_moe import modeling_qwen3_moe
 from zennit.composites import LayerMapComposite
 from zennit.core import BasicHook
 from zennit.rules import Gamma
@@ -114,19 +116,44 @@ def vit_patch() -> Patched:
     return Patched(attributes, patch)
 
 
-def runners(llama: Patched, vit: Patched) -> dict:
-    """The two timed calls: the fair plain pass on the original methods, LXT's on the patched ones. A language model:
-    the same code (input x gradient of the explained logit, weights frozen by the caller). The ViT: its example's
-    call, zennit's ``Gamma`` on the linear layers and the patch convolution (:py:data:`VIT_GAMMAS`) registered for the
-    call (``LayerMapComposite``), input x gradient at the pixels."""
+def qwen3_moe_patch() -> Patched:
+    """LXT's patch of transformers' Qwen3-MoE module (its efficient mode's default map: the experts run in a loop of
+    its own)."""
+    attributes = [
+        (modeling_qwen3_moe.Qwen3MoeMLP, 'forward'),
+        (modeling_qwen3_moe.Qwen3MoeExperts, 'forward'),
+        (modeling_qwen3_moe.Qwen3MoeRMSNorm, 'forward'),
+        (torch.nn.Dropout, 'forward'),
+        (modeling_qwen3_moe, 'eager_attention_forward'),
+    ]
+    return Patched(attributes, lambda: monkey_patch(modeling_qwen3_moe), modeling_qwen3_moe.ALL_ATTENTION_FUNCTIONS)
+
+
+#: the module of a model's class -> the name of LXT's patch for it (:py:func:`runners`)
+PATCHES = {
+    modeling_llama.__name__: 'llama',
+    modeling_qwen3_moe.__name__: 'qwen3_moe',
+    vision_transformer.__name__: 'vit',
+}
+
+
+def runners(patches: dict[str, Patched]) -> dict:
+    """The two timed calls: the fair plain pass on the original methods, LXT's on the patched ones (``patches``: by
+    :py:data:`PATCHES`' names). A language model: the same code (input x gradient of the explained logit, weights
+    frozen by the caller). The ViT: its example's call, zennit's ``Gamma`` on the linear layers and the patch
+    convolution (:py:data:`VIT_GAMMAS`) registered for the call (``LayerMapComposite``), input x gradient at the
+    pixels."""
 
     def fair(model, inputs, target):
-        llama.apply(False)
-        vit.apply(False)
+        for patch in patches.values():
+            patch.apply(False)
         return run_plain(model, inputs, target, keep_last=True)
 
     def lxt(model, inputs, target):
-        patch = vit if isinstance(inputs, speed.Pixels) else llama
+        name = PATCHES.get(type(model).__module__)
+        if name is None:
+            raise ValueError(f'LXT has no patch for {type(model).__name__} here; known: {sorted(PATCHES.values())}')
+        patch = patches[name]
         patch.apply(True)
         try:
             if not isinstance(inputs, speed.Pixels):
@@ -168,7 +195,8 @@ def main(argv=None) -> None:
     parser.add_argument('--rss-repeats', type=int, default=3, help='calls after the first in each RSS process')
     parser.add_argument('--rss-child', nargs=2, metavar=('MODEL', 'METHOD'), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    speed.RUNNERS.update(runners(llama_patch(), vit_patch()))  # speed.py's measurement loop looks its runners up there
+    patches = {'llama': llama_patch(), 'qwen3_moe': qwen3_moe_patch(), 'vit': vit_patch()}
+    speed.RUNNERS.update(runners(patches))  # speed.py's measurement loop looks its runners up there
     speed.FROZEN = speed.FROZEN | {'lxt'}  # LXT's call runs with the weights frozen, as the fair pass does
     if args.rss_child:
         name, method = args.rss_child

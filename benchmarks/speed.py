@@ -43,6 +43,8 @@ Models
 - ``random-mixtral``: ``MixtralForCausalLM`` with 4 layers, hidden 512, 8 heads, 8 experts of intermediate 1376,
   top-2 routing, vocabulary 32000, SDPA, seeded; the plain baseline runs the experts with the implementation
   transformers loads by default (``grouped_mm``), and so does ``explain()``.
+- ``random-qwen3-moe``: ``Qwen3MoeForCausalLM`` of the same shape (head size 64, top-2 of 8 experts of intermediate
+  1376, normalised routing weights): the mixture of experts LXT has a patch for (``benchmarks/lxt_speed.py``).
 - ``random-hybrid``: ``Qwen3NextForCausalLM`` (the hybrid of Qwen3.5: three gated delta net layers to one attention
   layer) with 8 layers, hidden 512, 8 heads (2 key/value heads, head size 64), linear attention with 4 key and 8
   value heads of size 64, 8 experts of intermediate 344 (top 2) and a shared expert, vocabulary 32000, SDPA, seeded;
@@ -217,6 +219,7 @@ MODELS = (
     'python-bound',
     'smollm2',
     'random-mixtral',
+    'random-qwen3-moe',
     'random-hybrid',
     'random-t5',
     'random-vit',
@@ -348,23 +351,8 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
         if available < seq:
             ids = ids.repeat(-(-seq // available))
         return model, ids[:seq][None].contiguous(), f'lighthouse text ({available} tokens, first {seq})'
-    if name == 'random-mixtral':
-        from transformers import MixtralConfig, MixtralForCausalLM
-
-        config = MixtralConfig(
-            vocab_size=32000,
-            hidden_size=512,
-            intermediate_size=1376,
-            num_hidden_layers=4,
-            num_attention_heads=8,
-            num_key_value_heads=8,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-            max_position_embeddings=max(2048, seq),
-            attn_implementation='sdpa',
-        )
-        model, input_ids = _seeded(MixtralForCausalLM, config, seq)  # the model sets the experts implementation
-        return model, input_ids, f'random ids (seeded), experts implementation {config._experts_implementation!r}'
+    if name in ('random-mixtral', 'random-qwen3-moe'):
+        return _build_moe(name, seq)
     if name == 'random-hybrid':
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -415,6 +403,32 @@ def _build_small(name: str, seq: int, dtype: torch.dtype = torch.float32):
     if name in ('random-vit', 'torchvision-vit'):
         return _build_image(name, dtype)
     raise ValueError(f'unknown model {name!r}; known: {MODELS}')
+
+
+def _build_moe(name: str, seq: int):
+    """The mixtures of experts of the CPU benchmark (``random-mixtral``, ``random-qwen3-moe``: the same shape), seeded;
+    the models set their experts implementation (transformers' default)."""
+    shape = dict(
+        vocab_size=32000,
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=max(2048, seq),
+        attn_implementation='sdpa',
+    )
+    if name == 'random-mixtral':
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        config = MixtralConfig(intermediate_size=1376, num_local_experts=8, **shape)
+        model, input_ids = _seeded(MixtralForCausalLM, config, seq)
+    else:
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        config = Qwen3MoeConfig(moe_intermediate_size=1376, num_experts=8, head_dim=64, norm_topk_prob=True, **shape)
+        model, input_ids = _seeded(Qwen3MoeForCausalLM, config, seq)
+    return model, input_ids, f'random ids (seeded), experts implementation {config._experts_implementation!r}'
 
 
 def _build_image(name: str, dtype: torch.dtype = torch.float32):
