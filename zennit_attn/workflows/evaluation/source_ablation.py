@@ -137,7 +137,8 @@ def ablation_masks(count: int, sources: int, keep: float = 0.5, seed: int = 0) -
 
 def ablated(ablation: Ablation, masks: torch.Tensor, progress: bool = False) -> torch.Tensor:
     """``[n, tokens]`` float64: what ``ablation`` gives for ``masks`` (a tensor, or what a callable of the user's
-    returns: an array or nested sequences), with ``progress`` where it takes it."""
+    returns: an array or nested sequences); ``progress`` is passed only where True (a callable of the user's may not
+    take it)."""
     found = ablation(masks, progress=progress) if progress else ablation(masks)
     return as_values(found, 'the log-probabilities of an ablation')
 
