@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -169,17 +168,6 @@ def runners(patches: dict[str, Patched]) -> dict:
     return {'fair': fair, 'lxt': lxt}
 
 
-def rss_in_subprocess(name: str, method: str, seq: int, repeats: int, threads: int | None) -> dict:
-    """The first call's and the later calls' peak RSS increases of ``method`` (``fair`` or ``lxt``) in a fresh
-    process (this script's ``--rss-child``)."""
-    command = [sys.executable, __file__, '--rss-child', name, method, '--seq', str(seq), '--rss-repeats', str(repeats)]
-    command += ['--threads', str(threads)] if threads else []
-    completed = subprocess.run(command, capture_output=True, text=True)
-    if completed.returncode != 0:
-        raise RuntimeError(f'RSS subprocess for {name}/{method} failed:\n{completed.stderr[-3000:]}')
-    return json.loads(completed.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--models', nargs='+', default=['random-llama'])
@@ -226,7 +214,8 @@ def main(argv=None) -> None:
                 result['cuda_peak_bytes'] = {key: statistics.median(timed[key]['peak']) for key in ('fair', 'lxt')}
             if args.rss:
                 rss = {
-                    key: rss_in_subprocess(name, key, seq, args.rss_repeats, args.threads) for key in ('fair', 'lxt')
+                    key: speed.rss_in_subprocess(name, key, seq, args.rss_repeats, args.threads, __file__)
+                    for key in ('fair', 'lxt')
                 }
                 result['rss_first_increase_bytes'] = {key: rss[key]['first'] for key in rss}
                 result['rss_increase_bytes'] = {key: statistics.median(rss[key]['increases']) for key in rss}

@@ -804,10 +804,14 @@ def _rss_increases(model, input_ids, target, method: str, repeats: int) -> dict:
     return {'first': increases[0], 'increases': increases[1:], 'how': how}
 
 
-def rss_in_subprocess(name: str, method: str, seq: int, repeats: int, threads: int | None) -> dict:
+def rss_in_subprocess(
+    name: str, method: str, seq: int, repeats: int, threads: int | None, script: str = __file__
+) -> dict:
+    """The first call's and the later calls' peak RSS increases of ``method`` in a fresh process: ``script``'s
+    ``--rss-child`` (this one's, or ``lxt_speed.py``'s, whose runners include LXT's), :py:func:`rss_child`."""
     command = [
         sys.executable,
-        __file__,
+        script,
         '--rss-child',
         name,
         method,

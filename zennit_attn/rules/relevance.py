@@ -215,8 +215,7 @@ class Gamma(RelevanceRule):
 
         (``x^+ W^+ + x^- W^-`` and ``x^+ W^- + x^- W^+`` written with ``x``, ``|x|``, ``W``, ``|W|``): three matrix
         products (the output is the forward pass's) instead of zennit's five forward passes and their backward pass;
-        equal to zennit's to rounding
-        (``tests/composites/test_gamma.py``).
+        equal to zennit's to rounding (``tests/composites/test_gamma.py``).
         """
         if type(module).forward is not torch.nn.Linear.forward:
             return super().relevance(module, input, output, relevance)
