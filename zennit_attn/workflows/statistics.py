@@ -9,16 +9,28 @@ rank correlation of predicted and actual log-probabilities
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ['ranks', 'pearson', 'spearman']
+__all__ = ['as_values', 'ranks', 'pearson', 'spearman']
+
+
+def as_values(values, what: str = 'values') -> torch.Tensor:
+    """``values`` (a tensor, a NumPy array or a sequence of numbers) as a float64 tensor on the CPU (``what``: their
+    name in the error for anything else)."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().to('cpu', torch.float64)
+    try:
+        return torch.as_tensor(np.asarray(values, dtype=np.float64))
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f'{what} must be numbers (a tensor, an array or a sequence), got {type(values).__name__}'
+        ) from error
 
 
 def _values(values) -> torch.Tensor:
-    """``values`` (a tensor, array or sequence of numbers) as a flat float64 tensor on the CPU."""
-    if isinstance(values, torch.Tensor):
-        return values.detach().to('cpu', torch.float64).reshape(-1)
-    return torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    """``values`` as a flat float64 tensor on the CPU (:py:func:`as_values`)."""
+    return as_values(values).reshape(-1)
 
 
 def ranks(values) -> torch.Tensor:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .source_ablation import Ablation, ablated, ablation_masks, as_masks, as_values
+from ..statistics import as_values
+from .source_ablation import Ablation, ablated, ablation_masks, as_masks
 
 try:
     from sklearn.linear_model import Lasso

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from ..sources import SourceExplanation
-from .source_ablation import SourceAblation, ablation_masks, as_values, check_masks
+from ..statistics import as_values
+from .source_ablation import SourceAblation, ablation_masks, check_masks
 
 __all__ = ['PriorSurrogate', 'fit_prior_surrogate', 'prior_surrogate']
 

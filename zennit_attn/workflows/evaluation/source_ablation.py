@@ -24,14 +24,13 @@ from tqdm.auto import tqdm
 
 from ...core.devices import input_device
 from ..sources import SourcePrompt
-from ..statistics import spearman
+from ..statistics import as_values, spearman
 
 __all__ = [
     'SourceAblation',
     'ablation_masks',
     'ablated',
     'as_masks',
-    'as_values',
     'check_masks',
     'top_k_drop',
     'lds',
@@ -90,18 +89,6 @@ class SourceAblation:
         masks = check_masks(masks, self.sources)
         rows = tqdm(masks.tolist(), desc='ablations', disable=not progress, leave=False)
         return torch.stack([self.log_probabilities(row) for row in rows])
-
-
-def as_values(values, what: str = 'values') -> torch.Tensor:
-    """``values`` (a tensor, a NumPy array or a sequence of numbers) as a float64 tensor on the CPU."""
-    if isinstance(values, torch.Tensor):
-        return values.detach().to('cpu', torch.float64)
-    try:
-        return torch.as_tensor(np.asarray(values, dtype=np.float64))
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f'{what} must be numbers (a tensor, an array or a sequence), got {type(values).__name__}'
-        ) from error
 
 
 def as_masks(masks) -> torch.Tensor:
