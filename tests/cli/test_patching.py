@@ -61,10 +61,13 @@ def test_patching_options_are_the_library_s():
         COMPONENTS,
         DEFAULT_DIRECTION,
         DEFAULT_METHOD,
+        DEFAULT_PATH,
         DEFAULT_SPAN,
         DEFAULT_STEPS,
         DIRECTIONS,
         PATCHING_METHODS,
+        PATHS,
+        TASKS,
         PromptPair,
     )
     from zennit_attn.workflows.patching.components import ALIASES
@@ -72,9 +75,11 @@ def test_patching_options_are_the_library_s():
     assert set(patching.METHODS) == set(PATCHING_METHODS)
     assert set(patching.COMPONENTS) == set(COMPONENTS) | set(ALIASES)
     assert (set(patching.DIRECTIONS), patching.DEFAULT_DIRECTION) == (set(DIRECTIONS), DEFAULT_DIRECTION)
-    assert ('task', *patching.PAIR_FIELDS) == tuple(PromptPair.__dataclass_fields__)
-    defaults = (patching.DEFAULT_METHOD, patching.DEFAULT_STEPS, patching.DEFAULT_SPAN)
-    assert defaults == (DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN)
+    assert ('task', *patching.PAIR_FIELDS, 'template') == tuple(PromptPair.__dataclass_fields__)
+    assert patching.TASKS == tuple(TASKS)
+    defaults = (patching.DEFAULT_METHOD, patching.DEFAULT_STEPS, patching.DEFAULT_SPAN, patching.DEFAULT_PATH)
+    assert defaults == (DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN, DEFAULT_PATH)
+    assert patching.PATHS == tuple(PATHS)
 
 
 def test_patching_with_a_model_folder(capsys, tiny_folder, tmp_path):

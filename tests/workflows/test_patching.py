@@ -18,15 +18,20 @@ from zennit_attn.results.render.colors import NEGATIVE, POSITIVE
 from zennit_attn.rules import ConstantAttention, HalfGates, ProductRule
 from zennit_attn.rules.products import ACTIVATION, SOFTMAX
 from zennit_attn.workflows.patching import (
+    PATHS,
+    TASKS,
     activation_patching,
     agreement_pairs,
+    by_template,
     correlation,
     ioi_pairs,
     pair_ids,
     path_weights,
     relevance_patching,
 )
+from zennit_attn.workflows.patching.tasks import AGREEMENT_OTHER_TEMPLATES, IOI_OTHER_TEMPLATES, task_pairs
 from zennit_attn.workflows.patching.view import CELL, circuit_grid, save_circuit
+from zennit_attn.workflows.statistics import pearson, spearman
 
 
 def _o_proj_inputs(model, ids, grad=False):
@@ -130,6 +135,58 @@ def test_path_integral_converges_to_patching_the_embeddings(llama, pairs):
         relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, steps=0)
 
 
+def test_causal_paths(llama, pairs):
+    """Two changed positions (2 and 4): a component at position p in [2, 4) takes its gradients on the path that moves
+    the token at 2 alone (by hand; for the embeddings at 2 the Riemann sum converges to activation patching, which
+    the straight path, moving the token at 4 as well, does not), a component at p >= 4 those of the straight path;
+    with one changed position the two paths are the same."""
+    clean, corrupted = pairs
+    one = {
+        path: relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('residual', 'mlp'), path=path)
+        for path in PATHS
+    }
+    for component in ('residual', 'mlp'):
+        torch.testing.assert_close(one['causal'][component], one['straight'][component], rtol=0, atol=0)
+    twice = corrupted.clone()
+    twice[:, 4] = (twice[:, 4] + 11) % llama.config.vocab_size
+    start, end = (llama.get_input_embeddings()(ids).detach() for ids in (clean, twice))
+    moving = torch.zeros(1, clean.shape[1], 1, dtype=start.dtype)
+    moving[:, :3] = 1  # the tokens up to position 2
+    by_hand = 0
+    for alpha, weight in path_weights(4):
+        point = torch.lerp(start, end, alpha * moving).requires_grad_(True)
+        (gradient,) = torch.autograd.grad(difference(llama(inputs_embeds=point).logits).sum(), point)
+        by_hand = by_hand + weight * ((end - start) * gradient)[:, 2].sum(-1)
+    scores = {
+        path: relevance_patching(llama, clean, twice, ANSWERS, WRONG, components=('residual', 'mlp'), path=path)
+        for path in PATHS
+    }
+    torch.testing.assert_close(scores['causal']['residual'][:, 0, 2, 0], by_hand, **TIGHT)
+    assert not torch.allclose(scores['straight']['residual'][:, 0, 2, 0], by_hand)
+    for component in ('residual', 'mlp'):
+        torch.testing.assert_close(
+            scores['causal'][component][:, :, 4:], scores['straight'][component][:, :, 4:], **TIGHT
+        )
+        assert not torch.allclose(scores['causal'][component][:, :, 2:4], scores['straight'][component][:, :, 2:4])
+    exact = activation_patching(llama, clean, twice, ANSWERS, WRONG, components=('residual',), progress=False)
+    errors = {
+        path: float(
+            (
+                relevance_patching(llama, clean, twice, ANSWERS, WRONG, components=('residual',), steps=64, path=path)[
+                    'residual'
+                ][:, 0, 2, 0]
+                - exact['residual'][:, 0, 2, 0]
+            )
+            .abs()
+            .max()
+        )
+        for path in PATHS
+    }
+    assert errors['causal'] < 0.01 * float(exact['residual'][:, 0, 2, 0].abs().max()) < errors['straight']
+    with pytest.raises(ValueError, match='unknown path'):
+        relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, path='curved')
+
+
 def test_span_stops_the_path_short(llama, pairs):
     """With ``span=s`` the points are ``alpha = s k / steps``: for the embeddings at the one changed position (the only
     input the path moves) the score is the Riemann sum of the plain gradients at those points by hand, and it
@@ -204,6 +261,28 @@ def test_correlation_and_methods_differ(llama, pairs):
     assert not torch.allclose(scores['relp'], scores['cplrp'])
     assert not torch.allclose(scores['mlp_rules'], scores['atp'])
     assert not torch.allclose(scores['mlp_rules'], scores['attnlrp'])
+
+
+def test_correlation_pools_groups_of_several_lengths(llama, pairs):
+    clean, corrupted = pairs
+    short = relevance_patching(llama, clean[:1, 1:], corrupted[:1, 1:], ANSWERS[:1], WRONG[:1], components=('mlp',))
+    exact_short = activation_patching(
+        llama, clean[:1, 1:], corrupted[:1, 1:], ANSWERS[:1], WRONG[:1], components=('mlp',), progress=False
+    )
+    full = relevance_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('mlp',))
+    exact = activation_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('mlp',), progress=False)
+    pooled = correlation([full, short], [exact, exact_short], 'mlp')
+    a = torch.cat([full['mlp'].flatten(), short['mlp'].flatten()]).double()
+    b = torch.cat([exact['mlp'].flatten(), exact_short['mlp'].flatten()]).double()
+    used = (a != 0) | (b != 0)
+    assert (
+        pooled[2] == int(used.sum()) == correlation(full, exact, 'mlp')[2] + correlation(short, exact_short, 'mlp')[2]
+    )
+    assert pooled[:2] == pytest.approx((pearson(a[used], b[used]), spearman(a[used], b[used])), abs=1e-12)
+    with pytest.raises(ValueError, match='one reference per estimate'):
+        correlation([full, short], [exact], 'mlp')
+    with pytest.raises(ValueError, match='shapes'):
+        correlation([full, short], [exact_short, exact], 'mlp')
 
 
 def test_refusals(llama, pairs):
@@ -340,6 +419,38 @@ def test_tasks_are_deterministic_pairs_of_one_length():
     ids = pair_ids(tokenizer, agreement)
     assert ids['clean'].shape == ids['corrupted'].shape == (8, 5)
     assert ((ids['clean'] != ids['corrupted']).sum(1) == 1).all()
+    both = agreement_pairs(tokenizer, 8, corruption='both')
+    ids = pair_ids(tokenizer, both)
+    assert ((ids['clean'] != ids['corrupted']).sum(1) == 2).all()
+    assert [(pair.clean, pair.answer) for pair in both] == [(pair.clean, pair.answer) for pair in agreement]
+    assert {pair.task for pair in both} == {'agreement_both'}
+
+
+def test_tasks_of_other_templates_group_by_template():
+    tokenizer = WordTokenizer()
+    for task in TASKS:
+        others = IOI_OTHER_TEMPLATES if task.startswith('ioi') else AGREEMENT_OTHER_TEMPLATES
+        pairs = task_pairs(tokenizer, task, 12, templates=others[:3])
+        assert {pair.task for pair in pairs} == {task}
+        groups = by_template(pairs)
+        assert [group[0].template for group in groups] == list(others[:3])
+        assert [len(group) for group in groups] == [4, 4, 4]
+        for group in groups:  # one length per template: each group batches
+            ids = pair_ids(tokenizer, group)
+            changed = (ids['clean'] != ids['corrupted']).sum(1)
+            assert (changed == {'ioi': 1, 'ioi_abc': 3, 'agreement': 1, 'agreement_both': 2}[task]).all()
+        assert task_pairs(tokenizer, task, 4) == task_pairs(tokenizer, task, 4, seed=0)
+    mixed = task_pairs(tokenizer, 'ioi', 8, templates=IOI_OTHER_TEMPLATES)
+    with pytest.raises(ValueError, match='lengths'):
+        pair_ids(tokenizer, mixed)
+    with pytest.raises(ValueError, match='unknown task'):
+        task_pairs(tokenizer, 'greater_than', 4)
+    with pytest.raises(ValueError, match='unknown agreement corruption'):
+        agreement_pairs(tokenizer, 4, corruption='attractor')
+    with pytest.raises(ValueError, match='must hold each of'):
+        ioi_pairs(tokenizer, 4, templates=['When{a} and{b} went to the store, they gave a drink to'])
+    with pytest.raises(ValueError, match='empty'):
+        agreement_pairs(tokenizer, 4, templates=[])
 
 
 def test_circuit_view(llama, pairs, tmp_path):

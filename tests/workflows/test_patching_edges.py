@@ -83,17 +83,19 @@ def test_plain_edges_are_the_derivative_of_one_receiver_reading_the_change(llama
 def test_edges_into_the_logits_sum_to_the_last_residual_node(family, method):
     """The change of the residual stream after the last block is the embeddings' plus every head's and MLP's write
     (output biases cancel): the edges into the logits sum to relevance patching of that residual stream, for every
-    method and path; GPT-2 and Phi-3 compute queries, keys and values in one fused projection."""
+    method, span and path (two changed positions: the causal paths differ from the straight one); GPT-2 and Phi-3
+    compute queries, keys and values in one fused projection."""
     model = tiny_model(family)
     clean = token_ids(family, 6, 3)
     corrupted = clean.clone()
     corrupted[:, 2] = (corrupted[:, 2] + 7) % model.config.vocab_size
+    corrupted[:, 4] = (corrupted[:, 4] + 5) % model.config.vocab_size
     span = 0.5 if method == 'attnlrp' else 1.0  # a path that stops halfway for one of the methods
-    edges = edge_patching(model, clean, corrupted, ANSWERS, WRONG, method=method, steps=2, span=span)
-    nodes = relevance_patching(
-        model, clean, corrupted, ANSWERS, WRONG, components=('residual',), method=method, steps=2, span=span
-    )
-    assert edges.path == ('2 steps, span 0.5' if method == 'attnlrp' else '2 steps')
+    path = 'straight' if method == 'cplrp' else 'causal'
+    options = dict(method=method, steps=2, span=span, path=path)
+    edges = edge_patching(model, clean, corrupted, ANSWERS, WRONG, **options)
+    nodes = relevance_patching(model, clean, corrupted, ANSWERS, WRONG, components=('residual',), **options)
+    assert edges.path == {'attnlrp': '2 steps, span 0.5', 'cplrp': '2 steps, straight path', 'atp': '2 steps'}[method]
     logits = edges.receivers.index(Node('logits', model.config.num_hidden_layers))
     torch.testing.assert_close(edges.scores[:, :, logits].sum(1), nodes.summed('residual')[:, -1, 0], **TIGHT)
     torch.testing.assert_close(edges.clean, nodes.clean, **TIGHT)

@@ -33,12 +33,15 @@ __all__ = [
 
 NAME = 'patching'
 #: ``--task`` values: the tasks of :py:mod:`zennit_attn.workflows.patching.tasks`
-TASKS = ('ioi', 'ioi_abc', 'agreement')
+TASKS = ('ioi', 'ioi_abc', 'agreement', 'agreement_both')
 #: ``--method`` values: :py:data:`zennit_attn.workflows.patching.PATCHING_METHODS`
 METHODS = ('atp', 'attnlrp', 'relp', 'mlp_rules', 'cplrp')
-#: ``--method``, ``--steps`` and ``--span`` defaults: :py:data:`zennit_attn.workflows.patching.scores.DEFAULT_METHOD`,
-#: ``DEFAULT_STEPS`` and ``DEFAULT_SPAN`` (the CLI does not import the library before its arguments are checked)
-DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN = 'atp', 4, 1.0
+#: ``--method``, ``--steps``, ``--span`` and ``--path`` defaults:
+#: :py:data:`zennit_attn.workflows.patching.DEFAULT_METHOD`, ``DEFAULT_STEPS``, ``DEFAULT_SPAN`` and ``DEFAULT_PATH``
+#: (the CLI does not import the library before its arguments are checked)
+DEFAULT_METHOD, DEFAULT_STEPS, DEFAULT_SPAN, DEFAULT_PATH = 'atp', 4, 1.0, 'causal'
+#: ``--path`` values: :py:data:`zennit_attn.workflows.patching.PATHS`
+PATHS = ('causal', 'straight')
 #: ``--components`` values: :py:data:`zennit_attn.workflows.patching.COMPONENTS` and TransformerLens's site names
 #: that name their layers (:py:data:`zennit_attn.workflows.patching.components.ALIASES`)
 COMPONENTS = (
@@ -72,10 +75,11 @@ with g a gradient (atp: the plain gradient; attnlrp: AttnLRP's modified gradient
 attention weights; mlp_rules: AttnLRP's rules in the MLP, the plain gradient elsewhere; cplrp) averaged over --steps
 points between the clean and the corrupted prompt, one forward and backward pass each (--steps 1: the clean run
 alone, AtP and RelP); --span 0.5 stops the points halfway (closer to activation patching for heads, further for
-residual streams and MLP outputs).
+residual streams and MLP outputs); --path causal (default) takes a component's points on the path that moves the
+tokens up to its position only (one path per changed position).
 Prints the top components; --reference also runs activation patching (one forward pass per component and position:
 slow) and prints the correlation per component type. ioi_abc: IOI with all three names replaced in the corrupted
-prompt."""
+prompt; agreement_both: the subject's and the attractor's number flipped."""
 
 EPILOG = """\
 examples:
@@ -125,6 +129,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=DEFAULT_SPAN,
         metavar='S',
         help='how far the points go towards the corrupted prompt, in (0, 1] (default: %(default)s)',
+    )
+    group.add_argument(
+        '--path',
+        choices=PATHS,
+        default=DEFAULT_PATH,
+        help='causal: one path per changed position, the tokens up to it moving; straight: every changed token moving '
+        'at once (default: %(default)s)',
     )
     group.add_argument(
         '--components',

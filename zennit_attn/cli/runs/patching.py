@@ -9,12 +9,11 @@ import argparse
 from ...workflows.patching import (
     PromptPair,
     activation_patching,
-    agreement_pairs,
     correlation,
     edge_patching,
-    ioi_pairs,
     pair_ids,
     relevance_patching,
+    task_pairs,
 )
 from ...workflows.patching.view import save_circuit, save_edges
 from ..errors import CommandError
@@ -29,9 +28,7 @@ def read_pairs(args: argparse.Namespace, tokenizer) -> list[PromptPair]:
     """The first ``--pairs`` pairs of ``--pairs-file`` (read and checked by
     :py:func:`zennit_attn.cli.patching.read_pairs_file` before the model was loaded) or of ``--task``."""
     if args.pair_entries is None:
-        if args.task == 'agreement':
-            return agreement_pairs(tokenizer, args.pairs, seed=args.seed)
-        return ioi_pairs(tokenizer, args.pairs, seed=args.seed, corruption='abc' if args.task == 'ioi_abc' else 's2')
+        return task_pairs(tokenizer, args.task, args.pairs, seed=args.seed)
     entries = args.pair_entries[: args.pairs]
     return [PromptPair(entry.get('task', 'file'), *(entry[key] for key in PAIR_FIELDS)) for entry in entries]
 
@@ -45,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error)) from None
     ids = {key: value.to(args.device) for key, value in ids.items()}
-    options = {'method': args.method, 'steps': args.steps, 'span': args.span}
+    options = {'method': args.method, 'steps': args.steps, 'span': args.span, 'path': args.path}
     with status(f'relevance patching ({args.method}, {args.steps} steps, span {args.span:g})', not args.quiet):
         scores = relevance_patching(model, components=args.components, direction=args.direction, **options, **ids)
     pairs = ids['clean'].shape[0]
@@ -54,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     clean, corrupted = float(scores.clean.mean()), float(scores.corrupted.mean())
     print(f'Pairs:       {pairs} ({source}), {ids["clean"].shape[1]} tokens')
     print(f'Metric:      logit difference, clean {clean:+.3f}, corrupted {corrupted:+.3f}')
-    print(f'Method:      {args.method}, {args.steps} steps, span {args.span:g} ({scores.seconds:.2f} s)')
+    method = f'{args.method}, {args.steps} steps, span {args.span:g}, {args.path} path'
+    print(f'Method:      {method} ({scores.seconds:.2f} s)')
     print(f'Direction:   {args.direction}')
     print()
     print(f'Top-{args.top} components (mean over pairs of the estimated change of the metric, summed over positions):')

@@ -5,21 +5,29 @@ them, the prompt-pair tasks (IOI, subject-verb agreement) and the circuit view."
 from .components import COMPONENTS, DEFAULT_COMPONENTS, Component, component_points
 from .edges import RECEIVERS, EdgeScores, Node, RankedEdge, edge_patching
 from .metrics import METRICS, FullLogits, Metric, make_metric
+from .paths import DEFAULT_PATH, DEFAULT_SPAN, DEFAULT_STEPS, PATHS, path_weights
 from .scores import (
     DEFAULT_DIRECTION,
     DEFAULT_METHOD,
-    DEFAULT_SPAN,
-    DEFAULT_STEPS,
     DIRECTIONS,
     PATCHING_METHODS,
     PatchingScores,
     activation_patching,
     correlation,
     patching_composite,
-    path_weights,
     relevance_patching,
 )
-from .tasks import PromptPair, agreement_pairs, ioi_pairs, load_pairs, pair_ids, save_pairs
+from .tasks import (
+    TASKS,
+    PromptPair,
+    agreement_pairs,
+    by_template,
+    ioi_pairs,
+    load_pairs,
+    pair_ids,
+    save_pairs,
+    task_pairs,
+)
 
 __all__ = [
     'COMPONENTS',
@@ -37,6 +45,8 @@ __all__ = [
     'make_metric',
     'DEFAULT_DIRECTION',
     'DEFAULT_METHOD',
+    'DEFAULT_PATH',
+    'PATHS',
     'DEFAULT_SPAN',
     'DEFAULT_STEPS',
     'DIRECTIONS',
@@ -49,8 +59,11 @@ __all__ = [
     'relevance_patching',
     'PromptPair',
     'agreement_pairs',
+    'by_template',
     'ioi_pairs',
     'load_pairs',
     'pair_ids',
     'save_pairs',
+    'TASKS',
+    'task_pairs',
 ]

@@ -36,14 +36,8 @@ from zennit.core import Composite
 
 from ...latent.sites import SitePoint, find_sites
 from .metrics import FullLogits, Metric
-from .scores import (
-    DEFAULT_METHOD,
-    DEFAULT_SPAN,
-    DEFAULT_STEPS,
-    metric_forward,
-    path_inputs,
-    path_run,
-)
+from .paths import DEFAULT_PATH, DEFAULT_SPAN, DEFAULT_STEPS, metric_forward, path_points
+from .scores import DEFAULT_METHOD, path_run
 
 __all__ = ['RECEIVERS', 'Node', 'RankedEdge', 'EdgeScores', 'edge_patching']
 
@@ -97,7 +91,9 @@ class EdgeScores:
     steps: int
     seconds: float
     span: float
-        How far the path's points went towards the corrupted input (:py:func:`~.scores.path_weights`).
+        How far the path's points went towards the corrupted input (:py:func:`~.paths.path_weights`).
+    path_kind: str
+        The paths of the points, :py:data:`~.paths.PATHS`.
     """
 
     scores: torch.Tensor
@@ -110,11 +106,14 @@ class EdgeScores:
     steps: int
     seconds: float = 0.0
     span: float = DEFAULT_SPAN
+    path_kind: str = DEFAULT_PATH
 
     @property
     def path(self) -> str:
-        """The path's points in words: ``'4 steps'``, ``'4 steps, span 0.5'``."""
-        return f'{self.steps} step{"s" * (self.steps != 1)}' + (f', span {self.span:g}' if self.span != 1 else '')
+        """The path's points in words: ``'4 steps'``, ``'4 steps, span 0.5'``, ``'4 steps, straight path'`` (the
+        default path unnamed)."""
+        words = f'{self.steps} step{"s" * (self.steps != 1)}' + (f', span {self.span:g}' if self.span != 1 else '')
+        return words + (f', {self.path_kind} path' if self.path_kind != DEFAULT_PATH else '')
 
     def mean(self) -> torch.Tensor:
         """``[senders, receivers]``: the mean score over pairs."""
@@ -275,16 +274,17 @@ def edge_patching(
     method: str | Composite = DEFAULT_METHOD,
     steps: int = DEFAULT_STEPS,
     span: float = DEFAULT_SPAN,
+    path: str = DEFAULT_PATH,
 ) -> EdgeScores:
     """Edge patching (Eq. 4) of every sender and receiver for prompt pairs: the receivers' products averaged over the
-    ``steps`` points of the path from the clean to the corrupted input embeddings (as
-    :py:func:`~.scores.relevance_patching`), each one forward and one backward pass plus one vector-Jacobian
-    product per receiver through its block's normalisation and projection; two forward passes give the senders'
-    changes.
+    ``steps`` points of the paths from the clean to the corrupted input embeddings (as
+    :py:func:`~.scores.relevance_patching`; at each position, of its path: :py:mod:`~.paths`), each one forward and
+    one backward pass plus one vector-Jacobian product per receiver through its block's normalisation and
+    projection; two forward passes give the senders' changes.
 
     Parameters
     ----------
-    model, clean, corrupted, answers, wrong, metric, method, steps, span
+    model, clean, corrupted, answers, wrong, metric, method, steps, span, path
         As for :py:func:`~.scores.relevance_patching`.
 
     Returns
@@ -299,16 +299,17 @@ def edge_patching(
     """
     start = time.perf_counter()
     name, composite, clean, corrupted, metric = path_run(
-        model, clean, corrupted, answers, wrong, metric, method, steps, span
+        model, clean, corrupted, answers, wrong, metric, method, steps, span, path
     )
     layout = _layout(model)
     writes, corrupted_logits = _sender_writes(model, layout, clean, corrupted, metric)
     products, value = None, None
-    for leaf, weight in path_inputs(model, clean, corrupted, steps, span):
+    for leaf, weight, positions in path_points(model, clean, corrupted, steps, span, path):
         receivers, found, at, resolved = _products_at(model, leaf, layout, metric, composite, resolve=value is None)
         if value is None:
             value, metric = at, resolved
-        stacked = torch.stack(found) * weight
+        # [receivers, pairs, seq, hidden]: the products at the positions of this point's path
+        stacked = torch.stack(found) * (weight * positions.to(found[0].dtype)[:, None])
         products = stacked if products is None else products + stacked
     scores = torch.einsum('spnd,rpnd->psr', writes.to(products.dtype), products)
     senders = layout.senders()
@@ -317,5 +318,5 @@ def edge_patching(
         corrupted_value = metric.of(corrupted_logits)
     scores = scores * valid.to(scores.dtype)
     return EdgeScores(
-        scores, senders, receivers, valid, value, corrupted_value, name, steps, time.perf_counter() - start, span
+        scores, senders, receivers, valid, value, corrupted_value, name, steps, time.perf_counter() - start, span, path
     )

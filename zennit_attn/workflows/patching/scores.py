@@ -24,11 +24,12 @@ of one forward and one backward pass of the clean prompts in a composite's conte
 activation between the site and the metric (the output of the last block under a logit difference), (2) equals (1)
 for the plain gradient.
 
-With ``steps > 1`` the gradient is averaged along the straight path of the input embeddings from the clean
-(``alpha = 0``) to the corrupted prompt (``alpha = 1``), as integrated gradients and EAP-IG (Hanna et al. 2024) do,
-with the points and weights of :py:func:`path_weights`:
+With ``steps > 1`` the gradient is averaged along a path of the input embeddings from the clean (``alpha = 0``) to
+the corrupted prompt (``alpha = 1``), as integrated gradients and EAP-IG (Hanna et al. 2024) do, with the points and
+weights of :py:func:`~.paths.path_weights`; for a component at position ``p`` the path moves the tokens up to the last
+changed position ``c <= p`` only (``m_c``: 1 at the positions up to ``c``; the causal paths of :py:mod:`~.paths`):
 
-.. math:: \\widehat{\\Delta m} = (a' - a) \\cdot \\sum_k w_k\\, g(x + \\alpha_k (x' - x)).              \\qquad (3)
+.. math:: \\widehat{\\Delta m} = (a' - a) \\cdot \\sum_k w_k\\, g(x + \\alpha_k m_c (x' - x)).       \\qquad (3)
 
 The points may stop short of the corrupted end (``span < 1``, ``alpha_k = span * k / steps``): at the corrupted end
 every component is corrupted, while activation patching corrupts one. On SmolLM2 the first half of the path is closer
@@ -39,9 +40,8 @@ the changed position; ``docs/results/patching/span.md``).
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -53,17 +53,14 @@ from ...composites import AttnLRPComposite, AttnLRPEpsilon, CPLRPEpsilon, MLPRul
 from ...core.devices import input_device
 from ...inputs.checks import check_model, check_vocabulary
 from ...latent.recording import Recorder
-from ...rules.boundary import gradient_outputs
 from ..statistics import pearson, spearman
 from .components import DEFAULT_COMPONENTS, Component, block_count, component_points, site_points
 from .metrics import FullLogits, Metric, make_metric, output_logits
+from .paths import DEFAULT_PATH, DEFAULT_SPAN, DEFAULT_STEPS, check_path, metric_forward, path_points, path_weights
 
 __all__ = [
     'PATCHING_METHODS',
     'DEFAULT_METHOD',
-    'DEFAULT_STEPS',
-    'DEFAULT_SPAN',
-    'path_weights',
     'PatchingScores',
     'RankedComponent',
     'DIRECTIONS',
@@ -77,8 +74,6 @@ __all__ = [
     'PathRun',
     'path_run',
     'last_logits',
-    'metric_forward',
-    'path_inputs',
 ]
 
 #: The methods of :py:func:`relevance_patching`: name -> composite class (None: the plain gradient, AtP).
@@ -90,17 +85,13 @@ PATCHING_METHODS: dict[str, type | None] = {
     'atp': None,
 }
 
-#: The default method and number of path points (Eq. 3): of the methods and steps measured on SmolLM2 against
-#: activation patching (docs/results/patching), the highest mean and the highest lowest Pearson correlation over three
-#: tasks and four component types: the plain gradient integrated over 4 points (AtP with EAP-IG's path). At one point
-#: (one backward pass) the LRP rules lead AtP on residual streams and MLP outputs ('mlp_rules', 'attnlrp'); their
-#: modified gradients are not gradients of a function, and integrating them along the path does not improve them.
+#: The default method: of the methods measured on SmolLM2 against activation patching (docs/results/patching), the
+#: highest mean and the highest lowest Pearson correlation over the tasks and component types: the plain gradient
+#: averaged over :py:data:`~.paths.DEFAULT_STEPS` points of the paths (AtP with EAP-IG's path, on the causal paths of
+#: :py:mod:`~.paths`). At one point (one backward pass) the LRP rules lead AtP on residual streams and MLP outputs
+#: ('mlp_rules', 'attnlrp'); their modified gradients are not gradients of a function, and averaging them along the path
+#: does not improve them.
 DEFAULT_METHOD = 'atp'
-DEFAULT_STEPS = 4
-#: How far the path's points go towards the corrupted input (Eq. 3): the whole way. Half of it (0.5) is closer to
-#: activation patching of the heads on the three tasks measured (of the attention outputs on two of them), and
-#: further from it for the residual stream and MLP outputs (docs/results/patching/span.md).
-DEFAULT_SPAN = 1.0
 
 #: The directions of patching: name -> (the prompts of the patched runs, the prompts whose activations are patched
 #: in). ``'noising'`` puts the corrupted activations into the clean run (Eq. 1; the default), ``'denoising'`` the clean
@@ -283,7 +274,7 @@ class PathRun(NamedTuple):
 
 
 def path_run(
-    model: torch.nn.Module, clean, corrupted, answers, wrong, metric, method, steps: int, span: float
+    model: torch.nn.Module, clean, corrupted, answers, wrong, metric, method, steps: int, span: float, path: str
 ) -> PathRun:
     """Check the arguments shared by :py:func:`relevance_patching` and
     :py:func:`~.edges.edge_patching` before anything runs.
@@ -291,10 +282,11 @@ def path_run(
     Raises
     ------
     ValueError
-        For an unknown method or metric, ``steps`` or ``span`` out of range, prompts of different shapes.
+        For an unknown method, metric or path, ``steps`` or ``span`` out of range, prompts of different shapes.
     """
     name, composite = patching_composite(method)
     path_weights(steps, span)
+    check_path(path)
     clean, corrupted = check_pairs(model, clean, corrupted)
     return PathRun(name, composite, clean, corrupted, make_metric(metric, answers, wrong, clean.shape[0]))
 
@@ -321,27 +313,6 @@ def _capture(model: torch.nn.Module, points, ids: torch.Tensor, metric: Metric) 
     return recorder.tensors, logits
 
 
-@contextlib.contextmanager
-def metric_forward(model, leaf: torch.Tensor, metric: Metric, composite, resolve: bool):
-    """A forward pass of the input embeddings ``leaf`` (in the composite's context, if any) with gradients enabled;
-    yields ``(value, start, metric)``: the metric's value (for a composite the initial relevance, see
-    :py:meth:`~zennit_attn.inputs.objectives.Objective.value`), the ``grad_outputs`` its backward pass starts with (for
-    a composite ``f`` itself: the backward starts with ``df/dy`` at the logits) and the metric, resolved on these
-    logits if ``resolve``. Run the backward pass inside the context."""
-    context = contextlib.nullcontext(model) if composite is None else composite.context(model)
-    with torch.enable_grad(), context as modified:
-        if composite is not None:
-            gradient_outputs(composite)  # the metric converts its initial relevance itself
-        logits = metric.logits(modified(inputs_embeds=leaf))
-        metric = metric.resolve(logits.detach()) if resolve else metric
-        if composite is None:
-            value = metric.of(logits)
-            yield value, torch.ones_like(value), metric
-        else:
-            value = metric.of(logits, initial_relevance=True)
-            yield value, value.detach(), metric
-
-
 def _modified_gradients(model, leaf, points, metric: Metric, composite, resolve: bool) -> tuple:
     """One forward and one backward pass of the input embeddings ``leaf``: the recorder holding each site's tensor and
     its (modified) gradient of the metric, the metric's value and the metric (resolved on these logits if
@@ -353,60 +324,22 @@ def _modified_gradients(model, leaf, points, metric: Metric, composite, resolve:
     return recorder, value.detach(), metric
 
 
-def path_weights(steps: int, span: float = DEFAULT_SPAN) -> list[tuple[float, float]]:
-    """``(alpha, weight)`` of the ``steps`` points of Eq. 3: ``alpha = span * k / steps`` for ``k = 0 .. steps - 1``,
-    each of weight ``1 / steps`` (EAP-IG's Riemann sum for ``span=1``: the clean end of the path included, the
-    corrupted end left out, whose gradient is that of a run in which every component is corrupted, not one; ``span <
-    1`` stops the points short of it); one step: the clean run alone (Eq. 2).
-
-    Raises
-    ------
-    ValueError
-        For ``steps`` not a positive integer, ``span`` not in ``(0, 1]``.
-    """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f'steps must be a positive integer, got {steps!r}')
-    if isinstance(span, bool) or not isinstance(span, (int, float)) or not 0 < span <= 1:
-        raise ValueError(f'span must be a number in (0, 1], got {span!r}')
-    return [(span * index / steps, 1.0 / steps) for index in range(steps)]
-
-
-def path_inputs(
-    model, clean: torch.Tensor, corrupted: torch.Tensor, steps: int, span: float = DEFAULT_SPAN
-) -> Iterator[tuple[torch.Tensor, float]]:
-    """The input embeddings ``x + alpha (x' - x)`` of the points of Eq. 3 (:py:func:`path_weights`) and their weights,
-    the clean run first.
-
-    Raises
-    ------
-    ValueError
-        For a model without input embeddings.
-    """
-    embeddings = model.get_input_embeddings()
-    if embeddings is None:
-        raise ValueError(f'{type(model).__name__} has no input embedding: relevance patching runs on embeddings')
-    weights = path_weights(steps, span)
-    with torch.no_grad():
-        start, end = embeddings(clean), embeddings(corrupted)
-    for alpha, weight in weights:
-        yield (start if alpha == 0 else torch.lerp(start, end, alpha)), weight
-
-
 def _path_gradients(
-    model, clean, corrupted, points, metric: Metric, composite, steps: int, span: float, resolve: bool = True
+    model, run, source, points, metric: Metric, composite, steps: int, span: float, path: str, resolve: bool = True
 ) -> tuple:
-    """The ``clean`` run's recorder (site tensors), the (modified) gradient at every site averaged along the path of
-    the input embeddings from the ``clean`` to the ``corrupted`` prompts (:py:func:`path_inputs`), the metric of the
-    ``clean`` run and the metric (resolved on that run if ``resolve``)."""
+    """The ``run``'s recorder (site tensors at its first point), the (modified) gradient at every site averaged over
+    the points of the paths from the ``run`` to the ``source`` prompts (:py:func:`~.paths.path_points`; at each
+    position, those of its path), the metric of the ``run`` and the metric (resolved on the run if ``resolve``)."""
     gradients, first = {}, None
-    for leaf, weight in path_inputs(model, clean, corrupted, steps, span):
+    for leaf, weight, positions in path_points(model, run, source, steps, span, path):
         recorder, value, resolved = _modified_gradients(
             model, leaf, points, metric, composite, resolve=resolve and first is None
         )
         if first is None:
             first, metric = (recorder, value, resolved), resolved
         for key, gradient in recorder.gradients.items():
-            gradients[key] = gradients[key] + weight * gradient if key in gradients else weight * gradient
+            share = weight * gradient * positions.to(gradient.dtype)[:, None]
+            gradients[key] = gradients[key] + share if key in gradients else share
     return first[0], gradients, first[1], first[2]
 
 
@@ -423,11 +356,13 @@ def relevance_patching(
     steps: int = DEFAULT_STEPS,
     span: float = DEFAULT_SPAN,
     direction: str = DEFAULT_DIRECTION,
+    path: str = DEFAULT_PATH,
 ) -> PatchingScores:
     """Relevance patching (Eq. 2, 3): ``(a' - a) . g`` of every component, ``g`` the (modified) gradient of the metric
-    at the component averaged over ``steps`` points of the path from the clean to the corrupted input embeddings, for
-    all components in one forward and one backward pass per step (plus one forward pass of the corrupted prompts for
-    ``a'``). ``steps=1`` is the clean run alone: AtP with the plain gradient, RelP with ``method='relp'``.
+    at the component averaged over ``steps`` points of the path from the clean to the corrupted input embeddings (at
+    each position, of its causal path: :py:mod:`~.paths`), for all components in one forward and one backward pass per
+    point (plus one forward pass of the corrupted prompts for ``a'``). ``steps=1`` is the clean run alone: AtP with the
+    plain gradient, RelP with ``method='relp'``.
 
     Parameters
     ----------
@@ -454,15 +389,20 @@ def relevance_patching(
     per_position: bool
         A score per position, or one per component patched at every position.
     steps: int
-        Points of the path (:py:func:`path_weights`): 1 the clean run alone (AtP, RelP: one backward pass), 4 by
-        default (:py:data:`DEFAULT_STEPS`); each step one forward and one backward pass.
+        Points of each path (:py:func:`~.paths.path_weights`): 1 the clean run alone (AtP, RelP: one backward pass), 4
+        by default (:py:data:`~.paths.DEFAULT_STEPS`); each point one forward and one backward pass.
     span: float
-        How far the points go towards the corrupted input, in ``(0, 1]`` (:py:func:`path_weights`; 1 by default,
-        :py:data:`DEFAULT_SPAN`); 0.5 is closer to activation patching of the heads on SmolLM2.
+        How far the points go towards the corrupted input, in ``(0, 1]`` (:py:func:`~.paths.path_weights`; 1 by
+        default, :py:data:`~.paths.DEFAULT_SPAN`); 0.5 is closer to activation patching of the heads on SmolLM2.
     direction: str
         ``'noising'`` (default: the corrupted activations into the clean run, the gradient at the clean run) or
         ``'denoising'`` (the clean activations into the corrupted run: the gradient at the corrupted run, the path
         from the corrupted to the clean input), :py:data:`DIRECTIONS`.
+    path: str
+        ``'causal'`` (default, :py:data:`~.paths.DEFAULT_PATH`: one path per changed position, the tokens up to it
+        moving; a component takes the gradients of the path of its position) or ``'straight'`` (every changed token
+        moving at once), :py:data:`~.paths.PATHS`. The same where one position changes; the causal paths cost one
+        forward and backward pass per changed position and point (the clean run shared).
 
     Returns
     -------
@@ -471,13 +411,13 @@ def relevance_patching(
     Raises
     ------
     ValueError
-        For prompts of different shapes, an unknown method, metric or component, a model without a site
+        For prompts of different shapes, an unknown method, metric, component or path, a model without a site
         (e.g. ``'mlp'`` in a routed mixture of experts), ``steps`` not a positive integer, ``span`` not in ``(0, 1]``.
     """
     start = time.perf_counter()
     run, source = check_direction(direction)
     name, composite, clean, corrupted, metric = path_run(
-        model, clean, corrupted, answers, wrong, metric, method, steps, span
+        model, clean, corrupted, answers, wrong, metric, method, steps, span, path
     )
     prompts = {'clean': clean, 'corrupted': corrupted}
     components = component_points(model, components)
@@ -486,7 +426,7 @@ def relevance_patching(
     if source == 'clean':  # the metric is resolved on the clean logits
         metric = metric.resolve(source_logits)
     recorder, gradients, value, metric = _path_gradients(
-        model, prompts[run], prompts[source], points, metric, composite, steps, span, resolve=run == 'clean'
+        model, prompts[run], prompts[source], points, metric, composite, steps, span, path, resolve=run == 'clean'
     )
     scores = {}
     for kind, layers in components.items():
@@ -723,16 +663,41 @@ def _layer_numbers(components: Mapping[str, list[Component]]) -> dict[str, list[
     return {kind: [component.layer for component in points] for kind, points in components.items()}
 
 
-def correlation(estimate: PatchingScores, reference: PatchingScores, component: str) -> tuple[float, float, int]:
+def correlation(
+    estimate: PatchingScores | Sequence[PatchingScores],
+    reference: PatchingScores | Sequence[PatchingScores],
+    component: str,
+) -> tuple[float, float, int]:
     """``(pearson, spearman, count)`` of the scores of ``component`` in ``estimate`` (relevance patching) and
     ``reference`` (activation patching) over every pair, layer, position and unit where either is not 0 (a
-    component whose corrupted activation equals its clean one scores exactly 0 in both).
+    component whose corrupted activation equals its clean one scores exactly 0 in both). Prompt pairs of several
+    lengths are scored in groups of one length each: ``estimate`` and ``reference`` may be sequences of scores, one
+    per group in the same order, pooled into one correlation.
 
     Raises
     ------
     ValueError
-        Where the two were computed at different granularities, shapes or directions.
+        Where the two were computed at different granularities, shapes or directions, or for sequences of different
+        lengths.
     """
+    estimates = [estimate] if isinstance(estimate, PatchingScores) else list(estimate)
+    references = [reference] if isinstance(reference, PatchingScores) else list(reference)
+    if len(estimates) != len(references) or not estimates:
+        raise ValueError(
+            f'correlation needs one reference per estimate, got {len(estimates)} estimates and {len(references)} '
+            'references'
+        )
+    pooled = [_used_scores(*scores, component) for scores in zip(estimates, references)]
+    a, b = torch.cat([a for a, _ in pooled]), torch.cat([b for _, b in pooled])
+    if len(a) < 2:
+        return float('nan'), float('nan'), int(len(a))
+    return pearson(a, b), spearman(a, b), int(len(a))
+
+
+def _used_scores(
+    estimate: PatchingScores, reference: PatchingScores, component: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scores of ``component`` of one group where either is not 0, flat, in float64 on the CPU."""
     if estimate.direction != reference.direction:
         raise ValueError(
             f'the scores were computed in different directions ({estimate.direction!r} and {reference.direction!r}): '
@@ -745,7 +710,4 @@ def correlation(estimate: PatchingScores, reference: PatchingScores, component: 
             'prompt pairs and per_position'
         )
     used = (a != 0) | (b != 0)
-    a, b = a[used], b[used]
-    if len(a) < 2:
-        return float('nan'), float('nan'), int(len(a))
-    return pearson(a, b), spearman(a, b), int(len(a))
+    return a[used], b[used]

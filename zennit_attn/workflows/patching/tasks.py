@@ -6,13 +6,20 @@ checks every name, noun and answer is one token (so that each corrupted prompt i
   corrupted: the second mention of the subject replaced by a third name (``", Tom gave"``), which leaves the model
   no name to exclude; or (``corruption='abc'``) all three names replaced by three others.
 - Agreement: clean ``"The key near the tables"`` -> ``" is"`` (wrong: ``" are"``); corrupted: the subject's other
-  number (``"The keys near the tables"``), so the verb's number flips.
+  number (``"The keys near the tables"``), so the verb's number flips; or (``corruption='both'``) the subject's and
+  the attractor's (``"The keys near the table"``), two tokens.
+
+Each task has a set of templates of one length (:py:data:`IOI_TEMPLATES`, :py:data:`AGREEMENT_TEMPLATES`: their pairs
+batch together) and a set of others (:py:data:`IOI_OTHER_TEMPLATES`, :py:data:`AGREEMENT_OTHER_TEMPLATES`: other
+wordings and lengths, e.g. to choose a method on one set and report it on the other). Every pair records its
+template (:py:attr:`PromptPair.template`); :py:func:`by_template` groups pairs so that each group can be batched.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,15 +28,21 @@ import torch
 __all__ = [
     'PromptPair',
     'IOI_TEMPLATES',
+    'IOI_OTHER_TEMPLATES',
     'IOI_NAMES',
     'IOI_CORRUPTIONS',
     'AGREEMENT_TEMPLATES',
+    'AGREEMENT_OTHER_TEMPLATES',
+    'AGREEMENT_CORRUPTIONS',
     'AGREEMENT_NOUNS',
     'ioi_pairs',
     'agreement_pairs',
     'save_pairs',
     'load_pairs',
     'pair_ids',
+    'by_template',
+    'TASKS',
+    'task_pairs',
 ]
 
 #: IOI templates: ``{io}``, ``{s}`` and the second mention ``{s2}`` (the subject in clean prompts).
@@ -39,11 +52,25 @@ IOI_TEMPLATES = (
     'When{a} and{b} went to the office,{s2} gave a book to',
     'After{a} and{b} went to the school,{s2} gave a gift to',
 )
+#: IOI templates of other wordings and lengths (after the templates of Wang et al. 2023), one length each.
+IOI_OTHER_TEMPLATES = (
+    'Then,{a} and{b} went to the beach.{s2} gave a shell to',
+    'While{a} and{b} were working at the hospital,{s2} gave a bone to',
+    'Yesterday{a} and{b} visited the museum, and{s2} handed a map to',
+    'Then,{a} and{b} had a long argument, and afterwards{s2} said to',
+)
 #: Names that SmolLM2's tokenizer encodes as one token each (with their leading space).
 IOI_NAMES = (' Mary', ' John', ' Tom', ' Sarah', ' James', ' Anna', ' David', ' Emma', ' Paul', ' Lisa')
 
 #: Agreement templates: subject ``{n}``, attractor ``{m}``; the answer is the verb's form.
 AGREEMENT_TEMPLATES = ('The{n} near the{m}', 'The{n} behind the{m}', 'The{n} with the{m}', 'The{n} beside the{m}')
+#: Agreement templates of other wordings and lengths (prepositional and relative-clause attractors).
+AGREEMENT_OTHER_TEMPLATES = (
+    'The{n} next to the old{m}',
+    'The{n} that saw the{m}',
+    'The{n} of the{m}',
+    'In the morning, the{n} across from the{m}',
+)
 #: (singular, plural) nouns, each one token.
 AGREEMENT_NOUNS = (
     (' key', ' keys'),
@@ -62,6 +89,9 @@ AGREEMENT_NOUNS = (
 AGREEMENT_VERBS = ((' is', ' are'),)
 #: Attractor nouns (singular, plural).
 ATTRACTORS = ((' table', ' tables'), (' house', ' houses'), (' car', ' cars'), (' book', ' books'))
+#: ``corruption`` of :py:func:`agreement_pairs`: the subject's number flipped (``'subject'``, one token), or the
+#: subject's and the attractor's (``'both'``, two tokens; the answer still follows the subject)
+AGREEMENT_CORRUPTIONS = ('subject', 'both')
 
 
 @dataclass(frozen=True)
@@ -73,6 +103,25 @@ class PromptPair:
     corrupted: str
     answer: str
     wrong: str
+    #: the template the prompts were written from (None for pairs of a file without one)
+    template: str | None = None
+
+
+def _check_templates(templates: Sequence[str], fields: tuple[str, ...]) -> tuple[str, ...]:
+    """``templates`` as a tuple, each holding every one of ``fields`` once.
+
+    Raises
+    ------
+    ValueError
+        For no templates, or a template that misses a field or repeats one.
+    """
+    templates = (templates,) if isinstance(templates, str) else tuple(templates)
+    if not templates:
+        raise ValueError('templates is empty: give at least one template')
+    for template in templates:
+        if not isinstance(template, str) or any(template.count(name) != 1 for name in fields):
+            raise ValueError(f'template {template!r} must hold each of {", ".join(fields)} once')
+    return templates
 
 
 def _one_token(tokenizer, text: str) -> int:
@@ -99,10 +148,12 @@ def _check(tokenizer, pairs: list[PromptPair]) -> list[PromptPair]:
 IOI_CORRUPTIONS = ('s2', 'abc')
 
 
-def ioi_pairs(tokenizer, count: int = 120, seed: int = 0, corruption: str = 's2') -> list[PromptPair]:
-    """``count`` IOI prompt pairs (templates :py:data:`IOI_TEMPLATES`, names :py:data:`IOI_NAMES`, half with the
-    indirect object named first), the same for the same ``seed``; ``corruption`` one of :py:data:`IOI_CORRUPTIONS`
-    (task name ``'ioi'`` or ``'ioi_abc'``).
+def ioi_pairs(
+    tokenizer, count: int = 120, seed: int = 0, corruption: str = 's2', templates: Sequence[str] = IOI_TEMPLATES
+) -> list[PromptPair]:
+    """``count`` IOI prompt pairs (names :py:data:`IOI_NAMES`, half with the indirect object named first, the
+    ``templates`` in turn: :py:data:`IOI_TEMPLATES` by default, of one length), the same for the same ``seed``;
+    ``corruption`` one of :py:data:`IOI_CORRUPTIONS` (task name ``'ioi'`` or ``'ioi_abc'``).
 
     Raises
     ------
@@ -111,10 +162,11 @@ def ioi_pairs(tokenizer, count: int = 120, seed: int = 0, corruption: str = 's2'
     """
     if corruption not in IOI_CORRUPTIONS:
         raise ValueError(f'unknown IOI corruption {corruption!r}; known: {", ".join(IOI_CORRUPTIONS)}')
+    templates = _check_templates(templates, ('{a}', '{b}', '{s2}'))
     rng = random.Random(seed)
     pairs = []
     for index in range(count):
-        template = IOI_TEMPLATES[index % len(IOI_TEMPLATES)]
+        template = templates[index % len(templates)]
         if corruption == 's2':
             io, s, other = rng.sample(IOI_NAMES, 3)
             others = (io, s, other) if index % 2 == 0 else (s, io, other)
@@ -123,31 +175,72 @@ def ioi_pairs(tokenizer, count: int = 120, seed: int = 0, corruption: str = 's2'
         a, b = (io, s) if index % 2 == 0 else (s, io)
         clean = template.format(a=a, b=b, s2=s)
         corrupted = template.format(a=others[0], b=others[1], s2=others[2])
-        pairs.append(PromptPair('ioi' if corruption == 's2' else 'ioi_abc', clean, corrupted, io, s))
+        task = 'ioi' if corruption == 's2' else 'ioi_abc'
+        pairs.append(PromptPair(task, clean, corrupted, io, s, template))
     return _check(tokenizer, pairs)
 
 
-def agreement_pairs(tokenizer, count: int = 120, seed: int = 0) -> list[PromptPair]:
-    """``count`` subject-verb agreement prompt pairs (templates :py:data:`AGREEMENT_TEMPLATES`, nouns
-    :py:data:`AGREEMENT_NOUNS`, the attractor of either number, half of the clean subjects singular).
+def agreement_pairs(
+    tokenizer,
+    count: int = 120,
+    seed: int = 0,
+    corruption: str = 'subject',
+    templates: Sequence[str] = AGREEMENT_TEMPLATES,
+) -> list[PromptPair]:
+    """``count`` subject-verb agreement prompt pairs (nouns :py:data:`AGREEMENT_NOUNS`, the attractor of either
+    number, half of the clean subjects singular, the ``templates`` in turn: :py:data:`AGREEMENT_TEMPLATES` by default,
+    of one length); ``corruption`` one of :py:data:`AGREEMENT_CORRUPTIONS` (task name ``'agreement'`` or
+    ``'agreement_both'``).
 
     Raises
     ------
     ValueError
-        Where the tokenizer splits a word or the prompts of a pair differ in length.
+        For an unknown corruption, where the tokenizer splits a word or the prompts of a pair differ in length.
     """
+    if corruption not in AGREEMENT_CORRUPTIONS:
+        raise ValueError(f'unknown agreement corruption {corruption!r}; known: {", ".join(AGREEMENT_CORRUPTIONS)}')
+    templates = _check_templates(templates, ('{n}', '{m}'))
     rng = random.Random(seed)
     pairs = []
     for index in range(count):
-        template = AGREEMENT_TEMPLATES[index % len(AGREEMENT_TEMPLATES)]
+        template = templates[index % len(templates)]
         noun = rng.choice(AGREEMENT_NOUNS)
-        attractor = rng.choice(ATTRACTORS)[rng.randrange(2)]
+        attractor, attractor_number = rng.choice(ATTRACTORS), rng.randrange(2)
         verb = rng.choice(AGREEMENT_VERBS)
         number = index % 2  # 0: singular clean subject
-        clean = template.format(n=noun[number], m=attractor)
-        corrupted = template.format(n=noun[1 - number], m=attractor)
-        pairs.append(PromptPair('agreement', clean, corrupted, verb[number], verb[1 - number]))
+        clean = template.format(n=noun[number], m=attractor[attractor_number])
+        flipped = 1 - attractor_number if corruption == 'both' else attractor_number
+        corrupted = template.format(n=noun[1 - number], m=attractor[flipped])
+        task = 'agreement' if corruption == 'subject' else 'agreement_both'
+        pairs.append(PromptPair(task, clean, corrupted, verb[number], verb[1 - number], template))
     return _check(tokenizer, pairs)
+
+
+#: The tasks by name: the generator of their pairs and its ``corruption``.
+TASKS: dict[str, tuple[Callable[..., list[PromptPair]], str]] = {
+    'ioi': (ioi_pairs, 's2'),
+    'ioi_abc': (ioi_pairs, 'abc'),
+    'agreement': (agreement_pairs, 'subject'),
+    'agreement_both': (agreement_pairs, 'both'),
+}
+
+
+def task_pairs(
+    tokenizer, task: str, count: int = 120, seed: int = 0, templates: Sequence[str] | None = None
+) -> list[PromptPair]:
+    """``count`` pairs of the task named ``task`` (:py:data:`TASKS`), of its generator's default templates or of
+    ``templates``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown task, and as the task's generator does.
+    """
+    if task not in TASKS:
+        raise ValueError(f'unknown task {task!r}; known: {", ".join(TASKS)}')
+    generator, corruption = TASKS[task]
+    options = {} if templates is None else {'templates': templates}
+    return generator(tokenizer, count, seed=seed, corruption=corruption, **options)
 
 
 def save_pairs(pairs: list[PromptPair], path) -> Path:
@@ -161,6 +254,15 @@ def load_pairs(path, task: str | None = None) -> list[PromptPair]:
     """The pairs of a file of :py:func:`save_pairs` (only those of ``task``, if given)."""
     pairs = [PromptPair(**entry) for entry in json.loads(Path(path).read_text())]
     return [pair for pair in pairs if task is None or pair.task == task]
+
+
+def by_template(pairs: Sequence[PromptPair]) -> list[list[PromptPair]]:
+    """``pairs`` grouped by :py:attr:`PromptPair.template`, in the order of each template's first pair: the pairs of
+    one template are of one length and batch together in :py:func:`pair_ids`."""
+    groups: dict[str | None, list[PromptPair]] = {}
+    for pair in pairs:
+        groups.setdefault(pair.template, []).append(pair)
+    return list(groups.values())
 
 
 def pair_ids(tokenizer, pairs: list[PromptPair]) -> dict[str, torch.Tensor]:
