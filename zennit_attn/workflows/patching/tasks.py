@@ -89,9 +89,9 @@ AGREEMENT_NOUNS = (
 AGREEMENT_VERBS = ((' is', ' are'),)
 #: Attractor nouns (singular, plural).
 ATTRACTORS = ((' table', ' tables'), (' house', ' houses'), (' car', ' cars'), (' book', ' books'))
-#: ``corruption`` of :py:func:`agreement_pairs`: the subject's number flipped (``'subject'``, one token), or the
-#: subject's and the attractor's (``'both'``, two tokens; the answer still follows the subject)
-AGREEMENT_CORRUPTIONS = ('subject', 'both')
+#: ``corruption`` of :py:func:`agreement_pairs` -> the name of its task: the subject's number flipped (``'subject'``,
+#: one token), or the subject's and the attractor's (``'both'``, two tokens; the answer still follows the subject)
+AGREEMENT_CORRUPTIONS = {'subject': 'agreement', 'both': 'agreement_both'}
 
 
 @dataclass(frozen=True)
@@ -143,9 +143,9 @@ def _check(tokenizer, pairs: list[PromptPair]) -> list[PromptPair]:
     return pairs
 
 
-#: ``corruption`` of :py:func:`ioi_pairs`: the second mention of the subject replaced by a third name (``'s2'``), or
-#: all three names by three others (``'abc'``, the ABC distribution of Wang et al. 2023)
-IOI_CORRUPTIONS = ('s2', 'abc')
+#: ``corruption`` of :py:func:`ioi_pairs` -> the name of its task: the second mention of the subject replaced by a
+#: third name (``'s2'``), or all three names by three others (``'abc'``, the ABC distribution of Wang et al. 2023)
+IOI_CORRUPTIONS = {'s2': 'ioi', 'abc': 'ioi_abc'}
 
 
 def ioi_pairs(
@@ -175,8 +175,7 @@ def ioi_pairs(
         a, b = (io, s) if index % 2 == 0 else (s, io)
         clean = template.format(a=a, b=b, s2=s)
         corrupted = template.format(a=others[0], b=others[1], s2=others[2])
-        task = 'ioi' if corruption == 's2' else 'ioi_abc'
-        pairs.append(PromptPair(task, clean, corrupted, io, s, template))
+        pairs.append(PromptPair(IOI_CORRUPTIONS[corruption], clean, corrupted, io, s, template))
     return _check(tokenizer, pairs)
 
 
@@ -211,17 +210,17 @@ def agreement_pairs(
         clean = template.format(n=noun[number], m=attractor[attractor_number])
         flipped = 1 - attractor_number if corruption == 'both' else attractor_number
         corrupted = template.format(n=noun[1 - number], m=attractor[flipped])
-        task = 'agreement' if corruption == 'subject' else 'agreement_both'
-        pairs.append(PromptPair(task, clean, corrupted, verb[number], verb[1 - number], template))
+        pairs.append(
+            PromptPair(AGREEMENT_CORRUPTIONS[corruption], clean, corrupted, verb[number], verb[1 - number], template)
+        )
     return _check(tokenizer, pairs)
 
 
-#: The tasks by name: the generator of their pairs and its ``corruption``.
+#: The tasks by name: the generator of their pairs and its ``corruption`` (from the corruptions' declarations).
 TASKS: dict[str, tuple[Callable[..., list[PromptPair]], str]] = {
-    'ioi': (ioi_pairs, 's2'),
-    'ioi_abc': (ioi_pairs, 'abc'),
-    'agreement': (agreement_pairs, 'subject'),
-    'agreement_both': (agreement_pairs, 'both'),
+    task: (generator, corruption)
+    for generator, corruptions in ((ioi_pairs, IOI_CORRUPTIONS), (agreement_pairs, AGREEMENT_CORRUPTIONS))
+    for corruption, task in corruptions.items()
 }
 
 
