@@ -288,11 +288,14 @@ SCORERS = {
     f'contextcite-{CONTEXT_CITE_ABLATIONS}': context_cite_scorer(CONTEXT_CITE_ABLATIONS),
     'contextcite-32': context_cite_scorer(32),
     'random': random_scorer,
+    'attnlrp_late/log_odds': explanation_scorer('attnlrp_late', 'log_odds'),
     'attnlrp/prior-4': prior_scorer(4),
     f'attnlrp/prior-{PRIOR_ABLATIONS}': prior_scorer(PRIOR_ABLATIONS),
 }
+#: the name prefixes of the scorers added after the first 100-item run (issue 43), run on its first 40 items
+LATER_SCORERS = ('attnlrp/prior-', 'attnlrp_late/')
 #: the scorers of the first 100-item run (issue 33)
-BASE_SCORERS = tuple(name for name in SCORERS if '/prior-' not in name)
+BASE_SCORERS = tuple(name for name in SCORERS if not name.startswith(LATER_SCORERS))
 
 
 def run_bench(model, tokenizer, items, out: Path, kind: str) -> None:

@@ -181,7 +181,9 @@ def explain(
     method: str, optional
         A key of :py:data:`zennit_attn.methods.registry.METHODS`: ``'attnlrp'`` (default without ``composite=``),
         ``'cplrp'``, ``'palrp'`` (PA-LRP: AttnLRP with the position encodings as inputs, their relevance in
-        ``explanation.position_relevance``, :py:mod:`zennit_attn.rules.positions`),
+        ``explanation.position_relevance``, :py:mod:`zennit_attn.rules.positions`), ``'attnlrp_late'`` (AttnLRP with
+        the attention probabilities constant in the later half of the blocks,
+        :py:class:`~zennit_attn.composites.AttnLRPLateEpsilon`),
         ``'input_x_gradient'``, ``'integrated_gradients'``, ``'smoothgrad'``, ``'attention_rollout'``,
         ``'grad_attention_rollout'``, ``'gradcam'``, ``'atman'``, ``'kernelshap'``, ``'random'``.
     model_kwargs: dict, optional

@@ -29,7 +29,7 @@ def test_unknown_method_and_composite(capsys):
 @pytest.mark.parametrize('method', ['gradcam', 'integrated_gradients', 'random'])
 def test_composite_with_a_method_that_is_not_lrp(capsys, method):
     line = refused(capsys, ['explain', '--prompt', PROMPT, '--method', method, '--composite', 'attnlrp'])
-    assert '--composite applies to the LRP methods (attnlrp, cplrp, palrp)' in line and method in line
+    assert '--composite applies to the LRP methods (attnlrp, cplrp, palrp, attnlrp_late)' in line and method in line
     refused(capsys, ['generate', '--prompt', PROMPT, '--method', method, '--composite', 'cplrp'])
 
 
@@ -202,7 +202,10 @@ def test_encoder_decoder_refusals(capsys, tmp_path):
     (folder / 'tokenizer.json').write_text('{}')
     texts = tmp_path / 'texts.jsonl'
     texts.write_text('{"text": "The bear"}\n')
-    others = 'use one of attnlrp, cplrp, input_x_gradient, integrated_gradients, smoothgrad, atman, kernelshap, random'
+    others = (
+        'use one of attnlrp, cplrp, attnlrp_late, input_x_gradient, integrated_gradients, smoothgrad, atman, '
+        'kernelshap, random'
+    )
     reasons = {'palrp': 'reads the positions of one sequence, and encoder-decoder models have two'}
     for method in ('attention_rollout', 'grad_attention_rollout', 'gradcam', 'palrp'):
         reason = reasons.get(method, 'reads attention maps, which are not implemented for encoder-decoder models')

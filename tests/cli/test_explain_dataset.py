@@ -52,8 +52,8 @@ def test_manual_and_refusals(capsys, tmp_path, texts):
         line = refused(capsys, base + ['--method', method, '--checkpointing'])
         assert (
             f'--checkpointing saves memory of a backward pass, which --method {method} does not do; it applies '
-            'to attnlrp, cplrp, palrp, input_x_gradient, integrated_gradients, smoothgrad, grad_attention_rollout, '
-            'gradcam' in line
+            'to attnlrp, cplrp, palrp, attnlrp_late, input_x_gradient, integrated_gradients, smoothgrad, '
+            'grad_attention_rollout, gradcam' in line
         )
     assert not (tmp_path / 'out').exists()
 

@@ -93,8 +93,8 @@ def test_refusals(capsys, tmp_path, monkeypatch):
                 capsys, [command, '--prompt', 'x', '--image', str(picture), '--model', str(folder), '--method', method]
             )
             assert (
-                f'--image explains with the LRP methods (attnlrp, cplrp, palrp), which give text and pixel relevance '
-                f'in one backward pass; --method {method} is not one' in line
+                '--image explains with the LRP methods (attnlrp, cplrp, palrp, attnlrp_late), which give text and '
+                f'pixel relevance in one backward pass; --method {method} is not one' in line
             )
         line = refused(
             capsys, ['explain', '--prompt', 'x', '--image', str(picture), '--model', str(folder), '--contrast', 'id:3']

@@ -14,7 +14,8 @@ from zennit_attn.cli.neurons import parse_layers
     [
         (
             ['--method', 'atman'],
-            '--method atman does not record latent relevance; use one of attnlrp, cplrp, palrp, input_x_gradient',
+            '--method atman does not record latent relevance; use one of attnlrp, cplrp, palrp, attnlrp_late, '
+            'input_x_gradient',
         ),
         (['--top', '0'], '--top must be at least 1'),
         (['--vocabulary', '-1'], '--vocabulary must be 0 or more'),

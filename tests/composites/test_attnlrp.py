@@ -1,5 +1,6 @@
 """Registration guards of the AttnLRP composites: compiled models are refused, and a composite holds one model
-at a time (no silent unhooking of the first model, no two sets of rules on one model)."""
+at a time (no silent unhooking of the first model, no two sets of rules on one model); AttnLRP with constant
+attention in the later blocks (:py:class:`~zennit_attn.composites.AttnLRPLateEpsilon`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ import torch
 
 from tests.models import tiny_model, token_ids
 from zennit_attn import conservation, explain
-from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
+from zennit_attn.composites import (
+    AttnLRPEpsilon,
+    AttnLRPGamma,
+    AttnLRPLateEpsilon,
+    CPLRPEpsilon,
+    CPLRPGamma,
+    RelPEpsilon,
+)
 from zennit_attn.composites.attnlrp import refuse_compiled
-from zennit_attn.core.errors import CompiledModelError
+from zennit_attn.core.errors import CompiledModelError, UnsupportedModelError
 
 COMPOSITES = (AttnLRPEpsilon, CPLRPEpsilon, AttnLRPGamma, CPLRPGamma)
 
@@ -242,3 +250,77 @@ def test_two_composites_on_a_model_without_taps(composite_class):
         assert _hook_counts(model) == hooks
         torch.testing.assert_close(relevance(), expected, rtol=0, atol=0)
     assert _snapshot(model) == snapshot
+
+
+# ------------------------------------------------------------------------- constant attention in the later blocks
+def test_late_blocks_by_depth():
+    llama = tiny_model('llama', num_hidden_layers=5)
+    layers = list(llama.model.layers)
+    assert AttnLRPLateEpsilon().late_blocks(llama) == layers[3:]  # ceil(0.5 * 5) = 3
+    assert AttnLRPLateEpsilon(start=0.2).late_blocks(llama) == layers[1:]
+    assert AttnLRPLateEpsilon(start=0).late_blocks(llama) == layers
+    assert AttnLRPLateEpsilon(start=1).late_blocks(llama) == []
+    t5 = tiny_model('t5')  # each stack by its own depth
+    encoder, decoder = list(t5.encoder.block), list(t5.decoder.block)
+    assert AttnLRPLateEpsilon().late_blocks(t5) == encoder[len(encoder) // 2 :] + decoder[len(decoder) // 2 :]
+
+
+def test_late_ends_are_attnlrp_and_relp():
+    """start=1 has no later block (AttnLRP's rules everywhere), start=0 has every block (RelP's product rules),
+    to the bit; the later half is neither."""
+    ids = token_ids('llama')
+    model = tiny_model('llama', num_hidden_layers=4)
+    attnlrp, relp = explain(model, ids).relevance, explain(model, ids, composite=RelPEpsilon()).relevance
+    assert torch.equal(explain(model, ids, composite=AttnLRPLateEpsilon(start=1.0)).relevance, attnlrp)
+    assert torch.equal(explain(model, ids, composite=AttnLRPLateEpsilon(start=0.0)).relevance, relp)
+    half = explain(model, ids, method='attnlrp_late').relevance
+    assert float((half - attnlrp).abs().max()) > 1e-6 and float((half - relp).abs().max()) > 1e-6
+
+
+def _query_key_gradients(model, ids, composite) -> list[float]:
+    """The largest gradient magnitude at the queries and keys of each layer in one backward pass of ``composite`` (0
+    where they do not reach the logit)."""
+    outputs = []
+    handles = [
+        projection.register_forward_hook(lambda module, args, output: outputs.append(output))
+        for layer in model.model.layers
+        for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj)
+    ]
+    try:
+        with torch.enable_grad(), composite.context(model):
+            embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+            logit = model(inputs_embeds=embeddings).logits[0, -1].max()
+            gradients = torch.autograd.grad(logit, outputs, allow_unused=True)  # None: detached from the logit
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [0.0 if gradient is None else float(gradient.abs().max()) for gradient in gradients]
+
+
+def test_late_blocks_pass_no_relevance_to_queries_and_keys():
+    """In the later blocks the attention probabilities are constants: no gradient reaches their queries and keys,
+    which AttnLRP's softmax rule gives one; the earlier blocks keep it."""
+    model, ids = tiny_model('llama', num_hidden_layers=4), token_ids('llama')
+    late = _query_key_gradients(model, ids, AttnLRPLateEpsilon())
+    assert late[4:] == [0.0] * 4 and min(late[:4]) > 1e-8  # layers 2 and 3 (queries, keys), layers 0 and 1
+    assert min(_query_key_gradients(model, ids, AttnLRPEpsilon())) > 1e-8
+
+
+def test_late_method_label_and_refusals():
+    model, ids = tiny_model('llama'), token_ids('llama')
+    explanation = explain(model, ids, method='attnlrp_late')
+    assert explanation.method == 'attnlrp_late'
+    given = explain(model, ids, composite=AttnLRPLateEpsilon())  # the composite names its method
+    assert given.method == 'attnlrp_late' and torch.equal(given.relevance, explanation.relevance)
+    with pytest.raises(ValueError, match=r"composite gives the relevance of 'attnlrp_late'"):
+        explain(model, ids, method='attnlrp', composite=AttnLRPLateEpsilon())
+    with pytest.raises(ValueError, match=r'needs an AttnLRPLateEpsilon composite'):
+        explain(model, ids, method='attnlrp_late', composite=AttnLRPEpsilon())
+    for start in (1.5, -0.1, True, '0.5'):
+        with pytest.raises(ValueError, match='start must be a number in'):
+            AttnLRPLateEpsilon(start=start)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    snapshot = _snapshot(mlp)
+    with pytest.raises(UnsupportedModelError, match=r'Sequential has no transformer blocks.*AttnLRPEpsilon\(\)'):
+        AttnLRPLateEpsilon().register(mlp)
+    assert _snapshot(mlp) == snapshot

@@ -13,7 +13,14 @@ from transformers import AttentionInterface
 from tests.models import tiny_model, token_ids
 from tests.numbers import assert_close, relative_error
 from zennit_attn import explain, explain_generation, explain_sources
-from zennit_attn.composites import AttnLRPEpsilon, AttnLRPGamma, CPLRPEpsilon, CPLRPGamma, RelPEpsilon
+from zennit_attn.composites import (
+    AttnLRPEpsilon,
+    AttnLRPGamma,
+    AttnLRPLateEpsilon,
+    CPLRPEpsilon,
+    CPLRPGamma,
+    RelPEpsilon,
+)
 from zennit_attn.inputs.task import TokenTask as Task
 from zennit_attn.latent import Neuron
 from zennit_attn.methods.attention import attention_maps
@@ -35,6 +42,7 @@ def test_registry_lists_every_method():
         'attnlrp',
         'cplrp',
         'palrp',
+        'attnlrp_late',
         'input_x_gradient',
         'integrated_gradients',
         'smoothgrad',
@@ -102,9 +110,10 @@ def test_metadata_says_what_the_method_does(llama, ids, name):
         with pytest.raises(ValueError, match='cannot explain a Neuron target'):
             explain(llama, ids, method=name, target=neuron, **params)
     if entry.lrp:  # a composite of the method's own product rule replaces the default
-        composite = (
-            CPLRPEpsilon(epsilon=0.5) if name == 'cplrp' else AttnLRPEpsilon(epsilon=0.5, positions=name == 'palrp')
-        )
+        composite = {
+            'cplrp': CPLRPEpsilon(epsilon=0.5),
+            'attnlrp_late': AttnLRPLateEpsilon(start=0.25, epsilon=0.5),
+        }.get(name, AttnLRPEpsilon(epsilon=0.5, positions=name == 'palrp'))
         torch.testing.assert_close(
             explain(llama, ids, method=name, composite=composite).relevance,
             attribute(Task(llama, ids), -1, None, composite, name).relevance,

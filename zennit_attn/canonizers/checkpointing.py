@@ -45,15 +45,25 @@ def recomputing() -> bool:
 
 
 @contextlib.contextmanager
-def _recomputation(classifier) -> Iterator[None]:
+def _recomputation(classifier, rules: list | None) -> Iterator[None]:
     """The context of a block's recomputation in the backward pass: :py:func:`recomputing` is true, and the engine's
-    classifying mode of the forward that ran the block (if any) is entered again, so that the recomputation gets the
-    rules the forward got."""
+    classifying mode of the forward that ran the block (if any) is entered again with the product rules of the scopes
+    the block ran in (``rules``, innermost last), so that the recomputation gets the rules the forward got.
+
+    The rules are set in the list the engine shares with its state, and put back after: the recomputation calls the
+    block's ``forward`` without the block's hooks, so a scope rooted at the block itself
+    (:py:class:`~zennit_attn.composites.AttnLRPLateEpsilon`'s later blocks) would not be entered again."""
     token = _RECOMPUTING.set(True)
+    current = None if classifier is None else classifier.state.rules
+    saved = None if current is None else current[:]
     try:
+        if current is not None:
+            current[:] = rules
         with classifier if classifier is not None else contextlib.nullcontext():
             yield
     finally:
+        if current is not None:
+            current[:] = saved
         _RECOMPUTING.reset(token)
 
 
@@ -68,9 +78,11 @@ def _forward(classifier) -> Iterator[None]:
 
 def _contexts():
     """Called by the checkpoint when the block runs in the forward: for the forward, the audit's acceptance of the
-    checkpoint, and for the recomputation the classifying mode active now."""
+    checkpoint, and for the recomputation the classifying mode active now with the product rules of the scopes being
+    run now."""
     classifier = active_classifier()
-    return _forward(classifier), _recomputation(classifier)
+    rules = None if classifier is None else list(classifier.state.rules)
+    return _forward(classifier), _recomputation(classifier, rules)
 
 
 def _checkpointed_forward(inner):

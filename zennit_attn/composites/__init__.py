@@ -3,6 +3,7 @@
 from .attnlrp import (
     AttnLRPComposite,
     AttnLRPEpsilon,
+    AttnLRPLateEpsilon,
     CompiledModelError,
     CPLRPEpsilon,
     MLPRules,
@@ -15,6 +16,7 @@ from .gamma import AttnLRPGamma, CPLRPGamma, rule_repr
 __all__ = [
     'AttnLRPComposite',
     'AttnLRPEpsilon',
+    'AttnLRPLateEpsilon',
     'CPLRPEpsilon',
     'RelPEpsilon',
     'MLPRules',

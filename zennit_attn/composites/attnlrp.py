@@ -11,6 +11,7 @@ explanation of every model.
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -18,7 +19,8 @@ import torch
 from zennit.core import Composite, CompositeContext, Hook
 
 from ..canonizers import OperationCanonizer
-from ..core.errors import CompiledModelError
+from ..core.blocks import NoBlocksError, block_stacks
+from ..core.errors import CompiledModelError, UnsupportedModelError
 from ..core.kinds import LINEARS, is_activation, norm_kind
 from ..core.modules import Modules
 from ..operations import RuleTable, check_overrides
@@ -187,6 +189,9 @@ class AttnLRPComposite(Composite):
     #: the rule of activation modules, and of the element-wise functions a model computes inline (the engine calls its
     #: ``elementwise(input, output, gate)``); None: the plain gradient
     activation_rule: type | None = Identity
+    #: the method of :py:func:`zennit_attn.explain` that names this composite's rules where their product rules alone
+    #: do not (:py:func:`zennit_attn.methods.propagation.lrp_method`); None: named by its product rule
+    method: str | None = None
     #: the root module this composite is registered to; None while it is not registered
     registered_module: torch.nn.Module | None = None
     #: the engine of the last registration (see :py:meth:`register`), None before the first
@@ -523,6 +528,91 @@ class RelPEpsilon(AttnLRPComposite):
     :py:class:`AttnLRPEpsilon`."""
 
     product_rule = ConstantAttention()
+
+
+class AttnLRPLateEpsilon(AttnLRPComposite):
+    """AttnLRP with the attention probabilities constant in the later blocks: relevance reaches the queries and keys
+    of the earlier blocks only, and flows through the values alone in the later ones.
+
+    You, Zeng, Tsai, Yamada and Zhao (BlackboxNLP 2025, arXiv 2510.18810) find that passing relevance through the
+    values only (no relevance through the softmax, CP-LRP's attention) tracks leave-one-out better than AttnLRP,
+    above all in the middle-to-late layers. Here the blocks of each stack from the relative depth ``start`` on take
+    :py:class:`~zennit_attn.rules.ConstantAttention` (the attention probabilities constant where they enter a
+    product; gated MLPs keep the uniform rule, Prop. 3.2), the blocks before them and everything outside the blocks
+    AttnLRP's rules (:py:class:`AttnLRPEpsilon`): the softmax rule (Prop. 3.1) and the uniform rule (Props. 3.2,
+    3.3). Block ``i`` of a stack of ``n`` is a later block where ``i >= ceil(start * n)``; every stack (an encoder's
+    and a decoder's, a vision tower's) is split by its own depth.
+
+    Measured against AttnLRP and CP-LRP on SmolLM2-135M-Instruct and all-MiniLM-L6-v2 (docs: Results, choosing the
+    LRP variant): it agrees with leave-one-out at least as well as CP-LRP on the decoder and keeps AttnLRP's
+    perturbation faithfulness there. The method ``'attnlrp_late'`` of :py:func:`zennit_attn.explain`.
+
+    Parameters
+    ----------
+    start: float
+        The relative depth, in ``[0, 1]``, from which on the attention probabilities are constants: 0.5 (default)
+        the later half of every stack; 0 every block (:py:class:`RelPEpsilon`'s rules), 1 none
+        (:py:class:`AttnLRPEpsilon`'s).
+    epsilon, canonizers, overrides, positions:
+        As :py:class:`AttnLRPComposite`.
+
+    Raises
+    ------
+    ValueError
+        For ``start`` outside ``[0, 1]``.
+    UnsupportedModelError
+        On registering to a model without transformer blocks (:py:func:`~zennit_attn.core.blocks.block_stacks`):
+        which blocks are the later ones is not defined there.
+    """
+
+    #: the method of :py:func:`zennit_attn.explain` whose relevance this composite gives (its label)
+    method = 'attnlrp_late'
+    #: the product rule of the later blocks
+    late_rule: ProductRule = ConstantAttention()
+
+    def __init__(
+        self,
+        start: float = 0.5,
+        epsilon: float = 0.0,
+        canonizers: Sequence | None = None,
+        overrides: Mapping | None = None,
+        positions: bool = False,
+    ):
+        if isinstance(start, bool) or not isinstance(start, (int, float)) or not 0.0 <= start <= 1.0:
+            raise ValueError(f'start must be a number in [0, 1] (a relative depth), got {start!r}')
+        self.start = float(start)
+        super().__init__(epsilon=epsilon, canonizers=canonizers, overrides=overrides, positions=positions)
+
+    def product_rules(self) -> tuple[ProductRule, ...]:
+        """AttnLRP's uniform rule before ``start``, :py:attr:`late_rule` from it on."""
+        return (self.product_rule, self.late_rule)
+
+    def late_blocks(self, module: torch.nn.Module) -> list[torch.nn.Module]:
+        """The blocks of ``module`` whose attention probabilities are constants: those of each stack from
+        ``ceil(start * n)`` on.
+
+        Raises
+        ------
+        UnsupportedModelError
+            If ``module`` has no transformer blocks.
+        """
+        try:
+            stacks = block_stacks(module)
+        except NoBlocksError as error:
+            raise UnsupportedModelError(
+                f'{type(self).__name__} makes the attention probabilities constant from a depth of the model on, but '
+                f'{error}; explain it with AttnLRPEpsilon() or CPLRPEpsilon() (the same rule in every layer)'
+            ) from error
+        return [block for _, blocks in stacks for block in blocks[math.ceil(self.start * len(blocks)) :]]
+
+    def engine(self, module: torch.nn.Module) -> OperationCanonizer:
+        """The engine with AttnLRP's product rule, and :py:attr:`late_rule` inside the later blocks."""
+        activation = None if self.activation_rule is None else self.activation_rule()
+        scopes = [(block, self.late_rule) for block in self.late_blocks(module)]
+        return OperationCanonizer(self.product_rule, activation, scopes=scopes, overrides=self.overrides)
+
+    def describe(self) -> str:
+        return super().describe()[:-1] + f'; from depth {self.start:g}: {self.late_rule!r})'
 
 
 class MLPRules(AttnLRPComposite):

@@ -249,6 +249,7 @@ DECLARATIONS: dict[str, Declaration] = {
         Declaration('attnlrp', 'propagation:attnlrp', backward=True, latent=True, neuron=True, lrp=True),
         Declaration('cplrp', 'propagation:cplrp', backward=True, latent=True, neuron=True, lrp=True),
         Declaration('palrp', 'propagation:palrp', backward=True, latent=True, neuron=True, lrp=True, one_sequence=True),
+        Declaration('attnlrp_late', 'propagation:attnlrp_late', backward=True, latent=True, neuron=True, lrp=True),
         Declaration('input_x_gradient', 'gradients:input_x_gradient', backward=True, latent=True, neuron=True),
         Declaration(
             'integrated_gradients',

@@ -149,13 +149,15 @@ def test_rewrites_are_exact_and_change_the_weights(small_llama):
 
 def test_invariance_of_gradient_x_input_and_of_the_lrp_rules(small_llama):
     """Input x gradient depends on the function alone: no difference under any exact rewrite. The rewrites change
-    linear maps only, which zennit-attn's LRP passes by the plain gradient: AttnLRP and CP-LRP are invariant too."""
+    linear maps only, which zennit-attn's LRP passes by the plain gradient: AttnLRP, CP-LRP and AttnLRP with constant
+    attention in the later blocks are invariant too."""
     results = implementation_invariance(small_llama, token_ids('llama', 6), factor=3.0)
     assert [result.rewrite for result in results] == list(REWRITES) and len(REWRITES) == 4
     for result in results:
         assert result.output_difference <= 1e-10
         assert result.difference['input_x_gradient'] <= 1e-12 * result.scale['input_x_gradient']
         assert result.scale['attnlrp'] > 0 and all(result.invariant.values())
+        assert set(result.invariant) == {'attnlrp', 'cplrp', 'attnlrp_late', 'input_x_gradient'}
     with pytest.raises(ValueError, match='float64'):
         implementation_invariance(tiny_model('llama', dtype=torch.float32), token_ids('llama', 4))
     with pytest.raises(TypeError, match='Llama-style'):

@@ -61,7 +61,7 @@ __all__ = [
 #: The rewrites of :py:func:`implementation_invariance`, by name.
 REWRITES = ('scaled_query_key', 'folded_scaling', 'fused_projections', 'repeated_key_value_heads')
 #: The methods it compares by default.
-INVARIANCE_METHODS = ('attnlrp', 'cplrp', 'input_x_gradient')
+INVARIANCE_METHODS = ('attnlrp', 'cplrp', 'attnlrp_late', 'input_x_gradient')
 _PROJECTIONS = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
 
 
