@@ -275,9 +275,15 @@ class AttnLRPComposite(Composite):
         return (self.product_rule,)
 
     def engine(self, module: torch.nn.Module) -> OperationCanonizer:
-        """The engine with this composite's rules for ``module`` (subclasses add scopes)."""
+        """The engine with this composite's rules for ``module``: :py:attr:`product_rule`, and the product rules of
+        :py:meth:`scopes` inside their modules."""
         activation = None if self.activation_rule is None else self.activation_rule()
-        return OperationCanonizer(self.product_rule, activation, overrides=self.overrides)
+        return OperationCanonizer(self.product_rule, activation, scopes=self.scopes(module), overrides=self.overrides)
+
+    def scopes(self, module: torch.nn.Module) -> list[tuple[torch.nn.Module, ProductRule]]:
+        """``(submodule, product rule)`` of the submodules of ``module`` in which another product rule applies (the
+        innermost scope's, :py:class:`~zennit_attn.canonizers.OperationCanonizer`); none here, subclasses add them."""
+        return []
 
     def rule_table(self, model: torch.nn.Module, *args, **kwargs) -> RuleTable:
         """Which rule each operation of ``model`` gets under this composite, and why: a dry run of one forward pass of
@@ -605,11 +611,9 @@ class AttnLRPLateEpsilon(AttnLRPComposite):
             ) from error
         return [block for _, blocks in stacks for block in blocks[math.ceil(self.start * len(blocks)) :]]
 
-    def engine(self, module: torch.nn.Module) -> OperationCanonizer:
-        """The engine with AttnLRP's product rule, and :py:attr:`late_rule` inside the later blocks."""
-        activation = None if self.activation_rule is None else self.activation_rule()
-        scopes = [(block, self.late_rule) for block in self.late_blocks(module)]
-        return OperationCanonizer(self.product_rule, activation, scopes=scopes, overrides=self.overrides)
+    def scopes(self, module: torch.nn.Module) -> list[tuple[torch.nn.Module, ProductRule]]:
+        """:py:attr:`late_rule` inside the later blocks (AttnLRP's product rule elsewhere)."""
+        return [(block, self.late_rule) for block in self.late_blocks(module)]
 
     def describe(self) -> str:
         return super().describe()[:-1] + f'; from depth {self.start:g}: {self.late_rule!r})'
