@@ -400,12 +400,14 @@ ELEMENTWISE = {
 
 @pytest.mark.parametrize('name', sorted(ELEMENTWISE))
 def test_elementwise_functions_get_the_identity_rule(name):
-    """The identity rule ``f(x) / x`` from the function's input (Eq. 9); a normaliser used as a value too."""
+    """The identity rule ``f(x) / x`` from the function's input (Eq. 9); a normaliser used as a value too. The
+    functions of positive inputs are applied to ``|h| + 0.5``, a number added to an activation output: part of the
+    element-wise function ``f(|h| + 0.5)`` of ``h``, whose identity rule applies from ``h``."""
     assert OPERATIONS[name].rule in ('elementwise', 'bound', 'normaliser', 'power'), name
     function = ELEMENTWISE[name]
     prepare = (lambda h: h.abs() + 0.5) if name in POSITIVE else (lambda h: 0 + h)
     found, expected = attributed_by_hand(
-        lambda h, g: function(prepare(h)), lambda h, g: identity(prepare(h), function(prepare(h)))
+        lambda h, g: function(prepare(h)), lambda h, g: identity(h, function(prepare(h)))
     )
     torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
 

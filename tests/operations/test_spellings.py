@@ -1,6 +1,7 @@
 """One relevance whatever the spelling: what a tensor is (a gate of CP-LRP, a softmax output, a value) is decided by
 the marks the operations declare in the registry (:py:mod:`zennit_attn.operations.marks`), not by the autograd
-nodes a spelling happens to produce. Each case writes one function several ways; every composite (AttnLRP, CP-LRP,
+nodes a spelling happens to produce; an activation written out (``x * sigmoid(x)``, GELU with ``erf``) is an
+activation. Each case writes one function several ways; every composite (AttnLRP, CP-LRP,
 RelP and the rules of relevance patching) gives each spelling the same relevance (float64, 1e-10), and CP-LRP
 conserves it (no biases: the relevance 1 of every output element).
 
@@ -12,9 +13,13 @@ differed as well.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.models.esm import modeling_esm
+from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.qwen3_next import modeling_qwen3_next
 
 from tests.by_hand import attributed, by_hand, identity
@@ -105,6 +110,32 @@ def routing(m, x, spelling: str):
     return dense * m.b(x)
 
 
+def swish(a):
+    """SiLU written out (the activation of a value times the value)."""
+    return a * torch.sigmoid(a)
+
+
+def gelu_erf(a):
+    """GELU written out with ``erf``, as ESM writes it: a number added to an activation output."""
+    return 0.5 * a * (1.0 + torch.erf(a / math.sqrt(2.0)))
+
+
+def gelu_erf_in_place(a):
+    """:py:func:`gelu_erf` with the number added in place."""
+    return 0.5 * a * torch.erf(a / math.sqrt(2.0)).add_(1.0)
+
+
+def gelu_tanh(a):
+    """GELU's tanh approximation written out (GPT-2's ``gelu_new``)."""
+    return 0.5 * a * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * torch.pow(a, 3.0))))
+
+
+def gpt_oss_gate(a):
+    """GPT-OSS's gate: its input clamped, times the sigmoid of a multiple of it."""
+    gate = a.clamp(max=7.0)
+    return gate * torch.sigmoid(gate * 1.702)
+
+
 SPELLINGS = {
     # the issue's pair: a linear map of a gate (an MLP's output), then times a gate; also as a layer, an einsum, a
     # tensordot, addmm with a zero input, and the gate expanded before the product with the matrix
@@ -183,6 +214,37 @@ SPELLINGS = {
         lambda m, x: torch.float_power(torch.sigmoid(m.a(x)), 2) * m.b(x),
         lambda m, x: torch.sigmoid(m.a(x)) * torch.sigmoid(m.a(x)) * m.b(x),
     ],
+    # an activation written out is an activation: its output a gate (x times an activation of x), a number added to
+    # an activation's output part of it (not a bias that absorbs relevance)
+    'SiLU written out, times a value': [
+        lambda m, x: F.silu(m.a(x)) * m.b(x),
+        lambda m, x: swish(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: torch.sigmoid(a) * a)(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a * torch.sigmoid(a / 1.0))(m.a(x)) * m.b(x),
+    ],
+    'GELU written out with erf, times a value': [
+        lambda m, x: F.gelu(m.a(x)) * m.b(x),
+        lambda m, x: gelu_erf(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a * (0.5 + 0.5 * torch.erf(a * (1 / math.sqrt(2.0)))))(m.a(x)) * m.b(x),
+    ],
+    "GPT-OSS's gate, times a value": [
+        lambda m, x: (lambda g: F.silu(g * 1.702) / 1.702)(m.a(x).clamp(max=7.0)) * m.b(x),
+        lambda m, x: gpt_oss_gate(m.a(x)) * m.b(x),
+    ],
+    'GELU written out, plus a value': [
+        lambda m, x: F.gelu(m.a(x)) + m.b(x),
+        lambda m, x: gelu_erf(m.a(x)) + m.b(x),
+    ],
+    'the tanh approximation of GELU written out, plus a value': [
+        lambda m, x: F.gelu(m.a(x), approximate='tanh') + m.b(x),
+        lambda m, x: gelu_tanh(m.a(x)) + m.b(x),
+    ],
+    'one minus a sigmoid, times a value': [
+        lambda m, x: torch.sigmoid(-m.a(x)) * m.b(x),
+        lambda m, x: (1 - torch.sigmoid(m.a(x))) * m.b(x),
+        lambda m, x: torch.rsub(torch.sigmoid(m.a(x)), 1.0) * m.b(x),
+        lambda m, x: (-torch.sigmoid(m.a(x))).add(1.0) * m.b(x),
+    ],
     'a normalised gate': [
         lambda m, x: F.rms_norm(torch.sigmoid(m.a(x)), (4,), eps=1e-6) * m.b(x),
         lambda m, x: rms_spelled(torch.sigmoid(m.a(x))) * m.b(x),
@@ -196,6 +258,80 @@ DESIGNED = {
     # relevance patching's MLP rules give normalisation modules no rule (their plain gradient through the module)
     ('a normalised gate', MLPRules): 2,
 }
+
+
+@pytest.mark.parametrize('composite', [CPLRPEpsilon], ids=lambda composite: composite.__name__)
+def test_a_number_added_in_place_to_an_activation_output(composite):
+    """GELU written out with the number added in place gets the relevance of ``gelu`` where the composite holds the
+    activation constant (CP-LRP); AttnLRP's identity rule reads the activation's output, which the change in place
+    overwrote: torch refuses the backward pass (never a silently wrong rule)."""
+    x = _inputs()
+    expected = attributed(_model(lambda m, x: F.gelu(m.a(x)) * m.b(x)), composite(), x)
+    found = attributed(_model(lambda m, x: gelu_erf_in_place(m.a(x)) * m.b(x)), composite(), x)
+    torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match='modified by an inplace operation'):
+        attributed(_model(lambda m, x: gelu_erf_in_place(m.a(x)) * m.b(x)), AttnLRPEpsilon(), x)
+
+
+def test_a_bias_before_an_activation_keeps_its_share():
+    """A number added to a value (the bias of a linear map, here before a GELU) is not part of the activation: it
+    absorbs its share (Eq. 8), as a linear layer's bias does; added to the activation's output it is part of it and
+    absorbs nothing (CP-LRP conserves the relevance of every output)."""
+    x = _inputs()
+    biased = attributed(_model(lambda m, x: F.gelu(m.a(x) + 0.5)), CPLRPEpsilon(), x)
+    shifted = attributed(_model(lambda m, x: F.gelu(m.a(x)) + 0.5), CPLRPEpsilon(), x)
+    assert abs(float(biased.sum()) - 12.0) > 0.1
+    torch.testing.assert_close(shifted.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-10)
+
+
+def _tiny(mapping: str, architecture: str) -> torch.nn.Module:
+    """The architecture check's tiny random model of ``architecture`` (float64, biases zeroed)."""
+    model, _, _ = _built(
+        mapping,
+        lambda: (model_class(mapping, architecture)[0], tiny_config(model_class(mapping, architecture)[1])),
+        0,
+        torch.Generator().manual_seed(0),
+    )
+    return model
+
+
+def _esm_relevance(composite) -> torch.Tensor:
+    model = _tiny('masked-lm', 'esm')
+    ids = torch.tensor([[0, 7, 12, 5, 20, 9, 14, 2]])
+    leaf = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    with composite.context(model) as modified:
+        logits = modified(inputs_embeds=leaf, attention_mask=torch.ones_like(ids)).logits[0, 3]
+        logits[logits.argmax()].backward()
+    return leaf.grad.sum(-1)
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon], ids=lambda composite: composite.__name__)
+def test_esm_gelu_written_out_gets_the_rule_of_gelu(composite, monkeypatch):
+    """ESM computes its FFN's GELU as ``x * 0.5 * (1 + erf(x / sqrt(2)))`` inline: the same relevance as with
+    ``F.gelu`` (1e-12). Before the number added to ``erf`` was part of the activation, AttnLRP's relevance of a tiny
+    ESM summed to a third of the explained logit against ``F.gelu``'s whole."""
+    written = _esm_relevance(composite())
+    monkeypatch.setattr(modeling_esm, 'gelu', F.gelu)
+    torch.testing.assert_close(written, _esm_relevance(composite()), rtol=0, atol=1e-12)
+
+
+def _silu_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS's gated activation with its gate spelled ``silu(alpha g) / alpha`` (the same function)."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate, up = gate.clamp(min=None, max=self.limit), up.clamp(min=-self.limit, max=self.limit)
+    return (up + 1) * (F.silu(gate * self.alpha) / self.alpha)
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon], ids=lambda composite: composite.__name__)
+def test_gpt_oss_gate_is_an_activation(composite, monkeypatch):
+    """GPT-OSS writes its gate as ``g * sigmoid(alpha g)``: the relevance of ``silu(alpha g) / alpha`` (1e-12); CP-LRP
+    holds it constant (before, it gave the gate half of the gated product's relevance: 4% of the largest token
+    relevance of a tiny GPT-OSS apart)."""
+    written = _token_relevance(_tiny('causal-lm', 'gpt_oss'), composite())
+    monkeypatch.setattr(modeling_gpt_oss.GptOssExperts, '_apply_gate', _silu_gate)
+    torch.testing.assert_close(
+        written, _token_relevance(_tiny('causal-lm', 'gpt_oss'), composite()), rtol=0, atol=1e-12
+    )
 
 
 def _model(function) -> Projected:
@@ -236,16 +372,6 @@ def test_a_linear_map_of_a_gate_is_a_value_under_cp_lrp():
         torch.testing.assert_close(attributed(model, CPLRPEpsilon(), x), expected, rtol=1e-10, atol=1e-12)
 
 
-def _qwen3_next() -> torch.nn.Module:
-    model, _, _ = _built(
-        'causal-lm',
-        lambda: (model_class('causal-lm', 'qwen3_next')[0], tiny_config(model_class('causal-lm', 'qwen3_next')[1])),
-        0,
-        torch.Generator().manual_seed(0),
-    )
-    return model
-
-
 def _token_relevance(model, composite) -> torch.Tensor:
     ids = torch.tensor([[5, 17, 9, 30, 2, 11]])
     leaf = model.get_input_embeddings()(ids).detach().requires_grad_(True)
@@ -260,7 +386,7 @@ def test_qwen3_next_chunked_and_recurrent_delta_rules_agree(composite, monkeypat
     """Qwen3-Next (a tiny random model) with transformers' recurrent gated delta rule in place of the chunked one:
     the same relevance, to the rounding of transformers' float32 arithmetic inside the recurrence (before: CP-LRP
     2.2% of the largest relevance apart, the recurrent spelling's output a gate of its gated norm)."""
-    model = _qwen3_next()
+    model = _tiny('causal-lm', 'qwen3_next')
     chunked = _token_relevance(model, composite())
     monkeypatch.setattr(
         modeling_qwen3_next, 'torch_chunk_gated_delta_rule', modeling_qwen3_next.torch_recurrent_gated_delta_rule

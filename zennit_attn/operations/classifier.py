@@ -37,6 +37,7 @@ from ..core.errors import UnsupportedModelError
 from .calls import Call, in_place, tensors_of
 from .elementwise import normaliser_use
 from .marks import Mark, join_gates, produced
+from .products import note_scaling
 from .recurrences import held_constant, term_use
 from .registry import ADDING, OPERATIONS, RULE_TABLE, op_name
 from .softmax import log_softmax_use, sink_mass
@@ -162,7 +163,8 @@ class Classifier(TorchFunctionMode):
         without binding a :py:class:`~.calls.Call`. A shift or join notes the constants it adds
         (:py:meth:`~.tracking.State.note_constant`), and the output of a view what it is a view of, that of a shift
         what it shifts (:py:meth:`~zennit_attn.operations.marks.Marks.sources`), as their rule's handler and marks do
-        (:py:func:`~.registry.passed`)."""
+        (:py:func:`~.registry.passed`), and the output of a product with a number what it multiplies
+        (:py:func:`~.products.note_scaling`)."""
         state = self.state
         if fast in ADDING:
             state.note_constant(fast, args, kwargs)
@@ -172,6 +174,8 @@ class Classifier(TorchFunctionMode):
             state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
         elif fast == 'shift':
             state.marks.derive(produced_tensors(output), carrying)
+        elif fast == 'product':
+            note_scaling(func, args, kwargs, carrying[0], output, state)
         return output
 
     def handle(self, call: Call):

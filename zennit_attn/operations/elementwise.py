@@ -8,6 +8,10 @@ rules ``elementwise``, ``bound``, ``normaliser``, ``power``, ``exp``, ``statisti
   also where the model computes them in place (``x.tanh_()``, ``F.silu(x, inplace=True)``); their outputs are gates
   (CP-LRP), a bound or rounding only where its input is one; ``exp`` is an attention-logit bias
   (:py:mod:`~zennit_attn.operations.tracking`), inside a sequence mixer a term of its recurrence;
+- a number added to the output of an element-wise non-linearity (``1 + erf(x / sqrt(2))``, ``1 - sigmoid(x)``) is
+  part of that non-linearity, not a bias that absorbs relevance (:py:func:`activation_shift`): the activation rule
+  applies to the shifted output, so that a function written out (GELU as ``0.5 x (1 + erf(x / sqrt(2)))``,
+  ``1 - sigmoid(x)``) gets the rule of its one-call spelling (``gelu(x)``, ``sigmoid(-x)``);
 - normalisers ``g(x)`` (``rsqrt``, ``sqrt``, ``1 / x``, powers below 1, variances and norms): constants (Prop. 3.4)
   where they multiply the tensor they are computed from (``x * rsqrt(mean(x^2))``, :py:func:`normaliser_use`) or
   divide anything (:py:func:`division`); anywhere else values, with the activation rule (element-wise) or the rules
@@ -20,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..rules import elementwise_identity, layer_norm_identity
-from ..rules.products import SOFTMAX
+from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, tensors_of
 from .graph import normalises
 from .marks import ACTIVATED, Mark, kind, passed, produced
@@ -28,6 +32,8 @@ from .tracking import ConstantTensor, State
 
 __all__ = [
     'elementwise',
+    'shifts_activation',
+    'activation_shift',
     'statistic',
     'normaliser_use',
     'division',
@@ -65,6 +71,51 @@ def elementwise(call: Call, state: State):
         call.func(changed, *args[1:], **call.kwargs)
         return target.copy_(state.activation(call, source, changed, gate))
     return state.activation(call, args[0], call.run(), gate)
+
+
+def shifts_activation(call: Call, state: State) -> bool:
+    """Whether ``call`` (a shift: ``add``, ``sub``, ``rsub``) adds a number to the output of an element-wise
+    non-linearity (its one relevance-carrying operand is an activation gate, :py:func:`~.marks.kind`), outside a
+    declared recurrence (whose gates are terms it holds constant), under a composite with an activation rule, and
+    not in place on a constant (``c.add_(gate)``). A constant tensor added to an activation output (an attention
+    mask added to soft-capped scores, a position bias) is not part of the non-linearity: it keeps its plain gradient,
+    a bias absorbing its share."""
+    if not (len(call.carrying) == 1 and call.name in _SHIFTS and kind(call.marks[0]) == ACTIVATION):
+        return False
+    input = call.carrying[0]
+    added = [value for value in (*call.args, *call.kwargs.values()) if value is not input]
+    return (
+        all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in added)
+        and not state.in_recurrence
+        and (call.activation_rule is not None or state.activation_rule is not None)
+        and (not in_place(call.func, call.kwargs) or call.args[0] is input)
+    )
+
+
+def activation_shift(call: Call, state: State):
+    """A number added to the output ``a = f(x)`` of an element-wise non-linearity (:py:func:`shifts_activation`):
+    ``a + c`` is the element-wise function ``f(x) + c`` of ``x``, so the activation rule applies to it as to ``f``
+    (the identity rule, Eq. 9: from the first input of the chain, ``x``), and ``c`` absorbs no relevance. A written-out
+    function thereby gets the rule of its one-call spelling: ``1 - sigmoid(x)`` that of ``sigmoid(-x)``, GELU written
+    as ``0.5 x (1 + erf(x / sqrt(2)))`` (ESM) that of ``gelu(x)`` (the uniform rule shares ``x`` and ``1 + erf(.)``
+    by halves, Prop. 3.2, and both halves reach ``x`` whole). A constant added to a value (the bias of a linear map,
+    ``W x + b``, also before a non-linearity) keeps absorbing its share (Eq. 8)."""
+    input = call.carrying[0]
+    call.note = 'a number added to an activation output, part of the element-wise function: the activation rule'
+    if not in_place(call.func, call.kwargs):
+        return state.activation(call, input, call.run(), gate=True)
+    source = input.clone()  # the input's values, kept for the rule
+    state.marks.scale(source, input)
+    changed = source.clone()
+    call.func(changed, *call.args[1:], **call.kwargs)
+    result = state.activation(call, source, changed, gate=True)
+    input.copy_(result)
+    state.marks.scale(input, result)  # the tensor changed in place holds the rule's output
+    return input
+
+
+#: The shifts that may add a constant to an activation output (:py:func:`shifts_activation`; ``neg`` adds none).
+_SHIFTS = frozenset({'add', 'sub', 'rsub'})
 
 
 def activated(call: Call, output, state: State) -> None:
@@ -167,7 +218,7 @@ def _softmax(state: State, tensor: torch.Tensor) -> bool:
 
 def divided(call: Call, output, state: State) -> None:
     """The marks of ``a / b``: those of a linear function of ``a`` (the divisor a constant, also where it is kept as a
-    gate: a renormalisation)."""
+    gate: a renormalisation); divided by a number, a multiple of ``a`` (:py:meth:`~.marks.Marks.scale`)."""
     numerator = call.argument('input')
     index = next((index for index, tensor in enumerate(call.carrying) if tensor is numerator), None)
     if index is None:
@@ -175,6 +226,9 @@ def divided(call: Call, output, state: State) -> None:
     reduced = Call(call.func, call.name, call.entry, call.args, call.kwargs, [numerator], [call.marks[index]])
     reduced.held = call.held
     passed(reduced, output, state)
+    denominator = call.argument('other')
+    if isinstance(denominator, (int, float)) and not isinstance(denominator, bool) and output.shape == numerator.shape:
+        state.marks.scale(output, numerator)  # ``a / 2``: a multiple of ``a``
 
 
 def normalisation(call: Call, state: State):

@@ -34,7 +34,9 @@ gate, a rescaling by a constant of the relevance pass keeps the marks of its inp
 Besides the marks, :py:class:`Marks` keeps what a tensor is a view, cast or centring of (:py:meth:`Marks.sources`),
 from which the engine tells whether a normaliser normalises a tensor
 (:py:func:`~zennit_attn.operations.graph.normalises`), and the logits a cast of logits stands for
-(:py:meth:`Marks.scores`).
+(:py:meth:`Marks.scores`), and what a tensor is a multiple of by a number (:py:meth:`Marks.root`), from which it
+tells an activation written out as a product, ``x * sigmoid(x)``: a gate, as ``silu(x)`` is
+(:py:meth:`Marks.activation_of`).
 """
 
 from __future__ import annotations
@@ -233,6 +235,9 @@ class Marks:
         self.routed = False
         #: the classes of the autograd nodes of the rules' own functions met (:py:func:`~..rules.base.rule_node`)
         self.rule_nodes: set = set()
+        #: what a tensor is a multiple of by a number (``2 * a``, ``a / 2``), by the node of its output: the node of
+        #: the multiplied tensor (:py:meth:`scale`)
+        self.scaled: dict = {}
 
     def get(self, node) -> Mark | None:
         """The mark of the tensor computed by ``node`` (None for an unmarked one); the mark of an output of the rules'
@@ -279,6 +284,36 @@ class Marks:
         found = (None, tuple(tensor.grad_fn for tensor in inputs))
         for tensor in outputs:
             self.origins[tensor.grad_fn] = found
+
+    def scale(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """Note that ``output`` is ``input`` multiplied (or divided) by a number."""
+        self.scaled[output.grad_fn] = input.grad_fn
+
+    def root(self, node):
+        """The node of the tensor that the tensor computed by ``node`` is a multiple of by numbers (up to 16 scalings;
+        ``node`` itself for none)."""
+        for _ in range(16):
+            if node not in self.scaled:
+                break
+            node = self.scaled[node]
+        return node
+
+    def activation_of(self, value: torch.Tensor, gate: torch.Tensor) -> bool:
+        """Whether ``gate`` (the output of an element-wise non-linearity) is an element-wise function of ``value``:
+        ``gate``, up to scalings by numbers, is the output of a chain of activations
+        (:py:func:`~zennit_attn.rules.elementwise_identity`: the first input of the chain on its node) whose first
+        input is ``value`` up to scalings (``sigmoid(1.702 x)`` of ``x``, ``1 + erf(x / sqrt(2))`` of ``0.5 x``)."""
+        if not (value.shape == gate.shape and value.grad_fn is not None):
+            return False
+        target, node = self.root(value.grad_fn), self.root(gate.grad_fn)
+        for _ in range(16):
+            source = getattr(node, 'source', None) if rule_node(node) == 'gate' else None
+            if source is None or source.grad_fn is None:
+                return False
+            node = self.root(source.grad_fn)
+            if node is target:
+                return True
+        return False
 
     def sources(self, tensor: torch.Tensor) -> set:
         """The nodes ``tensor`` is (a view, cast or centring of): its own and those of what it was derived from (up to

@@ -24,13 +24,13 @@ from __future__ import annotations
 import torch
 
 from ..rules import scaled_gradient
-from ..rules.products import SOFTMAX
+from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, replaced
 from .graph import is_outer_product
-from .marks import SOFTMAXED, join_gates, kind, passed, produced
+from .marks import ACTIVATED, SOFTMAXED, join_gates, kind, passed, produced
 from .tracking import State
 
-__all__ = ['product', 'elements', 'scatter', 'solve', 'attention', 'multiplied', 'factors']
+__all__ = ['product', 'elements', 'scatter', 'solve', 'attention', 'multiplied', 'factors', 'note_scaling']
 
 
 def _kinds(rule, marks: list) -> list[str | None]:
@@ -271,10 +271,16 @@ def multiplied(call: Call, output, state: State) -> None:
     if len(call.carrying) < 2 and call.marks[0] is None:
         return
     passed(call, output, state)
-    if call.entry.rule != 'product' or len(call.carrying) < 2:
+    if call.entry.rule != 'product':
+        return
+    if len(call.carrying) < 2:
+        note_scaling(call.func, call.args, call.kwargs, call.carrying[0], output, state)
         return
     found, marks = factors(call)
     if found is None or len(found) < 2:
+        return
+    if call.name == 'mul' and _activation_product(found, marks, output, state):
+        state.marks.set(produced(call, output), ACTIVATED)
         return
     outer = call.name == 'mul' and len(found) == 2 and is_outer_product(*found)
     if not (call.entry.contraction or outer):
@@ -285,6 +291,31 @@ def multiplied(call: Call, output, state: State) -> None:
         state.marks.add(outputs, contraction=True)
     elif call.entry.contraction:
         state.marks.add(outputs, attention=frozenset().union(*(mark.scores for mark in softmax)))
+
+
+def _activation_product(found: list, marks: list, output, state: State) -> bool:
+    """Whether a product of two relevance-carrying factors is an activation written out: a value ``x`` times the
+    output of an element-wise non-linearity of ``x`` (:py:meth:`~zennit_attn.operations.marks.Marks.activation_of`:
+    ``x * sigmoid(x)``, ``x * sigmoid(1.702 x)``, GPT-OSS's ``gate * sigmoid(alpha * gate)``, GELU as ``0.5 x (1 +
+    erf(x / sqrt(2)))``), element by element: its output is an activation's output (a gate of CP-LRP), as that of
+    ``silu(x)`` or ``gelu(x)`` is."""
+    if len(found) != 2 or not isinstance(output, torch.Tensor):
+        return False
+    kinds = [kind(mark) for mark in marks]
+    if ACTIVATION not in kinds or None not in kinds or marks[kinds.index(None)] is not None:
+        return False
+    value, gate = (found[0], found[1]) if kinds[1] == ACTIVATION else (found[1], found[0])
+    return output.shape == value.shape and state.marks.activation_of(value, gate)
+
+
+def note_scaling(func, args: tuple, kwargs: dict, input: torch.Tensor, output, state: State) -> None:
+    """Note ``output`` as ``input`` multiplied by a number where it is (``2 * a``, ``a.mul(2)``: a product of two
+    arguments, one the number; :py:meth:`~zennit_attn.operations.marks.Marks.scale`)."""
+    if len(args) != 2 or kwargs or not isinstance(output, torch.Tensor) or not output.requires_grad:
+        return
+    other = args[1] if args[0] is input else args[0]
+    if isinstance(other, (int, float)) and not isinstance(other, bool) and output.shape == input.shape:
+        state.marks.scale(output, input)
 
 
 def attended(call: Call, output, state: State) -> None:

@@ -60,6 +60,7 @@ from .calls import SWAPPABLE, Call, in_place
 from .decompositions import DECOMPOSED, STATISTICS
 from .elementwise import (
     activated,
+    activation_shift,
     bounded,
     decomposed,
     divided,
@@ -69,6 +70,7 @@ from .elementwise import (
     normalisation,
     normalising,
     running_norm,
+    shifts_activation,
     statistic,
 )
 from .marks import passed
@@ -136,7 +138,10 @@ def _refused(call: Call, state: State):
 def _plain(call: Call, state: State):
     """The plain gradient (linear, structural, selection and constant-valued operations: Eq. 8 with epsilon -> 0); a
     constant the model adds to, or joins with, relevance-carrying tensors is noted (it absorbs relevance, like a
-    bias: :py:meth:`~zennit_attn.operations.tracking.State.note_constant`)."""
+    bias: :py:meth:`~zennit_attn.operations.tracking.State.note_constant`), except a number added to the output of
+    an element-wise non-linearity, which is part of it (:py:func:`~.elementwise.activation_shift`)."""
+    if call.entry.shape == 'shift' and shifts_activation(call, state):
+        return activation_shift(call, state)
     if call.entry.shape in ADDING:
         state.note_constant(call.entry.shape, call.args, call.kwargs)
     return call.func(*call.args, **call.kwargs)
