@@ -190,13 +190,17 @@ def mean_se(values) -> str:
     return f'{values.mean():.3f} ± {values.std(ddof=1) / np.sqrt(len(values)):.3f}'
 
 
+def load(folder: Path) -> dict[int, dict]:
+    """The collected items of ``folder`` by id."""
+    return {int(path.stem): dict(np.load(path)) for path in sorted(folder.glob('*.npz'))}
+
+
 def run_report(args) -> None:
-    load = lambda kind: [dict(np.load(path)) for path in sorted((args.cache / kind).glob('*.npz'))]  # noqa: E731
-    train = load('train')
-    paths = sorted((args.cache / 'eval').glob('*.npz'))
-    evaluation = [dict(np.load(path)) for path in paths]
+    train = list(load(args.cache / 'train').values())
+    by_id = load(args.cache / 'eval')
+    evaluation = list(by_id.values())
     bench = {row['id']: row['methods'] for row in read_rows(OUT / 'bench.jsonl', complete=True)}
-    reference = np.array([bench[int(path.stem)]['contextcite-64']['lds'] for path in paths])
+    reference = np.array([bench[key]['contextcite-64']['lds'] for key in by_id])
     print(f'{len(train)} training items ({TRAIN_ABLATIONS} ablations each), {len(evaluation)} benchmark items')
     print('\n| features | penalty | LDS (cross-validated, training) | LDS | minus ContextCite-64 |')
     print('|---|---|---|---|---|')

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ['Call', 'Signature', 'signature', 'in_place', 'replaced', 'tensors_of', 'SWAPPABLE']
+__all__ = ['Call', 'Signature', 'signature', 'in_place', 'is_number', 'replaced', 'tensors_of', 'SWAPPABLE']
 
 #: Operators whose reflected (``__rmul__``) and in-place (``__imul__``) forms compute the same as the plain one.
 SWAPPABLE = frozenset('add sub mul matmul truediv floordiv pow mod and or xor'.split())
@@ -44,6 +44,11 @@ def replaced(value, tensors: dict[int, torch.Tensor]):
     if isinstance(value, (list, tuple)):
         return type(value)(replaced(item, tensors) for item in value)
     return value
+
+
+def is_number(value) -> bool:
+    """Whether ``value`` is a Python number (an int or a float, not a boolean): a constant of the model's code."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def in_place(func: Callable, kwargs: dict | None = None) -> bool:

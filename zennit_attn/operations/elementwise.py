@@ -25,7 +25,7 @@ import torch
 
 from ..rules import elementwise_identity, layer_norm_identity
 from ..rules.products import ACTIVATION, SOFTMAX
-from .calls import Call, in_place, tensors_of
+from .calls import Call, in_place, is_number, tensors_of
 from .graph import normalises
 from .marks import ACTIVATED, Mark, kind, passed, produced
 from .tracking import ConstantTensor, State
@@ -85,7 +85,7 @@ def shifts_activation(call: Call, state: State) -> bool:
     input = call.carrying[0]
     added = [value for value in (*call.args, *call.kwargs.values()) if value is not input]
     return (
-        all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in added)
+        all(is_number(value) for value in added)
         and not state.in_recurrence
         and (call.activation_rule is not None or state.activation_rule is not None)
         and (not in_place(call.func, call.kwargs) or call.args[0] is input)
@@ -105,12 +105,12 @@ def activation_shift(call: Call, state: State):
     if not in_place(call.func, call.kwargs):
         return state.activation(call, input, call.run(), gate=True)
     source = input.clone()  # the input's values, kept for the rule
-    state.marks.scale(source, input)
+    state.marks.scale(source, input, 1)
     changed = source.clone()
     call.func(changed, *call.args[1:], **call.kwargs)
     result = state.activation(call, source, changed, gate=True)
     input.copy_(result)
-    state.marks.scale(input, result)  # the tensor changed in place holds the rule's output
+    state.marks.scale(input, result, 1)  # the tensor changed in place holds the rule's output
     return input
 
 
@@ -226,9 +226,7 @@ def divided(call: Call, output, state: State) -> None:
     reduced = Call(call.func, call.name, call.entry, call.args, call.kwargs, [numerator], [call.marks[index]])
     reduced.held = call.held
     passed(reduced, output, state)
-    denominator = call.argument('other')
-    if isinstance(denominator, (int, float)) and not isinstance(denominator, bool) and output.shape == numerator.shape:
-        state.marks.scale(output, numerator)  # ``a / 2``: a multiple of ``a``
+    state.marks.scale(output, numerator, call.argument('other'))  # ``a / 2``: a multiple of ``a``
 
 
 def normalisation(call: Call, state: State):

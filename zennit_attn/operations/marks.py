@@ -45,6 +45,7 @@ import torch
 
 from ..rules.base import rule_input, rule_node
 from ..rules.products import ACTIVATION, SOFTMAX
+from .calls import is_number
 
 __all__ = ['Mark', 'Marks', 'ROUTES', 'ACTIVATED', 'SOFTMAXED', 'MIXED', 'join_gates', 'kind', 'produced', 'passed']
 
@@ -285,9 +286,16 @@ class Marks:
         for tensor in outputs:
             self.origins[tensor.grad_fn] = found
 
-    def scale(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        """Note that ``output`` is ``input`` multiplied (or divided) by a number."""
-        self.scaled[output.grad_fn] = input.grad_fn
+    def scale(self, output, input: torch.Tensor, factor) -> None:
+        """Note ``output`` as ``input`` multiplied (or divided) by ``factor`` where that is a number and ``output`` a
+        relevance-carrying tensor of ``input``'s shape (a copy: 1)."""
+        if (
+            is_number(factor)
+            and isinstance(output, torch.Tensor)
+            and output.requires_grad
+            and output.shape == input.shape
+        ):
+            self.scaled[output.grad_fn] = input.grad_fn
 
     def root(self, node):
         """The node of the tensor that the tensor computed by ``node`` is a multiple of by numbers (up to 16 scalings;

@@ -311,11 +311,8 @@ def _activation_product(found: list, marks: list, output, state: State) -> bool:
 def note_scaling(func, args: tuple, kwargs: dict, input: torch.Tensor, output, state: State) -> None:
     """Note ``output`` as ``input`` multiplied by a number where it is (``2 * a``, ``a.mul(2)``: a product of two
     arguments, one the number; :py:meth:`~zennit_attn.operations.marks.Marks.scale`)."""
-    if len(args) != 2 or kwargs or not isinstance(output, torch.Tensor) or not output.requires_grad:
-        return
-    other = args[1] if args[0] is input else args[0]
-    if isinstance(other, (int, float)) and not isinstance(other, bool) and output.shape == input.shape:
-        state.marks.scale(output, input)
+    if len(args) == 2 and not kwargs:
+        state.marks.scale(output, input, args[1] if args[0] is input else args[0])
 
 
 def attended(call: Call, output, state: State) -> None:

@@ -29,7 +29,7 @@ from ..core.audit import Audit, sanction
 from ..core.errors import UnsupportedModelError
 from ..rules.base import rule_node
 from ..rules.products import ProductRule
-from .calls import Call, tensors_of
+from .calls import Call, is_number, tensors_of
 from .marks import Mark, Marks
 
 __all__ = [
@@ -325,9 +325,7 @@ class State:
             values = tensors_of([kwargs.get('tensors', args[:1])], [])
         if all(isinstance(value, torch.Tensor) and value.requires_grad for value in values):
             return  # relevance-carrying tensors only (a residual connection): nothing added
-        numbers = [
-            value for value in values if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0
-        ]
+        numbers = [value for value in values if is_number(value) and value != 0]
         if numbers:
             self.constants.append((self.here(), numbers[0]))
             return
