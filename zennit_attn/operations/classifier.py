@@ -146,7 +146,7 @@ class Classifier(TorchFunctionMode):
         refusal = state.audit.refusal(carrying)
         if refusal is not None:  # an operand the engine did not produce or sanction
             state.recorded(state.refuse, name, *refusal)
-        if _fast(fast, marks, carrying, state):
+        if _fast(fast, name, marks, carrying, state):
             output = self.unmarked(func, args, kwargs, carrying, fast)
         else:
             call = Call(func, name, entry, args, kwargs, carrying, marks)
@@ -266,14 +266,15 @@ def _function(func) -> tuple:
 _CONSTANT = Mark()
 
 
-def _fast(fast: str | None, marks: list, carrying: list, state: State) -> bool:
-    """Whether an operation with the fast path ``fast`` (:py:func:`_function`) takes it: none of its operands is marked
-    (``marks``), no override and no dry run ask for its rule, and a product has one relevance-carrying factor (its
-    rule among several factors otherwise)."""
+def _fast(fast: str | None, name: str, marks: list, carrying: list, state: State) -> bool:
+    """Whether an operation ``name`` with the fast path ``fast`` (:py:func:`_function`) takes it: none of its operands
+    is marked (``marks``), neither an override of the operation nor a dry run asks for its rule (the other operations
+    of a composite with overrides keep their fast path), and a product has one relevance-carrying factor (its rule
+    among several factors otherwise)."""
     return (
         fast is not None
         and not any(marks)
-        and not state.overrides
+        and not (state.overrides and name in state.overrides)
         and state.table is None
         and (fast != 'product' or len(carrying) == 1)
     )
