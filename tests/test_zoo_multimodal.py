@@ -79,8 +79,8 @@ def test_walk_records_what_was_fed():
     text = check.check_architecture('image-text-to-text', 'evolla')  # a protein-text model: no pixels, the page says so
     assert text.inputs.startswith('text only: '), text
     page = supported_models.page([result, text])
-    assert f'| `llava` | explained | {result.inputs} |' in page
-    assert '| `evolla` | explained | text only: the forward takes no pixel_values |' in page
+    assert f'| `llava` | explained | exact | {result.inputs} |' in page
+    assert '| `evolla` | explained | exact | text only: the forward takes no pixel_values |' in page
 
 
 #: Architectures whose pixel inputs only their processor lays out, and the fields of that layout: Gemma 3's image

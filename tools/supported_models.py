@@ -14,6 +14,7 @@ root; a user asks about one model with ``zennit-attn check --model FOLDER_OR_MOD
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Iterable, Sequence
 
@@ -25,7 +26,7 @@ from zennit_attn.workflows.architecture_check.check import STATUSES, Result, che
 from zennit_attn.workflows.architecture_check.configs import MAPPINGS
 from zennit_attn.workflows.architecture_check.pixels import VIA_LAYOUT, VIA_PROCESSOR
 
-__all__ = ['architectures', 'walk', 'counts', 'fed_counts', 'page', 'main']
+__all__ = ['architectures', 'walk', 'counts', 'fed_counts', 'attnlrp_exact', 'attnlrp_cell', 'page', 'main']
 
 #: How the explained vision-language architectures were fed, as :py:func:`fed_counts` counts them.
 FED = ('pixels via processor', 'pixels via layout', 'text only')
@@ -92,15 +93,22 @@ def page(results: list[Result]) -> str:
         'the check guesses from the configuration, where the processor cannot be built or the model does not run on',
         'its outputs (the note says why); the relevance is summed over text and pixels, and the note gives the',
         "pixels' share of the explained logit; *text only* and why (no pixel input, pixels that carry no relevance).",
+        "*AttnLRP*: for an explained model, AttnLRP's relevance at the inputs over the explained logit with the",
+        "softmax rule's bias term handed back ({py:mod}`~zennit_attn.workflows.architecture_check.softmax_bias`):",
+        '*exact* within 1e-6; otherwise the model loses relevance by design, to a constant, to a softmax spelled',
+        'otherwise than a softmax call, or to an input of zero in the random model (the causes:',
+        '[rules](rules.md#where-attnlrp-loses-relevance-and-how-its-rules-are-checked)).',
         '',
-        '| mapping | explained | refused | not built | failed | explained of built |',
-        '|---|---|---|---|---|---|',
+        '| mapping | explained | refused | not built | failed | explained of built | AttnLRP exact |',
+        '|---|---|---|---|---|---|---|',
     ]
     for mapping, row in counts(results).items():
         built = row['explained'] + row['refused'] + row['failed']
         share = f'{100 * row["explained"] / built:.0f}%' if built else '-'
+        exact = sum(result.mapping == mapping and attnlrp_exact(result) for result in results)
         lines.append(
-            f'| {mapping} | {row["explained"]} | {row["refused"]} | {row["not built"]} | {row["failed"]} | {share} |'
+            f'| {mapping} | {row["explained"]} | {row["refused"]} | {row["not built"]} | {row["failed"]} | {share} '
+            f'| {exact} |'
         )
     fed = fed_counts(results)
     if fed:
@@ -109,12 +117,26 @@ def page(results: list[Result]) -> str:
             counted = ' | '.join(str(row[how]) for how in FED)
             lines.append(f'| {mapping} | {sum(row.values())} | {counted} |')
     for mapping in dict.fromkeys(result.mapping for result in results):
-        lines += ['', f'## {mapping}', '', '| architecture | status | note |', '|---|---|---|']
+        lines += ['', f'## {mapping}', '', '| architecture | status | AttnLRP | note |', '|---|---|---|---|']
         for result in results:
             if result.mapping == mapping:
-                note = '; '.join(part for part in (result.inputs, result.reason) if part).replace('|', '\\|')
-                lines.append(f'| `{result.architecture}` | {result.status} | {note} |')
+                parts = (result.inputs, result.reason, result.attnlrp_note)
+                note = '; '.join(part for part in parts if part).replace('|', '\\|')
+                lines.append(f'| `{result.architecture}` | {result.status} | {attnlrp_cell(result)} | {note} |')
     return '\n'.join(lines) + '\n'
+
+
+def attnlrp_exact(result: Result) -> bool:
+    """Whether AttnLRP with the softmax rule's bias term handed back conserves the logit within 1e-6
+    (:py:attr:`~zennit_attn.workflows.architecture_check.check.Result.attnlrp`)."""
+    return abs(result.attnlrp - 1) <= 1e-6
+
+
+def attnlrp_cell(result: Result) -> str:
+    """The page's AttnLRP cell of ``result``: ``exact``, the ratio, or ``-`` where it was not computed."""
+    if math.isnan(result.attnlrp):
+        return '-'
+    return 'exact' if attnlrp_exact(result) else f'{result.attnlrp:.4g}'
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,11 +28,13 @@ def ratio_of(line: str) -> float:
 def test_a_model_type_is_explained(capsys):
     code, out, err = run(capsys, ['check', '--model', 'llama', '--quiet'])
     assert code == 0 and err == ''
-    model, line = out.splitlines()
+    model, line, attnlrp = out.splitlines()
     assert model == (
         f'model: llama (a model_type of transformers {VERSION}), checked as causal-lm, on a tiny random model in '
         'float64 with zero biases'
     )
+    assert attnlrp.startswith("AttnLRP: with the softmax rule's bias term handed back, its relevance / logit = 1.0")
+    assert attnlrp.endswith(': its other rules lose nothing')
     assert line.startswith("verdict: explained: CP-LRP's relevance at the inputs sums to the explained logit (ratio ")
     assert line.endswith(') and AttnLRP runs: zennit-attn explains this architecture')
     assert abs(ratio_of(line) - 1) <= 1e-6
@@ -55,13 +57,13 @@ def test_the_rules_of_each_operation(capsys):
     code, out, err = run(capsys, ['check', '--model', 'llama', '--rules', 'cplrp', '--quiet'])
     assert code == 0 and err == ''
     lines = out.splitlines()
-    assert lines[1].startswith('verdict: explained') and lines[2] == ''
+    assert lines[1].startswith('verdict: explained') and lines[2].startswith('AttnLRP: ') and lines[3] == ''
     assert (
-        lines[3]
+        lines[4]
         == 'rules of LlamaForCausalLM under CPLRPEpsilon (products: ConstantGates()) (dry run: no backward pass)'
     )
-    assert lines[4].split() == ['module', 'operation', 'rule', 'what', 'the', 'engine', 'does', 'count']
-    rows = [re.split(r'\s{2,}', line.strip()) for line in lines[5:-1]]
+    assert lines[5].split() == ['module', 'operation', 'rule', 'what', 'the', 'engine', 'does', 'count']
+    rows = [re.split(r'\s{2,}', line.strip()) for line in lines[6:-1]]
     assert [
         'model.layers.*.mlp',
         'mul',
@@ -87,7 +89,7 @@ def test_the_rules_of_a_refused_model_list_the_refusal(capsys):
 def test_vision_language_models_are_fed_pixels(capsys):
     code, out, _ = run(capsys, ['check', '--model', 'llava', '--quiet'])
     assert code == 0
-    model, inputs, line = out.splitlines()
+    model, inputs, line, _ = out.splitlines()
     assert 'checked as image-text-to-text' in model
     assert inputs.startswith('inputs: text + image (pixels via processor), pixel share '), inputs
     assert abs(ratio_of(line) - 1) <= 1e-6
@@ -111,7 +113,7 @@ def test_a_model_folder(capsys, tmp_path):
         code, out, err = run(capsys, ['check', *argv])
         assert code == 0, (out, err)
         assert err.startswith(f'zennit-attn: checking {tmp_path} on a tiny random model ... done (')
-        model, line = out.splitlines()
+        model, line, _ = out.splitlines()
         assert model.startswith(f'model: {tmp_path} (model_type llama), checked as causal-lm, on a tiny random')
         assert abs(ratio_of(line) - 1) <= 1e-6
 
@@ -173,10 +175,12 @@ def test_a_model_that_adds_constants_is_explained_with_the_reason(capsys):
     and the verdict says where (the module whose code adds it: AltUp)."""
     code, out, _ = run(capsys, ['check', '--model', 'gemma3n_text', '-q'])
     assert code == 0
-    assert out.splitlines()[-1].startswith(
+    verdict, attnlrp = out.splitlines()[-2:]
+    assert verdict.startswith(
         'verdict: explained: not exactly conservative by design: the model adds the constant 1 at '
         "'model.layers.0.altup' "
     )
+    assert attnlrp.endswith('(docs: Rules, where AttnLRP loses relevance); anything else is a defect')
 
 
 def test_check_config_leaves_the_configuration_as_it_was():

@@ -1,43 +1,27 @@
-"""AttnLRP conserves exactly once its softmax rule's bias term is handed back, on real architectures.
+"""AttnLRP conserves exactly once its softmax rule's bias term is handed back, on real architectures
+(:py:mod:`zennit_attn.workflows.architecture_check.softmax_bias`: on a bias-free model AttnLRP loses relevance only at
+the softmax rule's Taylor bias term, Prop. 3.1).
 
-CP-LRP's conservation (the zoo walk, ``tests/test_zoo.py``) checks the rules that CP-LRP and AttnLRP share; it cannot
-see the rules that only AttnLRP applies: the shares of gates in products (Prop. 3.2, 3.3), the identity rule through
-the activations and softmax outputs that those shares reach (Eq. 9), and what an activation's spelling makes of them
-(an inline GELU got a third of its relevance absorbed as a bias before the fix of commit 47927d4). AttnLRP does not
-conserve by design: the softmax rule (Prop. 3.1) is the first-order Taylor expansion at zero, whose bias term
-``sum_j y_j g_j - sum_i x_i (J^T g)_i`` per softmax row is lost. Everything else AttnLRP does on a bias-free model is
-conservative (the uniform rule shares a homogeneous product's relevance exactly, Euler's theorem; the identity rule
-passes it unchanged; a normaliser held constant leaves a linear map). So with that bias term handed back at every
-softmax (:py:meth:`HandedBack.handed_back`: the softmax rule's gradient plus ``c x``, ``c`` chosen so that each
-row conserves) the relevance at the inputs sums to the explained logit to rounding, on every model whose attention is a
-softmax, and any other loss is a rule that absorbs relevance it must not.
-
-The softmax is handed back through the composite's ``overrides`` (``softmax``, ``_softmax`` and
-``scaled_dot_product_attention``, the last decomposed into its two products with AttnLRP's shares and the handed-back
-softmax); every other operation takes the engine's own path, the fast path of unmarked operations included. Models
-as the architecture check builds them (float64, biases and learned position tables zero), with every weight that is
-zero throughout drawn at random (xLSTM's gates and Doge's ``A`` start at zero: the identity rule cannot pass
-relevance to an input of zero, a loss of the random initialisation, not of the rules).
-
-Architectures that do not conserve this way by design are left out (docs: Rules, where AttnLRP loses relevance):
-constants the check does not zero (T5's relative position bias, ALiBi, attention sinks), and softmax spellings other
-than a softmax call (a top-k softmax renormalised by a division, as Mixtral's router; the exponential of a
-log-softmax; a softmax extended by a sink's logsumexp; the Sinkhorn iterations of DeepSeek-V4's hyper-connections):
-each loses what its own first-order expansion leaves out (Prop. 3.1).
+CP-LRP's conservation (the zoo walk, ``tests/test_zoo.py``) checks the rules CP-LRP and AttnLRP share; this checks
+those only AttnLRP applies: the shares of gates in products (Props. 3.2, 3.3), the identity rule behind them (Eq. 9),
+and what a spelling makes of them (ESM's inline GELU lost a third of the logit under AttnLRP before commit 47927d4;
+HY-V4's normaliser-returning ``UnweightedRMSNorm`` multiplied it by -796 before it was held constant). Models as the
+architecture check builds them (float64, biases and learned position tables zero), with every weight that is zero
+throughout drawn at random (xLSTM's gates and Doge's ``A`` start at zero: the identity rule cannot pass relevance to
+an input of zero, a loss of the random initialisation, not of the rules). The architectures that do not conserve this
+way by design are named in ``tests/test_zoo.py`` (:py:data:`~tests.test_zoo.ATTNLRP_LOSSES`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import math
 import warnings
 
 import pytest
 import torch
 
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
-from zennit_attn.rules.base import gradient_map, scaled_gradient
 from zennit_attn.workflows.architecture_check.check import (
     check_inputs,
     input_relevances,
@@ -45,86 +29,16 @@ from zennit_attn.workflows.architecture_check.check import (
     zero_biases,
 )
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
+from zennit_attn.workflows.architecture_check.softmax_bias import SoftmaxBias
 
-#: Logits at or below this are masked (``finfo.min``, ``-inf``): their softmax is 0 and they carry no relevance.
-MASKED = 1e4
-
-
-class HandedBack:
-    """The softmaxes of one explanation with their bias terms handed back (:py:meth:`handed_back`): a row whose logits
-    are all zero (or masked) cannot take its bias term back (``c x`` is zero); its loss is recorded in
-    :py:attr:`stranded`."""
-
-    def __init__(self):
-        self.stranded = 0.0
-        #: the softmaxes met (a model without any, xLSTM, conserves under AttnLRP itself)
-        self.softmaxes = 0
-
-    def softmax(self, func, args, kwargs):
-        """The override of ``softmax`` and ``_softmax``: ``func`` run on the logits with the bias term handed back."""
-        dim = kwargs['dim'] if 'dim' in kwargs else args[1]
-        return self.handed_back(lambda logits: func(logits, *args[1:], **kwargs), args[0], dim)
-
-    def handed_back(self, softmax, logits: torch.Tensor, dim: int) -> torch.Tensor:
-        """``softmax(logits)`` (along ``dim``) whose logits' gradient is the softmax rule's plus ``c x`` per row, with
-        ``c`` such that ``sum_i x_i g_i`` equals the output's ``sum_j y_j g_j``."""
-        self.softmaxes += 1
-        seen = {}
-
-        def record(grad: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-            seen['output'] = (value * grad).sum(dim, keepdim=True)
-            return grad
-
-        def returned(grad: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-            kept = torch.where(value.abs() < MASKED, value, torch.zeros_like(value))
-            lost = seen['output'] - (kept * grad).sum(dim, keepdim=True)
-            norm = (kept * kept).sum(dim, keepdim=True)
-            self.stranded += float(torch.where(norm > 0, torch.zeros_like(lost), lost).abs().sum())
-            return grad + torch.where(norm > 0, lost / norm.clamp_min(1e-300), torch.zeros_like(norm)) * kept
-
-        output = softmax(gradient_map(logits, returned, with_value=True))
-        return gradient_map(output, record, with_value=True)
-
-    def attention(self, func, args, kwargs):
-        """The override of ``scaled_dot_product_attention``: ``softmax(q k^T scale + mask) V`` written out, each of its
-        products sharing its relevance half and half (AttnLRP's uniform rule, Prop. 3.3) and the softmax's bias term
-        handed back; its value checked against ``func``'s."""
-        names = ('query', 'key', 'value', 'attn_mask', 'dropout_p', 'is_causal', 'scale', 'enable_gqa')
-        bound = {**dict(zip(names, args)), **kwargs}
-        query, key, value = bound['query'], bound['key'], bound['value']
-        if bound.get('enable_gqa') and key.shape[-3] != query.shape[-3]:
-            groups = query.shape[-3] // key.shape[-3]
-            key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
-        scale = bound.get('scale') or 1 / math.sqrt(query.shape[-1])
-        scores = (_half(query) @ _half(key).transpose(-2, -1)) * scale
-        if bound.get('is_causal'):
-            length, keys = query.shape[-2], key.shape[-2]
-            keep = torch.ones(length, keys, dtype=torch.bool, device=scores.device).tril(keys - length)
-            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
-        mask = bound.get('attn_mask')
-        if mask is not None and mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        elif mask is not None:
-            scores = scores + mask
-        weights = self.handed_back(lambda logits: torch.softmax(logits, -1), scores, -1)
-        output = _half(weights) @ _half(value)
-        with torch.no_grad():
-            assert torch.allclose(output, func(*args, **kwargs), atol=1e-10), 'the written-out attention differs'
-        return output
-
-    def composite(self) -> AttnLRPEpsilon:
-        """AttnLRP with the softmax's bias term handed back."""
-        attention = {'scaled_dot_product_attention': self.attention}
-        return AttnLRPEpsilon(overrides={'softmax': self.softmax, '_softmax': self.softmax, **attention})
-
-
-def _half(tensor: torch.Tensor) -> torch.Tensor:
-    return scaled_gradient(tensor, 0.5) if tensor.requires_grad else tensor
+#: Constants of models not named as biases, zeroed after the weights are drawn: HY-V4's hyper-connection biases and
+#: the logits of attention sinks (zero-initialised: drawn, each absorbs relevance as a bias does).
+CONSTANTS = ('_hc.base', 'hc_head.hc_base', 'self_attn.sinks')
 
 
 def built(mapping: str, architecture: str) -> tuple[torch.nn.Module, dict]:
     """The model of ``architecture`` as the architecture check builds it (float64, zero biases), every weight that is
-    zero throughout drawn at random, and its inputs."""
+    zero throughout drawn at random (but :py:data:`CONSTANTS`), and its inputs."""
     architecture_class, config_class = model_class(mapping, architecture)
     config = tiny_config(config_class)
     with contextlib.suppress(Exception):
@@ -135,6 +49,9 @@ def built(mapping: str, architecture: str) -> tuple[torch.nn.Module, dict]:
         model = architecture_class(config).to(torch.float64).eval()
         randomize_zero_weights(model, torch.Generator().manual_seed(0))
         zero_biases(model)
+        for name, parameter in model.named_parameters():
+            if name.endswith(CONSTANTS):
+                parameter.detach().zero_()
         inputs, _ = check_inputs(model, config, mapping, torch.Generator().manual_seed(0))
     return model, inputs
 
@@ -173,6 +90,7 @@ ARCHITECTURES = [
     ('image-text-to-text', 'qwen2_vl'),
     ('image-text-to-text', 'llava'),
     ('image-text-to-text', 'idefics3'),
+    ('causal-lm', 'hy_v4'),
 ]
 
 
@@ -183,7 +101,7 @@ def test_attnlrp_conserves_with_the_softmax_bias_handed_back(mapping, architectu
     own sum is further off wherever the model has a softmax (the softmax's bias term is what the check hands back),
     and as close where it has none."""
     model, inputs = built(mapping, architecture)
-    handed = HandedBack()
+    handed = SoftmaxBias()
     assert explained(model, inputs, CPLRPEpsilon()) == pytest.approx(1, abs=1e-6)
     assert explained(model, inputs, handed.composite()) == pytest.approx(1, abs=1e-6)
     assert handed.stranded <= 1e-12
@@ -196,7 +114,7 @@ def test_the_handed_back_softmax_conserves_and_keeps_its_value():
     torch.manual_seed(0)
     logits = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(3, 5, dtype=torch.float64)
-    handed = HandedBack()
+    handed = SoftmaxBias()
     output = handed.softmax(torch.softmax, (logits, -1), {})
     (grad,) = torch.autograd.grad((output * weight).sum(), logits)
     plain = torch.softmax(logits, -1)

@@ -10,8 +10,11 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from zennit.composites import LayerMapComposite
 
+from tests.by_hand import attributed
 from tests.naive_rules import epsilon_rule, identity_rule, lrp, norm_rule, scale_rule, stabilize
 from tests.numbers import assert_close
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.rules import Epsilon, Identity, NormIdentity, RelevanceBoundary
 
 
@@ -231,3 +234,64 @@ def test_rule_errors_name_the_module():
             [torch.randn(2, 3, dtype=torch.float64)],
             torch.randn(2, 3, dtype=torch.float64),
         )
+
+
+class UnweightedRMSNorm(torch.nn.Module):
+    """HY-V4's ``UnweightedRMSNorm``: named like an RMSNorm, it returns the normaliser ``g(x)`` itself (one value per
+    row), and its caller multiplies by it."""
+
+    def forward(self, x):
+        return torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+
+
+class MeanRMSNorm(torch.nn.Module):
+    """Named like an RMSNorm, it returns one value per row that is not a normaliser (the mean)."""
+
+    def forward(self, x):
+        return x.mean(-1, keepdim=True)
+
+
+class NormalisedAfter(torch.nn.Module):
+    """``linear(x) g(x)``: HY-V4's hyper-connection logits, the normaliser applied after the linear map."""
+
+    def __init__(self, norm: torch.nn.Module):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 3, bias=False)
+        self.norm = norm
+
+    def forward(self, x):
+        return self.linear(x) * self.norm(x)
+
+
+class NormalisedBefore(torch.nn.Module):
+    """``linear(x / rms(x))``: the same function with an RMSNorm of its own (DeepSeek-V4's spelling)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(6, eps=1e-6, elementwise_affine=False)
+        self.linear = linear
+
+    def forward(self, x):
+        return self.linear(self.norm(x))
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+def test_a_norm_that_returns_its_normaliser_holds_it_constant(composite):
+    """Prop. 3.4: ``linear(x) g(x)`` with ``g`` from a module named like an RMSNorm gets the relevance of
+    ``linear(x / rms(x))`` (1e-12) and conserves the relevance 1 of each output; before, the RMSNorm's identity rule
+    divided the one value per row by every input (-796 times the logit of a tiny HY-V4)."""
+    torch.manual_seed(0)
+    model = NormalisedAfter(UnweightedRMSNorm()).double()
+    reference = NormalisedBefore(model.linear).double()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    found = attributed(model, composite(), x)
+    assert_close(found, attributed(reference, composite(), x), 1e-12)
+    assert_close(found.sum(), torch.tensor(12.0, dtype=torch.float64), 1e-12)
+
+
+def test_a_norm_that_returns_another_value_per_row_is_refused():
+    """One value per row that is not divided by ``k`` where the row is multiplied by ``k`` is no normaliser: refused by
+    name, not explained by the identity rule of a normalisation."""
+    model = NormalisedAfter(MeanRMSNorm()).double()
+    with pytest.raises(UnsupportedModelError, match='MeanRMSNorm is named like a normalisation but returns one value'):
+        attributed(model, AttnLRPEpsilon(), torch.randn(4, 6, dtype=torch.float64))

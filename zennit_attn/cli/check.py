@@ -36,7 +36,10 @@ small vocabulary; its weights are not read) in float64, with every bias and lear
 explains its prediction and checks that CP-LRP's relevance at the inputs sums to the explained logit (exact
 conservation, which a missed non-linearity breaks) and that AttnLRP runs. Prints the verdict: explained, refused
 (naming the operation or the module zennit-attn has no rule for), not built (the tiny model could not be built or run,
-and why: a limit of the check, not necessarily of zennit-attn) or failed (a defect of zennit-attn).
+and why: a limit of the check, not necessarily of zennit-attn) or failed (a defect of zennit-attn). For an explained
+model a last line checks AttnLRP's own rules: with the softmax rule's bias term handed back, its relevance must sum to
+the logit too, unless the model adds a constant, spells a softmax otherwise, or feeds an input of zero to the identity
+rule in the tiny random model (docs: Rules, where AttnLRP loses relevance).
 
 With --rules, also prints which rule each operation of the tiny model gets, and why (a dry run of one forward pass, no
 backward pass): module by module (the layers of a stack merged), the operation, the rule the operation registry

@@ -150,6 +150,12 @@ class NormIdentity(GradientRule):
     ``1 + w``, float32 up-casting, ...). For LayerNorm the output is recomputed with the standard deviation
     detached.
 
+    A module named like an RMSNorm that returns the normaliser itself instead of the normalised input (HY-V4's
+    ``UnweightedRMSNorm``: ``rsqrt(mean(x^2) + eps)``, one value per row, the product left to its caller) is the
+    constant ``g(x)`` of Prop. 3.4: its output is returned detached, so that the product it scales passes relevance by
+    the other factor alone, as ``linear(x / g(x))`` does; confirmed at its first call on probes (one value per row,
+    divided by ``k`` where the row is multiplied by ``k``), refused otherwise.
+
     Other modules named like a normalisation (``norm_kind`` ``'probe'``) are confirmed at their first call, on
     the input they receive: the output must not change when the input is scaled (a normalisation); if it does not
     change when a constant is added either, the module subtracts the mean (LayerNorm-like: ``y = (x - mean) c w +
@@ -186,6 +192,10 @@ class NormIdentity(GradientRule):
             kind, bias = self.confirmed
             if kind == 'centered':
                 return _CenteredRatio.apply(input[0], output.detach(), bias)
+        if kind == 'rms' and output.shape != input[0].shape:
+            if self.confirmed is None:
+                self.confirmed = _confirm_normaliser(module, input[0].detach(), output.detach())
+            return output.detach()
         if kind == 'rms':
             return elementwise_identity(input[0], output, module=module if self.recomputable else None)
         if kind == 'layer':
@@ -200,6 +210,39 @@ class NormIdentity(GradientRule):
         duplicate = super().copy()
         duplicate.confirmed, duplicate.recomputable = None, False
         return duplicate
+
+
+def _confirm_normaliser(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[str, None]:
+    """``('normaliser', None)`` for a module that returns the normaliser ``g(x)`` of the last dimension of ``x``: one
+    positive value per row, divided by ``k`` where the row is multiplied by ``k``;
+    :py:class:`~zennit_attn.core.errors.UnsupportedModelError` otherwise."""
+    name = type(module).__name__
+
+    def refuse(reason):
+        raise UnsupportedModelError(
+            f'{name} is named like a normalisation but {reason}, so neither the normalisation rule (Prop. 3.4) nor '
+            'the rule of its normaliser applies to it; map it to a rule of the composite (docs: Use a composite) or '
+            'report the model.'
+        )
+
+    if y.shape != x.shape[:-1] + (1,):
+        refuse(f'maps {tuple(x.shape)} to {tuple(y.shape)}')
+    with torch.no_grad():
+        generator = torch.Generator(device=x.device).manual_seed(0)
+        probe = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        # rows of an RMS of 10: far above any epsilon (1e-5), and their squares within float16's range
+        probe = probe / probe.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30) * 10
+        factor = torch.rand(x.shape[:-1] + (1,), generator=generator, dtype=x.dtype, device=x.device).add(0.5) * 2
+        reference, scaled = module.forward(probe), module.forward(probe * factor)
+        tolerance = 5e-2 if torch.finfo(y.dtype).bits < 32 else 1e-3
+        if not bool((reference > 0).all()) or not bool(
+            ((scaled * factor - reference).abs() <= tolerance * reference).all()
+        ):
+            refuse(
+                f'returns one value per row ({tuple(y.shape)}) that is not a normaliser (divided by k where the row is '
+                'multiplied by k)'
+            )
+    return 'normaliser', None
 
 
 def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):

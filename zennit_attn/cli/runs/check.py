@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import math
 from collections.abc import Iterator
 
 import transformers
@@ -27,6 +28,7 @@ __all__ = [
     'model_type_result',
     'load_config',
     'verdict',
+    'attnlrp_line',
     'RULE_COMPOSITES',
 ]
 
@@ -129,4 +131,20 @@ def verdict(architecture: Architecture, result: Result) -> list[str]:
     else:
         reason = '; '.join(filter(None, (result.reason, MEANINGS.get(result.status))))
     lines.append(f'verdict: {result.status}: {reason}')
+    if not math.isnan(result.attnlrp):
+        lines.append(attnlrp_line(result))
     return lines
+
+
+def attnlrp_line(result: Result) -> str:
+    """The printout of AttnLRP's own check (:py:attr:`~zennit_attn.workflows.architecture_check.check.Result.attnlrp`):
+    with the softmax rule's bias term handed back, does its relevance sum to the logit?"""
+    head = f"AttnLRP: with the softmax rule's bias term handed back, its relevance / logit = {result.attnlrp:.12f}"
+    if abs(result.attnlrp - 1) <= 1e-6:
+        return f'{head}: its other rules lose nothing'
+    note = f' ({result.attnlrp_note})' if result.attnlrp_note else ''
+    return (
+        f'{head}{note}: relevance is lost to a constant of the model, to a softmax spelled otherwise than a softmax '
+        'call, or to inputs of zero in the tiny random model (docs: Rules, where AttnLRP loses relevance); anything '
+        'else is a defect'
+    )

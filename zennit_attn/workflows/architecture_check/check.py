@@ -15,6 +15,11 @@ set to zero (:py:func:`zero_biases`), and fed token ids (and pixels where it has
   library);
 - ``failed``: anything else (a conservation error, another exception): a defect.
 
+An explained model is also checked for AttnLRP's own rules (:py:attr:`Result.attnlrp`): AttnLRP with the softmax
+rule's bias term handed back (:py:mod:`~zennit_attn.workflows.architecture_check.softmax_bias`) conserves the logit
+unless the model adds a constant, spells a softmax otherwise than as a softmax call, or feeds an input of zero to the
+identity rule; the walk's test names each architecture that does not, and why.
+
 :py:func:`check_architecture` checks an architecture of one of transformers' auto mappings from its config class's
 defaults (the walk over all of them, ``tools/supported_models.py``, writes the documentation's supported-models page);
 :py:func:`check_config` checks a model's own configuration (``zennit-attn check --model FOLDER``).
@@ -42,6 +47,7 @@ from ...inputs.lookups import TokenLookups, needs_ids
 from ...operations import RuleTable
 from .configs import model_class, model_class_for, tiny_config, tiny_copy
 from .pixels import PIXEL_INPUTS, pixel_inputs, short_message
+from .softmax_bias import SoftmaxBias
 
 __all__ = [
     'STATUSES',
@@ -54,6 +60,7 @@ __all__ = [
     'check_inputs',
     'input_relevances',
     'added_constants',
+    'attnlrp_returned',
 ]
 
 STATUSES = ('explained', 'refused', 'not built', 'failed')
@@ -82,6 +89,9 @@ NEGLIGIBLE = 1e-6
 #: The largest share of the explained logit at the pixel inputs that counts as none (rounding: 1e-36 in a tower that
 #: attenuates them).
 NO_SHARE = 1e-9
+
+#: The bias terms of softmax rows of zero logits (their sum) below which none counts as stranded (rounding).
+STRANDED = 1e-9
 
 #: Names of biases, and of learned or fixed position and token-type embeddings (added to the tokens: biases too),
 #: and of learned tokens put ahead of the patches (CLIP's class embedding, RADIO's class and register tokens).
@@ -118,6 +128,13 @@ class Result:
     rules: RuleTable or None
         Where asked for (``rules=``) and the model was built: the rule each of its operations gets under the
         composite asked for (:py:meth:`~zennit_attn.composites.AttnLRPComposite.rule_table`, a dry run).
+    attnlrp: float
+        For an explained model: AttnLRP's relevance at the inputs over the explained logit with the softmax rule's
+        bias term handed back (:py:func:`attnlrp_returned`; 1 to rounding where AttnLRP's other rules lose nothing),
+        NaN otherwise.
+    attnlrp_note: str
+        What kept that check from being exact other than the rules: its error, or the bias terms stranded at softmax
+        rows of zero logits.
     """
 
     mapping: str
@@ -128,6 +145,8 @@ class Result:
     seconds: float = 0.0
     inputs: str = ''
     rules: RuleTable | None = None
+    attnlrp: float = math.nan
+    attnlrp_note: str = ''
 
 
 def check_architecture(mapping: str, architecture: str, seed: int = 0, rules=None) -> Result:
@@ -167,14 +186,16 @@ def _check(mapping: str, architecture: str, build: Callable, seed: int, start: f
         model, inputs, fed = _built(mapping, build, seed, generator)
     except Exception as error:  # a limit of the tiny configurations
         return Result(mapping, architecture, 'not built', short_message(error), seconds=time.perf_counter() - start)
-    status, reason, ratio, fed = _verdict(model, inputs, fed)
+    status, reason, ratio, fed, dtype = _verdict(model, inputs, fed)
+    attnlrp, attnlrp_note = attnlrp_returned(model, inputs, dtype) if status == 'explained' else (math.nan, '')
     table = None
     if rules is not None:
         leaves, kwargs = _leaves(model, model.get_input_embeddings(), inputs)
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter('ignore')
             table = rules.rule_table(model, **leaves, **kwargs)
-    return Result(mapping, architecture, status, reason, ratio, time.perf_counter() - start, fed, table)
+    seconds = time.perf_counter() - start
+    return Result(mapping, architecture, status, reason, ratio, seconds, fed, table, attnlrp, attnlrp_note)
 
 
 def _built(mapping: str, build: Callable, seed: int, generator: torch.Generator) -> tuple[torch.nn.Module, dict, str]:
@@ -193,20 +214,21 @@ def _built(mapping: str, build: Callable, seed: int, generator: torch.Generator)
     return model, inputs, fed
 
 
-def _verdict(model: torch.nn.Module, inputs: dict, fed: str) -> tuple[str, str, float, str]:
-    """``(status, reason, ratio, what was fed)`` of the built model: its plain forward on the embeddings as
-    :py:func:`~zennit_attn.explain` runs it, then CP-LRP's conservation and AttnLRP; pixels that carry no relevance
-    (CP-LRP's share at the pixel inputs is zero) are noted as text only (:py:data:`NO_PIXEL_SHARE`)."""
+def _verdict(model: torch.nn.Module, inputs: dict, fed: str) -> tuple[str, str, float, str, torch.dtype]:
+    """``(status, reason, ratio, what was fed, torch's default dtype it ran with)`` of the built model: its plain
+    forward on the embeddings as :py:func:`~zennit_attn.explain` runs it, then CP-LRP's conservation and AttnLRP;
+    pixels that carry no relevance (CP-LRP's share at the pixel inputs is zero) are noted as text only
+    (:py:data:`NO_PIXEL_SHARE`)."""
     error, dtype, fed = _plain_forward(model, inputs, fed)
     if error is not None:
         status, reason = _plain_forward_verdict(model, inputs, error)
-        return status, reason, math.nan, fed
+        return status, reason, math.nan, fed, dtype
     status, reason, ratio, share = _explained(model, inputs, dtype)
     if fed.startswith('text + image') and abs(share) <= NO_SHARE:
         fed = f'text only: {NO_PIXEL_SHARE} ({fed})'
     elif fed.startswith('text + image') and math.isfinite(share):
         fed = f'{fed}, pixel share {share:.3g}'
-    return status, reason, ratio, fed
+    return status, reason, ratio, fed, dtype
 
 
 def _plain_forward(model: torch.nn.Module, inputs: dict, fed: str) -> tuple[Exception | None, torch.dtype, str]:
@@ -266,6 +288,23 @@ def _explained(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tupl
             share,
         )
     return ('explained' if exact else 'failed'), reason, ratio, share
+
+
+def attnlrp_returned(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tuple[float, str]:
+    """``(ratio, note)`` of AttnLRP with the softmax rule's bias term handed back
+    (:py:class:`~zennit_attn.workflows.architecture_check.softmax_bias.SoftmaxBias`, with torch's default dtype
+    ``dtype``): its relevance at the inputs over the explained logit, and what kept it from being exact other than the
+    rules (its error, with NaN; the bias terms stranded at softmax rows of zero logits)."""
+    bias = SoftmaxBias()
+    try:
+        with default_dtype(dtype), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter('ignore')
+            ratio = relevance_sum(model, inputs, bias.composite())
+    except Exception as error:  # the check's own limit (an override that does not fit the call) or a defect
+        return math.nan, f'{type(error).__name__}: {short_message(error)}'
+    if bias.stranded > STRANDED:
+        return ratio, f'bias terms of {bias.stranded:.3g} stranded at softmax rows of zero logits'
+    return ratio, ''
 
 
 def added_constants(composite) -> list[tuple[str, float]]:
