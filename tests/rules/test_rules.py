@@ -82,6 +82,30 @@ def test_norm_identity_rms_norm(norm):
     assert_close(actual, relevance)
 
 
+class BiasedRMSNorm(LlamaRMSNorm):
+    """An RMSNorm with a bias, ``y = x c w + b`` (xLSTM's ``xLSTMRMSNorm(use_bias=True)``)."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__(hidden_size, eps=eps)
+        self.bias = torch.nn.Parameter(torch.randn(hidden_size))
+
+    def forward(self, hidden_states):
+        return super().forward(hidden_states) + self.bias
+
+
+def test_norm_identity_rms_norm_with_a_bias():
+    """Prop. 3.4 with the epsilon rule on the affine part: ``R_x = R_y (y - b) / y``, the bias absorbing its share (as
+    LayerNorm's does); before, the identity rule gave the bias's share to ``x``."""
+    norm = BiasedRMSNorm(6).double()
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    relevance = torch.randn(3, 6, dtype=torch.float64)
+    (actual,) = lrp(norm, NormIdentity(), [x], relevance)
+    with torch.no_grad():
+        y = norm(x)
+    assert_close(actual, relevance * (y - norm.bias) / y)
+
+
 class ScaledRMSNorm(LlamaRMSNorm):
     """An RMSNorm with a keyword argument that changes its output: a call with it cannot be recomputed from ``x``."""
 

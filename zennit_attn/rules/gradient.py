@@ -147,8 +147,9 @@ class NormIdentity(GradientRule):
     ``g(x)`` is treated as a constant; the affine parts (mean subtraction, weight, bias) are linear and keep
     their epsilon-rule gradient. For RMSNorm the output is ``x_i c w_i`` with a per-row constant ``c``, so the
     rule is the element-wise ratio ``g_in = g_out y / x``, valid for every RMSNorm variant (Gemma's
-    ``1 + w``, float32 up-casting, ...). For LayerNorm the output is recomputed with the standard deviation
-    detached.
+    ``1 + w``, float32 up-casting, ...); an RMSNorm with a bias (``y = x c w + b``: xLSTM's ``use_bias``) gets
+    ``g_in = g_out (y - b) / x``, its bias absorbing its share. For LayerNorm the output is recomputed with the standard
+    deviation detached.
 
     A module named like an RMSNorm that returns the normaliser itself instead of the normalised input (HY-V4's
     ``UnweightedRMSNorm``: ``rsqrt(mean(x^2) + eps)``, one value per row, the product left to its caller) is the
@@ -196,6 +197,9 @@ class NormIdentity(GradientRule):
             if self.confirmed is None:
                 self.confirmed = _confirm_normaliser(module, input[0].detach(), output.detach())
             return output.detach()
+        bias = getattr(module, 'bias', None)
+        if kind == 'rms' and isinstance(bias, torch.Tensor) and bias.shape == output.shape[-1:]:
+            return _ShiftedRatio.apply(input[0], output, bias.detach())
         if kind == 'rms':
             return elementwise_identity(input[0], output, module=module if self.recomputable else None)
         if kind == 'layer':
@@ -294,6 +298,24 @@ def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
         if not bool((high - low <= tolerance * high.abs().clamp_min(1e-12)).all()):
             refuse('it neither subtracts the mean nor scales every feature of a row by one factor')
     return 'rms', None
+
+
+class _ShiftedRatio(torch.autograd.Function):
+    """Backward of an RMSNorm with a bias, ``y = x c w + b`` with ``c`` constant (Prop. 3.4; xLSTM's ``use_bias``):
+    ``g_in = g_out (y - b) / x``, so that ``sum x g_in = sum (y - b) g_out``: the bias absorbs its share, as the bias of
+    a LayerNorm does (the epsilon rule on the affine part)."""
+
+    @staticmethod
+    def forward(ctx, input, output, bias):
+        ctx.save_for_backward(input.detach(), output.detach(), bias)
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, output, bias = ctx.saved_tensors
+        dtype = compute_dtype(input, output, grad_output)
+        ratio = ((output.to(dtype) - bias.to(dtype)) / input.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
+        return (ratio * grad_output.to(dtype)).to(input.dtype), None, None
 
 
 class _CenteredRatio(torch.autograd.Function):
