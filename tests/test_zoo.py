@@ -32,22 +32,18 @@ KNOWN: dict[str, dict[str, str]] = {
 #: hyper-connection biases); a softmax spelled otherwise than a softmax call (a top-k softmax renormalised by a
 #: division, the exponential of a log-softmax, a softmax extended by a sink's logsumexp, Sinkhorn iterations); softmax
 #: rows of zero logits in the random model (zeroed rotary or sinusoidal tables: their bias terms are stranded, which
-#: the check's note says); weights initialised to zero that feed the identity rule inputs of zero (with the weights
-#: drawn, these conserve: tests/composites/test_conservation.py).
+#: the check's note says).
 CONSTANT = 'a constant of the model'
 SOFTMAX = 'a softmax spelled otherwise'
 ZERO_LOGITS = 'softmax rows of zero logits'
-ZERO_WEIGHTS = 'weights initialised to zero'
 #: The explained architectures (CP-LRP exact) on which AttnLRP with the softmax rule's bias term handed back does not
 #: conserve the logit within 1e-6, with their cause (a new entry needs one; a fixed one must be removed: the test
 #: fails for both).
 ATTNLRP_LOSSES: dict[str, dict[str, str]] = {
     'causal-lm': {
-        'afmoe': ZERO_WEIGHTS,
         'bloom': CONSTANT,
         'codegen': ZERO_LOGITS,
         'deepseek_v4': SOFTMAX,
-        'doge': ZERO_WEIGHTS,
         'flint': CONSTANT,
         'git': ZERO_LOGITS,
         'gptj': ZERO_LOGITS,
@@ -68,8 +64,6 @@ ATTNLRP_LOSSES: dict[str, dict[str, str]] = {
         'qwen4_exp': SOFTMAX,
         'qwen4_exp_text': SOFTMAX,
         'roformer': ZERO_LOGITS,
-        'xlstm': ZERO_WEIGHTS,
-        'zaya': ZERO_LOGITS,
     },
     'seq2seq-lm': {
         'longt5': CONSTANT,

@@ -6,10 +6,9 @@ CP-LRP's conservation (the zoo walk, ``tests/test_zoo.py``) checks the rules CP-
 those only AttnLRP applies: the shares of gates in products (Props. 3.2, 3.3), the identity rule behind them (Eq. 9),
 and what a spelling makes of them (ESM's inline GELU lost a third of the logit under AttnLRP before commit 47927d4;
 HY-V4's normaliser-returning ``UnweightedRMSNorm`` multiplied it by -796 before it was held constant). Models as the
-architecture check builds them (float64, biases and learned position tables zero), with every weight that is zero
-throughout drawn at random (xLSTM's gates and Doge's ``A`` start at zero: the identity rule cannot pass relevance to
-an input of zero, a loss of the random initialisation, not of the rules). The architectures that do not conserve this
-way by design are named in ``tests/test_zoo.py`` (:py:data:`~tests.test_zoo.ATTNLRP_LOSSES`).
+architecture check builds them (float64, every weight initialised to zero drawn, biases and learned position tables
+zero), with HY-V4's hyper-connection biases and attention sinks zeroed too (:py:data:`CONSTANTS`). The architectures
+that do not conserve this way by design are named in ``tests/test_zoo.py`` (:py:data:`~tests.test_zoo.ATTNLRP_LOSSES`).
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ CONSTANTS = ('_hc.base', 'hc_head.hc_base', 'self_attn.sinks')
 
 
 def built(mapping: str, architecture: str) -> tuple[torch.nn.Module, dict]:
-    """The model of ``architecture`` as the architecture check builds it (float64, zero biases), every weight that is
-    zero throughout drawn at random (but :py:data:`CONSTANTS`), and its inputs."""
+    """The model of ``architecture`` as the architecture check builds it (float64, every weight that is zero throughout
+    drawn at random, zero biases), :py:data:`CONSTANTS` zeroed, and its inputs."""
     architecture_class, config_class = model_class(mapping, architecture)
     config = tiny_config(config_class)
     with contextlib.suppress(Exception):

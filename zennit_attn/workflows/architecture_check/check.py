@@ -1,8 +1,9 @@
 """The check of one architecture: will zennit-attn explain a model of it?
 
 A model of the architecture is built from a tiny random configuration
-(:py:mod:`~zennit_attn.workflows.architecture_check.configs`) in float64, every bias and learned position embedding
-set to zero (:py:func:`zero_biases`), and fed token ids (and pixels where it has a vision tower:
+(:py:mod:`~zennit_attn.workflows.architecture_check.configs`) in float64, every weight initialised to zero drawn at
+random (:py:func:`randomize_zero_weights`), every bias and learned position embedding set to zero
+(:py:func:`zero_biases`), and fed token ids (and pixels where it has a vision tower:
 :py:mod:`~zennit_attn.workflows.architecture_check.pixels`). Then:
 
 - ``explained``: CP-LRP's relevance at the inputs (every modality: text embeddings and pixels) sums to the explained
@@ -207,8 +208,7 @@ def _built(mapping: str, build: Callable, seed: int, generator: torch.Generator)
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter('ignore')
         model = model_class(config).to(torch.float64).eval()
-        if mapping == 'image-text-to-text' or set(PIXEL_INPUTS) & set(_forward_parameters(model)):
-            randomize_zero_weights(model, torch.Generator().manual_seed(seed))
+        randomize_zero_weights(model, torch.Generator().manual_seed(seed))
         zero_biases(model)
         inputs, fed = check_inputs(model, config, mapping, generator)
     return model, inputs, fed
@@ -317,10 +317,11 @@ def added_constants(composite) -> list[tuple[str, float]]:
 
 def randomize_zero_weights(model: torch.nn.Module, generator: torch.Generator) -> None:
     """Draw every floating-point weight that is zero throughout, or negligible (every entry at most
-    :py:data:`NEGLIGIBLE`: an initialisation of zeros, as Gemma 3's image projection and Llama 3.2 Vision's
-    cross-attention gates, or of 1e-10, as the SAM towers of GOT-OCR 2 and DeepSeek-OCR), from a normal distribution
-    (standard deviation 0.1), so that the pixels reach the output of the random model; biases and position tables are
-    zeroed after it (:py:func:`zero_biases`)."""
+    :py:data:`NEGLIGIBLE`: an initialisation of zeros, as Gemma 3's image projection, Llama 3.2 Vision's
+    cross-attention gates, xLSTM's gate projections and Doge's ``A``, or of 1e-10, as the SAM towers of GOT-OCR 2 and
+    DeepSeek-OCR), from a normal distribution (standard deviation 0.1), so that every path of the random model carries
+    relevance (the pixels reach its output; a gate of zero inputs gives the identity rule nothing to pass, Eq. 9);
+    biases and position tables are zeroed after it (:py:func:`zero_biases`)."""
     with torch.no_grad():
         for _, parameter in model.named_parameters():
             if parameter.is_floating_point() and parameter.numel() > 0 and parameter.abs().max() <= NEGLIGIBLE:
