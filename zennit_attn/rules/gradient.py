@@ -192,14 +192,14 @@ class NormIdentity(GradientRule):
                 self.confirmed = _confirm_norm(module, input[0].detach(), output.detach())
             kind, bias = self.confirmed
             if kind == 'centered':
-                return _CenteredRatio.apply(input[0], output.detach(), bias)
+                return _AffineRatio.apply(input[0], output.detach(), bias, True)
         if kind == 'rms' and output.shape != input[0].shape:
             if self.confirmed is None:
                 self.confirmed = _confirm_normaliser(module, input[0].detach(), output.detach())
             return output.detach()
         bias = getattr(module, 'bias', None)
         if kind == 'rms' and isinstance(bias, torch.Tensor) and bias.shape == output.shape[-1:]:
-            return _ShiftedRatio.apply(input[0], output, bias.detach())
+            return _AffineRatio.apply(input[0], output, bias.detach(), False)
         if kind == 'rms':
             return elementwise_identity(input[0], output, module=module if self.recomputable else None)
         if kind == 'layer':
@@ -300,31 +300,16 @@ def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
     return 'rms', None
 
 
-class _ShiftedRatio(torch.autograd.Function):
-    """Backward of an RMSNorm with a bias, ``y = x c w + b`` with ``c`` constant (Prop. 3.4; xLSTM's ``use_bias``):
-    ``g_in = g_out (y - b) / x``, so that ``sum x g_in = sum (y - b) g_out``: the bias absorbs its share, as the bias of
-    a LayerNorm does (the epsilon rule on the affine part)."""
+class _AffineRatio(torch.autograd.Function):
+    """Backward of a normalisation with a bias, ``y = x' c w + b`` with ``c`` constant (Prop. 3.4), where ``x'`` is
+    ``x - mean(x)`` (``centered``: LayerNorm-like) or ``x`` (an RMSNorm with a bias: xLSTM's ``use_bias``):
+    ``g_in = h - mean(h)`` with ``h = g_out (y - b) / x'`` (centred), else ``g_in = g_out (y - b) / x``, so that
+    ``sum x g_in = sum (y - b) g_out``: the bias absorbs its share (the epsilon rule on the affine part)."""
 
     @staticmethod
-    def forward(ctx, input, output, bias):
+    def forward(ctx, input, output, bias, centered):
         ctx.save_for_backward(input.detach(), output.detach(), bias)
-        return output.detach()
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        input, output, bias = ctx.saved_tensors
-        dtype = compute_dtype(input, output, grad_output)
-        ratio = ((output.to(dtype) - bias.to(dtype)) / input.to(dtype)).nan_to_num_(0.0, 0.0, 0.0)
-        return (ratio * grad_output.to(dtype)).to(input.dtype), None, None
-
-
-class _CenteredRatio(torch.autograd.Function):
-    """Backward of a mean-subtracting normalisation ``y = (x - mean) c w + b`` with ``c`` constant (Prop. 3.4):
-    ``g_in = h - mean(h)`` with ``h = g_out (y - b) / (x - mean)``, so that ``sum x g_in = sum (y - b) g_out``."""
-
-    @staticmethod
-    def forward(ctx, input, output, bias):
-        ctx.save_for_backward(input.detach(), output.detach(), bias)
+        ctx.centered = centered
         return output.detach()
 
     @staticmethod
@@ -332,7 +317,10 @@ class _CenteredRatio(torch.autograd.Function):
         input, output, bias = ctx.saved_tensors
         dtype = compute_dtype(input, output, grad_output)
         x = input.to(dtype)
-        centered = x - x.mean(-1, keepdim=True)
-        ratio = ((output.to(dtype) - bias.to(dtype)) / centered).nan_to_num_(0.0, 0.0, 0.0)
+        if ctx.centered:
+            x = x - x.mean(-1, keepdim=True)
+        ratio = ((output.to(dtype) - bias.to(dtype)) / x).nan_to_num_(0.0, 0.0, 0.0)
         scaled = ratio * grad_output.to(dtype)
-        return (scaled - scaled.mean(-1, keepdim=True)).to(input.dtype), None, None
+        if ctx.centered:
+            scaled = scaled - scaled.mean(-1, keepdim=True)
+        return scaled.to(input.dtype), None, None, None
