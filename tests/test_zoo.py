@@ -130,7 +130,7 @@ def check_attnlrp(mapping: str, results: list[Result]) -> None:
     """AttnLRP with the softmax rule's bias term handed back conserves on every exactly explained architecture but
     those of :py:data:`ATTNLRP_LOSSES`; where softmax rows of zero logits are the cause, the check's note says so."""
     exact = [result for result in results if result.status == 'explained' and not result.reason]
-    lost = {result.architecture: result for result in exact if not supported_models.attnlrp_exact(result)}
+    lost = {result.architecture: result for result in exact if not result.attnlrp_exact}
     known = ATTNLRP_LOSSES.get(mapping, {})
     assert set(lost) == set(known), {
         architecture: (result.attnlrp, result.attnlrp_note) for architecture, result in lost.items()

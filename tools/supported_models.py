@@ -26,7 +26,7 @@ from zennit_attn.workflows.architecture_check.check import STATUSES, Result, che
 from zennit_attn.workflows.architecture_check.configs import MAPPINGS
 from zennit_attn.workflows.architecture_check.pixels import VIA_LAYOUT, VIA_PROCESSOR
 
-__all__ = ['architectures', 'walk', 'counts', 'fed_counts', 'attnlrp_exact', 'attnlrp_cell', 'page', 'main']
+__all__ = ['architectures', 'walk', 'counts', 'fed_counts', 'attnlrp_cell', 'page', 'main']
 
 #: How the explained vision-language architectures were fed, as :py:func:`fed_counts` counts them.
 FED = ('pixels via processor', 'pixels via layout', 'text only')
@@ -106,7 +106,7 @@ def page(results: list[Result]) -> str:
     for mapping, row in counts(results).items():
         built = row['explained'] + row['refused'] + row['failed']
         share = f'{100 * row["explained"] / built:.0f}%' if built else '-'
-        exact = sum(result.mapping == mapping and attnlrp_exact(result) for result in results)
+        exact = sum(result.mapping == mapping and result.attnlrp_exact for result in results)
         lines.append(
             f'| {mapping} | {row["explained"]} | {row["refused"]} | {row["not built"]} | {row["failed"]} | {share} '
             f'| {exact} |'
@@ -127,17 +127,11 @@ def page(results: list[Result]) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def attnlrp_exact(result: Result) -> bool:
-    """Whether AttnLRP with the softmax rule's bias term handed back conserves the logit within 1e-6
-    (:py:attr:`~zennit_attn.workflows.architecture_check.check.Result.attnlrp`)."""
-    return abs(result.attnlrp - 1) <= 1e-6
-
-
 def attnlrp_cell(result: Result) -> str:
     """The page's AttnLRP cell of ``result``: ``exact``, the ratio, or ``-`` where it was not computed."""
     if math.isnan(result.attnlrp):
         return '-'
-    return 'exact' if attnlrp_exact(result) else f'{result.attnlrp:.4g}'
+    return 'exact' if result.attnlrp_exact else f'{result.attnlrp:.4g}'
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,12 +23,8 @@ import torch
 
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
-from zennit_attn.workflows.architecture_check.check import (
-    check_inputs,
-    input_relevances,
-    randomize_zero_weights,
-    zero_biases,
-)
+from zennit_attn.workflows.architecture_check import check
+from zennit_attn.workflows.architecture_check.check import input_relevances
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 from zennit_attn.workflows.architecture_check.softmax_bias import SoftmaxBias
 
@@ -40,20 +36,16 @@ CONSTANTS = ('_hc.base', 'hc_head.hc_base', 'self_attn.sinks')
 def built(mapping: str, architecture: str) -> tuple[torch.nn.Module, dict]:
     """The model of ``architecture`` as the architecture check builds it (float64, every weight that is zero throughout
     drawn at random, zero biases), :py:data:`CONSTANTS` zeroed, and its inputs."""
-    architecture_class, config_class = model_class(mapping, architecture)
-    config = tiny_config(config_class)
-    with contextlib.suppress(Exception):
-        config._experts_implementation = 'eager'
-    torch.manual_seed(0)
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter('ignore')
-        model = architecture_class(config).to(torch.float64).eval()
-        randomize_zero_weights(model, torch.Generator().manual_seed(0))
-        zero_biases(model)
+
+    def build():
+        architecture_class, config_class = model_class(mapping, architecture)
+        return architecture_class, tiny_config(config_class)
+
+    model, inputs, _ = check._built(mapping, build, 0, torch.Generator().manual_seed(0))
+    with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith(CONSTANTS):
-                parameter.detach().zero_()
-        inputs, _ = check_inputs(model, config, mapping, torch.Generator().manual_seed(0))
+                parameter.zero_()
     return model, inputs
 
 

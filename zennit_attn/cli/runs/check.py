@@ -140,7 +140,7 @@ def attnlrp_line(result: Result) -> str:
     """The printout of AttnLRP's own check (:py:attr:`~zennit_attn.workflows.architecture_check.check.Result.attnlrp`):
     with the softmax rule's bias term handed back, does its relevance sum to the logit?"""
     head = f"AttnLRP: with the softmax rule's bias term handed back, its relevance / logit = {result.attnlrp:.12f}"
-    if abs(result.attnlrp - 1) <= 1e-6:
+    if result.attnlrp_exact:
         return f'{head}: its other rules lose nothing'
     note = f' ({result.attnlrp_note})' if result.attnlrp_note else ''
     return (

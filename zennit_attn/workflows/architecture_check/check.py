@@ -91,6 +91,9 @@ NEGLIGIBLE = 1e-6
 #: attenuates them).
 NO_SHARE = 1e-9
 
+#: The largest distance of a relevance / logit ratio from 1 that counts as exact conservation (float64 rounding where
+#: relevances of opposite signs cancel, the epsilon of a normaliser).
+EXACT = 1e-6
 #: The bias terms of softmax rows of zero logits (their sum) below which none counts as stranded (rounding).
 STRANDED = 1e-9
 
@@ -148,6 +151,12 @@ class Result:
     rules: RuleTable | None = None
     attnlrp: float = math.nan
     attnlrp_note: str = ''
+
+    @property
+    def attnlrp_exact(self) -> bool:
+        """Whether AttnLRP with the softmax rule's bias term handed back conserves the logit (within
+        :py:data:`EXACT`; False where it was not computed)."""
+        return abs(self.attnlrp - 1) <= EXACT
 
 
 def check_architecture(mapping: str, architecture: str, seed: int = 0, rules=None) -> Result:
@@ -275,7 +284,7 @@ def _explained(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tupl
     ratio = float(sum(sums.values()))
     pixels = [key for key in inputs if key.endswith(PIXEL_INPUTS)]  # none where the pixels got no gradient
     share = float(sum(sums.get(key, 0.0) for key in pixels)) if pixels else math.nan
-    exact = abs(ratio - 1) <= 1e-6 and math.isfinite(attnlrp)
+    exact = abs(ratio - 1) <= EXACT and math.isfinite(attnlrp)
     reason = '' if exact else f'CP-LRP relevance / logit = {ratio:.6g}, AttnLRP sum {attnlrp:.4g}'
     path, value = max(added_constants(composite), key=lambda item: abs(float(item[1])), default=('', 0.0))
     if not exact and abs(float(value)) >= 1e-4 and math.isfinite(attnlrp):
