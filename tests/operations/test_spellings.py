@@ -5,6 +5,12 @@ activation. Each case writes one function several ways; every composite (AttnLRP
 RelP and the rules of relevance patching) gives each spelling the same relevance (float64, 1e-10), and CP-LRP
 conserves it (no biases: the relevance 1 of every output element).
 
+Before multiples by constant tensors were followed as multiples by numbers were, AttnLRP gave ``weight * x *
+rsqrt(mean(x^2) + eps)`` (a normalisation whose weight is multiplied first) a relevance 31% of the largest apart from
+the RMSNorm's (28% for a LayerNorm; the normaliser got the uniform rule instead of being held constant, Prop. 3.4),
+and CP-LRP gave Swish with a weight, ``x * sigmoid(beta * x)``, a relevance 39% apart from ``silu(beta * x) / beta``
+(the gate held constant instead of the identity rule of the activation); relevance patching's MLP rules doubled it.
+
 Before issue 40, CP-LRP gave ``silu(h) @ W`` and ``(silu(h)[..., None] * W).sum(-2)`` followed by a gate relevances
 90% apart (the product with a broadcast constant and the sum passed the gate, the matrix product did not), the
 recurrent and the chunked gated delta rule 2.4% of the largest relevance apart, and half the other cases below
@@ -32,6 +38,8 @@ COMPOSITES = [AttnLRPEpsilon, CPLRPEpsilon, RelPEpsilon, MLPRules]
 W = torch.linspace(-1, 1, 16, dtype=torch.float64).reshape(4, 4) + torch.eye(4, dtype=torch.float64)
 MASK = torch.tensor([[False, True, False], [False, False, True], [True, False, False]])
 MIXING = torch.tensor([0.7, 0.3], dtype=torch.float64)
+#: the weight of a normalisation or an activation (a constant: what a frozen weight of the model is in the context)
+SCALE = torch.tensor([0.5, 1.5, 1.0, 2.0], dtype=torch.float64)
 
 
 class Projected(torch.nn.Module):
@@ -88,6 +96,27 @@ def scale_a_view_in_place(m, x):
 
 def rms_spelled(g):
     return g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def rms_weighted_first(a):
+    """An RMSNorm whose weight multiplies the input before the normaliser does (GradiumPhononTTS's)."""
+    return SCALE * a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def rms_weighted_in_place(a):
+    """:py:func:`rms_weighted_first` with the weight multiplied in place."""
+    return a.clone().mul_(SCALE) * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def layer_norm_weighted_first(a):
+    """A LayerNorm whose weight multiplies the centred input before the normaliser does."""
+    return SCALE * (a - a.mean(-1, keepdim=True)) * torch.rsqrt(a.var(-1, keepdim=True, unbiased=False) + 1e-5)
+
+
+def layer_norm_weighted_centre(a):
+    """A LayerNorm that centres the weighted input (the weight times the input, minus the weight times its mean)."""
+    centred = SCALE * a - SCALE * a.mean(-1, keepdim=True)
+    return centred * torch.rsqrt(a.var(-1, keepdim=True, unbiased=False) + 1e-5)
 
 
 def routing(m, x, spelling: str):
@@ -221,6 +250,12 @@ SPELLINGS = {
         lambda m, x: swish(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: torch.sigmoid(a) * a)(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: a * torch.sigmoid(a / 1.0))(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a * torch.sigmoid(torch.ones(4, dtype=torch.float64) * a))(m.a(x)) * m.b(x),
+    ],
+    'Swish with a weight beta written out, times a value': [
+        lambda m, x: (lambda a: F.silu(SCALE * a) / SCALE)(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a * torch.sigmoid(SCALE * a))(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: torch.sigmoid(a * SCALE) * a)(m.a(x)) * m.b(x),
     ],
     'GELU written out with erf, times a value': [
         lambda m, x: F.gelu(m.a(x)) * m.b(x),
@@ -249,6 +284,23 @@ SPELLINGS = {
         lambda m, x: F.rms_norm(torch.sigmoid(m.a(x)), (4,), eps=1e-6) * m.b(x),
         lambda m, x: rms_spelled(torch.sigmoid(m.a(x))) * m.b(x),
         lambda m, x: m.norm(torch.sigmoid(m.a(x))) * m.b(x),
+    ],
+    # a normaliser times a multiple of what it normalises (by a number or a constant tensor, also cast or changed in
+    # place) is a normalisation, held constant (Prop. 3.4), wherever the weight is multiplied
+    'an RMSNorm, its weight multiplied after or before the normaliser': [
+        lambda m, x: F.rms_norm(m.a(x), (4,), SCALE, eps=1e-6),
+        lambda m, x: rms_spelled(m.a(x)) * SCALE,
+        lambda m, x: rms_weighted_first(m.a(x)),
+        lambda m, x: (lambda a: a * (SCALE * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)))(m.a(x)),
+        lambda m, x: (lambda a: (2 * a) * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6) * (SCALE / 2))(m.a(x)),
+        lambda m, x: (lambda a: (SCALE * a).to(a.dtype) * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6))(m.a(x)),
+        lambda m, x: rms_weighted_in_place(m.a(x)),
+        lambda m, x: (lambda a: SCALE * a * torch.rsqrt(torch.einsum('nd,nd->n', a, a)[:, None] / 4 + 1e-6))(m.a(x)),
+    ],
+    'a LayerNorm, its weight multiplied after or before the normaliser': [
+        lambda m, x: F.layer_norm(m.a(x), (4,), SCALE, None, 1e-5),
+        lambda m, x: layer_norm_weighted_first(m.a(x)),
+        lambda m, x: layer_norm_weighted_centre(m.a(x)),
     ],
 }
 

@@ -171,7 +171,8 @@ class Classifier(TorchFunctionMode):
         output = func(*args, **kwargs)
         if fast == 'view' and isinstance(output, torch.Tensor) and output.requires_grad:
             first = carrying[0] if len(carrying) == 1 else args[0]  # ``x.type_as(y)``: the values of ``x``
-            state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
+            if output.grad_fn is not first.grad_fn:  # not ``x.to(x.dtype)``, which returns ``x``
+                state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
         elif fast == 'shift':
             state.marks.derive(produced_tensors(output), carrying)
         elif fast == 'product':

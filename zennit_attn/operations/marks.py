@@ -196,7 +196,8 @@ def passed(call, output, state, mixes: bool | None = None) -> None:
     if shape == 'view' and len(carrying) == 1:  # what ``outputs`` are a view of (:py:meth:`Marks.sources`)
         found, origins = (carrying[0].grad_fn, outputs[0].shape == carrying[0].shape), state.marks.origins
         for tensor in outputs:
-            origins[tensor.grad_fn] = found
+            if tensor.grad_fn is not found[0]:  # not ``x.to(x.dtype)``, which returns ``x``
+                origins[tensor.grad_fn] = found
     elif shape == 'shift':
         state.marks.derive(outputs, carrying)
     if any(marks):
@@ -236,8 +237,8 @@ class Marks:
         self.routed = False
         #: the classes of the autograd nodes of the rules' own functions met (:py:func:`~..rules.base.rule_node`)
         self.rule_nodes: set = set()
-        #: what a tensor is a multiple of by a number (``2 * a``, ``a / 2``), by the node of its output: the node of
-        #: the multiplied tensor (:py:meth:`scale`)
+        #: what a tensor is a multiple of by a number or a constant tensor (``2 * a``, ``a / 2``, ``weight * a``: a
+        #: weight of the model, frozen), by the node of its output: the node of the multiplied tensor (:py:meth:`scale`)
         self.scaled: dict = {}
 
     def get(self, node) -> Mark | None:
@@ -286,20 +287,21 @@ class Marks:
         for tensor in outputs:
             self.origins[tensor.grad_fn] = found
 
-    def scale(self, output, input: torch.Tensor, factor) -> None:
-        """Note ``output`` as ``input`` multiplied (or divided) by ``factor`` where that is a number and ``output`` a
-        relevance-carrying tensor of ``input``'s shape (a copy: 1)."""
-        if (
-            is_number(factor)
-            and isinstance(output, torch.Tensor)
-            and output.requires_grad
-            and output.shape == input.shape
-        ):
-            self.scaled[output.grad_fn] = input.grad_fn
+    def scale(self, output, input: torch.Tensor, factor, node=None) -> None:
+        """Note ``output`` as ``input`` multiplied (or divided) by ``factor`` where that is a number (a copy: 1) or a
+        constant tensor (one that carries no relevance: a weight of the model) and ``output`` a relevance-carrying
+        tensor of ``input``'s shape, an element-wise multiple of it. ``node``: the node of ``input`` before the
+        operation, where that changed ``input`` in place (``x.mul_(w)``)."""
+        constant = is_number(factor) or (isinstance(factor, torch.Tensor) and not factor.requires_grad)
+        if not (constant and isinstance(output, torch.Tensor) and output.requires_grad and output.shape == input.shape):
+            return
+        node = input.grad_fn if node is None else node
+        if output.grad_fn is not node:
+            self.scaled[output.grad_fn] = node
 
     def root(self, node):
-        """The node of the tensor that the tensor computed by ``node`` is a multiple of by numbers (up to 16 scalings;
-        ``node`` itself for none)."""
+        """The node of the tensor that the tensor computed by ``node`` is a multiple of by numbers or constant tensors
+        (up to 16 scalings; ``node`` itself for none)."""
         for _ in range(16):
             if node not in self.scaled:
                 break
@@ -308,9 +310,10 @@ class Marks:
 
     def activation_of(self, value: torch.Tensor, gate: torch.Tensor) -> bool:
         """Whether ``gate`` (the output of an element-wise non-linearity) is an element-wise function of ``value``:
-        ``gate``, up to scalings by numbers, is the output of a chain of activations
+        ``gate``, up to scalings by numbers or constant tensors, is the output of a chain of activations
         (:py:func:`~zennit_attn.rules.elementwise_identity`: the first input of the chain on its node) whose first
-        input is ``value`` up to scalings (``sigmoid(1.702 x)`` of ``x``, ``1 + erf(x / sqrt(2))`` of ``0.5 x``)."""
+        input is ``value`` up to scalings (``sigmoid(1.702 x)`` of ``x``, ``1 + erf(x / sqrt(2))`` of ``0.5 x``,
+        ``sigmoid(beta * x)`` of ``x`` with a weight ``beta``)."""
         if not (value.shape == gate.shape and value.grad_fn is not None):
             return False
         target, node = self.root(value.grad_fn), self.root(gate.grad_fn)
@@ -324,19 +327,21 @@ class Marks:
         return False
 
     def sources(self, tensor: torch.Tensor) -> set:
-        """The nodes ``tensor`` is (a view, cast or centring of): its own and those of what it was derived from (up to
-        16 views and casts, then the inputs of a centring)."""
-        node = tensor.grad_fn
-        found = {node}
-        for _ in range(16):
-            origin = self.origins.get(node)
-            if origin is None:
-                break
-            if origin[0] is None:  # a shift: its inputs
-                found.update(origin[1])
-                break
-            node = origin[0]
+        """The nodes ``tensor`` is (a view, cast, multiple or shift of): its own and those of what it was derived from
+        (views and casts, multiples by numbers or by constant tensors, and the inputs of shifts, such as a centring,
+        up to 32 nodes). A normaliser computed from any of them, times ``tensor``, is a normalisation:
+        ``weight * x * rsqrt(mean(x^2))`` as ``x * rsqrt(mean(x^2)) * weight``."""
+        queue, found = [tensor.grad_fn], set()
+        while queue and len(found) < 32:
+            node = queue.pop()
+            if node in found:
+                continue
             found.add(node)
+            origin = self.origins.get(node)
+            if origin is not None:
+                queue.extend(origin[1] if origin[0] is None else origin[:1])  # a shift: its inputs
+            elif node in self.scaled:
+                queue.append(self.scaled[node])
         for node in list(found):  # an identity rule's output: a function of its chain's first input
             if rule_node(node) in ('gate', 'rescaled') and node.next_functions:
                 found.add(node.next_functions[0][0])

@@ -268,13 +268,14 @@ def multiplied(call: Call, output, state: State) -> None:
     relevance-carrying factors none of which is a softmax output (a matrix product or a broadcast outer product:
     ``k^T v``) is marked a contraction, a matrix product with softmax factors an attention output (the logits of its
     softmaxes)."""
-    if len(call.carrying) < 2 and call.marks[0] is None:
+    if len(call.carrying) < 2:  # linear: marked as its factor, a multiple of it (as on the fast path)
+        if call.marks[0] is not None:
+            passed(call, output, state)
+        if call.entry.rule == 'product':
+            note_scaling(call.func, call.args, call.kwargs, call.carrying[0], output, state, call.nodes[0])
         return
     passed(call, output, state)
     if call.entry.rule != 'product':
-        return
-    if len(call.carrying) < 2:
-        note_scaling(call.func, call.args, call.kwargs, call.carrying[0], output, state)
         return
     found, marks = factors(call)
     if found is None or len(found) < 2:
@@ -308,11 +309,12 @@ def _activation_product(found: list, marks: list, output, state: State) -> bool:
     return output.shape == value.shape and state.marks.activation_of(value, gate)
 
 
-def note_scaling(func, args: tuple, kwargs: dict, input: torch.Tensor, output, state: State) -> None:
-    """Note ``output`` as ``input`` multiplied by a number where it is (``2 * a``, ``a.mul(2)``: a product of two
-    arguments, one the number; :py:meth:`~zennit_attn.operations.marks.Marks.scale`)."""
+def note_scaling(func, args: tuple, kwargs: dict, input: torch.Tensor, output, state: State, node=None) -> None:
+    """Note ``output`` as ``input`` multiplied by a number or a constant tensor where it is (``2 * a``, ``a.mul(2)``,
+    ``weight * a``: a product of two arguments, one the factor; ``node``: that of ``input`` before the product, which
+    an in-place product changes; :py:meth:`~zennit_attn.operations.marks.Marks.scale`)."""
     if len(args) == 2 and not kwargs:
-        state.marks.scale(output, input, args[1] if args[0] is input else args[0])
+        state.marks.scale(output, input, args[1] if args[0] is input else args[0], node)
 
 
 def attended(call: Call, output, state: State) -> None:
