@@ -10,6 +10,9 @@ rsqrt(mean(x^2) + eps)`` (a normalisation whose weight is multiplied first) a re
 the RMSNorm's (28% for a LayerNorm; the normaliser got the uniform rule instead of being held constant, Prop. 3.4),
 and CP-LRP gave Swish with a weight, ``x * sigmoid(beta * x)``, a relevance 39% apart from ``silu(beta * x) / beta``
 (the gate held constant instead of the identity rule of the activation); relevance patching's MLP rules doubled it.
+Before the two outputs of one operation were told apart, CP-LRP took GLU by ``chunk`` (``a * sigmoid(g)`` with ``a, g
+= h.chunk(2)``) for SiLU (``a`` times an activation of itself: a gate), 120% of the largest relevance apart from GLU by
+indexing when multiplied by a value.
 
 Before issue 40, CP-LRP gave ``silu(h) @ W`` and ``(silu(h)[..., None] * W).sum(-2)`` followed by a gate relevances
 90% apart (the product with a broadcast constant and the sum passed the gate, the matrix product did not), the
@@ -251,6 +254,13 @@ SPELLINGS = {
         lambda m, x: (lambda a: torch.sigmoid(a) * a)(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: a * torch.sigmoid(a / 1.0))(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: a * torch.sigmoid(torch.ones(4, dtype=torch.float64) * a))(m.a(x)) * m.b(x),
+    ],
+    # the two halves of one chunk are two tensors (one autograd node, two outputs): GLU is a value times a gate
+    'GLU (halves by indexing, by chunk, by the function), times a value': [
+        lambda m, x: (lambda a: a[:, :2] * torch.sigmoid(a[:, 2:]))(m.a(x)) * m.b(x)[:, :2],
+        lambda m, x: (lambda a, g: a * torch.sigmoid(g))(*m.a(x).chunk(2, -1)) * m.b(x)[:, :2],
+        lambda m, x: (lambda a, g: a * torch.sigmoid(g))(*m.a(x).split(2, -1)) * m.b(x)[:, :2],
+        lambda m, x: F.glu(m.a(x), -1) * m.b(x)[:, :2],
     ],
     'Swish with a weight beta written out, times a value': [
         lambda m, x: (lambda a: F.silu(SCALE * a) / SCALE)(m.a(x)) * m.b(x),

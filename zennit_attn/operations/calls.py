@@ -125,8 +125,9 @@ class Call:
         Its arguments, as the model passed them (with the constants the engine holds replaced by detached copies).
     carrying: list of torch.Tensor
         The tensors among the arguments that carry relevance.
-    nodes: tuple
-        The autograd nodes of ``carrying`` when the call was bound, before it ran (an in-place operation changes the
+    positions: tuple
+        Where the tensors of ``carrying`` sat in the autograd graph when the call was bound, before it ran (``(node,
+        output number)``: :py:func:`~zennit_attn.operations.marks.tensor_position`; an in-place operation changes the
         node of the tensor it changes).
     marks: list of Mark or None
         The engine's mark on each tensor of ``carrying``
@@ -152,7 +153,7 @@ class Call:
         'args',
         'kwargs',
         'carrying',
-        'nodes',
+        'positions',
         'marks',
         'held',
         'product_rule',
@@ -171,7 +172,7 @@ class Call:
             carrying,
             marks,
         )
-        self.nodes = tuple(tensor.grad_fn for tensor in carrying)
+        self.positions = tuple((tensor.grad_fn, tensor.output_nr) for tensor in carrying)
         self.held = False
         self.product_rule = self.activation_rule = self.note = self._arguments = None
 

@@ -224,6 +224,12 @@ def _passed(call, marks: list, state, mixes: bool) -> Mark | None:
     return Mark(sink=sink, attention=attention, contraction=contraction, **fields)
 
 
+def tensor_position(tensor: torch.Tensor) -> tuple:
+    """Where ``tensor`` sits in the autograd graph: ``(its node, which output of the node it is)``. Outputs of one
+    operation (``x.chunk(2)``, ``x.unbind()``) share the node; the position tells them apart."""
+    return tensor.grad_fn, tensor.output_nr
+
+
 class Marks:
     """The marks of one forward pass, by autograd node (see the module's description)."""
 
@@ -238,7 +244,8 @@ class Marks:
         #: the classes of the autograd nodes of the rules' own functions met (:py:func:`~..rules.base.rule_node`)
         self.rule_nodes: set = set()
         #: what a tensor is a multiple of by a number or a constant tensor (``2 * a``, ``a / 2``, ``weight * a``: a
-        #: weight of the model, frozen), by the node of its output: the node of the multiplied tensor (:py:meth:`scale`)
+        #: weight of the model, frozen), by the node of its output: the position of the multiplied tensor
+        #: (:py:func:`tensor_position`, :py:meth:`scale`)
         self.scaled: dict = {}
 
     def get(self, node) -> Mark | None:
@@ -287,42 +294,44 @@ class Marks:
         for tensor in outputs:
             self.origins[tensor.grad_fn] = found
 
-    def scale(self, output, input: torch.Tensor, factor, node=None) -> None:
+    def scale(self, output, input: torch.Tensor, factor, position: tuple | None = None) -> None:
         """Note ``output`` as ``input`` multiplied (or divided) by ``factor`` where that is a number (a copy: 1) or a
         constant tensor (one that carries no relevance: a weight of the model) and ``output`` a relevance-carrying
-        tensor of ``input``'s shape, an element-wise multiple of it. ``node``: the node of ``input`` before the
-        operation, where that changed ``input`` in place (``x.mul_(w)``)."""
+        tensor of ``input``'s shape, an element-wise multiple of it. ``position``: that of ``input`` (see
+        :py:func:`position`) before the operation, where that changed ``input`` in place (``x.mul_(w)``)."""
         constant = is_number(factor) or (isinstance(factor, torch.Tensor) and not factor.requires_grad)
         if not (constant and isinstance(output, torch.Tensor) and output.requires_grad and output.shape == input.shape):
             return
-        node = input.grad_fn if node is None else node
-        if output.grad_fn is not node:
-            self.scaled[output.grad_fn] = node
+        position = tensor_position(input) if position is None else position
+        if output.grad_fn is not position[0]:
+            self.scaled[output.grad_fn] = position
 
-    def root(self, node):
-        """The node of the tensor that the tensor computed by ``node`` is a multiple of by numbers or constant tensors
-        (up to 16 scalings; ``node`` itself for none)."""
+    def root(self, position: tuple) -> tuple:
+        """The position (:py:func:`tensor_position`) of the tensor that the tensor at ``position`` is a multiple of by
+        numbers or constant tensors (up to 16 scalings; ``position`` itself for none)."""
         for _ in range(16):
-            if node not in self.scaled:
+            if position[0] not in self.scaled:
                 break
-            node = self.scaled[node]
-        return node
+            position = self.scaled[position[0]]
+        return position
 
     def activation_of(self, value: torch.Tensor, gate: torch.Tensor) -> bool:
         """Whether ``gate`` (the output of an element-wise non-linearity) is an element-wise function of ``value``:
         ``gate``, up to scalings by numbers or constant tensors, is the output of a chain of activations
         (:py:func:`~zennit_attn.rules.elementwise_identity`: the first input of the chain on its node) whose first
         input is ``value`` up to scalings (``sigmoid(1.702 x)`` of ``x``, ``1 + erf(x / sqrt(2))`` of ``0.5 x``,
-        ``sigmoid(beta * x)`` of ``x`` with a weight ``beta``)."""
+        ``sigmoid(beta * x)`` of ``x`` with a weight ``beta``); not another output of the operation that computed
+        ``value`` (``a * sigmoid(b)`` with ``a, b = x.chunk(2)``: GLU, a value times a gate)."""
         if not (value.shape == gate.shape and value.grad_fn is not None):
             return False
-        target, node = self.root(value.grad_fn), self.root(gate.grad_fn)
+        target, position = self.root(tensor_position(value)), self.root(tensor_position(gate))
         for _ in range(16):
+            node = position[0]
             source = getattr(node, 'source', None) if rule_node(node) == 'gate' else None
             if source is None or source.grad_fn is None:
                 return False
-            node = self.root(source.grad_fn)
-            if node is target:
+            position = self.root(tensor_position(source))
+            if position[0] is target[0] and position[1] == target[1]:
                 return True
         return False
 
@@ -341,7 +350,7 @@ class Marks:
             if origin is not None:
                 queue.extend(origin[1] if origin[0] is None else origin[:1])  # a shift: its inputs
             elif node in self.scaled:
-                queue.append(self.scaled[node])
+                queue.append(self.scaled[node][0])
         for node in list(found):  # an identity rule's output: a function of its chain's first input
             if rule_node(node) in ('gate', 'rescaled') and node.next_functions:
                 found.add(node.next_functions[0][0])

@@ -272,7 +272,7 @@ def multiplied(call: Call, output, state: State) -> None:
         if call.marks[0] is not None:
             passed(call, output, state)
         if call.entry.rule == 'product':
-            note_scaling(call.func, call.args, call.kwargs, call.carrying[0], output, state, call.nodes[0])
+            note_scaling(call.func, call.args, call.kwargs, call.carrying[0], output, state, call.positions[0])
         return
     passed(call, output, state)
     if call.entry.rule != 'product':
@@ -309,12 +309,14 @@ def _activation_product(found: list, marks: list, output, state: State) -> bool:
     return output.shape == value.shape and state.marks.activation_of(value, gate)
 
 
-def note_scaling(func, args: tuple, kwargs: dict, input: torch.Tensor, output, state: State, node=None) -> None:
+def note_scaling(
+    func, args: tuple, kwargs: dict, input: torch.Tensor, output, state: State, position: tuple | None = None
+) -> None:
     """Note ``output`` as ``input`` multiplied by a number or a constant tensor where it is (``2 * a``, ``a.mul(2)``,
-    ``weight * a``: a product of two arguments, one the factor; ``node``: that of ``input`` before the product, which
-    an in-place product changes; :py:meth:`~zennit_attn.operations.marks.Marks.scale`)."""
+    ``weight * a``: a product of two arguments, one the factor; ``position``: that of ``input`` before the product,
+    which an in-place product changes; :py:meth:`~zennit_attn.operations.marks.Marks.scale`)."""
     if len(args) == 2 and not kwargs:
-        state.marks.scale(output, input, args[1] if args[0] is input else args[0], node)
+        state.marks.scale(output, input, args[1] if args[0] is input else args[0], position)
 
 
 def attended(call: Call, output, state: State) -> None:
