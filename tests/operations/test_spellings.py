@@ -10,9 +10,11 @@ rsqrt(mean(x^2) + eps)`` (a normalisation whose weight is multiplied first) a re
 the RMSNorm's (28% for a LayerNorm; the normaliser got the uniform rule instead of being held constant, Prop. 3.4),
 and CP-LRP gave Swish with a weight, ``x * sigmoid(beta * x)``, a relevance 39% apart from ``silu(beta * x) / beta``
 (the gate held constant instead of the identity rule of the activation); relevance patching's MLP rules doubled it.
-Before the two outputs of one operation were told apart, CP-LRP took GLU by ``chunk`` (``a * sigmoid(g)`` with ``a, g
-= h.chunk(2)``) for SiLU (``a`` times an activation of itself: a gate), 120% of the largest relevance apart from GLU by
-indexing when multiplied by a value.
+Before a bound from 0 upwards was a rectifier, CP-LRP gave ReLU spelled ``x.clamp(min=0)`` times a value a relevance
+79% of the largest apart from ``relu(x)`` times it (a value instead of a gate), and relevance patching's MLP rules
+twice the relevance. Before the two outputs of one operation were told apart, CP-LRP took GLU by ``chunk`` (``a *
+sigmoid(g)`` with ``a, g = h.chunk(2)``) for SiLU (``a`` times an activation of itself: a gate), 120% of the largest
+relevance apart from GLU by indexing when multiplied by a value.
 
 Before issue 40, CP-LRP gave ``silu(h) @ W`` and ``(silu(h)[..., None] * W).sum(-2)`` followed by a gate relevances
 90% apart (the product with a broadcast constant and the sum passed the gate, the matrix product did not), the
@@ -266,6 +268,15 @@ SPELLINGS = {
         lambda m, x: (lambda a: F.silu(SCALE * a) / SCALE)(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: a * torch.sigmoid(SCALE * a))(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: torch.sigmoid(a * SCALE) * a)(m.a(x)) * m.b(x),
+    ],
+    # a bound from 0 upwards is ReLU; a bound elsewhere (GPT-OSS's ``clamp(max=7)``) is a value
+    'ReLU spelled as a bound, times a value': [
+        lambda m, x: F.relu(m.a(x)) * m.b(x),
+        lambda m, x: m.a(x).clamp(min=0) * m.b(x),
+        lambda m, x: m.a(x).clamp(0) * m.b(x),
+        lambda m, x: torch.clamp(m.a(x), min=0.0) * m.b(x),
+        lambda m, x: torch.clamp_min(m.a(x), 0) * m.b(x),
+        lambda m, x: m.a(x).clone().clamp_(min=0) * m.b(x),
     ],
     'GELU written out with erf, times a value': [
         lambda m, x: F.gelu(m.a(x)) * m.b(x),

@@ -131,10 +131,22 @@ def activated(call: Call, output, state: State) -> None:
 
 def bounded(call: Call, output, state: State) -> None:
     """The marks of a bound or rounding: a gate where its input is one, mixed where it is mixed (``clamp(w.sum(),
-    eps)``)."""
+    eps)``); a rectifier (``x.clamp(min=0)``, ``clamp_min(x, 0)``: ReLU spelled as a bound, :py:func:`rectifies`) is
+    an activation, its output a gate as that of ``relu`` is."""
     mark = call.marks[0] if len(call.marks) == 1 else None
-    if mark is not None and mark.gate is not None:
+    if rectifies(call):
+        state.marks.set(produced(call, output), ACTIVATED)
+    elif mark is not None and mark.gate is not None:
         state.marks.set(produced(call, output), ACTIVATED if kind(mark) is not None else Mark(gate=mark.gate))
+
+
+def rectifies(call: Call) -> bool:
+    """Whether a bound is a rectifier: ``clamp`` or ``clamp_min`` of one relevance-carrying tensor with the lower bound
+    the number 0 and no upper bound, the function ``relu``."""
+    if call.name not in ('clamp', 'clamp_min') or len(call.carrying) != 1:
+        return False
+    lower = call.argument('min')
+    return is_number(lower) and lower == 0 and call.argument('max') is None
 
 
 def exponentiated(call: Call, output, state: State) -> None:

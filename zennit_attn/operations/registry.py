@@ -30,7 +30,7 @@ rule                 backward pass (gradient formulation, :py:mod:`zennit_attn.r
                      refused
 ``elementwise``      element-wise non-linearity: the composite's activation rule (the identity rule, Eq. 9)
 ``bound``            a bound or rounding (clamp, round, remainder): the activation rule, its output a gate only where
-                     its input is one
+                     its input is one, or where it is a rectifier (``clamp(x, min=0)``: ReLU)
 ``normaliser``       an element-wise normaliser ``g(x)`` (``rsqrt``, ``sqrt``, ``1 / x``): the activation rule, and
                      a constant (Prop. 3.4) where it multiplies the tensor it is computed from
 ``power``            ``x ** p``: the activation rule; a normaliser for ``p < 1``
@@ -527,7 +527,9 @@ operation(
     abs square sign softsign softshrink hardshrink tanhshrink rrelu prelu threshold hardtanh
     """,
 )
-operation('bound', 'clamp clamp_min clamp_max round floor ceil trunc frac remainder fmod')
+operation('bound', 'clamp clamp_min', params='input min max')
+operation('bound', 'clamp_max', params='input max')
+operation('bound', 'round floor ceil trunc frac remainder fmod')
 operation('normaliser', 'rsqrt sqrt reciprocal reciprocal_scaled')
 operation('power', 'pow', params='input exponent')
 operation(
