@@ -2,7 +2,7 @@
 
 The items, answers, prompt (chat) and the 32 held-out random ablations of the LDS are those of
 ``benchmarks/sources.py bench``; ContextCite-64's LDS is read from its ``bench.jsonl`` (the same ablations, so the
-differences are paired). Two steps:
+differences are paired). Four steps:
 
 ``collect``: per item, the response's per-token log-probabilities with every source and under the held-out ablations,
 and one AttnLRP explanation of the response's log-odds (``explain_response``, as ``bench``) with latent relevance at
@@ -25,11 +25,24 @@ sources]``. One ``.npz`` per item in ``--cache`` (an interrupted run resumes; ``
   scored on the other ``32 - K`` ablations, beside the input relevance and ContextCite's Lasso fitted on the same K
   alone (a cost of K forward passes besides the explanation's).
 
+``ablated`` and ``ablated-report``: explanations at ablated contexts, combined (the issue's "relevance of the answer
+explained under a few ablated contexts and combined"). Per item, AttnLRP explains the response's log-odds with every
+source and at :data:`ABLATED` random ablations (keep probability 0.5, seeds from :data:`ABLATED_SEED`; each source's
+score is that of its tokens in the reduced context); the report scores, by the LDS on the held-out ablations, the mean
+of a source's scores over the contexts that hold it (with the full context and the first ``K - 1`` ablations: K
+explanations; a source's average contribution over the random contexts of the LDS, the linear fit's weight when the
+scores are the drops of removing it, a Banzhaf value), and the least-squares fit of ``log p = b + m . w`` to the K
+contexts' log-probabilities (which their explanations' forward passes give) together with ``w`` near each score of a
+context that holds the source (weight :data:`GRADIENT_WEIGHT`: gradient-enhanced regression). One ``.npz`` per item in
+``--cache``.
+
 Example (1 thread per shard)::
 
     python benchmarks/sources_variants.py collect --items 50 --cache variants/   # and at once:
     python benchmarks/sources_variants.py collect --first 50 --cache variants/
     python benchmarks/sources_variants.py report --cache variants/
+    python benchmarks/sources_variants.py ablated --items 40 --cache ablated/
+    python benchmarks/sources_variants.py ablated-report --cache ablated/
 """
 
 from __future__ import annotations
@@ -53,7 +66,7 @@ from zennit_attn.pretrained import load_smollm2  # noqa: E402
 from zennit_attn.workflows.evaluation.context_cite import fit_lasso  # noqa: E402
 from zennit_attn.workflows.evaluation.prior_surrogate import fit_prior_surrogate  # noqa: E402
 from zennit_attn.workflows.evaluation.source_ablation import SourceAblation, ablation_masks, lds  # noqa: E402
-from zennit_attn.workflows.sources import explain_response  # noqa: E402
+from zennit_attn.workflows.sources import SourcePrompt, explain_response  # noqa: E402
 
 #: the latent sites recorded, summed over each source's tokens
 SITES = ('residual', 'value')
@@ -61,6 +74,9 @@ SITES = ('residual', 'value')
 LAYER_RIDGE, PRIOR_RIDGE = 1.0, 1.0
 #: ablations the surrogate is fitted on, and the random splits of the held-out ablations per item
 FITTED, SPLITS = (4, 6, 8), 4
+#: the ablated contexts explained per item (besides the full one), their first seed, the explanations combined in the
+#: report, and the weight of the scores in the gradient-enhanced fit
+ABLATED, ABLATED_SEED, COMBINED, GRADIENT_WEIGHT = 7, 200_000, (2, 3, 4, 8), 1.0
 
 
 def collect(model, tokenizer, item: dict, answer: str) -> dict[str, np.ndarray]:
@@ -185,9 +201,98 @@ def run_report(args) -> None:
         print(f'| {name} | {mean_sem(values)} | {cost[name.split(",")[0]]} |')
 
 
+def explained_at(model, tokenizer, prompt: SourcePrompt, keep, answer: str) -> np.ndarray:
+    """The AttnLRP scores of the sources kept by ``keep`` (NaN for the others) for the response's log-odds, explained
+    in the context without the others."""
+    context, spans = prompt.kept_context(keep)
+    live = [index for index, span in enumerate(spans) if span is not None]
+    reduced = SourcePrompt(context, [spans[index] for index in live], prompt.query, prompt.template, prompt.chat,
+                           tokenizer)  # fmt: skip
+    result = explain_response(model, reduced, answer, reduced.response_ids(answer), 'attnlrp', 'log_odds')
+    scores = np.full(len(keep), np.nan)
+    scores[live] = result.scores.numpy()
+    return scores
+
+
+def collect_ablated(model, tokenizer, item: dict, answer: str) -> dict[str, np.ndarray]:
+    """The held-out ablations' log-probabilities, and the scores of explanations with every source and at
+    :data:`ABLATED` random ablations (with at least one source) with their log-probabilities."""
+    item['answers']['chat'] = answer
+    prompt = prompt_of(item, tokenizer, 'chat')
+    ablation = SourceAblation(model, prompt, prompt.response_ids(answer))
+    sources = ablation.sources
+    held = ablation_masks(HELD_OUT, sources, 0.5, HELD_OUT_SEED)
+    drawn = [mask for mask in ablation_masks(ABLATED + 8, sources, 0.5, ABLATED_SEED).numpy() if mask.any()]
+    masks = np.concatenate([np.ones((1, sources), dtype=bool), np.stack(drawn[:ABLATED])])
+    start = time.perf_counter()
+    scores = np.stack([explained_at(model, tokenizer, prompt, mask, answer) for mask in masks])
+    seconds = time.perf_counter() - start
+    return {'held': held.numpy(), 'held_lp': ablation(held).numpy(), 'masks': masks,
+            'mask_lp': ablation(masks).numpy(), 'scores': scores, 'seconds': np.float64(seconds)}  # fmt: skip
+
+
+def run_ablated(args) -> None:
+    model, tokenizer = load_smollm2()
+    answers = {row['id']: row['answer'] for row in read_rows(args.bench / 'bench.jsonl', complete=True)}
+    shard, shards = (int(value) for value in args.shard.split('/'))
+    items = json.loads(ITEMS.read_text())[args.first : args.items]
+    items = [item for item in items if item['id'] in answers][shard::shards]
+    args.cache.mkdir(parents=True, exist_ok=True)
+    for item in tqdm([item for item in items if not (args.cache / f'{item["id"]}.npz').exists()], desc='ablated'):
+        np.savez(args.cache / f'{item["id"]}.npz', **collect_ablated(model, tokenizer, item, answers[item['id']]))
+
+
+def mean_over_contexts(record, count: int) -> np.ndarray:
+    """Each source's score averaged over the first ``count`` explained contexts that hold it."""
+    masks, scores = record['masks'][:count], record['scores'][:count]
+    return np.where(masks, scores, 0.0).sum(0) / np.maximum(masks.sum(0), 1)
+
+
+def gradient_enhanced(record, count: int) -> np.ndarray:
+    """``w`` of the least-squares fit of ``log p = b + m . w`` to the first ``count`` explained contexts and of
+    ``w_i = a s_i`` to each score ``s_i`` of a context that holds source ``i`` (weight :data:`GRADIENT_WEIGHT`, the
+    scale ``a`` fitted)."""
+    masks, scores = record['masks'][:count].astype(np.float64), record['scores'][:count]
+    sources = masks.shape[1]
+    rows = [np.concatenate([[1.0], mask, [0.0]]) for mask in masks]
+    targets = list(record['mask_lp'][:count].sum(-1))
+    weight = np.sqrt(GRADIENT_WEIGHT)
+    for context, source in zip(*np.nonzero(masks)):
+        row = np.zeros(sources + 2)
+        row[1 + source], row[-1] = weight, -weight * scores[context, source]
+        rows.append(row)
+        targets.append(0.0)
+    return np.linalg.lstsq(np.stack(rows), np.asarray(targets), rcond=None)[0][1:-1]
+
+
+def run_ablated_report(args) -> None:
+    bench = {row['id']: row['methods'] for row in read_rows(args.bench / 'bench.jsonl', complete=True)}
+    records = {int(path.stem): dict(np.load(path)) for path in args.cache.glob('*.npz') if int(path.stem) < args.items}
+    records = dict(sorted(records.items()))
+    reference = {key: bench[key]['contextcite-64']['lds'] for key in records}
+    rows = {'ContextCite-64 (bench)': (reference, 0)}
+    rows['the one pass (full context)'] = (
+        {key: lds(r['scores'][0], r['held'], r['held_lp']) for key, r in records.items()},
+        1,
+    )
+    for count in COMBINED:
+        found = {key: lds(mean_over_contexts(r, count), r['held'], r['held_lp']) for key, r in records.items()}
+        rows[f'mean over contexts, K = {count}'] = (found, count)
+    for count in COMBINED:
+        found = {key: lds(gradient_enhanced(r, count), r['held'], r['held_lp']) for key, r in records.items()}
+        rows[f'gradient-enhanced fit, K = {count}'] = (found, count)
+    seconds = np.mean([record['seconds'] / len(record['masks']) for record in records.values()])
+    print(f'{len(records)} items; LDS on the 32 held-out ablations, and minus ContextCite-64 on the same item;')
+    print(f'K AttnLRP explanations ({seconds:.1f} s each here)\n')
+    print('| variant | LDS | minus ContextCite-64 | explanations (forward + backward) |\n|---|---|---|---|')
+    for name, (values, count) in rows.items():
+        difference = [values[key] - reference[key] for key in records]
+        print(f'| {name} | {mean_sem(values.values())} | {mean_sem(difference)} | {count} |')
+
+
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('step', choices=('collect', 'report'))
+    parser.add_argument('step', choices=tuple(STEPS))
     parser.add_argument('--items', type=int, default=100, help='the first items of the items file')
     parser.add_argument('--first', type=int, default=0, help='the first item to collect')
     parser.add_argument('--shard', default='0/1', help='i/n: collect every n-th item from the i-th')
@@ -199,7 +304,11 @@ def arguments() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     args = arguments().parse_args(argv)
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
-    run_collect(args) if args.step == 'collect' else run_report(args)
+    STEPS[args.step](args)
+
+
+#: the steps of the script by name
+STEPS = {'collect': run_collect, 'report': run_report, 'ablated': run_ablated, 'ablated-report': run_ablated_report}
 
 
 if __name__ == '__main__':
