@@ -62,7 +62,9 @@ __all__ = [
     'RECURRENT',
     'UNDECLARED',
     'KERNEL_HINTS',
+    'CACHE_ARGUMENTS',
     'active_classifier',
+    'cached_tokens',
 ]
 
 #: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
@@ -71,6 +73,11 @@ VISIBLE_ATTENTION = ('eager', 'sdpa')
 #: batched and grouped matrix products (``bmm``, ``torch._grouped_mm`` or transformers' ``grouped_mm_fallback``: per
 #: expert, a product of the tokens with the frozen expert weights); the others (kernels) run as the loop.
 VISIBLE_EXPERTS = ('eager', 'batched_mm', 'grouped_mm')
+
+#: The keyword arguments through which a model's forward takes what it computed for earlier tokens (keys and values,
+#: recurrent states, Transformer-XL's memories): given, and not empty, they are constants of the explanation, which
+#: would absorb the relevance of those tokens (:py:func:`cached_tokens`).
+CACHE_ARGUMENTS = ('past_key_values', 'past_key_value', 'cache', 'cache_params', 'layer_past', 'mems')
 
 #: The engine's exceptions: per model class, an attribute of its instances set for the context, from a function of the
 #: instance. HRM-Text runs all but the last ``L_bp_cycles`` of its inner cycles under ``no_grad`` (to save training
@@ -105,6 +112,24 @@ _ACTIVE: contextvars.ContextVar[Classifier | None] = contextvars.ContextVar('zen
 def active_classifier() -> Classifier | None:
     """The classifying mode of the forward pass being run, or None outside one."""
     return _ACTIVE.get()
+
+
+def cached_tokens(kwargs: Mapping) -> tuple[str, str] | None:
+    """``(argument, what it holds)`` of the first argument of :py:data:`CACHE_ARGUMENTS` in a forward's ``kwargs``
+    that holds something (a transformers ``Cache`` with earlier tokens, or tensors: a legacy tuple cache, memories),
+    None where none does (an empty cache that the forward fills is no constant)."""
+    for name in CACHE_ARGUMENTS:
+        cache = kwargs.get(name)
+        if cache is None:
+            continue
+        length = getattr(cache, 'get_seq_length', None)
+        if callable(length):
+            tokens = int(length())
+            if tokens:
+                return name, f'{tokens} earlier tokens'
+        elif any(tensor.numel() for tensor in tensors_of([cache], [])):
+            return name, 'tensors computed before'
+    return None
 
 
 class OperationCanonizer(Canonizer):
@@ -345,6 +370,15 @@ class OperationCanonizer(Canonizer):
         self.depth += 1
         if self.depth > 1 or not self.active:
             return
+        cached = cached_tokens(kwargs)
+        if cached is not None:
+            name, held = cached
+            raise UnsupportedModelError(
+                f'zennit-attn cannot explain {type(module).__name__} called with {name} holding {held}: what it '
+                'holds was computed outside the explanation, so the relevance of the earlier tokens would stay in it '
+                '(constants), and the input relevance would not add up to the explained value. Explain the whole '
+                'sequence in one forward pass, without a cache (use_cache=False or no past key values)'
+            )
         self.state = self.start(Audit(self.root))
         self.state.audit.enter((args, kwargs))
         mode = Classifier(self.state)
