@@ -319,3 +319,120 @@ def test_a_norm_that_returns_another_value_per_row_is_refused():
     model = NormalisedAfter(MeanRMSNorm()).double()
     with pytest.raises(UnsupportedModelError, match='MeanRMSNorm is named like a normalisation but returns one value'):
         attributed(model, AttnLRPEpsilon(), torch.randn(4, 6, dtype=torch.float64))
+
+
+class Weighted(torch.nn.Module):
+    """A module with a weight per feature whose forward is ``function(self, x)``; :py:func:`named` names its class."""
+
+    function = None
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor([0.5, 1.5, 1.0, 2.0, 0.7, 1.2], dtype=torch.float64))
+
+    def forward(self, x):
+        return type(self).function(self, x)
+
+
+def named(name: str, function) -> type:
+    """A subclass of :py:class:`Weighted` named ``name`` that computes ``function``."""
+    return type(name, (Weighted,), {'function': function})
+
+
+def rms(x, dim=-1):
+    return x * torch.rsqrt(x.pow(2).mean(dim, keepdim=True) + 1e-6)
+
+
+class Projected(torch.nn.Module):
+    """``linear(module(linear(x)))``: a module between two bias-free linear maps."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 6, bias=False), torch.nn.Linear(6, 3, bias=False)
+        self.module = module
+
+    def forward(self, x):
+        return self.b(self.module(self.a(x)))
+
+
+def relevance_of(module_class: type, composite) -> torch.Tensor:
+    torch.manual_seed(0)
+    model = Projected(module_class()).double()
+    return attributed(
+        model, composite, torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    )
+
+
+#: modules named like an RMSNorm, with what their forward computes (each also computed by a module named otherwise,
+#: whose operations get their rules): a LayerNorm (it centres), an RMSNorm of groups of features (Qwen4-Exp's)
+NAMED_NORMS = {
+    'a centring RMSNorm': lambda m, x: rms(x - x.mean(-1, keepdim=True)) * m.weight,
+    'an RMSNorm of groups': lambda m, x: rms(x.view(*x.shape[:-1], 2, 3)).flatten(-2) * m.weight,
+}
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon], ids=lambda composite: composite.__name__)
+@pytest.mark.parametrize('case', NAMED_NORMS)
+def test_a_module_named_like_an_rms_norm_gets_the_rule_of_what_it_computes(case, composite):
+    """The relevance of a module named like an RMSNorm equals that of the same forward named otherwise (each operation
+    with its rule, 1e-10): the name is confirmed on probes, not trusted. Before, a centring "RMSNorm" got the identity
+    rule of an RMSNorm, a relevance 108% of the largest apart from that of the LayerNorm it is."""
+    found = relevance_of(named('ProbedRMSNorm', NAMED_NORMS[case]), composite())
+    expected = relevance_of(named('Prepared', NAMED_NORMS[case]), composite())
+    assert_close(found, expected, 1e-10)
+
+
+@pytest.mark.parametrize(
+    ('function', 'words'),
+    [
+        (lambda m, x: rms(x) * m.weight * x.roll(1, -1), 'its output changes when a row of its input'),
+        (lambda m, x: rms(x) * m.weight + 0.1, 'it adds a constant to its output that is not its bias'),
+    ],
+    ids=['mixes features', 'adds a constant'],
+)
+def test_a_module_named_like_an_rms_norm_that_is_none_is_refused(function, words):
+    """A module named like an RMSNorm that mixes its features or adds a constant that is not its bias is refused by
+    name (before: the identity rule of an RMSNorm, 45% and 9% of the largest relevance off)."""
+    with pytest.raises(UnsupportedModelError, match=f'ConfirmedRMSNorm is named like a normalisation but {words}'):
+        relevance_of(named('ConfirmedRMSNorm', function), AttnLRPEpsilon())
+
+
+class MixingRMSNorm(torch.nn.RMSNorm):
+    """A subclass of :py:class:`torch.nn.RMSNorm` with a forward of its own that is no RMSNorm."""
+
+    def forward(self, x):
+        return super().forward(x) * x.roll(1, -1)
+
+
+class MixingGELU(torch.nn.GELU):
+    """A subclass of :py:class:`torch.nn.GELU` with a forward of its own that is not element-wise."""
+
+    def forward(self, x):
+        return super().forward(x) * x.roll(1, -1)
+
+
+class ScaledGELU(torch.nn.GELU):
+    """A subclass of :py:class:`torch.nn.GELU` that is element-wise, with a weight per feature (that of
+    :py:class:`Weighted`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = Weighted().weight
+
+    def forward(self, x):
+        return super().forward(x) * self.weight
+
+
+@pytest.mark.parametrize(
+    ('module_class', 'words'),
+    [(MixingRMSNorm, 'MixingRMSNorm is named like a normalisation'), (MixingGELU, 'MixingGELU is named like an activ')],
+)
+def test_a_subclass_of_a_known_module_with_a_forward_of_its_own_is_confirmed(module_class, words):
+    """A subclass of ``torch.nn.RMSNorm`` or ``torch.nn.GELU`` whose forward is its own is confirmed like a module named
+    like one, not trusted as its base class (before: the identity rule, 5% and 39% of the largest relevance off);
+    one that is element-wise with a weight per feature is explained as its operations are."""
+    with pytest.raises(UnsupportedModelError, match=words):
+        relevance_of(lambda: module_class(6) if module_class is MixingRMSNorm else module_class(), AttnLRPEpsilon())
+    found = relevance_of(ScaledGELU, CPLRPEpsilon())
+    expected = relevance_of(named('Scaled', lambda m, x: torch.nn.functional.gelu(x) * m.weight), CPLRPEpsilon())
+    assert_close(found, expected, 1e-10)

@@ -47,6 +47,9 @@ ACTIVATIONS: tuple[type, ...] = (
     if hasattr(hf_activations, name)
 )
 
+#: The forwards of :py:data:`ACTIVATIONS` (:py:func:`is_listed_activation`).
+_LISTED_FORWARDS = frozenset(cls.forward for cls in ACTIVATIONS)
+
 #: Linear modules: their rule is the epsilon rule (Eq. 8).
 LINEARS: tuple[type, ...] = (torch.nn.Linear,)
 try:  # GPT-2's transposed linear layer
@@ -104,8 +107,10 @@ def is_activation(module: torch.nn.Module) -> bool:
 
 
 def is_listed_activation(module: torch.nn.Module) -> bool:
-    """Whether ``module``'s class is one of :py:data:`ACTIVATIONS` (known to be element-wise)."""
-    return isinstance(module, ACTIVATIONS)
+    """Whether ``module``'s class is one of :py:data:`ACTIVATIONS`, or a subclass of one that keeps its forward (known
+    to be element-wise); a subclass with a forward of its own is not known to be (``super().forward(x) *
+    x.roll(1)``)."""
+    return isinstance(module, ACTIVATIONS) and type(module).forward in _LISTED_FORWARDS
 
 
 def norm_kind(module: torch.nn.Module) -> str | None:

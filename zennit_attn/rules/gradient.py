@@ -59,11 +59,24 @@ class Epsilon(GradientRule):
         return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
 
 
+def _elementwise(module: torch.nn.Module, input: torch.Tensor, output: torch.Tensor) -> bool:
+    """Whether ``module`` (which computed ``output`` from ``input``) computes each output element from the input
+    element at its place alone: run again with half of the input's elements (a fixed random half) changed, its output
+    at the others is unchanged."""
+    input = input.detach()
+    kept = (torch.rand(input.shape, generator=torch.Generator().manual_seed(0)) < 0.5).to(input.device)
+    with torch.no_grad():
+        probed = module.forward(torch.where(kept, input, input * 1.5 + 0.25))
+    return torch.allclose(probed[kept], output.detach()[kept], equal_nan=True)
+
+
 class Identity(GradientRule):
     """Identity rule (Eq. 9) for element-wise non-linearities (GELU, SiLU, tanh, ...): ``R_in = R_out``.
 
-    Modules recognised by their class name only (not in :py:data:`~zennit_attn.core.kinds.ACTIVATIONS`) are
-    confirmed element-wise at their first call: reordering the features of the input reorders the output.
+    Modules recognised by their class name only (not in :py:data:`~zennit_attn.core.kinds.ACTIVATIONS`, or a subclass
+    of one with a forward of its own) are confirmed element-wise at their first call: with half of the input's
+    elements changed, the output at the others stays as it was (a function per element, which may differ between
+    elements: a weight per feature).
 
     The rule needs the module's input after the forward: a module that overwrites it (``torch.nn.SiLU(inplace=True)``)
     runs out of place while the rule is registered (its ``inplace`` flag is set to False and put back by
@@ -101,19 +114,18 @@ class Identity(GradientRule):
                 'model.'
             )
         if input[0].shape != output.shape:
-            raise ValueError(
-                f'The identity rule needs an element-wise module, but {type(module).__name__} maps '
-                f'{tuple(input[0].shape)} to {tuple(output.shape)}'
+            raise UnsupportedModelError(
+                f'The identity rule (Eq. 9) needs an element-wise module, but {type(module).__name__} maps '
+                f'{tuple(input[0].shape)} to {tuple(output.shape)}; name the module otherwise (not like an '
+                'activation) so that its operations get their rules, or report the model.'
             )
-        if not self.confirmed and not is_listed_activation(module):
-            with torch.no_grad():
-                flipped = module.forward(input[0].detach().flip(-1))
-            if not torch.allclose(flipped, output.detach().flip(-1), equal_nan=True):
-                raise UnsupportedModelError(
-                    f'{type(module).__name__} is named like an activation but is not element-wise (its output '
-                    'changes when the features are reordered), so the identity rule (Eq. 9) does not apply to it; '
-                    'add a rule for it or report the model.'
-                )
+        if not self.confirmed and not is_listed_activation(module) and not _elementwise(module, input[0], output):
+            raise UnsupportedModelError(
+                f'{type(module).__name__} is named like an activation but is not element-wise (its output at an '
+                'element changes when other elements of its input change), so the identity rule (Eq. 9) does not '
+                'apply to it; name the module otherwise (not like an activation) so that its operations get their '
+                'rules, or report the model.'
+            )
         self.confirmed = True
         return self.elementwise(input[0], output)
 
@@ -157,11 +169,15 @@ class NormIdentity(GradientRule):
     the other factor alone, as ``linear(x / g(x))`` does; confirmed at its first call on probes (one value per row,
     divided by ``k`` where the row is multiplied by ``k``), refused otherwise.
 
-    Other modules named like a normalisation (``norm_kind`` ``'probe'``) are confirmed at their first call, on
-    the input they receive: the output must not change when the input is scaled (a normalisation); if it does not
-    change when a constant is added either, the module subtracts the mean (LayerNorm-like: ``y = (x - mean) c w +
-    b``, with ``b`` the output for a zero input), otherwise it must be RMSNorm-like (``y / x`` the same profile in
-    every row). A module that fails is refused (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`).
+    Other modules named like a normalisation (``norm_kind`` ``'probe'``), and those named like an RMSNorm other than
+    :py:class:`torch.nn.RMSNorm` itself (a name says nothing of what a forward computes: a centring "RMSNorm" is a
+    LayerNorm), are confirmed at their first call, on probes of the input's shape: the output must not change when
+    the input is scaled (a normalisation); if it does not change when a constant is added either, the module
+    subtracts the mean (LayerNorm-like: ``y = (x - mean) c w + b``, with ``b`` the output for a zero input), otherwise
+    it must be RMSNorm-like (``y - b`` over ``x`` the same profile in every row, ``b`` its bias or 0). A module that
+    fails is refused (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`). What a forward is found to be is
+    kept per class and settings of the instance (:py:func:`_norm_key`): confirmed once per process, not at every
+    explanation.
 
     The RMSNorm-like output is not saved for the backward pass: called as ``module(x)`` (one input, no keyword
     arguments), the module computes it again there from ``x``, which a plain pass saves as well, so that the rule
@@ -187,12 +203,12 @@ class NormIdentity(GradientRule):
         if not output.requires_grad or not input[0].requires_grad:
             return None
         kind = norm_kind(module)
-        if kind == 'probe':
-            if self.confirmed is None:
-                self.confirmed = _confirm_norm(module, input[0].detach(), output.detach())
-            kind, bias = self.confirmed
+        if kind == 'probe' or (kind == 'rms' and output.shape == input[0].shape and not _native_rms(module)):
+            kind = _confirmed_norm(module, input[0].detach(), output.detach(), profile=kind == 'probe')
             if kind == 'centered':
-                return _AffineRatio.apply(input[0], output.detach(), bias, True)
+                with torch.no_grad():
+                    bias = module.forward(torch.zeros_like(input[0][..., :1, :] if input[0].dim() > 1 else input[0]))
+                return _AffineRatio.apply(input[0], output.detach(), bias.detach(), True)
         if kind == 'rms' and output.shape != input[0].shape:
             if self.confirmed is None:
                 self.confirmed = _confirm_normaliser(module, input[0].detach(), output.detach())
@@ -249,55 +265,122 @@ def _confirm_normaliser(module: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     return 'normaliser', None
 
 
-def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
-    """``('rms', None)`` or ``('centered', bias)`` for a module that normalises the last dimension of ``x``."""
-    name = type(module).__name__
-    tolerance = 5e-2 if torch.finfo(y.dtype).bits < 32 else 1e-3
+#: What the forward of a normalisation module was found to be (``'rms'`` or ``'centered'``), by
+#: :py:func:`_norm_key` (:py:func:`_confirmed_norm`).
+_NORM_VERDICTS: dict = {}
 
-    def close(a, b):
-        return bool(((a - b).abs().max() <= tolerance * b.abs().max().clamp_min(1e-12)).item())
 
-    def refuse(reason):
-        raise UnsupportedModelError(
-            f'{name} is named like a normalisation but {reason}, so the normalisation rule (Prop. 3.4) does not '
-            'apply to it; map it to a rule of the composite (docs: Use a composite) or report the model.'
+#: The attributes every module has (``training``, its hooks' flags): not settings of a normalisation.
+_MODULE_ATTRIBUTES = frozenset(vars(torch.nn.Module()))
+
+
+def _native_rms(module: torch.nn.Module) -> bool:
+    """Whether ``module`` runs :py:class:`torch.nn.RMSNorm`'s own forward (an RMSNorm, without confirmation)."""
+    return type(module).forward is torch.nn.RMSNorm.forward
+
+
+def _norm_key(module: torch.nn.Module) -> tuple:
+    """What determines the function a normalisation module computes: its class, its forward (also one set on the
+    instance) and the settings of the instance (its attributes that are numbers, flags or strings: Gemma 3n's
+    ``with_scale``), not its weights."""
+    settings = tuple(
+        sorted(
+            (name, value)
+            for name, value in vars(module).items()
+            if isinstance(value, (bool, int, float, str, type(None))) and name not in _MODULE_ATTRIBUTES
         )
+    )
+    return type(module), type(module).forward, vars(module).get('forward'), settings
 
-    def run(probe):
-        try:
-            return module.forward(probe)
-        except Exception as error:  # e.g. a channels-first layout that a one-row probe does not have
-            refuse(f'it does not run on a probe of shape {tuple(probe.shape)} ({type(error).__name__}: {error})')
 
+def _confirmed_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, profile: bool) -> str:
+    """``'rms'`` or ``'centered'``: what ``module`` (which computed ``y`` from ``x``) normalises like, confirmed on
+    probes at its class's first call with these settings (:py:func:`_confirm_norm`), refused where it is neither."""
+    key = _norm_key(module)
+    kind = _NORM_VERDICTS.get(key)
+    if kind is None:
+        kind = _NORM_VERDICTS[key] = _confirm_norm(module, x, y, profile)
+    return kind
+
+
+def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, profile: bool = True) -> str:
+    """``'rms'`` or ``'centered'`` for a module that normalises the last dimension of ``x``: its output unchanged
+    where a row of the input is scaled; ``'centered'`` where it is unchanged when a number is added to a row too;
+    else ``'rms'`` where its output for a zero input is its bias (or 0) and, with ``profile``, every feature of a row
+    is scaled by one factor (a module named like an RMSNorm may scale groups of features by factors of their own:
+    Qwen4-Exp's ``group_size``; its element-wise ratio ``y / x`` is the rule either way)."""
+    norm = _NormProbe(module, x, y)
     with torch.no_grad():
         if y.shape != x.shape:
-            refuse(f'maps {tuple(x.shape)} to {tuple(y.shape)}')
-        # random probes (the input received can be degenerate: equal rows), far above any epsilon of the
-        # normalisation: rows scaled to an RMS of 1e3 each (a normalisation over another dimension is not invariant)
-        generator = torch.Generator(device=x.device).manual_seed(0)
-        probe = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-        probe = probe / probe.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30) * 1e3
-        reference = run(probe)
-        if not close(
-            run(
-                2
-                * probe
-                * torch.rand(probe.shape[:-1] + (1,), generator=generator, dtype=x.dtype, device=x.device).add(0.5)
-            ),
-            reference,
-        ):
-            refuse('its output changes when a row of its input (along the last dimension) is scaled')
-        if close(run(probe + probe.abs().amax(-1, keepdim=True)), reference):
-            return 'centered', run(torch.zeros_like(x[..., :1, :] if x.dim() > 1 else x))
-        profile = run(torch.full_like(x[..., :1, :] if x.dim() > 1 else x, 1e3)) / 1e3
-        scale = probe * profile
-        ratio = reference / scale
+            norm.refuse(f'maps {tuple(x.shape)} to {tuple(y.shape)}')
+        if not norm.close(norm.run(norm.probe * norm.row_factors()), norm.reference):
+            norm.refuse('its output changes when a row of its input (along the last dimension) is scaled')
+        if norm.close(norm.run(norm.probe + norm.probe.abs().amax(-1, keepdim=True)), norm.reference):
+            return 'centered'
+        offset = norm.offset()
+        if profile and not norm.one_factor_per_row(offset):
+            norm.refuse('it neither subtracts the mean nor scales every feature of a row by one factor')
+    return 'rms'
+
+
+class _NormProbe:
+    """What :py:func:`_confirm_norm` runs a module named like a normalisation on: random probes of the input's shape
+    (the input received can be degenerate: equal rows), far above any epsilon of the normalisation (rows scaled to an
+    RMS of 1e3 each: a normalisation over another dimension is not invariant to that), compared within a tolerance of
+    the output's precision."""
+
+    def __init__(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+        self.module, self.x = module, x
+        self.tolerance = 5e-2 if torch.finfo(y.dtype).bits < 32 else 1e-3
+        self.generator = torch.Generator(device=x.device).manual_seed(0)
+        probe = torch.randn(x.shape, generator=self.generator, dtype=x.dtype, device=x.device)
+        self.probe = probe / probe.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30) * 1e3
+        self.row = x[..., :1, :] if x.dim() > 1 else x
+        with torch.no_grad():
+            self.reference = self.run(self.probe)
+
+    def refuse(self, reason: str):
+        raise UnsupportedModelError(
+            f'{type(self.module).__name__} is named like a normalisation but {reason}, so the normalisation rule '
+            '(Prop. 3.4) does not apply to it; map it to a rule of the composite (docs: Use a composite) or report '
+            'the model.'
+        )
+
+    def run(self, probe: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.module.forward(probe)
+        except Exception as error:  # e.g. a channels-first layout that a one-row probe does not have
+            self.refuse(f'it does not run on a probe of shape {tuple(probe.shape)} ({type(error).__name__}: {error})')
+
+    def close(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        return bool(((a - b).abs().max() <= self.tolerance * b.abs().max().clamp_min(1e-12)).item())
+
+    def row_factors(self) -> torch.Tensor:
+        """A random factor in [1, 3) per row."""
+        shape = self.probe.shape[:-1] + (1,)
+        return 2 * torch.rand(shape, generator=self.generator, dtype=self.x.dtype, device=self.x.device).add(0.5)
+
+    def offset(self) -> torch.Tensor:
+        """The output for a zero input: ``b`` of ``y = x c w + b``, which must be the module's bias (xLSTM's
+        ``use_bias``), or 0 without one."""
+        offset = self.run(torch.zeros_like(self.row))
+        bias = getattr(self.module, 'bias', None)
+        expected = (
+            bias.expand_as(offset).to(offset.dtype) if isinstance(bias, torch.Tensor) else torch.zeros_like(offset)
+        )
+        if not bool((offset == expected).all()) and not self.close(offset, expected):
+            self.refuse('it adds a constant to its output that is not its bias')
+        return offset
+
+    def one_factor_per_row(self, offset: torch.Tensor) -> bool:
+        """Whether ``y - b`` over ``x`` is the same profile over the features in every row (``x c w``)."""
+        features = (self.run(torch.full_like(self.row, 1e3)) - offset) / 1e3
+        scale = self.probe * features
+        ratio = (self.reference - offset) / scale
         valid = scale.abs() > 1e-6 * scale.abs().amax()
         low = torch.where(valid, ratio, float('inf')).amin(-1)
         high = torch.where(valid, ratio, float('-inf')).amax(-1)
-        if not bool((high - low <= tolerance * high.abs().clamp_min(1e-12)).all()):
-            refuse('it neither subtracts the mean nor scales every feature of a row by one factor')
-    return 'rms', None
+        return bool((high - low <= self.tolerance * high.abs().clamp_min(1e-12)).all())
 
 
 class _AffineRatio(torch.autograd.Function):
