@@ -51,6 +51,7 @@ from ..operations.marks import ACTIVATED, Mark, Marks
 from ..operations.recurrences import GATES, RECURRENCES, MixerRun
 from ..operations.registry import check_overrides
 from ..operations.tracking import KERNEL_HINTS, RuleTable, State, produced_tensors
+from ..rules.base import module_inputs
 from ..rules.products import ProductRule, Uniform
 
 __all__ = [
@@ -301,7 +302,8 @@ class OperationCanonizer(Canonizer):
             if mixer:
                 state.runs.append(MixerRun(name))
 
-        def leave(module, args, output):
+        def leave(module, args, kwargs, output):
+            args = module_inputs(module, args, kwargs)
             state = self.state
             state.opaque -= opaque
             with torch._C.DisableTorchFunction():  # a hook, inside the mode: its reads of tensors are not the model's
@@ -320,7 +322,7 @@ class OperationCanonizer(Canonizer):
                     self.state.recorded(self._check_run, run, output)
 
         self.handles.append(module.register_forward_pre_hook(enter))
-        self.handles.append(module.register_forward_hook(leave, always_call=True, prepend=opaque))
+        self.handles.append(module.register_forward_hook(leave, always_call=True, prepend=opaque, with_kwargs=True))
 
     def _audit_module(self, name: str, args, output) -> None:
         """Audit the call of an opaque module (whose inside its rule replaces, unclassified) as one operation: refuse

@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 import copy
 import functools
+import inspect
 
 import torch
 from zennit.core import Hook, RemovableHandle, RemovableHandleList
@@ -262,17 +263,17 @@ class GradientRule(Hook):
         return RemovableHandleList(
             [
                 RemovableHandle(self),
-                module.register_forward_hook(self._forward_hook, prepend=True),
+                module.register_forward_hook(self._forward_hook, prepend=True, with_kwargs=True),
             ]
         )
 
-    def _forward_hook(self, module, input, output):
+    def _forward_hook(self, module, args, kwargs, output):
         if not self.active:
             return None
         # the rule's own operations are not the model's: the classifying mode neither classifies them nor guards the
         # gradient hooks they register (the rule's output is sanctioned to its audit below)
         with loaded_weights(module), torch._C.DisableTorchFunction():
-            result = self.forward(module, input, output)
+            result = self.forward(module, module_inputs(module, args, kwargs), output)
         if result is not None:
             sanction(result, output)
         return result
@@ -285,6 +286,19 @@ class GradientRule(Hook):
         duplicate = copy.copy(self)
         Hook.__init__(duplicate)
         return duplicate
+
+
+def module_inputs(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
+    """The arguments ``module`` was called with, in the order of its forward's parameters: ``args``, and the keyword
+    arguments bound to their parameters (``act(input=x)``, ``norm(hidden_states=x)``: the input is the first either
+    way)."""
+    if not kwargs:
+        return args
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):  # no signature to bind to: the keyword arguments after the positional ones
+        return (*args, *kwargs.values())
+    return tuple(bound.arguments.values())
 
 
 def tensor_output(module: torch.nn.Module, output) -> torch.Tensor:

@@ -17,6 +17,7 @@ from .base import (
     elementwise_identity,
     gradient_map,
     layer_norm_identity,
+    module_inputs,
     stabilize,
     tensor_output,
 )
@@ -92,13 +93,14 @@ class Identity(GradientRule):
 
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
         handles = super().register(module)
-        handles.append(module.register_forward_pre_hook(self._pre_forward))
+        handles.append(module.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
         if getattr(module, 'inplace', None) is True:
             self.switched = (module, 'inplace' in module.__dict__)
             module.inplace = False
         return handles
 
-    def _pre_forward(self, module, input):
+    def _pre_forward(self, module, args, kwargs):
+        input = module_inputs(module, args, kwargs)
         first = input[0] if input else None
         with torch._C.DisableTorchFunction():  # the rule's read, not the model's: the classifying mode need not see it
             self.version = first._version if isinstance(first, torch.Tensor) else None

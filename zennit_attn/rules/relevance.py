@@ -76,7 +76,7 @@ class RelevanceRule(GradientRule):
         return RemovableHandleList(
             [
                 RemovableHandle(self),
-                module.register_forward_hook(self._forward_hook, prepend=True),
+                module.register_forward_hook(self._forward_hook, prepend=True, with_kwargs=True),
             ]
         )
 
@@ -85,7 +85,7 @@ class RelevanceRule(GradientRule):
         if len(input) != 1 or not isinstance(input[0], torch.Tensor):
             raise TypeError(
                 f'{type(self).__name__} needs a module with one tensor input; {type(module).__name__} '
-                f'was called with {len(input)} positional inputs'
+                f'was called with {len(input)} inputs'
             )
         if not (input[0].requires_grad and input[0].is_floating_point()):
             return None
