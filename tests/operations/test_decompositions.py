@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
+from tests.by_hand import attributed
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
-from zennit_attn.operations.decompositions import multi_head_attention
+from zennit_attn.operations.decompositions import group_norm, multi_head_attention
 from zennit_attn.workflows.architecture_check.check import zero_biases
 
 
@@ -139,3 +141,46 @@ def test_siglip_attention_pooling_head_is_explained():
         totals.append(float(leaf.grad.sum()))
     assert abs(totals[0] - 1) < 1e-10
     assert abs(totals[1] - 1) > 1e-3
+
+
+@pytest.mark.parametrize('shape', [(2, 8), (2, 8, 5), (2, 8, 3, 3)])
+def test_group_norm_equals_torch(shape):
+    """The decomposition of ``group_norm`` equals torch's (with and without the affine map), for inputs of one to three
+    positions dimensions."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64, generator=generator)
+    weight, bias = (torch.randn(8, dtype=torch.float64, generator=generator) for _ in range(2))
+    for groups in (1, 2, 8):
+        torch.testing.assert_close(group_norm(x, groups, weight, bias), F.group_norm(x, groups, weight, bias))
+        torch.testing.assert_close(group_norm(x, groups), F.group_norm(x, groups))
+
+
+class _Normalised(torch.nn.Module):
+    """A bias-free linear map, a normalisation of its 8 features, a bias-free head."""
+
+    def __init__(self, norm: torch.nn.Module):
+        super().__init__()
+        self.a, self.norm, self.head = torch.nn.Linear(8, 8, bias=False), norm, torch.nn.Linear(8, 3, bias=False)
+
+    def forward(self, x):
+        return self.head(self.norm(self.a(x)))
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon], ids=lambda composite: composite.__name__)
+def test_a_group_norm_of_one_group_is_explained_as_a_layer_norm(composite):
+    """``GroupNorm(1, C)`` of ``[batch, C]`` is ``LayerNorm(C)``: the same relevance (1e-12) with the same weight and
+    bias, the divisor held constant (Prop. 3.4); with no bias it conserves the relevance. Before, ``group_norm`` was
+    refused as an operation without a rule."""
+    torch.manual_seed(0)
+    group = _Normalised(torch.nn.GroupNorm(1, 8)).double()
+    layer = _Normalised(torch.nn.LayerNorm(8)).double()
+    with torch.no_grad():
+        group.norm.weight.uniform_(0.5, 1.5)
+        layer.load_state_dict(group.state_dict())
+    x = torch.randn(4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    found, expected = (attributed(model, composite(), x) for model in (group, layer))
+    torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        group.norm.bias.zero_()
+    relevance = attributed(group, composite(), x)  # the relevance 1 of each of the 4 x 3 outputs
+    torch.testing.assert_close(relevance.sum(), torch.tensor(12.0, dtype=torch.float64), rtol=1e-10, atol=1e-10)

@@ -595,7 +595,15 @@ DECOMPOSITIONS = {
         lambda h, g: F.cosine_similarity(h, g)[:, None] * h,
         lambda h, g: ((h * g).sum(1) / (h.norm(dim=1) * g.norm(dim=1)).clamp_min(1e-8))[:, None] * h,
     ),
+    'group_norm': (lambda h, g: F.group_norm(h, 2) * g, lambda h, g: grouped_norm(h, 2) * g),
 }
+
+
+def grouped_norm(h: torch.Tensor, groups: int) -> torch.Tensor:
+    """The groups of ``h``'s features centred and divided by their standard deviation, written out."""
+    rows = h.reshape(h.shape[0], groups, -1)
+    centred = rows - rows.mean(-1, keepdim=True)
+    return (centred / torch.sqrt(rows.var(-1, keepdim=True, unbiased=False) + 1e-5)).reshape(h.shape)
 
 
 @pytest.mark.parametrize('name', sorted(DECOMPOSITIONS))

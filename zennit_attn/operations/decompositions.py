@@ -5,8 +5,9 @@ A :py:class:`~torch.overrides.TorchFunctionMode` sees a composite torch function
 functions here compute the same result from operations that
 :py:class:`~zennit_attn.operations.classifier.Classifier` classifies one by one (linear maps, the attention
 products, the softmax, element-wise non-linearities), so that AttnLRP's rules apply inside them:
-:py:data:`DECOMPOSED` (multi-head attention, GLU, softmin) and :py:data:`STATISTICS` (variances, standard deviations
-and norms, which are normalisers ``g(x)`` where they normalise ``x`` and values elsewhere).
+:py:data:`DECOMPOSED` (multi-head attention, GLU, softmin, group normalisation) and :py:data:`STATISTICS`
+(variances, standard deviations and norms, which are normalisers ``g(x)`` where they normalise ``x`` and values
+elsewhere).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     'addcdiv',
     'hypot',
     'cosine_similarity',
+    'group_norm',
 ]
 
 
@@ -249,6 +251,28 @@ def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, dim: int = 1, eps: flo
     return (x1 * x2).sum(dim) / (x1.norm(dim=dim) * x2.norm(dim=dim)).clamp_min(eps)
 
 
+def group_norm(
+    input: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """:py:func:`torch.nn.functional.group_norm`: the channels (dimension 1) in ``num_groups`` groups, each centred and
+    divided by its standard deviation over its channels and positions (a divisor: a constant, Prop. 3.4, as a
+    LayerNorm's), then scaled and shifted per channel."""
+    shape = input.shape
+    grouped = input.reshape(shape[0], num_groups, -1)
+    centred = grouped - grouped.mean(-1, keepdim=True)
+    output = (centred / torch.sqrt(grouped.var(-1, keepdim=True, unbiased=False) + eps)).reshape(shape)
+    channels = (1, -1) + (1,) * (len(shape) - 2)
+    if weight is not None:
+        output = output * weight.reshape(channels)
+    if bias is not None:
+        output = output + bias.reshape(channels)
+    return output
+
+
 #: torch functions (by name) -> their decomposition
 DECOMPOSED = {
     'multi_head_attention_forward': multi_head_attention,
@@ -258,6 +282,7 @@ DECOMPOSED = {
     'addcdiv': addcdiv,
     'hypot': hypot,
     'cosine_similarity': cosine_similarity,
+    'group_norm': group_norm,
 }
 #: statistics of a tensor (by name) -> their decomposition: the value of a normaliser ``g(x)`` where it is not used
 #: to normalise ``x`` (:py:mod:`~zennit_attn.operations.elementwise`)

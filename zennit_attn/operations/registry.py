@@ -554,7 +554,7 @@ operation('running_norm', 'batch_norm', params='input weight bias running_mean r
 operation(
     'running_norm', 'instance_norm', params='input weight bias running_mean running_var use_input_stats momentum eps'
 )
-operation('decomposed', 'multi_head_attention_forward glu softmin lerp addcdiv hypot cosine_similarity')
+operation('decomposed', 'multi_head_attention_forward glu softmin lerp addcdiv hypot cosine_similarity group_norm')
 
 # ------------------------------------------------------------------------------------------------ refused
 operation(
