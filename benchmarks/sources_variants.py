@@ -48,6 +48,7 @@ Example (1 thread per shard)::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -100,15 +101,17 @@ def collect(model, tokenizer, item: dict, answer: str) -> dict[str, np.ndarray]:
     return record
 
 
-def run_collect(args) -> None:
+def run_collect(args, collector=collect) -> None:
+    """``collector(model, tokenizer, item, answer)`` of each item of the shard (with its answer in ``bench``) not in
+    the cache yet, one ``.npz`` per item."""
     model, tokenizer = load_smollm2()
     answers = {row['id']: row['answer'] for row in read_rows(args.bench / 'bench.jsonl', complete=True)}
     shard, shards = (int(value) for value in args.shard.split('/'))
     items = json.loads(ITEMS.read_text())[args.first : args.items]
     items = [item for item in items if item['id'] in answers][shard::shards]
     args.cache.mkdir(parents=True, exist_ok=True)
-    for item in tqdm([item for item in items if not (args.cache / f'{item["id"]}.npz').exists()], desc='collect'):
-        np.savez(args.cache / f'{item["id"]}.npz', **collect(model, tokenizer, item, answers[item['id']]))
+    for item in tqdm([item for item in items if not (args.cache / f'{item["id"]}.npz').exists()], desc=args.step):
+        np.savez(args.cache / f'{item["id"]}.npz', **collector(model, tokenizer, item, answers[item['id']]))
 
 
 def layer_design(record, site_names) -> tuple[np.ndarray, np.ndarray]:
@@ -231,17 +234,6 @@ def collect_ablated(model, tokenizer, item: dict, answer: str) -> dict[str, np.n
             'mask_lp': ablation(masks).numpy(), 'scores': scores, 'seconds': np.float64(seconds)}  # fmt: skip
 
 
-def run_ablated(args) -> None:
-    model, tokenizer = load_smollm2()
-    answers = {row['id']: row['answer'] for row in read_rows(args.bench / 'bench.jsonl', complete=True)}
-    shard, shards = (int(value) for value in args.shard.split('/'))
-    items = json.loads(ITEMS.read_text())[args.first : args.items]
-    items = [item for item in items if item['id'] in answers][shard::shards]
-    args.cache.mkdir(parents=True, exist_ok=True)
-    for item in tqdm([item for item in items if not (args.cache / f'{item["id"]}.npz').exists()], desc='ablated'):
-        np.savez(args.cache / f'{item["id"]}.npz', **collect_ablated(model, tokenizer, item, answers[item['id']]))
-
-
 def mean_over_contexts(record, count: int) -> np.ndarray:
     """Each source's score averaged over the first ``count`` explained contexts that hold it."""
     masks, scores = record['masks'][:count], record['scores'][:count]
@@ -308,7 +300,12 @@ def main(argv=None) -> None:
 
 
 #: the steps of the script by name
-STEPS = {'collect': run_collect, 'report': run_report, 'ablated': run_ablated, 'ablated-report': run_ablated_report}
+STEPS = {
+    'collect': run_collect,
+    'report': run_report,
+    'ablated': functools.partial(run_collect, collector=collect_ablated),
+    'ablated-report': run_ablated_report,
+}
 
 
 if __name__ == '__main__':
