@@ -298,7 +298,7 @@ class Marks:
         """Note ``output`` as ``input`` multiplied (or divided) by ``factor`` where that is a number (a copy: 1) or a
         constant tensor (one that carries no relevance: a weight of the model) and ``output`` a relevance-carrying
         tensor of ``input``'s shape, an element-wise multiple of it. ``position``: that of ``input`` (see
-        :py:func:`position`) before the operation, where that changed ``input`` in place (``x.mul_(w)``)."""
+        :py:func:`tensor_position`) before the operation, where that changed ``input`` in place (``x.mul_(w)``)."""
         constant = is_number(factor) or (isinstance(factor, torch.Tensor) and not factor.requires_grad)
         if not (constant and isinstance(output, torch.Tensor) and output.requires_grad and output.shape == input.shape):
             return
@@ -336,21 +336,23 @@ class Marks:
         return False
 
     def sources(self, tensor: torch.Tensor) -> set:
-        """The nodes ``tensor`` is (a view, cast, multiple or shift of): its own and those of what it was derived from
-        (views and casts, multiples by numbers or by constant tensors, and the inputs of shifts, such as a centring,
-        up to 32 nodes). A normaliser computed from any of them, times ``tensor``, is a normalisation:
-        ``weight * x * rsqrt(mean(x^2))`` as ``x * rsqrt(mean(x^2)) * weight``."""
-        queue, found = [tensor.grad_fn], set()
+        """The nodes ``tensor`` is (a view, cast, multiple or centring of): its own and those of what it was derived
+        from (views, casts and multiples by numbers or by constant tensors, through the inputs of one shift, such as a
+        centring; up to 32 nodes). A normaliser computed from any of them, times ``tensor``, is a normalisation:
+        ``weight * x * rsqrt(mean(x^2))`` as ``x * rsqrt(mean(x^2)) * weight``, ``(w x - w mean(x)) / std(x)``."""
+        queue, found = [(tensor.grad_fn, False)], set()  # (node, whether a shift was passed on the way to it)
         while queue and len(found) < 32:
-            node = queue.pop()
+            node, shifted = queue.pop()
             if node in found:
                 continue
             found.add(node)
             origin = self.origins.get(node)
-            if origin is not None:
-                queue.extend(origin[1] if origin[0] is None else origin[:1])  # a shift: its inputs
-            elif node in self.scaled:
-                queue.append(self.scaled[node][0])
+            if origin is not None and origin[0] is not None:  # a view or cast
+                queue.append((origin[0], shifted))
+            elif origin is not None and not shifted:  # a shift: its inputs (once)
+                queue.extend((input, True) for input in origin[1])
+            elif origin is None and node in self.scaled:
+                queue.append((self.scaled[node][0], shifted))
         for node in list(found):  # an identity rule's output: a function of its chain's first input
             if rule_node(node) in ('gate', 'rescaled') and node.next_functions:
                 found.add(node.next_functions[0][0])
