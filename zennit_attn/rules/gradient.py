@@ -60,24 +60,31 @@ class Epsilon(GradientRule):
         return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
 
 
-def _elementwise(module: torch.nn.Module, input: torch.Tensor, output: torch.Tensor) -> bool:
-    """Whether ``module`` (which computed ``output`` from ``input``) computes each output element from the input
-    element at its place alone: run again with half of the input's elements (a fixed random half) changed, its output
-    at the others is unchanged."""
+def _confirm_elementwise(module: torch.nn.Module, input: torch.Tensor, output: torch.Tensor) -> str:
+    """``'elementwise'`` for a module (which computed ``output`` from ``input``) that computes each output element from
+    the input element at its place alone: run again with half of the input's elements (a fixed random half) changed,
+    its output at the others is unchanged; refused otherwise."""
     input = input.detach()
     kept = (torch.rand(input.shape, generator=torch.Generator().manual_seed(0)) < 0.5).to(input.device)
     with torch.no_grad():
         probed = module.forward(torch.where(kept, input, input * 1.5 + 0.25))
-    return torch.allclose(probed[kept], output.detach()[kept], equal_nan=True)
+    if not torch.allclose(probed[kept], output.detach()[kept], equal_nan=True):
+        raise UnsupportedModelError(
+            f'{type(module).__name__} is named like an activation but is not element-wise (its output at an element '
+            'changes when other elements of its input change), so the identity rule (Eq. 9) does not apply to it; '
+            'name the module otherwise (not like an activation) so that its operations get their rules, or report '
+            'the model.'
+        )
+    return 'elementwise'
 
 
 class Identity(GradientRule):
     """Identity rule (Eq. 9) for element-wise non-linearities (GELU, SiLU, tanh, ...): ``R_in = R_out``.
 
     Modules recognised by their class name only (not in :py:data:`~zennit_attn.core.kinds.ACTIVATIONS`, or a subclass
-    of one with a forward of its own) are confirmed element-wise at their first call: with half of the input's
-    elements changed, the output at the others stays as it was (a function per element, which may differ between
-    elements: a weight per feature).
+    of one with a forward of its own) are confirmed element-wise at the first call of their class and settings in a
+    process (:py:func:`_confirmed`): with half of the input's elements changed, the output at the others stays as it
+    was (a function per element, which may differ between elements: a weight per feature).
 
     The rule needs the module's input after the forward: a module that overwrites it (``torch.nn.SiLU(inplace=True)``)
     runs out of place while the rule is registered (its ``inplace`` flag is set to False and put back by
@@ -85,7 +92,6 @@ class Identity(GradientRule):
     (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`), never explained from the overwritten values.
     """
 
-    confirmed = False
     #: ``(module, whether it held its own ``inplace`` attribute)`` while its flag is switched off
     switched: tuple[torch.nn.Module, bool] | None = None
     #: the version counter of the module's input when its forward began
@@ -121,14 +127,8 @@ class Identity(GradientRule):
                 f'{tuple(input[0].shape)} to {tuple(output.shape)}; name the module otherwise (not like an '
                 'activation) so that its operations get their rules, or report the model.'
             )
-        if not self.confirmed and not is_listed_activation(module) and not _elementwise(module, input[0], output):
-            raise UnsupportedModelError(
-                f'{type(module).__name__} is named like an activation but is not element-wise (its output at an '
-                'element changes when other elements of its input change), so the identity rule (Eq. 9) does not '
-                'apply to it; name the module otherwise (not like an activation) so that its operations get their '
-                'rules, or report the model.'
-            )
-        self.confirmed = True
+        if not is_listed_activation(module):
+            _confirmed(module, 'activation', lambda: _confirm_elementwise(module, input[0], output))
         return self.elementwise(input[0], output)
 
     @staticmethod
@@ -178,7 +178,7 @@ class NormIdentity(GradientRule):
     subtracts the mean (LayerNorm-like: ``y = (x - mean) c w + b``, with ``b`` the output for a zero input), otherwise
     it must be RMSNorm-like (``y - b`` over ``x`` the same profile in every row, ``b`` its bias or 0). A module that
     fails is refused (:py:class:`~zennit_attn.core.errors.UnsupportedModelError`). What a forward is found to be is
-    kept per class and settings of the instance (:py:func:`_norm_key`): confirmed once per process, not at every
+    kept per class and settings of the instance (:py:func:`_confirmed`): confirmed once per process, not at every
     explanation.
 
     The RMSNorm-like output is not saved for the backward pass: called as ``module(x)`` (one input, no keyword
@@ -206,7 +206,8 @@ class NormIdentity(GradientRule):
             return None
         kind = norm_kind(module)
         if kind == 'probe' or (kind == 'rms' and output.shape == input[0].shape and not _native_rms(module)):
-            kind = _confirmed_norm(module, input[0].detach(), output.detach(), profile=kind == 'probe')
+            x, y, profile = input[0].detach(), output.detach(), kind == 'probe'
+            kind = _confirmed(module, f'normalisation {kind}', lambda: _confirm_norm(module, x, y, profile))
             if kind == 'centered':
                 with torch.no_grad():
                     bias = module.forward(torch.zeros_like(input[0][..., :1, :] if input[0].dim() > 1 else input[0]))
@@ -267,12 +268,11 @@ def _confirm_normaliser(module: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     return 'normaliser', None
 
 
-#: What the forward of a normalisation module was found to be (``'rms'`` or ``'centered'``), by
-#: :py:func:`_norm_key` (:py:func:`_confirmed_norm`).
-_NORM_VERDICTS: dict = {}
+#: What the forward of a module named like an activation or a normalisation was found to compute (``'elementwise'``,
+#: ``'rms'`` or ``'centered'``), by :py:func:`_forward_key` and what it was confirmed as (:py:func:`_confirmed`).
+_VERDICTS: dict = {}
 
-
-#: The attributes every module has (``training``, its hooks' flags): not settings of a normalisation.
+#: The attributes every module has (``training``, its hooks' flags): not settings of what it computes.
 _MODULE_ATTRIBUTES = frozenset(vars(torch.nn.Module()))
 
 
@@ -281,10 +281,10 @@ def _native_rms(module: torch.nn.Module) -> bool:
     return type(module).forward is torch.nn.RMSNorm.forward
 
 
-def _norm_key(module: torch.nn.Module) -> tuple:
-    """What determines the function a normalisation module computes: its class, its forward (also one set on the
-    instance) and the settings of the instance (its attributes that are numbers, flags or strings: Gemma 3n's
-    ``with_scale``), not its weights."""
+def _forward_key(module: torch.nn.Module) -> tuple:
+    """What determines the function a module computes: its class, its forward (also one set on the instance) and the
+    settings of the instance (its attributes that are numbers, flags or strings: Gemma 3n's ``with_scale``), not its
+    weights."""
     settings = tuple(
         sorted(
             (name, value)
@@ -295,14 +295,14 @@ def _norm_key(module: torch.nn.Module) -> tuple:
     return type(module), type(module).forward, vars(module).get('forward'), settings
 
 
-def _confirmed_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, profile: bool) -> str:
-    """``'rms'`` or ``'centered'``: what ``module`` (which computed ``y`` from ``x``) normalises like, confirmed on
-    probes at its class's first call with these settings (:py:func:`_confirm_norm`), refused where it is neither."""
-    key = _norm_key(module)
-    kind = _NORM_VERDICTS.get(key)
-    if kind is None:
-        kind = _NORM_VERDICTS[key] = _confirm_norm(module, x, y, profile)
-    return kind
+def _confirmed(module: torch.nn.Module, what: str, confirm) -> str:
+    """What ``module``'s forward computes as ``what`` (``'activation'``, ``'normalisation ...'``): ``confirm()`` (on
+    probes; it refuses what fails) at the first call of its class with these settings in a process, kept after."""
+    key = (*_forward_key(module), what)
+    verdict = _VERDICTS.get(key)
+    if verdict is None:
+        verdict = _VERDICTS[key] = confirm()
+    return verdict
 
 
 def _confirm_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, profile: bool = True) -> str:
