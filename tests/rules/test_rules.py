@@ -429,10 +429,14 @@ class ScaledGELU(torch.nn.GELU):
 )
 def test_a_subclass_of_a_known_module_with_a_forward_of_its_own_is_confirmed(module_class, words):
     """A subclass of ``torch.nn.RMSNorm`` or ``torch.nn.GELU`` whose forward is its own is confirmed like a module named
-    like one, not trusted as its base class (before: the identity rule, 5% and 39% of the largest relevance off);
-    one that is element-wise with a weight per feature is explained as its operations are."""
+    like one, not trusted as its base class (before: the identity rule, 5% and 39% of the largest relevance off)."""
     with pytest.raises(UnsupportedModelError, match=words):
         relevance_of(lambda: module_class(6) if module_class is MixingRMSNorm else module_class(), AttnLRPEpsilon())
+
+
+def test_an_element_wise_subclass_of_an_activation_with_a_weight_per_feature_is_explained():
+    """A ``torch.nn.GELU`` subclass that is element-wise with a weight per feature passes the element-wise check (its
+    output at the elements not changed stays as it was) and gets the relevance of its operations (1e-10)."""
     found = relevance_of(ScaledGELU, CPLRPEpsilon())
     expected = relevance_of(named('Scaled', lambda m, x: torch.nn.functional.gelu(x) * m.weight), CPLRPEpsilon())
     assert_close(found, expected, 1e-10)
