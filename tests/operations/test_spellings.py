@@ -318,6 +318,12 @@ SPELLINGS = {
         lambda m, x: rms_weighted_in_place(m.a(x)),
         lambda m, x: (lambda a: SCALE * a * torch.rsqrt(torch.einsum('nd,nd->n', a, a)[:, None] / 4 + 1e-6))(m.a(x)),
     ],
+    # a matrix product by a constant is no multiple, whatever its shape: a gate of one, times another, is a value
+    'a gate of a square matrix product times another, then times a value': [
+        lambda m, x: (lambda h: torch.sigmoid(F.linear(h, W.T, None)) * F.linear(h, W, None))(m.a(x)) * m.c(x),
+        lambda m, x: (lambda h: torch.sigmoid(h @ W) * (h @ W.T))(m.a(x)) * m.c(x),
+        lambda m, x: (lambda h: torch.sigmoid(torch.einsum('nd,de->ne', h, W)) * torch.mm(h, W.T))(m.a(x)) * m.c(x),
+    ],
     'a LayerNorm, its weight multiplied after or before the normaliser': [
         lambda m, x: F.layer_norm(m.a(x), (4,), SCALE, None, 1e-5),
         lambda m, x: layer_norm_weighted_first(m.a(x)),

@@ -231,6 +231,8 @@ _MISSING = object()
 #: ``(name, declaration, whether it changes its first argument, its fast path)`` of each function the mode has seen
 #: (:py:func:`_function`).
 _FUNCTIONS: dict = {}
+#: The fast paths of products: linear where one factor carries relevance, their rule among several factors otherwise.
+_PRODUCTS = ('product', 'contraction')
 #: The fast path of metadata (not classified at all).
 _METADATA = 'metadata'
 #: The shapes of linear operations that note nothing and mark nothing where no operand is marked.
@@ -242,7 +244,8 @@ def _function(func) -> tuple:
     :py:data:`_FUNCTIONS`. The fast path of an operation where no operand is marked (:py:meth:`Classifier.unmarked`):
     ``'quiet'`` for a linear one that notes and marks nothing, ``'view'`` for a view or cast, which notes what it is a
     view of, ``'shift'`` and ``'join'`` for one that may add constants (``x + c``, ``cat``), which it notes,
-    ``'product'`` for a product (linear where one factor carries relevance), None for none."""
+    ``'product'`` for an element-wise product and ``'contraction'`` for a matrix product or a layer (linear where one
+    factor carries relevance; an element-wise product by a constant notes the multiple it makes), None for none."""
     name = op_name(func)
     entry = OPERATIONS.get(name)
     changes = name == 'setitem' or in_place(func)
@@ -254,7 +257,7 @@ def _function(func) -> tuple:
     elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in ('view', *ADDING):
         fast = entry.shape
     elif entry is not None and not changes and entry.rule == 'product':
-        fast = 'product'
+        fast = 'contraction' if entry.contraction or entry.layer else 'product'
     found = (name, entry, changes, fast)
     try:
         _FUNCTIONS[func] = found
@@ -277,7 +280,7 @@ def _fast(fast: str | None, name: str, marks: list, carrying: list, state: State
         and not any(marks)
         and not (state.overrides and name in state.overrides)
         and state.table is None
-        and (fast != 'product' or len(carrying) == 1)
+        and (fast not in _PRODUCTS or len(carrying) == 1)
     )
 
 

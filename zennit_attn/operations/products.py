@@ -268,10 +268,10 @@ def multiplied(call: Call, output, state: State) -> None:
     relevance-carrying factors none of which is a softmax output (a matrix product or a broadcast outer product:
     ``k^T v``) is marked a contraction, a matrix product with softmax factors an attention output (the logits of its
     softmaxes)."""
-    if len(call.carrying) < 2:  # linear: marked as its factor, a multiple of it (as on the fast path)
+    if len(call.carrying) < 2:  # linear: marked as its factor; element-wise, a multiple of it (as on the fast path)
         if call.marks[0] is not None:
             passed(call, output, state)
-        if call.entry.rule == 'product':
+        if call.entry.rule == 'product' and not (call.entry.contraction or call.entry.layer):
             note_scaling(call.func, call.args, call.kwargs, call.carrying[0], output, state, call.positions[0])
         return
     passed(call, output, state)
@@ -312,7 +312,8 @@ def _activation_product(found: list, marks: list, output, state: State) -> bool:
 def note_scaling(
     func, args: tuple, kwargs: dict, input: torch.Tensor, output, state: State, position: tuple | None = None
 ) -> None:
-    """Note ``output`` as ``input`` multiplied by a number or a constant tensor where it is (``2 * a``, ``a.mul(2)``,
+    """Note ``output`` of an element-wise product (not a matrix product or a layer, whose output may have the shape of
+    its input too) as ``input`` multiplied by a number or a constant tensor where it is (``2 * a``, ``a.mul(2)``,
     ``weight * a``: a product of two arguments, one the factor; ``position``: that of ``input`` before the product,
     which an in-place product changes; :py:meth:`~zennit_attn.operations.marks.Marks.scale`)."""
     if len(args) == 2 and not kwargs:
