@@ -257,7 +257,7 @@ def _function(func) -> tuple:
     elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in ('view', *ADDING):
         fast = entry.shape
     elif entry is not None and not changes and entry.rule == 'product':
-        fast = 'contraction' if entry.contraction or entry.layer else 'product'
+        fast = 'product' if entry.elementwise_product else 'contraction'
     found = (name, entry, changes, fast)
     try:
         _FUNCTIONS[func] = found

@@ -271,7 +271,7 @@ def multiplied(call: Call, output, state: State) -> None:
     if len(call.carrying) < 2:  # linear: marked as its factor; element-wise, a multiple of it (as on the fast path)
         if call.marks[0] is not None:
             passed(call, output, state)
-        if call.entry.rule == 'product' and not (call.entry.contraction or call.entry.layer):
+        if call.entry.elementwise_product:
             note_scaling(call.func, call.args, call.kwargs, call.carrying[0], output, state, call.positions[0])
         return
     passed(call, output, state)

@@ -316,6 +316,12 @@ class Operation:
     additive: str | None = None
     decomposition: Callable | None = None
 
+    @property
+    def elementwise_product(self) -> bool:
+        """Whether it is a product of its factors element by element (``mul``, ``addcmul``), not a contraction or a
+        layer, whose output may have the shape of an input without being a multiple of it."""
+        return self.rule == 'product' and not (self.contraction or self.layer)
+
 
 #: Every operation the engine knows, by name.
 OPERATIONS: dict[str, Operation] = {}

@@ -151,7 +151,7 @@ class Identity(GradientRule):
 
     def copy(self):
         duplicate = super().copy()
-        duplicate.confirmed, duplicate.switched, duplicate.version = False, None, None
+        duplicate.switched, duplicate.version = None, None
         return duplicate
 
 
@@ -168,8 +168,8 @@ class NormIdentity(GradientRule):
     A module named like an RMSNorm that returns the normaliser itself instead of the normalised input (HY-V4's
     ``UnweightedRMSNorm``: ``rsqrt(mean(x^2) + eps)``, one value per row, the product left to its caller) is the
     constant ``g(x)`` of Prop. 3.4: its output is returned detached, so that the product it scales passes relevance by
-    the other factor alone, as ``linear(x / g(x))`` does; confirmed at its first call on probes (one value per row,
-    divided by ``k`` where the row is multiplied by ``k``), refused otherwise.
+    the other factor alone, as ``linear(x / g(x))`` does; confirmed on probes (one value per row, divided by ``k``
+    where the row is multiplied by ``k``), refused otherwise.
 
     Other modules named like a normalisation (``norm_kind`` ``'probe'``), and those named like an RMSNorm other than
     :py:class:`torch.nn.RMSNorm` itself (a name says nothing of what a forward computes: a centring "RMSNorm" is a
@@ -188,7 +188,6 @@ class NormIdentity(GradientRule):
 
     def __init__(self):
         super().__init__()
-        self.confirmed = None
         #: whether the module's current call is ``module(x)``, which its backward can run again
         self.recomputable = False
 
@@ -213,8 +212,8 @@ class NormIdentity(GradientRule):
                     bias = module.forward(torch.zeros_like(input[0][..., :1, :] if input[0].dim() > 1 else input[0]))
                 return _AffineRatio.apply(input[0], output.detach(), bias.detach(), True)
         if kind == 'rms' and output.shape != input[0].shape:
-            if self.confirmed is None:
-                self.confirmed = _confirm_normaliser(module, input[0].detach(), output.detach())
+            x, y = input[0].detach(), output.detach()
+            _confirmed(module, 'normaliser', lambda: _confirm_normaliser(module, x, y))
             return output.detach()
         bias = getattr(module, 'bias', None)
         if kind == 'rms' and isinstance(bias, torch.Tensor) and bias.shape == output.shape[-1:]:
@@ -231,12 +230,12 @@ class NormIdentity(GradientRule):
 
     def copy(self):
         duplicate = super().copy()
-        duplicate.confirmed, duplicate.recomputable = None, False
+        duplicate.recomputable = False
         return duplicate
 
 
-def _confirm_normaliser(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[str, None]:
-    """``('normaliser', None)`` for a module that returns the normaliser ``g(x)`` of the last dimension of ``x``: one
+def _confirm_normaliser(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> str:
+    """``'normaliser'`` for a module that returns the normaliser ``g(x)`` of the last dimension of ``x``: one
     positive value per row, divided by ``k`` where the row is multiplied by ``k``;
     :py:class:`~zennit_attn.core.errors.UnsupportedModelError` otherwise."""
     name = type(module).__name__
@@ -265,11 +264,12 @@ def _confirm_normaliser(module: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
                 f'returns one value per row ({tuple(y.shape)}) that is not a normaliser (divided by k where the row is '
                 'multiplied by k)'
             )
-    return 'normaliser', None
+    return 'normaliser'
 
 
 #: What the forward of a module named like an activation or a normalisation was found to compute (``'elementwise'``,
-#: ``'rms'`` or ``'centered'``), by :py:func:`_forward_key` and what it was confirmed as (:py:func:`_confirmed`).
+#: ``'rms'``, ``'centered'`` or ``'normaliser'``), by :py:func:`_forward_key` and what it was confirmed as
+#: (:py:func:`_confirmed`).
 _VERDICTS: dict = {}
 
 #: The attributes every module has (``training``, its hooks' flags): not settings of what it computes.
