@@ -46,6 +46,7 @@ ATTNLRP_LOSSES: dict[str, dict[str, str]] = {
         'deepseek_v4': SOFTMAX,
         'flint': CONSTANT,
         'git': ZERO_LOGITS,
+        'gpt_oss': CONSTANT,
         'gptj': ZERO_LOGITS,
         'granite_swa': SOFTMAX,
         'granitemoe_swa': SOFTMAX,

@@ -171,14 +171,15 @@ def test_verdicts_say_what_they_mean():
 
 
 def test_a_model_that_adds_constants_is_explained_with_the_reason(capsys):
-    """Gemma 3n adds a constant 1 in its code (a bias that cannot be zeroed): explained, not exactly conservative,
-    and the verdict says where (the module whose code adds it: AltUp)."""
-    code, out, _ = run(capsys, ['check', '--model', 'gemma3n_text', '-q'])
+    """Pegasus-X adds its sinusoidal position embeddings, a constant tensor of its code that the check cannot zero,
+    to the token embeddings: explained, not exactly conservative, and the verdict says where (the module whose code
+    adds it: the encoder)."""
+    code, out, _ = run(capsys, ['check', '--model', 'pegasus_x', '-q'])
     assert code == 0
     verdict, attnlrp = out.splitlines()[-2:]
     assert verdict.startswith(
-        'verdict: explained: not exactly conservative by design: the model adds the constant 1 at '
-        "'model.layers.0.altup' "
+        'verdict: explained: not exactly conservative by design: the model adds the constant tensor of shape '
+        "[1, 6, 32] (largest |value| 1) at 'model.encoder' "
     )
     assert attnlrp.endswith('(docs: Rules, where AttnLRP loses relevance); anything else is a defect')
 

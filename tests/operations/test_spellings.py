@@ -324,6 +324,33 @@ SPELLINGS = {
         lambda m, x: (lambda h: torch.sigmoid(h @ W) * (h @ W.T))(m.a(x)) * m.c(x),
         lambda m, x: (lambda h: torch.sigmoid(torch.einsum('nd,de->ne', h, W)) * torch.mm(h, W.T))(m.a(x)) * m.c(x),
     ],
+    # a product with a factor offset by a number is the sum of the products (distributivity): the number's part of it
+    # goes to the other factor whole, not absorbed like a bias; through views and casts of the offset factor
+    'a value times one plus a value, or distributed': [
+        lambda m, x: m.a(x) * (1 + m.b(x)),
+        lambda m, x: m.a(x) + m.a(x) * m.b(x),
+        lambda m, x: torch.addcmul(m.a(x), m.a(x), m.b(x)),
+        lambda m, x: (m.b(x) + 1) * m.a(x),
+        lambda m, x: m.a(x) * (m.b(x) - (-1)),
+        lambda m, x: m.a(x) * torch.add(m.b(x), 0.5, alpha=2),
+        lambda m, x: m.a(x) * (1 - (-m.b(x))),
+        lambda m, x: m.a(x) * torch.rsub(-m.b(x), 1),
+        lambda m, x: m.a(x) * m.b(x).clone().add_(1),
+        lambda m, x: m.a(x) * (m.b(x) + torch.tensor(1.0, dtype=torch.float64)),
+        lambda m, x: m.a(x) * (m.b(x) + 1).view(3, 4, 1).permute(2, 0, 1).squeeze(0).to(torch.float64),
+    ],
+    'a value times two minus a value, or distributed': [
+        lambda m, x: m.a(x) * (2 - m.b(x)),
+        lambda m, x: 2 * m.a(x) - m.a(x) * m.b(x),
+    ],
+    "GPT-OSS's product of one plus a value and a gate, or distributed": [
+        lambda m, x: (m.b(x) + 1) * F.silu(m.a(x)),
+        lambda m, x: F.silu(m.a(x)) + m.b(x) * F.silu(m.a(x)),
+    ],
+    'a value times one plus a broadcast value, or distributed': [
+        lambda m, x: m.a(x) * (1 + m.b(x)[:, :1]),
+        lambda m, x: m.a(x) + m.a(x) * m.b(x)[:, :1],
+    ],
     'a LayerNorm, its weight multiplied after or before the normaliser': [
         lambda m, x: F.layer_norm(m.a(x), (4,), SCALE, None, 1e-5),
         lambda m, x: layer_norm_weighted_first(m.a(x)),
@@ -458,6 +485,35 @@ def _token_relevance(model, composite) -> torch.Tensor:
         logits = modified(inputs_embeds=leaf, use_cache=False).logits[0, -1]
         logits[logits.argmax()].backward()
     return leaf.grad.sum(-1)
+
+
+def _distributed_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS's gated activation with its product distributed: ``glu + up * glu`` for ``(up + 1) * glu``."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate, up = gate.clamp(min=None, max=self.limit), up.clamp(min=-self.limit, max=self.limit)
+    glu = gate * torch.sigmoid(gate * self.alpha)
+    return glu + up * glu
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon], ids=lambda composite: composite.__name__)
+def test_gpt_oss_offset_product_is_distributed(composite, monkeypatch):
+    """GPT-OSS's ``(up + 1) * glu`` gets the relevance of ``glu + up * glu`` (1e-12), and CP-LRP conserves the relevance
+    1 of the logit of a tiny GPT-OSS (before, the 1 absorbed a share like a bias: CP-LRP relevance / logit 0.908)."""
+    model = _tiny('causal-lm', 'gpt_oss')
+    written = _token_relevance(model, composite())
+    if composite is CPLRPEpsilon:
+        torch.testing.assert_close(written.sum(), torch.tensor(1.0, dtype=torch.float64), rtol=1e-9, atol=0)
+    monkeypatch.setattr(modeling_gpt_oss.GptOssExperts, '_apply_gate', _distributed_gate)
+    torch.testing.assert_close(_token_relevance(model, composite()), written, rtol=0, atol=1e-12)
+
+
+def test_gemma3n_altup_correction_conserves():
+    """Gemma 3n's AltUp correction ``innovation * (coefs + 1)`` (the offset factor permuted and unsqueezed before the
+    product): CP-LRP's relevance of a tiny Gemma 3n sums to the logit's relevance 1 (1e-9; before, 0.455: the 1
+    absorbed half of each correction's relevance like a bias)."""
+    model = _tiny('causal-lm', 'gemma3n_text')
+    relevance = _token_relevance(model, CPLRPEpsilon())
+    torch.testing.assert_close(relevance.sum(), torch.tensor(1.0, dtype=torch.float64), rtol=1e-9, atol=0)
 
 
 @pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon], ids=lambda composite: composite.__name__)

@@ -37,7 +37,7 @@ from ..core.errors import UnsupportedModelError
 from .calls import Call, in_place, tensors_of
 from .elementwise import normaliser_use
 from .marks import Mark, join_gates, produced
-from .products import note_scaling
+from .products import note_offset, note_scaling
 from .recurrences import held_constant, term_use
 from .registry import ADDING, OPERATIONS, RULE_TABLE, op_name
 from .softmax import log_softmax_use, sink_mass
@@ -175,6 +175,7 @@ class Classifier(TorchFunctionMode):
                 state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
         elif fast == 'shift':
             state.marks.derive(produced_tensors(output), carrying)
+            note_offset(func, args, kwargs, carrying, output, state)
         elif fast == 'product':
             note_scaling(func, args, kwargs, carrying[0], output, state)
         return output

@@ -247,6 +247,9 @@ class Marks:
         #: weight of the model, frozen), by the node of its output: the position of the multiplied tensor
         #: (:py:func:`tensor_position`, :py:meth:`scale`)
         self.scaled: dict = {}
+        #: the number a tensor is offset by (``v + 1``, ``1 - v``: a constant plus a relevance-carrying tensor), by the
+        #: node of its output (:py:meth:`offset`, :py:meth:`offset_of`)
+        self.offsets: dict = {}
 
     def get(self, node) -> Mark | None:
         """The mark of the tensor computed by ``node`` (None for an unmarked one); the mark of an output of the rules'
@@ -305,6 +308,26 @@ class Marks:
         position = tensor_position(input) if position is None else position
         if output.grad_fn is not position[0]:
             self.scaled[output.grad_fn] = position
+
+    def offset(self, output, number) -> None:
+        """Note ``output`` as a relevance-carrying tensor plus the constant ``number`` (a Python number or a tensor of
+        one element that carries no relevance)."""
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            self.offsets[output.grad_fn] = number
+
+    def offset_of(self, tensor: torch.Tensor):
+        """The number ``tensor`` is offset by (:py:meth:`offset`), through views and casts of the offset tensor
+        (``(v + 1).permute(2, 0, 1).unsqueeze(-1)``, which offset each element by the same number); None for none."""
+        node = tensor.grad_fn
+        for _ in range(16):
+            number = self.offsets.get(node)
+            if number is not None:
+                return number
+            origin = self.origins.get(node)
+            if origin is None or origin[0] is None:  # not a view or cast
+                return None
+            node = origin[0]
+        return None
 
     def root(self, position: tuple) -> tuple:
         """The position (:py:func:`tensor_position`) of the tensor that the tensor at ``position`` is a multiple of by

@@ -74,7 +74,7 @@ from .elementwise import (
     statistic,
 )
 from .marks import passed
-from .products import attended, attention, elements, multiplied, product, scatter, solve
+from .products import attended, attention, elements, multiplied, note_offset, product, scatter, solve
 from .softmax import log_softmax, log_softmaxed, logsumexp, softmax, softmaxed, summed_exponentials
 from .tracking import Override, State
 
@@ -139,12 +139,16 @@ def _plain(call: Call, state: State):
     """The plain gradient (linear, structural, selection and constant-valued operations: Eq. 8 with epsilon -> 0); a
     constant the model adds to, or joins with, relevance-carrying tensors is noted (it absorbs relevance, like a
     bias: :py:meth:`~zennit_attn.operations.tracking.State.note_constant`), except a number added to the output of
-    an element-wise non-linearity, which is part of it (:py:func:`~.elementwise.activation_shift`)."""
+    an element-wise non-linearity, which is part of it (:py:func:`~.elementwise.activation_shift`); a tensor offset by
+    a number is noted as such (:py:func:`~.products.note_offset`: a product gives that part to its other factor)."""
     if call.entry.shape == 'shift' and shifts_activation(call, state):
         return activation_shift(call, state)
     if call.entry.shape in ADDING:
         state.note_constant(call.entry.shape, call.args, call.kwargs)
-    return call.func(*call.args, **call.kwargs)
+    output = call.func(*call.args, **call.kwargs)
+    if call.entry.shape == 'shift':
+        note_offset(call.func, call.args, call.kwargs, call.carrying, output, state)
+    return output
 
 
 #: The shapes of linear operations that may add constants to relevance (:py:func:`_plain`).
