@@ -16,6 +16,11 @@ twice the relevance. Before the two outputs of one operation were told apart, CP
 sigmoid(g)`` with ``a, g = h.chunk(2)``) for SiLU (``a`` times an activation of itself: a gate), 120% of the largest
 relevance apart from GLU by indexing when multiplied by a value.
 
+Before a tensor times an inverse of another (``a * reciprocal(v)``, ``a * rsqrt(v)``, ``a * v ** -1``) was a division
+of it, AttnLRP shared that product by halves where ``a / v`` holds the divisor constant: a relevance 180% of the
+largest apart (65% for ``a * rsqrt(v)`` against ``a / sqrt(v)``); before a factor offset by a number was distributed,
+``a * (1 + v)`` got another relevance than ``a + a * v`` (the number absorbed a share like a bias).
+
 Before issue 40, CP-LRP gave ``silu(h) @ W`` and ``(silu(h)[..., None] * W).sum(-2)`` followed by a gate relevances
 90% apart (the product with a broadcast constant and the sum passed the gate, the matrix product did not), the
 recurrent and the chunked gated delta rule 2.4% of the largest relevance apart, and half the other cases below
@@ -350,6 +355,21 @@ SPELLINGS = {
     'a value times one plus a broadcast value, or distributed': [
         lambda m, x: m.a(x) * (1 + m.b(x)[:, :1]),
         lambda m, x: m.a(x) + m.a(x) * m.b(x)[:, :1],
+    ],
+    # a tensor times an inverse of another (a reciprocal, an inverse square root, a negative power; rescaled or cast)
+    # is divided by it: the divisor held constant, as in ``a / v``
+    'a value divided by a function of another, or times its inverse': [
+        lambda m, x: m.a(x) / (3 + m.b(x).abs()),
+        lambda m, x: m.a(x) * torch.reciprocal(3 + m.b(x).abs()),
+        lambda m, x: m.a(x) * (3 + m.b(x).abs()) ** -1,
+        lambda m, x: m.a(x) * (1 / (3 + m.b(x).abs())),
+        lambda m, x: m.a(x) * (0.5 * torch.reciprocal(1.5 + 0.5 * m.b(x).abs())),
+        lambda m, x: torch.reciprocal(3 + m.b(x).abs()).to(torch.float64).unsqueeze(0).squeeze(0) * m.a(x),
+    ],
+    'a value divided by a square root of another, or times its inverse': [
+        lambda m, x: m.a(x) / torch.sqrt(1 + m.b(x) ** 2),
+        lambda m, x: m.a(x) * torch.rsqrt(1 + m.b(x) ** 2),
+        lambda m, x: m.a(x) * (1 + m.b(x) ** 2) ** -0.5,
     ],
     'a LayerNorm, its weight multiplied after or before the normaliser': [
         lambda m, x: F.layer_norm(m.a(x), (4,), SCALE, None, 1e-5),

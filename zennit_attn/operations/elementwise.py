@@ -124,7 +124,8 @@ def activated(call: Call, output, state: State) -> None:
     outputs = produced(call, output)
     rule = call.entry.rule
     if rule == 'normaliser' or (rule == 'power' and not _power_at_least_one(call)):
-        state.marks.set(outputs, Mark(gate=ACTIVATED.gate, normaliser=call.name))
+        name = NEGATIVE_POWER if rule == 'power' and _negative_power(call) else call.name
+        state.marks.set(outputs, Mark(gate=ACTIVATED.gate, normaliser=name))
     else:
         state.marks.set(outputs, ACTIVATED)
 
@@ -189,7 +190,7 @@ def normaliser_use(call: Call, state: State):
     if all(marked):
         output = state.dispatch(call, state)
         if call.entry is not None and 'normaliser' in call.entry.keeps:
-            state.marks.add(produced(call, output), normaliser=call.name)
+            state.marks.add(produced(call, output), normaliser=_normaliser_name(call))
         return output
     if call.entry is None or call.entry.rule != 'product':
         return state.dispatch(call, state)
@@ -199,12 +200,46 @@ def normaliser_use(call: Call, state: State):
         for tensor, found in zip(call.carrying, marked)
         if found and any(normalises(tensor, sources) for sources in others)
     }
+    what = 'the normaliser g(x) of the other factor a constant (Prop. 3.4)'
+    if not constants and call.entry.elementwise_product:
+        constants, what = _inverse_factors(call, marked), 'an inverse normaliser a constant divisor (Prop. 3.4)'
     if not constants:
         return state.dispatch(call, state)
     inner = call.without(constants)
     output = state.dispatch(inner, state)
-    call.note = f'the normaliser g(x) of the other factor a constant (Prop. 3.4); {inner.note or "linear"}'
+    call.note = f'{what}; {inner.note or "linear"}'
     return output
+
+
+#: The name of the normaliser mark of a power below 0 (``v ** -0.5``).
+NEGATIVE_POWER = 'negative power'
+#: The normalisers that divide by what they are computed from (``rsqrt(v)``, ``1 / v``, ``reciprocal(v)``, ``v **
+#: -1``), also rescaled, viewed or cast: a tensor times one of them is divided (:py:func:`_inverse_factors`).
+INVERSES = frozenset({'rsqrt', 'reciprocal', 'reciprocal_scaled', NEGATIVE_POWER})
+
+
+def _normaliser_name(call: Call) -> str:
+    """The name of the normaliser a function of normalisers computes: that of its one normaliser where it moves or
+    rescales it (a view, a cast, a product or division with one relevance-carrying factor: ``2 * rsqrt(v)`` is an
+    inverse as ``rsqrt(v)`` is), else its own."""
+    if len(call.carrying) == 1 and (call.entry.shape == 'view' or call.entry.rule in ('product', 'division')):
+        return call.marks[0].normaliser
+    return call.name
+
+
+def _inverse_factors(call: Call, marked: list) -> dict:
+    """The inverse normalisers (:py:data:`INVERSES`) among the factors of an element-wise product of
+    relevance-carrying tensors, each as a constant by ``id`` of the factor: ``a * rsqrt(v)``, ``a * (1 / v)`` and
+    ``a * v ** -1`` divide ``a`` by a function of ``v``, whose divisor :py:func:`division` holds constant (before,
+    AttnLRP shared the product by halves: ``a * reciprocal(v)`` got a relevance 180% of the largest apart from ``a /
+    v``'s); none where another factor is a softmax gate (a renormalisation keeps its rule)."""
+    if any(kind(mark) == SOFTMAX for mark in call.marks):
+        return {}
+    return {
+        id(tensor): tensor.detach()
+        for tensor, found, mark in zip(call.carrying, marked, call.marks)
+        if found and mark.normaliser in INVERSES
+    }
 
 
 def division(call: Call, state: State):
@@ -288,6 +323,12 @@ def decomposed(call: Call, state: State):
             return call.entry.decomposition(*call.args, **call.kwargs)
     except NotImplementedError as error:
         state.refuse(call.name, f'{error}, which is not softmax attention')
+
+
+def _negative_power(call: Call) -> bool:
+    """Whether the exponent of ``pow`` is a negative number (``x ** -0.5``: an inverse normaliser)."""
+    exponent = call.argument('exponent')
+    return isinstance(exponent, (int, float)) and exponent < 0
 
 
 def _power_at_least_one(call: Call) -> bool:
