@@ -19,7 +19,8 @@ relevance apart from GLU by indexing when multiplied by a value.
 Before a tensor times an inverse of another (``a * reciprocal(v)``, ``a * rsqrt(v)``, ``a * v ** -1``) was a division
 of it, AttnLRP shared that product by halves where ``a / v`` holds the divisor constant: a relevance 180% of the
 largest apart (65% for ``a * rsqrt(v)`` against ``a / sqrt(v)``); before a factor offset by a number was distributed,
-``a * (1 + v)`` got another relevance than ``a + a * v`` (the number absorbed a share like a bias).
+``a * (1 + v)`` got another relevance than ``a + a * v`` (the number absorbed a share like a bias); before a value
+times itself was a square, CP-LRP gave ``(x * x) * v`` a relevance 39% of the largest apart from ``x ** 2 * v``.
 
 Before issue 40, CP-LRP gave ``silu(h) @ W`` and ``(silu(h)[..., None] * W).sum(-2)`` followed by a gate relevances
 90% apart (the product with a broadcast constant and the sum passed the gate, the matrix product did not), the
@@ -356,6 +357,13 @@ SPELLINGS = {
         lambda m, x: m.a(x) * (1 + m.b(x)[:, :1]),
         lambda m, x: m.a(x) + m.a(x) * m.b(x)[:, :1],
     ],
+    # a value times itself is a square, an activation's output (a gate of CP-LRP), as ``x ** 2`` is
+    'a square written as a product, times a value': [
+        lambda m, x: m.a(x) ** 2 * m.b(x),
+        lambda m, x: (lambda a: a * a)(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a.mul(a))(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a * (2 * a))(m.a(x)) * m.b(x) / 2,
+    ],
     # a tensor times an inverse of another (a reciprocal, an inverse square root, a negative power; rescaled or cast)
     # is divided by it: the divisor held constant, as in ``a / v``
     'a value divided by a function of another, or times its inverse': [
@@ -383,6 +391,9 @@ SPELLINGS = {
 DESIGNED = {
     # relevance patching's MLP rules give normalisation modules no rule (their plain gradient through the module)
     ('a normalised gate', MLPRules): 2,
+    # relevance patching's MLP rules give a product that is not gated its plain gradient: ``x * x`` twice the relevance
+    # of ``x ** 2`` (the activation rule)
+    ('a square written as a product, times a value', MLPRules): 1,
 }
 
 

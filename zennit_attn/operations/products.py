@@ -27,7 +27,7 @@ from ..rules import scaled_gradient
 from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, is_number, replaced
 from .graph import is_outer_product
-from .marks import ACTIVATED, SOFTMAXED, join_gates, kind, passed, produced
+from .marks import ACTIVATED, SOFTMAXED, join_gates, kind, passed, produced, tensor_position
 from .tracking import State
 
 __all__ = [
@@ -313,7 +313,9 @@ def multiplied(call: Call, output, state: State) -> None:
     found, marks = factors(call)
     if found is None or len(found) < 2:
         return
-    if call.name == 'mul' and _activation_product(found, marks, output, state):
+    if call.name == 'mul' and (
+        _activation_product(found, marks, output, state) or _square(found, marks, output, state)
+    ):
         state.marks.set(produced(call, output), ACTIVATED)
         return
     outer = call.name == 'mul' and len(found) == 2 and is_outer_product(*found)
@@ -340,6 +342,19 @@ def _activation_product(found: list, marks: list, output, state: State) -> bool:
         return False
     value, gate = (found[0], found[1]) if kinds[1] == ACTIVATION else (found[1], found[0])
     return output.shape == value.shape and state.marks.activation_of(value, gate)
+
+
+def _square(found: list, marks: list, output, state: State) -> bool:
+    """Whether a product of two relevance-carrying values is a value times itself up to numbers or constant tensors
+    (``x * x``, ``x * (2 * x)``: :py:meth:`~zennit_attn.operations.marks.Marks.root`), element by element: a square,
+    an activation's output (a gate of CP-LRP) as that of ``x ** 2`` is. Its relevance is already the square's: both
+    factors reach ``x`` whole."""
+    if len(found) != 2 or any(mark is not None for mark in marks) or not isinstance(output, torch.Tensor):
+        return False
+    first, second = found
+    if not (first.shape == second.shape == output.shape and first.grad_fn is not None):
+        return False
+    return state.marks.root(tensor_position(first)) == state.marks.root(tensor_position(second))
 
 
 def note_scaling(
