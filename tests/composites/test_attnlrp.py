@@ -324,3 +324,37 @@ def test_late_method_label_and_refusals():
     with pytest.raises(UnsupportedModelError, match=r'Sequential has no transformer blocks.*AttnLRPEpsilon\(\)'):
         AttnLRPLateEpsilon().register(mlp)
     assert _snapshot(mlp) == snapshot
+
+
+class _InlineHead(torch.nn.Module):
+    """A linear layer and logits computed with the layer's weight inline (``x @ head.weight.T``) or by the layer."""
+
+    def __init__(self, inline: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inline = inline
+        self.body, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3, bias=False)
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))
+        return h @ self.head.weight.T if self.inline else self.head(h)
+
+
+def test_an_epsilon_rule_on_a_layer_used_inline_is_refused():
+    """The epsilon rule of a layer applies where the layer is called: logits computed with its weight inline would get
+    the plain gradient instead, so ``AttnLRPEpsilon(epsilon=0.1)`` refuses them, naming the layer; with epsilon 0
+    (nothing registered) both spellings give one relevance."""
+    x = torch.randn(2, 4, dtype=torch.float64)
+
+    def relevance(model, composite):
+        leaf = x.clone().requires_grad_(True)
+        with composite.context(model.double()) as modified:
+            modified(leaf)[:, 0].sum().backward()
+        return leaf.grad
+
+    torch.testing.assert_close(
+        relevance(_InlineHead(True), AttnLRPEpsilon()), relevance(_InlineHead(False), AttnLRPEpsilon()), rtol=0, atol=0
+    )
+    relevance(_InlineHead(False), AttnLRPEpsilon(epsilon=0.1))
+    with pytest.raises(UnsupportedModelError, match=r"parameters of 'head' \(Linear\) outside its forward"):
+        relevance(_InlineHead(True), AttnLRPEpsilon(epsilon=0.1))

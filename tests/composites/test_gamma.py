@@ -9,7 +9,8 @@
    independently from the attention probabilities and the q/k relevance; on a bias-free LLaVA with gamma on the
    vision tower, CP-LRP misses the logit by what the stabilisers absorb, and by nothing else.
 4. torchvision's ViT (``torch.nn.MultiheadAttention``, projections by ``F.linear``) equals timm's with the same
-   weights where the projections' rule is the plain gradient; a projection rule that would not reach them is refused.
+   weights where the projections' rule is the plain gradient; a projection rule that would not reach them is refused,
+   as is one on EVA's ``qkv``, which EVA computes with ``F.linear`` on the module's parameters.
 """
 
 from __future__ import annotations
@@ -382,3 +383,23 @@ def test_multihead_attention_projections_get_what_is_declared_or_a_refusal():
         assert all(not module._forward_hooks and not module._forward_pre_hooks for module in torchvision_vit.modules())
         assert all(parameter.requires_grad for parameter in torchvision_vit.parameters())
         explain(twin, x, target=target, composite=AttnLRPGamma(**rules))  # timm calls its projection modules
+
+
+def test_a_layer_computed_without_its_module_is_refused_where_its_rule_would_not_apply():
+    """EVA-02 (timm) computes its attention's ``qkv`` as ``F.linear(x, self.qkv.weight, qkv_bias)`` and never calls
+    the ``qkv`` module: a rule other than the plain gradient's stand-in on it is refused in the forward pass, naming the
+    layer (before, ``attention_in=Gamma(0.5)`` and ``Epsilon(10)`` gave exactly the default's relevance), and the model
+    is left as it was; the default ``Epsilon(1e-6)``, for which the plain gradient stands in, explains it, and so does
+    a gamma rule on its MLPs, which it calls."""
+    from timm.models.eva import Eva  # timm is optional (the vision extra)
+
+    torch.manual_seed(0)
+    eva = Eva(img_size=8, patch_size=4, num_classes=3, embed_dim=16, depth=2, num_heads=2, use_rot_pos_emb=True)
+    eva = eva.double().eval()
+    x = pixels()
+    assert float(explain(eva, x, target=1, composite=AttnLRPGamma()).relevance.abs().sum()) > 0
+    for rules in ({'attention_in': Gamma(0.5)}, {'attention_in': Epsilon(10.0)}):
+        with pytest.raises(UnsupportedModelError, match=r"parameters of 'blocks.0.attn.qkv' \(Linear\) outside"):
+            explain(eva, x, target=1, composite=AttnLRPGamma(**rules))
+        assert all(not module._forward_hooks and not module._forward_pre_hooks for module in eva.modules())
+        assert all(parameter.requires_grad for parameter in eva.parameters())

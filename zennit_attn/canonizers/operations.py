@@ -181,6 +181,10 @@ class OperationCanonizer(Canonizer):
         self.constants = [] if constants is None else constants
         #: where a dry run records the rule of each operation (:py:class:`~.tracking.RuleTable`), None otherwise
         self.table: RuleTable | None = None
+        #: the parameters of the layers whose rule changes their gradient, and how many calls of each layer are being
+        #: run (:py:meth:`guard_layers`)
+        self.layers: dict[int, list[tuple[str, torch.nn.Module, str]]] = {}
+        self.running: dict[int, int] = {}
         self.state = self.start()
         self.root: torch.nn.Module | None = None
         #: the names of the root's modules by id, found at the first :py:meth:`module_path`
@@ -212,6 +216,8 @@ class OperationCanonizer(Canonizer):
             gradients=torch.is_grad_enabled(),
             table=self.table,
             audit=Audit(open=False) if audit is None else audit,
+            layers=self.layers,
+            running=self.running,
         )
 
     def copy(self) -> OperationCanonizer:
@@ -272,6 +278,29 @@ class OperationCanonizer(Canonizer):
             opaque = opaque and module is not model  # the model's own rule is the relevance boundary
             if opaque or mixer or gate:
                 self._hook(module, opaque or gate, mixer, gate)
+
+    def guard_layers(self, layers: Mapping[str, tuple[torch.nn.Module, str]]) -> None:
+        """Refuse the use of a layer's weight outside the layer's own forward, for the layers of ``layers`` (``module
+        path -> (module, its rule in words)``: those whose rule of the composite changes their gradient). A rule of a
+        module applies where the module is called; a model that computes with its weight otherwise (EVA's ``qkv =
+        F.linear(x, self.qkv.weight, qkv_bias)``, logits as ``h @ self.lm_head.weight.T``) would leave it unapplied,
+        the plain gradient in its place: the classifying mode refuses such an operation
+        (:py:func:`~zennit_attn.operations.classifier.refuse_bypassed`). Hooks count the calls of each layer being
+        run."""
+        running = self.running
+
+        def enter(module, args):
+            running[id(module)] = running.get(id(module), 0) + 1
+
+        def leave(module, args, output):
+            running[id(module)] -= 1
+
+        for path, (module, rule) in layers.items():
+            for parameter in module._parameters.values():
+                if parameter is not None:  # a parameter shared by layers (tied weights): one list of its layers
+                    self.layers.setdefault(id(parameter), []).append((path, module, rule))
+            self.handles.append(module.register_forward_pre_hook(enter))
+            self.handles.append(module.register_forward_hook(leave, always_call=True))
 
     def _scope(self, module: torch.nn.Module, rule: ProductRule) -> None:
         """Hooks that make ``rule`` the product rule while ``module`` runs."""
@@ -495,6 +524,8 @@ class OperationCanonizer(Canonizer):
         self._exit_modes()
         for handle in self.handles:
             handle.remove()
+        self.layers.clear()
+        self.running.clear()
         for parameter in self.frozen:
             parameter.requires_grad_(True)
         for target, attribute, value in reversed(self.settings):

@@ -21,7 +21,7 @@ from zennit.core import Composite, CompositeContext, Hook
 from ..canonizers import OperationCanonizer
 from ..core.blocks import NoBlocksError, block_stacks
 from ..core.errors import CompiledModelError, UnsupportedModelError
-from ..core.kinds import LINEARS, is_activation, norm_kind
+from ..core.kinds import CONVOLUTIONS, LINEARS, is_activation, norm_kind
 from ..core.modules import Modules
 from ..operations import RuleTable, check_overrides
 from ..rules import (
@@ -34,8 +34,12 @@ from ..rules import (
     ProductRule,
     RelevanceBoundary,
     Uniform,
+    plain_stands_for,
 )
 from ..rules.positions import PositionInputs
+
+#: The layers whose rule of a composite applies where they are called (:py:meth:`AttnLRPComposite._apply`).
+LAYERS = LINEARS + CONVOLUTIONS
 
 #: Attribute that marks every module of a model while a zennit-attn composite is registered to it (a weak reference
 #: to the composite); see :py:meth:`AttnLRPComposite.register`.
@@ -258,17 +262,22 @@ class AttnLRPComposite(Composite):
             self.handles += canonizer.apply(module)
         if self.extra_canonizers:
             modules = list(module.named_modules())
-        self.handles += self.operation_canonizer.apply(module, modules)
+        engines = self.operation_canonizer.apply(module, modules)
+        self.handles += engines
         if self.positions:
             self.position_inputs = PositionInputs()
             self.handles.append(self.position_inputs.register(module, modules))
-        ctx = {}
+        ctx, layers = {}, {}
         for name, child in modules:
             template = self.module_map(ctx, name, child)
             if template is not None:
                 hook = template.copy()
                 self.hook_refs.add(hook)
                 self.handles.append(hook.register(child))
+                if isinstance(child, LAYERS) and not plain_stands_for(template):
+                    layers[name] = (child, rule_label(template))
+        if layers:  # a layer's rule applies where it is called: its parameters used otherwise are refused
+            engines[0].guard_layers(layers)
 
     def product_rules(self) -> tuple[ProductRule, ...]:
         """The product rules the engine applies with this composite (one, or one per scope of a subclass)."""

@@ -30,7 +30,7 @@ from ..core.errors import UnsupportedModelError
 from ..core.kinds import CONVOLUTIONS, LINEARS
 from ..core.modules import Modules
 from ..core.quantization import UnsupportedQuantizationError, quantization_of
-from ..rules import ConstantGates, Epsilon, Gamma, ProductRule, RelevanceRule
+from ..rules import FUNCTIONAL_EPSILON, ConstantGates, Epsilon, Gamma, ProductRule, RelevanceRule, plain_stands_for
 from .attnlrp import AttnLRPComposite
 
 
@@ -65,21 +65,8 @@ def attention_projections(
     return inputs - named, outs | named
 
 
-#: The largest stabiliser of an :py:class:`~zennit_attn.rules.Epsilon` rule on attention projections that the plain
-#: gradient of :py:class:`torch.nn.MultiheadAttention`'s projections stands in for (the composites' default, 1e-6):
-#: that module computes them with ``F.linear`` on its parameters and never calls its ``out_proj`` module, so no rule of
-#: a module reaches them.
-FUNCTIONAL_EPSILON = 1e-6
-
-
 #: The attention projections a rule of :py:class:`AttnLRPGamma` names, in words.
 PROJECTIONS = {'attention_in': 'query, key and value projections', 'attention_out': 'output projection'}
-
-
-def functional_projections(rule: Hook | None) -> bool:
-    """Whether the plain gradient that :py:class:`torch.nn.MultiheadAttention`'s projections get stands in for
-    ``rule`` (None, or an epsilon rule with a stabiliser of at most :py:data:`FUNCTIONAL_EPSILON`)."""
-    return rule is None or (isinstance(rule, Epsilon) and rule.epsilon <= FUNCTIONAL_EPSILON)
 
 
 class AttnLRPGamma(AttnLRPComposite):
@@ -137,10 +124,12 @@ class AttnLRPGamma(AttnLRPComposite):
     UnsupportedModelError
         At registration, if the model has a :py:class:`torch.nn.MultiheadAttention` (torchvision's ViT, OpenCLIP) and
         ``attention_in`` or ``attention_out`` is a rule other than None or an epsilon rule of a stabiliser up to
-        :py:data:`FUNCTIONAL_EPSILON`: that module computes its projections with ``F.linear`` on its parameters, which
-        no rule of a module reaches (they get the plain gradient; with the default ``Epsilon(1e-6)`` the relevance
-        differs from a model that calls its projection modules by that stabiliser's effect, measured 2.4e-6 of a sum
-        of 0.048 on a tiny ViT in float64).
+        :py:data:`~zennit_attn.rules.FUNCTIONAL_EPSILON`: that module computes its projections with ``F.linear`` on
+        its parameters, which no rule of a module reaches (they get the plain gradient; with the default
+        ``Epsilon(1e-6)`` the relevance differs from a model that calls its projection modules by that stabiliser's
+        effect, measured 2.4e-6 of a sum of 0.048 on a tiny ViT in float64). In the forward pass, where the model
+        computes with the parameters of a layer whose rule is another (EVA's ``F.linear(x, qkv.weight, qkv_bias)``)
+        without calling the layer (:py:meth:`~zennit_attn.canonizers.OperationCanonizer.guard_layers`).
     """
 
     def __init__(
@@ -206,7 +195,7 @@ class AttnLRPGamma(AttnLRPComposite):
             return
         for kind, what in PROJECTIONS.items():
             rule = self.rules[kind]
-            if not functional_projections(rule):
+            if not plain_stands_for(rule):
                 raise UnsupportedModelError(
                     f'{type(model).__name__} computes the {what} of its torch.nn.MultiheadAttention {found[0]!r} with '
                     f"F.linear on the module's parameters (it never calls its out_proj module), which no rule of a "

@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..core.audit import AUDITED_GETTERS, AUDITED_METADATA
 from ..core.errors import UnsupportedModelError
+from ..rules import FUNCTIONAL_EPSILON
 from .calls import Call, in_place, tensors_of
 from .elementwise import normaliser_use
 from .marks import Mark, join_gates, produced
@@ -142,6 +143,8 @@ class Classifier(TorchFunctionMode):
         :py:meth:`handle`, or dispatched) and record its outputs, and the ``tensors`` it ``changes`` in place, as
         produced by the engine."""
         state = self.state
+        if state.layers and fast == 'contraction':
+            refuse_bypassed(state, name, tensors)
         marks = _operand_marks(state, carrying)
         refusal = state.audit.refusal(carrying)
         if refusal is not None:  # an operand the engine did not produce or sanction
@@ -283,6 +286,28 @@ def _fast(fast: str | None, name: str, marks: list, carrying: list, state: State
         and state.table is None
         and (fast not in _PRODUCTS or len(carrying) == 1)
     )
+
+
+def refuse_bypassed(state: State, name: str, tensors: list[torch.Tensor]) -> None:
+    """Refuse a matrix product, layer or convolution ``name`` on relevance-carrying tensors that computes with the
+    weight (or bias, or a view of them) of a layer whose rule changes its gradient while that layer is not being run
+    (:py:meth:`~zennit_attn.canonizers.OperationCanonizer.guard_layers`): the layer's rule applies where the layer is
+    called, so here it would not (the plain gradient in its place, silently another relevance: EVA-02's ``qkv`` with
+    ``attention_in=Gamma(0.5)`` got the relevance of the default rule)."""
+    for tensor in tensors:
+        found = state.layers.get(id(tensor))
+        if found is None and tensor._base is not None:
+            found = state.layers.get(id(tensor._base))
+        if found is None or any(state.running.get(id(module)) for _, module, _ in found):
+            continue
+        path, module, rule = found[0]
+        state.refuse(
+            name,
+            f'a product with the parameters of {path!r} ({type(module).__name__}) outside its forward (the model '
+            f'uses them without calling the module), whose rule {rule} would not apply there',
+            hint=f'Give {path!r} no rule, or an epsilon rule of at most {FUNCTIONAL_EPSILON:g} (the plain gradient '
+            'stands in for it), or explain a model that calls the module.',
+        )
 
 
 def _operand_marks(state: State, carrying: list[torch.Tensor]) -> list:

@@ -237,6 +237,12 @@ class State:
         The classifying mode, entered again by the handlers of composite functions.
     audit: Audit
         What the engine produced or sanctioned in this forward (:py:mod:`zennit_attn.core.audit`).
+    layers: dict
+        The parameters of the layers whose rule of the composite changes their gradient, by ``id``: a list of
+        ``(module path, module, rule in words)``, one per layer that holds the parameter
+        (:py:meth:`~zennit_attn.canonizers.OperationCanonizer.guard_layers`).
+    running: dict
+        How many calls of each of those layers are being run, by ``id`` of the module.
     """
 
     rules: list
@@ -255,6 +261,8 @@ class State:
     dispatch: Callable = None
     mode: object = None
     audit: Audit = field(default_factory=lambda: Audit(open=False))
+    layers: dict = field(default_factory=dict)
+    running: dict = field(default_factory=dict)
 
     @property
     def product_rule(self) -> ProductRule:

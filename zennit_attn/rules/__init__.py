@@ -38,7 +38,7 @@ of :py:class:`zennit.attribution.Gradient`) and relevance comes out at the float
 
 from .base import GradientRule, elementwise_identity, gradient_map, layer_norm_identity, scaled_gradient
 from .boundary import OUTPUT_FIELDS, RelevanceBoundary
-from .gradient import Epsilon, Identity, NormIdentity
+from .gradient import FUNCTIONAL_EPSILON, Epsilon, Identity, NormIdentity, plain_stands_for
 from .products import ConstantAttention, ConstantGates, HalfGates, ProductRule, Uniform
 from .relevance import AlphaBeta, Gamma, RelevanceRule, ZPlus
 
@@ -49,6 +49,8 @@ __all__ = [
     'scaled_gradient',
     'layer_norm_identity',
     'Epsilon',
+    'FUNCTIONAL_EPSILON',
+    'plain_stands_for',
     'Identity',
     'NormIdentity',
     'ProductRule',

@@ -22,6 +22,19 @@ from .base import (
     tensor_output,
 )
 
+#: The largest stabiliser of an :py:class:`Epsilon` rule for which the plain gradient stands in (the composites' default
+#: on attention projections, 1e-6): where a layer's rule cannot apply (a model that computes with the layer's
+#: parameters without calling it: :py:class:`torch.nn.MultiheadAttention`, EVA's ``F.linear(x, qkv.weight)``), the
+#: plain gradient differs from such a rule's result by the stabiliser's effect only (measured 2.4e-6 of a relevance sum
+#: of 0.048 on a tiny ViT in float64).
+FUNCTIONAL_EPSILON = 1e-6
+
+
+def plain_stands_for(rule) -> bool:
+    """Whether the plain gradient stands in for the module rule ``rule``: None, or an :py:class:`Epsilon` with a
+    stabiliser of at most :py:data:`FUNCTIONAL_EPSILON`."""
+    return rule is None or (isinstance(rule, Epsilon) and rule.epsilon <= FUNCTIONAL_EPSILON)
+
 
 class Epsilon(GradientRule):
     """Epsilon rule (Eq. 8) for linear layers: ``R_i = sum_j W_ji x_i R_j / (z_j + eps sign(z_j))``.
