@@ -185,6 +185,8 @@ class OperationCanonizer(Canonizer):
         #: run (:py:meth:`guard_layers`)
         self.layers: dict[int, list[tuple[str, torch.nn.Module, str]]] = {}
         self.running: dict[int, int] = {}
+        #: the parameters of the modules that are not layers, for the linear maps computed with them
+        self.inline: dict[int, tuple[str, torch.nn.Module, object, str]] = {}
         self.state = self.start()
         self.root: torch.nn.Module | None = None
         #: the names of the root's modules by id, found at the first :py:meth:`module_path`
@@ -218,6 +220,7 @@ class OperationCanonizer(Canonizer):
             audit=Audit(open=False) if audit is None else audit,
             layers=self.layers,
             running=self.running,
+            inline=self.inline,
         )
 
     def copy(self) -> OperationCanonizer:
@@ -279,14 +282,32 @@ class OperationCanonizer(Canonizer):
             if opaque or mixer or gate:
                 self._hook(module, opaque or gate, mixer, gate)
 
-    def guard_layers(self, layers: Mapping[str, tuple[torch.nn.Module, str]]) -> None:
-        """Refuse the use of a layer's weight outside the layer's own forward, for the layers of ``layers`` (``module
-        path -> (module, its rule in words)``: those whose rule of the composite changes their gradient). A rule of a
-        module applies where the module is called; a model that computes with its weight otherwise (EVA's ``qkv =
-        F.linear(x, self.qkv.weight, qkv_bias)``, logits as ``h @ self.lm_head.weight.T``) would leave it unapplied,
-        the plain gradient in its place: the classifying mode refuses such an operation
-        (:py:func:`~zennit_attn.operations.classifier.refuse_bypassed`). Hooks count the calls of each layer being
-        run."""
+    def guard_layers(
+        self,
+        layers: Mapping[str, tuple[torch.nn.Module, str]],
+        inline: Mapping[str, tuple[torch.nn.Parameter, torch.nn.Module, object, str]] | None = None,
+    ) -> None:
+        """The rules of linear maps that a model computes without calling a layer module
+        (:py:func:`~zennit_attn.operations.classifier.layer_rule`).
+
+        ``layers``: ``module path -> (module, its rule in words)``, the layers whose rule of the composite changes their
+        gradient. A rule of a module applies where the module is called; a model that computes with the layer's
+        parameters otherwise (EVA's ``qkv = F.linear(x, self.qkv.weight, qkv_bias)``, logits as ``h @
+        self.lm_head.weight.T``) would leave it unapplied, the plain gradient in its place: the classifying mode
+        refuses such an operation. Hooks count the calls of each layer being run.
+
+        ``inline``: ``parameter path -> (parameter, module, rule, rule in words)``, parameters of modules that are not
+        layers (fused experts, a router's weight): a linear map the model computes with one gets ``rule`` (the
+        composite's :py:meth:`~zennit_attn.composites.AttnLRPComposite.inline_rule`): an epsilon rule is applied to
+        that map's output, any other rule refused. The map is found by its operand, the parameter or a view of it
+        (``gate_up_proj[i]``), so transformers' batched experts, which gather copies of their weights, run as their
+        loop for the time of the context."""
+        for path, (parameter, module, rule, label) in (inline or {}).items():
+            self.inline[id(parameter)] = (path, module, rule, label)
+        if inline:  # transformers' batched experts gather copies of their weights: the loop computes with views
+            for config in model_configs(self.root):
+                if getattr(config, '_experts_implementation_internal', None) == 'batched_mm':
+                    self._set(config, '_experts_implementation_internal', 'eager')
         running = self.running
 
         def enter(module, args):
@@ -526,6 +547,7 @@ class OperationCanonizer(Canonizer):
             handle.remove()
         self.layers.clear()
         self.running.clear()
+        self.inline.clear()
         for parameter in self.frozen:
             parameter.requires_grad_(True)
         for target, attribute, value in reversed(self.settings):

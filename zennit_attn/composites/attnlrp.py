@@ -154,8 +154,10 @@ class AttnLRPComposite(Composite):
     Parameters
     ----------
     epsilon: float
-        Stabiliser of the epsilon rule (Eq. 8) on linear layers. 0 (default) is the exact limit, which needs no
-        stabiliser in the gradient formulation and registers nothing on linear layers.
+        Stabiliser of the epsilon rule (Eq. 8) on linear layers, and on the linear maps a model computes with the
+        parameters of other modules (transformers' fused experts, routers with a weight of their own:
+        :py:meth:`inline_rule`). 0 (default) is the exact limit, which needs no stabiliser in the gradient formulation
+        and registers nothing on linear layers.
     canonizers: sequence of zennit.canonizers.Canonizer, optional
         Further canonizers, applied before the engine (e.g. zennit's own).
     product_rule: ProductRule, optional
@@ -267,7 +269,7 @@ class AttnLRPComposite(Composite):
         if self.positions:
             self.position_inputs = PositionInputs()
             self.handles.append(self.position_inputs.register(module, modules))
-        ctx, layers = {}, {}
+        ctx, layers, inline = {}, {}, {}
         for name, child in modules:
             template = self.module_map(ctx, name, child)
             if template is not None:
@@ -276,8 +278,12 @@ class AttnLRPComposite(Composite):
                 self.handles.append(hook.register(child))
                 if isinstance(child, LAYERS) and not plain_stands_for(template):
                     layers[name] = (child, rule_label(template))
-        if layers:  # a layer's rule applies where it is called: its parameters used otherwise are refused
-            engines[0].guard_layers(layers)
+            if child._parameters and not isinstance(child, LAYERS):
+                rule = self.inline_rule(child)
+                if not plain_stands_for(rule):
+                    inline[name] = (child, rule, rule_label(rule))
+        if layers or inline:  # the rules of linear maps computed without calling a layer (see guard_layers)
+            engines[0].guard_layers(layers, _inline_parameters(inline, modules))
 
     def product_rules(self) -> tuple[ProductRule, ...]:
         """The product rules the engine applies with this composite (one, or one per scope of a subclass)."""
@@ -459,6 +465,34 @@ class AttnLRPComposite(Composite):
         if isinstance(module, LINEARS) and self.epsilon:  # epsilon 0 is the plain gradient: nothing to register
             return Epsilon(self.epsilon)
         return None
+
+    def inline_rule(self, module: torch.nn.Module) -> Hook | None:
+        """The rule of a linear map that ``module``, which is not a layer (:py:data:`LAYERS`), computes with its own
+        parameters: the fused weights of transformers' experts (``F.linear(x, self.gate_up_proj[i])``,
+        ``torch._grouped_mm``), a router's or a projector's weight held as a parameter, a language model's logits from
+        its embedding table (``h @ embed.weight.T``). A rule of a linear layer there: here the epsilon rule of the
+        linear layers (None for epsilon 0, the plain gradient); the engine applies an epsilon rule to such a map and
+        refuses any other rule (:py:meth:`~zennit_attn.canonizers.OperationCanonizer.guard_layers`)."""
+        return Epsilon(self.epsilon) if self.epsilon else None
+
+
+def _inline_parameters(inline: Mapping[str, tuple], modules: Modules) -> dict[str, tuple]:
+    """``parameter path -> (parameter, module, rule, rule in words)`` of the parameters of the modules of ``inline``
+    (``module path -> (module, rule, rule in words)``) that no layer holds too (a language model's embedding table
+    tied to its head: the head's rule applies where the head is called)."""
+    held = {
+        id(parameter)
+        for _, module in modules
+        if isinstance(module, LAYERS)
+        for parameter in module._parameters.values()
+        if parameter is not None
+    }
+    return {
+        f'{path}.{name}' if path else name: (parameter, module, rule, label)
+        for path, (module, rule, label) in inline.items()
+        for name, parameter in module._parameters.items()
+        if parameter is not None and id(parameter) not in held
+    }
 
 
 class _WalkedContext(CompositeContext):

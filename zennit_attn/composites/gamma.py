@@ -251,6 +251,17 @@ class AttnLRPGamma(AttnLRPComposite):
             return 'linear'
         return None
 
+    def inline_rule(self, module: torch.nn.Module) -> Hook | None:
+        """The rule of a linear map that ``module`` computes with its own parameters (see
+        :py:meth:`~zennit_attn.composites.AttnLRPComposite.inline_rule`): inside ``within``, the ``linear`` rule (the
+        ``attention_in`` rule for a :py:class:`torch.nn.MultiheadAttention`'s input projection, whose rule is checked
+        at registration), outside it the epsilon composite's."""
+        if self._scope is not None and id(module) not in self._scope:
+            return super().inline_rule(module)
+        if isinstance(module, torch.nn.MultiheadAttention):
+            return self.rules['attention_in']
+        return self.rules['linear']
+
     def mapping(self, ctx: dict, name: str, module: torch.nn.Module) -> Hook | None:
         kind = None if name == '' else self.layer_type(module)
         if kind is None:

@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..core.audit import AUDITED_GETTERS, AUDITED_METADATA
 from ..core.errors import UnsupportedModelError
-from ..rules import FUNCTIONAL_EPSILON
+from ..rules import FUNCTIONAL_EPSILON, Epsilon, epsilon_gradient
 from .calls import Call, in_place, tensors_of
 from .elementwise import normaliser_use
 from .marks import Mark, join_gates, produced
@@ -143,8 +143,7 @@ class Classifier(TorchFunctionMode):
         :py:meth:`handle`, or dispatched) and record its outputs, and the ``tensors`` it ``changes`` in place, as
         produced by the engine."""
         state = self.state
-        if state.layers and fast == 'contraction':
-            refuse_bypassed(state, name, tensors)
+        inline = layer_rule(state, name, tensors) if fast == 'contraction' and (state.layers or state.inline) else None
         marks = _operand_marks(state, carrying)
         refusal = state.audit.refusal(carrying)
         if refusal is not None:  # an operand the engine did not produce or sanction
@@ -155,6 +154,10 @@ class Classifier(TorchFunctionMode):
             call = Call(func, name, entry, args, kwargs, carrying, marks)
             routed = changes or state.marks.routed or state.table is not None
             output = self.handle(call) if routed else dispatch(call, state)
+        if inline is not None:  # a linear map with the parameters of a module that is not a layer: the epsilon rule
+            if changes:
+                state.refuse(name, 'a linear map with parameters of the model, computed in place')
+            output = epsilon_gradient(output, inline.epsilon)
         state.audit.record(output)
         if changes:
             state.audit.record_changed(tensors)
@@ -288,26 +291,42 @@ def _fast(fast: str | None, name: str, marks: list, carrying: list, state: State
     )
 
 
-def refuse_bypassed(state: State, name: str, tensors: list[torch.Tensor]) -> None:
-    """Refuse a matrix product, layer or convolution ``name`` on relevance-carrying tensors that computes with the
-    weight (or bias, or a view of them) of a layer whose rule changes its gradient while that layer is not being run
-    (:py:meth:`~zennit_attn.canonizers.OperationCanonizer.guard_layers`): the layer's rule applies where the layer is
-    called, so here it would not (the plain gradient in its place, silently another relevance: EVA-02's ``qkv`` with
-    ``attention_in=Gamma(0.5)`` got the relevance of the default rule)."""
+def layer_rule(state: State, name: str, tensors: list[torch.Tensor]):
+    """The rule of a matrix product, layer or convolution ``name`` on relevance-carrying tensors that computes with
+    parameters of the model outside a layer's forward
+    (:py:meth:`~zennit_attn.canonizers.OperationCanonizer.guard_layers`): None where it computes with none (or inside
+    the forward of the layer that holds them, whose rule applies at its boundary), the composite's epsilon rule where
+    it computes with the parameters of a module that is not a layer (fused experts' weights, a router's weight: a
+    linear map the composite's rule of linear layers covers; applied to the output,
+    :py:func:`~zennit_attn.rules.epsilon_gradient`). Refused: the parameters (a weight, bias, or a view of them) of a
+    layer whose rule changes its gradient while that layer is not being run, whose rule would not apply here (the
+    plain gradient in its place, silently another relevance: EVA-02's ``qkv`` with ``attention_in=Gamma(0.5)`` got the
+    relevance of the default rule); another rule than an epsilon rule for a module that is not a layer."""
     for tensor in tensors:
-        found = state.layers.get(id(tensor))
-        if found is None and tensor._base is not None:
-            found = state.layers.get(id(tensor._base))
-        if found is None or any(state.running.get(id(module)) for _, module, _ in found):
-            continue
-        path, module, rule = found[0]
-        state.refuse(
-            name,
-            f'a product with the parameters of {path!r} ({type(module).__name__}) outside its forward (the model '
-            f'uses them without calling the module), whose rule {rule} would not apply there',
-            hint=f'Give {path!r} no rule, or an epsilon rule of at most {FUNCTIONAL_EPSILON:g} (the plain gradient '
-            'stands in for it), or explain a model that calls the module.',
-        )
+        base = tensor._base
+        found = state.layers.get(id(tensor)) or (state.layers.get(id(base)) if base is not None else None)
+        if found is not None and not any(state.running.get(id(module)) for _, module, _ in found):
+            path, module, rule = found[0]
+            state.refuse(
+                name,
+                f'a product with the parameters of {path!r} ({type(module).__name__}) outside its forward (the model '
+                f'uses them without calling the module), whose rule {rule} would not apply there',
+                hint=f'Give {path!r} no rule, or an epsilon rule of at most {FUNCTIONAL_EPSILON:g} (the plain gradient '
+                'stands in for it), or explain a model that calls the module.',
+            )
+        inline = state.inline.get(id(tensor)) or (state.inline.get(id(base)) if base is not None else None)
+        if inline is not None:
+            path, module, rule, label = inline
+            if not isinstance(rule, Epsilon):
+                state.refuse(
+                    name,
+                    f'a linear map with the parameter {path!r} of {type(module).__name__}, not a layer module, whose '
+                    f'rule as a linear layer, {label}, is a rule of modules that cannot apply to it',
+                    hint='Use an epsilon rule for the linear layers there (the composite applies it to such maps), '
+                    'or explain a model that computes the map with a torch.nn.Linear.',
+                )
+            return rule
+    return None
 
 
 def _operand_marks(state: State, carrying: list[torch.Tensor]) -> list:

@@ -243,6 +243,9 @@ class State:
         (:py:meth:`~zennit_attn.canonizers.OperationCanonizer.guard_layers`).
     running: dict
         How many calls of each of those layers are being run, by ``id`` of the module.
+    inline: dict
+        The parameters of modules that are not layers, by ``id``: ``(path, module, rule, rule in words)``, the rule of
+        a linear map the model computes with them.
     """
 
     rules: list
@@ -263,6 +266,7 @@ class State:
     audit: Audit = field(default_factory=lambda: Audit(open=False))
     layers: dict = field(default_factory=dict)
     running: dict = field(default_factory=dict)
+    inline: dict = field(default_factory=dict)
 
     @property
     def product_rule(self) -> ProductRule:

@@ -38,7 +38,7 @@ of :py:class:`zennit.attribution.Gradient`) and relevance comes out at the float
 
 from .base import GradientRule, elementwise_identity, gradient_map, layer_norm_identity, scaled_gradient
 from .boundary import OUTPUT_FIELDS, RelevanceBoundary
-from .gradient import FUNCTIONAL_EPSILON, Epsilon, Identity, NormIdentity, plain_stands_for
+from .gradient import FUNCTIONAL_EPSILON, Epsilon, Identity, NormIdentity, epsilon_gradient, plain_stands_for
 from .products import ConstantAttention, ConstantGates, HalfGates, ProductRule, Uniform
 from .relevance import AlphaBeta, Gamma, RelevanceRule, ZPlus
 
@@ -51,6 +51,7 @@ __all__ = [
     'Epsilon',
     'FUNCTIONAL_EPSILON',
     'plain_stands_for',
+    'epsilon_gradient',
     'Identity',
     'NormIdentity',
     'ProductRule',

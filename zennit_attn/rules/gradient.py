@@ -67,10 +67,18 @@ class Epsilon(GradientRule):
         output = tensor_output(module, output)
         if not output.requires_grad:
             return None
-        dtype = compute_dtype(output)
-        value = output.detach().to(dtype)
-        factor = value / stabilize(value, self.epsilon)
-        return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
+        return epsilon_gradient(output, self.epsilon)
+
+
+def epsilon_gradient(output: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``output`` of a linear map ``z = W x + b`` with the epsilon rule (Eq. 8) on its way back: its gradient times
+    ``z / (z + eps sign(z))``, the factor computed now (float32 for a half-precision output) and kept for the backward
+    pass. The rule of :py:class:`Epsilon`, and of a linear map a model computes inline with its parameters
+    (:py:meth:`~zennit_attn.composites.AttnLRPComposite.inline_rule`)."""
+    dtype = compute_dtype(output)
+    value = output.detach().to(dtype)
+    factor = value / stabilize(value, epsilon)
+    return gradient_map(output, lambda grad: (grad.to(dtype) * factor).to(grad.dtype))
 
 
 def _confirm_elementwise(module: torch.nn.Module, input: torch.Tensor, output: torch.Tensor) -> str:
