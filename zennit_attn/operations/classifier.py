@@ -143,7 +143,9 @@ class Classifier(TorchFunctionMode):
         :py:meth:`handle`, or dispatched) and record its outputs, and the ``tensors`` it ``changes`` in place, as
         produced by the engine."""
         state = self.state
-        inline = layer_rule(state, name, tensors) if fast == 'contraction' and (state.layers or state.inline) else None
+        inline = None
+        if fast == 'contraction' and (state.layers or state.inline):
+            inline = state.recorded(layer_rule, state, name, tensors)
         marks = _operand_marks(state, carrying)
         refusal = state.audit.refusal(carrying)
         if refusal is not None:  # an operand the engine did not produce or sanction
@@ -154,9 +156,9 @@ class Classifier(TorchFunctionMode):
             call = Call(func, name, entry, args, kwargs, carrying, marks)
             routed = changes or state.marks.routed or state.table is not None
             output = self.handle(call) if routed else dispatch(call, state)
-        if inline is not None:  # a linear map with the parameters of a module that is not a layer: the epsilon rule
-            if changes:
-                state.refuse(name, 'a linear map with parameters of the model, computed in place')
+        if inline is not None and changes:
+            state.recorded(state.refuse, name, 'a linear map with parameters of the model, computed in place')
+        elif inline is not None:  # a linear map with the parameters of a module that is not a layer: the epsilon rule
             output = epsilon_gradient(output, inline.epsilon)
         state.audit.record(output)
         if changes:

@@ -283,15 +283,16 @@ class State:
         """Whether the operation being classified runs inside a declared recurrence."""
         return bool(self.runs) and self.runs[-1].current is not None
 
-    def recorded(self, check: Callable, *args) -> None:
-        """Run ``check(*args)``; in a dry run (:py:attr:`table`) a refusal it raises is recorded instead."""
+    def recorded(self, check: Callable, *args):
+        """Run ``check(*args)`` and return what it returns; in a dry run (:py:attr:`table`) a refusal it raises is
+        recorded instead (and None returned)."""
         if self.table is None:
-            check(*args)
-            return
+            return check(*args)
         try:
-            check(*args)
+            return check(*args)
         except UnsupportedModelError as error:
             self.table.refuse(str(error))
+            return None
 
     def here(self) -> str:
         """The name of the innermost module of the model being run ('' for the model itself)."""
