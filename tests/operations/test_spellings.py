@@ -20,7 +20,9 @@ Before a tensor times an inverse of another (``a * reciprocal(v)``, ``a * rsqrt(
 of it, AttnLRP shared that product by halves where ``a / v`` holds the divisor constant: a relevance 180% of the
 largest apart (65% for ``a * rsqrt(v)`` against ``a / sqrt(v)``); before a factor offset by a number was distributed,
 ``a * (1 + v)`` got another relevance than ``a + a * v`` (the number absorbed a share like a bias); before a value
-times itself was a square, CP-LRP gave ``(x * x) * v`` a relevance 39% of the largest apart from ``x ** 2 * v``.
+times itself was a square, CP-LRP gave ``(x * x) * v`` a relevance 39% of the largest apart from ``x ** 2 * v``;
+before a product of products was one product of their factors, AttnLRP gave ``(a * b) * c`` a relevance 26% of the
+largest apart from ``a * (b * c)`` and ``torch.stack([a, b, c]).prod(0)``.
 
 Before issue 40, CP-LRP gave ``silu(h) @ W`` and ``(silu(h)[..., None] * W).sum(-2)`` followed by a gate relevances
 90% apart (the product with a broadcast constant and the sum passed the gate, the matrix product did not), the
@@ -357,6 +359,18 @@ SPELLINGS = {
         lambda m, x: m.a(x) * (1 + m.b(x)[:, :1]),
         lambda m, x: m.a(x) + m.a(x) * m.b(x)[:, :1],
     ],
+    # a product of products is one product of all their factors (Prop. 3.2 for N factors), however it is grouped
+    'a product of three values, chained or at once': [
+        lambda m, x: m.a(x) * m.b(x) * m.c(x),
+        lambda m, x: m.a(x) * (m.b(x) * m.c(x)),
+        lambda m, x: torch.stack([m.a(x), m.b(x), m.c(x)]).prod(0),
+        lambda m, x: torch.einsum('ij,ij,ij->ij', m.a(x), m.b(x), m.c(x)),
+    ],
+    'a gate times two values, chained': [
+        lambda m, x: torch.sigmoid(m.a(x)) * m.b(x) * m.c(x),
+        lambda m, x: torch.sigmoid(m.a(x)) * (m.b(x) * m.c(x)),
+        lambda m, x: (m.c(x) * torch.sigmoid(m.a(x))) * m.b(x),
+    ],
     # a value times itself is a square, an activation's output (a gate of CP-LRP), as ``x ** 2`` is
     'a square written as a product, times a value': [
         lambda m, x: m.a(x) ** 2 * m.b(x),
@@ -394,6 +408,8 @@ DESIGNED = {
     # relevance patching's MLP rules give a product that is not gated its plain gradient: ``x * x`` twice the relevance
     # of ``x ** 2`` (the activation rule)
     ('a square written as a product, times a value', MLPRules): 1,
+    # ... and a product with a gate that is not gated by it alone (``(b * c) * gate``) its plain gradient too
+    ('a gate times two values, chained', MLPRules): 1,
 }
 
 

@@ -250,6 +250,9 @@ class Marks:
         #: the number a tensor is offset by (``v + 1``, ``1 - v``: a constant plus a relevance-carrying tensor), by the
         #: node of its output (:py:meth:`offset`, :py:meth:`offset_of`)
         self.offsets: dict = {}
+        #: how many factors that share its relevance an element-wise product of products multiplies (``(a * b) * c``:
+        #: 3), by the node of its output (:py:func:`~zennit_attn.operations.products.product`); 1 where not recorded
+        self.factors: dict = {}
 
     def get(self, node) -> Mark | None:
         """The mark of the tensor computed by ``node`` (None for an unmarked one); the mark of an output of the rules'

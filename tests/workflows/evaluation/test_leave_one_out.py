@@ -200,15 +200,14 @@ class Product(torch.nn.Module):
 
 
 @pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
-def test_the_papers_three_factor_product_is_not_invariant(composite):
-    """Figure 1 of arXiv 2510.18810: the uniform rule halves the relevance at each product of two input-dependent
-    factors, so y = 24 at x = (2, 3, 4) gives (6, 6, 12) associated to the left and (12, 6, 6) to the right. CP-LRP
-    keeps the uniform rule for products that are no softmax gate: neither rule is invariant to re-association (the
-    rewrites of a softmax attention above have none)."""
+def test_the_papers_three_factor_product_is_invariant(composite):
+    """Figure 1 of arXiv 2510.18810: a uniform rule that halves the relevance at each product of two input-dependent
+    factors gives y = 24 at x = (2, 3, 4) the relevance (6, 6, 12) associated to the left and (12, 6, 6) to the right
+    (as the engine did before). A product of products is one product of all their factors (Prop. 3.2 for N factors;
+    CP-LRP keeps the uniform rule for products that are no gate): (8, 8, 8) both ways."""
     x = torch.tensor([[2.0, 3.0, 4.0]], dtype=torch.float64)
     relevance = {}
     for left in (True, False):
         with Gradient(Product(left), composite()) as attributor:
             _, relevance[left] = attributor(x.clone().requires_grad_(True), lambda output: output)
-    torch.testing.assert_close(relevance[True], torch.tensor([[6.0, 6.0, 12.0]], dtype=torch.float64))
-    torch.testing.assert_close(relevance[False], torch.tensor([[12.0, 6.0, 6.0]], dtype=torch.float64))
+        torch.testing.assert_close(relevance[left], torch.tensor([[8.0, 8.0, 8.0]], dtype=torch.float64))
