@@ -403,3 +403,43 @@ def test_a_layer_computed_without_its_module_is_refused_where_its_rule_would_not
             explain(eva, x, target=1, composite=AttnLRPGamma(**rules))
         assert all(not module._forward_hooks and not module._forward_pre_hooks for module in eva.modules())
         assert all(parameter.requires_grad for parameter in eva.parameters())
+
+
+class _ChangedInPlace(torch.nn.Module):
+    """A linear layer whose output the model changes in place (Twins' ``x += cnn_feat_token``) or not, and the sum of
+    an activation's output and 0 changed in place (FastViT's ``out = scale_out + identity_out`` with no identity
+    branch, then ``out += rc(x)``) or the activation's output added to."""
+
+    def __init__(self, in_place: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.in_place = in_place
+        self.first, self.second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.act, self.head = torch.nn.GELU(), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.first(x)
+        if self.in_place:
+            h += x
+            out = self.act(h) + 0
+            out += self.second(x)
+        else:
+            h = h + x
+            out = self.act(h) + self.second(x)
+        return self.head(out)
+
+
+@pytest.mark.parametrize('composite', [AttnLRPGamma, CPLRPGamma], ids=lambda composite: composite.__name__)
+def test_outputs_changed_in_place_keep_their_rules(composite):
+    """A gamma rule's layer whose output the model changes in place, and an activation's output plus 0 changed in
+    place, get the relevance of the same model written without the changes (1e-12); before, torch's backward pass
+    refused the saved output's new version (Twins and FastViT under the gamma composites)."""
+    x = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    relevance = []
+    for in_place in (True, False):
+        leaf = x.clone().requires_grad_(True)
+        with composite().context(_ChangedInPlace(in_place).double().eval()) as modified:
+            modified(leaf)[:, 0].sum().backward()
+        relevance.append(leaf.grad)
+    torch.testing.assert_close(relevance[0], relevance[1], rtol=0, atol=1e-12)
+    assert float(relevance[1].abs().sum()) > 0

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.by_hand import attributed, by_hand, identity, scaled
-from zennit_attn.composites import AttnLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.core import UnsupportedModelError
 from zennit_attn.operations import OPERATIONS
 from zennit_attn.operations.decompositions import DECOMPOSED, STATISTICS
@@ -532,6 +532,35 @@ def test_batch_norm_with_running_statistics_is_affine():
     ):
         with pytest.raises(UnsupportedModelError, match='normalisation by the statistics of the batch'):
             attributed_by_hand(refused, lambda h, g: h)
+
+
+class _PatchEmbedding(torch.nn.Module):
+    """A bias-free convolution, a BatchNorm2d with running statistics and the patches as tokens
+    (``flatten(2).transpose(1, 2)``, as XCiT's and EfficientFormer's patch embeddings), averaged, then a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 32, 8, 8, bias=False)
+        self.norm = torch.nn.BatchNorm2d(32)
+        self.head = torch.nn.Linear(32, 1, bias=False)
+
+    def forward(self, x):
+        return self.head(self.norm(self.conv(x)).flatten(2).transpose(1, 2).mean(1))
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon], ids=lambda composite: composite.__name__)
+def test_batch_norm_of_patches_conserves(composite):
+    """torch's CPU backward of ``batch_norm`` with running statistics returns a wrong input gradient for a batch of one
+    whose gradient is channels-last with a batch stride other than ``C H W`` (what ``flatten(2).transpose(1, 2)``
+    sends back): the engine makes that gradient contiguous, and the relevance of a bias-free patch embedding sums to
+    its output's 1 (1e-10; before, 1.948, the plain gradient's error)."""
+    model = _PatchEmbedding().double().eval()
+    x = torch.randn(1, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    leaf = x.clone().requires_grad_(True)
+    with composite().context(model) as modified:
+        modified(leaf).sum().backward()
+    torch.testing.assert_close(leaf.grad.sum(), torch.tensor(1.0, dtype=torch.float64), rtol=1e-10, atol=0)
 
 
 def _log_softmax_by_logsumexp(z):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rules import elementwise_identity, layer_norm_identity
+from ..rules import elementwise_identity, gradient_map, layer_norm_identity
 from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, is_number, tensors_of
 from .graph import normalises
@@ -86,6 +86,7 @@ def shifts_activation(call: Call, state: State) -> bool:
     added = [value for value in (*call.args, *call.kwargs.values()) if value is not input]
     return (
         all(is_number(value) for value in added)
+        and any(value != 0 for value in added)  # ``a + 0`` (FastViT's branch sums from 0) is ``a``: no new function
         and not state.in_recurrence
         and (call.activation_rule is not None or state.activation_rule is not None)
         and (not in_place(call.func, call.kwargs) or call.args[0] is input)
@@ -311,7 +312,16 @@ def running_norm(call: Call, state: State):
         shift = call.run(input=torch.zeros_like(call.argument('input')[:1]))
     if bool(shift.any()):
         state.constants.append((state.here(), ConstantTensor(float(shift.abs().max()), shift.shape)))
-    return output
+    return gradient_map(output, _contiguous)
+
+
+def _contiguous(gradient: torch.Tensor) -> torch.Tensor:
+    """``gradient`` in contiguous memory: torch's CPU backward of ``batch_norm`` with running statistics returns a wrong
+    input gradient for a batch of one whose gradient is channels-last with a batch stride that is not ``C H W``
+    (torch 2.15; what ``x.flatten(2).transpose(1, 2)`` after the norm sends back, as XCiT's and EfficientFormer's patch
+    embeddings do: a bias-free ``conv -> BatchNorm2d -> flatten(2).transpose(1, 2) -> mean`` got gradient x input 3.4
+    times its output in float64, -1.37 in float32)."""
+    return gradient.contiguous()
 
 
 def decomposed(call: Call, state: State):

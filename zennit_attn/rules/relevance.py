@@ -18,18 +18,22 @@ def _safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Te
 
 
 class _RelevanceRuleFunction(torch.autograd.Function):
-    """Forward: return the module's precomputed output. Backward: ``g_in = rule(module, x, z * g_out) / x``."""
+    """Forward: return the module's precomputed output. Backward: ``g_in = rule(module, x, z * g_out) / x``, with the
+    output ``z`` computed again from the saved input (``module.forward``, without hooks): a model may change the output
+    in place after the module (Twins' ``x += cnn_feat_token``, FastViT's ``out += rc(x)``), which a saved output would
+    refuse in the backward pass; and only the input is kept, as the plain pass keeps it."""
 
     @staticmethod
     def forward(ctx, input, output, module, rule):
-        ctx.save_for_backward(input.detach(), output.detach())
+        ctx.save_for_backward(input.detach())
         ctx.module, ctx.rule = module, rule
         return output.detach()
 
     @staticmethod
     def backward(ctx, grad_output):
-        input, output = ctx.saved_tensors
-        output = output.to(input.dtype)
+        (input,) = ctx.saved_tensors
+        with torch.no_grad():
+            output = ctx.module.forward(input).to(input.dtype)
         relevance_in = ctx.rule.relevance(ctx.module, input, output, output * grad_output.to(input.dtype))
         return _safe_divide(relevance_in, input).to(input.dtype), None, None, None
 
