@@ -158,17 +158,9 @@ def _one_function(state: State, found: list, marks: list) -> bool:
     activation of it (``x * sigmoid(x)``: :py:meth:`~.marks.Marks.activation_of`)."""
     if len(found) != 2:
         return False
-    kinds = [kind(mark) for mark in marks]
-    if None not in kinds:
+    if all(kind(mark) is not None for mark in marks):
         return True
-    first, second = found
-    if state.marks.root(tensor_position(first)) == state.marks.root(tensor_position(second)):
-        return True
-    if kinds[0] == ACTIVATION:
-        return state.marks.activation_of(second, first)
-    if kinds[1] == ACTIVATION:
-        return state.marks.activation_of(first, second)
-    return False
+    return _square(found, marks, None, state) or _activation_product(found, marks, None, state)
 
 
 def _distributed(call: Call, state: State, found: list, shares, output):
@@ -382,25 +374,26 @@ def _activation_product(found: list, marks: list, output, state: State) -> bool:
     output of an element-wise non-linearity of ``x`` (:py:meth:`~zennit_attn.operations.marks.Marks.activation_of`:
     ``x * sigmoid(x)``, ``x * sigmoid(1.702 x)``, GPT-OSS's ``gate * sigmoid(alpha * gate)``, GELU as ``0.5 x (1 +
     erf(x / sqrt(2)))``), element by element: its output is an activation's output (a gate of CP-LRP), as that of
-    ``silu(x)`` or ``gelu(x)`` is."""
-    if len(found) != 2 or not isinstance(output, torch.Tensor):
+    ``silu(x)`` or ``gelu(x)`` is (``output`` None: before the product runs)."""
+    if len(found) != 2 or not (output is None or isinstance(output, torch.Tensor)):
         return False
     kinds = [kind(mark) for mark in marks]
     if ACTIVATION not in kinds or None not in kinds or marks[kinds.index(None)] is not None:
         return False
     value, gate = (found[0], found[1]) if kinds[1] == ACTIVATION else (found[1], found[0])
-    return output.shape == value.shape and state.marks.activation_of(value, gate)
+    return (output is None or output.shape == value.shape) and state.marks.activation_of(value, gate)
 
 
 def _square(found: list, marks: list, output, state: State) -> bool:
     """Whether a product of two relevance-carrying values is a value times itself up to numbers or constant tensors
     (``x * x``, ``x * (2 * x)``: :py:meth:`~zennit_attn.operations.marks.Marks.root`), element by element: a square,
     an activation's output (a gate of CP-LRP) as that of ``x ** 2`` is. Its relevance is already the square's: both
-    factors reach ``x`` whole."""
-    if len(found) != 2 or any(mark is not None for mark in marks) or not isinstance(output, torch.Tensor):
+    factors reach ``x`` whole (``output`` None: before the product runs)."""
+    if len(found) != 2 or any(mark is not None for mark in marks):
         return False
     first, second = found
-    if not (first.shape == second.shape == output.shape and first.grad_fn is not None):
+    shape = first.shape if output is None else getattr(output, 'shape', None)
+    if not (first.shape == second.shape == shape and first.grad_fn is not None):
         return False
     return state.marks.root(tensor_position(first)) == state.marks.root(tensor_position(second))
 
