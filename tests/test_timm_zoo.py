@@ -7,7 +7,8 @@ Found by a sweep over 51 timm architectures (docs: Models): XCiT and EfficientFo
 backward of ``batch_norm`` (a wrong gradient for a batch of one whose gradient is channels-last with a batch stride
 other than ``C H W``: CP-LRP relevance / logit 0.13 and 0.17), and Twins and FastViT crashed in the backward pass of
 the gamma rules and of the identity rule (an output the model changes in place after the module: ``x +=
-cnn_feat_token``, ``out = scale_out + 0; out += rc(x)``).
+cnn_feat_token``, ``out = scale_out + 0; out += rc(x)``); gMLP was refused for the name of timm's ``MlpMixer`` class
+(taken for a sequence mixer like Mamba's), its spatial gating unit a product of values.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ ARCHITECTURES = {
     'convnext_atto': (dict(depths=(1, 1, 1, 1)), 32),
     'levit_128s': (dict(img_size=64, depth=(1, 1, 1)), 64),
     'maxvit_rmlp_nano_rw_256': (dict(img_size=64), 64),
+    'gmlp_ti16_224': (dict(img_size=32), 32),
     'cait_xxs24_224': (dict(img_size=32, patch_size=8, depth=2, embed_dim=32, num_heads=2, depth_token_only=1), 32),
 }
 #: ``name -> (keyword arguments, image side, what the refusal names)``
@@ -66,7 +68,11 @@ def tiny(name: str, kwargs: dict, side: int) -> tuple[torch.nn.Module, torch.Ten
             if getattr(module, 'running_mean', None) is not None:
                 module.running_mean.zero_()
                 module.running_var.fill_(1.0)
-    return model, torch.randn(1, 3, side, side, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        x = torch.randn(1, 3, side, side, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        if not bool(model(x).any()):  # timm starts some heads at zero (the MLP-Mixer family): the last linear layer
+            head = [module for module in model.modules() if isinstance(module, torch.nn.Linear)][-1]
+            head.weight.normal_(0, 0.02, generator=torch.Generator().manual_seed(2))
+    return model, x
 
 
 @pytest.mark.parametrize('composite', [CPLRPEpsilon, lambda: CPLRPGamma(**EXACT_GAMMA)], ids=['epsilon', 'gamma'])

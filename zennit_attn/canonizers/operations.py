@@ -91,10 +91,12 @@ INSTANCE_SETTINGS: dict[str, tuple[str, Callable]] = {
 }
 
 #: Class names of sequence mixers whose products of relevance-carrying tensors are not softmax attention: state-space
-#: models, linear attention, recurrences (their products are refused until their rules are defined).
+#: models, linear attention, recurrences (their products are refused until their rules are defined); not timm's
+#: ``MlpMixer``, the MLP-Mixer, ResMLP and gMLP models, whose token mixing is a linear map (gMLP's spatial gating is a
+#: product of values: the product rule).
 LINEAR_MIXERS = re.compile(
     r'Mamba|SSM|Ssm|Delta|ForgetGate|LinearAttention|Linear_?Attn|Rwkv|RWKV|Retention|Hyena|'
-    r'Xlstm|xLSTM|LSTM|GRU|Lightning|Recurrent|Mixer'
+    r'Xlstm|xLSTM|LSTM|GRU|Lightning|Recurrent|(?<!Mlp)Mixer'
 )
 #: Class names of sequence mixers that are not softmax attention (named in refusals): also gated short convolutions
 #: (LFM's, whose products of projections are explained by the uniform rule, Prop. 3.2).
