@@ -1,13 +1,44 @@
 """The gradient baselines: gradient x input, Integrated Gradients and SmoothGrad (the last two by zennit's
-attributors), at the task's input (word embeddings, pixels)."""
+attributors), at the task's input (word embeddings, pixels). The gradient reaching a batch normalisation module's
+output is made contiguous (:py:func:`~zennit_attn.rules.contiguous_gradient`: torch's CPU backward of
+``batch_norm`` is wrong for some strides of it), as the engine does for LRP."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from zennit.attribution import IntegratedGradients, SmoothGrad
 
 from ..inputs.task import Task
+from ..rules import contiguous_gradient
 from .selection import Selected, forked_random_state
+
+#: The batch normalisation modules whose output gradient the baselines make contiguous.
+BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+@contextlib.contextmanager
+def _batch_norm_gradients(model: torch.nn.Module) -> Iterator[None]:
+    """For the time of the block, the gradient that reaches the output of each batch normalisation module of ``model``
+    is made contiguous (:py:func:`~zennit_attn.rules.contiguous_gradient`)."""
+    handles = [
+        module.register_forward_hook(_contiguous_output)
+        for module in model.modules()
+        if isinstance(module, BATCH_NORMS)
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _contiguous_output(module, args, output) -> None:
+    if isinstance(output, torch.Tensor) and output.requires_grad:
+        output.register_hook(contiguous_gradient)
+
 
 __all__ = ['input_x_gradient', 'integrated_gradients', 'smoothgrad']
 
@@ -15,7 +46,7 @@ __all__ = ['input_x_gradient', 'integrated_gradients', 'smoothgrad']
 def input_x_gradient(task: Task, position=-1, target=None):
     """Gradient x input (Eq. 11 of the paper's appendix) at the input (word embeddings, pixels). Cost: one forward
     and one backward pass."""
-    with torch.enable_grad():
+    with torch.enable_grad(), _batch_norm_gradients(task.model):
         inputs = task.inputs.clone().requires_grad_(True)
         logit = task.resolve(task.forward(inputs), position, target)
         (grad,) = torch.autograd.grad(logit.sum(), inputs)
@@ -31,7 +62,7 @@ def integrated_gradients(task: Task, position=-1, target=None, steps: int = 20, 
     attributor = IntegratedGradients(
         Selected(task), n_iter=steps, baseline_fn=lambda inputs: torch.full_like(inputs, baseline)
     )
-    with torch.enable_grad():
+    with torch.enable_grad(), _batch_norm_gradients(task.model):
         _, relevance = attributor(task.inputs.clone(), torch.ones_like)
     return task.finish(relevance, logit, 'integrated_gradients')
 
@@ -53,6 +84,6 @@ def smoothgrad(
     forward)."""
     logit = task.resolve_plain(position, target)
     attributor = SmoothGrad(Selected(task), noise_level=sigma, n_iter=samples)
-    with torch.enable_grad(), forked_random_state(seed, task.inputs.device):
+    with torch.enable_grad(), forked_random_state(seed, task.inputs.device), _batch_norm_gradients(task.model):
         _, gradient = attributor(task.inputs.clone(), torch.ones_like)
     return task.finish(gradient * task.inputs if multiply_input else gradient, logit, 'smoothgrad')

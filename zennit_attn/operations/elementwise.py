@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rules import elementwise_identity, gradient_map, layer_norm_identity
+from ..rules import contiguous_gradient, elementwise_identity, gradient_map, layer_norm_identity
 from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, is_number, tensors_of
 from .graph import normalises
@@ -312,16 +312,7 @@ def running_norm(call: Call, state: State):
         shift = call.run(input=torch.zeros_like(call.argument('input')[:1]))
     if bool(shift.any()):
         state.constants.append((state.here(), ConstantTensor(float(shift.abs().max()), shift.shape)))
-    return gradient_map(output, _contiguous)
-
-
-def _contiguous(gradient: torch.Tensor) -> torch.Tensor:
-    """``gradient`` in contiguous memory: torch's CPU backward of ``batch_norm`` with running statistics returns a wrong
-    input gradient for a batch of one whose gradient is channels-last with a batch stride that is not ``C H W``
-    (torch 2.15; what ``x.flatten(2).transpose(1, 2)`` after the norm sends back, as XCiT's and EfficientFormer's patch
-    embeddings do: a bias-free ``conv -> BatchNorm2d -> flatten(2).transpose(1, 2) -> mean`` got gradient x input 3.4
-    times its output in float64, -1.37 in float32)."""
-    return gradient.contiguous()
+    return gradient_map(output, contiguous_gradient)
 
 
 def decomposed(call: Call, state: State):

@@ -36,7 +36,14 @@ boundary so that the outward contract stays zennit's: relevance goes in at the o
 of :py:class:`zennit.attribution.Gradient`) and relevance comes out at the floating-point inputs.
 """
 
-from .base import GradientRule, elementwise_identity, gradient_map, layer_norm_identity, scaled_gradient
+from .base import (
+    GradientRule,
+    contiguous_gradient,
+    elementwise_identity,
+    gradient_map,
+    layer_norm_identity,
+    scaled_gradient,
+)
 from .boundary import OUTPUT_FIELDS, RelevanceBoundary
 from .gradient import FUNCTIONAL_EPSILON, Epsilon, Identity, NormIdentity, epsilon_gradient, plain_stands_for
 from .products import ConstantAttention, ConstantGates, HalfGates, ProductRule, Uniform
@@ -47,6 +54,7 @@ __all__ = [
     'elementwise_identity',
     'gradient_map',
     'scaled_gradient',
+    'contiguous_gradient',
     'layer_norm_identity',
     'Epsilon',
     'FUNCTIONAL_EPSILON',

@@ -75,6 +75,17 @@ class _GradientMap(torch.autograd.Function):
         return ctx.function(grad_output, *ctx.saved_tensors), None, None
 
 
+def contiguous_gradient(gradient: torch.Tensor) -> torch.Tensor:
+    """``gradient`` in contiguous memory, for the gradient that reaches the output of a batch normalisation: torch's CPU
+    backward of ``batch_norm`` with running statistics returns a wrong input gradient for a batch of one whose gradient
+    is channels-last with a batch stride that is not ``C H W`` (torch 2.15; what ``x.flatten(2).transpose(1, 2)``
+    after the norm sends back, as XCiT's and EfficientFormer's patch embeddings do: a bias-free ``conv -> BatchNorm2d
+    -> flatten(2).transpose(1, 2) -> mean`` got gradient x input 3.4 times its output in float64, -1.37 in float32).
+    The engine applies it to ``batch_norm`` (:py:func:`~zennit_attn.operations.elementwise.running_norm`), the
+    gradient baselines to the outputs of batch normalisation modules."""
+    return gradient.contiguous()
+
+
 def gradient_map(tensor: torch.Tensor, function, with_value: bool = False) -> torch.Tensor:
     """``tensor`` whose gradient passes ``function`` on its way back (a rule in the gradient formulation), also where
     the model changes the returned tensor in place. With ``with_value``, ``function(gradient, value)`` gets the
