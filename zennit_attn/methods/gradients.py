@@ -1,7 +1,8 @@
 """The gradient baselines: gradient x input, Integrated Gradients and SmoothGrad (the last two by zennit's
 attributors), at the task's input (word embeddings, pixels). The gradient reaching a batch normalisation module's
 output is made contiguous (:py:func:`~zennit_attn.rules.contiguous_gradient`: torch's CPU backward of
-``batch_norm`` is wrong for some strides of it), as the engine does for LRP."""
+``batch_norm`` is wrong for some strides of it), as the engine does for LRP (and the gradient methods of attention
+maps, :py:mod:`~zennit_attn.methods.rollouts`)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from ..inputs.task import Task
 from ..rules import contiguous_gradient
 from .selection import Selected, forked_random_state
 
+__all__ = ['input_x_gradient', 'integrated_gradients', 'smoothgrad', 'batch_norm_gradients', 'BATCH_NORMS']
+
 #: The batch normalisation modules whose output gradient the baselines make contiguous.
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 
 
 @contextlib.contextmanager
-def _batch_norm_gradients(model: torch.nn.Module) -> Iterator[None]:
+def batch_norm_gradients(model: torch.nn.Module) -> Iterator[None]:
     """For the time of the block, the gradient that reaches the output of each batch normalisation module of ``model``
     is made contiguous (:py:func:`~zennit_attn.rules.contiguous_gradient`)."""
     handles = [
@@ -40,13 +43,10 @@ def _contiguous_output(module, args, output) -> None:
         output.register_hook(contiguous_gradient)
 
 
-__all__ = ['input_x_gradient', 'integrated_gradients', 'smoothgrad']
-
-
 def input_x_gradient(task: Task, position=-1, target=None):
     """Gradient x input (Eq. 11 of the paper's appendix) at the input (word embeddings, pixels). Cost: one forward
     and one backward pass."""
-    with torch.enable_grad(), _batch_norm_gradients(task.model):
+    with torch.enable_grad(), batch_norm_gradients(task.model):
         inputs = task.inputs.clone().requires_grad_(True)
         logit = task.resolve(task.forward(inputs), position, target)
         (grad,) = torch.autograd.grad(logit.sum(), inputs)
@@ -62,7 +62,7 @@ def integrated_gradients(task: Task, position=-1, target=None, steps: int = 20, 
     attributor = IntegratedGradients(
         Selected(task), n_iter=steps, baseline_fn=lambda inputs: torch.full_like(inputs, baseline)
     )
-    with torch.enable_grad(), _batch_norm_gradients(task.model):
+    with torch.enable_grad(), batch_norm_gradients(task.model):
         _, relevance = attributor(task.inputs.clone(), torch.ones_like)
     return task.finish(relevance, logit, 'integrated_gradients')
 
@@ -84,6 +84,6 @@ def smoothgrad(
     forward)."""
     logit = task.resolve_plain(position, target)
     attributor = SmoothGrad(Selected(task), noise_level=sigma, n_iter=samples)
-    with torch.enable_grad(), forked_random_state(seed, task.inputs.device), _batch_norm_gradients(task.model):
+    with torch.enable_grad(), forked_random_state(seed, task.inputs.device), batch_norm_gradients(task.model):
         _, gradient = attributor(task.inputs.clone(), torch.ones_like)
     return task.finish(gradient * task.inputs if multiply_input else gradient, logit, 'smoothgrad')

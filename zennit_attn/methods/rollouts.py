@@ -8,6 +8,7 @@ import torch
 
 from ..inputs.task import Task
 from .attention import attention_maps, discard, rollout
+from .gradients import batch_norm_gradients
 
 __all__ = ['attention_rollout', 'grad_attention_rollout', 'gradcam']
 
@@ -29,7 +30,7 @@ def grad_attention_rollout(task: Task, position=-1, target=None, dt: float = 1.0
     self-attention: ``A_l = mean_heads((dlogit/dA_l * A_l)^+)``, entries above the ``dt``-quantile discarded,
     ``R = prod_l (I + A_l)`` (no normalisation); the relevance of token ``j`` is the explained token's row of ``R``.
     Cost: one forward and one backward pass with eager attention (all attention maps kept)."""
-    with torch.enable_grad():
+    with torch.enable_grad(), batch_norm_gradients(task.model):
         inputs = task.inputs.clone().requires_grad_(True)
         with attention_maps(task, inputs) as (scores, attentions):
             logit = task.resolve(scores, position, target)
@@ -49,7 +50,7 @@ def gradcam(task: Task, position=-1, target=None, layer: int = -1):
     the explained token (the keys it may attend to), and the relevance of token ``j`` is
     ``max(0, mean_h w_h A_h[row, j])`` of ``layer`` (default the last). Cost: one forward and one backward pass with
     eager attention."""
-    with torch.enable_grad():
+    with torch.enable_grad(), batch_norm_gradients(task.model):
         inputs = task.inputs.clone().requires_grad_(True)
         with attention_maps(task, inputs) as (scores, attentions):
             if not -len(attentions) <= layer < len(attentions):
