@@ -18,7 +18,17 @@ from typing import Any
 
 import torch
 
-__all__ = ['Call', 'Signature', 'signature', 'in_place', 'is_number', 'replaced', 'tensors_of', 'SWAPPABLE']
+__all__ = [
+    'Call',
+    'Signature',
+    'signature',
+    'in_place',
+    'is_number',
+    'replaced',
+    'tensors_of',
+    'tensor_position',
+    'SWAPPABLE',
+]
 
 #: Operators whose reflected (``__rmul__``) and in-place (``__imul__``) forms compute the same as the plain one.
 SWAPPABLE = frozenset('add sub mul matmul truediv floordiv pow mod and or xor'.split())
@@ -49,6 +59,12 @@ def replaced(value, tensors: dict[int, torch.Tensor]):
 def is_number(value) -> bool:
     """Whether ``value`` is a Python number (an int or a float, not a boolean): a constant of the model's code."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def tensor_position(tensor: torch.Tensor) -> tuple:
+    """Where ``tensor`` sits in the autograd graph: ``(its node, which output of the node it is)``. Outputs of one
+    operation (``x.chunk(2)``, ``x.unbind()``) share the node; the position tells them apart."""
+    return tensor.grad_fn, tensor.output_nr
 
 
 def in_place(func: Callable, kwargs: dict | None = None) -> bool:
@@ -127,7 +143,7 @@ class Call:
         The tensors among the arguments that carry relevance.
     positions: tuple
         Where the tensors of ``carrying`` sat in the autograd graph when the call was bound, before it ran (``(node,
-        output number)``: :py:func:`~zennit_attn.operations.marks.tensor_position`; an in-place operation changes the
+        output number)``: :py:func:`tensor_position`; an in-place operation changes the
         node of the tensor it changes).
     marks: list of Mark or None
         The engine's mark on each tensor of ``carrying``
@@ -172,7 +188,7 @@ class Call:
             carrying,
             marks,
         )
-        self.positions = tuple((tensor.grad_fn, tensor.output_nr) for tensor in carrying)
+        self.positions = tuple(tensor_position(tensor) for tensor in carrying)
         self.held = False
         self.product_rule = self.activation_rule = self.note = self._arguments = None
 

@@ -305,8 +305,7 @@ def layer_rule(state: State, name: str, tensors: list[torch.Tensor]):
     plain gradient in its place, silently another relevance: EVA-02's ``qkv`` with ``attention_in=Gamma(0.5)`` got the
     relevance of the default rule); another rule than an epsilon rule for a module that is not a layer."""
     for tensor in tensors:
-        base = tensor._base
-        found = state.layers.get(id(tensor)) or (state.layers.get(id(base)) if base is not None else None)
+        found = _parameter_entry(state.layers, tensor)
         if found is not None and not any(state.running.get(id(module)) for _, module, _ in found):
             path, module, rule = found[0]
             state.refuse(
@@ -316,7 +315,7 @@ def layer_rule(state: State, name: str, tensors: list[torch.Tensor]):
                 hint=f'Give {path!r} no rule, or an epsilon rule of at most {FUNCTIONAL_EPSILON:g} (the plain gradient '
                 'stands in for it), or explain a model that calls the module.',
             )
-        inline = state.inline.get(id(tensor)) or (state.inline.get(id(base)) if base is not None else None)
+        inline = _parameter_entry(state.inline, tensor)
         if inline is not None:
             path, module, rule, label = inline
             if not isinstance(rule, Epsilon):
@@ -329,6 +328,15 @@ def layer_rule(state: State, name: str, tensors: list[torch.Tensor]):
                 )
             return rule
     return None
+
+
+def _parameter_entry(entries: dict, tensor: torch.Tensor):
+    """The entry of ``entries`` (by ``id`` of a parameter) for ``tensor``: the parameter itself, or a view of it
+    (``weight.T``, ``gate_up_proj[i]``); None for another tensor."""
+    found = entries.get(id(tensor))
+    if found is None and tensor._base is not None:
+        found = entries.get(id(tensor._base))
+    return found
 
 
 def _operand_marks(state: State, carrying: list[torch.Tensor]) -> list:

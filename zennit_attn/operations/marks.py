@@ -45,7 +45,7 @@ import torch
 
 from ..rules.base import rule_input, rule_node
 from ..rules.products import ACTIVATION, SOFTMAX
-from .calls import is_number
+from .calls import is_number, tensor_position
 
 __all__ = ['Mark', 'Marks', 'ROUTES', 'ACTIVATED', 'SOFTMAXED', 'MIXED', 'join_gates', 'kind', 'produced', 'passed']
 
@@ -224,12 +224,6 @@ def _passed(call, marks: list, state, mixes: bool) -> Mark | None:
     return Mark(sink=sink, attention=attention, contraction=contraction, **fields)
 
 
-def tensor_position(tensor: torch.Tensor) -> tuple:
-    """Where ``tensor`` sits in the autograd graph: ``(its node, which output of the node it is)``. Outputs of one
-    operation (``x.chunk(2)``, ``x.unbind()``) share the node; the position tells them apart."""
-    return tensor.grad_fn, tensor.output_nr
-
-
 class Marks:
     """The marks of one forward pass, by autograd node (see the module's description)."""
 
@@ -245,7 +239,7 @@ class Marks:
         self.rule_nodes: set = set()
         #: what a tensor is a multiple of by a number or a constant tensor (``2 * a``, ``a / 2``, ``weight * a``: a
         #: weight of the model, frozen), by the node of its output: the position of the multiplied tensor
-        #: (:py:func:`tensor_position`, :py:meth:`scale`)
+        #: (:py:func:`~.calls.tensor_position`, :py:meth:`scale`)
         self.scaled: dict = {}
         #: the number a tensor is offset by (``v + 1``, ``1 - v``: a constant plus a relevance-carrying tensor), by the
         #: node of its output (:py:meth:`offset`, :py:meth:`offset_of`)
@@ -303,8 +297,9 @@ class Marks:
     def scale(self, output, input: torch.Tensor, factor, position: tuple | None = None) -> None:
         """Note ``output`` as ``input`` multiplied (or divided) by ``factor`` where that is a number (a copy: 1) or a
         constant tensor (one that carries no relevance: a weight of the model) and ``output`` a relevance-carrying
-        tensor of ``input``'s shape, an element-wise multiple of it. ``position``: that of ``input`` (see
-        :py:func:`tensor_position`) before the operation, where that changed ``input`` in place (``x.mul_(w)``)."""
+        tensor of ``input``'s shape, an element-wise multiple of it. ``position``: that of ``input``
+        (:py:func:`~.calls.tensor_position`) before the operation, where that changed ``input`` in place
+        (``x.mul_(w)``)."""
         constant = is_number(factor) or (isinstance(factor, torch.Tensor) and not factor.requires_grad)
         if not (constant and isinstance(output, torch.Tensor) and output.requires_grad and output.shape == input.shape):
             return
@@ -333,8 +328,8 @@ class Marks:
         return None
 
     def root(self, position: tuple) -> tuple:
-        """The position (:py:func:`tensor_position`) of the tensor that the tensor at ``position`` is a multiple of by
-        numbers or constant tensors (up to 16 scalings; ``position`` itself for none)."""
+        """The position (:py:func:`~.calls.tensor_position`) of the tensor that the tensor at ``position`` is a
+        multiple of by numbers or constant tensors (up to 16 scalings; ``position`` itself for none)."""
         for _ in range(16):
             if position[0] not in self.scaled:
                 break

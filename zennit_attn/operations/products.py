@@ -25,9 +25,9 @@ import torch
 
 from ..rules import scaled_gradient
 from ..rules.products import ACTIVATION, SOFTMAX
-from .calls import Call, in_place, is_number, replaced
+from .calls import Call, in_place, is_number, replaced, tensor_position
 from .graph import is_outer_product
-from .marks import ACTIVATED, SOFTMAXED, join_gates, kind, passed, produced, tensor_position
+from .marks import ACTIVATED, SOFTMAXED, join_gates, kind, passed, produced
 from .tracking import State
 
 __all__ = [
