@@ -1,0 +1,223 @@
+"""Relevance parity with the authors' AttnLRP code (LXT, efficient mode): the same model, the same input, the same
+explained logit; does zennit-attn give the relevance LXT gives?
+
+LXT's efficient mode (``lxt.efficient.monkey_patch``; github rachtibat/LRP-eXplains-Transformers, not a dependency of
+zennit-attn) replaces, process-wide, the forward methods of the classes of a transformers module it has a map for
+(Llama, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, GPT-2) and the attention functions of that module: the identity rule on the
+MLP's activation and the normalisations (their normaliser a constant), the uniform rule on the gate product and on
+the attention's two matrix products (the gradient at the queries and keys divided by 4, at the values by 2), the plain
+gradient everywhere else (the linear layers, the softmax: its Taylor rule with bias in the gradient x input form).
+Relevance is ``(embeddings * gradient).sum(-1)`` at the input embeddings. zennit-attn's ``AttnLRPEpsilon()`` (its
+default ``epsilon=0``: gradient x input on the linear layers, as LXT) should give the same numbers, up to rounding.
+
+The patch is applied and undone around each of LXT's calls (:py:class:`lxt_speed.Patched`: the attributes of the
+patched classes and module, kept in both states), so that both run in one process on one model; zennit-attn's call
+runs on the original classes.
+
+Models (:py:data:`TINY`): tiny random models of each architecture LXT has a map for, built from configurations in
+float64 (seeded; biases as the architecture has them; the zero-initialised weights drawn at random), and the real
+SmolLM2-135M-Instruct (:py:func:`zennit_attn.pretrained.load_smollm2`, cast to float64) on the leads of Wikipedia
+articles (``--articles``, ``--tokens``). Reported per model: the largest difference as a share of the largest
+relevance (over the models' inputs), the smallest cosine between the two relevance vectors, the relevance sums over
+the logit (the share each keeps: AttnLRP's softmax rule hands part of it to the softmax's bias) and whether LXT's
+patch covers the model.
+
+Usage (LXT importable, e.g. its checkout on ``PYTHONPATH``; 1 thread)::
+
+    python benchmarks/lxt_parity.py --threads 1
+    python benchmarks/lxt_parity.py --threads 1 --articles 20 --tokens 64 --out docs/results/lxt_parity.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from faithfulness import sample_articles
+from lxt.efficient import monkey_patch
+from lxt.efficient.models import get_default_map
+from lxt_speed import Patched
+from tqdm import tqdm
+
+from zennit_attn import explain
+from zennit_attn.composites import AttnLRPEpsilon
+from zennit_attn.pretrained import load_smollm2
+
+#: the tiny configurations: architecture -> (model class, configuration arguments); 2 layers, width 64, grouped
+#: keys and values where the architecture has them
+SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=128,
+)
+TINY = {
+    'llama': ('LlamaForCausalLM', SHAPE),
+    'qwen2': ('Qwen2ForCausalLM', SHAPE),
+    'qwen3': ('Qwen3ForCausalLM', dict(SHAPE, head_dim=16)),
+    'qwen3_moe': (
+        'Qwen3MoeForCausalLM',
+        dict(SHAPE, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+    ),
+    'gemma3_text': ('Gemma3ForCausalLM', dict(SHAPE, head_dim=16, sliding_window=4, layer_types=None)),
+    'gpt2': ('GPT2LMHeadModel', dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=128)),
+}
+#: tokens of the random inputs of the tiny models
+TINY_TOKENS = 12
+
+
+@dataclass
+class Parity:
+    """One model's comparison, over its inputs."""
+
+    model: str
+    inputs: int
+    largest_difference: float  # of the largest |relevance|, the worst input
+    smallest_cosine: float
+    lxt_share: tuple[float, float]  # relevance sum / logit, smallest and largest over the inputs
+    ours_share: tuple[float, float]
+    seconds: float
+
+    def row(self) -> str:
+        return (
+            f'| {self.model} | {self.inputs} | {self.largest_difference:.1e} | {self.smallest_cosine:.12f} | '
+            f'{self.lxt_share[0]:.4f} - {self.lxt_share[1]:.4f} | {self.ours_share[0]:.4f} - {self.ours_share[1]:.4f} '
+            f'| {self.seconds:.1f} |'
+        )
+
+
+def lxt_patch(model: torch.nn.Module) -> Patched:
+    """LXT's efficient patch (its default map) for the transformers module of ``model``'s class, switched off: the
+    attributes it replaces are every attribute of the patched classes, and the module's attention function and
+    registry."""
+    module = sys.modules[type(model).__module__]
+    patch_map = get_default_map(module)
+    attributes = [(module, 'eager_attention_forward')]
+    for target in patch_map:
+        if isinstance(target, type):
+            attributes += [(target, name) for name in ('forward', '_norm', 'original_forward')]
+    return Patched(attributes, lambda: monkey_patch(module), module.ALL_ATTENTION_FUNCTIONS)
+
+
+def lxt_relevance(model, patch: Patched, input_ids: torch.Tensor, target: int) -> tuple[torch.Tensor, float]:
+    """LXT's relevance of the logit ``target`` at the last position, as its documentation computes it: the input
+    embeddings as the leaf, the backward of the logit, ``(embeddings * gradient).sum(-1)``."""
+    patch.apply(True)
+    try:
+        embeddings = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+        logit = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1, target]
+        (gradient,) = torch.autograd.grad(logit, embeddings)
+    finally:
+        patch.apply(False)
+    return (embeddings * gradient).sum(-1)[0].detach(), logit.item()
+
+
+def ours(model, input_ids: torch.Tensor, target: int) -> tuple[torch.Tensor, float]:
+    """zennit-attn's AttnLRP relevance of the same logit."""
+    explanation = explain(model, input_ids, target=target, composite=AttnLRPEpsilon())
+    return explanation.relevance[0].detach(), explanation.logit.item()
+
+
+def compare(name: str, model, inputs: list[torch.Tensor]) -> Parity:
+    """Both relevances of the argmax logit at the last position of each input of ``inputs``."""
+    start = time.perf_counter()
+    patch = lxt_patch(model)
+    differences, cosines, lxt_shares, our_shares = [], [], [], []
+    for input_ids in tqdm(inputs, desc=name, leave=False):
+        with torch.no_grad():
+            target = int(model(input_ids=input_ids, use_cache=False).logits[0, -1].argmax())
+        reference, lxt_logit = lxt_relevance(model, patch, input_ids, target)
+        relevance, logit = ours(model, input_ids, target)
+        if abs(logit - lxt_logit) > 1e-9 * max(1.0, abs(logit)):
+            raise RuntimeError(f'{name}: the explained logits differ ({logit} against LXT {lxt_logit})')
+        differences.append(((relevance - reference).abs().max() / reference.abs().max()).item())
+        cosines.append(torch.nn.functional.cosine_similarity(relevance, reference, dim=0).item())
+        lxt_shares.append(reference.sum().item() / logit)
+        our_shares.append(relevance.sum().item() / logit)
+    return Parity(
+        name,
+        len(inputs),
+        max(differences),
+        min(cosines),
+        (min(lxt_shares), max(lxt_shares)),
+        (min(our_shares), max(our_shares)),
+        time.perf_counter() - start,
+    )
+
+
+def tiny(architecture: str, inputs: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """The tiny random model of ``architecture`` (:py:data:`TINY`) in float64, every weight that its initialisation
+    leaves at zero drawn at random, and ``inputs`` seeded random inputs of :py:data:`TINY_TOKENS` tokens."""
+    class_name, shape = TINY[architecture]
+    model_class = getattr(transformers, class_name)
+    config = model_class.config_class(**shape, attn_implementation='eager')
+    torch.manual_seed(0)
+    model = model_class(config).double().eval()
+    if getattr(config, '_experts_implementation', None) is not None:  # grouped kernels take no float64: the loop
+        config._experts_implementation = 'eager'
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if not parameter.any():
+                parameter.normal_(0, 0.1)
+    generator = torch.Generator().manual_seed(1)
+    vocabulary = model.get_input_embeddings().num_embeddings
+    return model, [torch.randint(3, vocabulary, (1, TINY_TOKENS), generator=generator) for _ in range(inputs)]
+
+
+def smollm2(articles: int, tokens: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """SmolLM2-135M-Instruct in float64 (eager attention; LXT wraps every attention function of transformers'
+    registry alike) and the first ``tokens`` tokens of ``articles`` Wikipedia leads, sampled as the faithfulness
+    benchmark samples them (``benchmarks/faithfulness.py``, seed 0)."""
+    model, tokenizer = load_smollm2(dtype=torch.float64, attn_implementation='eager')
+    chosen = sample_articles(None, tokenizer, articles, tokens, seed=0)
+    return model, [torch.tensor([ids]) for _, ids in chosen]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--models', nargs='+', default=[*TINY, 'smollm2'])
+    parser.add_argument('--inputs', type=int, default=5, help='random inputs per tiny model')
+    parser.add_argument('--articles', type=int, default=10, help='Wikipedia leads for SmolLM2')
+    parser.add_argument('--tokens', type=int, default=32, help='tokens of each lead')
+    parser.add_argument('--threads', type=int, default=None)
+    parser.add_argument('--out', type=Path, default=None, help='write the table as Markdown')
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load = os.getloadavg()
+    start = time.perf_counter()
+    rows = []
+    for name in args.models:
+        model, inputs = smollm2(args.articles, args.tokens) if name == 'smollm2' else tiny(name, args.inputs)
+        parity = compare(name, model, inputs)
+        rows.append(parity)
+        print(json.dumps(vars(parity)), flush=True)
+    lines = [
+        '| model | inputs | largest difference (of the largest relevance) | smallest cosine | LXT sum / logit '
+        '| zennit-attn sum / logit | seconds |',
+        '|---|---|---|---|---|---|---|',
+        *(parity.row() for parity in rows),
+        '',
+        f'Command: `python benchmarks/lxt_parity.py {" ".join(argv if argv is not None else sys.argv[1:])}`; '
+        f'torch {torch.__version__}, transformers {transformers.__version__}; wall time '
+        f'{time.perf_counter() - start:.0f} s; load average (1, 5, 15 min) {", ".join(f"{v:.2f}" for v in load)} at '
+        f'the start, {", ".join(f"{v:.2f}" for v in os.getloadavg())} at the end.',
+    ]
+    print('\n'.join(lines))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text('\n'.join(lines) + '\n')
+
+
+if __name__ == '__main__':
+    sys.exit(main())
