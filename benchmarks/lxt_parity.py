@@ -9,6 +9,8 @@ the attention's two matrix products (the gradient at the queries and keys divide
 gradient everywhere else (the linear layers, the softmax: its Taylor rule with bias in the gradient x input form).
 Relevance is ``(embeddings * gradient).sum(-1)`` at the input embeddings. zennit-attn's ``AttnLRPEpsilon()`` (its
 default ``epsilon=0``: gradient x input on the linear layers, as LXT) should give the same numbers, up to rounding.
+``--methods cplrp``: LXT's CP-LRP maps (no gradient through the queries and keys, the MLP's gate a constant) against
+``CPLRPEpsilon()``.
 
 The patch is applied and undone around each of LXT's calls (:py:class:`lxt_speed.Patched`: the attributes of the
 patched classes and module, kept in both states), so that both run in one process on one model; zennit-attn's call
@@ -35,19 +37,20 @@ import json
 import os
 import sys
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import transformers
 from faithfulness import sample_articles
+from lxt.efficient import models as lxt_models
 from lxt.efficient import monkey_patch
-from lxt.efficient.models import get_default_map
 from lxt_speed import Patched
 from tqdm import tqdm
 
 from zennit_attn import explain
-from zennit_attn.composites import AttnLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.pretrained import load_smollm2
 
 #: the tiny configurations: architecture -> (model class, configuration arguments); 2 layers, width 64, grouped
@@ -74,6 +77,8 @@ TINY = {
 }
 #: tokens of the random inputs of the tiny models
 TINY_TOKENS = 12
+#: the methods compared: name -> (the attribute of LXT's map in its model modules, zennit-attn's composite)
+METHODS = {'attnlrp': ('attnLRP', AttnLRPEpsilon), 'cplrp': ('cp_LRP', CPLRPEpsilon)}
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Parity:
     """One model's comparison, over its inputs."""
 
     model: str
+    method: str
     inputs: int
     largest_difference: float  # of the largest |relevance|, the worst input
     smallest_cosine: float
@@ -90,23 +96,36 @@ class Parity:
 
     def row(self) -> str:
         return (
-            f'| {self.model} | {self.inputs} | {self.largest_difference:.1e} | {self.smallest_cosine:.12f} | '
+            f'| {self.model} | {self.method} | {self.inputs} | {self.largest_difference:.1e} | '
+            f'{self.smallest_cosine:.12f} | '
             f'{self.lxt_share[0]:.4f} - {self.lxt_share[1]:.4f} | {self.ours_share[0]:.4f} - {self.ours_share[1]:.4f} '
             f'| {self.seconds:.1f} |'
         )
 
 
-def lxt_patch(model: torch.nn.Module) -> Patched:
-    """LXT's efficient patch (its default map) for the transformers module of ``model``'s class, switched off: the
+def lxt_map(module: types.ModuleType, method: str) -> dict | None:
+    """LXT's efficient map of ``method`` (:py:data:`METHODS`) for the transformers module ``module`` (the map of
+    LXT's model module whose AttnLRP map is ``module``'s default), None where LXT has none (CP-LRP for Qwen3-MoE)."""
+    default = lxt_models.DEFAULT_MAP.get(module)
+    if default is None:
+        raise ValueError(f'LXT has no efficient map for {module.__name__}')
+    owners = [owner for owner in vars(lxt_models).values() if getattr(owner, 'attnLRP', None) is default]
+    return getattr(owners[0], METHODS[method][0], None)
+
+
+def lxt_patch(model: torch.nn.Module, method: str) -> Patched | None:
+    """LXT's efficient patch of ``method`` for the transformers module of ``model``'s class, switched off: the
     attributes it replaces are every attribute of the patched classes, and the module's attention function and
-    registry."""
+    registry; None where LXT has no map of ``method`` for it."""
     module = sys.modules[type(model).__module__]
-    patch_map = get_default_map(module)
+    patch_map = lxt_map(module, method)
+    if patch_map is None:
+        return None
     attributes = [(module, 'eager_attention_forward')]
     for target in patch_map:
         if isinstance(target, type):
             attributes += [(target, name) for name in ('forward', '_norm', 'original_forward')]
-    return Patched(attributes, lambda: monkey_patch(module), module.ALL_ATTENTION_FUNCTIONS)
+    return Patched(attributes, lambda: monkey_patch(module, patch_map), module.ALL_ATTENTION_FUNCTIONS)
 
 
 def lxt_relevance(model, patch: Patched, input_ids: torch.Tensor, target: int) -> tuple[torch.Tensor, float]:
@@ -122,22 +141,25 @@ def lxt_relevance(model, patch: Patched, input_ids: torch.Tensor, target: int) -
     return (embeddings * gradient).sum(-1)[0].detach(), logit.item()
 
 
-def ours(model, input_ids: torch.Tensor, target: int) -> tuple[torch.Tensor, float]:
-    """zennit-attn's AttnLRP relevance of the same logit."""
-    explanation = explain(model, input_ids, target=target, composite=AttnLRPEpsilon())
+def ours(model, input_ids: torch.Tensor, target: int, method: str) -> tuple[torch.Tensor, float]:
+    """zennit-attn's relevance of the same logit, with the composite of ``method`` (:py:data:`METHODS`)."""
+    explanation = explain(model, input_ids, target=target, composite=METHODS[method][1]())
     return explanation.relevance[0].detach(), explanation.logit.item()
 
 
-def compare(name: str, model, inputs: list[torch.Tensor]) -> Parity:
-    """Both relevances of the argmax logit at the last position of each input of ``inputs``."""
+def compare(name: str, method: str, model, inputs: list[torch.Tensor]) -> Parity | None:
+    """Both relevances (``method``) of the argmax logit at the last position of each input of ``inputs``; None where
+    LXT has no map of ``method`` for the model."""
     start = time.perf_counter()
-    patch = lxt_patch(model)
+    patch = lxt_patch(model, method)
+    if patch is None:
+        return None
     differences, cosines, lxt_shares, our_shares = [], [], [], []
-    for input_ids in tqdm(inputs, desc=name, leave=False):
+    for input_ids in tqdm(inputs, desc=f'{name} {method}', leave=False):
         with torch.no_grad():
             target = int(model(input_ids=input_ids, use_cache=False).logits[0, -1].argmax())
         reference, lxt_logit = lxt_relevance(model, patch, input_ids, target)
-        relevance, logit = ours(model, input_ids, target)
+        relevance, logit = ours(model, input_ids, target, method)
         if abs(logit - lxt_logit) > 1e-9 * max(1.0, abs(logit)):
             raise RuntimeError(f'{name}: the explained logits differ ({logit} against LXT {lxt_logit})')
         differences.append(((relevance - reference).abs().max() / reference.abs().max()).item())
@@ -146,6 +168,7 @@ def compare(name: str, model, inputs: list[torch.Tensor]) -> Parity:
         our_shares.append(relevance.sum().item() / logit)
     return Parity(
         name,
+        method,
         len(inputs),
         max(differences),
         min(cosines),
@@ -186,6 +209,7 @@ def smollm2(articles: int, tokens: int) -> tuple[torch.nn.Module, list[torch.Ten
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--models', nargs='+', default=[*TINY, 'smollm2'])
+    parser.add_argument('--methods', nargs='+', choices=list(METHODS), default=list(METHODS))
     parser.add_argument('--inputs', type=int, default=5, help='random inputs per tiny model')
     parser.add_argument('--articles', type=int, default=10, help='Wikipedia leads for SmolLM2')
     parser.add_argument('--tokens', type=int, default=32, help='tokens of each lead')
@@ -199,13 +223,17 @@ def main(argv=None) -> None:
     rows = []
     for name in args.models:
         model, inputs = smollm2(args.articles, args.tokens) if name == 'smollm2' else tiny(name, args.inputs)
-        parity = compare(name, model, inputs)
-        rows.append(parity)
-        print(json.dumps(vars(parity)), flush=True)
+        for method in args.methods:
+            parity = compare(name, method, model, inputs)
+            if parity is None:
+                print(f'LXT has no {method} map for {name}', flush=True)
+                continue
+            rows.append(parity)
+            print(json.dumps(vars(parity)), flush=True)
     lines = [
-        '| model | inputs | largest difference (of the largest relevance) | smallest cosine | LXT sum / logit '
+        '| model | method | inputs | largest difference (of the largest relevance) | smallest cosine | LXT sum / logit '
         '| zennit-attn sum / logit | seconds |',
-        '|---|---|---|---|---|---|---|',
+        '|---|---|---|---|---|---|---|---|',
         *(parity.row() for parity in rows),
         '',
         f'Command: `python benchmarks/lxt_parity.py {" ".join(argv if argv is not None else sys.argv[1:])}`; '
