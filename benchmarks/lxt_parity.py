@@ -17,12 +17,13 @@ patched classes and module, kept in both states), so that both run in one proces
 runs on the original classes.
 
 Models (:py:data:`TINY`): tiny random models of each architecture LXT has a map for, built from configurations in
-float64 (seeded; biases as the architecture has them; the zero-initialised weights drawn at random), and the real
-SmolLM2-135M-Instruct (:py:func:`zennit_attn.pretrained.load_smollm2`, cast to float64) on the leads of Wikipedia
-articles (``--articles``, ``--tokens``). Reported per model: the largest difference as a share of the largest
-relevance (over the models' inputs), the smallest cosine between the two relevance vectors, the relevance sums over
-the logit (the share each keeps: AttnLRP's softmax rule hands part of it to the softmax's bias) and whether LXT's
-patch covers the model.
+float64 (seeded; biases as the architecture has them; the zero-initialised weights drawn at random), torchvision's
+vision transformer as LXT's ViT example explains it (``torchvision_vit``: CP-LRP and zennit's gamma rules,
+:py:func:`vision_transformer`), and the real SmolLM2-135M-Instruct (:py:func:`zennit_attn.pretrained.load_smollm2`, cast
+to float64) on the leads of Wikipedia articles (``--articles``, ``--tokens``). Reported per model: the largest
+difference as a share of the largest relevance (over the models' inputs), the smallest cosine between the two relevance
+vectors, the relevance sums over the logit (the share each keeps: AttnLRP's softmax rule hands part of it to the
+softmax's bias); a model or method LXT has no map for is named and left out.
 
 Usage (LXT importable, e.g. its checkout on ``PYTHONPATH``; 1 thread)::
 
@@ -38,19 +39,24 @@ import os
 import sys
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import transformers
 from faithfulness import sample_articles
 from lxt.efficient import models as lxt_models
 from lxt.efficient import monkey_patch
-from lxt_speed import Patched
+from lxt_speed import VIT_GAMMAS, Patched, vit_patch
+from torchvision.models.vision_transformer import VisionTransformer
 from tqdm import tqdm
+from zennit.composites import LayerMapComposite
+from zennit.rules import Gamma
 
 from zennit_attn import explain
-from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon, CPLRPGamma
 from zennit_attn.pretrained import load_smollm2
 
 #: the tiny configurations: architecture -> (model class, configuration arguments); 2 layers, width 64, grouped
@@ -77,6 +83,8 @@ TINY = {
 }
 #: tokens of the random inputs of the tiny models
 TINY_TOKENS = 12
+#: the tiny torchvision vision transformer
+VIT_SHAPE = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10)
 #: the methods compared: name -> (the attribute of LXT's map in its model modules, zennit-attn's composite)
 METHODS = {'attnlrp': ('attnLRP', AttnLRPEpsilon), 'cplrp': ('cp_LRP', CPLRPEpsilon)}
 
@@ -128,38 +136,91 @@ def lxt_patch(model: torch.nn.Module, method: str) -> Patched | None:
     return Patched(attributes, lambda: monkey_patch(module, patch_map), module.ALL_ATTENTION_FUNCTIONS)
 
 
-def lxt_relevance(model, patch: Patched, input_ids: torch.Tensor, target: int) -> tuple[torch.Tensor, float]:
-    """LXT's relevance of the logit ``target`` at the last position, as its documentation computes it: the input
-    embeddings as the leaf, the backward of the logit, ``(embeddings * gradient).sum(-1)``."""
-    patch.apply(True)
-    try:
-        embeddings = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
-        logit = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1, target]
-        (gradient,) = torch.autograd.grad(logit, embeddings)
-    finally:
-        patch.apply(False)
-    return (embeddings * gradient).sum(-1)[0].detach(), logit.item()
+class Sides(NamedTuple):
+    """The three calls of one comparison, on one input: the explained class or token (``predict``), LXT's relevance
+    and logit, zennit-attn's relevance and logit (both ``(input, target) -> (relevance, logit)``)."""
+
+    predict: Callable
+    lxt: Callable
+    ours: Callable
 
 
-def ours(model, input_ids: torch.Tensor, target: int, method: str) -> tuple[torch.Tensor, float]:
-    """zennit-attn's relevance of the same logit, with the composite of ``method`` (:py:data:`METHODS`)."""
-    explanation = explain(model, input_ids, target=target, composite=METHODS[method][1]())
-    return explanation.relevance[0].detach(), explanation.logit.item()
-
-
-def compare(name: str, method: str, model, inputs: list[torch.Tensor]) -> Parity | None:
-    """Both relevances (``method``) of the argmax logit at the last position of each input of ``inputs``; None where
-    LXT has no map of ``method`` for the model."""
-    start = time.perf_counter()
+def language_model(model, method: str) -> Sides | None:
+    """The calls for a causal language model: the argmax logit at the last position; LXT's relevance as its
+    documentation computes it (the input embeddings as the leaf, the backward of the logit, ``(embeddings *
+    gradient).sum(-1)``) under its patch of ``method``; zennit-attn's with the composite of ``method``. None where LXT
+    has no map of ``method`` for the model."""
     patch = lxt_patch(model, method)
     if patch is None:
         return None
-    differences, cosines, lxt_shares, our_shares = [], [], [], []
-    for input_ids in tqdm(inputs, desc=f'{name} {method}', leave=False):
+
+    def predict(input_ids):
         with torch.no_grad():
-            target = int(model(input_ids=input_ids, use_cache=False).logits[0, -1].argmax())
-        reference, lxt_logit = lxt_relevance(model, patch, input_ids, target)
-        relevance, logit = ours(model, input_ids, target, method)
+            return int(model(input_ids=input_ids, use_cache=False).logits[0, -1].argmax())
+
+    def lxt(input_ids, target):
+        patch.apply(True)
+        try:
+            embeddings = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+            logit = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1, target]
+            (gradient,) = torch.autograd.grad(logit, embeddings)
+        finally:
+            patch.apply(False)
+        return (embeddings * gradient).sum(-1)[0].detach(), logit.item()
+
+    def ours(input_ids, target):
+        explanation = explain(model, input_ids, target=target, composite=METHODS[method][1]())
+        return explanation.relevance[0].detach(), explanation.logit.item()
+
+    return Sides(predict, lxt, ours)
+
+
+def vision_transformer(model, method: str) -> Sides | None:
+    """The calls for torchvision's vision transformer, as LXT's example explains it (``lxt_speed.vit_patch``: CP-LRP
+    in the attention, its only map for the ViT, and zennit's ``Gamma`` on the linear layers and the patch convolution,
+    :py:data:`lxt_speed.VIT_GAMMAS`, in the gradient x input form LXT patches into zennit) against
+    ``CPLRPGamma`` with the same gammas. torchvision's ``MultiheadAttention`` computes its projections with
+    ``F.linear`` on its own parameters, so zennit's rules of linear layers do not reach them under LXT:
+    ``attention_in=None, attention_out=None`` (the plain gradient there) is the same choice. The argmax class; the
+    relevance at the pixels, summed over the channels. None for AttnLRP (LXT has no AttnLRP map for it)."""
+    if method != 'cplrp':
+        return None
+    patch = vit_patch()
+    rules = [(torch.nn.Conv2d, Gamma(VIT_GAMMAS['conv'])), (torch.nn.Linear, Gamma(VIT_GAMMAS['linear']))]
+
+    def predict(pixels):
+        with torch.no_grad():
+            return int(model(pixels)[0].argmax())
+
+    def lxt(pixels, target):
+        patch.apply(True)
+        try:
+            leaf = pixels.detach().requires_grad_(True)
+            with LayerMapComposite(rules).context(model) as modified:
+                logit = modified(leaf)[0, target]
+                (gradient,) = torch.autograd.grad(logit, leaf)
+        finally:
+            patch.apply(False)
+        return (leaf * gradient).sum(1)[0].flatten().detach(), logit.item()
+
+    def ours(pixels, target):
+        composite = CPLRPGamma(
+            conv=Gamma(VIT_GAMMAS['conv']), linear=Gamma(VIT_GAMMAS['linear']), attention_in=None, attention_out=None
+        )
+        explanation = explain(model, pixels, target=target, composite=composite)
+        return explanation.relevance[0].flatten().detach(), explanation.logit.item()
+
+    return Sides(predict, lxt, ours)
+
+
+def compare(name: str, method: str, sides: Sides, inputs: list[torch.Tensor]) -> Parity:
+    """Both relevances (``method``) of the predicted logit of each input of ``inputs``."""
+    start = time.perf_counter()
+    differences, cosines, lxt_shares, our_shares = [], [], [], []
+    for item in tqdm(inputs, desc=f'{name} {method}', leave=False):
+        target = sides.predict(item)
+        reference, lxt_logit = sides.lxt(item, target)
+        relevance, logit = sides.ours(item, target)
         if abs(logit - lxt_logit) > 1e-9 * max(1.0, abs(logit)):
             raise RuntimeError(f'{name}: the explained logits differ ({logit} against LXT {lxt_logit})')
         differences.append(((relevance - reference).abs().max() / reference.abs().max()).item())
@@ -197,6 +258,20 @@ def tiny(architecture: str, inputs: int) -> tuple[torch.nn.Module, list[torch.Te
     return model, [torch.randint(3, vocabulary, (1, TINY_TOKENS), generator=generator) for _ in range(inputs)]
 
 
+def tiny_vit(inputs: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """torchvision's vision transformer, tiny (:py:data:`VIT_SHAPE`), in float64, its zero-initialised weights (the
+    class token, the head) drawn at random, and ``inputs`` seeded random images."""
+    torch.manual_seed(0)
+    model = VisionTransformer(**VIT_SHAPE).double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if not parameter.any():
+                parameter.normal_(0, 0.1)
+    generator = torch.Generator().manual_seed(1)
+    size = VIT_SHAPE['image_size']
+    return model, [torch.randn(1, 3, size, size, generator=generator, dtype=torch.float64) for _ in range(inputs)]
+
+
 def smollm2(articles: int, tokens: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     """SmolLM2-135M-Instruct in float64 (eager attention; LXT wraps every attention function of transformers'
     registry alike) and the first ``tokens`` tokens of ``articles`` Wikipedia leads, sampled as the faithfulness
@@ -208,7 +283,7 @@ def smollm2(articles: int, tokens: int) -> tuple[torch.nn.Module, list[torch.Ten
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--models', nargs='+', default=[*TINY, 'smollm2'])
+    parser.add_argument('--models', nargs='+', default=[*TINY, 'torchvision_vit', 'smollm2'])
     parser.add_argument('--methods', nargs='+', choices=list(METHODS), default=list(METHODS))
     parser.add_argument('--inputs', type=int, default=5, help='random inputs per tiny model')
     parser.add_argument('--articles', type=int, default=10, help='Wikipedia leads for SmolLM2')
@@ -222,12 +297,18 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     rows = []
     for name in args.models:
-        model, inputs = smollm2(args.articles, args.tokens) if name == 'smollm2' else tiny(name, args.inputs)
+        if name == 'smollm2':
+            model, inputs = smollm2(args.articles, args.tokens)
+        elif name == 'torchvision_vit':
+            model, inputs = tiny_vit(args.inputs)
+        else:
+            model, inputs = tiny(name, args.inputs)
         for method in args.methods:
-            parity = compare(name, method, model, inputs)
-            if parity is None:
+            sides = (vision_transformer if name == 'torchvision_vit' else language_model)(model, method)
+            if sides is None:
                 print(f'LXT has no {method} map for {name}', flush=True)
                 continue
+            parity = compare(name, method, sides, inputs)
             rows.append(parity)
             print(json.dumps(vars(parity)), flush=True)
     lines = [
