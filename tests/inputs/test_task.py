@@ -10,6 +10,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
+import transformers
 from transformers import BatchEncoding
 
 from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
@@ -228,6 +229,41 @@ def test_image_inputs():
         explain(model, x[0, 0])
     with pytest.raises(TypeError, match='takes pixels'):
         explain(model, 'a picture')
+
+
+def test_pixels_in_another_layout_are_refused_by_their_channels():
+    """A 3-D pixel tensor is one image [channels, height, width] only where its channels are the model's: SigLIP 2
+    takes flattened patches [batch, patches, features] (with spatial_shapes), which a batch axis in front turned into
+    an error inside transformers."""
+    model, x = tiny_hf_vit(), pixels(1)
+    torch.testing.assert_close(
+        explain(model, x[0], method='cplrp').pixel_relevance, explain(model, x, method='cplrp').pixel_relevance
+    )
+    patches = x.reshape(1, x.shape[1], -1).transpose(1, 2)  # [1, height * width, channels]: not [C, H, W]
+    for wrong in (patches, x[:, :1]):
+        with pytest.raises(ValueError, match=f'with the {x.shape[1]} channels ViTForImageClassification takes'):
+            explain(model, wrong)
+
+
+def test_audio_and_other_float_inputs_are_refused_by_name():
+    """A model whose main input is neither token ids nor pixels (wav2vec 2.0's input_values) is refused naming it,
+    not as ids of the wrong dtype."""
+    config = transformers.Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        conv_dim=(8, 8),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_feat_extract_layers=2,
+        num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2,
+        num_labels=2,
+    )
+    model = transformers.Wav2Vec2ForSequenceClassification(config).eval()
+    with pytest.raises(UnsupportedModelError, match=r"takes 'input_values' \(a float tensor, here of shape \(1, 400\)"):
+        explain(model, torch.randn(1, 400))
 
 
 def test_image_models_refuse_token_arguments_and_use_model_kwargs():

@@ -33,6 +33,8 @@ __all__ = [
     'keeps_left_padding',
     'check_left_padding',
     'is_image_model',
+    'image_channels',
+    'check_input_kind',
     'check_model',
     'offloaded_modules',
     'rule_hooks',
@@ -309,6 +311,37 @@ def is_image_model(model: torch.nn.Module) -> bool:
         return main_input == 'pixel_values'
     getter = getattr(model, 'get_input_embeddings', None)
     return not (callable(getter) and isinstance(getter(), torch.nn.Embedding))
+
+
+def image_channels(model: torch.nn.Module) -> int | None:
+    """The number of colour channels a Hugging Face image model takes (``config.num_channels``, or its vision
+    tower's), None where its configuration does not say (timm models)."""
+    config = getattr(model, 'config', None)
+    for source in (config, getattr(config, 'vision_config', None)):
+        channels = getattr(source, 'num_channels', None)
+        if isinstance(channels, int):
+            return channels
+    return None
+
+
+def check_input_kind(model: torch.nn.Module, inputs) -> None:
+    """Refuse a floating-point input of a model that is neither explained at token ids nor at pixels: one whose main
+    input (``main_input_name``) is audio (``input_values``, ``input_features``) or a preprocessed array (Perceiver's
+    ``inputs``).
+
+    Raises
+    ------
+    UnsupportedModelError
+        Naming the model, its main input and what zennit-attn explains.
+    """
+    main = getattr(model, 'main_input_name', 'input_ids')
+    if main in ('input_ids', 'pixel_values') or not (isinstance(inputs, torch.Tensor) and inputs.is_floating_point()):
+        return
+    raise UnsupportedModelError(
+        f'{type(model).__name__} takes {main!r} (a float tensor, here of shape {tuple(inputs.shape)}): zennit-attn '
+        'explains language models at their token ids and image classifiers at pixel_values [batch, channels, height, '
+        "width]; this kind of input (audio values or features, Perceiver's preprocessed inputs) is not supported"
+    )
 
 
 def check_model(model: torch.nn.Module, modules: Modules | None = None) -> ModelFacts:

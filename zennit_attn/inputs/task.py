@@ -27,12 +27,14 @@ from ..core.modules import forward_parameters, output_scores
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
     check_ids,
+    check_input_kind,
     check_left_padding,
     check_length,
     check_model,
     check_vocabulary,
     check_word_embeddings,
     explained_positions,
+    image_channels,
     is_causal,
     is_image_model,
     split_encoding,
@@ -628,12 +630,15 @@ class ImageTask(Task):
                 f'width], got {type(pixels).__name__}'
             )
         pixels = torch.as_tensor(pixels, device=self.device)
-        if pixels.dim() == 3:
+        channels = image_channels(model)
+        if pixels.dim() == 3 and channels in (None, pixels.shape[0]):
             pixels = pixels[None]
-        if pixels.dim() != 4:
+        if pixels.dim() != 4 or pixels.shape[1] != (channels or pixels.shape[1]):
             raise ValueError(
-                f'pixels must be [batch, channels, height, width] (or [channels, height, width]), got '
-                f'shape {tuple(pixels.shape)}'
+                f'pixels must be [batch, channels, height, width] (or [channels, height, width])'
+                f'{"" if channels is None else f" with the {channels} channels {type(model).__name__} takes"}, got '
+                f'shape {tuple(pixels.shape)}: other layouts (flattened patches, as SigLIP 2 takes them with '
+                'spatial_shapes) are not supported'
             )
         if not pixels.is_floating_point():
             raise ValueError(
@@ -749,4 +754,5 @@ def make_task(
         if unused:
             raise ValueError(f'{type(model).__name__} classifies images: {", ".join(unused)} do not apply to it')
         return ImageTask(model, inputs, model_kwargs)
+    check_input_kind(model, inputs)
     return TokenTask(model, inputs, attention_mask, model_kwargs, decoder_input_ids)
