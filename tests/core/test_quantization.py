@@ -26,9 +26,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from zennit_attn import explain
+from zennit_attn.composites import AttnLRPEpsilon
 from zennit_attn.core import UnsupportedModelError
 from zennit_attn.core.quantization import (
     UnsupportedQuantizationError,
+    packed_for_cpu,
     quantization_of,
     unexplained_quantized,
 )
@@ -309,3 +311,45 @@ def test_bitsandbytes_4bit_on_a_device_without_its_kernels_refused(monkeypatch, 
     monkeypatch.setattr(quantization, 'bitsandbytes_supports', lambda device: device != 'cpu' and supported(device))
     path, why = unexplained_quantized(model)['bitsandbytes.nn.modules.Linear4bit']
     assert path == '0' and "no 4-bit kernel for the 'cpu' device" in why and 'kernels here: none' in why
+
+
+@needs_bnb
+def test_bitsandbytes_4bit_packed_for_cpu_inference_is_unpacked_for_gradients(saved, ids, reference):
+    """On a CPU with AVX-512 BF16 bitsandbytes packs 4-bit weights for a kernel without gradient in its first pass
+    without gradients: explained after generate() or torch.no_grad(), a Llama gave its tokens no relevance but the
+    explained one's own (the residual stream), under every method. zennit-attn's own passes without gradients (the
+    checks' probes, the plain pass of Integrated Gradients) no longer pack a model; a packed one is unpacked."""
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.float32)
+    model = load(saved, config)
+    layers = [module for module in model.modules() if quantization_of(module) == 'bitsandbytes 4-bit']
+    if not getattr(layers[0], 'support_avx512bf16_for_cpu', False):
+        pytest.skip('bitsandbytes packs 4-bit weights only on CPUs with AVX-512 BF16')
+    fresh = explain_quietly(model, ids).relevance
+    integrated = explain(model, ids, target=TARGET, method='integrated_gradients', steps=4).relevance
+    assert not any(packed_for_cpu(layer) for layer in layers)  # explain() ran no pass that packs the model
+    with torch.no_grad():
+        model(input_ids=ids)  # as generate() does
+    assert all(packed_for_cpu(layer) for layer in layers)
+    packed = explain_quietly(model, ids).relevance
+    assert not any(packed_for_cpu(layer) for layer in layers)
+    # the packed model's scales are rounded to bfloat16 (its first pass changed the model, as bitsandbytes does in every
+    # such pass): the same model to 4-bit precision, with every token relevant
+    assert relative_error(packed, fresh) <= 0.2 and bool((packed[:, :-1].abs() > 0).all())
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert (
+        relative_error(explain(model, ids, target=TARGET, method='integrated_gradients', steps=4).relevance, integrated)
+        <= 0.2
+    )
+    with torch.no_grad():
+        model(input_ids=ids)
+    with AttnLRPEpsilon().context(model) as modified:
+        assert not any(packed_for_cpu(layer) for layer in layers)
+        embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+        logit = modified(inputs_embeds=embeddings, use_cache=False).logits[:, -1, TARGET]
+        (relevance,) = torch.autograd.grad(logit, embeddings, grad_outputs=logit.detach())
+    assert all(layer.support_avx512bf16_for_cpu for layer in layers)  # the setting restored on exit
+    # each packing rounds the scales anew: compare with explain() of the model as the context left it
+    torch.testing.assert_close(relevance.sum(-1), explain_quietly(model, ids).relevance, rtol=1e-5, atol=1e-7)

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+import transformers
 
 from tests.architectures import tiny_architecture
 from tests.models import tiny_model, two_tables
@@ -228,3 +229,43 @@ def test_a_table_given_the_ids_that_looks_up_positions_is_not_a_table_of_the_ids
     torch.testing.assert_close(explanation.relevance, explanation.embedding_relevance.sum(-1), rtol=0, atol=0)
     with torch.no_grad():
         torch.testing.assert_close(explanation.logit[0], model(ids).logits[0, -1, explanation.target[0]])
+
+
+@pytest.mark.parametrize('family', ['gpt2', 'llama'])
+def test_a_decoder_classifier_is_explained_at_the_token_it_pools(family):
+    """Transformers' sequence classifiers of decoders score the last token that is not padding, which they find in the
+    ids; on embeddings they score the last position. Run on the embeddings, a right-padded row (or any row ending in
+    the pad token, GPT-2's end of text where that is its pad) was explained at a pad: another logit, 9% of it in the
+    relevance (GPT-2). The model is now run on its ids (:py:func:`~zennit_attn.inputs.checks.reads_ids`): the logit
+    the model gives, and each row's relevance its own, under CP-LRP with zero biases summing to it."""
+    model = tiny_model(family, 'seq_cls', pad_token_id=0)
+    zero_biases(model)
+    pad = model.config.pad_token_id
+    assert 'pad token (0) ends the input' in needs_ids(model, model.get_input_embeddings())
+    row = torch.tensor([[5, 9, 17, 23, 31]])
+    padded = torch.cat([torch.cat([row, torch.full((1, 3), pad)], 1), torch.tensor([[5, 9, 17, 23, 31, 40, 44, 50]])])
+    mask = (padded != pad).long()
+    with torch.no_grad():
+        logits = model(input_ids=padded, attention_mask=mask).logits
+        ending = torch.cat([row, torch.full((1, 1), pad)], 1)
+        own = model(input_ids=ending).logits
+    batch = explain(model, padded, attention_mask=mask, target=torch.tensor([1, 0]), method='cplrp')
+    alone = explain(model, row, target=1, method='cplrp')
+    torch.testing.assert_close(batch.logit, logits[[0, 1], [1, 0]], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(batch.relevance[0, :5], alone.relevance[0], rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(batch.relevance.sum(1), batch.logit, rtol=1e-9, atol=1e-14)
+    single = explain(model, ending, target=0, method='cplrp')  # one row that ends in the pad token, no mask
+    torch.testing.assert_close(single.logit, own[:, 0], rtol=1e-12, atol=1e-14)
+
+
+def test_a_classifier_that_takes_logits_to_keep_keeps_its_positions():
+    """BioGPT's sequence classifier takes ``logits_to_keep``, which explain() passes to language-model heads only:
+    given to the classifier, it left one position to pool from (an IndexError)."""
+    config = tiny_config(transformers.BioGptConfig)
+    config.num_labels, config.pad_token_id = 3, 0
+    model = transformers.BioGptForSequenceClassification(config).double().eval()
+    ids = torch.tensor([[5, 9, 17, 23, 31, 40, 44, 50]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    explanation = explain(model, ids, target=2, method='cplrp')
+    torch.testing.assert_close(explanation.logit, logits[:, 2], rtol=1e-12, atol=1e-14)

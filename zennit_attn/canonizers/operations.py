@@ -44,7 +44,7 @@ from ..core.audit import Audit
 from ..core.errors import UnsupportedModelError
 from ..core.kinds import is_activation, model_configs, norm_kind
 from ..core.modules import Modules
-from ..core.quantization import quantization_of
+from ..core.quantization import four_bit_layers, quantization_of, unpack_for_gradients
 from ..operations.calls import tensors_of
 from ..operations.classifier import Classifier
 from ..operations.marks import ACTIVATED, Mark, Marks
@@ -280,6 +280,9 @@ class OperationCanonizer(Canonizer):
             opaque, mixer, setting, gate = classes[cls]
             if setting is not None:
                 self._set(module, setting[0], setting[1](module))
+            for layer in four_bit_layers([module]):  # a CPU inference kernel without gradient: unpacked, held off
+                unpack_for_gradients([layer])
+                self._set(layer, 'support_avx512bf16_for_cpu', False)
             opaque = opaque and module is not model  # the model's own rule is the relevance boundary
             if opaque or mixer or gate:
                 self._hook(module, opaque or gate, mixer, gate)

@@ -12,6 +12,15 @@ weights define. Verified here (bitsandbytes 0.50.2 on the CPU, torchao 0.18, tor
   stays a :py:class:`torch.nn.Linear` whose weight is a torchao tensor subclass;
 - GGUF files loaded by transformers (``gguf_file=``) are dequantised on loading: a plain float model.
 
+On a CPU with AVX-512 BF16, bitsandbytes packs a 4-bit layer's weights for a faster kernel in its first forward pass
+without gradients (``generate()``, ``torch.no_grad()``), and that kernel passes no gradient: the relevance of every
+such layer would be lost (a Llama then gave its tokens no relevance but the explained one's own, through the residual
+stream). :py:func:`unpack_for_gradients` undoes the packing before a pass with gradients (bitsandbytes' own unpacking,
+which it runs to save the layer; it packs them again in its next pass without gradients). Packing rounds the
+weights' scales to bfloat16, so a packed model is another model than before: zennit-attn's own passes without
+gradients (the checks' probes) and the engine's context hold the packing off (:py:func:`cpu_packing_held`), and a model
+is changed only where its user's passes packed it.
+
 Any other module that holds integer weights (``torch.ao`` dynamic/static quantization, GPTQ/AWQ/HQQ-style
 ``QuantLinear`` layers with ``qweight`` buffers, ...) is refused by :py:func:`check_quantized` with the module's
 class and path: their kernels have no backward pass, or one nobody verified here, and a layer that passes no
@@ -20,7 +29,9 @@ gradient would silently drop the relevance of its branch (the residual stream st
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -34,6 +45,10 @@ __all__ = [
     'check_quantized',
     'bitsandbytes_supports',
     'bitsandbytes_devices',
+    'packed_for_cpu',
+    'unpack_for_gradients',
+    'four_bit_layers',
+    'cpu_packing_held',
 ]
 
 #: Qualified names of quantized linear classes (and their subclasses) whose forward is the linear map of their
@@ -164,3 +179,57 @@ def check_quantized(model: torch.nn.Module) -> None:
         'quantize_dynamic), or quantize with bitsandbytes (BitsAndBytesConfig(load_in_8bit=True) / load_in_4bit) or '
         'torchao weight-only int8 (TorchAoConfig(Int8WeightOnlyConfig())), whose layers are explained.'
     )
+
+
+def packed_for_cpu(module: torch.nn.Module) -> bool:
+    """Whether bitsandbytes packed the 4-bit weights of ``module`` for its CPU inference kernel, which passes no
+    gradient (see the module's description)."""
+    state = getattr(getattr(module, 'weight', None), 'quant_state', None)
+    return quantization_of(module) == 'bitsandbytes 4-bit' and bool(getattr(state, 'packing_format_for_cpu', False))
+
+
+def unpack_for_gradients(modules: Iterable[torch.nn.Module]) -> None:
+    """Undo bitsandbytes' packing of 4-bit weights for CPU inference in ``modules`` (:py:func:`packed_for_cpu`), so
+    that a pass with gradients goes through them: bitsandbytes unpacks a layer's weights to save it
+    (``state_dict()``), to the same values; it packs them again in its next pass without gradients.
+
+    Raises
+    ------
+    UnsupportedQuantizationError
+        Where the weights stay packed (an installed bitsandbytes that saves them otherwise), naming the layer.
+    """
+    for module in modules:
+        if not packed_for_cpu(module):
+            continue
+        module.state_dict()  # bitsandbytes' _save_to_state_dict unpacks the weights in place
+        if packed_for_cpu(module):
+            raise UnsupportedQuantizationError(
+                f'bitsandbytes packed the 4-bit weights of a {type(module).__name__} for its CPU inference kernel, '
+                'which passes no gradient, and they could not be unpacked: reload the model and explain it before '
+                'running it without gradients (generate(), torch.no_grad()), or run it on a GPU'
+            )
+
+
+def four_bit_layers(modules: Iterable[torch.nn.Module]) -> list[torch.nn.Module]:
+    """The bitsandbytes 4-bit layers among ``modules`` that may pack their weights for CPU inference."""
+    return [
+        module
+        for module in modules
+        if quantization_of(module) == 'bitsandbytes 4-bit' and 'support_avx512bf16_for_cpu' in vars(module)
+    ]
+
+
+@contextlib.contextmanager
+def cpu_packing_held(layers: Iterable[torch.nn.Module]) -> Iterator[None]:
+    """bitsandbytes' packing of 4-bit weights for CPU inference held off in ``layers`` (:py:func:`four_bit_layers`)
+    for the time of the context (their ``support_avx512bf16_for_cpu`` set to False, then as it was): passes without
+    gradients that zennit-attn runs do not change the model (see the module's description)."""
+    layers = list(layers)
+    saved = [module.support_avx512bf16_for_cpu for module in layers]
+    for module in layers:
+        module.support_avx512bf16_for_cpu = False
+    try:
+        yield
+    finally:
+        for module, value in zip(layers, saved):
+            module.support_avx512bf16_for_cpu = value

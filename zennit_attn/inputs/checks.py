@@ -23,19 +23,22 @@ from ..composites import AttnLRPComposite, refuse_compiled, rule_hooks
 from ..core.devices import input_device
 from ..core.errors import UnsupportedModelError
 from ..core.modules import Modules, forward_parameters, output_scores
-from ..core.quantization import check_quantized
+from ..core.quantization import check_quantized, cpu_packing_held, four_bit_layers, unpack_for_gradients
 
 __all__ = [
     'ModelFacts',
     'model_facts',
     'is_causal',
     'sees_later_tokens',
+    'reads_ids',
     'keeps_left_padding',
     'check_left_padding',
     'is_image_model',
     'image_channels',
     'check_input_kind',
     'check_model',
+    'bitsandbytes_layers',
+    'unpack_quantized',
     'offloaded_modules',
     'rule_hooks',
     'as_integer',
@@ -151,6 +154,50 @@ def is_causal(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool:
     return facts.known('causal', lambda: _is_causal(model, facts))
 
 
+def reads_ids(model: torch.nn.Module, facts: ModelFacts | None = None) -> str | None:
+    """Why ``model`` computes another output from its token ids than from their embeddings, None where it computes
+    the same, by experiment: the model (without gradients) on three ordinary tokens followed by its pad token, once
+    given as ``input_ids`` and once as ``inputs_embeds`` (their word embeddings). Transformers' sequence classifiers
+    of decoders take the score of the last token that is not padding, which they find in the ids, and of the last
+    position on embeddings: another logit wherever an input ends in the pad token (a right-padded row, or any text
+    ending in GPT-2's end-of-text token where that is the pad token). Cost: two forward passes of four tokens, once per
+    model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as for :py:func:`is_causal`).
+
+    None also where it cannot be told: no pad token in the configuration, an encoder-decoder, a model without a token
+    table, a forward without ``inputs_embeds`` or that fails on the probe.
+    """
+    facts = model_facts(model) if facts is None else facts
+    return facts.known('reads ids', lambda: _reads_ids(model))
+
+
+def _reads_ids(model: torch.nn.Module) -> str | None:
+    ids = _probe_ids(model)
+    config = getattr(model, 'config', None)
+    text_config = config.get_text_config() if callable(getattr(config, 'get_text_config', None)) else config
+    pad = getattr(text_config, 'pad_token_id', None)
+    if ids is None or not isinstance(pad, int) or 'inputs_embeds' not in forward_parameters(model):
+        return None
+    ids = torch.cat([ids, torch.full_like(ids[:, :1], pad)], -1)
+    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
+    try:
+        with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
+            on_ids = output_scores(model(input_ids=ids, **kwargs))
+            on_embeddings = output_scores(model(inputs_embeds=model.get_input_embeddings()(ids), **kwargs))
+    except Exception:  # not decided here
+        return None
+    if not (isinstance(on_ids, torch.Tensor) and isinstance(on_embeddings, torch.Tensor)):
+        return None
+    if on_ids.shape == on_embeddings.shape:
+        scale = max(float(on_ids.double().abs().max()), torch.finfo(torch.float64).tiny)
+        difference = float((on_ids.double() - on_embeddings.double()).abs().max())
+        if difference <= _ROUNDING * torch.finfo(on_ids.dtype).eps * scale:
+            return None
+    return (
+        f'its output on the ids differs from its output on their embeddings where its pad token ({pad}) ends the input '
+        '(a head that scores the last token that is not padding, or positions counted from the padding)'
+    )
+
+
 def _is_causal(model: torch.nn.Module, facts: ModelFacts) -> bool:
     if any(getattr(module, 'is_causal', False) is True for module in model.modules()):
         return True
@@ -204,7 +251,7 @@ def _probe_outputs(base: torch.nn.Module, runs: list[dict]) -> list[torch.Tensor
     decoder input) or an output is not a tensor with an output per position."""
     kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(base) else {}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), cpu_packing_held(four_bit_layers(base.modules())):
             outputs = [output_scores(base(**run, **kwargs)) for run in runs]
     except Exception:  # not decided here
         return None
@@ -344,6 +391,20 @@ def check_input_kind(model: torch.nn.Module, inputs) -> None:
     )
 
 
+def bitsandbytes_layers(model: torch.nn.Module, facts: ModelFacts, modules: Modules | None = None) -> list:
+    """The model's bitsandbytes 4-bit layers (:py:func:`~zennit_attn.core.quantization.four_bit_layers`), a fact of
+    the model (``modules``: ``list(model.named_modules())`` where the caller has walked them)."""
+    walked = model.named_modules() if modules is None else modules
+    return facts.known('bitsandbytes 4-bit layers', lambda: four_bit_layers(module for _, module in walked))
+
+
+def unpack_quantized(model: torch.nn.Module, facts: ModelFacts, modules: Modules | None = None) -> None:
+    """Undo bitsandbytes' packing of the model's 4-bit weights for CPU inference, whose kernel passes no gradient
+    (:py:func:`~zennit_attn.core.quantization.unpack_for_gradients`; it packs them in a pass without gradients that
+    its user ran: ``generate()``, ``torch.no_grad()``); unpacking runs where one is packed."""
+    unpack_for_gradients(bitsandbytes_layers(model, facts, modules))
+
+
 def check_model(model: torch.nn.Module, modules: Modules | None = None) -> ModelFacts:
     """Refuse what would give a wrong or no explanation, and return the model's :py:class:`ModelFacts`.
 
@@ -392,6 +453,7 @@ def check_model(model: torch.nn.Module, modules: Modules | None = None) -> Model
         refuse_compiled(model, modules=modules)  # names the compiled module and what to explain instead
     facts = model_facts(model, modules)
     facts.known('quantization', lambda: check_quantized(model))
+    unpack_quantized(model, facts, modules)
     if any(module._forward_pre_hooks or module._forward_hooks for _, module in modules):
         _refuse_rule_hooks(model, modules)
     training = next((name for name, module in modules if module.training), None)

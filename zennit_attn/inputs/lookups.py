@@ -22,8 +22,9 @@ import torch
 
 from ..core.devices import input_device
 from ..core.modules import forward_parameters
+from ..core.quantization import cpu_packing_held, four_bit_layers
 from ..rules.boundary import input_relevance
-from .checks import ModelFacts, model_facts
+from .checks import ModelFacts, model_facts, reads_ids
 
 __all__ = ['id_tables', 'needs_ids', 'TokenLookups']
 
@@ -116,7 +117,7 @@ def _search_id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> l
     try:
         # _Found: each candidate looked up; another error: the model needs more than the ids (images, a decoder
         # input), and the tables are those looked up before it
-        with torch.no_grad(), contextlib.suppress(Exception):
+        with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())), contextlib.suppress(Exception):
             model(input_ids=ids, **kwargs)
     finally:
         for handle in handles:
@@ -152,7 +153,9 @@ def needs_ids(
     (:py:func:`id_tables`; per-layer embeddings: Gemma 3n run on ``inputs_embeds`` leaves them out or recovers the ids
     from the embeddings, so that their lookups would be constants), or if a module inside it takes ``input_ids``
     without an ``inputs_embeds`` alternative (routing by token id; also the scaled word embeddings of the Gemma
-    models, whose forward names its argument so). Encoder-decoder models are run on embeddings (their decoder's table
+    models, whose forward names its argument so), or if its output on the ids differs from its output on their
+    embeddings (:py:func:`~zennit_attn.inputs.checks.reads_ids`: sequence classifiers that pool at the last token that
+    is not padding). Encoder-decoder models are run on embeddings (their decoder's table
     is the decoder's input, not a second table of the encoder's tokens).
 
     Parameters
@@ -176,7 +179,7 @@ def needs_ids(
     tables = id_tables(model, word, facts) if tables is None else tables
     if tables:
         return f'it looks the token ids up in {tables[0][0]!r} too'
-    return facts.known('module taking ids', lambda: _module_taking_ids(model))
+    return facts.known('module taking ids', lambda: _module_taking_ids(model)) or reads_ids(model, facts)
 
 
 def _module_taking_ids(model: torch.nn.Module) -> str | None:

@@ -24,8 +24,10 @@ import torch
 
 from ..core.devices import input_device, to_device
 from ..core.modules import forward_parameters, output_scores
+from ..core.quantization import cpu_packing_held
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
+    bitsandbytes_layers,
     check_ids,
     check_input_kind,
     check_left_padding,
@@ -256,8 +258,9 @@ class Task:
         return scores[index, positions]
 
     def resolve_plain(self, position=-1, target: TargetLike = None) -> torch.Tensor:
-        """:py:meth:`resolve` from a plain forward pass without gradients."""
-        with torch.no_grad():
+        """:py:meth:`resolve` from a plain forward pass without gradients (bitsandbytes' packing of 4-bit weights for
+        CPU inference held off: the gradient passes after it go through them)."""
+        with torch.no_grad(), cpu_packing_held(bitsandbytes_layers(self.model, self.facts, self.modules)):
             return self.resolve(self.forward(self.inputs), position, target)
 
     # ------------------------------------------------------------------------------------------ tokens and features
@@ -481,16 +484,21 @@ class TokenTask(Task):
 
     def keep_logits(self, position=-1, target: TargetLike = None) -> dict:
         """Restrict the model's language-model head to the explained positions: ``{'logits_to_keep': positions}``
-        for models whose forward takes ``logits_to_keep`` (Hugging Face ``...ForCausalLM``), ``{}`` otherwise.
+        for models with a language-model head (``get_output_embeddings()``) whose forward takes ``logits_to_keep``
+        (Hugging Face ``...ForCausalLM``), ``{}`` otherwise (a sequence classifier that takes it, BioGPT's, would pool
+        the score of a position it no longer has).
 
         The head's output at other positions does not reach the explained logits, so the relevance is unchanged;
         the head's forward and backward (a third of the FLOPs of a small Llama) and the ``[batch, seq, vocab]``
         logits with their gradient are skipped."""
+        heads = getattr(self.model, 'get_output_embeddings', None)
         if (
             not self.readout.model_output
             or self.decoder_embeddings is not None
             or 'logits_to_keep' in self.model_kwargs
             or 'logits_to_keep' not in forward_parameters(self.model)
+            or not callable(heads)
+            or heads() is None
         ):
             return {}
         pairs = target_pairs(target)
