@@ -54,6 +54,7 @@ from torch.overrides import TorchFunctionMode
 from .core.blocks import NoBlocksError, block_stacks
 from .core.devices import input_device
 from .core.kinds import LINEARS, is_activation, model_configs, norm_kind
+from .core.modules import is_encoder_decoder
 from .operations.calls import signature, tensors_of
 from .operations.registry import OPERATIONS, op_name
 
@@ -446,7 +447,7 @@ def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {'pixel_values': _image(vision.num_channels, vision.image_size, device, dtype)}
     if main == 'input_ids' and config is not None:
         inputs = {'input_ids': _token_ids(model, config, EXAMPLE_TOKENS, device)}
-        if getattr(config, 'is_encoder_decoder', False):
+        if is_encoder_decoder(model):
             inputs['decoder_input_ids'] = _token_ids(model, config, EXAMPLE_DECODER_TOKENS, device)
         return inputs
     raise StructureError(
@@ -828,14 +829,13 @@ def discover(model: torch.nn.Module, inputs=None) -> ModelStructure:
             _attention_op(trace, operation, consumers.projections.get(id(operation), [])) for operation in operations
         )
     ran = [(path, blocks) for path, blocks in stacks if all(id(block) in trace.ran for block in blocks)]
-    config = getattr(model, 'config', None)
     return ModelStructure(
         name=type(model).__name__,
         stacks=ran,
         attention=attention,
         down_projections={key: tuple(modules) for key, modules in consumers.down.items()},
         routed_experts=frozenset(trace.routing),
-        input_keys=EXAMPLE_TOKENS if getattr(config, 'is_encoder_decoder', False) else None,
+        input_keys=EXAMPLE_TOKENS if is_encoder_decoder(model) else None,
     )
 
 

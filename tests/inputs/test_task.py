@@ -16,9 +16,10 @@ from transformers import BatchEncoding
 from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.core.errors import UnsupportedModelError
-from zennit_attn.core.modules import forward_parameters
+from zennit_attn.core.modules import forward_parameters, is_encoder_decoder
 from zennit_attn.inputs.checks import is_image_model
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
+from zennit_attn.workflows.architecture_check.configs import tiny_config as architecture_tiny_config
 
 
 @pytest.fixture(scope='module')
@@ -359,3 +360,21 @@ def test_forward_parameters_keep_no_wrapped_module_alive():
     del layer
     gc.collect()
     assert reference() is None
+
+
+def test_an_encoder_whose_configuration_says_encoder_decoder_has_no_decoder():
+    """Transformers' UMT5 token classifier keeps ``is_encoder_decoder=True`` from the T5 configuration, but it is an
+    encoder with a classifier: explain() gave it decoder inputs (swallowed by its ``**kwargs``) and read the default
+    position from the decoder's, the last one, so a right-padded row was explained at a pad (3.2 for the row's -1.47).
+    Whether a model is an encoder-decoder is now also what its forward takes (``core.modules.is_encoder_decoder``)."""
+    config = architecture_tiny_config(transformers.UMT5Config)
+    config.num_labels, config.pad_token_id = 3, 0
+    model = transformers.UMT5ForTokenClassification(config).double().eval()
+    assert config.is_encoder_decoder and not is_encoder_decoder(model)
+    ids = torch.tensor([[7, 11, 13, 19, 29, 37, 41, 43], [5, 9, 17, 23, 31, 0, 0, 0]])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    explanation = explain(model, ids, attention_mask=mask, target=0, method='cplrp')
+    assert explanation.position.tolist() == [7, 4] and explanation.decoder_input_ids is None
+    torch.testing.assert_close(explanation.logit, logits[[0, 1], [7, 4], 0], rtol=1e-12, atol=1e-14)

@@ -1,6 +1,6 @@
 """Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
-:py:func:`forward_parameters` (what a module's forward takes), :py:func:`output_scores` and :py:data:`Modules` (one
-walk over a model's modules, shared by what a call does with them)."""
+:py:func:`forward_parameters` (what a module's forward takes), :py:func:`is_encoder_decoder`, :py:func:`output_scores`
+and :py:data:`Modules` (one walk over a model's modules, shared by what a call does with them)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:
     if function is not None and getattr(type(module), 'forward', None) is function:
         return _parameters(function)[1:]  # the method's ``self``
     return _signature(forward)
+
+
+def is_encoder_decoder(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is an encoder-decoder model: its configuration says so (``is_encoder_decoder``) and its
+    forward takes a decoder input. The configuration alone is not enough: transformers' UMT5 token classifier keeps
+    ``is_encoder_decoder=True`` from the T5 configuration although it is an encoder with a classifier (a decoder input
+    would be swallowed by its ``**kwargs``, and positions read from a decoder that does not exist)."""
+    if not getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        return False
+    parameters = forward_parameters(model)
+    return 'decoder_input_ids' in parameters or 'decoder_inputs_embeds' in parameters
 
 
 def _signature(function) -> tuple[str, ...]:

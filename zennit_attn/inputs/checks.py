@@ -22,7 +22,7 @@ from transformers import PreTrainedConfig
 from ..composites import AttnLRPComposite, refuse_compiled, rule_hooks
 from ..core.devices import input_device
 from ..core.errors import UnsupportedModelError
-from ..core.modules import Modules, forward_parameters, output_scores
+from ..core.modules import Modules, forward_parameters, is_encoder_decoder, output_scores
 from ..core.quantization import check_quantized, cpu_packing_held, four_bit_layers, unpack_for_gradients
 
 __all__ = [
@@ -222,9 +222,8 @@ def sees_later_tokens(model: torch.nn.Module, facts: ModelFacts | None = None) -
 def _probe_ids(model: torch.nn.Module) -> torch.Tensor | None:
     """The two rows of three tokens :py:func:`sees_later_tokens` runs the model on, None for a model that cannot be
     asked (an encoder-decoder, no token table)."""
-    config = getattr(model, 'config', None)
     getter = getattr(model, 'get_input_embeddings', None)
-    if getattr(config, 'is_encoder_decoder', False) or not callable(getter):
+    if is_encoder_decoder(model) or not callable(getter):
         return None
     try:
         table = getter()

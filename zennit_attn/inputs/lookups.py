@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import torch
 
 from ..core.devices import input_device
-from ..core.modules import forward_parameters
+from ..core.modules import forward_parameters, is_encoder_decoder
 from ..core.quantization import cpu_packing_held, four_bit_layers
 from ..rules.boundary import input_relevance
 from .checks import ModelFacts, model_facts, reads_ids
@@ -90,7 +90,7 @@ def _candidate_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> l
 def _search_id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> list[tuple[str, torch.nn.Module]]:
     """:py:func:`id_tables` found by running the model (see there)."""
     rows = getattr(word, 'num_embeddings', None)
-    if not isinstance(rows, int) or getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+    if not isinstance(rows, int) or is_encoder_decoder(model):
         return []
     candidates = _candidate_tables(model, word)
     if not candidates:
@@ -169,7 +169,7 @@ def needs_ids(
         The model's facts if the caller has them: the walk over the modules' forward signatures runs once per model
         (a fact of the model, :py:class:`~zennit_attn.inputs.checks.ModelFacts`).
     """
-    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+    if is_encoder_decoder(model):
         return None
     if 'inputs_embeds' not in forward_parameters(model):
         return f'the forward of {type(model).__name__} takes no inputs_embeds'

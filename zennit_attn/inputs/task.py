@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from ..core.devices import input_device, to_device
-from ..core.modules import forward_parameters, output_scores
+from ..core.modules import forward_parameters, is_encoder_decoder, output_scores
 from ..core.quantization import cpu_packing_held
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
@@ -379,7 +379,7 @@ class TokenTask(Task):
         self._position_relevance: torch.Tensor | None = None
         self.decoder_input_ids = self.decoder_embeddings = None
         self._output_mask = self.attention_mask
-        if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        if is_encoder_decoder(model):
             if decoder_input_ids is None:
                 start = model.config.decoder_start_token_id
                 decoder_input_ids = torch.full((self.batch, 1), start, device=self.input_ids.device)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.blocks import block_stacks
+from ..core.modules import is_encoder_decoder
 from ..structure import AttentionOp, ModelStructure, StructureError, model_structure
 
 __all__ = ['SITES', 'Neuron', 'SitePoint', 'find_sites']
@@ -250,7 +251,7 @@ def _unflattening(function, tokens: dict):
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.core.blocks.
     block_stacks`); of several, the one the model's text input runs (a vision-language model's language model)."""
-    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+    if is_encoder_decoder(model):
         raise ValueError(
             f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
             'decoder-only and encoder-only transformers (encoder and decoder blocks see different '

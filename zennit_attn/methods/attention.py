@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..core.kinds import model_configs
-from ..core.modules import output_scores
+from ..core.modules import is_encoder_decoder, output_scores
 from ..inputs.task import Task
 from ..structure import model_structure
 
@@ -110,7 +110,7 @@ def attention_maps(task: Task, inputs: torch.Tensor) -> Iterator[tuple[torch.Ten
         Where the model returns no attention probabilities.
     """
     model = task.model
-    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+    if is_encoder_decoder(model):
         raise NotImplementedError(
             f'attention-map methods (rollout, Grad-CAM) are not implemented for the encoder-decoder '
             f'{type(model).__name__}: use attnlrp, cplrp, atman, kernelshap or a gradient method'

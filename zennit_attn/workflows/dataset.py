@@ -40,6 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm
 
+from ..core.modules import is_encoder_decoder
 from ..explain import encode_texts, explain
 from ..methods.declarations import positive
 from ..methods.propagation import method_of
@@ -442,7 +443,7 @@ class _Batches:
         self.model, self.tokenizer, self.texts, self.targets, self.lengths = model, tokenizer, texts, targets, lengths
         #: method, position, checkpointing and the method's parameters
         self.options = options
-        self.encoder_decoder = bool(getattr(getattr(model, 'config', None), 'is_encoder_decoder', False))
+        self.encoder_decoder = is_encoder_decoder(model)
 
     def explain(self, batch: list[int]) -> dict[str, torch.Tensor]:
         """The tensors (:py:func:`_row`) of the texts ``batch`` (input indices), from one explain() call."""

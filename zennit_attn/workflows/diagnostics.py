@@ -10,6 +10,7 @@ from zennit.core import Composite
 
 from ..composites import AttnLRPEpsilon
 from ..core.blocks import block_stacks
+from ..core.modules import is_encoder_decoder
 from ..inputs.checks import split_encoding
 from ..inputs.task import TokenTask
 from ..methods.lrp import attribute
@@ -180,7 +181,7 @@ class _Boundaries:
         #: the position encodings that are inputs of the explanation (PA-LRP): not watched as other embeddings
         self.positions = {module for _, module, _ in positions or []}
         self.word_embeddings = {model.get_input_embeddings()}
-        if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+        if is_encoder_decoder(model):
             self.word_embeddings.add(model.get_decoder().get_input_embeddings())
         self.hidden = model.get_input_embeddings().embedding_dim
         self.probes: dict[str, _Probe] = {}

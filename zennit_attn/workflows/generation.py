@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from zennit.core import Composite
 
 from ..core.devices import input_device
+from ..core.modules import is_encoder_decoder
 from ..explain import explain
 from ..inputs.chat import is_conversation, prompt_ids
 from ..inputs.checks import as_integer, check_model, token_ids
@@ -385,7 +386,7 @@ class _Answer:
         """The answer in ``sequences`` (what ``model.generate`` returned for ``prompt_ids``); a sequence that does
         not start with the prompt, and an answer without tokens, are refused."""
         prompt_length = prompt_ids.shape[1]
-        encoder_decoder = bool(getattr(getattr(model, 'config', None), 'is_encoder_decoder', False))
+        encoder_decoder = is_encoder_decoder(model)
         if encoder_decoder:
             decoder_ids = sequences[:1]
             columns, generated = torch.cat([prompt_ids[0], decoder_ids[0]]), decoder_ids[0, 1:]
@@ -804,7 +805,7 @@ def _check_images_request(model, processor, method: str, batched, contrast):
             f'{type(model).__name__} scores (text, image) pairs and cannot generate text: explain its '
             'similarity scores with explain(model, texts, images=..., processor=...)'
         )
-    if getattr(getattr(model, 'config', None), 'is_encoder_decoder', False):
+    if is_encoder_decoder(model):
         raise ValueError(
             'explain_generation with images explains decoder-only vision-language models (LLaVA, '
             f'Qwen2-VL); {type(model).__name__} is an encoder-decoder'
