@@ -378,3 +378,43 @@ def test_an_encoder_whose_configuration_says_encoder_decoder_has_no_decoder():
     explanation = explain(model, ids, attention_mask=mask, target=0, method='cplrp')
     assert explanation.position.tolist() == [7, 4] and explanation.decoder_input_ids is None
     torch.testing.assert_close(explanation.logit, logits[[0, 1], [7, 4], 0], rtol=1e-12, atol=1e-14)
+
+
+def _tiny(config_class, model_class, **settings):
+    config = architecture_tiny_config(config_class)
+    for key, value in settings.items():
+        setattr(config, key, value)
+    return model_class(config).double().eval()
+
+
+@pytest.mark.parametrize(
+    'build, error, match',
+    [
+        (  # the classifier finds its end-of-sequence tokens in the ids: transformers' NotImplementedError
+            lambda: _tiny(transformers.BartConfig, transformers.BartForSequenceClassification, num_labels=3),
+            UnsupportedModelError,
+            'BartForSequenceClassification cannot be run on embeddings',
+        ),
+        (  # no decoder start token: torch.full(..., None) or an AttributeError before
+            lambda: _tiny(transformers.T5Config, transformers.T5ForConditionalGeneration, decoder_start_token_id=None),
+            ValueError,
+            'no decoder_start_token_id in its configuration: pass decoder_input_ids=',
+        ),
+        (  # integer-only quantization: the embedding and its scaling factor ('tuple' has no attribute 'detach')
+            lambda: _tiny(transformers.IBertConfig, transformers.IBertForSequenceClassification, num_labels=3),
+            UnsupportedModelError,
+            r'\(QuantEmbedding\) returns a tuple, not a tensor of embeddings',
+        ),
+        (  # two scores per position ('Cannot find logits or last_hidden_state')
+            lambda: _tiny(transformers.BertConfig, transformers.BertForQuestionAnswering),
+            TypeError,
+            'holds start_logits and end_logits, two scores per position: explain one of them',
+        ),
+    ],
+    ids=['bart-classifier', 't5-without-start-token', 'ibert', 'bert-question-answering'],
+)
+def test_models_explain_cannot_run_are_refused_with_the_reason(build, error, match):
+    """Models whose head or embeddings the explanation cannot use are refused naming why (the sweep over transformers'
+    classification and question-answering heads found raw errors from inside transformers and zennit-attn)."""
+    with pytest.raises(error, match=match):
+        explain(build(), torch.tensor([[5, 9, 17, 23, 31, 40]]), method='cplrp')

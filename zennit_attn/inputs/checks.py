@@ -156,15 +156,18 @@ def is_causal(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool:
 
 def reads_ids(model: torch.nn.Module, facts: ModelFacts | None = None) -> str | None:
     """Why ``model`` computes another output from its token ids than from their embeddings, None where it computes
-    the same, by experiment: the model (without gradients) on three ordinary tokens followed by its pad token, once
-    given as ``input_ids`` and once as ``inputs_embeds`` (their word embeddings). Transformers' sequence classifiers
-    of decoders take the score of the last token that is not padding, which they find in the ids, and of the last
-    position on embeddings: another logit wherever an input ends in the pad token (a right-padded row, or any text
-    ending in GPT-2's end-of-text token where that is the pad token). Cost: two forward passes of four tokens, once per
-    model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as for :py:func:`is_causal`).
+    the same, by experiment: the model (without gradients) on three ordinary tokens followed by its pad token (if it
+    has one), once given as ``input_ids`` and once as ``inputs_embeds`` (their word embeddings). Transformers'
+    sequence classifiers of decoders take the score of the last token that is not padding, which they find in the
+    ids, and of the last position on embeddings: another logit wherever an input ends in the pad token (a
+    right-padded row, or any text ending in GPT-2's end-of-text token where that is the pad token). Cost: two
+    forward passes of four tokens, once per model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as for
+    :py:func:`is_causal`).
 
-    None also where it cannot be told: no pad token in the configuration, an encoder-decoder, a model without a token
-    table, a forward without ``inputs_embeds`` or that fails on the probe.
+    A forward that runs on the ids and fails on their embeddings (a head that builds a mask from the ids: Longformer's
+    global attention; a base model that takes no ``inputs_embeds`` behind a head that does: ESM C) is also a reason.
+    None where it cannot be told: an encoder-decoder, a model without a token table, a forward without
+    ``inputs_embeds`` or that fails on the ids.
     """
     facts = model_facts(model) if facts is None else facts
     return facts.known('reads ids', lambda: _reads_ids(model))
@@ -172,19 +175,23 @@ def reads_ids(model: torch.nn.Module, facts: ModelFacts | None = None) -> str | 
 
 def _reads_ids(model: torch.nn.Module) -> str | None:
     ids = _probe_ids(model)
+    if ids is None or 'inputs_embeds' not in forward_parameters(model):
+        return None
     config = getattr(model, 'config', None)
     text_config = config.get_text_config() if callable(getattr(config, 'get_text_config', None)) else config
     pad = getattr(text_config, 'pad_token_id', None)
-    if ids is None or not isinstance(pad, int) or 'inputs_embeds' not in forward_parameters(model):
-        return None
-    ids = torch.cat([ids, torch.full_like(ids[:, :1], pad)], -1)
+    if isinstance(pad, int):
+        ids = torch.cat([ids, torch.full_like(ids[:, :1], pad)], -1)
     kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
-    try:
-        with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
+    with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
+        try:
             on_ids = output_scores(model(input_ids=ids, **kwargs))
+        except Exception:  # not decided here: a model that needs more than its ids
+            return None
+        try:
             on_embeddings = output_scores(model(inputs_embeds=model.get_input_embeddings()(ids), **kwargs))
-    except Exception:  # not decided here
-        return None
+        except Exception as error:  # its forward takes inputs_embeds but fails on them: run on the ids
+            return f'its forward fails on embeddings ({type(error).__name__}: {str(error)[:120]})'
     if not (isinstance(on_ids, torch.Tensor) and isinstance(on_embeddings, torch.Tensor)):
         return None
     if on_ids.shape == on_embeddings.shape:
@@ -192,6 +199,8 @@ def _reads_ids(model: torch.nn.Module) -> str | None:
         difference = float((on_ids.double() - on_embeddings.double()).abs().max())
         if difference <= _ROUNDING * torch.finfo(on_ids.dtype).eps * scale:
             return None
+    if not isinstance(pad, int):
+        return 'its output on the ids differs from its output on their embeddings'
     return (
         f'its output on the ids differs from its output on their embeddings where its pad token ({pad}) ends the input '
         '(a head that scores the last token that is not padding, or positions counted from the padding)'

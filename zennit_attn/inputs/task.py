@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from ..core.devices import input_device, to_device
+from ..core.errors import UnsupportedModelError
 from ..core.modules import forward_parameters, is_encoder_decoder, output_scores
 from ..core.quantization import cpu_packing_held
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
@@ -368,8 +369,15 @@ class TokenTask(Task):
         check_word_embeddings(model, embedding_module)
         check_vocabulary(self.input_ids, embedding_module, 'input_ids')
         with torch.no_grad():
-            #: ``[batch, seq, hidden]`` word embeddings of the input (detached)
-            self.inputs = embedding_module(self.input_ids).detach()
+            embedded = embedding_module(self.input_ids)
+        if not isinstance(embedded, torch.Tensor):
+            raise UnsupportedModelError(
+                f'the word embedding module of {type(model).__name__} ({type(embedding_module).__name__}) returns a '
+                f'{type(embedded).__name__}, not a tensor of embeddings (integer-only quantization: I-BERT keeps a '
+                'scaling factor beside them): zennit-attn reads the relevance of tokens at their embeddings'
+            )
+        #: ``[batch, seq, hidden]`` word embeddings of the input (detached)
+        self.inputs = embedded.detach()
         # the other tables of the ids (one run of the model, if any, once per model: a fact of the model)
         tables = id_tables(model, embedding_module, self.facts)
         #: why the model is run on its ids (None: on the embeddings)
@@ -381,7 +389,12 @@ class TokenTask(Task):
         self._output_mask = self.attention_mask
         if is_encoder_decoder(model):
             if decoder_input_ids is None:
-                start = model.config.decoder_start_token_id
+                start = getattr(model.config, 'decoder_start_token_id', None)
+                if not isinstance(start, int):
+                    raise ValueError(
+                        f'{type(model).__name__} has no decoder_start_token_id in its configuration: pass '
+                        'decoder_input_ids= (the first decoder tokens, e.g. its bos or eos token id)'
+                    )
                 decoder_input_ids = torch.full((self.batch, 1), start, device=self.input_ids.device)
             decoder_mask = self.model_kwargs.get('decoder_attention_mask')
             self.decoder_input_ids, self._output_mask = check_ids(
@@ -400,8 +413,12 @@ class TokenTask(Task):
 
     @staticmethod
     def word_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
-        """The module that embeds ``input_ids`` (``model.get_input_embeddings()``), None where there is none."""
-        return model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
+        """The module that embeds ``input_ids`` (``model.get_input_embeddings()``), None where there is none (also
+        where transformers cannot tell it: CANINE embeds characters by hashing)."""
+        try:
+            return model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
+        except NotImplementedError:
+            return None
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -452,7 +469,13 @@ class TokenTask(Task):
             if isinstance(kwargs.get('decoder_inputs_embeds'), torch.Tensor):
                 kwargs['decoder_inputs_embeds'] = kwargs['decoder_inputs_embeds'].clone()
         if self.lookups is None:
-            return model(inputs_embeds=inputs, **kwargs)
+            try:
+                return model(inputs_embeds=inputs, **kwargs)
+            except NotImplementedError as error:  # transformers' encoder-decoder classifiers read their ids
+                raise UnsupportedModelError(
+                    f'{type(self.model).__name__} cannot be run on embeddings ({error}), where zennit-attn reads the '
+                    'relevance of the tokens of an encoder-decoder model: it does not explain this model'
+                ) from error
         ids = (self.input_ids if rows is None else self.input_ids[rows]).to(inputs.device)
         with self.lookups.substituting(ids, inputs, fixed=fixed):
             return model(input_ids=ids, **kwargs)
