@@ -13,6 +13,7 @@ import transformers
 from tests.architectures import tiny_architecture
 from tests.models import tiny_model, two_tables
 from zennit_attn import explain
+from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.inputs.lookups import TokenLookups, id_tables, needs_ids
 from zennit_attn.inputs.task import TokenTask
 from zennit_attn.workflows.architecture_check.check import zero_biases
@@ -271,18 +272,14 @@ def test_a_classifier_that_takes_logits_to_keep_keeps_its_positions():
     torch.testing.assert_close(explanation.logit, logits[:, 2], rtol=1e-12, atol=1e-14)
 
 
-def test_a_head_that_fails_on_embeddings_is_run_on_its_ids():
+def test_a_head_that_fails_on_embeddings_is_refused_by_name():
     """ESM C's classifier takes ``inputs_embeds`` and hands it to a base model that does not (its ``**kwargs`` swallow
-    them: an embedding of None). A forward that runs on the ids and fails on their embeddings is run on the ids; CP-LRP
-    with zero biases conserves there, and the logit is the model's."""
+    them: ``embedding(): argument 'indices' must be Tensor, not NoneType`` from inside torch). A forward that runs on
+    the ids and fails on their embeddings computes from the ids themselves (BLT's hashed n-grams, Longformer's global
+    attention mask), where no relevance reaches: it is refused, naming the error."""
     config = tiny_config(transformers.EsmcConfig)
     config.num_labels = 3
     model = transformers.EsmcForSequenceClassification(config).double().eval()
-    zero_biases(model)
-    assert needs_ids(model, model.get_input_embeddings()).startswith('its forward fails on embeddings')
-    ids = torch.tensor([[5, 9, 17, 23, 21, 20, 14, 10]])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits
-    explanation = explain(model, ids, target=1, method='cplrp')
-    torch.testing.assert_close(explanation.logit, logits[:, 1], rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(explanation.relevance.sum(1), explanation.logit, rtol=1e-9, atol=1e-14)
+    assert needs_ids(model, model.get_input_embeddings()) is None
+    with pytest.raises(UnsupportedModelError, match='fails when run on the embeddings of its tokens \\(TypeError'):
+        explain(model, torch.tensor([[5, 9, 17, 23, 21, 20, 14, 10]]), method='cplrp')

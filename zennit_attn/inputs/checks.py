@@ -31,6 +31,8 @@ __all__ = [
     'is_causal',
     'sees_later_tokens',
     'reads_ids',
+    'check_embeddings_run',
+    'embedding_probe',
     'keeps_left_padding',
     'check_left_padding',
     'is_image_model',
@@ -156,27 +158,49 @@ def is_causal(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool:
 
 def reads_ids(model: torch.nn.Module, facts: ModelFacts | None = None) -> str | None:
     """Why ``model`` computes another output from its token ids than from their embeddings, None where it computes
-    the same, by experiment: the model (without gradients) on three ordinary tokens followed by its pad token (if it
-    has one), once given as ``input_ids`` and once as ``inputs_embeds`` (their word embeddings). Transformers'
-    sequence classifiers of decoders take the score of the last token that is not padding, which they find in the
-    ids, and of the last position on embeddings: another logit wherever an input ends in the pad token (a
-    right-padded row, or any text ending in GPT-2's end-of-text token where that is the pad token). Cost: two
-    forward passes of four tokens, once per model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as for
-    :py:func:`is_causal`).
+    the same, by experiment (:py:func:`embedding_probe`). Transformers' sequence classifiers of decoders take the score
+    of the last token that is not padding, which they find in the ids, and of the last position on embeddings: another
+    logit wherever an input ends in the pad token (a right-padded row, or any text ending in GPT-2's end-of-text token
+    where that is the pad token)."""
+    kind, reason = embedding_probe(model, facts)
+    return reason if kind == 'differs' else None
 
-    A forward that runs on the ids and fails on their embeddings (a head that builds a mask from the ids: Longformer's
-    global attention; a base model that takes no ``inputs_embeds`` behind a head that does: ESM C) is also a reason.
-    None where it cannot be told: an encoder-decoder, a model without a token table, a forward without
-    ``inputs_embeds`` or that fails on the ids.
+
+def check_embeddings_run(model: torch.nn.Module, facts: ModelFacts | None = None) -> None:
+    """Refuse a model whose forward takes ``inputs_embeds`` but fails on them where it runs on its ids (a head that
+    builds a mask from the ids: Longformer's global attention; a base model that takes no ``inputs_embeds`` behind a
+    head that does: ESM C; patches found from the bytes: BLT), by experiment (:py:func:`embedding_probe`). Its
+    computation from the ids besides their embeddings (hashed n-grams, masks) would take no relevance on the ids.
+
+    Raises
+    ------
+    UnsupportedModelError
+        Naming the model and the error of its forward on embeddings.
     """
+    kind, reason = embedding_probe(model, facts)
+    if kind == 'fails':
+        raise UnsupportedModelError(
+            f'{type(model).__name__} fails when run on the embeddings of its tokens ({reason}), where zennit-attn '
+            'reads their relevance: it computes from the ids themselves, which no relevance reaches, so it is not '
+            'explained'
+        )
+
+
+def embedding_probe(model: torch.nn.Module, facts: ModelFacts | None = None) -> tuple[str | None, str | None]:
+    """``(kind, why)``: the model (without gradients) on three ordinary tokens followed by its pad token (if it has
+    one), once given as ``input_ids`` and once as ``inputs_embeds`` (their word embeddings): ``('differs', why)`` where
+    the outputs differ, ``('fails', the error)`` where the run on embeddings fails and the one on ids does not,
+    ``(None, None)`` where they agree or it cannot be told (an encoder-decoder, a model without a token table, a
+    forward without ``inputs_embeds`` or that fails on the ids). Cost: two forward passes of four tokens, once per
+    model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as for :py:func:`is_causal`)."""
     facts = model_facts(model) if facts is None else facts
-    return facts.known('reads ids', lambda: _reads_ids(model))
+    return facts.known('embedding probe', lambda: _embedding_probe(model))
 
 
-def _reads_ids(model: torch.nn.Module) -> str | None:
+def _embedding_probe(model: torch.nn.Module) -> tuple[str | None, str | None]:
     ids = _probe_ids(model)
     if ids is None or 'inputs_embeds' not in forward_parameters(model):
-        return None
+        return None, None
     config = getattr(model, 'config', None)
     text_config = config.get_text_config() if callable(getattr(config, 'get_text_config', None)) else config
     pad = getattr(text_config, 'pad_token_id', None)
@@ -187,21 +211,21 @@ def _reads_ids(model: torch.nn.Module) -> str | None:
         try:
             on_ids = output_scores(model(input_ids=ids, **kwargs))
         except Exception:  # not decided here: a model that needs more than its ids
-            return None
+            return None, None
         try:
             on_embeddings = output_scores(model(inputs_embeds=model.get_input_embeddings()(ids), **kwargs))
-        except Exception as error:  # its forward takes inputs_embeds but fails on them: run on the ids
-            return f'its forward fails on embeddings ({type(error).__name__}: {str(error)[:120]})'
+        except Exception as error:
+            return 'fails', f'{type(error).__name__}: {str(error)[:160]}'
     if not (isinstance(on_ids, torch.Tensor) and isinstance(on_embeddings, torch.Tensor)):
-        return None
+        return None, None
     if on_ids.shape == on_embeddings.shape:
         scale = max(float(on_ids.double().abs().max()), torch.finfo(torch.float64).tiny)
         difference = float((on_ids.double() - on_embeddings.double()).abs().max())
         if difference <= _ROUNDING * torch.finfo(on_ids.dtype).eps * scale:
-            return None
+            return None, None
     if not isinstance(pad, int):
-        return 'its output on the ids differs from its output on their embeddings'
-    return (
+        return 'differs', 'its output on the ids differs from its output on their embeddings'
+    return 'differs', (
         f'its output on the ids differs from its output on their embeddings where its pad token ({pad}) ends the input '
         '(a head that scores the last token that is not padding, or positions counted from the padding)'
     )

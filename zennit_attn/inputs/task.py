@@ -29,6 +29,7 @@ from ..core.quantization import cpu_packing_held
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
     bitsandbytes_layers,
+    check_embeddings_run,
     check_ids,
     check_input_kind,
     check_left_padding,
@@ -382,6 +383,8 @@ class TokenTask(Task):
         tables = id_tables(model, embedding_module, self.facts)
         #: why the model is run on its ids (None: on the embeddings)
         self.ids_reason = needs_ids(model, embedding_module, tables, self.facts)
+        if self.ids_reason is None:
+            check_embeddings_run(model, self.facts)
         self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module, tables)
         self._lookup_relevance: torch.Tensor | None = None
         self._position_relevance: torch.Tensor | None = None
