@@ -17,7 +17,7 @@ from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tin
 from zennit_attn import conservation, explain
 from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.core.modules import forward_parameters, is_encoder_decoder
-from zennit_attn.inputs.checks import is_image_model
+from zennit_attn.inputs.checks import is_image_model, keeps_right_padding
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
 from zennit_attn.workflows.architecture_check.configs import tiny_config as architecture_tiny_config
 
@@ -418,3 +418,21 @@ def test_models_explain_cannot_run_are_refused_with_the_reason(build, error, mat
     classification and question-answering heads found raw errors from inside transformers and zennit-attn)."""
     with pytest.raises(error, match=match):
         explain(build(), torch.tensor([[5, 9, 17, 23, 31, 40]]), method='cplrp')
+
+
+def test_right_padding_is_refused_where_the_model_reads_the_pads():
+    """XLNet's classifier summarises the last position, a pad in a right-padded row: explained at it, the row got
+    the logit 0.025 for its own -0.0016. A right-padded batch is refused for a model whose right-padded rows give
+    other outputs than the rows alone (:py:func:`~zennit_attn.inputs.checks.keeps_right_padding`); BERT, which masks its
+    pads, explains each padded row as the row alone."""
+    ids = torch.tensor([[7, 11, 13, 19, 29, 37], [5, 9, 17, 23, 0, 0]])
+    mask = (ids != 0).long()
+    xlnet = _tiny(transformers.XLNetConfig, transformers.XLNetForSequenceClassification, num_labels=3, pad_token_id=0)
+    assert keeps_right_padding(xlnet) is False
+    with pytest.raises(ValueError, match='pads rows on the right, and XLNetForSequenceClassification gives'):
+        explain(xlnet, ids, attention_mask=mask, target=0, method='cplrp')
+    bert = _tiny(transformers.BertConfig, transformers.BertForSequenceClassification, num_labels=3, pad_token_id=0)
+    assert keeps_right_padding(bert) is True
+    batch = explain(bert, ids, attention_mask=mask, target=0, method='cplrp')
+    alone = explain(bert, ids[1:, :4], target=0, method='cplrp')
+    torch.testing.assert_close(batch.relevance[1, :4], alone.relevance[0], rtol=1e-9, atol=1e-14)

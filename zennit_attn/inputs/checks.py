@@ -35,6 +35,8 @@ __all__ = [
     'embedding_probe',
     'keeps_left_padding',
     'check_left_padding',
+    'keeps_right_padding',
+    'check_right_padding',
     'is_image_model',
     'image_channels',
     'check_input_kind',
@@ -379,6 +381,77 @@ def check_left_padding(model: torch.nn.Module, attention_mask: torch.Tensor, fac
         'after them (its sequence mixing does not read the attention mask: a left-padded row gives other outputs '
         "than the row alone, so its explanation would not be the row's own): explain the rows one at a time, or pad "
         "them on the right (tokenizer.padding_side = 'right')"
+    )
+
+
+def keeps_right_padding(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool | None:
+    """Whether a right-padded row gives the model's output of the row alone, by experiment, as
+    :py:func:`keeps_left_padding` for the left: the model (its head included, without gradients) on three tokens, and
+    on the same tokens followed by two pads masked by the ``attention_mask`` (its pad token, as its tokenizer pads;
+    without one, once with each of two ordinary tokens); its output at the three tokens (or, for a head that pools the
+    sequence, its whole output) compared. Softmax attention
+    masks the pads, and decoder classifiers score the last token that is not padding; a model that mixes or pools the
+    padding (XLNet's summary of the last position, Funnel's pooling, ConvBERT's convolutions, Nystromformer's
+    landmarks) gives a right-padded row another output than the row alone. Cost: three forward passes of a few tokens,
+    once per model (a fact of the model). None where it cannot be told (as for :py:func:`sees_later_tokens`)."""
+    facts = model_facts(model) if facts is None else facts
+    return facts.known('keeps right padding', lambda: _keeps_right_padding(model))
+
+
+def _keeps_right_padding(model: torch.nn.Module) -> bool | None:
+    ids = _probe_ids(model)
+    if ids is None:
+        return None
+    row = ids[:1]
+    config = getattr(model, 'config', None)
+    text_config = config.get_text_config() if callable(getattr(config, 'get_text_config', None)) else config
+    pad = getattr(text_config, 'pad_token_id', None)
+    # the model's pad token, as its tokenizer pads (decoder classifiers find the last token that is not one);
+    # without one, two ordinary tokens
+    pads = [pad] if isinstance(pad, int) else list(range(int(row.max()) + 1, int(row.max()) + 3))
+    mask = torch.ones(1, row.shape[1] + _PROBE_PADS, dtype=torch.long, device=row.device)
+    mask[:, row.shape[1] :] = 0
+    runs = [{'input_ids': row, 'attention_mask': torch.ones_like(row)}]
+    runs += [
+        {'input_ids': torch.cat([row, torch.full_like(mask[:, :_PROBE_PADS], pad)], -1), 'attention_mask': mask}
+        for pad in pads
+    ]
+    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
+    try:
+        with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
+            outputs = [output_scores(model(**run, **kwargs)) for run in runs]
+    except Exception:  # not decided here
+        return None
+    if not all(isinstance(output, torch.Tensor) for output in outputs):
+        return None
+    pooled = outputs[0].dim() < 3 or outputs[1].shape[1] != mask.shape[1]
+    alone, first, *second = (output.double() if pooled else output[:, : row.shape[1]].double() for output in outputs)
+    if alone.shape != first.shape:
+        return None
+    eps = torch.finfo(outputs[0].dtype).eps
+    scale = max(float(alone.abs().max()), torch.finfo(torch.float64).tiny)
+    if second and float((first - second[0]).abs().max()) > _ROUNDING * eps * scale:
+        return False
+    tolerance = max(eps, torch.finfo(torch.float32).eps) ** 0.5
+    return float((alone - first).abs().max()) <= tolerance * scale
+
+
+def check_right_padding(model: torch.nn.Module, attention_mask: torch.Tensor, facts: ModelFacts | None = None) -> None:
+    """Refuse a right-padded batch (a row whose ``attention_mask`` ends with 0) for a model whose right-padded rows
+    are not the rows alone (:py:func:`keeps_right_padding`): its explanation of such a row would be that of another
+    input, pads included (XLNet's classifier scored a pad: 0.025 for the row's -0.0016).
+
+    Raises
+    ------
+    ValueError
+        Naming the model and what to do: explain the rows one at a time, or pad on the left where it keeps that.
+    """
+    if not bool((attention_mask[:, -1] == 0).any()) or keeps_right_padding(model, facts) is not False:
+        return
+    raise ValueError(
+        f'attention_mask pads rows on the right, and {type(model).__name__} gives a right-padded row other outputs '
+        'than the row alone (its sequence mixing or its pooling reads the pads), so its explanation would not be the '
+        "row's own: explain the rows one at a time, or pad them on the left (tokenizer.padding_side = 'left')"
     )
 
 

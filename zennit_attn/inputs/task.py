@@ -35,6 +35,7 @@ from .checks import (
     check_left_padding,
     check_length,
     check_model,
+    check_right_padding,
     check_vocabulary,
     check_word_embeddings,
     explained_positions,
@@ -451,6 +452,7 @@ class TokenTask(Task):
                 )
             kwargs['position_ids'] = (mask.long().cumsum(-1) - 1).clamp(min=0)
         check_left_padding(self.model, mask, self.facts)
+        check_right_padding(self.model, mask, self.facts)
 
     def base_kwargs(self) -> dict:
         kwargs = dict(self.model_kwargs)
