@@ -3,6 +3,7 @@ hostile-user probe found, each with the behaviour that replaced a silent wrong a
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import weakref
@@ -17,7 +18,7 @@ from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tin
 from zennit_attn import conservation, explain
 from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.core.modules import forward_parameters, is_encoder_decoder
-from zennit_attn.inputs.checks import is_image_model, keeps_right_padding
+from zennit_attn.inputs.checks import is_image_model, keeps_left_padding, keeps_right_padding
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
 from zennit_attn.workflows.architecture_check.configs import tiny_config as architecture_tiny_config
 
@@ -436,3 +437,21 @@ def test_right_padding_is_refused_where_the_model_reads_the_pads():
     batch = explain(bert, ids, attention_mask=mask, target=0, method='cplrp')
     alone = explain(bert, ids[1:, :4], target=0, method='cplrp')
     torch.testing.assert_close(batch.relevance[1, :4], alone.relevance[0], rtol=1e-9, atol=1e-14)
+
+
+def test_nan_of_the_model_is_not_taken_for_pads_that_reach_the_row():
+    """Transformers' float64 eager attention returns NaN for a fully masked row (Bloom, Gemma 2, MPT): the left-padding
+    probe took that for a model that carries its pads into the row and refused with that reason. It now says what the
+    explanation finds, the NaN of the model itself and what to do; in float32 the same batch is explained."""
+    config = architecture_tiny_config(transformers.BloomConfig)
+    config.pad_token_id = 0
+    ids = torch.tensor([[0, 0, 0, 5, 9, 17, 23, 31], [7, 11, 13, 19, 29, 37, 41, 43]])
+    mask = (ids != 0).long()
+    torch.manual_seed(0)
+    model = transformers.BloomForCausalLM(config).eval()
+    assert keeps_left_padding(copy.deepcopy(model).double()) is None
+    with pytest.raises(FloatingPointError, match='float64 eager attention in transformers returns NaN'):
+        explain(copy.deepcopy(model).double(), ids, attention_mask=mask, method='cplrp')
+    explanation = explain(model, ids, attention_mask=mask, method='cplrp')
+    alone = explain(model, ids[:1, 3:], method='cplrp')
+    torch.testing.assert_close(explanation.relevance[0, 3:], alone.relevance[0], rtol=1e-4, atol=1e-6)

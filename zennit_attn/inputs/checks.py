@@ -353,6 +353,8 @@ def _keeps_left_padding(model: torch.nn.Module) -> bool | None:
     outputs = _probe_outputs(base, runs)
     if outputs is None or outputs[1].shape[1] != mask.shape[1]:
         return None
+    if not all(bool(torch.isfinite(output).all()) for output in outputs):
+        return None  # not told: NaN of the model itself (float64 eager attention over a fully masked row)
     eps = torch.finfo(outputs[0].dtype).eps
     alone, first, second = (output[:, -row.shape[1] :].double() for output in outputs)
     scale = max(float(alone.abs().max()), torch.finfo(torch.float64).tiny)
@@ -422,7 +424,7 @@ def _keeps_right_padding(model: torch.nn.Module) -> bool | None:
             outputs = [output_scores(model(**run, **kwargs)) for run in runs]
     except Exception:  # not decided here
         return None
-    if not all(isinstance(output, torch.Tensor) for output in outputs):
+    if not all(isinstance(output, torch.Tensor) and bool(torch.isfinite(output).all()) for output in outputs):
         return None
     pooled = outputs[0].dim() < 3 or outputs[1].shape[1] != mask.shape[1]
     alone, first, *second = (output.double() if pooled else output[:, : row.shape[1]].double() for output in outputs)
