@@ -15,7 +15,7 @@ from .core.blocks import block_stacks
 from .inputs.chat import encode_chat, is_conversation
 from .inputs.checks import token_ids
 from .inputs.objectives import RUNNER_UP, objective_for
-from .inputs.task import make_task
+from .inputs.task import OutputField, make_task
 from .inputs.vision_language import (
     encode_multimodal,
     has_pixels,
@@ -123,6 +123,7 @@ def explain(
     images=None,
     processor=None,
     objective: str = 'logit',
+    output: str | None = None,
     **params,
 ) -> Explanation | ImageExplanation | MultimodalExplanation:
     """Explain a model's output: relevance per input token (language models) or pixel (vision transformers), by
@@ -259,6 +260,11 @@ def explain(
         :py:class:`~zennit_attn.inputs.objectives.LogProbability`), or ``'log_odds'``, ``log(p / (1 - p))``, which
         does not saturate (:py:class:`~zennit_attn.inputs.objectives.LogOdds`). Language models' text only; not with
         ``contrast``, a callable or a Neuron target.
+    output: str, optional
+        The field of the model's output to explain (:py:class:`~zennit_attn.inputs.task.OutputField`) where it is not
+        ``logits`` (else ``last_hidden_state``): ``'start_logits'`` or ``'end_logits'`` of a question-answering head,
+        whose scores per position are explained as a classifier's (``target`` the position, default the highest);
+        ``'pooler_output'``. Not with images.
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods.registry`), checked by
         :py:func:`~zennit_attn.methods.registry.check_params` before the model is run.
@@ -280,6 +286,8 @@ def explain(
     method = method_of(method, composite)
     entry, params = _checked_method(method, composite, checkpointing, params)
     if _with_images(input_ids, images, processor):
+        if output is not None:
+            raise ValueError(f'output={output!r} is for models explained at their text or pixels alone')
         if objective != 'logit':
             raise ValueError(f'objective={objective!r} is for text: text and images explain the logit')
         text_arguments = dict(
@@ -300,6 +308,8 @@ def explain(
     target, objective = _objective(tokenizer, target, contrast, objective)
     task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
     task = task.with_objective(objective)
+    if output is not None:
+        task = task.with_readout(OutputField(output))
     latent_request = _LatentRequest(latent, latent_reduce, condition)
     explanation = _run(entry, task, position, target, params, latent_request, checkpointing)
     return _with_text(explanation, tokenizer, chat)

@@ -409,7 +409,7 @@ def _tiny(config_class, model_class, **settings):
         (  # two scores per position ('Cannot find logits or last_hidden_state')
             lambda: _tiny(transformers.BertConfig, transformers.BertForQuestionAnswering),
             TypeError,
-            'holds start_logits and end_logits, two scores per position: explain one of them',
+            "holds start_logits and end_logits, two scores per position: explain one of them, .*output='start_logits'",
         ),
     ],
     ids=['bart-classifier', 't5-without-start-token', 'ibert', 'bert-question-answering'],
@@ -455,3 +455,26 @@ def test_nan_of_the_model_is_not_taken_for_pads_that_reach_the_row():
     explanation = explain(model, ids, attention_mask=mask, method='cplrp')
     alone = explain(model, ids[:1, 3:], method='cplrp')
     torch.testing.assert_close(explanation.relevance[0, 3:], alone.relevance[0], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize('field', ['start_logits', 'end_logits'])
+def test_a_question_answering_head_is_explained_at_the_field_named(field):
+    """``output='start_logits'`` (or ``'end_logits'``) explains a question-answering head's score of a position, as a
+    classifier's: CP-LRP with zero biases and no position or segment embeddings conserves the score of the position
+    it predicts; another position by ``target``; a field the output does not hold is named with the ones it does."""
+    model = _tiny(transformers.BertConfig, transformers.BertForQuestionAnswering)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith('bias') or 'position_embeddings' in name or 'token_type' in name:
+                parameter.zero_()
+    ids = torch.tensor([[5, 9, 17, 23, 31, 40, 44, 50]])
+    with torch.no_grad():
+        scores = getattr(model(input_ids=ids), field)[0]
+    explanation = explain(model, ids, output=field, method='cplrp')
+    assert explanation.target.tolist() == [int(scores.argmax())]
+    torch.testing.assert_close(explanation.logit, scores.max()[None], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(explanation.relevance.sum(1), explanation.logit, rtol=1e-9, atol=1e-14)
+    other = explain(model, ids, output=field, target=2, method='cplrp')
+    torch.testing.assert_close(other.relevance.sum(1), scores[2:3], rtol=1e-9, atol=1e-14)
+    with pytest.raises(ValueError, match="has no tensor 'answer'; its tensors: start_logits, end_logits"):
+        explain(model, ids, output='answer')

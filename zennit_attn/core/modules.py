@@ -59,9 +59,8 @@ def output_scores(output) -> torch.Tensor:
         return output[0]
     if hasattr(output, 'get') and output.get('start_logits') is not None:
         raise TypeError(
-            f'{type(output).__name__} holds start_logits and end_logits, two scores per position: explain one of them '
-            'through a module that returns it (forward: return model(**kwargs).start_logits) with the position of '
-            'the answer as the target'
+            f'{type(output).__name__} holds start_logits and end_logits, two scores per position: explain one of them, '
+            "explain(model, input_ids, output='start_logits', target=<the position of the answer's start>)"
         )
     raise TypeError(f'Cannot find logits or last_hidden_state in the model output {type(output).__name__}')
 

@@ -49,7 +49,7 @@ from .checks import (
 from .lookups import TokenLookups, id_tables, needs_ids
 from .objectives import Logit, Objective
 
-__all__ = ['Readout', 'Task', 'TokenTask', 'ImageTask', 'make_task']
+__all__ = ['Readout', 'OutputField', 'Task', 'TokenTask', 'ImageTask', 'make_task']
 
 
 class Readout:
@@ -88,6 +88,45 @@ class Readout:
     def capturing(self, task: Task) -> contextlib.AbstractContextManager:
         """A context for the time of one method's run on ``task`` (hooks the readout needs); none here."""
         return contextlib.nullcontext()
+
+
+class OutputField(Readout):
+    """The field ``name`` of the model's output instead of the one :py:func:`~zennit_attn.core.modules.output_scores`
+    picks: ``start_logits`` or ``end_logits`` of a question-answering head (two scores per position, explained as a
+    classifier's: the target is the position), ``pooler_output``, ``logits_per_image``.
+
+    Parameters
+    ----------
+    name: str
+        The field (a key of a Hugging Face model output, or an attribute of the output).
+    """
+
+    def __init__(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f'output must name a field of the model output (a string), got {name!r}')
+        self.name = name
+
+    def read(self, task, inputs, rows=None, model=None, initial_relevance=False, **extra) -> torch.Tensor:
+        """The field of one run of ``model`` (default the task's) on ``inputs``.
+
+        Raises
+        ------
+        ValueError
+            Where the output has no tensor of that name, naming the fields it has.
+        """
+        output = task.run(inputs, rows, model, **extra)
+        value = output.get(self.name) if hasattr(output, 'get') else getattr(output, self.name, None)
+        if not isinstance(value, torch.Tensor):
+            fields = (
+                [key for key, item in output.items() if isinstance(item, torch.Tensor)]
+                if hasattr(output, 'items')
+                else []
+            )
+            raise ValueError(
+                f'the output of {type(task.model).__name__} ({type(output).__name__}) has no tensor {self.name!r}'
+                + (f'; its tensors: {", ".join(fields)}' if fields else '')
+            )
+        return value
 
 
 # ------------------------------------------------------------------------------------------------------------ tasks
