@@ -203,10 +203,8 @@ def _embedding_probe(model: torch.nn.Module) -> tuple[str | None, str | None]:
     ids = _probe_ids(model)
     if ids is None or 'inputs_embeds' not in forward_parameters(model):
         return None, None
-    config = getattr(model, 'config', None)
-    text_config = config.get_text_config() if callable(getattr(config, 'get_text_config', None)) else config
-    pad = getattr(text_config, 'pad_token_id', None)
-    if isinstance(pad, int):
+    pad = _pad_token(model)
+    if pad is not None:
         ids = torch.cat([ids, torch.full_like(ids[:, :1], pad)], -1)
     kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
     with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
@@ -225,7 +223,7 @@ def _embedding_probe(model: torch.nn.Module) -> tuple[str | None, str | None]:
         difference = float((on_ids.double() - on_embeddings.double()).abs().max())
         if difference <= _ROUNDING * torch.finfo(on_ids.dtype).eps * scale:
             return None, None
-    if not isinstance(pad, int):
+    if pad is None:
         return 'differs', 'its output on the ids differs from its output on their embeddings'
     return 'differs', (
         f'its output on the ids differs from its output on their embeddings where its pad token ({pad}) ends the input '
@@ -355,13 +353,26 @@ def _keeps_left_padding(model: torch.nn.Module) -> bool | None:
         return None
     if not all(bool(torch.isfinite(output).all()) for output in outputs):
         return None  # not told: NaN of the model itself (float64 eager attention over a fully masked row)
-    eps = torch.finfo(outputs[0].dtype).eps
-    alone, first, second = (output[:, -row.shape[1] :].double() for output in outputs)
+    return _same_row(outputs[0].dtype, *(output[:, -row.shape[1] :].double() for output in outputs))
+
+
+def _pad_token(model: torch.nn.Module) -> int | None:
+    """The pad token id of the model's (text) configuration, None where it has none."""
+    config = getattr(model, 'config', None)
+    text_config = config.get_text_config() if callable(getattr(config, 'get_text_config', None)) else config
+    pad = getattr(text_config, 'pad_token_id', None)
+    return pad if isinstance(pad, int) else None
+
+
+def _same_row(dtype: torch.dtype, alone: torch.Tensor, first: torch.Tensor, *second: torch.Tensor) -> bool:
+    """Whether a padded row's outputs ``first`` (and ``second``, with another pad token) are the row's ``alone``: the
+    pads reach the row where two pad tokens give two outputs beyond rounding (where the mask is read, they are the
+    same to rounding); the row changes otherwise (shifted positions) beyond the square root of float32's precision
+    (transformers' recurrences compute in float32 also in float64)."""
+    eps = torch.finfo(dtype).eps
     scale = max(float(alone.abs().max()), torch.finfo(torch.float64).tiny)
-    # the pads reach the row: two pad tokens give two outputs (where the mask is read, the same to rounding)
-    if float((first - second).abs().max()) > _ROUNDING * eps * scale:
+    if second and float((first - second[0]).abs().max()) > _ROUNDING * eps * scale:
         return False
-    # the row changes otherwise (shifted positions); transformers' recurrences compute in float32 also in float64
     tolerance = max(eps, torch.finfo(torch.float32).eps) ** 0.5
     return float((alone - first).abs().max()) <= tolerance * scale
 
@@ -388,14 +399,14 @@ def check_left_padding(model: torch.nn.Module, attention_mask: torch.Tensor, fac
 
 def keeps_right_padding(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool | None:
     """Whether a right-padded row gives the model's output of the row alone, by experiment, as
-    :py:func:`keeps_left_padding` for the left: the model (its head included, without gradients) on three tokens, and
-    on the same tokens followed by two pads masked by the ``attention_mask`` (its pad token, as its tokenizer pads;
-    without one, once with each of two ordinary tokens); its output at the three tokens (or, for a head that pools the
-    sequence, its whole output) compared. Softmax attention
-    masks the pads, and decoder classifiers score the last token that is not padding; a model that mixes or pools the
-    padding (XLNet's summary of the last position, Funnel's pooling, ConvBERT's convolutions, Nystromformer's
-    landmarks) gives a right-padded row another output than the row alone. Cost: three forward passes of a few tokens,
-    once per model (a fact of the model). None where it cannot be told (as for :py:func:`sees_later_tokens`)."""
+    :py:func:`keeps_left_padding` for the left: the model (its head included, without gradients) on three tokens,
+    and on the same tokens followed by two pads masked by the ``attention_mask`` (its pad token, as its tokenizer
+    pads; without one, once with each of two ordinary tokens); its output at the three tokens (or, for a head that
+    pools the sequence, its whole output) compared. Softmax attention masks the pads, and decoder classifiers score
+    the last token that is not padding; a model that mixes or pools the padding (XLNet's summary of the last
+    position, Funnel's pooling, ConvBERT's convolutions, Nystromformer's landmarks) gives a right-padded row another
+    output than the row alone. Cost: three forward passes of a few tokens, once per model (a fact of the model).
+    None where it cannot be told (as for :py:func:`sees_later_tokens`)."""
     facts = model_facts(model) if facts is None else facts
     return facts.known('keeps right padding', lambda: _keeps_right_padding(model))
 
@@ -405,12 +416,10 @@ def _keeps_right_padding(model: torch.nn.Module) -> bool | None:
     if ids is None:
         return None
     row = ids[:1]
-    config = getattr(model, 'config', None)
-    text_config = config.get_text_config() if callable(getattr(config, 'get_text_config', None)) else config
-    pad = getattr(text_config, 'pad_token_id', None)
+    pad = _pad_token(model)
     # the model's pad token, as its tokenizer pads (decoder classifiers find the last token that is not one);
     # without one, two ordinary tokens
-    pads = [pad] if isinstance(pad, int) else list(range(int(row.max()) + 1, int(row.max()) + 3))
+    pads = [pad] if pad is not None else list(range(int(row.max()) + 1, int(row.max()) + 3))
     mask = torch.ones(1, row.shape[1] + _PROBE_PADS, dtype=torch.long, device=row.device)
     mask[:, row.shape[1] :] = 0
     runs = [{'input_ids': row, 'attention_mask': torch.ones_like(row)}]
@@ -430,12 +439,7 @@ def _keeps_right_padding(model: torch.nn.Module) -> bool | None:
     alone, first, *second = (output.double() if pooled else output[:, : row.shape[1]].double() for output in outputs)
     if alone.shape != first.shape:
         return None
-    eps = torch.finfo(outputs[0].dtype).eps
-    scale = max(float(alone.abs().max()), torch.finfo(torch.float64).tiny)
-    if second and float((first - second[0]).abs().max()) > _ROUNDING * eps * scale:
-        return False
-    tolerance = max(eps, torch.finfo(torch.float32).eps) ** 0.5
-    return float((alone - first).abs().max()) <= tolerance * scale
+    return _same_row(outputs[0].dtype, alone, first, *second)
 
 
 def check_right_padding(model: torch.nn.Module, attention_mask: torch.Tensor, facts: ModelFacts | None = None) -> None:
