@@ -191,7 +191,8 @@ def packed_for_cpu(module: torch.nn.Module) -> bool:
 def unpack_for_gradients(modules: Iterable[torch.nn.Module]) -> None:
     """Undo bitsandbytes' packing of 4-bit weights for CPU inference in ``modules`` (:py:func:`packed_for_cpu`), so
     that a pass with gradients goes through them: bitsandbytes unpacks a layer's weights to save it
-    (``state_dict()``), to the same values; it packs them again in its next pass without gradients.
+    (``state_dict()``), to the values the packed layer computes with; it packs them again in its next pass without
+    gradients.
 
     Raises
     ------

@@ -398,15 +398,17 @@ def check_left_padding(model: torch.nn.Module, attention_mask: torch.Tensor, fac
 
 
 def keeps_right_padding(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool | None:
-    """Whether a right-padded row gives the model's output of the row alone, by experiment, as
-    :py:func:`keeps_left_padding` for the left: the model (its head included, without gradients) on three tokens,
+    """Whether a right-padded row gives the model's output of the row alone, by experiment, as the
+    :py:func:`keeps_left_padding` of the right: the model (its head included, without gradients) on three tokens,
     and on the same tokens followed by two pads masked by the ``attention_mask`` (its pad token, as its tokenizer
     pads; without one, once with each of two ordinary tokens); its output at the three tokens (or, for a head that
     pools the sequence, its whole output) compared. Softmax attention masks the pads, and decoder classifiers score
     the last token that is not padding; a model that mixes or pools the padding (XLNet's summary of the last
-    position, Funnel's pooling, ConvBERT's convolutions, Nystromformer's landmarks) gives a right-padded row another
-    output than the row alone. Cost: three forward passes of a few tokens, once per model (a fact of the model).
-    None where it cannot be told (as for :py:func:`sees_later_tokens`)."""
+    position, ConvBERT's convolutions) gives a right-padded row another output than the row alone. A mixing below
+    the square root of float32's precision passes (Nystromformer's landmarks move a row's logit by 1e-3 of it with
+    three pads), and a model that fails on three tokens is not told (Funnel's pooling). Cost: two or three forward
+    passes of a few tokens, once per model (a fact of the model). None where it cannot be told (as for
+    :py:func:`sees_later_tokens`)."""
     facts = model_facts(model) if facts is None else facts
     return facts.known('keeps right padding', lambda: _keeps_right_padding(model))
 

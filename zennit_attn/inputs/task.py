@@ -516,6 +516,8 @@ class TokenTask(Task):
             try:
                 return model(inputs_embeds=inputs, **kwargs)
             except NotImplementedError as error:  # transformers' encoder-decoder classifiers read their ids
+                if 'embeddings' not in str(error) and 'inputs_embeds' not in str(error):
+                    raise
                 raise UnsupportedModelError(
                     f'{type(self.model).__name__} cannot be run on embeddings ({error}), where zennit-attn reads the '
                     'relevance of the tokens of an encoder-decoder model: it does not explain this model'
