@@ -432,6 +432,10 @@ def test_right_padding_is_refused_where_the_model_reads_the_pads():
     assert keeps_right_padding(xlnet) is False
     with pytest.raises(ValueError, match='pads rows on the right, and XLNetForSequenceClassification gives'):
         explain(xlnet, ids, attention_mask=mask, target=0, method='cplrp')
+    funnel = _tiny(
+        transformers.FunnelConfig, transformers.FunnelForSequenceClassification, num_labels=3, pad_token_id=0
+    )
+    assert keeps_right_padding(funnel) is False  # its pooling reads the pads (a probe of six tokens: it needs more)
     bert = _tiny(transformers.BertConfig, transformers.BertForSequenceClassification, num_labels=3, pad_token_id=0)
     assert keeps_right_padding(bert) is True
     batch = explain(bert, ids, attention_mask=mask, target=0, method='cplrp')

@@ -399,16 +399,15 @@ def check_left_padding(model: torch.nn.Module, attention_mask: torch.Tensor, fac
 
 def keeps_right_padding(model: torch.nn.Module, facts: ModelFacts | None = None) -> bool | None:
     """Whether a right-padded row gives the model's output of the row alone, by experiment, as the
-    :py:func:`keeps_left_padding` of the right: the model (its head included, without gradients) on three tokens,
-    and on the same tokens followed by two pads masked by the ``attention_mask`` (its pad token, as its tokenizer
-    pads; without one, once with each of two ordinary tokens); its output at the three tokens (or, for a head that
-    pools the sequence, its whole output) compared. Softmax attention masks the pads, and decoder classifiers score
-    the last token that is not padding; a model that mixes or pools the padding (XLNet's summary of the last
-    position, ConvBERT's convolutions) gives a right-padded row another output than the row alone. A mixing below
-    the square root of float32's precision passes (Nystromformer's landmarks move a row's logit by 1e-3 of it with
-    three pads), and a model that fails on three tokens is not told (Funnel's pooling). Cost: two or three forward
-    passes of a few tokens, once per model (a fact of the model). None where it cannot be told (as for
-    :py:func:`sees_later_tokens`)."""
+    :py:func:`keeps_left_padding` of the right: the model (its head included, without gradients) on six tokens, and
+    on the same tokens followed by two pads masked by the ``attention_mask`` (its pad token, as its tokenizer pads;
+    without one, once with each of two ordinary tokens); its output at the six tokens (or, for a head that pools the
+    sequence, its whole output) compared. Softmax attention masks the pads, and decoder classifiers score the last
+    token that is not padding; a model that mixes or pools the padding (XLNet's summary of the last position,
+    ConvBERT's convolutions) gives a right-padded row another output than the row alone. Funnel's pooling of the
+    padding is found, as are Nystromformer's landmarks where they move the row beyond the square root of float32's
+    precision (a mixing below it passes). Cost: two or three forward passes of a few tokens, once per model (a fact
+    of the model). None where it cannot be told (as for :py:func:`sees_later_tokens`)."""
     facts = model_facts(model) if facts is None else facts
     return facts.known('keeps right padding', lambda: _keeps_right_padding(model))
 
@@ -417,7 +416,7 @@ def _keeps_right_padding(model: torch.nn.Module) -> bool | None:
     ids = _probe_ids(model)
     if ids is None:
         return None
-    row = ids[:1]
+    row = ids[:1].repeat(1, 2)  # six tokens: Funnel's pooling fails on three
     pad = _pad_token(model)
     # the model's pad token, as its tokenizer pads (decoder classifiers find the last token that is not one);
     # without one, two ordinary tokens
