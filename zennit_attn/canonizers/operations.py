@@ -269,7 +269,12 @@ class OperationCanonizer(Canonizer):
 
     def _hook_modules(self, model: torch.nn.Module, modules: Modules) -> None:
         """The instance settings, and the hooks of the opaque modules and of the modules named like sequence mixers
-        (each class looked at once)."""
+        (each class looked at once). bitsandbytes' 4-bit layers are unpacked where bitsandbytes packed them for its CPU
+        inference kernel, which passes no gradient, and the packing is held off for the context."""
+        layers = four_bit_layers(module for _, module in modules)
+        unpack_for_gradients(layers)
+        for layer in layers:
+            self._set(layer, 'support_avx512bf16_for_cpu', False)
         classes: dict[type, tuple[bool, bool, tuple | None, bool]] = {}
         for _, module in modules:
             cls = type(module)
@@ -280,9 +285,6 @@ class OperationCanonizer(Canonizer):
             opaque, mixer, setting, gate = classes[cls]
             if setting is not None:
                 self._set(module, setting[0], setting[1](module))
-            for layer in four_bit_layers([module]):  # a CPU inference kernel without gradient: unpacked, held off
-                unpack_for_gradients([layer])
-                self._set(layer, 'support_avx512bf16_for_cpu', False)
             opaque = opaque and module is not model  # the model's own rule is the relevance boundary
             if opaque or mixer or gate:
                 self._hook(module, opaque or gate, mixer, gate)

@@ -30,6 +30,7 @@ __all__ = [
     'model_facts',
     'is_causal',
     'sees_later_tokens',
+    'run_probe',
     'reads_ids',
     'check_embeddings_run',
     'embedding_probe',
@@ -206,16 +207,16 @@ def _embedding_probe(model: torch.nn.Module) -> tuple[str | None, str | None]:
     pad = _pad_token(model)
     if pad is not None:
         ids = torch.cat([ids, torch.full_like(ids[:, :1], pad)], -1)
-    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
-    with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
-        try:
-            on_ids = output_scores(model(input_ids=ids, **kwargs))
-        except Exception:  # not decided here: a model that needs more than its ids
-            return None, None
-        try:
-            on_embeddings = output_scores(model(inputs_embeds=model.get_input_embeddings()(ids), **kwargs))
-        except Exception as error:
-            return 'fails', f'{type(error).__name__}: {str(error)[:160]}'
+    try:
+        on_ids = run_probe(model, input_ids=ids)
+    except Exception:  # not decided here: a model that needs more than its ids
+        return None, None
+    try:
+        with torch.no_grad():
+            embeddings = model.get_input_embeddings()(ids)
+        on_embeddings = run_probe(model, inputs_embeds=embeddings)
+    except Exception as error:
+        return 'fails', f'{type(error).__name__}: {str(error)[:160]}'
     if not (isinstance(on_ids, torch.Tensor) and isinstance(on_embeddings, torch.Tensor)):
         return None, None
     if on_ids.shape == on_embeddings.shape:
@@ -277,14 +278,22 @@ def _probe_base(model: torch.nn.Module) -> torch.nn.Module:
     return base if isinstance(base, torch.nn.Module) else model
 
 
+def run_probe(model: torch.nn.Module, **inputs):
+    """The output scores (:py:func:`~zennit_attn.core.modules.output_scores`) of ``model`` called on ``inputs``
+    (keyword arguments) as the checks' probes call it: without gradients, without a cache where it takes
+    ``use_cache``, with bitsandbytes' packing of 4-bit weights for CPU inference held off (a probe leaves the model as
+    it was). Raises what the call raises."""
+    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
+    with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
+        return output_scores(model(**inputs, **kwargs))
+
+
 def _probe_outputs(base: torch.nn.Module, runs: list[dict]) -> list[torch.Tensor] | None:
-    """The output scores of ``base`` called (without gradients, without a cache where it takes ``use_cache``) with
-    each of ``runs`` (keyword arguments); None where a call fails (a model that needs more than token ids: images, a
-    decoder input) or an output is not a tensor with an output per position."""
-    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(base) else {}
+    """The output scores of ``base`` called (:py:func:`run_probe`) with each of ``runs`` (keyword arguments); None
+    where a call fails (a model that needs more than token ids: images, a decoder input) or an output is not a tensor
+    with an output per position."""
     try:
-        with torch.no_grad(), cpu_packing_held(four_bit_layers(base.modules())):
-            outputs = [output_scores(base(**run, **kwargs)) for run in runs]
+        outputs = [run_probe(base, **run) for run in runs]
     except Exception:  # not decided here
         return None
     if not all(isinstance(output, torch.Tensor) and output.dim() >= 3 for output in outputs):
@@ -428,10 +437,8 @@ def _keeps_right_padding(model: torch.nn.Module) -> bool | None:
         {'input_ids': torch.cat([row, torch.full_like(mask[:, :_PROBE_PADS], pad)], -1), 'attention_mask': mask}
         for pad in pads
     ]
-    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
     try:
-        with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
-            outputs = [output_scores(model(**run, **kwargs)) for run in runs]
+        outputs = [run_probe(model, **run) for run in runs]
     except Exception:  # not decided here
         return None
     if not all(isinstance(output, torch.Tensor) and bool(torch.isfinite(output).all()) for output in outputs):

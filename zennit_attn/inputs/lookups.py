@@ -22,9 +22,8 @@ import torch
 
 from ..core.devices import input_device
 from ..core.modules import forward_parameters, is_encoder_decoder
-from ..core.quantization import cpu_packing_held, four_bit_layers
 from ..rules.boundary import input_relevance
-from .checks import ModelFacts, model_facts, reads_ids
+from .checks import ModelFacts, model_facts, reads_ids, run_probe
 
 __all__ = ['id_tables', 'needs_ids', 'TokenLookups']
 
@@ -113,12 +112,11 @@ def _search_id_tables(model: torch.nn.Module, word: torch.nn.Module | None) -> l
         return record
 
     handles = [module.register_forward_hook(hook(name)) for name, module in candidates]
-    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
     try:
         # _Found: each candidate looked up; another error: the model needs more than the ids (images, a decoder
         # input), and the tables are those looked up before it
-        with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())), contextlib.suppress(Exception):
-            model(input_ids=ids, **kwargs)
+        with contextlib.suppress(Exception):
+            run_probe(model, input_ids=ids)
     finally:
         for handle in handles:
             handle.remove()
