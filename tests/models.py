@@ -23,7 +23,8 @@ transformers 5 only turns that scaling off: the LM head shares the embedding wei
 
 Vision transformers (8 x 8 x 3 images, patch 4, width 16, 2 blocks, 2 heads, 3 classes): :py:func:`tiny_timm_vit`,
 :py:func:`tiny_deit` (timm, imported when called), :py:func:`tiny_hf_vit` (Hugging Face), :py:data:`VISION_BUILDERS`,
-and :py:func:`pixels`.
+and :py:func:`pixels`; :py:func:`tiny_hf_vision` any of transformers' vision classes (classifiers, segmentation) from
+its own configuration, without the constants that absorb relevance.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import transformers
 from transformers.modeling_outputs import CausalLMOutput
 
 from zennit_attn.workflows.architecture_check.check import zero_biases as zero_parameters_that_absorb
+from zennit_attn.workflows.architecture_check.configs import tiny_config as hf_tiny_config
 
 VOCAB = 100
 HIDDEN = 32
@@ -550,6 +552,49 @@ def pixels(batch: int = 2, dtype: torch.dtype = torch.float64, seed: int = 0) ->
 
 #: kind -> builder of the tiny vision transformers
 VISION_BUILDERS = {'timm': tiny_timm_vit, 'deit': tiny_deit, 'hf': tiny_hf_vit}
+
+
+# ----------------------------------------------------------------------------- transformers' other vision models
+#: Names of the vision models' constants (biases aside) that :py:func:`tiny_hf_vision` sets to zero: they absorb
+#: relevance by design.
+VISION_CONSTANTS = (
+    'position',
+    'cls_token',
+    'mask_token',
+    'relative_position_bias_table',
+    'register_tokens',
+    'pos_embed',
+    'detection_tokens',
+)
+
+
+def tiny_hf_vision(name: str, labels: int = 3, **values) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The tiny float64 model of transformers' vision class ``name`` (its configuration from
+    :py:func:`~zennit_attn.workflows.architecture_check.configs.tiny_config`, with ``values`` and ``labels`` classes)
+    without constants (biases, running means, :py:data:`VISION_CONSTANTS`; zero-initialised heads and layer scales
+    drawn at random), so that CP-LRP conserves exactly, and a batch of two images."""
+    model_class = getattr(transformers, name)
+    config = hf_tiny_config(model_class.config_class)
+    for key, value in values.items():
+        setattr(config, key, value)
+    config.num_labels = labels
+    torch.manual_seed(0)
+    model = model_class(config).double().eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            if parameter_name.endswith('bias') or any(key in parameter_name for key in VISION_CONSTANTS):
+                parameter.zero_()
+            elif not parameter.any():  # zero-initialised heads and layer scales
+                parameter.normal_(0, 0.1, generator=generator)
+        for module in model.modules():
+            if getattr(module, 'running_mean', None) is not None:
+                module.running_mean.zero_()
+                module.running_var.fill_(1.0)
+    size = getattr(config, 'image_size', 32)  # SegFormer's configuration has none: any size
+    side = size if isinstance(size, int) else size[0]
+    channels = getattr(config, 'num_channels', 3)
+    return model, torch.randn(2, channels, side, side, dtype=torch.float64, generator=generator)
 
 
 # ----------------------------------------------------------------------------------- vision-language and CLIP models

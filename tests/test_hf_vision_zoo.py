@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
+from tests.models import tiny_hf_vision
 from zennit_attn import explain
 from zennit_attn.composites import CPLRPEpsilon
-from zennit_attn.workflows.architecture_check.configs import tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -35,39 +34,11 @@ ARCHITECTURES = {
     ),
     'Data2VecVisionForImageClassification': {},
 }
-#: Names of the models' constants (biases aside) that the test sets to zero: they absorb relevance by design.
-CONSTANTS = ('position', 'cls_token', 'mask_token', 'relative_position_bias_table', 'register_tokens', 'pos_embed')
-
-
-def tiny(name: str, values: dict) -> tuple[torch.nn.Module, torch.Tensor]:
-    """The tiny model of class ``name`` without constants, and a batch of two images."""
-    model_class = getattr(transformers, name)
-    config = tiny_config(model_class.config_class)
-    for key, value in values.items():
-        setattr(config, key, value)
-    config.num_labels = 3
-    torch.manual_seed(0)
-    model = model_class(config).double().eval()
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter_name, parameter in model.named_parameters():
-            if parameter_name.endswith('bias') or any(key in parameter_name for key in CONSTANTS):
-                parameter.zero_()
-            elif not parameter.any():  # zero-initialised heads and layer scales
-                parameter.normal_(0, 0.1, generator=generator)
-        for module in model.modules():
-            if getattr(module, 'running_mean', None) is not None:
-                module.running_mean.zero_()
-                module.running_var.fill_(1.0)
-    size = getattr(config, 'image_size', 32)  # SegFormer's configuration has none: any size
-    side = size if isinstance(size, int) else size[0]
-    channels = getattr(config, 'num_channels', 3)
-    return model, torch.randn(2, channels, side, side, dtype=torch.float64, generator=generator)
 
 
 @pytest.mark.parametrize('name', sorted(ARCHITECTURES))
 def test_cp_lrp_conserves_for_every_class_and_row(name):
-    model, pixels = tiny(name, ARCHITECTURES[name])
+    model, pixels = tiny_hf_vision(name, **ARCHITECTURES[name])
     with torch.no_grad():
         logits = model(pixel_values=pixels).logits
     for target in range(3):

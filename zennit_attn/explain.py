@@ -165,10 +165,14 @@ def explain(
         class of tokens; for LRP its value is the initial relevance. See
         :py:class:`~zennit_attn.inputs.objectives.OutputFunction` for the paper's notes on explaining softmax outputs
         and temperature (appendix A.2.4): explaining the logit (the default) does not saturate, a probability does.
+        An output map per row (a semantic segmentation's ``[batch, classes, height, width]`` logits) is explained
+        only through a callable, which receives the whole map
+        (:py:class:`~zennit_attn.inputs.objectives.MapFunction`: ``lambda logits: logits[:, c].sum((-2, -1))``).
     position: int, sequence of int, tensor or None
-        For 3-D outputs, the sequence position to explain (a decoder position for encoder-decoder models).
-        -1 (default) or None: the last non-padding token of each row. Ignored for 2-D outputs (classification
-        heads); refused for image classifiers.
+        For 3-D outputs, the sequence position to explain (a decoder position for encoder-decoder models, the object
+        query of a detector). -1 (default) or None: the last non-padding token of each row; an image model with
+        outputs per position (a detector's queries) needs it named. Ignored for 2-D outputs of text models
+        (classification heads); refused for image classifiers.
     attention_mask: tensor, optional
         ``[batch, seq]`` 1 for tokens, 0 for padding (left or right; left padding of a causal model gets
         matching ``position_ids``).
@@ -264,7 +268,8 @@ def explain(
         The field of the model's output to explain (:py:class:`~zennit_attn.inputs.task.OutputField`) where it is not
         ``logits`` (else ``last_hidden_state``): ``'start_logits'`` or ``'end_logits'`` of a question-answering head,
         whose scores per position are explained as a classifier's (``target`` the position, default the highest);
-        ``'pooler_output'``. Not with images.
+        ``'pooler_output'``; a detector's ``'pred_boxes'`` (``position`` the query, ``target`` the coordinate). Not
+        with ``images=`` (vision-language models).
     **params
         Hyperparameters of the method (see its documentation in :py:mod:`zennit_attn.methods.registry`), checked by
         :py:func:`~zennit_attn.methods.registry.check_params` before the model is run.

@@ -1,8 +1,8 @@
 """The gamma composite and the relevance rules it uses (float64).
 
 1. Gamma, z+ and alpha-beta (zennit's rules through the gradient-convention adapter) against naive formulas
-   (appendix A.2.3, Eq. appendix-gamma-rule-general and appendix-zplus-rule), on Linear and on a patch-embedding
-   Conv2d, exact to 1e-10.
+   (appendix A.2.3, Eq. appendix-gamma-rule-general and appendix-zplus-rule), on Linear, on a patch-embedding
+   Conv2d and on an upsampling ConvTranspose2d, exact to 1e-10.
 2. The composite assigns each layer type its rule, every choice can be overridden, and a gamma rule on the fused
    ``qkv`` projection still sees the AttnLRP operand rule (hook order).
 3. Conservation on a bias-free ViT: CP-LRP exact, AttnLRP exactly up to what the softmax rule absorbs, computed
@@ -143,6 +143,29 @@ def test_rules_on_patch_embedding_conv(rule, naive):
     flat_relevance = relevance.flatten(2).transpose(1, 2).reshape(-1, 5)
     expected = naive(conv.weight.reshape(5, 12), conv.bias, patches, flat_relevance)
     expected = torch.nn.functional.fold(expected.reshape(2, 4, 12).transpose(1, 2), (4, 4), 2, stride=2)
+    assert_close(actual, expected)
+
+
+@pytest.mark.parametrize(
+    'rule, naive',
+    [
+        (Gamma(0.25), lambda w, b, x, r: naive_gamma(w, b, x, r, 0.25)),
+        (ZPlus(), naive_zplus),
+        (AlphaBeta(2.0, 1.0), lambda w, b, x, r: naive_alpha_beta(w, b, x, r, 2.0, 1.0)),
+    ],
+)
+def test_rules_on_transposed_conv(rule, naive):
+    """A ConvTranspose2d with kernel = stride (a segmentation decoder's upsampling) is a linear layer from each input
+    pixel's channels to its own output patch: weight ``[out * k * k, in]``, the bias repeated over the patch."""
+    conv = torch.nn.ConvTranspose2d(3, 5, kernel_size=2, stride=2).double()
+    x = torch.randn(2, 3, 2, 2, dtype=torch.float64)
+    relevance = torch.randn(2, 5, 4, 4, dtype=torch.float64)
+    actual = lrp(conv, rule, x, relevance)
+    weight = conv.weight.permute(1, 2, 3, 0).reshape(20, 3)  # [out, a, b, in] -> rows o * 4 + a * 2 + b
+    bias = conv.bias.repeat_interleave(4)
+    pixels_in = x.permute(0, 2, 3, 1).reshape(-1, 3)  # [b * 4 pixels, in]
+    patch_relevance = relevance.reshape(2, 5, 2, 2, 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(-1, 20)
+    expected = naive(weight, bias, pixels_in, patch_relevance).reshape(2, 2, 2, 3).permute(0, 3, 1, 2)
     assert_close(actual, expected)
 
 

@@ -275,7 +275,7 @@ def test_image_models_refuse_token_arguments_and_use_model_kwargs():
         ('attention_mask', torch.ones(2, 4)),
         ('decoder_input_ids', torch.ones(2, 1, dtype=torch.long)),
     ):
-        with pytest.raises(ValueError, match=f'{name} do not apply'):
+        with pytest.raises(ValueError, match=f'{name} do(es)? not apply'):
             explain(model, x, **{name: value})
     hf = tiny_hf_vit()
     calls = []
@@ -411,8 +411,13 @@ def _tiny(config_class, model_class, **settings):
             TypeError,
             "holds start_logits and end_logits, two scores per position: explain one of them, .*output='start_logits'",
         ),
+        (  # two heads, neither named logits
+            lambda: _tiny(transformers.BertConfig, transformers.BertForPreTraining),
+            TypeError,
+            r'its tensors \(prediction_logits, seq_relationship_logits\) with output=',
+        ),
     ],
-    ids=['bart-classifier', 't5-without-start-token', 'ibert', 'bert-question-answering'],
+    ids=['bart-classifier', 't5-without-start-token', 'ibert', 'bert-question-answering', 'bert-pretraining'],
 )
 def test_models_explain_cannot_run_are_refused_with_the_reason(build, error, match):
     """Models whose head or embeddings the explanation cannot use are refused naming why (the sweep over transformers'

@@ -59,8 +59,16 @@ try:  # GPT-2's transposed linear layer
 except ImportError:  # pragma: no cover
     pass
 
-#: Convolutions (the patch embedding of vision transformers): linear, the gradient unless a composite gives a rule.
-CONVOLUTIONS: tuple[type, ...] = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+#: Convolutions (the patch embedding of vision transformers; the transposed convolutions of segmentation decoders):
+#: linear, the gradient unless a composite gives a rule.
+CONVOLUTIONS: tuple[type, ...] = (
+    torch.nn.Conv1d,
+    torch.nn.Conv2d,
+    torch.nn.Conv3d,
+    torch.nn.ConvTranspose1d,
+    torch.nn.ConvTranspose2d,
+    torch.nn.ConvTranspose3d,
+)
 
 #: Modules that pass relevance unchanged in evaluation mode or lie off the relevance path.
 NEUTRAL: tuple[type, ...] = (

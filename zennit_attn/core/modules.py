@@ -62,7 +62,18 @@ def output_scores(output) -> torch.Tensor:
             f'{type(output).__name__} holds start_logits and end_logits, two scores per position: explain one of them, '
             "explain(model, input_ids, output='start_logits', target=<the position of the answer's start>)"
         )
-    raise TypeError(f'Cannot find logits or last_hidden_state in the model output {type(output).__name__}')
+    fields = (
+        [key for key, value in output.items() if isinstance(value, torch.Tensor)] if hasattr(output, 'items') else []
+    )
+    raise TypeError(
+        f'Cannot find logits or last_hidden_state in the model output {type(output).__name__}'
+        + (
+            f': explain one of its tensors ({", ".join(fields)}) with output=, e.g. explain(model, inputs, '
+            f'output={fields[0]!r})'
+            if fields
+            else ''
+        )
+    )
 
 
 class Logits(torch.nn.Module):

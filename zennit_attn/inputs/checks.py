@@ -708,6 +708,24 @@ def token_ids(tokenizer, value, name: str = 'target'):
     return value
 
 
+def check_output_rows(scores: torch.Tensor, batch: int, model_name: str) -> None:
+    """Refuse ``scores`` (the model's output as the task reads it) whose first dimension is not the input's ``batch``
+    rows: a model that returns one row's scores without the batch dimension (``logits[0]``, ``.squeeze(0)``) or a
+    scalar would have its positions or classes read as rows, and another value explained than the one asked for.
+
+    Raises
+    ------
+    ValueError
+        Naming the output's shape and the batch.
+    """
+    if scores.dim() == 0 or scores.shape[0] != batch:
+        raise ValueError(
+            f'the output of {model_name} has shape {tuple(scores.shape)} for an input of {batch} row(s): its first '
+            f'dimension must be the batch ([batch, outputs], [batch, positions, outputs] or [batch] values); does the '
+            'model drop the batch dimension (logits[0], .squeeze(0), .sum())?'
+        )
+
+
 def explained_positions(scores: torch.Tensor, position, mask) -> torch.Tensor | None:
     """The explained position of every row (``[batch]``, or ``[batch, pairs]``) for ``[batch, seq, ...]`` scores,
     None for ``[batch, outputs]`` scores; -1 or None is each row's last non-padding position."""

@@ -3,7 +3,9 @@
 :py:class:`Logit` (the default) explains the target's logit; :py:class:`Contrast` the difference of the target's and a
 contrast token's logit ("why ' Paris' rather than ' London'?", ``explain(..., contrast=...)``);
 :py:class:`OutputFunction` any scalar function of the scores (``explain(..., target=callable)``: a
-log-probability with a temperature, the sum of a class's tokens, a KL term). A :py:class:`~zennit_attn.inputs.task.Task`
+log-probability with a temperature, the sum of a class's tokens, a KL term); :py:class:`MapFunction` a function of a
+whole output map per row (a segmentation map, a depth map: :py:func:`map_objective`). A
+:py:class:`~zennit_attn.inputs.task.Task`
 holds one objective and reads every explained value through it (:py:meth:`~zennit_attn.inputs.task.Task.select`), so
 every method explains the same value.
 
@@ -34,6 +36,8 @@ __all__ = [
     'LogOdds',
     'Contrast',
     'OutputFunction',
+    'MapFunction',
+    'map_objective',
     'objective_for',
     'RelevanceToGradient',
 ]
@@ -286,6 +290,55 @@ class OutputFunction(Objective):
                 'with the scores it receives (no .detach(), .item() or numpy in between)'
             )
         return self
+
+
+class MapFunction(OutputFunction):
+    """A scalar function of a whole output map per row: ``function`` receives the model's ``[batch, ...]`` output of
+    more than two dimensions after the batch (a semantic segmentation's ``[batch, classes, height, width]`` logits, a
+    ``[batch, channels, height, width]`` reconstruction) and returns ``[batch]`` values, which are explained, e.g.
+    ``lambda logits: logits[:, c].sum((-2, -1))`` (class ``c``'s score summed over the image) or
+    ``lambda logits: (logits[:, c] * mask).sum((-2, -1))`` (over a region). Made by :py:func:`map_objective`.
+
+    Parameters
+    ----------
+    function: callable
+        ``[batch, ...]`` output to ``[batch]`` values.
+    dims: int
+        The dimensions of the output map, batch included.
+    """
+
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor], dims: int):
+        super().__init__(function)
+        self.dims = dims
+
+
+def map_objective(objective: Objective, shape: torch.Size, position, model_name: str) -> MapFunction:
+    """The objective of an output map of ``shape`` (``[batch, ...]`` of more than three dimensions: one score per
+    class and pixel, or per channel and pixel): only a function of the whole map (``explain(..., target=callable)``)
+    says what of it is explained; ``model_name`` names the model in refusals.
+
+    Raises
+    ------
+    ValueError
+        For any other target (a class index, the argmax, a contrast, a named objective), and for a ``position`` (the
+        map has none: index it in the function).
+    """
+    recipe = (
+        'explain a function of the whole map, target=lambda scores: scores[:, c].sum((-2, -1)) for class c over the '
+        'image, or (scores[:, c] * mask).sum((-2, -1)) over a region'
+    )
+    if not isinstance(objective, OutputFunction):
+        raise ValueError(
+            f'the output of {model_name} is a map of shape {tuple(shape)} (e.g. [batch, classes, height, width] of a '
+            f'semantic segmentation), not one score per class: a class index or the argmax does not say which of its '
+            f'{shape[1:].numel()} scores is explained; {recipe}'
+        )
+    if position is not None and not (isinstance(position, int) and position == -1):
+        raise ValueError(
+            f'the output of {model_name} is a map of shape {tuple(shape)} without positions: position= does not '
+            f'apply; {recipe}'
+        )
+    return MapFunction(objective.function, len(shape))
 
 
 #: ``explain(..., objective=...)``: what is explained of the target's scores, by name: its logit (the default), its

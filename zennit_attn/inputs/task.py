@@ -35,6 +35,7 @@ from .checks import (
     check_left_padding,
     check_length,
     check_model,
+    check_output_rows,
     check_right_padding,
     check_vocabulary,
     check_word_embeddings,
@@ -47,7 +48,7 @@ from .checks import (
     target_pairs,
 )
 from .lookups import TokenLookups, id_tables, needs_ids
-from .objectives import Logit, Objective
+from .objectives import Logit, Objective, map_objective
 
 __all__ = ['Readout', 'OutputField', 'Task', 'TokenTask', 'ImageTask', 'make_task']
 
@@ -127,6 +128,12 @@ class OutputField(Readout):
                 + (f'; its tensors: {", ".join(fields)}' if fields else '')
             )
         return value
+
+
+def _as_rows(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` with one value per row (``[batch]``: a regression or reward head) as ``[batch, 1]``, the one score
+    of each row; others as they are."""
+    return scores[:, None] if scores.dim() == 1 else scores
 
 
 # ------------------------------------------------------------------------------------------------------------ tasks
@@ -251,6 +258,13 @@ class Task:
         """Fix the explained position and target of every row (and the :py:attr:`objective`) from the model's
         ``scores`` on the unperturbed input, and return the explained values (``[batch]``, or ``[batch, pairs]`` for
         several pairs); ``initial_relevance`` as for :py:meth:`select`."""
+        check_output_rows(scores, self.batch, type(self.model).__name__)
+        scores = _as_rows(scores)
+        if scores.dim() > 3:  # a map per row (segmentation, reconstruction): a function of the whole map is explained
+            self.objective = map_objective(self.objective, scores.shape, position, type(self.model).__name__)
+            self.positions, self.targets = None, torch.full((self.batch,), -1, device=scores.device)
+            self.objective = self.objective.resolve(scores, self.targets)
+            return self._value(scores, None, reduce=False, initial_relevance=initial_relevance)
         pairs = target_pairs(target)
         if pairs is not None:
             if scores.dim() != 3:
@@ -289,6 +303,7 @@ class Task:
 
     def _rows_of(self, scores, rows):
         """The scores of each batch element (variants of input ``rows``) at its explained position(s)."""
+        scores = _as_rows(scores)
         if self.positions is None:
             return scores
         positions = (self.positions if rows is None else self.positions[rows]).to(scores.device)
@@ -731,6 +746,27 @@ class ImageTask(Task):
     def pixels(self) -> torch.Tensor:
         return self.inputs
 
+    def resolve(self, scores, position=-1, target=None, initial_relevance=False):
+        """:py:meth:`Task.resolve`; ``position`` names the explained output of a model with one per position (a
+        detector's object queries, a backbone's tokens), which it must name: no position of such an output stands for
+        the image. A classifier's scores have no position.
+
+        Raises
+        ------
+        ValueError
+            For a ``position`` with one output per row, and for none with outputs per position (of the model's
+            output; a readout inside the model has its own positions)."""
+        given = not (position is None or (isinstance(position, int) and position == -1))
+        name = type(self.model).__name__
+        if scores.dim() <= 2 and given:
+            raise ValueError(f'{name} gives one output per image: position does not apply to it')
+        if scores.dim() == 3 and not given and self.readout.model_output and target_pairs(target) is None:
+            raise ValueError(
+                f'{name} gives outputs per position (shape {tuple(scores.shape)}: the object queries of a detector, '
+                'the tokens of a backbone): name the one to explain with position= (e.g. the query of a detected box)'
+            )
+        return super().resolve(scores, position, target, initial_relevance)
+
     def run(self, inputs, rows=None, model=None, **extra):
         kwargs = self.call_kwargs(rows)
         kwargs.update(extra)
@@ -803,6 +839,7 @@ class ImageTask(Task):
             logit=logit,
             pixels=self.inputs,
             method=method,
+            position=self.positions,
             contrast=self.objective.contrast,
             objective=self.objective,
         )
@@ -817,19 +854,18 @@ def make_task(
     decoder_input_ids=None,
 ) -> Task:
     """The :py:class:`TokenTask` or :py:class:`ImageTask` for ``model``; arguments an image model cannot use are
-    refused."""
+    refused (``position`` once its output is known, :py:meth:`ImageTask.resolve`)."""
     if isinstance(model, torch.nn.Module) and is_image_model(model):
         unused = [
             name
             for name, used in (
-                ('position', not (position is None or (isinstance(position, int) and position == -1))),
                 ('attention_mask', attention_mask is not None),
                 ('decoder_input_ids', decoder_input_ids is not None),
             )
             if used
         ]
         if unused:
-            raise ValueError(f'{type(model).__name__} classifies images: {", ".join(unused)} do not apply to it')
+            raise ValueError(f'{type(model).__name__} takes images: {", ".join(unused)} do not apply to it')
         return ImageTask(model, inputs, model_kwargs)
     check_input_kind(model, inputs)
     return TokenTask(model, inputs, attention_mask, model_kwargs, decoder_input_ids)

@@ -372,7 +372,7 @@ class ImageExplanation:
     pixel_relevance: torch.Tensor
         ``[batch, channels, height, width]`` relevance per pixel and channel.
     target: torch.Tensor
-        ``[batch]`` the explained class.
+        ``[batch]`` the explained class (-1 for a function of an output map, ``target=callable`` on a segmentation).
     logit: torch.Tensor
         ``[batch]`` the explained logit; for LRP the initial relevance.
     pixels: torch.Tensor
@@ -383,6 +383,9 @@ class ImageExplanation:
         Latent relevance recorded with ``explain(..., latent=...)``; None otherwise.
     contrast, objective
         As for :py:class:`Explanation`.
+    position: torch.Tensor or None
+        ``[batch]`` the explained position of a model with outputs per position (a detector's object query,
+        ``explain(..., position=)``); None for a classifier.
     """
 
     relevance: torch.Tensor
@@ -394,6 +397,7 @@ class ImageExplanation:
     latent: object = field(default=None, repr=False, compare=False)
     contrast: torch.Tensor | None = None
     objective: object = field(default=None, repr=False, compare=False)
+    position: torch.Tensor | None = None
 
     def save(self, path: str | os.PathLike, row: int = 0, **options) -> tuple[Path, Path]:
         """Write the heatmap of ``row`` to ``path`` (a ``.png``) and its overlay on the image to

@@ -96,6 +96,7 @@ def explanation_curves(
         height, width = task.inputs.shape[2:]
         extra = {}
         task.targets = explanation.target.to(task.inputs.device)
+        task.positions = None if explanation.position is None else explanation.position.to(task.inputs.device)
         if explanation.objective is not None:  # a contrast or a function of the scores
             task.objective = explanation.objective
 
