@@ -1,9 +1,10 @@
 """conservation(): layer-boundary sums that the rules fix exactly."""
 
+import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from tests.models import decoder_ids, tiny_model, token_ids
+from tests.models import decoder_ids, pixels, tiny_hf_vit, tiny_model, token_ids
 from tests.numbers import assert_close
 from zennit_attn import conservation, explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
@@ -102,3 +103,10 @@ def test_positions_of_pa_lrp_are_a_row_of_their_own():
     assert_close(positions.sums[row], plain.sums[other], 1e-10)
     assert float(positions.sums[other, 0]) == 0
     assert_close(positions.input_fraction, plain.input_fraction, 1e-10)
+
+
+def test_image_models_are_refused_naming_what_to_compare():
+    """The report's boundaries are a language model's blocks and embeddings; an image model raised an AttributeError
+    from inside (its patch embedding has no ``embedding_dim``)."""
+    with pytest.raises(TypeError, match='takes pixels: compare explain'):
+        conservation(tiny_hf_vit(), pixels())

@@ -11,7 +11,7 @@ from zennit.core import Composite
 from ..composites import AttnLRPEpsilon
 from ..core.blocks import block_stacks
 from ..core.modules import is_encoder_decoder
-from ..inputs.checks import split_encoding
+from ..inputs.checks import is_image_model, split_encoding
 from ..inputs.task import TokenTask
 from ..methods.lrp import attribute
 from ..results.explanation import TargetLike
@@ -111,8 +111,14 @@ def conservation(
     the softmax rule (Prop. 3.1) and the epsilon stabilisers; the report shows how much leaks at each block.
     Arguments are those of :py:func:`~zennit_attn.explain` with ``method='attnlrp'``: ``composite`` defaults to
     :py:class:`~zennit_attn.composites.AttnLRPEpsilon`. Rows are explained one at a time, so that embeddings
-    shared by all rows (position embeddings) are reported per row.
+    shared by all rows (position embeddings) are reported per row. Language models only: an image model is refused
+    (TypeError).
     """
+    if is_image_model(model):
+        raise TypeError(
+            f'conservation() reports the layer boundaries of language models; {type(model).__name__} takes pixels: '
+            'compare explain(model, pixels).pixel_relevance.sum((1, 2, 3)) with its .logit'
+        )
     composite = AttnLRPEpsilon() if composite is None else composite
     input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
     input_ids = torch.as_tensor(input_ids)
