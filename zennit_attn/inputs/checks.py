@@ -24,6 +24,7 @@ from ..core.devices import input_device
 from ..core.errors import UnsupportedModelError
 from ..core.modules import Modules, forward_parameters, is_encoder_decoder, output_scores
 from ..core.quantization import check_quantized, cpu_packing_held, four_bit_layers, unpack_for_gradients
+from .choices import takes_choices
 
 __all__ = [
     'ModelFacts',
@@ -282,8 +283,14 @@ def run_probe(model: torch.nn.Module, **inputs):
     """The output scores (:py:func:`~zennit_attn.core.modules.output_scores`) of ``model`` called on ``inputs``
     (keyword arguments) as the checks' probes call it: without gradients, without a cache where it takes
     ``use_cache``, with bitsandbytes' packing of 4-bit weights for CPU inference held off (a probe leaves the model as
-    it was). Raises what the call raises."""
+    it was). A multiple-choice head (:py:func:`~zennit_attn.inputs.choices.takes_choices`) gets each row as its one
+    choice (``[batch, 1, seq]``) and gives ``[batch, 1]`` scores. Raises what the call raises."""
     kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
+    if takes_choices(model):
+        inputs = {
+            key: value.unsqueeze(1) if isinstance(value, torch.Tensor) and value.dim() >= 2 else value
+            for key, value in inputs.items()
+        }
     with torch.no_grad(), cpu_packing_held(four_bit_layers(model.modules())):
         return output_scores(model(**inputs, **kwargs))
 

@@ -47,8 +47,9 @@ from .checks import (
     target_indices,
     target_pairs,
 )
+from .choices import Choices
 from .lookups import TokenLookups, id_tables, needs_ids
-from .objectives import Logit, Objective, map_objective
+from .objectives import Contrast, Logit, Objective, map_objective
 
 __all__ = ['Readout', 'OutputField', 'Task', 'TokenTask', 'ImageTask', 'make_task']
 
@@ -329,6 +330,10 @@ class Task:
         """``[batch, tokens]`` True for the tokens that token-level methods (AtMan) attribute."""
         raise NotImplementedError
 
+    def check_token_layout(self, what: str) -> None:
+        """Refuse ``what`` (a method that reads the model's own sequences: its attention maps, its keys, its
+        positions) where the explained tokens are not laid out as the model's sequences; here they are."""
+
     def token_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
         """``[batch, tokens]`` relevance per token -> relevance in the shape :py:meth:`finish` takes."""
         raise NotImplementedError
@@ -420,6 +425,11 @@ class TokenTask(Task):
     ):
         input_ids, attention_mask, model_kwargs = split_encoding(input_ids, attention_mask, model_kwargs)
         super().__init__(model, model_kwargs)
+        #: the choices of a multiple-choice head, explained one after another (None for other models)
+        self.choices = Choices.of(model, input_ids)
+        if self.choices is not None:
+            input_ids, attention_mask = self.choices.flatten(input_ids), self.choices.flatten(attention_mask)
+            self.model_kwargs = {key: self.choices.flatten(value) for key, value in self.model_kwargs.items()}
         self.input_ids, self.attention_mask = check_ids(input_ids, attention_mask, device=self.device)
         embedding_module = self.word_embeddings(model)
         check_word_embeddings(model, embedding_module)
@@ -440,6 +450,11 @@ class TokenTask(Task):
         self.ids_reason = needs_ids(model, embedding_module, tables, self.facts)
         if self.ids_reason is None:
             check_embeddings_run(model, self.facts)
+        elif self.choices is not None:
+            raise UnsupportedModelError(
+                f'{type(model).__name__} scores choices and must be run on its ids ({self.ids_reason}): zennit-attn '
+                'explains the choices of a multiple-choice head on their embeddings only'
+            )
         self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module, tables)
         self._lookup_relevance: torch.Tensor | None = None
         self._position_relevance: torch.Tensor | None = None
@@ -466,7 +481,7 @@ class TokenTask(Task):
                 self.decoder_embeddings = decoder_embedding(self.decoder_input_ids).detach()
         elif decoder_input_ids is not None:
             raise ValueError(f'{type(model).__name__} is not an encoder-decoder model: decoder_input_ids is not used')
-        check_length(model, self.input_ids.shape[1], 'input_ids')
+        check_length(model, self.input_ids.shape[1] if self.choices is None else self.choices.length, 'input_ids')
         self._set_model_kwargs()
 
     @staticmethod
@@ -496,7 +511,8 @@ class TokenTask(Task):
         if mask is None:
             return
         kwargs['attention_mask'] = mask
-        left_padded = bool((mask[:, 0] == 0).any())
+        sequences = mask if self.choices is None else self.choices.sequences(mask)  # the model's own sequences
+        left_padded = bool((sequences[:, 0] == 0).any())
         if left_padded and 'position_ids' not in kwargs and 'position_ids' in parameters:
             if not is_causal(self.model, self.facts):
                 raise ValueError(
@@ -504,9 +520,9 @@ class TokenTask(Task):
                     'tell) and would give left-padded rows shifted positions: pad on the right, or pass '
                     'position_ids'
                 )
-            kwargs['position_ids'] = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        check_left_padding(self.model, mask, self.facts)
-        check_right_padding(self.model, mask, self.facts)
+            kwargs['position_ids'] = (sequences.long().cumsum(-1) - 1).clamp(min=0).reshape(mask.shape)
+        check_left_padding(self.model, sequences, self.facts)
+        check_right_padding(self.model, sequences, self.facts)
 
     def base_kwargs(self) -> dict:
         kwargs = dict(self.model_kwargs)
@@ -527,6 +543,9 @@ class TokenTask(Task):
             inputs = inputs.clone()
             if isinstance(kwargs.get('decoder_inputs_embeds'), torch.Tensor):
                 kwargs['decoder_inputs_embeds'] = kwargs['decoder_inputs_embeds'].clone()
+        if self.choices is not None:  # the model's [batch, choices, seq] layout
+            inputs = self.choices.unflatten(inputs)
+            kwargs = {key: self.choices.unflatten(value) for key, value in kwargs.items()}
         if self.lookups is None:
             try:
                 return model(inputs_embeds=inputs, **kwargs)
@@ -616,10 +635,33 @@ class TokenTask(Task):
         if self.positions is not None and self.decoder_embeddings is None and is_causal(self.model):
             last = self.positions if self.positions.dim() == 1 else self.positions.amax(1)
             valid &= torch.arange(self.token_count(), device=valid.device) <= last.to(valid.device)[:, None]
+        if self.choices is not None and self.targets is not None and isinstance(self.objective, (Logit, Contrast)):
+            # a choice's score reads that choice's tokens only: the other choices cannot change a logit or a contrast
+            read = torch.zeros(self.batch, self.choices.count, dtype=torch.bool, device=valid.device)
+            rows = torch.arange(self.batch, device=valid.device)
+            read[rows, self.targets.to(valid.device)] = True
+            if self.objective.contrast is not None:
+                read[rows, self.objective.contrast.to(valid.device)] = True
+            valid &= read.repeat_interleave(self.choices.length, 1)
         return valid
 
     def token_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
         return relevance
+
+    def check_token_layout(self, what: str) -> None:
+        """:py:meth:`Task.check_token_layout`: a multiple-choice head's choices are explained as one sequence
+        (:py:mod:`zennit_attn.inputs.choices`), the model runs them as sequences of their own.
+
+        Raises
+        ------
+        NotImplementedError
+            For a multiple-choice head."""
+        if self.choices is not None:
+            raise NotImplementedError(
+                f'{what} reads the sequences of {type(self.model).__name__}, which runs every choice as a sequence of '
+                f'its own while zennit-attn explains the choices as one: use attnlrp, cplrp, input_x_gradient, '
+                'integrated_gradients, smoothgrad or kernelshap'
+            )
 
     def query_positions(self) -> torch.Tensor:
         """The query position whose attention row is read: the explained position (for several pairs, the last);
@@ -680,6 +722,7 @@ class TokenTask(Task):
             contrast=self.objective.contrast,
             objective=self.objective,
             position_relevance=positions,
+            choices=None if self.choices is None else self.choices.count,
         )
 
     def non_finite_hint(self) -> str:

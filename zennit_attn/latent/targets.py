@@ -198,9 +198,13 @@ def explain_latent(
         For an unknown site or reduction, ``latent=``/``condition=`` with a method that is not one forward and one
         backward pass (``Method.latent`` of :py:class:`~zennit_attn.methods.registry.Method`), a Neuron target with a
         method that cannot explain it (``Method.neuron`` of :py:class:`~zennit_attn.methods.registry.Method`).
+    NotImplementedError
+        For tokens not laid out as the model's sequences (a multiple-choice head's:
+        :py:meth:`~zennit_attn.inputs.task.Task.check_token_layout`): the sites hold the model's sequences.
     """
     model = task.model
     latent = _check_request(method, target, latent, latent_reduce, condition)
+    task.check_token_layout('latent relevance, Neuron targets and conditions')
     neuron = target if isinstance(target, Neuron) else None
     if neuron is not None:
         task = task.with_readout(LatentTarget(resolve_point(model, neuron), index=neuron.index))

@@ -28,7 +28,9 @@ def atman(
 
     With a contrast (``explain(..., contrast=...)``) both scores give the same value (the log-softmax normaliser
     cancels in the difference). A target function receives the logits: it needs ``score='logit'`` (it may apply the
-    log-softmax itself)."""
+    log-softmax itself). A multiple-choice head's choices are refused (its keys are those of one choice at a time,
+    :py:meth:`~zennit_attn.inputs.task.Task.check_token_layout`)."""
+    task.check_token_layout('AtMan')
     if isinstance(task.objective, OutputFunction) and score == 'log_softmax':
         raise ValueError(
             "atman with a target function: its score='log_softmax' would hand the function "

@@ -105,11 +105,13 @@ def attention_maps(task: Task, inputs: torch.Tensor) -> Iterator[tuple[torch.Ten
     Raises
     ------
     NotImplementedError
-        For encoder-decoder models: their attention-map methods would need rules for cross-attention.
+        For encoder-decoder models: their attention-map methods would need rules for cross-attention; for tokens
+        not laid out as the model's sequences (a multiple-choice head's, :py:meth:`Task.check_token_layout`).
     TypeError
         Where the model returns no attention probabilities.
     """
     model = task.model
+    task.check_token_layout('attention-map methods (rollout, Grad-CAM)')
     if is_encoder_decoder(model):
         raise NotImplementedError(
             f'attention-map methods (rollout, Grad-CAM) are not implemented for the encoder-decoder '

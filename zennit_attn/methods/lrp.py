@@ -43,6 +43,8 @@ def attribute(
             f'composite must be a zennit Composite (e.g. zennit_attn.composites.AttnLRPEpsilon()), got '
             f'{type(composite).__name__}'
         )
+    if getattr(composite, 'positions', False):
+        task.check_token_layout("PA-LRP's relevance of the positions (method='palrp', a composite with positions=True)")
     with torch.enable_grad():
         leaves, extra = task.lrp_leaves()
         extra.update(task.keep_logits(position, target))

@@ -88,6 +88,11 @@ class Explanation:
         ``[batch, seq]`` relevance of the positions, that of the position encodings' outputs (rotary ``cos`` and
         ``sin`` of every layer, learned or sinusoidal tables) summed over their features; 0 at padding. The token
         relevance and it together are what the relevance of an input of position-token pairs sums to. None otherwise.
+    choices: int or None
+        For a multiple-choice head (:py:mod:`zennit_attn.inputs.choices`): the number of choices per row. The choices'
+        tokens are then one after another, ``input_ids``, ``relevance`` and ``attention_mask`` ``[batch, choices *
+        seq]`` (:py:attr:`choice_relevance`: ``[batch, choices, seq]``), and ``target`` is the explained choice. None
+        otherwise.
 
     Notes
     -----
@@ -119,6 +124,19 @@ class Explanation:
     objective: object = field(default=None, repr=False, compare=False)
     template: torch.Tensor | None = None
     position_relevance: torch.Tensor | None = None
+    choices: int | None = None
+
+    @property
+    def choice_relevance(self) -> torch.Tensor:
+        """``[batch, choices, seq]`` the token relevance of a multiple-choice head per choice.
+
+        Raises
+        ------
+        ValueError
+            For the explanation of a model that does not score choices."""
+        if self.choices is None:
+            raise ValueError('choice_relevance is the relevance of a multiple-choice head; this model has no choices')
+        return self.relevance.unflatten(1, (self.choices, -1))
 
     def tokens(self, tokenizer=None, row: int = 0, words: bool = False) -> list[str]:
         """The tokens of ``row`` as the tokenizer writes them (``'Ġ'``, ``'▁'`` and byte fallbacks decoded), padding

@@ -43,9 +43,13 @@ def explained_task(
     """
     if not isinstance(explanation, Explanation):
         raise TypeError(f'explanation must be an Explanation of a language model, got {type(explanation).__name__}')
-    task = TokenTask(
-        model, explanation.input_ids, explanation.attention_mask, model_kwargs, explanation.decoder_input_ids
-    )
+    ids, mask = explanation.input_ids, explanation.attention_mask
+    if explanation.choices is not None:  # a multiple-choice head's [batch, choices, seq] layout
+        ids, mask = (
+            ids.unflatten(1, (explanation.choices, -1)),
+            None if mask is None else mask.unflatten(1, (explanation.choices, -1)),
+        )
+    task = TokenTask(model, ids, mask, model_kwargs, explanation.decoder_input_ids)
     extra = {} if explanation.position is None else task.keep_logits(explanation.position)
     task.positions = None if explanation.position is None else explanation.position.to(task.inputs.device)
     task.targets = explanation.target.to(task.inputs.device)

@@ -411,6 +411,8 @@ def _check_deletion(task: TokenTask) -> None:
         reason = 'the model is an encoder-decoder model (deletion of its encoder tokens is not supported)'
     elif task.lookups is not None:
         reason = f'{type(task.model).__name__} is run on its token ids ({task.ids_reason})'
+    elif task.choices is not None:
+        reason = f'{type(task.model).__name__} scores choices of one length (deletion would shorten one of them)'
     if reason is not None:
         raise ValueError(f"leave-one-out by deletion does not apply: {reason}; use modes=('zeroed',)")
 
