@@ -353,6 +353,11 @@ class Task:
         takes."""
         raise NotImplementedError
 
+    def attributable_features(self) -> torch.Tensor | None:
+        """``[batch, features]`` True for the features of :py:meth:`feature_mask` that can change the explained value
+        (after :py:meth:`resolve`), None where every feature can."""
+        return None
+
     # ------------------------------------------------------------------------------------------ the result
     def finish(
         self, relevance: torch.Tensor, logit: torch.Tensor, method: str, decoder_relevance: torch.Tensor | None = None
@@ -687,6 +692,10 @@ class TokenTask(Task):
 
     def feature_relevance(self, relevance: torch.Tensor) -> torch.Tensor:
         return relevance
+
+    def attributable_features(self) -> torch.Tensor:
+        """:py:meth:`attributable_tokens`: a feature is a token."""
+        return self.attributable_tokens()
 
     def package(self, relevance, logit, method, decoder_relevance) -> Explanation:
         """Zero padding positions and package ``[batch, seq, hidden]`` (or ``[batch, seq]``) relevance."""
