@@ -21,10 +21,10 @@ def kernelshap(
     patch of an image), absent features set to 0 (the zero embedding, black patches: the baseline of the
     perturbation metric); ``samples`` coalitions (captum's and the paper's default 2000). With a single feature (a
     one-token text, a one-patch image, a row with one token that can change the value) its Shapley value is exactly
-    ``f(x) - f(0)``, computed directly (there is no coalition to sample). Features that cannot change the explained value
-    (:py:meth:`~zennit_attn.inputs.task.Task.attributable_features`: padding, tokens after the explained position of
-    a causal model, a multiple-choice head's other choices) are no players: they keep their value in every coalition
-    and get 0, their exact Shapley value, so that the samples go to the others. Cost: ``samples`` forward passes per
+    ``f(x) - f(0)``, computed directly (there is no coalition to sample). Features that cannot change the explained
+    value (:py:meth:`~zennit_attn.inputs.task.Task.attributable_features`: padding, tokens after the explained
+    position of a causal model, a multiple-choice head's other choices) are no players: they keep their value in every
+    coalition and get 0, their exact Shapley value, so that the samples go to the others. Cost: ``samples`` forward passes per
     input row, ``perturbation_batch`` perturbed inputs per forward pass, plus a linear regression."""
     logit = task.resolve_plain(position, target)
     mask = task.feature_mask()
