@@ -24,8 +24,8 @@ def kernelshap(
     ``f(x) - f(0)``, computed directly (there is no coalition to sample). Features that cannot change the explained
     value (:py:meth:`~zennit_attn.inputs.task.Task.attributable_features`: padding, tokens after the explained
     position of a causal model, a multiple-choice head's other choices) are no players: they keep their value in every
-    coalition and get 0, their exact Shapley value, so that the samples go to the others. Cost: ``samples`` forward passes per
-    input row, ``perturbation_batch`` perturbed inputs per forward pass, plus a linear regression."""
+    coalition and get 0, their exact Shapley value, so that the samples go to the others. Cost: ``samples`` forward
+    passes per input row, ``perturbation_batch`` perturbed inputs per forward pass, plus a linear regression."""
     logit = task.resolve_plain(position, target)
     mask = task.feature_mask()
     flat = mask[0].flatten()
