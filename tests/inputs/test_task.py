@@ -487,3 +487,53 @@ def test_a_question_answering_head_is_explained_at_the_field_named(field):
     torch.testing.assert_close(other.relevance.sum(1), scores[2:3], rtol=1e-9, atol=1e-14)
     with pytest.raises(ValueError, match="has no tensor 'answer'; its tensors: start_logits, end_logits"):
         explain(model, ids, output='answer')
+
+
+class OwnClassifier(torch.nn.Module):
+    """A classifier of one's own: a Hugging Face encoder with a head on the first token's state, called on ids only
+    (``embeds``: also on ``inputs_embeds``, with ``get_input_embeddings``, as zennit-attn's guide asked of wrappers)."""
+
+    def __init__(self, encoder: torch.nn.Module, embeds: bool = False):
+        super().__init__()
+        self.encoder = encoder
+        self.head = torch.nn.Linear(encoder.config.hidden_size, 3, bias=False).double()
+        if embeds:
+            self.get_input_embeddings = encoder.get_input_embeddings
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None):
+        state = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds)
+        return self.head(state.last_hidden_state[:, 0])
+
+
+class IdsOnly(OwnClassifier):
+    def forward(self, input_ids, attention_mask=None):
+        return super().forward(input_ids, attention_mask)
+
+
+def test_a_model_of_ones_own_around_a_hugging_face_model_is_explained_at_its_tokens():
+    """A wrapper without ``get_input_embeddings`` was taken for an image model ('pixels must be [batch, channels,
+    ...]'). Its tokens are those of the one Hugging Face model inside it (``core.modules.word_embeddings``); a forward
+    of ids only is run on them (the lookups of :py:mod:`zennit_attn.inputs.lookups`): CP-LRP conserves exactly and
+    equals the wrapper run on its embeddings; two towers with their own tables are refused, naming why."""
+    encoder = transformers.BertModel(tiny_config('bert')).double()
+    with torch.no_grad():
+        for name, parameter in encoder.named_parameters():
+            if name.endswith('bias') or 'position' in name or 'token_type' in name:
+                parameter.zero_()
+    torch.manual_seed(0)
+    ids_only, embedded = IdsOnly(encoder).eval(), OwnClassifier(encoder, embeds=True).eval()
+    embedded.head.weight = ids_only.head.weight
+    ids = token_ids('bert', 6, 2)
+    mask = torch.ones_like(ids)
+    ids[1, 4:], mask[1, 4:] = 0, 0
+    assert not is_image_model(ids_only)
+    on_ids = explain(ids_only, ids, attention_mask=mask, target=1, method='cplrp')
+    on_embeddings = explain(embedded, ids, attention_mask=mask, target=1, method='cplrp')
+    torch.testing.assert_close(on_ids.relevance.sum(-1), on_ids.logit, rtol=1e-9, atol=0)
+    torch.testing.assert_close(on_ids.relevance, on_embeddings.relevance, rtol=1e-10, atol=1e-14)
+    alone = explain(ids_only, ids[1:, :4], target=1, method='cplrp')
+    torch.testing.assert_close(alone.relevance, on_ids.relevance[1:, :4], rtol=1e-9, atol=1e-14)
+    towers = IdsOnly(transformers.BertModel(tiny_config('bert')).double()).eval()
+    towers.other = transformers.BertModel(tiny_config('bert')).double()
+    with pytest.raises(TypeError, match='finds no word embedding table in it'):
+        explain(towers, ids)

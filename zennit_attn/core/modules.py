@@ -1,6 +1,7 @@
 """Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
-:py:func:`forward_parameters` (what a module's forward takes), :py:func:`is_encoder_decoder`, :py:func:`output_scores`
-and :py:data:`Modules` (one walk over a model's modules, shared by what a call does with them)."""
+:py:func:`forward_parameters` (what a module's forward takes), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
+:py:func:`word_embeddings` (the table of a model's token ids) and :py:data:`Modules` (one walk over a model's modules,
+shared by what a call does with them)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,36 @@ def is_encoder_decoder(model: torch.nn.Module) -> bool:
         return False
     parameters = forward_parameters(model)
     return 'decoder_input_ids' in parameters or 'decoder_inputs_embeds' in parameters
+
+
+def word_embeddings(model: torch.nn.Module, modules: Modules | None = None) -> torch.nn.Module | None:
+    """The module that embeds ``model``'s token ids: ``model.get_input_embeddings()`` (a Hugging Face model), or, for a
+    model of one's own around a Hugging Face model (a classification head on an ``AutoModel``, a wrapper's forward of
+    ``input_ids``), the word embedding of the outermost models inside it that have ``get_input_embeddings`` and take
+    token ids (not ``pixel_values``). None where there is none (an image model; CANINE, whose table transformers
+    cannot tell) or where the models inside embed with different tables (two towers: which one is explained is not for
+    zennit-attn to guess). ``modules``: ``list(model.named_modules())`` if the caller has it."""
+    if hasattr(model, 'get_input_embeddings'):
+        return _embedding_of(model)
+    found, outer = {}, []
+    for name, module in modules if modules is not None else model.named_modules():
+        if any(name.startswith(prefix) for prefix in outer):
+            continue
+        if hasattr(type(module), 'get_input_embeddings') and getattr(module, 'main_input_name', None) != 'pixel_values':
+            outer.append(f'{name}.')
+            embedding = _embedding_of(module)
+            if embedding is not None:
+                found[id(embedding)] = embedding
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def _embedding_of(model: torch.nn.Module) -> torch.nn.Module | None:
+    """``model.get_input_embeddings()``, None where transformers cannot tell it (``NotImplementedError``)."""
+    try:
+        embedding = model.get_input_embeddings()
+    except NotImplementedError:
+        return None
+    return embedding if isinstance(embedding, torch.nn.Module) else None
 
 
 def _signature(function) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from transformers import PreTrainedConfig
 from ..composites import AttnLRPComposite, refuse_compiled, rule_hooks
 from ..core.devices import input_device
 from ..core.errors import UnsupportedModelError
-from ..core.modules import Modules, forward_parameters, is_encoder_decoder, output_scores
+from ..core.modules import Modules, forward_parameters, is_encoder_decoder, output_scores, word_embeddings
 from ..core.quantization import check_quantized, cpu_packing_held, four_bit_layers, unpack_for_gradients
 from .choices import takes_choices
 
@@ -477,13 +477,13 @@ def check_right_padding(model: torch.nn.Module, attention_mask: torch.Tensor, fa
 
 
 def is_image_model(model: torch.nn.Module) -> bool:
-    """Whether ``model`` takes pixels (Hugging Face ``main_input_name == 'pixel_values'``, or no word embedding
-    table: timm models) rather than token ids."""
+    """Whether ``model`` takes pixels (Hugging Face ``main_input_name == 'pixel_values'``, or no word embedding table in
+    it: timm models) rather than token ids (a Hugging Face language model, or a model of one's own around one:
+    :py:func:`~zennit_attn.core.modules.word_embeddings`)."""
     main_input = getattr(model, 'main_input_name', None)
     if main_input is not None:
         return main_input == 'pixel_values'
-    getter = getattr(model, 'get_input_embeddings', None)
-    return not (callable(getter) and isinstance(getter(), torch.nn.Embedding))
+    return not isinstance(word_embeddings(model), torch.nn.Embedding)
 
 
 def image_channels(model: torch.nn.Module) -> int | None:

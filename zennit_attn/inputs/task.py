@@ -24,7 +24,7 @@ import torch
 
 from ..core.devices import input_device, to_device
 from ..core.errors import UnsupportedModelError
-from ..core.modules import forward_parameters, is_encoder_decoder, output_scores
+from ..core.modules import forward_parameters, is_encoder_decoder, output_scores, word_embeddings
 from ..core.quantization import cpu_packing_held
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
@@ -491,12 +491,10 @@ class TokenTask(Task):
 
     @staticmethod
     def word_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
-        """The module that embeds ``input_ids`` (``model.get_input_embeddings()``), None where there is none (also
-        where transformers cannot tell it: CANINE embeds characters by hashing)."""
-        try:
-            return model.get_input_embeddings() if hasattr(model, 'get_input_embeddings') else None
-        except NotImplementedError:
-            return None
+        """The module that embeds ``input_ids`` (:py:func:`~zennit_attn.core.modules.word_embeddings`:
+        ``model.get_input_embeddings()``, or that of the Hugging Face model inside a model of one's own), None where
+        there is none (also where transformers cannot tell it: CANINE embeds characters by hashing)."""
+        return word_embeddings(model)
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -897,6 +895,19 @@ class ImageTask(Task):
         )
 
 
+def _token_input(inputs) -> bool:
+    """Whether ``inputs`` are token ids: a tokenizer's mapping, or ``[batch, seq]`` (or ``[seq]``) integers as a tensor
+    or lists (integer images have more dimensions)."""
+    if isinstance(inputs, Mapping):
+        return 'input_ids' in inputs
+    if isinstance(inputs, torch.Tensor):
+        return inputs.dim() <= 2 and not inputs.is_floating_point() and not inputs.is_complex()
+    depth = 0
+    while isinstance(inputs, (list, tuple)) and inputs and depth <= 2:
+        inputs, depth = inputs[0], depth + 1
+    return depth <= 2 and isinstance(inputs, int) and not isinstance(inputs, bool)
+
+
 def make_task(
     model: torch.nn.Module,
     inputs,
@@ -908,6 +919,13 @@ def make_task(
     """The :py:class:`TokenTask` or :py:class:`ImageTask` for ``model``; arguments an image model cannot use are
     refused (``position`` once its output is known, :py:meth:`ImageTask.resolve`)."""
     if isinstance(model, torch.nn.Module) and is_image_model(model):
+        if _token_input(inputs) and getattr(model, 'main_input_name', None) is None:
+            raise TypeError(
+                f'{type(model).__name__} was given token ids, but zennit-attn finds no word embedding table in it: '
+                'neither get_input_embeddings() of its own nor one Hugging Face model inside it whose table it could '
+                'take (none, or several with different tables, as in a model of two towers); give the model a '
+                'get_input_embeddings() that returns the embedding of the explained tokens'
+            )
         unused = [
             name
             for name, used in (
