@@ -314,6 +314,8 @@ def test_text_refusals(text_model, tokenizer):
 
     with pytest.raises(ValueError, match='no pad token and no end-of-sequence token'):
         explain(text_model, TEXTS, tokenizer=NoPad())
+    with pytest.raises(TypeError, match=r'model must be a torch.nn.Module .*got function: a pipeline holds'):
+        explain(lambda ids: text_model(ids), TEXTS, tokenizer=tokenizer)  # an AttributeError from inside before
 
 
 #: Tensor functions that wait for the device's result on an accelerator (a host synchronisation): values read on the

@@ -288,6 +288,11 @@ def explain(
     TypeError
         For a parameter the method does not take.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f'model must be a torch.nn.Module (a Hugging Face model, a timm model or a module of your own), got '
+            f'{type(model).__name__}: a pipeline holds its model as .model'
+        )
     method = method_of(method, composite)
     entry, params = _checked_method(method, composite, checkpointing, params)
     if _with_images(input_ids, images, processor):
