@@ -2,6 +2,7 @@
 synchronisations of one call."""
 
 import collections
+import copy
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from torch.overrides import TorchFunctionMode
 from transformers import BertConfig, BertForSequenceClassification
 from zennit.attribution import Gradient
 
-from tests.models import tiny_model
+from tests.models import tiny_model, token_ids
 from tests.numbers import assert_close
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
@@ -316,6 +317,22 @@ def test_text_refusals(text_model, tokenizer):
         explain(text_model, TEXTS, tokenizer=NoPad())
     with pytest.raises(TypeError, match=r'model must be a torch.nn.Module .*got function: a pipeline holds'):
         explain(lambda ids: text_model(ids), TEXTS, tokenizer=tokenizer)  # an AttributeError from inside before
+
+
+def test_a_masked_language_model_is_explained_at_its_mask_token(tokenizer):
+    """With its tokenizer, a masked language model is explained where every row holds the mask token once (it was
+    explained at the last token, ``[SEP]``: a heatmap of another prediction); rows without it keep the last token."""
+    model = tiny_model('bert', 'masked_lm')
+    masking = copy.deepcopy(tokenizer)
+    masking.mask_token = '<unk>'
+    ids = token_ids('bert', 6, 2)
+    ids[:, 2] = masking.mask_token_id
+    explanation = explain(model, ids, tokenizer=masking)
+    assert explanation.position.tolist() == [2, 2]
+    torch.testing.assert_close(explanation.relevance, explain(model, ids, position=2).relevance, rtol=0, atol=0)
+    ids[1, 2] = 7  # a row without the mask token: the default for all rows
+    assert explain(model, ids, tokenizer=masking).position.tolist() == [5, 5]
+    assert explain(model, {'input_ids': ids[:1].tolist()}, tokenizer=masking).position.tolist() == [2]
 
 
 #: Tensor functions that wait for the device's result on an accelerator (a host synchronisation): values read on the

@@ -12,6 +12,7 @@ from zennit.core import Composite
 
 from .canonizers.checkpointing import checkpointed
 from .core.blocks import block_stacks
+from .core.modules import is_encoder_decoder
 from .inputs.chat import encode_chat, is_conversation
 from .inputs.checks import token_ids
 from .inputs.objectives import RUNNER_UP, objective_for
@@ -170,9 +171,10 @@ def explain(
         (:py:class:`~zennit_attn.inputs.objectives.MapFunction`: ``lambda logits: logits[:, c].sum((-2, -1))``).
     position: int, sequence of int, tensor or None
         For 3-D outputs, the sequence position to explain (a decoder position for encoder-decoder models, the object
-        query of a detector). -1 (default) or None: the last non-padding token of each row; an image model with
-        outputs per position (a detector's queries) needs it named. Ignored for 2-D outputs of text models
-        (classification heads); refused for image classifiers.
+        query of a detector). -1 (default) or None: the last non-padding token of each row; with a ``tokenizer``
+        that has a mask token held once by every row, that token (a masked language model's prediction, not its
+        last token ``[SEP]``); an image model with outputs per position (a detector's queries) needs it named.
+        Ignored for 2-D outputs of text models (classification heads); refused for image classifiers.
     attention_mask: tensor, optional
         ``[batch, seq]`` 1 for tokens, 0 for padding (left or right; left padding of a causal model gets
         matching ``position_ids``).
@@ -314,6 +316,7 @@ def explain(
             model, input_ids, images, processor, target, position, method, entry, params, model_kwargs, text_arguments
         )
     input_ids, target, chat = _text_input(input_ids, target, tokenizer)
+    position = _masked_position(model, input_ids, position, tokenizer)
     _check_inside_target(target, objective, contrast, condition, checkpointing)
     target, objective = _objective(tokenizer, target, contrast, objective)
     task = make_task(model, input_ids, position, attention_mask, model_kwargs, decoder_input_ids)
@@ -420,6 +423,29 @@ def _text_input(input_ids, target, tokenizer) -> tuple:
     if tokenizer is not None and _is_texts(input_ids):
         return encode_texts(tokenizer, input_ids), target, None
     return input_ids, target, None
+
+
+def _masked_position(model, input_ids, position, tokenizer):
+    """``position``, where it is the default (-1, None), as each row's mask token if ``tokenizer`` has one and every
+    row holds it exactly once: a masked language model is explained at the prediction it makes there, not at its last
+    token (``[SEP]``). Encoder-decoder models (whose position is a decoder position) and other inputs keep it."""
+    mask_id = getattr(tokenizer, 'mask_token_id', None)
+    if mask_id is None or not (position is None or (isinstance(position, int) and position == -1)):
+        return position
+    if is_encoder_decoder(model):
+        return position
+    ids = input_ids.get('input_ids') if isinstance(input_ids, (dict, BatchEncoding)) else input_ids
+    if isinstance(ids, (list, tuple)):
+        try:
+            ids = torch.as_tensor(ids)
+        except (TypeError, ValueError, RuntimeError):  # ragged or not numbers: checked later
+            return position
+    if not isinstance(ids, torch.Tensor) or ids.dim() not in (1, 2) or ids.is_floating_point():
+        return position
+    hits = (ids if ids.dim() == 2 else ids[None]) == mask_id
+    if not bool((hits.sum(1) == 1).all()):
+        return position
+    return hits.int().argmax(1)
 
 
 def _objective(tokenizer, target, contrast, objective: str = 'logit') -> tuple:
