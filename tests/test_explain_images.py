@@ -7,9 +7,10 @@ import pytest
 import torch
 from zennit.attribution import Gradient
 
-from tests.models import CHANNELS, CLASSES, IMAGE, VISION_BUILDERS, pixels, tiny_hf_vit, tiny_timm_vit
+from tests.models import CHANNELS, CLASSES, IMAGE, VISION_BUILDERS, pixels, tiny_hf_vision, tiny_hf_vit, tiny_timm_vit
 from zennit_attn import ImageExplanation, explain
 from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
+from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.core.modules import Logits, output_scores
 from zennit_attn.inputs.task import ImageTask
 from zennit_attn.methods.attention import attention_maps
@@ -112,3 +113,44 @@ def test_attention_maps_restore_and_see_every_layer():
         assert hf.config._attn_implementation == 'eager'
     assert len(maps) == 2 and hf.config._attn_implementation == 'sdpa'
     torch.testing.assert_close(maps[1].sum(-1), torch.ones(2, 2, 5, dtype=maps[1].dtype))
+
+
+#: transformers' vision models whose attention is not one sequence of the image's tokens in every layer: windowed
+#: (Swin: a batch of windows), keys reduced by a convolution (SegFormer)
+NOT_ONE_SEQUENCE = {
+    'SwinForImageClassification': dict(
+        image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4
+    ),
+    'SegformerForImageClassification': dict(hidden_sizes=[16, 32, 32, 64], depths=[1, 1, 1, 1], decoder_hidden_size=32),
+}
+
+
+@pytest.mark.parametrize('name', sorted(NOT_ONE_SEQUENCE))
+@pytest.mark.parametrize('method', ['attention_rollout', 'grad_attention_rollout', 'gradcam', 'atman'])
+def test_attention_methods_refuse_attention_that_is_not_one_sequence(name, method):
+    """Rollout multiplies the maps of all layers, Grad-CAM reads the pooled token's row, AtMan scales each token's key:
+    on Swin's windows and SegFormer's reduced keys they raised errors from inside (size mismatches, an AttributeError
+    of the discovery pass). Refused now, naming the maps or keys found."""
+    model, images = tiny_hf_vision(name, **NOT_ONE_SEQUENCE[name])
+    params = {'score': 'logit'} if method == 'atman' else {}
+    with pytest.raises((UnsupportedModelError, TypeError), match='windowed|patch grid'):
+        explain(model, images, target=1, method=method, **params)
+
+
+def test_rollout_reads_the_rows_the_head_pools():
+    """BEiT's head averages the patch tokens (``use_mean_pooling``): rollout reads their rows (the class token's
+    before), as computed here from the model's own attention maps."""
+    model, images = tiny_hf_vision('BeitForImageClassification')
+    assert model.config.use_mean_pooling
+    model.config._attn_implementation = 'eager'  # the maps
+    with torch.no_grad():
+        maps = model(pixel_values=images, output_attentions=True).attentions
+    product = torch.eye(maps[0].shape[-1], dtype=torch.float64).expand(2, -1, -1)
+    for attention in maps:
+        layer = 0.5 * (torch.eye(attention.shape[-1], dtype=torch.float64) + attention.mean(1))
+        product = layer @ product
+    expected = product[:, 1:].mean(1)[:, 1:]  # the patch rows, the patch columns
+    explanation = explain(model, images, method='attention_rollout')
+    patch = explanation.pixel_relevance.shape[-1] // model.config.patch_size
+    per_patch = explanation.relevance.reshape(2, patch, model.config.patch_size, patch, -1).sum((2, 4)).flatten(1)
+    torch.testing.assert_close(per_patch, expected, rtol=1e-6, atol=0)

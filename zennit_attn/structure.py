@@ -74,6 +74,9 @@ EXAMPLE_TOKENS = 5
 #: Tokens of the example decoder input of encoder-decoder models: fewer than the encoder's, so that the keys of an
 #: attention operation tell whether it attends to the input tokens (encoder and cross-attention) or not.
 EXAMPLE_DECODER_TOKENS = 3
+#: Side of the example image of vision models whose configuration has no image size (SegFormer, convolutional ones):
+#: divisible by the strides of their stages.
+EXAMPLE_IMAGE = 64
 
 #: Kinds of recorded tensors, in the order in which one of several records of the same tensor is preferred.
 KINDS = ('linear', 'norm', 'attention', 'matmul', 'softmax', 'product', 'activation')
@@ -444,7 +447,9 @@ def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     main = getattr(model, 'main_input_name', None)
     if main == 'pixel_values' and config is not None:
         vision = getattr(config, 'vision_config', None) or config
-        return {'pixel_values': _image(vision.num_channels, vision.image_size, device, dtype)}
+        # a model without a fixed image size (SegFormer, convolutional ones) takes any: the smallest it needs
+        size = getattr(vision, 'image_size', None) or EXAMPLE_IMAGE
+        return {'pixel_values': _image(getattr(vision, 'num_channels', 3), size, device, dtype)}
     if main == 'input_ids' and config is not None:
         inputs = {'input_ids': _token_ids(model, config, EXAMPLE_TOKENS, device)}
         if is_encoder_decoder(model):

@@ -826,7 +826,15 @@ class ImageTask(Task):
         """Number of tokens before the patch tokens (class, distillation, register tokens)."""
         if hasattr(self.model, 'num_prefix_tokens'):
             return int(self.model.num_prefix_tokens)
-        return 1  # Hugging Face ViT: the class token
+        return 1 + self._registers()  # Hugging Face ViT: the class token (DINOv2: and its registers)
+
+    def _registers(self) -> int:
+        """Number of register tokens among the prefix tokens (timm's ``num_reg_tokens``, Hugging Face's
+        ``config.num_register_tokens``): no head reads them."""
+        registers = getattr(self.model, 'num_reg_tokens', None)
+        if registers is None:
+            registers = getattr(getattr(self.model, 'config', None), 'num_register_tokens', None)
+        return int(registers or 0)
 
     def grid(self) -> tuple[int, int]:
         """``(rows, columns)`` of the patch grid."""
@@ -835,7 +843,11 @@ class ImageTask(Task):
         if size is None:
             size = getattr(getattr(self.model, 'patch_embed', None), 'patch_size', None)
         if size is None:
-            raise TypeError(f'cannot tell the patch size of {type(self.model).__name__}')
+            raise TypeError(
+                f'cannot tell the patch size of {type(self.model).__name__} (neither its configuration nor a '
+                'patch_embed says it): the methods that perturb or read image patches (KernelSHAP, AtMan, rollout, '
+                'Grad-CAM) need its patch grid; use attnlrp, cplrp or a gradient method'
+            )
         size = (size, size) if isinstance(size, int) else tuple(size)
         return height // size[0], width // size[1]
 
@@ -861,11 +873,13 @@ class ImageTask(Task):
         return spread.expand(batch, channels, height, width) / (channels * (height // rows) * (width // columns))
 
     def attention_row(self, matrices: torch.Tensor) -> torch.Tensor:
-        """The mean row of the pooled tokens: the prefix tokens (class token; DeiT's class and distillation tokens)
-        for token pooling, else the patch tokens (average pooling)."""
+        """The mean row of the pooled tokens: the prefix tokens but the registers (class token; DeiT's class and
+        distillation tokens) for token pooling, else the patch tokens (average pooling: timm's ``global_pool='avg'``,
+        Hugging Face's ``config.use_mean_pooling``, BEiT's default)."""
         prefix = self.prefix_tokens()
-        if prefix > 0 and getattr(self.model, 'global_pool', 'token') == 'token':
-            return matrices[..., :prefix, :].mean(-2)
+        mean = getattr(getattr(self.model, 'config', None), 'use_mean_pooling', False)
+        if prefix > 0 and getattr(self.model, 'global_pool', 'avg' if mean else 'token') == 'token':
+            return matrices[..., : prefix - self._registers(), :].mean(-2)
         return matrices[..., prefix:, :].mean(-2)
 
     def feature_mask(self) -> torch.Tensor:

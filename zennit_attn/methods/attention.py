@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ..core.errors import UnsupportedModelError
 from ..core.kinds import model_configs
 from ..core.modules import is_encoder_decoder, output_scores
 from ..inputs.task import Task
@@ -125,7 +126,36 @@ def attention_maps(task: Task, inputs: torch.Tensor) -> Iterator[tuple[torch.Ten
                 f'{type(model).__name__} returned no attention probabilities (with eager attention and '
                 'output_attentions=True)'
             )
+        _check_maps(task, inputs.shape[0], attentions)
         yield output_scores(output), tuple(attentions)
+
+
+def _check_maps(task: Task, batch: int, attentions) -> None:
+    """Refuse attention maps that are not ``[batch, heads, tokens, tokens]`` over the task's tokens in every layer:
+    windowed attention (Swin: a batch of windows), keys reduced or pooled (SegFormer, PVT, Hiera), stages of other
+    lengths. Rollout multiplies the maps of all layers and Grad-CAM reads the explained token's row, so they need one
+    sequence of the input's tokens throughout (a plain ViT's patches and class token, a language model's tokens).
+
+    Raises
+    ------
+    zennit_attn.core.errors.UnsupportedModelError
+        Naming the first map that is not one and what it would need.
+    """
+    try:
+        tokens = task.token_count()
+    except (TypeError, ValueError):  # no patch grid of the image (a model without patch_size)
+        tokens = None
+    for layer, attention in enumerate(attentions):
+        shape = tuple(attention.shape) if isinstance(attention, torch.Tensor) else None
+        if shape is None or len(shape) != 4 or shape[0] != batch or tokens is None or shape[2:] != (tokens, tokens):
+            found = f'shape {shape}' if shape is not None else f'a {type(attention).__name__}'
+            expected = 'a patch grid it can tell' if tokens is None else f'{batch} x heads x {tokens} x {tokens}'
+            raise UnsupportedModelError(
+                f'the attention-map methods (rollout, Grad-CAM) multiply or read attention maps over one sequence of '
+                f'the input tokens in every layer ({expected}); {type(task.model).__name__} gives layer {layer} a map '
+                f'of {found} (windowed, pooled or reduced attention, stages of other lengths): use attnlrp, cplrp or '
+                'a gradient method'
+            )
 
 
 def discard(mean_attention: torch.Tensor, dt: float) -> torch.Tensor:
@@ -190,10 +220,12 @@ def suppress_keys(model: torch.nn.Module, factors: Callable[[], torch.Tensor | N
             # or transposed [batch, heads, tokens, dim], e.g. Gemma 3's k_norm) the one of largest stride in the
             # input, a view of the projection's [batch, tokens, features] output
             dim = 1 if output.dim() <= 3 else 1 + max(range(output.dim() - 2), key=lambda d: input[0].stride(d + 1))
-            if output.shape[dim] != factor.shape[1]:
-                raise RuntimeError(
-                    f'{type(module).__name__} returned keys of shape {tuple(output.shape)}, whose token '
-                    f'dimension {dim} does not match the {factor.shape[1]} input tokens'
+            if output.shape[dim] != factor.shape[1] or output.shape[0] != factor.shape[0]:
+                raise UnsupportedModelError(
+                    f'AtMan scales the key of every input token in every attention layer; {type(module).__name__} '
+                    f'returned keys of shape {tuple(output.shape)} for {factor.shape[0]} input(s) of '
+                    f'{factor.shape[1]} tokens (windowed, pooled or reduced attention: Swin, LeViT, MobileViT): use '
+                    'attnlrp, cplrp or a gradient method'
                 )
             shape = [factor.shape[0]] + [1] * (output.dim() - 1)
             shape[dim] = factor.shape[1]
