@@ -537,3 +537,18 @@ def test_a_model_of_ones_own_around_a_hugging_face_model_is_explained_at_its_tok
     towers.other = transformers.BertModel(tiny_config('bert')).double()
     with pytest.raises(TypeError, match='finds no word embedding table in it'):
         explain(towers, ids)
+
+
+def test_a_model_configured_to_return_tuples_is_read_by_field_names():
+    """``config.return_dict=False`` makes a Hugging Face model return a tuple, whose first element was read as the
+    scores: a question-answering head's start logits, explained without a word where its output object is refused
+    for holding two scores per position. The task asks for the output object (``return_dict=True``)."""
+    model = _tiny(transformers.BertConfig, transformers.BertForQuestionAnswering, return_dict=False)
+    ids = torch.tensor([[5, 9, 17, 23, 31, 40]])
+    with torch.no_grad():
+        assert isinstance(model(ids), tuple)
+        end = model(ids, return_dict=True).end_logits
+    with pytest.raises(TypeError, match='holds start_logits and end_logits'):
+        explain(model, ids, method='cplrp')
+    explanation = explain(model, ids, output='end_logits', target=2, method='cplrp')
+    torch.testing.assert_close(explanation.logit, end[:, 2], rtol=1e-12, atol=0)

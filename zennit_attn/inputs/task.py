@@ -21,6 +21,7 @@ import copy
 from collections.abc import Mapping
 
 import torch
+from transformers import PreTrainedModel
 
 from ..core.devices import input_device, to_device
 from ..core.errors import UnsupportedModelError
@@ -156,6 +157,10 @@ class Task:
         #: where the model computes (:py:func:`~zennit_attn.core.devices.input_device`): the inputs go there
         self.device = input_device(model)
         self.model_kwargs = to_device(dict(model_kwargs or {}), self.device)
+        if isinstance(model, PreTrainedModel) and getattr(model.config, 'return_dict', True) is False:
+            # the output's fields by name: a tuple's first element is read as the scores (a question-answering
+            # head's start logits, where its output object is refused for holding two scores per position)
+            self.model_kwargs.setdefault('return_dict', True)
         #: what :py:meth:`forward` reads of a run of the model
         self.readout: Readout = Readout()
         #: what :py:meth:`select` explains of the scores at the explained positions (resolved by :py:meth:`resolve`)
