@@ -34,6 +34,7 @@ from zennit_attn.core.quantization import (
     quantization_of,
     unexplained_quantized,
 )
+from zennit_attn.workflows.evaluation import explanation_curves
 
 LLAMA = dict(
     vocab_size=50,
@@ -352,4 +353,8 @@ def test_bitsandbytes_4bit_packed_for_cpu_inference_is_unpacked_for_gradients(sa
         (relevance,) = torch.autograd.grad(logit, embeddings, grad_outputs=logit.detach())
     assert all(layer.support_avx512bf16_for_cpu for layer in layers)  # the setting restored on exit
     # each packing rounds the scales anew: compare with explain() of the model as the context left it
-    torch.testing.assert_close(relevance.sum(-1), explain_quietly(model, ids).relevance, rtol=1e-5, atol=1e-7)
+    explanation = explain_quietly(model, ids)
+    torch.testing.assert_close(relevance.sum(-1), explanation.relevance, rtol=1e-5, atol=1e-7)
+    curves = explanation_curves(model, explanation, steps=2, progress=False)  # perturbed passes without gradients
+    assert not any(packed_for_cpu(layer) for layer in layers)  # they left the model as it was explained
+    torch.testing.assert_close(curves[0].morf[0], explanation.logit[0].double(), rtol=1e-6, atol=0)

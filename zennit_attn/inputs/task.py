@@ -209,8 +209,10 @@ class Task:
         self, inputs: torch.Tensor, rows: torch.Tensor | None = None, model: torch.nn.Module | None = None, **extra
     ) -> torch.Tensor:
         """The scores of :py:meth:`run` as the :py:attr:`readout` reads them (by default the logits, or the last
-        hidden state)."""
-        return self.readout.read(self, inputs, rows, model, **extra)
+        hidden state); bitsandbytes' packing of 4-bit weights for CPU inference held off (the perturbed passes of the
+        evaluations run without gradients, where it would round the model's scales and change it)."""
+        with cpu_packing_held(bitsandbytes_layers(self.model, self.facts, self.modules)):
+            return self.readout.read(self, inputs, rows, model, **extra)
 
     def lrp_forward(self, inputs: torch.Tensor, model: torch.nn.Module, **extra) -> torch.Tensor:
         """:py:meth:`forward` for a backward pass that starts with the initial relevance (LRP,
@@ -322,8 +324,8 @@ class Task:
 
     def resolve_plain(self, position=-1, target: TargetLike = None) -> torch.Tensor:
         """:py:meth:`resolve` from a plain forward pass without gradients (bitsandbytes' packing of 4-bit weights for
-        CPU inference held off: the gradient passes after it go through them)."""
-        with torch.no_grad(), cpu_packing_held(bitsandbytes_layers(self.model, self.facts, self.modules)):
+        CPU inference held off by :py:meth:`forward`: the gradient passes after it go through them)."""
+        with torch.no_grad():
             return self.resolve(self.forward(self.inputs), position, target)
 
     # ------------------------------------------------------------------------------------------ tokens and features
