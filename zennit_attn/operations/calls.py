@@ -12,6 +12,7 @@ function (:py:func:`signature`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -221,6 +222,14 @@ class Call:
         args, kwargs = self.with_values(values)
         return self.func(*args, **kwargs)
 
+    def again(self, input: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """``x -> the function run again with x as its first argument`` where ``input`` is that argument (the identity
+        rule computes an activation's output again in the backward pass instead of keeping it,
+        :py:func:`~zennit_attn.rules.elementwise_identity`), None where it is not."""
+        if not self.args or self.args[0] is not input:
+            return None
+        return functools.partial(_first_replaced, self.func, self.args[1:], self.kwargs)
+
     def with_values(self, values: dict[str, Any]) -> tuple[tuple, dict]:
         """``(args, kwargs)`` with the arguments named in ``values`` replaced."""
         positions = signature(self.func, self.entry.params if self.entry is not None else ()).positions
@@ -251,3 +260,8 @@ class Call:
         )
         call.held = self.held or held
         return call
+
+
+def _first_replaced(func: Callable, rest: tuple, kwargs: dict, input: torch.Tensor):
+    """``func(input, *rest, **kwargs)``: a call run again on another first argument (:py:meth:`Call.again`)."""
+    return func(input, *rest, **kwargs)

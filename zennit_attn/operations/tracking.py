@@ -17,6 +17,8 @@ the registry receives, and what it keeps track of:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 import weakref
 from collections import Counter
@@ -305,7 +307,9 @@ class State:
         rule = call.activation_rule if call.activation_rule is not None else self.activation_rule
         if rule is None:
             return output
-        return rule.elementwise(input, output, gate=gate)
+        if not _takes_compute(getattr(rule.elementwise, '__func__', rule.elementwise)):  # one's own: three arguments
+            return rule.elementwise(input, output, gate=gate)
+        return rule.elementwise(input, output, gate=gate, compute=call.again(input))
 
     def check_origin(self, tensor: torch.Tensor) -> None:
         """Refuse a tensor computed by an autograd function of another package (a custom kernel); a function of terms
@@ -445,3 +449,14 @@ def refuse_bias(state: State, op: str, origin) -> None:
         'logits gets its share of the softmax rule, Prop. 3.1; any other use of exp has no AttnLRP rule)',
         path=list(origin),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_compute(elementwise) -> bool:
+    """Whether an activation rule's ``elementwise`` takes ``compute=`` (the function again, so that the rule need not
+    keep the output: :py:meth:`~zennit_attn.rules.gradient.Identity.elementwise`); rules of one's own may take only
+    ``(input, output, gate)``."""
+    try:
+        return 'compute' in inspect.signature(elementwise).parameters
+    except (TypeError, ValueError):
+        return False

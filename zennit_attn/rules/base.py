@@ -7,6 +7,7 @@ import contextvars
 import copy
 import functools
 import inspect
+from collections.abc import Callable
 
 import torch
 from zennit.core import Hook, RemovableHandle, RemovableHandleList
@@ -104,26 +105,44 @@ def scaled_gradient(tensor: torch.Tensor, factor) -> torch.Tensor:
 
 
 class _RecomputedIdentity(torch.autograd.Function):
-    """:py:class:`_ElementwiseIdentity` for a module ``y = f(x)`` whose output is not kept for the backward pass: only
-    ``input`` is saved (the tensor the module's own graph saves in a plain pass, so that the rule holds no more
-    activations than the plain gradient), and the backward pass runs ``module.forward(input)`` again (without
-    gradients, without hooks: the same operations on the same values, the same output) for ``g_in = g_out f(x) / x``.
+    """:py:class:`_ElementwiseIdentity` for ``y = f(x)`` whose output is not kept for the backward pass: only ``input``
+    is saved (the tensor the function's own graph saves in a plain pass, so that the rule holds no more activations
+    than the plain gradient), and the backward pass computes ``compute(input)`` again (without gradients: the same
+    operations on the same values, the same output) for ``g_in = g_out f(x) / x``. The model may then change the
+    output in place after the function (``y = act(x); y += residual``), which a saved output would not allow.
     ``source`` is the first input of a chain of element-wise functions (see :py:func:`elementwise_identity`), from
     which the ratio is taken."""
 
     @staticmethod
-    def forward(ctx, source, input, output, module):
+    def forward(ctx, source, input, output, compute):
         ctx.save_for_backward(source.detach(), input.detach())
-        ctx.module = module
+        ctx.compute = compute
         _hold_source(ctx, source)
         return output.detach()
 
     @staticmethod
     def backward(ctx, grad_output):
         source, input = ctx.saved_tensors
-        with torch.no_grad(), loaded_weights(ctx.module):
-            output = ctx.module.forward(input)
+        with torch.no_grad():
+            output = ctx.compute(input)
         return _identity_gradient(source, output, grad_output), None, None, None
+
+
+class _RecomputedGate(_RecomputedIdentity):
+    """:py:class:`_RecomputedIdentity` for the output of an activation: its autograd node marks the tensor as a gate, a
+    constant factor for CP-LRP (see :py:mod:`zennit_attn.operations.graph`)."""
+
+
+def module_output(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> module.forward(x)`` as :py:class:`_RecomputedIdentity` computes a module's output again: without its
+    hooks, with its own weights loaded where ``accelerate`` offloads them, on a copy where the module computes in
+    place (its ``inplace`` flag may be back on by the time of the backward pass)."""
+    return functools.partial(_module_forward, module)
+
+
+def _module_forward(module: torch.nn.Module, input: torch.Tensor) -> torch.Tensor:
+    with loaded_weights(module):
+        return module.forward(input.clone() if getattr(module, 'inplace', False) else input)
 
 
 #: The autograd functions of the identity rule, whose nodes hold the ``source`` of a chain of element-wise functions.
@@ -178,6 +197,7 @@ RULE_NODES = {
     _GradientMap: 'values',
     _ElementwiseIdentity: 'rescaled',
     _RecomputedIdentity: 'rescaled',
+    _RecomputedGate: 'gate',
 }
 
 
@@ -197,13 +217,18 @@ def rule_input(node):
 
 
 def elementwise_identity(
-    input: torch.Tensor, output: torch.Tensor, gate: bool = False, module: torch.nn.Module | None = None
+    input: torch.Tensor,
+    output: torch.Tensor,
+    gate: bool = False,
+    module: torch.nn.Module | None = None,
+    compute: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Return ``output`` (computed element-wise from ``input``) such that the identity rule (Eq. 9) applies;
-    ``gate`` marks the output of an activation (as opposed to a normalisation). With ``module`` (which computed
-    ``output = module.forward(input)`` and computes it again from the same input), ``output`` is not saved for the
-    backward pass but computed again there (:py:class:`_RecomputedIdentity`; for normalisations, whose output no
-    other operation of a plain pass saves).
+    ``gate`` marks the output of an activation (as opposed to a normalisation). With ``compute`` (``output =
+    compute(input)``, the same function again; ``module``: ``module.forward``, :py:func:`module_output`), ``output`` is
+    not saved for the backward pass but computed again there (:py:class:`_RecomputedIdentity`): the rule keeps the
+    activations of a plain pass, and the model may change ``output`` in place after it (``y = act(x); y += r``, which
+    a saved output would make autograd refuse).
 
     Where ``input`` is itself the output of the identity rule on ``x0`` (``f(g(x0))``, unchanged since), the rule
     applies from ``x0`` to ``output`` at once: the identity rule of the composed element-wise function. This is the
@@ -215,10 +240,13 @@ def elementwise_identity(
     if issubclass(getattr(type(node), '_forward_cls', type(None)), _IDENTITY_FUNCTIONS) and node.source is not None:
         source = node.source
     if module is not None:
-        return _RecomputedIdentity.apply(source, input, output.detach(), module)
-    result = (_GateIdentity if gate else _ElementwiseIdentity).apply(source, output.detach())
-    if source is not input and result.requires_grad:  # what it is computed from in the chain (the engine's marks)
-        result.grad_fn.immediate = input.grad_fn
+        compute = module_output(module)
+    if compute is not None:
+        result = (_RecomputedGate if gate else _RecomputedIdentity).apply(source, input, output.detach(), compute)
+    else:
+        result = (_GateIdentity if gate else _ElementwiseIdentity).apply(source, output.detach())
+        if source is not input and result.requires_grad:  # what it is computed from in the chain (the engine's marks)
+            result.grad_fn.immediate = input.grad_fn
     return result
 
 

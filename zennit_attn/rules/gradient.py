@@ -6,6 +6,8 @@ rules of the operations inside models (products, softmaxes) are applied by the e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from zennit.core import RemovableHandle, RemovableHandleList
 
@@ -18,6 +20,7 @@ from .base import (
     gradient_map,
     layer_norm_identity,
     module_inputs,
+    module_output,
     stabilize,
     tensor_output,
 )
@@ -117,6 +120,9 @@ class Identity(GradientRule):
     switched: tuple[torch.nn.Module, bool] | None = None
     #: the version counter of the module's input when its forward began
     version: int | None = None
+    #: whether the module was called with its input alone, so that ``module.forward(input)`` computes its output again
+    #: in the backward pass (:py:func:`~zennit_attn.rules.base.elementwise_identity`)
+    recomputable: bool = False
 
     def register(self, module: torch.nn.Module) -> RemovableHandleList:
         handles = super().register(module)
@@ -131,6 +137,7 @@ class Identity(GradientRule):
         first = input[0] if input else None
         with torch._C.DisableTorchFunction():  # the rule's read, not the model's: the classifying mode need not see it
             self.version = first._version if isinstance(first, torch.Tensor) else None
+        self.recomputable = len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
 
     def forward(self, module, input, output):
         output = tensor_output(module, output)
@@ -150,14 +157,21 @@ class Identity(GradientRule):
             )
         if not is_listed_activation(module):
             _confirmed(module, 'activation', lambda: _confirm_elementwise(module, input[0], output))
-        return self.elementwise(input[0], output)
+        return self.elementwise(input[0], output, compute=module_output(module) if self.recomputable else None)
 
     @staticmethod
-    def elementwise(input: torch.Tensor, output: torch.Tensor, gate: bool = True) -> torch.Tensor:
+    def elementwise(
+        input: torch.Tensor,
+        output: torch.Tensor,
+        gate: bool = True,
+        compute: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """``output``, an element-wise function of ``input``, with the identity rule's gradient (Eq. 9): for the
         activation modules and, as the composite's activation rule, for the element-wise functions the engine sees
-        (``gate``: the output of a non-linearity, a gate of CP-LRP, not a bound or rounding)."""
-        return elementwise_identity(input, output, gate=gate)
+        (``gate``: the output of a non-linearity, a gate of CP-LRP, not a bound or rounding). ``compute``: the
+        function again (``input -> output``), run in the backward pass instead of keeping ``output``
+        (:py:func:`~zennit_attn.rules.base.elementwise_identity`)."""
+        return elementwise_identity(input, output, gate=gate, compute=compute)
 
     def remove(self) -> None:
         """Put back a module's ``inplace`` flag (see the class description), then remove the hooks."""
@@ -172,7 +186,7 @@ class Identity(GradientRule):
 
     def copy(self):
         duplicate = super().copy()
-        duplicate.switched, duplicate.version = None, None
+        duplicate.switched, duplicate.version, duplicate.recomputable = None, None, False
         return duplicate
 
 
