@@ -42,7 +42,9 @@ from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.qwen3_next import modeling_qwen3_next
 
 from tests.by_hand import attributed, by_hand, identity
+from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon, MLPRules, RelPEpsilon
+from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.workflows.architecture_check.check import _built
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
@@ -194,6 +196,15 @@ SPELLINGS = {
         lambda m, x: F.silu(m.a(x)).add_(m.b(x)),
         lambda m, x: plus_in_place(m.act(m.a(x)), m.b(x)),
         lambda m, x: plus_in_place(torch.nn.functional.silu(m.a(x), inplace=False), m.b(x)),
+    ],
+    'a normalisation, then a residual added': [
+        lambda m, x: F.rms_norm(m.a(x), (4,), eps=1e-6) + m.b(x),
+        lambda m, x: plus_in_place(F.rms_norm(m.a(x), (4,), eps=1e-6), m.b(x)),
+        lambda m, x: plus_in_place(m.norm(m.a(x)), m.b(x)),
+    ],
+    'a unit vector, then a residual added': [
+        lambda m, x: F.normalize(m.a(x), dim=-1) + m.b(x),
+        lambda m, x: plus_in_place(F.normalize(m.a(x), dim=-1), m.b(x)),
     ],
     # the issue's pair: a linear map of a gate (an MLP's output), then times a gate; also as a layer, an einsum, a
     # tensordot, addmm with a zero input, and the gate expanded before the product with the matrix
@@ -421,6 +432,7 @@ SPELLINGS = {
 DESIGNED = {
     # relevance patching's MLP rules give normalisation modules no rule (their plain gradient through the module)
     ('a normalised gate', MLPRules): 2,
+    ('a normalisation, then a residual added', MLPRules): 2,
     # relevance patching's MLP rules give a product that is not gated its plain gradient: ``x * x`` twice the relevance
     # of ``x ** 2`` (the activation rule)
     ('a square written as a product, times a value', MLPRules): 1,
@@ -438,6 +450,40 @@ def test_a_number_added_in_place_to_an_activation_output(composite):
     expected = attributed(_model(lambda m, x: F.gelu(m.a(x)) * m.b(x)), composite(), x)
     found = attributed(_model(lambda m, x: gelu_erf_in_place(m.a(x)) * m.b(x)), composite(), x)
     torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+
+
+class ScaledInPlace(torch.nn.Module):
+    """One attention head over embedded tokens whose probabilities are scaled in place (``p *= 0.5``)."""
+
+    def __init__(self, in_place: bool):
+        super().__init__()
+        self.in_place = in_place
+        self.embedding = torch.nn.Embedding(20, 4)
+        self.a, self.b, self.head = (torch.nn.Linear(4, width, bias=False) for width in (4, 4, 2))
+
+    def get_input_embeddings(self):
+        return self.embedding
+
+    def forward(self, input_ids=None, inputs_embeds=None):
+        x = self.embedding(input_ids) if inputs_embeds is None else inputs_embeds
+        p = torch.softmax(self.a(x) @ self.b(x).transpose(-1, -2), -1)
+        if self.in_place:
+            p *= 0.5
+        else:
+            p = p * 0.5
+        return self.head(p @ x)[:, -1]
+
+
+def test_a_kept_tensor_changed_in_place_is_refused_by_name():
+    """Attention probabilities scaled in place: AttnLRP's softmax rule keeps them for the backward pass (as the plain
+    softmax does), and torch refused the pass in its own words; the refusal names the model and what to do. Out of
+    place, the same model conserves under CP-LRP."""
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(UnsupportedModelError, match=r'ScaledInPlace changes in place a tensor that a rule .*out of'):
+        explain(ScaledInPlace(True).double().eval(), ids)
+    explanation = explain(ScaledInPlace(False).double().eval(), ids, method='cplrp')
+    torch.testing.assert_close(explanation.relevance.sum(), explanation.logit.sum(), rtol=1e-12, atol=0)
 
 
 def test_a_bias_before_an_activation_keeps_its_share():

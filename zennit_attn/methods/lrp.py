@@ -8,6 +8,7 @@ import torch
 from zennit.core import Composite
 
 from ..composites import AttnLRPComposite
+from ..core.errors import UnsupportedModelError
 from ..inputs.task import Task
 from ..results.explanation import TargetLike
 from ..rules.boundary import gradient_outputs
@@ -60,9 +61,7 @@ def attribute(
                 inner = task.lookup_leaves()  # made during the forward (token tables of a model run on its ids)
                 positions = _position_leaves(composite)
                 inputs = [*leaves, *inner, *positions]
-                relevance = torch.autograd.grad(
-                    logit, [*inputs, *watched], grad_outputs=logit.detach(), allow_unused=True
-                )[: len(inputs)]
+                relevance = _backward(task, logit, [*inputs, *watched])[: len(inputs)]
             finally:
                 for handle in handles:
                     handle.remove()
@@ -73,6 +72,27 @@ def attribute(
         task.add_lookup_relevance(relevance[len(leaves) : len(leaves) + len(inner)])
     relevance = relevance[: len(leaves)]
     return task.finish(relevance[0], logit, method, *relevance[1:])
+
+
+def _backward(task: Task, logit: torch.Tensor, inputs: list[torch.Tensor]) -> tuple:
+    """The backward pass from ``logit`` (its value the initial relevance) to ``inputs``.
+
+    Raises
+    ------
+    zennit_attn.core.errors.UnsupportedModelError
+        Where the model changed in place, after an operation, a tensor that the operation's rule keeps for the
+        backward pass (torch refuses the pass: ``... modified by an inplace operation``): named, with what to do.
+    """
+    try:
+        return torch.autograd.grad(logit, inputs, grad_outputs=logit.detach(), allow_unused=True)
+    except RuntimeError as error:
+        if 'modified by an inplace operation' not in str(error):
+            raise
+        raise UnsupportedModelError(
+            f'{type(task.model).__name__} changes in place a tensor that a rule of the explanation keeps for the '
+            f'backward pass (torch: {str(error).split(". Hint")[0]}); compute that step of the model out of place '
+            '(y = y * s, not y *= s), or report the model'
+        ) from error
 
 
 def _position_leaves(composite: Composite) -> list[torch.Tensor]:
