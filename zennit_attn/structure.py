@@ -430,8 +430,9 @@ class ModuleHooks:
 def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A small input of ``model`` for the discovery pass: :py:data:`EXAMPLE_TOKENS` token ids (avoiding the ids the
     configuration names, such as padding and image tokens) for text models (and :py:data:`EXAMPLE_DECODER_TOKENS`
-    decoder ids for encoder-decoder models), one random image for vision models (Hugging Face's ``pixel_values``
-    models, timm's with a ``patch_embed``).
+    decoder ids for encoder-decoder models; for a model of one's own whose forward takes ``input_ids``, those of the
+    Hugging Face text model inside it), one random image for vision models (Hugging Face's ``pixel_values`` models,
+    timm's with a ``patch_embed``).
 
     Raises
     ------
@@ -455,9 +456,25 @@ def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if is_encoder_decoder(model):
             inputs['decoder_input_ids'] = _token_ids(model, config, EXAMPLE_DECODER_TOKENS, device)
         return inputs
+    inner = _inner_text_model(model) if main is None and 'input_ids' in _parameters(model) else None
+    if inner is not None:  # a model of one's own around a Hugging Face text model: that model's ids
+        return {'input_ids': _token_ids(inner, inner.config, EXAMPLE_TOKENS, device)}
     raise StructureError(
         f'cannot build an example input for {type(model).__name__} (neither token ids nor an image of a known '
         'size): pass inputs= to zennit_attn.structure.model_structure'
+    )
+
+
+def _inner_text_model(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The outermost Hugging Face text model inside ``model`` (``main_input_name`` ``'input_ids'``, a configuration),
+    None where there is none."""
+    return next(
+        (
+            module
+            for _, module in model.named_modules()
+            if getattr(module, 'main_input_name', None) == 'input_ids' and getattr(module, 'config', None) is not None
+        ),
+        None,
     )
 
 

@@ -523,6 +523,7 @@ def test_a_model_of_ones_own_around_a_hugging_face_model_is_explained_at_its_tok
     torch.manual_seed(0)
     ids_only, embedded = IdsOnly(encoder).eval(), OwnClassifier(encoder, embeds=True).eval()
     embedded.head.weight = ids_only.head.weight
+    both = (ids_only, embedded)
     ids = token_ids('bert', 6, 2)
     mask = torch.ones_like(ids)
     ids[1, 4:], mask[1, 4:] = 0, 0
@@ -533,6 +534,13 @@ def test_a_model_of_ones_own_around_a_hugging_face_model_is_explained_at_its_tok
     torch.testing.assert_close(on_ids.relevance, on_embeddings.relevance, rtol=1e-10, atol=1e-14)
     alone = explain(ids_only, ids[1:, :4], target=1, method='cplrp')
     torch.testing.assert_close(alone.relevance, on_ids.relevance[1:, :4], rtol=1e-9, atol=1e-14)
+    # the structure of the model inside (AtMan's keys, latent sites) is found on that model's example ids
+    atman = [explain(model, ids, attention_mask=mask, target=1, method='atman', score='logit') for model in both]
+    torch.testing.assert_close(atman[0].relevance, atman[1].relevance, rtol=1e-9, atol=1e-15)
+    latent = [explain(model, ids, attention_mask=mask, target=1, latent=['mlp']).latent['mlp'] for model in both]
+    torch.testing.assert_close(latent[0], latent[1], rtol=1e-9, atol=1e-15)
+    with pytest.raises(UnsupportedModelError, match=r'ask IdsOnly for its attention probabilities'):
+        explain(ids_only, ids, method='attention_rollout')
     towers = IdsOnly(transformers.BertModel(tiny_config('bert')).double()).eval()
     towers.other = transformers.BertModel(tiny_config('bert')).double()
     with pytest.raises(TypeError, match='finds no word embedding table in it'):

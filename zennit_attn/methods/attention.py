@@ -119,7 +119,16 @@ def attention_maps(task: Task, inputs: torch.Tensor) -> Iterator[tuple[torch.Ten
             f'{type(model).__name__}: use attnlrp, cplrp, atman, kernelshap or a gradient method'
         )
     with eager_attention(model), _hooks_kept(model), _timm_capture(model) as captured:
-        output = task.run(inputs) if captured is not None else task.run(inputs, output_attentions=True)
+        try:
+            output = task.run(inputs) if captured is not None else task.run(inputs, output_attentions=True)
+        except TypeError as error:
+            if 'output_attentions' not in str(error):
+                raise
+            raise UnsupportedModelError(
+                f'the attention-map methods (rollout, Grad-CAM) ask {type(model).__name__} for its attention '
+                'probabilities (output_attentions=True), which its forward does not take: pass it on to the model '
+                'inside it and return its attentions, or use attnlrp, cplrp, atman or a gradient method'
+            ) from error
         attentions = list(captured) if captured is not None else getattr(output, 'attentions', None)
         if not attentions or any(attention is None for attention in attentions):
             raise TypeError(
