@@ -125,14 +125,15 @@ def test_zplus_and_alpha_beta_linear(linear_case):
     )
 
 
-@pytest.mark.parametrize(
-    'rule, naive',
-    [
-        (Gamma(0.25), lambda w, b, x, r: naive_gamma(w, b, x, r, 0.25)),
-        (ZPlus(), naive_zplus),
-        (AlphaBeta(2.0, 1.0), lambda w, b, x, r: naive_alpha_beta(w, b, x, r, 2.0, 1.0)),
-    ],
-)
+#: The relevance rules of zennit and their closed forms
+RULES_AND_NAIVE = [
+    (Gamma(0.25), lambda w, b, x, r: naive_gamma(w, b, x, r, 0.25)),
+    (ZPlus(), naive_zplus),
+    (AlphaBeta(2.0, 1.0), lambda w, b, x, r: naive_alpha_beta(w, b, x, r, 2.0, 1.0)),
+]
+
+
+@pytest.mark.parametrize('rule, naive', RULES_AND_NAIVE)
 def test_rules_on_patch_embedding_conv(rule, naive):
     """A Conv2d with kernel = stride is a linear layer on the flattened patches."""
     conv = torch.nn.Conv2d(3, 5, kernel_size=2, stride=2).double()
@@ -146,14 +147,7 @@ def test_rules_on_patch_embedding_conv(rule, naive):
     assert_close(actual, expected)
 
 
-@pytest.mark.parametrize(
-    'rule, naive',
-    [
-        (Gamma(0.25), lambda w, b, x, r: naive_gamma(w, b, x, r, 0.25)),
-        (ZPlus(), naive_zplus),
-        (AlphaBeta(2.0, 1.0), lambda w, b, x, r: naive_alpha_beta(w, b, x, r, 2.0, 1.0)),
-    ],
-)
+@pytest.mark.parametrize('rule, naive', RULES_AND_NAIVE)
 def test_rules_on_transposed_conv(rule, naive):
     """A ConvTranspose2d with kernel = stride (a segmentation decoder's upsampling) is a linear layer from each input
     pixel's channels to its own output patch: weight ``[out * k * k, in]``, the bias repeated over the patch."""
