@@ -8,7 +8,8 @@
 2. One value per row (``[batch]``: a regression or reward head) is that row's value.
 3. An output without the batch dimension (``logits[0]``, ``.squeeze(0)``) is refused: its positions were read as rows.
 4. A detector's outputs per object query (DETR's, YOLOS's class logits and boxes): the query is named with
-   ``position=`` (none was the last query), and CP-LRP conserves the explained class logit and box coordinate.
+   ``position=`` (none was the last query), and CP-LRP conserves the explained class logit and box coordinate;
+   without a position, a function of the whole output (all queries, a depth map) is explained and conserved.
 """
 
 from __future__ import annotations
@@ -87,6 +88,27 @@ def test_a_detectors_query_is_named_and_conserved(name, options):
         torch.testing.assert_close(explanation.logit, values[[0, 1], [3, 5], 1], rtol=1e-12, atol=0)
         torch.testing.assert_close(explanation.pixel_relevance.sum((1, 2, 3)), explanation.logit, rtol=1e-9, atol=0)
         assert explanation.position.tolist() == [3, 5]
+
+
+def test_an_image_model_output_per_position_is_explained_whole_by_a_function():
+    """Without a position, a function of an image model's whole output per position is explained: GLPN's depth map
+    (``output='predicted_depth'``, ``[batch, height, width]``) over a corner, DETR's class 1 over every object query;
+    CP-LRP conserves both (a function received a row of the map before, or was refused)."""
+    depth_model, pixels = tiny_hf_vision('GLPNForDepthEstimation')
+    corner = lambda depth: depth[:, :4, :4].sum((-2, -1))  # noqa: E731
+    detector, images = tiny_hf_vision('DetrForObjectDetection', use_timm_backbone=False, use_pretrained_backbone=False)
+    every_query = lambda logits: logits[..., 1].sum(-1)  # noqa: E731
+    with torch.no_grad():
+        depth = depth_model(pixel_values=pixels).predicted_depth
+        logits = detector(pixel_values=images).logits
+    for model, inputs, function, output, value in (
+        (depth_model, pixels, corner, 'predicted_depth', corner(depth)),
+        (detector, images, every_query, None, every_query(logits)),
+    ):
+        explanation = explain(model, inputs, target=function, output=output, method='cplrp', composite=CPLRPEpsilon())
+        torch.testing.assert_close(explanation.logit, value, rtol=1e-12, atol=0)
+        torch.testing.assert_close(explanation.pixel_relevance.sum((1, 2, 3)), explanation.logit, rtol=1e-9, atol=0)
+        assert explanation.position is None and explanation.target.tolist() == [-1, -1]
 
 
 @pytest.mark.parametrize(

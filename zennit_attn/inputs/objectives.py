@@ -295,7 +295,9 @@ class OutputFunction(Objective):
 class MapFunction(OutputFunction):
     """A scalar function of a whole output map per row: ``function`` receives the model's ``[batch, ...]`` output of
     more than two dimensions after the batch (a semantic segmentation's ``[batch, classes, height, width]`` logits, a
-    ``[batch, channels, height, width]`` reconstruction) and returns ``[batch]`` values, which are explained, e.g.
+    ``[batch, channels, height, width]`` reconstruction; an image model's ``[batch, height, width]`` depth map or
+    ``[batch, queries, classes]`` detections without a position) and returns ``[batch]`` values, which are explained,
+    e.g.
     ``lambda logits: logits[:, c].sum((-2, -1))`` (class ``c``'s score summed over the image) or
     ``lambda logits: (logits[:, c] * mask).sum((-2, -1))`` (over a region). Made by :py:func:`map_objective`.
 
@@ -314,8 +316,9 @@ class MapFunction(OutputFunction):
 
 def map_objective(objective: Objective, shape: torch.Size, position, model_name: str) -> MapFunction:
     """The objective of an output map of ``shape`` (``[batch, ...]`` of more than three dimensions: one score per
-    class and pixel, or per channel and pixel): only a function of the whole map (``explain(..., target=callable)``)
-    says what of it is explained; ``model_name`` names the model in refusals.
+    class and pixel, or per channel and pixel; of three, where an image model's output is explained as a whole: a
+    depth map): only a function of the whole map (``explain(..., target=callable)``) says what of it is explained;
+    ``model_name`` names the model in refusals.
 
     Raises
     ------

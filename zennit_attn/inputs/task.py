@@ -50,7 +50,7 @@ from .checks import (
 )
 from .choices import Choices
 from .lookups import TokenLookups, id_tables, needs_ids
-from .objectives import Contrast, Logit, Objective, map_objective
+from .objectives import Contrast, Logit, Objective, OutputFunction, map_objective
 
 __all__ = ['Readout', 'OutputField', 'Task', 'TokenTask', 'ImageTask', 'make_task']
 
@@ -269,10 +269,7 @@ class Task:
         check_output_rows(scores, self.batch, type(self.model).__name__)
         scores = _as_rows(scores)
         if scores.dim() > 3:  # a map per row (segmentation, reconstruction): a function of the whole map is explained
-            self.objective = map_objective(self.objective, scores.shape, position, type(self.model).__name__)
-            self.positions, self.targets = None, torch.full((self.batch,), -1, device=scores.device)
-            self.objective = self.objective.resolve(scores, self.targets)
-            return self._value(scores, None, reduce=False, initial_relevance=initial_relevance)
+            return self._resolve_map(scores, position, initial_relevance)
         pairs = target_pairs(target)
         if pairs is not None:
             if scores.dim() != 3:
@@ -283,6 +280,14 @@ class Task:
         self.targets = target_indices(target, selected)
         self.objective = self.objective.resolve(selected, self.targets)
         return self._value(selected, None, reduce=False, initial_relevance=initial_relevance)
+
+    def _resolve_map(self, scores: torch.Tensor, position, initial_relevance: bool) -> torch.Tensor:
+        """:py:meth:`resolve` of an output explained as a whole (a map per row): the objective a function of it
+        (:py:func:`~zennit_attn.inputs.objectives.map_objective`), no position, no class (targets -1)."""
+        self.objective = map_objective(self.objective, scores.shape, position, type(self.model).__name__)
+        self.positions, self.targets = None, torch.full((self.batch,), -1, device=scores.device)
+        self.objective = self.objective.resolve(scores, self.targets)
+        return self._value(scores, None, reduce=False, initial_relevance=initial_relevance)
 
     def select(
         self,
@@ -806,21 +811,26 @@ class ImageTask(Task):
     def resolve(self, scores, position=-1, target=None, initial_relevance=False):
         """:py:meth:`Task.resolve`; ``position`` names the explained output of a model with one per position (a
         detector's object queries, a backbone's tokens), which it must name: no position of such an output stands for
-        the image. A classifier's scores have no position.
+        the image; without a position, a function of the whole output (``target=callable``) is explained, as for a
+        map of more dimensions (a depth map ``[batch, height, width]``, all queries of a detector). A classifier's
+        scores have no position.
 
         Raises
         ------
         ValueError
-            For a ``position`` with one output per row, and for none with outputs per position (of the model's
-            output; a readout inside the model has its own positions)."""
+            For a ``position`` with one output per row, and for neither a position nor a function with outputs per
+            position (of the model's output; a readout inside the model has its own positions)."""
         given = not (position is None or (isinstance(position, int) and position == -1))
         name = type(self.model).__name__
         if scores.dim() <= 2 and given:
             raise ValueError(f'{name} gives one output per image: position does not apply to it')
         if scores.dim() == 3 and not given and self.readout.model_output and target_pairs(target) is None:
+            if isinstance(self.objective, OutputFunction):
+                return self._resolve_map(scores, position, initial_relevance)
             raise ValueError(
                 f'{name} gives outputs per position (shape {tuple(scores.shape)}: the object queries of a detector, '
-                'the tokens of a backbone): name the one to explain with position= (e.g. the query of a detected box)'
+                'the tokens of a backbone, the rows of a depth map): name the one to explain with position= (e.g. the '
+                'query of a detected box), or explain a function of the whole output with target=callable'
             )
         return super().resolve(scores, position, target, initial_relevance)
 
