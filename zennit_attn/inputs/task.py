@@ -329,8 +329,9 @@ class Task:
 
     def resolve_plain(self, position=-1, target: TargetLike = None) -> torch.Tensor:
         """:py:meth:`resolve` from a plain forward pass without gradients (bitsandbytes' packing of 4-bit weights for
-        CPU inference held off by :py:meth:`forward`: the gradient passes after it go through them)."""
-        with torch.no_grad():
+        CPU inference held off, also where a task's :py:meth:`forward` is its own: the gradient passes after it go
+        through them)."""
+        with torch.no_grad(), cpu_packing_held(bitsandbytes_layers(self.model, self.facts, self.modules)):
             return self.resolve(self.forward(self.inputs), position, target)
 
     # ------------------------------------------------------------------------------------------ tokens and features
