@@ -154,3 +154,32 @@ def test_rollout_reads_the_rows_the_head_pools():
     patch = explanation.pixel_relevance.shape[-1] // model.config.patch_size
     per_patch = explanation.relevance.reshape(2, patch, model.config.patch_size, patch, -1).sum((2, 4)).flatten(1)
     torch.testing.assert_close(per_patch, expected, rtol=1e-6, atol=0)
+
+
+class SmallCNN(torch.nn.Module):
+    """A convolutional classifier without patches (no ``patch_size`` anywhere)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, padding=1, stride=2)
+        )
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((-2, -1)))
+
+
+def test_kernelshap_cuts_an_image_without_patches_into_squares():
+    """KernelSHAP's features are the model's patches; a model without patches (a convolutional network) was refused
+    ('cannot tell the patch size'): its image is cut into squares of 16 pixels, each one feature whose value is spread
+    evenly over its pixels, and the values add up to ``f(x) - f(0)`` (to captum's regression, 4 features)."""
+    torch.manual_seed(0)
+    model = SmallCNN().double().eval()
+    images = torch.rand(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    explanation = explain(model, images, target=1, method='kernelshap', samples=64)
+    squares = explanation.relevance.reshape(2, 2, 16, 2, 16)
+    torch.testing.assert_close(squares, squares[:, :, :1, :, :1].expand_as(squares), rtol=0, atol=0)
+    with torch.no_grad():
+        difference = model(images)[:, 1] - model(torch.zeros_like(images))[:, 1]
+    torch.testing.assert_close(explanation.relevance.sum((1, 2)), difference, rtol=1e-4, atol=0)

@@ -138,6 +138,11 @@ def _as_rows(scores: torch.Tensor) -> torch.Tensor:
     return scores[:, None] if scores.dim() == 1 else scores
 
 
+#: Side in pixels of the squares an image is cut into where the model has no patches (:py:meth:`ImageTask.grid`): a
+#: ViT-B/16's patch.
+FALLBACK_PATCH = 16
+
+
 # ------------------------------------------------------------------------------------------------------------ tasks
 class Task:
     """One explanation request: the model, its checked input (:py:attr:`inputs`, where relevance is read) and, once
@@ -855,19 +860,17 @@ class ImageTask(Task):
         return int(registers or 0)
 
     def grid(self) -> tuple[int, int]:
-        """``(rows, columns)`` of the patch grid."""
+        """``(rows, columns)`` of the patch grid: the model's patches (its configuration's ``patch_size``, timm's
+        ``patch_embed``), else squares of :py:data:`FALLBACK_PATCH` pixels (a convolutional network, SegFormer: the
+        features of KernelSHAP; the attention-map methods and AtMan refuse such a model by its maps or keys)."""
         height, width = self.inputs.shape[2:]
         size = getattr(getattr(self.model, 'config', None), 'patch_size', None)
         if size is None:
             size = getattr(getattr(self.model, 'patch_embed', None), 'patch_size', None)
         if size is None:
-            raise TypeError(
-                f'cannot tell the patch size of {type(self.model).__name__} (neither its configuration nor a '
-                'patch_embed says it): the methods that perturb or read image patches (KernelSHAP, AtMan, rollout, '
-                'Grad-CAM) need its patch grid; use attnlrp, cplrp or a gradient method'
-            )
+            size = FALLBACK_PATCH
         size = (size, size) if isinstance(size, int) else tuple(size)
-        return height // size[0], width // size[1]
+        return max(height // size[0], 1), max(width // size[1], 1)
 
     def token_count(self) -> int:
         rows, columns = self.grid()
