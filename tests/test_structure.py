@@ -16,7 +16,7 @@ from transformers import AttentionInterface
 from tests.architectures import ARCHITECTURES, HEADS, PARTS, tiny_architecture
 from tests.family_table import FUSED, TABLE, expand, role_mask
 from tests.family_table import HEADS as FAMILY_HEADS
-from tests.models import LAYERS, tiny_hf_vit, tiny_llava, tiny_model, tiny_timm_vit
+from tests.models import LAYERS, tiny_hf_vit, tiny_llava, tiny_model, tiny_timm_vit, tiny_torchvision_vit
 from zennit_attn.composites import AttnLRPEpsilon
 from zennit_attn.composites.gamma import attention_projections
 from zennit_attn.core.blocks import block_stacks
@@ -272,6 +272,7 @@ def test_example_inputs():
     assert (t5['input_ids'].shape, t5['decoder_input_ids'].shape) == ((1, 5), (1, 3))
     assert example_inputs(tiny_timm_vit())['x'].shape == (1, 3, 8, 8)
     assert example_inputs(tiny_hf_vit())['pixel_values'].shape == (1, 3, 8, 8)
+    assert example_inputs(tiny_torchvision_vit())['x'].shape == (1, 3, 8, 8)  # its image_size (it failed)
     llava = example_inputs(tiny_llava())['input_ids']  # the image token (100) is left out
     assert 100 not in llava.tolist()[0]
 

@@ -54,7 +54,7 @@ from torch.overrides import TorchFunctionMode
 from .core.blocks import NoBlocksError, block_stacks
 from .core.devices import input_device
 from .core.kinds import LINEARS, is_activation, model_configs, norm_kind
-from .core.modules import is_encoder_decoder
+from .core.modules import is_encoder_decoder, word_embeddings
 from .operations.calls import signature, tensors_of
 from .operations.registry import OPERATIONS, op_name
 
@@ -432,7 +432,9 @@ def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     configuration names, such as padding and image tokens) for text models (and :py:data:`EXAMPLE_DECODER_TOKENS`
     decoder ids for encoder-decoder models; for a model of one's own whose forward takes ``input_ids``, those of the
     Hugging Face text model inside it), one random image for vision models (Hugging Face's ``pixel_values`` models,
-    timm's with a ``patch_embed``).
+    timm's with a ``patch_embed``; a model of one's own with a 2-D convolution and without a token table, such as
+    torchvision's: the first convolution's channels, its ``image_size`` or :py:data:`EXAMPLE_IMAGE` pixels, as its
+    first argument).
 
     Raises
     ------
@@ -459,6 +461,11 @@ def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     inner = _inner_text_model(model) if main is None and 'input_ids' in _parameters(model) else None
     if inner is not None:  # a model of one's own around a Hugging Face text model: that model's ids
         return {'input_ids': _token_ids(inner, inner.config, EXAMPLE_TOKENS, device)}
+    first = next(iter(_parameters(model)), None)
+    stem = next((module for module in model.modules() if isinstance(module, torch.nn.Conv2d)), None)
+    if main is None and first is not None and stem is not None and word_embeddings(model) is None:
+        # an image model of one's own (torchvision's): an image of its first convolution's channels
+        return {first: _image(stem.in_channels, getattr(model, 'image_size', None) or EXAMPLE_IMAGE, device, dtype)}
     raise StructureError(
         f'cannot build an example input for {type(model).__name__} (neither token ids nor an image of a known '
         'size): pass inputs= to zennit_attn.structure.model_structure'
