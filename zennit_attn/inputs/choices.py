@@ -60,10 +60,7 @@ class Choices:
         return cls(shape[1], shape[2])
 
     def flatten(self, value):
-        """A ``[batch, choices, seq, ...]`` tensor (or nested list) as ``[batch, choices * seq, ...]``; other values
-        unchanged."""
-        if isinstance(value, (list, tuple)):
-            value = torch.as_tensor(value)
+        """A ``[batch, choices, seq, ...]`` tensor as ``[batch, choices * seq, ...]``; other values unchanged."""
         if (
             isinstance(value, torch.Tensor)
             and value.dim() >= 3

@@ -451,7 +451,8 @@ class TokenTask(Task):
         #: the choices of a multiple-choice head, explained one after another (None for other models)
         self.choices = Choices.of(model, input_ids)
         if self.choices is not None:
-            input_ids, attention_mask = self.choices.flatten(input_ids), self.choices.flatten(attention_mask)
+            mask = None if attention_mask is None else torch.as_tensor(attention_mask)
+            input_ids, attention_mask = self.choices.flatten(torch.as_tensor(input_ids)), self.choices.flatten(mask)
             self.model_kwargs = {key: self.choices.flatten(value) for key, value in self.model_kwargs.items()}
         self.input_ids, self.attention_mask = check_ids(input_ids, attention_mask, device=self.device)
         embedding_module = self.word_embeddings(model)
