@@ -142,8 +142,9 @@ def explain(
         a hidden unit); or an image classifier (timm ``VisionTransformer``/DeiT, Hugging Face
         ``ViTForImageClassification``).
     input_ids: tensor, sequence of int, BatchEncoding, str, list of str or list of dict
-        ``[batch, seq]`` (or ``[seq]``) token ids, or what the tokenizer returns (its ``attention_mask`` and other
-        fields are used), or, with ``tokenizer``, a text or a list of texts (tokenised by :py:func:`encode_texts`:
+        ``[batch, seq]`` (or ``[seq]``) token ids (``[batch, choices, seq]`` for a multiple-choice head, explained as
+        one sequence of the choices: :py:mod:`zennit_attn.inputs.choices`), or what the tokenizer returns (its
+        ``attention_mask`` and other fields are used), or, with ``tokenizer``, a text or a list of texts (tokenised by :py:func:`encode_texts`:
         a list is padded, with the end-of-sequence token where the tokenizer has no pad token), or a conversation
         for a chat model: ``[{'role': 'user', 'content': ...}, {'role': 'assistant', 'content': ...}]``, rendered
         by the tokenizer's chat template (:py:mod:`zennit_attn.inputs.chat`). Ending with the assistant's answer, the
