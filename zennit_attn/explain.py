@@ -144,9 +144,9 @@ def explain(
     input_ids: tensor, sequence of int, BatchEncoding, str, list of str or list of dict
         ``[batch, seq]`` (or ``[seq]``) token ids (``[batch, choices, seq]`` for a multiple-choice head, explained as
         one sequence of the choices: :py:mod:`zennit_attn.inputs.choices`), or what the tokenizer returns (its
-        ``attention_mask`` and other fields are used), or, with ``tokenizer``, a text or a list of texts (tokenised by :py:func:`encode_texts`:
-        a list is padded, with the end-of-sequence token where the tokenizer has no pad token), or a conversation
-        for a chat model: ``[{'role': 'user', 'content': ...}, {'role': 'assistant', 'content': ...}]``, rendered
+        ``attention_mask`` and other fields are used), or, with ``tokenizer``, a text or a list of texts (tokenised
+        by :py:func:`encode_texts`: a list is padded, with the end-of-sequence token where the tokenizer has no pad
+        token), or a conversation for a chat model: ``[{'role': 'user', 'content': ...}, {'role': 'assistant', 'content': ...}]``, rendered
         by the tokenizer's chat template (:py:mod:`zennit_attn.inputs.chat`). Ending with the assistant's answer, the
         answer is explained (the sum of its tokens' logits, as ``target=`` its ``(position, token)`` pairs); ending
         with another turn, the next-token prediction after the template's generation prompt. The template's tokens
