@@ -146,8 +146,9 @@ def explain(
         one sequence of the choices: :py:mod:`zennit_attn.inputs.choices`), or what the tokenizer returns (its
         ``attention_mask`` and other fields are used), or, with ``tokenizer``, a text or a list of texts (tokenised
         by :py:func:`encode_texts`: a list is padded, with the end-of-sequence token where the tokenizer has no pad
-        token), or a conversation for a chat model: ``[{'role': 'user', 'content': ...}, {'role': 'assistant', 'content': ...}]``, rendered
-        by the tokenizer's chat template (:py:mod:`zennit_attn.inputs.chat`). Ending with the assistant's answer, the
+        token), or a conversation for a chat model:
+        ``[{'role': 'user', 'content': ...}, {'role': 'assistant', 'content': ...}]``, rendered by the tokenizer's
+        chat template (:py:mod:`zennit_attn.inputs.chat`). Ending with the assistant's answer, the
         answer is explained (the sum of its tokens' logits, as ``target=`` its ``(position, token)`` pairs); ending
         with another turn, the next-token prediction after the template's generation prompt. The template's tokens
         keep their relevance; ``explanation.template`` marks them and the heatmaps leave them out unless
