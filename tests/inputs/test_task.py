@@ -245,6 +245,8 @@ def test_pixels_in_another_layout_are_refused_by_their_channels():
     for wrong in (patches, x[:, :1]):
         with pytest.raises(ValueError, match=f'with the {x.shape[1]} channels ViTForImageClassification takes'):
             explain(model, wrong)
+    with pytest.raises(ValueError, match=r'the frames of a video, \[batch, frames, channels, height, width\]'):
+        explain(model, torch.stack([x, x], 1))
 
 
 def test_audio_and_other_float_inputs_are_refused_by_name():

@@ -799,7 +799,8 @@ class ImageTask(Task):
                 f'pixels must be [batch, channels, height, width] (or [channels, height, width])'
                 f'{"" if channels is None else f" with the {channels} channels {type(model).__name__} takes"}, got '
                 f'shape {tuple(pixels.shape)}: other layouts (flattened patches, as SigLIP 2 takes them with '
-                'spatial_shapes) are not supported'
+                'spatial_shapes; the frames of a video, [batch, frames, channels, height, width], as VideoMAE takes '
+                'them) are not supported'
             )
         if not pixels.is_floating_point():
             raise ValueError(
