@@ -565,6 +565,7 @@ VISION_CONSTANTS = (
     'register_tokens',
     'pos_embed',
     'detection_tokens',
+    'time_embeddings',
 )
 
 

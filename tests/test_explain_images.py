@@ -9,7 +9,7 @@ from zennit.attribution import Gradient
 
 from tests.models import CHANNELS, CLASSES, IMAGE, VISION_BUILDERS, pixels, tiny_hf_vision, tiny_hf_vit, tiny_timm_vit
 from zennit_attn import ImageExplanation, explain
-from zennit_attn.composites import AttnLRPGamma, CPLRPGamma
+from zennit_attn.composites import AttnLRPGamma, CPLRPEpsilon, CPLRPGamma
 from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.core.modules import Logits, output_scores
 from zennit_attn.inputs.task import ImageTask
@@ -183,3 +183,36 @@ def test_kernelshap_cuts_an_image_without_patches_into_squares():
     with torch.no_grad():
         difference = model(images)[:, 1] - model(torch.zeros_like(images))[:, 1]
     torch.testing.assert_close(explanation.relevance.sum((1, 2)), difference, rtol=1e-4, atol=0)
+
+
+#: video classifiers: ``model class -> configuration values`` (four frames; ViViT's tubelets of two frames)
+VIDEO = {
+    'VideoMAEForVideoClassification': dict(num_frames=4),
+    'TimesformerForVideoClassification': dict(num_frames=4),
+    'VivitForVideoClassification': dict(num_frames=4, tubelet_size=[2, 16, 16]),
+}
+
+
+@pytest.mark.parametrize('name', sorted(VIDEO))
+def test_videos_are_explained_at_their_frames(name, tmp_path):
+    """Video classifiers take ``[batch, frames, channels, height, width]`` pixels, which were refused as another
+    layout: the relevance is per frame and pixel, and CP-LRP conserves each row's logit exactly (constants zeroed:
+    VideoMAE's sinusoidal positions are a plain tensor); ``save`` draws one frame; the methods that perturb or read
+    patches are refused for videos."""
+    model, images = tiny_hf_vision(name, **VIDEO[name])
+    if name.startswith('VideoMAE'):
+        model.videomae.embeddings.position_embeddings.zero_()
+    video = torch.randn(2, 4, 3, *images.shape[-2:], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits = model(pixel_values=video).logits
+    explanation = explain(model, video, target=1, method='cplrp', composite=CPLRPEpsilon())
+    torch.testing.assert_close(explanation.logit, logits[:, 1], rtol=1e-12, atol=0)
+    assert explanation.relevance.shape == (2, 4, *images.shape[-2:])
+    torch.testing.assert_close(explanation.pixel_relevance.sum((1, 2, 3, 4)), explanation.logit, rtol=1e-9, atol=0)
+    torch.testing.assert_close(explanation.relevance, explanation.pixel_relevance.sum(2), rtol=0, atol=0)
+    heatmap, overlay = explanation.save(tmp_path / 'frame.png', row=1, frame=-1)
+    assert heatmap.exists() and overlay.exists()
+    with pytest.raises(ValueError, match='give it for this video'):
+        explanation.save(tmp_path / 'video.png')
+    with pytest.raises(TypeError, match='not implemented for videos'):
+        explain(model, video, method='kernelshap', samples=40)

@@ -41,6 +41,7 @@ __all__ = [
     'check_right_padding',
     'is_image_model',
     'image_channels',
+    'takes_video',
     'check_input_kind',
     'check_model',
     'bitsandbytes_layers',
@@ -495,6 +496,13 @@ def image_channels(model: torch.nn.Module) -> int | None:
         if isinstance(channels, int):
             return channels
     return None
+
+
+def takes_video(model: torch.nn.Module) -> bool:
+    """Whether ``model`` takes videos, ``[batch, frames, channels, height, width]`` pixels: its configuration has a
+    number of frames (VideoMAE, TimeSformer, ViViT)."""
+    frames = getattr(getattr(model, 'config', None), 'num_frames', None)
+    return isinstance(frames, int) and not isinstance(frames, bool)
 
 
 def check_input_kind(model: torch.nn.Module, inputs) -> None:

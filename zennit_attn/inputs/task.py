@@ -45,6 +45,7 @@ from .checks import (
     is_causal,
     is_image_model,
     split_encoding,
+    takes_video,
     target_indices,
     target_pairs,
 )
@@ -792,15 +793,18 @@ class ImageTask(Task):
             )
         pixels = torch.as_tensor(pixels, device=self.device)
         channels = image_channels(model)
+        #: whether the input is a video, ``[batch, frames, channels, height, width]`` (a model with ``num_frames``)
+        self.video = pixels.dim() == 5 and takes_video(model)
         if pixels.dim() == 3 and channels in (None, pixels.shape[0]):
             pixels = pixels[None]
-        if pixels.dim() != 4 or pixels.shape[1] != (channels or pixels.shape[1]):
+        layout = pixels.shape[2] if self.video else pixels.shape[1] if pixels.dim() == 4 else None
+        if layout is None or layout != (channels or layout):
             raise ValueError(
                 f'pixels must be [batch, channels, height, width] (or [channels, height, width])'
                 f'{"" if channels is None else f" with the {channels} channels {type(model).__name__} takes"}, got '
                 f'shape {tuple(pixels.shape)}: other layouts (flattened patches, as SigLIP 2 takes them with '
-                'spatial_shapes; the frames of a video, [batch, frames, channels, height, width], as VideoMAE takes '
-                'them) are not supported'
+                'spatial_shapes; the frames of a video, [batch, frames, channels, height, width], for a model that '
+                'does not take videos) are not supported'
             )
         if not pixels.is_floating_point():
             raise ValueError(
@@ -865,6 +869,12 @@ class ImageTask(Task):
         """``(rows, columns)`` of the patch grid: the model's patches (its configuration's ``patch_size``, timm's
         ``patch_embed``), else squares of :py:data:`FALLBACK_PATCH` pixels (a convolutional network, SegFormer: the
         features of KernelSHAP; the attention-map methods and AtMan refuse such a model by its maps or keys)."""
+        if self.video:
+            raise TypeError(
+                f'the methods that perturb or read image patches (KernelSHAP, AtMan, rollout, Grad-CAM) are not '
+                f'implemented for videos ({type(self.model).__name__}: tubelets of frames); use attnlrp, cplrp or a '
+                'gradient method'
+            )
         height, width = self.inputs.shape[2:]
         size = getattr(getattr(self.model, 'config', None), 'patch_size', None)
         if size is None:
@@ -920,7 +930,7 @@ class ImageTask(Task):
         if torch.finfo(relevance.dtype).bits < 32:
             relevance = relevance.float()
         return ImageExplanation(
-            relevance=relevance.sum(1),
+            relevance=relevance.sum(2 if self.video else 1),  # over the channels
             pixel_relevance=relevance,
             target=self.targets,
             logit=logit,

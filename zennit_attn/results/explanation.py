@@ -386,15 +386,18 @@ class ImageExplanation:
     Attributes
     ----------
     relevance: torch.Tensor
-        ``[batch, height, width]`` relevance per pixel (summed over channels).
+        ``[batch, height, width]`` relevance per pixel (summed over channels); of a video ``[batch, frames, height,
+        width]``.
     pixel_relevance: torch.Tensor
-        ``[batch, channels, height, width]`` relevance per pixel and channel.
+        ``[batch, channels, height, width]`` relevance per pixel and channel; of a video ``[batch, frames, channels,
+        height, width]``.
     target: torch.Tensor
         ``[batch]`` the explained class (-1 for a function of an output map, ``target=callable`` on a segmentation).
     logit: torch.Tensor
         ``[batch]`` the explained logit; for LRP the initial relevance.
     pixels: torch.Tensor
-        ``[batch, channels, height, width]`` the explained input.
+        ``[batch, channels, height, width]`` the explained input (of a video ``[batch, frames, channels, height,
+        width]``).
     method: str
         The attribution method's name.
     latent: zennit_attn.latent.Latent or None
@@ -417,7 +420,7 @@ class ImageExplanation:
     objective: object = field(default=None, repr=False, compare=False)
     position: torch.Tensor | None = None
 
-    def save(self, path: str | os.PathLike, row: int = 0, **options) -> tuple[Path, Path]:
+    def save(self, path: str | os.PathLike, row: int = 0, frame: int | None = None, **options) -> tuple[Path, Path]:
         """Write the heatmap of ``row`` to ``path`` (a ``.png``) and its overlay on the image to
         ``<stem>_overlay.png`` beside it (:py:func:`zennit_attn.results.render.views.save_image_explanation`).
 
@@ -426,6 +429,8 @@ class ImageExplanation:
         path: str or os.PathLike
             A ``.png`` file name.
         row: int
+        frame: int, optional
+            Of a video: the frame to draw (required).
         **options
             ``cmap``, ``level``, ``scale`` (integer upscaling), ``vmax`` (relevance of full colour), and for the
             overlay ``alpha``, ``mean``, ``std``.
@@ -434,7 +439,26 @@ class ImageExplanation:
         -------
         tuple of pathlib.Path
             ``(heatmap, overlay)``.
+
+        Raises
+        ------
+        ValueError
+            For a video without ``frame``, and for ``frame`` with an image (IndexError: a frame out of range).
         """
+        if (frame is None) != (self.pixels.dim() == 4):
+            raise ValueError(
+                'frame= names the frame of a video to draw: '
+                + ('give it for this video' if frame is None else 'this explanation is of images')
+            )
+        if frame is not None:
+            frame = views.check_row(frame, self.pixels.shape[1], 'frame')
+            picture = replace(
+                self,
+                relevance=self.relevance[:, frame],
+                pixel_relevance=self.pixel_relevance[:, frame],
+                pixels=self.pixels[:, frame],
+            )
+            return picture.save(path, row, **options)
         return save_image_explanation(self, path, views.check_row(row, self.relevance.shape[0]), **options)
 
 

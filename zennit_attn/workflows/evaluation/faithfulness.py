@@ -97,6 +97,11 @@ def explanation_curves(
     """
     if isinstance(explanation, ImageExplanation):
         task = ImageTask(model, explanation.pixels, model_kwargs)
+        if task.video:
+            raise TypeError(
+                f'the perturbation curves flip the pixels of images; {type(model).__name__} was explained on videos, '
+                'which they do not perturb'
+            )
         height, width = task.inputs.shape[2:]
         extra = {}
         task.targets = explanation.target.to(task.inputs.device)
