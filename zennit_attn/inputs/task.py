@@ -770,16 +770,17 @@ class TokenTask(Task):
 
 
 class ImageTask(Task):
-    """An image classifier explained at its pixels (relevance per pixel and channel).
+    """An image model explained at its pixels (relevance per pixel and channel): a classifier, a segmentation or
+    depth map (a function of it), a detector's object query, a video classifier (per frame).
 
     Parameters
     ----------
     model: torch.nn.Module
-        A timm ``VisionTransformer``/DeiT or a Hugging Face ``ViTForImageClassification`` (any image classifier for
-        the gradient methods) in eval mode.
+        A timm, torchvision or Hugging Face image model (``ViTForImageClassification``, ...), in eval mode.
     pixels: torch.Tensor
         ``[batch, channels, height, width]`` (or ``[channels, height, width]``) floating-point input as the model
-        takes it (normalised).
+        takes it (normalised); ``[batch, frames, channels, height, width]`` for a model that takes videos
+        (:py:func:`~zennit_attn.inputs.checks.takes_video`).
     model_kwargs: dict, optional
         Further keyword arguments of the model's forward (e.g. ``interpolate_pos_encoding``).
     """
