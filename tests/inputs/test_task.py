@@ -418,8 +418,29 @@ def _tiny(config_class, model_class, **settings):
             TypeError,
             r'its tensors \(prediction_logits, seq_relationship_logits\) with output=',
         ),
+        (  # an image encoder with a text decoder: its decoder's tokens would be constants
+            lambda: (
+                transformers.VisionEncoderDecoderModel(
+                    transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(
+                        architecture_tiny_config(transformers.ViTConfig),
+                        tiny_config('gpt2', add_cross_attention=True, is_decoder=True),
+                    )
+                )
+                .double()
+                .eval()
+            ),
+            UnsupportedModelError,
+            'reads images with its encoder and writes text with its decoder',
+        ),
     ],
-    ids=['bart-classifier', 't5-without-start-token', 'ibert', 'bert-question-answering', 'bert-pretraining'],
+    ids=[
+        'bart-classifier',
+        't5-without-start-token',
+        'ibert',
+        'bert-question-answering',
+        'bert-pretraining',
+        'image-encoder-decoder',
+    ],
 )
 def test_models_explain_cannot_run_are_refused_with_the_reason(build, error, match):
     """Models whose head or embeddings the explanation cannot use are refused naming why (the sweep over transformers'

@@ -967,6 +967,12 @@ def make_task(
     """The :py:class:`TokenTask` or :py:class:`ImageTask` for ``model``; arguments an image model cannot use are
     refused (``position`` once its output is known, :py:meth:`ImageTask.resolve`)."""
     if isinstance(model, torch.nn.Module) and is_image_model(model):
+        if 'decoder_input_ids' in forward_parameters(model):  # a decoder of text (DETR's decoder reads queries)
+            raise UnsupportedModelError(
+                f'{type(model).__name__} reads images with its encoder and writes text with its decoder (TrOCR, '
+                'Donut, ViT-GPT2): zennit-attn explains image classifiers, vision-language models whose language '
+                'model reads the image, and text encoder-decoders, not image encoder-decoders'
+            )
         if _token_input(inputs) and getattr(model, 'main_input_name', None) is None:
             raise TypeError(
                 f'{type(model).__name__} was given token ids, but zennit-attn finds no word embedding table in it: '
