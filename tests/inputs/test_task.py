@@ -533,6 +533,13 @@ class IdsOnly(OwnClassifier):
         return super().forward(input_ids, attention_mask)
 
 
+class MeanOfAll(OwnClassifier):
+    """A head on the mean of every position, pads included."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.head(self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.mean(1))
+
+
 def test_a_model_of_ones_own_around_a_hugging_face_model_is_explained_at_its_tokens():
     """A wrapper without ``get_input_embeddings`` was taken for an image model ('pixels must be [batch, channels,
     ...]'). Its tokens are those of the one Hugging Face model inside it (``core.modules.word_embeddings``); a forward
@@ -564,6 +571,10 @@ def test_a_model_of_ones_own_around_a_hugging_face_model_is_explained_at_its_tok
     torch.testing.assert_close(latent[0], latent[1], rtol=1e-9, atol=1e-15)
     with pytest.raises(UnsupportedModelError, match=r'ask IdsOnly for its attention probabilities'):
         explain(ids_only, ids, method='attention_rollout')
+    # the padding probes run it on the ids of the model inside: a head that averages the pads is refused for them
+    # (explained before, the padded row 33% off the row alone)
+    with pytest.raises(ValueError, match='pads rows on the right, and MeanOfAll gives'):
+        explain(MeanOfAll(encoder).eval(), ids, attention_mask=mask, method='cplrp')
     towers = IdsOnly(transformers.BertModel(tiny_config('bert')).double()).eval()
     towers.other = transformers.BertModel(tiny_config('bert')).double()
     with pytest.raises(TypeError, match='finds no word embedding table in it'):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from .modules import word_embeddings
+
 __all__ = ['input_device', 'to_device']
 
 
@@ -19,15 +21,6 @@ def _execution_device(hook) -> torch.device | None:
         if device is not None:
             return device
     return None
-
-
-def _input_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
-    """``model.get_input_embeddings()``, None where the model has none (CLIP's two towers raise)."""
-    getter = getattr(model, 'get_input_embeddings', None)
-    try:
-        return getter() if callable(getter) else None
-    except NotImplementedError:
-        return None
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
@@ -45,7 +38,7 @@ def input_device(model: torch.nn.Module) -> torch.device:
     -------
     torch.device
     """
-    embedding = _input_embeddings(model)
+    embedding = word_embeddings(model)  # None where the model has none (CLIP's two towers)
     for module in (embedding, model):
         device = _execution_device(getattr(module, '_hf_hook', None))
         if device is not None:

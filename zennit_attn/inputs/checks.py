@@ -215,7 +215,7 @@ def _embedding_probe(model: torch.nn.Module) -> tuple[str | None, str | None]:
         return None, None
     try:
         with torch.no_grad():
-            embeddings = model.get_input_embeddings()(ids)
+            embeddings = word_embeddings(model)(ids)
         on_embeddings = run_probe(model, inputs_embeds=embeddings)
     except Exception as error:
         return 'fails', f'{type(error).__name__}: {str(error)[:160]}'
@@ -257,20 +257,16 @@ def sees_later_tokens(model: torch.nn.Module, facts: ModelFacts | None = None) -
 
 def _probe_ids(model: torch.nn.Module) -> torch.Tensor | None:
     """The two rows of three tokens :py:func:`sees_later_tokens` runs the model on, None for a model that cannot be
-    asked (an encoder-decoder, no token table)."""
-    getter = getattr(model, 'get_input_embeddings', None)
-    if is_encoder_decoder(model) or not callable(getter):
+    asked (an encoder-decoder, no token table: :py:func:`~zennit_attn.core.modules.word_embeddings`, which finds the
+    table of a model of one's own around a Hugging Face model too)."""
+    if is_encoder_decoder(model):
         return None
-    try:
-        table = getter()
-        device = input_device(model)
-    except NotImplementedError:  # transformers' composite models without one table (CLIP: a text and an image tower)
-        return None
-    rows = getattr(table, 'num_embeddings', None)
+    # None for transformers' composite models without one table (CLIP: a text and an image tower)
+    rows = getattr(word_embeddings(model), 'num_embeddings', None)
     if not isinstance(rows, int) or rows < 8:
         return None
     first = rows // 4 + 4  # ordinary tokens (past the special tokens at the start of most vocabularies)
-    return torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=device)
+    return torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=input_device(model))
 
 
 def _probe_base(model: torch.nn.Module) -> torch.nn.Module:
@@ -353,7 +349,7 @@ def _keeps_left_padding(model: torch.nn.Module) -> bool | None:
     if ids is None:
         return None
     row = ids[:1]
-    padding_idx = getattr(model.get_input_embeddings(), 'padding_idx', None)
+    padding_idx = getattr(word_embeddings(model), 'padding_idx', None)
     pads = [pad for pad in range(int(row.max()) + 1, int(row.max()) + 4) if pad != padding_idx][:2]
     mask = torch.ones(1, _PROBE_PADS + row.shape[1], dtype=torch.long, device=row.device)
     mask[:, :_PROBE_PADS] = 0
