@@ -14,7 +14,7 @@ from .canonizers.checkpointing import checkpointed
 from .core.blocks import block_stacks
 from .core.modules import is_encoder_decoder
 from .inputs.chat import encode_chat, is_conversation
-from .inputs.checks import token_ids
+from .inputs.checks import default_position, token_ids
 from .inputs.objectives import RUNNER_UP, objective_for
 from .inputs.task import OutputField, make_task
 from .inputs.vision_language import (
@@ -432,7 +432,7 @@ def _masked_position(model, input_ids, position, tokenizer):
     row holds it exactly once: a masked language model is explained at the prediction it makes there, not at its last
     token (``[SEP]``). Encoder-decoder models (whose position is a decoder position) and other inputs keep it."""
     mask_id = getattr(tokenizer, 'mask_token_id', None)
-    if mask_id is None or not (position is None or (isinstance(position, int) and position == -1)):
+    if mask_id is None or not default_position(position):
         return position
     if is_encoder_decoder(model):
         return position

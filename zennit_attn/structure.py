@@ -54,7 +54,7 @@ from torch.overrides import TorchFunctionMode
 from .core.blocks import NoBlocksError, block_stacks
 from .core.devices import input_device
 from .core.kinds import LINEARS, is_activation, model_configs, norm_kind
-from .core.modules import is_encoder_decoder, word_embeddings
+from .core.modules import inner_text_models, is_encoder_decoder, word_embeddings
 from .operations.calls import signature, tensors_of
 from .operations.registry import OPERATIONS, op_name
 
@@ -458,9 +458,9 @@ def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if is_encoder_decoder(model):
             inputs['decoder_input_ids'] = _token_ids(model, config, EXAMPLE_DECODER_TOKENS, device)
         return inputs
-    inner = _inner_text_model(model) if main is None and 'input_ids' in _parameters(model) else None
-    if inner is not None:  # a model of one's own around a Hugging Face text model: that model's ids
-        return {'input_ids': _token_ids(inner, inner.config, EXAMPLE_TOKENS, device)}
+    inner = inner_text_models(model) if main is None and 'input_ids' in _parameters(model) else []
+    if inner and getattr(inner[0], 'config', None) is not None:  # a model of one's own around a text model: its ids
+        return {'input_ids': _token_ids(inner[0], inner[0].config, EXAMPLE_TOKENS, device)}
     first = next(iter(_parameters(model)), None)
     stem = next((module for module in model.modules() if isinstance(module, torch.nn.Conv2d)), None)
     if main is None and first is not None and stem is not None and word_embeddings(model) is None:
@@ -469,19 +469,6 @@ def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     raise StructureError(
         f'cannot build an example input for {type(model).__name__} (neither token ids nor an image of a known '
         'size): pass inputs= to zennit_attn.structure.model_structure'
-    )
-
-
-def _inner_text_model(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The outermost Hugging Face text model inside ``model`` (``main_input_name`` ``'input_ids'``, a configuration),
-    None where there is none."""
-    return next(
-        (
-            module
-            for _, module in model.named_modules()
-            if getattr(module, 'main_input_name', None) == 'input_ids' and getattr(module, 'config', None) is not None
-        ),
-        None,
     )
 
 

@@ -1,7 +1,7 @@
 """Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
 :py:func:`forward_parameters` (what a module's forward takes), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
-:py:func:`word_embeddings` (the table of a model's token ids) and :py:data:`Modules` (one walk over a model's modules,
-shared by what a call does with them)."""
+:py:func:`word_embeddings` (the table of a model's token ids), :py:func:`inner_text_models` (the text models inside a
+model of one's own) and :py:data:`Modules` (one walk over a model's modules, shared by what a call does with them)."""
 
 from __future__ import annotations
 
@@ -46,16 +46,26 @@ def word_embeddings(model: torch.nn.Module, modules: Modules | None = None) -> t
     zennit-attn to guess). ``modules``: ``list(model.named_modules())`` if the caller has it."""
     if hasattr(model, 'get_input_embeddings'):
         return _embedding_of(model)
-    found, outer = {}, []
+    found = {}
+    for inner in inner_text_models(model, modules):
+        embedding = _embedding_of(inner)
+        if embedding is not None:
+            found[id(embedding)] = embedding
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def inner_text_models(model: torch.nn.Module, modules: Modules | None = None) -> list[torch.nn.Module]:
+    """The outermost models inside ``model`` that have ``get_input_embeddings`` and take token ids (not
+    ``pixel_values``): the Hugging Face text models of a model of one's own (none inside one of them is counted).
+    ``modules``: ``list(model.named_modules())`` if the caller has it."""
+    found, outer = [], []
     for name, module in modules if modules is not None else model.named_modules():
-        if any(name.startswith(prefix) for prefix in outer):
+        if module is model or any(name.startswith(prefix) for prefix in outer):
             continue
         if hasattr(type(module), 'get_input_embeddings') and getattr(module, 'main_input_name', None) != 'pixel_values':
             outer.append(f'{name}.')
-            embedding = _embedding_of(module)
-            if embedding is not None:
-                found[id(embedding)] = embedding
-    return next(iter(found.values())) if len(found) == 1 else None
+            found.append(module)
+    return found
 
 
 def _embedding_of(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -49,6 +49,7 @@ __all__ = [
     'offloaded_modules',
     'rule_hooks',
     'as_integer',
+    'default_position',
     'as_integers',
     'target_pairs',
     'token_id',
@@ -737,13 +738,18 @@ def check_output_rows(scores: torch.Tensor, batch: int, model_name: str) -> None
         )
 
 
+def default_position(position) -> bool:
+    """Whether ``position`` is ``explain()``'s default, -1 or None: no position named (each row's last token)."""
+    return position is None or (isinstance(position, int) and position == -1)
+
+
 def explained_positions(scores: torch.Tensor, position, mask) -> torch.Tensor | None:
     """The explained position of every row (``[batch]``, or ``[batch, pairs]``) for ``[batch, seq, ...]`` scores,
     None for ``[batch, outputs]`` scores; -1 or None is each row's last non-padding position."""
     if scores.dim() == 2:
         return None
     batch, seq = scores.shape[:2]
-    if position is None or (isinstance(position, int) and position == -1):
+    if default_position(position):
         if mask is None:
             return torch.full((batch,), seq - 1, device=scores.device)
         order = torch.arange(seq, device=scores.device)

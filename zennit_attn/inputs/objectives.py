@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from .checks import as_integers
+from .checks import as_integers, default_position
 
 __all__ = [
     'RUNNER_UP',
@@ -336,7 +336,7 @@ def map_objective(objective: Objective, shape: torch.Size, position, model_name:
             f'semantic segmentation), not one score per class: a class index or the argmax does not say which of its '
             f'{shape[1:].numel()} scores is explained; {recipe}'
         )
-    if position is not None and not (isinstance(position, int) and position == -1):
+    if not default_position(position):
         raise ValueError(
             f'the output of {model_name} is a map of shape {tuple(shape)} without positions: position= does not '
             f'apply; {recipe}'

@@ -40,6 +40,7 @@ from .checks import (
     check_right_padding,
     check_vocabulary,
     check_word_embeddings,
+    default_position,
     explained_positions,
     image_channels,
     is_causal,
@@ -833,7 +834,7 @@ class ImageTask(Task):
         ValueError
             For a ``position`` with one output per row, and for neither a position nor a function with outputs per
             position (of the model's output; a readout inside the model has its own positions)."""
-        given = not (position is None or (isinstance(position, int) and position == -1))
+        given = not default_position(position)
         name = type(self.model).__name__
         if scores.dim() <= 2 and given:
             raise ValueError(f'{name} gives one output per image: position does not apply to it')
