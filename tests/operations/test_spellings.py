@@ -86,6 +86,25 @@ def probabilities(m, x, first=None, second=None):
     return torch.softmax(first(x) @ second(x).T, -1)
 
 
+def scores(m, x):
+    return m.a(x) @ m.b(x).T
+
+
+def written_softmax(m, x):
+    """The textbook softmax: ``exp(z - max(z)) / sum``."""
+    weights = torch.exp(scores(m, x) - scores(m, x).amax(-1, keepdim=True))
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def written_softmax_in_place(m, x):
+    """``e /= e.sum(...)`` after the maximum subtracted in place."""
+    weights = scores(m, x)
+    weights.sub_(weights.max(-1, keepdim=True).values)
+    weights = weights.exp()
+    weights /= weights.sum(-1).unsqueeze(-1)
+    return weights
+
+
 def in_place_scale(m, x):
     weights = torch.sigmoid(m.a(x)).clone()  # autograd keeps the output of sigmoid and softmax: models change copies
     weights.mul_(0.5)
@@ -229,6 +248,17 @@ SPELLINGS = {
         lambda m, x: torch.einsum('ij,jd->id', probabilities(m, x), m.c(x)),
         lambda m, x: torch.bmm(probabilities(m, x)[None], m.c(x)[None])[0],
         lambda m, x: F.scaled_dot_product_attention(m.a(x)[None], m.b(x)[None], m.c(x)[None], scale=1.0)[0],
+    ],
+    # the softmax written out: exp(z) over its sum, the same z exponentiated once or twice, shifted by its maximum or
+    # not, the sum kept or unsqueezed, divided or multiplied by its reciprocal, in place or not (refused before)
+    'attention: a softmax written out': [
+        lambda m, x: probabilities(m, x) @ m.c(x),
+        lambda m, x: written_softmax(m, x) @ m.c(x),
+        lambda m, x: (lambda z: z.exp() / z.exp().sum(dim=-1, keepdim=True))(scores(m, x)) @ m.c(x),
+        lambda m, x: (lambda e: e * e.sum(-1)[..., None].reciprocal())(scores(m, x).exp()) @ m.c(x),
+        lambda m, x: (lambda e: e * (1 / e.sum(-1, keepdim=True)))(torch.exp(scores(m, x))) @ m.c(x),
+        lambda m, x: (lambda e: e * torch.sum(e, -1, True) ** -1)(scores(m, x).exp()) @ m.c(x),
+        lambda m, x: written_softmax_in_place(m, x) @ m.c(x),
     ],
     'transposed attention weights (a property, a function, a method)': [
         lambda m, x: probabilities(m, x).T @ m.c(x),
@@ -573,6 +603,40 @@ def test_spellings_get_one_relevance(case, composite):
         with torch.no_grad():
             outputs = (_model(first)(x) != 0).sum()
         torch.testing.assert_close(expected.sum(), outputs.double(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    'spelling',
+    [
+        lambda e: e / (e.sum(-1, keepdim=True) + 1e-9),  # a shifted sum: not a softmax
+        lambda e: e / (2 * e.sum(-1, keepdim=True)),
+        lambda e: e / e.sum(-1).unsqueeze(0),  # the sum broadcast along the other dimension
+        lambda e: e / e.sum(-1, keepdim=True).flip(0),
+        lambda e: e / e.sum(-1, keepdim=True) + e.sum(-1, keepdim=True).log(),
+        lambda e: e.masked_fill(MASK, 0.0) / e.masked_fill(MASK, 0.0).sum(-1, keepdim=True),
+        lambda e: e / (2 * e).exp().sum(-1, keepdim=True),  # another exponential's sum
+    ],
+    ids=['shifted', 'doubled', 'broadcast', 'flipped', 'sum used', 'masked', 'other logits'],
+)
+def test_what_is_not_a_softmax_written_out_is_refused(spelling):
+    """Divisions of exponentials that are not ``softmax(z)``, or a sum of exponentials used otherwise, are refused by
+    name (neither the softmax rule nor any other AttnLRP rule applies to them)."""
+    model = _model(lambda m, x: spelling(scores(m, x).exp()) @ m.c(x))
+    with pytest.raises(UnsupportedModelError, match='exp|sum of exponentials'):
+        attributed(model, AttnLRPEpsilon(), _inputs())
+
+
+def test_a_softmax_of_logits_changed_after_their_exponential_is_refused():
+    """``z`` changed in place after ``exp(z)``: the division is not ``softmax`` of what ``z`` holds now."""
+
+    def changed(m, x):
+        logits = scores(m, x)
+        weights = logits.exp()
+        logits.add_(1.0)
+        return (weights / weights.sum(-1, keepdim=True)) @ m.c(x)
+
+    with pytest.raises(UnsupportedModelError, match='exp'):
+        attributed(_model(changed), AttnLRPEpsilon(), _inputs())
 
 
 def test_a_linear_map_of_a_gate_is_a_value_under_cp_lrp():

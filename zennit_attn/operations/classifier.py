@@ -41,7 +41,7 @@ from .marks import Mark, join_gates, produced
 from .products import note_offset, note_scaling
 from .recurrences import held_constant, term_use
 from .registry import ADDING, OPERATIONS, RULE_TABLE, op_name
-from .softmax import log_softmax_use, sink_mass
+from .softmax import exp_sum_use, log_softmax_use, sink_mass, sum_of_exponentials
 from .tracking import State, produced_tensors, refuse_bias
 
 __all__ = ['Classifier', 'ROUTES', 'dispatch']
@@ -53,6 +53,10 @@ def _bias_use(call: Call, state: State):
     origin = next(mark.bias for mark in call.marks if mark is not None and mark.bias is not None)
     if call.entry is not None and call.entry.rule in ('softmax', 'attention'):
         return dispatch(call, state)
+    if call.name == 'sum':  # the normaliser of a softmax written out
+        summed = sum_of_exponentials(call, state)
+        if summed is not None:
+            return summed
     if call.entry is None or 'bias' not in call.entry.keeps:
         refuse_bias(state, f'exp (used by {call.name})', origin)
     output = call.run()
@@ -61,11 +65,18 @@ def _bias_use(call: Call, state: State):
     return output
 
 
+def _exp_sum_use(call: Call, state: State):
+    """An operation on a sum of exponentials (:py:func:`~.softmax.exp_sum_use`; a softmax written out gets the rule
+    the registry declares for ``softmax``)."""
+    return exp_sum_use(call, state, OPERATIONS['softmax'])
+
+
 #: The handler of each mark that routes the operations on its tensors, in the order in which one is chosen where the
 #: operands carry several (:py:data:`~zennit_attn.operations.marks.ROUTES`).
 ROUTES = {
     'log_softmax': log_softmax_use,
     'lse': sink_mass,
+    'exp_sum': _exp_sum_use,
     'bias': _bias_use,
     'normaliser': normaliser_use,
     'term': term_use,

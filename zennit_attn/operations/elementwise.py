@@ -153,11 +153,15 @@ def rectifies(call: Call) -> bool:
 
 def exponentiated(call: Call, output, state: State) -> None:
     """The marks of ``exp``: inside a sequence mixer that is not softmax attention a term of its recurrence (a
-    decay), elsewhere an additive bias of attention logits, which must end in a softmax."""
+    decay), elsewhere an additive bias of attention logits, which must end in a softmax, or the numerator of a softmax
+    written out (its input kept, :py:attr:`~.marks.Marks.exponentials`)."""
     if state.runs:
         state.mark_term(output, (state.module_path(), call.name, f'an exponential in {state.runs[-1].name}'))
-    else:
-        state.mark_bias(output)
+        return
+    state.mark_bias(output)
+    if isinstance(output, torch.Tensor) and output.requires_grad:
+        exponent = call.carrying[0]
+        state.marks.exponentials[output.grad_fn] = (exponent, exponent._version)
 
 
 def statistic(call: Call, state: State):

@@ -26,8 +26,9 @@ gate, a rescaling by a constant of the relevance pass keeps the marks of its inp
   (:py:mod:`~zennit_attn.operations.softmax`);
 - *contraction*: a contraction of relevance-carrying tensors without a softmax (``k^T v``), which must not meet
   another product (linear attention: :py:mod:`~zennit_attn.operations.products`);
-- *log-softmax*, *logsumexp* (:py:mod:`~zennit_attn.operations.softmax`), *bias* (an exponential that must
-  end in attention logits), *normaliser* ``g(x)`` (:py:mod:`~zennit_attn.operations.elementwise`) and *term*
+- *log-softmax*, *logsumexp*, *sum of exponentials* (``exp(z).sum(d)``, the normaliser of a softmax written out)
+  (:py:mod:`~zennit_attn.operations.softmax`), *bias* (an exponential that must end in attention logits or be
+  normalised into a softmax), *normaliser* ``g(x)`` (:py:mod:`~zennit_attn.operations.elementwise`) and *term*
   of a recurrence (:py:mod:`~zennit_attn.operations.recurrences`): an operation on a tensor with one of these
   marks goes to the mark's handler (:py:data:`ROUTES`), which decides what the use is.
 
@@ -51,11 +52,23 @@ __all__ = ['Mark', 'Marks', 'ROUTES', 'ACTIVATED', 'SOFTMAXED', 'MIXED', 'join_g
 
 #: The marks whose tensors go to a handler of their own, in the order in which one is chosen where the operands of an
 #: operation carry several.
-ROUTES = ('log_softmax', 'lse', 'bias', 'normaliser', 'term')
+ROUTES = ('log_softmax', 'lse', 'exp_sum', 'bias', 'normaliser', 'term')
 
 
 #: The fields of a :py:class:`Mark`.
-_FIELDS = ('gate', 'scores', 'sink', 'attention', 'contraction', 'log_softmax', 'lse', 'bias', 'normaliser', 'term')
+_FIELDS = (
+    'gate',
+    'scores',
+    'sink',
+    'attention',
+    'contraction',
+    'log_softmax',
+    'lse',
+    'exp_sum',
+    'bias',
+    'normaliser',
+    'term',
+)
 
 
 class Mark:
@@ -78,8 +91,12 @@ class Mark:
         For a log-softmax: the node of its logits.
     lse: tuple or None
         For a logsumexp ``logsumexp(z)``: ``(node of z, dimensions reduced, whether shifted by a constant)``.
+    exp_sum: tuple or None
+        For a sum of exponentials ``exp(z).sum(d)``: ``(node of z, d, whether d is kept with size 1, whether it is
+        the sum's reciprocal)`` (:py:func:`~zennit_attn.operations.softmax.exp_sum_use`).
     bias: tuple or None
-        For an exponential that must end in attention logits: the module path where it was computed.
+        For an exponential that must end in attention logits (or be divided by its sum into a softmax): the module
+        path where it was computed.
     normaliser: str or None
         For a normaliser ``g(x)``: the operation that computed it.
     term: tuple or None
@@ -99,13 +116,15 @@ class Mark:
         contraction: bool = False,
         log_softmax=None,
         lse: tuple | None = None,
+        exp_sum: tuple | None = None,
         bias: tuple | None = None,
         normaliser: str | None = None,
         term: tuple | None = None,
     ):
         self.gate, self.scores, self.sink, self.attention, self.contraction = gate, scores, sink, attention, contraction
-        self.log_softmax, self.lse, self.bias, self.normaliser, self.term = log_softmax, lse, bias, normaliser, term
-        routes = (log_softmax, lse, bias, normaliser, term)  # in the order of ROUTES
+        self.log_softmax, self.lse, self.exp_sum, self.bias = log_softmax, lse, exp_sum, bias
+        self.normaliser, self.term = normaliser, term
+        routes = (log_softmax, lse, exp_sum, bias, normaliser, term)  # in the order of ROUTES
         self.route = next((name for name, value in zip(ROUTES, routes) if value is not None), None)
 
     def with_(self, **fields) -> Mark:
@@ -247,6 +266,10 @@ class Marks:
         #: how many factors that share its relevance an element-wise product of products multiplies (``(a * b) * c``:
         #: 3), by the node of its output (:py:func:`~zennit_attn.operations.products.product`); 1 where not recorded
         self.factors: dict = {}
+        #: the input ``z`` of an exponential ``exp(z)`` computed outside a sequence mixer and ``z``'s version counter
+        #: then, by the node of its output: what a softmax written out (``exp(z) / exp(z).sum(d, keepdim=True)``) is
+        #: the softmax of (:py:meth:`exponent`, :py:mod:`~zennit_attn.operations.softmax`)
+        self.exponentials: dict = {}
 
     def get(self, node) -> Mark | None:
         """The mark of the tensor computed by ``node`` (None for an unmarked one); the mark of an output of the rules'
@@ -378,6 +401,14 @@ class Marks:
             if rule_node(node) in ('gate', 'rescaled') and node.next_functions:
                 found.add(node.next_functions[0][0])
         return found
+
+    def exponent(self, tensor) -> torch.Tensor | None:
+        """The input ``z`` of the exponential ``tensor = exp(z)`` (:py:attr:`exponentials`); None where ``tensor`` is
+        not the output of one, or where ``z`` was changed in place since."""
+        found = self.exponentials.get(tensor.grad_fn) if isinstance(tensor, torch.Tensor) else None
+        if found is None or found[0]._version != found[1]:
+            return None
+        return found[0]
 
     def scores(self, tensor: torch.Tensor):
         """The node of the logits that ``tensor`` (logits, cast or copied) stands for."""

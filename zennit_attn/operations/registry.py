@@ -156,7 +156,9 @@ ADDING = frozenset({'shift', 'join'})
 
 
 #: The marks of the engine (:py:class:`~zennit_attn.operations.marks.Mark`).
-MARKS = frozenset({'gate', 'sink', 'attention', 'contraction', 'log_softmax', 'lse', 'bias', 'normaliser', 'term'})
+MARKS = frozenset(
+    {'gate', 'sink', 'attention', 'contraction', 'log_softmax', 'lse', 'exp_sum', 'bias', 'normaliser', 'term'}
+)
 _MOVED = frozenset({'gate', 'sink', 'attention', 'term'})  # what any move of values keeps
 #: Which marks a linear operation of each shape keeps (a log-softmax stays one through views and selections: ``exp``
 #: of a selected log-softmax is a selected softmax; a logsumexp through views, selections and constant shifts, a sink's
@@ -486,10 +488,11 @@ operation('plain', 'add sub rsub', shape='shift', params='input other alpha')
 operation('plain', 'neg positive', shape='shift', params='input')
 operation('plain', 'masked_fill where tril triu nan_to_num index_fill zero fill pad constant_pad_nd', shape='mask')
 operation('plain', 'setitem copy index_put index_copy index_add scatter_add masked_scatter diag_embed', shape='write')
+operation('plain', 'sum', shape='reduction', params='input dim keepdim')
 operation(
     'plain',
     """
-    sum mean nansum cumsum diff embedding_bag fold interpolate upsample avg_pool1d avg_pool2d avg_pool3d
+    mean nansum cumsum diff embedding_bag fold interpolate upsample avg_pool1d avg_pool2d avg_pool3d
     adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d
     """,
     shape='reduction',

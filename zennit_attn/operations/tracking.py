@@ -11,7 +11,9 @@ the registry receives, and what it keeps track of:
 - *logit biases*: outputs of ``exp``, which has a rule (the identity rule, Eq. 9, for an element-wise function) only
   as part of an additive bias of attention logits ``z = q k^T / sqrt(d) + m`` (Doge's dynamic mask): such a tensor may
   pass through views, selections and masking, and must end in a softmax or as the mask of
-  ``scaled_dot_product_attention``; any other use, or leaving the model, is refused;
+  ``scaled_dot_product_attention``, or be normalised by its own sum into a softmax written out
+  (``exp(z) / exp(z).sum(d, keepdim=True)``, :py:mod:`~zennit_attn.operations.softmax`); any other use, or leaving the
+  model, is refused;
 - for a dry run (:py:class:`RuleTable`), the rule each operation got and why.
 """
 
