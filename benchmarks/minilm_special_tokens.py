@@ -8,7 +8,9 @@ token's last hidden state projected onto the unit mean-pooled embedding of the a
 
 - each method's relevance of [CLS] and [SEP]: its value and its rank among the 32 tokens (0 = the most relevant);
 - their leave-one-out drops (:py:func:`zennit_attn.workflows.evaluation.token_drops`, ``'zeroed'``: the explained
-  value minus the value with the token's word embedding set to 0), ranked the same way;
+  value minus the value with the token's word embedding set to 0), ranked the same way, and [SEP]'s drop again with
+  the embedding LayerNorm's scale held at that of the unperturbed input (:py:func:`frozen_scale_drop`: whether the
+  LayerNorm's renormalisation, which AttnLRP holds constant, Prop. 3.4, hides [SEP]'s contribution);
 - flipping Delta A (16 steps, the metric of ``minilm_perturbation.py``) and the leave-one-out agreement (Spearman's
   rank correlation with the ``'zeroed'`` drops, as ``benchmarks/leave_one_out.py`` scores it) of each method's
   relevance as it is, and of the same relevance with [SEP], [CLS] or both moved to the last rank (their relevance set
@@ -89,6 +91,31 @@ def article_row(model, explanation, drops, steps: int) -> dict:
     return row
 
 
+def frozen_scale_drop(model, ids: torch.Tensor, target, index: int) -> float:
+    """The explained value minus its value with token ``index``'s word embedding set to 0 while the embedding
+    LayerNorm divides every token by its standard deviation of the unperturbed input (a forward hook on
+    ``model.embeddings.LayerNorm``, removed afterwards)."""
+    embeddings = model.embeddings
+    with torch.no_grad():
+        words = embeddings.word_embeddings(ids)
+        sums = words + embeddings.position_embeddings(torch.arange(ids.shape[1])[None])
+        sums = sums + embeddings.token_type_embeddings(torch.zeros_like(ids))
+        variance = sums.var(-1, keepdim=True, unbiased=False)
+        base = target(model(inputs_embeds=words).last_hidden_state[:, 0]).item()
+
+        def frozen(module, args, output):
+            centred = args[0] - args[0].mean(-1, keepdim=True)
+            return centred / torch.sqrt(variance + module.eps) * module.weight + module.bias
+
+        zeroed = words.clone()
+        zeroed[0, index] = 0
+        handle = embeddings.LayerNorm.register_forward_hook(frozen)
+        try:
+            return base - target(model(inputs_embeds=zeroed).last_hidden_state[:, 0]).item()
+        finally:
+            handle.remove()
+
+
 def run(args) -> dict:
     model, tokenizer = load_minilm()
     eager = copy.deepcopy(model)  # the attention maps (SDPA returns none)
@@ -96,7 +123,7 @@ def run(args) -> dict:
     samples = minilm_samples(model, tokenizer, args.data, args.articles, args.context, args.seed)
     rows: dict[str, list[dict]] = {method: [] for method in LABELS}
     residual_sep, value_sep, key_sep, attention_sep = [], [], [], []
-    drops_sep, drops_cls = [], []
+    drops_sep, drops_cls, frozen_sep = [], [], []
     for index, (title, ids, options) in enumerate(tqdm(samples, desc='articles', mininterval=10)):
         methods = ['attnlrp', 'cplrp'] + (['kernelshap'] if index < args.kernelshap_articles else [])
         explanations = {}
@@ -108,6 +135,7 @@ def run(args) -> dict:
         (drops,) = token_drops(model, explanations['attnlrp'], modes='zeroed', progress=False)
         drops_cls.append(float(drops.drops['zeroed'][0]))
         drops_sep.append(float(drops.drops['zeroed'][-1]))
+        frozen_sep.append(frozen_scale_drop(model, ids, options['target'], ids.shape[1] - 1))
         with torch.no_grad():
             maps = eager(ids, output_attentions=True).attentions
         attention_sep.append([float(layer[0, :, :, -1].mean()) for layer in maps])
@@ -125,6 +153,7 @@ def run(args) -> dict:
         'attention_sep': attention_sep,
         'drops_cls': drops_cls,
         'drops_sep': drops_sep,
+        'frozen_sep': frozen_sep,
     }
 
 
@@ -153,7 +182,8 @@ def report(result: dict, header: str) -> list[str]:
         '',
         f'Leave-one-out (zeroed), {len(drops_rows)} articles: [CLS] drop {_mean(result["drops_cls"])}, rank '
         f'{_mean([r["cls drop rank"] for r in drops_rows], False)}; [SEP] drop {_mean(result["drops_sep"])}, rank '
-        f'{_mean([r["sep drop rank"] for r in drops_rows], False)} (rank 0 = the largest drop of 32).',
+        f'{_mean([r["sep drop rank"] for r in drops_rows], False)} (rank 0 = the largest drop of 32); [SEP] drop with '
+        f"the embedding LayerNorm's scale held at the unperturbed input's: {_mean(result['frozen_sep'])}.",
         '',
         '| method | articles | ' + ' | '.join(f'flipping, {name}' for name in MOVED) + ' |',
         '|---|---|' + '---|' * len(MOVED),
