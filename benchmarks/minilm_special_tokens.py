@@ -244,7 +244,7 @@ def main(argv=None) -> None:
     lines = report(result, header)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / 'minilm_special_tokens.md').write_text('\n'.join(lines) + '\n')
-    (args.out / 'minilm_special_tokens.json').write_text(json.dumps(result, indent=1))
+    (args.out / 'minilm_special_tokens.json').write_text(json.dumps(result))
     print('\n'.join(lines))
 
 
