@@ -37,7 +37,7 @@ from ..core.errors import UnsupportedModelError
 from ..rules import FUNCTIONAL_EPSILON, Epsilon, epsilon_gradient
 from .calls import Call, in_place, tensors_of
 from .elementwise import normaliser_use
-from .marks import Mark, join_gates, produced
+from .marks import EXTREMA, Mark, join_gates, produced
 from .products import note_offset, note_scaling
 from .recurrences import held_constant, term_use
 from .registry import ADDING, OPERATIONS, RULE_TABLE, op_name
@@ -272,7 +272,7 @@ def _function(func) -> tuple:
     fast = None
     if entry is not None and entry.rule == 'metadata':
         fast = _METADATA
-    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in _QUIET:
+    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in _QUIET and name not in EXTREMA:
         fast = 'quiet'
     elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in ('view', *ADDING):
         fast = entry.shape

@@ -133,8 +133,8 @@ def activated(call: Call, output, state: State) -> None:
 
 def bounded(call: Call, output, state: State) -> None:
     """The marks of a bound or rounding: a gate where its input is one, mixed where it is mixed (``clamp(w.sum(),
-    eps)``); a rectifier (``x.clamp(min=0)``, ``clamp_min(x, 0)``: ReLU spelled as a bound, :py:func:`rectifies`) is
-    an activation, its output a gate as that of ``relu`` is."""
+    eps)``); a rectifier (``x.clamp(min=0)``, ``clamp_min(x, 0)``, ``x.clamp(0, 6)``: ReLU and ReLU6 spelled as a
+    bound, :py:func:`rectifies`) is an activation, its output a gate as that of ``relu`` and ``relu6`` is."""
     mark = call.marks[0] if len(call.marks) == 1 else None
     if rectifies(call):
         state.marks.set(produced(call, output), ACTIVATED)
@@ -144,11 +144,11 @@ def bounded(call: Call, output, state: State) -> None:
 
 def rectifies(call: Call) -> bool:
     """Whether a bound is a rectifier: ``clamp`` or ``clamp_min`` of one relevance-carrying tensor with the lower bound
-    the number 0 and no upper bound, the function ``relu``."""
+    the number 0 and no upper bound (the function ``relu``) or a number above 0 (``relu6``, ``hardtanh(x, 0, c)``)."""
     if call.name not in ('clamp', 'clamp_min') or len(call.carrying) != 1:
         return False
-    lower = call.argument('min')
-    return is_number(lower) and lower == 0 and call.argument('max') is None
+    lower, upper = call.argument('min'), call.argument('max')
+    return is_number(lower) and lower == 0 and (upper is None or (is_number(upper) and upper > 0))
 
 
 def exponentiated(call: Call, output, state: State) -> None:

@@ -48,7 +48,20 @@ from ..rules.base import rule_input, rule_node
 from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import is_number, tensor_position
 
-__all__ = ['Mark', 'Marks', 'ROUTES', 'ACTIVATED', 'SOFTMAXED', 'MIXED', 'join_gates', 'kind', 'produced', 'passed']
+__all__ = [
+    'Mark',
+    'Marks',
+    'ROUTES',
+    'EXTREMA',
+    'extremum_of_multiples',
+    'ACTIVATED',
+    'SOFTMAXED',
+    'MIXED',
+    'join_gates',
+    'kind',
+    'produced',
+    'passed',
+]
 
 #: The marks whose tensors go to a handler of their own, in the order in which one is chosen where the operands of an
 #: operation carry several.
@@ -193,6 +206,23 @@ def produced(call, output) -> list[torch.Tensor]:
     if isinstance(output, (list, tuple)):
         return [item for item in output if isinstance(item, torch.Tensor) and item.requires_grad]
     return []
+
+
+#: Element-wise extrema of two tensors: of a tensor and a multiple of it (``maximum(x, 0.1 x)``), a piecewise linear
+#: element-wise function of it (leaky ReLU, PReLU with a weight tensor), an activation
+#: (:py:func:`extremum_of_multiples`).
+EXTREMA = frozenset({'maximum', 'minimum', 'fmax', 'fmin'})
+
+
+def extremum_of_multiples(call, state) -> bool:
+    """Whether ``call`` is an element-wise extremum (:py:data:`EXTREMA`) of a relevance-carrying tensor and a multiple
+    of it by a number or a constant tensor (:py:meth:`Marks.root`), outside a declared recurrence: a piecewise linear
+    element-wise function of that tensor (``maximum(x, 0.1 x)`` is ``leaky_relu(x, 0.1)``), whose output is a gate as
+    an activation's is (its plain gradient is the identity rule's, Eq. 9)."""
+    if call.name not in EXTREMA or len(call.carrying) != 2 or call.held or state.in_recurrence:
+        return False
+    first, second = (state.marks.root(tensor_position(tensor)) for tensor in call.carrying)
+    return first[0] is second[0] and first[1] == second[1]
 
 
 def passed(call, output, state, mixes: bool | None = None) -> None:

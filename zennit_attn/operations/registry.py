@@ -73,7 +73,7 @@ from .elementwise import (
     shifts_activation,
     statistic,
 )
-from .marks import passed
+from .marks import ACTIVATED, extremum_of_multiples, passed, produced
 from .products import attended, attention, elements, multiplied, note_offset, product, scatter, solve
 from .softmax import log_softmax, log_softmaxed, logsumexp, softmax, softmaxed, summed_exponentials
 from .tracking import Override, State
@@ -140,12 +140,15 @@ def _plain(call: Call, state: State):
     constant the model adds to, or joins with, relevance-carrying tensors is noted (it absorbs relevance, like a
     bias: :py:meth:`~zennit_attn.operations.tracking.State.note_constant`), except a number added to the output of
     an element-wise non-linearity, which is part of it (:py:func:`~.elementwise.activation_shift`); a tensor offset by
-    a number is noted as such (:py:func:`~.products.note_offset`: a product gives that part to its other factor)."""
+    a number is noted as such (:py:func:`~.products.note_offset`: a product gives that part to its other factor); the
+    extremum of a tensor and a multiple of it is an activation's output (:py:func:`~.marks.extremum_of_multiples`)."""
     if call.entry.shape == 'shift' and shifts_activation(call, state):
         return activation_shift(call, state)
     if call.entry.shape in ADDING:
         state.note_constant(call.entry.shape, call.args, call.kwargs)
     output = call.func(*call.args, **call.kwargs)
+    if extremum_of_multiples(call, state):  # ``maximum(x, 0.1 x)``: leaky ReLU, a gate as ``leaky_relu(x)``'s output
+        state.marks.set(produced(call, output), ACTIVATED)
     if call.entry.shape == 'shift':
         note_offset(call.func, call.args, call.kwargs, call.carrying, output, state)
     return output
