@@ -50,7 +50,7 @@ from ..operations.classifier import Classifier
 from ..operations.marks import ACTIVATED, Mark, Marks
 from ..operations.recurrences import GATES, RECURRENCES, MixerRun
 from ..operations.registry import check_overrides
-from ..operations.tracking import KERNEL_HINTS, RuleTable, State, produced_tensors
+from ..operations.tracking import KERNEL_HINTS, RuleTable, State, TensorMarks, produced_tensors
 from ..rules.base import module_inputs
 from ..rules.products import ProductRule, Uniform
 
@@ -462,8 +462,8 @@ class OperationCanonizer(Canonizer):
         state.recorded(self._check_outputs, outputs)
         if not recomputed:
             # the marks hold the autograd nodes they were set on: let go of them (and of what those nodes saved, on
-            # the branches the rules cut off, e.g. CP-LRP's constant gates) before the backward pass
-            state.marks = Marks()
+            # the branches the rules cut off, e.g. CP-LRP's constant gates) before the backward pass; the signs too
+            state.marks, state.signs = Marks(), TensorMarks()
 
     def _check_audit(self, op: str, tensors: list[torch.Tensor], role: str, path: list | None = None) -> None:
         """Refuse ``op`` where one of the relevance-carrying ``tensors`` (its ``role``: an input of an opaque module, an

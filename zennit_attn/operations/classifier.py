@@ -36,8 +36,8 @@ from ..core.audit import AUDITED_GETTERS, AUDITED_METADATA
 from ..core.errors import UnsupportedModelError
 from ..rules import FUNCTIONAL_EPSILON, Epsilon, epsilon_gradient
 from .calls import Call, in_place, tensors_of
-from .elementwise import normaliser_use
-from .marks import EXTREMA, Mark, join_gates, produced
+from .elementwise import COMPARISONS, normaliser_use, note_sign, rectifies_by_sign
+from .marks import ACTIVATED, EXTREMA, Mark, join_gates, produced
 from .products import note_offset, note_scaling
 from .recurrences import held_constant, term_use
 from .registry import ADDING, OPERATIONS, RULE_TABLE, op_name
@@ -197,6 +197,10 @@ class Classifier(TorchFunctionMode):
             note_offset(func, args, kwargs, carrying, output, state)
         elif fast == 'product':
             note_scaling(func, args, kwargs, carrying[0], output, state)
+        elif fast == 'compare':
+            note_sign(op_name(func), args, carrying[0], output, state)
+        if state.signs and rectifies_by_sign(op_name(func), args, kwargs, carrying, state):
+            state.marks.set(produced_tensors(output), ACTIVATED)  # ``where(x > 0, x, 0)``: a rectifier, a gate
         return output
 
     def handle(self, call: Call):
@@ -265,13 +269,16 @@ def _function(func) -> tuple:
     ``'quiet'`` for a linear one that notes and marks nothing, ``'view'`` for a view or cast, which notes what it is a
     view of, ``'shift'`` and ``'join'`` for one that may add constants (``x + c``, ``cat``), which it notes,
     ``'product'`` for an element-wise product and ``'contraction'`` for a matrix product or a layer (linear where one
-    factor carries relevance; an element-wise product by a constant notes the multiple it makes), None for none."""
+    factor carries relevance; an element-wise product by a constant notes the multiple it makes), ``'compare'`` for a
+    comparison (``x > 0`` notes the sign of ``x``, :py:func:`~.elementwise.note_sign`), None for none."""
     name = op_name(func)
     entry = OPERATIONS.get(name)
     changes = name == 'setitem' or in_place(func)
     fast = None
     if entry is not None and entry.rule == 'metadata':
         fast = _METADATA
+    elif name in COMPARISONS and not changes:
+        fast = 'compare'
     elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in _QUIET and name not in EXTREMA:
         fast = 'quiet'
     elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in ('view', *ADDING):

@@ -25,7 +25,7 @@ import torch
 
 from ..rules import contiguous_gradient, elementwise_identity, gradient_map, layer_norm_identity
 from ..rules.products import ACTIVATION, SOFTMAX
-from .calls import Call, in_place, is_number, tensors_of
+from .calls import Call, in_place, is_number, tensor_position, tensors_of
 from .graph import normalises
 from .marks import ACTIVATED, Mark, kind, passed, produced
 from .tracking import ConstantTensor, State
@@ -45,6 +45,9 @@ __all__ = [
     'exponentiated',
     'normalising',
     'divided',
+    'COMPARISONS',
+    'note_sign',
+    'rectifies_by_sign',
 ]
 
 
@@ -140,6 +143,53 @@ def bounded(call: Call, output, state: State) -> None:
         state.marks.set(produced(call, output), ACTIVATED)
     elif mark is not None and mark.gate is not None:
         state.marks.set(produced(call, output), ACTIVATED if kind(mark) is not None else Mark(gate=mark.gate))
+
+
+#: Comparisons of a tensor with the number 0 (:py:func:`note_sign`): name -> the sign of the tensor where the outcome
+#: is true (``x > 0``, ``x >= 0``: 1; ``x < 0``, ``x <= 0``: -1).
+COMPARISONS = {'gt': 1, 'ge': 1, 'lt': -1, 'le': -1}
+
+
+def note_sign(name: str, args: tuple, input: torch.Tensor, output, state: State) -> None:
+    """Note the outcome ``output`` of comparing the relevance-carrying ``input`` with the number 0 (``x > 0``,
+    ``x.ge(0)``, ``x < 0``; :py:data:`COMPARISONS`) as the sign of ``input`` (``State.signs``), by which
+    :py:func:`rectifies_by_sign` tells a rectifier written with it."""
+    if len(args) == 2 and args[0] is input and is_number(args[1]) and args[1] == 0 and isinstance(output, torch.Tensor):
+        state.signs[output] = (state.marks.root(tensor_position(input)), COMPARISONS[name])
+
+
+def rectifies_by_sign(name: str, args: tuple, kwargs: dict, carrying: list, state: State) -> bool:
+    """Whether an operation selects by the sign of a relevance-carrying tensor ``x`` (:py:func:`note_sign`) between
+    ``x`` and 0 or a multiple of ``x``: ``where(x > 0, x, 0)``, ``where(x > 0, x, 0.1 * x)``, ``where(x < 0, 0, x)``,
+    ``x.masked_fill(x < 0, 0)``, ``x * (x > 0)``: an element-wise piecewise linear function of ``x`` through 0 (ReLU,
+    leaky ReLU), whose output is a gate as that of ``relu`` is (its plain gradient is the identity rule's, Eq. 9)."""
+    if kwargs or not carrying:
+        return False
+    if name == 'where' and len(args) == 3:
+        sign = state.signs.get(args[0])
+        if sign is None:
+            return False
+        kept, other = (args[1], args[2]) if sign[1] > 0 else (args[2], args[1])
+        return _is_multiple(kept, sign[0], state) and (
+            (is_number(other) and other == 0) or _is_multiple(other, sign[0], state)
+        )
+    if name == 'masked_fill' and len(args) == 3:
+        sign = state.signs.get(args[1])
+        return sign is not None and _is_multiple(args[0], sign[0], state) and is_number(args[2]) and args[2] == 0
+    if name == 'mul' and len(args) == 2 and len(carrying) == 1:
+        mask = args[1] if args[0] is carrying[0] else args[0]
+        sign = state.signs.get(mask) if isinstance(mask, torch.Tensor) else None
+        return sign is not None and _is_multiple(carrying[0], sign[0], state)
+    return False
+
+
+def _is_multiple(value, root: tuple, state: State) -> bool:
+    """Whether ``value`` is a relevance-carrying tensor that is the tensor at the position ``root``, or a multiple of
+    it by numbers or constant tensors (:py:meth:`~.marks.Marks.root`)."""
+    if not isinstance(value, torch.Tensor) or not value.requires_grad:
+        return False
+    found = state.marks.root(tensor_position(value))
+    return found[0] is root[0] and found[1] == root[1]
 
 
 def rectifies(call: Call) -> bool:

@@ -69,6 +69,7 @@ from .elementwise import (
     exponentiated,
     normalisation,
     normalising,
+    rectifies_by_sign,
     running_norm,
     shifts_activation,
     statistic,
@@ -141,13 +142,16 @@ def _plain(call: Call, state: State):
     bias: :py:meth:`~zennit_attn.operations.tracking.State.note_constant`), except a number added to the output of
     an element-wise non-linearity, which is part of it (:py:func:`~.elementwise.activation_shift`); a tensor offset by
     a number is noted as such (:py:func:`~.products.note_offset`: a product gives that part to its other factor); the
-    extremum of a tensor and a multiple of it is an activation's output (:py:func:`~.marks.extremum_of_multiples`)."""
+    extremum of a tensor and a multiple of it, and a selection of it by its sign, are an activation's output
+    (:py:func:`~.marks.extremum_of_multiples`, :py:func:`~.elementwise.rectifies_by_sign`)."""
     if call.entry.shape == 'shift' and shifts_activation(call, state):
         return activation_shift(call, state)
     if call.entry.shape in ADDING:
         state.note_constant(call.entry.shape, call.args, call.kwargs)
     output = call.func(*call.args, **call.kwargs)
-    if extremum_of_multiples(call, state):  # ``maximum(x, 0.1 x)``: leaky ReLU, a gate as ``leaky_relu(x)``'s output
+    if extremum_of_multiples(call, state) or (
+        state.signs and rectifies_by_sign(call.name, call.args, call.kwargs, call.carrying, state)
+    ):  # ``maximum(x, 0.1 x)``, ``where(x > 0, x, 0)``: leaky ReLU and ReLU, gates as their one-call spellings' outputs
         state.marks.set(produced(call, output), ACTIVATED)
     if call.entry.shape == 'shift':
         note_offset(call.func, call.args, call.kwargs, call.carrying, output, state)

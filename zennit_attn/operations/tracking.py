@@ -250,6 +250,9 @@ class State:
     inline: dict
         The parameters of modules that are not layers, by ``id``: ``(path, module, rule, rule in words)``, the rule of
         a linear map the model computes with them.
+    signs: TensorMarks
+        Outcomes of comparing a relevance-carrying tensor with 0 (``x > 0``): ``(position of the tensor compared, its
+        sign where true)`` (:py:func:`~.elementwise.note_sign`), by which a rectifier written with them is told.
     """
 
     rules: list
@@ -271,6 +274,7 @@ class State:
     layers: dict = field(default_factory=dict)
     running: dict = field(default_factory=dict)
     inline: dict = field(default_factory=dict)
+    signs: TensorMarks = field(default_factory=TensorMarks)
 
     @property
     def product_rule(self) -> ProductRule:
