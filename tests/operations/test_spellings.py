@@ -360,6 +360,8 @@ SPELLINGS = {
         lambda m, x: (lambda a: a.masked_fill(a < 0, 0.0))(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: a * (a > 0))(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: (0 < a) * a)(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a * (a > 0).to(a.dtype))(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: (a >= 0).double() * a)(m.a(x)) * m.b(x),
     ],
     'leaky ReLU selected by the sign, times a value': [
         lambda m, x: F.leaky_relu(m.a(x), 0.1) * m.b(x),

@@ -37,7 +37,7 @@ from ..core.errors import UnsupportedModelError
 from ..rules import FUNCTIONAL_EPSILON, Epsilon, epsilon_gradient
 from .calls import Call, in_place, tensors_of
 from .elementwise import COMPARISONS, normaliser_use, note_sign, rectifies_by_sign
-from .marks import ACTIVATED, EXTREMA, Mark, join_gates, produced
+from .marks import ACTIVATED, CASTS, EXTREMA, Mark, join_gates, produced
 from .products import note_offset, note_scaling
 from .recurrences import held_constant, term_use
 from .registry import ADDING, OPERATIONS, RULE_TABLE, op_name
@@ -135,7 +135,10 @@ class Classifier(TorchFunctionMode):
         if state.runs:  # inside a sequence mixer: the constants of its recurrence
             args, kwargs, carrying = held_constant(state, args, kwargs, carrying)
         if not carrying:
-            return func(*args, **kwargs)
+            output = func(*args, **kwargs)
+            if state.signs and name in CASTS and args and args[0] in state.signs:  # ``(x > 0).float()``: a sign
+                state.signs[output] = state.signs[args[0]]
+            return output
         changes = changes or bool(kwargs and in_place(func, kwargs))
         return self.classified(func, name, entry, args, kwargs, carrying, fast, changes, tensors)
 

@@ -52,6 +52,7 @@ __all__ = [
     'Mark',
     'Marks',
     'ROUTES',
+    'CASTS',
     'EXTREMA',
     'extremum_of_multiples',
     'ACTIVATED',
@@ -207,6 +208,11 @@ def produced(call, output) -> list[torch.Tensor]:
         return [item for item in output if isinstance(item, torch.Tensor) and item.requires_grad]
     return []
 
+
+#: Casts and copies: they change neither a tensor's values nor their places, so what the engine knows of the tensor
+#: holds for their output (a sum of exponentials, :py:func:`~.softmax.exp_sum_use`; a sign,
+#: :py:func:`~.elementwise.note_sign`).
+CASTS = frozenset('to type type_as float double half bfloat16 contiguous clone cpu cuda'.split())
 
 #: Element-wise extrema of two tensors: of a tensor and a multiple of it (``maximum(x, 0.1 x)``), a piecewise linear
 #: element-wise function of it (leaky ReLU, PReLU with a weight tensor), an activation

@@ -24,7 +24,7 @@ import torch
 from ..rules.products import SOFTMAX
 from .calls import Call, in_place
 from .graph import SoftmaxInput
-from .marks import Mark, produced
+from .marks import CASTS, Mark, produced
 from .tracking import State
 
 __all__ = [
@@ -227,7 +227,7 @@ def _moved_sum(call: Call, mark: tuple) -> tuple | None:
     if name in ('unsqueeze', 'getitem') and not kept and args and args[0] is input:
         where = _unsqueezed(call, input)
         return (scores, dim, True, inverse) if where == dim else None
-    if name in _CASTS:
+    if name in CASTS:
         return mark  # the same values at the same places
     if inverse:
         return None
@@ -246,10 +246,6 @@ def _unsqueezed(call: Call, input: torch.Tensor) -> int | None:
         return where % (input.dim() + 1) if isinstance(where, int) else None
     index = call.args[1] if len(call.args) > 1 else None
     return input.dim() if index == (Ellipsis, None) else None
-
-
-#: The operations that change neither the values of a tensor nor their places (casts and copies).
-_CASTS = frozenset('to type type_as float double half bfloat16 contiguous clone cpu cuda'.split())
 
 
 def _number(call: Call, input: torch.Tensor):
