@@ -368,6 +368,13 @@ SPELLINGS = {
         lambda m, x: (lambda a: torch.where(a > 0, a, 0.1 * a))(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: torch.where(a.ge(0), a, a / 10))(m.a(x)) * m.b(x),
     ],
+    # softsign written out, a value over an activation of it (CP-LRP held it for a value, 39% of the largest relevance
+    # apart, the MLP rules 100%)
+    'softsign written out, times a value': [
+        lambda m, x: F.softsign(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a / (1 + a.abs()))(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a / (a.abs() + 1))(m.a(x)) * m.b(x),
+    ],
     # ReLU6 as a bound from 0 to 6 (CP-LRP held ``clamp(x, 0, 6)`` for a value, 79% of the largest relevance apart)
     'ReLU6 spelled as a bound, times a value': [
         lambda m, x: F.relu6(m.a(x)) * m.b(x),

@@ -320,10 +320,23 @@ def _softmax(state: State, tensor: torch.Tensor) -> bool:
 
 def divided(call: Call, output, state: State) -> None:
     """The marks of ``a / b``: those of a linear function of ``a`` (the divisor a constant, also where it is kept as a
-    gate: a renormalisation); divided by a number, a multiple of ``a`` (:py:meth:`~.marks.Marks.scale`)."""
+    gate: a renormalisation); divided by a number, a multiple of ``a`` (:py:meth:`~.marks.Marks.scale`); divided by
+    the output of an element-wise non-linearity of ``a`` (``a / (1 + |a|)``: softsign written out,
+    :py:meth:`~.marks.Marks.activation_of`), an activation's output, as ``softsign(a)``'s is."""
     numerator = call.argument('input')
     index = next((index for index, tensor in enumerate(call.carrying) if tensor is numerator), None)
     if index is None:
+        return
+    denominator = call.argument('other')
+    if (
+        call.marks[index] is None
+        and isinstance(denominator, torch.Tensor)
+        and kind(state.marks.of(denominator)) == ACTIVATION
+        and isinstance(output, torch.Tensor)
+        and output.shape == numerator.shape
+        and state.marks.activation_of(numerator, denominator)
+    ):
+        state.marks.set(produced(call, output), ACTIVATED)
         return
     reduced = Call(call.func, call.name, call.entry, call.args, call.kwargs, [numerator], [call.marks[index]])
     reduced.held = call.held
