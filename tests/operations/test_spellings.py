@@ -351,6 +351,12 @@ SPELLINGS = {
         lambda m, x: (lambda a: torch.fmax(a * 0.1, a))(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: a.maximum(a / 10))(m.a(x)) * m.b(x),
     ],
+    'the absolute value as a maximum, times a value': [
+        lambda m, x: m.a(x).abs() * m.b(x),
+        lambda m, x: (lambda a: torch.maximum(a, -a))(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: torch.maximum(-a, a))(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: torch.fmax(a, torch.neg(a)))(m.a(x)) * m.b(x),
+    ],
     # ReLU and leaky ReLU selected by the sign of their input (values before: CP-LRP 79% and 39% of the largest
     # relevance apart, the MLP rules 100%)
     'ReLU selected by the sign, times a value': [

@@ -419,8 +419,12 @@ def note_offset(func, args: tuple, kwargs: dict, carrying: list, output, state: 
     """Note ``output`` of a shift (``x + c``, ``c + x``, ``x - c``, ``c - x``, ``torch.add(x, c, alpha=2)``, in place
     too) of one relevance-carrying tensor by a non-zero number ``c`` (or a tensor of no dimension that carries no
     relevance) as offset by the constant it adds (:py:meth:`~.marks.Marks.offset`), for the product rule
-    (:py:func:`_distributed`)."""
+    (:py:func:`_distributed`); a negation ``-x`` as a multiple of ``x`` by -1 (:py:meth:`~.marks.Marks.scale`: ``x *
+    sigmoid(-x)``, ``maximum(x, -x)`` are functions of ``x``)."""
     if len(carrying) != 1:  # a residual connection: no constant
+        return
+    if getattr(func, '__name__', '') in _NEGATIONS and args and args[0] is carrying[0]:
+        state.marks.scale(output, carrying[0], -1)
         return
     first = kwargs['input'] if 'input' in kwargs else (args[0] if args else None)
     second = kwargs['other'] if 'other' in kwargs else (args[1] if len(args) > 1 else None)
@@ -438,6 +442,11 @@ def note_offset(func, args: tuple, kwargs: dict, carrying: list, output, state: 
     else:  # input + alpha other
         number = alpha * constant if first is carrying[0] else constant
     state.marks.offset(output, number)
+
+
+#: The names of the functions that negate a tensor (not in place: a tensor changed in place is not a multiple of
+#: what it was).
+_NEGATIONS = frozenset({'neg', 'negative', '__neg__'})
 
 
 def _offset_constant(value) -> bool:
