@@ -13,10 +13,13 @@ import weakref
 
 import pytest
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import repeat_kv
 
 from tests.by_hand import assert_same_relevance, attributed, by_hand, identity, scaled
 from tests.models import FAMILIES, MOE, decoder_ids, tiny_model, token_ids
 from tests.naive_rules import lrp
+from zennit_attn import explain
 from zennit_attn.canonizers import OperationCanonizer
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.core import UnsupportedModelError
@@ -69,6 +72,37 @@ def test_attention_implementations_agree(family, composite):
         assert all(parameter.requires_grad for parameter in model.parameters())
     for eager, sdpa in zip(found['eager'], found['eager' if soft_capped else 'sdpa']):
         torch.testing.assert_close(sdpa, eager, rtol=0, atol=1e-5 * float(eager.abs().max()))
+
+
+def sigmoid_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """An attention of one's own (pure torch): sigmoid weights of the shifted scores instead of a softmax."""
+    key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
+    scores = query @ key.transpose(-1, -2) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : key.shape[-2]]
+    weights = torch.sigmoid(scores - 2.0)
+    return (weights @ value).transpose(1, 2).contiguous(), weights
+
+
+def test_an_attention_function_of_ones_own_is_explained_as_it_is(monkeypatch):
+    """An attention function registered with transformers (``AttentionInterface``) is what the model computes: the
+    engine runs it (it was replaced by SDPA, and a sigmoid attention's logit explained as SDPA's: 0.166 where the model
+    gave 0.201); CP-LRP conserves it exactly. A kernel (flash attention) still runs as SDPA inside the context, its
+    setting restored after."""
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, 'zennit_test_sigmoid', sigmoid_attention)
+    model = tiny_model('llama')
+    model.config._attn_implementation = 'zennit_test_sigmoid'
+    ids = token_ids('llama', 6)
+    with torch.no_grad():
+        logits = model(ids).logits[:, -1]
+    explanation = explain(model, ids, method='cplrp')
+    expected = logits[torch.arange(len(ids)), explanation.target]
+    torch.testing.assert_close(explanation.logit, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(explanation.relevance.sum(-1), expected, rtol=1e-10, atol=1e-12)
+    model.config._attn_implementation = 'flash_attention_2'
+    with AttnLRPEpsilon().context(model):
+        inside = model.config._attn_implementation
+    assert inside == 'sdpa' and model.config._attn_implementation == 'flash_attention_2'
 
 
 @pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])

@@ -58,6 +58,7 @@ __all__ = [
     'OperationCanonizer',
     'VISIBLE_ATTENTION',
     'VISIBLE_EXPERTS',
+    'kernel_attention',
     'INSTANCE_SETTINGS',
     'LINEAR_MIXERS',
     'RECURRENT',
@@ -70,6 +71,28 @@ __all__ = [
 
 #: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
 VISIBLE_ATTENTION = ('eager', 'sdpa')
+
+
+def kernel_attention(implementation: str) -> bool:
+    """Whether a model's attention implementation (``config._attn_implementation``) is a kernel the mode cannot see
+    into, which the explanation runs as SDPA or eager attention: not one of :py:data:`VISIBLE_ATTENTION`, and one of
+    transformers' own (flash attention, flex attention, paged attention: functions of transformers that compute
+    softmax attention) or a kernel of the kernels hub (``'org/name'``). An attention function registered by the user
+    (``transformers.AttentionInterface.register('mine', function)``) is none: replaced by SDPA, the model would be
+    explained as another function than the one it computes (a sigmoid attention of one's own got SDPA's logit, 0.166
+    where the model gave 0.201); the mode sees its operations and explains or refuses them."""
+    if implementation in VISIBLE_ATTENTION:
+        return False
+    if '/' in implementation:
+        return True
+    utils = sys.modules.get('transformers.modeling_utils')  # loaded wherever a model has an attention implementation
+    functions = getattr(utils, 'ALL_ATTENTION_FUNCTIONS', None)
+    function = functions.get(implementation.removeprefix('paged|')) if functions is not None else None
+    if function is None and functions is not None:
+        function = functions.get(implementation)
+    return function is None or getattr(function, '__module__', '').startswith('transformers.')
+
+
 #: Experts implementations of mixtures of experts whose arithmetic the mode sees: the plain loop, and transformers'
 #: batched and grouped matrix products (``bmm``, ``torch._grouped_mm`` or transformers' ``grouped_mm_fallback``: per
 #: expert, a product of the tokens with the frozen expert weights); the others (kernels) run as the loop.
@@ -258,10 +281,12 @@ class OperationCanonizer(Canonizer):
             self._scope(module, rule)
 
     def _configure(self, model: torch.nn.Module, modules: Modules) -> None:
-        """Attention and experts implementations the mode cannot see into run as ones it sees."""
+        """Attention and experts implementations the mode cannot see into run as ones it sees: the kernels of
+        transformers and of the kernels hub as SDPA (or eager) attention (:py:func:`kernel_attention`); an attention
+        function of one's own stays what the model runs."""
         for config in model_configs(model, [module for _, module in modules]):
             implementation = getattr(config, '_attn_implementation_internal', None)
-            if implementation is not None and implementation not in VISIBLE_ATTENTION:
+            if implementation is not None and kernel_attention(implementation):
                 sdpa = getattr(model, '_supports_sdpa', True) is not False
                 self._set(config, '_attn_implementation_internal', 'sdpa' if sdpa else 'eager')
             if getattr(config, '_experts_implementation_internal', None) not in (None, *VISIBLE_EXPERTS):
