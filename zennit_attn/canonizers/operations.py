@@ -69,7 +69,8 @@ __all__ = [
     'cached_tokens',
 ]
 
-#: Attention implementations whose arithmetic the mode sees (the others run as ``sdpa`` during the context).
+#: Attention implementations whose arithmetic the mode sees (the kernels among the others run as ``sdpa`` during the
+#: context: :py:func:`kernel_attention`).
 VISIBLE_ATTENTION = ('eager', 'sdpa')
 
 
