@@ -140,6 +140,12 @@ def module_output(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Ten
     return functools.partial(_module_forward, module)
 
 
+def called_on_input_alone(args: tuple, kwargs: dict) -> bool:
+    """Whether a module's call (the ``args`` and ``kwargs`` its forward pre-hook sees) is ``module(x)``, whose output
+    :py:func:`module_output` computes again from ``x`` alone in the backward pass."""
+    return len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
+
+
 def _module_forward(module: torch.nn.Module, input: torch.Tensor) -> torch.Tensor:
     with loaded_weights(module):
         return module.forward(input.clone() if getattr(module, 'inplace', False) else input)
@@ -220,15 +226,14 @@ def elementwise_identity(
     input: torch.Tensor,
     output: torch.Tensor,
     gate: bool = False,
-    module: torch.nn.Module | None = None,
     compute: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Return ``output`` (computed element-wise from ``input``) such that the identity rule (Eq. 9) applies;
     ``gate`` marks the output of an activation (as opposed to a normalisation). With ``compute`` (``output =
-    compute(input)``, the same function again; ``module``: ``module.forward``, :py:func:`module_output`), ``output`` is
-    not saved for the backward pass but computed again there (:py:class:`_RecomputedIdentity`): the rule keeps the
-    activations of a plain pass, and the model may change ``output`` in place after it (``y = act(x); y += r``, which
-    a saved output would make autograd refuse).
+    compute(input)``, the same function again; a module's: :py:func:`module_output`), ``output`` is not saved for the
+    backward pass but computed again there (:py:class:`_RecomputedIdentity`): the rule keeps the activations of a
+    plain pass, and the model may change ``output`` in place after it (``y = act(x); y += r``, which a saved output
+    would make autograd refuse).
 
     Where ``input`` is itself the output of the identity rule on ``x0`` (``f(g(x0))``, unchanged since), the rule
     applies from ``x0`` to ``output`` at once: the identity rule of the composed element-wise function. This is the
@@ -239,8 +244,6 @@ def elementwise_identity(
     source, node = input, input.grad_fn  # the node of a function's output; changed in place since, another one
     if issubclass(getattr(type(node), '_forward_cls', type(None)), _IDENTITY_FUNCTIONS) and node.source is not None:
         source = node.source
-    if module is not None:
-        compute = module_output(module)
     if compute is not None:
         result = (_RecomputedGate if gate else _RecomputedIdentity).apply(source, input, output.detach(), compute)
     else:

@@ -15,6 +15,7 @@ from ..core.errors import UnsupportedModelError
 from ..core.kinds import is_listed_activation, norm_kind
 from .base import (
     GradientRule,
+    called_on_input_alone,
     compute_dtype,
     elementwise_identity,
     gradient_map,
@@ -137,7 +138,7 @@ class Identity(GradientRule):
         first = input[0] if input else None
         with torch._C.DisableTorchFunction():  # the rule's read, not the model's: the classifying mode need not see it
             self.version = first._version if isinstance(first, torch.Tensor) else None
-        self.recomputable = len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
+        self.recomputable = called_on_input_alone(args, kwargs)
 
     def forward(self, module, input, output):
         output = tensor_output(module, output)
@@ -232,7 +233,7 @@ class NormIdentity(GradientRule):
         return handles
 
     def _pre_forward(self, module, args, kwargs):
-        self.recomputable = len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
+        self.recomputable = called_on_input_alone(args, kwargs)
 
     def forward(self, module, input, output):
         output = tensor_output(module, output)
@@ -254,7 +255,7 @@ class NormIdentity(GradientRule):
         if kind == 'rms' and isinstance(bias, torch.Tensor) and bias.shape == output.shape[-1:]:
             return _AffineRatio.apply(input[0], output, bias.detach(), False)
         if kind == 'rms':
-            return elementwise_identity(input[0], output, module=module if self.recomputable else None)
+            return elementwise_identity(input[0], output, compute=module_output(module) if self.recomputable else None)
         if kind == 'layer':
             dims = len(module.normalized_shape)
             return layer_norm_identity(input[0], dims, module.weight, module.bias, module.eps).to(output.dtype)
