@@ -214,5 +214,6 @@ def test_videos_are_explained_at_their_frames(name, tmp_path):
     assert heatmap.exists() and overlay.exists()
     with pytest.raises(ValueError, match='give it for this video'):
         explanation.save(tmp_path / 'video.png')
-    with pytest.raises(TypeError, match='not implemented for videos'):
-        explain(model, video, method='kernelshap', samples=40)
+    for method in ('kernelshap', 'atman', 'attention_rollout'):  # AtMan failed in the discovery pass, rollout unnamed
+        with pytest.raises(TypeError, match='not implemented for videos'):
+            explain(model, video, method=method, **({'samples': 40} if method == 'kernelshap' else {}))

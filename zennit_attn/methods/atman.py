@@ -43,11 +43,11 @@ def atman(
 
     current: list[torch.Tensor | None] = [None]
     device = task.inputs.device
+    tokens = task.token_count()  # before the keys are looked for: a video has no patch grid (refused by name)
     with torch.no_grad(), suppress_keys(task.model, lambda: current[0]):
         scores = task.forward(task.inputs)
         logit = task.resolve(scores, position, target)
         reference = read(scores)
-        tokens = task.token_count()
         jobs = task.attributable_tokens().nonzero().tolist()
         relevance = torch.zeros(task.batch, tokens, dtype=reference.dtype, device=device)
         for start in range(0, len(jobs), perturbation_batch):

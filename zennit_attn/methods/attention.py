@@ -150,20 +150,16 @@ def _check_maps(task: Task, batch: int, attentions) -> None:
     zennit_attn.core.errors.UnsupportedModelError
         Naming the first map that is not one and what it would need.
     """
-    try:
-        tokens = task.token_count()
-    except (TypeError, ValueError):  # no patch grid of the image (a model without patch_size)
-        tokens = None
+    tokens = task.token_count()
     for layer, attention in enumerate(attentions):
         shape = tuple(attention.shape) if isinstance(attention, torch.Tensor) else None
-        if shape is None or len(shape) != 4 or shape[0] != batch or tokens is None or shape[2:] != (tokens, tokens):
+        if shape is None or len(shape) != 4 or shape[0] != batch or shape[2:] != (tokens, tokens):
             found = f'shape {shape}' if shape is not None else f'a {type(attention).__name__}'
-            expected = 'a patch grid it can tell' if tokens is None else f'{batch} x heads x {tokens} x {tokens}'
             raise UnsupportedModelError(
                 f'the attention-map methods (rollout, Grad-CAM) multiply or read attention maps over one sequence of '
-                f'the input tokens in every layer ({expected}); {type(task.model).__name__} gives layer {layer} a map '
-                f'of {found} (windowed, pooled or reduced attention, stages of other lengths): use attnlrp, cplrp or '
-                'a gradient method'
+                f'the input tokens in every layer ({batch} x heads x {tokens} x {tokens}); {type(task.model).__name__} '
+                f'gives layer {layer} a map of {found} (windowed, pooled or reduced attention, stages of other '
+                'lengths): use attnlrp, cplrp or a gradient method'
             )
 
 
