@@ -165,7 +165,7 @@ class Classifier(TorchFunctionMode):
         if refusal is not None:  # an operand the engine did not produce or sanction
             state.recorded(state.refuse, name, *refusal)
         if _fast(fast, name, marks, carrying, state):
-            output = self.unmarked(func, args, kwargs, carrying, fast)
+            output = self.unmarked(func, name, args, kwargs, carrying, fast)
         else:
             call = Call(func, name, entry, args, kwargs, carrying, marks)
             routed = changes or state.marks.routed or state.table is not None
@@ -179,7 +179,7 @@ class Classifier(TorchFunctionMode):
             state.audit.record_changed(tensors)
         return output
 
-    def unmarked(self, func, args, kwargs, carrying: list, fast: str):
+    def unmarked(self, func, name: str, args, kwargs, carrying: list, fast: str):
         """Run an operation on its ``fast`` path (see :py:func:`_function`): linear (its plain gradient, Eq. 8 with
         epsilon -> 0), none of whose relevance-carrying operands (``carrying``) is marked, so that it marks nothing,
         without binding a :py:class:`~.calls.Call`. A shift or join notes the constants it adds
@@ -201,8 +201,8 @@ class Classifier(TorchFunctionMode):
         elif fast == 'product':
             note_scaling(func, args, kwargs, carrying[0], output, state)
         elif fast == 'compare':
-            note_sign(op_name(func), args, carrying[0], output, state)
-        if state.signs and rectifies_by_sign(op_name(func), args, kwargs, carrying, state):
+            note_sign(name, args, carrying[0], output, state)
+        if state.signs and rectifies_by_sign(name, args, kwargs, carrying, state):
             state.marks.set(produced_tensors(output), ACTIVATED)  # ``where(x > 0, x, 0)``: a rectifier, a gate
         return output
 
