@@ -65,7 +65,7 @@ def by_rules(model: Block, gate: float, value: float, query: float, key: float, 
 
 # ------------------------------------------------------------------------------------------------ undeclared
 UNDECLARED_FUNCTIONS = {
-    'special_ndtr': torch.special.ndtr,
+    'special_i0': torch.special.i0,
     'lgamma': torch.lgamma,
     'erfinv': lambda h: torch.erfinv(torch.tanh(h)),
     'heaviside': lambda h: torch.heaviside(h, torch.zeros_like(h)),
@@ -282,14 +282,14 @@ def test_the_rule_table_names_overrides_and_goes_on_past_a_refusal():
             self.a, self.b = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
 
         def forward(self, x):
-            return torch.special.ndtr(self.a(x)) * self.b(x)
+            return torch.special.i0(self.a(x)) * self.b(x)
 
     torch.manual_seed(0)
     table = AttnLRPEpsilon(overrides={'mul': halves_to_first}).rule_table(Refusing().double(), inputs())
     rules = table.operations()
-    assert rules['special_ndtr'] == {'refused'} and rules['mul'] == {'override'}
+    assert rules['special_i0'] == {'refused'} and rules['mul'] == {'override'}
     assert [row.how for row in table.rows if row.operation == 'mul'] == ['overridden: halves_to_first']
-    assert len(table.refusals) == 1 and table.refusals[0].startswith('zennit-attn cannot explain special_ndtr in')
+    assert len(table.refusals) == 1 and table.refusals[0].startswith('zennit-attn cannot explain special_i0 in')
     assert 'overrides: mul: halves_to_first' in table.composite
 
 
@@ -300,4 +300,4 @@ def test_a_rule_table_needs_an_input_that_carries_relevance():
 
 def test_op_names_of_the_contract_cases():
     """The names the cases above use are the registry's names of the functions."""
-    assert op_name(torch.special.ndtr) == 'special_ndtr' and op_name(torch.Tensor.__matmul__) == 'matmul'
+    assert op_name(torch.special.i0) == 'special_i0' and op_name(torch.Tensor.__matmul__) == 'matmul'

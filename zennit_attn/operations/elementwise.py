@@ -63,7 +63,7 @@ def elementwise(call: Call, state: State):
             else 'an element-wise non-linearity of more than one relevance-carrying tensor'
         )
         state.refuse(call.name, what)
-    gate = call.entry.rule != 'bound' or kind(call.marks[0]) is not None
+    gate = call.entry.rule != 'bound' or kind(call.marks[0]) is not None or rectifies(call)
     rule = call.activation_rule if call.activation_rule is not None else state.activation_rule
     call.note = f'{type(rule).__name__} (Eq. 9)' if rule is not None else 'the plain gradient (no activation rule)'
     if in_place(call.func, call.kwargs):
@@ -341,7 +341,8 @@ def divided(call: Call, output, state: State) -> None:
     reduced = Call(call.func, call.name, call.entry, call.args, call.kwargs, [numerator], [call.marks[index]])
     reduced.held = call.held
     passed(reduced, output, state)
-    state.marks.scale(output, numerator, call.argument('other'))  # ``a / 2``: a multiple of ``a``
+    # ``a / 2``: a multiple of ``a`` (where it was before the division: ``a.div_(2)`` changes it in place)
+    state.marks.scale(output, numerator, call.argument('other'), call.positions[index])
 
 
 def normalisation(call: Call, state: State):

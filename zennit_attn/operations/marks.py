@@ -399,21 +399,43 @@ class Marks:
         """Whether ``gate`` (the output of an element-wise non-linearity) is an element-wise function of ``value``:
         ``gate``, up to scalings by numbers or constant tensors, is the output of a chain of activations
         (:py:func:`~zennit_attn.rules.elementwise_identity`: the first input of the chain on its node) whose first
-        input is ``value`` up to scalings (``sigmoid(1.702 x)`` of ``x``, ``1 + erf(x / sqrt(2))`` of ``0.5 x``,
-        ``sigmoid(beta * x)`` of ``x`` with a weight ``beta``); not another output of the operation that computed
-        ``value`` (``a * sigmoid(b)`` with ``a, b = x.chunk(2)``: GLU, a value times a gate)."""
+        input is an element-wise function of ``value`` (:py:meth:`elementwise_of`: ``sigmoid(1.702 x)`` of ``x``,
+        ``1 + erf(x / sqrt(2))`` of ``0.5 x``, ``sigmoid(beta * x)`` of ``x`` with a weight ``beta``, ``relu6(x + 3)``
+        of ``x`` in hard swish, ``1 + tanh(c (x + 0.044715 x^3))`` of ``0.5 x`` in the tanh approximation of GELU);
+        not another output of the operation that computed ``value`` (``a * sigmoid(b)`` with ``a, b = x.chunk(2)``:
+        GLU, a value times a gate)."""
         if not (value.shape == gate.shape and value.grad_fn is not None):
             return False
-        target, position = self.root(tensor_position(value)), self.root(tensor_position(gate))
-        for _ in range(16):
-            node = position[0]
-            source = getattr(node, 'source', None) if rule_node(node) == 'gate' else None
-            if source is None or source.grad_fn is None:
-                return False
-            position = self.root(tensor_position(source))
-            if position[0] is target[0] and position[1] == target[1]:
-                return True
-        return False
+        position = self.root(tensor_position(gate))
+        if rule_node(position[0]) != 'gate':
+            return False
+        return self.elementwise_of(position, self.root(tensor_position(value)))
+
+    def elementwise_of(self, position: tuple, target: tuple, depth: int = 16) -> bool:
+        """Whether the tensor at ``position`` (:py:func:`~.calls.tensor_position`) is an element-wise function of the
+        tensor at ``target`` alone: that tensor up to scalings by numbers or constant tensors (:py:meth:`root`), the
+        output of a chain of activations whose first input is one, or a shift of such functions (``x + 3``, ``x +
+        0.044715 x^3``; a shift's constants add element by element), within ``depth`` steps. A reduction (``x -
+        mean(x)``), a product of two tensors and another output of the operation that computed ``target`` are not
+        followed."""
+        position = self.root(position)
+        if position[0] is target[0] and position[1] == target[1]:
+            return True
+        node = position[0]
+        if depth <= 0 or node is None:
+            return False
+        if rule_node(node) == 'gate':
+            source = getattr(node, 'source', None)
+            return (
+                source is not None
+                and source.grad_fn is not None
+                and self.elementwise_of(tensor_position(source), target, depth - 1)
+            )
+        origin = self.origins.get(node)
+        if origin is None or origin[0] is not None:  # not a shift
+            return False
+        terms = [term for term in node.next_functions if term[0] is not None]
+        return bool(terms) and all(self.elementwise_of(term, target, depth - 1) for term in terms)
 
     def sources(self, tensor: torch.Tensor) -> set:
         """The nodes ``tensor`` is (a view, cast, multiple or centring of): its own and those of what it was derived

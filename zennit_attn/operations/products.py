@@ -89,6 +89,8 @@ def product(call: Call, state: State):
         shares, count = _chained(rule, state, found, marks, kinds, shares)
     call.note = f'{rule!r}: shares {_rounded(shares)} of the factors {_named(kinds, sinks)}'
     output = _shared(call, found, shares)
+    if call.name == 'mul' and _activation_product(found, marks, None, state):
+        return _activation_written_out(call, state, found, marks, output)
     if chained:
         output = _distributed(call, state, found, shares, output)
         if count > 1 and isinstance(output, torch.Tensor) and output.requires_grad:
@@ -382,6 +384,16 @@ def _activation_product(found: list, marks: list, output, state: State) -> bool:
         return False
     value, gate = (found[0], found[1]) if kinds[1] == ACTIVATION else (found[1], found[0])
     return (output is None or output.shape == value.shape) and state.marks.activation_of(value, gate)
+
+
+def _activation_written_out(call: Call, state: State, found: list, marks: list, output):
+    """The output of an activation written out as a product, ``x * f(x)`` (:py:func:`_activation_product`), with the
+    activation rule from ``x`` (the identity rule, Eq. 9), as its one-call spelling gets it: hard swish as ``x *
+    relu6(x + 3) / 6`` that of ``hardswish(x)``, where the product rule would leave the number ``3`` inside ``f`` a
+    share to absorb. Under a composite without an activation rule (the plain gradient) the product's own gradient."""
+    value = found[0] if kind(marks[1]) == ACTIVATION else found[1]
+    call.note = 'a value times an activation of itself, one element-wise function: the activation rule'
+    return state.activation(call, value, output, gate=True)
 
 
 def _square(found: list, marks: list, output, state: State) -> bool:

@@ -543,7 +543,8 @@ operation('solve', 'linalg_solve_triangular linalg_solve', params='A B')
 operation(
     'elementwise',
     """
-    tanh sigmoid log_sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardsigmoid erf
+    tanh sigmoid log_sigmoid silu gelu relu relu6 leaky_relu elu selu celu softplus mish hardswish hardsigmoid erf erfc
+    special_erfc special_ndtr
     abs square sign softsign softshrink hardshrink tanhshrink rrelu prelu threshold hardtanh
     """,
 )
