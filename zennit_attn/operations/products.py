@@ -89,8 +89,9 @@ def product(call: Call, state: State):
         shares, count = _chained(rule, state, found, marks, kinds, shares)
     call.note = f'{rule!r}: shares {_rounded(shares)} of the factors {_named(kinds, sinks)}'
     output = _shared(call, found, shares)
-    if call.name == 'mul' and _activation_product(found, marks, None, state):
-        return _activation_written_out(call, state, found, marks, output)
+    value = _activated_value(found, marks, None, state) if call.name == 'mul' else None
+    if value is not None:
+        return _activation_written_out(call, state, value, output)
     if chained:
         output = _distributed(call, state, found, shares, output)
         if count > 1 and isinstance(output, torch.Tensor) and output.requires_grad:
@@ -372,26 +373,35 @@ def multiplied(call: Call, output, state: State) -> None:
 
 
 def _activation_product(found: list, marks: list, output, state: State) -> bool:
-    """Whether a product of two relevance-carrying factors is an activation written out: a value ``x`` times the
-    output of an element-wise non-linearity of ``x`` (:py:meth:`~zennit_attn.operations.marks.Marks.activation_of`:
-    ``x * sigmoid(x)``, ``x * sigmoid(1.702 x)``, GPT-OSS's ``gate * sigmoid(alpha * gate)``, GELU as ``0.5 x (1 +
-    erf(x / sqrt(2)))``), element by element: its output is an activation's output (a gate of CP-LRP), as that of
-    ``silu(x)`` or ``gelu(x)`` is (``output`` None: before the product runs)."""
+    """Whether a product of two relevance-carrying factors is an activation written out
+    (:py:func:`_activated_value`)."""
+    return _activated_value(found, marks, output, state) is not None
+
+
+def _activated_value(found: list, marks: list, output, state: State) -> torch.Tensor | None:
+    """The value ``x`` of a product of two relevance-carrying factors that is an activation written out: ``x`` times
+    the output of an element-wise non-linearity of an element-wise function of ``x``
+    (:py:meth:`~zennit_attn.operations.marks.Marks.activation_of`: ``x * sigmoid(x)``, ``x * sigmoid(1.702 x)``,
+    GPT-OSS's ``gate * sigmoid(alpha * gate)``, GELU as ``0.5 x (1 + erf(x / sqrt(2)))``, hard swish as ``x *
+    relu6(x + 3) / 6``), element by element: its output is an activation's output (a gate of CP-LRP), as that of
+    ``silu(x)`` or ``gelu(x)`` is (``output`` None: before the product runs). None for any other product."""
     if len(found) != 2 or not (output is None or isinstance(output, torch.Tensor)):
-        return False
+        return None
     kinds = [kind(mark) for mark in marks]
     if ACTIVATION not in kinds or None not in kinds or marks[kinds.index(None)] is not None:
-        return False
+        return None
     value, gate = (found[0], found[1]) if kinds[1] == ACTIVATION else (found[1], found[0])
-    return (output is None or output.shape == value.shape) and state.marks.activation_of(value, gate)
+    if (output is None or output.shape == value.shape) and state.marks.activation_of(value, gate):
+        return value
+    return None
 
 
-def _activation_written_out(call: Call, state: State, found: list, marks: list, output):
-    """The output of an activation written out as a product, ``x * f(x)`` (:py:func:`_activation_product`), with the
-    activation rule from ``x`` (the identity rule, Eq. 9), as its one-call spelling gets it: hard swish as ``x *
-    relu6(x + 3) / 6`` that of ``hardswish(x)``, where the product rule would leave the number ``3`` inside ``f`` a
-    share to absorb. Under a composite without an activation rule (the plain gradient) the product's own gradient."""
-    value = found[0] if kind(marks[1]) == ACTIVATION else found[1]
+def _activation_written_out(call: Call, state: State, value: torch.Tensor, output):
+    """The output of an activation written out as a product, ``x * f(x)`` (``value``: ``x``,
+    :py:func:`_activated_value`), with the activation rule from ``x`` (the identity rule, Eq. 9), as its one-call
+    spelling gets it: hard swish as ``x * relu6(x + 3) / 6`` that of ``hardswish(x)``, where the product rule would
+    leave the number ``3`` inside ``f`` a share to absorb. Under a composite without an activation rule (the plain
+    gradient) the product's own gradient."""
     call.note = 'a value times an activation of itself, one element-wise function: the activation rule'
     return state.activation(call, value, output, gate=True)
 
