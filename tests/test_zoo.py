@@ -18,14 +18,10 @@ from zennit_attn.workflows.architecture_check.check import REFUSALS, Result
 
 #: Architectures whose tiny model builds but is neither explained exactly nor refused: known defects, each with what
 #: was found (a new entry here needs a reason; a fixed one must be removed: the test fails for both).
-KNOWN: dict[str, dict[str, str]] = {
-    'image-text-to-text': {
-        # fed its processor's pixels (issue 31): its visual tokenizer turns each patch into a softmax over a visual
-        # vocabulary (not attention), which gets the softmax rule (Prop. 3.1) and loses relevance to its bias term
-        # (CP-LRP relevance / logit = 1.00042), a loss the engine does not record as a constant
-        'ovis2': 'CP-LRP relevance / logit',
-    }
-}
+#: None now: Ovis2 (its visual tokenizer's softmax over a visual vocabulary weights an embedding table, a value that
+#: gets the softmax rule, Prop. 3.1, under CP-LRP too) is explained by design, exact with that softmax's bias term
+#: handed back (``tests/composites/test_conservation.py``).
+KNOWN: dict[str, dict[str, str]] = {}
 #: The causes by which AttnLRP with the softmax rule's bias term handed back
 #: (:py:mod:`zennit_attn.workflows.architecture_check.softmax_bias`) loses relevance by design (docs: Rules, where
 #: AttnLRP loses relevance): a constant the walk does not zero (relative position biases, ALiBi, sinks, HY-V4's

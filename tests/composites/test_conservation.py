@@ -101,6 +101,20 @@ def test_attnlrp_conserves_with_the_softmax_bias_handed_back(mapping, architectu
     assert (abs(explained(model, inputs, AttnLRPEpsilon()) - 1) > 1e-5) == (handed.softmaxes > 0)
 
 
+def test_cplrp_conserves_ovis2_with_the_bias_of_its_value_softmax_handed_back():
+    """Ovis2's visual tokenizer turns the vision tower's output into soft visual tokens, a softmax whose output weights
+    an embedding table (a value, not attention weights): CP-LRP gives it the softmax rule (Prop. 3.1), which leaves out
+    its bias term, so CP-LRP alone does not conserve; with that term handed back at ``softmax`` only (CP-LRP's attention
+    probabilities stay constants) it does, and the architecture check says so instead of reporting a defect."""
+    model, inputs = built('image-text-to-text', 'ovis2')
+    handed = SoftmaxBias()
+    assert abs(explained(model, inputs, CPLRPEpsilon()) - 1) > 1e-5
+    assert explained(model, inputs, handed.cplrp_composite()) == pytest.approx(1, abs=1e-6)
+    assert handed.softmaxes >= 1 and handed.stranded <= 1e-12
+    result = check.check_architecture('image-text-to-text', 'ovis2')
+    assert result.status == 'explained' and 'a softmax whose output is a value' in result.reason
+
+
 def test_the_handed_back_softmax_conserves_and_keeps_its_value():
     """On one softmax: the value is the softmax's, the input relevance sums to the output's per row, and the gradient
     is the softmax rule's (the plain gradient, Prop. 3.1) plus a multiple of the logits."""

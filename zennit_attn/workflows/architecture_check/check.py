@@ -296,7 +296,27 @@ def _explained(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tupl
             ratio,
             share,
         )
+    if not exact and math.isfinite(attnlrp) and abs(cplrp_returned(model, inputs, dtype) - 1) <= EXACT:
+        return (
+            'explained',
+            'not exactly conservative by design: a softmax whose output is a value, not attention weights, keeps the '
+            f'softmax rule (Prop. 3.1) under CP-LRP too and loses its bias term ({reason}; exact with it handed back)',
+            ratio,
+            share,
+        )
     return ('explained' if exact else 'failed'), reason, ratio, share
+
+
+def cplrp_returned(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> float:
+    """CP-LRP's relevance at the inputs over the explained logit with the bias term of every softmax that is not
+    attention weights handed back (:py:meth:`~.softmax_bias.SoftmaxBias.cplrp_composite`, with torch's default dtype
+    ``dtype``); NaN where it does not run."""
+    try:
+        with default_dtype(dtype), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter('ignore')
+            return relevance_sum(model, inputs, SoftmaxBias().cplrp_composite())
+    except Exception:  # the check's own limit (an override that does not fit the call): no claim
+        return math.nan
 
 
 def attnlrp_returned(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tuple[float, str]:

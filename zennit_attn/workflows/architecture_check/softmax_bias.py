@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...composites import AttnLRPEpsilon
+from ...composites import AttnLRPEpsilon, CPLRPEpsilon
 from ...rules import gradient_map, scaled_gradient
 
 __all__ = ['SoftmaxBias', 'MASKED']
@@ -60,6 +60,13 @@ class SoftmaxBias:
         """AttnLRP with the softmax's bias term handed back."""
         attention = {'scaled_dot_product_attention': self.attention}
         return AttnLRPEpsilon(overrides={'softmax': self.softmax, '_softmax': self.softmax, **attention})
+
+    def cplrp_composite(self) -> CPLRPEpsilon:
+        """CP-LRP with the softmax's bias term handed back. Attention probabilities are constants of CP-LRP's products
+        (no relevance reaches their logits, no term to hand back); a softmax whose output is a value (the soft visual
+        tokens of Ovis's visual tokenizer, weights of an embedding table) gets the softmax rule (Prop. 3.1) under CP-LRP
+        too and loses its term: only ``softmax`` is overridden."""
+        return CPLRPEpsilon(overrides={'softmax': self.softmax, '_softmax': self.softmax})
 
     def softmax(self, func, args: tuple, kwargs: dict) -> torch.Tensor:
         """The override of ``softmax`` and ``_softmax``: ``func`` run on the logits with the bias term handed back."""
