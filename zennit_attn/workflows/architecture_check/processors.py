@@ -339,7 +339,10 @@ def build_processor(model, config, vocab: int, special: set[int]):
         }
         if not own:
             break
-        literal.update({value: key + '_id' for key, value in own.items()})
+        # a token of the processor's own of a field that a literal token has already is a placeholder the processor
+        # expands into that token (Ovis2's '<image>' into '<IMG_ATOM>'): named only, with a free id (_token_ids)
+        fields = set(literal.values())
+        literal.update({value: key + '_id' for key, value in own.items() if key + '_id' not in fields})
         named.update({key: value for key, value in own.items() if key in named})  # one string per id
     return processor
 
@@ -353,6 +356,11 @@ def _token_ids(
     ids = {string: None if name in free_names else _config_id(model, name) for name, string in named.items()}
     for string, field in literal.items():
         ids[string] = _config_id(model, field.removesuffix('_id'))
+    # one string per id: a named token with the id of a literal token takes a free one (Ovis2's '<image>', which its
+    # processor expands into '<IMG_ATOM>' tokens of the configuration's image_token_id; with both at that id, which one
+    # the tokenizer kept depended on the hash seed)
+    written = {ids[string] for string in literal if ids[string] is not None}
+    ids = {string: None if string not in literal and index in written else index for string, index in ids.items()}
     taken = special | {index for index in ids.values() if index is not None}
     free = iter(index for index in range(vocab - 1, 3, -1) if index not in taken)
     return {string: next(free) if index is None or index >= vocab else index for string, index in ids.items()}
