@@ -34,7 +34,6 @@ __all__ = [
     'PROCESSOR_ARGS',
     'TOKENS',
     'PROMPTS',
-    'PLACEHOLDERS',
     'CALLS',
     'PARTS',
     'PREFIXED',
@@ -204,10 +203,6 @@ TOKENS: dict[str, dict[str, str]] = {
         '<im_low>': 'image_low_token_id',
     },
 }
-#: Named tokens that are placeholders the processor replaces, per ``model_type``, with a free id each (Molmo 2's
-#: ``image_token`` is ``'<|image|>'``, which its processor expands into ``'<im_patch>'`` tokens, the id its
-#: configuration names as ``image_token_id``).
-PLACEHOLDERS: dict[str, dict[str, str]] = {'molmo2': {'image_token': '<|image|>', 'video_token': '<|video|>'}}
 #: The text of the processor's call per ``model_type`` where it is not ``'{first} {image} {second}'`` (two words of the
 #: tokenizer, the processor's image placeholder, two more words; Fuyu's processor puts the image ahead itself).
 PROMPTS: dict[str, str] = {'fuyu': '{first} {second}'}
@@ -325,11 +320,9 @@ def build_processor(model, config, vocab: int, special: set[int]):
     literal = dict(TOKENS.get(model_type, {}))
     # a literal token is the named token of its field (Fuyu's '|SPEAKER|' is its image_token): one string per id
     named.update({field.removesuffix('_id'): string for string, field in literal.items()})
-    placeholders = PLACEHOLDERS.get(model_type, {})
-    named.update(placeholders)
     processor = None
     for _ in range(2):  # again with the tokens the processor names in its own attributes (a literal in its code)
-        ids = _token_ids(model, vocab, special, {**named, **placeholders}, literal, set(placeholders))
+        ids = _token_ids(model, vocab, special, named, literal)
         tokenizer = offline_tokenizer(vocab, ids, special, named, prefix=model_type in PREFIXED)
         processor = processor_class(image_processor=images, tokenizer=tokenizer, **kwargs)
         own = {
@@ -347,18 +340,16 @@ def build_processor(model, config, vocab: int, special: set[int]):
     return processor
 
 
-def _token_ids(
-    model, vocab: int, special: set[int], named: dict, literal: dict, free_names: set[str]
-) -> dict[str, int]:
-    """``{token string: id}``: the configuration's id of each named token (``named``: ``{name: string}``; none for
-    the names of ``free_names``) and of each literal token (``literal``: ``{string: configuration field}``), a free
-    id where the configuration has none."""
-    ids = {string: None if name in free_names else _config_id(model, name) for name, string in named.items()}
+def _token_ids(model, vocab: int, special: set[int], named: dict, literal: dict) -> dict[str, int]:
+    """``{token string: id}``: the configuration's id of each named token (``named``: ``{name: string}``) and of each
+    literal token (``literal``: ``{string: configuration field}``), a free id where the configuration has none, and
+    for a named token that has a literal token's id: a placeholder its processor expands into that token."""
+    ids = {string: _config_id(model, name) for name, string in named.items()}
     for string, field in literal.items():
         ids[string] = _config_id(model, field.removesuffix('_id'))
-    # one string per id: a named token with the id of a literal token takes a free one (Ovis2's '<image>', which its
-    # processor expands into '<IMG_ATOM>' tokens of the configuration's image_token_id; with both at that id, which one
-    # the tokenizer kept depended on the hash seed)
+    # one string per id: a named token with the id of a literal token takes a free one (Ovis2's '<image>' and Molmo 2's
+    # '<|image|>', which their processors expand into '<IMG_ATOM>' and '<im_patch>' tokens of the configuration's
+    # image_token_id; with both at that id, which one the tokenizer kept depended on the hash seed)
     written = {ids[string] for string in literal if ids[string] is not None}
     ids = {string: None if string not in literal and index in written else index for string, index in ids.items()}
     taken = special | {index for index in ids.values() if index is not None}
