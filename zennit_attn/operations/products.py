@@ -84,14 +84,14 @@ def product(call: Call, state: State):
     sinks = [index for index, mark in enumerate(marks) if mark is not None and mark.sink is not None]
     kinds = _kinds(rule, marks)
     shares = _sink_shares(rule, state, found, marks, sinks) if sinks else rule.shares(kinds)
+    value = _activated_value(found, marks, None, state) if call.name == 'mul' else None
+    if value is not None:  # one element-wise function of ``value``, not a product of factors (tested once)
+        return _activation_written_out(call, state, value, _shared(call, found, shares))
     chained = call.entry.elementwise_product and not sinks
     if chained:
         shares, count = _chained(rule, state, found, marks, kinds, shares)
     call.note = f'{rule!r}: shares {_rounded(shares)} of the factors {_named(kinds, sinks)}'
     output = _shared(call, found, shares)
-    value = _activated_value(found, marks, None, state) if call.name == 'mul' else None
-    if value is not None:
-        return _activation_written_out(call, state, value, output)
     if chained:
         output = _distributed(call, state, found, shares, output)
         if count > 1 and isinstance(output, torch.Tensor) and output.requires_grad:
