@@ -312,11 +312,17 @@ def cplrp_returned(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> 
     attention weights handed back (:py:meth:`~.softmax_bias.SoftmaxBias.cplrp_composite`, with torch's default dtype
     ``dtype``); NaN where it does not run."""
     try:
-        with default_dtype(dtype), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter('ignore')
-            return relevance_sum(model, inputs, SoftmaxBias().cplrp_composite())
+        return _quiet_relevance_sum(model, inputs, SoftmaxBias().cplrp_composite(), dtype)
     except Exception:  # the check's own limit (an override that does not fit the call): no claim
         return math.nan
+
+
+def _quiet_relevance_sum(model: torch.nn.Module, inputs: dict, composite, dtype: torch.dtype) -> float:
+    """:py:func:`relevance_sum` under ``composite`` with torch's default dtype ``dtype``, the model's warnings and
+    messages silenced."""
+    with default_dtype(dtype), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter('ignore')
+        return relevance_sum(model, inputs, composite)
 
 
 def attnlrp_returned(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -> tuple[float, str]:
@@ -326,9 +332,7 @@ def attnlrp_returned(model: torch.nn.Module, inputs: dict, dtype: torch.dtype) -
     rules (its error, with NaN; the bias terms stranded at softmax rows of zero logits)."""
     bias = SoftmaxBias()
     try:
-        with default_dtype(dtype), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter('ignore')
-            ratio = relevance_sum(model, inputs, bias.composite())
+        ratio = _quiet_relevance_sum(model, inputs, bias.composite(), dtype)
     except Exception as error:  # the check's own limit (an override that does not fit the call) or a defect
         return math.nan, f'{type(error).__name__}: {short_message(error)}'
     if bias.stranded > STRANDED:
