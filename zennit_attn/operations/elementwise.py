@@ -188,8 +188,7 @@ def _is_multiple(value, root: tuple, state: State) -> bool:
     it by numbers or constant tensors (:py:meth:`~.marks.Marks.root`)."""
     if not isinstance(value, torch.Tensor) or not value.requires_grad:
         return False
-    found = state.marks.root(tensor_position(value))
-    return found[0] is root[0] and found[1] == root[1]
+    return state.marks.multiple_of(tensor_position(value), root)
 
 
 def rectifies(call: Call) -> bool:

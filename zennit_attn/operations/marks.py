@@ -227,8 +227,8 @@ def extremum_of_multiples(call, state) -> bool:
     an activation's is (its plain gradient is the identity rule's, Eq. 9)."""
     if call.name not in EXTREMA or len(call.carrying) != 2 or call.held or state.in_recurrence:
         return False
-    first, second = (state.marks.root(tensor_position(tensor)) for tensor in call.carrying)
-    return first[0] is second[0] and first[1] == second[1]
+    first, second = (tensor_position(tensor) for tensor in call.carrying)
+    return state.marks.multiple_of(first, state.marks.root(second))
 
 
 def passed(call, output, state, mixes: bool | None = None) -> None:
@@ -395,6 +395,12 @@ class Marks:
             position = self.scaled[position[0]]
         return position
 
+    def multiple_of(self, position: tuple, target: tuple) -> bool:
+        """Whether the tensor at ``position`` (:py:func:`~.calls.tensor_position`) is the tensor at ``target`` or a
+        multiple of it by numbers or constant tensors (:py:meth:`root`; ``target`` a root itself)."""
+        found = self.root(position)
+        return found[0] is target[0] and found[1] == target[1]
+
     def activation_of(self, value: torch.Tensor, gate: torch.Tensor) -> bool:
         """Whether ``gate`` (the output of an element-wise non-linearity) is an element-wise function of ``value``:
         ``gate``, up to scalings by numbers or constant tensors, is the output of a chain of activations
@@ -418,10 +424,9 @@ class Marks:
         0.044715 x^3``; a shift's constants add element by element), within ``depth`` steps. A reduction (``x -
         mean(x)``), a product of two tensors and another output of the operation that computed ``target`` are not
         followed."""
-        position = self.root(position)
-        if position[0] is target[0] and position[1] == target[1]:
+        if self.multiple_of(position, target):
             return True
-        node = position[0]
+        node = self.root(position)[0]
         if depth <= 0 or node is None:
             return False
         if rule_node(node) == 'gate':
