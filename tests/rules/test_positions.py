@@ -8,6 +8,7 @@ from tests.numbers import assert_close
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.rules.positions import PositionInputs
+from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
 TOKENS = torch.tensor([[5, 17, 3, 28, 9, 14, 22], [30, 4, 11, 7, 25, 6, 19]])
 
@@ -74,6 +75,31 @@ def test_models_without_a_known_encoding_and_composites_without_positions_are_re
     assert hooks == {name: dict(module._forward_hooks) for name, module in model.named_modules()}
     with pytest.raises(ValueError, match=r"method='palrp' .* needs positions=True"):
         explain(tiny_model('llama'), TOKENS, method='palrp', composite=AttnLRPEpsilon())
+
+
+def _zoo_model(architecture: str) -> torch.nn.Module:
+    """The architecture check's tiny random model of ``architecture`` (a causal LM), in float64."""
+    model_type, config_type = model_class('causal-lm', architecture)
+    torch.manual_seed(0)
+    return model_type(tiny_config(config_type)).double().eval()
+
+
+def test_rotations_as_complex_numbers_are_refused():
+    """DeepSeek-V2 and Llama 4 compute their rotary embeddings as complex numbers (``freqs_cis``), which are no
+    floating-point input: PA-LRP would pass them as constants and give the positions nothing (before: no position
+    relevance, without a word)."""
+    model = _zoo_model('llama4_text')
+    with pytest.raises(ValueError, match='model.rotary_emb returns its rotations as complex numbers'):
+        explain(model, TOKENS[:1, :5], method='palrp')
+
+
+def test_an_encoding_that_does_not_run_is_refused():
+    """LFM3's tiny configuration has convolutions only: its rotary embedding is never called, so there is no
+    position relevance to read (before: none, without a word)."""
+    model = _zoo_model('lfm3')
+    assert set(model.config.layer_types) == {'conv'}
+    with pytest.raises(ValueError, match=r'no position encoding of the model ran .*model.rotary_emb found, not'):
+        explain(model, TOKENS[:1, :5], method='palrp')
 
 
 def test_the_encodings_are_restored_after_the_explanation():

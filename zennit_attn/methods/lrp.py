@@ -97,6 +97,6 @@ def _backward(task: Task, logit: torch.Tensor, inputs: list[torch.Tensor]) -> tu
 
 def _position_leaves(composite: Composite) -> list[torch.Tensor]:
     """The position inputs of the last forward pass of a composite with PA-LRP's positions
-    (:py:class:`~zennit_attn.rules.positions.PositionInputs`), none otherwise."""
+    (:py:meth:`~zennit_attn.rules.positions.PositionInputs.leaves`: refused where none ran), none otherwise."""
     position_inputs = getattr(composite, 'position_inputs', None) if getattr(composite, 'positions', False) else None
-    return [] if position_inputs is None else [leaf for _, _, leaf in position_inputs.recorded]
+    return [] if position_inputs is None else position_inputs.leaves()

@@ -113,6 +113,8 @@ class PositionInputs:
     def __init__(self):
         #: ``(module name, kind, leaf)`` of the position inputs of the last forward pass
         self.recorded: list[tuple[str, str, torch.Tensor]] = []
+        #: the paths of the position encodings hooked by :py:meth:`register`
+        self.names: list[str] = []
         self._batch: int | None = None
 
     def register(self, model: torch.nn.Module, modules) -> RemovableHandleList:
@@ -131,6 +133,7 @@ class PositionInputs:
                 'held as parameters (ViT position tables), attention biases (ALiBi, T5) and encodings computed '
                 'inline are not inputs of the explanation; explain without positions=True'
             )
+        self.names = [name for name, _, _ in found]
         handles = [model.register_forward_pre_hook(self._batch_size, with_kwargs=True, prepend=True)]
         handles += [module.register_forward_hook(self._hook(name, kind)) for name, module, kind in found]
         return RemovableHandleList(handles)
@@ -157,7 +160,19 @@ class PositionInputs:
         return hook
 
     def _input(self, name: str, kind: str, output):
-        """``output`` as an explained input (a leaf, kept), or as it is where it is not a floating-point tensor."""
+        """``output`` as an explained input (a leaf, kept), or as it is where it is not a floating-point tensor.
+
+        Raises
+        ------
+        ValueError
+            For a complex tensor (rotations as ``freqs_cis``): it would pass as a constant, its share lost.
+        """
+        if isinstance(output, torch.Tensor) and output.is_complex():
+            raise ValueError(
+                f'the position encoding {name} returns its rotations as complex numbers (freqs_cis: DeepSeek-V2, '
+                'Llama 4): PA-LRP takes rotary embeddings as real cos and sin tensors, so their share of the '
+                'relevance would be lost without a word; explain without positions=True'
+            )
         if not (isinstance(output, torch.Tensor) and output.is_floating_point()):
             return output
         values = output.detach()
@@ -171,6 +186,23 @@ class PositionInputs:
         leaf = values.requires_grad_(True)  # detached: a leaf of its own (the boundary's input side copies it)
         self.recorded.append((name, kind, leaf))
         return input_relevance(leaf)
+
+    def leaves(self) -> list[torch.Tensor]:
+        """The position inputs of the last forward pass (their leaves, in the order of :py:attr:`recorded`).
+
+        Raises
+        ------
+        ValueError
+            If no position encoding ran in it (a model whose hooked encoding is not called, e.g. a hybrid without
+            attention layers): no relevance of the positions to read.
+        """
+        if not self.recorded:
+            raise ValueError(
+                f'no position encoding of the model ran in the forward pass ({", ".join(self.names)} found, not '
+                'called: e.g. a hybrid whose layers are all convolutions or recurrences): there is no relevance of '
+                'positions to read; explain without positions=True'
+            )
+        return [leaf for _, _, leaf in self.recorded]
 
     def per_position(self, relevances: list[torch.Tensor]) -> torch.Tensor:
         """``[batch, positions]`` relevance of the positions: the relevance of each leaf (``relevances``, in the order
