@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import weakref
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -54,7 +55,7 @@ from torch.overrides import TorchFunctionMode
 from .core.blocks import NoBlocksError, block_stacks
 from .core.devices import input_device
 from .core.kinds import LINEARS, is_activation, model_configs, norm_kind
-from .core.modules import inner_text_models, is_encoder_decoder, word_embeddings
+from .core.modules import inner_text_models, is_encoder_decoder, without_cache, word_embeddings
 from .operations.calls import signature, tensors_of
 from .operations.registry import OPERATIONS, op_name
 
@@ -215,6 +216,11 @@ class ModelStructure:
     input_keys: int or None
         In encoder-decoder models the number of keys of an operation that attends to the input (encoder) tokens; None
         in other models (every operation does).
+    sequence_first: bool
+        Whether the blocks hold their hidden states ``[seq, batch, features]`` (XLNet) rather than ``[batch, seq,
+        features]``.
+    repeated: frozenset of int
+        Ids of the blocks that ran more than once in the pass (layers that share one block: ALBERT).
     """
 
     name: str
@@ -223,6 +229,8 @@ class ModelStructure:
     down_projections: Mapping[int, tuple[torch.nn.Module, ...]]
     routed_experts: frozenset[int]
     input_keys: int | None
+    sequence_first: bool = False
+    repeated: frozenset[int] = frozenset()
 
     def attention_in(self, block: torch.nn.Module) -> list[AttentionOp]:
         """The attention operations that ``block``'s forward ran (innermost block)."""
@@ -293,8 +301,14 @@ class Trace:
         self.records: list[_Record] = []
         self.by_node: dict[object, list[_Record]] = {}
         self.blocks: list[torch.nn.Module] = []
-        self.ran: set[int] = set()
         self.routing: set[int] = set()
+        #: how many times each block ran (by id; absent: it did not run): more than once where layers share a block
+        #: (ALBERT)
+        self.calls: Counter = Counter()
+        #: the first two sizes of the first tensor the first block that ran took (its hidden states)
+        self.block_input: tuple[int, int] | None = None
+        #: the ``[batch, tokens]`` token ids of the pass (None for other inputs)
+        self.token_ids: tuple[int, int] | None = None
 
     def add(self, kind: str, output, inputs, module=None, dim=None) -> None:
         """Record ``output`` (ignored unless it is a tensor computed with autograd)."""
@@ -404,7 +418,10 @@ class ModuleHooks:
 
     def enter(self, module, args) -> None:
         self.trace.blocks.append(module)
-        self.trace.ran.add(id(module))
+        self.trace.calls[id(module)] += 1
+        first = next((value for value in args if isinstance(value, torch.Tensor)), None)
+        if self.trace.block_input is None and first is not None and first.dim() >= 3:
+            self.trace.block_input = tuple(first.shape[:2])
 
     def leave(self, module, args, output) -> None:
         if self.trace.blocks and self.trace.blocks[-1] is module:
@@ -565,13 +582,7 @@ def _run(model: torch.nn.Module, inputs) -> None:
     key/value cache where the model has one."""
     kwargs = dict(inputs) if isinstance(inputs, Mapping) else {}
     args = () if isinstance(inputs, Mapping) else (inputs,)
-    parameters = _parameters(model)
-    takes = 'use_cache' in parameters or any(
-        parameter.kind == parameter.VAR_KEYWORD for parameter in parameters.values()
-    )
-    if takes and getattr(getattr(model, 'config', None), 'use_cache', None) is not None:
-        kwargs.setdefault('use_cache', False)
-    model(*args, **kwargs)
+    model(*args, **{**without_cache(model), **kwargs})
 
 
 def _parameters(model: torch.nn.Module) -> Mapping:
@@ -589,6 +600,9 @@ def trace_model(model: torch.nn.Module, inputs=None) -> tuple[Trace, list[tuple[
         stacks = []
     inputs = example_inputs(model) if inputs is None else inputs
     trace = Trace()
+    ids = inputs.get('input_ids') if isinstance(inputs, Mapping) else None
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        trace.token_ids = tuple(ids.shape)
     hooks = ModuleHooks(trace, [block for _, blocks in stacks for block in blocks])
     try:
         with _discovery_settings(model), _hooks_set_aside(model):
@@ -844,7 +858,7 @@ def discover(model: torch.nn.Module, inputs=None) -> ModelStructure:
         attention = tuple(
             _attention_op(trace, operation, consumers.projections.get(id(operation), [])) for operation in operations
         )
-    ran = [(path, blocks) for path, blocks in stacks if all(id(block) in trace.ran for block in blocks)]
+    ran = [(path, blocks) for path, blocks in stacks if all(id(block) in trace.calls for block in blocks)]
     return ModelStructure(
         name=type(model).__name__,
         stacks=ran,
@@ -852,7 +866,18 @@ def discover(model: torch.nn.Module, inputs=None) -> ModelStructure:
         down_projections={key: tuple(modules) for key, modules in consumers.down.items()},
         routed_experts=frozenset(trace.routing),
         input_keys=EXAMPLE_TOKENS if is_encoder_decoder(model) else None,
+        sequence_first=_sequence_first(trace),
+        repeated=frozenset(key for key, count in trace.calls.items() if count > 1),
     )
+
+
+def _sequence_first(trace: Trace) -> bool:
+    """Whether the blocks of the pass took their hidden states ``[seq, batch, features]`` (XLNet): the first block's
+    first input has the token ids' two sizes swapped (told apart where the pass's ids are not square)."""
+    if trace.token_ids is None or trace.block_input is None:
+        return False
+    batch, tokens = trace.token_ids
+    return batch != tokens and trace.block_input == (tokens, batch)
 
 
 # ------------------------------------------------------------------------------------------------------ the cache

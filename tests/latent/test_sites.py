@@ -10,6 +10,8 @@ from tests.latent.helpers import llama, watch
 from tests.models import HEADS, HIDDEN, KV_HEADS, tiny_llava, tiny_model, token_ids
 from zennit_attn import explain
 from zennit_attn.latent import Neuron, find_sites, steer
+from zennit_attn.structure import model_structure
+from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
 
 def test_neuron_checks():
@@ -93,3 +95,30 @@ def test_a_vision_language_model_has_the_sites_of_its_language_model():
     assert [point.module for point in points['mlp']] == [block.mlp.down_proj for block in blocks]
     with pytest.raises(ValueError, match='is an encoder-decoder model'):
         find_sites(tiny_model('t5'), 'residual')
+
+
+def test_blocks_that_keep_the_sequence_first_are_refused():
+    """XLNet's blocks take their hidden states ``[seq, batch, features]``: read as ``[batch, seq, features]``, the
+    recorded relevance of one row was that of the first position of every row (on the architecture check's tiny XLNet
+    the residual stream's sums per layer were 0.0003, 0.0003 and 0.0 where the logit is 0.077, under CP-LRP, which
+    conserves it at every layer of the other models); the discovery pass tells the layout, and the sites refuse it.
+    The Llama's sites read as before."""
+    model_type, config_type = model_class('causal-lm', 'xlnet')
+    torch.manual_seed(0)
+    model = model_type(tiny_config(config_type)).double().eval()
+    assert model_structure(model).sequence_first
+    assert not model_structure(llama()).sequence_first
+    with pytest.raises(ValueError, match=r'XLNetLMHeadModel hold their hidden states \[seq, batch, features\]'):
+        explain(model, torch.tensor([[5, 17, 3, 28, 9]]), method='cplrp', latent='residual')
+
+
+def test_a_block_shared_by_layers_is_refused():
+    """ALBERT runs one block for all its layers: before, the recording refused the block's second run as if the
+    method ran a second forward pass; the discovery pass counts the runs (``ModelStructure.repeated``) and the sites
+    say why."""
+    model_type, config_type = model_class('masked-lm', 'albert')
+    torch.manual_seed(0)
+    model = model_type(tiny_config(config_type)).double().eval()
+    assert model.config.num_hidden_layers > 1 and model.config.num_hidden_groups == 1
+    with pytest.raises(ValueError, match=r'block 0 of AlbertForMaskedLM runs several times in one forward pass'):
+        find_sites(model, 'residual')

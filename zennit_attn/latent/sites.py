@@ -250,7 +250,9 @@ def _unflattening(function, tokens: dict):
 
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.core.blocks.
-    block_stacks`); of several, the one the model's text input runs (a vision-language model's language model)."""
+    block_stacks`); of several, the one the model's text input runs (a vision-language model's language model).
+    Refused for an encoder-decoder model, blocks that keep the sequence first (XLNet) and blocks that run several
+    times (ALBERT)."""
     if is_encoder_decoder(model):
         raise ValueError(
             f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
@@ -258,12 +260,24 @@ def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
             'sequences)'
         )
     stacks = block_stacks(model)
+    if model_structure(model).sequence_first:
+        raise ValueError(
+            f'the blocks of {type(model).__name__} hold their hidden states [seq, batch, features] (the sequence '
+            'first), where latent sites read [batch, seq, features]: latent relevance, neuron targets and steering '
+            'are not available for it'
+        )
     if len(stacks) > 1:
         stacks = model_structure(model).stacks
     if len(stacks) != 1:
         raise ValueError(
             f'{type(model).__name__} has {len(stacks)} stacks of transformer blocks '
             f'({", ".join(repr(path) for path, _ in stacks)}): latent sites need exactly one'
+        )
+    repeated = [index for index, block in enumerate(stacks[0][1]) if id(block) in model_structure(model).repeated]
+    if repeated:
+        raise ValueError(
+            f'block {repeated[0]} of {type(model).__name__} runs several times in one forward pass (its layers share '
+            "one block, as ALBERT's): latent sites are read per block, which would hold the layers of all its runs"
         )
     return stacks[0][1]
 
