@@ -17,7 +17,7 @@ from transformers import BatchEncoding
 from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.core.errors import UnsupportedModelError
-from zennit_attn.core.modules import forward_parameters, is_encoder_decoder
+from zennit_attn.core.modules import forward_parameters, is_encoder_decoder, without_cache
 from zennit_attn.inputs.checks import is_image_model, keeps_left_padding, keeps_right_padding
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
 from zennit_attn.workflows.architecture_check.configs import tiny_config as architecture_tiny_config
@@ -594,3 +594,24 @@ def test_a_model_configured_to_return_tuples_is_read_by_field_names():
         explain(model, ids, method='cplrp')
     explanation = explain(model, ids, output='end_logits', target=2, method='cplrp')
     torch.testing.assert_close(explanation.logit, end[:, 2], rtol=1e-12, atol=0)
+
+
+def test_models_that_pass_use_cache_through_keywords_run_without_a_cache():
+    """GraniteMoeHybrid's forward takes ``use_cache`` only through ``**kwargs``: explain() built a cache, and with
+    linear-attention layers alone transformers cannot build one (``get_seq_length can only be called on Attention
+    layers``). A Hugging Face model that takes keywords now gets ``use_cache=False`` as one that names it does; a
+    module of one's own with ``**kwargs`` gets nothing it may not take."""
+    config = architecture_tiny_config(transformers.GraniteMoeHybridConfig)
+    config._experts_implementation = 'eager'  # grouped-mm kernels refuse float64
+    torch.manual_seed(0)
+    model = transformers.GraniteMoeHybridForCausalLM(config).double().eval()
+    assert set(config.layer_types) == {'linear_attention'}
+    assert 'use_cache' not in forward_parameters(model) and without_cache(model) == {'use_cache': False}
+    explanation = explain(model, torch.tensor([[5, 17, 3, 28, 9]]), method='cplrp')
+    torch.testing.assert_close(explanation.relevance.sum(), explanation.logit.sum(), rtol=1e-6, atol=0)  # conserved
+
+    class Wrapper(torch.nn.Module):
+        def forward(self, x, **kwargs):
+            return x
+
+    assert without_cache(Wrapper()) == {}

@@ -1,5 +1,6 @@
 """Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
-:py:func:`forward_parameters` (what a module's forward takes), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
+:py:func:`forward_parameters` and :py:func:`takes_keywords` (what a module's forward takes), :py:func:`without_cache`
+(how to run a model without a key/value cache), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
 :py:func:`word_embeddings` (the table of a model's token ids), :py:func:`inner_text_models` (the text models inside a
 model of one's own) and :py:data:`Modules` (one walk over a model's modules, shared by what a call does with them)."""
 
@@ -9,6 +10,7 @@ import functools
 import inspect
 
 import torch
+from transformers import PreTrainedModel
 
 #: ``list(model.named_modules())``: one walk over a model's modules, which the functions that take it share instead of
 #: walking the model again (a walk costs a generator frame per module and level: about 1 ms for 400 modules)
@@ -24,6 +26,27 @@ def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:
     if function is not None and getattr(type(module), 'forward', None) is function:
         return _parameters(function)[1:]  # the method's ``self``
     return _signature(forward)
+
+
+def takes_keywords(module: torch.nn.Module) -> bool:
+    """Whether ``module.forward`` takes any keyword argument (``**kwargs``)."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
+
+
+def without_cache(model: torch.nn.Module) -> dict[str, bool]:
+    """The keyword arguments that run ``model`` without a key/value cache: ``use_cache=False`` where its forward takes
+    ``use_cache`` by name, or through ``**kwargs`` for a Hugging Face model (a ``PreTrainedModel``: Granite MoE and
+    LLaVA pass it on to their inner model); none otherwise (a model of one's own may pass ``**kwargs`` to a function
+    that does not take it). The one forward pass of an explanation needs no cache: it would hold memory, grow when
+    checkpointing recomputes a block, and some cannot be built (a GraniteMoeHybrid whose layers are all linear
+    attention)."""
+    if 'use_cache' in forward_parameters(model) or (isinstance(model, PreTrainedModel) and takes_keywords(model)):
+        return {'use_cache': False}
+    return {}
 
 
 def is_encoder_decoder(model: torch.nn.Module) -> bool:

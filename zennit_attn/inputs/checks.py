@@ -22,7 +22,14 @@ from transformers import PreTrainedConfig
 from ..composites import AttnLRPComposite, refuse_compiled, rule_hooks
 from ..core.devices import input_device
 from ..core.errors import UnsupportedModelError
-from ..core.modules import Modules, forward_parameters, is_encoder_decoder, output_scores, word_embeddings
+from ..core.modules import (
+    Modules,
+    forward_parameters,
+    is_encoder_decoder,
+    output_scores,
+    without_cache,
+    word_embeddings,
+)
 from ..core.quantization import check_quantized, cpu_packing_held, four_bit_layers, unpack_for_gradients
 from .choices import takes_choices
 
@@ -283,7 +290,7 @@ def run_probe(model: torch.nn.Module, **inputs):
     ``use_cache``, with bitsandbytes' packing of 4-bit weights for CPU inference held off (a probe leaves the model as
     it was). A multiple-choice head (:py:func:`~zennit_attn.inputs.choices.takes_choices`) gets each row as its one
     choice (``[batch, 1, seq]``) and gives ``[batch, 1]`` scores. Raises what the call raises."""
-    kwargs = {'use_cache': False} if 'use_cache' in forward_parameters(model) else {}
+    kwargs = without_cache(model)
     if takes_choices(model):
         inputs = {
             key: value.unsqueeze(1) if isinstance(value, torch.Tensor) and value.dim() >= 2 else value

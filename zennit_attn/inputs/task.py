@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 
 from ..core.devices import input_device, to_device
 from ..core.errors import UnsupportedModelError
-from ..core.modules import forward_parameters, is_encoder_decoder, output_scores, word_embeddings
+from ..core.modules import forward_parameters, is_encoder_decoder, output_scores, without_cache, word_embeddings
 from ..core.quantization import cpu_packing_held
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
@@ -529,8 +529,8 @@ class TokenTask(Task):
     def _set_model_kwargs(self) -> None:
         parameters = forward_parameters(self.model)
         kwargs = self.model_kwargs
-        if 'use_cache' in parameters:
-            kwargs.setdefault('use_cache', False)
+        for key, value in without_cache(self.model).items():
+            kwargs.setdefault(key, value)
         mask = self.attention_mask
         if mask is None:
             return

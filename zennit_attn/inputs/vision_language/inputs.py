@@ -27,7 +27,6 @@ __all__ = [
     'encode_multimodal',
     'placeholder_tokens',
     'image_token_id',
-    'takes_keywords',
     'rope_index',
     'check_processor',
     'model_inputs',
@@ -232,15 +231,6 @@ def _required(function) -> list[str]:
         and parameter.kind
         in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     ]
-
-
-def takes_keywords(model: torch.nn.Module) -> bool:
-    """Whether the model's forward takes any keyword argument (``**kwargs``)."""
-    try:
-        parameters = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
 
 
 def rope_index(model: torch.nn.Module):

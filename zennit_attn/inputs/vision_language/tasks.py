@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ...core.modules import without_cache
 from ...results.explanation import ImageRelevance, MultimodalExplanation
 from ..checks import split_encoding
 from ..task import TokenTask
@@ -19,7 +20,6 @@ from .inputs import (
     is_similarity_model,
     model_inputs,
     rope_index,
-    takes_keywords,
     text_length,
 )
 
@@ -256,8 +256,8 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
         if self.batch != 1:
             raise ValueError(f'a vision-language model explains one text at a time, got {self.batch} rows')
         self.layout = image_layout(model, self.pixels, self.model_kwargs)
-        if takes_keywords(model):  # LLaVA passes use_cache on to its language model through **kwargs
-            self.model_kwargs.setdefault('use_cache', False)  # a cache would grow when checkpointing recomputes
+        for key, value in without_cache(model).items():  # LLaVA passes use_cache on through **kwargs
+            self.model_kwargs.setdefault(key, value)
         token = image_token_id(model)
         self.image_tokens = (self.input_ids == token) if token is not None else None
         self._rope_positions()
