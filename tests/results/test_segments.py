@@ -100,6 +100,13 @@ def test_template_refuses_a_value_that_is_not_text():
         ),
         ('no end stop', ['no end stop']),
         ('   \n ', []),
+        # ideographic stops need no space after them; quotes that close after them stay with them
+        ('北京是首都。它很大！「真的吗？」是的。', ['北京是首都。', '它很大！', '「真的吗？」', '是的。']),
+        ('東京は首都です。人口は多い｡', ['東京は首都です。', '人口は多い｡']),
+        # scripts without case: the next word starts a sentence after a stop and a space
+        ('दिल्ली राजधानी है। यह बड़ी है।', ['दिल्ली राजधानी है।', 'यह बड़ी है।']),
+        ('القاهرة عاصمة. هل هي كبيرة؟ نعم', ['القاهرة عاصمة.', 'هل هي كبيرة؟', 'نعم']),
+        ('Москва — столица. Она большая.', ['Москва — столица.', 'Она большая.']),
     ],
 )
 def test_sentences(text, expected):

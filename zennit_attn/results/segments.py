@@ -101,8 +101,14 @@ ABBREVIATIONS = frozenset(
     }
 )
 _OTHER = 'other'
-#: a sentence end: stops (with closing quotes or brackets), then whitespace; or a line break
-_END = re.compile(r'([.!?\u2026]+)["\'\u201d\u2019)\]]*(?=\s)|\n')
+#: a sentence end: stops (with closing quotes or brackets) then whitespace (``stop``); the ideographic stops of
+#: Chinese and Japanese, which no whitespace follows (``wide``); or a line break. The stops: Latin, the ellipsis,
+#: the Devanagari danda, the Arabic question mark and full stop
+_END = re.compile(
+    r'(?P<stop>[.!?\u2026\u0964\u061f\u06d4]+)["\'\u201d\u2019)\]]*(?=\s)'
+    r'|(?P<wide>[\u3002\uff01\uff1f\uff61]+)[\u300d\u300f\u201d\u2019\uff09\u3011]*'
+    r'|\n'
+)
 _STARTS = re.compile(r'\s*(["\'\u201c\u2018(\[]*)(\S)')
 
 
@@ -214,10 +220,12 @@ def sentences(text: str) -> list[tuple[int, int]]:
     """Split ``text`` into sentences: their character spans, without the whitespace around them.
 
     Rules: a sentence ends after ``.``, ``!``, ``?`` or ``…`` (and the closing quotes or brackets after them) that
-    whitespace follows, when the next word starts with an upper-case letter, a digit or an opening quote or
-    bracket; not after an abbreviation of :py:data:`ABBREVIATIONS` (``Dr.``, ``etc.``), a single letter (the
-    initial ``J.``) or a word with inner stops (``e.g.``, ``U.S.``). A line break always ends a sentence (lines of a
-    prompt, list items). Text without such an end is one sentence.
+    whitespace follows, when the next word starts with an upper-case letter, a letter of a script without case
+    (Devanagari, Arabic, Chinese), a digit or an opening quote or bracket; not after an abbreviation of
+    :py:data:`ABBREVIATIONS` (``Dr.``, ``etc.``), a single letter (the initial ``J.``) or a word with inner stops
+    (``e.g.``, ``U.S.``). The danda ``।`` and the Arabic ``؟`` and ``۔`` end a sentence as ``.`` does; the
+    ideographic stops ``。``, ``！``, ``？`` (Chinese, Japanese) end one whatever follows. A line break always ends a
+    sentence (lines of a prompt, list items). Text without such an end is one sentence.
 
     Parameters
     ----------
@@ -233,11 +241,11 @@ def sentences(text: str) -> list[tuple[int, int]]:
     cuts = []
     for match in _END.finditer(text):
         end = match.end()
-        if match.group(0) != '\n':
+        if match.group('stop'):
             start_of_word = max(text.rfind(' ', 0, match.start()), text.rfind('\n', 0, match.start())) + 1
             word = text[start_of_word : match.start()]
             bare = word.lstrip('"\'\u201c\u2018([').lower()
-            if match.group(1) == '.' and (
+            if match.group('stop') == '.' and (
                 bare in ABBREVIATIONS
                 or (len(bare) == 1 and bare.isalpha())
                 or ('.' in bare and bare.replace('.', '').isalpha())
@@ -247,7 +255,8 @@ def sentences(text: str) -> list[tuple[int, int]]:
             if following is None:
                 continue  # only whitespace follows: the end of the text
             head = following.group(2)
-            if not (head.isupper() or head.isdigit() or following.group(1)):
+            caseless = head.isalpha() and head.lower() == head.upper()
+            if not (head.isupper() or caseless or head.isdigit() or following.group(1)):
                 continue
         cuts.append(end)
     spans, start = [], 0
