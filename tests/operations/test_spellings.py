@@ -33,6 +33,7 @@ differed as well.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -707,6 +708,24 @@ def test_a_softmax_of_logits_changed_after_their_exponential_is_refused():
 
     with pytest.raises(UnsupportedModelError, match='exp'):
         attributed(_model(changed), AttnLRPEpsilon(), _inputs())
+
+
+@pytest.mark.parametrize(
+    'spelling, function',
+    [
+        (lambda h: h / (1 + torch.exp(-h)), 'F.silu'),
+        (lambda h: torch.log1p(torch.exp(h)), 'F.softplus'),
+        (lambda h: torch.logaddexp(h, torch.zeros_like(h)), 'F.softplus'),
+        (lambda h: torch.where(h > 0, h, torch.expm1(h)), 'F.elu'),
+    ],
+    ids=['silu', 'softplus log1p', 'softplus logaddexp', 'elu'],
+)
+def test_an_activation_written_with_exp_is_refused_naming_its_function(spelling, function):
+    """An activation written with ``exp`` or its relatives has no rule of its own (only an exponential of attention
+    logits has one); the refusal names the torch function that has it."""
+    model = _model(lambda m, x: (lambda h: spelling(h) * m.b(x))(m.a(x)))
+    with pytest.raises(UnsupportedModelError, match=re.escape(function)):
+        attributed(model, AttnLRPEpsilon(), _inputs())
 
 
 def test_a_linear_map_of_a_gate_is_a_value_under_cp_lrp():

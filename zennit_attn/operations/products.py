@@ -28,7 +28,7 @@ from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, is_number, replaced, tensor_position
 from .graph import is_outer_product
 from .marks import ACTIVATED, SOFTMAXED, join_gates, kind, passed, produced
-from .tracking import State
+from .tracking import State, refuse_bias
 
 __all__ = [
     'product',
@@ -308,7 +308,7 @@ def attention(call: Call, state: State):
     marks = [state.marks.of(tensor) if isinstance(tensor, torch.Tensor) else None for tensor in operands]
     biased = [mark for mark in marks if mark is not None and mark.bias is not None]
     if biased:  # an exponential in query, key or value
-        _refuse_bias(state, 'exp (used by scaled_dot_product_attention)', biased[0].bias)
+        refuse_bias(state, 'exp (used by scaled_dot_product_attention)', biased[0].bias)
     rule = state.product_rule_of(call)
     kinds = _kinds(rule, marks)
     scores_share, value_share = rule.shares([SOFTMAX, kinds[2]])
@@ -326,15 +326,6 @@ def attention(call: Call, state: State):
         f'(softmax rule between, Prop. 3.1)'
     )
     return call.run(**values)
-
-
-def _refuse_bias(state: State, op: str, origin) -> None:
-    state.refuse(
-        op,
-        'an exponential that does not only enter attention logits additively (such a bias of the '
-        'logits gets its share of the softmax rule, Prop. 3.1; any other use of exp has no AttnLRP rule)',
-        path=list(origin),
-    )
 
 
 def multiplied(call: Call, output, state: State) -> None:

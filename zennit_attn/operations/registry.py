@@ -582,7 +582,9 @@ operation(
     'refused',
     'expm1 exp2 log log1p log2 log10 xlogy logaddexp logaddexp2 logit special_xlog1py',
     reason='an exponential or logarithm of relevance-carrying values (outside attention logits: the decay of a '
-    'state-space model, the features of linear attention, a probability), which AttnLRP has no rule for',
+    'state-space model, the features of linear attention, a probability), which AttnLRP has no rule for; an '
+    'activation written with one (ELU with expm1, softplus as log1p(exp(x)) or logaddexp(x, 0)) gets its rule when '
+    'called as its torch function (F.elu, F.softplus)',
 )
 operation(
     'refused',

@@ -452,7 +452,9 @@ def refuse_bias(state: State, op: str, origin) -> None:
     state.refuse(
         op,
         'an exponential that does not only enter attention logits additively (such a bias of the '
-        'logits gets its share of the softmax rule, Prop. 3.1; any other use of exp has no AttnLRP rule)',
+        'logits gets its share of the softmax rule, Prop. 3.1; any other use of exp has no AttnLRP rule). An '
+        'activation written with exp (SiLU as x / (1 + exp(-x)), softplus as log(1 + exp(x)), tanh as (exp(2x) - '
+        '1) / (exp(2x) + 1)) gets its rule when called as its torch function (F.silu, F.softplus, torch.tanh)',
         path=list(origin),
     )
 
