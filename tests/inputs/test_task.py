@@ -17,9 +17,10 @@ from transformers import BatchEncoding
 from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.core.errors import UnsupportedModelError
-from zennit_attn.core.modules import forward_parameters, is_encoder_decoder, without_cache
+from zennit_attn.core.modules import decoder_word_embeddings, forward_parameters, is_encoder_decoder, without_cache
 from zennit_attn.inputs.checks import is_image_model, keeps_left_padding, keeps_right_padding
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
+from zennit_attn.workflows.architecture_check.configs import model_class
 from zennit_attn.workflows.architecture_check.configs import tiny_config as architecture_tiny_config
 
 
@@ -615,3 +616,19 @@ def test_models_that_pass_use_cache_through_keywords_run_without_a_cache():
             return x
 
     assert without_cache(Wrapper()) == {}
+
+
+def test_an_encoder_decoder_whose_decoder_is_causal_only_on_ids_is_refused():
+    """FSMT builds its decoder's causal mask only where it gets ``input_ids``: run on embeddings, as zennit-attn runs
+    encoder-decoder models, its decoder read the later decoder tokens, so the explained logit was not the model's
+    (-0.22237 against -0.22189 at the third of four positions, relevance on the fourth token). Before, its decoder's
+    table was not found (an AttributeError); now the table is found (``decoder_word_embeddings``) and the model is
+    refused by experiment, in float64 too, where its own forward on ids fails."""
+    model_type, config_type = model_class('seq2seq-lm', 'fsmt')
+    torch.manual_seed(0)
+    model = model_type(architecture_tiny_config(config_type)).eval()
+    assert decoder_word_embeddings(model) is model.model.decoder.embed_tokens
+    ids, decoder_ids = torch.tensor([[5, 17, 3, 28, 9]]), torch.tensor([[2, 11, 7, 4]])
+    for dtype in (torch.float32, torch.float64):
+        with pytest.raises(UnsupportedModelError, match='its decoder reads the tokens after each position'):
+            explain(model.to(dtype), ids, decoder_input_ids=decoder_ids, method='cplrp', target=3)

@@ -1,7 +1,8 @@
 """Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
 :py:func:`forward_parameters` and :py:func:`takes_keywords` (what a module's forward takes), :py:func:`without_cache`
 (how to run a model without a key/value cache), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
-:py:func:`word_embeddings` (the table of a model's token ids), :py:func:`inner_text_models` (the text models inside a
+:py:func:`word_embeddings` and :py:func:`decoder_word_embeddings` (the tables of a model's token ids),
+:py:func:`inner_text_models` (the text models inside a
 model of one's own) and :py:data:`Modules` (one walk over a model's modules, shared by what a call does with them)."""
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def word_embeddings(model: torch.nn.Module, modules: Modules | None = None) -> t
         if embedding is not None:
             found[id(embedding)] = embedding
     return next(iter(found.values())) if len(found) == 1 else None
+
+
+def decoder_word_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module that embeds an encoder-decoder model's decoder ids: its decoder's ``get_input_embeddings()``, or the
+    decoder's ``embed_tokens`` where the decoder is no Hugging Face model (FSMT's ``FSMTDecoder``); None where the
+    model has no ``get_decoder`` or the decoder tells neither."""
+    decoder = model.get_decoder() if hasattr(model, 'get_decoder') else None
+    if decoder is not None and hasattr(decoder, 'get_input_embeddings'):
+        return decoder.get_input_embeddings()
+    table = getattr(decoder, 'embed_tokens', None)
+    return table if isinstance(table, torch.nn.Module) else None
 
 
 def inner_text_models(model: torch.nn.Module, modules: Modules | None = None) -> list[torch.nn.Module]:

@@ -24,6 +24,7 @@ from ..core.devices import input_device
 from ..core.errors import UnsupportedModelError
 from ..core.modules import (
     Modules,
+    decoder_word_embeddings,
     forward_parameters,
     is_encoder_decoder,
     output_scores,
@@ -183,12 +184,14 @@ def check_embeddings_run(model: torch.nn.Module, facts: ModelFacts | None = None
     """Refuse a model whose forward takes ``inputs_embeds`` but fails on them where it runs on its ids (a head that
     builds a mask from the ids: Longformer's global attention; a base model that takes no ``inputs_embeds`` behind a
     head that does: ESM C; patches found from the bytes: BLT), by experiment (:py:func:`embedding_probe`). Its
-    computation from the ids besides their embeddings (hashed n-grams, masks) would take no relevance on the ids.
+    computation from the ids besides their embeddings (hashed n-grams, masks) would take no relevance on the ids. Also
+    refused: an encoder-decoder model whose output on embeddings differs from its output on its ids (FSMT, whose
+    decoder is causal only where it gets ids), which zennit-attn runs on embeddings.
 
     Raises
     ------
     UnsupportedModelError
-        Naming the model and the error of its forward on embeddings.
+        Naming the model and the error of its forward on embeddings, or how its outputs differ.
     """
     kind, reason = embedding_probe(model, facts)
     if kind == 'fails':
@@ -197,20 +200,28 @@ def check_embeddings_run(model: torch.nn.Module, facts: ModelFacts | None = None
             'reads their relevance: it computes from the ids themselves, which no relevance reaches, so it is not '
             'explained'
         )
+    if kind == 'differs' and is_encoder_decoder(model):
+        raise UnsupportedModelError(
+            f'{type(model).__name__}: {reason}. zennit-attn runs encoder-decoder models on the embeddings of their '
+            'tokens, where it reads their relevance, so it would explain another output than the model gives'
+        )
 
 
 def embedding_probe(model: torch.nn.Module, facts: ModelFacts | None = None) -> tuple[str | None, str | None]:
     """``(kind, why)``: the model (without gradients) on three ordinary tokens followed by its pad token (if it has
     one), once given as ``input_ids`` and once as ``inputs_embeds`` (their word embeddings): ``('differs', why)`` where
     the outputs differ, ``('fails', the error)`` where the run on embeddings fails and the one on ids does not,
-    ``(None, None)`` where they agree or it cannot be told (an encoder-decoder, a model without a token table, a
-    forward without ``inputs_embeds`` or that fails on the ids). Cost: two forward passes of four tokens, once per
+    ``(None, None)`` where they agree or it cannot be told (a model without a token table, a forward without
+    ``inputs_embeds`` or that fails on the ids). An encoder-decoder model gets three tokens for each side, its decoder
+    ids embedded by its decoder's table. Cost: two forward passes of four tokens, once per
     model (a fact of the model: :py:class:`ModelFacts`; ``facts`` as for :py:func:`is_causal`)."""
     facts = model_facts(model) if facts is None else facts
     return facts.known('embedding probe', lambda: _embedding_probe(model))
 
 
 def _embedding_probe(model: torch.nn.Module) -> tuple[str | None, str | None]:
+    if is_encoder_decoder(model):
+        return _encoder_decoder_probe(model)
     ids = _probe_ids(model)
     if ids is None or 'inputs_embeds' not in forward_parameters(model):
         return None, None
@@ -229,17 +240,58 @@ def _embedding_probe(model: torch.nn.Module) -> tuple[str | None, str | None]:
         return 'fails', f'{type(error).__name__}: {str(error)[:160]}'
     if not (isinstance(on_ids, torch.Tensor) and isinstance(on_embeddings, torch.Tensor)):
         return None, None
-    if on_ids.shape == on_embeddings.shape:
-        scale = max(float(on_ids.double().abs().max()), torch.finfo(torch.float64).tiny)
-        difference = float((on_ids.double() - on_embeddings.double()).abs().max())
-        if difference <= _ROUNDING * torch.finfo(on_ids.dtype).eps * scale:
-            return None, None
+    if _same_outputs(on_ids, on_embeddings):
+        return None, None
     if pad is None:
         return 'differs', 'its output on the ids differs from its output on their embeddings'
     return 'differs', (
         f'its output on the ids differs from its output on their embeddings where its pad token ({pad}) ends the input '
         '(a head that scores the last token that is not padding, or positions counted from the padding)'
     )
+
+
+def _encoder_decoder_probe(model: torch.nn.Module) -> tuple[str | None, str | None]:
+    """:py:func:`embedding_probe` of an encoder-decoder model: three ordinary encoder tokens, and two rows of three
+    decoder tokens that differ in the last, on their embeddings (the decoder's outputs before the last token must be
+    the same: it is causal) and, where the model runs on them, as ``input_ids`` and ``decoder_input_ids`` (the same
+    outputs)."""
+    encoder, decoder = word_embeddings(model), decoder_word_embeddings(model)
+    firsts = [_ordinary_token(encoder), _ordinary_token(decoder)]
+    if None in firsts or not {'inputs_embeds', 'decoder_inputs_embeds'} <= set(forward_parameters(model)):
+        return None, None
+    device = input_device(model)
+    ids = torch.tensor([[firsts[0], firsts[0] - 1, firsts[0] - 2]] * 2, device=device)
+    first = firsts[1]
+    decoder_ids = torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=device)
+    try:
+        on_ids = run_probe(model, input_ids=ids, decoder_input_ids=decoder_ids)
+    except Exception:  # a model that needs more than its ids, or fails on them (FSMT in float64): tried below
+        on_ids = None
+    try:
+        with torch.no_grad():
+            embedded = {'inputs_embeds': encoder(ids), 'decoder_inputs_embeds': decoder(decoder_ids)}
+        on_embeddings = run_probe(model, **embedded)
+    except Exception as error:
+        return ('fails', f'{type(error).__name__}: {str(error)[:160]}') if on_ids is not None else (None, None)
+    if not isinstance(on_embeddings, torch.Tensor) or on_embeddings.dim() < 2 or on_embeddings.shape[1] != 3:
+        return None, None
+    if not _same_outputs(on_embeddings[0, :2], on_embeddings[1, :2]):
+        return 'differs', (
+            'on the embeddings of its tokens its decoder reads the tokens after each position (it builds its causal '
+            "mask from the ids alone, as FSMT's)"
+        )
+    if isinstance(on_ids, torch.Tensor) and not _same_outputs(on_ids, on_embeddings):
+        return 'differs', 'its output on the ids differs from its output on their embeddings'
+    return None, None
+
+
+def _same_outputs(on_ids: torch.Tensor, on_embeddings: torch.Tensor) -> bool:
+    """Whether a probe's two outputs agree to rounding."""
+    if on_ids.shape != on_embeddings.shape:
+        return False
+    scale = max(float(on_ids.double().abs().max()), torch.finfo(torch.float64).tiny)
+    difference = float((on_ids.double() - on_embeddings.double()).abs().max())
+    return difference <= _ROUNDING * torch.finfo(on_ids.dtype).eps * scale
 
 
 def _is_causal(model: torch.nn.Module, facts: ModelFacts) -> bool:
@@ -270,11 +322,19 @@ def _probe_ids(model: torch.nn.Module) -> torch.Tensor | None:
     if is_encoder_decoder(model):
         return None
     # None for transformers' composite models without one table (CLIP: a text and an image tower)
-    rows = getattr(word_embeddings(model), 'num_embeddings', None)
+    first = _ordinary_token(word_embeddings(model))
+    if first is None:
+        return None
+    return torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=input_device(model))
+
+
+def _ordinary_token(table) -> int | None:
+    """An id of ``table`` (an embedding module) past the special tokens at the start of most vocabularies, whose
+    three predecessors are ordinary too; None for a table without ``num_embeddings`` or of fewer than 8 rows."""
+    rows = getattr(table, 'num_embeddings', None)
     if not isinstance(rows, int) or rows < 8:
         return None
-    first = rows // 4 + 4  # ordinary tokens (past the special tokens at the start of most vocabularies)
-    return torch.tensor([[first, first - 1, first - 2], [first, first - 1, first - 3]], device=input_device(model))
+    return rows // 4 + 4
 
 
 def _probe_base(model: torch.nn.Module) -> torch.nn.Module:

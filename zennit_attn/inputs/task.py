@@ -25,7 +25,14 @@ from transformers import PreTrainedModel
 
 from ..core.devices import input_device, to_device
 from ..core.errors import UnsupportedModelError
-from ..core.modules import forward_parameters, is_encoder_decoder, output_scores, without_cache, word_embeddings
+from ..core.modules import (
+    decoder_word_embeddings,
+    forward_parameters,
+    is_encoder_decoder,
+    output_scores,
+    without_cache,
+    word_embeddings,
+)
 from ..core.quantization import cpu_packing_held
 from ..results.explanation import Explanation, ImageExplanation, TargetLike
 from .checks import (
@@ -501,7 +508,7 @@ class TokenTask(Task):
             )
             if self.decoder_input_ids.shape[0] != self.batch:
                 raise ValueError('decoder_input_ids must have as many rows as input_ids')
-            decoder_embedding = model.get_decoder().get_input_embeddings() or embedding_module
+            decoder_embedding = decoder_word_embeddings(model) or embedding_module
             check_vocabulary(self.decoder_input_ids, decoder_embedding, 'decoder_input_ids')
             with torch.no_grad():
                 self.decoder_embeddings = decoder_embedding(self.decoder_input_ids).detach()

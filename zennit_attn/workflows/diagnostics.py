@@ -10,7 +10,7 @@ from zennit.core import Composite
 
 from ..composites import AttnLRPEpsilon
 from ..core.blocks import block_stacks
-from ..core.modules import is_encoder_decoder
+from ..core.modules import decoder_word_embeddings, is_encoder_decoder
 from ..inputs.checks import is_image_model, split_encoding
 from ..inputs.task import TokenTask
 from ..methods.lrp import attribute
@@ -188,7 +188,7 @@ class _Boundaries:
         self.positions = {module for _, module, _ in positions or []}
         self.word_embeddings = {model.get_input_embeddings()}
         if is_encoder_decoder(model):
-            self.word_embeddings.add(model.get_decoder().get_input_embeddings())
+            self.word_embeddings.add(decoder_word_embeddings(model))
         self.hidden = model.get_input_embeddings().embedding_dim
         self.probes: dict[str, _Probe] = {}
         #: boundary names, output first

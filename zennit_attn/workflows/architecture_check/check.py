@@ -43,7 +43,8 @@ import torch
 
 from ...composites import AttnLRPEpsilon, CPLRPEpsilon
 from ...core.errors import UnsupportedModelError
-from ...inputs.checks import check_word_embeddings
+from ...core.modules import decoder_word_embeddings
+from ...inputs.checks import check_embeddings_run, check_word_embeddings
 from ...inputs.lookups import TokenLookups, needs_ids
 from ...operations import RuleTable
 from .configs import model_class, model_class_for, tiny_config, tiny_copy
@@ -71,12 +72,15 @@ NO_EMBEDDINGS = 'takes no inputs_embeds'
 #: The forms of a refusal's reason, each naming the operation or the module it refuses: the engine's
 #: (``zennit-attn cannot explain OP in 'PATH' (CLASS): ...``), a model class's (``CLASS embeds its input_ids with ...``,
 #: ``CLASS is named like ...``, ``CLASS changes its input in place ...``, ``CLASS returned ...``) and the check's own
-#: (:py:data:`NO_EMBEDDINGS`, with the error of the forward on embeddings).
+#: (:py:data:`NO_EMBEDDINGS`, with the error of the forward on embeddings), and explain()'s of a model that runs
+#: otherwise on the embeddings of its tokens (:py:func:`~zennit_attn.inputs.checks.check_embeddings_run`: ``CLASS fails
+#: when run on the embeddings ...``, ``CLASS: on the embeddings of its tokens ...``).
 REFUSALS = (
     re.compile(r"zennit-attn cannot explain \S+( \(used by \S+\))? in ('[^']*' \(\w+\)|the model \(\w+\)): "),
     re.compile(
         r'[A-Z]\w* (embeds its input_ids with|is named like|changes its input in place|returned|has no input embedding)'
     ),
+    re.compile(r'[A-Z]\w*( fails when run on the embeddings of its tokens|: on the embeddings of|: its output on)'),
     re.compile(re.escape(NO_EMBEDDINGS) + r' \(\w+: '),
 )
 #: What :py:func:`check_architecture` notes (in :py:attr:`Result.inputs`) for a model that runs in float64 only with
@@ -435,6 +439,8 @@ def input_relevances(model: torch.nn.Module, inputs: dict, composite) -> tuple[d
     # a model that needs its ids (zennit_attn.inputs.lookups) is run on them, with its lookups as leaves, as
     # explain() does
     lookups = TokenLookups(model, embeddings) if needs_ids(model, embeddings) else None
+    if lookups is None:
+        check_embeddings_run(model)  # as explain() does: a model it refuses on embeddings is refused here
     with contextlib.nullcontext(model) if composite is None else composite.context(model) as modified:
         if lookups is None:
             output = modified(**leaves, **kwargs)
@@ -467,7 +473,7 @@ def _leaves(model: torch.nn.Module, embeddings: torch.nn.Module, inputs: dict) -
         if isinstance(value, torch.Tensor) and value.is_floating_point() and 'mask' not in key:
             leaves[key] = kwargs.pop(key).detach().clone().requires_grad_(True)
     if 'decoder_input_ids' in kwargs:
-        decoder = model.get_decoder().get_input_embeddings() if hasattr(model, 'get_decoder') else embeddings
+        decoder = decoder_word_embeddings(model) or embeddings
         leaves['decoder_inputs_embeds'] = decoder(kwargs.pop('decoder_input_ids')).detach().requires_grad_(True)
     return leaves, kwargs
 
