@@ -122,3 +122,27 @@ def test_a_block_shared_by_layers_is_refused():
     assert model.config.num_hidden_layers > 1 and model.config.num_hidden_groups == 1
     with pytest.raises(ValueError, match=r'block 0 of AlbertForMaskedLM runs several times in one forward pass'):
         find_sites(model, 'residual')
+
+
+def test_a_site_tensor_with_the_tokens_behind_a_singleton_is_read_per_token():
+    """Multi-head latent attention (DeepSeek-V3, MiniCPM3) runs its key-value projection on ``[batch, 1, seq,
+    rank]``: the value site read it as ``[batch, seq, features]``, so the recorded values were ``[batch, layers, 1, seq,
+    units]``, ``latent_reduce='sum'`` summed the singleton instead of the positions, the padding was not zeroed and a
+    value neuron target was refused as a map. Now the tokens are read where they are."""
+    model_type, config_type = model_class('causal-lm', 'deepseek_v3')
+    torch.manual_seed(0)
+    config = tiny_config(config_type)
+    config._experts_implementation = 'eager'  # grouped-mm kernels refuse float64
+    model = model_type(config).double().eval()
+    ids = torch.tensor([[5, 17, 3, 28, 9, 14], [30, 4, 11, 7, 25, 6]])
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    full = explain(model, ids, attention_mask=mask, method='cplrp', latent='value')
+    layers, units = len(find_sites(model, 'value')['value']), config.num_attention_heads * config.v_head_dim
+    assert full.latent['value'].shape == (2, layers, 6, units)
+    assert float(full.latent['value'][1, :, :2].abs().max()) == 0  # the pads
+    summed = explain(model, ids, attention_mask=mask, method='cplrp', latent='value', latent_reduce='sum')
+    torch.testing.assert_close(summed.latent['value'], full.latent['value'].sum(2), rtol=1e-12, atol=1e-15)
+    neuron = explain(model, ids[:1], method='cplrp', target=Neuron('value', 1, 2), position=3)
+    torch.testing.assert_close(neuron.logit[0], full.latent.activation['value'][0, 1, 3, 2], rtol=1e-12, atol=0)
+    torch.testing.assert_close(neuron.relevance.sum(), neuron.logit[0], rtol=1e-9, atol=0)  # CP-LRP conserves it

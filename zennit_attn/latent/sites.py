@@ -24,6 +24,7 @@ vision-language model the sites are those of its language model (the blocks its 
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 
@@ -230,22 +231,33 @@ def _tokens_of(tokens: dict):
 
 
 def _unflattening(function, tokens: dict):
-    """``function`` of ``[batch, seq, features]`` tensors, also called with ``[batch * seq, features]`` ones (with the
-    ``(batch, seq)`` a block's pre-hook keeps in ``tokens``): the tensor is viewed as ``[batch, seq, features]`` and
-    flattened again after, also where ``function`` returns nothing, so that a gradient hook it registers on the view
-    is on the forward pass's path."""
+    """``function`` of ``[batch, seq, features]`` tensors, also called with tensors that hold the tokens in other
+    leading dimensions (with the ``(batch, seq)`` a block's pre-hook keeps in ``tokens``): ``[batch * seq, features]``
+    (OPT's FFN) and ``[batch, 1, seq, features]`` (the key-value projection of multi-head latent attention: DeepSeek-V3,
+    MiniCPM3). The tensor is viewed as ``[batch, seq, features]`` and given its own shape again after, also where
+    ``function`` returns nothing, so that a gradient hook it registers on the view is on the forward pass's path."""
 
     def call(tensor):
         shape = tokens.get('shape')
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or shape is None:
+        if not isinstance(tensor, torch.Tensor) or shape is None or not _tokens_elsewhere(tensor, shape):
             return function(tensor)
-        if tensor.shape[0] != shape[0] * shape[1]:
-            return function(tensor)
-        view = tensor.unflatten(0, shape)
+        view = tensor.view(*shape, tensor.shape[-1])
         result = function(view)
-        return (view if result is None else result).flatten(0, 1)
+        return (view if result is None else result).view(tensor.shape)
 
     return call
+
+
+def _tokens_elsewhere(tensor: torch.Tensor, shape: tuple[int, int]) -> bool:
+    """Whether ``tensor`` holds the ``(batch, seq)`` tokens of ``shape`` in leading dimensions other than its first
+    two: all in one (``[batch * seq, features]``), or the rows first and the tokens in the dimensions up to the last
+    (``[batch, 1, seq, features]``)."""
+    batch, seq = shape
+    if tensor.dim() == 2:
+        return tensor.shape[0] == batch * seq
+    if tensor.dim() < 4 or tensor.shape[0] != batch:
+        return False
+    return math.prod(tensor.shape[1:-1]) == seq
 
 
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
