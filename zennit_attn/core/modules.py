@@ -2,8 +2,8 @@
 :py:func:`forward_parameters` and :py:func:`takes_keywords` (what a module's forward takes), :py:func:`without_cache`
 (how to run a model without a key/value cache), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
 :py:func:`word_embeddings` and :py:func:`decoder_word_embeddings` (the tables of a model's token ids),
-:py:func:`inner_text_models` (the text models inside a
-model of one's own) and :py:data:`Modules` (one walk over a model's modules, shared by what a call does with them)."""
+:py:func:`inner_text_models` (the text models inside a model of one's own) and :py:data:`Modules` (one walk over a
+model's modules, shared by what a call does with them)."""
 
 from __future__ import annotations
 
