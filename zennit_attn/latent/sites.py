@@ -271,21 +271,21 @@ def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
             'decoder-only and encoder-only transformers (encoder and decoder blocks see different '
             'sequences)'
         )
-    stacks = block_stacks(model)
-    if model_structure(model).sequence_first:
+    stacks, structure = block_stacks(model), model_structure(model)
+    if structure.sequence_first:
         raise ValueError(
             f'the blocks of {type(model).__name__} hold their hidden states [seq, batch, features] (the sequence '
             'first), where latent sites read [batch, seq, features]: latent relevance, neuron targets and steering '
             'are not available for it'
         )
     if len(stacks) > 1:
-        stacks = model_structure(model).stacks
+        stacks = structure.stacks
     if len(stacks) != 1:
         raise ValueError(
             f'{type(model).__name__} has {len(stacks)} stacks of transformer blocks '
             f'({", ".join(repr(path) for path, _ in stacks)}): latent sites need exactly one'
         )
-    repeated = [index for index, block in enumerate(stacks[0][1]) if id(block) in model_structure(model).repeated]
+    repeated = [index for index, block in enumerate(stacks[0][1]) if id(block) in structure.repeated]
     if repeated:
         raise ValueError(
             f'block {repeated[0]} of {type(model).__name__} runs several times in one forward pass (its layers share '
