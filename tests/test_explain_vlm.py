@@ -23,11 +23,13 @@ from tests.processors import (
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon, CPLRPGamma
+from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.inputs.vision_language import image_layout, text_length
 from zennit_attn.latent import Neuron
 from zennit_attn.results.explanation import MultimodalExplanation
 from zennit_attn.rules import Gamma
 from zennit_attn.workflows.architecture_check import configs, processors
+from zennit_attn.workflows.architecture_check.check import zero_biases
 
 LLAVA_TEXT = '<image>The ice bear lives'
 QWEN_TEXT = '<|vision_start|><|image_pad|><|vision_end|>The ice bear lives'
@@ -562,3 +564,83 @@ def test_second_pixel_input_is_refused():
     assert {'pixel_values', 'high_res_pixel_values'} <= set(encoding)
     with pytest.raises(ValueError, match='takes the image also as high_res_pixel_values'):
         explain(model, text, images=[processors.small_image()], processor=processor)
+
+
+def _architecture(architecture: str, vocab_special=frozenset()):
+    """A tiny random model of ``architecture`` (the architecture check's configuration, float64, no biases) and the
+    processor of its architecture fitted to it."""
+    model_class, config_class = configs.model_class('image-text-to-text', architecture)
+    config = configs.tiny_config(config_class)
+    torch.manual_seed(0)
+    model = model_class(config).double().eval()
+    zero_biases(model)
+    vocab = model.get_input_embeddings().num_embeddings
+    return model, processors.build_processor(model, config, vocab, set(vocab_special))
+
+
+def test_git_explains_the_last_text_token():
+    """GIT's hidden states hold its image tokens in front of the text (17 + 4 rows here): the explained logit is the
+    last text token's, as the model's forward gives it, and CP-LRP conserves it over text and pixels. Before, the
+    positions of the text were passed as ``logits_to_keep`` counted from the start: the logit of image token 3 was
+    explained (another target, and no relevance for the text). A model without ``logits_to_keep`` whose output rows
+    are not its tokens is refused by name."""
+    model, processor = _architecture('git')
+    text, picture = 'w4 w5 w6 w7', processors.small_image()
+    exp = explain(model, text, images=[picture], processor=processor, method='cplrp')
+    encoding = processor(text=text, images=[picture], return_tensors='pt')
+    with torch.no_grad():
+        logits = model(input_ids=encoding['input_ids'], pixel_values=encoding['pixel_values'].double()).logits[0]
+    assert logits.shape[0] == encoding['input_ids'].shape[1] + 17
+    assert int(exp.target) == int(logits[-1].argmax())
+    assert abs(float(exp.logit) - float(logits[-1].max())) < 1e-12
+    assert abs(exp.total(0) - float(exp.logit)) < 1e-10
+    assert float(exp.relevance.abs().sum()) > 0.1 * abs(float(exp.logit))
+    with pytest.raises(UnsupportedModelError, match='returns outputs at 21 positions for an input of 4 tokens'):
+        explain(model, text, images=[picture], processor=processor, model_kwargs={'logits_to_keep': 0})
+
+
+def test_qwen_left_padded_rows_get_their_multimodal_positions():
+    """A left-padded processor output of Qwen2-VL: the rotary positions come from its ``get_rope_index`` with the
+    attention mask, as its forward on the ids computes them, so the explained logit is the model's and the relevance
+    is that of the unpadded text. Before, the positions of left padding (the token count before each token) replaced
+    them: the logit 1.25e-4 (relative) off the model's. (SDPA: float64 eager attention gives NaN on padding.)"""
+    model, processor = tiny_qwen2_vl(zero_bias=True, attn_implementation='sdpa'), qwen2_vl_processor()
+    tokenizer = processor.tokenizer
+    plain = processor(text=QWEN_TEXT, images=[image()], return_tensors='pt')
+    side = tokenizer.padding_side
+    tokenizer.padding_side = 'left'
+    try:
+        length = plain['input_ids'].shape[1] + 3
+        padded = processor(
+            text=QWEN_TEXT, images=[image()], return_tensors='pt', padding='max_length', max_length=length
+        )
+    finally:
+        tokenizer.padding_side = side
+    assert int(padded['attention_mask'][0, :3].sum()) == 0
+    alone, left = (explain(model, dict(encoding), processor=processor) for encoding in (plain, padded))
+    inputs = {key: value.double() if value.is_floating_point() else value for key, value in padded.items()}
+    with torch.no_grad():
+        logit = model(**inputs).logits[0, -1, int(left.target)]
+    assert abs(float(left.logit) - float(logit)) < 1e-12
+    assert_close(left.relevance[:, 3:], alone.relevance, 1e-10)
+    assert_close(left.pixel_relevance, alone.pixel_relevance, 1e-10)
+
+
+def test_strip_of_slices_is_refused():
+    """MiniCPM-V lays the patches of every image slice side by side in one strip ``[1, channels, patch, width]`` with
+    ``target_sizes``: four dimensions, but not ``[images, channels, height, width]`` (two images were read as one
+    image of 8 x 50,304 pixels, the second image's relevance inside it)."""
+    model, processor = _architecture('minicpmv4_6')
+    placeholder = processor.image_token
+    text = f'w10 {placeholder} w11 {placeholder} w12'
+    with pytest.raises(ValueError, match=r'pixel_values of shape \(1, 3, 8, \d+\) with target_sizes: the patches'):
+        explain(model, text, images=[processors.small_image(), processors.small_image(32, 56)], processor=processor)
+
+
+def test_encoder_decoder_with_images_is_refused():
+    """T5Gemma 2 with images: refused by name. Before, the architecture check's tiny T5Gemma 2 was refused for its
+    missing decoder start token, with advice ('pass decoder_input_ids=') that explain() refuses with images."""
+    model, processor = _architecture('t5gemma2')
+    encoding = processor(text=f'w10 {processor.image_token} w11', images=[image()], return_tensors='pt')
+    with pytest.raises(UnsupportedModelError, match='T5Gemma2ForConditionalGeneration is an encoder-decoder model'):
+        explain(model, dict(encoding), processor=processor)

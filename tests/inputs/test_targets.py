@@ -167,6 +167,10 @@ def test_bad_contrasts_and_functions(gpt2, tokenizer):
         'give exactly one token',
     ):
         explain(gpt2, ids, target=TARGET, contrast=' bears', tokenizer=tokenizer)
+    # a text outside the vocabulary encodes to the unknown token, whose logit is every unknown text's
+    with pytest.raises(ValueError, match=r"target '~' is not in the vocabulary of the tokenizer: .* '<unk>' \(id:3\)"):
+        explain(gpt2, ids, target='~', tokenizer=tokenizer)
+    assert int(explain(gpt2, ids, target='<unk>', tokenizer=tokenizer).target) == tokenizer.unk_token_id
     with pytest.raises(ValueError, match=r"contrast ' bear' is text: pass tokenizer="):
         explain(gpt2, ids, target=TARGET, contrast=' bear')
     with pytest.raises(ValueError, match=r'the contrast token is the target itself in row\(s\) \[0\]'):

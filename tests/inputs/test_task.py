@@ -334,12 +334,13 @@ def test_conservation_still_reports_the_same(llama, ids):
 )
 def test_the_explained_logit_is_read_at_the_kept_positions(llama, ids, position, target, kept):
     """With ``logits_to_keep`` the model computes the explained positions' logits only (one for all rows, or one
-    per pair); the explained value of each row is the full logits' at its position and target."""
+    per pair; counted from the end, :py:func:`~zennit_attn.core.modules.logits_to_keep`); the explained value of
+    each row is the full logits' at its position and target."""
     with torch.no_grad():
         full = llama(ids, use_cache=False).logits
     task = TokenTask(llama, ids)
     extra = task.keep_logits(position, target)
-    assert extra['logits_to_keep'].tolist() == kept
+    assert (extra['logits_to_keep'] + ids.shape[1]).tolist() == kept
     with torch.no_grad():
         value = task.resolve(llama(inputs_embeds=task.inputs, use_cache=False, **extra).logits, position, target)
     rows = torch.arange(len(ids))

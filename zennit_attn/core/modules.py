@@ -1,6 +1,7 @@
 """Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
 :py:func:`forward_parameters` and :py:func:`takes_keywords` (what a module's forward takes), :py:func:`without_cache`
-(how to run a model without a key/value cache), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
+(how to run a model without a key/value cache), :py:func:`logits_to_keep` (how to compute the logits of some positions
+only), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
 :py:func:`word_embeddings` and :py:func:`decoder_word_embeddings` (the tables of a model's token ids),
 :py:func:`inner_text_models` (the text models inside a model of one's own) and :py:data:`Modules` (one walk over a
 model's modules, shared by what a call does with them)."""
@@ -48,6 +49,17 @@ def without_cache(model: torch.nn.Module) -> dict[str, bool]:
     if 'use_cache' in forward_parameters(model) or (isinstance(model, PreTrainedModel) and takes_keywords(model)):
         return {'use_cache': False}
     return {}
+
+
+def logits_to_keep(positions: torch.Tensor, length: int) -> torch.Tensor:
+    """The ``logits_to_keep`` argument of a Hugging Face language model that computes the logits of the sorted token
+    ``positions`` of an input of ``length`` tokens only: the positions counted from the end (``positions - length``).
+
+    Counted from the end, they select the rows of those tokens also where the model's hidden states hold further rows
+    in front of the input's tokens: GIT puts its image tokens (17 in a tiny configuration, 197 for a ViT-B/16 tower)
+    before the text, so that position 3 of a text of 4 tokens is hidden-state row 20 of 21, where the count from the
+    start would take the logits of image token 3."""
+    return positions - length
 
 
 def is_encoder_decoder(model: torch.nn.Module) -> bool:

@@ -764,10 +764,19 @@ def target_pairs(target) -> torch.Tensor | None:
 
 def token_id(tokenizer, text: str, name: str = 'target') -> int:
     """The id of the one token ``text`` encodes to (without special tokens), else a ValueError naming the tokens it
-    became; ``name`` names the argument in the message."""
+    became; ``name`` names the argument in the message. A text that becomes the tokenizer's unknown token without
+    being it (a word-level or SentencePiece vocabulary without the word) is refused too: its logit is that of every
+    unknown text, not the text's."""
     if tokenizer is None:
         raise ValueError(f'{name} {text!r} is text: pass tokenizer= to turn it into its token id, or give the id')
     ids = tokenizer.encode(text, add_special_tokens=False)
+    unknown = getattr(tokenizer, 'unk_token_id', None)
+    if ids == [unknown] and text != getattr(tokenizer, 'unk_token', None):
+        raise ValueError(
+            f'{name} {text!r} is not in the vocabulary of the tokenizer: it encodes to the unknown token '
+            f'{tokenizer.unk_token!r} (id:{unknown}), whose logit is that of any unknown text; give a text of the '
+            "vocabulary (mind the leading space, e.g. ' Paris'), or its id"
+        )
     if len(ids) != 1:
         pieces = ', '.join(f'{tokenizer.decode([index])!r} (id:{index})' for index in ids)
         encodes = f'{len(ids)} tokens: {pieces}' if ids else 'no token at all'

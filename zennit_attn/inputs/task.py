@@ -29,6 +29,7 @@ from ..core.modules import (
     decoder_word_embeddings,
     forward_parameters,
     is_encoder_decoder,
+    logits_to_keep,
     output_scores,
     without_cache,
     word_embeddings,
@@ -515,6 +516,10 @@ class TokenTask(Task):
         elif decoder_input_ids is not None:
             raise ValueError(f'{type(model).__name__} is not an encoder-decoder model: decoder_input_ids is not used')
         check_length(model, self.input_ids.shape[1] if self.choices is None else self.choices.length, 'input_ids')
+        #: whether ``position_ids`` are the ones :py:meth:`_set_model_kwargs` sets for left-padded rows (the token
+        #: count before each token), not the caller's: a model with positions of its own computes them instead
+        #: (Qwen2-VL's multimodal ones, :py:class:`~zennit_attn.inputs.vision_language.tasks.VisionLanguageTask`)
+        self.padded_positions = False
         self._set_model_kwargs()
 
     @staticmethod
@@ -552,6 +557,7 @@ class TokenTask(Task):
                     'position_ids'
                 )
             kwargs['position_ids'] = (sequences.long().cumsum(-1) - 1).clamp(min=0).reshape(mask.shape)
+            self.padded_positions = True
         check_left_padding(self.model, sequences, self.facts)
         check_right_padding(self.model, sequences, self.facts)
 
@@ -641,13 +647,28 @@ class TokenTask(Task):
             shape, position if pairs is None else pairs[:, 0].expand(self.batch, -1), self.output_mask
         )
         self.kept = torch.unique(positions)  # sorted
-        return {'logits_to_keep': self.kept}
+        return {'logits_to_keep': logits_to_keep(self.kept, self.input_ids.shape[1])}
 
     def _all_positions(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores`` with a sequence dimension as long as the input's (only its shape is used)."""
-        if self.kept is None:
-            return scores
-        return scores.new_empty(scores.shape[0], self.input_ids.shape[1], 0)
+        """``scores`` with a sequence dimension as long as the explained tokens (only its shape is used).
+
+        Raises
+        ------
+        UnsupportedModelError
+            Where the model's output has another number of positions than its input has tokens (GIT's image tokens
+            in front of the text, for a model without ``logits_to_keep``): a position of the input would name another
+            row of the output.
+        """
+        tokens = (self.input_ids if self.decoder_embeddings is None else self.decoder_input_ids).shape[1]
+        if self.kept is not None:
+            return scores.new_empty(scores.shape[0], tokens, 0)
+        if scores.dim() == 3 and scores.shape[1] != tokens:
+            raise UnsupportedModelError(
+                f'{type(self.model).__name__} returns outputs at {scores.shape[1]} positions for an input of {tokens} '
+                "tokens (rows of its own, such as image tokens, beside the input's): zennit-attn cannot tell which "
+                'output belongs to which token and does not explain this model'
+            )
+        return scores
 
     def lrp_leaves(self) -> tuple[list[torch.Tensor], dict]:
         leaves, extra = super().lrp_leaves()

@@ -30,7 +30,9 @@ that are not to be generated.
 Pixel layouts (:py:func:`~.image_layout`): ``'images'``, ``[images, channels, height, width]`` (LLaVA, CLIP,
 PaliGemma) and ``'patches'``, flattened patches ``[patches, channels * temporal * patch * patch]`` with
 ``image_grid_thw`` (Qwen2-VL, Qwen2.5-VL); other layouts (Idefics3/SmolVLM ``[batch, images, channels, height,
-width]``, LLaVA-NeXT tiles) are refused by name.
+width]``, LLaVA-NeXT tiles, MiniCPM-V's strip of slices: :py:data:`~.STRIP_FIELDS`) are refused by name. Left-padded
+rows of models with multimodal rotary positions get them from ``get_rope_index`` with the attention mask, as their
+forward on ``input_ids`` computes them. Encoder-decoder models with images (T5Gemma 2) are refused by name.
 
 The processor's side is :py:mod:`zennit_attn.inputs.vision_language.inputs`, the tasks are
 :py:mod:`zennit_attn.inputs.vision_language.tasks`; their public names are imported here.
@@ -50,13 +52,14 @@ from .inputs import (
     placeholder_tokens,
     text_length,
 )
-from .tasks import LAYOUTS, SimilarityTask, VisionLanguageTask, image_layout, make_multimodal_task
+from .tasks import LAYOUTS, STRIP_FIELDS, SimilarityTask, VisionLanguageTask, image_layout, make_multimodal_task
 
 __all__ = [
     'LAYOUTS',
     'LAST_POSITION_POOLING',
     'LOSS_FIELDS',
     'LAYOUT_FIELDS',
+    'STRIP_FIELDS',
     'image_layout',
     'is_similarity_model',
     'is_processor',

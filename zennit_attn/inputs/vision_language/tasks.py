@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ...core.modules import without_cache
+from ...core.errors import UnsupportedModelError
+from ...core.modules import is_encoder_decoder, without_cache
 from ...results.explanation import ImageRelevance, MultimodalExplanation
 from ..checks import split_encoding
 from ..task import TokenTask
@@ -23,10 +24,15 @@ from .inputs import (
     text_length,
 )
 
-__all__ = ['LAYOUTS', 'image_layout', 'VisionLanguageTask', 'SimilarityTask', 'make_multimodal_task']
+__all__ = ['LAYOUTS', 'STRIP_FIELDS', 'image_layout', 'VisionLanguageTask', 'SimilarityTask', 'make_multimodal_task']
 
 #: The pixel layouts whose relevance is read per image.
 LAYOUTS = ('images', 'patches')
+
+#: Fields that come with ``pixel_values`` laid out as one strip of patches, the slices of every image side by side
+#: (MiniCPM-V: ``[1, channels, patch, patches x patch]``, the patch grid of each slice in ``target_sizes``): four
+#: dimensions like ``[images, channels, height, width]``, but one strip for all images (two images were read as one)
+STRIP_FIELDS = ('target_sizes',)
 
 
 def _vision_config(model: torch.nn.Module):
@@ -50,6 +56,14 @@ def image_layout(model: torch.nn.Module, pixels: torch.Tensor, fields: Mapping) 
                 f'[patches, features], got shape {tuple(pixels.shape)}'
             )
         return 'patches'
+    strip = [field for field in STRIP_FIELDS if field in fields]
+    if strip:
+        raise ValueError(
+            f'{type(model).__name__} takes pixel_values of shape {tuple(pixels.shape)} with {strip[0]}: the patches '
+            'of every image slice side by side in one strip, which zennit-attn cannot split into images; it reads '
+            'pixel relevance in the layouts [images, channels, height, width] (LLaVA, CLIP, PaliGemma) and flattened '
+            'patches with image_grid_thw (Qwen2-VL, Qwen2.5-VL)'
+        )
     if pixels.dim() == 4:
         return 'images'
     raise ValueError(
@@ -263,9 +277,10 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
         self._rope_positions()
 
     def _rope_positions(self) -> None:
-        """Multimodal rotary positions (Qwen2-VL): ``position_ids`` from the model's own ``get_rope_index``."""
+        """Multimodal rotary positions (Qwen2-VL): ``position_ids`` from the model's own ``get_rope_index`` (with the
+        attention mask, which counts left-padded rows from their first token), unless the caller gave them."""
         function = rope_index(self.model)
-        if function is None or 'position_ids' in self.model_kwargs:
+        if function is None or ('position_ids' in self.model_kwargs and not self.padded_positions):
             return
         names = inspect.signature(function).parameters
         fields = {key: value for key, value in self.model_kwargs.items() if key in names and key != 'input_ids'}
@@ -362,10 +377,23 @@ def make_multimodal_task(
     model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None
 ) -> TokenTask:
     """The :py:class:`SimilarityTask` (CLIP-like models) or :py:class:`VisionLanguageTask` for ``model``, after
-    :py:func:`~.check_processor`."""
+    :py:func:`~.check_processor`.
+
+    Raises
+    ------
+    UnsupportedModelError
+        For an encoder-decoder model (T5Gemma 2, UDOP): with images zennit-attn explains decoder-only models, whose
+        text is the whole input, and similarity models.
+    """
     _, _, fields = split_encoding(encoding)
     if 'pixel_values' not in fields:
         raise ValueError('the processor returned no pixel_values')
+    if is_encoder_decoder(model):
+        raise UnsupportedModelError(
+            f'{type(model).__name__} is an encoder-decoder model: with images, zennit-attn explains decoder-only '
+            'vision-language models (whose text is the whole input) and image-text similarity models; explain its '
+            'text alone (tokenizer=), without images'
+        )
     check_processor(model, encoding, processor, model_kwargs)
     task = SimilarityTask if is_similarity_model(model) else VisionLanguageTask
     return task(model, encoding, model_kwargs, processor)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from ...core.modules import forward_parameters
+from ...core.modules import forward_parameters, logits_to_keep
 from ...inputs.objectives import Logit, Objective
 from ...inputs.task import TokenTask
 from ...results.explanation import Explanation
@@ -312,10 +312,11 @@ def _deleted(task: TokenTask, row: int, valid: torch.Tensor, batch_size) -> tupl
         fixed = {key: value for key, value in kwargs.items() if key not in chunked}
 
         def forward(batch, positions, rows, fixed=fixed, **chunk):
-            extra = {'logits_to_keep': torch.unique(positions)} if keep else {}
+            kept = torch.unique(positions) if keep else None
+            extra = {'logits_to_keep': logits_to_keep(kept, batch.shape[1])} if keep else {}
             output = task.forward(batch, **fixed, **chunk, **extra)
             if output.dim() == 3:  # an output per position: the explained one of each variant
-                where = torch.searchsorted(extra['logits_to_keep'], positions) if keep else positions
+                where = torch.searchsorted(kept, positions) if keep else positions
                 output = output[torch.arange(len(batch), device=output.device), where.to(output.device)]
             return task.objective.value(output, task.targets[rows].to(output.device), rows)
 
