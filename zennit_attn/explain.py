@@ -198,8 +198,9 @@ def explain(
     model_kwargs: dict, optional
         Passed on to the model's forward (e.g. ``token_type_ids``, ``decoder_attention_mask``).
     decoder_input_ids: tensor, optional
-        For encoder-decoder models (T5): the decoder input, default the decoder start token. Relevance is
-        returned for encoder and decoder tokens.
+        For encoder-decoder models (T5): the decoder input, default the decoder start token for a generating model
+        (``...ForConditionalGeneration``); a question-answering or classification head needs it (the input shifted
+        right, as its forward makes it from ``input_ids``). Relevance is returned for encoder and decoder tokens.
     tokenizer: optional
         The model's Hugging Face tokenizer: needed for text input, and stored on the explanation
         (``explanation.tokenizer``) for :py:meth:`~zennit_attn.Explanation.show`, ``to_html``, ``save`` and

@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 from transformers import BatchEncoding
+from transformers.models.bart.modeling_bart import shift_tokens_right
 
 from tests.models import POSITIONS, VOCAB, pixels, tiny_config, tiny_hf_vit, tiny_model, tiny_timm_vit, token_ids
 from zennit_attn import conservation, explain
@@ -20,6 +21,7 @@ from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.core.modules import decoder_word_embeddings, forward_parameters, is_encoder_decoder, without_cache
 from zennit_attn.inputs.checks import is_image_model, keeps_left_padding, keeps_right_padding
 from zennit_attn.inputs.task import ImageTask, Readout, TokenTask
+from zennit_attn.workflows.architecture_check.check import zero_biases
 from zennit_attn.workflows.architecture_check.configs import model_class
 from zennit_attn.workflows.architecture_check.configs import tiny_config as architecture_tiny_config
 
@@ -395,10 +397,10 @@ def _tiny(config_class, model_class, **settings):
 @pytest.mark.parametrize(
     'build, error, match',
     [
-        (  # the classifier finds its end-of-sequence tokens in the ids: transformers' NotImplementedError
+        (  # a classifier's decoder reads the input shifted right (test_encoder_decoder_heads_need_their_decoder_input)
             lambda: _tiny(transformers.BartConfig, transformers.BartForSequenceClassification, num_labels=3),
-            UnsupportedModelError,
-            'BartForSequenceClassification cannot be run on embeddings',
+            ValueError,
+            'BartForSequenceClassification computes its decoder input from input_ids',
         ),
         (  # no decoder start token: torch.full(..., None) or an AttributeError before
             lambda: _tiny(transformers.T5Config, transformers.T5ForConditionalGeneration, decoder_start_token_id=None),
@@ -449,6 +451,29 @@ def test_models_explain_cannot_run_are_refused_with_the_reason(build, error, mat
     classification and question-answering heads found raw errors from inside transformers and zennit-attn)."""
     with pytest.raises(error, match=match):
         explain(build(), torch.tensor([[5, 9, 17, 23, 31, 40]]), method='cplrp')
+
+
+def test_encoder_decoder_heads_need_their_decoder_input():
+    """An encoder-decoder question-answering head computes its decoder input from ``input_ids`` shifted right, as it
+    was trained: without ``decoder_input_ids`` it is refused (before, its decoder ran on the start token alone and a
+    start logit of a one-token decoder was explained, which the model never gives). With the shifted input the
+    explained logit is the model's own on the ids, and CP-LRP conserves it over the encoder's and the decoder's
+    tokens. The classifier, which finds its end-of-sequence tokens in the ids, cannot run on embeddings."""
+    ids = torch.tensor([[5, 9, 17, 23, 31, 40]])
+    model = _tiny(transformers.BartConfig, transformers.BartForQuestionAnswering)
+    zero_biases(model)
+    with pytest.raises(ValueError, match=r'BartForQuestionAnswering computes its decoder input from input_ids'):
+        explain(model, ids, output='start_logits', target=3)
+    shifted = shift_tokens_right(ids, model.config.pad_token_id, model.config.decoder_start_token_id)
+    exp = explain(model, ids, decoder_input_ids=shifted, output='start_logits', target=3, method='cplrp')
+    with torch.no_grad():
+        logit = model(input_ids=ids).start_logits[0, 3]
+    assert abs(float(exp.logit) - float(logit)) < 1e-12
+    total = float(exp.relevance.sum() + exp.decoder_relevance.sum())
+    assert abs(total - float(exp.logit)) < 1e-10 * max(1.0, abs(float(exp.logit)))
+    classifier = _tiny(transformers.BartConfig, transformers.BartForSequenceClassification, num_labels=3)
+    with pytest.raises(UnsupportedModelError, match='BartForSequenceClassification cannot be run on embeddings'):
+        explain(classifier, ids, decoder_input_ids=shifted, method='cplrp')
 
 
 def test_right_padding_is_refused_where_the_model_reads_the_pads():

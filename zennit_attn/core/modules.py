@@ -1,7 +1,7 @@
 """Modules and module helpers of the engine: :py:class:`Logits` (a model's scores for zennit's attributors),
 :py:func:`forward_parameters` and :py:func:`takes_keywords` (what a module's forward takes), :py:func:`without_cache`
 (how to run a model without a key/value cache), :py:func:`logits_to_keep` (how to compute the logits of some positions
-only), :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
+only), :py:func:`language_model_head`, :py:func:`is_encoder_decoder`, :py:func:`output_scores`,
 :py:func:`word_embeddings` and :py:func:`decoder_word_embeddings` (the tables of a model's token ids),
 :py:func:`inner_text_models` (the text models inside a model of one's own) and :py:data:`Modules` (one walk over a
 model's modules, shared by what a call does with them)."""
@@ -49,6 +49,14 @@ def without_cache(model: torch.nn.Module) -> dict[str, bool]:
     if 'use_cache' in forward_parameters(model) or (isinstance(model, PreTrainedModel) and takes_keywords(model)):
         return {'use_cache': False}
     return {}
+
+
+def language_model_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The language-model head of ``model`` (``get_output_embeddings()``: the projection to the vocabulary of a
+    Hugging Face ``...ForCausalLM`` or ``...ForConditionalGeneration``), None for a model without one (a classifier,
+    a question-answering head, a model of one's own without the method)."""
+    heads = getattr(model, 'get_output_embeddings', None)
+    return heads() if callable(heads) else None
 
 
 def logits_to_keep(positions: torch.Tensor, length: int) -> torch.Tensor:

@@ -29,6 +29,7 @@ from ..core.modules import (
     decoder_word_embeddings,
     forward_parameters,
     is_encoder_decoder,
+    language_model_head,
     logits_to_keep,
     output_scores,
     without_cache,
@@ -495,24 +496,7 @@ class TokenTask(Task):
         self.decoder_input_ids = self.decoder_embeddings = None
         self._output_mask = self.attention_mask
         if is_encoder_decoder(model):
-            if decoder_input_ids is None:
-                start = getattr(model.config, 'decoder_start_token_id', None)
-                if not isinstance(start, int):
-                    raise ValueError(
-                        f'{type(model).__name__} has no decoder_start_token_id in its configuration: pass '
-                        'decoder_input_ids= (the first decoder tokens, e.g. its bos or eos token id)'
-                    )
-                decoder_input_ids = torch.full((self.batch, 1), start, device=self.input_ids.device)
-            decoder_mask = self.model_kwargs.get('decoder_attention_mask')
-            self.decoder_input_ids, self._output_mask = check_ids(
-                decoder_input_ids, decoder_mask, 'decoder_input_ids', self.device
-            )
-            if self.decoder_input_ids.shape[0] != self.batch:
-                raise ValueError('decoder_input_ids must have as many rows as input_ids')
-            decoder_embedding = decoder_word_embeddings(model) or embedding_module
-            check_vocabulary(self.decoder_input_ids, decoder_embedding, 'decoder_input_ids')
-            with torch.no_grad():
-                self.decoder_embeddings = decoder_embedding(self.decoder_input_ids).detach()
+            self._set_decoder_inputs(decoder_input_ids, decoder_word_embeddings(model) or embedding_module)
         elif decoder_input_ids is not None:
             raise ValueError(f'{type(model).__name__} is not an encoder-decoder model: decoder_input_ids is not used')
         check_length(model, self.input_ids.shape[1] if self.choices is None else self.choices.length, 'input_ids')
@@ -521,6 +505,42 @@ class TokenTask(Task):
         #: (Qwen2-VL's multimodal ones, :py:class:`~zennit_attn.inputs.vision_language.tasks.VisionLanguageTask`)
         self.padded_positions = False
         self._set_model_kwargs()
+
+    def _set_decoder_inputs(self, decoder_input_ids, embedding: torch.nn.Module) -> None:
+        """The decoder's ids, mask and embeddings (by ``embedding``) of an encoder-decoder model: ``decoder_input_ids``,
+        or the decoder start token alone for a generating model (its first step), whose logits are explained.
+
+        Raises
+        ------
+        ValueError
+            Without ``decoder_input_ids``, for a model without a language-model head (a question-answering or
+            classification head, which computes its decoder input from ``input_ids`` shifted right, as it was
+            trained) or without a decoder start token.
+        """
+        model = self.model
+        if decoder_input_ids is None and language_model_head(model) is None:
+            raise ValueError(
+                f'{type(model).__name__} computes its decoder input from input_ids (shifted right) where none is '
+                'given, as its head was trained; zennit-attn starts a decoder at its start token only for generating '
+                'models: pass decoder_input_ids= (the input shifted right, as the model makes it)'
+            )
+        if decoder_input_ids is None:
+            start = getattr(model.config, 'decoder_start_token_id', None)
+            if not isinstance(start, int):
+                raise ValueError(
+                    f'{type(model).__name__} has no decoder_start_token_id in its configuration: pass '
+                    'decoder_input_ids= (the first decoder tokens, e.g. its bos or eos token id)'
+                )
+            decoder_input_ids = torch.full((self.batch, 1), start, device=self.input_ids.device)
+        decoder_mask = self.model_kwargs.get('decoder_attention_mask')
+        self.decoder_input_ids, self._output_mask = check_ids(
+            decoder_input_ids, decoder_mask, 'decoder_input_ids', self.device
+        )
+        if self.decoder_input_ids.shape[0] != self.batch:
+            raise ValueError('decoder_input_ids must have as many rows as input_ids')
+        check_vocabulary(self.decoder_input_ids, embedding, 'decoder_input_ids')
+        with torch.no_grad():
+            self.decoder_embeddings = embedding(self.decoder_input_ids).detach()
 
     @staticmethod
     def word_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -631,14 +651,12 @@ class TokenTask(Task):
         The head's output at other positions does not reach the explained logits, so the relevance is unchanged;
         the head's forward and backward (a third of the FLOPs of a small Llama) and the ``[batch, seq, vocab]``
         logits with their gradient are skipped."""
-        heads = getattr(self.model, 'get_output_embeddings', None)
         if (
             not self.readout.model_output
             or self.decoder_embeddings is not None
             or 'logits_to_keep' in self.model_kwargs
             or 'logits_to_keep' not in forward_parameters(self.model)
-            or not callable(heads)
-            or heads() is None
+            or language_model_head(self.model) is None
         ):
             return {}
         pairs = target_pairs(target)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.modules import language_model_head
 from ..rules.base import loaded_weights
 from .sites import Neuron
 from .targets import resolve_point
@@ -64,7 +65,7 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
             f'vocabulary projection is defined for "mlp" neurons (a column of the down projection) and '
             f'"residual" dimensions; a {neuron.site!r} unit writes no single vector'
         )
-    head = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') else None
+    head = language_model_head(model)
     if head is None or getattr(head, 'weight', None) is None:
         raise ValueError(f'{type(model).__name__} has no output embeddings (language-model head) to project onto')
     point = resolve_point(model, neuron)
