@@ -221,6 +221,12 @@ class ModelStructure:
         features]``.
     repeated: frozenset of int
         Ids of the blocks that ran more than once in the pass (layers that share one block: ALBERT).
+    hidden_shape: tuple of int or None
+        The shape of the hidden states the first block took in the pass (its first tensor input of three or more
+        dimensions; None where it took none): three dimensions where the blocks hold one hidden vector per token
+        (``[batch, seq, hidden]``), four where they hold several residual streams per token (the hyper-connections of
+        DeepSeek-V4 and HY-V4, ``[batch, seq, streams, hidden]``; Gemma-3n's AltUp, ``[streams, batch, seq,
+        hidden]``).
     """
 
     name: str
@@ -231,6 +237,7 @@ class ModelStructure:
     input_keys: int | None
     sequence_first: bool = False
     repeated: frozenset[int] = frozenset()
+    hidden_shape: tuple[int, ...] | None = None
 
     def attention_in(self, block: torch.nn.Module) -> list[AttentionOp]:
         """The attention operations that ``block``'s forward ran (innermost block)."""
@@ -307,6 +314,8 @@ class Trace:
         self.calls: Counter = Counter()
         #: the first two sizes of the first tensor the first block that ran took (its hidden states)
         self.block_input: tuple[int, int] | None = None
+        #: the whole shape of that tensor
+        self.block_shape: tuple[int, ...] | None = None
         #: the ``[batch, tokens]`` token ids of the pass (None for other inputs)
         self.token_ids: tuple[int, int] | None = None
 
@@ -422,6 +431,7 @@ class ModuleHooks:
         first = next((value for value in args if isinstance(value, torch.Tensor)), None)
         if self.trace.block_input is None and first is not None and first.dim() >= 3:
             self.trace.block_input = tuple(first.shape[:2])
+            self.trace.block_shape = tuple(first.shape)
 
     def leave(self, module, args, output) -> None:
         if self.trace.blocks and self.trace.blocks[-1] is module:
@@ -868,6 +878,7 @@ def discover(model: torch.nn.Module, inputs=None) -> ModelStructure:
         input_keys=EXAMPLE_TOKENS if is_encoder_decoder(model) else None,
         sequence_first=_sequence_first(trace),
         repeated=frozenset(key for key, count in trace.calls.items() if count > 1),
+        hidden_shape=trace.block_shape,
     )
 
 

@@ -3,6 +3,8 @@ index checks of neuron targets, conditions and steering use before any forward p
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -146,3 +148,43 @@ def test_a_site_tensor_with_the_tokens_behind_a_singleton_is_read_per_token():
     neuron = explain(model, ids[:1], method='cplrp', target=Neuron('value', 1, 2), position=3)
     torch.testing.assert_close(neuron.logit[0], full.latent.activation['value'][0, 1, 3, 2], rtol=1e-12, atol=0)
     torch.testing.assert_close(neuron.relevance.sum(), neuron.logit[0], rtol=1e-9, atol=0)  # CP-LRP conserves it
+
+
+@pytest.mark.parametrize(
+    'architecture,shape,site', [('deepseek_v4', [1, 5, 4, 32], 'query'), ('gemma3n_text', [4, 1, 5, 32], 'attention')]
+)
+def test_the_residual_site_of_blocks_with_several_residual_streams_is_refused(architecture, shape, site):
+    """DeepSeek-V4's hyper-connections keep the residual stream ``[batch, seq, streams, hidden]``, Gemma-3n's AltUp
+    ``[streams, batch, seq, hidden]``: read as ``[batch, seq, hidden]``, ``steer({Neuron('residual', 0, 3): 0.0})``
+    zeroed all 32 hidden dimensions of stream 3 (DeepSeek-V4) or position 3 of every stream (Gemma-3n), positions
+    crashed with a broadcast error, and the recorded residual relevance was ``[1, 3, 6, 4]`` / ``[4, 3, 1, 6]`` where
+    ``[batch, layers + 1, seq]`` is documented. The discovery pass records the shape of the hidden states and the
+    residual site is refused by name for latent relevance, neuron targets, conditions and steering; the other sites,
+    ``[batch, seq, features]``, read as before."""
+    model_type, config_type = model_class('causal-lm', architecture)
+    torch.manual_seed(0)
+    config = tiny_config(config_type)
+    config._experts_implementation = 'eager'  # grouped-mm kernels refuse float64
+    model = model_type(config).double().eval()
+    ids = torch.tensor([[5, 17, 3, 28, 9, 14]])
+    assert list(model_structure(model).hidden_shape) == shape
+    assert list(model_structure(llama()).hidden_shape) == [1, 5, HIDDEN]
+    message = rf'{model_type.__name__} hold their hidden states in 4 dimensions \({re.escape(str(shape))} for the'
+    with pytest.raises(ValueError, match=message):
+        explain(model, ids, method='cplrp', latent='residual')
+    with pytest.raises(ValueError, match=message):
+        explain(model, ids, method='cplrp', target=Neuron('residual', 1, 3))
+    with pytest.raises(ValueError, match=message):
+        explain(model, ids, method='cplrp', condition=Neuron('residual', 1, 3))
+    with pytest.raises(ValueError, match=message):
+        with steer(model, {Neuron('residual', 0, 3): 0.0}):
+            pass
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+    recorded = explain(model, ids, method='cplrp', latent=site).latent[site]
+    assert recorded.shape[:3] == (1, config.num_hidden_layers, 6)
+    with torch.no_grad():
+        plain = model(ids).logits
+        with steer(model, {Neuron(site, 0, 1): 3.0}, mode='add', positions=[-1]):
+            steered = model(ids).logits
+    torch.testing.assert_close(steered[:, :-1], plain[:, :-1], rtol=1e-12, atol=1e-12)  # causal: earlier positions
+    assert float((steered[:, -1] - plain[:, -1]).abs().max()) > 1e-3

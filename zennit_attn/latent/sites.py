@@ -18,7 +18,10 @@ A *site* is a tensor inside every transformer block (paper section 3.5, "Underst
 Routed mixtures of experts (Mixtral, Qwen-MoE, OLMoE: blocks that pick experts by a top-k of computed scores) have no
 ``'mlp'`` site: a token's FFN is a routing-weighted sum of a few of many experts, so "neuron ``i`` of layer ``l``" has
 no fixed meaning across tokens; their attention, residual and q/k/v sites are recorded as for every other model.
-Encoder-decoder models (T5) are refused: their encoder and decoder blocks see sequences of different lengths. In a
+Encoder-decoder models (T5) are refused: their encoder and decoder blocks see sequences of different lengths. The
+``'residual'`` site is refused where the blocks hold their hidden states in more than three dimensions (several
+residual streams per token: DeepSeek-V4's and HY-V4's hyper-connections, Gemma-3n's AltUp), whose other sites are
+``[batch, seq, features]`` as everywhere else. In a
 vision-language model the sites are those of its language model (the blocks its text input runs).
 """
 
@@ -343,17 +346,33 @@ def _operand_point(structure: ModelStructure, site: str, block: torch.nn.Module,
 
 def _points(site: str, blocks: list[torch.nn.Module], model) -> list[SitePoint]:
     """The points of ``site`` in every block."""
+    structure = model_structure(model)
     if site == 'residual':
+        _check_residual(structure, model)
         first = SitePoint('residual', 0, blocks[0], 'input')
         return [first] + [
             SitePoint('residual', layer + 1, block, 'output', index=0) for layer, block in enumerate(blocks)
         ]
-    structure = model_structure(model)
     if site == 'attention':
         return [_attention_point(structure, block, layer, model) for layer, block in enumerate(blocks)]
     if site == 'mlp':
         return [_mlp_point(structure, block, layer, model) for layer, block in enumerate(blocks)]
     return [_operand_point(structure, site, block, layer, model) for layer, block in enumerate(blocks)]
+
+
+def _check_residual(structure: ModelStructure, model) -> None:
+    """Refuse the residual site of blocks whose hidden states are not ``[batch, seq, hidden]`` (the shape the
+    discovery pass saw at the first block: :py:attr:`~zennit_attn.structure.ModelStructure.hidden_shape`)."""
+    shape = structure.hidden_shape
+    if shape is None or len(shape) == 3:
+        return
+    raise ValueError(
+        f'the blocks of {type(model).__name__} hold their hidden states in {len(shape)} dimensions ({list(shape)} for '
+        'the example input of the discovery pass; several residual streams per token, as hyper-connections and AltUp '
+        'keep them), where the "residual" site reads [batch, seq, hidden]: latent relevance, neuron targets, '
+        'conditions and steering of the residual site are not available for it; use the "mlp", "attention", '
+        '"query", "key" or "value" site'
+    )
 
 
 def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]]:
@@ -377,8 +396,8 @@ def find_sites(model: torch.nn.Module, sites=SITES) -> dict[str, list[SitePoint]
     ------
     ValueError
         For an unknown site, a model without it (e.g. ``'mlp'`` in a routed mixture of experts; a
-        :py:class:`~zennit_attn.structure.StructureError` where what the model computes does not show it), or
-        an encoder-decoder model.
+        :py:class:`~zennit_attn.structure.StructureError` where what the model computes does not show it; the
+        ``'residual'`` site of blocks with several residual streams), or an encoder-decoder model.
     """
     if isinstance(sites, str):
         sites = (sites,)
