@@ -11,7 +11,8 @@ from tests.latent.helpers import TIGHT, llama, watch
 from tests.models import token_ids
 from zennit_attn import explain
 from zennit_attn.composites import CompiledModelError
-from zennit_attn.latent import Neuron, steer
+from zennit_attn.latent import Neuron, find_sites, steer
+from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
 
 def last_layer_prediction(model, ids, neuron, mode, value):
@@ -169,3 +170,88 @@ def test_steer_bad_input_gets_clear_errors():
             with steer(model, {Neuron('mlp', 1, 1): value}):
                 pass
     assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+
+
+def tiny_architecture(mapping, architecture):
+    """The architecture check's tiny random float64 model of ``architecture`` (of the auto-mapping ``mapping``)."""
+    model_type, config_type = model_class(mapping, architecture)
+    torch.manual_seed(0)
+    return model_type(tiny_config(config_type)).double().eval()
+
+
+@pytest.mark.parametrize(
+    'mapping,architecture,neuron,positions,embeds',
+    [
+        ('causal-lm', 'cpmant', Neuron('mlp', 1, 3), 38, False),  # 32 prompt tokens in front of the input's
+        ('masked-lm', 'longformer', Neuron('mlp', 1, 3), 512, False),  # padded to a multiple of its attention window
+        ('causal-lm', 'prophetnet', Neuron('mlp', 1, 3), 18, True),  # the main stream, then two n-gram streams
+    ],
+)
+def test_positions_are_refused_where_the_site_holds_other_positions_than_the_input(
+    mapping, architecture, neuron, positions, embeds
+):
+    """The positions were counted in the site tensor, not in the input: CPM-Ant's 32 prompt tokens in front made
+    ``positions=[0]`` steer a prompt token (logit change 0.000 where editing the first input token changes them by
+    0.294), Longformer's padding of 6 to 512 tokens made ``[-1]`` steer pad 511 (0.000 where the last token gives
+    0.041), ProphetNet's main stream and two n-gram streams (18 positions for 6 tokens) made ``[-1]`` steer the last
+    position of the second n-gram stream, which no logit reads (0.000). Steering with positions now compares the
+    site's positions with the tokens of the forward call's input and refuses where they differ; without positions
+    every position of the site is steered, as before. (CPM-Ant takes no ``inputs_embeds``; the tiny Longformer's
+    padding of them looks up a pad id beyond its vocabulary.)"""
+    model = tiny_architecture(mapping, architecture)
+    ids = torch.tensor([[5, 17, 3, 28, 9, 14]])
+    message = (
+        rf'{neuron.site} layer {neuron.layer} of {type(model).__name__} holds {positions} positions where the input of '
+        r'the forward call has 6 tokens .* steer all positions \(positions=None\)'
+    )
+    for steps in ([0], -1):
+        with pytest.raises(ValueError, match=message):
+            with torch.no_grad(), steer(model, {neuron: 5.0}, mode='add', positions=steps):
+                model(ids)
+        if not embeds:
+            continue
+        with pytest.raises(ValueError, match=message):  # inputs_embeds tell the tokens as well
+            with torch.no_grad(), steer(model, {neuron: 5.0}, mode='add', positions=steps):
+                model(inputs_embeds=model.get_input_embeddings()(ids))
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+    point = find_sites(model, neuron.site)[neuron.site][neuron.layer]
+    with torch.no_grad():
+        plain = model(ids).logits
+        with steer(model, {neuron: 5.0}, mode='add'):
+            steered = model(ids).logits
+
+        def add(module, args, kwargs):  # every position of the site, as steer without positions
+            name, tensor = (None, args[0]) if args else next(iter(kwargs.items()))
+            tensor = tensor.clone()
+            tensor[..., neuron.index] += 5.0
+            return ((tensor, *args[1:]), kwargs) if name is None else (args, {**kwargs, name: tensor})
+
+        handle = point.module.register_forward_pre_hook(add, with_kwargs=True)
+        manual = model(ids).logits
+        handle.remove()
+    torch.testing.assert_close(steered, manual, **TIGHT)
+    assert float((steered - plain).abs().max()) > 1e-3
+
+
+def test_steering_a_block_the_forward_pass_skips_is_refused():
+    """Mllama without images skips its cross-attention block: ``steer({Neuron('residual', 2, 3): 100.0})`` (the
+    output of that block) was accepted and changed the logits by 0.000, where explain() refuses the neuron. After each
+    forward call of the model every edit's hook must have run; the blocks that run are steered as before."""
+    model = tiny_architecture('causal-lm', 'mllama')
+    ids = torch.tensor([[5, 17, 3, 28, 9, 14]])
+    skipped = model.model.layers[1]
+    assert type(skipped).__name__ == 'MllamaCrossAttentionDecoderLayer'
+    message = (
+        r'steering residual\[2, 3\]: the forward pass of MllamaForCausalLM did not reach residual layer 2 '
+        r'\(MllamaCrossAttentionDecoderLayer did not run in this call'
+    )
+    for edits in ({Neuron('residual', 2, 3): 100.0}, {Neuron('residual', 1, 3): 1.0, Neuron('residual', 2, 3): 1.0}):
+        with pytest.raises(RuntimeError, match=message):
+            with torch.no_grad(), steer(model, edits, mode='add'):
+                model(ids)
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+    with torch.no_grad():
+        plain = model(ids).logits
+        with steer(model, {Neuron('residual', 1, 3): 100.0}, mode='add'):
+            steered = model(ids).logits
+    assert float((steered - plain).abs().max()) > 0.1
