@@ -227,6 +227,10 @@ class ModelStructure:
         (``[batch, seq, hidden]``), four where they hold several residual streams per token (the hyper-connections of
         DeepSeek-V4 and HY-V4, ``[batch, seq, streams, hidden]``; Gemma-3n's AltUp, ``[streams, batch, seq,
         hidden]``).
+    unchained: frozenset of int
+        Ids of the blocks whose hidden states in (their first argument, else their first tensor keyword) are not
+        those the block before them gave out (the output, or its first element): the residual stream is passed on in
+        more than one tensor (Reformer's reversible layers: its two halves).
     """
 
     name: str
@@ -238,6 +242,7 @@ class ModelStructure:
     sequence_first: bool = False
     repeated: frozenset[int] = frozenset()
     hidden_shape: tuple[int, ...] | None = None
+    unchained: frozenset[int] = frozenset()
 
     def attention_in(self, block: torch.nn.Module) -> list[AttentionOp]:
         """The attention operations that ``block``'s forward ran (innermost block)."""
@@ -316,6 +321,10 @@ class Trace:
         self.block_input: tuple[int, int] | None = None
         #: the whole shape of that tensor
         self.block_shape: tuple[int, ...] | None = None
+        #: ``id(block) -> [hidden states in, hidden states out]`` of each block's first run: the tensor a residual
+        #: site reads at its input (its first argument, else its first tensor keyword) and at its output (the output,
+        #: or its first element)
+        self.hidden: dict[int, list] = {}
         #: the ``[batch, tokens]`` token ids of the pass (None for other inputs)
         self.token_ids: tuple[int, int] | None = None
 
@@ -409,7 +418,7 @@ class ModuleHooks:
     def register(self, model: torch.nn.Module) -> None:
         for module in model.modules():
             if id(module) in self.blocks:
-                self.handles.append(module.register_forward_pre_hook(self.enter))
+                self.handles.append(module.register_forward_pre_hook(self.enter, with_kwargs=True))
                 self.handles.append(module.register_forward_hook(self.leave, always_call=True))
             kind = self.kind(module)
             if kind is not None:
@@ -425,9 +434,14 @@ class ModuleHooks:
             return 'activation'
         return None
 
-    def enter(self, module, args) -> None:
+    def enter(self, module, args, kwargs) -> None:
         self.trace.blocks.append(module)
         self.trace.calls[id(module)] += 1
+        hidden = (
+            args[0] if args else next((value for value in kwargs.values() if isinstance(value, torch.Tensor)), None)
+        )
+        if isinstance(hidden, torch.Tensor):
+            self.trace.hidden.setdefault(id(module), [hidden, None])
         first = next((value for value in args if isinstance(value, torch.Tensor)), None)
         if self.trace.block_input is None and first is not None and first.dim() >= 3:
             self.trace.block_input = tuple(first.shape[:2])
@@ -436,6 +450,13 @@ class ModuleHooks:
     def leave(self, module, args, output) -> None:
         if self.trace.blocks and self.trace.blocks[-1] is module:
             self.trace.blocks.pop()
+        try:
+            first = output if isinstance(output, torch.Tensor) or output is None else output[0]
+        except (IndexError, KeyError, TypeError):
+            first = None
+        entry = self.trace.hidden.get(id(module))
+        if entry is not None and entry[1] is None and isinstance(first, torch.Tensor):
+            entry[1] = first
 
     def recorder(self, kind: str):
         def record(module, args, kwargs, output):
@@ -879,7 +900,27 @@ def discover(model: torch.nn.Module, inputs=None) -> ModelStructure:
         sequence_first=_sequence_first(trace),
         repeated=frozenset(key for key, count in trace.calls.items() if count > 1),
         hidden_shape=trace.block_shape,
+        unchained=_unchained(trace, stacks),
     )
+
+
+def _unchained(trace: Trace, stacks: list[tuple[str, list[torch.nn.Module]]]) -> frozenset[int]:
+    """Ids of the blocks whose hidden states in are not those the block before them in their stack (the one before
+    that ran) gave out: blocks that pass on the residual stream in more than one tensor (Reformer's reversible
+    layers take the two halves of the stream, ``prev_attn_output`` and ``hidden_states``, and return them)."""
+    found = set()
+    for _, blocks in stacks:
+        previous = None
+        for block in blocks:
+            entry = trace.hidden.get(id(block))
+            if entry is None:
+                continue
+            if previous is not None and previous[1] is not None:
+                given, taken = previous[1], entry[0]
+                if given is not taken and (given.shape != taken.shape or not torch.equal(given, taken)):
+                    found.add(id(block))
+            previous = entry
+    return frozenset(found)
 
 
 def _sequence_first(trace: Trace) -> bool:

@@ -3,6 +3,7 @@ index checks of neuron targets, conditions and steering use before any forward p
 
 from __future__ import annotations
 
+import collections
 import re
 
 import pytest
@@ -12,6 +13,7 @@ from tests.latent.helpers import llama, watch
 from tests.models import HEADS, HIDDEN, KV_HEADS, tiny_llava, tiny_model, token_ids
 from zennit_attn import explain
 from zennit_attn.latent import Neuron, find_sites, steer
+from zennit_attn.latent.sites import SitePoint
 from zennit_attn.structure import model_structure
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
@@ -188,3 +190,43 @@ def test_the_residual_site_of_blocks_with_several_residual_streams_is_refused(ar
             steered = model(ids).logits
     torch.testing.assert_close(steered[:, :-1], plain[:, :-1], rtol=1e-12, atol=1e-12)  # causal: earlier positions
     assert float((steered[:, -1] - plain[:, -1]).abs().max()) > 1e-3
+
+
+def test_blocks_that_pass_on_the_residual_stream_in_two_tensors_are_refused_at_the_residual_site():
+    """Reformer's reversible layers take the two halves of the residual stream (``prev_attn_output``,
+    ``hidden_states``) and return both: the residual site read the first half at the input of block 0 and the second
+    at the output of each block, and steering a block output crashed with ``TypeError: ReformerOutput.__new__()
+    missing ...`` (a named tuple). The discovery pass checks that each block takes what the block before gave out
+    (:py:attr:`~zennit_attn.structure.ModelStructure.unchained`), and the residual site says why it is refused."""
+    model_type, config_type = model_class('causal-lm', 'reformer')
+    torch.manual_seed(0)
+    model = model_type(tiny_config(config_type)).double().eval()
+    blocks = model.reformer.encoder.layers
+    assert id(blocks[1]) in model_structure(model).unchained
+    assert not model_structure(llama()).unchained
+    with pytest.raises(
+        ValueError,
+        match=r'hidden states block 1 of ReformerModelWithLMHead \(ReformerLayer\) takes are not those block 0 gives',
+    ):
+        with steer(model, {Neuron('residual', 0, 3): 5.0}):
+            pass
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+
+
+def test_an_output_site_of_a_named_tuple_is_replaced_in_it():
+    """A module returning a named tuple (as Reformer's layers do) gets its site element replaced: ``type(output)(
+    generator)`` raised ``TypeError: ... __new__() missing ...``."""
+    Pair = collections.namedtuple('Pair', ['hidden_states', 'extra'])
+
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return Pair(2 * x, x)
+
+    module = Twice()
+    point = SitePoint('residual', 1, module, 'output', index=0)
+    handle = point.hook(lambda tensor: tensor + 1)
+    x = torch.arange(6.0).view(1, 2, 3)
+    output = module(x)
+    handle.remove()
+    assert type(output) is Pair
+    assert torch.equal(output.hidden_states, 2 * x + 1) and torch.equal(output.extra, x)

@@ -199,7 +199,8 @@ class SitePoint:
                 return None
             if self.index is None or isinstance(output, torch.Tensor):
                 return result
-            return type(output)(result if position == self.index else item for position, item in enumerate(output))
+            items = [result if position == self.index else item for position, item in enumerate(output)]
+            return type(output)._make(items) if hasattr(type(output), '_make') else type(output)(items)
 
         return post
 
@@ -348,7 +349,7 @@ def _points(site: str, blocks: list[torch.nn.Module], model) -> list[SitePoint]:
     """The points of ``site`` in every block."""
     structure = model_structure(model)
     if site == 'residual':
-        _check_residual(structure, model)
+        _check_residual(structure, blocks, model)
         first = SitePoint('residual', 0, blocks[0], 'input')
         return [first] + [
             SitePoint('residual', layer + 1, block, 'output', index=0) for layer, block in enumerate(blocks)
@@ -360,9 +361,20 @@ def _points(site: str, blocks: list[torch.nn.Module], model) -> list[SitePoint]:
     return [_operand_point(structure, site, block, layer, model) for layer, block in enumerate(blocks)]
 
 
-def _check_residual(structure: ModelStructure, model) -> None:
+def _check_residual(structure: ModelStructure, blocks: list[torch.nn.Module], model) -> None:
     """Refuse the residual site of blocks whose hidden states are not ``[batch, seq, hidden]`` (the shape the
-    discovery pass saw at the first block: :py:attr:`~zennit_attn.structure.ModelStructure.hidden_shape`)."""
+    discovery pass saw at the first block: :py:attr:`~zennit_attn.structure.ModelStructure.hidden_shape`) or that pass
+    on the residual stream in more than one tensor (:py:attr:`~zennit_attn.structure.ModelStructure.unchained`)."""
+    unchained = [layer for layer, block in enumerate(blocks) if id(block) in structure.unchained]
+    if unchained:
+        layer = unchained[0]
+        raise ValueError(
+            f'the hidden states block {layer} of {type(model).__name__} ({type(blocks[layer]).__name__}) takes are not '
+            f'those block {layer - 1} gives out: its blocks pass on the residual stream in more than one tensor (as '
+            'reversible layers pass its two halves), where the "residual" site reads one tensor at each block '
+            'boundary: latent relevance, neuron targets, conditions and steering of the residual site are not '
+            'available for it; use another site'
+        )
     shape = structure.hidden_shape
     if shape is None or len(shape) == 3:
         return
