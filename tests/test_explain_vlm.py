@@ -595,7 +595,7 @@ def test_git_explains_the_last_text_token():
     assert abs(float(exp.logit) - float(logits[-1].max())) < 1e-12
     assert abs(exp.total(0) - float(exp.logit)) < 1e-10
     assert float(exp.relevance.abs().sum()) > 0.1 * abs(float(exp.logit))
-    with pytest.raises(UnsupportedModelError, match='returns outputs at 21 positions for an input of 4 tokens'):
+    with pytest.raises(UnsupportedModelError, match='has 21 positions for an input of 4 tokens'):
         explain(model, text, images=[picture], processor=processor, model_kwargs={'logits_to_keep': 0})
 
 

@@ -15,7 +15,10 @@ from tests.family_table import TABLE
 from tests.latent.helpers import TIGHT, build, llama, watch
 from tests.models import MOE, tiny_model, token_ids
 from zennit_attn import conservation, explain
+from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.latent import SITES, Neuron, find_sites, top_neurons
+from zennit_attn.workflows.architecture_check.check import zero_biases
+from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
 
 @pytest.mark.parametrize('method', ['attnlrp', 'cplrp', 'input_x_gradient'])
@@ -188,3 +191,23 @@ def test_top_neurons_errors():
         top_neurons(exp, site='residual')
     with pytest.raises(ValueError, match='k must be a positive integer'):
         top_neurons(exp, k=0)
+
+
+def test_sites_that_hold_other_positions_than_the_tokens_are_refused_per_position():
+    """CPM-Ant runs its blocks over 32 prompt positions in front of the tokens (38 positions for 6 tokens): the
+    recorded latent relevance had 38 positions where ``[batch, layers, seq]`` names the tokens, and a Neuron target
+    read its position among them. Per position both are refused, naming the site and both lengths; the sum over
+    positions (``latent_reduce='sum'``) is recorded, and under CP-LRP the MLP neurons of a layer sum to the logit
+    (float64, no biases)."""
+    model_type, config_type = model_class('causal-lm', 'cpmant')
+    torch.manual_seed(0)
+    model = model_type(tiny_config(config_type)).double().eval()
+    zero_biases(model)
+    ids = token_ids('llama', 6)
+    with pytest.raises(ValueError, match='mlp layer 0 holds 38 positions where the input has 6 tokens'):
+        explain(model, ids, method='cplrp', latent='mlp')
+    with pytest.raises(UnsupportedModelError, match='has 38 positions for an input of 6 tokens'):
+        explain(model, ids, method='cplrp', target=Neuron('mlp', 0, 1))
+    exp = explain(model, ids, method='cplrp', latent='residual', latent_reduce='sum')
+    sums = exp.latent['residual'][0]
+    assert sums.shape == (3,) and torch.allclose(sums, exp.logit.expand(3), rtol=1e-9, atol=0)

@@ -673,18 +673,19 @@ class TokenTask(Task):
         Raises
         ------
         UnsupportedModelError
-            Where the model's output has another number of positions than its input has tokens (GIT's image tokens
-            in front of the text, for a model without ``logits_to_keep``): a position of the input would name another
-            row of the output.
+            Where the explained output (the model's, or a site's activations for a Neuron target) has another
+            number of positions than the input has tokens (GIT's image tokens in front of the text, for a model
+            without ``logits_to_keep``; CPM-Ant's prompt in front of its blocks' positions): a position of the input
+            would name another row of the output.
         """
         tokens = (self.input_ids if self.decoder_embeddings is None else self.decoder_input_ids).shape[1]
         if self.kept is not None:
             return scores.new_empty(scores.shape[0], tokens, 0)
         if scores.dim() == 3 and scores.shape[1] != tokens:
             raise UnsupportedModelError(
-                f'{type(self.model).__name__} returns outputs at {scores.shape[1]} positions for an input of {tokens} '
-                "tokens (rows of its own, such as image tokens, beside the input's): zennit-attn cannot tell which "
-                'output belongs to which token and does not explain this model'
+                f'the explained output of {type(self.model).__name__} has {scores.shape[1]} positions for an input of '
+                f"{tokens} tokens (positions of its own beside the input's: image tokens or a prompt in front, further "
+                'streams): zennit-attn cannot tell which position belongs to which token'
             )
         return scores
 

@@ -84,6 +84,10 @@ class Recorder:
     keep: set of (str, int), optional
         ``(site, layer)`` whose raw gradient ``[batch, seq, features]`` is kept as well (:py:attr:`gradients`, for
         conditional relevance).
+    tokens: int, optional
+        The number of tokens of the input: a site tensor that holds another number of positions (the model pads its
+        input, or adds positions of its own: CPM-Ant's prompt in front, ProphetNet's n-gram streams after) is refused
+        where its positions are kept (not for ``reduce='sum'``), as they would not be the tokens'.
     """
 
     def __init__(
@@ -92,11 +96,13 @@ class Recorder:
         reduce: str | None = None,
         mask: torch.Tensor | None = None,
         keep=(),
+        tokens: int | None = None,
     ):
         self.points = dict(points)
         self.reduce = reduce
         self.mask = mask
         self.keep = set(keep)
+        self.tokens = tokens
         self.activations: dict[tuple[str, int], torch.Tensor] = {}
         self.relevances: dict[tuple[str, int], torch.Tensor] = {}
         self.gradients: dict[tuple[str, int], torch.Tensor] = {}
@@ -141,6 +147,7 @@ class Recorder:
                     f'{point.layer}: record with a method of one forward and one backward pass'
                 )
             detached = tensor.detach()
+            self._check_positions(point, point.select(detached))
             self.activations[key] = self._finish(point.reduce(point.select(detached)))
             if key in self.keep:
                 self.tensors[key] = detached
@@ -149,6 +156,21 @@ class Recorder:
             return None
 
         return function
+
+    def _check_positions(self, point: SitePoint, selected: torch.Tensor) -> None:
+        """Refuse a site tensor ``[batch, seq, ...]`` whose positions are kept but are not the input's
+        :py:attr:`tokens` (see the class description)."""
+        if self.tokens is None or selected.dim() < 2 or selected.shape[1] == self.tokens:
+            return
+        if self.reduce == 'sum' and (point.site, point.layer) not in self.keep:
+            return
+        raise ValueError(
+            f'{point.site} layer {point.layer} holds {selected.shape[1]} positions where the input has {self.tokens} '
+            'tokens (the model pads its input or adds positions of its own, such as a prompt in front or further '
+            'streams), so its positions are not the tokens: latent relevance per position, neuron targets and '
+            'conditions at this site are not available for this model; latent_reduce="sum" gives the sum over its '
+            'positions'
+        )
 
     def _reader(self, point: SitePoint, detached: torch.Tensor):
         """The gradient hook of a recorded site tensor ``x`` (``detached``): its relevance ``x * g`` and, for the

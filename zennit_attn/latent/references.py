@@ -245,7 +245,7 @@ class _Ranking:
             return
         ids, mask = _encode(self.tokenizer, kept, self.max_length)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        recorder = Recorder(self.used, None, mask)
+        recorder = Recorder(self.used, None, mask, tokens=ids.shape[1])
         values = self._record(recorder, ids, mask)
         for neuron, point in self.resolved.items():
             self._keep_best(neuron, point, values, recorder.activations, kept, ids, mask != 0)

@@ -215,7 +215,7 @@ def explain_latent(
     for point, _ in conditions:
         points.setdefault(point.site, find_sites(model, (point.site,))[point.site])
     mask = getattr(task, 'attention_mask', None)
-    recorder = Recorder(points, latent_reduce, mask, keep)
+    recorder = Recorder(points, latent_reduce, mask, keep, task.token_count())
     with recorder.recording(model), task.capturing():
         explanation = method.function(task, position=position, target=target, **params)
     recorded = None if latent is None else _latent_of(recorder, latent)

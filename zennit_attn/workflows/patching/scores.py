@@ -300,7 +300,7 @@ def _capture(model: torch.nn.Module, points, ids: torch.Tensor, metric: Metric) 
     """The hooked site tensors ``(site, layer) -> [pairs, seq, features]`` and the logits the metric reads of a plain
     forward pass of ``ids``."""
     keys = {(point.site, point.layer) for layer in points.values() for point in layer}
-    recorder = Recorder(points, keep=keys)
+    recorder = Recorder(points, keep=keys, tokens=ids.shape[1])
     with torch.no_grad(), recorder.recording(model):
         logits = metric.logits(model(input_ids=ids))
     missing = sorted(keys - set(recorder.tensors))
@@ -317,7 +317,8 @@ def _modified_gradients(model, leaf, points, metric: Metric, composite, resolve:
     """One forward and one backward pass of the input embeddings ``leaf``: the recorder holding each site's tensor and
     its (modified) gradient of the metric, the metric's value and the metric (resolved on these logits if
     ``resolve``)."""
-    recorder = Recorder(points, keep={(point.site, point.layer) for layer in points.values() for point in layer})
+    keys = {(point.site, point.layer) for layer in points.values() for point in layer}
+    recorder = Recorder(points, keep=keys, tokens=leaf.shape[1])
     leaf = leaf.detach().requires_grad_(True)
     with recorder.recording(model), metric_forward(model, leaf, metric, composite, resolve) as (value, start, metric):
         torch.autograd.grad(value, leaf, grad_outputs=start)
