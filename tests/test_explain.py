@@ -83,6 +83,13 @@ def test_padded_batch_equals_unpadded_rows(llama, side):
     assert_close(batch.relevance[0, real], alone.relevance[0], tol=1e-9)
     assert float(batch.relevance[0, mask[0] == 0].abs().max()) == 0.0
     assert_close(batch.relevance[1], explain(llama, long, target=6).relevance[0], tol=1e-9)
+    # a negative position counts back from each row's last token, not from the padding's end (before, -2 explained
+    # position 4 of the right-padded row, a pad's logit, instead of its token 2); too far back: the padding or nothing
+    earlier = explain(llama, torch.stack([padded, long]), attention_mask=mask, target=[5, 6], position=-2)
+    assert earlier.position.tolist() == [4 if side == 'left' else 2, 4]
+    assert_close(earlier.relevance[0, real], explain(llama, short, target=5, position=-2).relevance[0], tol=1e-9)
+    with pytest.raises(ValueError, match=r'position -5 is (before the first token of|a padding token in) row'):
+        explain(llama, torch.stack([padded, long]), attention_mask=mask, target=[5, 6], position=-5)
 
 
 def test_sequence_classification_is_explained_directly(bert):

@@ -173,7 +173,8 @@ def explain(
         (:py:class:`~zennit_attn.inputs.objectives.MapFunction`: ``lambda logits: logits[:, c].sum((-2, -1))``).
     position: int, sequence of int, tensor or None
         For 3-D outputs, the sequence position to explain (a decoder position for encoder-decoder models, the object
-        query of a detector). -1 (default) or None: the last non-padding token of each row; with a ``tokenizer``
+        query of a detector). -1 (default) or None: the last non-padding token of each row, and a negative position
+        counts back from it (-2: the token before it, also in a right-padded row); with a ``tokenizer``
         that has a mask token held once by every row, that token (a masked language model's prediction, not its
         last token ``[SEP]``); an image model with outputs per position (a detector's queries) needs it named.
         Ignored for 2-D outputs of text models (classification heads); refused for image classifiers.

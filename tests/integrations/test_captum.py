@@ -172,6 +172,10 @@ def test_attribute_batch_with_attention_mask(model, tokenizer):
     assert float(actual[1, 4:].abs().max()) == 0.0
     unmasked = explain(model, ids, target=targets).embedding_relevance
     assert float((unmasked[1] - expected[1]).abs().max()) > 1e-6
+    # by name (beyond captum's arguments: a model's second forward argument need not be the mask), not twice
+    assert_close(AttnLRP(model).attribute(ids, target=targets, attention_mask=mask), expected)
+    with pytest.raises(TypeError, match='got the attention mask twice'):
+        AttnLRP(model).attribute(ids, target=targets, additional_forward_args=(mask,), attention_mask=mask)
 
 
 def test_nothing_global(model, tokenizer):

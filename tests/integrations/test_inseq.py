@@ -10,6 +10,7 @@ import zennit_attn.integrations.inseq  # noqa: E402,F401  registers 'attnlrp' an
 from tests.models import tiny_model  # noqa: E402
 from tests.text_tokenizer import byte_level_tokenizer  # noqa: E402
 from zennit_attn import explain  # noqa: E402
+from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config  # noqa: E402
 
 PROMPT = 'The ice bear lives in the'
 FULL = PROMPT + ' Arctic.'
@@ -21,6 +22,15 @@ def model():
 
 
 @pytest.fixture(scope='module')
+def recurrent_gemma():
+    """A model whose forward takes ``position_ids`` second: inseq's steps passed the attention mask as the second
+    positional argument, which became its positions (relevance 39% off explain()'s); GPT-2's second is the cache."""
+    model_type, config_type = model_class('causal-lm', 'recurrent_gemma')
+    torch.manual_seed(0)
+    return model_type(tiny_config(config_type)).eval()
+
+
+@pytest.fixture(scope='module')
 def tokenizer():
     return byte_level_tokenizer(bos=False)
 
@@ -29,8 +39,10 @@ def test_registered_through_inseqs_registry():
     assert {'attnlrp', 'cplrp'} <= set(inseq.list_feature_attribution_methods())
 
 
+@pytest.mark.parametrize('family', ['model', 'recurrent_gemma', 'gpt2'])
 @pytest.mark.parametrize('method', ['attnlrp', 'cplrp'])
-def test_equals_explain(model, tokenizer, method):
+def test_equals_explain(family, tokenizer, method, request):
+    model = tiny_model('gpt2') if family == 'gpt2' else request.getfixturevalue(family)
     out = inseq.load_model(model, method, tokenizer=tokenizer).attribute(
         PROMPT, FULL, attributed_fn='logit', show_progress=False
     )

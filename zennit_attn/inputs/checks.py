@@ -821,16 +821,34 @@ def default_position(position) -> bool:
 
 def explained_positions(scores: torch.Tensor, position, mask) -> torch.Tensor | None:
     """The explained position of every row (``[batch]``, or ``[batch, pairs]``) for ``[batch, seq, ...]`` scores,
-    None for ``[batch, outputs]`` scores; -1 or None is each row's last non-padding position."""
+    None for ``[batch, outputs]`` scores; -1 or None is each row's last non-padding position, and a negative position
+    counts back from it (-2: the token before it; in a right-padded row, not the padding's end)."""
     if scores.dim() == 2:
         return None
     batch, seq = scores.shape[:2]
+    # each row's end: one after its last token that is not padding
+    if mask is None:
+        ends = torch.full((batch,), seq, device=scores.device)
+    else:
+        ends = ((mask != 0) * (torch.arange(seq, device=scores.device) + 1)).argmax(-1) + 1
     if default_position(position):
-        if mask is None:
-            return torch.full((batch,), seq - 1, device=scores.device)
-        order = torch.arange(seq, device=scores.device)
-        return ((mask != 0) * (order + 1)).argmax(-1)
-    positions = as_integers(position, 'position').to(scores.device)
+        return ends - 1
+    positions = _per_row(position, batch, seq, scores.device)
+    positions = torch.where(positions < 0, ends.view(-1, *([1] * (positions.dim() - 1))) + positions, positions)
+    before = sorted(set((positions < 0).nonzero()[:, 0].tolist()))
+    if before:
+        raise ValueError(f'position {position} is before the first token of row(s) {before}')
+    if mask is not None:
+        rows = torch.arange(batch, device=scores.device).view(-1, *([1] * (positions.dim() - 1)))
+        padded = sorted(set((mask[rows, positions] == 0).nonzero()[:, 0].tolist()))
+        if padded:
+            raise ValueError(f'position {position} is a padding token in row(s) {padded}')
+    return positions
+
+
+def _per_row(position, batch: int, seq: int, device) -> torch.Tensor:
+    """``position`` as integers, one per row (``[batch]``) or ``[batch, pairs]``, each within ``-seq .. seq - 1``."""
+    positions = as_integers(position, 'position').to(device)
     if positions.dim() < 2:
         positions = positions.flatten()
         if positions.numel() == 1:
@@ -839,12 +857,6 @@ def explained_positions(scores: torch.Tensor, position, mask) -> torch.Tensor | 
             raise ValueError(f'position needs one entry per row ({batch}), got {positions.numel()}')
     if bool(((positions < -seq) | (positions >= seq)).any()):
         raise ValueError(f'position {position} is out of range for sequence length {seq}')
-    positions = positions % seq
-    if mask is not None:
-        rows = torch.arange(batch, device=scores.device).view(-1, *([1] * (positions.dim() - 1)))
-        padded = sorted(set((mask[rows, positions] == 0).nonzero()[:, 0].tolist()))
-        if padded:
-            raise ValueError(f'position {position} is a padding token in row(s) {padded}')
     return positions
 
 

@@ -136,6 +136,7 @@ class LRPAttribution(LayerGradientXActivation):
         attribute_to_layer_input: bool = False,
         *,
         position: int = -1,
+        attention_mask: torch.Tensor | None = None,
         **unsupported,
     ) -> torch.Tensor:
         """Relevance of the word embeddings for the logit of token ``target`` at ``position``.
@@ -157,6 +158,11 @@ class LRPAttribution(LayerGradientXActivation):
             Must be False: the word-embedding layer's input is token ids, which carry no relevance.
         position: int
             The explained position; -1 (default): the last non-padding token of each row.
+        attention_mask: torch.Tensor, optional
+            ``[batch, seq]`` the attention mask by name (beyond captum's arguments), for a caller that holds it apart
+            from the model's positional arguments: ``additional_forward_args`` are the arguments of ``model.forward``
+            in its order, where the second is ``attention_mask`` for most models but the cache for GPT-2, Falcon and
+            Bloom and ``position_ids`` for RecurrentGemma (inseq's steps pass it so).
 
         Returns
         -------
@@ -200,7 +206,9 @@ class LRPAttribution(LayerGradientXActivation):
         if self.forward_func is not self.model:
             return self._attribute_llm(inputs, target, additional_forward_args, position)
         kwargs = self._forward_kwargs(additional_forward_args)
-        attention_mask = kwargs.pop('attention_mask', None)
+        if attention_mask is not None and 'attention_mask' in kwargs:
+            raise TypeError(f'{name}.attribute() got the attention mask twice: by name and in additional_forward_args')
+        attention_mask = kwargs.pop('attention_mask', attention_mask)
         decoder_input_ids = kwargs.pop('decoder_input_ids', None)
         return self._relevance(inputs, _token_target(target), position, attention_mask, kwargs, decoder_input_ids)
 

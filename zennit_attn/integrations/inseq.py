@@ -104,10 +104,7 @@ class AttnLRPAttribution(FeatureAttribution):
                 "logit: pass attributed_fn='logit' to attribute()"
             )
         relevance = self.method.attribute(
-            input_ids,
-            target=target_ids.reshape(-1),
-            additional_forward_args=(attention_mask,),
-            **(attribution_args or {}),
+            input_ids, target=target_ids.reshape(-1), attention_mask=attention_mask, **(attribution_args or {})
         )
         return FeatureAttributionStepOutput(target_attributions=relevance.sum(-1), step_scores={})
 
