@@ -105,7 +105,11 @@ def test_kept_context_and_spans(tokenizer):
     context, spans = source_spans(CONTEXT, 'sentences')
     prompt = SourcePrompt(context, spans, QUERY, 'Context: {context}\nQuestion: {query}\nAnswer:', False, tokenizer)
     assert prompt.kept_context([True, False, True])[0] == 'The ice bear lives in the Arctic. A bear is big.'
-    assert prompt.kept_context([False, True, False])[0] == 'The penguin lives in the south. '
+    # the separator before a removed last source goes with it (it was kept: '... south. ' before '\nQuestion:'): the
+    # ablated prompt is the prompt of the context without that source
+    assert prompt.kept_context([False, True, False])[0] == 'The penguin lives in the south.'
+    assert prompt.kept_context([True, True, False])[0] == CONTEXT[: CONTEXT.index(' A bear')]
+    assert prompt.kept_context([False, False, False])[0] == ''
     text, spans = prompt.text([True, False, True])
     assert spans[1] is None and [text[a:b] for a, b in (spans[0], spans[2])] == [prompt.sources[0], prompt.sources[2]]
     joined, spans = source_spans(['doc one.', 'doc two.'], 'documents')

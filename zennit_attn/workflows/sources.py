@@ -108,21 +108,24 @@ class SourcePrompt:
         return [self.context[start:end] for start, end in self.spans]
 
     def kept_context(self, keep: Sequence[bool] | None = None) -> tuple[str, list[tuple[int, int] | None]]:
-        """The context without the sources where ``keep`` is False (each with the text up to the next source), and
-        the span of every source in it (None for a removed one)."""
+        """The context without the sources where ``keep`` is False (each with the text up to the next source; after
+        the last source kept, the context's own end: removing the last sentence of ``'A. B. C.'`` leaves ``'A. B.'``,
+        not ``'A. B. '``), and the span of every source in it (None for a removed one)."""
         keep = [True] * len(self.spans) if keep is None else [bool(value) for value in keep]
         if len(keep) != len(self.spans):
             raise ValueError(f'keep needs one value per source ({len(self.spans)}), got {len(keep)}')
+        last = max((index for index, kept in enumerate(keep) if kept), default=None)
         pieces, spans = [self.context[: self.spans[0][0]]], []
-        cursor = len(pieces[0])
         for index, (start, end) in enumerate(self.spans):
-            following = self.spans[index + 1][0] if index + 1 < len(self.spans) else len(self.context)
             if not keep[index]:
                 spans.append(None)
                 continue
-            pieces.append(self.context[start:following])
+            cursor = sum(len(piece) for piece in pieces)
+            following = self.spans[index + 1][0] if index + 1 < len(self.spans) else len(self.context)
+            pieces.append(self.context[start:following] if index != last else self.context[start:end])
             spans.append((cursor, cursor + end - start))
-            cursor += following - start
+        if last is not None:
+            pieces.append(self.context[self.spans[-1][1] :])
         return ''.join(pieces), spans
 
     def text(self, keep: Sequence[bool] | None = None) -> tuple[str, list[tuple[int, int] | None]]:
