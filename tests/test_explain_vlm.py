@@ -371,6 +371,19 @@ def test_batch_rows_equal_pairs_alone(family):
         assert abs(batch.total(row) - float(batch.logit[row])) < 1e-12 * max(1.0, abs(float(batch.logit[row])))
     if family == 'siglip':  # the pooled position is the last pad: it carries relevance
         assert bool((batch.attention_mask[0] == 0).any()) and float(batch.relevance[0, -1].abs()) > 0
+    # padded on the left, a text is not the text alone (CLIP: its tokens at later learned positions, a score of 4.53
+    # for 0.50 alone in a tiny CLIP with its biases; BLIP pools a pad): refused, SigLIP's padding being an input
+    side = processor.tokenizer.padding_side
+    processor.tokenizer.padding_side = 'left'
+    try:
+        encoding = processor(text=texts, images=images, return_tensors='pt', **padding)
+        if family == 'siglip':
+            assert explain(model, encoding, processor=processor, method='cplrp').logit.shape == (2,)
+        else:
+            with pytest.raises(ValueError, match='CLIPModel: the texts are padded on the left'):
+                explain(model, encoding, processor=processor, method='cplrp')
+    finally:
+        processor.tokenizer.padding_side = side
 
 
 def test_padding_the_model_reads_is_refused():

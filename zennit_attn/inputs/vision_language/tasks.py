@@ -161,6 +161,7 @@ class _PixelLeaf:
         super().__init__(model, encoding, None, model_kwargs)
         self.processor = processor
         self.pixels = self._check_pixels(pixels)
+        _patch_size(model)  # read for the images' patches: refused here, before the passes, where it cannot be told
 
     def _check_pixels(self, pixels) -> torch.Tensor:
         if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
@@ -325,12 +326,12 @@ class SimilarityTask(_PixelLeaf, TokenTask):
     def __init__(self, model: torch.nn.Module, encoding: Mapping, model_kwargs: dict | None = None, processor=None):
         super().__init__(model, encoding, model_kwargs, processor)
         pixels = self.pixels
-        if pixels.dim() != 4 or pixels.shape[0] not in (1, self.batch):
+        self.layout = image_layout(model, pixels, self.model_kwargs)
+        if pixels.shape[0] not in (1, self.batch):
             raise ValueError(
                 f'pixel_values of shape {tuple(pixels.shape)} for {self.batch} texts: give one image or one per text'
             )
         self.pixels = pixels.expand(self.batch, *pixels.shape[1:]).clone()
-        self.layout = image_layout(model, self.pixels, {})
 
     @staticmethod
     def word_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -345,8 +346,19 @@ class SimilarityTask(_PixelLeaf, TokenTask):
         return self.forward(inputs, None, model, **extra)
 
     def _set_model_kwargs(self) -> None:
-        if self.attention_mask is not None:
-            self.model_kwargs['attention_mask'] = self.attention_mask
+        """The attention mask; texts padded on the left are refused (except where the padding is an input,
+        :py:meth:`padding_is_input`): a left-padded text would be another input than the text alone, its tokens at
+        later positions (CLIP's learned positions: the score 4.53 where the text alone scores 0.50) or its pooled
+        first token a pad (BLIP, Chinese-CLIP), which the padding check cannot see where a pad's embedding is 0."""
+        if self.attention_mask is None:
+            return
+        self.model_kwargs['attention_mask'] = self.attention_mask
+        if bool((self.attention_mask[:, 0] == 0).any()) and not self.padding_is_input():
+            raise ValueError(
+                f'{type(self.model).__name__}: the texts are padded on the left, so a padded text is not the text '
+                'alone (its tokens at later positions, or a pad where the model pools its first token); pad them on '
+                "the right (tokenizer.padding_side = 'right', the processors' default)"
+            )
 
     def forward(self, inputs, rows=None, model=None, **extra):
         output = self.run(inputs, rows, model, **extra)
