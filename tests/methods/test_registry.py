@@ -226,11 +226,7 @@ ATTENTION_MAPS = ('attention_rollout', 'grad_attention_rollout', 'gradcam')
 PADDING_TOLERANCE = {name: 1e-6 for name in ATTENTION_MAPS}
 #: Methods whose padded rows are not yet the rows alone, and why. The test checks that they still differ (so that an
 #: entry is removed once its method is fixed) and reports them as xfail; everything else is asserted for them too.
-NOT_PADDING_INVARIANT = {
-    'smoothgrad': "zennit's SmoothGrad draws the noise for the whole batch at once and scales it by each row's input "
-    'range, pads included (the rows here are off by 2-50%, not less with more samples): draw it per row from a '
-    "generator seeded with the row's content, as 'random' does, over the real tokens",
-}
+NOT_PADDING_INVARIANT: dict[str, str] = {}
 PADDING_CASES = [
     *(pytest.param(name, FAST.get(name, {}), None, id=name) for name in METHODS if name not in NOT_PADDING_INVARIANT),
     # SmoothGrad without noise (input x gradient through SmoothGrad's own path) is invariant

@@ -14,9 +14,16 @@ from zennit.attribution import IntegratedGradients, SmoothGrad
 
 from ..inputs.task import Task
 from ..rules import contiguous_gradient
-from .selection import Selected, forked_random_state
+from .selection import RowRandomness, Selected, row_randomness
 
-__all__ = ['input_x_gradient', 'integrated_gradients', 'smoothgrad', 'batch_norm_gradients', 'BATCH_NORMS']
+__all__ = [
+    'input_x_gradient',
+    'integrated_gradients',
+    'smoothgrad',
+    'RowSmoothGrad',
+    'batch_norm_gradients',
+    'BATCH_NORMS',
+]
 
 #: The batch normalisation modules whose output gradient the baselines make contiguous.
 BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
@@ -78,12 +85,52 @@ def smoothgrad(
 ):
     """SmoothGrad (Smilkov et al. 2017) by zennit's :py:class:`zennit.attribution.SmoothGrad`: the mean gradient
     over ``samples`` inputs with Gaussian noise of standard deviation ``sigma`` times the range (max - min) of each
-    row's input (zennit's ``noise_level``; the paper uses ``sigma=0.1``; zennit's last sample is noise-free). With
-    ``multiply_input`` (default) the mean gradient is multiplied by the input, a signed relevance like gradient x
-    input; otherwise the gradient itself is returned. Cost: ``samples`` forward and backward passes (plus one plain
-    forward)."""
+    row's input (zennit's ``noise_level``; the paper uses ``sigma=0.1``; zennit's last sample is noise-free). The noise
+    of a row is drawn on its tokens alone (:py:class:`RowSmoothGrad`): its range leaves the padding out, and with an
+    integer ``seed`` its numbers come from the row's own generator (:py:func:`~.selection.row_randomness`), so that a
+    text gets the same relevance alone as in a padded batch. With ``multiply_input`` (default) the mean gradient is
+    multiplied by the input, a signed relevance like gradient x input; otherwise the gradient itself is returned.
+    Cost: ``samples`` forward and backward passes (plus one plain forward)."""
     logit = task.resolve_plain(position, target)
-    attributor = SmoothGrad(Selected(task), noise_level=sigma, n_iter=samples)
-    with torch.enable_grad(), forked_random_state(seed, task.inputs.device), batch_norm_gradients(task.model):
+    attributor = RowSmoothGrad(Selected(task), row_randomness(task, seed), noise_level=sigma, n_iter=samples)
+    with torch.enable_grad(), batch_norm_gradients(task.model):
         _, gradient = attributor(task.inputs.clone(), torch.ones_like)
     return task.finish(gradient * task.inputs if multiply_input else gradient, logit, 'smoothgrad')
+
+
+class RowSmoothGrad(SmoothGrad):
+    """zennit's :py:class:`~zennit.attribution.SmoothGrad` with the noise of each row drawn from the row alone: on its
+    tokens (``rows[r].valid``; every entry of a row without tokens, pixels), scaled by the range of those entries, from
+    its generator (``rows[r].generator``; the global random state where it is None). zennit draws one noise tensor for
+    the batch and scales it by each row's range over all its entries, padding included: a padded text's noise then
+    depended on its pad tokens' embeddings (21% larger noise for another pad id, relevance 1.5e-3 apart on a scale of
+    0.053) and on the other rows of its batch."""
+
+    def __init__(self, model, rows: list[RowRandomness], **kwargs):
+        super().__init__(model, **kwargs)
+        self.rows = rows
+
+    def forward(self, input, attr_output_fn):
+        result = torch.zeros_like(input)
+        for sample in range(self.n_iter):
+            # zennit's convention: the last sample is the input itself (one sample is the gradient)
+            epsilon = torch.zeros_like(input) if sample == self.n_iter - 1 else self.noise(input)
+            output, gradient = self.grad(input + epsilon, attr_output_fn)
+            result += gradient / self.n_iter
+        return output, result
+
+    def noise(self, input: torch.Tensor) -> torch.Tensor:
+        """One draw of the noise of every row (0 at padding)."""
+        epsilon = torch.zeros_like(input)
+        for row, (valid, generator) in enumerate(self.rows):
+            values = input[row] if valid is None else input[row, valid.to(input.device)]
+            scale = self.noise_level * (values.amax() - values.amin())
+            if generator is None:
+                drawn = torch.randn(values.shape, dtype=input.dtype, device=input.device)
+            else:
+                drawn = torch.randn(values.shape, generator=generator, dtype=input.dtype).to(input.device)
+            if valid is None:
+                epsilon[row] = drawn * scale
+            else:
+                epsilon[row, valid.to(input.device)] = drawn * scale
+        return epsilon

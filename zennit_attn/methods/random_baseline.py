@@ -3,20 +3,12 @@ seeded by the input's content."""
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from ..inputs.task import Task
+from .selection import row_randomness
 
 __all__ = ['random']
-
-
-def _content_seed(seed: int, values: torch.Tensor) -> int:
-    """A seed from ``seed`` and the bytes of ``values``: the same for the same input, another for another input."""
-    digest = hashlib.sha256(str(seed).encode())
-    digest.update(values.detach().cpu().contiguous().numpy().tobytes())
-    return int.from_bytes(digest.digest()[:8], 'little') & (2**63 - 1)
 
 
 def random(task: Task, position=-1, target=None, seed: int | None = 0):
@@ -34,15 +26,7 @@ def random(task: Task, position=-1, target=None, seed: int | None = 0):
         relevance = torch.randn(shape, dtype=torch.float64)
     else:
         relevance = torch.zeros(shape, dtype=torch.float64)
-        ids = getattr(task, 'input_ids', None)
-        mask = getattr(task, 'attention_mask', None)
-        for row in range(shape[0]):
-            if ids is not None and ids.shape == shape:
-                valid = torch.ones(shape[1], dtype=torch.bool) if mask is None else (mask[row] != 0).cpu()
-                content = ids[row].cpu()[valid]
-            else:
-                valid, content = None, task.inputs[row]
-            generator = torch.Generator().manual_seed(_content_seed(seed, content))
+        for row, (valid, generator) in enumerate(row_randomness(task, seed)):
             if valid is None:
                 relevance[row] = torch.randn(shape[1:], generator=generator, dtype=torch.float64)
             else:

@@ -21,6 +21,10 @@ def test_step_counts_cover_all_features():
     assert step_counts(8, 4) == [0, 2, 4, 6, 8]
     assert step_counts(3, 16) == [0, 1, 2, 3]
     assert step_counts(10, 3)[-1] == 10
+    assert step_counts(0, 4) == [0, 0]  # no feature: one step
+    for steps in (0, -5, 2.5, True):  # ran as one step before: a flat curve and a score of 0
+        with pytest.raises(ValueError, match='steps must be a positive integer'):
+            step_counts(8, steps)
 
 
 @pytest.mark.parametrize('mode', ['flipping', 'insertion'])

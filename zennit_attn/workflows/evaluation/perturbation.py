@@ -25,6 +25,7 @@ uneven steps.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,7 +71,15 @@ class Curves:
 
 def step_counts(features: int, steps: int) -> list[int]:
     """How many features are changed after each of ``steps`` steps (``steps + 1`` counts from 0 to ``features``);
-    ``steps`` is capped at ``features``."""
+    ``steps`` is capped at ``features`` (one step where there are none).
+
+    Raises
+    ------
+    ValueError
+        For ``steps`` that is not a positive integer (0 or fewer steps ran as one: a flat curve, a score of 0).
+    """
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+        raise ValueError(f'steps must be a positive integer, got {steps!r}')
     steps = max(1, min(steps, features))
     return [round(k * features / steps) for k in range(steps + 1)]
 
