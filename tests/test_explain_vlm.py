@@ -657,3 +657,15 @@ def test_encoder_decoder_with_images_is_refused():
     encoding = processor(text=f'w10 {processor.image_token} w11', images=[image()], return_tensors='pt')
     with pytest.raises(UnsupportedModelError, match='T5Gemma2ForConditionalGeneration is an encoder-decoder model'):
         explain(model, dict(encoding), processor=processor)
+
+
+def test_palrp_refuses_a_position_table_held_as_a_parameter():
+    """BLIP's vision tower holds its position table as a parameter, a constant of the explanation: PA-LRP read the
+    text tower's table alone and gave position relevance without the vision positions' share. Refused, naming it."""
+    config = configs.tiny_config(transformers.BlipConfig)
+    torch.manual_seed(0)
+    model = transformers.BlipModel(config).double().eval()
+    vocab = model.text_model.get_input_embeddings().num_embeddings
+    processor = processors.build_processor(model, config, vocab, set())
+    with pytest.raises(ValueError, match=r"BlipModel holds a position table as a parameter \('vision_model"):
+        explain(model, ['w4 w5 w6'], images=processors.small_image(), processor=processor, method='palrp')

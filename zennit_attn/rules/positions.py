@@ -47,6 +47,12 @@ class PositionEncoding:
 
 #: Attribute names of learned (or fixed sinusoidal) absolute position tables held as embedding modules.
 _TABLE_NAMES = frozenset({'wpe', 'position_embeddings', 'position_embedding', 'embed_positions'})
+#: Names of position tables held as parameters (ViT's ``pos_embed``, BLIP's and TIPSv2's vision towers'
+#: ``position_embedding``), which are constants of the explanation, not inputs: PA-LRP refuses a model that holds one
+#: beside the encodings it reads (their share of the relevance would be missing from the positions' without a word).
+_PARAMETER_TABLE_NAMES = frozenset(
+    {'pos_embed', 'pos_embedding', 'position_embedding', 'position_embeddings', 'positional_embedding'}
+)
 
 
 def _rotary(name: str, module: torch.nn.Module) -> bool:
@@ -123,7 +129,8 @@ class PositionInputs:
         Raises
         ------
         ValueError
-            If the model has no position encoding of :py:data:`POSITION_ENCODINGS`.
+            If the model has no position encoding of :py:data:`POSITION_ENCODINGS`, or holds a position table as a
+            parameter besides.
         """
         found = position_encodings(modules)
         if not found:
@@ -132,6 +139,13 @@ class PositionInputs:
                 f'{type(model).__name__} has no position encoding that PA-LRP gives relevance ({kinds}): positions '
                 'held as parameters (ViT position tables), attention biases (ALiBi, T5) and encodings computed '
                 'inline are not inputs of the explanation; explain without positions=True'
+            )
+        held = [name for name, _ in model.named_parameters() if name.rsplit('.', 1)[-1] in _PARAMETER_TABLE_NAMES]
+        if held:
+            raise ValueError(
+                f'{type(model).__name__} holds a position table as a parameter ({held[0]!r}) beside the position '
+                f'encodings PA-LRP reads ({found[0][0]!r}, ...): a parameter is a constant of the explanation, so the '
+                "positions' relevance would miss its share; explain without positions=True"
             )
         self.names = [name for name, _, _ in found]
         handles = [model.register_forward_pre_hook(self._batch_size, with_kwargs=True, prepend=True)]
