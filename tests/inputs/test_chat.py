@@ -53,6 +53,26 @@ def test_answer_equals_explain_on_the_templated_ids(llama, chat_tokenizer):
     assert sum(not flag for flag in template) == len(question) + len(answer)
 
 
+def test_contents_that_occur_in_the_template_are_found_at_their_turn(llama, chat_tokenizer):
+    """A content found by its text was found where the text first occurs: the answer 'a' inside the role marker
+    'assistant' (its logit explained instead of the answer's, and the answer marked as template), a message 'user'
+    in the marker of its own turn. Each is found where the conversation rendered with it replaced holds the
+    replacement."""
+    messages = [{'role': 'user', 'content': 'user'}, {'role': 'assistant', 'content': 'a'}]
+    ids = templated_ids(chat_tokenizer, messages)
+    prompt = templated_ids(chat_tokenizer, messages[:1], add_generation_prompt=True)
+    answer = chat_tokenizer.encode('a')
+    assert ids[len(prompt) : len(prompt) + len(answer)] == answer
+    chat = encode_chat(chat_tokenizer, messages)
+    assert chat.answer == [(len(prompt) - 1, answer[0])]
+    content = [position for position, flag in enumerate(chat.template[0].tolist()) if not flag]
+    user = chat_tokenizer.encode('user')
+    assert content == [5 + index for index in range(len(user))] + [len(prompt)]  # after '<s>user\n', the answer
+    explained = explain(llama, messages, tokenizer=chat_tokenizer, method='cplrp')
+    reference = explain(llama, torch.tensor([ids]), target=[(len(prompt) - 1, answer[0])], method='cplrp')
+    assert torch.equal(explained.logit, reference.logit) and torch.equal(explained.relevance, reference.relevance)
+
+
 def test_heatmaps_hide_the_template_unless_asked(llama, chat_tokenizer):
     chat = explain(llama, MESSAGES, tokenizer=chat_tokenizer)
     shown, everything = io.StringIO(), io.StringIO()

@@ -173,29 +173,39 @@ def encode_chat(tokenizer, messages) -> ChatEncoding:
         )
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoding['input_ids'], encoding['offset_mapping']
-    spans = _content_spans(text, messages)
+    spans = _content_spans(tokenizer, messages, text, not answered)
     template = torch.tensor([[not any(_overlaps(offset, span) for span in spans) for offset in offsets]])
     answer = _answer_pairs(ids, offsets, spans[-1]) if answered else []
     return ChatEncoding(input_ids=torch.tensor([ids], dtype=torch.long), template=template, answer=answer, text=text)
 
 
-def _content_spans(text: str, messages) -> list[tuple[int, int] | None]:
-    """The character span of each message's content in the rendered ``text`` (None for an empty content), found in
-    order; a template that does not render a content as it is is refused."""
-    spans, cursor = [], 0
+#: Stands in for one message's content while the conversation is rendered again to find where that content begins
+#: (:py:func:`_content_spans`): a string no template adds and no message is likely to hold.
+_PLACEHOLDER = 'Zq7xPlaceholderOfZennitAttnQ9v'
+
+
+def _content_spans(tokenizer, messages, text: str, generation_prompt: bool) -> list[tuple[int, int] | None]:
+    """The character span of each message's content in the rendered ``text`` (None for an empty content). Each is
+    found where the conversation rendered with that content replaced by :py:data:`_PLACEHOLDER` holds the placeholder,
+    not where the content's text first occurs: an answer ``'a'`` occurs in the role marker ``assistant`` before it,
+    and a message ``'user'`` in the marker of its own turn. A template that does not render a content as it is is
+    refused."""
+    spans = []
     for index, message in enumerate(messages):
         content = message['content']
         if not content:
             spans.append(None)
             continue
-        start = text.find(content, cursor)
-        if start < 0:
+        marked = [dict(item) for item in messages]
+        marked[index]['content'] = _PLACEHOLDER
+        rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=generation_prompt)
+        start = rendered.find(_PLACEHOLDER)
+        if start < 0 or text[start : start + len(content)] != content:
             raise ValueError(
                 f'the chat template does not render message {index} ({message["role"]}) with its '
                 "content as it is: cannot tell its tokens from the template's"
             )
         spans.append((start, start + len(content)))
-        cursor = start + len(content)
     return spans
 
 
