@@ -12,6 +12,7 @@ from zennit.attribution import Gradient
 
 from tests.models import tiny_model, token_ids
 from tests.numbers import assert_close
+from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 
@@ -441,3 +442,23 @@ def test_one_call_walks_the_modules_once(method):
     model.walks = 0
     explain(model, tokens, target=5, method=method)
     assert model.walks == 1
+
+
+def test_a_decoder_classifier_is_padded_with_its_pad_token():
+    """A decoder's sequence classifier scores the last token that is not its pad token, which it finds in the ids:
+    texts padded with the end-of-sequence token (a tokenizer without a pad token) made it score a pad (0.013 where
+    the row alone gives 0.136, the pad's relevance left out). explain() pads texts with the model's pad token where
+    the tokenizer has none, and a batch padded with another id is refused."""
+    model = tiny_model('llama', head='seq_cls', zero_bias=True, attn_implementation='sdpa')
+    model.config.pad_token_id = 0
+    tokenizer = byte_level_tokenizer(pad=False)
+    texts = ['The ice bear lives in the', 'The polar bear lives in the north, the penguin']
+    batch = explain(model, texts, tokenizer=tokenizer, target=1, method='cplrp')
+    alone = explain(model, texts[0], tokenizer=tokenizer, target=1, method='cplrp')
+    real = batch.attention_mask[0].bool()
+    assert int(batch.input_ids[0, ~real].unique()) == 0
+    assert_close(batch.logit[0], alone.logit[0], tol=1e-12)
+    assert_close(batch.relevance[0, real], alone.relevance[0], tol=1e-12)
+    eos = batch.input_ids.masked_fill(~batch.attention_mask.bool(), tokenizer.eos_token_id)
+    with pytest.raises(ValueError, match=r'finds its padding in the ids by its pad token \(id 0\), but the padding'):
+        explain(model, eos, attention_mask=batch.attention_mask, target=1, method='cplrp')

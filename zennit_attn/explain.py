@@ -14,7 +14,7 @@ from .canonizers.checkpointing import checkpointed
 from .core.blocks import block_stacks
 from .core.modules import is_encoder_decoder
 from .inputs.chat import encode_chat, is_conversation
-from .inputs.checks import default_position, token_ids
+from .inputs.checks import default_position, model_pad_token, token_ids
 from .inputs.objectives import RUNNER_UP, objective_for
 from .inputs.task import OutputField, make_task
 from .inputs.vision_language import (
@@ -40,19 +40,23 @@ def _is_texts(value) -> bool:
     )
 
 
-def encode_texts(tokenizer, texts) -> BatchEncoding:
+def encode_texts(tokenizer, texts, pad_token_id: int | None = None) -> BatchEncoding:
     """Tokenise a text, or a list of texts padded to one length, as :py:func:`explain` does.
 
     A list is padded on the tokenizer's ``padding_side`` with its pad token, or, for tokenizers without one (GPT-2,
-    Llama), with its end-of-sequence token, as Hugging Face users do with ``tokenizer.pad_token =
-    tokenizer.eos_token`` (the tokenizer itself is not changed). Padding is masked by the ``attention_mask`` and gets
-    no relevance, so the pad id does not matter.
+    Llama), with ``pad_token_id`` (the model's pad token, which :py:func:`explain` passes) or else the end-of-sequence
+    token, as Hugging Face users do with ``tokenizer.pad_token = tokenizer.eos_token`` (the tokenizer itself is not
+    changed). Padding is masked by the ``attention_mask`` and gets no relevance; the pad id matters only to a model
+    that finds its padding in the ids by its pad token (a decoder's sequence classifier scores the last token that is
+    not it), for which padding with another id is refused (:py:func:`~zennit_attn.inputs.checks.check_pad_ids`).
 
     Parameters
     ----------
     tokenizer
         A Hugging Face tokenizer.
     texts: str or sequence of str
+    pad_token_id: int, optional
+        The id to pad with where the tokenizer has no pad token (default: its end-of-sequence token).
 
     Returns
     -------
@@ -82,7 +86,7 @@ def encode_texts(tokenizer, texts) -> BatchEncoding:
         encoding = tokenizer(texts, return_tensors='pt', padding=True)
         lengths = encoding['attention_mask'].sum(-1).tolist()
     else:
-        pad = getattr(tokenizer, 'eos_token_id', None)
+        pad = pad_token_id if pad_token_id is not None else getattr(tokenizer, 'eos_token_id', None)
         if pad is None:
             raise ValueError(
                 'the tokenizer has no pad token and no end-of-sequence token to pad the texts with: set '
@@ -319,7 +323,7 @@ def explain(
         return _explain_multimodal(
             model, input_ids, images, processor, target, position, method, entry, params, model_kwargs, text_arguments
         )
-    input_ids, target, chat = _text_input(input_ids, target, tokenizer)
+    input_ids, target, chat = _text_input(model, input_ids, target, tokenizer)
     position = _masked_position(model, input_ids, position, tokenizer)
     _check_inside_target(target, objective, contrast, condition, checkpointing)
     target, objective = _objective(tokenizer, target, contrast, objective)
@@ -410,10 +414,11 @@ def _check_checkpointing(checkpointing, method: str, entry) -> None:
         )
 
 
-def _text_input(input_ids, target, tokenizer) -> tuple:
+def _text_input(model, input_ids, target, tokenizer) -> tuple:
     """``(input_ids, target, chat)`` of :py:func:`explain` on a language model: a conversation rendered by the chat
     template (``chat`` its :py:func:`~zennit_attn.inputs.chat.encode_chat`; an answer that ends it becomes the
-    target), texts tokenised by :py:func:`encode_texts`, anything else as it is (``chat`` None)."""
+    target), texts tokenised by :py:func:`encode_texts` (padded with the model's pad token where the tokenizer has
+    none), anything else as it is (``chat`` None)."""
     if is_conversation(input_ids):
         chat = encode_chat(tokenizer, input_ids)
         if chat.answer:
@@ -425,7 +430,7 @@ def _text_input(input_ids, target, tokenizer) -> tuple:
             target = chat.answer
         return chat.input_ids, target, chat
     if tokenizer is not None and _is_texts(input_ids):
-        return encode_texts(tokenizer, input_ids), target, None
+        return encode_texts(tokenizer, input_ids, model_pad_token(model)), target, None
     return input_ids, target, None
 
 

@@ -82,6 +82,14 @@ def test_heatmaps_hide_the_template_unless_asked(llama, chat_tokenizer):
     assert '<s>' in everything.getvalue() and '</s>' in everything.getvalue()
     # hidden tokens keep their relevance
     assert float(chat.relevance[0, chat.template[0]].abs().sum()) > 0
+    # tokens() lists what the heatmaps show; with the template, one token per entry of the relevance
+    assert len(chat.tokens()) == int((~chat.template[0]).sum())
+    assert len(chat.tokens(template=True)) == chat.relevance.shape[1]
+    # the hidden template ends a word: the question's last word and the answer's first are two words (before: one
+    # word ' livein' of both messages, their relevance summed)
+    messages = [{'role': 'user', 'content': 'where does the ice bear live'}, MESSAGES[1]]
+    words = explain(llama, messages, tokenizer=chat_tokenizer).tokens(words=True)
+    assert words == ['where', ' does', ' the', ' ice', ' bear', ' live', 'in', ' the', ' Arctic', '.']
 
 
 def test_without_an_answer_the_next_token_after_the_generation_prompt(llama, chat_tokenizer):

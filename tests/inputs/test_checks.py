@@ -27,6 +27,7 @@ from zennit_attn.inputs.checks import (
     model_facts,
     rule_hooks,
     sees_later_tokens,
+    split_encoding,
 )
 from zennit_attn.inputs.lookups import id_tables
 from zennit_attn.workflows.architecture_check.configs import tiny_config
@@ -315,3 +316,15 @@ def test_the_facts_keep_no_model_alive(ids):
     del model
     gc.collect()
     assert reference() is None
+
+
+def test_a_field_given_twice_must_agree():
+    """The attention mask given as an argument and in the input mapping must agree, and so must any other field given
+    in model_kwargs and in the mapping (before, model_kwargs' token_type_ids won without a word)."""
+    encoding = {'input_ids': torch.tensor([[5, 6, 7]]), 'token_type_ids': torch.tensor([[0, 0, 1]])}
+    ids, mask, kwargs = split_encoding(encoding, None, {'token_type_ids': torch.tensor([[0, 0, 1]])})
+    assert mask is None and torch.equal(kwargs['token_type_ids'], encoding['token_type_ids'])
+    with pytest.raises(ValueError, match='token_type_ids was given twice'):
+        split_encoding(encoding, None, {'token_type_ids': torch.tensor([[0, 1, 1]])})
+    with pytest.raises(ValueError, match='attention_mask was given twice'):
+        split_encoding(dict(encoding, attention_mask=torch.ones(1, 3)), torch.tensor([[1, 1, 0]]))

@@ -41,6 +41,8 @@ __all__ = [
     'sees_later_tokens',
     'run_probe',
     'reads_ids',
+    'model_pad_token',
+    'check_pad_ids',
     'check_embeddings_run',
     'embedding_probe',
     'keeps_left_padding',
@@ -178,6 +180,38 @@ def reads_ids(model: torch.nn.Module, facts: ModelFacts | None = None) -> str | 
     where that is the pad token)."""
     kind, reason = embedding_probe(model, facts)
     return reason if kind == 'differs' else None
+
+
+def model_pad_token(model: torch.nn.Module) -> int | None:
+    """The pad token id of ``model``'s configuration (None where it has none)."""
+    pad = getattr(getattr(model, 'config', None), 'pad_token_id', None)
+    return pad if isinstance(pad, int) and not isinstance(pad, bool) else None
+
+
+def check_pad_ids(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, facts: ModelFacts | None = None
+) -> None:
+    """Refuse padding with another id than the model's pad token for a model that finds its padding in the ids
+    (:py:func:`reads_ids`: a decoder's sequence classifier scores the last token that is not its pad token): it would
+    score a pad, whose relevance is left out (a Llama classifier right-padded with its end-of-sequence token explained
+    0.013 where the row alone gives 0.136).
+
+    Raises
+    ------
+    ValueError
+        Naming the model's pad token and the ids the padding holds.
+    """
+    padded = attention_mask == 0
+    pad = model_pad_token(model)
+    if pad is None or not bool(padded.any()) or reads_ids(model, facts) is None:
+        return
+    held = sorted(set(input_ids[padded.to(input_ids.device)].tolist()) - {pad})
+    if held:
+        raise ValueError(
+            f'{type(model).__name__} finds its padding in the ids by its pad token (id {pad}), but the padding of the '
+            f'input holds id(s) {held[:3]}: it would score a pad instead of the last token; pad with id {pad} '
+            f'(tokenizer.pad_token_id = {pad}) or explain the rows one at a time'
+        )
 
 
 def check_embeddings_run(model: torch.nn.Module, facts: ModelFacts | None = None) -> None:
@@ -961,8 +995,9 @@ def check_length(model: torch.nn.Module, length: int, name: str) -> None:
 
 def split_encoding(input_ids, attention_mask=None, model_kwargs: dict | None = None) -> tuple[object, object, dict]:
     """``(input_ids, attention_mask, model_kwargs)`` from what a tokenizer returns (a ``BatchEncoding`` or a dict with
-    ``input_ids``): its ``attention_mask`` unless one is given (a different one is refused) and its other fields
-    (``token_type_ids``, ...) as model arguments. Other inputs are returned as they are."""
+    ``input_ids``): its ``attention_mask`` unless one is given and its other fields (``token_type_ids``, ...) as model
+    arguments; a field given twice (argument or ``model_kwargs`` and the mapping) with different values is refused.
+    Other inputs are returned as they are."""
     model_kwargs = dict(model_kwargs or {})
     if not isinstance(input_ids, Mapping):
         return input_ids, attention_mask, model_kwargs
@@ -978,5 +1013,15 @@ def split_encoding(input_ids, attention_mask=None, model_kwargs: dict | None = N
     ):
         raise ValueError('attention_mask was given twice (argument and input mapping) with different values')
     for key, value in encoding.items():
-        model_kwargs.setdefault(key, value)
+        given = model_kwargs.setdefault(key, value)
+        if given is not value and not _same_value(given, value):
+            raise ValueError(f'{key} was given twice (model_kwargs and input mapping) with different values')
     return input_ids, mask if attention_mask is None else attention_mask, model_kwargs
+
+
+def _same_value(first, second) -> bool:
+    """Whether two values of one model argument are the same (tensors or anything torch can make one of)."""
+    try:
+        return torch.equal(torch.as_tensor(first), torch.as_tensor(second))
+    except (TypeError, RuntimeError, ValueError):
+        return first == second

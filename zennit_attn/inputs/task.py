@@ -46,6 +46,7 @@ from .checks import (
     check_length,
     check_model,
     check_output_rows,
+    check_pad_ids,
     check_right_padding,
     check_vocabulary,
     check_word_embeddings,
@@ -580,6 +581,7 @@ class TokenTask(Task):
             self.padded_positions = True
         check_left_padding(self.model, sequences, self.facts)
         check_right_padding(self.model, sequences, self.facts)
+        check_pad_ids(self.model, self.input_ids, mask, self.facts)
 
     def base_kwargs(self) -> dict:
         kwargs = dict(self.model_kwargs)

@@ -138,9 +138,11 @@ class Explanation:
             raise ValueError('choice_relevance is the relevance of a multiple-choice head; this model has no choices')
         return self.relevance.unflatten(1, (self.choices, -1))
 
-    def tokens(self, tokenizer=None, row: int = 0, words: bool = False) -> list[str]:
-        """The tokens of ``row`` as the tokenizer writes them (``'Ġ'``, ``'▁'`` and byte fallbacks decoded), padding
-        removed; for encoder-decoder models the encoder tokens, then the decoder tokens.
+    def tokens(self, tokenizer=None, row: int = 0, words: bool = False, template: bool = False) -> list[str]:
+        """The tokens of ``row`` as the tokenizer writes them (``'Ġ'``, ``'▁'`` and byte fallbacks decoded), as the
+        heatmaps show them: padding removed, and the tokens of a chat template (:py:attr:`template`) unless
+        ``template``; for encoder-decoder models the encoder tokens, then the decoder tokens. With ``template=True`` and
+        no padding, the tokens are one per entry of ``relevance[row]``.
 
         Parameters
         ----------
@@ -150,12 +152,14 @@ class Explanation:
             The batch row (negative counts from the end).
         words: bool
             Merge tokens into words.
+        template: bool
+            Keep the tokens of a chat template.
 
         Returns
         -------
         list of str
         """
-        return views.explanation_tokens(self, tokenizer, row, words)
+        return views.explanation_tokens(self, tokenizer, row, words, template)
 
     def with_positions(self) -> Explanation:
         """The explanation of the input as position-token pairs (PA-LRP, :py:mod:`zennit_attn.rules.positions`): a copy

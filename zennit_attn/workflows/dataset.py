@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from ..core.modules import is_encoder_decoder
 from ..explain import encode_texts, explain
+from ..inputs.checks import model_pad_token
 from ..methods.declarations import positive
 from ..methods.propagation import method_of
 from ..methods.registry import check_params
@@ -447,7 +448,7 @@ class _Batches:
 
     def explain(self, batch: list[int]) -> dict[str, torch.Tensor]:
         """The tensors (:py:func:`_row`) of the texts ``batch`` (input indices), from one explain() call."""
-        encoding = encode_texts(self.tokenizer, [self.texts[index] for index in batch])
+        encoding = encode_texts(self.tokenizer, [self.texts[index] for index in batch], model_pad_token(self.model))
         targets = [self.targets[index] for index in batch]
         options = dict(self.options, position=self.positions(encoding['attention_mask'], batch))
         explanation = explain(

@@ -122,8 +122,15 @@ def _segment(
     texts = token_texts(tokenizer, ids)
     if not words:
         return Segment(texts, list(values), label, [[position] for position in positions])
-    merged, sums, groups = merge_words(texts, list(values), _special(tokenizer, ids))
-    return Segment(merged, sums, label, [[positions[index] for index in group] for group in groups])
+    # tokens left out between two shown ones (a chat template's) end a word: the words of two messages stay apart
+    starts = [0] + [index for index in range(1, len(positions)) if positions[index] != positions[index - 1] + 1]
+    merged, sums, groups = [], [], []
+    for start, end in zip(starts, starts[1:] + [len(ids)]):
+        part = merge_words(texts[start:end], list(values[start:end]), _special(tokenizer, ids[start:end]))
+        merged += part[0]
+        sums += part[1]
+        groups += [[positions[start + index] for index in group] for group in part[2]]
+    return Segment(merged, sums, label, groups)
 
 
 def _row_values(tensor: torch.Tensor, row: int, keep: torch.Tensor | None = None) -> tuple[list[float], list[int]]:
@@ -266,10 +273,12 @@ def explanation_heatmaps(
     return heatmaps
 
 
-def explanation_tokens(explanation, tokenizer=None, row: int = 0, words: bool = False) -> list[str]:
-    """The token (or word) texts of one row, padding removed; encoder then decoder tokens for encoder-decoder
-    models."""
-    (heatmap,) = explanation_heatmaps(explanation, [row], words, tokenizer)
+def explanation_tokens(
+    explanation, tokenizer=None, row: int = 0, words: bool = False, template: bool = False
+) -> list[str]:
+    """The token (or word) texts of one row, padding (and, unless ``template``, a chat template's tokens) removed;
+    encoder then decoder tokens for encoder-decoder models."""
+    (heatmap,) = explanation_heatmaps(explanation, [row], words, tokenizer, template=template)
     return [token for segment in heatmap.segments for token in segment.tokens]
 
 
