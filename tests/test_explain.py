@@ -229,6 +229,16 @@ def test_top_skips_padding():
         attention_mask=torch.tensor([[0, 0, 1, 1]]),
     )
     assert [item[:2] for item in explanation.top(3)] == [(2, -1.0), (3, -2.0)]
+    # ranked in float64: values apart by less than float32 resolves keep their order and their values
+    close = Explanation(
+        relevance=torch.tensor([[1.0, 1.0 + 1e-9]], dtype=torch.float64),
+        embedding_relevance=None,
+        target=torch.tensor([0]),
+        logit=torch.tensor([1.0]),
+        position=None,
+        input_ids=torch.tensor([[5, 6]]),
+    )
+    assert close.top(2) == [(1, 1.0 + 1e-9, None), (0, 1.0, None)]
 
 
 def test_composite_without_boundary_is_refused(llama):

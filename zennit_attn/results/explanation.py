@@ -184,9 +184,9 @@ class Explanation:
         """The ``k`` most relevant positions of ``row`` as ``(position, relevance, token)``; padding excluded. The
         token is decoded with ``tokenizer`` (default: the stored one), None without either."""
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-        relevance = self.relevance[row].float()
+        relevance = self.relevance[row].detach().cpu().double()  # float64: no ranking of rounded values
         if self.attention_mask is not None:
-            relevance = relevance.masked_fill(self.attention_mask[row] == 0, float('-inf'))
+            relevance = relevance.masked_fill(self.attention_mask[row].cpu() == 0, float('-inf'))
         count = relevance.shape[0] if self.attention_mask is None else int((self.attention_mask[row] != 0).sum())
         values, indices = relevance.topk(min(k, count))
         decode = (
