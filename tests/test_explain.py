@@ -472,3 +472,24 @@ def test_a_decoder_classifier_is_padded_with_its_pad_token():
     eos = batch.input_ids.masked_fill(~batch.attention_mask.bool(), tokenizer.eos_token_id)
     with pytest.raises(ValueError, match=r'finds its padding in the ids by its pad token \(id 0\), but the padding'):
         explain(model, eos, attention_mask=batch.attention_mask, target=1, method='cplrp')
+
+
+def test_decoder_padding_is_left_out_of_the_views():
+    """An encoder-decoder row whose decoder input is padded (``decoder_attention_mask``) shows its decoder tokens
+    without the padding, as the encoder's (before, the decoder's pads were shown with relevance 0)."""
+    model = tiny_model('t5', zero_bias=True)
+    tokenizer = byte_level_tokenizer()
+    decoder = torch.tensor([[0, 20, 21, 0], [0, 22, 23, 24]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    explanation = explain(
+        model,
+        token_ids('t5', 5, 2),
+        decoder_input_ids=decoder,
+        model_kwargs={'decoder_attention_mask': mask},
+        target=7,
+        tokenizer=tokenizer,
+    )
+    assert torch.equal(explanation.decoder_attention_mask, mask)
+    (heatmap,) = explanation.heatmaps(rows=0)
+    assert heatmap.segments[1].positions == [[0], [1], [2]]
+    assert [group for group in explanation.heatmaps(rows=1)[0].segments[1].positions] == [[0], [1], [2], [3]]

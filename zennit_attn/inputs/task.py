@@ -795,6 +795,7 @@ class TokenTask(Task):
             decoder_relevance=decoder,
             decoder_embedding_relevance=decoder_embedding,
             decoder_input_ids=self.decoder_input_ids,
+            decoder_attention_mask=decoder_mask,
             method=method,
             contrast=self.objective.contrast,
             objective=self.objective,

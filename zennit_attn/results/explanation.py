@@ -60,7 +60,7 @@ class Explanation:
         ``[batch, seq]`` the explained input.
     attention_mask: torch.Tensor or None
         The attention mask that was used.
-    decoder_relevance, decoder_embedding_relevance, decoder_input_ids: torch.Tensor or None
+    decoder_relevance, decoder_embedding_relevance, decoder_input_ids, decoder_attention_mask: torch.Tensor or None
         For encoder-decoder models, the same for the decoder tokens (``relevance`` is the encoder's); the
         explained position is a decoder position.
     method: str
@@ -117,6 +117,7 @@ class Explanation:
     decoder_relevance: torch.Tensor | None = None
     decoder_embedding_relevance: torch.Tensor | None = None
     decoder_input_ids: torch.Tensor | None = None
+    decoder_attention_mask: torch.Tensor | None = None
     method: str = 'attnlrp'
     tokenizer: object = field(default=None, repr=False, compare=False)
     latent: object = field(default=None, repr=False, compare=False)

@@ -254,10 +254,12 @@ def explanation_heatmaps(
             )
         )
         if decoder is not None:
-            values, positions = _row_values(decoder, row)
-            segments.append(
-                _segment(tokenizer, explanation.decoder_input_ids[row].tolist(), values, positions, words, 'decoder')
-            )
+            decoder_mask = getattr(explanation, 'decoder_attention_mask', None)
+            shown = None if decoder_mask is None else (decoder_mask[row] != 0).cpu()
+            values, positions = _row_values(decoder, row, shown)
+            decoder_ids = explanation.decoder_input_ids[row].cpu()
+            decoder_ids = decoder_ids if shown is None else decoder_ids[shown]
+            segments.append(_segment(tokenizer, decoder_ids.tolist(), values, positions, words, 'decoder'))
         heatmap = Heatmap(segments, title=_describe(tokenizer, explanation, row))
         if scale_without_first and segments[0].values:
             magnitude = sum(abs(value) for value in segments[0].values if math.isfinite(value))
