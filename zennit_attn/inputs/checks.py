@@ -191,19 +191,23 @@ def model_pad_token(model: torch.nn.Module) -> int | None:
 def check_pad_ids(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, facts: ModelFacts | None = None
 ) -> None:
-    """Refuse padding with another id than the model's pad token for a model that finds its padding in the ids
-    (:py:func:`reads_ids`: a decoder's sequence classifier scores the last token that is not its pad token): it would
-    score a pad, whose relevance is left out (a Llama classifier right-padded with its end-of-sequence token explained
-    0.013 where the row alone gives 0.136).
+    """Refuse right padding with another id than the model's pad token for a causal model that finds its padding in
+    the ids (:py:func:`reads_ids`: a decoder's sequence classifier scores the last token that is not its pad token): it
+    would score a pad, whose relevance is left out (a Llama classifier right-padded with its end-of-sequence token
+    explained 0.013 where the row alone gives 0.136). Left padding ends in the row's last token whatever its ids; an
+    encoder that counts its positions from the padding (RoBERTa) is refused left padding elsewhere and keeps the
+    positions of a row's tokens under right padding.
 
     Raises
     ------
     ValueError
         Naming the model's pad token and the ids the padding holds.
     """
-    padded = attention_mask == 0
     pad = model_pad_token(model)
-    if pad is None or not bool(padded.any()) or reads_ids(model, facts) is None:
+    order = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    last = ((attention_mask != 0) * (order + 1)).argmax(-1, keepdim=True)  # one after each row's last token
+    padded = (attention_mask == 0) & (order >= last)  # the padding after each row's tokens
+    if pad is None or not bool(padded.any()) or not is_causal(model, facts) or reads_ids(model, facts) is None:
         return
     held = sorted(set(input_ids[padded.to(input_ids.device)].tolist()) - {pad})
     if held:
