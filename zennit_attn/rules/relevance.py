@@ -9,6 +9,7 @@ from zennit.rules import AlphaBeta as ZennitAlphaBeta
 from zennit.rules import Gamma as ZennitGamma
 from zennit.rules import ZPlus as ZennitZPlus
 
+from ..core.errors import UnsupportedModelError
 from .base import GradientRule, stabilize, tensor_output
 
 
@@ -93,6 +94,7 @@ class RelevanceRule(GradientRule):
             )
         if not (input[0].requires_grad and input[0].is_floating_point()):
             return None
+        _check_linear_in_weight(module, input[0], self)
         return _RelevanceRuleFunction.apply(input[0], output, module, self)
 
     def relevance(
@@ -124,6 +126,55 @@ class RelevanceRule(GradientRule):
             gradients = torch.autograd.grad(outputs, inputs, grad_outputs=grad_outputs, allow_unused=True)
         gradients = [torch.zeros_like(x) if grad is None else grad for x, grad in zip(inputs, gradients)]
         return self.rule.reducer(inputs, gradients).detach()
+
+
+#: The forward of torch's linear and convolution modules: linear in the weight, which a rule may modify.
+_LINEAR_FORWARDS = frozenset(
+    klass.forward for klass in (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+)
+#: ``forward function -> whether the output is linear in the weight``, found once per forward in a process
+_LINEAR_IN_WEIGHT: dict = {}
+
+
+def _check_linear_in_weight(module: torch.nn.Module, input: torch.Tensor, rule: RelevanceRule) -> None:
+    """Refuse a module whose output is not linear in its weight (a weight-standardised convolution: BiT's
+    ``WeightStandardizedConv2d``, timm's ``StdConv2d``, which standardise whatever weight they are given), for a rule
+    that re-runs the module with a modified weight (:py:meth:`RelevanceRule.relevance`): the standardisation undoes
+    the modification, and the rule's denominators lose their sign (the gamma rule gave a tiny BiT relevance of
+    4.5e15 for logits of 0.16). Found once per forward function, on the module's input: without the bias, the output
+    for the doubled weight must be twice the output.
+
+    Raises
+    ------
+    UnsupportedModelError
+        Naming the module and what to do.
+    """
+    forward = getattr(type(module).forward, '__func__', type(module).forward)
+    weight = getattr(module, 'weight', None)
+    if forward in _LINEAR_FORWARDS or not isinstance(weight, torch.Tensor):
+        return
+    linear = _LINEAR_IN_WEIGHT.get(forward)
+    if linear is None:
+        runner = _Forward(module)
+        others = {
+            f'module.{name}': torch.zeros_like(tensor)
+            for name, tensor in module.named_parameters(recurse=False)
+            if name != 'weight'
+        }
+        probe = (input.detach(),)
+        # the rule's probe, not the model's: the classifying mode need not see it
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            once = torch.func.functional_call(runner, {'module.weight': weight.detach(), **others}, probe)
+            twice = torch.func.functional_call(runner, {'module.weight': 2 * weight.detach(), **others}, probe)
+        scale = float(once.abs().max()) or 1.0
+        linear = _LINEAR_IN_WEIGHT[forward] = float((twice - 2 * once).abs().max()) <= 1e-4 * scale
+    if not linear:
+        raise UnsupportedModelError(
+            f'{type(module).__name__} computes its output from a transformed weight (doubling its weight does not '
+            f'double its output: a weight-standardised convolution), and {type(rule).__name__} re-runs it with a '
+            'modified weight, which the transformation undoes: give it the epsilon rule (e.g. '
+            'AttnLRPGamma(conv=Epsilon()), or the CP-LRP/AttnLRP epsilon composites)'
+        )
 
 
 def modified_parameters(modifier: ParamMod, module: torch.nn.Module) -> dict[str, torch.Tensor]:
