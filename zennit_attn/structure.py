@@ -317,9 +317,7 @@ class Trace:
         #: how many times each block ran (by id; absent: it did not run): more than once where layers share a block
         #: (ALBERT)
         self.calls: Counter = Counter()
-        #: the first two sizes of the first tensor the first block that ran took (its hidden states)
-        self.block_input: tuple[int, int] | None = None
-        #: the whole shape of that tensor
+        #: the shape of the first tensor the first block that ran took (its hidden states)
         self.block_shape: tuple[int, ...] | None = None
         #: ``id(block) -> [hidden states in, hidden states out]`` of each block's first run: the tensor a residual
         #: site reads at its input (its first argument, else its first tensor keyword) and at its output (the output,
@@ -443,8 +441,7 @@ class ModuleHooks:
         if isinstance(hidden, torch.Tensor):
             self.trace.hidden.setdefault(id(module), [hidden, None])
         first = next((value for value in args if isinstance(value, torch.Tensor)), None)
-        if self.trace.block_input is None and first is not None and first.dim() >= 3:
-            self.trace.block_input = tuple(first.shape[:2])
+        if self.trace.block_shape is None and first is not None and first.dim() >= 3:
             self.trace.block_shape = tuple(first.shape)
 
     def leave(self, module, args, output) -> None:
@@ -926,10 +923,10 @@ def _unchained(trace: Trace, stacks: list[tuple[str, list[torch.nn.Module]]]) ->
 def _sequence_first(trace: Trace) -> bool:
     """Whether the blocks of the pass took their hidden states ``[seq, batch, features]`` (XLNet): the first block's
     first input has the token ids' two sizes swapped (told apart where the pass's ids are not square)."""
-    if trace.token_ids is None or trace.block_input is None:
+    if trace.token_ids is None or trace.block_shape is None:
         return False
     batch, tokens = trace.token_ids
-    return batch != tokens and trace.block_input == (tokens, batch)
+    return batch != tokens and trace.block_shape[:2] == (tokens, batch)
 
 
 # ------------------------------------------------------------------------------------------------------ the cache

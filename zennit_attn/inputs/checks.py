@@ -43,6 +43,7 @@ __all__ = [
     'reads_ids',
     'model_pad_token',
     'check_pad_ids',
+    'row_ends',
     'check_embeddings_run',
     'embedding_probe',
     'keeps_left_padding',
@@ -204,11 +205,10 @@ def check_pad_ids(
         Naming the model's pad token and the ids the padding holds.
     """
     pad = model_pad_token(model)
-    order = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    last = ((attention_mask != 0) * (order + 1)).argmax(-1, keepdim=True)  # one after each row's last token
-    padded = (attention_mask == 0) & (order >= last)  # the padding after each row's tokens
-    if pad is None or not bool(padded.any()) or not is_causal(model, facts) or reads_ids(model, facts) is None:
+    if pad is None or not is_causal(model, facts) or reads_ids(model, facts) is None:
         return
+    order = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    padded = order >= row_ends(attention_mask)[:, None]  # the padding after each row's tokens
     held = sorted(set(input_ids[padded.to(input_ids.device)].tolist()) - {pad})
     if held:
         raise ValueError(
@@ -857,6 +857,13 @@ def default_position(position) -> bool:
     return position is None or (isinstance(position, int) and position == -1)
 
 
+def row_ends(mask: torch.Tensor) -> torch.Tensor:
+    """``[batch]`` each row's end in ``mask`` (``[batch, seq]``, 0 at padding): one after its last token that is not
+    padding (the row's length where it is padded on the right, ``seq`` where on the left)."""
+    order = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
+    return ((mask != 0) * order).argmax(-1) + 1
+
+
 def explained_positions(scores: torch.Tensor, position, mask) -> torch.Tensor | None:
     """The explained position of every row (``[batch]``, or ``[batch, pairs]``) for ``[batch, seq, ...]`` scores,
     None for ``[batch, outputs]`` scores; -1 or None is each row's last non-padding position, and a negative position
@@ -864,11 +871,7 @@ def explained_positions(scores: torch.Tensor, position, mask) -> torch.Tensor | 
     if scores.dim() == 2:
         return None
     batch, seq = scores.shape[:2]
-    # each row's end: one after its last token that is not padding
-    if mask is None:
-        ends = torch.full((batch,), seq, device=scores.device)
-    else:
-        ends = ((mask != 0) * (torch.arange(seq, device=scores.device) + 1)).argmax(-1) + 1
+    ends = torch.full((batch,), seq, device=scores.device) if mask is None else row_ends(mask).to(scores.device)
     if default_position(position):
         return ends - 1
     positions = _per_row(position, batch, seq, scores.device)

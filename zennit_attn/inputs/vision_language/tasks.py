@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from ...core.errors import UnsupportedModelError
-from ...core.modules import is_encoder_decoder, without_cache
+from ...core.modules import is_encoder_decoder
 from ...results.explanation import ImageRelevance, MultimodalExplanation
 from ..checks import split_encoding
 from ..task import TokenTask
@@ -271,8 +271,6 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
         if self.batch != 1:
             raise ValueError(f'a vision-language model explains one text at a time, got {self.batch} rows')
         self.layout = image_layout(model, self.pixels, self.model_kwargs)
-        for key, value in without_cache(model).items():  # LLaVA passes use_cache on through **kwargs
-            self.model_kwargs.setdefault(key, value)
         token = image_token_id(model)
         self.image_tokens = (self.input_ids == token) if token is not None else None
         self._rope_positions()
