@@ -21,6 +21,7 @@ __all__ = [
     'integrated_gradients',
     'smoothgrad',
     'RowSmoothGrad',
+    'ExactIntegratedGradients',
     'batch_norm_gradients',
     'BATCH_NORMS',
 ]
@@ -63,10 +64,11 @@ def input_x_gradient(task: Task, position=-1, target=None):
 def integrated_gradients(task: Task, position=-1, target=None, steps: int = 20, baseline: float = 0.0):
     """Integrated Gradients (Sundararajan et al. 2017) from a constant ``baseline`` input (default 0, the zero
     embedding or a black image), by zennit's :py:class:`zennit.attribution.IntegratedGradients` (right Riemann sum
-    over ``steps`` points, the paper's Eq. of appendix A.1). Cost: ``steps`` forward and backward passes (plus one
+    over ``steps`` points, the paper's Eq. of appendix A.1) with the points of the path in the input's precision
+    (:py:class:`ExactIntegratedGradients`). Cost: ``steps`` forward and backward passes (plus one
     plain forward)."""
     logit = task.resolve_plain(position, target)
-    attributor = IntegratedGradients(
+    attributor = ExactIntegratedGradients(
         Selected(task), n_iter=steps, baseline_fn=lambda inputs: torch.full_like(inputs, baseline)
     )
     with torch.enable_grad(), batch_norm_gradients(task.model):
@@ -96,6 +98,22 @@ def smoothgrad(
     with torch.enable_grad(), batch_norm_gradients(task.model):
         _, gradient = attributor(task.inputs.clone(), torch.ones_like)
     return task.finish(gradient * task.inputs if multiply_input else gradient, logit, 'smoothgrad')
+
+
+class ExactIntegratedGradients(IntegratedGradients):
+    """zennit's :py:class:`~zennit.attribution.IntegratedGradients` with the fractions of the path, ``k / n`` for ``k =
+    1 ... n``, as Python numbers: zennit takes them from a float32 ``torch.linspace``, which put the points of a
+    float64 input off the path by up to 6e-8 of the input (0.05 is 0.0500000007 in float32) and the attribution off
+    the Riemann sum by 2e-7 relative."""
+
+    def forward(self, input, attr_output_fn):
+        baseline = self.baseline_fn(input)
+        result = torch.zeros_like(input)
+        for step in range(1, self.n_iter + 1):
+            output, gradient = self.grad(baseline + step / self.n_iter * (input - baseline), attr_output_fn)
+            result += gradient / self.n_iter
+        # the last point is the input itself, so ``output`` is the model's output at it
+        return output, result * (input - baseline)
 
 
 class RowSmoothGrad(SmoothGrad):
