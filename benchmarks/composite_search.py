@@ -76,9 +76,11 @@ RESULTS = train_vit.RESULTS
 TEXT_RESULTS = Path(__file__).resolve().parents[1] / 'docs' / 'results' / 'text_search'
 
 
-def epsilon_everywhere(product=Uniform):
+def epsilon_everywhere(product=Uniform, positions: bool = False):
     eps = Epsilon(1e-6)
-    return AttnLRPGamma(conv=eps, linear=eps, attention_in=eps, attention_out=eps, product=product())
+    return AttnLRPGamma(
+        conv=eps, linear=eps, attention_in=eps, attention_out=eps, product=product(), positions=positions
+    )
 
 
 def test_methods(best_composite):

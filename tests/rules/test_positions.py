@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from tests.models import tiny_model
+from tests.models import pixels, tiny_hf_vit, tiny_model, tiny_timm_vit
 from tests.numbers import assert_close
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.inputs.task import make_task
 from zennit_attn.rules.positions import PositionInputs
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
@@ -148,3 +149,92 @@ def test_views_of_position_token_pairs():
     assert pairs.top(1)[0][0] == int(pairs.relevance[0].argmax())
     with pytest.raises(ValueError, match="has no position relevance: explain with method='palrp'"):
         explain(model, TOKENS, method='attnlrp').with_positions()
+
+
+def _vit_with_positions(build, **overrides) -> torch.nn.Module:
+    """A bias-free tiny vision transformer (class token 0) whose position table holds random values."""
+    model = build(zero_bias=True, **overrides)
+    tables = [p for name, p in model.named_parameters() if name.endswith(('pos_embed', 'position_embeddings'))]
+    for table in tables:
+        table.data.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    return model
+
+
+@pytest.mark.parametrize('build', [tiny_timm_vit, tiny_hf_vit])
+def test_a_vision_transformers_table_takes_what_the_constant_absorbed(build):
+    """A ViT's table is a parameter added to the patch embeddings and the class token: the pixels keep exactly their
+    relevance without positions, the table gets ``p * g``, and with CP-LRP (bias-free, class token 0) pixels and
+    positions together conserve the logit, which the pixels alone do not (before: refused, a parameter)."""
+    model = _vit_with_positions(build)
+    parameters = dict(model.named_parameters())
+    image = pixels(batch=1)
+    with_positions = explain(model, image, target=1, composite=CPLRPEpsilon(positions=True))
+    without = explain(model, image, target=1, composite=CPLRPEpsilon())
+    assert torch.equal(with_positions.pixel_relevance, without.pixel_relevance)
+    positions = with_positions.position_relevance
+    assert positions.shape == (1, 5)  # the class token and 2 x 2 patches
+    assert_close(with_positions.pixel_relevance.sum() + positions.sum(), with_positions.logit[0], 1e-12)
+    assert abs(float(without.pixel_relevance.sum() - without.logit[0])) > 1e-3 * abs(float(without.logit[0]))
+    assert dict(model.named_parameters()) == parameters  # the same parameter objects, in their places
+    pairs = with_positions.with_positions()
+    assert_close(pairs.relevance.sum(), with_positions.relevance.sum() + positions[0, 1:].sum(), 1e-12)
+    default = explain(model, image, target=1, method='palrp')  # AttnLRPGamma with positions
+    assert torch.equal(default.pixel_relevance, explain(model, image, target=1, method='attnlrp').pixel_relevance)
+
+
+def test_a_table_without_the_class_token_and_a_raising_forward():
+    """timm's ``no_embed_class`` table holds the patches' positions only: the class token's position gets 0. A forward
+    that raises while the table is replaced leaves the parameter in its place, and a batch of several images is
+    refused before the model runs (its code may read the table as one row)."""
+    model = _vit_with_positions(tiny_timm_vit, no_embed_class=True)
+    table = model.pos_embed
+    explanation = explain(model, pixels(batch=1), target=0, composite=CPLRPEpsilon(positions=True))
+    assert explanation.position_relevance.shape == (1, 5) and float(explanation.position_relevance[0, 0]) == 0
+    assert_close(explanation.pixel_relevance.sum() + explanation.position_relevance.sum(), explanation.logit[0], 1e-12)
+    with pytest.raises(ValueError, match='explain one image at a time'):
+        explain(model, pixels(batch=2), method='palrp')
+    with pytest.raises(RuntimeError, match='boom'):
+        with AttnLRPEpsilon(positions=True).context(model) as modified:
+            handle = modified.blocks[0].register_forward_hook(_raise)
+            try:
+                modified(pixels(batch=1).requires_grad_())
+            finally:
+                handle.remove()
+    assert model.pos_embed is table and model._parameters['pos_embed'] is table
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def _raise(*_):
+    raise RuntimeError('boom')
+
+
+class _MapTable(torch.nn.Module):
+    """A convolution whose feature map gets a position table ``[1, channels, height, width]`` (as PiT's), pooled."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 4, 4, bias=False)
+        self.pos_embed = torch.nn.Parameter(torch.randn(1, 4, 2, 2))
+        self.head = torch.nn.Linear(4, 2, bias=False)
+
+    def forward(self, x):
+        return self.head((self.conv(x) + self.pos_embed).mean((2, 3)))
+
+
+def test_tables_that_are_not_one_position_per_token_are_refused():
+    """A table over a feature map would be summed per channel, not per position; timm's EVA-02 adds a table and
+    rotates its queries and keys with a rotary embedding the attention reads by a method (``rope.get_embed()``), not
+    a module PA-LRP reads: the rotations' share would be missing from the positions' (before the refusal: the table's
+    share alone, without a word); and a table held as a parameter is never a text's positions."""
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=r'pos_embed has shape \[1, 4, 2, 2\]'):
+        explain(_MapTable().double().eval(), pixels(batch=1), target=0, method='palrp')
+    timm = pytest.importorskip('timm')
+    eva = timm.create_model(
+        'eva02_tiny_patch14_224', num_classes=3, img_size=8, patch_size=4, embed_dim=32, depth=1, num_heads=2
+    )
+    with pytest.raises(ValueError, match=r"Eva has a rotary embedding PA-LRP does not read \('rope', RotaryEmbedding"):
+        explain(eva.double().eval(), pixels(batch=1), target=0, method='palrp')
+    task = make_task(tiny_model('gpt2'), TOKENS)
+    with pytest.raises(ValueError, match='tables held as parameters, a vision tower'):
+        task.add_position_relevance(torch.zeros(2, TOKENS.shape[1]), frozenset({'held'}))

@@ -421,9 +421,11 @@ class Task:
     def package(self, relevance, logit, method, decoder_relevance):
         raise NotImplementedError
 
-    def add_position_relevance(self, relevance: torch.Tensor) -> None:
+    def add_position_relevance(self, relevance: torch.Tensor, kinds: frozenset[str]) -> None:
         """The ``[batch, positions]`` relevance of the position encodings (PA-LRP,
-        :py:mod:`zennit_attn.rules.positions`), packaged by :py:meth:`package`; read for token inputs only.
+        :py:mod:`zennit_attn.rules.positions`) of ``kinds`` (those of
+        :py:data:`~zennit_attn.rules.positions.POSITION_ENCODINGS` that ran), packaged by :py:meth:`package`; read for
+        token inputs and vision transformers.
 
         Raises
         ------
@@ -635,7 +637,21 @@ class TokenTask(Task):
         """The relevance of :py:meth:`lookup_leaves`, added to the tokens' by :py:meth:`package`."""
         self._lookup_relevance = TokenLookups.token_relevance(relevances)
 
-    def add_position_relevance(self, relevance: torch.Tensor) -> None:
+    def add_position_relevance(self, relevance: torch.Tensor, kinds: frozenset[str]) -> None:
+        """:py:meth:`Task.add_position_relevance`: one relevance per token.
+
+        Raises
+        ------
+        ValueError
+            For another shape, or for a table held as a parameter (kind ``'held'``): a vision tower's (the text's
+            encodings of a model with both are refused when registered), never the text's.
+        """
+        if 'held' in kinds:
+            raise ValueError(
+                f"{type(self.model).__name__}'s position encodings are tables held as parameters, a vision tower's: "
+                'PA-LRP reads them for images explained alone (a vision transformer), not for the tokens of a text; '
+                'explain without positions=True'
+            )
         seq = self.input_ids.shape[1]
         if relevance.shape != (self.batch, seq):
             raise ValueError(
@@ -867,6 +883,7 @@ class ImageTask(Task):
             bad = (~torch.isfinite(pixels)).flatten(1).any(1).nonzero()[:, 0].tolist()
             raise ValueError(f'pixels of row(s) {bad} are NaN or infinite: a faulty image or normalisation')
         self.inputs = pixels.detach()
+        self._position_relevance: torch.Tensor | None = None
 
     @property
     def pixels(self) -> torch.Tensor:
@@ -928,7 +945,10 @@ class ImageTask(Task):
                 'gradient method'
             )
         height, width = self.inputs.shape[2:]
-        size = getattr(getattr(self.model, 'config', None), 'patch_size', None)
+        config = getattr(self.model, 'config', None)
+        size = getattr(config, 'patch_size', None)
+        if size is None:  # a classifier over a vision-language model's vision tower (CLIP's, SigLIP's)
+            size = getattr(getattr(config, 'vision_config', None), 'patch_size', None)
         if size is None:
             size = getattr(getattr(self.model, 'patch_embed', None), 'patch_size', None)
         if size is None:
@@ -967,6 +987,33 @@ class ImageTask(Task):
             return matrices[..., : prefix - self._registers(), :].mean(-2)
         return matrices[..., prefix:, :].mean(-2)
 
+    def add_position_relevance(self, relevance: torch.Tensor, kinds: frozenset[str]) -> None:
+        """The ``[batch, positions]`` relevance of a vision transformer's position table (PA-LRP,
+        :py:mod:`zennit_attn.rules.positions`), as ``[batch, tokens]`` (:py:meth:`token_count`: the prefix tokens, then
+        the patches row by row). The table has a position for every token, or for the patches alone (timm's
+        ``no_embed_class``), or for the class token and the patches (DINOv2's registers are added after the
+        positions); tokens without a position get 0.
+
+        Raises
+        ------
+        ValueError
+            For positions that are none of these (a table interpolated to another grid than the one :py:meth:`grid`
+            reads from the model's patch size, the stages of a pyramid).
+        """
+        rows, columns = self.grid()
+        patches, prefix, registers = rows * columns, self.prefix_tokens(), self._registers()
+        # positions in the table -> how many of them the prefix tokens take, before the patches'
+        lead = {patches + prefix: prefix, patches: 0, patches + prefix - registers: prefix - registers}
+        if relevance.shape[0] != self.batch or relevance.shape[1] not in lead:
+            raise ValueError(
+                f'the position table gave relevance of shape {list(relevance.shape)} for {self.batch} image(s) of '
+                f'{prefix} prefix token(s) and {rows} x {columns} patches: PA-LRP reads one relevance per token of the '
+                'image'
+            )
+        taken = lead[relevance.shape[1]]
+        without = relevance.new_zeros(self.batch, prefix - taken)  # the prefix tokens without a position (registers)
+        self._position_relevance = torch.cat([relevance[:, :taken], without, relevance[:, taken:]], 1)
+
     def feature_mask(self) -> torch.Tensor:
         rows, columns = self.grid()
         _, channels, height, width = self.inputs.shape
@@ -981,6 +1028,9 @@ class ImageTask(Task):
     def package(self, relevance, logit, method, decoder_relevance) -> ImageExplanation:
         if torch.finfo(relevance.dtype).bits < 32:
             relevance = relevance.float()
+        positions, self._position_relevance = self._position_relevance, None
+        if positions is not None:
+            positions = positions.to(relevance.dtype)
         return ImageExplanation(
             relevance=relevance.sum(2 if self.video else 1),  # over the channels
             pixel_relevance=relevance,
@@ -991,6 +1041,8 @@ class ImageTask(Task):
             position=self.positions,
             contrast=self.objective.contrast,
             objective=self.objective,
+            position_relevance=positions,
+            position_pixel_relevance=None if positions is None else self.token_relevance(positions),
         )
 
 

@@ -67,7 +67,8 @@ def attribute(
                     handle.remove()
     relevance = [torch.zeros_like(leaf) if value is None else value for leaf, value in zip(inputs, relevance)]
     if positions:
-        task.add_position_relevance(composite.position_inputs.per_position(relevance[-len(positions) :]))
+        found = composite.position_inputs
+        task.add_position_relevance(found.per_position(relevance[-len(positions) :]), found.kinds())
     if inner:
         task.add_lookup_relevance(relevance[len(leaves) : len(leaves) + len(inner)])
     relevance = relevance[: len(leaves)]

@@ -106,9 +106,9 @@ def cplrp(task: Task, position=-1, target=None, composite: Composite | None = No
 
 def palrp(task: Task, position=-1, target=None, composite: Composite | None = None):
     """PA-LRP (Bakish et al. 2025, :py:mod:`zennit_attn.rules.positions`): AttnLRP with the position encodings as
-    inputs of the explanation, by default :py:class:`~zennit_attn.composites.AttnLRPEpsilon` with
-    ``positions=True``; the explanation's ``position_relevance`` holds the positions' relevance. Cost: one forward
-    and one backward pass.
+    inputs of the explanation, by default AttnLRP's composite (:py:class:`~zennit_attn.composites.AttnLRPEpsilon`, for
+    vision transformers :py:class:`~zennit_attn.composites.AttnLRPGamma`) with ``positions=True``; the explanation's
+    ``position_relevance`` holds the positions' relevance. Cost: one forward and one backward pass.
 
     Raises
     ------
@@ -116,7 +116,7 @@ def palrp(task: Task, position=-1, target=None, composite: Composite | None = No
         For a composite without ``positions=True``, or a model without a position encoding PA-LRP knows.
     """
     if composite is None:
-        composite = AttnLRPEpsilon(positions=True)
+        composite = AttnLRPGamma(positions=True) if isinstance(task, ImageTask) else AttnLRPEpsilon(positions=True)
     if not getattr(composite, 'positions', False):
         raise ValueError(
             f"method='palrp' reads the relevance of the positions: {type(composite).__name__}() needs positions=True "

@@ -412,6 +412,15 @@ class ImageExplanation:
     position: torch.Tensor or None
         ``[batch]`` the explained position of a model with outputs per position (a detector's object query,
         ``explain(..., position=)``); None for a classifier.
+    position_relevance: torch.Tensor or None
+        With PA-LRP (``method='palrp'``, :py:mod:`zennit_attn.rules.positions`) on a vision transformer: ``[batch,
+        tokens]`` relevance of its position table, per token (the prefix tokens, class token first, then the patches
+        row by row), summed over the features. Pixels and positions together are what the relevance of an input of
+        position-patch pairs sums to. None otherwise.
+    position_pixel_relevance: torch.Tensor or None
+        With ``position_relevance``: ``[batch, channels, height, width]`` the patches' position relevance spread evenly
+        over the pixels and channels of each patch (the prefix tokens' positions have no pixels and are left out), what
+        :py:meth:`with_positions` adds.
     """
 
     relevance: torch.Tensor
@@ -424,6 +433,31 @@ class ImageExplanation:
     contrast: torch.Tensor | None = None
     objective: object = field(default=None, repr=False, compare=False)
     position: torch.Tensor | None = None
+    position_relevance: torch.Tensor | None = None
+    position_pixel_relevance: torch.Tensor | None = None
+
+    def with_positions(self) -> ImageExplanation:
+        """The explanation of the image as position-patch pairs (PA-LRP): a copy whose ``pixel_relevance`` and
+        ``relevance`` hold each pixel's relevance plus its share of its patch's position relevance
+        (:py:attr:`position_pixel_relevance`), for :py:meth:`save` and the other views; the positions of the prefix
+        tokens (the class token's) are in :py:attr:`position_relevance` alone.
+
+        Raises
+        ------
+        ValueError
+            For an explanation without position relevance (a method other than ``'palrp'``).
+        """
+        if self.position_pixel_relevance is None:
+            raise ValueError(
+                f'this {self.method} explanation has no position relevance: explain a vision transformer with '
+                "method='palrp' (or a composite with positions=True)"
+            )
+        spread = self.position_pixel_relevance
+        return replace(
+            self,
+            relevance=self.relevance + spread.sum(2 if spread.dim() == 5 else 1),
+            pixel_relevance=self.pixel_relevance + spread,
+        )
 
     def save(self, path: str | os.PathLike, row: int = 0, frame: int | None = None, **options) -> tuple[Path, Path]:
         """Write the heatmap of ``row`` to ``path`` (a ``.png``) and its overlay on the image to
