@@ -3,12 +3,13 @@
 import pytest
 import torch
 
-from tests.models import pixels, tiny_hf_vit, tiny_model, tiny_timm_vit
+from tests.models import pixels, tiny_hf_vision, tiny_hf_vit, tiny_model, tiny_timm_vit
 from tests.numbers import assert_close
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
 from zennit_attn.inputs.task import make_task
 from zennit_attn.rules.positions import PositionInputs
+from zennit_attn.workflows.architecture_check.check import zero_biases
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
 TOKENS = torch.tensor([[5, 17, 3, 28, 9, 14, 22], [30, 4, 11, 7, 25, 6, 19]])
@@ -238,3 +239,18 @@ def test_tables_that_are_not_one_position_per_token_are_refused():
     task = make_task(tiny_model('gpt2'), TOKENS)
     with pytest.raises(ValueError, match='tables held as parameters, a vision tower'):
         task.add_position_relevance(torch.zeros(2, TOKENS.shape[1]), frozenset({'held'}))
+
+
+def test_a_table_of_deit_with_two_prefix_tokens():
+    """Hugging Face's DeiT puts a class and a distillation token before the patches (before: counted as one, so its
+    table of 18 positions was refused for 17 tokens, and the rollout for 17 patch tokens): CP-LRP with the positions
+    conserves on the bias-free model with both tokens 0, and each head reads its own prefix tokens."""
+    model, images = tiny_hf_vision('DeiTForImageClassificationWithTeacher')
+    zero_biases(model)
+    for token in (model.deit.embeddings.cls_token, model.deit.embeddings.distillation_token):
+        torch.nn.init.zeros_(token)
+    explanation = explain(model, images[:1], target=0, composite=CPLRPEpsilon(positions=True))
+    assert explanation.position_relevance.shape == (1, 18)
+    assert_close(explanation.pixel_relevance.sum() + explanation.position_relevance.sum(), explanation.logit[0], 1e-12)
+    assert make_task(model, images).pooled_tokens() == 2
+    assert make_task(tiny_hf_vision('DeiTForImageClassification')[0], images).pooled_tokens() == 1

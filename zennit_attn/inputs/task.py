@@ -836,6 +836,14 @@ class TokenTask(Task):
         return hint
 
 
+#: Names of the parameters of Hugging Face's vision embeddings that each put one token before the patches (the class
+#: token: ``cls_token``, CLIP's ``class_embedding``, VideoPrism's ``cls_emb``; DeiT's ``distillation_token``).
+PREFIX_TOKEN_PARAMETERS = ('cls_token', 'class_embedding', 'cls_emb', 'distillation_token')
+#: Hugging Face's classifiers whose head reads more prefix tokens than the class token, and how many (the others
+#: read ``sequence_output[:, 0]``): DeiT's with the teacher's head averages the class and the distillation token's.
+TOKEN_HEADS = {'DeiTForImageClassificationWithTeacher': 2}
+
+
 class ImageTask(Task):
     """An image model explained at its pixels (relevance per pixel and channel): a classifier, a segmentation or
     depth map (a function of it), a detector's object query, a video classifier (per frame).
@@ -921,15 +929,20 @@ class ImageTask(Task):
         return (self.model if model is None else model)(inputs, **kwargs)
 
     def prefix_tokens(self) -> int:
-        """Number of tokens before the patch tokens (class, distillation, register tokens)."""
-        if hasattr(self.model, 'num_prefix_tokens'):
-            return int(self.model.num_prefix_tokens)
-        return 1 + self._registers()  # Hugging Face ViT: the class token (DINOv2: and its registers)
+        """Number of tokens before the patch tokens (class, distillation, register tokens): timm's
+        ``num_prefix_tokens`` (also inside Hugging Face's ``TimmWrapper``), else one per parameter of
+        :py:data:`PREFIX_TOKEN_PARAMETERS` the model holds (Hugging Face's ViT and BEiT a class token, DeiT a class
+        and a distillation token, SigLIP and Swin none) and the registers."""
+        timm = getattr(self.model, 'timm_model', self.model)
+        if hasattr(timm, 'num_prefix_tokens'):
+            return int(timm.num_prefix_tokens)
+        held = {name.rsplit('.', 1)[-1] for name, _ in self.model.named_parameters()}
+        return sum(name in held for name in PREFIX_TOKEN_PARAMETERS) + self._registers()
 
     def _registers(self) -> int:
         """Number of register tokens among the prefix tokens (timm's ``num_reg_tokens``, Hugging Face's
         ``config.num_register_tokens``): no head reads them."""
-        registers = getattr(self.model, 'num_reg_tokens', None)
+        registers = getattr(getattr(self.model, 'timm_model', self.model), 'num_reg_tokens', None)
         if registers is None:
             registers = getattr(getattr(self.model, 'config', None), 'num_register_tokens', None)
         return int(registers or 0)
@@ -981,11 +994,18 @@ class ImageTask(Task):
         """The mean row of the pooled tokens: the prefix tokens but the registers (class token; DeiT's class and
         distillation tokens) for token pooling, else the patch tokens (average pooling: timm's ``global_pool='avg'``,
         Hugging Face's ``config.use_mean_pooling``, BEiT's default)."""
-        prefix = self.prefix_tokens()
+        prefix, timm = self.prefix_tokens(), getattr(self.model, 'timm_model', self.model)
         mean = getattr(getattr(self.model, 'config', None), 'use_mean_pooling', False)
-        if prefix > 0 and getattr(self.model, 'global_pool', 'avg' if mean else 'token') == 'token':
-            return matrices[..., : prefix - self._registers(), :].mean(-2)
+        if prefix > 0 and getattr(timm, 'global_pool', 'avg' if mean else 'token') == 'token':
+            return matrices[..., : self.pooled_tokens(), :].mean(-2)
         return matrices[..., prefix:, :].mean(-2)
+
+    def pooled_tokens(self) -> int:
+        """Number of prefix tokens a head that pools tokens reads: timm's class (and distillation) tokens, its prefix
+        but the registers; Hugging Face's class token, or the tokens of :py:data:`TOKEN_HEADS`."""
+        if hasattr(getattr(self.model, 'timm_model', self.model), 'num_prefix_tokens'):
+            return self.prefix_tokens() - self._registers()
+        return TOKEN_HEADS.get(type(self.model).__name__, 1)
 
     def add_position_relevance(self, relevance: torch.Tensor, kinds: frozenset[str]) -> None:
         """The ``[batch, positions]`` relevance of a vision transformer's position table (PA-LRP,
