@@ -311,3 +311,58 @@ def test_a_module_path_without_a_tensor_output_is_refused(llama, pairs):
     clean, corrupted = pairs
     with pytest.raises(ValueError, match="'model.layers' .*returns a tensor"):
         activation_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('model.layers',), progress=False)
+
+
+# ------------------------------------------------------------------------------------------------ in-place changes
+def _falcon_by_hand(model, ids, module, position=None, value=None, grad=False):
+    """The output of ``module`` as it gives it out (copied in the hook: Falcon adds the attention output to its MLP's
+    output in place after it), with ``value`` put in at ``position``, and the logit difference of the run."""
+    seen = {}
+
+    def hook(module, args, output):
+        if value is not None:
+            output = output.clone()
+            output[:, position] = value[:, position]
+        seen['output'] = output if grad else output.detach().clone()
+        return output
+
+    handle = module.register_forward_hook(hook)
+    try:
+        with contextlib.nullcontext() if grad else torch.no_grad():
+            logits = model(input_ids=ids).logits[:, -1]
+    finally:
+        handle.remove()
+    difference = logits.gather(1, ANSWERS[: len(ids), None])[:, 0] - logits.gather(1, WRONG[: len(ids), None])[:, 0]
+    return seen['output'], difference
+
+
+def test_sites_the_model_changes_in_place_are_read_as_given_out():
+    """Falcon's parallel blocks add the attention output to the MLP's output in place (``mlp_output +=
+    attention_output``): mlp_out (and the module path of the MLP) are the MLP's output as it gave it out. Activation
+    patching equals the metric change of a forward pass patched by hand, AtP the gradient by hand times the
+    difference (the kept activations were the sum with the attention output: errors of 2.5e-2 for changes of
+    1e-2)."""
+    from tests.architectures import tiny_architecture
+
+    model = tiny_architecture('falcon')
+    assert model.config.parallel_attn
+    clean = token_ids('falcon', 5, 2)
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 7) % model.config.vocab_size
+    names = ('mlp_out', 'transformer.h.1.mlp')
+    exact = activation_patching(model, clean, corrupted, ANSWERS[:2], WRONG[:2], components=names, progress=False)
+    estimate = relevance_patching(model, clean, corrupted, ANSWERS[:2], WRONG[:2], components=names, steps=1)
+    for layer, block in enumerate(model.transformer.h):
+        module = block.mlp.dense_4h_to_h
+        source, _ = _falcon_by_hand(model, corrupted, module)
+        original, base = _falcon_by_hand(model, clean, module)
+        for position in range(clean.shape[1]):
+            _, patched = _falcon_by_hand(model, clean, module, position, source)
+            torch.testing.assert_close(exact['mlp_out'][:, layer, position, 0], patched - base, **TIGHT)
+            if layer == 1:
+                torch.testing.assert_close(exact['transformer.h.1.mlp'][:, 0, position, 0], patched - base, **TIGHT)
+        output, difference = _falcon_by_hand(model, clean, module, grad=True)
+        (gradient,) = torch.autograd.grad(difference.sum(), output)
+        by_hand = ((source - original) * gradient).sum(-1)
+        assert bool((by_hand.abs() > 1e-6).any())
+        torch.testing.assert_close(estimate['mlp_out'][:, layer, :, 0], by_hand, **TIGHT)
