@@ -9,6 +9,7 @@ import contextlib
 import pytest
 import torch
 
+from tests.architectures import tiny_architecture
 from tests.models import tiny_model, token_ids
 from tests.workflows.patching_helpers import ANSWERS, TIGHT, WRONG
 from zennit_attn.composites import AttnLRPEpsilon
@@ -18,6 +19,7 @@ from zennit_attn.workflows.patching import (
     activation_patching,
     component_points,
     correlation,
+    edge_patching,
     relevance_patching,
 )
 from zennit_attn.workflows.patching.components import site_points
@@ -342,8 +344,6 @@ def test_sites_the_model_changes_in_place_are_read_as_given_out():
     patching equals the metric change of a forward pass patched by hand, AtP the gradient by hand times the
     difference (the kept activations were the sum with the attention output: errors of 2.5e-2 for changes of
     1e-2)."""
-    from tests.architectures import tiny_architecture
-
     model = tiny_architecture('falcon')
     assert model.config.parallel_attn
     clean = token_ids('falcon', 5, 2)
@@ -366,3 +366,32 @@ def test_sites_the_model_changes_in_place_are_read_as_given_out():
         by_hand = ((source - original) * gradient).sum(-1)
         assert bool((by_hand.abs() > 1e-6).any())
         torch.testing.assert_close(estimate['mlp_out'][:, layer, :, 0], by_hand, **TIGHT)
+
+
+def test_models_that_change_their_embeddings_in_place():
+    """CTRL scales ``inputs_embeds`` in place: relevance and edge patching run the model on a copy of the path's
+    embeddings (before: torch refused the in-place change of a leaf), and AtP is the gradient by hand times the
+    difference."""
+    model = tiny_architecture('ctrl')
+    clean = token_ids('ctrl', 5, 2)
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 7) % model.config.vocab_size
+    answers, wrong = ANSWERS[:2], WRONG[:2]
+    assert bool((relevance_patching(model, clean, corrupted, answers, wrong, steps=2)['mlp'] != 0).any())
+    assert bool((edge_patching(model, clean, corrupted, answers, wrong, steps=1).scores != 0).any())
+    estimate = relevance_patching(model, clean, corrupted, answers, wrong, components=('mlp_out',), steps=1)
+    module = model.transformer.h[1].ffn[2]
+    assert component_points(model, ['mlp_out'])['mlp_out'][1].point.module is module
+    seen = []
+    handle = module.register_forward_hook(lambda module, args, output: seen.append(output))
+    try:
+        with torch.no_grad():
+            model(input_ids=corrupted)
+        embeddings = model.get_input_embeddings()(clean).detach().requires_grad_(True)
+        logits = model(inputs_embeds=embeddings.clone()).logits[:, -1]
+    finally:
+        handle.remove()
+    source, output = seen
+    difference = logits.gather(1, answers[:, None])[:, 0] - logits.gather(1, wrong[:, None])[:, 0]
+    (gradient,) = torch.autograd.grad(difference.sum(), output)
+    torch.testing.assert_close(estimate['mlp_out'][:, 1, :, 0], ((source - output) * gradient).sum(-1), **TIGHT)

@@ -158,12 +158,14 @@ def metric_forward(model, leaf: torch.Tensor, metric: Metric, composite, resolve
     yields ``(value, start, metric)``: the metric's value (for a composite the initial relevance, see
     :py:meth:`~zennit_attn.inputs.objectives.Objective.value`), the ``grad_outputs`` its backward pass starts with (for
     a composite ``f`` itself: the backward starts with ``df/dy`` at the logits) and the metric, resolved on these
-    logits if ``resolve``. Run the backward pass inside the context."""
+    logits if ``resolve``. Run the backward pass inside the context. The model runs on a copy of ``leaf``, as a model
+    may change its embeddings in place (CTRL scales them: a leaf refuses it), as
+    :py:meth:`~zennit_attn.inputs.task.TokenTask.run` does."""
     context = contextlib.nullcontext(model) if composite is None else composite.context(model)
     with torch.enable_grad(), context as modified:
         if composite is not None:
             gradient_outputs(composite)  # the metric converts its initial relevance itself
-        logits = metric.logits(modified(inputs_embeds=leaf))
+        logits = metric.logits(modified(inputs_embeds=leaf.clone()))
         metric = metric.resolve(logits.detach()) if resolve else metric
         if composite is None:
             value = metric.of(logits)
