@@ -424,3 +424,38 @@ def test_models_that_compute_otherwise_on_their_embeddings_are_refused():
     estimate = relevance_patching(gemma3, clean, corrupted, ANSWERS[:1], WRONG[:1], components=('mlp',), steps=1)
     exact = activation_patching(gemma3, clean, corrupted, ANSWERS[:1], WRONG[:1], components=('mlp',), progress=False)
     torch.testing.assert_close(estimate.clean, exact.clean, **TIGHT)
+
+
+def test_a_module_path_of_a_model_without_a_residual_site():
+    """Activation patching of a module path needs no block count where no layers are chosen: Gemma 3n (several
+    residual streams per token, no residual site) patches the output of its attention projection, equal to a forward
+    pass patched by hand (before: refused for its residual site)."""
+    model = tiny_architecture('gemma3n_text')
+    clean = token_ids('gemma3n_text', 5, 1)
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 7) % model.config.vocab_size
+    name = 'model.layers.1.self_attn.o_proj'
+    exact = activation_patching(model, clean, corrupted, ANSWERS[:1], WRONG[:1], components=(name,), progress=False)
+    module = model.get_submodule(name)
+    seen = []
+    handle = module.register_forward_hook(lambda module, args, output: seen.append(output))
+    with torch.no_grad():
+        model(input_ids=corrupted)
+    handle.remove()
+
+    def metric(position=None):
+        def patch(module, args, output):
+            output = output.clone()
+            output[:, position] = seen[0][:, position]
+            return output
+
+        handle = module.register_forward_hook(patch) if position is not None else None
+        with torch.no_grad():
+            logits = model(input_ids=clean).logits[:, -1]
+        if handle is not None:
+            handle.remove()
+        return logits[:, ANSWERS[0]] - logits[:, WRONG[0]]
+
+    by_hand = torch.stack([metric(position) - metric() for position in range(clean.shape[1])], 1)
+    assert bool((by_hand.abs() > 1e-6).any())
+    torch.testing.assert_close(exact[name][:, 0, :, 0], by_hand, **TIGHT)

@@ -572,7 +572,7 @@ def activation_patching(
         values = {name: metric.of(logits) for name, (_, logits) in captured.items()}
     prompts, base, patched = {'clean': clean, 'corrupted': corrupted}[run], captured[run][0], captured[source][0]
     work = [(kind, component) for kind, points in components.items() for component in points]
-    chosen = _chosen_layers(layers, components, block_count(model))
+    chosen = None if layers is None else _chosen_layers(layers, components, block_count(model))
     scores = {kind: [] for kind in components}
     for kind, component in tqdm(work, desc='activation patching', disable=not progress):
         scores[kind].append(
