@@ -17,6 +17,8 @@ from tests.models import MOE, tiny_model, token_ids
 from zennit_attn import conservation, explain
 from zennit_attn.core.errors import UnsupportedModelError
 from zennit_attn.latent import SITES, Neuron, find_sites, top_neurons
+from zennit_attn.latent.recording import Recorder
+from zennit_attn.latent.sites import SitePoint
 from zennit_attn.workflows.architecture_check.check import zero_biases
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
@@ -211,3 +213,33 @@ def test_sites_that_hold_other_positions_than_the_tokens_are_refused_per_positio
     exp = explain(model, ids, method='cplrp', latent='residual', latent_reduce='sum')
     sums = exp.latent['residual'][0]
     assert sums.shape == (3,) and torch.allclose(sums, exp.logit.expand(3), rtol=1e-9, atol=0)
+
+
+def test_a_site_changed_in_place_after_it_is_read_as_given_out_or_refused():
+    """A module output the forward pass changes in place after the site (Falcon adds the attention output to its
+    MLP's output in place): the kept tensor and its relevance are those of the value the module gave out, x * g with
+    g the gradient of that value; without a kept copy the relevance is refused (it read the changed tensor)."""
+
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 3, bias=False, dtype=torch.float64)
+
+        def forward(self, x):
+            y = self.linear(x)
+            y += 1.0
+            return (y * y).sum()
+
+    torch.manual_seed(0)
+    toy, x = Toy(), torch.randn(1, 2, 3, dtype=torch.float64, requires_grad=True)
+    point = SitePoint('value', 0, toy.linear, 'output')
+    given = toy.linear(x).detach()
+    recorder = Recorder({'value': [point]}, keep={('value', 0)})
+    with recorder.recording(toy):
+        toy(x).backward()
+    torch.testing.assert_close(recorder.tensors[('value', 0)], given, rtol=0, atol=0)
+    torch.testing.assert_close(recorder.gradients[('value', 0)], 2 * (given + 1), rtol=0, atol=0)
+    torch.testing.assert_close(recorder.latent()['value'][:, 0], given * 2 * (given + 1), rtol=0, atol=0)
+    recorder = Recorder({'value': [point]})
+    with recorder.recording(toy), pytest.raises(RuntimeError, match='changed in place'):
+        toy(x).backward()

@@ -9,15 +9,18 @@ import contextlib
 import pytest
 import torch
 
+from tests.architectures import tiny_architecture
 from tests.models import tiny_model, token_ids
 from tests.workflows.patching_helpers import ANSWERS, TIGHT, WRONG
 from zennit_attn.composites import AttnLRPEpsilon
 from zennit_attn.latent.recording import Recorder
+from zennit_attn.workflows.architecture_check.check import randomize_zero_weights
 from zennit_attn.workflows.patching import (
     FullLogits,
     activation_patching,
     component_points,
     correlation,
+    edge_patching,
     relevance_patching,
 )
 from zennit_attn.workflows.patching.components import site_points
@@ -311,3 +314,148 @@ def test_a_module_path_without_a_tensor_output_is_refused(llama, pairs):
     clean, corrupted = pairs
     with pytest.raises(ValueError, match="'model.layers' .*returns a tensor"):
         activation_patching(llama, clean, corrupted, ANSWERS, WRONG, components=('model.layers',), progress=False)
+
+
+# ------------------------------------------------------------------------------------------------ in-place changes
+def _falcon_by_hand(model, ids, module, position=None, value=None, grad=False):
+    """The output of ``module`` as it gives it out (copied in the hook: Falcon adds the attention output to its MLP's
+    output in place after it), with ``value`` put in at ``position``, and the logit difference of the run."""
+    seen = {}
+
+    def hook(module, args, output):
+        if value is not None:
+            output = output.clone()
+            output[:, position] = value[:, position]
+        seen['output'] = output if grad else output.detach().clone()
+        return output
+
+    handle = module.register_forward_hook(hook)
+    try:
+        with contextlib.nullcontext() if grad else torch.no_grad():
+            logits = model(input_ids=ids).logits[:, -1]
+    finally:
+        handle.remove()
+    difference = logits.gather(1, ANSWERS[: len(ids), None])[:, 0] - logits.gather(1, WRONG[: len(ids), None])[:, 0]
+    return seen['output'], difference
+
+
+def test_sites_the_model_changes_in_place_are_read_as_given_out():
+    """Falcon's parallel blocks add the attention output to the MLP's output in place (``mlp_output +=
+    attention_output``): mlp_out (and the module path of the MLP) are the MLP's output as it gave it out. Activation
+    patching equals the metric change of a forward pass patched by hand, AtP the gradient by hand times the
+    difference (the kept activations were the sum with the attention output: errors of 2.5e-2 for changes of
+    1e-2)."""
+    model = tiny_architecture('falcon')
+    assert model.config.parallel_attn
+    clean = token_ids('falcon', 5, 2)
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 7) % model.config.vocab_size
+    names = ('mlp_out', 'transformer.h.1.mlp')
+    exact = activation_patching(model, clean, corrupted, ANSWERS[:2], WRONG[:2], components=names, progress=False)
+    estimate = relevance_patching(model, clean, corrupted, ANSWERS[:2], WRONG[:2], components=names, steps=1)
+    for layer, block in enumerate(model.transformer.h):
+        module = block.mlp.dense_4h_to_h
+        source, _ = _falcon_by_hand(model, corrupted, module)
+        original, base = _falcon_by_hand(model, clean, module)
+        for position in range(clean.shape[1]):
+            _, patched = _falcon_by_hand(model, clean, module, position, source)
+            torch.testing.assert_close(exact['mlp_out'][:, layer, position, 0], patched - base, **TIGHT)
+            if layer == 1:
+                torch.testing.assert_close(exact['transformer.h.1.mlp'][:, 0, position, 0], patched - base, **TIGHT)
+        output, difference = _falcon_by_hand(model, clean, module, grad=True)
+        (gradient,) = torch.autograd.grad(difference.sum(), output)
+        by_hand = ((source - original) * gradient).sum(-1)
+        assert bool((by_hand.abs() > 1e-6).any())
+        torch.testing.assert_close(estimate['mlp_out'][:, layer, :, 0], by_hand, **TIGHT)
+
+
+def test_models_that_change_their_embeddings_in_place():
+    """CTRL scales ``inputs_embeds`` in place: relevance and edge patching run the model on a copy of the path's
+    embeddings (before: torch refused the in-place change of a leaf), and AtP is the gradient by hand times the
+    difference."""
+    model = tiny_architecture('ctrl')
+    clean = token_ids('ctrl', 5, 2)
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 7) % model.config.vocab_size
+    answers, wrong = ANSWERS[:2], WRONG[:2]
+    assert bool((relevance_patching(model, clean, corrupted, answers, wrong, steps=2)['mlp'] != 0).any())
+    assert bool((edge_patching(model, clean, corrupted, answers, wrong, steps=1).scores != 0).any())
+    estimate = relevance_patching(model, clean, corrupted, answers, wrong, components=('mlp_out',), steps=1)
+    module = model.transformer.h[1].ffn[2]
+    assert component_points(model, ['mlp_out'])['mlp_out'][1].point.module is module
+    seen = []
+    handle = module.register_forward_hook(lambda module, args, output: seen.append(output))
+    try:
+        with torch.no_grad():
+            model(input_ids=corrupted)
+        embeddings = model.get_input_embeddings()(clean).detach().requires_grad_(True)
+        logits = model(inputs_embeds=embeddings.clone()).logits[:, -1]
+    finally:
+        handle.remove()
+    source, output = seen
+    difference = logits.gather(1, answers[:, None])[:, 0] - logits.gather(1, wrong[:, None])[:, 0]
+    (gradient,) = torch.autograd.grad(difference.sum(), output)
+    torch.testing.assert_close(estimate['mlp_out'][:, 1, :, 0], ((source - output) * gradient).sum(-1), **TIGHT)
+
+
+def test_models_that_compute_otherwise_on_their_embeddings_are_refused():
+    """Gemma 3n looks its ids up in per-layer tables, which a run on embeddings leaves out (logits 0.03 apart):
+    relevance and edge patching, which differentiate along the input embeddings, refuse it (before: a module path gave
+    estimates of that other function and its clean metric: -0.068 where the model gives -0.079 for the architecture
+    check's tiny Gemma 3n). Gemma 3's scaled embedding takes the ids too but computes the same on embeddings:
+    estimated as before."""
+    model = tiny_architecture('gemma3n_text')
+    randomize_zero_weights(model, torch.Generator().manual_seed(0))  # AltUp's output scale: the per-layer inputs act
+    clean = token_ids('gemma3n_text', 5, 1)
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 7) % model.config.vocab_size
+    with torch.no_grad():
+        on_ids = model(input_ids=clean).logits
+        on_embeddings = model(inputs_embeds=model.get_input_embeddings()(clean)).logits
+    assert float((on_ids - on_embeddings).abs().max()) > 1e-3
+    refused = 'Gemma3nForCausalLM computes other logits on the embeddings.*per_layer'
+    with pytest.raises(ValueError, match=refused):
+        relevance_patching(
+            model, clean, corrupted, ANSWERS[:1], WRONG[:1], components=('model.layers.1.self_attn.o_proj',)
+        )
+    with pytest.raises(ValueError, match=refused):
+        edge_patching(model, clean, corrupted, ANSWERS[:1], WRONG[:1])
+    gemma3 = tiny_model('gemma3')
+    estimate = relevance_patching(gemma3, clean, corrupted, ANSWERS[:1], WRONG[:1], components=('mlp',), steps=1)
+    exact = activation_patching(gemma3, clean, corrupted, ANSWERS[:1], WRONG[:1], components=('mlp',), progress=False)
+    torch.testing.assert_close(estimate.clean, exact.clean, **TIGHT)
+
+
+def test_a_module_path_of_a_model_without_a_residual_site():
+    """Activation patching of a module path needs no block count where no layers are chosen: Gemma 3n (several
+    residual streams per token, no residual site) patches the output of its attention projection, equal to a forward
+    pass patched by hand (before: refused for its residual site)."""
+    model = tiny_architecture('gemma3n_text')
+    clean = token_ids('gemma3n_text', 5, 1)
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 7) % model.config.vocab_size
+    name = 'model.layers.1.self_attn.o_proj'
+    exact = activation_patching(model, clean, corrupted, ANSWERS[:1], WRONG[:1], components=(name,), progress=False)
+    module = model.get_submodule(name)
+    seen = []
+    handle = module.register_forward_hook(lambda module, args, output: seen.append(output))
+    with torch.no_grad():
+        model(input_ids=corrupted)
+    handle.remove()
+
+    def metric(position=None):
+        def patch(module, args, output):
+            output = output.clone()
+            output[:, position] = seen[0][:, position]
+            return output
+
+        handle = module.register_forward_hook(patch) if position is not None else None
+        with torch.no_grad():
+            logits = model(input_ids=clean).logits[:, -1]
+        if handle is not None:
+            handle.remove()
+        return logits[:, ANSWERS[0]] - logits[:, WRONG[0]]
+
+    by_hand = torch.stack([metric(position) - metric() for position in range(clean.shape[1])], 1)
+    assert bool((by_hand.abs() > 1e-6).any())
+    torch.testing.assert_close(exact[name][:, 0, :, 0], by_hand, **TIGHT)

@@ -150,9 +150,11 @@ class Recorder:
             self._check_positions(point, point.select(detached))
             self.activations[key] = self._finish(point.reduce(point.select(detached)))
             if key in self.keep:
-                self.tensors[key] = detached
+                # a copy: the model may change the tensor in place after the hook (Falcon adds the attention output
+                # to its MLP's output in place), and the kept tensor must be the site's value
+                self.tensors[key] = detached.clone()
             if tensor.requires_grad:
-                tensor.register_hook(self._reader(point, detached))
+                tensor.register_hook(self._reader(point, detached, detached._version))
             return None
 
         return function
@@ -172,13 +174,27 @@ class Recorder:
             'positions'
         )
 
-    def _reader(self, point: SitePoint, detached: torch.Tensor):
-        """The gradient hook of a recorded site tensor ``x`` (``detached``): its relevance ``x * g`` and, for the
-        sites of a condition (:py:attr:`keep`), the gradient ``g`` itself."""
+    def _reader(self, point: SitePoint, detached: torch.Tensor, version: int):
+        """The gradient hook of a recorded site tensor ``x`` (``detached``, whose version counter was ``version`` when
+        it was recorded): its relevance ``x * g`` and, for the sites of a condition (:py:attr:`keep`), the gradient
+        ``g`` itself.
+
+        The gradient is that of ``x`` as the site gave it out (autograd's tensor hooks see the value before any later
+        in-place change); ``x`` itself is the kept copy where the model changed the tensor in place after the site,
+        and refused where there is none."""
         key = (point.site, point.layer)
 
         def read(grad):
-            self.relevances[key] = self._finish(point.reduce(point.select(detached * grad)))
+            value = detached
+            if detached._version != version:
+                value = self.tensors.get(key)
+                if value is None:
+                    raise RuntimeError(
+                        f'{point.site} layer {point.layer}: {type(point.module).__name__} gave out a tensor that the '
+                        "model's forward pass changed in place after it, so its relevance (x * g) cannot be read at "
+                        'the backward pass: latent relevance of this site is not available for this model'
+                    )
+            self.relevances[key] = self._finish(point.reduce(point.select(value * grad)))
             if key in self.keep:
                 self.gradients[key] = point.select(grad)
 

@@ -25,8 +25,9 @@ from typing import NamedTuple
 
 import torch
 
+from ...inputs.lookups import needs_ids
 from ...rules.boundary import gradient_outputs
-from .metrics import Metric
+from .metrics import Metric, output_logits
 
 __all__ = [
     'PATHS',
@@ -39,6 +40,7 @@ __all__ = [
     'path_points',
     'changed_positions',
     'metric_forward',
+    'check_embedding_runs',
 ]
 
 #: The paths of :py:func:`path_points` (module docstring): name -> what moves on it.
@@ -158,12 +160,14 @@ def metric_forward(model, leaf: torch.Tensor, metric: Metric, composite, resolve
     yields ``(value, start, metric)``: the metric's value (for a composite the initial relevance, see
     :py:meth:`~zennit_attn.inputs.objectives.Objective.value`), the ``grad_outputs`` its backward pass starts with (for
     a composite ``f`` itself: the backward starts with ``df/dy`` at the logits) and the metric, resolved on these
-    logits if ``resolve``. Run the backward pass inside the context."""
+    logits if ``resolve``. Run the backward pass inside the context. The model runs on a copy of ``leaf``, as a model
+    may change its embeddings in place (CTRL scales them: a leaf refuses it), as
+    :py:meth:`~zennit_attn.inputs.task.TokenTask.run` does."""
     context = contextlib.nullcontext(model) if composite is None else composite.context(model)
     with torch.enable_grad(), context as modified:
         if composite is not None:
             gradient_outputs(composite)  # the metric converts its initial relevance itself
-        logits = metric.logits(modified(inputs_embeds=leaf))
+        logits = metric.logits(modified(inputs_embeds=leaf.clone()))
         metric = metric.resolve(logits.detach()) if resolve else metric
         if composite is None:
             value = metric.of(logits)
@@ -171,3 +175,38 @@ def metric_forward(model, leaf: torch.Tensor, metric: Metric, composite, resolve
         else:
             value = metric.of(logits, initial_relevance=True)
             yield value, value.detach(), metric
+
+
+def check_embedding_runs(model: torch.nn.Module, ids: torch.Tensor, rtol: float = 1e-5) -> None:
+    """Refuse a model whose logits on the embeddings of ``ids`` are not those on ``ids``: relevance and edge patching
+    run the model on the input embeddings (the points of the paths), and such a model computes another function
+    there. Checked where the model may need its ids (:py:func:`~zennit_attn.inputs.lookups.needs_ids`: Gemma 3n and
+    Gemma 4 look the ids up in per-layer tables, which a run on embeddings leaves out; the Gemma models' scaled
+    embeddings take the ids but compute the same on embeddings), with one forward pass of each.
+
+    Raises
+    ------
+    ValueError
+        Naming the reason and the largest difference of the logits (or the error of the run on embeddings).
+    """
+    embedding = model.get_input_embeddings()
+    reason = needs_ids(model, embedding)
+    if reason is None:
+        return
+    with torch.no_grad():
+        on_ids = output_logits(model(input_ids=ids))
+        try:
+            on_embeddings = output_logits(model(inputs_embeds=embedding(ids).clone()))
+            error = None
+        except Exception as failure:  # a model that refuses embeddings it cannot map back to ids (Gemma 4)
+            on_embeddings, error = None, f'{type(failure).__name__}: {failure}'
+    if error is None and on_embeddings.shape == on_ids.shape:
+        difference = float((on_embeddings - on_ids).abs().max())
+        if difference <= rtol * max(1.0, float(on_ids.abs().max())):
+            return
+        error = f'its logits differ by up to {difference:.3g}'
+    raise ValueError(
+        f'{type(model).__name__} computes other logits on the embeddings of its tokens than on its token ids '
+        f'({reason}; {error[:300]}): relevance and edge patching take their gradients along the input embeddings, so '
+        'they are not available for this model; activation_patching runs on the ids'
+    )

@@ -56,7 +56,16 @@ from ...latent.recording import Recorder
 from ..statistics import pearson, spearman
 from .components import DEFAULT_COMPONENTS, Component, block_count, component_points, site_points
 from .metrics import FullLogits, Metric, make_metric, output_logits
-from .paths import DEFAULT_PATH, DEFAULT_SPAN, DEFAULT_STEPS, check_path, metric_forward, path_points, path_weights
+from .paths import (
+    DEFAULT_PATH,
+    DEFAULT_SPAN,
+    DEFAULT_STEPS,
+    check_embedding_runs,
+    check_path,
+    metric_forward,
+    path_points,
+    path_weights,
+)
 
 __all__ = [
     'PATCHING_METHODS',
@@ -282,12 +291,15 @@ def path_run(
     Raises
     ------
     ValueError
-        For an unknown method, metric or path, ``steps`` or ``span`` out of range, prompts of different shapes.
+        For an unknown method, metric or path, ``steps`` or ``span`` out of range, prompts of different shapes, a
+        model that computes another function on its embeddings than on its ids (:py:func:`~.paths.
+        check_embedding_runs`).
     """
     name, composite = patching_composite(method)
     path_weights(steps, span)
     check_path(path)
     clean, corrupted = check_pairs(model, clean, corrupted)
+    check_embedding_runs(model, clean[:1])
     return PathRun(name, composite, clean, corrupted, make_metric(metric, answers, wrong, clean.shape[0]))
 
 
@@ -560,7 +572,7 @@ def activation_patching(
         values = {name: metric.of(logits) for name, (_, logits) in captured.items()}
     prompts, base, patched = {'clean': clean, 'corrupted': corrupted}[run], captured[run][0], captured[source][0]
     work = [(kind, component) for kind, points in components.items() for component in points]
-    chosen = _chosen_layers(layers, components, block_count(model))
+    chosen = None if layers is None else _chosen_layers(layers, components, block_count(model))
     scores = {kind: [] for kind in components}
     for kind, component in tqdm(work, desc='activation patching', disable=not progress):
         scores[kind].append(
