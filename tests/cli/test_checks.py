@@ -194,8 +194,8 @@ def test_target_parsing(capsys):
 
 # ---------------------------------------------------------------------------------------- the method for the model
 def test_encoder_decoder_refusals(capsys, tmp_path):
-    """What the library refuses for an encoder-decoder model once loaded (attention-map methods, PA-LRP, latent
-    sites) is refused by the checks, which read is_encoder_decoder from config.json: exit status 2, nothing loaded."""
+    """What the library refuses for an encoder-decoder model once loaded (attention-map methods, latent sites) is
+    refused by the checks, which read is_encoder_decoder from config.json: exit status 2, nothing loaded."""
     folder = tmp_path / 't5'
     folder.mkdir()
     (folder / 'config.json').write_text('{"model_type": "t5", "is_encoder_decoder": true}')
@@ -203,12 +203,11 @@ def test_encoder_decoder_refusals(capsys, tmp_path):
     texts = tmp_path / 'texts.jsonl'
     texts.write_text('{"text": "The bear"}\n')
     others = (
-        'use one of attnlrp, cplrp, attnlrp_late, input_x_gradient, integrated_gradients, smoothgrad, atman, '
+        'use one of attnlrp, cplrp, palrp, attnlrp_late, input_x_gradient, integrated_gradients, smoothgrad, atman, '
         'kernelshap, random'
     )
-    reasons = {'palrp': 'reads the positions of one sequence, and encoder-decoder models have two'}
-    for method in ('attention_rollout', 'grad_attention_rollout', 'gradcam', 'palrp'):
-        reason = reasons.get(method, 'reads attention maps, which are not implemented for encoder-decoder models')
+    for method in ('attention_rollout', 'grad_attention_rollout', 'gradcam'):
+        reason = 'reads attention maps, which are not implemented for encoder-decoder models'
         for argv in (
             ['explain', '--prompt', PROMPT],
             ['generate', '--prompt', PROMPT],

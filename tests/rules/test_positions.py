@@ -134,7 +134,7 @@ def test_a_table_without_rows_is_read_for_one_row_and_refused_for_several():
         output = model(embeddings)
         (leaf,) = [leaf for _, _, leaf in positions.recorded]
         (relevance,) = torch.autograd.grad(output, [leaf], torch.ones_like(output))
-        assert_close(positions.per_position([relevance]), model.wpe.weight[:5].detach().sum(-1)[None], 1e-12)
+        assert_close(positions.per_position([relevance])['input'], model.wpe.weight[:5].detach().sum(-1)[None], 1e-12)
         with pytest.raises(ValueError, match=r'one \[5, 4\] tensor for all rows of the batch'):
             model(torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True))
     finally:
@@ -254,3 +254,32 @@ def test_a_table_of_deit_with_two_prefix_tokens():
     assert_close(explanation.pixel_relevance.sum() + explanation.position_relevance.sum(), explanation.logit[0], 1e-12)
     assert make_task(model, images).pooled_tokens() == 2
     assert make_task(tiny_hf_vision('DeiTForImageClassification')[0], images).pooled_tokens() == 1
+
+
+@pytest.mark.parametrize(('family', 'rows'), [('bart', 2), ('marian', 1)])  # Marian's table has no batch dimension
+def test_an_encoder_decoder_models_two_sequences_of_positions(family, rows):
+    """BART's learned and Marian's sinusoidal tables run over the encoder's and over the decoder's tokens: each
+    sequence's positions are read apart (by the path of the model's encoder; before: refused, two sequences). CP-LRP on
+    the bias-free model: encoder and decoder tokens and positions together conserve the logit, which the tokens alone
+    do not, and the tokens keep their relevance; ``with_positions()`` adds each sequence's positions to its tokens."""
+    model_type, config_type = model_class('seq2seq-lm', family)
+    torch.manual_seed(0)
+    model = model_type(tiny_config(config_type)).double().eval()
+    zero_biases(model)
+    with torch.no_grad():
+        for table in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
+            table.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    ids = TOKENS[:rows, :6]
+    decoder = torch.cat([torch.full((rows, 1), model.config.decoder_start_token_id), TOKENS[:rows, 2:4]], 1)
+    explanation = explain(model, ids, decoder_input_ids=decoder, composite=CPLRPEpsilon(positions=True))
+    without = explain(model, ids, decoder_input_ids=decoder, composite=CPLRPEpsilon())
+    assert explanation.position_relevance.shape == ids.shape
+    assert explanation.decoder_position_relevance.shape == decoder.shape
+    total = explanation.relevance.sum(1) + explanation.decoder_relevance.sum(1)
+    positions = explanation.position_relevance.sum(1) + explanation.decoder_position_relevance.sum(1)
+    assert_close(total + positions, explanation.logit, 1e-12)
+    assert float((without.relevance.sum(1) + without.decoder_relevance.sum(1) - without.logit).abs().max()) > 1e-3
+    assert torch.equal(explanation.relevance, without.relevance)
+    assert torch.equal(explanation.decoder_relevance, without.decoder_relevance)
+    pairs = explanation.with_positions()
+    assert_close(pairs.decoder_relevance, explanation.decoder_relevance + explanation.decoder_position_relevance, 0)

@@ -172,15 +172,13 @@ def check_method(args: argparse.Namespace) -> None:
 #: Why a method cannot explain an encoder-decoder model, by the flag of its declaration that says so.
 ENCODER_DECODER_REFUSALS = {
     'attention_maps': 'reads attention maps, which are not implemented for encoder-decoder models',
-    'one_sequence': 'reads the positions of one sequence, and encoder-decoder models have two',
 }
 
 
 def check_method_for_model(args: argparse.Namespace) -> None:
     """Refuse a method that cannot explain an encoder-decoder model (its ``config.json`` says ``is_encoder_decoder``):
-    one that reads attention maps (:py:func:`zennit_attn.methods.attention.attention_maps` refuses it once loaded) or
-    the positions of one sequence (PA-LRP, refused once loaded); after :py:func:`check_method` and
-    :py:func:`~zennit_attn.cli.models.check_model_options`."""
+    one that reads attention maps (:py:func:`zennit_attn.methods.attention.attention_maps` refuses it once loaded);
+    after :py:func:`check_method` and :py:func:`~zennit_attn.cli.models.check_model_options`."""
     if not args.model_spec.encoder_decoder:
         return
     declaration = DECLARATIONS[args.method]

@@ -421,9 +421,14 @@ class Task:
     def package(self, relevance, logit, method, decoder_relevance):
         raise NotImplementedError
 
-    def add_position_relevance(self, relevance: torch.Tensor, kinds: frozenset[str]) -> None:
-        """The ``[batch, positions]`` relevance of the position encodings (PA-LRP,
-        :py:mod:`zennit_attn.rules.positions`) of ``kinds`` (those of
+    def position_sequence(self, name: str) -> str:
+        """The sequence whose positions the position encoding at the module path ``name`` encodes (PA-LRP,
+        :py:meth:`~zennit_attn.rules.positions.PositionInputs.per_position`): here the input's, ``'input'``."""
+        return 'input'
+
+    def add_position_relevance(self, relevances: dict[str, torch.Tensor], kinds: frozenset[str]) -> None:
+        """The ``{sequence: [batch, positions]}`` relevance of the position encodings (PA-LRP,
+        :py:mod:`zennit_attn.rules.positions`; sequences by :py:meth:`position_sequence`) of ``kinds`` (those of
         :py:data:`~zennit_attn.rules.positions.POSITION_ENCODINGS` that ran), packaged by :py:meth:`package`; read for
         token inputs and vision transformers.
 
@@ -496,6 +501,7 @@ class TokenTask(Task):
         self.lookups = None if self.ids_reason is None else TokenLookups(model, embedding_module, tables)
         self._lookup_relevance: torch.Tensor | None = None
         self._position_relevance: torch.Tensor | None = None
+        self._decoder_position_relevance: torch.Tensor | None = None
         self.decoder_input_ids = self.decoder_embeddings = None
         self._output_mask = self.attention_mask
         if is_encoder_decoder(model):
@@ -637,8 +643,18 @@ class TokenTask(Task):
         """The relevance of :py:meth:`lookup_leaves`, added to the tokens' by :py:meth:`package`."""
         self._lookup_relevance = TokenLookups.token_relevance(relevances)
 
-    def add_position_relevance(self, relevance: torch.Tensor, kinds: frozenset[str]) -> None:
-        """:py:meth:`Task.add_position_relevance`: one relevance per token.
+    def position_sequence(self, name: str) -> str:
+        """:py:meth:`Task.position_sequence`: of an encoder-decoder model ``'encoder'`` for the encodings inside its
+        encoder (``model.get_encoder()``), ``'decoder'`` for the others; ``'input'`` for other models."""
+        if self.decoder_embeddings is None:
+            return 'input'
+        encoder = self.model.get_encoder()
+        path = next(path for path, module in self.modules if module is encoder)
+        return 'encoder' if name == path or name.startswith(f'{path}.') else 'decoder'
+
+    def add_position_relevance(self, relevances: dict[str, torch.Tensor], kinds: frozenset[str]) -> None:
+        """:py:meth:`Task.add_position_relevance`: one relevance per token of the input, or of an encoder-decoder
+        model's encoder and decoder inputs (0 for a sequence without a position encoding).
 
         Raises
         ------
@@ -652,13 +668,22 @@ class TokenTask(Task):
                 'PA-LRP reads them for images explained alone (a vision transformer), not for the tokens of a text; '
                 'explain without positions=True'
             )
-        seq = self.input_ids.shape[1]
-        if relevance.shape != (self.batch, seq):
-            raise ValueError(
-                f'the position encodings gave relevance of shape {list(relevance.shape)} for an input of {self.batch} '
-                f'row(s) of {seq} tokens: PA-LRP reads one relevance per input position'
-            )
-        self._position_relevance = relevance
+        shapes = {'input': (self.batch, self.input_ids.shape[1])}
+        if self.decoder_embeddings is not None:
+            shapes = {'encoder': shapes['input'], 'decoder': tuple(self.decoder_embeddings.shape[:2])}
+        for sequence, relevance in relevances.items():
+            if tuple(relevance.shape) != shapes[sequence]:
+                rows, tokens = shapes[sequence]
+                raise ValueError(
+                    f'the position encodings of the {sequence} gave relevance of shape {list(relevance.shape)} for '
+                    f'{rows} row(s) of {tokens} tokens: PA-LRP reads one relevance per input position'
+                )
+        found = {
+            sequence: relevances[sequence] if sequence in relevances else self.inputs.new_zeros(shape)
+            for sequence, shape in shapes.items()
+        }
+        self._position_relevance = found.get('input', found.get('encoder'))
+        self._decoder_position_relevance = found.get('decoder')
 
     def keep_logits(self, position=-1, target: TargetLike = None) -> dict:
         """Restrict the model's language-model head to the explained positions: ``{'logits_to_keep': positions}``
@@ -800,6 +825,10 @@ class TokenTask(Task):
         positions, self._position_relevance = per_token(self._position_relevance, self.attention_mask)[0], None
         decoder_mask = self._output_mask if self.decoder_embeddings is not None else None
         decoder, decoder_embedding = per_token(decoder_relevance, decoder_mask)
+        decoder_positions, self._decoder_position_relevance = (
+            per_token(self._decoder_position_relevance, decoder_mask)[0],
+            None,
+        )
         return Explanation(
             relevance=tokens,
             embedding_relevance=embedding,
@@ -816,6 +845,7 @@ class TokenTask(Task):
             contrast=self.objective.contrast,
             objective=self.objective,
             position_relevance=positions,
+            decoder_position_relevance=decoder_positions,
             choices=None if self.choices is None else self.choices.count,
         )
 
@@ -1007,7 +1037,7 @@ class ImageTask(Task):
             return self.prefix_tokens() - self._registers()
         return TOKEN_HEADS.get(type(self.model).__name__, 1)
 
-    def add_position_relevance(self, relevance: torch.Tensor, kinds: frozenset[str]) -> None:
+    def add_position_relevance(self, relevances: dict[str, torch.Tensor], kinds: frozenset[str]) -> None:
         """The ``[batch, positions]`` relevance of a vision transformer's position table (PA-LRP,
         :py:mod:`zennit_attn.rules.positions`), as ``[batch, tokens]`` (:py:meth:`token_count`: the prefix tokens, then
         the patches row by row). The table has a position for every token, or for the patches alone (timm's
@@ -1020,6 +1050,7 @@ class ImageTask(Task):
             For positions that are none of these (a table interpolated to another grid than the one :py:meth:`grid`
             reads from the model's patch size, the stages of a pyramid).
         """
+        relevance = relevances['input']
         rows, columns = self.grid()
         patches, prefix, registers = rows * columns, self.prefix_tokens(), self._registers()
         # positions in the table -> how many of them the prefix tokens take, before the patches'

@@ -13,9 +13,7 @@ is built from the same declarations and imports an implementation on its first u
   :py:class:`~zennit_attn.latent.Neuron` target;
 - ``lrp``: it is LRP and takes ``composite=`` (a zennit composite; default chosen by the method for the modality);
 - ``attention_maps``: it reads the attention probabilities
-  (:py:func:`~zennit_attn.methods.attention.attention_maps`), which encoder-decoder models do not give it;
-- ``one_sequence``: it reads the positions of one sequence (PA-LRP, :py:mod:`zennit_attn.rules.positions`), and an
-  encoder-decoder model has two.
+  (:py:func:`~zennit_attn.methods.attention.attention_maps`), which encoder-decoder models do not give it.
 
 A method whose implementation needs packages beyond the core dependencies names them (``requires``) and the extra of
 ``zennit-attn`` that installs them (``extra``): KernelSHAP needs captum and scikit-learn
@@ -162,8 +160,6 @@ class Declaration:
         It is LRP and takes ``composite=``.
     attention_maps: bool
         It reads the attention probabilities.
-    one_sequence: bool
-        It reads the positions of one sequence (refused for encoder-decoder models).
     parameters: tuple of Parameter
         Its hyperparameters (``composite`` not included), in the order of the implementation's signature.
     requires: tuple of (str, str)
@@ -179,7 +175,6 @@ class Declaration:
     neuron: bool = False
     lrp: bool = False
     attention_maps: bool = False
-    one_sequence: bool = False
     parameters: tuple[Parameter, ...] = ()
     requires: tuple[tuple[str, str], ...] = ()
     extra: str | None = None
@@ -248,7 +243,7 @@ DECLARATIONS: dict[str, Declaration] = {
     for declaration in (
         Declaration('attnlrp', 'propagation:attnlrp', backward=True, latent=True, neuron=True, lrp=True),
         Declaration('cplrp', 'propagation:cplrp', backward=True, latent=True, neuron=True, lrp=True),
-        Declaration('palrp', 'propagation:palrp', backward=True, latent=True, neuron=True, lrp=True, one_sequence=True),
+        Declaration('palrp', 'propagation:palrp', backward=True, latent=True, neuron=True, lrp=True),
         Declaration('attnlrp_late', 'propagation:attnlrp_late', backward=True, latent=True, neuron=True, lrp=True),
         Declaration('input_x_gradient', 'gradients:input_x_gradient', backward=True, latent=True, neuron=True),
         Declaration(

@@ -68,7 +68,8 @@ def attribute(
     relevance = [torch.zeros_like(leaf) if value is None else value for leaf, value in zip(inputs, relevance)]
     if positions:
         found = composite.position_inputs
-        task.add_position_relevance(found.per_position(relevance[-len(positions) :]), found.kinds())
+        sequences = found.per_position(relevance[-len(positions) :], task.position_sequence)
+        task.add_position_relevance(sequences, found.kinds())
     if inner:
         task.add_lookup_relevance(relevance[len(leaves) : len(leaves) + len(inner)])
     relevance = relevance[: len(leaves)]

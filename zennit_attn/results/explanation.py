@@ -87,7 +87,11 @@ class Explanation:
         With PA-LRP (``method='palrp'``, or a composite with ``positions=True``: :py:mod:`zennit_attn.rules.positions`):
         ``[batch, seq]`` relevance of the positions, that of the position encodings' outputs (rotary ``cos`` and
         ``sin`` of every layer, learned or sinusoidal tables) summed over their features; 0 at padding. The token
-        relevance and it together are what the relevance of an input of position-token pairs sums to. None otherwise.
+        relevance and it together are what the relevance of an input of position-token pairs sums to. For
+        encoder-decoder models the encoder's positions. None otherwise.
+    decoder_position_relevance: torch.Tensor or None
+        With PA-LRP on an encoder-decoder model: ``[batch, decoder_seq]`` the decoder's positions, as
+        ``position_relevance`` the encoder's. None otherwise.
     choices: int or None
         For a multiple-choice head (:py:mod:`zennit_attn.inputs.choices`): the number of choices per row. The choices'
         tokens are then one after another, ``input_ids``, ``relevance`` and ``attention_mask`` ``[batch, choices *
@@ -125,6 +129,7 @@ class Explanation:
     objective: object = field(default=None, repr=False, compare=False)
     template: torch.Tensor | None = None
     position_relevance: torch.Tensor | None = None
+    decoder_position_relevance: torch.Tensor | None = None
     choices: int | None = None
 
     @property
@@ -164,9 +169,10 @@ class Explanation:
 
     def with_positions(self) -> Explanation:
         """The explanation of the input as position-token pairs (PA-LRP, :py:mod:`zennit_attn.rules.positions`): a copy
-        whose ``relevance`` is each token's plus its position's (:py:attr:`position_relevance`), for every view
-        (:py:meth:`show`, :py:meth:`to_html`, :py:meth:`save`, :py:meth:`top`); ``embedding_relevance`` and
-        ``position_relevance`` are kept as they are.
+        whose ``relevance`` is each token's plus its position's (:py:attr:`position_relevance`; of an encoder-decoder
+        model also ``decoder_relevance`` plus :py:attr:`decoder_position_relevance`), for every view (:py:meth:`show`,
+        :py:meth:`to_html`, :py:meth:`save`, :py:meth:`top`); ``embedding_relevance`` and the position relevance are
+        kept as they are.
 
         Raises
         ------
@@ -179,7 +185,10 @@ class Explanation:
                 f"this {self.method} explanation has no position relevance: explain with method='palrp' (or a "
                 'composite with positions=True)'
             )
-        return replace(self, relevance=self.relevance + self.position_relevance)
+        decoder = self.decoder_relevance
+        if self.decoder_position_relevance is not None:
+            decoder = decoder + self.decoder_position_relevance
+        return replace(self, relevance=self.relevance + self.position_relevance, decoder_relevance=decoder)
 
     def top(self, k: int, tokenizer=None, row: int = 0) -> list[tuple[int, float, str | None]]:
         """The ``k`` most relevant positions of ``row`` as ``(position, relevance, token)``; padding excluded. The

@@ -317,27 +317,35 @@ class PositionInputs:
         """The kinds (of :py:data:`POSITION_ENCODINGS`) of the position inputs of the last forward pass."""
         return frozenset(kind for _, kind, _ in self.recorded)
 
-    def per_position(self, relevances: list[torch.Tensor]) -> torch.Tensor:
-        """``[batch, positions]`` relevance of the positions: the relevance of each leaf (``relevances``, in the order
-        of :py:attr:`recorded`) summed over its features, over the encodings and (for encodings run once per layer)
-        over the layers.
+    def per_position(
+        self, relevances: list[torch.Tensor], sequence_of: Callable[[str], str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """``{sequence: [batch, positions]}`` relevance of the positions of each sequence: the relevance of each leaf
+        (``relevances``, in the order of :py:attr:`recorded`) summed over its features, over the encodings of the
+        sequence and (for encodings run once per layer) over the layers. ``sequence_of`` names the sequence of the
+        encoding at a module path (an encoder-decoder model's ``'encoder'`` and ``'decoder'``); without it all are of
+        one sequence, ``'input'``.
 
         Raises
         ------
         ValueError
-            If the encodings disagree on the number of positions (an encoder-decoder model's two sequences).
+            If the encodings of one sequence disagree on its number of positions (a vision-language model whose
+            vision tower has positions of its own beside the text's).
         """
-        total, first = None, None
+        totals, firsts = {}, {}
         for (name, _, leaf), relevance in zip(self.recorded, relevances):
+            sequence = 'input' if sequence_of is None else sequence_of(name)
             summed = (relevance.unsqueeze(0) if leaf.dim() < 3 else relevance).flatten(2).sum(-1)
+            total = totals.get(sequence)
             if total is not None and summed.shape != total.shape:
                 raise ValueError(
-                    f'the position encodings of the model run over sequences of {total.shape[1]} ({first}) and '
-                    f'{summed.shape[1]} positions ({name}): PA-LRP reads one relevance per position of one sequence '
-                    '(encoder-decoder models, and vision-language models whose vision tower has positions of its own, '
-                    'have two); explain without positions=True'
+                    f'the position encodings of the model run over sequences of {total.shape[1]} '
+                    f'({firsts[sequence]}) and {summed.shape[1]} positions ({name}): PA-LRP reads one relevance per '
+                    "position of the input's sequence (vision-language models, whose vision tower has positions of "
+                    'its own, have two); explain without positions=True'
                 )
-            total, first = (summed, name) if total is None else (total + summed, first)
-        if total is None:
+            totals[sequence] = summed if total is None else total + summed
+            firsts.setdefault(sequence, name)
+        if not totals:
             raise RuntimeError('no position encoding ran in the forward pass: nothing to read')
-        return total
+        return totals
