@@ -262,8 +262,9 @@ _FUNCTIONS: dict = {}
 _PRODUCTS = ('product', 'contraction')
 #: The fast path of metadata (not classified at all).
 _METADATA = 'metadata'
-#: The shapes of linear operations that note nothing and mark nothing where no operand is marked.
-_QUIET = frozenset({'selection', 'mask', 'write', 'reduction', 'dropout', 'constant'})
+#: The shapes of linear operations that note nothing and mark nothing where no operand is marked (not dropout, whose
+#: handler refuses dropout that drops).
+_QUIET = frozenset({'selection', 'mask', 'write', 'reduction', 'constant'})
 
 
 def _function(func) -> tuple:
