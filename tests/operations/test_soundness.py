@@ -278,6 +278,56 @@ def test_gradient_hook_inside_the_forward():
         explained(build(GradientHooked, change=True))
 
 
+def _doubled(module, gradients):
+    return tuple(None if gradient is None else 2 * gradient for gradient in gradients)
+
+
+BACKWARD_HOOKS = {
+    'backward hook': lambda module: module.register_backward_hook(lambda m, grad_in, grad_out: _doubled(m, grad_in)),
+    'full backward hook': lambda module: module.register_full_backward_hook(
+        lambda m, grad_in, grad_out: _doubled(m, grad_in)
+    ),
+    'backward pre-hook': lambda module: module.register_full_backward_pre_hook(_doubled),
+}
+
+
+@pytest.mark.parametrize('path', ['blocks.0', 'blocks.0.attn', 'blocks.0.mlp', 'blocks.0.mlp.down', 'norm'])
+@pytest.mark.parametrize('hook', sorted(BACKWARD_HOOKS))
+def test_backward_hooks_are_refused(hook, path):
+    """A module backward hook runs in the relevance pass on the rules' modified gradient; one that returns a gradient
+    changes the relevance. Refused by name, registered before the composite or inside its context. Before, a hook of
+    ``register_backward_hook`` that doubles the gradient passed in silence (CP-LRP's relevance / logit 2.0 at a block
+    or the final norm, 1.056 at the MLP, 0.992 at the attention), the full hooks were refused as a kernel's output."""
+    model = build()
+    handle = BACKWARD_HOOKS[hook](model.get_submodule(path))
+    kind = 'backward pre-hook' if 'pre' in hook else 'backward hook'
+    refused(model, f"a {kind} on '{path}' ({type(model.get_submodule(path)).__name__})")
+    handle.remove()
+    assert_conserved(model)
+
+    @contextlib.contextmanager
+    def hooked(modified):
+        inner = BACKWARD_HOOKS[hook](modified.get_submodule(path))
+        try:
+            yield
+        finally:
+            inner.remove()
+
+    refused(model, f"a {kind} on '{path}'", context=hooked)
+    assert not any(module._backward_hooks or module._backward_pre_hooks for module in model.modules())
+
+
+def test_global_backward_hooks_are_refused():
+    """torch's global module backward hooks run on every module's gradient: refused as the module's own."""
+    model = build()
+    handle = torch.nn.modules.module.register_module_full_backward_hook(lambda m, grad_in, grad_out: None)
+    try:
+        refused(model, 'a backward hook on every module')
+    finally:
+        handle.remove()
+    assert_conserved(model)
+
+
 def test_zennit_rules_beside_the_composite_are_refused():
     """zennit's own rules registered beside CP-LRP (-405 times the logit before): refused when registered first (at
     the composite's registration) and when registered inside its context (when the model runs)."""

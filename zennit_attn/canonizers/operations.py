@@ -19,7 +19,9 @@ called on a tensor that carries relevance and applies the rule the operation reg
   ``x / g(x)`` (:py:mod:`~zennit_attn.operations.elementwise`);
 - operations under ``torch.no_grad()`` inside the forward whose results meet relevance again, exponentials outside
   attention logits, custom autograd functions (kernels), and every operation the registry does not declare: refused,
-  :py:class:`~zennit_attn.core.errors.UnsupportedModelError` naming the operation, the module and what to do.
+  :py:class:`~zennit_attn.core.errors.UnsupportedModelError` naming the operation, the module and what to do;
+- backward hooks of modules (also torch's global ones), which would run on the rules' modified gradient and may change
+  it: refused at the registration and at every forward (:py:func:`refuse_backward_hooks`).
 
 Activation, LayerNorm and RMSNorm *modules* get their rules from the composite (the mode leaves their inside alone);
 other modules named like a normalisation are classified inside like any code (a channels-first LayerNorm's variance
@@ -67,6 +69,8 @@ __all__ = [
     'CACHE_ARGUMENTS',
     'active_classifier',
     'cached_tokens',
+    'backward_hooks',
+    'refuse_backward_hooks',
 ]
 
 #: Attention implementations whose arithmetic the mode sees (the kernels among the others run as ``sdpa`` during the
@@ -215,6 +219,8 @@ class OperationCanonizer(Canonizer):
         self.inline: dict[int, tuple[str, torch.nn.Module, object, str]] = {}
         self.state = self.start()
         self.root: torch.nn.Module | None = None
+        #: the root's modules, walked at :py:meth:`register` (their backward hooks are checked at every forward)
+        self.modules: Modules = []
         #: the names of the root's modules by id, found at the first :py:meth:`module_path`
         self.names: dict[int, str] | None = None
         self.depth = 0
@@ -267,6 +273,8 @@ class OperationCanonizer(Canonizer):
         ``list(model.named_modules())`` where the caller has walked them)."""
         self.root = model
         modules = list(model.named_modules()) if modules is None else modules
+        self.modules = modules
+        refuse_backward_hooks(model, modules)
         self._configure(model, modules)
         # first (after the relevance boundary, which the composites register later, also first): the pre-hooks that
         # change the model's inputs run in the mode
@@ -455,6 +463,7 @@ class OperationCanonizer(Canonizer):
         self.depth += 1
         if self.depth > 1 or not self.active:
             return
+        refuse_backward_hooks(module, self.modules)  # registered inside the context
         cached = cached_tokens(kwargs)
         if cached is not None:
             name, held = cached
@@ -586,9 +595,56 @@ class OperationCanonizer(Canonizer):
         for target, attribute, value in reversed(self.settings):
             setattr(target, attribute, value)
         self.handles, self.frozen, self.settings = [], [], []
-        self.depth, self.root, self.names = 0, None, None
+        self.depth, self.root, self.names, self.modules = 0, None, None, []
         self.state = self.start()
         del self.rules[1:]
+
+
+def backward_hooks(modules: Modules) -> list[tuple[str, str]]:
+    """``(module path, kind)`` of the backward hooks registered on ``modules`` (``list(model.named_modules())``):
+    ``'backward hook'`` (``register_backward_hook``, ``register_full_backward_hook``), ``'backward pre-hook'``
+    (``register_full_backward_pre_hook``), and torch's global module backward hooks (path ``'*'``)."""
+    found = [
+        (name, kind)
+        for name, module in modules
+        for kind, hooks in (
+            ('backward hook', module._backward_hooks),
+            ('backward pre-hook', module._backward_pre_hooks),
+        )
+        if hooks
+    ]
+    module_globals = torch.nn.modules.module
+    for kind, attribute in (
+        ('backward hook', '_global_backward_hooks'),
+        ('backward pre-hook', '_global_backward_pre_hooks'),
+    ):
+        if getattr(module_globals, attribute, None):
+            found.append(('*', kind))
+    return found
+
+
+def refuse_backward_hooks(model: torch.nn.Module, modules: Modules) -> None:
+    """Raise :py:class:`~zennit_attn.core.errors.UnsupportedModelError` for backward hooks on ``model``'s modules
+    (:py:func:`backward_hooks`): they run in the relevance pass, on the rules' modified gradient, and may change it
+    (a hook of ``register_backward_hook`` that returns a new gradient changes the relevance without a trace in the
+    forward: CP-LRP's relevance of a tiny transformer summed to 2.0, 1.056 or 0.992 of the logit with one that doubles
+    the gradient at a block, an MLP or an attention module)."""
+    hooks = backward_hooks(modules)
+    if not hooks:
+        return
+    where = ', '.join(
+        f'a {kind} on every module (torch.nn.modules.module.register_module_{kind.replace(" ", "_").replace("-", "_")})'
+        if name == '*'
+        else f'a {kind} on {name or "the model"!r} ({type(model.get_submodule(name)).__name__})'
+        for name, kind in hooks[:3]
+    )
+    more = f' and {len(hooks) - 3} more' if len(hooks) > 3 else ''
+    raise UnsupportedModelError(
+        f'zennit-attn cannot explain {type(model).__name__} with {where}{more}: backward hooks run in the relevance '
+        "pass on the rules' modified gradient (not the model's gradient), and one that returns a gradient changes "
+        'the relevance. Remove them for the explanation (the handle of each: handle.remove()); a hook that records '
+        'gradients reads relevance (Explanation.latent, zennit_attn.latent) instead.'
+    )
 
 
 #: Kinds of explained quantized layers (:py:func:`~.quantization.quantization_of`) that compute their linear map in
