@@ -225,7 +225,8 @@ class OperationCanonizer(Canonizer):
         self.names: dict[int, str] | None = None
         self.depth = 0
         self.handles: list = []
-        self.frozen: list[torch.nn.Parameter] = []
+        #: ``(module, name, parameter)`` of each place of a parameter frozen for the context
+        self.frozen: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
         self.settings: list[tuple[object, str, object]] = []
         self.modes: list[tuple[Classifier, contextvars.Token]] = []
         #: whether a forward of the model enters the classifying mode (False inside zennit's ``Composite.inactive()``,
@@ -280,11 +281,13 @@ class OperationCanonizer(Canonizer):
         # change the model's inputs run in the mode
         self.handles.append(model.register_forward_pre_hook(self._enter, with_kwargs=True, prepend=True))
         self.handles.append(model.register_forward_hook(self._leave, always_call=True))
-        for _, module in modules:  # each parameter once: a shared one is frozen at its first module
-            for parameter in module._parameters.values():
-                if parameter is not None and parameter.requires_grad:
+        frozen = set()
+        for _, module in modules:  # each parameter frozen once; every place of it kept (a shared one has several)
+            for key, parameter in module._parameters.items():
+                if parameter is not None and (parameter.requires_grad or id(parameter) in frozen):
                     parameter.requires_grad_(False)
-                    self.frozen.append(parameter)
+                    frozen.add(id(parameter))
+                    self.frozen.append((module, key, parameter))
         self._hook_modules(model, modules)
         for module, rule in self.scopes:
             self._scope(module, rule)
@@ -590,8 +593,13 @@ class OperationCanonizer(Canonizer):
         self.layers.clear()
         self.running.clear()
         self.inline.clear()
-        for parameter in self.frozen:
+        for module, key, parameter in self.frozen:
             parameter.requires_grad_(True)
+            current = module._parameters[key] if key in module._parameters else None  # TorchScript's has no get()
+            if current is not None and current is not parameter and not current.requires_grad and current.is_leaf:
+                # replaced during the context by a copy that took the frozen flag (accelerate's offloading hooks
+                # load each weight as a new parameter for the forward and put a new meta parameter back after it)
+                current.requires_grad_(True)
         for target, attribute, value in reversed(self.settings):
             setattr(target, attribute, value)
         self.handles, self.frozen, self.settings = [], [], []
