@@ -301,7 +301,7 @@ def test_backward_hooks_are_refused(hook, path):
     model = build()
     handle = BACKWARD_HOOKS[hook](model.get_submodule(path))
     kind = 'backward pre-hook' if 'pre' in hook else 'backward hook'
-    refused(model, f"a {kind} on '{path}' ({type(model.get_submodule(path)).__name__})")
+    refused(model, f"a {kind} on '{path}' ({type(model.get_submodule(path)).__name__}, register_")
     handle.remove()
     assert_conserved(model)
 
@@ -317,15 +317,41 @@ def test_backward_hooks_are_refused(hook, path):
     assert not any(module._backward_hooks or module._backward_pre_hooks for module in model.modules())
 
 
-def test_global_backward_hooks_are_refused():
-    """torch's global module backward hooks run on every module's gradient: refused as the module's own."""
+def _scaled_norms(module, args, output):
+    return output * 1.5 if isinstance(module, nn.LayerNorm) else None
+
+
+def _scaled_norm_inputs(module, args):
+    return (args[0] * 1.5, *args[1:]) if isinstance(module, nn.LayerNorm) else None
+
+
+GLOBAL_HOOKS = {
+    'backward hook': lambda: torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None),
+    'forward hook': lambda: torch.nn.modules.module.register_module_forward_hook(_scaled_norms),
+    'forward pre-hook': lambda: torch.nn.modules.module.register_module_forward_pre_hook(_scaled_norm_inputs),
+}
+
+
+@pytest.mark.parametrize('hook', sorted(GLOBAL_HOOKS))
+def test_global_module_hooks_are_refused(hook):
+    """torch's global module hooks: backward hooks run on every module's modified gradient, forward hooks before the
+    rules' hooks of every module (the rules of the norms then undo or miss their change), forward pre-hooks on the
+    model before the mode is entered: refused by name. Before, a global forward hook that scales the LayerNorms'
+    outputs by 1.5 got CP-LRP's relevance of another logit than the model's, in silence (0.643 for the model's 0.912);
+    the same hook registered on each LayerNorm is explained exactly."""
     model = build()
-    handle = torch.nn.modules.module.register_module_full_backward_hook(lambda m, grad_in, grad_out: None)
+    handle = GLOBAL_HOOKS[hook]()
     try:
-        refused(model, 'a backward hook on every module')
+        refused(model, f'a global {hook} on every module')
     finally:
         handle.remove()
     assert_conserved(model)
+    if hook == 'forward hook':  # on the modules themselves: seen by the mode, after the rules
+        handles = [module.register_forward_hook(_scaled_norms) for module in model.modules()]
+        logit = assert_conserved(model)
+        torch.testing.assert_close(logit, plain_logit(model), rtol=1e-12, atol=0)
+        for each in handles:
+            each.remove()
 
 
 def test_zennit_rules_beside_the_composite_are_refused():
