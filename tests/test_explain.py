@@ -15,6 +15,7 @@ from tests.numbers import assert_close
 from tests.text_tokenizer import byte_level_tokenizer
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
+from zennit_attn.core import UnsupportedModelError
 
 #: the tiny Llama of these tests: :py:func:`tests.models.tiny_model` with a vocabulary of 50, intermediate size 48,
 #: pad id 0 and SDPA attention (its weights are those of the ``LlamaConfig`` with these sizes built here before)
@@ -171,6 +172,23 @@ def test_bad_input_raises_clear_errors(llama):
             explain(llama, tokens)
     finally:
         llama.eval()
+
+
+def test_dropout_outside_the_module_tree_is_refused():
+    """A model in eval mode whose forward still drops at random (a dropout module that ``model.eval()`` does not
+    reach, here one a forward hook of a block calls; ``training=True`` written into the code) is refused: before, two
+    calls of CP-LRP on a tiny Llama gave relevances 0.1 apart, each conserving the logit of its own random draw."""
+    model = tiny_model('llama', **LLAMA)
+    dropout = torch.nn.Dropout(0.3)  # in training mode, outside the model's module tree
+    handle = model.model.layers[0].register_forward_hook(lambda module, args, output: dropout(output))
+    try:
+        with pytest.raises(UnsupportedModelError, match=r"dropout in 'model\.layers\.0'.*probability 0\.3"):
+            explain(model, ids(1, 5), method='cplrp')
+        dropout.eval()
+        found = explain(model, ids(1, 5), method='cplrp').relevance
+    finally:
+        handle.remove()
+    assert torch.equal(found, explain(model, ids(1, 5), method='cplrp').relevance)
 
 
 def test_methods_dispatch():

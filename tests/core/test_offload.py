@@ -69,6 +69,26 @@ def test_cpu_offload_equals_one_device(saved):
     assert any(parameter.is_meta for parameter in model.parameters())  # still offloaded afterwards
 
 
+def trainable(model) -> dict[str, bool]:
+    return {name: parameter.requires_grad for name, parameter in model.named_parameters()}
+
+
+@pytest.mark.parametrize('method', ['cplrp', 'attnlrp'])
+def test_offloaded_parameters_are_left_trainable(saved, tmp_path, method):
+    """The engine freezes the parameters for the context and unfreezes them after: also where accelerate's hooks
+    replace them by new parameters in every forward (which took the frozen flag). Before, explaining a
+    ``cpu_offload``-ed tiny Llama left 20 of its 21 parameters frozen (``requires_grad`` False) for good."""
+    family, folder = saved
+    ids, extra = inputs(family)
+    offloaded = load(folder, family)
+    accelerate.cpu_offload(offloaded, execution_device=torch.device('cpu'))
+    for model in (offloaded, disk_offloaded(folder, family, load(folder, family), tmp_path)):
+        before = trainable(model)
+        assert all(before.values())
+        explain(model, ids, method=method, **extra)
+        assert trainable(model) == before
+
+
 def disk_offloaded(folder, family, reference_model, tmp_path, rest='cpu'):
     """Every second transformer block on disk, the other blocks on the CPU, every module with weights outside them
     on ``rest``."""

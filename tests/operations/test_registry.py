@@ -757,3 +757,54 @@ def test_operations_are_named_by_what_they_compute():
     assert op_name(torch.Tensor.__rtruediv__) == op_name(torch.Tensor.__rdiv__) == 'reciprocal_scaled'
     assert op_name(torch.Tensor.__rsub__) == 'sub' and op_name(torch.special.expit) == 'sigmoid'
     assert op_name(torch.Tensor.__rpow__) == 'rpow' and math.isclose(HALF, 0.5)
+
+
+# -------------------------------------------------------------------------------------------------- random operations
+#: A dropout module in training mode that a model keeps outside its module tree (``model.eval()`` does not reach it).
+LOOSE_DROPOUT = torch.nn.Dropout(0.3)
+ACTIVE_DROPOUT = {
+    'dropout': lambda h: F.dropout(h, 0.3, training=True),
+    'dropout default': lambda h: F.dropout(h),  # p=0.5, training=True by default
+    'torch.dropout': lambda h: torch.dropout(h, 0.3, True),
+    'torch.dropout train=': lambda h: torch.dropout(h, 0.3, train=True),
+    'dropout1d': lambda h: F.dropout1d(h[None], 0.3, training=True)[0],
+    'dropout2d': lambda h: F.dropout2d(h[None, None], 0.3, training=True)[0, 0],
+    'alpha_dropout': lambda h: F.alpha_dropout(h, 0.3, training=True),
+    'feature_alpha_dropout': lambda h: F.feature_alpha_dropout(h[None, None], 0.3, training=True)[0, 0],
+    'module outside the module tree': lambda h: LOOSE_DROPOUT(h),
+    'sdpa': lambda h: F.scaled_dot_product_attention(h[None], h[None], h[None], dropout_p=0.3)[0],
+}
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon])
+@pytest.mark.parametrize('name', sorted(ACTIVE_DROPOUT))
+def test_active_dropout_is_refused(name, composite):
+    """Dropout that drops (``p > 0`` in training mode, whatever the modules' modes say) makes the explanation that of
+    one random draw: another relevance at every call (before: relevance 0.1 to 0.2 apart between two calls of a tiny
+    Llama), and a logit that is not the model's. Refused by name; the same operations without dropping pass (the plain
+    gradient, ``test_plain_operations_pass_the_plain_gradient``)."""
+    function = ACTIVE_DROPOUT[name]
+    torch.manual_seed(0)
+    model = Projected(lambda h, g: function(h) * 1.0 + g).double()
+    with pytest.raises(UnsupportedModelError, match='dropout'):
+        attributed(model, composite(), x())
+
+
+INACTIVE_DROPOUT = {
+    'p=0 in training mode': lambda h: F.dropout(h, 0.0, training=True),
+    'torch.dropout, evaluation': lambda h: torch.dropout(h, 0.3, False),
+    'sdpa without dropout': lambda h: F.scaled_dot_product_attention(h[None], h[None], h[None], dropout_p=0.0)[0],
+}
+
+
+@pytest.mark.parametrize('name', sorted(INACTIVE_DROPOUT))
+def test_dropout_that_drops_nothing_passes(name):
+    """Dropout with ``p = 0`` or in evaluation mode is the identity: explained as the same function without it."""
+    function = INACTIVE_DROPOUT[name]
+    without = {'sdpa without dropout': lambda h: F.scaled_dot_product_attention(h[None], h[None], h[None])[0]}
+    reference = without.get(name, lambda h: h)
+    torch.manual_seed(0)
+    found = attributed(Projected(lambda h, g: function(h) + g).double(), CPLRPEpsilon(), x())
+    torch.manual_seed(0)
+    expected = attributed(Projected(lambda h, g: reference(h) + g).double(), CPLRPEpsilon(), x())
+    torch.testing.assert_close(found, expected, rtol=0, atol=0)

@@ -278,6 +278,82 @@ def test_gradient_hook_inside_the_forward():
         explained(build(GradientHooked, change=True))
 
 
+def _doubled(module, gradients):
+    return tuple(None if gradient is None else 2 * gradient for gradient in gradients)
+
+
+BACKWARD_HOOKS = {
+    'backward hook': lambda module: module.register_backward_hook(lambda m, grad_in, grad_out: _doubled(m, grad_in)),
+    'full backward hook': lambda module: module.register_full_backward_hook(
+        lambda m, grad_in, grad_out: _doubled(m, grad_in)
+    ),
+    'backward pre-hook': lambda module: module.register_full_backward_pre_hook(_doubled),
+}
+
+
+@pytest.mark.parametrize('path', ['blocks.0', 'blocks.0.attn', 'blocks.0.mlp', 'blocks.0.mlp.down', 'norm'])
+@pytest.mark.parametrize('hook', sorted(BACKWARD_HOOKS))
+def test_backward_hooks_are_refused(hook, path):
+    """A module backward hook runs in the relevance pass on the rules' modified gradient; one that returns a gradient
+    changes the relevance. Refused by name, registered before the composite or inside its context. Before, a hook of
+    ``register_backward_hook`` that doubles the gradient passed in silence (CP-LRP's relevance / logit 2.0 at a block
+    or the final norm, 1.056 at the MLP, 0.992 at the attention), the full hooks were refused as a kernel's output."""
+    model = build()
+    handle = BACKWARD_HOOKS[hook](model.get_submodule(path))
+    kind = 'backward pre-hook' if 'pre' in hook else 'backward hook'
+    refused(model, f"a {kind} on '{path}' ({type(model.get_submodule(path)).__name__}, register_")
+    handle.remove()
+    assert_conserved(model)
+
+    @contextlib.contextmanager
+    def hooked(modified):
+        inner = BACKWARD_HOOKS[hook](modified.get_submodule(path))
+        try:
+            yield
+        finally:
+            inner.remove()
+
+    refused(model, f"a {kind} on '{path}'", context=hooked)
+    assert not any(module._backward_hooks or module._backward_pre_hooks for module in model.modules())
+
+
+def _scaled_norms(module, args, output):
+    return output * 1.5 if isinstance(module, nn.LayerNorm) else None
+
+
+def _scaled_norm_inputs(module, args):
+    return (args[0] * 1.5, *args[1:]) if isinstance(module, nn.LayerNorm) else None
+
+
+GLOBAL_HOOKS = {
+    'backward hook': lambda: torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None),
+    'forward hook': lambda: torch.nn.modules.module.register_module_forward_hook(_scaled_norms),
+    'forward pre-hook': lambda: torch.nn.modules.module.register_module_forward_pre_hook(_scaled_norm_inputs),
+}
+
+
+@pytest.mark.parametrize('hook', sorted(GLOBAL_HOOKS))
+def test_global_module_hooks_are_refused(hook):
+    """torch's global module hooks: backward hooks run on every module's modified gradient, forward hooks before the
+    rules' hooks of every module (the rules of the norms then undo or miss their change), forward pre-hooks on the
+    model before the mode is entered: refused by name. Before, a global forward hook that scales the LayerNorms'
+    outputs by 1.5 got CP-LRP's relevance of another logit than the model's, in silence (0.643 for the model's 0.912);
+    the same hook registered on each LayerNorm is explained exactly."""
+    model = build()
+    handle = GLOBAL_HOOKS[hook]()
+    try:
+        refused(model, f'a global {hook} on every module')
+    finally:
+        handle.remove()
+    assert_conserved(model)
+    if hook == 'forward hook':  # on the modules themselves: seen by the mode, after the rules
+        handles = [module.register_forward_hook(_scaled_norms) for module in model.modules()]
+        logit = assert_conserved(model)
+        torch.testing.assert_close(logit, plain_logit(model), rtol=1e-12, atol=0)
+        for each in handles:
+            each.remove()
+
+
 def test_zennit_rules_beside_the_composite_are_refused():
     """zennit's own rules registered beside CP-LRP (-405 times the logit before): refused when registered first (at
     the composite's registration) and when registered inside its context (when the model runs)."""

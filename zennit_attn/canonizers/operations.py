@@ -19,7 +19,10 @@ called on a tensor that carries relevance and applies the rule the operation reg
   ``x / g(x)`` (:py:mod:`~zennit_attn.operations.elementwise`);
 - operations under ``torch.no_grad()`` inside the forward whose results meet relevance again, exponentials outside
   attention logits, custom autograd functions (kernels), and every operation the registry does not declare: refused,
-  :py:class:`~zennit_attn.core.errors.UnsupportedModelError` naming the operation, the module and what to do.
+  :py:class:`~zennit_attn.core.errors.UnsupportedModelError` naming the operation, the module and what to do;
+- backward hooks of modules (also torch's global ones), which would run on the rules' modified gradient and may change
+  it, and torch's global forward hooks, which run before the rules' hooks: refused at the registration and at every
+  forward (:py:func:`refuse_foreign_hooks`).
 
 Activation, LayerNorm and RMSNorm *modules* get their rules from the composite (the mode leaves their inside alone);
 other modules named like a normalisation are classified inside like any code (a channels-first LayerNorm's variance
@@ -67,6 +70,9 @@ __all__ = [
     'CACHE_ARGUMENTS',
     'active_classifier',
     'cached_tokens',
+    'GLOBAL_HOOKS',
+    'foreign_hooks',
+    'refuse_foreign_hooks',
 ]
 
 #: Attention implementations whose arithmetic the mode sees (the kernels among the others run as ``sdpa`` during the
@@ -215,11 +221,14 @@ class OperationCanonizer(Canonizer):
         self.inline: dict[int, tuple[str, torch.nn.Module, object, str]] = {}
         self.state = self.start()
         self.root: torch.nn.Module | None = None
+        #: the root's modules, walked at :py:meth:`register` (their backward hooks are checked at every forward)
+        self.modules: Modules = []
         #: the names of the root's modules by id, found at the first :py:meth:`module_path`
         self.names: dict[int, str] | None = None
         self.depth = 0
         self.handles: list = []
-        self.frozen: list[torch.nn.Parameter] = []
+        #: ``(module, name, parameter)`` of each place of a parameter frozen for the context
+        self.frozen: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
         self.settings: list[tuple[object, str, object]] = []
         self.modes: list[tuple[Classifier, contextvars.Token]] = []
         #: whether a forward of the model enters the classifying mode (False inside zennit's ``Composite.inactive()``,
@@ -267,16 +276,20 @@ class OperationCanonizer(Canonizer):
         ``list(model.named_modules())`` where the caller has walked them)."""
         self.root = model
         modules = list(model.named_modules()) if modules is None else modules
+        self.modules = modules
+        refuse_foreign_hooks(model, modules)
         self._configure(model, modules)
         # first (after the relevance boundary, which the composites register later, also first): the pre-hooks that
         # change the model's inputs run in the mode
         self.handles.append(model.register_forward_pre_hook(self._enter, with_kwargs=True, prepend=True))
         self.handles.append(model.register_forward_hook(self._leave, always_call=True))
-        for _, module in modules:  # each parameter once: a shared one is frozen at its first module
-            for parameter in module._parameters.values():
-                if parameter is not None and parameter.requires_grad:
+        frozen = set()
+        for _, module in modules:  # each parameter frozen once; every place of it kept (a shared one has several)
+            for key, parameter in module._parameters.items():
+                if parameter is not None and (parameter.requires_grad or id(parameter) in frozen):
                     parameter.requires_grad_(False)
-                    self.frozen.append(parameter)
+                    frozen.add(id(parameter))
+                    self.frozen.append((module, key, parameter))
         self._hook_modules(model, modules)
         for module, rule in self.scopes:
             self._scope(module, rule)
@@ -455,6 +468,7 @@ class OperationCanonizer(Canonizer):
         self.depth += 1
         if self.depth > 1 or not self.active:
             return
+        refuse_foreign_hooks(module, self.modules)  # registered inside the context
         cached = cached_tokens(kwargs)
         if cached is not None:
             name, held = cached
@@ -581,14 +595,83 @@ class OperationCanonizer(Canonizer):
         self.layers.clear()
         self.running.clear()
         self.inline.clear()
-        for parameter in self.frozen:
+        for module, key, parameter in self.frozen:
             parameter.requires_grad_(True)
+            current = module._parameters[key] if key in module._parameters else None  # TorchScript's has no get()
+            if current is not None and current is not parameter and not current.requires_grad and current.is_leaf:
+                # replaced during the context by a copy that took the frozen flag (accelerate's offloading hooks
+                # load each weight as a new parameter for the forward and put a new meta parameter back after it)
+                current.requires_grad_(True)
         for target, attribute, value in reversed(self.settings):
             setattr(target, attribute, value)
         self.handles, self.frozen, self.settings = [], [], []
-        self.depth, self.root, self.names = 0, None, None
+        self.depth, self.root, self.names, self.modules = 0, None, None, []
         self.state = self.start()
         del self.rules[1:]
+
+
+#: torch's global module hooks (attributes of ``torch.nn.modules.module``) that the engine refuses, with the function
+#: that registers each: backward hooks (they run on the rules' modified gradient) and forward hooks and pre-hooks (they
+#: run before every module's own hooks: before the rules' hooks, and on the model before the mode is entered).
+GLOBAL_HOOKS = {
+    '_global_backward_hooks': ('backward hook', 'register_module_full_backward_hook or register_module_backward_hook'),
+    '_global_backward_pre_hooks': ('backward pre-hook', 'register_module_full_backward_pre_hook'),
+    '_global_forward_hooks': ('forward hook', 'register_module_forward_hook'),
+    '_global_forward_pre_hooks': ('forward pre-hook', 'register_module_forward_pre_hook'),
+}
+
+
+def foreign_hooks(modules: Modules) -> list[tuple[str, str, str]]:
+    """``(module path, kind, how it was registered)`` of the hooks the engine refuses on ``modules``
+    (``list(model.named_modules())``): backward hooks (``register_backward_hook``, ``register_full_backward_hook``)
+    and backward pre-hooks (``register_full_backward_pre_hook``) of modules, and torch's global module hooks
+    (:py:data:`GLOBAL_HOOKS`, path ``'*'``)."""
+    found = [
+        (name, kind, how)
+        for name, module in modules
+        for kind, how, hooks in (
+            ('backward hook', 'register_full_backward_hook or register_backward_hook', module._backward_hooks),
+            ('backward pre-hook', 'register_full_backward_pre_hook', module._backward_pre_hooks),
+        )
+        if hooks
+    ]
+    module_globals = torch.nn.modules.module
+    for attribute, (kind, how) in GLOBAL_HOOKS.items():
+        if getattr(module_globals, attribute, None):
+            found.append(('*', kind, how))
+    return found
+
+
+def refuse_foreign_hooks(model: torch.nn.Module, modules: Modules) -> None:
+    """Raise :py:class:`~zennit_attn.core.errors.UnsupportedModelError` for the hooks of :py:func:`foreign_hooks`.
+
+    Backward hooks run in the relevance pass on the rules' modified gradient and may change it (a hook of
+    ``register_backward_hook`` that returns a new gradient changes the relevance without a trace in the forward:
+    CP-LRP's relevance of a tiny transformer summed to 2.0, 1.056 or 0.992 of the logit with one that doubles the
+    gradient at a block, an MLP or an attention module). torch's global forward hooks run before each module's own
+    hooks, so before the rules of normalisations and activations, which then replace or miss their change (a global
+    hook that scaled the outputs of the LayerNorms of a tiny GPT-2 by 1.5 got CP-LRP's relevance of a logit 0.17 off
+    the model's; of the RMSNorms of a tiny Llama, relevance that summed to 0.67 of the logit), and global forward
+    pre-hooks run on the model before the mode is entered; a module's own forward hooks and pre-hooks are ordered
+    after the rules and seen by the mode."""
+    hooks = foreign_hooks(modules)
+    if not hooks:
+        return
+    where = ', '.join(
+        f'a global {kind} on every module (torch.nn.modules.module.{how})'
+        if name == '*'
+        else f'a {kind} on {name or "the model"!r} ({type(model.get_submodule(name)).__name__}, {how})'
+        for name, kind, how in hooks[:3]
+    )
+    more = f' and {len(hooks) - 3} more' if len(hooks) > 3 else ''
+    raise UnsupportedModelError(
+        f'zennit-attn cannot explain {type(model).__name__} with {where}{more}: backward hooks run in the relevance '
+        "pass on the rules' modified gradient (not the model's gradient), and one that returns a gradient changes "
+        "the relevance; torch's global forward hooks run before the rules' hooks of every module, whose rules then "
+        'miss or undo their change. Remove them for the explanation (the handle of each: handle.remove()); register '
+        'a forward hook on the module itself (module.register_forward_hook), which the engine sees; a hook that '
+        'records gradients reads relevance (Explanation.latent, zennit_attn.latent) instead.'
+    )
 
 
 #: Kinds of explained quantized layers (:py:func:`~.quantization.quantization_of`) that compute their linear map in

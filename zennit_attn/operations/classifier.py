@@ -22,12 +22,17 @@ are frozen for the time of the context, so these are exactly the tensors compute
    sanctioned by the engine (or be an explained input), and the outputs, and the tensors it changed in place, are
    recorded as produced.
 
+While the mode is entered, functions compiled by ``torch.compile`` that the forward calls (helpers, hooks) run as their
+Python code, whose operations the mode classifies (:py:func:`eager_compiled`).
+
 With a rule table (:py:attr:`~zennit_attn.operations.tracking.State.table`: a dry run) each operation is
 recorded with its rule and what the handler decided, and a refusal is recorded and passed with the plain gradient, so
 that the table covers the whole model.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -44,7 +49,7 @@ from .registry import ADDING, OPERATIONS, RULE_TABLE, op_name
 from .softmax import exp_sum_use, log_softmax_use, sink_mass, sum_of_exponentials
 from .tracking import State, produced_tensors, refuse_bias
 
-__all__ = ['Classifier', 'ROUTES', 'dispatch']
+__all__ = ['Classifier', 'ROUTES', 'dispatch', 'eager_compiled']
 
 
 def _bias_use(call: Call, state: State):
@@ -113,6 +118,23 @@ class Classifier(TorchFunctionMode):
         super().__init__()
         self.state = state
         state.mode, state.dispatch = self, dispatch
+        self._stances: list = []
+
+    def __enter__(self):
+        """Enter the mode; functions compiled by ``torch.compile`` that the forward calls run as their Python code
+        meanwhile (:py:func:`eager_compiled`)."""
+        self._stances.append(eager_compiled())
+        try:
+            return super().__enter__()
+        except BaseException:
+            _restore(self._stances.pop())
+            raise
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        try:
+            return super().__exit__(exc_type, exc_value, traceback)
+        finally:
+            _restore(self._stances.pop())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -253,6 +275,25 @@ class Classifier(TorchFunctionMode):
         state.table.record(state.here(), call.name, rule, how)
 
 
+def eager_compiled():
+    """Make functions compiled by ``torch.compile`` run as their Python code (``torch.compiler.set_stance
+    ('force_eager')``) until :py:func:`_restore` of what it returns (None where nothing changed). The mode classifies
+    their operations as those of any code; compiled, dynamo would trace the mode's own ``__torch_function__`` into its
+    graph and run the graph's operations unclassified (the plain gradient in place of their rules, silently). The
+    stance is torch's, for every thread; nothing changes where ``torch._dynamo`` is not loaded (nothing can be compiled
+    then) or where torch has no stances (before 2.6)."""
+    if 'torch._dynamo' not in sys.modules:
+        return None
+    set_stance = getattr(torch.compiler, 'set_stance', None)
+    return set_stance('force_eager') if set_stance is not None else None
+
+
+def _restore(stance) -> None:
+    """Put back the compiler's stance that :py:func:`eager_compiled` changed."""
+    if stance is not None:
+        stance.__exit__(None, None, None)
+
+
 _ORDER = list(ROUTES)
 _MISSING = object()
 #: ``(name, declaration, whether it changes its first argument, its fast path)`` of each function the mode has seen
@@ -262,8 +303,9 @@ _FUNCTIONS: dict = {}
 _PRODUCTS = ('product', 'contraction')
 #: The fast path of metadata (not classified at all).
 _METADATA = 'metadata'
-#: The shapes of linear operations that note nothing and mark nothing where no operand is marked.
-_QUIET = frozenset({'selection', 'mask', 'write', 'reduction', 'dropout', 'constant'})
+#: The shapes of linear operations that note nothing and mark nothing where no operand is marked (not dropout, whose
+#: handler refuses dropout that drops).
+_QUIET = frozenset({'selection', 'mask', 'write', 'reduction', 'constant'})
 
 
 def _function(func) -> tuple:

@@ -28,7 +28,7 @@ from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, is_number, replaced, tensor_position
 from .graph import is_outer_product
 from .marks import ACTIVATED, SOFTMAXED, join_gates, kind, passed, produced
-from .tracking import State, refuse_bias
+from .tracking import State, refuse_bias, refuse_dropout
 
 __all__ = [
     'product',
@@ -303,6 +303,9 @@ def attention(call: Call, state: State):
     of the scores' share (AttnLRP: 1/4 each), the values their share of the attention (AttnLRP: 1/2); a float mask
     that carries relevance is an additive term of the logits, the scores' share (CP-LRP: query, key and mask
     constant)."""
+    dropout = call.argument('dropout_p', 0.0)
+    if dropout:
+        refuse_dropout(state, call.name, dropout)
     names = ('query', 'key', 'value')
     operands = [call.argument(name) for name in names]
     marks = [state.marks.of(tensor) if isinstance(tensor, torch.Tensor) else None for tensor in operands]

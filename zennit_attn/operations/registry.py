@@ -77,7 +77,7 @@ from .elementwise import (
 from .marks import ACTIVATED, extremum_of_multiples, passed, produced
 from .products import attended, attention, elements, multiplied, note_offset, product, scatter, solve
 from .softmax import log_softmax, log_softmaxed, logsumexp, softmax, softmaxed, summed_exponentials
-from .tracking import Override, State
+from .tracking import Override, State, refuse_dropout
 
 __all__ = [
     'Rule',
@@ -144,6 +144,8 @@ def _plain(call: Call, state: State):
     a number is noted as such (:py:func:`~.products.note_offset`: a product gives that part to its other factor); the
     extremum of a tensor and a multiple of it, and a selection of it by its sign, are an activation's output
     (:py:func:`~.marks.extremum_of_multiples`, :py:func:`~.elementwise.rectifies_by_sign`)."""
+    if call.entry.shape == 'dropout':
+        _check_dropout(call, state)
     if call.entry.shape == 'shift' and shifts_activation(call, state):
         return activation_shift(call, state)
     if call.entry.shape in ADDING:
@@ -156,6 +158,17 @@ def _plain(call: Call, state: State):
     if call.entry.shape == 'shift':
         note_offset(call.func, call.args, call.kwargs, call.carrying, output, state)
     return output
+
+
+def _check_dropout(call: Call, state: State) -> None:
+    """Refuse dropout that drops: a probability ``p > 0`` in training mode (``torch.nn.functional``'s defaults: 0.5
+    and True; torch's own functions name the mode ``train``), whatever the modes of the modules are
+    (:py:func:`~.tracking.refuse_dropout`). In evaluation mode, or with ``p = 0``, it is the identity: the plain
+    gradient."""
+    p = call.argument('p', 0.5)
+    training = call.argument('training', call.kwargs.get('train', True))
+    if training and p:
+        refuse_dropout(state, call.name, p)
 
 
 #: The shapes of linear operations that may add constants to relevance (:py:func:`_plain`).
@@ -504,7 +517,12 @@ operation(
     """,
     shape='reduction',
 )
-operation('plain', 'dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout', shape='dropout')
+operation(
+    'plain',
+    'dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout',
+    shape='dropout',
+    params='input p training',
+)
 operation(
     'plain',
     """

@@ -44,6 +44,7 @@ __all__ = [
     'RuleRow',
     'Override',
     'refuse_bias',
+    'refuse_dropout',
     'produced_tensors',
     'KERNEL_HINTS',
     'TRUSTED_FUNCTIONS',
@@ -456,6 +457,21 @@ def refuse_bias(state: State, op: str, origin) -> None:
         'activation written with exp (SiLU as x / (1 + exp(-x)), softplus as log(1 + exp(x)), tanh as (exp(2x) - '
         '1) / (exp(2x) + 1)) gets its rule when called as its torch function (F.silu, F.softplus, torch.tanh)',
         path=list(origin),
+    )
+
+
+def refuse_dropout(state: State, op: str, p) -> None:
+    """Refuse the operation ``op``, dropout that drops (probability ``p > 0`` in training mode) on relevance-carrying
+    tensors: the explanation would be that of one random draw, another at every call, of a logit that is not the
+    model's (a dropout module outside the module tree, which ``model.eval()`` does not reach, or ``training=True``
+    written into the code)."""
+    state.refuse(
+        op,
+        f'dropout with probability {p} in training mode (it drops values at random: the explanation would be that '
+        'of one random draw, another at every call, of a logit the model does not compute in evaluation mode)',
+        hint='Explain the model without dropout: call model.eval() (also on dropout modules it keeps outside its '
+        'module tree), pass training=False (or self.training) to functional dropout, dropout_p=0 to '
+        'scaled_dot_product_attention.',
     )
 
 
