@@ -669,3 +669,14 @@ def test_palrp_refuses_a_position_table_held_as_a_parameter():
     processor = processors.build_processor(model, config, vocab, set())
     with pytest.raises(ValueError, match=r"BlipModel holds a position table as a parameter \('vision_model"):
         explain(model, ['w4 w5 w6'], images=processors.small_image(), processor=processor, method='palrp')
+
+
+def test_palrp_refuses_the_positions_of_a_vision_tower(llava):
+    """LLaVA's vision tower has a position table of its own (a module, as the text's rotary embedding is): PA-LRP read
+    both as one sequence, refused only where their lengths differed, and summed the tower's 17 positions into a text
+    of 17 tokens. The encodings outside the language model (``model.get_decoder()``) are the vision tower's: refused by
+    name whatever the lengths."""
+    model, processor = llava
+    with pytest.raises(ValueError, match="position encodings of LlavaForConditionalGeneration's vision"):
+        explain(model, LLAVA_TEXT, images=[image()], processor=processor, method='palrp')
+    assert explain(model, [5, 9, 14], method='palrp').position_relevance.shape == (1, 3)  # the text alone

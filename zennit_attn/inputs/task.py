@@ -672,6 +672,12 @@ class TokenTask(Task):
         if self.decoder_embeddings is not None:
             shapes = {'encoder': shapes['input'], 'decoder': tuple(self.decoder_embeddings.shape[:2])}
         for sequence, relevance in relevances.items():
+            if sequence not in shapes:
+                raise ValueError(
+                    f"PA-LRP read position encodings of {type(self.model).__name__}'s {sequence} (a vision tower's "
+                    "positions beside the text's): it reads the positions of the explained tokens only, and their "
+                    "share of the relevance would be missing from the text's; explain without positions=True"
+                )
             if tuple(relevance.shape) != shapes[sequence]:
                 rows, tokens = shapes[sequence]
                 raise ValueError(
