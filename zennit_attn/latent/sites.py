@@ -267,8 +267,8 @@ def _tokens_elsewhere(tensor: torch.Tensor, shape: tuple[int, int]) -> bool:
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.core.blocks.
     block_stacks`); of several, the one the model's text input runs (a vision-language model's language model).
-    Refused for an encoder-decoder model, blocks that keep the sequence first (XLNet) and blocks that run several
-    times (ALBERT)."""
+    Refused for a model whose input runs several stacks (Funnel's encoder and decoder), an encoder-decoder model,
+    blocks that keep the sequence first (XLNet) and blocks that run several times (ALBERT)."""
     if is_encoder_decoder(model):
         raise ValueError(
             f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
@@ -285,9 +285,12 @@ def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
     if len(stacks) > 1:
         stacks = structure.stacks
     if len(stacks) != 1:
+        held = ', '.join(f'{path!r} ({len(blocks)} blocks)' for path, blocks in stacks)
         raise ValueError(
-            f'{type(model).__name__} has {len(stacks)} stacks of transformer blocks '
-            f'({", ".join(repr(path) for path, _ in stacks)}): latent sites need exactly one'
+            f'{type(model).__name__} runs {len(stacks)} stacks of transformer blocks on its input ({held}): layer l '
+            'of a latent site is block l of one stack, and no one stack holds all the blocks the model runs (reading '
+            "one would leave the others' layers out): latent relevance, Neuron targets, conditions, steering and "
+            'patching by layer are not available for it; explain without latent=, or patch module paths'
         )
     repeated = [index for index, block in enumerate(stacks[0][1]) if id(block) in structure.repeated]
     if repeated:

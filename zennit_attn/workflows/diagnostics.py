@@ -184,6 +184,9 @@ class _Boundaries:
 
     def __init__(self, model: torch.nn.Module, positions: list | None = None):
         self.stacks = block_stacks(model)[::-1]  # output side first: the decoder's, then the encoder's
+        #: ``id(block) -> its module path`` (a block of nested lists, Funnel's ``funnel.encoder.blocks.2.3``, is not
+        #: ``{stack}.{index}``)
+        self.paths = {id(module): name for name, module in model.named_modules()}
         #: the position encodings that are inputs of the explanation (PA-LRP): not watched as other embeddings
         self.positions = {module for _, module, _ in positions or []}
         self.word_embeddings = {model.get_input_embeddings()}
@@ -193,16 +196,16 @@ class _Boundaries:
         self.probes: dict[str, _Probe] = {}
         #: boundary names, output first
         self.names = []
-        for stack_name, stack in self.stacks:
-            self.names += [f'output of {stack_name}.{index}' for index in reversed(range(len(stack)))]
-            self.names.append(f'input of {stack_name}.0')
+        for _, stack in self.stacks:
+            self.names += [f'output of {self.paths[id(block)]}' for block in reversed(stack)]
+            self.names.append(f'input of {self.paths[id(stack[0])]}')
 
     def observe(self, modified: torch.nn.Module, watched: list) -> list:
         """Hook the probes into ``modified`` (the ``observe`` of :py:func:`~zennit_attn.methods.lrp.attribute`); the
         tensors they watch are appended to ``watched``. Returns the hook handles."""
         handles = []
-        for stack_name, stack in self.stacks:
-            handles += self._watch_stack(stack_name, stack, watched)
+        for _, stack in self.stacks:
+            handles += self._watch_stack(stack, watched)
         others = self.probes.setdefault('other embeddings', _Probe(watched))
 
         def watch_embedding(module, input, output):
@@ -219,13 +222,13 @@ class _Boundaries:
                 handles.append(module.register_forward_hook(watch_embedding))
         return handles
 
-    def _watch_stack(self, stack_name: str, stack, watched: list) -> list:
+    def _watch_stack(self, stack: list, watched: list) -> list:
         """Probes at the output of every block of ``stack`` and at the input of its first block."""
         handles = []
-        for index, block in enumerate(stack):
-            probe = self.probes.setdefault(f'output of {stack_name}.{index}', _Probe(watched))
+        for block in stack:
+            probe = self.probes.setdefault(f'output of {self.paths[id(block)]}', _Probe(watched))
             handles.append(block.register_forward_hook(lambda module, input, output, probe=probe: probe.watch(output)))
-        first = self.probes.setdefault(f'input of {stack_name}.0', _Probe(watched))
+        first = self.probes.setdefault(f'input of {self.paths[id(stack[0])]}', _Probe(watched))
         handles.append(
             stack[0].register_forward_pre_hook(lambda module, args, probe=first: probe.watch(args[0] if args else None))
         )
