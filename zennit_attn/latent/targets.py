@@ -28,7 +28,7 @@ import torch
 from ..inputs.objectives import RelevanceToGradient
 from ..inputs.task import ImageTask, Readout, Task, TokenTask
 from ..methods.registry import METHODS, Method
-from .recording import REDUCTIONS, Recorder
+from .recording import REDUCTIONS, Recorder, unreached
 from .sites import SITES, Neuron, SitePoint, find_sites
 
 __all__ = ['LatentTarget', 'explain_latent', 'repeat_task', 'resolve_point']
@@ -94,7 +94,7 @@ class LatentTarget(Readout):
             if handle is not None:
                 handle.remove()
         if not captured:
-            raise RuntimeError(f'the forward pass did not reach {self.point.site} layer {self.point.layer}')
+            raise RuntimeError(f'the forward pass did not reach {unreached(self.point)}')
         site = self.point.select(captured[0])
         if self.weights is None:
             unit = self.point.unit_features(self.index, site.shape[-1])
