@@ -227,6 +227,10 @@ class ModelStructure:
         (``[batch, seq, hidden]``), four where they hold several residual streams per token (the hyper-connections of
         DeepSeek-V4 and HY-V4, ``[batch, seq, streams, hidden]``; Gemma-3n's AltUp, ``[streams, batch, seq,
         hidden]``).
+    calls: dict of int to int
+        ``id(block) -> how many times it ran through its module call in the pass`` (absent: never; SqueezeBERT calls
+        its blocks' ``forward`` directly, which runs no hook, and Mllama skips its cross-attention blocks without an
+        image).
     unchained: frozenset of int
         Ids of the blocks whose hidden states in (their first argument, else their first tensor keyword) are not
         those the block before them gave out (the output, or its first element): the residual stream is passed on in
@@ -243,6 +247,7 @@ class ModelStructure:
     repeated: frozenset[int] = frozenset()
     hidden_shape: tuple[int, ...] | None = None
     unchained: frozenset[int] = frozenset()
+    calls: Mapping[int, int] = field(default_factory=dict)
 
     def attention_in(self, block: torch.nn.Module) -> list[AttentionOp]:
         """The attention operations that ``block``'s forward ran (innermost block)."""
@@ -898,6 +903,7 @@ def discover(model: torch.nn.Module, inputs=None) -> ModelStructure:
         repeated=frozenset(key for key, count in trace.calls.items() if count > 1),
         hidden_shape=trace.block_shape,
         unchained=_unchained(trace, stacks),
+        calls=dict(trace.calls),
     )
 
 

@@ -6,9 +6,12 @@ A *block* is a module that transformers marks as one (a ``GradientCheckpointingL
 of every transformers model that supports gradient checkpointing). In a model that marks none (timm's vision
 transformers, older transformers models, models of your own), a block is an element of a ``ModuleList`` or
 ``Sequential`` whose elements are all of one class, that holds an attention module (a module whose class name says
-``Attention`` or ``Attn``; timm's ``Block``). Blocks inside a block are not blocks. A *stack* is the blocks that one
+``Attention`` or ``Attn``; timm's ``Block``); a container (``ModuleList``, ``Sequential``, ``ModuleDict``) is never a
+block: it is not called, its elements are. Blocks inside a block are not blocks. A *stack* is the blocks that one
 parent module holds, named by the parent's path: one stack in decoder-only, encoder-only and vision models, the
-encoder's and the decoder's in encoder-decoder models.
+encoder's and the decoder's in encoder-decoder models. Blocks held in nested lists (Funnel's
+``funnel.encoder.blocks[i][j]``: one inner list per group of blocks between two poolings) are one stack, named by
+the outermost list's path, in module order.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ __all__ = [
     'vision_towers',
 ]
 
+#: Modules that hold modules without being called: never blocks, and a list of them is searched for blocks.
+CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 #: Class names of attention modules, and of the modules inside them that are not attention (an MLP of a pooling head).
 _ATTENTION = re.compile(r'Attention|Attn')
 _NOT_ATTENTION = re.compile(r'MLP|Mlp|FeedForward|FFN|Ffn|Intermediate|Expert|Router|Gate')
@@ -84,8 +89,9 @@ def is_marked_block(module: torch.nn.Module) -> bool:
 
 def is_repeated_block(module: torch.nn.Module, container: torch.nn.Module) -> bool:
     """Whether ``module`` is an element of ``container`` (a ``ModuleList`` or ``Sequential``) whose elements are all of
-    ``module``'s class, and holds an attention module below it (timm's ``Block`` in ``VisionTransformer.blocks``)."""
-    if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+    ``module``'s class, and holds an attention module below it (timm's ``Block`` in ``VisionTransformer.blocks``); not
+    a container itself (an inner list of nested lists of blocks: Funnel's encoder)."""
+    if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)) or isinstance(module, CONTAINERS):
         return False
     if any(type(element) is not type(module) for element in container.children()):
         return False
@@ -110,7 +116,9 @@ def block_stacks(model: torch.nn.Module) -> list[tuple[str, list[torch.nn.Module
         ``(path of the parent module, its blocks in order)`` per stack: ``[('model.layers', [...])]`` for a Llama
         ``ForCausalLM``; ``[('encoder.block', [...]), ('decoder.block', [...])]`` for T5 (the encoder first, as it
         runs); the path is ``''`` for blocks that are children of ``model`` itself, and a block's path is
-        ``f'{stack path}.{index}'`` where the parent holds nothing but blocks.
+        ``f'{stack path}.{index}'`` where the parent holds nothing but blocks; blocks held in nested lists (Funnel's
+        ``funnel.encoder.blocks[i][j]``) are one stack named by the outermost list, ``[('funnel.encoder.blocks',
+        [12 blocks]), ('funnel.decoder.layers', [2 blocks])]``.
 
     Raises
     ------
@@ -128,18 +136,21 @@ def block_stacks(model: torch.nn.Module) -> list[tuple[str, list[torch.nn.Module
 
 
 def _stacks(model: torch.nn.Module, marked: bool) -> dict[str, list[torch.nn.Module]]:
-    """The stacks of the blocks transformers marks (``marked``) or of the repeated blocks, by parent path."""
+    """The stacks of the blocks transformers marks (``marked``) or of the repeated blocks, by parent path (the
+    outermost list's path for blocks in nested lists)."""
     stacks: dict[str, list[torch.nn.Module]] = {}
 
-    def visit(path: str, module: torch.nn.Module, container: torch.nn.Module | None) -> None:
+    def visit(path: str, module: torch.nn.Module, container: torch.nn.Module | None, stack: str) -> None:
+        # ``stack``: the stack ``module`` belongs to if it is a block (its parent's path, or the outermost list's)
         found = is_marked_block(module) if marked else container is not None and is_repeated_block(module, container)
         if found:
-            stacks.setdefault(path.rpartition('.')[0], []).append(module)
+            stacks.setdefault(stack, []).append(module)
             return
+        nested = isinstance(module, CONTAINERS) and isinstance(container, CONTAINERS)
         for name, child in module.named_children():
-            visit(f'{path}.{name}' if path else name, child, module)
+            visit(f'{path}.{name}' if path else name, child, module, stack if nested else path)
 
-    visit('', model, None)
+    visit('', model, None, '')
     return stacks
 
 

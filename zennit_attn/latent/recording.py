@@ -206,9 +206,9 @@ class Recorder:
         relevance, activation = {}, {}
         for site, points in self.points.items():
             keys = [(point.site, point.layer) for point in points]
-            missing = [key for key in keys if key not in self.activations]
+            missing = [point for point in points if (point.site, point.layer) not in self.activations]
             if missing:
-                raise RuntimeError(f'the forward pass did not reach {missing[0][0]} layer {missing[0][1]}')
+                raise RuntimeError(f'the forward pass did not reach {unreached(missing[0])}')
             activation[site] = torch.stack([self.activations[key] for key in keys], 1)
             relevance[site] = torch.stack(
                 [
@@ -218,6 +218,15 @@ class Recorder:
                 1,
             )
         return Latent(relevance=relevance, activation=activation, reduce=self.reduce)
+
+
+def unreached(point: SitePoint) -> str:
+    """What a forward pass that did not run ``point``'s hook did not reach, and why it may not have (for messages)."""
+    return (
+        f'{point.site} layer {point.layer} ({type(point.module).__name__} did not run through its module call: a '
+        "block skipped for this input, as Mllama's cross-attention blocks without an image, or a module whose "
+        'forward the model calls directly, which runs no hook); read the layers the input runs'
+    )
 
 
 class RankedNeuron(NamedTuple):

@@ -267,8 +267,9 @@ def _tokens_elsewhere(tensor: torch.Tensor, shape: tuple[int, int]) -> bool:
 def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks of the model's one stack of transformer blocks (:py:func:`~zennit_attn.core.blocks.
     block_stacks`); of several, the one the model's text input runs (a vision-language model's language model).
-    Refused for an encoder-decoder model, blocks that keep the sequence first (XLNet) and blocks that run several
-    times (ALBERT)."""
+    Refused for a model whose input runs several stacks (Funnel's encoder and decoder), an encoder-decoder model,
+    blocks that keep the sequence first (XLNet), blocks that run several times (ALBERT) and blocks none of which runs
+    through its module call (SqueezeBERT calls ``layer.forward(...)``: no hook on them runs)."""
     if is_encoder_decoder(model):
         raise ValueError(
             f'{type(model).__name__} is an encoder-decoder model: latent sites are defined for '
@@ -285,10 +286,14 @@ def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
     if len(stacks) > 1:
         stacks = structure.stacks
     if len(stacks) != 1:
+        held = ', '.join(f'{path!r} ({len(blocks)} blocks)' for path, blocks in stacks)
         raise ValueError(
-            f'{type(model).__name__} has {len(stacks)} stacks of transformer blocks '
-            f'({", ".join(repr(path) for path, _ in stacks)}): latent sites need exactly one'
+            f'{type(model).__name__} runs {len(stacks)} stacks of transformer blocks on its input ({held}): layer l '
+            'of a latent site is block l of one stack, and no one stack holds all the blocks the model runs (reading '
+            "one would leave the others' layers out): latent relevance, Neuron targets, conditions, steering and "
+            'patching by layer are not available for it; explain without latent=, or patch module paths'
         )
+    _check_ran(model, *stacks[0])
     repeated = [index for index, block in enumerate(stacks[0][1]) if id(block) in structure.repeated]
     if repeated:
         raise ValueError(
@@ -296,6 +301,23 @@ def _block_stack(model: torch.nn.Module) -> list[torch.nn.Module]:
             "one block, as ALBERT's): latent sites are read per block, which would hold the layers of all its runs"
         )
     return stacks[0][1]
+
+
+def _check_ran(model: torch.nn.Module, path: str, blocks: list[torch.nn.Module]) -> None:
+    """Refuse a stack none of whose blocks ran through its module call in the discovery pass (no hook on them ran:
+    the sites' hooks would see none of them). A stack of which some blocks ran is read: a block skipped for some
+    inputs (Mllama's cross-attention blocks without an image) runs for others, and each call checks that its hooks
+    ran."""
+    calls = model_structure(model).calls
+    if any(id(block) in calls for block in blocks):
+        return
+    raise ValueError(
+        f'the blocks of {type(model).__name__} ({path!r}, {type(blocks[0]).__name__}) did not run through their '
+        'module call in its forward pass (the hooks on them never ran: the model calls block.forward(...) '
+        "directly, as SqueezeBERT's encoder does), so the block boundaries and the blocks of its attention and "
+        'FFN cannot be seen: latent relevance, Neuron targets, conditions, steering and patching by layer are not '
+        'available for it; explain without latent='
+    )
 
 
 def _one(points: list, what: str, layer: int, model) -> object:

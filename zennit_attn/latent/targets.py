@@ -28,7 +28,7 @@ import torch
 from ..inputs.objectives import RelevanceToGradient
 from ..inputs.task import ImageTask, Readout, Task, TokenTask
 from ..methods.registry import METHODS, Method
-from .recording import REDUCTIONS, Recorder
+from .recording import REDUCTIONS, Recorder, unreached
 from .sites import SITES, Neuron, SitePoint, find_sites
 
 __all__ = ['LatentTarget', 'explain_latent', 'repeat_task', 'resolve_point']
@@ -57,7 +57,7 @@ class LatentTarget(Readout):
             raise ValueError('a latent target is a unit index or the weights of a linear target, one of the two')
         self.point, self.index, self.weights = point, index, weights
         self.hooked = False
-        self.captured: list[torch.Tensor] = []
+        self.captured: list[tuple[torch.Tensor, int]] = []
 
     def capturing(self, task: Task) -> contextlib.AbstractContextManager:
         """Hook the target's site for the time of the context, registered before a method enters a composite's
@@ -66,7 +66,7 @@ class LatentTarget(Readout):
 
     @contextlib.contextmanager
     def _capturing(self):
-        handle = self.point.hook(lambda tensor: self.captured.append(tensor))
+        handle = self.point.hook(lambda tensor: _versioned(self.captured)(tensor))
         try:
             self.hooked = True
             yield self
@@ -87,15 +87,23 @@ class LatentTarget(Readout):
         with the value itself (the initial relevance), which the target turns into the gradient (the model's output
         boundary, which does that for logits, is bypassed)."""
         self.captured = captured = []
-        handle = None if self.hooked else self.point.hook(lambda tensor: captured.append(tensor), prepend=True)
+        handle = None if self.hooked else self.point.hook(_versioned(captured), prepend=True)
         try:
             task.run(inputs, rows, model, **extra)
         finally:
             if handle is not None:
                 handle.remove()
         if not captured:
-            raise RuntimeError(f'the forward pass did not reach {self.point.site} layer {self.point.layer}')
-        site = self.point.select(captured[0])
+            raise RuntimeError(f'the forward pass did not reach {unreached(self.point)}')
+        tensor, version = captured[0]
+        if tensor._version != version:
+            raise ValueError(
+                f'{self.point.site} layer {self.point.layer}: {type(self.point.module).__name__} gave out a tensor '
+                "that the model's forward pass changed in place after it, so the target would read the changed "
+                'tensor, not the site: a Neuron target or condition at this site is not available for this model; '
+                'use another site'
+            )
+        site = self.point.select(tensor)
         if self.weights is None:
             unit = self.point.unit_features(self.index, site.shape[-1])
             scores = site[..., unit].sum(-1, keepdim=True)  # [batch, seq, 1]
@@ -105,6 +113,12 @@ class LatentTarget(Readout):
         if initial_relevance:
             scores = RelevanceToGradient.apply(scores, 1.0 if self.weights is not None else 0.0)  # linear targets: 1
         return scores
+
+
+def _versioned(captured: list):
+    """A site hook that appends ``(tensor, its version)`` to ``captured``: the version tells whether the forward pass
+    changed the tensor in place after the site gave it out."""
+    return lambda tensor: captured.append((tensor, tensor._version))
 
 
 def resolve_point(model: torch.nn.Module, neuron: Neuron, points: dict | None = None) -> SitePoint:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,10 @@ class ConservationReport:
         ``positions=True``, :py:mod:`zennit_attn.rules.positions`) ``positions`` (the position encodings' relevance,
         rotary ones included; position tables are counted there, not among the other embeddings).
     sums: torch.Tensor
-        ``[len(names), batch]`` relevance summed over positions and hidden units at each boundary.
+        ``[len(names), batch]`` relevance summed over positions and hidden units at each boundary; NaN at a block
+        boundary the forward pass did not reach (a vision tower's blocks on a text input). A model whose blocks the
+        forward pass runs without their module call (SqueezeBERT calls ``layer.forward(...)``, which runs no hook) is
+        refused (ValueError), as no boundary of it can be read.
 
     For encoder-decoder models a decoder boundary carries only the relevance that has not yet been handed to
     the encoder through cross-attention, so decoder rows are not comparable with the logit on their own.
@@ -69,7 +73,7 @@ class ConservationReport:
             value = float(self.sums[index, 0])
             leak = '' if name in INPUT_ROWS[1:] else f'{previous - value:>10.5f}'
             lines.append(f'{name:<40} {value:>12.5f} {value / float(self.logit[0]):>9.4f} {leak}')
-            if name != 'word embeddings':
+            if name != 'word embeddings' and not math.isnan(value):
                 previous = value
         return '\n'.join(lines)
 
@@ -80,8 +84,11 @@ class _Probe:
     def __init__(self, watched: list):
         self.value = torch.zeros((), dtype=torch.float64)
         self.watched = watched
+        #: whether the forward pass reached the boundary (its hook ran)
+        self.reached = False
 
     def watch(self, tensor):
+        self.reached = True
         if isinstance(tensor, (tuple, list)):
             tensor = tensor[0]
         if not (isinstance(tensor, torch.Tensor) and tensor.requires_grad):
@@ -168,7 +175,17 @@ def _conservation_row(
     words = explanation.relevance.double().sum()
     if explanation.decoder_relevance is not None:
         words = words + explanation.decoder_relevance.double().sum()
-    sums = [boundaries.probes[name].value for name in boundaries.names]
+    probes = [boundaries.probes[name] for name in boundaries.names]
+    if not any(probe.reached for probe in probes):
+        paths = ', '.join(repr(path) for path, _ in boundaries.stacks[::-1])
+        raise ValueError(
+            f'conservation(): the forward pass of {type(model).__name__} ran none of its transformer blocks ({paths}) '
+            'through their module call (the hooks on them never ran: the model calls block.forward(...) directly, '
+            "as SqueezeBERT's encoder does), so no layer boundary can be read; compare explain(...).relevance.sum() "
+            'with its .logit instead'
+        )
+    # a boundary the forward pass did not reach (a vision tower on a text input) holds no relevance to report: NaN
+    sums = [probe.value if probe.reached else torch.tensor(math.nan, dtype=torch.float64) for probe in probes]
     sums += [words.cpu(), boundaries.probes['other embeddings'].value]
     if explanation.position_relevance is not None:
         sums.append(explanation.position_relevance.double().sum().cpu())
@@ -184,6 +201,9 @@ class _Boundaries:
 
     def __init__(self, model: torch.nn.Module, positions: list | None = None):
         self.stacks = block_stacks(model)[::-1]  # output side first: the decoder's, then the encoder's
+        #: ``id(block) -> its module path`` (a block of nested lists, Funnel's ``funnel.encoder.blocks.2.3``, is not
+        #: ``{stack}.{index}``)
+        self.paths = {id(module): name for name, module in model.named_modules()}
         #: the position encodings that are inputs of the explanation (PA-LRP): not watched as other embeddings
         self.positions = {module for _, module, _ in positions or []}
         self.word_embeddings = {model.get_input_embeddings()}
@@ -193,16 +213,16 @@ class _Boundaries:
         self.probes: dict[str, _Probe] = {}
         #: boundary names, output first
         self.names = []
-        for stack_name, stack in self.stacks:
-            self.names += [f'output of {stack_name}.{index}' for index in reversed(range(len(stack)))]
-            self.names.append(f'input of {stack_name}.0')
+        for _, stack in self.stacks:
+            self.names += [f'output of {self.paths[id(block)]}' for block in reversed(stack)]
+            self.names.append(f'input of {self.paths[id(stack[0])]}')
 
     def observe(self, modified: torch.nn.Module, watched: list) -> list:
         """Hook the probes into ``modified`` (the ``observe`` of :py:func:`~zennit_attn.methods.lrp.attribute`); the
         tensors they watch are appended to ``watched``. Returns the hook handles."""
         handles = []
-        for stack_name, stack in self.stacks:
-            handles += self._watch_stack(stack_name, stack, watched)
+        for _, stack in self.stacks:
+            handles += self._watch_stack(stack, watched)
         others = self.probes.setdefault('other embeddings', _Probe(watched))
 
         def watch_embedding(module, input, output):
@@ -219,13 +239,13 @@ class _Boundaries:
                 handles.append(module.register_forward_hook(watch_embedding))
         return handles
 
-    def _watch_stack(self, stack_name: str, stack, watched: list) -> list:
+    def _watch_stack(self, stack: list, watched: list) -> list:
         """Probes at the output of every block of ``stack`` and at the input of its first block."""
         handles = []
-        for index, block in enumerate(stack):
-            probe = self.probes.setdefault(f'output of {stack_name}.{index}', _Probe(watched))
+        for block in stack:
+            probe = self.probes.setdefault(f'output of {self.paths[id(block)]}', _Probe(watched))
             handles.append(block.register_forward_hook(lambda module, input, output, probe=probe: probe.watch(output)))
-        first = self.probes.setdefault(f'input of {stack_name}.0', _Probe(watched))
+        first = self.probes.setdefault(f'input of {self.paths[id(stack[0])]}', _Probe(watched))
         handles.append(
             stack[0].register_forward_pre_hook(lambda module, args, probe=first: probe.watch(args[0] if args else None))
         )

@@ -165,15 +165,53 @@ def _layout(model: torch.nn.Module) -> _Layout:
     return _Layout(points, first.heads, width // first.heads)
 
 
+class _Kept(dict):
+    """``(site, layer) -> tensor``: the site tensors :py:func:`_kept` keeps, and the version of each tensor kept with
+    its graph when it was read."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.versions: dict = {}
+        self.modules: dict = {}
+
+    def check(self) -> None:
+        """Refuse a tensor kept with its graph that the forward pass changed in place after the site gave it out:
+        its gradients and vector-Jacobian products would be those of the changed tensor (the site's value plus what
+        was added to it), not the site's.
+
+        Raises
+        ------
+        ValueError
+            Naming the site, its layer and module.
+        """
+        for key, version in self.versions.items():
+            if self[key]._version != version:
+                site, layer = key
+                raise ValueError(
+                    f'edge patching: {site} layer {layer} of {type(self.model).__name__} '
+                    f'({type(self.modules[key]).__name__}) gave out a tensor that its forward pass changed in place '
+                    'after it, so the gradients at the site would be those of the changed tensor: edge patching is '
+                    'not available for this model; use activation_patching or relevance_patching'
+                )
+
+
 @contextlib.contextmanager
 def _kept(model: torch.nn.Module, layout: _Layout, keep_graph: bool):
-    """Hooks on ``model`` for the time of the context that keep every site tensor (with its graph if ``keep_graph``);
-    yields the dictionary ``(site, layer) -> tensor`` they fill."""
-    tensors: dict = {}
+    """Hooks on ``model`` for the time of the context that keep every site tensor (with its graph and its version
+    if ``keep_graph``, whose :py:meth:`_Kept.check` refuses one changed in place after the site; else a copy, the
+    site's value even where the model changes the tensor in place after it, as Falcon adds the attention output to
+    its MLP's output); yields the :py:class:`_Kept` dictionary ``(site, layer) -> tensor`` they fill."""
+    tensors = _Kept(model)
 
     def keeper(point: SitePoint):
+        key = (point.site, point.layer)
+
         def keep(tensor):
-            tensors[(point.site, point.layer)] = tensor if keep_graph else tensor.detach()
+            if keep_graph:
+                tensors[key], tensors.versions[key], tensors.modules[key] = tensor, tensor._version, point.module
+            else:
+                tensors[key] = tensor.detach().clone()
 
         return keep
 
@@ -228,6 +266,7 @@ def _products_at(model, leaf, layout, metric: Metric, composite, resolve: bool) 
         _kept(model, layout, keep_graph=True) as tensors,
         metric_forward(model, leaf, metric, composite, resolve) as (value, start, metric),
     ):
+        tensors.check()
         found = torch.autograd.grad(value, [tensors[key] for key in keys], start, retain_graph=True, allow_unused=True)
         gradients = {key: gradient for key, gradient in zip(keys, found) if gradient is not None}
         receivers, products = _receiver_products(tensors, gradients, layout)
