@@ -35,11 +35,11 @@ _SPECIAL = {
     '>': r'\textgreater{}',
     '|': r'\textbar{}',
     '"': "''",
-    '-': '-{}',
+    '-': r'-\kern0pt{}',  # breaks the -- and --- ligatures in pdfTeX and LuaTeX alike (-{} does not in LuaTeX)
     '\u23ce': r'\ensuremath{\hookleftarrow}',
     '\u2423': r'\textvisiblespace{}',
     '\u2205': r'\ensuremath{\emptyset}',
-    '\u21e5': r'\ensuremath{\rightarrowtail}',
+    '\u21e5': r'\ensuremath{\rightarrow\!|}',
     '\u2026': r'\ldots{}',
     '\u2013': '--',
     '\u2014': '---',
