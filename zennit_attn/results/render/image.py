@@ -38,6 +38,16 @@ def _relevance_map(relevance) -> np.ndarray:
     return array
 
 
+def _bound(array: np.ndarray, vmax: float | None = None) -> float:
+    """The relevance of full colour: ``vmax``, else the largest absolute finite relevance (as the token heatmaps:
+    NaN and infinite pixels do not set it); 1 where that is not a positive finite number (all pixels 0)."""
+    if vmax is None:
+        finite = np.abs(array[np.isfinite(array)])
+        vmax = float(finite.max()) if finite.size else 0.0
+    bound = float(vmax)
+    return bound if bound > 0 and np.isfinite(bound) else 1.0
+
+
 def heatmap(
     relevance, cmap: str | None = None, level: float = 1.0, scale: int = 1, vmax: float | None = None
 ) -> Image.Image:
@@ -56,7 +66,8 @@ def heatmap(
     scale: int
         Integer upscaling (nearest neighbour), for small images such as 28 x 28.
     vmax: float, optional
-        Relevance that gets the saturated colour; default the largest absolute relevance (0 maps to the centre).
+        Relevance that gets the saturated colour; default the largest absolute finite relevance (0 maps to the
+        centre; NaN pixels are drawn as 0 and, like infinite ones, do not set the scale).
 
     Returns
     -------
@@ -64,8 +75,7 @@ def heatmap(
         An RGB image; :py:func:`zennit_attn.results.render.views.save_image` writes it.
     """
     array = _relevance_map(relevance)
-    bound = float(np.abs(array).max()) if vmax is None else float(vmax)
-    bound = bound if bound > 0 and np.isfinite(bound) else 1.0
+    bound = _bound(array, vmax)
     if cmap is None:  # the token heatmaps' colour levels (relevance_level), looked up in their table
         fraction = np.clip(np.nan_to_num(array / bound), -1.0, 1.0)
         levels = (np.sign(fraction) * np.floor(np.abs(fraction) * LEVELS + 0.5)).astype(np.int64) + LEVELS
@@ -74,7 +84,9 @@ def heatmap(
             image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
         return image
     # uint8 indices into the palette (imgify keeps uint8 input as it is); no cmap passed -> no numpy palette
-    indices = np.clip(np.round((array / bound + 1.0) * 127.5), 0, 255).astype(np.uint8)
+    indices = np.clip(np.round((np.clip(np.nan_to_num(array / bound), -1.0, 1.0) + 1.0) * 127.5), 0, 255).astype(
+        np.uint8
+    )
     image = imgify(indices)
     if image.mode != 'L':  # pragma: no cover - imgify of a uint8 2-D array gives mode 'L'
         image = Image.fromarray(indices, mode='L')
@@ -142,8 +154,7 @@ def overlay(
     grey = image.mean(2, keepdims=True).repeat(3, axis=2)
     colours = np.asarray(heatmap(relevance, cmap, level, 1, vmax), dtype=np.float64) / 255
     array = _relevance_map(relevance)
-    bound = float(np.abs(array).max()) if vmax is None else float(vmax)
-    weight = alpha * np.clip(np.abs(array) / bound, 0, 1)[..., None] if bound > 0 else np.zeros(array.shape + (1,))
+    weight = alpha * np.clip(np.nan_to_num(np.abs(array) / _bound(array, vmax)), 0, 1)[..., None]
     blended = (1 - weight) * grey + weight * colours
     result = Image.fromarray(np.clip(np.round(blended * 255), 0, 255).astype(np.uint8), mode='RGB')
     if scale != 1:
