@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from collections.abc import Sequence
 from typing import IO
 
@@ -83,9 +84,28 @@ def _colored(segment: Segment, scale: float) -> str:
     return ''.join(parts)
 
 
+#: bidirectional classes of right-to-left text (Hebrew, Arabic letters and digits)
+_RIGHT_TO_LEFT = frozenset({'R', 'AL', 'AN'})
+
+
+def _isolated(text: str) -> str:
+    """``text`` between FIRST STRONG ISOLATE and POP DIRECTIONAL ISOLATE (U+2068, U+2069), its leading and trailing
+    spaces outside, if it holds right-to-left characters; else ``text`` as it is.
+
+    A display that applies the Unicode bidirectional algorithm (Jupyter's output, a browser, a BiDi terminal) lays
+    out a run of right-to-left tokens from right to left, their ``[relevance]`` with them, so that each value would
+    stand right of the next token; an isolated token is one unit in the left-to-right line, its value right of it.
+    """
+    if not any(unicodedata.bidirectional(char) in _RIGHT_TO_LEFT for char in text):
+        return text
+    core = text.strip(' ')
+    lead = text[: len(text) - len(text.lstrip(' '))]
+    return f'{lead}\u2068{core}\u2069{text[len(lead) + len(core) :]}'  # the spaces stay outside, where they are
+
+
 def _plain(segment: Segment, digits: int) -> str:
     return ''.join(
-        f'{display_token(token)}[{format_relevance(value, digits)}]'
+        f'{_isolated(display_token(token))}[{format_relevance(value, digits)}]'
         for token, value in zip(segment.tokens, segment.values)
     )
 

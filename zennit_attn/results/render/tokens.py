@@ -10,12 +10,15 @@ Every renderer of :py:mod:`zennit_attn.results.render` goes through these three 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 
 __all__ = ['display_token', 'token_texts', 'merge_words', 'byte_pieces']
 
 #: visible stand-ins for whitespace characters that would break the layout
 _VISIBLE = {'\n': '\u23ce', '\r': '\u240d', '\t': '\u21e5', '\x7f': '\u2421'}
+#: bidirectional classes of the embedding, override and isolate controls, which would reorder the text after them
+_DIRECTIONAL = frozenset({'LRE', 'RLE', 'LRO', 'RLO', 'PDF', 'LRI', 'RLI', 'FSI', 'PDI'})
 #: how many tokens before a token are decoded with it (spacing rules look at the previous token at most)
 _WINDOW = 6
 _BYTES = re.compile(r'(?:<0x[0-9A-Fa-f]{2}>)+')
@@ -28,7 +31,9 @@ def display_token(token: str) -> str:
 
     ``'\\n'`` becomes ``'⏎'``, ``'\\r'`` ``'␍'``, ``'\\t'`` ``'⇥'``, other C0 control characters (including ESC,
     which could otherwise inject terminal escape sequences) their Unicode control picture (``'\\x1b'`` ->
-    ``'␛'``). A token of spaces only becomes ``'␣'`` per space, an empty token ``'∅'``, so that both stay visible.
+    ``'␛'``); C1 control characters (``'\\x9b'``, a terminal's CSI) and the bidirectional embedding, override and
+    isolate controls (``'\\u202e'``, which would show the tokens after it reversed) their code point, ``'<U+202E>'``.
+    A token of spaces only becomes ``'␣'`` per space, an empty token ``'∅'``, so that both stay visible.
 
     Parameters
     ----------
@@ -49,6 +54,8 @@ def display_token(token: str) -> str:
             out.append(_VISIBLE[char])
         elif ord(char) < 0x20:
             out.append(chr(0x2400 + ord(char)))
+        elif 0x80 <= ord(char) < 0xA0 or unicodedata.bidirectional(char) in _DIRECTIONAL:
+            out.append(f'<U+{ord(char):04X}>')
         else:
             out.append(char)
     return ''.join(out)
