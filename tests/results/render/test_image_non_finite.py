@@ -1,13 +1,18 @@
-"""Image heatmaps and overlays of relevance with NaN or infinite pixels: the colour scale is the largest absolute
-finite relevance, as in the token heatmaps, and a NaN pixel is drawn as relevance 0 (not as full blue or black)."""
+"""Image heatmaps, overlays and the terminal's patch grids of relevance with NaN or infinite pixels: the colour scale
+is the largest absolute finite relevance, as in the token heatmaps, and a NaN pixel is drawn as relevance 0 (not as
+full blue or black)."""
 
 from __future__ import annotations
+
+import io
+import re
 
 import numpy as np
 import torch
 
 from zennit_attn.results.render.colors import NEUTRAL, relevance_to_rgb
 from zennit_attn.results.render.image import heatmap, overlay
+from zennit_attn.results.render.multimodal import show_images
 
 RELEVANCE = torch.tensor([[float('nan'), 2.0, -1.0], [0.5, 0.0, float('inf')]], dtype=torch.float64)
 
@@ -35,3 +40,13 @@ def test_overlay_weights_follow_the_finite_scale():
     expected = np.round((0.5 * 0.5 + 0.5 * colours[0, 2]) * 255)  # weight |-1| / 2 (before: the whole overlay grey)
     assert (image[0, 2] == expected).all()
     assert tuple(image[0, 1]) == relevance_to_rgb(2.0, 2.0)
+
+
+def test_terminal_patch_grid_scale_is_the_largest_finite_relevance():
+    patches = torch.tensor([[float('nan'), 2.0], [-1.0, 0.0]], dtype=torch.float64)
+    stream = io.StringIO()
+    show_images([('image 1', None, None, patches, None, None)], color=True, stream=stream)
+    cells = re.findall(r'\x1b\[48;2;(\d+);(\d+);(\d+)m', stream.getvalue())
+    colours = [tuple(int(channel) for channel in cell) for cell in cells]
+    # before: the scale was NaN, and every cell was drawn neutral
+    assert colours == [NEUTRAL, relevance_to_rgb(2.0, 2.0), relevance_to_rgb(-1.0, 2.0), NEUTRAL]

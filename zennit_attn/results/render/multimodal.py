@@ -21,7 +21,7 @@ from typing import IO
 import numpy as np
 
 from . import latex
-from .colors import relevance_to_rgb
+from .colors import relevance_to_rgb, symmetric_scale
 from .figure import save_figure
 from .html import figures_html, fragment, heatmap_fragment, page
 from .image import overlay
@@ -65,7 +65,7 @@ def show_images(images: Sequence[tuple], color: bool | None = None, stream: IO |
     colored = use_color(color, stream)
     for caption, _, _, patches, _, _ in images:
         grid = patches.detach().to('cpu').double()
-        bound = float(grid.abs().max()) if grid.numel() else 0.0
+        bound = symmetric_scale(grid.flatten().tolist())  # the largest absolute finite relevance, as everywhere
         lines = [f'{caption} (patch relevance, {grid.shape[0]} x {grid.shape[1]})']
         for row in grid.tolist():
             if colored:
