@@ -25,3 +25,16 @@ def test_valid_positions_are_ignored_and_empty_mask_refused():
     assert plausibility(torch.tensor([9.0, 1.0, 0.0]), mask, valid).top1 == 1.0
     with pytest.raises(ValueError):
         plausibility(torch.ones(3), torch.zeros(3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize('bad', [float('nan'), float('inf')])
+def test_relevance_that_is_not_finite_is_refused(bad):
+    """A NaN was taken as the maximum by argmax (top-1 0.0 although the largest finite relevance, 0.5, is in the
+    mask) and the IoU was NaN; an infinite relevance made the IoU NaN. Positions left out by ``valid`` may hold
+    anything."""
+    relevance, mask = torch.tensor([0.1, bad, 0.5, 0.2]), torch.tensor([False, False, True, False])
+    with pytest.raises(ValueError, match='not finite .* first 1'):
+        plausibility(relevance, mask)
+    valid = torch.tensor([True, False, True, True])
+    score = plausibility(relevance, mask, valid)
+    assert score.top1 == 1.0 and score.iou == pytest.approx(1.0 / (0.2 + 1.0 + 0.4), abs=1e-7)

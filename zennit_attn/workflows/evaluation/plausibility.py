@@ -23,7 +23,14 @@ class Plausibility:
 
 def plausibility(relevance: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None) -> Plausibility:
     """Top-1 hit and soft IoU of ``relevance`` against the boolean ``mask`` (same shape); positions where ``valid``
-    is False (padding, or tokens not to be scored) take no part."""
+    is False (padding, or tokens not to be scored) take no part.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ, the mask selects no (valid) token, or a scored relevance is not finite (NaN or
+        infinite: the most relevant token and the scaling to a maximum of 1 are then undefined).
+    """
     relevance = relevance.detach().flatten().double().cpu()
     mask = mask.flatten().bool().cpu()
     if relevance.shape != mask.shape:
@@ -33,6 +40,13 @@ def plausibility(relevance: torch.Tensor, mask: torch.Tensor, valid: torch.Tenso
         relevance, mask = relevance[keep], mask[keep]
     if not bool(mask.any()):
         raise ValueError('the mask selects no token')
+    bad = (~relevance.isfinite()).nonzero()[:, 0].tolist()
+    if bad:
+        raise ValueError(
+            f'the relevance is not finite (NaN or infinite) at {len(bad)} scored position(s), first {bad[0]}: '
+            'the most relevant token and the IoU are undefined; check the explanation (e.g. its conservation '
+            'report) or leave those positions out with valid='
+        )
     top1 = float(mask[int(relevance.argmax())])
     positive = relevance.clamp(min=0)
     peak = float(positive.max())
