@@ -51,3 +51,16 @@ def test_nan_values_give_nan_as_scipy():
     assert math.isnan(stats.spearmanr(a, b).statistic)
     assert math.isnan(spearman(a, b)) and math.isnan(spearman(b, a)) and math.isnan(pearson(a, b))
     assert ranks(a).isnan().all()
+
+
+def test_values_laid_out_differently_are_refused():
+    """A ``[2, 3]`` matrix and its transpose were flattened and correlated (pairing entry ``(0, 1)`` with ``(0, 1)``
+    of the transpose, i.e. ``(1, 0)`` of the matrix): a number for pairs that do not belong together."""
+    a = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    b = a.square()
+    with pytest.raises(ValueError, match=r'shapes \(2, 3\) and \(3, 2\)'):
+        pearson(a, b.T)
+    with pytest.raises(ValueError, match='laid out differently'):
+        spearman(a.T, b)
+    assert pearson(a, b) == pytest.approx(stats.pearsonr(a.flatten(), b.flatten()).statistic, abs=1e-12)
+    assert pearson(a.flatten()[:, None], b.flatten()) == pearson(a, b)

@@ -47,12 +47,27 @@ def ranks(values) -> torch.Tensor:
     return sums[inverse] / counts[inverse]
 
 
-def pearson(a, b) -> float:
-    """Pearson's correlation of ``a`` and ``b`` (same length); NaN where one is constant (all values equal: tested on
-    the values, as their deviations from a rounded mean need not be 0) or holds a NaN."""
-    a, b = _values(a), _values(b)
+def _paired(a, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` as flat float64 tensors of the same length, paired by place; refused: different lengths, or
+    the same number of values laid out differently (dimensions of size 1 aside)."""
+    a, b = as_values(a, 'a'), as_values(b, 'b')
+    shapes = [[size for size in values.shape if size != 1] for values in (a, b)]
+    if shapes[0] != shapes[1] and a.numel() == b.numel():
+        raise ValueError(
+            f'a correlation pairs values by place, got shapes {tuple(a.shape)} and {tuple(b.shape)}: the same number '
+            'of values laid out differently (a matrix and its transpose?); flatten both in the same order'
+        )
+    a, b = a.reshape(-1), b.reshape(-1)
     if a.shape != b.shape:
         raise ValueError(f'a correlation needs values of the same length, got {len(a)} and {len(b)}')
+    return a, b
+
+
+def pearson(a, b) -> float:
+    """Pearson's correlation of ``a`` and ``b`` (same length; values of more than one dimension paired by place,
+    refused where they are laid out differently); NaN where one is constant (all values equal: tested on
+    the values, as their deviations from a rounded mean need not be 0) or holds a NaN."""
+    a, b = _paired(a, b)
     if any(len(values) == 0 or bool((values == values[0]).all()) for values in (a, b)):
         return float('nan')
     a, b = a - a.mean(), b - b.mean()
@@ -63,4 +78,5 @@ def pearson(a, b) -> float:
 def spearman(a, b) -> float:
     """Spearman's rank correlation of ``a`` and ``b``: :py:func:`pearson` of their :py:func:`ranks`; NaN where one is
     constant or holds a NaN (as :py:func:`scipy.stats.spearmanr`)."""
+    a, b = _paired(a, b)
     return pearson(ranks(a), ranks(b))
