@@ -38,3 +38,13 @@ def test_relevance_that_is_not_finite_is_refused(bad):
     valid = torch.tensor([True, False, True, True])
     score = plausibility(relevance, mask, valid)
     assert score.top1 == 1.0 and score.iou == pytest.approx(1.0 / (0.2 + 1.0 + 0.4), abs=1e-7)
+
+
+def test_tied_largest_relevance_scores_the_share_in_the_mask():
+    """With ties at the largest relevance argmax took the first tied token: an explanation of zeros everywhere
+    (no information) scored a hit whenever the mask began at the first token, and a miss otherwise."""
+    mask = torch.tensor([True, False, False, False])
+    assert plausibility(torch.zeros(4), mask).top1 == 0.25
+    assert plausibility(torch.zeros(4), mask.flip(0)).top1 == 0.25
+    assert plausibility(torch.tensor([3.0, 3.0, 1.0, 3.0]), torch.tensor([False, True, False, True])).top1 == 2 / 3
+    assert plausibility(torch.tensor([3.0, 2.0, 1.0, 3.0 - 1e-12], dtype=torch.float64), mask).top1 == 1.0
