@@ -14,7 +14,8 @@ from zennit_attn.latent import Neuron, vocabulary_projection
 def check(projection, expected, k):
     assert [token for token, _, _ in projection.top] == expected.topk(k).indices.tolist()
     assert [token for token, _, _ in projection.bottom] == (-expected).topk(k).indices.tolist()
-    torch.testing.assert_close(projection.scores, expected.float())
+    assert projection.scores.dtype == expected.dtype
+    torch.testing.assert_close(projection.scores, expected, rtol=0, atol=1e-12)
 
 
 def test_vocabulary_projection_linear():
@@ -39,3 +40,27 @@ def test_vocabulary_projection_conv1d():
     check(vocabulary_projection(model, Neuron('residual', 1, 7), k=3), model.lm_head.weight[:, 7], 3)
     with pytest.raises(ValueError, match='index 64 is out of range'):
         vocabulary_projection(model, Neuron('mlp', 1, 64))
+
+
+def test_float64_scores_are_float64():
+    """The scores of a float64 model were computed in float32 (3.8e-10 from ``E w`` on the tiny Llama, enough to
+    swap the order of near ties); a bfloat16 model's are float32."""
+    model = llama()
+    assert next(model.parameters()).dtype == torch.float64
+    expected = model.lm_head.weight @ model.model.layers[0].mlp.down_proj.weight[:, 7]
+    projection = vocabulary_projection(model, Neuron('mlp', 0, 7), k=100)
+    assert projection.scores.dtype == torch.float64 and torch.equal(projection.scores, expected)
+    assert [score for _, _, score in projection.top] == expected.sort(descending=True).values.tolist()
+    low = tiny_model('llama', dtype=torch.bfloat16)
+    assert vocabulary_projection(low, Neuron('mlp', 0, 7)).scores.dtype == torch.float32
+
+
+@pytest.mark.parametrize('family', ['bert', 'roberta', 'distilbert'])
+def test_masked_lm_heads_that_transform_are_refused(family):
+    """A masked-language-model head runs a dense layer, an activation and a normalisation between the last block
+    and the unembedding: ``E w`` skipped them and was returned as the neuron's vocabulary reading."""
+    model = tiny_model(family, 'masked_lm')
+    with pytest.raises(ValueError, match='transforms the last block.s output with .*(dense|vocab_transform)'):
+        vocabulary_projection(model, Neuron('mlp', 1, 3))
+    with pytest.raises(ValueError, match='before its output embeddings'):
+        vocabulary_projection(model, Neuron('residual', 2, 3))

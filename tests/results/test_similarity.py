@@ -69,3 +69,25 @@ def test_removal_pairs_are_not_the_largest_entries():
     # row 0 (3) + column 1 (4) - entry (0) = 7, against 3 + 3 - 3 = 3 for the largest entry (0, 0)
     assert found.removal_pairs(count=1) == [(0, 1, 7.0)]
     assert found.top_pairs(1)[0][:2] == ('a0', 'b0')
+
+
+def test_bad_counts_positions_and_relevance_are_refused():
+    """``removal_pairs(count=-1)`` returned no pairs and ``top_pairs(-1)`` failed inside ``topk``; a NaN was ranked
+    as the largest pair relevance (listed first by ``top_pairs``, chosen first by ``removal_pairs``); a skipped
+    position outside the input failed with a bare IndexError."""
+    relevance = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    found = explanation(relevance)
+    for count in (-1, 1.5, True):
+        with pytest.raises(ValueError, match='count must be a non-negative integer'):
+            found.removal_pairs(count=count)
+        with pytest.raises(ValueError, match='count must be a non-negative integer'):
+            found.top_pairs(count)
+    with pytest.raises(ValueError, match=r'skip_b has position\(s\) \[4\] outside the input of 4 tokens'):
+        found.removal_pairs(skip_b=[4])
+    assert found.removal_pairs(count=1, skip_a=[-1]) == found.removal_pairs(count=1, skip_a=[2])
+    assert found.top_pairs(0) == [] and found.removal_pairs(count=0) == []
+    broken = relevance.clone()
+    broken[0, 0] = float('nan')
+    for method in (lambda: explanation(broken).top_pairs(2), lambda: explanation(broken).removal_pairs(2)):
+        with pytest.raises(ValueError, match='not finite'):
+            method()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
+import numbers
 from collections.abc import Iterator
 from pathlib import Path
+
+from ..results.segments import sentences as sentence_spans
 
 __all__ = ['wikipedia_path', 'wikipedia_leads']
 
@@ -29,12 +31,28 @@ def wikipedia_leads(
     limit: int | None = None, sentences: bool = False, min_chars: int = 20, path: str | Path | None = None
 ) -> Iterator[str]:
     """Yield the lead sections (or, with ``sentences``, their sentences) in file order, at most ``limit`` texts,
-    skipping those shorter than ``min_chars`` characters."""
+    skipping those shorter than ``min_chars`` characters.
+
+    Sentences are those of :py:func:`zennit_attn.results.segments.sentences` (no end after an abbreviation, an
+    initial or a word with inner stops: ``Arthur C. Clarke`` is not cut after ``C.``).
+
+    Raises
+    ------
+    ValueError
+        For a ``limit`` or ``min_chars`` that is not a non-negative integer.
+    """
+    for name, value in (('limit', limit), ('min_chars', min_chars)):
+        if value is None and name == 'limit':
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(
+                f'{name} must be a non-negative integer' + (' or None' if name == 'limit' else '') + f', got {value!r}'
+            )
     data = json.loads(Path(path or wikipedia_path()).read_text())
     count = 0
     for entry in data.values():
         text = (entry.get('extract') or '').strip()
-        pieces = re.split(r'(?<=[.!?])\s+', text) if sentences else [text]
+        pieces = [text[start:end] for start, end in sentence_spans(text)] if sentences else [text]
         for piece in pieces:
             if len(piece) < min_chars:
                 continue

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.devices import input_device
 from ..core.modules import language_model_head
 from ..rules.base import loaded_weights
-from .sites import Neuron
+from .sites import Neuron, find_sites
 from .targets import resolve_point
 
 __all__ = ['VocabularyProjection', 'vocabulary_projection']
@@ -39,7 +40,8 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
     ``'mlp'`` neuron: "upon activation, the corresponding row of the second weight matrix is added to the residual
     stream", section 3.5) or the unit vector of a ``'residual'`` hidden dimension. The final normalisation is not
     applied (as in the paper and Geva et al.); a positive activation raises the top tokens' logits, a negative one
-    the bottom tokens'.
+    the bottom tokens'. The scores are computed in the weights' precision (float32 at least: a float64 model's are
+    float64).
 
     Parameters
     ----------
@@ -55,6 +57,14 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
     Returns
     -------
     VocabularyProjection
+
+    Raises
+    ------
+    ValueError
+        For a neuron of another site, a model without output embeddings, or one whose head transforms the last
+        block's output with a layer of its own before the unembedding (the masked-language-model heads of BERT,
+        RoBERTa, DistilBERT: dense, activation, normalisation): ``E w`` would skip that non-linear layer and read a
+        vector the unembedding never receives.
     """
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f'k must be a positive integer, got {k!r}')
@@ -69,6 +79,14 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
     if head is None or getattr(head, 'weight', None) is None:
         raise ValueError(f'{type(model).__name__} has no output embeddings (language-model head) to project onto')
     point = resolve_point(model, neuron)
+    between = _layers_before_head(model, head)
+    if between:
+        raise ValueError(
+            f"{type(model).__name__} transforms the last block's output with {', '.join(between)} before its output "
+            'embeddings: the projection onto the unembedding would skip that layer (and its activation), so it '
+            'would not be what the neuron writes into the logits; vocabulary projection is defined for heads that '
+            'only normalise before the unembedding (causal language models)'
+        )
     with torch.no_grad():
         if neuron.site == 'residual':
             vector = None
@@ -77,13 +95,15 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
                 weight = point.module.weight.detach()
                 # Linear: weight [out, in], the neuron's column; transformers' Conv1D: weight [in, out], its row
                 vector = weight[:, neuron.index] if isinstance(point.module, torch.nn.Linear) else weight[neuron.index]
-                vector = vector.float().clone()
+                vector = vector.to(torch.promote_types(vector.dtype, torch.float32)).clone()
         with loaded_weights(head):
             unembedding = head.weight.detach()  # [vocab, hidden]
+            dtype = torch.promote_types(unembedding.dtype, torch.float32)
             if vector is None:
-                scores = unembedding[:, neuron.index].float().clone()
+                scores = unembedding[:, neuron.index].to(dtype).clone()
             else:
-                scores = unembedding.float() @ vector.to(unembedding.device)
+                dtype = torch.promote_types(dtype, vector.dtype)
+                scores = unembedding.to(dtype) @ vector.to(unembedding.device, dtype)
     count = min(int(k), scores.numel())
 
     def entries(indices):
@@ -95,3 +115,52 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
     return VocabularyProjection(
         neuron, entries(scores.topk(count).indices), entries((-scores).topk(count).indices), scores
     )
+
+
+def _layers_before_head(model: torch.nn.Module, head: torch.nn.Module) -> list[str]:
+    """The layers with a weight matrix (linear, convolution) that run after the last block and before ``head`` in a
+    forward pass of one token (a transform of the head, such as BERT's ``cls.predictions.transform.dense``); a
+    normalisation (a weight vector) is not one. Empty where the model has no residual site to find its last block
+    by, or does not run on token ids alone."""
+    try:
+        last = find_sites(model, ('residual',))['residual'][-1].module
+    except (ValueError, TypeError, KeyError, IndexError):
+        return []
+    names = {module: name for name, module in model.named_modules()}
+    state = {'after_last': False, 'done': False}
+    found = []
+
+    def block_done(*_):
+        state['after_last'] = True
+        found.clear()
+
+    def head_starts(*_):
+        state['done'] = True
+
+    def layer_done(module, *_):
+        if state['after_last'] and not state['done']:
+            found.append(names[module])
+
+    handles = [last.register_forward_hook(block_done), head.register_forward_pre_hook(head_starts)]
+    handles += [module.register_forward_hook(layer_done) for module in _weight_layers(model, head)]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=input_device(model)))
+    except (TypeError, ValueError, RuntimeError):
+        return []  # a model that needs more than token ids (an image): its layers are not told apart
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def _weight_layers(model: torch.nn.Module, head: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``model`` with a weight matrix of their own (not embeddings, not ``head``)."""
+    return [
+        module
+        for module in model.modules()
+        if module is not head
+        and not isinstance(module, torch.nn.Embedding)
+        and isinstance(getattr(module, 'weight', None), torch.Tensor)
+        and module.weight.dim() >= 2
+    ]

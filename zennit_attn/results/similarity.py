@@ -3,6 +3,7 @@ two inputs for their similarity."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,15 @@ class SimilarityExplanation:
         return self.relevance.sum(0)
 
     def top_pairs(self, count: int = 10) -> list[tuple[str, str, float]]:
-        """The ``count`` token pairs of the largest relevance: ``(token of a, token of b, relevance)``."""
+        """The ``count`` token pairs of the largest relevance: ``(token of a, token of b, relevance)``.
+
+        Raises
+        ------
+        ValueError
+            For a ``count`` that is not a non-negative integer, or a relevance that is not finite (a NaN would be
+            listed first, as the largest).
+        """
+        self._check(count)
         values, indices = self.relevance.flatten().topk(min(count, self.relevance.numel()))
         width = self.relevance.shape[1]
         return [
@@ -83,13 +92,25 @@ class SimilarityExplanation:
         -------
         list of (int, int, float)
             ``(i, j, predicted drop)``, the predicted drop with the pairs before it already removed.
+
+        Raises
+        ------
+        ValueError
+            For a ``count`` that is not a non-negative integer, a relevance that is not finite, or a position of
+            ``skip_a`` or ``skip_b`` outside its input (negative positions count from the end).
         """
+        self._check(count)
         scores = self.relevance.detach().to(torch.float64)
+        skip_a, skip_b = list(skip_a), list(skip_b)
+        for name, skip, size in (('skip_a', skip_a, scores.shape[0]), ('skip_b', skip_b, scores.shape[1])):
+            outside = [index for index in skip if not -size <= int(index) < size]
+            if outside:
+                raise ValueError(f'{name} has position(s) {outside} outside the input of {size} tokens')
         kept_rows = torch.ones(scores.shape[0], dtype=torch.float64)
         kept_columns = torch.ones(scores.shape[1], dtype=torch.float64)
         blocked = torch.zeros(scores.shape, dtype=torch.bool)
-        blocked[list(skip_a)] = True
-        blocked[:, list(skip_b)] = True
+        blocked[skip_a] = True
+        blocked[:, skip_b] = True
         pairs = []
         while len(pairs) < count and not bool(blocked.all()):
             live = scores * kept_rows[:, None] * kept_columns[None, :]
@@ -99,6 +120,15 @@ class SimilarityExplanation:
             kept_rows[i], kept_columns[j] = 0.0, 0.0
             blocked[i], blocked[:, j] = True, True
         return pairs
+
+    def _check(self, count) -> None:
+        """Refuse a ``count`` that is not a non-negative integer and a relevance that is not finite."""
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+            raise ValueError(f'count must be a non-negative integer, got {count!r}')
+        if not bool(self.relevance.isfinite().all()):
+            raise ValueError(
+                'the pair relevance is not finite (NaN or infinite): pairs cannot be ranked; check the explanation'
+            )
 
     def _title(self) -> str:
         return self.title or f'{self.similarity} similarity {self.score:.4f}: relevance of token pairs'

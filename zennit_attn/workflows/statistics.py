@@ -34,8 +34,11 @@ def _values(values) -> torch.Tensor:
 
 
 def ranks(values) -> torch.Tensor:
-    """``[n]`` float64 ranks (0 for the smallest) of ``values``; tied values get the mean of their ranks."""
+    """``[n]`` float64 ranks (0 for the smallest) of ``values``; tied values get the mean of their ranks. Values with
+    a NaN have no order: all ranks are NaN (as :py:func:`scipy.stats.rankdata` gives them)."""
     values = _values(values)
+    if bool(values.isnan().any()):
+        return torch.full_like(values, float('nan'))
     order = values.argsort(stable=True)
     result = torch.empty_like(values)
     result[order] = torch.arange(len(values), dtype=torch.float64)
@@ -44,11 +47,29 @@ def ranks(values) -> torch.Tensor:
     return sums[inverse] / counts[inverse]
 
 
-def pearson(a, b) -> float:
-    """Pearson's correlation of ``a`` and ``b`` (same length); NaN where one is constant."""
-    a, b = _values(a), _values(b)
+def _paired(a, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` as flat float64 tensors of the same length, paired by place; refused: different lengths, or
+    the same number of values laid out differently (dimensions of size 1 aside)."""
+    a, b = as_values(a, 'a'), as_values(b, 'b')
+    shapes = [[size for size in values.shape if size != 1] for values in (a, b)]
+    if shapes[0] != shapes[1] and a.numel() == b.numel():
+        raise ValueError(
+            f'a correlation pairs values by place, got shapes {tuple(a.shape)} and {tuple(b.shape)}: the same number '
+            'of values laid out differently (a matrix and its transpose?); flatten both in the same order'
+        )
+    a, b = a.reshape(-1), b.reshape(-1)
     if a.shape != b.shape:
         raise ValueError(f'a correlation needs values of the same length, got {len(a)} and {len(b)}')
+    return a, b
+
+
+def pearson(a, b) -> float:
+    """Pearson's correlation of ``a`` and ``b`` (same length; values of more than one dimension paired by place,
+    refused where they are laid out differently); NaN where one is constant (all values equal: tested on
+    the values, as their deviations from a rounded mean need not be 0) or holds a NaN."""
+    a, b = _paired(a, b)
+    if any(len(values) == 0 or bool((values == values[0]).all()) for values in (a, b)):
+        return float('nan')
     a, b = a - a.mean(), b - b.mean()
     denominator = float(a.norm() * b.norm())
     return float((a * b).sum() / denominator) if denominator > 0 else float('nan')
@@ -56,5 +77,6 @@ def pearson(a, b) -> float:
 
 def spearman(a, b) -> float:
     """Spearman's rank correlation of ``a`` and ``b``: :py:func:`pearson` of their :py:func:`ranks`; NaN where one is
-    constant."""
+    constant or holds a NaN (as :py:func:`scipy.stats.spearmanr`)."""
+    a, b = _paired(a, b)
     return pearson(ranks(a), ranks(b))

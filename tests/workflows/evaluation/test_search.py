@@ -136,3 +136,21 @@ def test_language_model_search_contains_the_paper_default():
     assert abs(scores['Gamma(0.25)'] - scores['None']) > 1e-6
     assert result.meta == {'samples': 4, 'composites': 2}
     assert set(TEXT_GRID) <= set(LAYER_TYPES) and 'conv' not in TEXT_GRID and 'None' in TEXT_GRID['linear']
+
+
+def test_float_targets_are_refused_not_truncated(problem):
+    """``targets=[0.7] * 6`` was cast to class 0 (``.long()``) and searched as if class 0 had been asked;
+    :py:func:`~zennit_attn.explain` refuses such targets, and so does the search now."""
+    model, x = problem
+    grid = {'conv': ['Gamma(0.25)']}
+    with pytest.raises(ValueError, match='targets must hold integers'):
+        composite_search(model, x, targets=[0.7] * len(x), grid=grid, progress=False)
+    with pytest.raises(ValueError, match='targets must hold integers'):
+        composite_search(model, x, targets=torch.ones(len(x)), grid=grid, progress=False)
+    scores = [
+        composite_search(
+            model, x, targets=targets, grid=grid, objective=faithfulness_objective(steps=4), progress=False
+        ).rows[0]['score']
+        for targets in ([0] * len(x), torch.zeros(len(x), dtype=torch.int32))
+    ]
+    assert scores[0] == scores[1]

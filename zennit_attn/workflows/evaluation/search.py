@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from ... import rules
 from ...composites import AttnLRPGamma, rule_repr
 from ...explain import explain
+from ...inputs.checks import as_integers
 from ...methods.propagation import lrp_method
 from .faithfulness import faithfulness
 
@@ -237,8 +238,8 @@ def composite_search(
         Held-out samples (a validation split: the search tunes on them): ``[batch, C, H, W]`` images, or
         ``[batch, seq]`` token ids of equal length (the last position is explained).
     targets: tensor, optional
-        ``[batch]`` classes or tokens to explain; default (None): the model's predictions, chosen by
-        :py:func:`~zennit_attn.explain` (the same for every composite).
+        ``[batch]`` classes or tokens to explain (integers: floats are refused, not truncated); default (None): the
+        model's predictions, chosen by :py:func:`~zennit_attn.explain` (the same for every composite).
     grid: mapping, optional
         Layer type -> options (see the module documentation); missing layer types keep the composite's default.
         Default :py:data:`DEFAULT_GRID` (vision transformers).
@@ -260,8 +261,7 @@ def composite_search(
         raise ValueError('The grid needs at least one option per listed layer type')
     base = AttnLRPGamma if base is None else base
     objective = faithfulness_objective() if objective is None else objective
-    if targets is not None:
-        targets = torch.as_tensor(targets).long()
+    targets = as_integers(targets, 'targets')  # floats refused, not truncated (0.7 is no class)
     candidates = [
         Candidate(dict(zip(layer_types, options)))
         for options in itertools.product(*(grid[kind] for kind in layer_types))
