@@ -283,3 +283,25 @@ def test_an_encoder_decoder_models_two_sequences_of_positions(family, rows):
     assert torch.equal(explanation.decoder_relevance, without.decoder_relevance)
     pairs = explanation.with_positions()
     assert_close(pairs.decoder_relevance, explanation.decoder_relevance + explanation.decoder_position_relevance, 0)
+
+
+@pytest.mark.parametrize(
+    ('build', 'kwargs'),
+    [
+        (lambda: _vit_with_positions(tiny_hf_vit), {'model_kwargs': {'interpolate_pos_encoding': True}}),
+        (lambda: _vit_with_positions(tiny_timm_vit, dynamic_img_size=True), {}),
+        (lambda: _vit_with_positions(tiny_timm_vit, dynamic_img_size=True, no_embed_class=True), {}),
+    ],
+)
+@pytest.mark.parametrize('size', [(4, 20), (4, 16)])
+def test_a_table_interpolated_to_another_grid_is_refused(build, kwargs, size):
+    """A table of 2 x 2 patches (and the class token) that the model interpolates to the image's grid (Hugging Face's
+    ``interpolate_pos_encoding``, timm's ``dynamic_img_size``) holds the positions of the 2 x 2 grid, not the
+    image's. Before: a 1 x 5 grid read the table's 5 positions as 5 patches without the class token (the class
+    token's relevance 0, its position's 0.077 on the first patch), a 1 x 4 grid read the 2 x 2 positions as a row,
+    without a word; now refused, naming both grids. The table's own grid is still read."""
+    model = build()
+    image = torch.rand(1, 3, *size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r'a grid of 2 x 2 patches.*1 x \d patches'):
+        explain(model, image, target=0, method='palrp', **kwargs)
+    assert explain(model, pixels(batch=1), target=0, method='palrp', **kwargs).position_relevance.shape == (1, 5)
