@@ -36,7 +36,8 @@ class ConservationReport:
         ``word embeddings`` (all input tokens, encoder and decoder) and ``other embeddings`` (position /
         segment embeddings, where the model has them), and with PA-LRP's positions (a composite with
         ``positions=True``, :py:mod:`zennit_attn.rules.positions`) ``positions`` (the position encodings' relevance,
-        rotary ones included; position tables are counted there, not among the other embeddings).
+        rotary ones included, an encoder-decoder's encoder and decoder positions together; position tables are
+        counted there, not among the other embeddings).
     sums: torch.Tensor
         ``[len(names), batch]`` relevance summed over positions and hidden units at each boundary.
 
@@ -170,8 +171,11 @@ def _conservation_row(
         words = words + explanation.decoder_relevance.double().sum()
     sums = [boundaries.probes[name].value for name in boundaries.names]
     sums += [words.cpu(), boundaries.probes['other embeddings'].value]
-    if explanation.position_relevance is not None:
-        sums.append(explanation.position_relevance.double().sum().cpu())
+    if explanation.position_relevance is not None:  # PA-LRP: the encoder's and the decoder's positions
+        positions = explanation.position_relevance.double().sum()
+        if explanation.decoder_position_relevance is not None:
+            positions = positions + explanation.decoder_position_relevance.double().sum()
+        sums.append(positions.cpu())
     logit = explanation.logit.double().sum().cpu()
     return logit, boundaries.names + list(INPUT_ROWS[: len(sums) - len(boundaries.names)]), torch.stack(sums)
 
