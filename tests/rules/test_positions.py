@@ -305,3 +305,18 @@ def test_a_table_interpolated_to_another_grid_is_refused(build, kwargs, size):
     with pytest.raises(ValueError, match=r'a grid of 2 x 2 patches.*1 x \d patches'):
         explain(model, image, target=0, method='palrp', **kwargs)
     assert explain(model, pixels(batch=1), target=0, method='palrp', **kwargs).position_relevance.shape == (1, 5)
+
+
+def test_the_pairs_are_not_made_twice():
+    """``with_positions()`` of what ``with_positions()`` returned would add the positions a second time: refused, for
+    text and images (before: GPT-2's pairs then held tokens + 2 x positions, a ViT's pixels + 2 x the spread
+    positions, without a word). The copy is marked (``pairs``); the explanation itself is not."""
+    text = explain(tiny_model('gpt2'), TOKENS, method='palrp')
+    pairs = text.with_positions()
+    assert pairs.pairs and not text.pairs
+    with pytest.raises(ValueError, match='already holds the positions'):
+        pairs.with_positions()
+    image = explain(_vit_with_positions(tiny_timm_vit), pixels(batch=1), target=0, method='palrp')
+    assert image.with_positions().pairs and not image.pairs
+    with pytest.raises(ValueError, match='already holds the positions'):
+        image.with_positions().with_positions()
