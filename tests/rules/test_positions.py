@@ -320,3 +320,15 @@ def test_the_pairs_are_not_made_twice():
     assert image.with_positions().pairs and not image.pairs
     with pytest.raises(ValueError, match='already holds the positions'):
         image.with_positions().with_positions()
+
+
+def test_an_image_padded_to_whole_patches_is_refused():
+    """timm's ``dynamic_img_pad`` pads a 10 x 10 image to 3 x 3 patches of 4 (``dynamic_img_size`` interpolating the
+    2 x 2 table to them): before, the table's positions were read as the 2 x 2 grid of whole patches the image has
+    (5 positions spread over pixels the model cut into 9 patches), without a word; now refused. An image of whole
+    patches is still read."""
+    model = _vit_with_positions(tiny_timm_vit, dynamic_img_size=True, dynamic_img_pad=True)
+    image = torch.rand(1, 3, 10, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r'pads the image of 10 x 10 pixels to 3 x 3 patches'):
+        explain(model, image, target=0, method='palrp')
+    assert explain(model, pixels(batch=1), target=0, method='palrp').position_relevance.shape == (1, 5)

@@ -1053,6 +1053,15 @@ class ImageTask(Task):
         relevance = relevances['input']
         rows, columns = self.grid()
         patches, prefix, registers = rows * columns, self.prefix_tokens(), self._registers()
+        timm = getattr(self.model, 'timm_model', self.model)
+        feature_size = getattr(getattr(timm, 'patch_embed', None), 'dynamic_feat_size', None)
+        padded = tuple(feature_size(tuple(self.inputs.shape[-2:]))) if callable(feature_size) else (rows, columns)
+        if padded != (rows, columns):
+            raise ValueError(
+                f'the model pads the image of {self.inputs.shape[-2]} x {self.inputs.shape[-1]} pixels to '
+                f'{padded[0]} x {padded[1]} patches (dynamic_img_pad), whose position relevance has no pixels of its '
+                'own to spread over; explain an image of whole patches'
+            )
         table = self.table_grid()
         if (
             table is not None
