@@ -332,3 +332,14 @@ def test_an_image_padded_to_whole_patches_is_refused():
     with pytest.raises(ValueError, match=r'pads the image of 10 x 10 pixels to 3 x 3 patches'):
         explain(model, image, target=0, method='palrp')
     assert explain(model, pixels(batch=1), target=0, method='palrp').position_relevance.shape == (1, 5)
+
+
+def test_a_table_read_by_its_weight_for_another_size_is_refused_by_name():
+    """CLIP's and SigLIP's vision towers interpolate their table's weight for another image size without calling the
+    table (``interpolate_pos_encoding``): no position input runs, refused naming that case (before: named only as a
+    hybrid without attention layers)."""
+    model, images = tiny_hf_vision('CLIPForImageClassification')
+    image = torch.rand(1, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r'no position encoding of the model ran .*interpolate_pos_encoding'):
+        explain(model, image, target=0, method='palrp', model_kwargs={'interpolate_pos_encoding': True})
+    assert explain(model, images[:1], target=0, method='palrp').position_relevance.shape == (1, 17)
