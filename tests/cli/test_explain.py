@@ -193,3 +193,19 @@ def test_contrast_that_is_the_target(capsys, tmp_path, target, contrast, written
     explain.check_contrast(argparse.Namespace(target='runner-up', contrast='runner-up'))
     with pytest.raises(UsageError):
         explain.check_contrast(argparse.Namespace(target=' b', contrast=' b'))
+
+
+def test_palrp_shows_each_token_with_its_position(capsys, tiny_folder, tmp_path):
+    """``--method palrp``: the positions' relevance is split off in a line and the heatmap, the top tokens and the
+    written file are of the position-token pairs (before: the tokens' share alone, the positions dropped without a
+    word); ``generate`` likewise."""
+    output = tmp_path / 'pairs.tex'
+    arguments = ['--prompt', 'The ice bear', '--model', str(tiny_folder['llama']), '--color', 'never', '-q']
+    code, out, err = run(
+        capsys, ['explain', *arguments, '--method', 'palrp', '--dtype', 'float64', '--output', str(output)]
+    )
+    assert code == 0, err
+    assert 'to the positions' in out and 'Relevance of each input token with its position' in out
+    code, out, err = run(capsys, ['generate', *arguments, '--method', 'palrp', '--max-new-tokens', '2'])
+    assert code == 0, err
+    assert 'to the positions' in out and 'Relevance of each token with its position' in out

@@ -241,3 +241,12 @@ def test_models_run_on_their_ids():
     model = two_tables()
     with pytest.raises(ValueError, match="looks its token ids up in 'per_token'"):
         AttnLRP(model).attribute(torch.tensor([[3, 7, 1]]), target=0)
+
+
+@pytest.mark.parametrize('cls', [AttnLRP, CPLRP])
+def test_a_composite_with_positions_is_refused(cls):
+    """A captum attribution is of the word embeddings: PA-LRP's positions (a composite with ``positions=True``) have
+    no place in it, and the tokens' share it would return is not AttnLRP's (Llama: the rotations' half given to the
+    positions). Before: accepted, the positions dropped without a word (0.104285 for the tokens, AttnLRP 0.104275)."""
+    with pytest.raises(ValueError, match="method='palrp'"):
+        cls(tiny_model('llama'), composite=AttnLRPEpsilon(positions=True))

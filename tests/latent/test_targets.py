@@ -11,7 +11,9 @@ import torch
 
 from tests.latent.helpers import TIGHT, build, llama, watch
 from tests.models import tiny_model, token_ids
+from tests.numbers import assert_close
 from zennit_attn import explain
+from zennit_attn.composites import CPLRPEpsilon
 from zennit_attn.latent import Neuron, find_sites
 
 
@@ -127,3 +129,23 @@ def test_vision_transformers_cut_and_neuron_target(family):
         model(kwargs['input_ids'])
     handle.remove()
     torch.testing.assert_close(target.logit, store['x']['x'][:, -1, 3], **TIGHT)
+
+
+def test_conditional_relevance_of_pa_lrp_has_the_conditions_positions():
+    """PA-LRP (a composite with ``positions=True``) with ``condition=``: each condition's row has its own positions'
+    relevance, so that (CP-LRP, bias-free GPT-2) its tokens and positions sum to its explained value, and the
+    conditions that split the units of a cut after the table (the residual stream after block 0) sum to the
+    unconditional positions. Before: the first pass's (unconditional) positions were kept, ``[1, seq]`` beside
+    ``[conditions, seq]`` tokens (one condition: tokens -0.00025 + positions 0.0569 for a value of -0.0001)."""
+    model = tiny_model('gpt2', zero_bias=True)
+    ids = torch.tensor([[5, 17, 3, 28, 9, 14, 22]])
+    plain = explain(model, ids, composite=CPLRPEpsilon(positions=True))
+    one = explain(model, ids, composite=CPLRPEpsilon(positions=True), condition=Neuron('mlp', 0, 3))
+    assert one.position_relevance.shape == one.relevance.shape
+    assert_close(one.relevance.sum(1) + one.position_relevance.sum(1), one.logit, 1e-12)
+    width = model.config.n_embd
+    halves = [[Neuron('residual', 1, unit) for unit in range(start, width, 2)] for start in (0, 1)]
+    split = explain(model, ids, composite=CPLRPEpsilon(positions=True), condition=halves)
+    assert split.position_relevance.shape == (2, ids.shape[1])
+    assert_close(split.position_relevance.sum(0), plain.position_relevance[0], 1e-12)
+    assert_close(split.relevance.sum(0), plain.relevance[0], 1e-12)

@@ -283,3 +283,63 @@ def test_an_encoder_decoder_models_two_sequences_of_positions(family, rows):
     assert torch.equal(explanation.decoder_relevance, without.decoder_relevance)
     pairs = explanation.with_positions()
     assert_close(pairs.decoder_relevance, explanation.decoder_relevance + explanation.decoder_position_relevance, 0)
+
+
+@pytest.mark.parametrize(
+    ('build', 'kwargs'),
+    [
+        (lambda: _vit_with_positions(tiny_hf_vit), {'model_kwargs': {'interpolate_pos_encoding': True}}),
+        (lambda: _vit_with_positions(tiny_timm_vit, dynamic_img_size=True), {}),
+        (lambda: _vit_with_positions(tiny_timm_vit, dynamic_img_size=True, no_embed_class=True), {}),
+    ],
+)
+@pytest.mark.parametrize('size', [(4, 20), (4, 16)])
+def test_a_table_interpolated_to_another_grid_is_refused(build, kwargs, size):
+    """A table of 2 x 2 patches (and the class token) that the model interpolates to the image's grid (Hugging Face's
+    ``interpolate_pos_encoding``, timm's ``dynamic_img_size``) holds the positions of the 2 x 2 grid, not the
+    image's. Before: a 1 x 5 grid read the table's 5 positions as 5 patches without the class token (the class
+    token's relevance 0, its position's 0.077 on the first patch), a 1 x 4 grid read the 2 x 2 positions as a row,
+    without a word; now refused, naming both grids. The table's own grid is still read."""
+    model = build()
+    image = torch.rand(1, 3, *size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r'a grid of 2 x 2 patches.*1 x \d patches'):
+        explain(model, image, target=0, method='palrp', **kwargs)
+    assert explain(model, pixels(batch=1), target=0, method='palrp', **kwargs).position_relevance.shape == (1, 5)
+
+
+def test_the_pairs_are_not_made_twice():
+    """``with_positions()`` of what ``with_positions()`` returned would add the positions a second time: refused, for
+    text and images (before: GPT-2's pairs then held tokens + 2 x positions, a ViT's pixels + 2 x the spread
+    positions, without a word). The copy is marked (``pairs``); the explanation itself is not."""
+    text = explain(tiny_model('gpt2'), TOKENS, method='palrp')
+    pairs = text.with_positions()
+    assert pairs.pairs and not text.pairs
+    with pytest.raises(ValueError, match='already holds the positions'):
+        pairs.with_positions()
+    image = explain(_vit_with_positions(tiny_timm_vit), pixels(batch=1), target=0, method='palrp')
+    assert image.with_positions().pairs and not image.pairs
+    with pytest.raises(ValueError, match='already holds the positions'):
+        image.with_positions().with_positions()
+
+
+def test_an_image_padded_to_whole_patches_is_refused():
+    """timm's ``dynamic_img_pad`` pads a 10 x 10 image to 3 x 3 patches of 4 (``dynamic_img_size`` interpolating the
+    2 x 2 table to them): before, the table's positions were read as the 2 x 2 grid of whole patches the image has
+    (5 positions spread over pixels the model cut into 9 patches), without a word; now refused. An image of whole
+    patches is still read."""
+    model = _vit_with_positions(tiny_timm_vit, dynamic_img_size=True, dynamic_img_pad=True)
+    image = torch.rand(1, 3, 10, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r'pads the image of 10 x 10 pixels to 3 x 3 patches'):
+        explain(model, image, target=0, method='palrp')
+    assert explain(model, pixels(batch=1), target=0, method='palrp').position_relevance.shape == (1, 5)
+
+
+def test_a_table_read_by_its_weight_for_another_size_is_refused_by_name():
+    """CLIP's and SigLIP's vision towers interpolate their table's weight for another image size without calling the
+    table (``interpolate_pos_encoding``): no position input runs, refused naming that case (before: named only as a
+    hybrid without attention layers)."""
+    model, images = tiny_hf_vision('CLIPForImageClassification')
+    image = torch.rand(1, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r'no position encoding of the model ran .*interpolate_pos_encoding'):
+        explain(model, image, target=0, method='palrp', model_kwargs={'interpolate_pos_encoding': True})
+    assert explain(model, images[:1], target=0, method='palrp').position_relevance.shape == (1, 17)

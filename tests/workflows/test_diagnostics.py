@@ -110,3 +110,26 @@ def test_image_models_are_refused_naming_what_to_compare():
     from inside (its patch embedding has no ``embedding_dim``)."""
     with pytest.raises(TypeError, match='takes pixels: compare explain'):
         conservation(tiny_hf_vit(), pixels())
+
+
+def test_positions_of_an_encoder_decoder_are_both_sequences():
+    """BART's encoder and decoder tables are both inputs of PA-LRP's explanation: the positions row holds both
+    (what the plain report counts among the other embeddings), and with CP-LRP on the bias-free model all of the logit
+    reaches the input. Before: the decoder's positions were left out (input fraction -0.04 for a conserving
+    explanation)."""
+    from zennit_attn.workflows.architecture_check.check import zero_biases
+    from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
+
+    model_type, config_type = model_class('seq2seq-lm', 'bart')
+    torch.manual_seed(0)
+    model = model_type(tiny_config(config_type)).double().eval()
+    zero_biases(model)
+    with torch.no_grad():
+        for table in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
+            table.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    ids, decoder = torch.tensor([[5, 17, 3, 28, 9, 14, 22]]), torch.tensor([[2, 7, 8]])
+    report = conservation(model, ids, decoder_input_ids=decoder, composite=CPLRPEpsilon(positions=True))
+    assert_close(report.input_fraction, torch.ones(1, dtype=torch.float64), 1e-12)
+    plain = conservation(model, ids, decoder_input_ids=decoder, composite=CPLRPEpsilon())
+    other = plain.names.index('other embeddings')
+    assert_close(report.sums[report.names.index('positions')], plain.sums[other], 1e-10)

@@ -254,3 +254,62 @@ def test_contrast_runner_up_per_generated_token(llama, tokenizer):
         explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, generate_kwargs=NO_SPECIAL, contrast=[4, 5])
     with pytest.raises(ValueError, match=r"contrast ' bears' is 2 tokens"):
         explain_generation(llama, tokenizer, PROMPT, max_new_tokens=3, contrast=' bears')
+
+
+@pytest.mark.parametrize('family', ['llama', 'gpt2', 'bart'])
+@pytest.mark.parametrize('batched', [False, True])
+def test_palrp_rows_keep_the_positions_of_each_prefix(family, batched, tokenizer):
+    """PA-LRP's positions (``method='palrp'``): row ``i``'s ``position_relevance`` is ``explain()``'s on that prefix
+    (an encoder-decoder's encoder then decoder positions, as the tokens), zeros after it, the whole answer's in
+    ``answer_position_relevance``; ``with_positions()`` adds them to the tokens, and ``total()`` counts them. Before:
+    dropped without a word (a palrp row held the tokens' share alone: in the tiny Llama half the rotations'
+    relevance missing)."""
+    if family == 'bart':
+        from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
+
+        model_type, config_type = model_class('seq2seq-lm', 'bart')
+        torch.manual_seed(0)
+        model = model_type(tiny_config(config_type)).double().eval()
+        model.generation_config.forced_eos_token_id = model.generation_config.forced_bos_token_id = None
+        with torch.no_grad():
+            model.model.encoder.embed_positions.weight.normal_(0, 0.5)
+            model.model.decoder.embed_positions.weight.normal_(0, 0.5)
+    else:
+        model = tiny_model(family)
+    generation = explain_generation(
+        model, tokenizer, PROMPT[:12], max_new_tokens=3, method='palrp', batched=batched, generate_kwargs=NO_SPECIAL
+    )
+    length, start = generation.prompt_length, generation.answer_start
+    ids = generation.input_ids
+    count = generation.relevance.shape[0]
+    assert generation.position_relevance.shape == generation.relevance.shape
+    tolerance = 0 if not batched else 1e-7
+    for index in range(count):
+        if generation.encoder_decoder:
+            single = explain(
+                model,
+                ids[None, :length],
+                decoder_input_ids=ids[None, length : start + index],
+                method='palrp',
+                target=int(ids[start + index]),
+            )
+            expected = torch.cat([single.position_relevance[0], single.decoder_position_relevance[0]])
+        else:
+            single = explain(model, ids[None, : start + index], target=int(ids[start + index]), method='palrp')
+            expected = single.position_relevance[0]
+        got = generation.position_relevance[index]
+        assert float((got[: expected.shape[0]] - expected).abs().max()) <= tolerance * float(expected.abs().max())
+        assert float(got[expected.shape[0] :].abs().max()) == 0.0
+        assert generation.total(index) == pytest.approx(
+            float(generation.relevance[index].sum() + expected.sum()), rel=1e-6
+        )
+    assert float(expected.abs().sum()) > 0
+    assert generation.answer_position_relevance.shape == generation.answer_relevance.shape
+    difference = generation.answer_position_relevance - generation.position_relevance.sum(0)
+    assert float(difference.abs().max()) <= 1e-6 * float(generation.answer_position_relevance.abs().max())
+    pairs = generation.with_positions()
+    assert torch.equal(pairs.relevance, generation.relevance + generation.position_relevance)
+    assert torch.equal(pairs.answer_relevance, generation.answer_relevance + generation.answer_position_relevance)
+    assert pairs.position_relevance is None and pairs.total() == pytest.approx(generation.total(), rel=1e-12)
+    without = explain_generation(model, tokenizer, PROMPT[:12], max_new_tokens=3, generate_kwargs=NO_SPECIAL)
+    assert without.position_relevance is None and without.answer_position_relevance is None

@@ -217,3 +217,18 @@ def test_the_citer_gives_the_function_s_numbers_once(llama, tokenizer, monkeypat
     assert torch.equal(citer.get_attributions(), direct.scores)
     with pytest.raises(ValueError, match='top_k must be a positive integer'):
         citer.get_attributions(top_k=0)
+
+
+def test_palrp_scores_are_of_position_token_pairs(tokenizer):
+    """PA-LRP (a composite with ``positions=True``): each source's score holds its tokens' and their positions'
+    relevance, so that with CP-LRP on the bias-free GPT-2 the scores and the rest sum to the response's logits.
+    Before: the tokens' share alone, the positions dropped without a word."""
+    from zennit_attn.composites import CPLRPEpsilon
+
+    model = tiny_model('gpt2', zero_bias=True)
+    result = explain_sources(
+        model, tokenizer, CONTEXT, QUERY, RESPONSE, composite=CPLRPEpsilon(positions=True), objective='logit'
+    )
+    assert float(result.scores.sum()) + result.segments.other == pytest.approx(result.value, abs=1e-10)
+    tokens = explain_sources(model, tokenizer, CONTEXT, QUERY, RESPONSE, composite=CPLRPEpsilon(), objective='logit')
+    assert abs(float(tokens.scores.sum()) + tokens.segments.other - tokens.value) > 1e-4

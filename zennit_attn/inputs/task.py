@@ -1059,6 +1059,32 @@ class ImageTask(Task):
         relevance = relevances['input']
         rows, columns = self.grid()
         patches, prefix, registers = rows * columns, self.prefix_tokens(), self._registers()
+        timm = getattr(self.model, 'timm_model', self.model)
+        feature_size = getattr(getattr(timm, 'patch_embed', None), 'dynamic_feat_size', None)
+        padded = tuple(feature_size(tuple(self.inputs.shape[-2:]))) if callable(feature_size) else (rows, columns)
+        if padded != (rows, columns):
+            raise ValueError(
+                f'the model pads the image of {self.inputs.shape[-2]} x {self.inputs.shape[-1]} pixels to '
+                f'{padded[0]} x {padded[1]} patches (dynamic_img_pad), whose position relevance has no pixels of its '
+                'own to spread over; explain an image of whole patches'
+            )
+        table = self.table_grid()
+        if (
+            table is not None
+            and table != (rows, columns)
+            and relevance.shape[1] - table[0] * table[1]
+            in {
+                prefix,
+                0,
+                prefix - registers,
+            }
+        ):
+            raise ValueError(
+                f'the position table holds a grid of {table[0]} x {table[1]} patches, the image has {rows} x '
+                f'{columns} patches: the model interpolated its table to the image (interpolate_pos_encoding, '
+                "dynamic_img_size, DINOv2), and the table's positions are not the image's; PA-LRP reads them at the "
+                'size the table was made for, explain an image of that size'
+            )
         # positions in the table -> how many of them the prefix tokens take, before the patches'
         lead = {patches + prefix: prefix, patches: 0, patches + prefix - registers: prefix - registers}
         if relevance.shape[0] != self.batch or relevance.shape[1] not in lead:
@@ -1070,6 +1096,24 @@ class ImageTask(Task):
         taken = lead[relevance.shape[1]]
         without = relevance.new_zeros(self.batch, prefix - taken)  # the prefix tokens without a position (registers)
         self._position_relevance = torch.cat([relevance[:, :taken], without, relevance[:, taken:]], 1)
+
+    def table_grid(self) -> tuple[int, int] | None:
+        """``(rows, columns)`` of the patch grid a vision transformer's position table was made for (timm's
+        ``patch_embed.grid_size``, else the configuration's ``image_size`` over its ``patch_size``), None where the
+        model tells none: a model that interpolates its table to another image's grid holds positions of this one."""
+        timm = getattr(self.model, 'timm_model', self.model)
+        grid = getattr(getattr(timm, 'patch_embed', None), 'grid_size', None)
+        if grid is not None:
+            return tuple(int(size) for size in grid)
+        config = getattr(self.model, 'config', None)
+        if getattr(config, 'image_size', None) is None:  # a classifier over a vision-language model's vision tower
+            config = getattr(config, 'vision_config', None)
+        image, patch = getattr(config, 'image_size', None), getattr(config, 'patch_size', None)
+        if not isinstance(image, (int, tuple, list)) or not isinstance(patch, (int, tuple, list)):
+            return None
+        image = (image, image) if isinstance(image, int) else tuple(image)
+        patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        return image[0] // patch[0], image[1] // patch[1]
 
     def feature_mask(self) -> torch.Tensor:
         rows, columns = self.grid()

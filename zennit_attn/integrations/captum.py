@@ -101,6 +101,8 @@ class LRPAttribution(LayerGradientXActivation):
     TypeError
         For a model that is not a language model with word embeddings (image classifiers: use
         :py:func:`~zennit_attn.explain`), or a composite that is not a zennit composite.
+    ValueError
+        For a composite with PA-LRP's positions (``positions=True``): not an attribution of the word embeddings.
     """
 
     #: the name of the method in :py:data:`zennit_attn.methods.registry.METHODS`
@@ -122,6 +124,12 @@ class LRPAttribution(LayerGradientXActivation):
             raise TypeError(
                 f'{type(self).__name__} explains language models at their word embeddings; '
                 f'{type(model).__name__} classifies images: use zennit_attn.explain(model, pixels)'
+            )
+        if getattr(composite, 'positions', False):
+            raise ValueError(
+                f"{type(self).__name__} attributes the word embeddings: PA-LRP's positions (a composite with "
+                "positions=True) have no place there, and the tokens' share it leaves them is not "
+                f"{self.method}'s; use zennit_attn.explain(model, ids, method='palrp') for positions and tokens"
             )
         self.params = METHODS[self.method].check({} if composite is None else {'composite': composite})
         super().__init__(model, embedding, multiply_by_inputs=True)

@@ -284,7 +284,15 @@ def _conditional(method: Method, task: Task, explanation, recorder: Recorder, co
     results = _explain_conditions(method, task, weights, params)
     count = len(conditions)
     pieces = {}
-    for name in ('relevance', 'embedding_relevance', 'pixel_relevance', 'logit'):
+    for name in (
+        'relevance',
+        'embedding_relevance',
+        'pixel_relevance',
+        'logit',
+        'position_relevance',  # PA-LRP's positions: the conditions' own, not the first pass's
+        'decoder_position_relevance',
+        'position_pixel_relevance',
+    ):
         if hasattr(explanation, name):
             pieces[name] = _interleaved(results, name, task.batch)
     for name in ('target', 'position', 'input_ids', 'attention_mask', 'pixels'):

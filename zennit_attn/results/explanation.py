@@ -131,6 +131,8 @@ class Explanation:
     position_relevance: torch.Tensor | None = None
     decoder_position_relevance: torch.Tensor | None = None
     choices: int | None = None
+    #: whether ``relevance`` already holds the positions' (a copy made by :py:meth:`with_positions`)
+    pairs: bool = False
 
     @property
     def choice_relevance(self) -> torch.Tensor:
@@ -178,17 +180,18 @@ class Explanation:
         ------
         ValueError
             For an explanation without position relevance (a method other than ``'palrp'``, a composite without
-            ``positions=True``).
+            ``positions=True``), and for what :py:meth:`with_positions` returned (its positions would count twice).
         """
         if self.position_relevance is None:
             raise ValueError(
                 f"this {self.method} explanation has no position relevance: explain with method='palrp' (or a "
                 'composite with positions=True)'
             )
+        _check_not_pairs(self)
         decoder = self.decoder_relevance
         if self.decoder_position_relevance is not None:
             decoder = decoder + self.decoder_position_relevance
-        return replace(self, relevance=self.relevance + self.position_relevance, decoder_relevance=decoder)
+        return replace(self, relevance=self.relevance + self.position_relevance, decoder_relevance=decoder, pairs=True)
 
     def top(self, k: int, tokenizer=None, row: int = 0) -> list[tuple[int, float, str | None]]:
         """The ``k`` most relevant positions of ``row`` as ``(position, relevance, token)``; padding excluded. The
@@ -444,6 +447,9 @@ class ImageExplanation:
     position: torch.Tensor | None = None
     position_relevance: torch.Tensor | None = None
     position_pixel_relevance: torch.Tensor | None = None
+    #: whether ``relevance`` and ``pixel_relevance`` already hold the positions' (a copy made by
+    #: :py:meth:`with_positions`)
+    pairs: bool = False
 
     def with_positions(self) -> ImageExplanation:
         """The explanation of the image as position-patch pairs (PA-LRP): a copy whose ``pixel_relevance`` and
@@ -454,18 +460,21 @@ class ImageExplanation:
         Raises
         ------
         ValueError
-            For an explanation without position relevance (a method other than ``'palrp'``).
+            For an explanation without position relevance (a method other than ``'palrp'``), and for what
+            :py:meth:`with_positions` returned (its positions would count twice).
         """
         if self.position_pixel_relevance is None:
             raise ValueError(
                 f'this {self.method} explanation has no position relevance: explain a vision transformer with '
                 "method='palrp' (or a composite with positions=True)"
             )
+        _check_not_pairs(self)
         spread = self.position_pixel_relevance
         return replace(
             self,
             relevance=self.relevance + spread.sum(2 if spread.dim() == 5 else 1),
             pixel_relevance=self.pixel_relevance + spread,
+            pairs=True,
         )
 
     def save(self, path: str | os.PathLike, row: int = 0, frame: int | None = None, **options) -> tuple[Path, Path]:
@@ -508,6 +517,15 @@ class ImageExplanation:
             )
             return picture.save(path, row, **options)
         return save_image_explanation(self, path, views.check_row(row, self.relevance.shape[0]), **options)
+
+
+def _check_not_pairs(explanation) -> None:
+    """Refuse ``with_positions()`` of a copy that already holds the positions' relevance (it would add it twice)."""
+    if explanation.pairs:
+        raise ValueError(
+            'this explanation already holds the positions in its relevance (it is what with_positions() returned): '
+            'adding them again would count them twice'
+        )
 
 
 @dataclass

@@ -308,8 +308,10 @@ class PositionInputs:
         if not self.recorded:
             raise ValueError(
                 f'no position encoding of the model ran in the forward pass ({", ".join(self.names)} found, not '
-                'called: e.g. a hybrid whose layers are all convolutions or recurrences): there is no relevance of '
-                'positions to read; explain without positions=True'
+                'called: e.g. a hybrid whose layers are all convolutions or recurrences, or a vision tower that '
+                "interpolates its table's weight to another image size, interpolate_pos_encoding, as CLIP's and "
+                "SigLIP's): there is no relevance of positions to read; explain without positions=True (or an image "
+                'of the size the table was made for)'
             )
         return [leaf for _, _, leaf in self.recorded]
 

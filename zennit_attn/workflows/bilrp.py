@@ -271,7 +271,8 @@ def explain_similarity(
     ------
     ValueError
         For ``a`` or ``b`` None or a list, a text without tokenizer or that gives no tokens, an image without
-        processor, ``batch_size`` not a positive integer, an unknown ``similarity``, a model in training mode.
+        processor, ``batch_size`` not a positive integer, an unknown ``similarity``, a model in training mode, a
+        composite with PA-LRP's positions (``positions=True``).
     """
     if similarity not in SIMILARITIES:
         raise ValueError(f'similarity must be one of {SIMILARITIES}, got {similarity!r}')
@@ -281,6 +282,11 @@ def explain_similarity(
     pooling = pooling or ('features' if hasattr(model, 'get_text_features') else 'mean')
     tokenizer = tokenizer if tokenizer is not None else getattr(processor, 'tokenizer', None)
     composite = composite if composite is not None else AttnLRPEpsilon()
+    if getattr(composite, 'positions', False):
+        raise ValueError(
+            "explain_similarity() reads the relevance of each input's tokens (or pixels): PA-LRP's positions (a "
+            'composite with positions=True) would take a share that no pair holds; use a composite without them'
+        )
     prepared = [_prepared(model, item, tokenizer, processor, pooling, name) for name, item in (('a', a), ('b', b))]
     values = [embedding_of(embedding, inputs) for embedding, inputs, _ in prepared]
     # every dimension explained on the input of fewer positions, its columns of the pair relevance on the other

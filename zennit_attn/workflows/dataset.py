@@ -7,9 +7,9 @@ On disk an output directory holds
   class, dtype and configuration, a hash of the texts); a later run on the directory must use the same settings;
 - ``shard-NNNNN.safetensors``: the explanations of up to ``shard_size`` texts, each tensor named
   ``<input index>.<field>`` (fields ``input_ids``, ``relevance``, ``target``, ``logit``, and where they apply
-  ``position``, ``decoder_input_ids``, ``decoder_relevance``, ``position_relevance``), written to a temporary name,
-  then renamed; before it ``shard-NNNNN.safetensors.sha256``, the SHA-256 of its bytes (``sha256sum`` format:
-  ``sha256sum -c`` checks it);
+  ``position``, ``decoder_input_ids``, ``decoder_relevance``, ``position_relevance``,
+  ``decoder_position_relevance``), written to a temporary name, then renamed; before it
+  ``shard-NNNNN.safetensors.sha256``, the SHA-256 of its bytes (``sha256sum`` format: ``sha256sum -c`` checks it);
 - ``index.json``: written when every shard is done: the settings, the number of texts and each shard's file, size,
   SHA-256 and input indices.
 
@@ -433,6 +433,8 @@ def _row(explanation: Explanation, row: int, index: int) -> dict[str, torch.Tens
     if explanation.position_relevance is not None:  # PA-LRP
         positions = explanation.position_relevance[row]
         tensors[f'{index}.position_relevance'] = positions[keep.to(positions.device)]
+    if explanation.decoder_position_relevance is not None:  # PA-LRP of an encoder-decoder model: the decoder's
+        tensors[f'{index}.decoder_position_relevance'] = explanation.decoder_position_relevance[row]
     return {key: value.detach().cpu().contiguous() for key, value in tensors.items()}
 
 
@@ -781,4 +783,5 @@ def _item_explanation(handle, keys: set[str], item: int, file: str, method: str,
         method=method,
         tokenizer=tokenizer,
         position_relevance=get('position_relevance'),
+        decoder_position_relevance=get('decoder_position_relevance'),
     )

@@ -37,7 +37,8 @@ class ConservationReport:
         ``word embeddings`` (all input tokens, encoder and decoder) and ``other embeddings`` (position /
         segment embeddings, where the model has them), and with PA-LRP's positions (a composite with
         ``positions=True``, :py:mod:`zennit_attn.rules.positions`) ``positions`` (the position encodings' relevance,
-        rotary ones included; position tables are counted there, not among the other embeddings).
+        rotary ones included, an encoder-decoder's encoder and decoder positions together; position tables are
+        counted there, not among the other embeddings).
     sums: torch.Tensor
         ``[len(names), batch]`` relevance summed over positions and hidden units at each boundary; NaN at a block
         boundary the forward pass did not reach (a vision tower's blocks on a text input). A model whose blocks the
@@ -187,8 +188,11 @@ def _conservation_row(
     # a boundary the forward pass did not reach (a vision tower on a text input) holds no relevance to report: NaN
     sums = [probe.value if probe.reached else torch.tensor(math.nan, dtype=torch.float64) for probe in probes]
     sums += [words.cpu(), boundaries.probes['other embeddings'].value]
-    if explanation.position_relevance is not None:
-        sums.append(explanation.position_relevance.double().sum().cpu())
+    if explanation.position_relevance is not None:  # PA-LRP: the encoder's and the decoder's positions
+        positions = explanation.position_relevance.double().sum()
+        if explanation.decoder_position_relevance is not None:
+            positions = positions + explanation.decoder_position_relevance.double().sum()
+        sums.append(positions.cpu())
     logit = explanation.logit.double().sum().cpu()
     return logit, boundaries.names + list(INPUT_ROWS[: len(sums) - len(boundaries.names)]), torch.stack(sums)
 

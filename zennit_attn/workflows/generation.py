@@ -10,6 +10,7 @@ generated token to see its heatmap) and as figures. With ``images`` and the mode
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 from collections.abc import Mapping
@@ -100,6 +101,13 @@ class GenerationExplanation:
     image_tokens: torch.Tensor or None
         With ``images``: ``[columns]`` True at the image placeholder tokens (their embeddings are replaced by the
         image features, so their own relevance is 0); the views show each run of them as ``[image k]``.
+    position_relevance: torch.Tensor or None
+        With PA-LRP (``method='palrp'``, a composite with ``positions=True``): ``[generated, columns]`` row ``i``'s
+        relevance of the positions of its prefix (explain()'s ``position_relevance``, for encoder-decoders the
+        encoder's then the decoder's ``decoder_position_relevance``), laid out as ``relevance``; zeros after the
+        prefix. :py:meth:`with_positions` adds it to the tokens' and :py:meth:`total` counts it.
+    answer_position_relevance: torch.Tensor or None
+        With PA-LRP: ``[columns]`` the whole answer's relevance of the positions.
     """
 
     relevance: torch.Tensor
@@ -119,6 +127,30 @@ class GenerationExplanation:
     images: list = field(default_factory=list, compare=False)
     token_images: list = field(default_factory=list, repr=False, compare=False)
     image_tokens: torch.Tensor | None = None
+    position_relevance: torch.Tensor | None = None
+    answer_position_relevance: torch.Tensor | None = None
+
+    def with_positions(self) -> GenerationExplanation:
+        """The explanation of position-token pairs (PA-LRP): each column's relevance plus its position's, in
+        ``relevance`` and ``answer_relevance`` (the position fields then None), for every view.
+
+        Raises
+        ------
+        ValueError
+            Without position relevance (an explanation by another method than PA-LRP).
+        """
+        if self.position_relevance is None:
+            raise ValueError(
+                "no position relevance: explain_generation(..., method='palrp') (or a composite with positions=True) "
+                'gives it'
+            )
+        return dataclasses.replace(
+            self,
+            relevance=self.relevance + self.position_relevance,
+            answer_relevance=self.answer_relevance + self.answer_position_relevance,
+            position_relevance=None,
+            answer_position_relevance=None,
+        )
 
     def image_relevance(self, token: int | None = None) -> float:
         """The relevance of all pixels of all images for generated token ``token`` (None: the whole answer); 0.0
@@ -130,14 +162,17 @@ class GenerationExplanation:
         return float(self.pixel_relevance[views.check_row(token, self.relevance.shape[0], 'generated token')].sum())
 
     def total(self, token: int | None = None) -> float:
-        """Text plus image relevance of generated token ``token`` (None: the whole answer): for LRP its logit (the
-        sum of all generated logits) minus what biases absorb."""
-        row = (
-            self.answer_relevance
-            if token is None
-            else self.relevance[views.check_row(token, self.relevance.shape[0], 'generated token')]
-        )
-        return float(row.sum()) + self.image_relevance(token)
+        """Text plus image relevance of generated token ``token`` (None: the whole answer), and with PA-LRP its
+        positions': for LRP its logit (the sum of all generated logits) minus what biases absorb."""
+        fields = [(self.answer_relevance, self.relevance)]
+        if self.position_relevance is not None:
+            fields.append((self.answer_position_relevance, self.position_relevance))
+        total = 0.0
+        for answer, rows in fields:
+            total += float(
+                (answer if token is None else rows[views.check_row(token, rows.shape[0], 'generated token')]).sum()
+            )
+        return total + self.image_relevance(token)
 
     @property
     def generated_ids(self) -> torch.Tensor:
@@ -442,6 +477,8 @@ class _Rows:
         self.contrasts = torch.zeros(count, dtype=torch.long)
         self.pixels = [None] * count
         self.token_images = [None] * count
+        #: PA-LRP's relevance of the positions, laid out as :py:attr:`relevance` (None without positions)
+        self.positions: torch.Tensor | None = None
 
     def place(self, index: int, explanation, row: int) -> None:
         """Row ``row`` of ``explanation`` as generated token ``index``'s row (encoder then decoder relevance)."""
@@ -450,12 +487,29 @@ class _Rows:
             parts.append(explanation.decoder_relevance[row])
         values = torch.cat(parts).detach()
         self.relevance[index, : values.shape[0]] = values.to('cpu', torch.float64)
+        positions = _positions(explanation, row)
+        if positions is not None:
+            if self.positions is None:
+                self.positions = torch.zeros_like(self.relevance)
+            self.positions[index, : positions.shape[0]] = positions.to('cpu', torch.float64)
         self.logits[index] = float(explanation.logit[row])
         if explanation.contrast is not None:
             self.contrasts[index] = int(explanation.contrast[row])
         if getattr(explanation, 'pixel_relevance', None) is not None:
             self.pixels[index] = explanation.pixel_relevance.detach().cpu()
             self.token_images[index] = [image.cpu() for image in explanation.images]
+
+
+def _positions(explanation, row: int) -> torch.Tensor | None:
+    """Row ``row``'s relevance of the positions (PA-LRP), encoder then decoder positions as the tokens; None
+    without."""
+    if getattr(explanation, 'position_relevance', None) is None:
+        return None
+    parts = [explanation.position_relevance[row]]
+    if explanation.decoder_relevance is not None:
+        decoder = explanation.decoder_position_relevance
+        parts.append(torch.zeros_like(explanation.decoder_relevance[row]) if decoder is None else decoder[row])
+    return torch.cat(parts).detach()
 
 
 def explain_generation(
@@ -737,7 +791,10 @@ def _explain_in_batches(model, answer: _Answer, rows: _Rows, contrasts, size: in
             rows.place(index, explanation, row)
         bar.update()
     columns = torch.arange(answer.columns.shape[0])
-    rows.relevance[columns[None, :] >= answer.answer_start + torch.arange(count)[:, None]] = 0.0
+    after = columns[None, :] >= answer.answer_start + torch.arange(count)[:, None]
+    rows.relevance[after] = 0.0
+    if rows.positions is not None:
+        rows.positions[after] = 0.0
 
 
 def _explain_whole_answer(model, answer: _Answer, options: dict):
@@ -758,6 +815,11 @@ def _generation_explanation(
     answer_relevance[: relevance.shape[0]] = relevance.to('cpu', torch.float64)
     dtype = whole.relevance.dtype if whole.relevance.is_floating_point() else torch.float32
     first = answer.prompt_length if answer.encoder_decoder else answer.first
+    positions, answer_positions = _positions(whole, 0), None
+    if positions is not None:
+        answer_positions = torch.zeros(answer.columns.shape[0], dtype=torch.float64)
+        answer_positions[: positions.shape[0]] = positions.to('cpu', torch.float64)
+        answer_positions = answer_positions.to(dtype)
     return GenerationExplanation(
         relevance=rows.relevance.to(dtype),
         answer_relevance=answer_relevance.to(dtype),
@@ -771,6 +833,8 @@ def _generation_explanation(
         encoder_decoder=answer.encoder_decoder,
         tokenizer=tokenizer,
         contrast=rows.contrasts if contrast else None,
+        position_relevance=None if rows.positions is None else rows.positions.to(dtype),
+        answer_position_relevance=answer_positions,
         **_image_fields(answer, rows, whole),
     )
 

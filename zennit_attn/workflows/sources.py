@@ -341,7 +341,8 @@ def explain_sources(
     method: str, optional
         A method of :py:func:`~zennit_attn.explain` with ``(position, token)`` targets (``'attnlrp'``,
         ``'cplrp'``, ``'input_x_gradient'``, ...); default the LRP method of ``composite=`` among ``params``,
-        ``'attnlrp'`` without one.
+        ``'attnlrp'`` without one. With PA-LRP's positions (``'palrp'``, a composite with ``positions=True``) a
+        source's score holds its tokens' relevance and their positions'.
     objective: str
         What is explained of each response token, summed over the response: ``'log_odds'`` (default:
         ``log(p / (1 - p))``, ContextCite's logit-probability; :py:class:`~zennit_attn.inputs.objectives.LogOdds`),
@@ -509,6 +510,8 @@ def explain_response(
         tokenizer=prompt.tokenizer,
         **params,
     )
+    if explanation.position_relevance is not None:  # PA-LRP: the sources' tokens with their positions
+        explanation = explanation.with_positions()
     segments = _response_segments(explanation, prompt, response, start)
     return SourceExplanation(
         prompt=prompt,

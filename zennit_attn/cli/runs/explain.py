@@ -14,7 +14,7 @@ from ..loading import load, load_multimodal, make_composite, read_images, resolv
 from ..printing import color_choice, decode, legend, method_label, shorten
 from ..progress import status
 
-__all__ = ['run', 'explain_and_show', 'explain_images', 'write_heatmap', 'prediction']
+__all__ = ['run', 'explain_and_show', 'explain_images', 'write_heatmap', 'prediction', 'positions_line']
 
 
 def prediction(model, explanation) -> tuple[int, float] | None:
@@ -82,8 +82,12 @@ def explain_and_show(args: argparse.Namespace):
             print(f'Prediction:  {decode(tokenizer, token)!r} (token id {token}, logit {value:.3f})')
         print(f'Explained:   {decode(tokenizer, target)!r} (token id {target}, logit {logit:.3f}; --target)')
     print(f'Method:      {method_label(args)} ({seconds:.2f} s)')
+    pairs = explanation.position_relevance is not None
+    if pairs:  # PA-LRP: the input is position-token pairs, each token shown (and written) with its position
+        print(positions_line(explanation))
+        explanation = explanation.with_positions()
     print()
-    unit = 'word' if args.words else 'input token'
+    unit = ('word' if args.words else 'input token') + (' with its position' if pairs else '')
     print(f'Relevance of each {unit} for {explained}{legend(args.color)}:')
     explanation.show(words=args.words, color=color_choice(args.color))
     if args.top:
@@ -93,6 +97,20 @@ def explain_and_show(args: argparse.Namespace):
         for rank, (position, value, token) in enumerate(top, start=1):
             print(f'  {rank}. {token!r:<16} position {position:>4}   relevance {value:+.4f}')
     return model, tokenizer, explanation
+
+
+def positions_line(explanation) -> str:
+    """The line that splits PA-LRP's relevance of the pairs into the tokens' and the positions' (first row)."""
+    positions = float(explanation.position_relevance[0].sum())
+    tokens = float(explanation.relevance[0].sum())
+    if explanation.decoder_relevance is not None:
+        tokens += float(explanation.decoder_relevance[0].sum())
+        if explanation.decoder_position_relevance is not None:
+            positions += float(explanation.decoder_position_relevance[0].sum())
+    return (
+        f'Positions:   {positions:+.4f} to the positions, {tokens:+.4f} to the tokens (PA-LRP: the heatmap, the top '
+        'tokens and --output show each token with its position)'
+    )
 
 
 def explain_images(args: argparse.Namespace):

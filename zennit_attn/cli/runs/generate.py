@@ -67,8 +67,16 @@ def run(args: argparse.Namespace) -> int:
         print(
             f'Contrast:    {shown}{", ..." if generated > 8 else ""} (--contrast: the logit differences are explained)'
         )
+    pairs = generation.position_relevance is not None
+    if pairs:  # PA-LRP: each token shown (and written) with its position
+        print(
+            f'Positions:   {float(generation.answer_position_relevance.sum()):+.4f} to the positions, '
+            f'{float(generation.answer_relevance.sum()):+.4f} to the tokens (PA-LRP: the heatmaps and --output show '
+            'each token with its position)'
+        )
+        generation = generation.with_positions()
     print()
-    unit = 'word' if args.words else 'token'
+    unit = ('word' if args.words else 'token') + (' with its position' if pairs else '')
     print(f'Relevance of each {unit} for the whole answer{versus}{legend(args.color)}:')
     generation.show(words=args.words, color=color_choice(args.color))
     if args.output is not None:
