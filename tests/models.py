@@ -36,7 +36,9 @@ import torch
 import transformers
 from transformers.modeling_outputs import CausalLMOutput
 
+from zennit_attn.workflows.architecture_check.check import built_model
 from zennit_attn.workflows.architecture_check.check import zero_biases as zero_parameters_that_absorb
+from zennit_attn.workflows.architecture_check.configs import model_class as zoo_class
 from zennit_attn.workflows.architecture_check.configs import tiny_config as hf_tiny_config
 
 VOCAB = 100
@@ -756,3 +758,28 @@ class TwoTables(torch.nn.Module):
 def two_tables():
     torch.manual_seed(0)
     return TwoTables().double().eval()
+
+
+# ----------------------------------------------------------------------------- the architecture check's tiny models
+def zoo_model(mapping: str, architecture: str) -> tuple[torch.nn.Module, dict]:
+    """The architecture check's tiny random model of ``architecture`` in ``mapping`` (``'masked-lm'``, ...) as the check
+    builds it (float64, seeded, its constants set to 0) and the check's inputs."""
+    model_type, config_type = zoo_class(mapping, architecture)
+    model, inputs, _ = built_model(
+        mapping, lambda: (model_type, hf_tiny_config(config_type)), 0, torch.Generator().manual_seed(0)
+    )
+    return model, inputs
+
+
+def seq2seq_with_positions(architecture: str) -> torch.nn.Module:
+    """The architecture check's tiny ``architecture`` (BART, Marian, ...: a ``seq2seq-lm``) in float64 without biases,
+    with random values in its encoder's and decoder's position tables (``model.model.{encoder,decoder}
+    .embed_positions``)."""
+    model_type, config_type = zoo_class('seq2seq-lm', architecture)
+    torch.manual_seed(0)
+    model = model_type(hf_tiny_config(config_type)).double().eval()
+    zero_parameters_that_absorb(model)
+    with torch.no_grad():
+        for table in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
+            table.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    return model

@@ -36,7 +36,7 @@ def _tiny(architecture: str, mapping: str = 'image-text-to-text'):
         model_class, config_class = configs.model_class(mapping, architecture)
         return model_class, configs.tiny_config(config_class)
 
-    return check._built(mapping, build, 0, torch.Generator().manual_seed(0))
+    return check.built_model(mapping, build, 0, torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize(

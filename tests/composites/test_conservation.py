@@ -41,7 +41,7 @@ def built(mapping: str, architecture: str) -> tuple[torch.nn.Module, dict]:
         architecture_class, config_class = model_class(mapping, architecture)
         return architecture_class, tiny_config(config_class)
 
-    model, inputs, _ = check._built(mapping, build, 0, torch.Generator().manual_seed(0))
+    model, inputs, _ = check.built_model(mapping, build, 0, torch.Generator().manual_seed(0))
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith(CONSTANTS):

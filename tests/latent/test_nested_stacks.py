@@ -11,25 +11,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.models import zoo_model
 from zennit_attn import conservation, explain
 from zennit_attn.canonizers.checkpointing import checkpointed
 from zennit_attn.composites import CPLRPEpsilon
 from zennit_attn.core.blocks import block_stacks, transformer_blocks
 from zennit_attn.latent import Neuron, steer
-from zennit_attn.workflows.architecture_check import check, configs
 
 TIGHT = dict(rtol=1e-10, atol=1e-10)
 
 
 @pytest.fixture(scope='module')
 def funnel():
-    model_class, config_class = configs.model_class('masked-lm', 'funnel')
-    model, inputs, _ = check._built(
-        'masked-lm',
-        lambda: (model_class, configs.tiny_config(config_class)),
-        0,
-        torch.Generator().manual_seed(0),
-    )
+    model, inputs = zoo_model('masked-lm', 'funnel')
     return model, inputs['input_ids'][:1]
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.models import zoo_model
 from zennit_attn import conservation, explain
 from zennit_attn.composites import CPLRPEpsilon
 from zennit_attn.latent import Neuron, steer
-from zennit_attn.workflows.architecture_check import check, configs
 from zennit_attn.workflows.patching import activation_patching
 
 CALL = 'did not run through their module call'
@@ -21,13 +21,7 @@ CALL = 'did not run through their module call'
 
 @pytest.fixture(scope='module')
 def squeezebert():
-    model_class, config_class = configs.model_class('masked-lm', 'squeezebert')
-    model, inputs, _ = check._built(
-        'masked-lm',
-        lambda: (model_class, configs.tiny_config(config_class)),
-        0,
-        torch.Generator().manual_seed(0),
-    )
+    model, inputs = zoo_model('masked-lm', 'squeezebert')
     return model, inputs['input_ids'][:1]
 
 

@@ -46,7 +46,7 @@ from tests.by_hand import attributed, by_hand, identity
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon, MLPRules, RelPEpsilon
 from zennit_attn.core.errors import UnsupportedModelError
-from zennit_attn.workflows.architecture_check.check import _built
+from zennit_attn.workflows.architecture_check.check import built_model
 from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
 
 COMPOSITES = [AttnLRPEpsilon, CPLRPEpsilon, RelPEpsilon, MLPRules]
@@ -600,7 +600,7 @@ def test_a_bias_before_an_activation_keeps_its_share():
 
 def _tiny(mapping: str, architecture: str) -> torch.nn.Module:
     """The architecture check's tiny random model of ``architecture`` (float64, biases zeroed)."""
-    model, _, _ = _built(
+    model, _, _ = built_model(
         mapping,
         lambda: (model_class(mapping, architecture)[0], tiny_config(model_class(mapping, architecture)[1])),
         0,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.models import pixels, tiny_hf_vision, tiny_hf_vit, tiny_model, tiny_timm_vit
+from tests.models import pixels, seq2seq_with_positions, tiny_hf_vision, tiny_hf_vit, tiny_model, tiny_timm_vit
 from tests.numbers import assert_close
 from zennit_attn import explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
@@ -262,13 +262,7 @@ def test_an_encoder_decoder_models_two_sequences_of_positions(family, rows):
     sequence's positions are read apart (by the path of the model's encoder; before: refused, two sequences). CP-LRP on
     the bias-free model: encoder and decoder tokens and positions together conserve the logit, which the tokens alone
     do not, and the tokens keep their relevance; ``with_positions()`` adds each sequence's positions to its tokens."""
-    model_type, config_type = model_class('seq2seq-lm', family)
-    torch.manual_seed(0)
-    model = model_type(tiny_config(config_type)).double().eval()
-    zero_biases(model)
-    with torch.no_grad():
-        for table in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
-            table.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    model = seq2seq_with_positions(family)
     ids = TOKENS[:rows, :6]
     decoder = torch.cat([torch.full((rows, 1), model.config.decoder_start_token_id), TOKENS[:rows, 2:4]], 1)
     explanation = explain(model, ids, decoder_input_ids=decoder, composite=CPLRPEpsilon(positions=True))

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from tests.models import decoder_ids, pixels, tiny_hf_vit, tiny_model, token_ids
+from tests.models import decoder_ids, pixels, seq2seq_with_positions, tiny_hf_vit, tiny_model, token_ids
 from tests.numbers import assert_close
 from zennit_attn import conservation, explain
 from zennit_attn.composites import AttnLRPEpsilon, CPLRPEpsilon
@@ -117,16 +117,7 @@ def test_positions_of_an_encoder_decoder_are_both_sequences():
     (what the plain report counts among the other embeddings), and with CP-LRP on the bias-free model all of the logit
     reaches the input. Before: the decoder's positions were left out (input fraction -0.04 for a conserving
     explanation)."""
-    from zennit_attn.workflows.architecture_check.check import zero_biases
-    from zennit_attn.workflows.architecture_check.configs import model_class, tiny_config
-
-    model_type, config_type = model_class('seq2seq-lm', 'bart')
-    torch.manual_seed(0)
-    model = model_type(tiny_config(config_type)).double().eval()
-    zero_biases(model)
-    with torch.no_grad():
-        for table in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
-            table.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    model = seq2seq_with_positions('bart')
     ids, decoder = torch.tensor([[5, 17, 3, 28, 9, 14, 22]]), torch.tensor([[2, 7, 8]])
     report = conservation(model, ids, decoder_input_ids=decoder, composite=CPLRPEpsilon(positions=True))
     assert_close(report.input_fraction, torch.ones(1, dtype=torch.float64), 1e-12)

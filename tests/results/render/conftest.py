@@ -6,9 +6,12 @@ need it are skipped with that reason and the fix."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from playwright.sync_api import sync_playwright
 
 #: what every headless run gets: no sandbox (root in a container), no GPU, no network chatter, a fresh profile
 CHROMIUM_FLAGS = [
@@ -44,4 +47,32 @@ def tex_engine() -> str:
     engines = ('pdflatex', 'lualatex', 'xelatex')
     return next(filter(None, map(shutil.which, engines)), None) or _skip_missing(
         'pdflatex', 'texlive-latex-recommended'
+    )
+
+
+@pytest.fixture(scope='module')
+def browser(chromium):
+    """A headless chromium driven by playwright (skipped where playwright cannot launch it)."""
+    with sync_playwright() as driver:
+        try:
+            browser = driver.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        except Exception as error:  # noqa: BLE001 - any launch failure means no browser to test with
+            pytest.skip(f'playwright cannot drive {chromium}: {error}')
+        yield browser
+        browser.close()
+
+
+def compile_latex(engine: str, folder: Path, *snippets: str) -> subprocess.CompletedProcess:
+    """Compile ``main.tex`` in ``folder``: an article with xcolor alone (what the snippets' docs ask for) that inputs
+    the ``snippets`` (file names in ``folder``), with the TeX ``engine`` (a path)."""
+    inputs = ''.join(f'\\input{{{snippet}}}\n' for snippet in snippets)
+    (folder / 'main.tex').write_text(
+        '\\documentclass{article}\n\\usepackage{xcolor}\n\\begin{document}\n' + inputs + '\\end{document}\n'
+    )
+    return subprocess.run(
+        [engine, '-interaction=nonstopmode', '-halt-on-error', 'main.tex'],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )

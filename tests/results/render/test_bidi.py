@@ -8,11 +8,8 @@ from __future__ import annotations
 import html
 import io
 
-import pytest
 import torch
-from playwright.sync_api import sync_playwright
 
-from tests.results.render.conftest import CHROMIUM_FLAGS
 from zennit_attn import Explanation
 from zennit_attn.results.render.terminal import render_terminal
 
@@ -36,17 +33,6 @@ _EDGES = """(selector) => {
   }
   return out;
 }"""
-
-
-@pytest.fixture(scope='module')
-def browser(chromium):
-    with sync_playwright() as driver:
-        try:
-            browser = driver.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        except Exception as error:  # noqa: BLE001 - any launch failure means no browser to test with
-            pytest.skip(f'playwright cannot drive {chromium}: {error}')
-        yield browser
-        browser.close()
 
 
 class _Tokenizer:

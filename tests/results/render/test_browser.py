@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from playwright.sync_api import sync_playwright
 
 from tests.models import tiny_model
 from tests.results.render.conftest import CHROMIUM_FLAGS
@@ -89,17 +88,6 @@ def test_screenshot_of_the_answer_page(chromium, generation, tmp_path):
     generation.save(page)
     pixels = _screenshot(chromium, page, tmp_path / 'answer-screenshot.png')
     assert _has(pixels, POSITIVE) > 50  # the script ran and coloured the answer view (its most relevant token)
-
-
-@pytest.fixture(scope='module')
-def browser(chromium):
-    with sync_playwright() as driver:
-        try:
-            browser = driver.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        except Exception as error:  # noqa: BLE001 - any launch failure means no browser to test with
-            pytest.skip(f'playwright cannot drive {chromium}: {error}')
-        yield browser
-        browser.close()
 
 
 def _backgrounds(page) -> list[str]:

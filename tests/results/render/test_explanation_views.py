@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from tests.models import tiny_model
+from tests.results.render.conftest import compile_latex
 from zennit_attn import Explanation, explain
 from zennit_attn.results.render import shared_scale
 from zennit_attn.results.render.colors import NEUTRAL, POSITIVE, hex_rgb, relevance_to_rgb
@@ -214,17 +215,7 @@ def test_tex_snippet_compiles(single, tmp_path, tex_engine):
             return ''.join(self.texts.get(int(token), '?') for token in ids)
 
     hostile.save(tmp_path / 'hostile.tex', tokenizer=Tokenizer())
-    (tmp_path / 'main.tex').write_text(
-        '\\documentclass{article}\n\\usepackage{xcolor}\n\\begin{document}\n'
-        '\\input{snippet.tex}\n\\input{hostile.tex}\n\\end{document}\n'
-    )
-    result = subprocess.run(
-        [tex_engine, '-interaction=nonstopmode', '-halt-on-error', 'main.tex'],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = compile_latex(tex_engine, tmp_path, 'snippet.tex', 'hostile.tex')
     assert result.returncode == 0, result.stdout[-3000:]
     reader = pypdf.PdfReader(tmp_path / 'main.pdf')
     content = reader.pages[0].extract_text()

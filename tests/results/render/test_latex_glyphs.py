@@ -4,12 +4,12 @@ stay hyphens (not en and em dashes) in pdfLaTeX and LuaLaTeX."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pypdf
 import pytest
 import torch
 
+from tests.results.render.conftest import compile_latex
 from zennit_attn import Explanation
 
 
@@ -40,16 +40,7 @@ def _compile(tmp_path, engine: str, texts: dict[int, str]) -> tuple[int, str, st
         input_ids=torch.tensor([ids]),
     )
     explanation.save(tmp_path / 'tokens.tex', tokenizer=_Tokenizer(texts), captions=False)
-    (tmp_path / 'main.tex').write_text(
-        '\\documentclass{article}\n\\usepackage{xcolor}\n\\begin{document}\n\\input{tokens.tex}\n\\end{document}\n'
-    )
-    result = subprocess.run(
-        [path, '-interaction=nonstopmode', '-halt-on-error', 'main.tex'],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = compile_latex(path, tmp_path, 'tokens.tex')
     if result.returncode:
         return result.returncode, result.stdout[-3000:], ''
     return 0, '', pypdf.PdfReader(tmp_path / 'main.pdf').pages[0].extract_text()

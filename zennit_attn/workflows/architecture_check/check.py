@@ -57,6 +57,7 @@ __all__ = [
     'Result',
     'check_architecture',
     'check_config',
+    'built_model',
     'zero_biases',
     'randomize_zero_weights',
     'check_inputs',
@@ -197,7 +198,7 @@ def _check(mapping: str, architecture: str, build: Callable, seed: int, start: f
     under the composite ``rules``)."""
     generator = torch.Generator().manual_seed(seed)
     try:
-        model, inputs, fed = _built(mapping, build, seed, generator)
+        model, inputs, fed = built_model(mapping, build, seed, generator)
     except Exception as error:  # a limit of the tiny configurations
         return Result(mapping, architecture, 'not built', short_message(error), seconds=time.perf_counter() - start)
     status, reason, ratio, fed, dtype = _verdict(model, inputs, fed)
@@ -212,7 +213,9 @@ def _check(mapping: str, architecture: str, build: Callable, seed: int, start: f
     return Result(mapping, architecture, status, reason, ratio, seconds, fed, table, attnlrp, attnlrp_note)
 
 
-def _built(mapping: str, build: Callable, seed: int, generator: torch.Generator) -> tuple[torch.nn.Module, dict, str]:
+def built_model(
+    mapping: str, build: Callable, seed: int, generator: torch.Generator
+) -> tuple[torch.nn.Module, dict, str]:
     """The model in float64 with zero biases (random weights from ``seed``), its inputs and what was fed."""
     model_class, config = build()
     with contextlib.suppress(Exception):
