@@ -223,12 +223,15 @@ class Call:
         return self.func(*args, **kwargs)
 
     def again(self, input: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """``x -> the function run again with x as its first argument`` where ``input`` is that argument (the identity
-        rule computes an activation's output again in the backward pass instead of keeping it,
-        :py:func:`~zennit_attn.rules.elementwise_identity`), None where it is not."""
-        if not self.args or self.args[0] is not input:
+        """``x -> the function run again with x in place of input`` where ``input`` is its first argument, or another
+        positional one (an activation written out as ``sigmoid(x).mul(x)``) (the identity rule computes an
+        activation's output again in the backward pass instead of keeping it, so that the model may change it in
+        place: :py:func:`~zennit_attn.rules.elementwise_identity`), None where it is none."""
+        if self.args and self.args[0] is input:
+            return functools.partial(_first_replaced, self.func, self.args[1:], self.kwargs)
+        if not any(arg is input for arg in self.args):
             return None
-        return functools.partial(_first_replaced, self.func, self.args[1:], self.kwargs)
+        return functools.partial(_replaced_call, self.func, self.args, self.kwargs, input)
 
     def with_values(self, values: dict[str, Any]) -> tuple[tuple, dict]:
         """``(args, kwargs)`` with the arguments named in ``values`` replaced."""
@@ -265,3 +268,9 @@ class Call:
 def _first_replaced(func: Callable, rest: tuple, kwargs: dict, input: torch.Tensor):
     """``func(input, *rest, **kwargs)``: a call run again on another first argument (:py:meth:`Call.again`)."""
     return func(input, *rest, **kwargs)
+
+
+def _replaced_call(func: Callable, args: tuple, kwargs: dict, input: torch.Tensor, value: torch.Tensor):
+    """``func(*args, **kwargs)`` with the positional arguments that are ``input`` replaced by ``value``: a call run
+    again on another tensor (:py:meth:`Call.again`)."""
+    return func(*(value if arg is input else arg for arg in args), **kwargs)

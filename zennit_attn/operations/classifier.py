@@ -215,8 +215,7 @@ class Classifier(TorchFunctionMode):
         output = func(*args, **kwargs)
         if fast == 'view' and isinstance(output, torch.Tensor) and output.requires_grad:
             first = carrying[0] if len(carrying) == 1 else args[0]  # ``x.type_as(y)``: the values of ``x``
-            if output.grad_fn is not first.grad_fn:  # not ``x.to(x.dtype)``, which returns ``x``
-                state.marks.origins[output.grad_fn] = (first.grad_fn, output.shape == first.shape)
+            state.marks.viewed(output, first)
         elif fast == 'shift':
             state.marks.derive(produced_tensors(output), carrying)
             note_offset(func, args, kwargs, carrying, output, state)

@@ -62,6 +62,7 @@ __all__ = [
     'kind',
     'produced',
     'passed',
+    'same_elements',
 ]
 
 #: The marks whose tensors go to a handler of their own, in the order in which one is chosen where the operands of an
@@ -231,6 +232,17 @@ def extremum_of_multiples(call, state) -> bool:
     return state.marks.multiple_of(first, state.marks.root(second))
 
 
+def same_elements(output: torch.Tensor, input: torch.Tensor) -> bool:
+    """Whether ``output``, a view, cast or copy of ``input``, holds each element of ``input`` at its place: of its
+    shape, and, where it is a view, over the same memory with the same strides (a transpose or permutation of equal
+    sizes is not: ``x.T`` of a square ``x``); a copy of the same shape (``clone``, ``contiguous``, a cast) is."""
+    if output.shape != input.shape:
+        return False
+    if not output._is_view():
+        return True
+    return output.data_ptr() == input.data_ptr() and output.stride() == input.stride()
+
+
 def passed(call, output, state, mixes: bool | None = None) -> None:
     """The marks of a linear operation (by its declaration's ``keeps`` and ``mixes``): a gate where every
     relevance-carrying input is one and the operation keeps gates (:py:func:`join_gates`, mixed where it ``mixes``;
@@ -249,10 +261,8 @@ def passed(call, output, state, mixes: bool | None = None) -> None:
         marks = [mark for tensor, mark in zip(carrying, marks) if tensor is first] or marks
         carrying = [tensor for tensor in carrying if tensor is first] or carrying
     if shape == 'view' and len(carrying) == 1:  # what ``outputs`` are a view of (:py:meth:`Marks.sources`)
-        found, origins = (carrying[0].grad_fn, outputs[0].shape == carrying[0].shape), state.marks.origins
         for tensor in outputs:
-            if tensor.grad_fn is not found[0]:  # not ``x.to(x.dtype)``, which returns ``x``
-                origins[tensor.grad_fn] = found
+            state.marks.viewed(tensor, carrying[0])
     elif shape == 'shift':
         state.marks.derive(outputs, carrying)
     if any(marks):
@@ -352,6 +362,17 @@ class Marks:
         found = (None, tuple(tensor.grad_fn for tensor in inputs))
         for tensor in outputs:
             self.origins[tensor.grad_fn] = found
+
+    def viewed(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """Note ``output`` as a view, cast or copy of ``input`` (``(node, same shape)``, :py:attr:`origins`); one that
+        holds ``input``'s elements at their places (:py:func:`same_elements`: ``x.clone()``, ``x.view(x.shape)``,
+        ``x.contiguous()``, a cast) is also ``input`` times 1 (:py:meth:`scale`), so that an element-wise function of
+        one is one of the other: ``x.clone() * sigmoid(x)`` is SiLU as ``x * sigmoid(x)`` is (Eq. 9)."""
+        if output.grad_fn is input.grad_fn:  # ``x.to(x.dtype)``, which returns ``x``
+            return
+        self.origins[output.grad_fn] = (input.grad_fn, output.shape == input.shape)
+        if same_elements(output, input):
+            self.scale(output, input, 1)
 
     def scale(self, output, input: torch.Tensor, factor, position: tuple | None = None) -> None:
         """Note ``output`` as ``input`` multiplied (or divided) by ``factor`` where that is a number (a copy: 1) or a

@@ -40,6 +40,7 @@ __all__ = [
     'factors',
     'note_scaling',
     'note_offset',
+    'out_of_place',
 ]
 
 
@@ -78,7 +79,7 @@ def product(call: Call, state: State):
         call.note = 'one relevance-carrying factor: linear, the plain gradient (Eq. 8)'
         return call.run()
     if in_place(call.func, call.kwargs):
-        state.refuse(call.func.__name__, 'an in-place product of relevance-carrying tensors')
+        return out_of_place(call, state, product)
     _refuse_linear_attention(call, state, marks)
     rule = state.product_rule_of(call)
     sinks = [index for index, mark in enumerate(marks) if mark is not None and mark.sink is not None]
@@ -99,17 +100,43 @@ def product(call: Call, state: State):
     return output
 
 
+def out_of_place(call: Call, state: State, handler) -> torch.Tensor:
+    """An in-place product of relevance-carrying tensors (``a.mul_(b)``, ``a *= b``, ``c.addcmul_(a, b)``,
+    ``x.scatter_reduce_(..., 'prod')``) as what it computes, ``a.copy_(a.clone() * b)``: the out-of-place product of
+    a copy of the changed tensor (which keeps its marks and stands for it: ``a.mul_(a)`` is a square, ``a.mul_(
+    sigmoid(a))`` SiLU) under ``handler``, its rule (Prop. 3.2), written into the tensor. ``call`` becomes that
+    product (its marks, :py:func:`multiplied`, are those of the product of the copy, set on the changed tensor), and
+    the tensor a copy of the product's output. Before, it was refused, where its out-of-place spelling was
+    explained."""
+    target = call.args[0]
+    copy = target.clone()
+    state.marks.set([copy], state.marks.of(target))
+    state.marks.viewed(copy, target)
+    copies = {id(target): copy}
+    name = call.func.__name__
+    twin = '__' + name[3:] if name.startswith('__i') else name[:-1]
+    call.func, call.args = getattr(torch.Tensor, twin), replaced(call.args, copies)
+    call.kwargs = {key: replaced(value, copies) for key, value in call.kwargs.items()}
+    call.carrying = [copies.get(id(tensor), tensor) for tensor in call.carrying]
+    call.positions, call._arguments = tuple(tensor_position(tensor) for tensor in call.carrying), None
+    output = handler(call, state)
+    target.copy_(output)
+    state.marks.viewed(target, output)
+    return target
+
+
 def _chained(rule, state: State, found: list, marks: list, kinds: list, shares: tuple) -> tuple[tuple, int]:
     """``(shares, factors)`` of an element-wise product whose factors may be element-wise products themselves:
     ``(a * b) * c`` is the product of the three factors ``a``, ``b``, ``c`` (Prop. 3.2 for N factors: AttnLRP 1/3
     each, as ``torch.stack([a, b, c]).prod(0)`` gives them), so the factor ``a * b`` gets the rule's shares of its own
     factors (each of its kind) together, 2/3, and passes them on by halves; before, ``c`` got 1/2 and ``a`` and ``b``
     1/4 (26% of the largest relevance apart). ``factors``: how many factors with a share the product multiplies,
-    recorded on its output (:py:attr:`~.marks.Marks.factors`). A rule whose shares do not sum to 1 (relevance
-    patching's plain gradient) keeps its shares, and a product that is one factor of the products it enters
-    (:py:func:`_one_function`: a product of gates, ``x * x``, ``x * sigmoid(x)``, as ``x ** 2`` and ``silu(x)`` are)
-    is recorded as none."""
-    counts = [state.marks.factors.get(tensor.grad_fn, 1) for tensor in found]
+    recorded on its output (:py:attr:`~.marks.Marks.factors`) and read through copies and multiples by numbers or
+    constant tensors of it (:py:meth:`~.marks.Marks.root`: ``(a * b).clone() * c``, ``(a * b).mul_(c)``). A rule
+    whose shares do not sum to 1 (relevance patching's plain gradient) keeps its shares, and a product that is one
+    factor of the products it enters (:py:func:`_one_function`: a product of gates, ``x * x``, ``x * sigmoid(x)``, as
+    ``x ** 2`` and ``silu(x)`` are) is recorded as none."""
+    counts = [state.marks.factors.get(state.marks.root(tensor_position(tensor))[0], 1) for tensor in found]
     if abs(sum(shares) - 1) > 1e-9 or _one_function(state, found, marks):
         return shares, 0
     if any(count > 1 for count in counts):
@@ -270,7 +297,7 @@ def scatter(call: Call, state: State):
     if call.argument('reduce') not in ('prod', 'multiply'):
         return call.run()
     if in_place(call.func, call.kwargs):
-        state.refuse(call.func.__name__, 'an in-place product of relevance-carrying tensors')
+        return out_of_place(call, state, scatter)
     input, dim, index = call.argument('input'), call.argument('dim'), call.argument('index')
     source = next(call.argument(key) for key in ('src', 'source', 'value') if call.given(key))
     found = [tensor for tensor in (input, source) if isinstance(tensor, torch.Tensor) and tensor.requires_grad]

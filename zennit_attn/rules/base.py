@@ -111,21 +111,41 @@ class _RecomputedIdentity(torch.autograd.Function):
     operations on the same values, the same output) for ``g_in = g_out f(x) / x``. The model may then change the
     output in place after the function (``y = act(x); y += residual``), which a saved output would not allow.
     ``source`` is the first input of a chain of element-wise functions (see :py:func:`elementwise_identity`), from
-    which the ratio is taken."""
+    which the ratio is taken. The other tensors ``compute`` holds (``sigmoid(x)`` of ``x * sigmoid(x)``,
+    :py:func:`_held`) are saved as well (references, no copies), so that torch refuses the backward pass where the
+    model changed one in place since, as it refuses the plain pass; before, the output was computed again from the
+    changed tensor (AttnLRP's relevance of ``y = x * g; g.mul_(3)`` three times that of ``x * g``)."""
 
     @staticmethod
     def forward(ctx, source, input, output, compute):
-        ctx.save_for_backward(source.detach(), input.detach())
+        ctx.save_for_backward(source.detach(), input.detach(), *(tensor.detach() for tensor in _held(compute)))
         ctx.compute = compute
         _hold_source(ctx, source)
         return output.detach()
 
     @staticmethod
     def backward(ctx, grad_output):
-        source, input = ctx.saved_tensors
+        source, input = ctx.saved_tensors[:2]
         with torch.no_grad():
             output = ctx.compute(input)
         return _identity_gradient(source, output, grad_output), None, None, None
+
+
+def _held(compute: Callable) -> list[torch.Tensor]:
+    """The tensors among the bound arguments of ``compute`` (a :py:class:`functools.partial`; lists and tuples of them
+    searched), which it reads when it computes an output again in the backward pass."""
+    if not isinstance(compute, functools.partial):
+        return []
+    found, stack = [], [*compute.args, *compute.keywords.values()]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return found
 
 
 class _RecomputedGate(_RecomputedIdentity):
