@@ -519,6 +519,9 @@ SPELLINGS = {
         lambda m, x: (lambda a: a.view(3, 4) * torch.sigmoid(a))(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: a.reshape(3, 4) * torch.sigmoid(a).contiguous())(m.a(x)) * m.b(x),
         lambda m, x: (lambda a: a.sigmoid().mul(a).mul_(m.b(x)))(m.a(x)),
+        lambda m, x: (lambda a: a[None] * torch.sigmoid(a[None]))(m.a(x))[0] * m.b(x),
+        lambda m, x: (lambda a: a.flatten().view(3, 4) * torch.sigmoid(a))(m.a(x)) * m.b(x),
+        lambda m, x: (lambda a: a.unsqueeze(1) * torch.sigmoid(a).view(3, 1, 4))(m.a(x)).squeeze(1) * m.b(x),
     ],
     # an in-place product of relevance-carrying tensors is the out-of-place product written into the tensor (refused
     # before): a gated product, a product of products, a square, ``addcmul_``, a product of an expanded tensor
@@ -666,6 +669,21 @@ def test_a_transposed_square_is_not_a_copy(composite):
 
     expected = attributed(_model(spelled(lambda h: h.T.flip(0).flip(0))), composite(), x)
     found = attributed(_model(spelled(lambda h: h.T)), composite(), x)
+    torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize('composite', [AttnLRPEpsilon, CPLRPEpsilon], ids=lambda composite: composite.__name__)
+def test_an_extremum_of_broadcast_views_is_not_a_rectifier(composite):
+    """``torch.maximum(a[:, None], 0.1 * a[None])`` pairs every element of ``a`` with every other (an outer maximum):
+    no leaky ReLU of ``a``, though ``a[:, None]`` and ``a[None]`` both hold ``a``'s elements in their order; the
+    relevance of the second view written as a selection the engine does not follow (``a.flip(0).flip(0)``)."""
+    x = _inputs()
+
+    def spelled(view):
+        return lambda m, x: (lambda a: torch.maximum(a[:, None], 0.1 * view(a)[None]))(m.a(x)) * m.b(x)
+
+    expected = attributed(_model(spelled(lambda a: a.flip(0).flip(0))), composite(), x)
+    found = attributed(_model(spelled(lambda a: a)), composite(), x)
     torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
 
 

@@ -221,6 +221,8 @@ class Classifier(TorchFunctionMode):
             note_offset(func, args, kwargs, carrying, output, state)
         elif fast == 'product':
             note_scaling(func, args, kwargs, carrying[0], output, state)
+        elif fast == 'selection' and len(carrying) == 1:
+            state.marks.selected(output, carrying[0])
         elif fast == 'compare':
             note_sign(name, args, carrying[0], output, state)
         if state.signs and rectifies_by_sign(name, args, kwargs, carrying, state):
@@ -311,10 +313,12 @@ def _function(func) -> tuple:
     """``(name, declaration, whether it changes its first argument in place, its fast path)`` of ``func``, kept in
     :py:data:`_FUNCTIONS`. The fast path of an operation where no operand is marked (:py:meth:`Classifier.unmarked`):
     ``'quiet'`` for a linear one that notes and marks nothing, ``'view'`` for a view or cast, which notes what it is a
-    view of, ``'shift'`` and ``'join'`` for one that may add constants (``x + c``, ``cat``), which it notes,
-    ``'product'`` for an element-wise product and ``'contraction'`` for a matrix product or a layer (linear where one
-    factor carries relevance; an element-wise product by a constant notes the multiple it makes), ``'compare'`` for a
-    comparison (``x > 0`` notes the sign of ``x``, :py:func:`~.elementwise.note_sign`), None for none."""
+    view of, ``'selection'`` for a selection, which notes a view of all of its input's elements as a copy
+    (:py:meth:`~.marks.Marks.selected`), ``'shift'`` and ``'join'`` for one that may add constants (``x + c``,
+    ``cat``), which it notes, ``'product'`` for an element-wise product and ``'contraction'`` for a matrix product
+    or a layer (linear where one factor carries relevance; an element-wise product by a constant notes the multiple it
+    makes), ``'compare'`` for a comparison (``x > 0`` notes the sign of ``x``, :py:func:`~.elementwise.note_sign`),
+    None for none."""
     name = op_name(func)
     entry = OPERATIONS.get(name)
     changes = name == 'setitem' or in_place(func)
@@ -323,6 +327,8 @@ def _function(func) -> tuple:
         fast = _METADATA
     elif name in COMPARISONS and not changes:
         fast = 'compare'
+    elif entry is not None and not changes and entry.rule == 'plain' and entry.shape == 'selection':
+        fast = 'selection' if name not in EXTREMA else None
     elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in _QUIET and name not in EXTREMA:
         fast = 'quiet'
     elif entry is not None and not changes and entry.rule == 'plain' and entry.shape in ('view', *ADDING):

@@ -228,19 +228,26 @@ def extremum_of_multiples(call, state) -> bool:
     an activation's is (its plain gradient is the identity rule's, Eq. 9)."""
     if call.name not in EXTREMA or len(call.carrying) != 2 or call.held or state.in_recurrence:
         return False
+    if call.carrying[0].shape != call.carrying[1].shape:  # broadcast against each other: not element by element
+        return False
     first, second = (tensor_position(tensor) for tensor in call.carrying)
     return state.marks.multiple_of(first, state.marks.root(second))
 
 
-def same_elements(output: torch.Tensor, input: torch.Tensor) -> bool:
-    """Whether ``output``, a view, cast or copy of ``input``, holds each element of ``input`` at its place: of its
-    shape, and, where it is a view, over the same memory with the same strides (a transpose or permutation of equal
-    sizes is not: ``x.T`` of a square ``x``); a copy of the same shape (``clone``, ``contiguous``, a cast) is."""
-    if output.shape != input.shape:
+def same_elements(output: torch.Tensor, input: torch.Tensor, copies: bool = True) -> bool:
+    """Whether ``output``, a view, cast or copy of ``input``, holds the elements of ``input`` in their order: a copy of
+    its shape (``clone``, ``contiguous``, a cast), a view of its shape over the same memory with the same strides (a
+    transpose or permutation of equal sizes is not: ``x.T`` of a square ``x``), or a view of a contiguous ``input`` that
+    reshapes it (``x[None]``, ``x.view(-1)``, ``x.unsqueeze(1)``: its elements in the same order, contiguous).
+    ``copies``: whether ``output`` is computed by a view or cast, so that a copy of ``input``'s shape holds its
+    elements in their order (not a selection: ``x[[2, 1, 0]]`` is a copy of a square ``x``'s shape)."""
+    if output.shape == input.shape and not output._is_view():
+        return copies
+    if not output._is_view() or output.data_ptr() != input.data_ptr():
         return False
-    if not output._is_view():
+    if output.shape == input.shape and output.stride() == input.stride():
         return True
-    return output.data_ptr() == input.data_ptr() and output.stride() == input.stride()
+    return output.numel() == input.numel() and output.is_contiguous() and input.is_contiguous()
 
 
 def passed(call, output, state, mixes: bool | None = None) -> None:
@@ -248,10 +255,10 @@ def passed(call, output, state, mixes: bool | None = None) -> None:
     relevance-carrying input is one and the operation keeps gates (:py:func:`join_gates`, mixed where it ``mixes``;
     not inside a declared recurrence, nor where the engine holds relevance-carrying factors constant); where one input
     carries relevance, its sink mass, attention output and contraction where the operation keeps them. A view or cast
-    of one tensor, and a shift, note what they are computed from (:py:meth:`Marks.derive`). ``mixes``: whether it
-    contracts its inputs (default: its declaration's)."""
+    of one tensor, a shift and a selection note what they are computed from (:py:func:`_noted`). ``mixes``: whether
+    it contracts its inputs (default: its declaration's)."""
     shape, marks, carrying = call.entry.shape, call.marks, call.carrying
-    if shape != 'view' and shape != 'shift' and not any(marks):
+    if shape not in _NOTED and not any(marks):
         return
     outputs = produced(call, output)
     if not outputs:
@@ -260,15 +267,29 @@ def passed(call, output, state, mixes: bool | None = None) -> None:
         first = call.args[0] if call.args else None
         marks = [mark for tensor, mark in zip(carrying, marks) if tensor is first] or marks
         carrying = [tensor for tensor in carrying if tensor is first] or carrying
-    if shape == 'view' and len(carrying) == 1:  # what ``outputs`` are a view of (:py:meth:`Marks.sources`)
-        for tensor in outputs:
-            state.marks.viewed(tensor, carrying[0])
-    elif shape == 'shift':
-        state.marks.derive(outputs, carrying)
+    _noted(shape, outputs, carrying, state)
     if any(marks):
         mark = _passed(call, marks, state, call.entry.mixes if mixes is None else mixes)
         if mark is not None:
             state.marks.set(outputs, mark)
+
+
+#: The shapes of linear operations that note what their outputs are computed from (:py:func:`_noted`).
+_NOTED = frozenset({'view', 'shift', 'selection'})
+
+
+def _noted(shape: str, outputs: list, carrying: list, state) -> None:
+    """Note what the ``outputs`` of a linear operation of ``shape`` are computed from: a view or cast of one tensor
+    what it views (:py:meth:`Marks.viewed`, :py:meth:`Marks.sources`), a shift what it shifts (:py:meth:`Marks.derive`),
+    a selection of one tensor that views all its elements the tensor (:py:meth:`Marks.selected`)."""
+    if shape == 'view' and len(carrying) == 1:
+        for tensor in outputs:
+            state.marks.viewed(tensor, carrying[0])
+    elif shape == 'shift':
+        state.marks.derive(outputs, carrying)
+    elif shape == 'selection' and len(carrying) == 1:
+        for tensor in outputs:
+            state.marks.selected(tensor, carrying[0])
 
 
 def _passed(call, marks: list, state, mixes: bool) -> Mark | None:
@@ -374,15 +395,24 @@ class Marks:
         if same_elements(output, input):
             self.scale(output, input, 1)
 
+    def selected(self, output, input: torch.Tensor) -> None:
+        """Note ``output`` of a selection from ``input`` as ``input`` times 1 (:py:meth:`scale`) where it is a view
+        that holds all of ``input``'s elements in their order (:py:func:`same_elements`: ``x[None]``, ``x[:, :]``), so
+        that ``x[None] * sigmoid(x[None])`` is SiLU; no origin is noted (a selection is not followed as a view is)."""
+        if isinstance(output, torch.Tensor) and output.requires_grad and same_elements(output, input, copies=False):
+            self.scale(output, input, 1)
+
     def scale(self, output, input: torch.Tensor, factor, position: tuple | None = None) -> None:
         """Note ``output`` as ``input`` multiplied (or divided) by ``factor`` where that is a number (a copy: 1) or a
         constant tensor (one that carries no relevance: a weight of the model) and ``output`` a relevance-carrying
-        tensor of ``input``'s shape, an element-wise multiple of it. ``position``: that of ``input``
-        (:py:func:`~.calls.tensor_position`) before the operation, where that changed ``input`` in place
+        tensor of ``input``'s shape, an element-wise multiple of it, or a copy that reshapes it. ``position``: that
+        of ``input`` (:py:func:`~.calls.tensor_position`) before the operation, where that changed ``input`` in place
         (``x.mul_(w)``)."""
         constant = is_number(factor) or (isinstance(factor, torch.Tensor) and not factor.requires_grad)
-        if not (constant and isinstance(output, torch.Tensor) and output.requires_grad and output.shape == input.shape):
+        if not (constant and isinstance(output, torch.Tensor) and output.requires_grad):
             return
+        if output.shape != input.shape and not (is_number(factor) and factor == 1 and same_elements(output, input)):
+            return  # a multiple of another shape; a copy may reshape (``x[None]``, :py:func:`same_elements`)
         position = tensor_position(input) if position is None else position
         if output.grad_fn is not position[0]:
             self.scaled[output.grad_fn] = position
