@@ -543,6 +543,20 @@ SPELLINGS = {
         lambda m, x: m.a(x)[:, :1].expand(3, 4).clone().mul_(m.b(x)),
         lambda m, x: m.a(x)[:, :1].expand_as(m.b(x)).mul(m.b(x)),
     ],
+    # a decomposed function computed in place writes its result into the changed tensor, used after it (before, the
+    # tensor kept its old values: the model's output changed; ``a.hypot_(b)`` failed in torch's backward pass)
+    'an interpolation, in place or not, times a gate': [
+        lambda m, x: torch.lerp(m.a(x), m.b(x), 0.3) * gate(m, x),
+        lambda m, x: (lambda a: (a.lerp_(m.b(x), 0.3), a)[1])(m.a(x)) * gate(m, x),
+    ],
+    'a division added, in place or not': [
+        lambda m, x: m.c(x) + 0.5 * m.a(x) / (2 + m.b(x).abs()),
+        lambda m, x: (lambda c: (c.addcdiv_(m.a(x), 2 + m.b(x).abs(), value=0.5), c)[1])(m.c(x)),
+    ],
+    'a hypotenuse, in place or not, times a gate': [
+        lambda m, x: torch.hypot(m.a(x), m.b(x)) * gate(m, x),
+        lambda m, x: (lambda a: (a.hypot_(m.b(x)), a)[1])(m.a(x)) * gate(m, x),
+    ],
     'a product scattered, in place or not': [
         lambda m, x: m.a(x).scatter_reduce(1, torch.tensor([[0, 0, 1, 2]] * 3), m.b(x), 'prod'),
         lambda m, x: m.a(x).clone().scatter_reduce_(1, torch.tensor([[0, 0, 1, 2]] * 3), m.b(x), 'prod'),
@@ -685,6 +699,22 @@ def test_an_extremum_of_broadcast_views_is_not_a_rectifier(composite):
     expected = attributed(_model(spelled(lambda a: a.flip(0).flip(0))), composite(), x)
     found = attributed(_model(spelled(lambda a: a)), composite(), x)
     torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    'case', ['an interpolation, in place or not, times a gate', 'a division added, in place or not']
+)
+def test_a_decomposed_function_in_place_keeps_the_output(case):
+    """Inside the composite's context the model computes what it computes without it (1e-15): ``a.lerp_(b, w)`` and
+    ``c.addcdiv_(a, b)`` change ``a`` and ``c`` (before, the decomposition's result was returned and the tensor kept
+    its old values, so that a model using it after the call computed another output)."""
+    x = _inputs()
+    model = _model(SPELLINGS[case][1])
+    with torch.no_grad():
+        plain = model(x)
+    with AttnLRPEpsilon().context(model) as modified:
+        explained = modified(x.clone().requires_grad_(True))
+    torch.testing.assert_close(explained.detach(), plain, rtol=0, atol=1e-15)
 
 
 def test_a_bias_before_an_activation_keeps_its_share():

@@ -24,6 +24,7 @@ __all__ = [
     'Signature',
     'signature',
     'in_place',
+    'out_of_place',
     'is_number',
     'replaced',
     'tensors_of',
@@ -274,3 +275,32 @@ def _replaced_call(func: Callable, args: tuple, kwargs: dict, input: torch.Tenso
     """``func(*args, **kwargs)`` with the positional arguments that are ``input`` replaced by ``value``: a call run
     again on another tensor (:py:meth:`Call.again`)."""
     return func(*(value if arg is input else arg for arg in args), **kwargs)
+
+
+def out_of_place(call: Call, state, handler: Callable) -> torch.Tensor:
+    """An in-place operation on relevance-carrying tensors whose rule needs their values (a product: ``a.mul_(b)``,
+    ``a *= b``, ``c.addcmul_(a, b)``, ``x.scatter_reduce_(..., 'prod')``; a decomposed function: ``a.lerp_(b, w)``,
+    ``a.hypot_(b)``) as what it computes, ``a.copy_(a.clone() * b)``: the out-of-place operation on a copy of the
+    changed tensor (which keeps its marks and stands for it: ``a.mul_(a)`` is a square, ``a.mul_(sigmoid(a))`` SiLU)
+    under ``handler``, its rule (Prop. 3.2 for a product; ``state``: the engine's
+    :py:class:`~.tracking.State`), written into the tensor, which then stands for the result and holds its marks.
+    ``call`` becomes the out-of-place call (the marks its declaration gives, such as a product's, are then those of
+    the operation on the copy, set on the changed tensor). Before, an in-place product was refused where its
+    out-of-place spelling was explained."""
+    target = call.args[0]
+    copy = target.clone()
+    state.audit.record(copy)  # made by the engine: the operations of a decomposition audit their operands
+    state.marks.set([copy], state.marks.of(target))
+    state.marks.viewed(copy, target)
+    copies = {id(target): copy}
+    name = call.func.__name__
+    twin = '__' + name[3:] if name.startswith('__i') else name[:-1]
+    call.func, call.args = getattr(torch.Tensor, twin), replaced(call.args, copies)
+    call.kwargs = {key: replaced(value, copies) for key, value in call.kwargs.items()}
+    call.carrying = [copies.get(id(tensor), tensor) for tensor in call.carrying]
+    call.positions, call._arguments = tuple(tensor_position(tensor) for tensor in call.carrying), None
+    output = handler(call, state)
+    target.copy_(output)
+    state.marks.set([target], state.marks.of(output))
+    state.marks.viewed(target, output)
+    return target

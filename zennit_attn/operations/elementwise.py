@@ -25,7 +25,7 @@ import torch
 
 from ..rules import contiguous_gradient, elementwise_identity, gradient_map, layer_norm_identity
 from ..rules.products import ACTIVATION, SOFTMAX
-from .calls import Call, in_place, is_number, tensor_position, tensors_of
+from .calls import Call, in_place, is_number, out_of_place, tensor_position, tensors_of
 from .graph import normalises
 from .marks import ACTIVATED, Mark, kind, passed, produced
 from .tracking import ConstantTensor, State
@@ -384,7 +384,12 @@ def running_norm(call: Call, state: State):
 
 def decomposed(call: Call, state: State):
     """A composite function (:py:data:`~.decompositions.DECOMPOSED`): its arithmetic, with the mode classifying
-    each operation of it."""
+    each operation of it. Computed in place (``a.lerp_(b, w)``, ``c.addcdiv_(a, b)``, ``a.hypot_(b)``), that of a copy
+    of the changed tensor, written into it (:py:func:`~.calls.out_of_place`); before, the decomposition's result was
+    returned and the tensor left unchanged: the model computed on with ``a``'s old values (its output changed) where
+    it used ``a`` after ``a.lerp_(b, w)``."""
+    if in_place(call.func, call.kwargs):
+        return out_of_place(call, state, decomposed)
     call.note = 'its decomposition, each operation with its own rule'
     try:
         with state.mode:

@@ -25,7 +25,7 @@ import torch
 
 from ..rules import scaled_gradient
 from ..rules.products import ACTIVATION, SOFTMAX
-from .calls import Call, in_place, is_number, replaced, tensor_position
+from .calls import Call, in_place, is_number, out_of_place, replaced, tensor_position
 from .graph import is_outer_product
 from .marks import ACTIVATED, SOFTMAXED, join_gates, kind, passed, produced
 from .tracking import State, refuse_bias, refuse_dropout
@@ -40,7 +40,6 @@ __all__ = [
     'factors',
     'note_scaling',
     'note_offset',
-    'out_of_place',
 ]
 
 
@@ -98,31 +97,6 @@ def product(call: Call, state: State):
         if count > 1 and isinstance(output, torch.Tensor) and output.requires_grad:
             state.marks.factors[output.grad_fn] = count
     return output
-
-
-def out_of_place(call: Call, state: State, handler) -> torch.Tensor:
-    """An in-place product of relevance-carrying tensors (``a.mul_(b)``, ``a *= b``, ``c.addcmul_(a, b)``,
-    ``x.scatter_reduce_(..., 'prod')``) as what it computes, ``a.copy_(a.clone() * b)``: the out-of-place product of
-    a copy of the changed tensor (which keeps its marks and stands for it: ``a.mul_(a)`` is a square, ``a.mul_(
-    sigmoid(a))`` SiLU) under ``handler``, its rule (Prop. 3.2), written into the tensor. ``call`` becomes that
-    product (its marks, :py:func:`multiplied`, are those of the product of the copy, set on the changed tensor), and
-    the tensor a copy of the product's output. Before, it was refused, where its out-of-place spelling was
-    explained."""
-    target = call.args[0]
-    copy = target.clone()
-    state.marks.set([copy], state.marks.of(target))
-    state.marks.viewed(copy, target)
-    copies = {id(target): copy}
-    name = call.func.__name__
-    twin = '__' + name[3:] if name.startswith('__i') else name[:-1]
-    call.func, call.args = getattr(torch.Tensor, twin), replaced(call.args, copies)
-    call.kwargs = {key: replaced(value, copies) for key, value in call.kwargs.items()}
-    call.carrying = [copies.get(id(tensor), tensor) for tensor in call.carrying]
-    call.positions, call._arguments = tuple(tensor_position(tensor) for tensor in call.carrying), None
-    output = handler(call, state)
-    target.copy_(output)
-    state.marks.viewed(target, output)
-    return target
 
 
 def _chained(rule, state: State, found: list, marks: list, kinds: list, shares: tuple) -> tuple[tuple, int]:
