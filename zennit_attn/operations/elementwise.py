@@ -298,12 +298,17 @@ def _inverse_factors(call: Call, marked: list) -> dict:
 
 def division(call: Call, state: State):
     """``a / b``: a relevance-carrying divisor ``b`` is a constant (the normaliser ``g(x)`` of Prop. 3.4), except
-    where both are softmax gates (a renormalised softmax: the softmax of the selected logits, Prop. 3.1). Activations
-    divided by activations (``s / s.sum()`` of sigmoid scores, ``x**2 / (|x| + 1)``) are normalised: the divisor a
-    constant, so that the element-wise function they compute passes its relevance as the identity rule does."""
+    where both are softmax gates (a renormalised softmax: the softmax of the selected logits, Prop. 3.1) and where
+    ``b`` is a copy of ``a`` (``w / w.sum(-1, keepdim=True)`` of one routing weight: the constant 1, whose plain
+    gradient is zero; marked a unit by :py:func:`divided`). Activations divided by activations (``s / s.sum()`` of
+    sigmoid scores, ``x**2 / (|x| + 1)``) are normalised: the divisor a constant, so that the element-wise function
+    they compute passes its relevance as the identity rule does."""
     numerator, denominator = call.argument('input'), call.argument('other')
     if not (isinstance(denominator, torch.Tensor) and denominator.requires_grad):
         call.note = 'a constant divisor: linear, the plain gradient'
+        return call.run()
+    if isinstance(numerator, torch.Tensor) and state.marks.copy_of(denominator, numerator.grad_fn):
+        call.note = 'a tensor divided by a copy of itself: the constant 1, its plain gradient (zero)'
         return call.run()
     if _softmax(state, denominator) and isinstance(numerator, torch.Tensor) and _softmax(state, numerator):
         call.note = 'softmax gates divided by softmax gates (a renormalised softmax): the plain gradient (Prop. 3.1)'
@@ -342,6 +347,16 @@ def divided(call: Call, output, state: State) -> None:
     passed(reduced, output, state)
     # ``a / 2``: a multiple of ``a`` (where it was before the division: ``a.div_(2)`` changes it in place)
     state.marks.scale(output, numerator, call.argument('other'), call.positions[index])
+    if (
+        isinstance(denominator, torch.Tensor)
+        and denominator.requires_grad
+        and isinstance(output, torch.Tensor)
+        and output.requires_grad
+        and output.shape == numerator.shape
+        and state.marks.copy_of(denominator, call.positions[index][0])
+        and bool((output == 1).all())
+    ):  # a tensor divided by a copy of itself (before the division, where it ran in place): the constant 1
+        state.marks.add(produced(call, output), unit=True)
 
 
 def normalisation(call: Call, state: State):
