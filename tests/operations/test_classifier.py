@@ -319,6 +319,9 @@ ONE_ROUTING_WEIGHT = {
     'w / w.sum(-1).unsqueeze(-1), scaled': lambda m, x: (
         2.5 * (lambda w: w / w.sum(-1).unsqueeze(-1))(torch.softmax(m.b(x), -1).topk(1, -1).values)
     ),
+    'w / clamp(w.sum(), min=1e-12)': lambda m, x: (
+        lambda w: w / torch.clamp(w.sum(-1, keepdim=True), min=1e-12)  # ERNIE-4.5-MoE's
+    )(torch.softmax(m.b(x), -1).topk(1, -1).values),
     'softmax(top-1 logits)': lambda m, x: torch.softmax(m.b(x).topk(1, -1).values, -1),
     'scattered into a dense [tokens, experts] matrix': lambda m, x: torch.zeros_like(x).scatter(
         -1, m.b(x).argmax(-1, keepdim=True), torch.softmax(m.b(x)[..., :1], -1)

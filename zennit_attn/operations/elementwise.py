@@ -27,7 +27,7 @@ from ..rules import contiguous_gradient, elementwise_identity, gradient_map, lay
 from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, is_number, tensor_position, tensors_of
 from .graph import normalises
-from .marks import ACTIVATED, Mark, kind, passed, produced
+from .marks import ACTIVATED, Mark, kind, note_copy, passed, produced
 from .tracking import ConstantTensor, State
 
 __all__ = [
@@ -136,9 +136,11 @@ def activated(call: Call, output, state: State) -> None:
 
 def bounded(call: Call, output, state: State) -> None:
     """The marks of a bound or rounding: a gate where its input is one, mixed where it is mixed (``clamp(w.sum(),
-    eps)``); a rectifier (``x.clamp(min=0)``, ``clamp_min(x, 0)``, ``x.clamp(0, 6)``: ReLU and ReLU6 spelled as a
-    bound, :py:func:`rectifies`) is an activation, its output a gate as that of ``relu`` and ``relu6`` is."""
+    eps)``; a copy where it changes no value of a copy, :py:func:`~.marks.note_copy`); a rectifier
+    (``x.clamp(min=0)``, ``clamp_min(x, 0)``, ``x.clamp(0, 6)``: ReLU and ReLU6 spelled as a bound,
+    :py:func:`rectifies`) is an activation, its output a gate as that of ``relu`` and ``relu6`` is."""
     mark = call.marks[0] if len(call.marks) == 1 else None
+    note_copy(call.name, call.carrying, produced(call, output), state.marks)  # a bound that changes no value
     if rectifies(call):
         state.marks.set(produced(call, output), ACTIVATED)
     elif mark is not None and mark.gate is not None:

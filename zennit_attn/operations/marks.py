@@ -54,6 +54,7 @@ __all__ = [
     'ROUTES',
     'CASTS',
     'COPIES',
+    'note_copy',
     'EXTREMA',
     'extremum_of_multiples',
     'ACTIVATED',
@@ -225,7 +226,7 @@ CASTS = frozenset('to type type_as float double half bfloat16 contiguous clone c
 #: one where every dimension they reduce has one element (:py:meth:`Marks.copy_of`).
 COPIES = CASTS | frozenset('view view_as reshape reshape_as flatten unflatten squeeze unsqueeze'.split())
 _ONE_ELEMENT_REDUCTIONS = frozenset({'sum', 'mean', 'nansum'})
-_STABILISERS = frozenset({'add', 'sub'})
+_STABILISERS = frozenset({'add', 'sub', 'clamp', 'clamp_min', 'clip'})
 
 #: Element-wise extrema of two tensors: of a tensor and a multiple of it (``maximum(x, 0.1 x)``), a piecewise linear
 #: element-wise function of it (leaky ReLU, PReLU with a weight tensor), an activation
@@ -268,18 +269,19 @@ def passed(call, output, state, mixes: bool | None = None) -> None:
                 origins[tensor.grad_fn] = found
     elif shape == 'shift':
         state.marks.derive(outputs, carrying)
-    _note_copy(call.name, carrying, outputs, state.marks)
+    note_copy(call.name, carrying, outputs, state.marks)
     if any(marks):
         mark = _passed(call, marks, state, call.entry.mixes if mixes is None else mixes)
         if mark is not None:
             state.marks.set(outputs, mark)
 
 
-def _note_copy(name: str, carrying: list, outputs: list, marks: Marks) -> None:
+def note_copy(name: str, carrying: list, outputs: list, marks: Marks) -> None:
     """Note an output of the operation ``name`` that is a copy of its one relevance-carrying input's values in their
-    order (:py:data:`COPIES`; a sum or mean over dimensions of one element; a copy shifted by a constant that changes
-    none of its values, the stabiliser of a renormalisation, ``w.sum(-1, keepdim=True) + 1e-20`` of DeepSeek-V3's
-    router) in :py:attr:`Marks.copies`."""
+    order (:py:data:`COPIES`; a sum or mean over dimensions of one element; a copy shifted or bounded by a constant
+    that changes none of its values, the stabiliser of a renormalisation, ``w.sum(-1, keepdim=True) + 1e-20`` of
+    DeepSeek-V3's router, ``clamp(w.sum(-1, keepdim=True), min=1e-12)`` of ERNIE-4.5-MoE's) in
+    :py:attr:`Marks.copies`."""
     if len(carrying) != 1 or len(outputs) != 1 or outputs[0].grad_fn is carrying[0].grad_fn:
         return
     if (
