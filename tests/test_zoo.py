@@ -46,7 +46,6 @@ ATTNLRP_LOSSES: dict[str, dict[str, str]] = {
         'gptj': ZERO_LOGITS,
         'granite_swa': SOFTMAX,
         'granitemoe_swa': SOFTMAX,
-        'hunyuan_v1_moe': SOFTMAX,
         'hy_v4': CONSTANT,
         'inkling_text': SOFTMAX,
         'lara_mini': SOFTMAX,

@@ -297,6 +297,57 @@ def test_a_softmax_divisor_of_another_tensor_is_a_constant(composite):
     check(model, expected, composite)
 
 
+def _renormalised_in_place(m, x):
+    weight = torch.softmax(m.b(x), -1).topk(1, dim=-1).values
+    weight /= weight.sum(-1, keepdim=True)  # Mixtral's, Qwen-MoE's and OLMoE's spelling
+    return weight
+
+
+def _stabilised_in_place(m, x):
+    weight = torch.sigmoid(m.b(x)).gather(-1, (m.b(x) + 0.1).topk(1, dim=-1).indices)
+    weight /= weight.sum(-1, keepdim=True) + 1e-20  # DeepSeek-V3's sigmoid scores with a stabiliser
+    return weight
+
+
+#: the routing weight of one selected expert, however renormalised: the constant 1 computed from the router's logits
+ONE_ROUTING_WEIGHT = {
+    'w /= w.sum() in place': _renormalised_in_place,
+    'sigmoid w /= w.sum() + 1e-20 in place': _stabilised_in_place,
+    'w / w.clone().sum()': lambda m, x: (lambda w: w / w.clone().sum(-1, keepdim=True))(
+        torch.softmax(m.b(x), -1)[..., 1:2]
+    ),
+    'w / w.sum(-1).unsqueeze(-1), scaled': lambda m, x: (
+        2.5 * (lambda w: w / w.sum(-1).unsqueeze(-1))(torch.softmax(m.b(x), -1).topk(1, -1).values)
+    ),
+    'w / clamp(w.sum(), min=1e-12)': lambda m, x: (
+        lambda w: w / torch.clamp(w.sum(-1, keepdim=True), min=1e-12)  # ERNIE-4.5-MoE's
+    )(torch.softmax(m.b(x), -1).topk(1, -1).values),
+    'softmax(top-1 logits)': lambda m, x: torch.softmax(m.b(x).topk(1, -1).values, -1),
+    'scattered into a dense [tokens, experts] matrix': lambda m, x: torch.zeros_like(x).scatter(
+        -1, m.b(x).argmax(-1, keepdim=True), torch.softmax(m.b(x)[..., :1], -1)
+    ),
+}
+
+
+@pytest.mark.parametrize('composite', COMPOSITES)
+@pytest.mark.parametrize('name', ONE_ROUTING_WEIGHT)
+def test_one_renormalised_routing_weight_is_a_constant(name, composite):
+    """Top-1 routing weights renormalised over the one selected expert (``w / w.sum()``, a softmax over one logit) are
+    the constant 1 (times constants, scattered into zeros): the product with an expert's output is linear in it, the
+    output gets all relevance, as in the dense model with that expert alone. Before, AttnLRP's uniform rule gave the
+    constant half of the relevance, which its zero gradient lost (the model passed 50% of its relevance), or which
+    went to the router through the sigmoid (DeepSeek-V3's stabilised renormalisation)."""
+    weight = ONE_ROUTING_WEIGHT[name]
+    model = projected(lambda module, x: module.c(weight(module, x) * module.a(x)))
+
+    def expected(xx):
+        return model.c(weight(model, xx).detach() * model.a(xx))
+
+    check(model, expected, composite)
+    if composite is AttnLRPEpsilon:  # every weight is 1 or 0, the outputs' relevance 1: AttnLRP conserves too
+        assert_conserved(attributed(model, composite(), inputs()), model, inputs())
+
+
 @pytest.mark.parametrize('composite', COMPOSITES)
 def test_a_root_of_another_tensor_is_a_factor(composite):
     """``sqrt(softplus(a(x))) * b(x)``: the root is not computed from ``b(x)``, so it does not normalise it: a product

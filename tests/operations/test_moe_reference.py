@@ -35,6 +35,10 @@ optional renormalisation) times the logits, which is what the library relies on 
 weights keep their gradient); :py:func:`test_unnormalised_routing_is_softmax_over_all_experts` checks that the
 library agrees with the all-experts reading and not with the top-k one.
 
+Top-1 routing renormalised (``top_k = 1``, Mixtral's renormalisation or ``norm_topk_prob=True``): the one weight is
+``w = p / p = 1``, the softmax over one logit, a constant function of ``x``; ``w E`` is linear in ``E``, which gets all
+relevance (the block is the selected expert's dense MLP), and the router none.
+
 Products: ``w_k E_k`` gives ``R/2`` to each factor (Prop. 3.2); ``silu(a) * b`` likewise, with the identity rule
 (Eq. 9) from ``silu(a)`` to ``a``; the shared expert's ``sigmoid(s) * S`` likewise, identity rule through the sigmoid.
 CP-LRP (Ali et al. 2022, as extended in appendix B.5): the routing weights, the SiLU gates and the sigmoid gate are
@@ -230,7 +234,10 @@ def moe_reference(block, x, relevance, variant=ATTNLRP, softmax_dtype=DTYPE, top
     r_x = torch.zeros_like(x)
     r_routed = sum_rule(routed, output, relevance)
     r_terms = sum_rule(terms, routed[:, None], r_routed[:, None])  # [T, k, H]
-    if variant == ATTNLRP:
+    if variant == ATTNLRP and p['top_k'] == 1 and p['renormalise']:
+        # one renormalised routing weight is the constant 1 (a softmax over one logit): w E is linear in E
+        r_experts = r_terms
+    elif variant == ATTNLRP:
         r_weights, r_experts = uniform_rule(r_terms).sum(-1), uniform_rule(r_terms)
         r_logits = routing_rule(logits, weights, probs, index, r_weights, p['renormalise'], top_k_reading)
         r_x += epsilon_rule(x, p['router'], logits, r_logits)
@@ -415,3 +422,29 @@ def test_block_registration_uses_eager_experts():
     model.config._experts_implementation = 'eager'
     _, expected = library_relevance(model, block, x, relevance, ATTNLRP)
     assert relative_error(actual, expected) < 1e-4
+
+
+@pytest.mark.parametrize('name', ['mixtral', 'qwen2_moe_norm', 'qwen3_moe'])
+@pytest.mark.parametrize('variant', [ATTNLRP, CPLRP])
+def test_top_1_renormalised_routing_weight_is_the_constant_1(name, variant):
+    """Top-1 routing renormalised: the weight is ``p / p = 1``, so the block is the selected expert's dense MLP (plus
+    Qwen2-MoE's shared expert) and AttnLRP gives its relevance as on that MLP (by hand, :py:func:`moe_reference`);
+    without a shared expert it conserves, as AttnLRP does on a gated MLP without biases. Before, the uniform rule gave
+    the constant weight half of the relevance and its zero gradient lost it: the block passed 0.5 of its relevance."""
+    model = make_model(name)
+    block = model.model.layers[0].mlp
+    block.gate.top_k = 1
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(1, TOKENS, HIDDEN, generator=generator, dtype=DTYPE)
+    relevance = torch.randn(1, TOKENS, HIDDEN, generator=generator, dtype=DTYPE)
+    handle = float64_router(block)
+    try:
+        _, actual = library_relevance(model, block, x, relevance, variant)
+        _, expected = moe_reference(block, x, relevance, variant, softmax_dtype=DTYPE)
+    finally:
+        handle.remove()
+    error = relative_error(actual, expected)
+    assert error <= TOLERANCE, f'{name} {variant}: relative error {error:.2e}'
+    if not hasattr(block, 'shared_expert'):
+        total = float(relevance.sum())
+        assert abs(float(actual.sum()) - total) <= 1e-10 * abs(total)

@@ -27,7 +27,7 @@ from ..rules import contiguous_gradient, elementwise_identity, gradient_map, lay
 from ..rules.products import ACTIVATION, SOFTMAX
 from .calls import Call, in_place, is_number, out_of_place, tensor_position, tensors_of
 from .graph import normalises
-from .marks import ACTIVATED, Mark, kind, passed, produced
+from .marks import ACTIVATED, Mark, kind, note_copy, passed, produced
 from .tracking import ConstantTensor, State
 
 __all__ = [
@@ -136,9 +136,11 @@ def activated(call: Call, output, state: State) -> None:
 
 def bounded(call: Call, output, state: State) -> None:
     """The marks of a bound or rounding: a gate where its input is one, mixed where it is mixed (``clamp(w.sum(),
-    eps)``); a rectifier (``x.clamp(min=0)``, ``clamp_min(x, 0)``, ``x.clamp(0, 6)``: ReLU and ReLU6 spelled as a
-    bound, :py:func:`rectifies`) is an activation, its output a gate as that of ``relu`` and ``relu6`` is."""
+    eps)``; a copy where it changes no value of a copy, :py:func:`~.marks.note_copy`); a rectifier
+    (``x.clamp(min=0)``, ``clamp_min(x, 0)``, ``x.clamp(0, 6)``: ReLU and ReLU6 spelled as a bound,
+    :py:func:`rectifies`) is an activation, its output a gate as that of ``relu`` and ``relu6`` is."""
     mark = call.marks[0] if len(call.marks) == 1 else None
+    note_copy(call.name, call.carrying, produced(call, output), state.marks)  # a bound that changes no value
     if rectifies(call):
         state.marks.set(produced(call, output), ACTIVATED)
     elif mark is not None and mark.gate is not None:
@@ -298,12 +300,17 @@ def _inverse_factors(call: Call, marked: list) -> dict:
 
 def division(call: Call, state: State):
     """``a / b``: a relevance-carrying divisor ``b`` is a constant (the normaliser ``g(x)`` of Prop. 3.4), except
-    where both are softmax gates (a renormalised softmax: the softmax of the selected logits, Prop. 3.1). Activations
-    divided by activations (``s / s.sum()`` of sigmoid scores, ``x**2 / (|x| + 1)``) are normalised: the divisor a
-    constant, so that the element-wise function they compute passes its relevance as the identity rule does."""
+    where both are softmax gates (a renormalised softmax: the softmax of the selected logits, Prop. 3.1) and where
+    ``b`` is a copy of ``a`` (``w / w.sum(-1, keepdim=True)`` of one routing weight: the constant 1, whose plain
+    gradient is zero; marked a unit by :py:func:`divided`). Activations divided by activations (``s / s.sum()`` of
+    sigmoid scores, ``x**2 / (|x| + 1)``) are normalised: the divisor a constant, so that the element-wise function
+    they compute passes its relevance as the identity rule does."""
     numerator, denominator = call.argument('input'), call.argument('other')
     if not (isinstance(denominator, torch.Tensor) and denominator.requires_grad):
         call.note = 'a constant divisor: linear, the plain gradient'
+        return call.run()
+    if isinstance(numerator, torch.Tensor) and state.marks.copy_of(denominator, numerator.grad_fn):
+        call.note = 'a tensor divided by a copy of itself: the constant 1, its plain gradient (zero)'
         return call.run()
     if _softmax(state, denominator) and isinstance(numerator, torch.Tensor) and _softmax(state, numerator):
         call.note = 'softmax gates divided by softmax gates (a renormalised softmax): the plain gradient (Prop. 3.1)'
@@ -342,6 +349,16 @@ def divided(call: Call, output, state: State) -> None:
     passed(reduced, output, state)
     # ``a / 2``: a multiple of ``a`` (where it was before the division: ``a.div_(2)`` changes it in place)
     state.marks.scale(output, numerator, call.argument('other'), call.positions[index])
+    if (
+        isinstance(denominator, torch.Tensor)
+        and denominator.requires_grad
+        and isinstance(output, torch.Tensor)
+        and output.requires_grad
+        and output.shape == numerator.shape
+        and state.marks.copy_of(denominator, call.positions[index][0])
+        and bool((output == 1).all())
+    ):  # a tensor divided by a copy of itself (before the division, where it ran in place): the constant 1
+        state.marks.add(produced(call, output), unit=True)
 
 
 def normalisation(call: Call, state: State):

@@ -53,6 +53,8 @@ __all__ = [
     'Marks',
     'ROUTES',
     'CASTS',
+    'COPIES',
+    'note_copy',
     'EXTREMA',
     'extremum_of_multiples',
     'ACTIVATED',
@@ -83,6 +85,7 @@ _FIELDS = (
     'bias',
     'normaliser',
     'term',
+    'unit',
 )
 
 
@@ -116,6 +119,10 @@ class Mark:
         For a normaliser ``g(x)``: the operation that computed it.
     term: tuple or None
         For a term of a recurrence: ``(module path, operation, what computed it)``.
+    unit: bool
+        The constant 1 computed from relevance-carrying tensors (a tensor divided by itself: a softmax over one
+        element, routing weights renormalised over one selected expert), and linear functions of such alone: a
+        constant factor of every product rule (:py:func:`~zennit_attn.operations.products.product`).
     route: str or None
         The first of :py:data:`ROUTES` it carries (set from the fields).
     """
@@ -135,10 +142,11 @@ class Mark:
         bias: tuple | None = None,
         normaliser: str | None = None,
         term: tuple | None = None,
+        unit: bool = False,
     ):
         self.gate, self.scores, self.sink, self.attention, self.contraction = gate, scores, sink, attention, contraction
         self.log_softmax, self.lse, self.exp_sum, self.bias = log_softmax, lse, exp_sum, bias
-        self.normaliser, self.term = normaliser, term
+        self.normaliser, self.term, self.unit = normaliser, term, unit
         routes = (log_softmax, lse, exp_sum, bias, normaliser, term)  # in the order of ROUTES
         self.route = next((name for name, value in zip(ROUTES, routes) if value is not None), None)
 
@@ -175,7 +183,7 @@ def join_gates(marks, mixes: bool = False) -> Mark | None:
             return None
         if mark.sink is None and not mark.attention and not mark.contraction and mark.route is None:
             return mark
-        return Mark(gate=mark.gate, scores=mark.scores)
+        return Mark(gate=mark.gate, scores=mark.scores, unit=mark.unit)
     kinds, scores = set(), set()
     for mark in marks:
         if mark is None or mark.gate is None:
@@ -183,7 +191,7 @@ def join_gates(marks, mixes: bool = False) -> Mark | None:
         kinds.add(mark.gate)
         scores |= mark.scores
     if kinds == {SOFTMAX}:
-        return Mark(gate=SOFTMAX, scores=frozenset(scores))
+        return Mark(gate=SOFTMAX, scores=frozenset(scores), unit=all(mark.unit for mark in marks))
     if mixes or MIXED in kinds:
         return _MIXED
     return ACTIVATED
@@ -214,6 +222,12 @@ def produced(call, output) -> list[torch.Tensor]:
 #: holds for their output (a sum of exponentials, :py:func:`~.softmax.exp_sum_use`; a sign,
 #: :py:func:`~.elementwise.note_sign`).
 CASTS = frozenset('to type type_as float double half bfloat16 contiguous clone cpu cuda'.split())
+
+#: Operations whose output is a copy of their input's values in their order (casts, reshapes) and reductions that are
+#: one where every dimension they reduce has one element (:py:meth:`Marks.copy_of`).
+COPIES = CASTS | frozenset('view view_as reshape reshape_as flatten unflatten squeeze unsqueeze'.split())
+_ONE_ELEMENT_REDUCTIONS = frozenset({'sum', 'mean', 'nansum'})
+_STABILISERS = frozenset({'add', 'sub', 'clamp', 'clamp_min', 'clip'})
 
 #: Element-wise extrema of two tensors: of a tensor and a multiple of it (``maximum(x, 0.1 x)``), a piecewise linear
 #: element-wise function of it (leaky ReLU, PReLU with a weight tensor), an activation
@@ -268,6 +282,7 @@ def passed(call, output, state, mixes: bool | None = None) -> None:
         marks = [mark for tensor, mark in zip(carrying, marks) if tensor is first] or marks
         carrying = [tensor for tensor in carrying if tensor is first] or carrying
     _noted(shape, outputs, carrying, state)
+    note_copy(call.name, carrying, outputs, state.marks)
     if any(marks):
         mark = _passed(call, marks, state, call.entry.mixes if mixes is None else mixes)
         if mark is not None:
@@ -290,6 +305,27 @@ def _noted(shape: str, outputs: list, carrying: list, state) -> None:
     elif shape == 'selection' and len(carrying) == 1:
         for tensor in outputs:
             state.marks.selected(tensor, carrying[0])
+
+
+def note_copy(name: str, carrying: list, outputs: list, marks: Marks) -> None:
+    """Note an output of the operation ``name`` that is a copy of its one relevance-carrying input's values in their
+    order (:py:data:`COPIES`; a sum or mean over dimensions of one element; a copy shifted or bounded by a constant
+    that changes none of its values, the stabiliser of a renormalisation, ``w.sum(-1, keepdim=True) + 1e-20`` of
+    DeepSeek-V3's router, ``clamp(w.sum(-1, keepdim=True), min=1e-12)`` of ERNIE-4.5-MoE's) in
+    :py:attr:`Marks.copies`."""
+    if len(carrying) != 1 or len(outputs) != 1 or outputs[0].grad_fn is carrying[0].grad_fn:
+        return
+    if (
+        name in COPIES
+        or (name in _ONE_ELEMENT_REDUCTIONS and outputs[0].numel() == carrying[0].numel())
+        or (
+            name in _STABILISERS
+            and carrying[0].grad_fn in marks.copies
+            and outputs[0].shape == carrying[0].shape
+            and torch.equal(outputs[0], carrying[0])
+        )
+    ):
+        marks.copies[outputs[0].grad_fn] = carrying[0].grad_fn
 
 
 def _passed(call, marks: list, state, mixes: bool) -> Mark | None:
@@ -337,6 +373,10 @@ class Marks:
         #: then, by the node of its output: what a softmax written out (``exp(z) / exp(z).sum(d, keepdim=True)``) is
         #: the softmax of (:py:meth:`exponent`, :py:mod:`~zennit_attn.operations.softmax`)
         self.exponentials: dict = {}
+        #: what a tensor is a copy of, by the node of its output: the node of a tensor with the same values in the same
+        #: order (a cast, a reshape, a sum or mean over dimensions of one element: :py:data:`COPIES`,
+        #: :py:meth:`copy_of`)
+        self.copies: dict = {}
 
     def get(self, node) -> Mark | None:
         """The mark of the tensor computed by ``node`` (None for an unmarked one); the mark of an output of the rules'
@@ -515,6 +555,19 @@ class Marks:
             if rule_node(node) in ('gate', 'rescaled') and node.next_functions:
                 found.add(node.next_functions[0][0])
         return found
+
+    def copy_of(self, tensor: torch.Tensor, node) -> bool:
+        """Whether ``tensor`` is a copy of the tensor computed by ``node``: that tensor's values in their order, through
+        up to 16 casts, reshapes and sums over dimensions of one element (:py:attr:`copies`), so that the tensor
+        divided by ``tensor`` is the constant 1 (``w / w.sum(-1, keepdim=True)`` of one routing weight)."""
+        found = tensor.grad_fn
+        for _ in range(16):
+            found = self.copies.get(found)
+            if found is None:
+                return False
+            if found is node:
+                return True
+        return False
 
     def exponent(self, tensor) -> torch.Tensor | None:
         """The input ``z`` of the exponential ``tensor = exp(z)`` (:py:attr:`exponentials`); None where ``tensor`` is

@@ -74,6 +74,9 @@ def product(call: Call, state: State):
     found, marks = factors(call)
     if found is None:
         state.refuse(call.name, 'a product with a relevance-carrying tensor that is also its additive term')
+    units = _units(call, found, marks)
+    if units:  # the constant 1 computed from relevance-carrying tensors: a constant factor (no share, no gradient)
+        return _with_constant_units(call, state, units)
     if len(found) < 2:
         call.note = 'one relevance-carrying factor: linear, the plain gradient (Eq. 8)'
         return call.run()
@@ -96,6 +99,40 @@ def product(call: Call, state: State):
         output = _distributed(call, state, found, shares, output)
         if count > 1 and isinstance(output, torch.Tensor) and output.requires_grad:
             state.marks.factors[output.grad_fn] = count
+    return output
+
+
+def _units(call: Call, found: list, marks: list) -> dict[int, torch.Tensor]:
+    """The factors of an element-wise product that are units (:py:attr:`~.marks.Mark.unit`: the constant 1 computed
+    from relevance-carrying tensors, ``w / w.sum()`` of one routing weight), detached, by id; none where the product
+    changes one of them in place, and none in contractions and broadcast outer products (attention weights over one
+    key, ``softmax(q k^T) @ v`` at the first position, keep the rule they get where other keys are masked out)."""
+    units = {id(tensor): tensor.detach() for tensor, mark in zip(found, marks) if mark is not None and mark.unit}
+    if not units or not call.entry.elementwise_product or (len(found) == 2 and is_outer_product(*found)):
+        return {}
+    if in_place(call.func, call.kwargs) and call.args and id(call.args[0]) in units:
+        return {}
+    return units
+
+
+def _with_constant_units(call: Call, state: State, units: dict[int, torch.Tensor]):
+    """The product with its units (:py:func:`_units`) as the constants they are: the product rule among the other
+    relevance-carrying factors (a unit times an expert's output is linear in the output, as the product with the
+    number 1 is: before, AttnLRP's uniform rule gave the unit half of the relevance, which its zero gradient lost)."""
+    carrying = [tensor for tensor in call.carrying if id(tensor) not in units]
+    marks = [mark for tensor, mark in zip(call.carrying, call.marks) if id(tensor) not in units]
+    constant = Call(
+        call.func,
+        call.name,
+        call.entry,
+        replaced(tuple(call.args), units),
+        {key: replaced(value, units) for key, value in call.kwargs.items()},
+        carrying,
+        marks,
+    )
+    constant.held, constant.product_rule, constant.activation_rule = call.held, call.product_rule, call.activation_rule
+    output = product(constant, state) if carrying else constant.run()
+    call.note = f'a unit factor (the constant 1) held constant; {constant.note}'
     return output
 
 

@@ -68,9 +68,13 @@ def logsumexp(call: Call, state: State):
 
 
 def softmaxed(call: Call, output, state: State) -> None:
-    """The marks of a softmax: a softmax gate with the logits it was computed from."""
-    scores = frozenset([state.marks.scores(call.argument('input'))])
-    state.marks.set(produced(call, output), Mark(gate=SOFTMAX, scores=scores))
+    """The marks of a softmax: a softmax gate with the logits it was computed from; over a dimension of one element
+    (the routing weight of one selected expert, ``softmax(top_1_logits)``) the constant 1, a unit (a constant factor
+    of every product rule, :py:func:`~zennit_attn.operations.products.product`)."""
+    input, dim = call.argument('input'), call.argument('dim', None)
+    scores = frozenset([state.marks.scores(input)])
+    unit = isinstance(dim, int) and input.dim() > 0 and input.shape[dim] == 1
+    state.marks.set(produced(call, output), Mark(gate=SOFTMAX, scores=scores, unit=unit))
 
 
 def log_softmaxed(call: Call, output, state: State) -> None:
