@@ -608,17 +608,24 @@ def test_a_number_added_in_place_to_an_activation_output(composite):
     torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
 
 
-class ScaledInPlace(torch.nn.Module):
-    """One attention head over embedded tokens whose probabilities are scaled in place (``p *= 0.5``)."""
+class _EmbeddedTokens(torch.nn.Module):
+    """Embedded tokens (20, width 4), two bias-free projections ``a`` and ``b`` and a head of 2 outputs."""
 
-    def __init__(self, in_place: bool):
+    def __init__(self):
         super().__init__()
-        self.in_place = in_place
         self.embedding = torch.nn.Embedding(20, 4)
         self.a, self.b, self.head = (torch.nn.Linear(4, width, bias=False) for width in (4, 4, 2))
 
     def get_input_embeddings(self):
         return self.embedding
+
+
+class ScaledInPlace(_EmbeddedTokens):
+    """One attention head over embedded tokens whose probabilities are scaled in place (``p *= 0.5``)."""
+
+    def __init__(self, in_place: bool):
+        super().__init__()
+        self.in_place = in_place
 
     def forward(self, input_ids=None, inputs_embeds=None):
         x = self.embedding(input_ids) if inputs_embeds is None else inputs_embeds
@@ -642,16 +649,8 @@ def test_a_kept_tensor_changed_in_place_is_refused_by_name():
     torch.testing.assert_close(explanation.relevance.sum(), explanation.logit.sum(), rtol=1e-12, atol=0)
 
 
-class GateChangedLater(torch.nn.Module):
+class GateChangedLater(_EmbeddedTokens):
     """SiLU written out, ``a * g`` with ``g = sigmoid(a)``, then ``g`` changed in place (and used)."""
-
-    def __init__(self):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(20, 4)
-        self.a, self.b, self.head = (torch.nn.Linear(4, width, bias=False) for width in (4, 4, 2))
-
-    def get_input_embeddings(self):
-        return self.embedding
 
     def forward(self, input_ids=None, inputs_embeds=None):
         x = self.embedding(input_ids) if inputs_embeds is None else inputs_embeds
