@@ -19,6 +19,17 @@ from transformers import PreTrainedModel
 Modules = list[tuple[str, torch.nn.Module]]
 
 
+def within(path: str, outer: str) -> bool:
+    """Whether the module path ``path`` is ``outer`` or the path of a module inside it (``''``, the root, holds every
+    module)."""
+    return outer == '' or path == outer or path.startswith(f'{outer}.')
+
+
+def path_of(module: torch.nn.Module, modules: Modules) -> str | None:
+    """The path of ``module`` among ``modules`` (``list(model.named_modules())``), None where it is not one of them."""
+    return next((path for path, found in modules if found is module), None)
+
+
 def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:
     """The names of the parameters of ``module.forward`` (none where it has no signature), cached per class's forward
     (not for a forward set on the instance: a wrapper such as accelerate's holds its module, which a cache would keep

@@ -28,6 +28,7 @@ from ..core.modules import (
     forward_parameters,
     is_encoder_decoder,
     output_scores,
+    within,
     without_cache,
     word_embeddings,
 )
@@ -758,7 +759,7 @@ def offloaded_modules(model: torch.nn.Module) -> set[str]:
     for name, module in model.named_modules():
         if offloads(module.__dict__.get('_hf_hook')):  # accelerate sets it as a plain attribute
             covered.append(name)
-        if covered and any(name == prefix or name.startswith(prefix + '.') or prefix == '' for prefix in covered):
+        if any(within(name, prefix) for prefix in covered):
             names.add(name)
     return names
 

@@ -32,6 +32,8 @@ from ..core.modules import (
     language_model_head,
     logits_to_keep,
     output_scores,
+    path_of,
+    within,
     without_cache,
     word_embeddings,
 )
@@ -648,9 +650,12 @@ class TokenTask(Task):
         encoder (``model.get_encoder()``), ``'decoder'`` for the others; ``'input'`` for other models."""
         if self.decoder_embeddings is None:
             return 'input'
-        encoder = self.model.get_encoder()
-        path = next(path for path, module in self.modules if module is encoder)
-        return 'encoder' if name == path or name.startswith(f'{path}.') else 'decoder'
+        return 'encoder' if self.inside(name, self.model.get_encoder()) else 'decoder'
+
+    def inside(self, name: str, module: torch.nn.Module) -> bool:
+        """Whether the module path ``name`` is ``module``'s, or that of a module inside it."""
+        path = path_of(module, self.modules)
+        return path is not None and within(name, path)
 
     def add_position_relevance(self, relevances: dict[str, torch.Tensor], kinds: frozenset[str]) -> None:
         """:py:meth:`Task.add_position_relevance`: one relevance per token of the input, or of an encoder-decoder
@@ -964,21 +969,25 @@ class ImageTask(Task):
         kwargs.update(extra)
         return (self.model if model is None else model)(inputs, **kwargs)
 
+    @property
+    def timm_model(self) -> torch.nn.Module:
+        """The timm model: the explained model itself, or the one Hugging Face's ``TimmWrapper`` holds."""
+        return getattr(self.model, 'timm_model', self.model)
+
     def prefix_tokens(self) -> int:
         """Number of tokens before the patch tokens (class, distillation, register tokens): timm's
         ``num_prefix_tokens`` (also inside Hugging Face's ``TimmWrapper``), else one per parameter of
         :py:data:`PREFIX_TOKEN_PARAMETERS` the model holds (Hugging Face's ViT and BEiT a class token, DeiT a class
         and a distillation token, SigLIP and Swin none) and the registers."""
-        timm = getattr(self.model, 'timm_model', self.model)
-        if hasattr(timm, 'num_prefix_tokens'):
-            return int(timm.num_prefix_tokens)
+        if hasattr(self.timm_model, 'num_prefix_tokens'):
+            return int(self.timm_model.num_prefix_tokens)
         held = {name.rsplit('.', 1)[-1] for name, _ in self.model.named_parameters()}
         return sum(name in held for name in PREFIX_TOKEN_PARAMETERS) + self._registers()
 
     def _registers(self) -> int:
         """Number of register tokens among the prefix tokens (timm's ``num_reg_tokens``, Hugging Face's
         ``config.num_register_tokens``): no head reads them."""
-        registers = getattr(getattr(self.model, 'timm_model', self.model), 'num_reg_tokens', None)
+        registers = getattr(self.timm_model, 'num_reg_tokens', None)
         if registers is None:
             registers = getattr(getattr(self.model, 'config', None), 'num_register_tokens', None)
         return int(registers or 0)
@@ -1030,16 +1039,16 @@ class ImageTask(Task):
         """The mean row of the pooled tokens: the prefix tokens but the registers (class token; DeiT's class and
         distillation tokens) for token pooling, else the patch tokens (average pooling: timm's ``global_pool='avg'``,
         Hugging Face's ``config.use_mean_pooling``, BEiT's default)."""
-        prefix, timm = self.prefix_tokens(), getattr(self.model, 'timm_model', self.model)
+        prefix = self.prefix_tokens()
         mean = getattr(getattr(self.model, 'config', None), 'use_mean_pooling', False)
-        if prefix > 0 and getattr(timm, 'global_pool', 'avg' if mean else 'token') == 'token':
+        if prefix > 0 and getattr(self.timm_model, 'global_pool', 'avg' if mean else 'token') == 'token':
             return matrices[..., : self.pooled_tokens(), :].mean(-2)
         return matrices[..., prefix:, :].mean(-2)
 
     def pooled_tokens(self) -> int:
         """Number of prefix tokens a head that pools tokens reads: timm's class (and distillation) tokens, its prefix
         but the registers; Hugging Face's class token, or the tokens of :py:data:`TOKEN_HEADS`."""
-        if hasattr(getattr(self.model, 'timm_model', self.model), 'num_prefix_tokens'):
+        if hasattr(self.timm_model, 'num_prefix_tokens'):
             return self.prefix_tokens() - self._registers()
         return TOKEN_HEADS.get(type(self.model).__name__, 1)
 
@@ -1058,9 +1067,29 @@ class ImageTask(Task):
         """
         relevance = relevances['input']
         rows, columns = self.grid()
-        patches, prefix, registers = rows * columns, self.prefix_tokens(), self._registers()
-        timm = getattr(self.model, 'timm_model', self.model)
-        feature_size = getattr(getattr(timm, 'patch_embed', None), 'dynamic_feat_size', None)
+        self._check_table_grid(relevance.shape[1], rows, columns)
+        lead = self._table_layouts(rows * columns)
+        if relevance.shape[0] != self.batch or relevance.shape[1] not in lead:
+            raise ValueError(
+                f'the position table gave relevance of shape {list(relevance.shape)} for {self.batch} image(s) of '
+                f'{self.prefix_tokens()} prefix token(s) and {rows} x {columns} patches: PA-LRP reads one relevance '
+                'per token of the image'
+            )
+        taken = lead[relevance.shape[1]]
+        without = relevance.new_zeros(self.batch, self.prefix_tokens() - taken)  # the prefix tokens without a position
+        self._position_relevance = torch.cat([relevance[:, :taken], without, relevance[:, taken:]], 1)
+
+    def _table_layouts(self, patches: int) -> dict[int, int]:
+        """The layouts of a position table over ``patches`` patches: its number of positions -> how many of them the
+        prefix tokens take, before the patches' (all prefix tokens, none, or all but the registers)."""
+        prefix, registers = self.prefix_tokens(), self._registers()
+        return {patches + prefix: prefix, patches: 0, patches + prefix - registers: prefix - registers}
+
+    def _check_table_grid(self, positions: int, rows: int, columns: int) -> None:
+        """Refuse a table of ``positions`` positions that is not over the image's ``rows`` x ``columns`` patches: an
+        image timm pads to whole patches (``dynamic_img_pad``), a table the model interpolated to the image's grid
+        (:py:meth:`table_grid`)."""
+        feature_size = getattr(getattr(self.timm_model, 'patch_embed', None), 'dynamic_feat_size', None)
         padded = tuple(feature_size(tuple(self.inputs.shape[-2:]))) if callable(feature_size) else (rows, columns)
         if padded != (rows, columns):
             raise ValueError(
@@ -1069,40 +1098,19 @@ class ImageTask(Task):
                 'own to spread over; explain an image of whole patches'
             )
         table = self.table_grid()
-        if (
-            table is not None
-            and table != (rows, columns)
-            and relevance.shape[1] - table[0] * table[1]
-            in {
-                prefix,
-                0,
-                prefix - registers,
-            }
-        ):
+        if table is not None and table != (rows, columns) and positions in self._table_layouts(table[0] * table[1]):
             raise ValueError(
                 f'the position table holds a grid of {table[0]} x {table[1]} patches, the image has {rows} x '
                 f'{columns} patches: the model interpolated its table to the image (interpolate_pos_encoding, '
                 "dynamic_img_size, DINOv2), and the table's positions are not the image's; PA-LRP reads them at the "
                 'size the table was made for, explain an image of that size'
             )
-        # positions in the table -> how many of them the prefix tokens take, before the patches'
-        lead = {patches + prefix: prefix, patches: 0, patches + prefix - registers: prefix - registers}
-        if relevance.shape[0] != self.batch or relevance.shape[1] not in lead:
-            raise ValueError(
-                f'the position table gave relevance of shape {list(relevance.shape)} for {self.batch} image(s) of '
-                f'{prefix} prefix token(s) and {rows} x {columns} patches: PA-LRP reads one relevance per token of the '
-                'image'
-            )
-        taken = lead[relevance.shape[1]]
-        without = relevance.new_zeros(self.batch, prefix - taken)  # the prefix tokens without a position (registers)
-        self._position_relevance = torch.cat([relevance[:, :taken], without, relevance[:, taken:]], 1)
 
     def table_grid(self) -> tuple[int, int] | None:
         """``(rows, columns)`` of the patch grid a vision transformer's position table was made for (timm's
         ``patch_embed.grid_size``, else the configuration's ``image_size`` over its ``patch_size``), None where the
         model tells none: a model that interpolates its table to another image's grid holds positions of this one."""
-        timm = getattr(self.model, 'timm_model', self.model)
-        grid = getattr(getattr(timm, 'patch_embed', None), 'grid_size', None)
+        grid = getattr(getattr(self.timm_model, 'patch_embed', None), 'grid_size', None)
         if grid is not None:
             return tuple(int(size) for size in grid)
         config = getattr(self.model, 'config', None)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from zennit.core import RemovableHandleList
 
+from ..core.modules import within
 from .boundary import input_relevance
 
 __all__ = ['PositionEncoding', 'POSITION_ENCODINGS', 'PositionInputs', 'HeldTable', 'held_table', 'position_encodings']
@@ -122,7 +123,7 @@ def position_encodings(modules) -> list[tuple[str, torch.nn.Module, str]]:
     :py:data:`POSITION_ENCODINGS`; a module inside a matched one is not matched again."""
     found = []
     for name, module in modules:
-        if any(name.startswith(f'{outer}.') for outer, _, _ in found if outer):
+        if any(within(name, outer) for outer, _, _ in found if outer):
             continue
         kind = next((kind for kind, encoding in POSITION_ENCODINGS.items() if encoding.matches(name, module)), None)
         if kind is not None:
@@ -218,7 +219,7 @@ class PositionInputs:
             name
             for name, module in modules
             if 'rotary' in type(module).__name__.lower()
-            and not any(name == outer or name.startswith(f'{outer}.') for outer, _, _ in found if outer)
+            and not any(within(name, outer) for outer, _, _ in found if outer)
         ]
         if unread:
             kind, reads = type(dict(modules)[unread[0]]).__name__, found[0][0] or type(model).__name__

@@ -291,10 +291,7 @@ class VisionLanguageTask(_PixelLeaf, TokenTask):
         the language model (``model.get_decoder()``), the vision tower's (``'vision'``, which PA-LRP does not read:
         :py:meth:`~zennit_attn.inputs.task.TokenTask.add_position_relevance` refuses it) for the others; before, a
         vision tower's table whose length happened to equal the text's was summed with the text's positions."""
-        decoder = self.model.get_decoder()
-        path = next((path for path, module in self.modules if module is decoder), None)
-        inside = path is not None and (path == '' or name == path or name.startswith(f'{path}.'))
-        return 'input' if inside else 'vision'
+        return 'input' if self.inside(name, self.model.get_decoder()) else 'vision'
 
     def package(self, relevance, logit, method, decoder_relevance):
         """``decoder_relevance`` is the second LRP leaf's: the pixels'."""
