@@ -116,14 +116,15 @@ class SourcePrompt:
             raise ValueError(f'keep needs one value per source ({len(self.spans)}), got {len(keep)}')
         last = max((index for index, kept in enumerate(keep) if kept), default=None)
         pieces, spans = [self.context[: self.spans[0][0]]], []
+        cursor = len(pieces[0])
         for index, (start, end) in enumerate(self.spans):
             if not keep[index]:
                 spans.append(None)
                 continue
-            cursor = sum(len(piece) for piece in pieces)
             following = self.spans[index + 1][0] if index + 1 < len(self.spans) else len(self.context)
             pieces.append(self.context[start:following] if index != last else self.context[start:end])
             spans.append((cursor, cursor + end - start))
+            cursor += len(pieces[-1])
         if last is not None:
             pieces.append(self.context[self.spans[-1][1] :])
         return ''.join(pieces), spans
