@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from ..canonizers.checkpointing import recomputing
+from ..methods.declarations import positive
 from .sites import SitePoint
 
 __all__ = ['Latent', 'Recorder', 'RankedNeuron', 'top_neurons', 'REDUCTIONS']
@@ -281,8 +282,7 @@ def top_neurons(
             'read explanation.latent["residual"] for the relevance per layer'
         )
     relevance = latent[site]
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f'k must be a positive integer, got {k!r}')
+    positive(k, 'k')
     inputs = relevance.shape[0]
     explained = getattr(explanation, 'relevance', None)
     rows = explained.shape[0] if isinstance(explained, torch.Tensor) and explained.dim() else inputs

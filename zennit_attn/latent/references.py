@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-import numbers
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from tqdm.auto import tqdm
 from ..core.devices import input_device
 from ..inputs.checks import check_model
 from ..inputs.task import TokenTask
+from ..methods.declarations import positive
 from ..methods.registry import METHODS
 from ..results.render import views
 from .recording import Recorder
@@ -178,8 +178,7 @@ def reference_samples(
         range.
     """
     for name, value in (('k', k), ('batch_size', batch_size), ('max_length', max_length)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f'{name} must be a positive integer, got {value!r}')
+        positive(value, name)
     if by not in BY:
         raise ValueError(f'by must be "activation" (ActMax) or "relevance" (RelMax), got {by!r}')
     neurons = _neuron_list(neurons)

@@ -3,13 +3,13 @@ neuron writes into the residual stream, read through the unembedding."""
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import torch
 
 from ..core.devices import input_device
 from ..core.modules import language_model_head
+from ..methods.declarations import positive
 from ..rules.base import loaded_weights
 from .sites import Neuron, find_sites
 from .targets import resolve_point
@@ -66,8 +66,7 @@ def vocabulary_projection(model: torch.nn.Module, neuron: Neuron, k: int = 20, t
         RoBERTa, DistilBERT: dense, activation, normalisation): ``E w`` would skip that non-linear layer and read a
         vector the unembedding never receives.
     """
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f'k must be a positive integer, got {k!r}')
+    positive(k, 'k')
     if not isinstance(neuron, Neuron):
         raise TypeError(f'expected a Neuron, got {type(neuron).__name__}')
     if neuron.site not in ('mlp', 'residual'):

@@ -36,6 +36,7 @@ from ..inputs.vision_language import (
     is_similarity_model,
     placeholder_tokens,
 )
+from ..methods.declarations import positive
 from ..methods.propagation import method_of
 from ..methods.registry import METHODS
 from ..results.render import multimodal as multimodal_views
@@ -612,8 +613,7 @@ def explain_generation(
     check_model(model)
     method = method_of(method, composite)
     processor, tokenizer = _processor_and_tokenizer(model, tokenizer, prompt, images, method, batched, contrast)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f'max_new_tokens must be a positive integer, got {max_new_tokens!r}')
+    positive(max_new_tokens, 'max_new_tokens')
     rows_per_call = _batched(batched)
     if not (isinstance(contrast, str) and contrast == RUNNER_UP):
         contrast = token_ids(tokenizer, contrast, 'contrast')  # a text that is not one token: refused before generating

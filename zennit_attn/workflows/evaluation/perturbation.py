@@ -25,12 +25,13 @@ uneven steps.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
+
+from ...methods.declarations import positive
 
 MODES = ('flipping', 'insertion')
 
@@ -78,9 +79,7 @@ def step_counts(features: int, steps: int) -> list[int]:
     ValueError
         For ``steps`` that is not a positive integer (0 or fewer steps ran as one: a flat curve, a score of 0).
     """
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-        raise ValueError(f'steps must be a positive integer, got {steps!r}')
-    steps = max(1, min(steps, features))
+    steps = max(1, min(positive(steps, 'steps'), features))
     return [round(k * features / steps) for k in range(steps + 1)]
 
 
